@@ -1,0 +1,45 @@
+//! Every environment variable the satellite reads, in one place.
+//!
+//! The loader takes the environment as a map so tests pass their own and
+//! nothing calls `std::env::set_var`.
+
+use std::collections::HashMap;
+
+/// The process environment, or a test's stand-in.
+pub type Env = HashMap<String, String>;
+
+pub const PORT: &str = "PORT";
+pub const HOST: &str = "HOST";
+pub const CONFIG: &str = "SATELLITE_CONFIG";
+pub const DATA_DIR: &str = "SATELLITE_DATA_DIR";
+pub const DEMO_TOKEN: &str = "SATELLITE_DEMO_TOKEN";
+pub const DEMO_INSTANCE_TOKEN: &str = "SATELLITE_DEMO_INSTANCE_TOKEN";
+pub const LOG_LEVEL: &str = "LOG_LEVEL";
+pub const LOG_FORMAT: &str = "SATELLITE_LOG_FORMAT";
+pub const SHOW_DEBUG_ROUTE: &str = "DEPLOYSTACK_STATUS_SHOW_MCP_DEBUG_ROUTE";
+pub const SHOW_VERSION: &str = "DEPLOYSTACK_STATUS_SHOW_VERSION";
+pub const SHOW_UPTIME: &str = "DEPLOYSTACK_STATUS_SHOW_UPTIME";
+pub const HANDSHAKE_TIMEOUT: &str = "SATELLITE_HANDSHAKE_TIMEOUT_SECONDS";
+pub const DISCOVERY_TIMEOUT: &str = "SATELLITE_DISCOVERY_TIMEOUT_SECONDS";
+pub const CALL_TIMEOUT: &str = "SATELLITE_CALL_TIMEOUT_SECONDS";
+pub const RECONCILE_CONCURRENCY: &str = "SATELLITE_RECONCILE_CONCURRENCY";
+pub const CONFIG_WATCH_INTERVAL_MS: &str = "SATELLITE_CONFIG_WATCH_INTERVAL_MS";
+pub const BACKEND_URL: &str = "DEPLOYSTACK_BACKEND_URL";
+pub const SATELLITE_NAME: &str = "DEPLOYSTACK_SATELLITE_NAME";
+pub const REGISTRATION_TOKEN: &str = "DEPLOYSTACK_REGISTRATION_TOKEN";
+
+/// Variables whose values are secrets: never logged, never passed to MCP server children.
+pub const SECRET_VARIABLES: [&str; 3] = [DEMO_TOKEN, DEMO_INSTANCE_TOKEN, REGISTRATION_TOKEN];
+
+/// Prefixes of the satellite's own settings; children never inherit them.
+pub const OWN_PREFIXES: [&str; 2] = ["SATELLITE_", "DEPLOYSTACK_"];
+
+/// The process environment as a map (invalid UTF-8 entries are skipped).
+pub fn from_process() -> Env {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect()
+}
+
+/// A value that is set and not blank.
+pub fn get<'a>(env: &'a Env, name: &str) -> Option<&'a str> {
+    env.get(name).map(String::as_str).map(str::trim).filter(|v| !v.is_empty())
+}

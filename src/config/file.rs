@@ -1,0 +1,174 @@
+//! The standalone config file as written on disk (TOML), mirrored by serde
+//! with `deny_unknown_fields`. Validation into typed values happens in
+//! `config::standalone` and `config::mod`; nothing here checks meaning.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFile {
+    #[serde(default)]
+    pub satellite: RawSatellite,
+    #[serde(default)]
+    pub auth: RawAuth,
+    #[serde(default)]
+    pub teams: Vec<RawTeam>,
+    #[serde(default)]
+    pub users: Vec<RawUser>,
+    /// Catalogue entries: the template tier of the three-tier merge.
+    #[serde(default)]
+    pub servers: Vec<RawServer>,
+    #[serde(default)]
+    pub installations: Vec<RawInstallation>,
+}
+
+/// Process settings; each also has an environment variable that overrides it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSatellite {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub data_dir: Option<String>,
+    pub debug_route: Option<bool>,
+    pub log_level: Option<String>,
+    pub log_format: Option<String>,
+    pub handshake_timeout_seconds: Option<u64>,
+    pub discovery_timeout_seconds: Option<u64>,
+    pub call_timeout_seconds: Option<u64>,
+    pub reconcile_concurrency: Option<usize>,
+    pub config_watch_interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    pub jwt: Option<RawJwt>,
+}
+
+/// Local JWT verification (used by the client-facing front door).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    pub algorithm: String,
+    pub secret: Option<String>,
+    pub public_key_pem: Option<String>,
+    pub audience: Option<String>,
+    pub issuer: Option<String>,
+    pub team_claim: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTeam {
+    pub id: String,
+    pub slug: Option<String>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUser {
+    pub id: String,
+    pub teams: Vec<String>,
+    /// Lowercase hex SHA-256 of each bearer token the user may present.
+    #[serde(default)]
+    pub token_sha256: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub slug: String,
+    pub name: Option<String>,
+    pub transport: String,
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub url: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub requires_oauth: bool,
+    #[serde(default)]
+    pub secret_env: Vec<String>,
+    #[serde(default)]
+    pub secret_headers: Vec<String>,
+    #[serde(default)]
+    pub secret_query: Vec<String>,
+}
+
+/// The overrides one tier (team or user) adds to the template.
+#[derive(Debug, Default, Clone)]
+pub struct RawTier {
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, String>,
+    pub query: BTreeMap<String, String>,
+}
+
+macro_rules! tier_of {
+    ($t:ty) => {
+        impl $t {
+            pub fn tier(&self) -> RawTier {
+                RawTier {
+                    args: self.args.clone(),
+                    env: self.env.clone(),
+                    headers: self.headers.clone(),
+                    query: self.query.clone(),
+                }
+            }
+        }
+    };
+}
+tier_of!(RawInstallation);
+tier_of!(RawUserInstance);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawInstallation {
+    pub id: String,
+    pub team: String,
+    pub server: String,
+    pub name: Option<String>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "yes")]
+    pub request_logging: bool,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
+    /// The user tier, by user id. Team members without an entry get the team tier only.
+    #[serde(default)]
+    pub users: BTreeMap<String, RawUserInstance>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUserInstance {
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
+    pub instance_path: Option<String>,
+    pub instance_token_sha256: Option<String>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}

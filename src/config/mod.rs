@@ -1,0 +1,468 @@
+//! Configuration: defaults < config file < environment < command-line flags.
+//!
+//! `load` reads the `[satellite]` section of the standalone file (if any), the
+//! environment map and the flags, and validates them into one `Config`. Every
+//! failure is one `ConfigError` line naming the file key and the variable.
+//! The rest of the file (teams, users, installations) is the local control
+//! plane and is read by `control::standalone`.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rand::RngCore;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{json, Value};
+use url::Url;
+
+pub mod env;
+pub mod file;
+
+use env::Env;
+use file::RawFile;
+
+/// Exit code for a bad configuration (EX_USAGE).
+pub const EXIT_CONFIG: i32 = 64;
+
+pub const DEFAULT_PORT: u16 = 3001;
+pub const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// One configuration problem: where it is, which variable overrides it, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid config {}: {message}", where_(.key, .env))]
+pub struct ConfigError {
+    /// Dotted path in the config file, e.g. `satellite.port` or `installations[1].server`.
+    pub key: String,
+    /// The environment variable that sets the same value, when there is one.
+    pub env: Option<&'static str>,
+    pub message: String,
+}
+
+fn where_(key: &str, env: &Option<&'static str>) -> String {
+    match env {
+        Some(env) => format!("{env}/{key}"),
+        None => key.to_owned(),
+    }
+}
+
+impl ConfigError {
+    pub fn new(key: impl Into<String>, env: Option<&'static str>, message: impl Into<String>) -> Self {
+        Self { key: key.into(), env, message: message.into() }
+    }
+}
+
+/// Command-line overrides; `None` means "not given".
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub config: Option<PathBuf>,
+    pub host: Option<IpAddr>,
+    pub port: Option<u16>,
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// Upstream timeouts and limits.
+#[derive(Debug, Clone)]
+pub struct UpstreamSettings {
+    pub handshake_timeout: Duration,
+    pub discovery_timeout: Duration,
+    pub call_timeout: Duration,
+    /// Instances reconciled at once (SB §8 recommends 4).
+    pub reconcile_concurrency: usize,
+}
+
+/// Where the desired state comes from.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    Standalone(StandaloneSource),
+    /// Managed by a DeployStack-compatible backend (`DEPLOYSTACK_BACKEND_URL`).
+    Managed(ManagedSettings),
+}
+
+#[derive(Debug, Clone)]
+pub enum StandaloneSource {
+    /// A TOML file, re-read when it changes.
+    File { path: PathBuf, watch_interval: Duration },
+    /// The built-in demo configuration.
+    Embedded(EmbeddedDefault),
+}
+
+/// Tokens of the built-in demo user; generated when not given.
+#[derive(Debug, Clone)]
+pub struct EmbeddedDefault {
+    pub demo_token: SecretString,
+    pub demo_token_generated: bool,
+    pub instance_token: SecretString,
+    pub instance_token_generated: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ManagedSettings {
+    pub backend_url: Url,
+    pub satellite_name: String,
+    pub registration_token: Option<SecretString>,
+}
+
+/// The validated configuration of one satellite process.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub log_level: String,
+    pub log_format: LogFormat,
+    pub debug_route: bool,
+    pub show_version: bool,
+    pub show_uptime: bool,
+    pub upstream: UpstreamSettings,
+    pub mode: Mode,
+}
+
+impl Config {
+    /// Build and validate from the file named by the flags or the environment, the environment, and the flags.
+    pub fn load(env: &Env, flags: &Flags) -> Result<Config, ConfigError> {
+        let path = flags.config.clone().or_else(|| env::get(env, env::CONFIG).map(PathBuf::from));
+        let raw = match &path {
+            Some(path) => read_file(path)?,
+            None => RawFile::default(),
+        };
+        Self::build(env, flags, path, &raw)
+    }
+
+    fn build(env: &Env, flags: &Flags, path: Option<PathBuf>, raw: &RawFile) -> Result<Config, ConfigError> {
+        let s = &raw.satellite;
+        let host = match (flags.host, env::get(env, env::HOST), &s.host) {
+            (Some(host), _, _) => host,
+            (None, Some(v), _) => parse_ip(v, "satellite.host", Some(env::HOST))?,
+            (None, None, Some(v)) => parse_ip(v, "satellite.host", Some(env::HOST))?,
+            (None, None, None) => DEFAULT_HOST,
+        };
+        let port = match (flags.port, env::get(env, env::PORT)) {
+            (Some(port), _) => port,
+            (None, Some(v)) => v.parse::<u16>().map_err(|_| {
+                ConfigError::new("satellite.port", Some(env::PORT), format!("{v:?} is not a port number"))
+            })?,
+            (None, None) => s.port.unwrap_or(DEFAULT_PORT),
+        };
+        let data_dir = flags
+            .data_dir
+            .clone()
+            .or_else(|| env::get(env, env::DATA_DIR).map(PathBuf::from))
+            .or_else(|| s.data_dir.as_ref().map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("./data"));
+        let log_level = env::get(env, env::LOG_LEVEL)
+            .map(str::to_owned)
+            .or_else(|| s.log_level.clone())
+            .unwrap_or_else(|| "info".into());
+        if !matches!(log_level.as_str(), "trace" | "debug" | "info" | "warn" | "error" | "fatal") {
+            return Err(ConfigError::new(
+                "satellite.log_level",
+                Some(env::LOG_LEVEL),
+                format!("{log_level:?} is not one of trace, debug, info, warn, error, fatal"),
+            ));
+        }
+        let log_format =
+            match env::get(env, env::LOG_FORMAT).map(str::to_owned).or_else(|| s.log_format.clone()).as_deref() {
+                None | Some("pretty") => LogFormat::Pretty,
+                Some("json") => LogFormat::Json,
+                Some(other) => {
+                    return Err(ConfigError::new(
+                        "satellite.log_format",
+                        Some(env::LOG_FORMAT),
+                        format!("{other:?} is not pretty or json"),
+                    ))
+                }
+            };
+        let seconds =
+            |key: &str, var: &'static str, file: Option<u64>, default: u64| -> Result<Duration, ConfigError> {
+                let value = match env::get(env, var) {
+                    Some(v) => v
+                        .parse::<u64>()
+                        .map_err(|_| ConfigError::new(key, Some(var), format!("{v:?} is not a whole number")))?,
+                    None => file.unwrap_or(default),
+                };
+                if value == 0 {
+                    return Err(ConfigError::new(key, Some(var), "must be greater than zero"));
+                }
+                Ok(Duration::from_secs(value))
+            };
+        let upstream = UpstreamSettings {
+            handshake_timeout: seconds(
+                "satellite.handshake_timeout_seconds",
+                env::HANDSHAKE_TIMEOUT,
+                s.handshake_timeout_seconds,
+                30,
+            )?,
+            discovery_timeout: seconds(
+                "satellite.discovery_timeout_seconds",
+                env::DISCOVERY_TIMEOUT,
+                s.discovery_timeout_seconds,
+                60,
+            )?,
+            call_timeout: seconds("satellite.call_timeout_seconds", env::CALL_TIMEOUT, s.call_timeout_seconds, 30)?,
+            reconcile_concurrency: match env::get(env, env::RECONCILE_CONCURRENCY) {
+                Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    ConfigError::new(
+                        "satellite.reconcile_concurrency",
+                        Some(env::RECONCILE_CONCURRENCY),
+                        format!("{v:?} is not a positive number"),
+                    )
+                })?,
+                None => s.reconcile_concurrency.filter(|n| *n > 0).unwrap_or(4),
+            },
+        };
+
+        let backend_url = env::get(env, env::BACKEND_URL);
+        let mode = match (backend_url, &path) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    "mode",
+                    Some(env::BACKEND_URL),
+                    "a backend url and a standalone config file exclude each other; set one",
+                ))
+            }
+            (Some(url), None) => Mode::Managed(managed(env, url)?),
+            (None, Some(path)) => {
+                let ms = match env::get(env, env::CONFIG_WATCH_INTERVAL_MS) {
+                    Some(v) => v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        ConfigError::new(
+                            "satellite.config_watch_interval_ms",
+                            Some(env::CONFIG_WATCH_INTERVAL_MS),
+                            format!("{v:?} is not a positive number"),
+                        )
+                    })?,
+                    None => s.config_watch_interval_ms.filter(|n| *n > 0).unwrap_or(1000),
+                };
+                Mode::Standalone(StandaloneSource::File {
+                    path: path.clone(),
+                    watch_interval: Duration::from_millis(ms),
+                })
+            }
+            (None, None) => Mode::Standalone(StandaloneSource::Embedded(embedded(env)?)),
+        };
+        let embedded_default = matches!(mode, Mode::Standalone(StandaloneSource::Embedded(_)));
+        let debug_route = match env::get(env, env::SHOW_DEBUG_ROUTE) {
+            Some(v) => v == "true",
+            None => s.debug_route.unwrap_or(embedded_default),
+        };
+        Ok(Config {
+            listen: SocketAddr::new(host, port),
+            data_dir,
+            log_level,
+            log_format,
+            debug_route,
+            show_version: env::get(env, env::SHOW_VERSION) != Some("false"),
+            show_uptime: env::get(env, env::SHOW_UPTIME) != Some("false"),
+            upstream,
+            mode,
+        })
+    }
+
+    /// The effective configuration with every secret redacted, for `check-config` and the start-up log.
+    pub fn redacted(&self) -> Value {
+        let mode = match &self.mode {
+            Mode::Standalone(StandaloneSource::File { path, watch_interval }) => json!({
+                "kind": "standalone", "config_file": path, "watch_interval_ms": watch_interval.as_millis() as u64,
+            }),
+            Mode::Standalone(StandaloneSource::Embedded(_)) => json!({
+                "kind": "standalone", "config_file": null, "embedded_default": true,
+                "demo_token": "[redacted]", "demo_instance_token": "[redacted]",
+            }),
+            Mode::Managed(m) => json!({
+                "kind": "managed", "backend_url": m.backend_url.as_str(), "satellite_name": m.satellite_name,
+                "registration_token": m.registration_token.as_ref().map(|_| "[redacted]"),
+            }),
+        };
+        json!({
+            "listen": self.listen.to_string(),
+            "data_dir": self.data_dir,
+            "log_level": self.log_level,
+            "log_format": match self.log_format { LogFormat::Pretty => "pretty", LogFormat::Json => "json" },
+            "debug_route": self.debug_route,
+            "handshake_timeout_seconds": self.upstream.handshake_timeout.as_secs(),
+            "discovery_timeout_seconds": self.upstream.discovery_timeout.as_secs(),
+            "call_timeout_seconds": self.upstream.call_timeout.as_secs(),
+            "reconcile_concurrency": self.upstream.reconcile_concurrency,
+            "mode": mode,
+        })
+    }
+}
+
+/// Read and parse a standalone file; a TOML error becomes one line with its position.
+pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|err| {
+        ConfigError::new("config file", Some(env::CONFIG), format!("cannot read {}: {err}", path.display()))
+    })?;
+    parse_file(&text)
+}
+
+pub fn parse_file(text: &str) -> Result<RawFile, ConfigError> {
+    toml::from_str::<RawFile>(text).map_err(|err| {
+        let position = err
+            .span()
+            .map(|span| {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!(" (line {line})")
+            })
+            .unwrap_or_default();
+        let message = err.message().replace('\n', " ");
+        ConfigError::new("config file", Some(env::CONFIG), format!("{message}{position}"))
+    })
+}
+
+fn parse_ip(value: &str, key: &str, var: Option<&'static str>) -> Result<IpAddr, ConfigError> {
+    value.parse().map_err(|_| ConfigError::new(key, var, format!("{value:?} is not an ip address")))
+}
+
+fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigError> {
+    let backend_url = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
+        ConfigError::new("backend.url", Some(env::BACKEND_URL), format!("{url:?} is not an http(s) url"))
+    })?;
+    let name = env::get(env, env::SATELLITE_NAME).ok_or_else(|| {
+        ConfigError::new("backend.satellite_name", Some(env::SATELLITE_NAME), "required in managed mode")
+    })?;
+    let valid = (10..=32).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !valid {
+        return Err(ConfigError::new(
+            "backend.satellite_name",
+            Some(env::SATELLITE_NAME),
+            "must be 10-32 characters of a-z, 0-9, '_' and '-'",
+        ));
+    }
+    Ok(ManagedSettings {
+        backend_url,
+        satellite_name: name.to_owned(),
+        registration_token: env::get(env, env::REGISTRATION_TOKEN).map(|t| SecretString::from(t.to_owned())),
+    })
+}
+
+fn embedded(env: &Env) -> Result<EmbeddedDefault, ConfigError> {
+    let (demo_token, demo_token_generated) = match env::get(env, env::DEMO_TOKEN) {
+        Some(token) if token.len() >= 16 => (token.to_owned(), false),
+        Some(_) => {
+            return Err(ConfigError::new("demo.token", Some(env::DEMO_TOKEN), "must be at least 16 characters"));
+        }
+        None => (random_hex(32), true),
+    };
+    let (instance_token, instance_token_generated) = match env::get(env, env::DEMO_INSTANCE_TOKEN) {
+        Some(token) if is_instance_token(token) => (token.to_owned(), false),
+        Some(_) => {
+            return Err(ConfigError::new(
+                "demo.instance_token",
+                Some(env::DEMO_INSTANCE_TOKEN),
+                "must be ds_inst_ followed by 64 hex characters",
+            ));
+        }
+        None => (format!("ds_inst_{}", random_hex(32)), true),
+    };
+    Ok(EmbeddedDefault {
+        demo_token: SecretString::from(demo_token),
+        demo_token_generated,
+        instance_token: SecretString::from(instance_token),
+        instance_token_generated,
+    })
+}
+
+/// `ds_inst_` followed by 64 lowercase hex characters.
+pub fn is_instance_token(token: &str) -> bool {
+    token
+        .strip_prefix("ds_inst_")
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::thread_rng().fill_bytes(&mut buf);
+    hex::encode(buf)
+}
+
+/// Lowercase hex SHA-256, the form in which tokens are stored.
+pub fn sha256_hex(secret: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+}
+
+impl EmbeddedDefault {
+    pub fn demo_token_hash(&self) -> String {
+        sha256_hex(self.demo_token.expose_secret())
+    }
+
+    pub fn instance_token_hash(&self) -> String {
+        sha256_hex(self.instance_token.expose_secret())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn build(env_pairs: &[(&str, &str)], flags: Flags, file: &str) -> Result<Config, ConfigError> {
+        let raw = parse_file(file)?;
+        let path = (!file.is_empty()).then(|| PathBuf::from("satellite.toml"));
+        Config::build(&env(env_pairs), &flags, path, &raw)
+    }
+
+    #[test]
+    fn precedence_is_defaults_file_env_flags() {
+        let c = build(&[], Flags::default(), "").unwrap();
+        assert_eq!(c.listen.port(), DEFAULT_PORT);
+        let c = build(&[], Flags::default(), "[satellite]\nport = 4000\n").unwrap();
+        assert_eq!(c.listen.port(), 4000);
+        let c = build(&[("PORT", "5000")], Flags::default(), "[satellite]\nport = 4000\n").unwrap();
+        assert_eq!(c.listen.port(), 5000);
+        let flags = Flags { port: Some(6000), ..Flags::default() };
+        let c = build(&[("PORT", "5000")], flags, "[satellite]\nport = 4000\n").unwrap();
+        assert_eq!(c.listen.port(), 6000);
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_variable() {
+        let err = build(&[("PORT", "http")], Flags::default(), "").unwrap_err();
+        assert_eq!(err.to_string(), "invalid config PORT/satellite.port: \"http\" is not a port number");
+        let err = build(&[], Flags::default(), "[satellite]\nprot = 1\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `prot`"), "{err}");
+        assert!(err.to_string().contains("line 2"), "{err}");
+        assert!(!err.to_string().contains('\n'));
+        let err = build(&[("SATELLITE_DEMO_INSTANCE_TOKEN", "ds_inst_short")], Flags::default(), "").unwrap_err();
+        assert!(err.to_string().starts_with("invalid config SATELLITE_DEMO_INSTANCE_TOKEN/"), "{err}");
+    }
+
+    #[test]
+    fn embedded_default_generates_tokens_and_enables_debug() {
+        let c = build(&[], Flags::default(), "").unwrap();
+        assert!(c.debug_route);
+        assert_eq!(c.listen.ip(), DEFAULT_HOST);
+        let Mode::Standalone(StandaloneSource::Embedded(demo)) = &c.mode else { panic!("not embedded") };
+        assert!(demo.demo_token_generated && demo.instance_token_generated);
+        assert!(is_instance_token(demo.instance_token.expose_secret()));
+        let redacted = c.redacted().to_string();
+        assert!(!redacted.contains(demo.demo_token.expose_secret()));
+        assert!(!redacted.contains(demo.instance_token.expose_secret()));
+    }
+
+    #[test]
+    fn managed_mode_needs_a_valid_name_and_excludes_a_file() {
+        let err = build(&[("DEPLOYSTACK_BACKEND_URL", "http://b:3000")], Flags::default(), "").unwrap_err();
+        assert_eq!(err.env, Some(env::SATELLITE_NAME));
+        let ok = build(
+            &[("DEPLOYSTACK_BACKEND_URL", "http://b:3000"), ("DEPLOYSTACK_SATELLITE_NAME", "satellite-01")],
+            Flags::default(),
+            "",
+        )
+        .unwrap();
+        assert!(matches!(ok.mode, Mode::Managed(_)));
+        assert!(!ok.debug_route);
+        let err =
+            build(&[("DEPLOYSTACK_BACKEND_URL", "http://b:3000")], Flags::default(), "[satellite]\n").unwrap_err();
+        assert_eq!(err.key, "mode");
+    }
+}

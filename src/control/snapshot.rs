@@ -1,0 +1,331 @@
+//! `mcp_servers` entries (BP §7.3): wire shape, validation (BP §7.6), diff.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tracing::warn;
+use url::Url;
+
+use crate::model::{InstallationId, InstanceSpec, ProcessId, SecretNames, TeamId, Upstream, UserId};
+
+/// Default request timeout for HTTP/SSE instances without one.
+pub const DEFAULT_REMOTE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One per-user instance as the backend sends it. Unknown fields are ignored (the backend may add more).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct McpServerEntry {
+    pub installation_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    pub team_id: String,
+    pub team_slug: String,
+    pub server_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_slug: Option<String>,
+    pub installation_name: String,
+    #[serde(default, alias = "type", skip_serializing_if = "Option::is_none")]
+    pub transport_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_query_params: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    pub user_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_slug: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_status: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_token_hash: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_oauth: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<EntrySettings>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_metadata: Option<SecretMetadata>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EntrySettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_logging_enabled: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SecretMetadata {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query_params: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+}
+
+/// A validated config: the instances to run, in the order they were given,
+/// and the entries that were refused with the reason.
+#[derive(Debug, Clone, Default)]
+pub struct DesiredState {
+    pub instances: BTreeMap<ProcessId, InstanceSpec>,
+    pub rejected: Vec<(String, String)>,
+}
+
+impl DesiredState {
+    /// Validate raw entries (keyed by process id); invalid ones are skipped with a warning, the rest kept.
+    pub fn from_raw_entries(entries: &serde_json::Map<String, Value>) -> Self {
+        let mut state = DesiredState::default();
+        for (key, raw) in entries {
+            let entry = serde_json::from_value::<McpServerEntry>(raw.clone())
+                .map_err(|err| format!("malformed entry: {err}"))
+                .and_then(|entry| validate(key, &entry));
+            state.push(key, entry);
+        }
+        state
+    }
+
+    pub fn from_entries(entries: &BTreeMap<String, McpServerEntry>) -> Self {
+        let mut state = DesiredState::default();
+        for (key, entry) in entries {
+            state.push(key, validate(key, entry));
+        }
+        state
+    }
+
+    fn push(&mut self, key: &str, result: Result<InstanceSpec, String>) {
+        match result {
+            Ok(spec) => {
+                self.instances.insert(spec.process_id.clone(), spec);
+            }
+            Err(reason) => {
+                warn!(process_id = %key, reason = %reason, "config entry skipped");
+                self.rejected.push((key.to_owned(), reason));
+            }
+        }
+    }
+}
+
+/// Validate one entry (BP §7.6) into an instance spec.
+pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, String> {
+    let enabled = entry.enabled != Some(false);
+    let timeout = match entry.timeout {
+        None => DEFAULT_REMOTE_TIMEOUT,
+        Some(ms) if ms.is_finite() && ms > 0.0 => Duration::from_millis(ms as u64),
+        Some(_) => return Err("timeout must be a positive number of milliseconds".into()),
+    };
+    let transport = entry.transport_type.as_deref().unwrap_or("");
+    let upstream = match transport {
+        // A disabled entry may come without command or url (BP §7.5); it is kept as disabled, never started.
+        _ if !enabled => Upstream::Stdio { command: String::new(), args: Vec::new(), env: BTreeMap::new() },
+        "stdio" => {
+            let command = entry.command.as_deref().map(str::trim).unwrap_or("");
+            if command.is_empty() {
+                return Err("stdio entry needs a non-empty command".into());
+            }
+            let Some(args) = &entry.args else {
+                return Err("stdio entry needs an args array".into());
+            };
+            Upstream::Stdio { command: command.to_owned(), args: args.clone(), env: entry.env.clone() }
+        }
+        "http" | "sse" => {
+            let raw = entry.url.as_deref().map(str::trim).unwrap_or("");
+            if raw.is_empty() {
+                return Err(format!("{transport} entry needs a url"));
+            }
+            let mut url = Url::parse(raw).map_err(|err| format!("invalid url: {err}"))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(format!("unsupported url scheme {:?}", url.scheme()));
+            }
+            if let Some(extra) = &entry.url_query_params {
+                set_query(&mut url, extra);
+            }
+            let headers = entry.headers.clone();
+            if transport == "http" {
+                Upstream::StreamableHttp { url, headers, timeout }
+            } else {
+                Upstream::Sse { url, headers, timeout }
+            }
+        }
+        "" => return Err("missing transport_type".into()),
+        other => return Err(format!("unsupported transport {other:?}")),
+    };
+    let server_slug = entry
+        .server_slug
+        .clone()
+        .filter(|s| !s.is_empty())
+        .or_else(|| Some(entry.server_name.clone()).filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| key.to_owned());
+    if server_slug.contains(':') || server_slug.contains('|') {
+        return Err(format!("server slug {server_slug:?} must not contain ':' or '|'"));
+    }
+    let secrets = entry.secret_metadata.clone().unwrap_or_default();
+    Ok(InstanceSpec {
+        process_id: ProcessId(key.to_owned()),
+        installation_id: InstallationId(entry.installation_id.clone()),
+        installation_name: entry.installation_name.clone(),
+        team_id: TeamId(entry.team_id.clone()),
+        team_slug: entry.team_slug.clone(),
+        user_id: UserId(entry.user_id.clone()),
+        server_name: entry.server_name.clone(),
+        server_slug,
+        upstream,
+        enabled,
+        instance_path: entry.instance_path.clone().filter(|p| !p.is_empty()),
+        instance_token_hash: entry.instance_token_hash.as_ref().map(|h| h.to_ascii_lowercase()),
+        requires_oauth: entry.requires_oauth.unwrap_or(false),
+        request_logging_enabled: entry.settings.as_ref().and_then(|s| s.request_logging_enabled).unwrap_or(true),
+        secrets: SecretNames { env: secrets.env, headers: secrets.headers, query_params: secrets.query_params },
+    })
+}
+
+/// Set each parameter on the URL, replacing an existing one of the same name (`searchParams.set`).
+pub fn set_query(url: &mut Url, params: &BTreeMap<String, String>) {
+    if params.is_empty() {
+        return;
+    }
+    let mut pairs: Vec<(String, String)> = url
+        .query_pairs()
+        .filter(|(k, _)| !params.contains_key(k.as_ref()))
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    pairs.extend(params.iter().map(|(k, v)| (k.clone(), v.clone())));
+    url.query_pairs_mut().clear().extend_pairs(pairs);
+}
+
+/// How a new desired state differs from the current one, by process id.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SnapshotDiff {
+    pub added: Vec<ProcessId>,
+    pub removed: Vec<ProcessId>,
+    pub modified: Vec<ProcessId>,
+    pub unchanged: Vec<ProcessId>,
+}
+
+impl SnapshotDiff {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.modified.is_empty()
+    }
+}
+
+pub fn diff(current: &BTreeMap<ProcessId, InstanceSpec>, next: &BTreeMap<ProcessId, InstanceSpec>) -> SnapshotDiff {
+    let mut out = SnapshotDiff::default();
+    for (id, spec) in next {
+        match current.get(id) {
+            None => out.added.push(id.clone()),
+            Some(old) if old != spec => out.modified.push(id.clone()),
+            Some(_) => out.unchanged.push(id.clone()),
+        }
+    }
+    out.removed = current.keys().filter(|id| !next.contains_key(*id)).cloned().collect();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stdio_entry() -> Value {
+        json!({
+            "installation_id": "inst1", "team_id": "t1", "team_slug": "acme", "server_name": "GitHub",
+            "server_slug": "github", "installation_name": "GitHub (Acme)", "transport_type": "stdio",
+            "command": "npx", "args": ["-y", "x"], "env": {"K": "v"}, "enabled": true, "user_id": "u1",
+            "instance_path": "bold-penguin", "instance_token_hash": "ABC", "language": "typescript"
+        })
+    }
+
+    #[test]
+    fn validates_the_backend_example_shape() {
+        let mut entries = serde_json::Map::new();
+        entries.insert("github-acme-u1-inst1".into(), stdio_entry());
+        entries.insert(
+            "notion-acme-u1-i2".into(),
+            json!({"installation_id":"i2","team_id":"t1","team_slug":"acme","server_name":"Notion","server_slug":"notion",
+                   "installation_name":"Notion","type":"http","url":"https://mcp.notion.com/mcp?workspace=a",
+                   "url_query_params":{"workspace":"b","x":"1"},"headers":{"X-Api-Key":"k"},"timeout":45000,"user_id":"u1"}),
+        );
+        let state = DesiredState::from_raw_entries(&entries);
+        assert!(state.rejected.is_empty(), "{:?}", state.rejected);
+        let github = &state.instances[&ProcessId::from("github-acme-u1-inst1")];
+        assert_eq!(github.instance_token_hash.as_deref(), Some("abc"));
+        assert!(matches!(&github.upstream, Upstream::Stdio { command, .. } if command == "npx"));
+        let notion = &state.instances[&ProcessId::from("notion-acme-u1-i2")];
+        match &notion.upstream {
+            Upstream::StreamableHttp { url, timeout, .. } => {
+                assert_eq!(url.as_str(), "https://mcp.notion.com/mcp?workspace=b&x=1");
+                assert_eq!(*timeout, Duration::from_millis(45000));
+            }
+            other => panic!("unexpected upstream {other:?}"),
+        }
+    }
+
+    #[test]
+    fn invalid_entries_are_skipped_and_the_rest_kept() {
+        let mut entries = serde_json::Map::new();
+        entries.insert("good".into(), stdio_entry());
+        let mut no_args = stdio_entry();
+        no_args.as_object_mut().unwrap().remove("args");
+        entries.insert("no-args".into(), no_args);
+        let mut bad_url = stdio_entry();
+        bad_url["transport_type"] = json!("http");
+        bad_url["url"] = json!("not a url");
+        entries.insert("bad-url".into(), bad_url);
+        let mut ftp = stdio_entry();
+        ftp["transport_type"] = json!("sse");
+        ftp["url"] = json!("ftp://x/y");
+        entries.insert("ftp".into(), ftp);
+        let mut weird = stdio_entry();
+        weird["transport_type"] = json!("websocket");
+        entries.insert("weird".into(), weird);
+        let mut zero_timeout = stdio_entry();
+        zero_timeout["timeout"] = json!(0);
+        entries.insert("zero-timeout".into(), zero_timeout);
+        entries.insert("garbage".into(), json!("nope"));
+        let state = DesiredState::from_raw_entries(&entries);
+        assert_eq!(state.instances.len(), 1);
+        let mut rejected: Vec<&str> = state.rejected.iter().map(|(k, _)| k.as_str()).collect();
+        rejected.sort();
+        assert_eq!(rejected, ["bad-url", "ftp", "garbage", "no-args", "weird", "zero-timeout"]);
+    }
+
+    #[test]
+    fn disabled_entries_need_no_command() {
+        let entry: McpServerEntry = serde_json::from_value(json!({
+            "installation_id":"i","team_id":"t","team_slug":"s","server_name":"n","installation_name":"n",
+            "transport_type":"stdio","enabled":false,"user_id":"u"}))
+        .unwrap();
+        let spec = validate("k", &entry).unwrap();
+        assert!(!spec.enabled);
+    }
+
+    #[test]
+    fn diff_classifies_by_process_id() {
+        let mut entries = serde_json::Map::new();
+        entries.insert("a".into(), stdio_entry());
+        entries.insert("b".into(), stdio_entry());
+        entries.insert("c".into(), stdio_entry());
+        let before = DesiredState::from_raw_entries(&entries).instances;
+        entries.remove("a");
+        entries["b"]["args"] = json!(["changed"]);
+        entries.insert("d".into(), stdio_entry());
+        let after = DesiredState::from_raw_entries(&entries).instances;
+        let d = diff(&before, &after);
+        assert_eq!(d.added, vec![ProcessId::from("d")]);
+        assert_eq!(d.removed, vec![ProcessId::from("a")]);
+        assert_eq!(d.modified, vec![ProcessId::from("b")]);
+        assert_eq!(d.unchanged, vec![ProcessId::from("c")]);
+    }
+}

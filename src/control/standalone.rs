@@ -1,0 +1,510 @@
+//! The standalone control plane: a TOML file (or the embedded default)
+//! expanded into the same `mcp_servers` snapshot the backend sends, one entry
+//! per installation and team member, with the three-tier merge of BP §7.4.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use secrecy::SecretString;
+use url::Url;
+
+use super::snapshot::{set_query, DesiredState, EntrySettings, McpServerEntry, SecretMetadata};
+use crate::config::file::{RawFile, RawInstallation, RawServer, RawTeam, RawUser, RawUserInstance};
+use crate::config::{sha256_hex, ConfigError, EmbeddedDefault};
+use crate::model::{InstallationId, ProcessId, TeamId, UserId};
+
+/// Who may connect: teams, users with their token hashes, and JWT settings.
+/// Used by the client-facing authentication.
+#[derive(Debug, Clone, Default)]
+pub struct Directory {
+    pub teams: BTreeMap<TeamId, Team>,
+    pub users: BTreeMap<UserId, User>,
+    pub jwt: Option<JwtSettings>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Team {
+    pub slug: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct User {
+    pub teams: Vec<TeamId>,
+    /// Lowercase hex SHA-256 of each accepted bearer token.
+    pub token_hashes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JwtAlgorithm {
+    Hs256,
+    Rs256,
+    Es256,
+}
+
+#[derive(Debug, Clone)]
+pub struct JwtSettings {
+    pub algorithm: JwtAlgorithm,
+    /// The HS256 secret, or the RS256/ES256 public key in PEM.
+    pub key: SecretString,
+    pub audience: Option<String>,
+    pub issuer: Option<String>,
+    pub team_claim: String,
+}
+
+/// A validated standalone file.
+#[derive(Debug, Clone)]
+pub struct StandaloneConfig {
+    pub directory: Directory,
+    /// `mcp_servers` entries keyed by process id, as the backend would send them.
+    pub entries: BTreeMap<String, McpServerEntry>,
+}
+
+impl StandaloneConfig {
+    pub fn desired_state(&self) -> DesiredState {
+        DesiredState::from_entries(&self.entries)
+    }
+}
+
+/// Validate the team, user and installation parts of a file.
+pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
+    let teams = teams(&raw.teams)?;
+    let users = users(&raw.users, &teams)?;
+    let jwt = match &raw.auth.jwt {
+        Some(jwt) => Some(jwt_settings(jwt)?),
+        None => None,
+    };
+    let mut servers = BTreeMap::new();
+    for (i, server) in raw.servers.iter().enumerate() {
+        let key = format!("servers[{i}]");
+        check_server(server, &key)?;
+        if servers.insert(server.slug.as_str(), server).is_some() {
+            return Err(ConfigError::new(
+                format!("{key}.slug"),
+                None,
+                format!("duplicate server slug {:?}", server.slug),
+            ));
+        }
+    }
+    let mut entries = BTreeMap::new();
+    let mut paths = BTreeSet::new();
+    let mut installation_ids = BTreeSet::new();
+    for (i, installation) in raw.installations.iter().enumerate() {
+        let key = format!("installations[{i}]");
+        if !installation_ids.insert(installation.id.as_str()) {
+            return Err(ConfigError::new(
+                format!("{key}.id"),
+                None,
+                format!("duplicate installation id {:?}", installation.id),
+            ));
+        }
+        let team_id = TeamId(installation.team.clone());
+        let Some(team) = teams.get(&team_id) else {
+            return Err(ConfigError::new(format!("{key}.team"), None, format!("unknown team {:?}", installation.team)));
+        };
+        let Some(server) = servers.get(installation.server.as_str()) else {
+            return Err(ConfigError::new(
+                format!("{key}.server"),
+                None,
+                format!("unknown server {:?}", installation.server),
+            ));
+        };
+        for user_id in installation.users.keys() {
+            let member = users.get(&UserId(user_id.clone())).is_some_and(|u| u.teams.contains(&team_id));
+            if !member {
+                return Err(ConfigError::new(
+                    format!("{key}.users.{user_id}"),
+                    None,
+                    format!("user {user_id:?} is not a member of team {:?}", installation.team),
+                ));
+            }
+        }
+        let members = users.iter().filter(|(_, u)| u.teams.contains(&team_id));
+        for (user_id, _) in members {
+            let user_tier = installation.users.get(user_id.as_str());
+            let (process_id, entry) = expand(server, installation, &team_id, team, user_id, user_tier, &key)?;
+            if let Some(path) = &entry.instance_path {
+                if !paths.insert(path.clone()) {
+                    return Err(ConfigError::new(
+                        format!("{key}.users.{user_id}.instance_path"),
+                        None,
+                        format!("instance path {path:?} is used twice"),
+                    ));
+                }
+            }
+            entries.insert(process_id.0, entry);
+        }
+    }
+    Ok(StandaloneConfig { directory: Directory { teams, users, jwt }, entries })
+}
+
+/// The built-in configuration: one team, the user `demo`, and the bundled demo server over stdio.
+pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> StandaloneConfig {
+    let mut users = BTreeMap::new();
+    users.insert(
+        "demo".to_owned(),
+        RawUserInstance {
+            instance_path: Some("demo".into()),
+            instance_token_sha256: Some(demo.instance_token_hash()),
+            enabled: true,
+            ..Default::default()
+        },
+    );
+    let raw = RawFile {
+        teams: vec![RawTeam { id: "demo-team".into(), slug: Some("demo".into()), name: Some("Demo team".into()) }],
+        users: vec![RawUser {
+            id: "demo".into(),
+            teams: vec!["demo-team".into()],
+            token_sha256: vec![demo.demo_token_hash()],
+        }],
+        servers: vec![RawServer {
+            slug: "demo".into(),
+            name: Some("Demo".into()),
+            transport: "stdio".into(),
+            command: Some(satellite_exe.to_string_lossy().into_owned()),
+            args: vec!["demo-server".into()],
+            env: BTreeMap::new(),
+            url: None,
+            headers: BTreeMap::new(),
+            timeout_ms: None,
+            requires_oauth: false,
+            secret_env: vec![],
+            secret_headers: vec![],
+            secret_query: vec![],
+        }],
+        installations: vec![RawInstallation {
+            id: "demo".into(),
+            team: "demo-team".into(),
+            server: "demo".into(),
+            name: Some("Demo".into()),
+            enabled: true,
+            request_logging: true,
+            args: vec![],
+            env: BTreeMap::new(),
+            headers: BTreeMap::new(),
+            query: BTreeMap::new(),
+            users,
+        }],
+        ..RawFile::default()
+    };
+    // The embedded file is built from valid parts; a failure here is a bug, not bad input.
+    from_file(&raw).expect("embedded default config is valid")
+}
+
+fn teams(raw: &[RawTeam]) -> Result<BTreeMap<TeamId, Team>, ConfigError> {
+    let mut teams = BTreeMap::new();
+    for (i, team) in raw.iter().enumerate() {
+        let key = format!("teams[{i}]");
+        check_id(&team.id, &format!("{key}.id"))?;
+        let slug = team.slug.clone().unwrap_or_else(|| team.id.clone());
+        check_id(&slug, &format!("{key}.slug"))?;
+        let entry = Team { slug, name: team.name.clone().unwrap_or_else(|| team.id.clone()) };
+        if teams.insert(TeamId(team.id.clone()), entry).is_some() {
+            return Err(ConfigError::new(format!("{key}.id"), None, format!("duplicate team id {:?}", team.id)));
+        }
+    }
+    Ok(teams)
+}
+
+fn users(raw: &[RawUser], teams: &BTreeMap<TeamId, Team>) -> Result<BTreeMap<UserId, User>, ConfigError> {
+    let mut users = BTreeMap::new();
+    for (i, user) in raw.iter().enumerate() {
+        let key = format!("users[{i}]");
+        check_id(&user.id, &format!("{key}.id"))?;
+        for team in &user.teams {
+            if !teams.contains_key(&TeamId(team.clone())) {
+                return Err(ConfigError::new(format!("{key}.teams"), None, format!("unknown team {team:?}")));
+            }
+        }
+        for hash in &user.token_sha256 {
+            check_sha256(hash, &format!("{key}.token_sha256"))?;
+        }
+        let entry = User {
+            teams: user.teams.iter().cloned().map(TeamId).collect(),
+            token_hashes: user.token_sha256.iter().map(|h| h.to_ascii_lowercase()).collect(),
+        };
+        if users.insert(UserId(user.id.clone()), entry).is_some() {
+            return Err(ConfigError::new(format!("{key}.id"), None, format!("duplicate user id {:?}", user.id)));
+        }
+    }
+    Ok(users)
+}
+
+fn jwt_settings(raw: &crate::config::file::RawJwt) -> Result<JwtSettings, ConfigError> {
+    let algorithm = match raw.algorithm.as_str() {
+        "HS256" => JwtAlgorithm::Hs256,
+        "RS256" => JwtAlgorithm::Rs256,
+        "ES256" => JwtAlgorithm::Es256,
+        other => {
+            return Err(ConfigError::new("auth.jwt.algorithm", None, format!("{other:?} is not HS256, RS256 or ES256")))
+        }
+    };
+    let key = match (algorithm, &raw.secret, &raw.public_key_pem) {
+        (JwtAlgorithm::Hs256, Some(secret), None) if secret.len() >= 32 => secret.clone(),
+        (JwtAlgorithm::Hs256, Some(_), None) => {
+            return Err(ConfigError::new("auth.jwt.secret", None, "an HS256 secret needs at least 32 characters"))
+        }
+        (JwtAlgorithm::Hs256, _, _) => {
+            return Err(ConfigError::new("auth.jwt.secret", None, "HS256 needs secret and no public_key_pem"))
+        }
+        (_, None, Some(pem)) if pem.contains("BEGIN") => pem.clone(),
+        (_, _, _) => {
+            return Err(ConfigError::new(
+                "auth.jwt.public_key_pem",
+                None,
+                "RS256/ES256 need a PEM public key and no secret",
+            ))
+        }
+    };
+    Ok(JwtSettings {
+        algorithm,
+        key: SecretString::from(key),
+        audience: raw.audience.clone(),
+        issuer: raw.issuer.clone(),
+        team_claim: raw.team_claim.clone().unwrap_or_else(|| "team".into()),
+    })
+}
+
+fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
+    check_id(&server.slug, &format!("{key}.slug"))?;
+    match server.transport.as_str() {
+        "stdio" => {
+            if server.command.as_deref().map(str::trim).unwrap_or("").is_empty() {
+                return Err(ConfigError::new(format!("{key}.command"), None, "a stdio server needs a command"));
+            }
+        }
+        "http" | "sse" => {
+            let url = server.url.as_deref().unwrap_or("");
+            let parsed = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https"));
+            if parsed.is_none() {
+                return Err(ConfigError::new(format!("{key}.url"), None, format!("{url:?} is not an http(s) url")));
+            }
+        }
+        other => {
+            return Err(ConfigError::new(
+                format!("{key}.transport"),
+                None,
+                format!("{other:?} is not stdio, http or sse"),
+            ))
+        }
+    }
+    if server.timeout_ms == Some(0) {
+        return Err(ConfigError::new(format!("{key}.timeout_ms"), None, "must be greater than zero"));
+    }
+    Ok(())
+}
+
+/// Identifiers become part of process ids and URLs: keep them to a safe alphabet.
+fn check_id(value: &str, key: &str) -> Result<(), ConfigError> {
+    let ok = !value.is_empty()
+        && value.len() <= 64
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(key, None, format!("{value:?} must be 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.'")))
+    }
+}
+
+fn check_sha256(value: &str, key: &str) -> Result<(), ConfigError> {
+    if value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(())
+    } else {
+        Err(ConfigError::new(key, None, "must be a hex sha-256 (64 characters)"))
+    }
+}
+
+/// The three-tier merge of arguments (BP §7.4): `(value, order)` from each
+/// tier (template by index, team 100+index, user 200+index), empty values
+/// dropped, stable-sorted by order.
+pub fn merge_args(template: &[String], team: &[String], user: &[String]) -> Vec<String> {
+    let mut ordered: Vec<(usize, &String)> = template
+        .iter()
+        .enumerate()
+        .chain(team.iter().enumerate().map(|(i, v)| (100 + i, v)))
+        .chain(user.iter().enumerate().map(|(i, v)| (200 + i, v)))
+        .filter(|(_, v)| !v.is_empty())
+        .collect();
+    ordered.sort_by_key(|(order, _)| *order);
+    ordered.into_iter().map(|(_, v)| v.clone()).collect()
+}
+
+/// Later tiers win.
+pub fn merge_maps(tiers: &[&BTreeMap<String, String>]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for tier in tiers {
+        out.extend(tier.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    out
+}
+
+fn expand(
+    server: &RawServer,
+    installation: &RawInstallation,
+    team_id: &TeamId,
+    team: &Team,
+    user_id: &UserId,
+    user: Option<&RawUserInstance>,
+    key: &str,
+) -> Result<(ProcessId, McpServerEntry), ConfigError> {
+    let installation_id = InstallationId(installation.id.clone());
+    let process_id = ProcessId::compose(&server.slug, &team.slug, user_id, &installation_id);
+    let team_tier = installation.tier();
+    let user_tier = user.map(RawUserInstance::tier).unwrap_or_default();
+    let mut entry = McpServerEntry {
+        installation_id: installation.id.clone(),
+        team_id: team_id.0.clone(),
+        team_slug: team.slug.clone(),
+        server_name: server.name.clone().unwrap_or_else(|| server.slug.clone()),
+        server_slug: Some(server.slug.clone()),
+        installation_name: installation
+            .name
+            .clone()
+            .unwrap_or_else(|| server.name.clone().unwrap_or_else(|| server.slug.clone())),
+        transport_type: Some(server.transport.clone()),
+        enabled: Some(installation.enabled && user.map(|u| u.enabled).unwrap_or(true)),
+        user_id: user_id.0.clone(),
+        user_slug: Some(user_id.0.clone()),
+        requires_oauth: Some(server.requires_oauth),
+        settings: Some(EntrySettings { request_logging_enabled: Some(installation.request_logging) }),
+        secret_metadata: Some(SecretMetadata {
+            query_params: server.secret_query.clone(),
+            headers: server.secret_headers.clone(),
+            env: server.secret_env.clone(),
+        }),
+        ..McpServerEntry::default()
+    };
+    if server.transport == "stdio" {
+        entry.command = server.command.clone();
+        entry.args = Some(merge_args(&server.args, &team_tier.args, &user_tier.args));
+        entry.env = merge_maps(&[&server.env, &team_tier.env, &user_tier.env]);
+    } else {
+        let base = server.url.as_deref().unwrap_or_default();
+        let mut url = Url::parse(base)
+            .map_err(|err| ConfigError::new(format!("{key}.server"), None, format!("invalid url: {err}")))?;
+        set_query(&mut url, &team_tier.query);
+        set_query(&mut url, &user_tier.query);
+        entry.url = Some(url.to_string());
+        entry.headers = merge_maps(&[&server.headers, &team_tier.headers, &user_tier.headers]);
+        entry.timeout = Some(server.timeout_ms.unwrap_or(45_000) as f64);
+    }
+    let user_key = format!("{key}.users.{user_id}");
+    entry.instance_path = Some(match user.and_then(|u| u.instance_path.clone()) {
+        Some(path) => {
+            check_id(&path, &format!("{user_key}.instance_path"))?;
+            path
+        }
+        // Stable across restarts, unique per instance.
+        None => format!("{}-{}", server.slug, &sha256_hex(&process_id.0)[..10]),
+    });
+    if let Some(hash) = user.and_then(|u| u.instance_token_sha256.as_ref()) {
+        check_sha256(hash, &format!("{user_key}.instance_token_sha256"))?;
+        entry.instance_token_hash = Some(hash.to_ascii_lowercase());
+    }
+    Ok((process_id, entry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_file;
+    use crate::model::Upstream;
+
+    const FILE: &str = r#"
+[[teams]]
+id = "acme"
+[[teams]]
+id = "globex"
+slug = "gx"
+
+[[users]]
+id = "alice"
+teams = ["acme"]
+token_sha256 = ["aa00000000000000000000000000000000000000000000000000000000000000"]
+[[users]]
+id = "bob"
+teams = ["acme", "globex"]
+
+[[servers]]
+slug = "files"
+transport = "stdio"
+command = "npx"
+args = ["-y", "server-files"]
+env = { LEVEL = "template", ONLY_T = "1" }
+
+[[servers]]
+slug = "notion"
+transport = "http"
+url = "https://mcp.example.com/mcp?workspace=tmpl"
+headers = { "X-Tier" = "template" }
+secret_headers = ["X-Api-Key"]
+
+[[installations]]
+id = "i-files"
+team = "acme"
+server = "files"
+args = ["--root", "/team"]
+env = { LEVEL = "team" }
+[installations.users.alice]
+args = ["--verbose"]
+env = { LEVEL = "user" }
+instance_path = "alice-files"
+
+[[installations]]
+id = "i-notion"
+team = "globex"
+server = "notion"
+query = { workspace = "team" }
+headers = { "X-Api-Key" = "k" }
+[installations.users.bob]
+query = { user = "bob" }
+headers = { "X-Tier" = "user" }
+"#;
+
+    #[test]
+    fn expands_one_instance_per_member_with_three_tier_merge() {
+        let cfg = from_file(&parse_file(FILE).unwrap()).unwrap();
+        let keys: Vec<&str> = cfg.entries.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["files-acme-alice-i-files", "files-acme-bob-i-files", "notion-gx-bob-i-notion"]);
+        let state = cfg.desired_state();
+        assert!(state.rejected.is_empty());
+        let alice = &state.instances[&ProcessId::from("files-acme-alice-i-files")];
+        let Upstream::Stdio { args, env, .. } = &alice.upstream else { panic!() };
+        assert_eq!(args, &["-y", "server-files", "--root", "/team", "--verbose"]);
+        assert_eq!(env["LEVEL"], "user");
+        assert_eq!(env["ONLY_T"], "1");
+        assert_eq!(alice.instance_path.as_deref(), Some("alice-files"));
+        let bob = &state.instances[&ProcessId::from("files-acme-bob-i-files")];
+        let Upstream::Stdio { args, env, .. } = &bob.upstream else { panic!() };
+        assert_eq!(args, &["-y", "server-files", "--root", "/team"]);
+        assert_eq!(env["LEVEL"], "team");
+        assert!(bob.instance_path.as_deref().unwrap().starts_with("files-"));
+        let notion = &state.instances[&ProcessId::from("notion-gx-bob-i-notion")];
+        let Upstream::StreamableHttp { url, headers, .. } = &notion.upstream else { panic!() };
+        assert_eq!(url.query(), Some("workspace=team&user=bob"));
+        assert_eq!(headers["X-Tier"], "user");
+        assert_eq!(headers["X-Api-Key"], "k");
+        assert_eq!(notion.secrets.headers, ["X-Api-Key"]);
+    }
+
+    #[test]
+    fn merge_args_drops_empty_and_orders_by_tier() {
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(merge_args(&s(&["a", ""]), &s(&["b"]), &s(&["", "c"])), s(&["a", "b", "c"]));
+    }
+
+    #[test]
+    fn bad_references_name_their_key() {
+        let bad = FILE.replace("server = \"notion\"", "server = \"nope\"");
+        let err = from_file(&parse_file(&bad).unwrap()).unwrap_err();
+        assert_eq!(err.key, "installations[1].server");
+        let bad = FILE.replace("[installations.users.bob]", "[installations.users.carol]");
+        let err = from_file(&parse_file(&bad).unwrap()).unwrap_err();
+        assert_eq!(err.key, "installations[1].users.carol");
+        let bad = FILE.replace("url = \"https://mcp.example.com/mcp?workspace=tmpl\"", "url = \"not a url\"");
+        let err = from_file(&parse_file(&bad).unwrap()).unwrap_err();
+        assert_eq!(err.key, "servers[1].url");
+        let bad = FILE.replace("instance_path = \"alice-files\"", "instance_path = \"a/b\"");
+        assert!(from_file(&parse_file(&bad).unwrap()).is_err());
+    }
+}

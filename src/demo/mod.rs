@@ -1,0 +1,431 @@
+//! The bundled demo MCP server (`satellite demo-server`): a small, real MCP
+//! server the satellite ships with, used by the embedded default, the tests and
+//! the benchmarks. It speaks the handshake era and the stateless 2026-07-28
+//! revision (restrictable with `--protocol`), over stdio or Streamable HTTP,
+//! and can serve the tool-search corpus, one endpoint per server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use crate::mcp::protocol::{self, codes, meta_keys, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
+
+pub mod corpus;
+pub mod http;
+pub mod stdio;
+
+/// Which protocol eras the server accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProtocolSupport {
+    /// Only the initialize handshake (2025-03-26 .. 2025-11-25).
+    Legacy,
+    /// Only the stateless 2026-07-28 revision.
+    Modern,
+    Both,
+}
+
+impl ProtocolSupport {
+    fn legacy(self) -> bool {
+        matches!(self, ProtocolSupport::Legacy | ProtocolSupport::Both)
+    }
+
+    fn modern(self) -> bool {
+        matches!(self, ProtocolSupport::Modern | ProtocolSupport::Both)
+    }
+}
+
+/// What a server offers: the demo tools, or one corpus server's tools.
+#[derive(Debug, Clone)]
+pub struct Offer {
+    pub name: String,
+    pub tools: Vec<Value>,
+    pub with_resources: bool,
+    /// `Some(slug)` for corpus servers: calls answer with a short text.
+    pub corpus_slug: Option<String>,
+}
+
+/// One connection's handshake state (stdio: the process; HTTP: the session).
+#[derive(Debug, Default, Clone)]
+pub struct Session {
+    pub initialized: bool,
+    pub version: Option<String>,
+}
+
+/// The protocol logic, independent of transport.
+#[derive(Debug, Clone)]
+pub struct DemoServer {
+    pub support: ProtocolSupport,
+    pub page_size: Option<usize>,
+    pub offer: Arc<Offer>,
+}
+
+/// The outcome of handling one message.
+#[derive(Debug)]
+pub enum Reply {
+    /// A response to send back.
+    Response(Value),
+    /// A notification or a stray response: nothing to send.
+    Nothing,
+    /// `initialize` succeeded: the caller opens a session, then sends the response.
+    Initialized { response: Value, version: String },
+}
+
+/// Whether a request carries the 2026-07-28 envelope.
+pub fn is_stateless(method: &str, params: Option<&Value>) -> bool {
+    method != "initialize"
+        && params.and_then(|p| p.get("_meta")).and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).is_some()
+}
+
+impl DemoServer {
+    pub fn demo(support: ProtocolSupport, page_size: Option<usize>) -> Self {
+        Self { support, page_size, offer: Arc::new(demo_offer()) }
+    }
+
+    fn capabilities(&self) -> Value {
+        if self.offer.with_resources {
+            json!({"tools": {"listChanged": false}, "resources": {}, "prompts": {}})
+        } else {
+            json!({"tools": {"listChanged": false}})
+        }
+    }
+
+    fn server_info(&self) -> Value {
+        json!({"name": self.offer.name, "version": env!("CARGO_PKG_VERSION")})
+    }
+
+    /// Handle one message. `session` is the connection's handshake state.
+    pub async fn handle(&self, value: Value, session: &Session) -> Reply {
+        let message = match Message::from_value(value) {
+            Ok(message) => message,
+            Err(err) => {
+                return Reply::Response(protocol::error_response(
+                    None,
+                    RpcError::new(codes::INVALID_REQUEST, err.to_string()),
+                ))
+            }
+        };
+        let (id, method, params) = match message {
+            Message::Request { id, method, params } => (id, method, params),
+            Message::Notification { .. } | Message::Response { .. } => return Reply::Nothing,
+        };
+        match self.route(&method, params, session).await {
+            Ok(Reply::Response(result)) => Reply::Response(protocol::response(id, result)),
+            Ok(Reply::Initialized { response, version }) => {
+                Reply::Initialized { response: protocol::response(id, response), version }
+            }
+            Ok(Reply::Nothing) => Reply::Nothing,
+            Err(err) => Reply::Response(protocol::error_response(Some(id), err)),
+        }
+    }
+
+    async fn route(&self, method: &str, params: Option<Value>, session: &Session) -> Result<Reply, RpcError> {
+        let not_found = || RpcError::new(codes::METHOD_NOT_FOUND, format!("Method not found: {method}"));
+        if method == "initialize" {
+            if !self.support.legacy() {
+                return Err(not_found());
+            }
+            let requested =
+                params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str).unwrap_or("");
+            let version = if LEGACY_VERSIONS.contains(&requested) { requested } else { LEGACY_VERSIONS[2] };
+            let response = json!({
+                "protocolVersion": version,
+                "capabilities": self.capabilities(),
+                "serverInfo": self.server_info(),
+                "instructions": "Demo server bundled with the satellite.",
+            });
+            return Ok(Reply::Initialized { response, version: version.to_owned() });
+        }
+        let stateless = self.support.modern() && is_stateless(method, params.as_ref());
+        if stateless {
+            check_envelope(params.as_ref())?;
+        } else if method == "server/discover" || !self.support.legacy() {
+            // A handshake-era server does not know server/discover; a modern-only one needs the envelope.
+            if !self.support.modern() {
+                return Err(not_found());
+            }
+            return Err(RpcError::new(
+                codes::INVALID_PARAMS,
+                format!("params._meta is missing the required envelope key(s): {}", meta_keys::PROTOCOL_VERSION),
+            ));
+        } else if !session.initialized && method != "ping" {
+            return Err(RpcError::new(codes::INVALID_REQUEST, "server not initialized"));
+        }
+        let mut result = match method {
+            "server/discover" => json!({
+                "supportedVersions": [MODERN_VERSION],
+                "capabilities": self.capabilities(),
+                "instructions": "Demo server bundled with the satellite.",
+            }),
+            "ping" => json!({}),
+            "tools/list" => self.list_tools(params.as_ref())?,
+            "tools/call" => self.call_tool(params.as_ref().unwrap_or(&Value::Null)).await?,
+            "resources/list" if self.offer.with_resources => json!({"resources": demo_resources()}),
+            "resources/templates/list" if self.offer.with_resources => json!({"resourceTemplates": demo_templates()}),
+            "resources/read" if self.offer.with_resources => read_resource(params.as_ref(), stateless)?,
+            "prompts/list" if self.offer.with_resources => json!({"prompts": []}),
+            _ => return Err(not_found()),
+        };
+        if stateless {
+            stamp_result(&mut result, method, self.server_info());
+        }
+        Ok(Reply::Response(result))
+    }
+
+    fn list_tools(&self, params: Option<&Value>) -> Result<Value, RpcError> {
+        let tools = &self.offer.tools;
+        let Some(size) = self.page_size else {
+            return Ok(json!({"tools": tools}));
+        };
+        let start = match params.and_then(|p| p.get("cursor")) {
+            None | Some(Value::Null) => 0,
+            Some(Value::String(c)) => c
+                .parse::<usize>()
+                .ok()
+                .filter(|s| *s <= tools.len())
+                .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, "invalid cursor"))?,
+            Some(_) => return Err(RpcError::new(codes::INVALID_PARAMS, "invalid cursor")),
+        };
+        let end = (start + size).min(tools.len());
+        let mut result = json!({"tools": &tools[start..end]});
+        if end < tools.len() {
+            result["nextCursor"] = json!(end.to_string());
+        }
+        Ok(result)
+    }
+
+    async fn call_tool(&self, params: &Value) -> Result<Value, RpcError> {
+        let name = params
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, "missing tool name"))?;
+        let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        if let Some(slug) = &self.offer.corpus_slug {
+            if !self.offer.tools.iter().any(|t| t["name"] == name) {
+                return Err(RpcError::new(codes::INVALID_PARAMS, format!("Unknown tool: {name}")));
+            }
+            return Ok(text_result(format!("{slug}:{name} called with {args}")));
+        }
+        match name {
+            "echo" => {
+                let text = arg_str(&args, "text")?;
+                Ok(text_result(text.to_owned()))
+            }
+            "add" => {
+                let (a, b) = (arg_f64(&args, "a")?, arg_f64(&args, "b")?);
+                let sum = a + b;
+                let mut result = text_result(format!("{sum}"));
+                result["structuredContent"] = json!({"sum": sum});
+                Ok(result)
+            }
+            "slow" => {
+                let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(100).min(60_000);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(text_result(format!("slept {ms} ms")))
+            }
+            "fail" => {
+                let message = args.get("message").and_then(Value::as_str).unwrap_or("this tool always fails");
+                let mut result = text_result(message.to_owned());
+                result["isError"] = json!(true);
+                Ok(result)
+            }
+            "exit_process" => {
+                let code = args.get("code").and_then(Value::as_i64).unwrap_or(3) as i32;
+                eprintln!("demo server exiting with code {code} as asked");
+                std::process::exit(code);
+            }
+            "with_meta" => {
+                let mut result = text_result("this result carries _meta".into());
+                result["_meta"] = json!({"demo/trace": {"id": "trace-1", "sampled": true}});
+                Ok(result)
+            }
+            "show_ui" => Ok(text_result("open ui://demo/app.html to see the demo app".into())),
+            other => Err(RpcError::new(codes::INVALID_PARAMS, format!("Unknown tool: {other}"))),
+        }
+    }
+}
+
+/// Required `_meta` keys and a supported version (2026-07-28 request validation).
+fn check_envelope(params: Option<&Value>) -> Result<(), RpcError> {
+    let meta = params.and_then(|p| p.get("_meta")).and_then(Value::as_object);
+    let version = meta.and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).and_then(Value::as_str);
+    let missing: Vec<&str> = [meta_keys::PROTOCOL_VERSION, meta_keys::CLIENT_CAPABILITIES]
+        .into_iter()
+        .filter(|k| meta.is_none_or(|m| !m.contains_key(*k)))
+        .collect();
+    if !missing.is_empty() {
+        return Err(RpcError::new(
+            codes::INVALID_PARAMS,
+            format!("params._meta is missing the required envelope key(s): {}", missing.join(", ")),
+        ));
+    }
+    match version {
+        Some(MODERN_VERSION) => Ok(()),
+        other => Err(RpcError::new(codes::UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version")
+            .with_data(json!({"supported": [MODERN_VERSION], "requested": other}))),
+    }
+}
+
+/// Results of the stateless revision carry `resultType`, cache hints on listings, and the server's info.
+fn stamp_result(result: &mut Value, method: &str, server_info: Value) {
+    let Value::Object(obj) = result else { return };
+    obj.insert("resultType".into(), json!("complete"));
+    if method.ends_with("/list") || method == "resources/read" || method == "server/discover" {
+        obj.insert("ttlMs".into(), json!(0));
+        obj.insert("cacheScope".into(), json!("private"));
+    }
+    let meta = obj.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(meta) = meta {
+        meta.insert(meta_keys::SERVER_INFO.into(), server_info);
+    }
+}
+
+fn text_result(text: String) -> Value {
+    json!({"content": [{"type": "text", "text": text}]})
+}
+
+fn arg_str<'a>(args: &'a Value, name: &str) -> Result<&'a str, RpcError> {
+    args.get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, format!("argument {name:?} must be a string")))
+}
+
+fn arg_f64(args: &Value, name: &str) -> Result<f64, RpcError> {
+    args.get(name)
+        .and_then(Value::as_f64)
+        .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, format!("argument {name:?} must be a number")))
+}
+
+pub const UI_RESOURCE_URI: &str = "ui://demo/app.html";
+
+fn demo_offer() -> Offer {
+    let tools = vec![
+        json!({"name": "echo", "description": "Echo the given text back.",
+               "inputSchema": {"type": "object", "properties": {"text": {"type": "string", "description": "Text to echo"}}, "required": ["text"]}}),
+        json!({"name": "add", "description": "Add two numbers and return the sum.",
+               "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+               "outputSchema": {"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]}}),
+        json!({"name": "slow", "description": "Sleep for the given number of milliseconds, then answer.",
+               "inputSchema": {"type": "object", "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": 60000}}}}),
+        json!({"name": "fail", "description": "Always return a tool error (isError: true).",
+               "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}}}),
+        json!({"name": "exit_process", "description": "Exit the server process at once with the given code (default 3).",
+               "inputSchema": {"type": "object", "properties": {"code": {"type": "integer"}}}}),
+        json!({"name": "with_meta", "description": "Return a result that carries _meta.",
+               "inputSchema": {"type": "object", "properties": {}},
+               "_meta": {"demo/category": "diagnostics"}}),
+        json!({"name": "show_ui", "description": "Show the demo app, an MCP App UI resource.",
+               "inputSchema": {"type": "object", "properties": {}},
+               "_meta": {"ui": {"resourceUri": UI_RESOURCE_URI}}}),
+    ];
+    Offer { name: "satellite-demo".into(), tools, with_resources: true, corpus_slug: None }
+}
+
+fn demo_resources() -> Value {
+    json!([
+        {"uri": "demo://readme", "name": "readme", "description": "About the demo server", "mimeType": "text/markdown"},
+        {"uri": UI_RESOURCE_URI, "name": "demo-app", "description": "The demo MCP App", "mimeType": "text/html;profile=mcp-app",
+         "_meta": {"ui": {"resourceUri": UI_RESOURCE_URI}}},
+    ])
+}
+
+fn demo_templates() -> Value {
+    json!([{"uriTemplate": "demo://items/{id}", "name": "item", "description": "One demo item by id", "mimeType": "text/plain"}])
+}
+
+fn read_resource(params: Option<&Value>, stateless: bool) -> Result<Value, RpcError> {
+    let uri = params
+        .and_then(|p| p.get("uri"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, "missing uri"))?;
+    let (mime, text) = match uri {
+        "demo://readme" => ("text/markdown", "# Demo\n\nThe satellite's bundled demo MCP server.".to_owned()),
+        UI_RESOURCE_URI => {
+            ("text/html;profile=mcp-app", "<!doctype html><title>Demo app</title><h1>Demo app</h1>".to_owned())
+        }
+        other => match other.strip_prefix("demo://items/") {
+            Some(id) if !id.is_empty() => ("text/plain", format!("item {id}")),
+            _ => {
+                // Resource not found: -32002 in the handshake era, -32602 in 2026-07-28.
+                let code = if stateless { codes::INVALID_PARAMS } else { -32002 };
+                return Err(
+                    RpcError::new(code, format!("Resource not found: {other}")).with_data(json!({"uri": other}))
+                );
+            }
+        },
+    };
+    Ok(json!({"contents": [{"uri": uri, "mimeType": mime, "text": text}]}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(version: &str) -> Value {
+        json!({"io.modelcontextprotocol/protocolVersion": version, "io.modelcontextprotocol/clientCapabilities": {}})
+    }
+
+    async fn call(server: &DemoServer, method: &str, params: Value, session: &Session) -> Value {
+        match server.handle(json!({"jsonrpc":"2.0","id":1,"method":method,"params":params}), session).await {
+            Reply::Response(v) | Reply::Initialized { response: v, .. } => v,
+            Reply::Nothing => Value::Null,
+        }
+    }
+
+    #[tokio::test]
+    async fn legacy_only_refuses_discover_and_needs_initialize() {
+        let server = DemoServer::demo(ProtocolSupport::Legacy, None);
+        let fresh = Session::default();
+        let r = call(&server, "server/discover", json!({"_meta": meta(MODERN_VERSION)}), &fresh).await;
+        assert_eq!(r["error"]["code"], codes::METHOD_NOT_FOUND);
+        let r = call(&server, "tools/list", json!({}), &fresh).await;
+        assert_eq!(r["error"]["code"], codes::INVALID_REQUEST);
+        let r = call(&server, "initialize", json!({"protocolVersion": "2025-06-18"}), &fresh).await;
+        assert_eq!(r["result"]["protocolVersion"], "2025-06-18");
+        let ready = Session { initialized: true, version: Some("2025-06-18".into()) };
+        let r = call(&server, "tools/list", json!({}), &ready).await;
+        assert_eq!(r["result"]["tools"].as_array().unwrap().len(), 7);
+    }
+
+    #[tokio::test]
+    async fn modern_requests_are_validated_and_stamped() {
+        let server = DemoServer::demo(ProtocolSupport::Modern, Some(3));
+        let none = Session::default();
+        let r = call(&server, "initialize", json!({"protocolVersion": "2025-06-18"}), &none).await;
+        assert_eq!(r["error"]["code"], codes::METHOD_NOT_FOUND);
+        let r = call(&server, "server/discover", json!({"_meta": meta(MODERN_VERSION)}), &none).await;
+        assert_eq!(r["result"]["supportedVersions"], json!([MODERN_VERSION]));
+        assert_eq!(r["result"]["_meta"][meta_keys::SERVER_INFO]["name"], "satellite-demo");
+        let r = call(&server, "tools/list", json!({"_meta": meta("1900-01-01")}), &none).await;
+        assert_eq!(r["error"]["code"], codes::UNSUPPORTED_PROTOCOL_VERSION);
+        assert_eq!(r["error"]["data"]["requested"], "1900-01-01");
+        let r = call(&server, "tools/list", json!({}), &none).await;
+        assert_eq!(r["error"]["code"], codes::INVALID_PARAMS);
+        let r = call(&server, "tools/list", json!({"_meta": meta(MODERN_VERSION)}), &none).await;
+        assert_eq!(r["result"]["tools"].as_array().unwrap().len(), 3);
+        assert_eq!(r["result"]["nextCursor"], "3");
+        assert_eq!(r["result"]["resultType"], "complete");
+        let r = call(
+            &server,
+            "tools/call",
+            json!({"name": "add", "arguments": {"a": 2, "b": 3}, "_meta": meta(MODERN_VERSION)}),
+            &none,
+        )
+        .await;
+        assert_eq!(r["result"]["structuredContent"]["sum"], 5.0);
+    }
+
+    #[tokio::test]
+    async fn resources_and_tool_errors() {
+        let server = DemoServer::demo(ProtocolSupport::Both, None);
+        let ready = Session { initialized: true, version: Some("2025-11-25".into()) };
+        let r = call(&server, "resources/read", json!({"uri": UI_RESOURCE_URI}), &ready).await;
+        assert!(r["result"]["contents"][0]["text"].as_str().unwrap().contains("Demo app"));
+        let r = call(&server, "resources/read", json!({"uri": "demo://nope"}), &ready).await;
+        assert_eq!(r["error"]["code"], -32002);
+        let r = call(&server, "tools/call", json!({"name": "fail"}), &ready).await;
+        assert_eq!(r["result"]["isError"], true);
+        let r = call(&server, "tools/call", json!({"name": "echo", "arguments": {"text": 1}}), &ready).await;
+        assert_eq!(r["error"]["code"], codes::INVALID_PARAMS);
+    }
+}

@@ -1,0 +1,208 @@
+//! `GET /`, `/healthz`, `/readyz` and `/api/status/debug` (SB §18).
+
+use std::collections::BTreeMap;
+
+use chrono::{SecondsFormat, Utc};
+use serde_json::{json, Map, Value};
+use warp::http::StatusCode;
+use warp::reply::Response;
+use warp::{Filter, Reply};
+
+use super::StatusDeps;
+use crate::model::{tool_path, InstanceSpec, InstanceStatus, Upstream};
+use crate::secrets;
+
+pub fn routes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    let with = warp::any().map(move || deps.clone());
+    let root = warp::path::end().and(warp::get()).and(with.clone()).map(root);
+    let healthz =
+        warp::path!("healthz").and(warp::get()).map(|| warp::reply::json(&json!({"status": "ok"})).into_response());
+    let readyz = warp::path!("readyz").and(warp::get()).and(with.clone()).map(readyz);
+    let debug = warp::path!("api" / "status" / "debug").and(warp::get()).and(with).map(debug);
+    root.or(healthz).unify().or(readyz).unify().or(debug).unify()
+}
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn root(deps: StatusDeps) -> Response {
+    let mut body = json!({"service": "satellite", "status": "healthy", "timestamp": now(), "mode": deps.mode});
+    if deps.show_version {
+        body["version"] = json!(env!("CARGO_PKG_VERSION"));
+        body["source"] = json!(if cfg!(debug_assertions) { "debug" } else { "release" });
+    }
+    if deps.show_uptime {
+        body["uptime"] = json!(deps.started.elapsed().as_secs());
+    }
+    warp::reply::json(&body).into_response()
+}
+
+fn readyz(deps: StatusDeps) -> Response {
+    if *deps.manager.ready().borrow() {
+        warp::reply::json(&json!({"status": "ready"})).into_response()
+    } else {
+        let body = warp::reply::json(&json!({"status": "starting", "reason": "first configuration not applied yet"}));
+        warp::reply::with_status(body, StatusCode::SERVICE_UNAVAILABLE).into_response()
+    }
+}
+
+fn debug(deps: StatusDeps) -> Response {
+    if !deps.debug_route {
+        let body = json!({
+            "error": "Access Denied",
+            "message": "Debug endpoint is disabled. Set DEPLOYSTACK_STATUS_SHOW_MCP_DEBUG_ROUTE=true to enable.",
+        });
+        return warp::reply::with_status(warp::reply::json(&body), StatusCode::FORBIDDEN).into_response();
+    }
+    warp::reply::json(&debug_body(&deps)).into_response()
+}
+
+fn debug_body(deps: &StatusDeps) -> Value {
+    let manager = &deps.manager;
+    let desired = manager.desired();
+    let instances = manager.instances();
+
+    let mut by_team: BTreeMap<String, (Vec<Value>, Vec<Value>)> = BTreeMap::new();
+    let mut stats: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut servers = Map::new();
+    let mut all_tools = Vec::new();
+    let mut tools_by_transport: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut tools_by_server = Map::new();
+    for instance in &instances {
+        let spec = instance.spec();
+        let status = instance.status();
+        let pid = instance.pid();
+        let mut info = server_info(spec);
+        info["status"] = json!(if pid.is_some() { "running" } else { "configured" });
+        info["instance_status"] = json!(status.status.as_str());
+        info["message"] = json!(status.message);
+        if let Some(pid) = pid {
+            info["pid"] = json!(pid);
+        }
+        if let Some(uptime) = instance.uptime() {
+            info["uptime_ms"] = json!(uptime.as_millis() as u64);
+        }
+        let tail = instance.stderr_tail();
+        if !tail.is_empty() {
+            info["stderr_tail"] = json!(tail.iter().rev().take(20).rev().collect::<Vec<_>>());
+        }
+        let team = by_team.entry(spec.team_id.0.clone()).or_default();
+        if pid.is_some() {
+            team.0.push(info)
+        } else {
+            team.1.push(info)
+        }
+
+        let bucket = match status.status {
+            InstanceStatus::Online => "online",
+            InstanceStatus::Offline => "offline",
+            InstanceStatus::Error => "error",
+            InstanceStatus::RequiresReauth => "requires_reauth",
+            _ => "other",
+        };
+        *stats.entry(bucket).or_default() += 1;
+        servers.insert(
+            spec.process_id.0.clone(),
+            json!({"status": status.status.as_str(), "last_updated": status.updated_at.to_rfc3339_opts(SecondsFormat::Millis, true), "message": status.message}),
+        );
+        if let Some(catalog) = instance.catalog() {
+            let transport = spec.upstream.transport_name();
+            *tools_by_transport.entry(transport).or_default() += catalog.tools.len() as u64;
+            tools_by_server.insert(spec.process_id.0.clone(), json!(catalog.tools.len()));
+            for tool in &catalog.tools {
+                all_tools.push(json!({
+                    "namespaced_name": tool_path(&spec.server_slug, &tool.name),
+                    "original_name": tool.name,
+                    "server_name": spec.process_id.0,
+                    "server_slug": spec.server_slug,
+                    "user_id": spec.user_id.0,
+                    "transport": transport,
+                    "description": tool.description,
+                    "content_hash": tool.content_hash,
+                    "discovered_at": catalog.discovered_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+                }));
+            }
+        }
+    }
+    let total_running: usize = by_team.values().map(|t| t.0.len()).sum();
+    let total_configured: usize = by_team.values().map(|t| t.1.len()).sum();
+    let servers_by_team: Map<String, Value> = by_team
+        .into_iter()
+        .map(|(team, (running, configured))| {
+            (team, json!({"running": running, "dormant": [], "configured": configured}))
+        })
+        .collect();
+    let mut by_transport: BTreeMap<&str, u64> = BTreeMap::new();
+    for spec in &desired {
+        *by_transport.entry(spec.upstream.transport_name()).or_default() += 1;
+    }
+    let enabled = desired.iter().filter(|s| s.enabled).count();
+    json!({
+        "timestamp": now(),
+        "satellite_info": {"satellite_id": null, "mode": deps.mode, "version": env!("CARGO_PKG_VERSION"), "uptime_ms": deps.started.elapsed().as_millis() as u64},
+        "servers_by_team": servers_by_team,
+        "summary": {
+            "total_teams": servers_by_team.len(),
+            "total_running": total_running,
+            "total_dormant": 0,
+            "total_configured": total_configured,
+            "total_servers": instances.len(),
+        },
+        "server_status": {
+            "stats": {
+                "total": instances.len(),
+                "online": stats.get("online").copied().unwrap_or(0),
+                "offline": stats.get("offline").copied().unwrap_or(0),
+                "error": stats.get("error").copied().unwrap_or(0),
+                "requires_reauth": stats.get("requires_reauth").copied().unwrap_or(0),
+                "other": stats.get("other").copied().unwrap_or(0),
+            },
+            "servers": servers,
+        },
+        "tools": {
+            "total_tools": all_tools.len(),
+            "tools_by_transport": tools_by_transport,
+            "tools_by_server": tools_by_server,
+            "all_tools": all_tools,
+        },
+        "configuration": {
+            "total_servers_configured": desired.len(),
+            "enabled_servers": enabled,
+            "disabled_servers": desired.len() - enabled,
+            "servers_by_transport": by_transport,
+        },
+    })
+}
+
+/// `ServerInfo` of SB §18.3, secrets masked.
+fn server_info(spec: &InstanceSpec) -> Value {
+    let mut info = json!({
+        "installation_name": spec.process_id.0,
+        "installation_id": spec.installation_id.0,
+        "team_id": spec.team_id.0,
+        "team_slug": spec.team_slug,
+        "user_id": spec.user_id.0,
+        "server_slug": spec.server_slug,
+        "instance_path": spec.instance_path,
+        "transport_type": spec.upstream.transport_name(),
+    });
+    match &spec.upstream {
+        Upstream::Stdio { command, args, .. } => {
+            info["command"] = json!(command);
+            info["args"] = json!(args.iter().map(|a| mask_arg(a)).collect::<Vec<_>>());
+        }
+        Upstream::StreamableHttp { url, .. } | Upstream::Sse { url, .. } => {
+            info["url"] = json!(secrets::mask_url(url, &spec.secrets));
+        }
+    }
+    info
+}
+
+/// Arguments like `--token=abc` carry secrets in their value.
+fn mask_arg(arg: &str) -> String {
+    match arg.split_once('=') {
+        Some((name, value)) if secrets::looks_secret(name) => format!("{name}={}", secrets::mask(value)),
+        _ => arg.to_owned(),
+    }
+}

@@ -1,0 +1,16 @@
+//! satellite: an MCP gateway for teams.
+//!
+//! See ARCHITECTURE.md for the map of modules and how a request flows.
+
+pub mod app;
+pub mod config;
+pub mod control;
+pub mod demo;
+pub mod discovery;
+pub mod http;
+pub mod instances;
+pub mod mcp;
+pub mod model;
+pub mod secrets;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,273 @@
+//! The `satellite` binary: parse the command line, run, exit with a clear code.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use secrecy::ExposeSecret;
+
+use satellite::app::{self, Satellite};
+use satellite::config::{self, env, Config, Flags, LogFormat, Mode, StandaloneSource};
+use satellite::demo::{self, DemoServer, ProtocolSupport};
+use satellite::telemetry;
+
+#[derive(Parser)]
+#[command(name = "satellite", version, about = "An MCP gateway for teams")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the satellite (standalone with the embedded default when no config is given).
+    Serve(ServeArgs),
+    /// Validate the configuration and print it with secrets redacted.
+    CheckConfig(ServeArgs),
+    /// Print the version.
+    Version,
+    /// Run the bundled demo MCP server (stdio unless --http is given).
+    DemoServer(DemoArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Standalone config file (TOML); env SATELLITE_CONFIG.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Listen port; env PORT.
+    #[arg(long)]
+    port: Option<u16>,
+    /// Listen address; env HOST.
+    #[arg(long)]
+    host: Option<IpAddr>,
+    /// Data directory (SQLite); env SATELLITE_DATA_DIR.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    fn flags(&self) -> Flags {
+        Flags { config: self.config.clone(), host: self.host, port: self.port, data_dir: self.data_dir.clone() }
+    }
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Serve Streamable HTTP on this address instead of stdio.
+    #[arg(long)]
+    http: Option<SocketAddr>,
+    /// Which protocol eras to accept.
+    #[arg(long, value_enum, default_value = "both")]
+    protocol: ProtocolSupport,
+    /// Serve this tool corpus (JSON lines), one endpoint per server slug: /servers/{slug}/mcp. Needs --http.
+    #[arg(long, requires = "http")]
+    corpus: Option<PathBuf>,
+    /// Split tools/list into pages of this size.
+    #[arg(long)]
+    page_size: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("satellite {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::CheckConfig(args) => check_config(&args),
+        Command::Serve(args) => serve(&args),
+        Command::DemoServer(args) => demo_server(args),
+    }
+}
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn load(args: &ServeArgs) -> Result<(Config, HashMap<String, String>), ExitCode> {
+    let env = env::from_process();
+    match Config::load(&env, &args.flags()) {
+        Ok(config) => Ok((config, env)),
+        Err(err) => {
+            eprintln!("error: {err}");
+            Err(exit(config::EXIT_CONFIG))
+        }
+    }
+}
+
+fn check_config(args: &ServeArgs) -> ExitCode {
+    let (config, _) = match load(args) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let instances = match app::initial_standalone(&config) {
+        Ok(standalone) => {
+            let state = standalone.desired_state();
+            let instances: Vec<serde_json::Value> = state.instances.values().map(redacted_instance).collect();
+            serde_json::json!({"instances": instances, "rejected": state.rejected})
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            return exit(err.exit_code());
+        }
+    };
+    let mut effective = config.redacted();
+    effective["desired_state"] = instances;
+    match serde_json::to_string_pretty(&effective) {
+        Ok(text) => println!("{text}"),
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn redacted_instance(spec: &satellite::model::InstanceSpec) -> serde_json::Value {
+    use satellite::model::Upstream;
+    use satellite::secrets;
+    let mut value = serde_json::json!({
+        "process_id": spec.process_id.0,
+        "team_id": spec.team_id.0,
+        "user_id": spec.user_id.0,
+        "installation_id": spec.installation_id.0,
+        "server_slug": spec.server_slug,
+        "enabled": spec.enabled,
+        "instance_path": spec.instance_path,
+        "instance_token_hash": spec.instance_token_hash.as_ref().map(|_| "[redacted]"),
+        "transport": spec.upstream.transport_name(),
+    });
+    match &spec.upstream {
+        Upstream::Stdio { command, args, env } => {
+            value["command"] = serde_json::json!(command);
+            value["args"] = serde_json::json!(args);
+            value["env"] = serde_json::json!(secrets::mask_map(env, &spec.secrets.env));
+        }
+        Upstream::StreamableHttp { url, headers, timeout } | Upstream::Sse { url, headers, timeout } => {
+            value["url"] = serde_json::json!(secrets::mask_url(url, &spec.secrets));
+            value["headers"] = serde_json::json!(secrets::mask_map(headers, &spec.secrets.headers));
+            value["timeout_ms"] = serde_json::json!(timeout.as_millis() as u64);
+        }
+    }
+    value
+}
+
+fn serve(args: &ServeArgs) -> ExitCode {
+    let (config, env) = match load(args) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    telemetry::init(&config.log_level, config.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let satellite = match Satellite::start(config.clone(), &env).await {
+            Ok(satellite) => satellite,
+            Err(err) => {
+                eprintln!("error: {err}");
+                return exit(err.exit_code());
+            }
+        };
+        if let Mode::Standalone(StandaloneSource::Embedded(demo)) = &config.mode {
+            print_demo_banner(satellite.local_addr(), demo);
+        }
+        shutdown_signal().await;
+        if satellite.shutdown().await {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    })
+}
+
+/// The embedded default's tokens and a client config to paste. Generated tokens are shown once, here;
+/// tokens the operator set are not echoed.
+fn print_demo_banner(addr: SocketAddr, demo: &config::EmbeddedDefault) {
+    let token = if demo.demo_token_generated {
+        demo.demo_token.expose_secret().to_owned()
+    } else {
+        "$SATELLITE_DEMO_TOKEN".into()
+    };
+    let instance = if demo.instance_token_generated {
+        demo.instance_token.expose_secret().to_owned()
+    } else {
+        "$SATELLITE_DEMO_INSTANCE_TOKEN".into()
+    };
+    let base = format!("http://{addr}");
+    println!(
+        "\nsatellite is running standalone with the embedded demo configuration on {base}\n\
+         \n  user token (user `demo`):      {token}\n  instance token (path `demo`):  {instance}\n\
+         \nClaude Code:\n  claude mcp add --transport http satellite {base}/mcp --header \"Authorization: Bearer {token}\"\n\
+         \nClaude Desktop / Cursor / VS Code (mcp.json):\n  {{\"mcpServers\": {{\"satellite\": {{\"type\": \"http\", \"url\": \"{base}/mcp\", \"headers\": {{\"Authorization\": \"Bearer {token}\"}}}}}}}}\n\
+         \nInstance router: {base}/i/demo/mcp?token={instance}\nStatus: {base}/api/status/debug\n\
+         Set SATELLITE_DEMO_TOKEN and SATELLITE_DEMO_INSTANCE_TOKEN to keep these tokens across restarts.\n"
+    );
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot listen for SIGTERM; stopping on ctrl-c only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+fn demo_server(args: DemoArgs) -> ExitCode {
+    telemetry::init("warn", LogFormat::Pretty);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let Some(addr) = args.http else {
+            return match demo::stdio::serve(DemoServer::demo(args.protocol, args.page_size)).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    ExitCode::FAILURE
+                }
+            };
+        };
+        let servers = match &args.corpus {
+            Some(path) => match demo::corpus::load(path) {
+                Ok(corpus) => demo::corpus::servers(corpus, args.protocol),
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    return exit(config::EXIT_CONFIG);
+                }
+            },
+            None => HashMap::from([(String::new(), DemoServer::demo(args.protocol, args.page_size))]),
+        };
+        let listener = match demo::http::bind(addr).await {
+            Ok(listener) => listener,
+            Err(err) => {
+                eprintln!("error: cannot listen on {addr}: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
+        // Tests and scripts read this line to learn the port.
+        println!("demo server listening on http://{bound} ({} endpoint(s))", servers.len());
+        demo::http::serve(listener, servers, shutdown_signal()).await;
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,230 @@
+//! An MCP client over any transport: negotiates the protocol era, then stamps
+//! every request the way that era wants.
+//!
+//! Negotiation follows the 2026-07-28 revision's compatibility rules: probe
+//! with `server/discover`; a `DiscoverResult` listing 2026-07-28 means the
+//! stateless revision; any other JSON-RPC error, an HTTP 4xx without a modern
+//! error body, or a probe timeout means a handshake-era server, which gets
+//! `initialize` + `notifications/initialized`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tracing::{debug, info};
+
+use super::protocol::{self, codes, HANDSHAKE_REQUEST_VERSION, MODERN_VERSION};
+use super::transport::{ModernHeaders, RequestHeaders, Transport, UpstreamError};
+
+/// Which protocol the server speaks, with the version in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Era {
+    /// Handshake era (2025-03-26 .. 2025-11-25): the version the server answered `initialize` with.
+    Handshake { version: String },
+    /// The stateless 2026-07-28 revision.
+    Stateless { version: String },
+}
+
+impl Era {
+    pub fn version(&self) -> &str {
+        match self {
+            Era::Handshake { version } | Era::Stateless { version } => version,
+        }
+    }
+}
+
+/// Knobs of a connection.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub client_name: String,
+    pub client_version: String,
+    /// Budget for the whole handshake (npx/uvx may download packages first).
+    pub handshake_timeout: Duration,
+    /// Budget for the `server/discover` probe before assuming a handshake-era server.
+    pub probe_timeout: Duration,
+    /// Probe the 2026-07-28 revision first (off: go straight to `initialize`).
+    pub probe_stateless: bool,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            client_name: "deploystack-satellite".into(),
+            client_version: env!("CARGO_PKG_VERSION").into(),
+            handshake_timeout: Duration::from_secs(30),
+            probe_timeout: Duration::from_secs(10),
+            probe_stateless: true,
+        }
+    }
+}
+
+/// A connected, negotiated MCP client.
+#[derive(Debug)]
+pub struct McpClient {
+    transport: Transport,
+    era: Era,
+    server_info: Value,
+    capabilities: Value,
+    client_info: Value,
+}
+
+impl McpClient {
+    /// Negotiate over a fresh transport. On failure the transport is closed.
+    pub async fn connect(transport: Transport, options: &ClientOptions) -> Result<Self, UpstreamError> {
+        let client_info = json!({"name": options.client_name, "version": options.client_version});
+        let negotiated =
+            tokio::time::timeout(options.handshake_timeout, negotiate(&transport, options, &client_info)).await;
+        let negotiated = match negotiated {
+            Ok(Ok(negotiated)) => negotiated,
+            Ok(Err(err)) => {
+                transport.close().await;
+                return Err(err);
+            }
+            Err(_) => {
+                transport.close().await;
+                return Err(UpstreamError::Timeout { method: "initialize".into(), after: options.handshake_timeout });
+            }
+        };
+        let (era, server_info, capabilities) = negotiated;
+        info!(era = ?era, server = %server_info, "mcp server connected");
+        Ok(Self { transport, era, server_info, capabilities, client_info })
+    }
+
+    pub fn era(&self) -> &Era {
+        &self.era
+    }
+
+    pub fn server_info(&self) -> &Value {
+        &self.server_info
+    }
+
+    pub fn capabilities(&self) -> &Value {
+        &self.capabilities
+    }
+
+    pub fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    /// Send a request in the negotiated era's style.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamError> {
+        let (params, headers) = self.stamp(method, params);
+        self.transport.request(method, params, &headers, timeout).await
+    }
+
+    pub async fn close(&self) {
+        self.transport.close().await;
+    }
+
+    fn stamp(&self, method: &str, params: Option<Value>) -> (Option<Value>, RequestHeaders) {
+        match &self.era {
+            Era::Handshake { version } => {
+                (params, RequestHeaders { protocol_version: Some(version.clone()), modern: None })
+            }
+            Era::Stateless { version } => {
+                let name = params
+                    .as_ref()
+                    .and_then(|p| p.get("name").or_else(|| p.get("uri")))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                let params = protocol::stamp_meta(params, protocol::modern_request_meta(version, &self.client_info));
+                let headers = RequestHeaders {
+                    protocol_version: Some(version.clone()),
+                    modern: Some(ModernHeaders { method: method.to_owned(), name }),
+                };
+                (Some(params), headers)
+            }
+        }
+    }
+}
+
+async fn negotiate(
+    transport: &Transport,
+    options: &ClientOptions,
+    client_info: &Value,
+) -> Result<(Era, Value, Value), UpstreamError> {
+    if options.probe_stateless && transport.may_speak_modern() {
+        if let Some(found) = probe_stateless(transport, options, client_info).await? {
+            return Ok(found);
+        }
+    }
+    initialize(transport, client_info, options.handshake_timeout).await
+}
+
+/// `Ok(None)` means "not a stateless server, fall back to initialize".
+async fn probe_stateless(
+    transport: &Transport,
+    options: &ClientOptions,
+    client_info: &Value,
+) -> Result<Option<(Era, Value, Value)>, UpstreamError> {
+    let params = protocol::stamp_meta(None, protocol::modern_request_meta(MODERN_VERSION, client_info));
+    let headers = RequestHeaders {
+        protocol_version: Some(MODERN_VERSION.into()),
+        modern: Some(ModernHeaders { method: "server/discover".into(), name: None }),
+    };
+    match transport.request("server/discover", Some(params), &headers, options.probe_timeout).await {
+        Ok(result) => {
+            let supported = result.get("supportedVersions").and_then(Value::as_array);
+            let speaks_modern = supported.is_some_and(|v| v.iter().any(|v| v.as_str() == Some(MODERN_VERSION)));
+            if !speaks_modern {
+                debug!(result = %result, "server/discover without a supported stateless version, falling back");
+                return Ok(None);
+            }
+            let server_info = result
+                .get("_meta")
+                .and_then(|m| m.get(protocol::meta_keys::SERVER_INFO))
+                .cloned()
+                .unwrap_or_else(|| json!({}));
+            let capabilities = result.get("capabilities").cloned().unwrap_or_else(|| json!({}));
+            Ok(Some((Era::Stateless { version: MODERN_VERSION.into() }, server_info, capabilities)))
+        }
+        Err(UpstreamError::Rpc(err)) if err.code == codes::UNSUPPORTED_PROTOCOL_VERSION => {
+            // A stateless server that does not speak our revision: the handshake is the only common ground left.
+            debug!(error = %err.message, "server rejected 2026-07-28, falling back to initialize");
+            Ok(None)
+        }
+        Err(UpstreamError::Rpc(err)) => {
+            debug!(code = err.code, "server/discover refused, handshake-era server");
+            Ok(None)
+        }
+        Err(UpstreamError::HttpStatus { status, .. }) if (400..500).contains(&status) => Ok(None),
+        Err(UpstreamError::Timeout { .. }) if matches!(transport, Transport::Stdio(_)) => {
+            debug!("server/discover unanswered, handshake-era server");
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+async fn initialize(
+    transport: &Transport,
+    client_info: &Value,
+    timeout: Duration,
+) -> Result<(Era, Value, Value), UpstreamError> {
+    let params = json!({
+        "protocolVersion": HANDSHAKE_REQUEST_VERSION,
+        "capabilities": {"roots": {"listChanged": false}},
+        "clientInfo": client_info,
+    });
+    let headers = RequestHeaders::default();
+    let result = transport.request("initialize", Some(params), &headers, timeout).await.map_err(|err| match err {
+        UpstreamError::Rpc(rpc) => UpstreamError::Protocol(format!("mcp handshake failed: {}", rpc.message)),
+        other => other,
+    })?;
+    let Some(server_info) = result.get("serverInfo").cloned() else {
+        return Err(UpstreamError::Protocol(format!(
+            "invalid initialization response: {}",
+            super::transport::preview_value(&result)
+        )));
+    };
+    // Accept whatever version the server answers with (OQ-26); log it.
+    let version = result.get("protocolVersion").and_then(Value::as_str).unwrap_or(HANDSHAKE_REQUEST_VERSION).to_owned();
+    let capabilities = result.get("capabilities").cloned().unwrap_or_else(|| json!({}));
+    let headers = RequestHeaders { protocol_version: Some(version.clone()), modern: None };
+    transport.notify("notifications/initialized", None, &headers).await?;
+    Ok((Era::Handshake { version }, server_info, capabilities))
+}

@@ -1,0 +1,6 @@
+//! The Model Context Protocol: wire data (`protocol`), upstream transports
+//! (`transport`) and the negotiating client built on them (`client`).
+
+pub mod client;
+pub mod protocol;
+pub mod transport;

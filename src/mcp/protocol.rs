@@ -1,0 +1,235 @@
+//! JSON-RPC 2.0 envelopes and the MCP constants the satellite relies on.
+//!
+//! Data only: nothing here spawns, locks or does IO. Messages are kept as
+//! `serde_json::Value` payloads so that fields the satellite does not know
+//! (`_meta`, new result fields) pass through untouched.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+/// Handshake-era protocol versions, oldest first.
+pub const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
+/// The stateless revision: no handshake, version and client info in every request's `_meta`.
+pub const MODERN_VERSION: &str = "2026-07-28";
+/// The version the satellite asks for in `initialize` (OQ-26).
+pub const HANDSHAKE_REQUEST_VERSION: &str = "2025-06-18";
+
+/// `_meta` keys of the 2026-07-28 revision.
+pub mod meta_keys {
+    pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+    pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+    pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+    pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+}
+
+/// JSON-RPC and MCP error codes.
+pub mod codes {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+    pub const HEADER_MISMATCH: i64 = -32020;
+    pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+}
+
+/// A JSON-RPC request id: a number or a string, never null for requests.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RequestId {
+    Number(i64),
+    String(String),
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestId::Number(n) => write!(f, "{n}"),
+            RequestId::String(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// The error object of a JSON-RPC error response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), data: None }
+    }
+
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+}
+
+/// One incoming JSON-RPC message, classified by shape.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    Request { id: RequestId, method: String, params: Option<Value> },
+    Notification { method: String, params: Option<Value> },
+    Response { id: RequestId, outcome: Result<Value, RpcError> },
+}
+
+/// Why a value is not a JSON-RPC message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    #[error("not a json object")]
+    NotAnObject,
+    #[error("jsonrpc must be \"2.0\"")]
+    BadVersion,
+    #[error("invalid id")]
+    BadId,
+    #[error("method must be a string")]
+    BadMethod,
+    #[error("response has neither result nor error")]
+    EmptyResponse,
+    #[error("malformed error object")]
+    BadError,
+}
+
+impl Message {
+    /// Classify a parsed JSON value as a request, notification or response.
+    pub fn from_value(value: Value) -> Result<Message, MessageError> {
+        let Value::Object(mut obj) = value else {
+            return Err(MessageError::NotAnObject);
+        };
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Err(MessageError::BadVersion);
+        }
+        let id = match obj.remove("id") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(serde_json::from_value::<RequestId>(v).map_err(|_| MessageError::BadId)?),
+        };
+        if let Some(method) = obj.remove("method") {
+            let Value::String(method) = method else {
+                return Err(MessageError::BadMethod);
+            };
+            let params = obj.remove("params");
+            return Ok(match id {
+                Some(id) => Message::Request { id, method, params },
+                None => Message::Notification { method, params },
+            });
+        }
+        let id = id.ok_or(MessageError::BadId)?;
+        if let Some(error) = obj.remove("error") {
+            let error: RpcError = serde_json::from_value(error).map_err(|_| MessageError::BadError)?;
+            return Ok(Message::Response { id, outcome: Err(error) });
+        }
+        match obj.remove("result") {
+            Some(result) => Ok(Message::Response { id, outcome: Ok(result) }),
+            None => Err(MessageError::EmptyResponse),
+        }
+    }
+
+    pub fn into_value(self) -> Value {
+        match self {
+            Message::Request { id, method, params } => request(id, &method, params),
+            Message::Notification { method, params } => notification(&method, params),
+            Message::Response { id, outcome: Ok(result) } => response(id, result),
+            Message::Response { id, outcome: Err(error) } => error_response(Some(id), error),
+        }
+    }
+}
+
+pub fn request(id: RequestId, method: &str, params: Option<Value>) -> Value {
+    let mut obj = Map::new();
+    obj.insert("jsonrpc".into(), json!("2.0"));
+    obj.insert("id".into(), json!(id));
+    obj.insert("method".into(), json!(method));
+    if let Some(params) = params {
+        obj.insert("params".into(), params);
+    }
+    Value::Object(obj)
+}
+
+pub fn notification(method: &str, params: Option<Value>) -> Value {
+    let mut obj = Map::new();
+    obj.insert("jsonrpc".into(), json!("2.0"));
+    obj.insert("method".into(), json!(method));
+    if let Some(params) = params {
+        obj.insert("params".into(), params);
+    }
+    Value::Object(obj)
+}
+
+pub fn response(id: RequestId, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// An error response; `id` is `None` (serialised as null) when the request id is unknown.
+pub fn error_response(id: Option<RequestId>, error: RpcError) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": error})
+}
+
+/// The `_meta` object the 2026-07-28 revision requires on every request.
+pub fn modern_request_meta(version: &str, client_info: &Value) -> Map<String, Value> {
+    let mut meta = Map::new();
+    meta.insert(meta_keys::PROTOCOL_VERSION.into(), json!(version));
+    meta.insert(meta_keys::CLIENT_INFO.into(), client_info.clone());
+    meta.insert(meta_keys::CLIENT_CAPABILITIES.into(), json!({}));
+    meta
+}
+
+/// Merge `extra` into `params._meta`, creating both when absent. Existing keys
+/// set by the caller win, so a caller's own `_meta` is never overwritten.
+pub fn stamp_meta(params: Option<Value>, extra: Map<String, Value>) -> Value {
+    let mut params = match params {
+        Some(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    let meta = params.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+    if !meta.is_object() {
+        *meta = Value::Object(Map::new());
+    }
+    if let Value::Object(meta) = meta {
+        for (k, v) in extra {
+            meta.entry(k).or_insert(v);
+        }
+    }
+    Value::Object(params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_each_message_kind() {
+        let req = Message::from_value(json!({"jsonrpc":"2.0","id":7,"method":"tools/list"})).unwrap();
+        assert_eq!(req, Message::Request { id: RequestId::Number(7), method: "tools/list".into(), params: None });
+        let note = Message::from_value(json!({"jsonrpc":"2.0","method":"notifications/initialized"})).unwrap();
+        assert!(matches!(note, Message::Notification { .. }));
+        let ok = Message::from_value(json!({"jsonrpc":"2.0","id":"a","result":{}})).unwrap();
+        assert_eq!(ok, Message::Response { id: RequestId::String("a".into()), outcome: Ok(json!({})) });
+        let err =
+            Message::from_value(json!({"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"nope"}})).unwrap();
+        assert!(matches!(err, Message::Response { outcome: Err(RpcError { code: -32601, .. }), .. }));
+    }
+
+    #[test]
+    fn rejects_malformed_messages() {
+        assert_eq!(Message::from_value(json!([1])), Err(MessageError::NotAnObject));
+        assert_eq!(Message::from_value(json!({"id":1,"method":"x"})), Err(MessageError::BadVersion));
+        assert_eq!(Message::from_value(json!({"jsonrpc":"2.0","id":1.5,"method":"x"})), Err(MessageError::BadId));
+        assert_eq!(Message::from_value(json!({"jsonrpc":"2.0","id":1})), Err(MessageError::EmptyResponse));
+        assert_eq!(Message::from_value(json!({"jsonrpc":"2.0","method":3})), Err(MessageError::BadMethod));
+    }
+
+    #[test]
+    fn stamp_meta_keeps_caller_keys() {
+        let params = json!({"name":"x","_meta":{"io.modelcontextprotocol/protocolVersion":"mine","k":1}});
+        let stamped = stamp_meta(Some(params), modern_request_meta(MODERN_VERSION, &json!({"name":"c"})));
+        assert_eq!(stamped["_meta"]["io.modelcontextprotocol/protocolVersion"], "mine");
+        assert_eq!(stamped["_meta"]["k"], 1);
+        assert_eq!(stamped["_meta"]["io.modelcontextprotocol/clientCapabilities"], json!({}));
+        assert_eq!(stamped["name"], "x");
+    }
+}

@@ -1,0 +1,262 @@
+//! Clients for the three upstream transports, behind one enum.
+//!
+//! Each transport moves JSON-RPC messages and matches responses to requests;
+//! protocol negotiation and `_meta` stamping live one level up in
+//! `mcp::client`. Every request carries its own timeout.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::mcp::protocol::RpcError;
+
+pub mod sse;
+pub mod stdio;
+pub mod streamable_http;
+
+pub use sse::SseTransport;
+pub use stdio::{ExitInfo, StderrTail, StdioLaunch, StdioTransport};
+pub use streamable_http::StreamableHttpTransport;
+
+/// What went wrong talking to an upstream MCP server.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UpstreamError {
+    /// The server answered with a JSON-RPC error: it is alive and refused the request.
+    #[error("server returned error {}: {}", .0.code, .0.message)]
+    Rpc(RpcError),
+    #[error("request timeout: {method} after {}ms", .after.as_millis())]
+    Timeout { method: String, after: Duration },
+    /// The process exited or the stream closed; nothing more will arrive.
+    #[error("{0}")]
+    Closed(String),
+    #[error("failed to spawn mcp server: {0}")]
+    Spawn(String),
+    #[error("connection failed: {0}")]
+    Connect(String),
+    #[error("http status {status}: {body}")]
+    HttpStatus { status: u16, body: String },
+    /// The server said something that is not valid MCP.
+    #[error("{0}")]
+    Protocol(String),
+    #[error("io error: {0}")]
+    Io(String),
+}
+
+impl UpstreamError {
+    /// Append context to the message, keeping the kind.
+    pub fn with_detail(self, detail: &str) -> Self {
+        match self {
+            UpstreamError::Closed(m) => UpstreamError::Closed(format!("{m}; {detail}")),
+            UpstreamError::Spawn(m) => UpstreamError::Spawn(format!("{m}; {detail}")),
+            UpstreamError::Protocol(m) => UpstreamError::Protocol(format!("{m}; {detail}")),
+            UpstreamError::Io(m) => UpstreamError::Io(format!("{m}; {detail}")),
+            UpstreamError::Connect(m) => UpstreamError::Connect(format!("{m}; {detail}")),
+            other => other,
+        }
+    }
+
+    /// Connection-level failures that a retry may cure (SB §11.1, OQ-34).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, UpstreamError::Connect(_) | UpstreamError::Timeout { .. })
+    }
+}
+
+/// Protocol headers an HTTP transport sends with a request; ignored by stdio.
+#[derive(Debug, Clone, Default)]
+pub struct RequestHeaders {
+    /// `MCP-Protocol-Version`, once a version is negotiated.
+    pub protocol_version: Option<String>,
+    /// `Mcp-Method` and `Mcp-Name` of the 2026-07-28 revision.
+    pub modern: Option<ModernHeaders>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModernHeaders {
+    pub method: String,
+    pub name: Option<String>,
+}
+
+/// One upstream connection, whatever its transport.
+#[derive(Debug)]
+pub enum Transport {
+    Stdio(StdioTransport),
+    StreamableHttp(StreamableHttpTransport),
+    Sse(SseTransport),
+}
+
+impl Transport {
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        headers: &RequestHeaders,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamError> {
+        match self {
+            Transport::Stdio(t) => t.request(method, params, timeout).await,
+            Transport::StreamableHttp(t) => t.request(method, params, headers, timeout).await,
+            Transport::Sse(t) => t.request(method, params, timeout).await,
+        }
+    }
+
+    pub async fn notify(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        headers: &RequestHeaders,
+    ) -> Result<(), UpstreamError> {
+        match self {
+            Transport::Stdio(t) => t.notify(method, params).await,
+            Transport::StreamableHttp(t) => t.notify(method, params, headers).await,
+            Transport::Sse(t) => t.notify(method, params).await,
+        }
+    }
+
+    /// Whether the 2026-07-28 `server/discover` probe makes sense on this transport.
+    /// The legacy HTTP+SSE transport predates it.
+    pub fn may_speak_modern(&self) -> bool {
+        !matches!(self, Transport::Sse(_))
+    }
+
+    /// Close the connection: stdio stops the child (stdin closed, then signals), HTTP ends its session.
+    pub async fn close(&self) {
+        match self {
+            Transport::Stdio(t) => t.close().await,
+            Transport::StreamableHttp(t) => t.close().await,
+            Transport::Sse(t) => t.close().await,
+        }
+    }
+
+    pub fn is_alive(&self) -> bool {
+        match self {
+            Transport::Stdio(t) => t.is_alive(),
+            Transport::StreamableHttp(_) => true,
+            Transport::Sse(t) => t.is_alive(),
+        }
+    }
+}
+
+type Waiter = oneshot::Sender<Result<Value, UpstreamError>>;
+
+/// Requests waiting for their response, by numeric id. Once closed, every
+/// waiter is failed and new registrations fail at once.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    state: Mutex<PendingState>,
+}
+
+#[derive(Debug, Default)]
+struct PendingState {
+    waiters: HashMap<i64, Waiter>,
+    closed: Option<UpstreamError>,
+}
+
+impl Pending {
+    pub(crate) fn register(&self, id: i64) -> Result<oneshot::Receiver<Result<Value, UpstreamError>>, UpstreamError> {
+        let mut state = self.state.lock();
+        if let Some(err) = &state.closed {
+            return Err(err.clone());
+        }
+        let (tx, rx) = oneshot::channel();
+        state.waiters.insert(id, tx);
+        Ok(rx)
+    }
+
+    pub(crate) fn forget(&self, id: i64) {
+        self.state.lock().waiters.remove(&id);
+    }
+
+    /// Deliver a response; returns false when no one waits for this id.
+    pub(crate) fn resolve(&self, id: i64, outcome: Result<Value, UpstreamError>) -> bool {
+        let waiter = self.state.lock().waiters.remove(&id);
+        match waiter {
+            Some(tx) => {
+                // The waiter may have timed out and gone; that is fine.
+                let _ = tx.send(outcome);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn close(&self, err: UpstreamError) {
+        let waiters: Vec<Waiter> = {
+            let mut state = self.state.lock();
+            state.closed.get_or_insert(err.clone());
+            state.waiters.drain().map(|(_, w)| w).collect()
+        };
+        for waiter in waiters {
+            let _ = waiter.send(Err(err.clone()));
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.state.lock().waiters.len()
+    }
+}
+
+/// Await a registered waiter under a deadline, forgetting it on timeout.
+pub(crate) async fn await_response(
+    pending: &Pending,
+    id: i64,
+    rx: oneshot::Receiver<Result<Value, UpstreamError>>,
+    method: &str,
+    timeout: Duration,
+) -> Result<Value, UpstreamError> {
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(_)) => Err(UpstreamError::Closed("connection closed before the response arrived".into())),
+        Err(_) => {
+            pending.forget(id);
+            Err(UpstreamError::Timeout { method: method.to_owned(), after: timeout })
+        }
+    }
+}
+
+/// Map a response outcome from the wire into the transport's result.
+pub(crate) fn outcome(outcome: Result<Value, RpcError>) -> Result<Value, UpstreamError> {
+    outcome.map_err(UpstreamError::Rpc)
+}
+
+/// A short, single-line preview of untrusted text for logs and errors.
+pub(crate) fn preview(text: &str, max: usize) -> String {
+    let mut out: String = text.chars().take(max).collect();
+    if text.chars().count() > max {
+        out.push('…');
+    }
+    out.replace(['\n', '\r'], " ")
+}
+
+/// A short preview of a JSON value for error messages.
+pub(crate) fn preview_value(value: &Value) -> String {
+    preview(&value.to_string(), 200)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn closing_fails_every_waiter_and_later_registrations() {
+        let pending = Pending::default();
+        let rx1 = pending.register(1).unwrap();
+        let rx2 = pending.register(2).unwrap();
+        pending.close(UpstreamError::Closed("gone".into()));
+        assert!(matches!(rx1.await.unwrap(), Err(UpstreamError::Closed(_))));
+        assert!(matches!(rx2.await.unwrap(), Err(UpstreamError::Closed(_))));
+        assert!(pending.register(3).is_err());
+    }
+
+    #[tokio::test]
+    async fn timeout_forgets_the_waiter() {
+        let pending = Pending::default();
+        let rx = pending.register(9).unwrap();
+        let err = await_response(&pending, 9, rx, "tools/list", Duration::from_millis(5)).await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Timeout { .. }));
+        assert_eq!(pending.len(), 0);
+        assert!(!pending.resolve(9, Ok(Value::Null)));
+    }
+}

@@ -1,0 +1,180 @@
+//! Legacy HTTP+SSE transport (2024-11-05 style): a GET stream whose first
+//! `endpoint` event names the URL to POST messages to; responses come back as
+//! `message` events on the stream. A reader task owns the stream.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use reqwest::header::{HeaderMap, ACCEPT};
+use reqwest::Client;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+use url::Url;
+
+use super::streamable_http::{classify_reqwest, header_map};
+use super::{await_response, outcome, preview, Pending, UpstreamError};
+use crate::mcp::protocol::{self, Message, RequestId};
+
+#[derive(Debug)]
+pub struct SseTransport {
+    label: String,
+    client: Client,
+    headers: HeaderMap,
+    endpoint: Url,
+    next_id: AtomicI64,
+    pending: Arc<Pending>,
+    stop: CancellationToken,
+}
+
+impl SseTransport {
+    /// Open the event stream and wait for the `endpoint` event.
+    pub async fn connect(
+        label: String,
+        client: Client,
+        url: Url,
+        headers: &BTreeMap<String, String>,
+        timeout: Duration,
+    ) -> Result<Self, UpstreamError> {
+        let headers = header_map(headers)?;
+        let response = tokio::time::timeout(
+            timeout,
+            client.get(url.clone()).headers(headers.clone()).header(ACCEPT, "text/event-stream").send(),
+        )
+        .await
+        .map_err(|_| UpstreamError::Timeout { method: "GET sse".into(), after: timeout })?
+        .map_err(|err| classify_reqwest(&err))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&body, 300) });
+        }
+
+        let pending = Arc::new(Pending::default());
+        let stop = CancellationToken::new();
+        let (endpoint_tx, endpoint_rx) = oneshot::channel();
+        let reader =
+            Reader { label: label.clone(), base: url, pending: pending.clone(), endpoint_tx: Some(endpoint_tx) };
+        tokio::spawn(reader.run(response, stop.clone()));
+
+        let endpoint = match tokio::time::timeout(timeout, endpoint_rx).await {
+            Ok(Ok(endpoint)) => endpoint,
+            Ok(Err(_)) => {
+                stop.cancel();
+                return Err(UpstreamError::Protocol("sse stream ended before the endpoint event".into()));
+            }
+            Err(_) => {
+                stop.cancel();
+                return Err(UpstreamError::Timeout { method: "sse endpoint event".into(), after: timeout });
+            }
+        };
+        Ok(Self { label, client, headers, endpoint, next_id: AtomicI64::new(1), pending, stop })
+    }
+
+    pub fn is_alive(&self) -> bool {
+        !self.stop.is_cancelled()
+    }
+
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let rx = self.pending.register(id)?;
+        let body = protocol::request(RequestId::Number(id), method, params);
+        if let Err(err) = self.post(&body, timeout).await {
+            self.pending.forget(id);
+            return Err(err);
+        }
+        await_response(&self.pending, id, rx, method, timeout).await
+    }
+
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), UpstreamError> {
+        self.post(&protocol::notification(method, params), Duration::from_secs(30)).await
+    }
+
+    pub async fn close(&self) {
+        self.stop.cancel();
+        self.pending.close(UpstreamError::Closed(format!("sse connection {} closed", self.label)));
+    }
+
+    async fn post(&self, body: &Value, timeout: Duration) -> Result<(), UpstreamError> {
+        let response = self
+            .client
+            .post(self.endpoint.clone())
+            .headers(self.headers.clone())
+            .json(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|err| classify_reqwest(&err))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&text, 300) })
+    }
+}
+
+impl Drop for SseTransport {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+struct Reader {
+    label: String,
+    base: Url,
+    pending: Arc<Pending>,
+    endpoint_tx: Option<oneshot::Sender<Url>>,
+}
+
+impl Reader {
+    async fn run(mut self, response: reqwest::Response, stop: CancellationToken) {
+        let mut events = response.bytes_stream().eventsource();
+        let reason = loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => break "closed".to_owned(),
+                event = events.next() => event,
+            };
+            match event {
+                None => break "sse stream ended".to_owned(),
+                Some(Err(err)) => break format!("sse stream failed: {err}"),
+                Some(Ok(event)) if event.event == "endpoint" => match self.base.join(event.data.trim()) {
+                    Ok(endpoint) => {
+                        if let Some(tx) = self.endpoint_tx.take() {
+                            let _ = tx.send(endpoint);
+                        }
+                    }
+                    Err(err) => warn!(process_id = %self.label, error = %err, "invalid sse endpoint event"),
+                },
+                Some(Ok(event)) if event.event.is_empty() || event.event == "message" => self.on_message(&event.data),
+                Some(Ok(event)) => debug!(process_id = %self.label, event = %event.event, "sse event ignored"),
+            }
+        };
+        stop.cancel();
+        self.pending.close(UpstreamError::Closed(format!("sse connection {}: {reason}", self.label)));
+    }
+
+    fn on_message(&self, data: &str) {
+        let Ok(value) = serde_json::from_str::<Value>(data) else {
+            warn!(process_id = %self.label, data = %preview(data, 200), "invalid json in sse message, skipped");
+            return;
+        };
+        match Message::from_value(value) {
+            Ok(Message::Response { id: RequestId::Number(id), outcome: result }) => {
+                self.pending.resolve(id, outcome(result));
+            }
+            Ok(other) => debug!(process_id = %self.label, message = ?other, "sse message ignored"),
+            Err(err) => warn!(process_id = %self.label, error = %err, "malformed json-rpc message on sse stream"),
+        }
+    }
+}

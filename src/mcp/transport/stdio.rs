@@ -1,0 +1,427 @@
+//! stdio transport: one task owns the child process.
+//!
+//! The owner task holds stdin, reads stdout line by line into JSON-RPC
+//! messages, matches responses to waiters by id, answers the child's own
+//! requests (`ping`, `roots/list`), keeps stderr in a bounded buffer, and when
+//! the child exits fails every waiter with a typed error. Closing sends EOF on
+//! stdin, then SIGTERM to the child's process group, then SIGKILL;
+//! `kill_on_drop` is only the last line of defence.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{await_response, outcome, preview, Pending, UpstreamError};
+use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
+
+/// Longest stdout line accepted (a large `tools/list` result fits easily).
+const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// Lines queued for the child's stdin before senders wait.
+const OUTBOUND_CAPACITY: usize = 256;
+/// stderr lines kept per instance for the debug route and error messages.
+pub const STDERR_LINES_KEPT: usize = 200;
+const STDERR_LINE_MAX_BYTES: usize = 1024;
+const NOTIFICATION_CAPACITY: usize = 64;
+
+/// What to start: the instance's final command, arguments and environment.
+#[derive(Debug, Clone)]
+pub struct StdioLaunch {
+    /// Label for logs and errors: the instance's process id.
+    pub label: String,
+    pub command: String,
+    pub args: Vec<String>,
+    /// The complete environment of the child; nothing else is inherited.
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    /// How long to wait after closing stdin before signalling.
+    pub close_grace: Duration,
+}
+
+/// The bounded buffer of a child's last stderr lines.
+#[derive(Debug, Clone)]
+pub struct StderrTail(Arc<Mutex<VecDeque<String>>>);
+
+impl StderrTail {
+    /// Oldest first.
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().iter().cloned().collect()
+    }
+}
+
+/// How the child ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitInfo {
+    /// The satellite asked it to stop.
+    Stopped,
+    /// It exited on its own (a crash from the supervisor's point of view).
+    Exited { code: Option<i32>, signal: Option<i32> },
+}
+
+impl ExitInfo {
+    fn from_status(status: ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        ExitInfo::Exited { code: status.code(), signal: status.signal() }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            ExitInfo::Stopped => "process stopped".into(),
+            ExitInfo::Exited { code: Some(code), .. } => format!("child process has died (exit code {code})"),
+            ExitInfo::Exited { signal: Some(sig), .. } => format!("child process has died (signal {sig})"),
+            ExitInfo::Exited { .. } => "child process has died".into(),
+        }
+    }
+}
+
+/// A running stdio MCP server.
+#[derive(Debug)]
+pub struct StdioTransport {
+    label: String,
+    pid: Option<u32>,
+    next_id: AtomicI64,
+    pending: Arc<Pending>,
+    outbound: mpsc::Sender<String>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+    notifications: broadcast::Sender<Value>,
+    exit_rx: watch::Receiver<Option<ExitInfo>>,
+    stop: CancellationToken,
+}
+
+impl StdioTransport {
+    /// Spawn the child and start its owner task. The MCP handshake is the caller's.
+    pub fn spawn(launch: StdioLaunch) -> Result<Self, UpstreamError> {
+        let mut command = Command::new(&launch.command);
+        command
+            .args(&launch.args)
+            .env_clear()
+            .envs(&launch.env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(cwd) = &launch.cwd {
+            command.current_dir(cwd);
+        }
+        let mut child = command.spawn().map_err(|err| UpstreamError::Spawn(format!("{}: {err}", launch.command)))?;
+        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(UpstreamError::Spawn("child pipes unavailable".into()));
+        };
+        let pid = child.id();
+        info!(process_id = %launch.label, pid, command = %launch.command, "mcp server process spawned");
+
+        let pending = Arc::new(Pending::default());
+        let stderr_buf = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_LINES_KEPT)));
+        let (outbound_tx, outbound_rx) = mpsc::channel(OUTBOUND_CAPACITY);
+        let (notifications, _) = broadcast::channel(NOTIFICATION_CAPACITY);
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+
+        let owner = Owner {
+            label: launch.label.clone(),
+            child,
+            stdin: Some(stdin),
+            stdout: FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES)),
+            stderr: FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_LINE_MAX_BYTES * 64)),
+            outbound: outbound_rx,
+            pending: pending.clone(),
+            stderr_buf: stderr_buf.clone(),
+            notifications: notifications.clone(),
+            exit_tx,
+            stop: stop.clone(),
+            close_grace: launch.close_grace,
+        };
+        tokio::spawn(owner.run());
+
+        Ok(Self {
+            label: launch.label,
+            pid,
+            next_id: AtomicI64::new(1),
+            pending,
+            outbound: outbound_tx,
+            stderr: stderr_buf,
+            notifications,
+            exit_rx,
+            stop,
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.exit_rx.borrow().is_none()
+    }
+
+    /// How the child ended, once it has.
+    pub fn exit_info(&self) -> Option<ExitInfo> {
+        self.exit_rx.borrow().clone()
+    }
+
+    /// Resolves when the child has exited, for whatever reason.
+    pub async fn exited(&self) -> ExitInfo {
+        let mut rx = self.exit_rx.clone();
+        loop {
+            if let Some(info) = rx.borrow_and_update().clone() {
+                return info;
+            }
+            if rx.changed().await.is_err() {
+                return ExitInfo::Stopped;
+            }
+        }
+    }
+
+    /// The last stderr lines, oldest first.
+    pub fn stderr_tail(&self) -> Vec<String> {
+        self.stderr_handle().lines()
+    }
+
+    /// A handle on the stderr buffer that outlives the transport.
+    pub fn stderr_handle(&self) -> StderrTail {
+        StderrTail(self.stderr.clone())
+    }
+
+    /// Notifications the child sends (list changes, logs, progress).
+    pub fn subscribe(&self) -> broadcast::Receiver<Value> {
+        self.notifications.subscribe()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamError> {
+        if let Some(info) = self.exit_info() {
+            return Err(UpstreamError::Closed(format!("process {} is not running: {}", self.label, info.describe())));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let rx = self.pending.register(id)?;
+        let line = protocol::request(RequestId::Number(id), method, params).to_string();
+        if self.outbound.send(line).await.is_err() {
+            self.pending.forget(id);
+            return Err(UpstreamError::Closed(format!("process {} is not running", self.label)));
+        }
+        await_response(&self.pending, id, rx, method, timeout).await
+    }
+
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), UpstreamError> {
+        let line = protocol::notification(method, params).to_string();
+        self.outbound
+            .send(line)
+            .await
+            .map_err(|_| UpstreamError::Closed(format!("process {} is not running", self.label)))
+    }
+
+    /// Stop the child and wait until it is gone.
+    pub async fn close(&self) {
+        self.stop.cancel();
+        self.exited().await;
+    }
+}
+
+impl Drop for StdioTransport {
+    fn drop(&mut self) {
+        // The owner task notices and stops the child; kill_on_drop covers a dropped runtime.
+        self.stop.cancel();
+    }
+}
+
+struct Owner {
+    label: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
+    stderr: FramedRead<tokio::process::ChildStderr, LinesCodec>,
+    outbound: mpsc::Receiver<String>,
+    pending: Arc<Pending>,
+    stderr_buf: Arc<Mutex<VecDeque<String>>>,
+    notifications: broadcast::Sender<Value>,
+    exit_tx: watch::Sender<Option<ExitInfo>>,
+    stop: CancellationToken,
+    close_grace: Duration,
+}
+
+impl Owner {
+    async fn run(mut self) {
+        let mut stdout_open = true;
+        let mut stderr_open = true;
+        let exit = loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => break self.terminate().await,
+                status = self.child.wait() => {
+                    break match status {
+                        Ok(status) => ExitInfo::from_status(status),
+                        Err(err) => {
+                            warn!(process_id = %self.label, error = %err, "waiting for mcp server process failed");
+                            ExitInfo::Exited { code: None, signal: None }
+                        }
+                    };
+                }
+                Some(line) = self.outbound.recv() => self.write_line(line).await,
+                line = self.stdout.next(), if stdout_open => match line {
+                    Some(Ok(line)) => self.on_stdout_line(&line).await,
+                    Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                        warn!(process_id = %self.label, max_bytes = MAX_LINE_BYTES, "stdout line too long, skipped");
+                    }
+                    Some(Err(err)) => {
+                        warn!(process_id = %self.label, error = %err, "reading stdout failed");
+                        stdout_open = false;
+                    }
+                    None => stdout_open = false,
+                },
+                line = self.stderr.next(), if stderr_open => match line {
+                    Some(Ok(line)) => self.on_stderr_line(line),
+                    Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {}
+                    Some(Err(_)) | None => stderr_open = false,
+                },
+            }
+        };
+        // Drain what the child wrote before dying, so late responses still reach their waiters.
+        while let Ok(Some(Ok(line))) = tokio::time::timeout(Duration::from_millis(50), self.stdout.next()).await {
+            self.on_stdout_line(&line).await;
+        }
+        match &exit {
+            ExitInfo::Stopped => info!(process_id = %self.label, "mcp server process stopped"),
+            ExitInfo::Exited { code, signal } => {
+                warn!(process_id = %self.label, code = ?code, signal = ?signal, "mcp server process exited")
+            }
+        }
+        self.pending.close(UpstreamError::Closed(format!(
+            "process {} is not running: {}",
+            self.label,
+            exit.describe()
+        )));
+        let _ = self.exit_tx.send(Some(exit));
+    }
+
+    /// Close stdin, give the child `close_grace` to leave, then SIGTERM its group, then SIGKILL.
+    async fn terminate(&mut self) -> ExitInfo {
+        self.stdin = None;
+        if tokio::time::timeout(self.close_grace, self.child.wait()).await.is_ok() {
+            return ExitInfo::Stopped;
+        }
+        if let Some(pid) = self.child.id() {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            if tokio::time::timeout(Duration::from_secs(3), self.child.wait()).await.is_ok() {
+                return ExitInfo::Stopped;
+            }
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        let _ = self.child.kill().await;
+        ExitInfo::Stopped
+    }
+
+    async fn write_line(&mut self, mut line: String) {
+        let Some(stdin) = self.stdin.as_mut() else { return };
+        line.push('\n');
+        let result = async {
+            stdin.write_all(line.as_bytes()).await?;
+            stdin.flush().await
+        }
+        .await;
+        if let Err(err) = result {
+            // The child is going away; its exit fails the waiters.
+            debug!(process_id = %self.label, error = %err, "writing to stdin failed");
+            self.stdin = None;
+        }
+    }
+
+    async fn on_stdout_line(&mut self, line: &str) {
+        let line = line.trim();
+        if line.is_empty() {
+            return;
+        }
+        let value: Value = match serde_json::from_str(line) {
+            Ok(value) => value,
+            Err(err) => {
+                warn!(process_id = %self.label, error = %err, line = %preview(line, 200), "invalid json line from mcp server, skipped");
+                return;
+            }
+        };
+        match value {
+            Value::Array(batch) => {
+                for item in batch {
+                    self.on_message(item).await;
+                }
+            }
+            single => self.on_message(single).await,
+        }
+    }
+
+    async fn on_message(&mut self, value: Value) {
+        let message = match Message::from_value(value) {
+            Ok(message) => message,
+            Err(err) => {
+                warn!(process_id = %self.label, error = %err, "malformed json-rpc message from mcp server, skipped");
+                return;
+            }
+        };
+        match message {
+            Message::Response { id: RequestId::Number(id), outcome: result } => {
+                if !self.pending.resolve(id, outcome(result)) {
+                    debug!(process_id = %self.label, id, "response for no pending request");
+                }
+            }
+            Message::Response { id, .. } => debug!(process_id = %self.label, %id, "response with foreign id ignored"),
+            Message::Request { id, method, .. } => {
+                let reply = match method.as_str() {
+                    "ping" => protocol::response(id, json!({})),
+                    "roots/list" => protocol::response(id, json!({"roots": []})),
+                    other => {
+                        debug!(process_id = %self.label, method = other, "unsupported request from mcp server");
+                        protocol::error_response(Some(id), RpcError::new(codes::METHOD_NOT_FOUND, "Method not found"))
+                    }
+                };
+                self.write_line(reply.to_string()).await;
+            }
+            Message::Notification { method, params } => {
+                debug!(process_id = %self.label, method = %method, "notification from mcp server");
+                let _ = self.notifications.send(protocol::notification(&method, params));
+            }
+        }
+    }
+
+    fn on_stderr_line(&mut self, line: String) {
+        let line = line.trim_end();
+        if line.is_empty() {
+            return;
+        }
+        let mut kept = line.to_owned();
+        if kept.len() > STDERR_LINE_MAX_BYTES {
+            let mut cut = STDERR_LINE_MAX_BYTES;
+            while !kept.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            kept.truncate(cut);
+            kept.push_str("... [truncated]");
+        }
+        debug!(process_id = %self.label, line = %kept, "mcp server stderr");
+        let mut buf = self.stderr_buf.lock();
+        if buf.len() == STDERR_LINES_KEPT {
+            buf.pop_front();
+        }
+        buf.push_back(kept);
+    }
+}

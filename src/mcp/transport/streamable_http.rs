@@ -1,0 +1,319 @@
+//! Streamable HTTP transport (client side).
+//!
+//! Each request is a POST; the reply is JSON or an SSE stream ending with the
+//! response. The `Mcp-Session-Id` the server hands out at `initialize` is sent
+//! on every later request; a 404 on a known session means the server forgot it,
+//! so the transport replays the handshake once and retries. Modern-revision
+//! requests carry `Mcp-Method`/`Mcp-Name` and never a session.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use reqwest::{Client, StatusCode};
+use serde_json::Value;
+use tracing::{debug, info};
+use url::Url;
+
+use super::{outcome, preview, RequestHeaders, UpstreamError};
+use crate::mcp::protocol::{self, Message, RequestId};
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+const ERROR_BODY_PREVIEW: usize = 300;
+
+#[derive(Debug)]
+pub struct StreamableHttpTransport {
+    label: String,
+    client: Client,
+    url: Url,
+    headers: HeaderMap,
+    next_id: AtomicI64,
+    session: Mutex<Option<String>>,
+    /// The initialize request body and the headers it was sent with, replayed when the server forgets the session.
+    handshake: Mutex<Option<(Option<Value>, RequestHeaders)>>,
+}
+
+impl StreamableHttpTransport {
+    /// `headers` are the instance's own; invalid names or values are refused here, before any request.
+    pub fn new(
+        label: String,
+        client: Client,
+        url: Url,
+        headers: &BTreeMap<String, String>,
+    ) -> Result<Self, UpstreamError> {
+        Ok(Self {
+            label,
+            client,
+            url,
+            headers: header_map(headers)?,
+            next_id: AtomicI64::new(1),
+            session: Mutex::new(None),
+            handshake: Mutex::new(None),
+        })
+    }
+
+    pub fn session_id(&self) -> Option<String> {
+        self.session.lock().clone()
+    }
+
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        headers: &RequestHeaders,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamError> {
+        let work = async {
+            let first = self.request_once(method, params.clone(), headers).await;
+            match first {
+                Err(SendError::SessionGone) => {
+                    info!(process_id = %self.label, "mcp session expired upstream, re-initializing once");
+                    self.reinitialize().await?;
+                    match self.request_once(method, params, headers).await {
+                        Err(SendError::SessionGone) => Err(UpstreamError::HttpStatus {
+                            status: 404,
+                            body: "session not found after re-initialize".into(),
+                        }),
+                        other => other.map_err(SendError::into_upstream),
+                    }
+                }
+                other => other.map_err(SendError::into_upstream),
+            }
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| UpstreamError::Timeout { method: method.to_owned(), after: timeout })?
+    }
+
+    pub async fn notify(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        headers: &RequestHeaders,
+    ) -> Result<(), UpstreamError> {
+        let body = protocol::notification(method, params);
+        let response = self.post(&body, headers).await?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&text, ERROR_BODY_PREVIEW) })
+    }
+
+    /// End the session with DELETE; errors are only logged, the server may already have dropped it.
+    pub async fn close(&self) {
+        let Some(session) = self.session.lock().take() else { return };
+        let request = self
+            .client
+            .delete(self.url.clone())
+            .headers(self.headers.clone())
+            .header(SESSION_HEADER, session)
+            .timeout(Duration::from_secs(2));
+        if let Err(err) = request.send().await {
+            debug!(process_id = %self.label, error = %err, "closing mcp session failed");
+        }
+    }
+
+    async fn reinitialize(&self) -> Result<(), UpstreamError> {
+        *self.session.lock() = None;
+        let Some((params, headers)) = self.handshake.lock().clone() else {
+            return Err(UpstreamError::Protocol("session lost before any initialize".into()));
+        };
+        self.request_once("initialize", params, &headers).await.map_err(SendError::into_upstream)?;
+        self.notify("notifications/initialized", None, &headers).await
+    }
+
+    async fn post(&self, body: &Value, headers: &RequestHeaders) -> Result<reqwest::Response, UpstreamError> {
+        let mut request = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .header(ACCEPT, "application/json, text/event-stream")
+            .header(CONTENT_TYPE, "application/json")
+            .json(body);
+        if let Some(version) = &headers.protocol_version {
+            request = request.header(PROTOCOL_VERSION_HEADER, version);
+        }
+        if let Some(modern) = &headers.modern {
+            request = request.header("mcp-method", &modern.method);
+            if let Some(name) = &modern.name {
+                request = request.header("mcp-name", encode_header_value(name));
+            }
+        } else if let Some(session) = self.session.lock().clone() {
+            request = request.header(SESSION_HEADER, session);
+        }
+        request.send().await.map_err(|err| classify_reqwest(&err))
+    }
+
+    async fn request_once(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        headers: &RequestHeaders,
+    ) -> Result<Value, SendError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let had_session = headers.modern.is_none() && self.session.lock().is_some();
+        let body = protocol::request(RequestId::Number(id), method, params.clone());
+        let response = self.post(&body, headers).await?;
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND && had_session && method != "initialize" {
+            return Err(SendError::SessionGone);
+        }
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            // Modern servers put a JSON-RPC error in 4xx bodies; surface it as such.
+            if let Ok(value) = serde_json::from_str::<Value>(&text) {
+                if let Ok(Message::Response { outcome: Err(err), .. }) = Message::from_value(value) {
+                    return Err(UpstreamError::Rpc(err).into());
+                }
+            }
+            return Err(UpstreamError::HttpStatus {
+                status: status.as_u16(),
+                body: preview(&text, ERROR_BODY_PREVIEW),
+            }
+            .into());
+        }
+        if method == "initialize" {
+            if let Some(session) = response.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+                *self.session.lock() = Some(session.to_owned());
+            }
+            *self.handshake.lock() = Some((params, headers.clone()));
+        }
+        let content_type =
+            response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
+        if content_type.starts_with("text/event-stream") {
+            return self.read_sse_reply(response, id).await.map_err(SendError::from);
+        }
+        let text = response.text().await.map_err(|err| UpstreamError::Io(err.to_string()))?;
+        let value: Value = serde_json::from_str(&text).map_err(|_| {
+            UpstreamError::Protocol(format!("invalid json reply: {}", preview(&text, ERROR_BODY_PREVIEW)))
+        })?;
+        find_response(value, id)
+            .unwrap_or_else(|| Err(UpstreamError::Protocol(format!("reply did not answer request {id}"))))
+            .map_err(SendError::from)
+    }
+
+    async fn read_sse_reply(&self, response: reqwest::Response, id: i64) -> Result<Value, UpstreamError> {
+        let mut events = response.bytes_stream().eventsource();
+        while let Some(event) = events.next().await {
+            let event = event.map_err(|err| UpstreamError::Io(format!("sse stream: {err}")))?;
+            if !(event.event.is_empty() || event.event == "message") || event.data.trim().is_empty() {
+                continue;
+            }
+            let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
+                debug!(process_id = %self.label, data = %preview(&event.data, 200), "invalid json in sse event, skipped");
+                continue;
+            };
+            if let Some(result) = find_response(value, id) {
+                return result;
+            }
+        }
+        Err(UpstreamError::Closed("sse stream ended before the response".into()))
+    }
+}
+
+/// An internal signal that the server no longer knows our session.
+enum SendError {
+    SessionGone,
+    Upstream(UpstreamError),
+}
+
+impl From<UpstreamError> for SendError {
+    fn from(err: UpstreamError) -> Self {
+        SendError::Upstream(err)
+    }
+}
+
+impl SendError {
+    fn into_upstream(self) -> UpstreamError {
+        match self {
+            SendError::SessionGone => UpstreamError::HttpStatus { status: 404, body: "session not found".into() },
+            SendError::Upstream(err) => err,
+        }
+    }
+}
+
+/// Find the response to `id` in a reply that may be a single message or a batch.
+fn find_response(value: Value, id: i64) -> Option<Result<Value, UpstreamError>> {
+    let items = match value {
+        Value::Array(items) => items,
+        single => vec![single],
+    };
+    items.into_iter().find_map(|item| match Message::from_value(item) {
+        Ok(Message::Response { id: RequestId::Number(n), outcome: result }) if n == id => Some(outcome(result)),
+        _ => None,
+    })
+}
+
+pub(crate) fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap, UpstreamError> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| UpstreamError::Protocol(format!("invalid header name {name:?}")))?;
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| UpstreamError::Protocol(format!("invalid value for header {name}")))?;
+        map.insert(name, value);
+    }
+    Ok(map)
+}
+
+/// `Mcp-Name` carries ASCII as is and anything else base64-encoded (2026-07-28).
+fn encode_header_value(value: &str) -> String {
+    let safe = value.bytes().all(|b| (0x20..0x7f).contains(&b)) && value.trim() == value;
+    if safe {
+        value.to_owned()
+    } else {
+        use base64::Engine;
+        format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(value))
+    }
+}
+
+pub(crate) fn classify_reqwest(err: &reqwest::Error) -> UpstreamError {
+    if err.is_timeout() {
+        return UpstreamError::Timeout { method: "http".into(), after: Duration::ZERO };
+    }
+    if err.is_connect() {
+        return UpstreamError::Connect(format!("{err}: {}", root_cause(err)));
+    }
+    UpstreamError::Io(format!("{err}: {}", root_cause(err)))
+}
+
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause: &dyn std::error::Error = err;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn finds_the_response_in_a_batch() {
+        let batch =
+            json!([{"jsonrpc":"2.0","method":"notifications/progress"},{"jsonrpc":"2.0","id":3,"result":{"ok":true}}]);
+        assert_eq!(find_response(batch, 3).unwrap().unwrap(), json!({"ok": true}));
+        assert!(find_response(json!({"jsonrpc":"2.0","id":4,"result":{}}), 3).is_none());
+    }
+
+    #[test]
+    fn non_ascii_names_are_base64_encoded() {
+        assert_eq!(encode_header_value("echo"), "echo");
+        assert_eq!(encode_header_value("日本"), "=?base64?5pel5pys?=");
+    }
+
+    #[test]
+    fn bad_header_names_are_refused() {
+        let headers = BTreeMap::from([("bad header".to_owned(), "x".to_owned())]);
+        assert!(header_map(&headers).is_err());
+    }
+}

@@ -1,0 +1,172 @@
+//! What one instance offers: its tools, resources and resource templates,
+//! and the two naming schemes that expose them through the hierarchical router.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// Separator of the external tool path `{server_slug}:{tool_name}` (split at the first one).
+pub const TOOL_PATH_SEPARATOR: char = ':';
+/// Separator of namespaced resource URIs `{server_slug}|{original_uri}` (split at the first one).
+pub const URI_SEPARATOR: char = '|';
+
+/// One tool as the server described it, under its original name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolDef {
+    pub name: String,
+    /// Missing descriptions become "".
+    pub description: String,
+    /// Missing schemas become `{}`.
+    pub input_schema: Value,
+    pub meta: Option<Value>,
+    /// The whole definition (title, annotations, outputSchema…), normalised as above.
+    pub definition: Value,
+    /// SHA-256 of the definition's JSON text: tells whether a tool changed between discoveries.
+    pub content_hash: String,
+}
+
+impl ToolDef {
+    /// Normalise a `tools/list` entry; `None` when it has no string name.
+    pub fn from_listing(raw: &Value) -> Option<Self> {
+        let mut definition = raw.as_object()?.clone();
+        let name = definition.get("name")?.as_str()?.to_owned();
+        let description = definition.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
+        definition.insert("description".into(), Value::String(description.clone()));
+        let input_schema = match definition.get("inputSchema") {
+            Some(schema @ Value::Object(_)) => schema.clone(),
+            _ => Value::Object(Map::new()),
+        };
+        definition.insert("inputSchema".into(), input_schema.clone());
+        let meta = definition.get("_meta").filter(|m| m.is_object()).cloned();
+        let definition = Value::Object(definition);
+        Some(Self::from_parts(name, description, input_schema, meta, definition))
+    }
+
+    pub fn from_parts(
+        name: String,
+        description: String,
+        input_schema: Value,
+        meta: Option<Value>,
+        definition: Value,
+    ) -> Self {
+        let content_hash = hex::encode(Sha256::digest(definition.to_string().as_bytes()));
+        Self { name, description, input_schema, meta, definition, content_hash }
+    }
+}
+
+/// One resource, under its original URI.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceDef {
+    pub uri: String,
+    pub definition: Value,
+}
+
+/// One resource template, under its original URI template.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateDef {
+    pub uri_template: String,
+    pub definition: Value,
+}
+
+impl ResourceDef {
+    pub fn from_listing(raw: &Value) -> Option<Self> {
+        let uri = raw.get("uri")?.as_str()?.to_owned();
+        raw.is_object().then(|| Self { uri, definition: raw.clone() })
+    }
+}
+
+impl TemplateDef {
+    pub fn from_listing(raw: &Value) -> Option<Self> {
+        let uri_template = raw.get("uriTemplate")?.as_str()?.to_owned();
+        raw.is_object().then(|| Self { uri_template, definition: raw.clone() })
+    }
+}
+
+/// Everything one discovery found on one instance. Replaced whole, never patched.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Catalog {
+    pub tools: Vec<ToolDef>,
+    pub resources: Vec<ResourceDef>,
+    pub templates: Vec<TemplateDef>,
+    pub discovered_at: DateTime<Utc>,
+}
+
+/// `{server_slug}:{tool_name}`.
+pub fn tool_path(server_slug: &str, tool_name: &str) -> String {
+    format!("{server_slug}{TOOL_PATH_SEPARATOR}{tool_name}")
+}
+
+/// Split a tool path at the first `:`; both parts must be non-empty.
+pub fn parse_tool_path(path: &str) -> Option<(&str, &str)> {
+    let (slug, name) = path.split_once(TOOL_PATH_SEPARATOR)?;
+    (!slug.is_empty() && !name.is_empty()).then_some((slug, name))
+}
+
+/// `{server_slug}|{original_uri}`; also used for templates.
+pub fn namespaced_uri(server_slug: &str, uri: &str) -> String {
+    format!("{server_slug}{URI_SEPARATOR}{uri}")
+}
+
+/// Split a namespaced URI at the first `|`; the slug must be non-empty.
+pub fn parse_namespaced_uri(value: &str) -> Option<(&str, &str)> {
+    let (slug, uri) = value.split_once(URI_SEPARATOR)?;
+    (!slug.is_empty() && !uri.is_empty()).then_some((slug, uri))
+}
+
+/// Rewrite a string `_meta.ui.resourceUri` to its namespaced form, unless it already is (SB §12.6, OQ-37).
+pub fn namespace_ui_meta(meta: &Value, server_slug: &str) -> Value {
+    let mut meta = meta.clone();
+    let prefix = format!("{server_slug}{URI_SEPARATOR}");
+    if let Some(uri) = meta.pointer_mut("/ui/resourceUri") {
+        if let Some(s) = uri.as_str() {
+            if !s.starts_with(&prefix) {
+                *uri = Value::String(format!("{prefix}{s}"));
+            }
+        }
+    }
+    meta
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tool_paths_split_at_the_first_colon() {
+        assert_eq!(tool_path("github", "create_issue"), "github:create_issue");
+        assert_eq!(parse_tool_path("a:b:c"), Some(("a", "b:c")));
+        assert_eq!(parse_tool_path(":b"), None);
+        assert_eq!(parse_tool_path("a:"), None);
+        assert_eq!(parse_tool_path("ab"), None);
+    }
+
+    #[test]
+    fn uris_split_at_the_first_pipe() {
+        let ns = namespaced_uri("excalidraw", "ui://excalidraw/app.html");
+        assert_eq!(ns, "excalidraw|ui://excalidraw/app.html");
+        assert_eq!(parse_namespaced_uri(&ns), Some(("excalidraw", "ui://excalidraw/app.html")));
+        assert_eq!(parse_namespaced_uri("x|a|b"), Some(("x", "a|b")));
+        assert_eq!(parse_namespaced_uri("|a"), None);
+    }
+
+    #[test]
+    fn ui_meta_is_prefixed_once() {
+        let meta = json!({"ui": {"resourceUri": "ui://demo/app.html"}, "other": 1});
+        let once = namespace_ui_meta(&meta, "demo");
+        assert_eq!(once["ui"]["resourceUri"], "demo|ui://demo/app.html");
+        assert_eq!(namespace_ui_meta(&once, "demo"), once);
+        assert_eq!(namespace_ui_meta(&json!({"ui": {"resourceUri": 3}}), "demo")["ui"]["resourceUri"], 3);
+    }
+
+    #[test]
+    fn listings_are_normalised() {
+        let tool = ToolDef::from_listing(&json!({"name": "t"})).unwrap();
+        assert_eq!(tool.description, "");
+        assert_eq!(tool.input_schema, json!({}));
+        assert_eq!(tool.definition, json!({"name": "t", "description": "", "inputSchema": {}}));
+        assert!(ToolDef::from_listing(&json!({"description": "no name"})).is_none());
+        let a = ToolDef::from_listing(&json!({"name": "t", "description": "x"})).unwrap();
+        assert_ne!(a.content_hash, tool.content_hash);
+    }
+}

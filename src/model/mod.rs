@@ -1,0 +1,200 @@
+//! Shared vocabulary: identifiers, the desired state of one instance, and
+//! instance statuses. No IO, no serde on internal types except where a value
+//! is persisted verbatim.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use url::Url;
+
+pub mod catalog;
+
+pub use catalog::{
+    namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_tool_path, tool_path, Catalog, ResourceDef,
+    TemplateDef, ToolDef,
+};
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub String);
+
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self(s.to_owned())
+            }
+        }
+    };
+}
+
+string_id!(
+    /// A team's id.
+    TeamId
+);
+string_id!(
+    /// A user's id.
+    UserId
+);
+string_id!(
+    /// A team installation of a catalogue server, shared by the team's members.
+    InstallationId
+);
+string_id!(
+    /// The opaque key of one per-user instance: `{server_slug}-{team_slug}-{user_id}-{installation_id}`.
+    /// Never parsed: slugs and ids contain `-`.
+    ProcessId
+);
+
+impl ProcessId {
+    pub fn compose(server_slug: &str, team_slug: &str, user_id: &UserId, installation: &InstallationId) -> Self {
+        Self(format!("{server_slug}-{team_slug}-{user_id}-{installation}"))
+    }
+}
+
+/// How the satellite reaches an instance's MCP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    Stdio { command: String, args: Vec<String>, env: BTreeMap<String, String> },
+    StreamableHttp { url: Url, headers: BTreeMap<String, String>, timeout: Duration },
+    Sse { url: Url, headers: BTreeMap<String, String>, timeout: Duration },
+}
+
+impl Upstream {
+    pub fn transport_name(&self) -> &'static str {
+        match self {
+            Upstream::Stdio { .. } => "stdio",
+            Upstream::StreamableHttp { .. } => "http",
+            Upstream::Sse { .. } => "sse",
+        }
+    }
+}
+
+/// Names whose values are secrets and must be masked in logs and listings (BP §7.3 `secret_metadata`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecretNames {
+    pub env: Vec<String>,
+    pub headers: Vec<String>,
+    pub query_params: Vec<String>,
+}
+
+/// The desired state of one per-user instance, validated from a config entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceSpec {
+    pub process_id: ProcessId,
+    pub installation_id: InstallationId,
+    pub installation_name: String,
+    pub team_id: TeamId,
+    pub team_slug: String,
+    pub user_id: UserId,
+    pub server_name: String,
+    /// Namespace prefix for tools and resources (`server_slug`, else `server_name`, else the process id).
+    pub server_slug: String,
+    pub upstream: Upstream,
+    pub enabled: bool,
+    pub instance_path: Option<String>,
+    /// Lowercase hex SHA-256 of the instance token.
+    pub instance_token_hash: Option<String>,
+    pub requires_oauth: bool,
+    pub request_logging_enabled: bool,
+    pub secrets: SecretNames,
+}
+
+/// Status of one instance as the satellite sees it (SB §10.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InstanceStatus {
+    AwaitingUserConfig,
+    Provisioning,
+    CommandReceived,
+    Connecting,
+    DiscoveringTools,
+    SyncingTools,
+    Online,
+    Restarting,
+    Offline,
+    Error,
+    RequiresReauth,
+    PermanentlyFailed,
+}
+
+impl InstanceStatus {
+    pub const ALL: [InstanceStatus; 12] = [
+        InstanceStatus::AwaitingUserConfig,
+        InstanceStatus::Provisioning,
+        InstanceStatus::CommandReceived,
+        InstanceStatus::Connecting,
+        InstanceStatus::DiscoveringTools,
+        InstanceStatus::SyncingTools,
+        InstanceStatus::Online,
+        InstanceStatus::Restarting,
+        InstanceStatus::Offline,
+        InstanceStatus::Error,
+        InstanceStatus::RequiresReauth,
+        InstanceStatus::PermanentlyFailed,
+    ];
+
+    /// The wire spelling, used by events and the debug route.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceStatus::AwaitingUserConfig => "awaiting_user_config",
+            InstanceStatus::Provisioning => "provisioning",
+            InstanceStatus::CommandReceived => "command_received",
+            InstanceStatus::Connecting => "connecting",
+            InstanceStatus::DiscoveringTools => "discovering_tools",
+            InstanceStatus::SyncingTools => "syncing_tools",
+            InstanceStatus::Online => "online",
+            InstanceStatus::Restarting => "restarting",
+            InstanceStatus::Offline => "offline",
+            InstanceStatus::Error => "error",
+            InstanceStatus::RequiresReauth => "requires_reauth",
+            InstanceStatus::PermanentlyFailed => "permanently_failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
+    }
+
+    /// Tools of an instance are listed and searchable only when it is online (SB §10.2).
+    pub fn tools_visible(self) -> bool {
+        self == InstanceStatus::Online
+    }
+}
+
+impl fmt::Display for InstanceStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_spelling_round_trips() {
+        for status in InstanceStatus::ALL {
+            assert_eq!(InstanceStatus::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(InstanceStatus::parse("running"), None);
+    }
+
+    #[test]
+    fn process_id_is_composed_verbatim() {
+        let id = ProcessId::compose("brightdata-mcp-1", "acme", &UserId::from("u-1"), &InstallationId::from("i_2"));
+        assert_eq!(id.as_str(), "brightdata-mcp-1-acme-u-1-i_2");
+    }
+}

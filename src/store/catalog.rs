@@ -1,0 +1,123 @@
+//! Discovered catalogs, one row per instance plus one per tool.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::Row;
+
+use super::{Store, StoreError};
+use crate::model::{Catalog, InstanceSpec, ProcessId, ResourceDef, TemplateDef, ToolDef};
+
+/// Whose catalog a row is.
+#[derive(Debug, Clone)]
+pub struct CatalogOwner {
+    pub process_id: String,
+    pub team_id: String,
+    pub user_id: String,
+    pub installation_id: String,
+    pub server_slug: String,
+}
+
+impl From<&InstanceSpec> for CatalogOwner {
+    fn from(spec: &InstanceSpec) -> Self {
+        Self {
+            process_id: spec.process_id.0.clone(),
+            team_id: spec.team_id.0.clone(),
+            user_id: spec.user_id.0.clone(),
+            installation_id: spec.installation_id.0.clone(),
+            server_slug: spec.server_slug.clone(),
+        }
+    }
+}
+
+impl Store {
+    /// Replace an instance's catalog in one transaction.
+    pub async fn save_catalog(&self, owner: &CatalogOwner, catalog: &Catalog) -> Result<(), StoreError> {
+        let resources = Value::Array(catalog.resources.iter().map(|r| r.definition.clone()).collect()).to_string();
+        let templates = Value::Array(catalog.templates.iter().map(|t| t.definition.clone()).collect()).to_string();
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("DELETE FROM catalog_tools WHERE process_id = ?").bind(&owner.process_id).execute(&mut *tx).await?;
+        sqlx::query(
+            "INSERT INTO instance_catalog (process_id, team_id, user_id, installation_id, server_slug, discovered_at, resources, resource_templates)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (process_id) DO UPDATE SET team_id = excluded.team_id, user_id = excluded.user_id,
+                installation_id = excluded.installation_id, server_slug = excluded.server_slug,
+                discovered_at = excluded.discovered_at, resources = excluded.resources,
+                resource_templates = excluded.resource_templates",
+        )
+        .bind(&owner.process_id)
+        .bind(&owner.team_id)
+        .bind(&owner.user_id)
+        .bind(&owner.installation_id)
+        .bind(&owner.server_slug)
+        .bind(catalog.discovered_at.to_rfc3339())
+        .bind(resources)
+        .bind(templates)
+        .execute(&mut *tx)
+        .await?;
+        for (position, tool) in catalog.tools.iter().enumerate() {
+            sqlx::query("INSERT INTO catalog_tools (process_id, position, name, definition, content_hash) VALUES (?, ?, ?, ?, ?)")
+                .bind(&owner.process_id)
+                .bind(position as i64)
+                .bind(&tool.name)
+                .bind(tool.definition.to_string())
+                .bind(&tool.content_hash)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn delete_catalog(&self, process_id: &ProcessId) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("DELETE FROM catalog_tools WHERE process_id = ?")
+            .bind(process_id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM instance_catalog WHERE process_id = ?")
+            .bind(process_id.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Every stored catalog, by process id.
+    pub async fn load_catalogs(&self) -> Result<HashMap<ProcessId, Catalog>, StoreError> {
+        let mut catalogs: HashMap<ProcessId, Catalog> = HashMap::new();
+        let rows = sqlx::query("SELECT process_id, discovered_at, resources, resource_templates FROM instance_catalog")
+            .fetch_all(self.pool())
+            .await?;
+        for row in rows {
+            let process_id: String = row.try_get("process_id")?;
+            let discovered_at: String = row.try_get("discovered_at")?;
+            let discovered_at = DateTime::parse_from_rfc3339(&discovered_at)
+                .map(|t| t.with_timezone(&Utc))
+                .unwrap_or_else(|_| Utc::now());
+            let resources: Vec<Value> = serde_json::from_str(&row.try_get::<String, _>("resources")?)?;
+            let templates: Vec<Value> = serde_json::from_str(&row.try_get::<String, _>("resource_templates")?)?;
+            catalogs.insert(
+                ProcessId(process_id),
+                Catalog {
+                    tools: Vec::new(),
+                    resources: resources.iter().filter_map(ResourceDef::from_listing).collect(),
+                    templates: templates.iter().filter_map(TemplateDef::from_listing).collect(),
+                    discovered_at,
+                },
+            );
+        }
+        let tools = sqlx::query("SELECT process_id, definition FROM catalog_tools ORDER BY process_id, position")
+            .fetch_all(self.pool())
+            .await?;
+        for row in tools {
+            let process_id = ProcessId(row.try_get("process_id")?);
+            let definition: Value = serde_json::from_str(&row.try_get::<String, _>("definition")?)?;
+            if let (Some(catalog), Some(tool)) = (catalogs.get_mut(&process_id), ToolDef::from_listing(&definition)) {
+                catalog.tools.push(tool);
+            }
+        }
+        Ok(catalogs)
+    }
+}
