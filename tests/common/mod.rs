@@ -1,0 +1,226 @@
+//! Shared test harness: waiting on conditions, locating the binaries and
+//! servers the tests run, and starting real satellites and MCP servers.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use satellite::app::Satellite;
+use satellite::config::{env, Config, Flags};
+use satellite::mcp::client::{ClientOptions, McpClient};
+use satellite::mcp::transport::{StdioLaunch, StdioTransport, Transport};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Poll `condition` every 20 ms until it yields `Some`, failing the test after `deadline`.
+pub async fn wait_until<T, F, Fut>(deadline: Duration, what: &str, mut condition: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = condition().await {
+            return value;
+        }
+        assert!(start.elapsed() < deadline, "timed out after {deadline:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Log output for failing tests (`RUST_LOG=debug cargo test` for more).
+pub fn trace_init() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+}
+
+pub fn satellite_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_satellite"))
+}
+
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    repo_path("tests/fixtures").join(name)
+}
+
+/// An npm-installed MCP server binary; `scripts/test.sh` installs them.
+pub fn node_bin(name: &str) -> PathBuf {
+    let path = repo_path("tests/node/node_modules/.bin").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `bash scripts/test.sh` (it installs the npm test servers)",
+        path.display()
+    );
+    path
+}
+
+/// The shared tool-search corpus next to the repository.
+pub fn corpus_path() -> PathBuf {
+    repo_path("../shared/data/toolsearch/corpus.jsonl")
+}
+
+/// The process environment, for children that need PATH and friends.
+pub fn process_env() -> BTreeMap<String, String> {
+    env::from_process().into_iter().collect()
+}
+
+pub fn stdio_launch(command: impl Into<String>, args: &[&str]) -> StdioLaunch {
+    StdioLaunch {
+        label: "test".into(),
+        command: command.into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        env: process_env(),
+        cwd: None,
+        close_grace: Duration::from_secs(1),
+    }
+}
+
+pub fn fast_options() -> ClientOptions {
+    ClientOptions {
+        handshake_timeout: Duration::from_secs(20),
+        probe_timeout: Duration::from_secs(5),
+        ..ClientOptions::default()
+    }
+}
+
+/// Spawn a stdio server and negotiate with it.
+pub async fn connect_stdio(launch: StdioLaunch) -> McpClient {
+    let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
+    McpClient::connect(transport, &fast_options()).await.expect("connect")
+}
+
+pub async fn connect_demo_stdio(protocol: &str) -> McpClient {
+    let exe = satellite_exe();
+    connect_stdio(stdio_launch(exe.to_string_lossy(), &["demo-server", "--protocol", protocol])).await
+}
+
+/// A child HTTP server, killed (with its process group) when dropped.
+pub struct HttpServer {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl HttpServer {
+    /// `satellite demo-server --http 127.0.0.1:0 <extra>`; the bound address is read from its first stdout line.
+    pub async fn demo(extra: &[&str]) -> HttpServer {
+        let mut child = Command::new(satellite_exe())
+            .args(["demo-server", "--http", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn demo http server");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("demo server did not start in time")
+            .expect("read stdout")
+            .expect("demo server closed stdout");
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line: {line}"));
+        HttpServer { child, addr }
+    }
+
+    /// `mcp-server-everything <transport>` on a free port, once it accepts connections.
+    pub async fn everything(transport: &str) -> HttpServer {
+        let port = free_port();
+        let child = Command::new(node_bin("mcp-server-everything"))
+            .arg(transport)
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn server-everything");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        wait_until(Duration::from_secs(30), "server-everything to listen", || async move {
+            tokio::net::TcpStream::connect(addr).await.ok().map(|_| ())
+        })
+        .await;
+        HttpServer { child, addr }
+    }
+
+    pub fn url(&self, path: &str) -> url::Url {
+        url::Url::parse(&format!("http://{}{path}", self.addr)).expect("url")
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
+}
+
+/// A real satellite, in process, on a free port, with its config file and data in a temporary directory.
+pub struct TestSatellite {
+    pub satellite: Satellite,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+}
+
+impl TestSatellite {
+    pub async fn start(config_toml: &str) -> TestSatellite {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(dir, config_toml).await
+    }
+
+    pub async fn start_in(dir: tempfile::TempDir, config_toml: &str) -> TestSatellite {
+        trace_init();
+        let config_path = dir.path().join("satellite.toml");
+        std::fs::write(&config_path, config_toml).expect("write config");
+        let mut env = env::from_process();
+        env.insert(env::CONFIG_WATCH_INTERVAL_MS.into(), "50".into());
+        let flags = Flags {
+            config: Some(config_path.clone()),
+            port: Some(0),
+            host: None,
+            data_dir: Some(dir.path().join("data")),
+        };
+        let config = Config::load(&env, &flags).expect("valid config");
+        let satellite = Satellite::start(config, &env).await.expect("satellite starts");
+        TestSatellite { satellite, dir, config_path }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.satellite.local_addr())
+    }
+
+    pub fn rewrite_config(&self, config_toml: &str) {
+        // Write then rename, as editors do, so the watcher never reads half a file.
+        let tmp = self.dir.path().join("satellite.toml.tmp");
+        std::fs::write(&tmp, config_toml).expect("write config");
+        std::fs::rename(&tmp, &self.config_path).expect("replace config");
+    }
+
+    pub async fn wait_ready(&self) {
+        let mut ready = self.satellite.manager().ready();
+        tokio::time::timeout(Duration::from_secs(60), ready.wait_for(|r| *r))
+            .await
+            .expect("ready in time")
+            .expect("ready");
+    }
+}
+
+/// TOML quoting for paths and strings.
+pub fn toml_str(value: &str) -> String {
+    format!("{value:?}")
+}
+
+/// Whether a process id exists.
+pub fn process_exists(pid: u32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+}

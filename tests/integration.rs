@@ -1,0 +1,8 @@
+//! Integration tests: one binary, one module per area, real MCP servers.
+
+mod common;
+
+mod cli;
+mod reconcile;
+mod upstream_http;
+mod upstream_stdio;

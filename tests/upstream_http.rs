@@ -1,0 +1,105 @@
+//! The Streamable HTTP and legacy SSE upstream clients against real servers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use satellite::discovery;
+use satellite::mcp::client::{Era, McpClient};
+use satellite::mcp::transport::{SseTransport, StreamableHttpTransport, Transport, UpstreamError};
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const CALL: Duration = Duration::from_secs(10);
+
+fn text(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+async fn connect_http(url: url::Url) -> McpClient {
+    let transport = StreamableHttpTransport::new("test".into(), reqwest::Client::new(), url, &BTreeMap::new()).unwrap();
+    McpClient::connect(Transport::StreamableHttp(transport), &fast_options()).await.expect("connect")
+}
+
+fn session_of(client: &McpClient) -> Option<String> {
+    match client.transport() {
+        Transport::StreamableHttp(t) => t.session_id(),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn demo_over_http_in_each_era() {
+    for (protocol, stateless) in [("legacy", false), ("modern", true), ("both", true)] {
+        let server = HttpServer::demo(&["--protocol", protocol]).await;
+        let client = connect_http(server.url("/mcp")).await;
+        assert_eq!(matches!(client.era(), Era::Stateless { .. }), stateless, "{protocol}");
+        assert_eq!(session_of(&client).is_some(), !stateless, "{protocol}: session only in the handshake era");
+        let catalog = discovery::discover(&client, CALL).await.unwrap();
+        assert_eq!(catalog.tools.len(), 7);
+        let sum = client
+            .request("tools/call", Some(json!({"name": "add", "arguments": {"a": 40, "b": 2}})), CALL)
+            .await
+            .unwrap();
+        assert_eq!(sum["structuredContent"]["sum"], 42.0);
+        client.close().await;
+    }
+}
+
+#[tokio::test]
+async fn a_forgotten_session_is_reinitialized_once() {
+    let server = HttpServer::demo(&["--protocol", "legacy"]).await;
+    let client = connect_http(server.url("/mcp")).await;
+    let before = session_of(&client).expect("session");
+    let forgotten: Value =
+        reqwest::Client::new().post(server.url("/admin/forget-sessions")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(forgotten["forgotten"], 1);
+    let echoed = client
+        .request("tools/call", Some(json!({"name": "echo", "arguments": {"text": "again"}})), CALL)
+        .await
+        .unwrap();
+    assert_eq!(text(&echoed), "again");
+    let after = session_of(&client).expect("new session");
+    assert_ne!(before, after);
+}
+
+#[tokio::test]
+async fn unreachable_servers_fail_with_a_connect_error() {
+    let url = url::Url::parse(&format!("http://127.0.0.1:{}/mcp", free_port())).unwrap();
+    let transport = StreamableHttpTransport::new("test".into(), reqwest::Client::new(), url, &BTreeMap::new()).unwrap();
+    let err = McpClient::connect(Transport::StreamableHttp(transport), &fast_options()).await.unwrap_err();
+    assert!(matches!(err, UpstreamError::Connect(_)), "{err}");
+}
+
+#[tokio::test]
+async fn server_everything_over_streamable_http() {
+    let server = HttpServer::everything("streamableHttp").await;
+    let client = connect_http(server.url("/mcp")).await;
+    let catalog = discovery::discover(&client, CALL).await.unwrap();
+    assert!(catalog.tools.iter().any(|t| t.name == "echo"));
+    let echoed = client
+        .request("tools/call", Some(json!({"name": "echo", "arguments": {"message": "streamed"}})), CALL)
+        .await
+        .unwrap();
+    assert!(text(&echoed).contains("streamed"), "{echoed}");
+    client.close().await;
+}
+
+#[tokio::test]
+async fn server_everything_over_legacy_sse() {
+    let server = HttpServer::everything("sse").await;
+    let transport =
+        SseTransport::connect("test".into(), reqwest::Client::new(), server.url("/sse"), &BTreeMap::new(), CALL)
+            .await
+            .unwrap();
+    let client = McpClient::connect(Transport::Sse(transport), &fast_options()).await.unwrap();
+    assert!(matches!(client.era(), Era::Handshake { .. }));
+    let catalog = discovery::discover(&client, CALL).await.unwrap();
+    assert!(catalog.tools.iter().any(|t| t.name == "echo"));
+    let echoed = client
+        .request("tools/call", Some(json!({"name": "echo", "arguments": {"message": "over sse"}})), CALL)
+        .await
+        .unwrap();
+    assert!(text(&echoed).contains("over sse"), "{echoed}");
+    client.close().await;
+}

@@ -1,0 +1,196 @@
+//! The stdio upstream client against real servers: the demo server in each
+//! protocol era, npm servers, and servers that misbehave on purpose.
+
+use std::time::Duration;
+
+use satellite::discovery::{self, DiscoveryError};
+use satellite::mcp::client::{ClientOptions, Era, McpClient};
+use satellite::mcp::transport::{StdioTransport, Transport, UpstreamError};
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const CALL: Duration = Duration::from_secs(10);
+
+fn text(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+async fn misbehaving(mode: &str, options: ClientOptions) -> Result<McpClient, UpstreamError> {
+    let script = fixture("misbehaving_server.py");
+    let launch = stdio_launch("python3", &[script.to_str().unwrap(), mode]);
+    let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
+    McpClient::connect(transport, &options).await
+}
+
+#[tokio::test]
+async fn demo_server_negotiates_each_protocol_era() {
+    for (protocol, stateless) in [("legacy", false), ("modern", true), ("both", true)] {
+        let client = connect_demo_stdio(protocol).await;
+        match client.era() {
+            Era::Stateless { version } => assert!(stateless, "{protocol}: unexpected stateless {version}"),
+            Era::Handshake { version } => {
+                assert!(!stateless, "{protocol}: unexpected handshake");
+                assert_eq!(version, "2025-06-18");
+            }
+        }
+        assert_eq!(client.server_info()["name"], "satellite-demo", "{protocol}");
+        let catalog = discovery::discover(&client, CALL).await.expect("discover");
+        let names: Vec<&str> = catalog.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["echo", "add", "slow", "fail", "exit_process", "with_meta", "show_ui"], "{protocol}");
+        assert_eq!(catalog.resources.len(), 2, "{protocol}");
+        assert_eq!(catalog.templates[0].uri_template, "demo://items/{id}");
+        let show_ui = catalog.tools.iter().find(|t| t.name == "show_ui").unwrap();
+        assert_eq!(show_ui.meta.as_ref().unwrap()["ui"]["resourceUri"], "ui://demo/app.html");
+
+        let echoed = client
+            .request("tools/call", Some(json!({"name": "echo", "arguments": {"text": "hi"}})), CALL)
+            .await
+            .unwrap();
+        assert_eq!(text(&echoed), "hi");
+        let failed = client.request("tools/call", Some(json!({"name": "fail"})), CALL).await.unwrap();
+        assert_eq!(failed["isError"], true);
+        let meta = client.request("tools/call", Some(json!({"name": "with_meta"})), CALL).await.unwrap();
+        assert_eq!(meta["_meta"]["demo/trace"]["id"], "trace-1");
+        let ui = client.request("resources/read", Some(json!({"uri": "ui://demo/app.html"})), CALL).await.unwrap();
+        assert!(ui["contents"][0]["text"].as_str().unwrap().contains("Demo app"));
+        let bad = client.request("tools/call", Some(json!({"name": "nope"})), CALL).await.unwrap_err();
+        assert!(matches!(bad, UpstreamError::Rpc(ref e) if e.code == -32602), "{bad}");
+        client.close().await;
+    }
+}
+
+#[tokio::test]
+async fn discovery_follows_pagination() {
+    let exe = satellite_exe();
+    let client = connect_stdio(stdio_launch(exe.to_string_lossy(), &["demo-server", "--page-size", "2"])).await;
+    let catalog = discovery::discover(&client, CALL).await.unwrap();
+    assert_eq!(catalog.tools.len(), 7);
+    client.close().await;
+}
+
+#[tokio::test]
+async fn hundred_concurrent_calls_get_their_own_answers() {
+    let client = connect_demo_stdio("legacy").await;
+    let calls = (0..100).map(|i| {
+        let client = &client;
+        async move {
+            // Every tenth call also waits, so answers come back out of order.
+            let result = if i % 10 == 0 {
+                client.request("tools/call", Some(json!({"name": "slow", "arguments": {"ms": 50}})), CALL).await
+            } else {
+                client
+                    .request(
+                        "tools/call",
+                        Some(json!({"name": "echo", "arguments": {"text": format!("call-{i}")}})),
+                        CALL,
+                    )
+                    .await
+            };
+            (i, result.expect("call answered"))
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    for (i, result) in results {
+        let expected = if i % 10 == 0 { "slept 50 ms".to_owned() } else { format!("call-{i}") };
+        assert_eq!(text(&result), expected);
+    }
+    client.close().await;
+}
+
+#[tokio::test]
+async fn a_dying_server_fails_every_waiter_at_once() {
+    let client = connect_demo_stdio("both").await;
+    let slow = client.request(
+        "tools/call",
+        Some(json!({"name": "slow", "arguments": {"ms": 20000}})),
+        Duration::from_secs(30),
+    );
+    let exit = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        client.request("tools/call", Some(json!({"name": "exit_process", "arguments": {"code": 7}})), CALL).await
+    };
+    let started = std::time::Instant::now();
+    let (slow, exit) = tokio::join!(slow, exit);
+    assert!(started.elapsed() < Duration::from_secs(10), "waiters were not failed promptly");
+    for err in [slow.unwrap_err(), exit.unwrap_err()] {
+        assert!(matches!(err, UpstreamError::Closed(ref m) if m.contains("exit code 7")), "{err}");
+    }
+    let Transport::Stdio(stdio) = client.transport() else { unreachable!() };
+    assert!(!stdio.is_alive());
+    let after = client.request("tools/list", None, CALL).await.unwrap_err();
+    assert!(matches!(after, UpstreamError::Closed(ref m) if m.contains("not running")), "{after}");
+}
+
+#[tokio::test]
+async fn garbage_on_stdout_is_skipped() {
+    let client = misbehaving("garbage", fast_options()).await.expect("connects despite garbage");
+    assert!(matches!(client.era(), Era::Handshake { .. }));
+    let catalog = discovery::discover(&client, CALL).await.unwrap();
+    assert_eq!(catalog.tools[0].name, "ok");
+    let Transport::Stdio(stdio) = client.transport() else { unreachable!() };
+    assert!(stdio.stderr_tail().iter().any(|l| l.contains("tools/list")), "stderr kept: {:?}", stdio.stderr_tail());
+    client.close().await;
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_times_out() {
+    let options = ClientOptions {
+        handshake_timeout: Duration::from_secs(2),
+        probe_timeout: Duration::from_millis(500),
+        ..fast_options()
+    };
+    let err = misbehaving("silent", options).await.unwrap_err();
+    assert!(matches!(err, UpstreamError::Timeout { ref method, .. } if method == "initialize"), "{err}");
+}
+
+#[tokio::test]
+async fn a_server_exiting_during_the_handshake_is_reported() {
+    let err = misbehaving("exit-on-initialize", fast_options()).await.unwrap_err();
+    assert!(matches!(err, UpstreamError::Closed(ref m) if m.contains("exit code 2")), "{err}");
+}
+
+#[tokio::test]
+async fn endless_pagination_is_cut_off() {
+    let client = misbehaving("endless-pages", fast_options()).await.unwrap();
+    let err = discovery::discover(&client, CALL).await.unwrap_err();
+    assert!(matches!(err, DiscoveryError::TooManyPages { method: "tools/list" }), "{err}");
+    client.close().await;
+}
+
+#[tokio::test]
+async fn requests_from_the_child_are_answered() {
+    let client = misbehaving("asks-client", fast_options()).await.unwrap();
+    let result = client.request("tools/call", Some(json!({"name": "ask"})), CALL).await.unwrap();
+    let answers: Value = serde_json::from_str(text(&result)).unwrap();
+    assert_eq!(answers["ping"], json!({}));
+    assert_eq!(answers["roots/list"], json!({"roots": []}));
+    assert_eq!(answers["sampling/createMessage"]["code"], -32601);
+    client.close().await;
+}
+
+#[tokio::test]
+async fn server_everything_over_stdio() {
+    let client = connect_stdio(stdio_launch(node_bin("mcp-server-everything").to_string_lossy(), &["stdio"])).await;
+    let catalog = discovery::discover(&client, CALL).await.unwrap();
+    assert!(
+        catalog.tools.iter().any(|t| t.name == "echo"),
+        "tools: {:?}",
+        catalog.tools.iter().map(|t| &t.name).collect::<Vec<_>>()
+    );
+    assert!(!catalog.resources.is_empty());
+    let echoed = client
+        .request("tools/call", Some(json!({"name": "echo", "arguments": {"message": "from the satellite"}})), CALL)
+        .await
+        .unwrap();
+    assert!(text(&echoed).contains("from the satellite"), "{echoed}");
+    client.close().await;
+}
+
+#[tokio::test]
+async fn server_memory_over_stdio() {
+    let client = connect_stdio(stdio_launch(node_bin("mcp-server-memory").to_string_lossy(), &[])).await;
+    let catalog = discovery::discover(&client, CALL).await.unwrap();
+    assert!(catalog.tools.iter().any(|t| t.name == "create_entities"));
+    client.close().await;
+}
