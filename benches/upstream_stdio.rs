@@ -1,1 +1,193 @@
-fn main() {}
+//! `tools/call` through the satellite's stdio upstream client against a bare
+//! pipe to the same demo server, in one run: calls/s, p50 and p99 at
+//! concurrency 1 and 32. Run with `cargo bench --bench upstream_stdio`.
+//!
+//! The bare pipe is the least a client must do (write a line, read lines,
+//! match ids), so the difference is what the satellite's client adds.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use satellite::mcp::client::{ClientOptions, McpClient};
+use satellite::mcp::transport::{StdioLaunch, StdioTransport, Transport};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStdin, Command};
+use tokio::sync::oneshot;
+
+const WARMUP: usize = 500;
+
+fn demo_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_satellite"))
+}
+
+fn echo_params(i: usize) -> Value {
+    json!({"name": "echo", "arguments": {"text": format!("call {i}")}})
+}
+
+/// The least a client can do: one writer, one reader matching ids.
+struct BarePipe {
+    stdin: tokio::sync::Mutex<ChildStdin>,
+    waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>,
+    next: std::sync::atomic::AtomicU64,
+    _child: tokio::process::Child,
+}
+
+impl BarePipe {
+    async fn start() -> BarePipe {
+        let mut child = Command::new(demo_exe())
+            .args(["demo-server", "--protocol", "legacy"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn demo server");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
+        let reader_waiters = waiters.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(value) = serde_json::from_str::<Value>(&line) else { continue };
+                if let Some(id) = value.get("id").and_then(Value::as_u64) {
+                    if let Some(tx) = reader_waiters.lock().remove(&id) {
+                        let _ = tx.send(value);
+                    }
+                }
+            }
+        });
+        let pipe = BarePipe { stdin: tokio::sync::Mutex::new(stdin), waiters, next: 1.into(), _child: child };
+        pipe.call("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bare", "version": "0"}}))
+            .await;
+        pipe.send_line(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        pipe
+    }
+
+    async fn send_line(&self, value: Value) {
+        let mut line = value.to_string();
+        line.push('\n');
+        let mut stdin = self.stdin.lock().await;
+        stdin.write_all(line.as_bytes()).await.expect("write");
+        stdin.flush().await.expect("flush");
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Value {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().insert(id, tx);
+        self.send_line(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
+        rx.await.expect("answer")
+    }
+}
+
+async fn satellite_client() -> McpClient {
+    let launch = StdioLaunch {
+        label: "bench".into(),
+        command: demo_exe().to_string_lossy().into_owned(),
+        args: vec!["demo-server".into(), "--protocol".into(), "legacy".into()],
+        env: std::env::vars().collect(),
+        cwd: None,
+        close_grace: Duration::from_secs(1),
+    };
+    let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
+    McpClient::connect(transport, &ClientOptions::default()).await.expect("connect")
+}
+
+struct Figures {
+    calls_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+async fn measure<F, Fut>(calls: usize, concurrency: usize, call: F) -> Figures
+where
+    F: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    for i in 0..WARMUP {
+        call(i).await;
+    }
+    let per_worker = calls / concurrency;
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|w| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(per_worker);
+                for i in 0..per_worker {
+                    let t = Instant::now();
+                    call(w * per_worker + i).await;
+                    latencies.push(t.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(calls);
+    for worker in workers {
+        latencies.extend(worker.await.expect("worker"));
+    }
+    let elapsed = started.elapsed();
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)].as_secs_f64() * 1e6;
+    Figures { calls_per_sec: latencies.len() as f64 / elapsed.as_secs_f64(), p50_us: pct(0.50), p99_us: pct(0.99) }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        println!("tools/call echo to the demo server over stdio (release build, {} cores)", num_cpus());
+        println!(
+            "{:<12} {:<22} {:>10} {:>10} {:>10} {:>14}",
+            "concurrency", "client", "calls/s", "p50 us", "p99 us", "vs bare pipe"
+        );
+        for (concurrency, calls) in [(1usize, 5_000usize), (32, 32_000)] {
+            let bare = Arc::new(BarePipe::start().await);
+            let b = bare.clone();
+            let base = measure(calls, concurrency, move |i| {
+                let b = b.clone();
+                async move {
+                    b.call("tools/call", echo_params(i)).await;
+                }
+            })
+            .await;
+            let client = Arc::new(satellite_client().await);
+            let c = client.clone();
+            let ours = measure(calls, concurrency, move |i| {
+                let c = c.clone();
+                async move {
+                    c.request("tools/call", Some(echo_params(i)), Duration::from_secs(30)).await.expect("call");
+                }
+            })
+            .await;
+            client.close().await;
+            for (name, f) in [("bare pipe", &base), ("satellite stdio client", &ours)] {
+                println!(
+                    "{:<12} {:<22} {:>10.0} {:>10.1} {:>10.1} {:>13.2}x",
+                    concurrency,
+                    name,
+                    f.calls_per_sec,
+                    f.p50_us,
+                    f.p99_us,
+                    f.calls_per_sec / base.calls_per_sec
+                );
+            }
+            println!(
+                "{:<12} added latency p50 {:+.1} us, p99 {:+.1} us",
+                concurrency,
+                ours.p50_us - base.p50_us,
+                ours.p99_us - base.p99_us
+            );
+        }
+    });
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
