@@ -3,6 +3,7 @@
 mod common;
 
 mod cli;
+mod contracts;
 mod reconcile;
 mod upstream_http;
 mod upstream_stdio;
