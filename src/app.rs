@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -12,17 +13,25 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn, Instrument};
 
+use crate::auth::Authenticator;
 use crate::config::env::Env;
 use crate::config::{self, Config, ConfigError, Mode, StandaloneSource};
 use crate::control::standalone::{self, StandaloneConfig};
-use crate::http::{self, StatusDeps};
+use crate::http::oauth::ResourceUrls;
+use crate::http::session::{SessionTable, SESSION_IDLE};
+use crate::http::sse::{SseSessions, SSE_IDLE};
+use crate::http::{self, McpDeps, StatusDeps};
 use crate::instances::{self, InstanceManager, ManagerDeps};
 use crate::mcp::client::ClientOptions;
+use crate::router::{HierarchicalRouter, InstanceRouter};
+use crate::search::{SearchError, SearchIndex};
 use crate::store::{Store, StoreError};
 
 /// Deadlines of the shutdown steps.
 const HTTP_DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 const INSTANCES_STOP_DEADLINE: Duration = Duration::from_secs(15);
+/// `resources/read` budget (SB §9.5: 60 s).
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -38,6 +47,8 @@ pub enum StartError {
     Http(#[from] reqwest::Error),
     #[error("cannot locate the satellite executable for the demo server: {0}")]
     Exe(std::io::Error),
+    #[error("cannot create the search index: {0}")]
+    Search(#[from] SearchError),
 }
 
 impl StartError {
@@ -77,7 +88,9 @@ impl Satellite {
     pub async fn start(config: Config, env: &Env) -> Result<Satellite, StartError> {
         let first = initial_standalone(&config)?;
         let store = Store::open(&config.data_dir).await?;
+        let search = SearchIndex::new()?;
         let deps = ManagerDeps {
+            search: search.clone(),
             settings: config.upstream.clone(),
             client_options: ClientOptions::default(),
             inherited_env: instances::sandbox::inherited_env(env),
@@ -100,7 +113,27 @@ impl Satellite {
             mode: "standalone",
         };
         let stop_http = cancel.child_token();
-        let server = tokio::spawn(http::serve(listener, status, async move { stop_http.cancelled().await }));
+        let auth = Authenticator::new(first.directory.clone());
+        let sessions = Arc::new(SessionTable::default());
+        let instance_sessions = Arc::new(SessionTable::default());
+        let sse_sessions = Arc::new(SseSessions::default());
+        let mcp = McpDeps {
+            router: HierarchicalRouter {
+                manager: manager.clone(),
+                search,
+                call_timeout: config.upstream.call_timeout,
+                read_timeout: READ_TIMEOUT,
+            },
+            instance_router: InstanceRouter { call_timeout: config.upstream.call_timeout, read_timeout: READ_TIMEOUT },
+            manager: manager.clone(),
+            auth: auth.clone(),
+            urls: ResourceUrls { public_url: config.public_url.clone() },
+            sessions: sessions.clone(),
+            instance_sessions: instance_sessions.clone(),
+            sse_sessions: sse_sessions.clone(),
+        };
+        let server = tokio::spawn(http::serve(listener, status, mcp, async move { stop_http.cancelled().await }));
+        tasks.spawn(sweep_sessions([sessions, instance_sessions], sse_sessions, cancel.child_token()));
         info!(%addr, "satellite listening");
 
         let watched = match &config.mode {
@@ -114,7 +147,7 @@ impl Satellite {
                 let report = apply_manager.apply(first.desired_state()).await;
                 info!(?report, "initial configuration applied");
                 if let Some((path, interval)) = watched {
-                    watch_file(path, interval, apply_manager, watch_cancel).await;
+                    watch_file(path, interval, apply_manager, auth, watch_cancel).await;
                 }
             }
             .instrument(tracing::info_span!("control.standalone")),
@@ -159,7 +192,13 @@ impl Satellite {
 
 /// Re-read the standalone file when its content changes and apply the difference.
 /// A file that does not parse or validate is reported and the last good config stays in force.
-async fn watch_file(path: PathBuf, interval: Duration, manager: InstanceManager, cancel: CancellationToken) {
+async fn watch_file(
+    path: PathBuf,
+    interval: Duration,
+    manager: InstanceManager,
+    auth: Authenticator,
+    cancel: CancellationToken,
+) {
     let mut last = fingerprint(&path);
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -176,12 +215,29 @@ async fn watch_file(path: PathBuf, interval: Duration, manager: InstanceManager,
         let parsed = config::read_file(&path).and_then(|raw| standalone::from_file(&raw));
         match parsed {
             Ok(next) => {
+                auth.replace(next.directory.clone());
                 let report = manager.apply(next.desired_state()).await;
                 info!(?report, path = %path.display(), "config file change applied");
             }
             Err(err) => {
                 error!(path = %path.display(), error = %err, "config file change refused, keeping the last good config")
             }
+        }
+    }
+}
+
+/// Forget idle sessions every minute (OQ-18).
+async fn sweep_sessions(tables: [Arc<SessionTable>; 2], sse: Arc<SseSessions>, cancel: CancellationToken) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(60));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let swept: usize = tables.iter().map(|t| t.sweep(SESSION_IDLE)).sum::<usize>() + sse.sweep(SSE_IDLE);
+        if swept > 0 {
+            info!(swept, "idle mcp sessions expired");
         }
     }
 }

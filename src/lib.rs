@@ -3,6 +3,7 @@
 //! See ARCHITECTURE.md for the map of modules and how a request flows.
 
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod demo;
@@ -11,6 +12,8 @@ pub mod http;
 pub mod instances;
 pub mod mcp;
 pub mod model;
+pub mod router;
+pub mod search;
 pub mod secrets;
 pub mod store;
 pub mod telemetry;

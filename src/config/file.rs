@@ -39,12 +39,16 @@ pub struct RawSatellite {
     pub call_timeout_seconds: Option<u64>,
     pub reconcile_concurrency: Option<usize>,
     pub config_watch_interval_ms: Option<u64>,
+    /// Public base URL clients use (no `/mcp`); default `http://localhost:{port}`.
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuth {
     pub jwt: Option<RawJwt>,
+    /// Authorization server advertised in the protected-resource metadata (RFC 9728).
+    pub authorization_server: Option<String>,
 }
 
 /// Local JWT verification (used by the client-facing front door).
@@ -72,9 +76,22 @@ pub struct RawTeam {
 pub struct RawUser {
     pub id: String,
     pub teams: Vec<String>,
-    /// Lowercase hex SHA-256 of each bearer token the user may present.
+    /// Hex SHA-256 of bearer tokens; shorthand for `tokens` when the user has exactly one team.
     #[serde(default)]
     pub token_sha256: Vec<String>,
+    /// Bearer tokens, each issued for one team (a token never reaches another team).
+    #[serde(default)]
+    pub tokens: Vec<RawToken>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawToken {
+    pub sha256: String,
+    /// Required when the user belongs to several teams.
+    pub team: Option<String>,
+    /// Defaults to every scope (`mcp:read mcp:tools:execute`).
+    pub scopes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -119,6 +119,8 @@ pub struct Config {
     pub show_version: bool,
     pub show_uptime: bool,
     pub upstream: UpstreamSettings,
+    /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
+    pub public_url: String,
     pub mode: Mode,
 }
 
@@ -249,7 +251,22 @@ impl Config {
             Some(v) => v == "true",
             None => s.debug_route.unwrap_or(embedded_default),
         };
+        let public_url = match env::get(env, env::PUBLIC_URL).map(str::to_owned).or_else(|| s.public_url.clone()) {
+            Some(url) => Url::parse(&url)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+                .map(|_| url.trim_end_matches('/').to_owned())
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "satellite.public_url",
+                        Some(env::PUBLIC_URL),
+                        format!("{url:?} is not an http(s) url"),
+                    )
+                })?,
+            None => format!("http://localhost:{port}"),
+        };
         Ok(Config {
+            public_url,
             listen: SocketAddr::new(host, port),
             data_dir,
             log_level,
@@ -283,6 +300,7 @@ impl Config {
             "log_level": self.log_level,
             "log_format": match self.log_format { LogFormat::Pretty => "pretty", LogFormat::Json => "json" },
             "debug_route": self.debug_route,
+            "public_url": self.public_url,
             "handshake_timeout_seconds": self.upstream.handshake_timeout.as_secs(),
             "discovery_timeout_seconds": self.upstream.discovery_timeout.as_secs(),
             "call_timeout_seconds": self.upstream.call_timeout.as_secs(),

@@ -20,6 +20,7 @@ pub struct Directory {
     pub teams: BTreeMap<TeamId, Team>,
     pub users: BTreeMap<UserId, User>,
     pub jwt: Option<JwtSettings>,
+    pub authorization_server: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -31,9 +32,20 @@ pub struct Team {
 #[derive(Debug, Clone)]
 pub struct User {
     pub teams: Vec<TeamId>,
-    /// Lowercase hex SHA-256 of each accepted bearer token.
-    pub token_hashes: Vec<String>,
+    pub tokens: Vec<TokenGrant>,
 }
+
+/// A bearer token a user may present: for one team, with scopes.
+#[derive(Debug, Clone)]
+pub struct TokenGrant {
+    /// Lowercase hex SHA-256 of the token.
+    pub sha256: String,
+    pub team: TeamId,
+    pub scopes: Vec<String>,
+}
+
+/// Scopes a token has unless it says otherwise.
+pub const DEFAULT_SCOPES: [&str; 2] = ["mcp:read", "mcp:tools:execute"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JwtAlgorithm {
@@ -135,7 +147,21 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
             entries.insert(process_id.0, entry);
         }
     }
-    Ok(StandaloneConfig { directory: Directory { teams, users, jwt }, entries })
+    let authorization_server = match &raw.auth.authorization_server {
+        Some(url) => Some(
+            Url::parse(url)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    ConfigError::new("auth.authorization_server", None, format!("{url:?} is not an http(s) url"))
+                })?
+                .to_string()
+                .trim_end_matches('/')
+                .to_owned(),
+        ),
+        None => None,
+    };
+    Ok(StandaloneConfig { directory: Directory { teams, users, jwt, authorization_server }, entries })
 }
 
 /// The built-in configuration: one team, the user `demo`, and the bundled demo server over stdio.
@@ -156,6 +182,7 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> StandaloneCon
             id: "demo".into(),
             teams: vec!["demo-team".into()],
             token_sha256: vec![demo.demo_token_hash()],
+            tokens: vec![],
         }],
         servers: vec![RawServer {
             slug: "demo".into(),
@@ -216,18 +243,56 @@ fn users(raw: &[RawUser], teams: &BTreeMap<TeamId, Team>) -> Result<BTreeMap<Use
                 return Err(ConfigError::new(format!("{key}.teams"), None, format!("unknown team {team:?}")));
             }
         }
+        let mut tokens = Vec::new();
         for hash in &user.token_sha256 {
             check_sha256(hash, &format!("{key}.token_sha256"))?;
+            let [team] = user.teams.as_slice() else {
+                return Err(ConfigError::new(
+                    format!("{key}.token_sha256"),
+                    None,
+                    "the user belongs to several teams: give each token its team in [[users.tokens]]",
+                ));
+            };
+            tokens.push(TokenGrant {
+                sha256: hash.to_ascii_lowercase(),
+                team: TeamId(team.clone()),
+                scopes: default_scopes(),
+            });
         }
-        let entry = User {
-            teams: user.teams.iter().cloned().map(TeamId).collect(),
-            token_hashes: user.token_sha256.iter().map(|h| h.to_ascii_lowercase()).collect(),
-        };
+        for (j, token) in user.tokens.iter().enumerate() {
+            let token_key = format!("{key}.tokens[{j}]");
+            check_sha256(&token.sha256, &format!("{token_key}.sha256"))?;
+            let team = match (&token.team, user.teams.as_slice()) {
+                (Some(team), _) if user.teams.contains(team) => team.clone(),
+                (Some(team), _) => {
+                    return Err(ConfigError::new(
+                        format!("{token_key}.team"),
+                        None,
+                        format!("user is not in team {team:?}"),
+                    ))
+                }
+                (None, [only]) => only.clone(),
+                (None, _) => {
+                    return Err(ConfigError::new(
+                        format!("{token_key}.team"),
+                        None,
+                        "required: the user has several teams",
+                    ))
+                }
+            };
+            let scopes = token.scopes.clone().unwrap_or_else(default_scopes);
+            tokens.push(TokenGrant { sha256: token.sha256.to_ascii_lowercase(), team: TeamId(team), scopes });
+        }
+        let entry = User { teams: user.teams.iter().cloned().map(TeamId).collect(), tokens };
         if users.insert(UserId(user.id.clone()), entry).is_some() {
             return Err(ConfigError::new(format!("{key}.id"), None, format!("duplicate user id {:?}", user.id)));
         }
     }
     Ok(users)
+}
+
+fn default_scopes() -> Vec<String> {
+    DEFAULT_SCOPES.iter().map(|s| s.to_string()).collect()
 }
 
 fn jwt_settings(raw: &crate::config::file::RawJwt) -> Result<JwtSettings, ConfigError> {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::mcp::protocol::{self, codes, meta_keys, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
 
@@ -167,7 +167,7 @@ impl DemoServer {
             _ => return Err(not_found()),
         };
         if stateless {
-            stamp_result(&mut result, method, self.server_info());
+            protocol::stamp_stateless_result(&mut result, method, self.server_info());
         }
         Ok(Reply::Response(result))
     }
@@ -263,20 +263,6 @@ fn check_envelope(params: Option<&Value>) -> Result<(), RpcError> {
         Some(MODERN_VERSION) => Ok(()),
         other => Err(RpcError::new(codes::UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version")
             .with_data(json!({"supported": [MODERN_VERSION], "requested": other}))),
-    }
-}
-
-/// Results of the stateless revision carry `resultType`, cache hints on listings, and the server's info.
-fn stamp_result(result: &mut Value, method: &str, server_info: Value) {
-    let Value::Object(obj) = result else { return };
-    obj.insert("resultType".into(), json!("complete"));
-    if method.ends_with("/list") || method == "resources/read" || method == "server/discover" {
-        obj.insert("ttlMs".into(), json!(0));
-        obj.insert("cacheScope".into(), json!("private"));
-    }
-    let meta = obj.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
-    if let Value::Object(meta) = meta {
-        meta.insert(meta_keys::SERVER_INFO.into(), server_info);
     }
 }
 

@@ -27,6 +27,7 @@ use crate::mcp::transport::{
     SseTransport, StdioLaunch, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
 };
 use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, TeamId, Upstream, UserId};
+use crate::search::{SearchIndex, ToolDoc};
 use crate::store::{CatalogOwner, Store};
 
 mod instance;
@@ -59,6 +60,8 @@ pub struct ManagerDeps {
     pub inherited_env: BTreeMap<String, String>,
     pub http: reqwest::Client,
     pub store: Store,
+    /// The tool index; the manager keeps it in step with every catalog it holds.
+    pub search: SearchIndex,
 }
 
 /// Handle to the instance set; cheap to clone.
@@ -176,6 +179,9 @@ impl InstanceManager {
                 warn!(process_id = %id, error = %err, "deleting stored catalog failed");
             }
         }
+        for id in changes.removed.iter().chain(&changes.modified) {
+            inner.unindex(id).await;
+        }
 
         let starting: Vec<Arc<Instance>> = {
             let mut state = inner.state.write();
@@ -194,6 +200,12 @@ impl InstanceManager {
             state.desired = desired.instances.clone();
             starting
         };
+        for instance in &starting {
+            // Tools from a previous run are searchable (when the instance is online) before rediscovery.
+            if let Some(catalog) = instance.catalog() {
+                inner.index(instance.spec(), &catalog).await;
+            }
+        }
         futures::stream::iter(starting)
             .for_each_concurrent(concurrency, |instance| async move { inner.start(&instance).await })
             .await;
@@ -325,6 +337,7 @@ impl Inner {
                     warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
                 }
                 info!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
+                self.index(instance.spec(), &catalog).await;
                 instance.set_catalog(catalog);
                 self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into())).await;
             }
@@ -336,6 +349,29 @@ impl Inner {
                 let message = format!("Process error: discovery timed out after {}s", budget.as_secs());
                 self.set_status(instance, InstanceStatus::Offline, Some(message)).await;
             }
+        }
+    }
+
+    async fn index(&self, spec: &InstanceSpec, catalog: &Catalog) {
+        let docs = catalog
+            .tools
+            .iter()
+            .map(|tool| ToolDoc {
+                process_id: spec.process_id.0.clone(),
+                server_slug: spec.server_slug.clone(),
+                tool_name: tool.name.clone(),
+                description: tool.description.clone(),
+                input_schema: tool.input_schema.clone(),
+            })
+            .collect();
+        if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {
+            warn!(process_id = %spec.process_id, error = %err, "indexing tools failed");
+        }
+    }
+
+    async fn unindex(&self, id: &ProcessId) {
+        if let Err(err) = self.deps.search.remove_instance(&id.0).await {
+            warn!(process_id = %id, error = %err, "removing tools from the index failed");
         }
     }
 

@@ -197,6 +197,25 @@ pub fn stamp_meta(params: Option<Value>, extra: Map<String, Value>) -> Value {
     Value::Object(params)
 }
 
+/// Results of the stateless revision carry `resultType`, cache hints on listings and reads, and the server's info.
+pub fn stamp_stateless_result(result: &mut Value, method: &str, server_info: Value) {
+    let Value::Object(obj) = result else { return };
+    obj.insert("resultType".into(), json!("complete"));
+    if method.ends_with("/list") || method == "resources/read" || method == "server/discover" {
+        obj.insert("ttlMs".into(), json!(0));
+        obj.insert("cacheScope".into(), json!("private"));
+    }
+    let meta = obj.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(meta) = meta {
+        meta.insert(meta_keys::SERVER_INFO.into(), server_info);
+    }
+}
+
+/// Whether a request carries the 2026-07-28 envelope (`_meta` protocol version).
+pub fn has_stateless_envelope(params: Option<&Value>) -> bool {
+    params.and_then(|p| p.get("_meta")).and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,307 @@
+//! Who is calling: bearer tokens from the standalone directory (stored as
+//! SHA-256, compared in constant time), JWTs verified locally, and instance
+//! tokens for the instance router. Produces a `Principal` (user + team +
+//! scopes); every request is authenticated again, sessions are not credentials.
+//! Managed mode's OAuth introspection plugs in behind `Authenticator`.
+
+use std::sync::Arc;
+
+use jsonwebtoken::{decode, Algorithm, DecodingKey, Validation};
+use parking_lot::RwLock;
+use secrecy::ExposeSecret;
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+use crate::config::sha256_hex;
+use crate::control::standalone::{Directory, JwtAlgorithm, JwtSettings, DEFAULT_SCOPES};
+use crate::model::{InstanceSpec, TeamId, UserId};
+
+pub const SCOPE_READ: &str = "mcp:read";
+pub const SCOPE_EXECUTE: &str = "mcp:tools:execute";
+
+/// An authenticated caller of the hierarchical router.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub user: UserId,
+    pub team: TeamId,
+    pub scopes: Vec<String>,
+}
+
+impl Principal {
+    pub fn has_scope(&self, scope: &str) -> bool {
+        self.scopes.iter().any(|s| s == scope)
+    }
+
+    pub fn require(&self, scope: &str) -> Result<(), AuthError> {
+        if self.has_scope(scope) {
+            Ok(())
+        } else {
+            Err(AuthError::InsufficientScope(scope.to_owned()))
+        }
+    }
+}
+
+/// Why authentication failed (SB §5.3).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("Bearer token required")]
+    Missing,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("Token missing required scope: {0}")]
+    InsufficientScope(String),
+}
+
+/// Why an instance-router request was refused (SB §6.1).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstanceAuthError {
+    #[error("Instance not found")]
+    NotFound,
+    #[error("Missing or invalid token format")]
+    BadFormat,
+    #[error("Instance authentication not configured")]
+    NotConfigured,
+    #[error("Invalid token")]
+    Invalid,
+}
+
+/// Authenticates bearer tokens against the current directory; the directory is swapped on config reloads.
+#[derive(Clone)]
+pub struct Authenticator {
+    directory: Arc<RwLock<Arc<Directory>>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Claims {
+    sub: String,
+    #[serde(default)]
+    scope: Option<String>,
+    #[serde(default)]
+    scp: Option<Vec<String>>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Authenticator {
+    pub fn new(directory: Directory) -> Self {
+        Self { directory: Arc::new(RwLock::new(Arc::new(directory))) }
+    }
+
+    pub fn replace(&self, directory: Directory) {
+        *self.directory.write() = Arc::new(directory);
+    }
+
+    pub fn directory(&self) -> Arc<Directory> {
+        self.directory.read().clone()
+    }
+
+    /// Authenticate an `Authorization` header value.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
+        let token = bearer(authorization).ok_or(AuthError::Missing)?;
+        let directory = self.directory();
+        if let Some(jwt) = directory.jwt.as_ref().filter(|_| looks_like_jwt(token)) {
+            return verify_jwt(&directory, jwt, token);
+        }
+        static_token(&directory, token)
+    }
+}
+
+/// The token of a `Bearer` header (scheme case-insensitive).
+pub fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let value = authorization?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+fn looks_like_jwt(token: &str) -> bool {
+    token.split('.').count() == 3
+}
+
+/// Compare the token's hash with every grant in constant time; the first match wins.
+fn static_token(directory: &Directory, token: &str) -> Result<Principal, AuthError> {
+    let hash = sha256_hex(token);
+    let mut found: Option<Principal> = None;
+    for (user_id, user) in &directory.users {
+        for grant in &user.tokens {
+            let equal: bool = grant.sha256.as_bytes().ct_eq(hash.as_bytes()).into();
+            if equal && found.is_none() {
+                found =
+                    Some(Principal { user: user_id.clone(), team: grant.team.clone(), scopes: grant.scopes.clone() });
+            }
+        }
+    }
+    found.ok_or_else(|| AuthError::Invalid("Token validation failed".into()))
+}
+
+fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<Principal, AuthError> {
+    let invalid = |why: &str| AuthError::Invalid(format!("Invalid token: {why}"));
+    let (algorithm, key) = match jwt.algorithm {
+        JwtAlgorithm::Hs256 => (Algorithm::HS256, DecodingKey::from_secret(jwt.key.expose_secret().as_bytes())),
+        JwtAlgorithm::Rs256 => (
+            Algorithm::RS256,
+            DecodingKey::from_rsa_pem(jwt.key.expose_secret().as_bytes())
+                .map_err(|_| invalid("verification key unusable"))?,
+        ),
+        JwtAlgorithm::Es256 => (
+            Algorithm::ES256,
+            DecodingKey::from_ec_pem(jwt.key.expose_secret().as_bytes())
+                .map_err(|_| invalid("verification key unusable"))?,
+        ),
+    };
+    let mut validation = Validation::new(algorithm);
+    validation.validate_nbf = true;
+    validation.set_required_spec_claims(&["exp", "sub"]);
+    match &jwt.audience {
+        Some(audience) => validation.set_audience(&[audience]),
+        None => validation.validate_aud = false,
+    }
+    if let Some(issuer) = &jwt.issuer {
+        validation.set_issuer(&[issuer]);
+    }
+    let data = decode::<Claims>(token, &key, &validation).map_err(|err| invalid(&err.kind_description()))?;
+    let claims = data.claims;
+    let team = claims
+        .rest
+        .get(&jwt.team_claim)
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| invalid(&format!("missing {} claim", jwt.team_claim)))?;
+    let team = TeamId(team.to_owned());
+    if !directory.teams.contains_key(&team) {
+        return Err(invalid("unknown team"));
+    }
+    let scopes = match (claims.scope, claims.scp) {
+        (Some(scope), _) => scope.split_whitespace().map(str::to_owned).collect(),
+        (None, Some(scp)) => scp,
+        (None, None) => DEFAULT_SCOPES.iter().map(|s| s.to_string()).collect(),
+    };
+    Ok(Principal { user: UserId(claims.sub), team, scopes })
+}
+
+trait KindDescription {
+    fn kind_description(&self) -> String;
+}
+
+impl KindDescription for jsonwebtoken::errors::Error {
+    fn kind_description(&self) -> String {
+        use jsonwebtoken::errors::ErrorKind;
+        match self.kind() {
+            ErrorKind::ExpiredSignature => "expired".into(),
+            ErrorKind::ImmatureSignature => "not yet valid".into(),
+            ErrorKind::InvalidAudience => "wrong audience".into(),
+            ErrorKind::InvalidIssuer => "wrong issuer".into(),
+            ErrorKind::InvalidSignature => "bad signature".into(),
+            ErrorKind::InvalidAlgorithm => "unexpected algorithm".into(),
+            ErrorKind::MissingRequiredClaim(claim) => format!("missing {claim} claim"),
+            _ => "malformed".into(),
+        }
+    }
+}
+
+/// Check an instance token against the instance's stored hash (SB §6.1), in constant time.
+pub fn check_instance_token(spec: &InstanceSpec, token: Option<&str>) -> Result<(), InstanceAuthError> {
+    let token = token.filter(|t| t.starts_with("ds_inst_")).ok_or(InstanceAuthError::BadFormat)?;
+    let expected = spec.instance_token_hash.as_deref().ok_or(InstanceAuthError::NotConfigured)?;
+    let actual = sha256_hex(token);
+    let equal: bool = expected.as_bytes().ct_eq(actual.as_bytes()).into();
+    if equal {
+        Ok(())
+    } else {
+        Err(InstanceAuthError::Invalid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_file;
+    use crate::control::standalone::from_file;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use serde_json::json;
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef-secret";
+
+    fn authenticator() -> Authenticator {
+        let file = format!(
+            r#"
+[auth.jwt]
+algorithm = "HS256"
+secret = "{SECRET}"
+audience = "http://localhost:3001/mcp"
+[[teams]]
+id = "acme"
+[[teams]]
+id = "globex"
+[[users]]
+id = "alice"
+teams = ["acme"]
+token_sha256 = ["{}"]
+[[users]]
+id = "bob"
+teams = ["acme", "globex"]
+[[users.tokens]]
+sha256 = "{}"
+team = "globex"
+scopes = ["mcp:read"]
+"#,
+            sha256_hex("alice-token"),
+            sha256_hex("bob-globex-token")
+        );
+        Authenticator::new(from_file(&parse_file(&file).unwrap()).unwrap().directory)
+    }
+
+    fn jwt(claims: serde_json::Value) -> String {
+        encode(&Header::default(), &claims, &EncodingKey::from_secret(SECRET.as_bytes())).unwrap()
+    }
+
+    fn now() -> i64 {
+        chrono::Utc::now().timestamp()
+    }
+
+    #[test]
+    fn static_tokens_name_user_team_and_scopes() {
+        let auth = authenticator();
+        let alice = auth.authenticate(Some("Bearer alice-token")).unwrap();
+        assert_eq!((alice.user.as_str(), alice.team.as_str()), ("alice", "acme"));
+        assert!(alice.has_scope(SCOPE_EXECUTE));
+        let bob = auth.authenticate(Some("bearer bob-globex-token")).unwrap();
+        assert_eq!(bob.team.as_str(), "globex");
+        assert_eq!(bob.require(SCOPE_EXECUTE), Err(AuthError::InsufficientScope(SCOPE_EXECUTE.into())));
+        assert_eq!(auth.authenticate(None), Err(AuthError::Missing));
+        assert_eq!(auth.authenticate(Some("Basic abc")), Err(AuthError::Missing));
+        assert!(matches!(auth.authenticate(Some("Bearer nope")), Err(AuthError::Invalid(_))));
+    }
+
+    #[test]
+    fn jwts_are_verified_locally() {
+        let auth = authenticator();
+        let aud = "http://localhost:3001/mcp";
+        let good = jwt(json!({"sub": "carol", "team": "acme", "aud": aud, "exp": now() + 60, "scope": "mcp:read"}));
+        let carol = auth.authenticate(Some(&format!("Bearer {good}"))).unwrap();
+        assert_eq!((carol.user.as_str(), carol.team.as_str()), ("carol", "acme"));
+        assert_eq!(carol.scopes, ["mcp:read"]);
+        let cases = [
+            (json!({"sub": "c", "team": "acme", "aud": aud, "exp": now() - 120}), "expired"),
+            (json!({"sub": "c", "team": "acme", "aud": aud, "exp": now() + 60, "nbf": now() + 3600}), "not yet valid"),
+            (json!({"sub": "c", "team": "acme", "aud": "other", "exp": now() + 60}), "wrong audience"),
+            (json!({"sub": "c", "team": "nope", "aud": aud, "exp": now() + 60}), "unknown team"),
+            (json!({"sub": "c", "aud": aud, "exp": now() + 60}), "missing team claim"),
+        ];
+        for (claims, why) in cases {
+            let token = jwt(claims);
+            assert_eq!(
+                auth.authenticate(Some(&format!("Bearer {token}"))),
+                Err(AuthError::Invalid(format!("Invalid token: {why}")))
+            );
+        }
+        let forged = encode(
+            &Header::default(),
+            &json!({"sub": "c", "team": "acme", "aud": aud, "exp": now() + 60}),
+            &EncodingKey::from_secret(b"another-secret-another-secret-xx"),
+        )
+        .unwrap();
+        assert!(
+            matches!(auth.authenticate(Some(&format!("Bearer {forged}"))), Err(AuthError::Invalid(m)) if m.contains("bad signature"))
+        );
+    }
+}

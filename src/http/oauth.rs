@@ -1,0 +1,132 @@
+//! OAuth resource-server surface: the error answers of SB §5.3 with their
+//! `WWW-Authenticate` headers, the `Link` header, and the discovery documents
+//! of SB §5.6 (RFC 9728, RFC 8414).
+
+use serde_json::{json, Value};
+use warp::http::{HeaderValue, StatusCode};
+use warp::reply::Response;
+use warp::{Filter, Reply};
+
+use crate::auth::{AuthError, Authenticator, InstanceAuthError, SCOPE_EXECUTE, SCOPE_READ};
+use crate::mcp::protocol::{self, RpcError};
+
+const REALM: &str = "DeployStack MCP Satellite";
+
+/// Where the resource metadata lives, derived from the public URL.
+#[derive(Clone, Debug)]
+pub struct ResourceUrls {
+    pub public_url: String,
+}
+
+impl ResourceUrls {
+    pub fn metadata(&self) -> String {
+        format!("{}/.well-known/oauth-protected-resource", self.public_url)
+    }
+
+    pub fn resource(&self) -> String {
+        format!("{}/mcp", self.public_url)
+    }
+
+    pub fn link_header(&self) -> &'static str {
+        "</.well-known/oauth-protected-resource>; rel=\"oauth-protected-resource\""
+    }
+}
+
+/// The §5.3 answer to a failed bearer authentication.
+pub fn auth_error_response(err: &AuthError, urls: &ResourceUrls) -> Response {
+    let rm = urls.metadata();
+    let (status, www, error) = match err {
+        AuthError::Missing => (
+            StatusCode::UNAUTHORIZED,
+            format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", scope=\"{SCOPE_READ} {SCOPE_EXECUTE}\", error=\"invalid_token\", error_description=\"Bearer token required\""),
+            RpcError::new(-32001, "Authentication required").with_data(json!({
+                "message": "Bearer token required", "oauth_error": "invalid_token",
+                "resource_metadata_uri": rm, "scopes_required": [SCOPE_READ],
+            })),
+        ),
+        AuthError::Invalid(description) => (
+            StatusCode::UNAUTHORIZED,
+            format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", error=\"invalid_token\", error_description=\"{}\"", description.replace('"', "'")),
+            RpcError::new(-32002, "Invalid token").with_data(json!({
+                "message": description, "oauth_error": "invalid_token", "resource_metadata_uri": rm,
+            })),
+        ),
+        AuthError::InsufficientScope(scope) => (
+            StatusCode::FORBIDDEN,
+            format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", scope=\"{scope}\", error=\"insufficient_scope\", error_description=\"Token missing required scope: {scope}\""),
+            RpcError::new(-32004, "Insufficient scope").with_data(json!({
+                "message": format!("Token missing required scope: {scope}"), "oauth_error": "insufficient_scope",
+                "required_scopes": [scope], "resource_metadata_uri": rm,
+            })),
+        ),
+    };
+    let mut response = json_response(status, &protocol::error_response(None, error));
+    if let Ok(value) = HeaderValue::from_str(&www) {
+        response.headers_mut().insert("www-authenticate", value);
+    }
+    response
+}
+
+/// The §6.1 answer to a refused instance-router request.
+pub fn instance_auth_error_response(err: &InstanceAuthError) -> Response {
+    let (status, code) = match err {
+        InstanceAuthError::NotFound => (StatusCode::NOT_FOUND, -32004),
+        InstanceAuthError::BadFormat | InstanceAuthError::Invalid => (StatusCode::UNAUTHORIZED, -32001),
+        InstanceAuthError::NotConfigured => (StatusCode::INTERNAL_SERVER_ERROR, -32000),
+    };
+    json_response(status, &protocol::error_response(None, RpcError::new(code, err.to_string())))
+}
+
+pub fn json_response(status: StatusCode, body: &Value) -> Response {
+    warp::reply::with_status(warp::reply::json(body), status).into_response()
+}
+
+/// `/.well-known/oauth-protected-resource` and the authorization-server metadata.
+pub fn routes(
+    urls: ResourceUrls,
+    auth: Authenticator,
+) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    let resource = {
+        let urls = urls.clone();
+        let auth = auth.clone();
+        warp::path!(".well-known" / "oauth-protected-resource" / ..).and(warp::get()).map(move || {
+            let servers: Vec<String> = auth.directory().authorization_server.clone().into_iter().collect();
+            json_response(
+                StatusCode::OK,
+                &json!({
+                    "resource": urls.resource(),
+                    "authorization_servers": servers,
+                    "scopes_supported": [SCOPE_READ, SCOPE_EXECUTE],
+                    "bearer_methods_supported": ["header"],
+                    "resource_documentation": "https://docs.deploystack.io/",
+                }),
+            )
+        })
+    };
+    let metadata = move || {
+        let auth = auth.clone();
+        move || match auth.directory().authorization_server.clone() {
+            Some(bp) => json_response(
+                StatusCode::OK,
+                &json!({
+                    "issuer": bp,
+                    "authorization_endpoint": format!("{bp}/api/oauth2/auth"),
+                    "token_endpoint": format!("{bp}/api/oauth2/token"),
+                    "introspection_endpoint": format!("{bp}/api/oauth2/introspect"),
+                    "registration_endpoint": format!("{bp}/api/oauth2/register"),
+                    "response_types_supported": ["code"],
+                    "grant_types_supported": ["authorization_code", "refresh_token"],
+                    "code_challenge_methods_supported": ["S256"],
+                    "scopes_supported": [SCOPE_READ, SCOPE_EXECUTE, "offline_access"],
+                }),
+            ),
+            None => json_response(
+                StatusCode::NOT_FOUND,
+                &json!({"error": "not_found", "message": "no authorization server is configured (auth.authorization_server)"}),
+            ),
+        }
+    };
+    let oauth_as = warp::path!(".well-known" / "oauth-authorization-server" / ..).and(warp::get()).map(metadata());
+    let openid = warp::path!(".well-known" / "openid-configuration" / ..).and(warp::get()).map(metadata());
+    resource.or(oauth_as).unify().or(openid).unify()
+}

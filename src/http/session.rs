@@ -1,0 +1,174 @@
+//! Streamable HTTP sessions: transport bookkeeping bound to the identity that
+//! created them, never credentials. Idle sessions expire; an unknown or
+//! foreign id is resurrected for POST (SB §3.1, OQ-18).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+/// Idle time after which a session is forgotten.
+pub const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
+/// Upper bound on live sessions per table; the oldest idle one is evicted past it.
+pub const MAX_SESSIONS: usize = 10_000;
+
+#[derive(Debug)]
+struct Session {
+    owner: String,
+    version: String,
+    last_seen: Instant,
+    /// Cancelled when the session ends; set while a GET stream is open.
+    stream: Option<CancellationToken>,
+}
+
+/// What a request's session header resolved to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// Live and owned by the caller.
+    Known,
+    /// Absent, expired, or owned by someone else.
+    Unknown,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum StreamError {
+    NoSession,
+    AlreadyOpen,
+}
+
+#[derive(Debug, Default)]
+pub struct SessionTable {
+    sessions: Mutex<HashMap<String, Session>>,
+}
+
+impl SessionTable {
+    /// A new session for `owner`; returns its id (UUID v4).
+    pub fn create(&self, owner: &str, version: &str) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        self.insert(id.clone(), owner, version);
+        id
+    }
+
+    /// Re-create a session under a supplied id (a client surviving a restart or an expiry).
+    pub fn resurrect(&self, id: &str, owner: &str, version: &str) {
+        self.insert(id.to_owned(), owner, version);
+    }
+
+    fn insert(&self, id: String, owner: &str, version: &str) {
+        let mut sessions = self.sessions.lock();
+        if sessions.len() >= MAX_SESSIONS {
+            if let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.last_seen).map(|(k, _)| k.clone()) {
+                if let Some(session) = sessions.remove(&oldest) {
+                    if let Some(stream) = session.stream {
+                        stream.cancel();
+                    }
+                }
+            }
+        }
+        let old = sessions.insert(
+            id,
+            Session { owner: owner.to_owned(), version: version.to_owned(), last_seen: Instant::now(), stream: None },
+        );
+        if let Some(stream) = old.and_then(|s| s.stream) {
+            stream.cancel();
+        }
+    }
+
+    /// Look a session up for `owner`, refreshing it when known.
+    pub fn touch(&self, id: &str, owner: &str) -> Lookup {
+        let mut sessions = self.sessions.lock();
+        match sessions.get_mut(id) {
+            Some(session) if session.owner == owner && session.last_seen.elapsed() < SESSION_IDLE => {
+                session.last_seen = Instant::now();
+                Lookup::Known
+            }
+            _ => Lookup::Unknown,
+        }
+    }
+
+    pub fn version(&self, id: &str) -> Option<String> {
+        self.sessions.lock().get(id).map(|s| s.version.clone())
+    }
+
+    /// End a session the caller owns; false when there is none.
+    pub fn remove(&self, id: &str, owner: &str) -> bool {
+        let mut sessions = self.sessions.lock();
+        if sessions.get(id).is_some_and(|s| s.owner == owner) {
+            if let Some(stream) = sessions.remove(id).and_then(|s| s.stream) {
+                stream.cancel();
+            }
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Register the session's one standalone SSE stream; the token ends it with the session.
+    pub fn open_stream(&self, id: &str, owner: &str) -> Result<CancellationToken, StreamError> {
+        let mut sessions = self.sessions.lock();
+        let session = sessions.get_mut(id).filter(|s| s.owner == owner).ok_or(StreamError::NoSession)?;
+        if session.stream.as_ref().is_some_and(|s| !s.is_cancelled()) {
+            return Err(StreamError::AlreadyOpen);
+        }
+        let token = CancellationToken::new();
+        session.stream = Some(token.clone());
+        session.last_seen = Instant::now();
+        Ok(token)
+    }
+
+    /// Drop sessions idle longer than `idle`; returns how many.
+    pub fn sweep(&self, idle: Duration) -> usize {
+        let mut sessions = self.sessions.lock();
+        let before = sessions.len();
+        sessions.retain(|_, s| {
+            // An open stream keeps a session alive.
+            let streaming = s.stream.as_ref().is_some_and(|t| !t.is_cancelled());
+            let keep = streaming || s.last_seen.elapsed() < idle;
+            if !keep {
+                if let Some(stream) = &s.stream {
+                    stream.cancel();
+                }
+            }
+            keep
+        });
+        before - sessions.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sessions.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_belong_to_their_creator() {
+        let table = SessionTable::default();
+        let id = table.create("alice", "2025-06-18");
+        assert_eq!(table.touch(&id, "alice"), Lookup::Known);
+        assert_eq!(table.touch(&id, "bob"), Lookup::Unknown);
+        assert!(!table.remove(&id, "bob"));
+        assert_eq!(table.open_stream(&id, "bob"), Err(StreamError::NoSession));
+        let stream = table.open_stream(&id, "alice").unwrap();
+        assert_eq!(table.open_stream(&id, "alice"), Err(StreamError::AlreadyOpen));
+        assert!(table.remove(&id, "alice"));
+        assert!(stream.is_cancelled());
+        assert_eq!(table.touch(&id, "alice"), Lookup::Unknown);
+    }
+
+    #[test]
+    fn idle_sessions_are_swept() {
+        let table = SessionTable::default();
+        table.create("a", "v");
+        assert_eq!(table.sweep(Duration::from_secs(60)), 0);
+        assert_eq!(table.sweep(Duration::ZERO), 1);
+        assert!(table.is_empty());
+    }
+}

@@ -1,0 +1,184 @@
+//! The legacy HTTP+SSE transport (SB §4): `GET /sse` opens a stream whose
+//! first event names `/message?session=…`; requests POSTed there are answered
+//! on the stream, through the same hierarchical router as `/mcp`, with the
+//! identity authenticated at `GET /sse` (OQ-19).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use rand::RngCore;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use warp::http::{HeaderMap, StatusCode};
+use warp::reply::Response;
+use warp::{Filter, Reply};
+
+use super::mcp::{McpDeps, MAX_BODY_BYTES};
+use super::oauth::{auth_error_response, json_response};
+use crate::auth::{Principal, SCOPE_READ};
+use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS};
+use crate::router::RouteError;
+
+/// Events queued for one stream before the client counts as too slow and is dropped.
+const STREAM_BUFFER: usize = 64;
+pub const SSE_IDLE: Duration = Duration::from_secs(30 * 60);
+
+struct SseSession {
+    principal: Principal,
+    events: mpsc::Sender<warp::sse::Event>,
+    last_seen: Instant,
+}
+
+#[derive(Default)]
+pub struct SseSessions {
+    sessions: Mutex<HashMap<String, SseSession>>,
+}
+
+impl SseSessions {
+    pub fn sweep(&self, idle: Duration) -> usize {
+        let mut sessions = self.sessions.lock();
+        let before = sessions.len();
+        sessions.retain(|_, s| s.last_seen.elapsed() < idle && !s.events.is_closed());
+        before - sessions.len()
+    }
+}
+
+/// Removes the session when its stream is dropped (client gone).
+struct Unregister {
+    id: String,
+    sessions: Arc<SseSessions>,
+}
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        self.sessions.sessions.lock().remove(&self.id);
+    }
+}
+
+pub fn routes(
+    deps: McpDeps,
+    sessions: Arc<SseSessions>,
+) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    let with = warp::any().map(move || (deps.clone(), sessions.clone()));
+    let open = warp::path!("sse")
+        .and(warp::get())
+        .and(warp::header::headers_cloned())
+        .and(with.clone())
+        .map(|headers: HeaderMap, (deps, sessions): (McpDeps, Arc<SseSessions>)| open(&deps, &sessions, &headers));
+    let message = warp::path!("message")
+        .and(warp::post())
+        .and(warp::query::<HashMap<String, String>>())
+        .and(warp::header::headers_cloned())
+        .and(warp::body::content_length_limit(MAX_BODY_BYTES))
+        .and(warp::body::bytes())
+        .and(with)
+        .then(
+            |query: HashMap<String, String>,
+             headers: HeaderMap,
+             body: bytes::Bytes,
+             (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
+                message(&deps, &sessions, &query, &headers, &body).await
+            },
+        );
+    open.or(message).unify()
+}
+
+fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) -> Response {
+    let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
+    let principal = match deps.auth.authenticate(authorization).and_then(|p| p.require(SCOPE_READ).map(|_| p)) {
+        Ok(principal) => principal,
+        Err(err) => return auth_error_response(&err, &deps.urls),
+    };
+    let mut raw = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut raw);
+    let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    sessions.sessions.lock().insert(id.clone(), SseSession { principal, events: tx, last_seen: Instant::now() });
+    let endpoint = warp::sse::Event::default().event("endpoint").data(format!("/message?session={id}"));
+    let guard = Unregister { id, sessions: sessions.clone() };
+    let events = futures::stream::once(async move { endpoint }).chain(ReceiverStream::new(rx)).map(move |event| {
+        let _keep = &guard;
+        Ok::<_, Infallible>(event)
+    });
+    let stream = warp::sse::keep_alive().interval(Duration::from_secs(30)).text("heartbeat").stream(events);
+    let mut response = warp::sse::reply(stream).into_response();
+    response.headers_mut().insert("access-control-allow-origin", warp::http::HeaderValue::from_static("*"));
+    response
+}
+
+async fn message(
+    deps: &McpDeps,
+    sessions: &Arc<SseSessions>,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    let id = query.get("session").or_else(|| query.get("sessionId")).map(String::as_str).unwrap_or("");
+    let well_formed = id.len() >= 32 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !well_formed {
+        return rpc(StatusCode::BAD_REQUEST, codes::INVALID_REQUEST, "Missing session parameter");
+    }
+    let (principal, events) = {
+        let mut table = sessions.sessions.lock();
+        match table.get_mut(id) {
+            Some(session) => {
+                session.last_seen = Instant::now();
+                (session.principal.clone(), session.events.clone())
+            }
+            None => return rpc(StatusCode::NOT_FOUND, -32001, "Session not found"),
+        }
+    };
+    // A bearer sent along must be the same identity that opened the stream.
+    if let Some(authorization) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+        match deps.auth.authenticate(Some(authorization)) {
+            Ok(caller) if caller.user == principal.user && caller.team == principal.team => {}
+            Ok(_) => return rpc(StatusCode::FORBIDDEN, -32001, "Session belongs to another identity"),
+            Err(err) => return auth_error_response(&err, &deps.urls),
+        }
+    }
+    let value: Value = match serde_json::from_slice(body) {
+        Ok(value) => value,
+        Err(err) => return rpc(StatusCode::BAD_REQUEST, codes::PARSE_ERROR, &format!("Parse error: {err}")),
+    };
+    let reply = match Message::from_value(value) {
+        Err(err) => {
+            protocol::error_response(None, RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")))
+        }
+        Ok(Message::Notification { .. } | Message::Response { .. }) => {
+            return json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null}));
+        }
+        Ok(Message::Request { id, method, params }) if method == "initialize" => {
+            let requested = params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str);
+            let version =
+                requested.filter(|v| *v == "2024-11-05" || LEGACY_VERSIONS.contains(v)).unwrap_or("2024-11-05");
+            protocol::response(
+                id,
+                json!({"protocolVersion": version, "capabilities": {"tools": {}, "resources": {}},
+                       "serverInfo": {"name": "deploystack-satellite", "version": env!("CARGO_PKG_VERSION")}}),
+            )
+        }
+        Ok(Message::Request { id, method, params }) => match deps.router.handle(&principal, &method, params).await {
+            Ok(result) => protocol::response(id, result),
+            Err(RouteError::Rpc(err)) => protocol::error_response(Some(id), err),
+            Err(RouteError::Forbidden(err)) => return auth_error_response(&err, &deps.urls),
+        },
+    };
+    let message_id = format!("msg-{}-{}", chrono::Utc::now().timestamp_millis(), rand::random::<u32>());
+    let event = warp::sse::Event::default().id(message_id.clone()).event("message").data(reply.to_string());
+    if events.try_send(event).is_err() {
+        // The stream is gone or not keeping up: end the session rather than buffer without bound.
+        sessions.sessions.lock().remove(id);
+        return rpc(StatusCode::GONE, -32001, "Session stream closed");
+    }
+    json_response(StatusCode::OK, &json!({"status": "sent", "messageId": message_id}))
+}
+
+fn rpc(status: StatusCode, code: i64, message: &str) -> Response {
+    json_response(status, &protocol::error_response(None, RpcError::new(code, message)))
+}

@@ -1,0 +1,398 @@
+//! The hierarchical router (SB §13): `tools/list` is the four meta-tools;
+//! discovery searches the caller's visible tools, execution and resource reads
+//! go to the caller's own instance of the named server.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+use tracing::warn;
+
+use super::{
+    blocked_result, callable, forward, internal, meta, method_not_found, normalise_call_result, text_document, visible,
+    RouteError,
+};
+use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
+use crate::instances::{Instance, InstanceManager};
+use crate::mcp::protocol::{codes, RpcError};
+use crate::model::{namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_tool_path, tool_path, ToolDef};
+use crate::search::{relevance_score, SearchIndex};
+
+/// Wildcard listings stop here (SB §13.2).
+const WILDCARD_LIMIT: usize = 20;
+const DEFAULT_LIMIT: usize = 10;
+const MAX_LIMIT: usize = 50;
+
+#[derive(Clone)]
+pub struct HierarchicalRouter {
+    pub manager: InstanceManager,
+    pub search: SearchIndex,
+    pub call_timeout: Duration,
+    pub read_timeout: Duration,
+}
+
+impl HierarchicalRouter {
+    /// Handle one request method for an authenticated caller.
+    pub async fn handle(&self, caller: &Principal, method: &str, params: Option<Value>) -> Result<Value, RouteError> {
+        caller.require(SCOPE_READ).map_err(RouteError::Forbidden)?;
+        let params = params.unwrap_or_else(|| json!({}));
+        match method {
+            "ping" => Ok(json!({})),
+            "tools/list" => Ok(json!({"tools": meta::definitions()})),
+            "prompts/list" => Ok(json!({"prompts": []})),
+            "resources/list" => Ok(json!({"resources": self.native_resources(caller)})),
+            "resources/templates/list" => Ok(json!({"resourceTemplates": self.native_templates(caller)})),
+            "resources/read" => {
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                let uri = string_param(&params, "uri", "Invalid uri parameter - must be a non-empty string")?;
+                self.read(caller, uri).await
+            }
+            "tools/call" => self.call_meta_tool(caller, &params).await,
+            other => Err(method_not_found(other)),
+        }
+    }
+
+    async fn call_meta_tool(&self, caller: &Principal, params: &Value) -> Result<Value, RouteError> {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
+        let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        match name {
+            meta::DISCOVER => self.discover(caller, &args).await,
+            meta::EXECUTE => {
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                self.execute(caller, &args).await
+            }
+            meta::LIST_RESOURCES => Ok(text_document(&json!({
+                "resources": self.resource_entries(caller),
+                "resource_templates": self.template_entries(caller),
+                "total_resources": self.resource_entries(caller).len(),
+                "total_templates": self.template_entries(caller).len(),
+            }))),
+            meta::READ_RESOURCE => {
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                let uri = string_param(&args, "uri", "Invalid uri parameter - must be a non-empty string")?;
+                let result = self.read(caller, uri).await?;
+                Ok(json!({"content": [{"type": "text", "text": join_contents(&result)}]}))
+            }
+            other => Err(internal(format!(
+                "Unknown meta-tool: {other}. Available tools: {}, {}, {}, {}",
+                meta::DISCOVER,
+                meta::EXECUTE,
+                meta::LIST_RESOURCES,
+                meta::READ_RESOURCE
+            ))),
+        }
+    }
+
+    /// The caller's instances whose tools are visible now.
+    fn visible_instances(&self, caller: &Principal) -> Vec<Arc<Instance>> {
+        self.manager.instances_for(&caller.user, &caller.team).into_iter().filter(|i| visible(i)).collect()
+    }
+
+    /// The caller's instance of a server slug; several installations of one slug resolve to the last (OQ-23).
+    fn instance_for(&self, caller: &Principal, slug: &str) -> Result<Arc<Instance>, RouteError> {
+        let mut matching: Vec<Arc<Instance>> = self
+            .manager
+            .instances_for(&caller.user, &caller.team)
+            .into_iter()
+            .filter(|i| i.spec().server_slug == slug)
+            .collect();
+        if matching.len() > 1 {
+            warn!(user_id = %caller.user, server = slug, count = matching.len(), "several instances share a server slug; using the last");
+        }
+        matching.pop().ok_or_else(|| {
+            internal(format!(
+                "You do not have access to server '{slug}'. Please check your team's MCP server installations."
+            ))
+        })
+    }
+
+    async fn discover(&self, caller: &Principal, args: &Value) -> Result<Value, RouteError> {
+        let started = Instant::now();
+        let query = args
+            .get("query")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|q| !q.is_empty())
+            .ok_or_else(|| internal("Invalid query parameter - must be a non-empty string"))?;
+        let limit =
+            args.get("limit").and_then(Value::as_f64).map(|l| l as usize).unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+        let instances = self.visible_instances(caller);
+        let mut document = Map::new();
+        let mut entries = Vec::new();
+        let mut seen = HashSet::new();
+        if query == "*" {
+            let all: Vec<(&Arc<Instance>, ToolDef)> = instances
+                .iter()
+                .filter_map(|i| i.catalog().map(|c| (i, c)))
+                .flat_map(|(i, c)| c.tools.clone().into_iter().map(move |t| (i, t)))
+                .collect();
+            for (instance, tool) in &all {
+                if entries.len() == WILDCARD_LIMIT {
+                    break;
+                }
+                if seen.insert(tool_path(&instance.spec().server_slug, &tool.name)) {
+                    entries.push(tool_entry(instance, tool, 0.0));
+                }
+            }
+            if all.len() > WILDCARD_LIMIT {
+                document.insert(
+                    "notice".into(),
+                    json!(format!(
+                        "Showing {WILDCARD_LIMIT} of {} available tools. Use specific keywords to find others.",
+                        all.len()
+                    )),
+                );
+                document.insert("total_available".into(), json!(all.len()));
+            }
+        } else {
+            let visible_ids: Vec<String> = instances.iter().map(|i| i.spec().process_id.0.clone()).collect();
+            let hits = self
+                .search
+                .search(query, &visible_ids, limit)
+                .await
+                .map_err(|err| internal(format!("search failed: {err}")))?;
+            let best = hits.first().map(|h| h.score).unwrap_or(0.0);
+            for hit in hits {
+                let Some(instance) = instances.iter().find(|i| i.spec().process_id.0 == hit.process_id) else {
+                    continue;
+                };
+                let Some(tool) =
+                    instance.catalog().and_then(|c| c.tools.iter().find(|t| t.name == hit.tool_name).cloned())
+                else {
+                    continue;
+                };
+                if seen.insert(tool_path(&instance.spec().server_slug, &tool.name)) {
+                    entries.push(tool_entry(instance, &tool, relevance_score(hit.score, best)));
+                }
+            }
+            if entries.is_empty() {
+                document.insert(
+                    "hint".into(),
+                    json!("No tool matched. Try one or two different keywords (a product name, a verb like \"create\" or \"search\"), or \"*\" to list tools."),
+                );
+            }
+        }
+        document.insert("total_found".into(), json!(entries.len()));
+        document.insert("tools".into(), Value::Array(entries));
+        document.insert("search_time_ms".into(), json!(started.elapsed().as_millis() as u64));
+        document.insert("query".into(), json!(query));
+        Ok(text_document(&Value::Object(document)))
+    }
+
+    async fn execute(&self, caller: &Principal, args: &Value) -> Result<Value, RouteError> {
+        let path = string_param(
+            args,
+            "tool_path",
+            "Invalid tool_path parameter - must be a non-empty string in format \"serverName:toolName\"",
+        )?;
+        let (slug, tool_name) = parse_tool_path(path).ok_or_else(|| {
+            internal(format!(
+                "Invalid tool_path format: {path}. Expected format: \"serverSlug:toolName\" (e.g., \"github:create_issue\")"
+            ))
+        })?;
+        let instance = self.instance_for(caller, slug)?;
+        let known = instance.catalog().is_some_and(|c| c.tools.iter().any(|t| t.name == tool_name));
+        if !known {
+            return Err(internal(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));
+        }
+        if !callable(instance.status().status) {
+            return Ok(blocked_result(path, &instance));
+        }
+        let arguments = match args.get("arguments") {
+            None | Some(Value::Null) => json!({}),
+            Some(value @ Value::Object(_)) => value.clone(),
+            Some(_) => {
+                return Err(RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, "arguments must be an object")))
+            }
+        };
+        let result =
+            forward(&instance, "tools/call", json!({"name": tool_name, "arguments": arguments}), self.call_timeout)
+                .await?;
+        Ok(normalise_call_result(result))
+    }
+
+    async fn read(&self, caller: &Principal, uri: &str) -> Result<Value, RouteError> {
+        let (slug, original) = parse_namespaced_uri(uri).ok_or_else(|| {
+            internal(format!("Invalid resource URI format: {uri}. Expected format: \"serverSlug|originalUri\""))
+        })?;
+        let instance = self.instance_for(caller, slug)?;
+        let known = instance.catalog().is_some_and(|c| {
+            c.resources.iter().any(|r| r.uri == original)
+                || c.templates.iter().any(|t| template_matches(&t.uri_template, original))
+        });
+        if !known {
+            return Err(internal(format!("Resource not found: {uri}")));
+        }
+        if !callable(instance.status().status) {
+            return Err(internal(format!("MCP server '{slug}' is unavailable (status: {})", instance.status().status)));
+        }
+        forward(&instance, "resources/read", json!({"uri": original}), self.read_timeout).await
+    }
+
+    fn resource_entries(&self, caller: &Principal) -> Vec<Value> {
+        let mut out = Vec::new();
+        for instance in self.visible_instances(caller) {
+            let slug = &instance.spec().server_slug;
+            for resource in instance.catalog().iter().flat_map(|c| c.resources.clone()) {
+                let d = &resource.definition;
+                let mut entry = json!({
+                    "uri": namespaced_uri(slug, &resource.uri),
+                    "name": d.get("name").cloned().unwrap_or(Value::Null),
+                    "description": d.get("description").cloned().unwrap_or(Value::Null),
+                    "mimeType": d.get("mimeType").cloned().unwrap_or(Value::Null),
+                    "server": slug,
+                });
+                if let Some(meta) = d.get("_meta") {
+                    entry["_meta"] = namespace_ui_meta(meta, slug);
+                }
+                out.push(entry);
+            }
+        }
+        out
+    }
+
+    fn template_entries(&self, caller: &Principal) -> Vec<Value> {
+        let mut out = Vec::new();
+        for instance in self.visible_instances(caller) {
+            let slug = &instance.spec().server_slug;
+            for template in instance.catalog().iter().flat_map(|c| c.templates.clone()) {
+                let d = &template.definition;
+                out.push(json!({
+                    "uri_template": namespaced_uri(slug, &template.uri_template),
+                    "name": d.get("name").cloned().unwrap_or(Value::Null),
+                    "description": d.get("description").cloned().unwrap_or(Value::Null),
+                    "mimeType": d.get("mimeType").cloned().unwrap_or(Value::Null),
+                    "server": slug,
+                }));
+            }
+        }
+        out
+    }
+
+    /// Native `resources/list`: namespaced URIs, names prefixed with the slug (SB §13.6).
+    fn native_resources(&self, caller: &Principal) -> Vec<Value> {
+        let mut out = Vec::new();
+        for instance in self.visible_instances(caller) {
+            let slug = &instance.spec().server_slug;
+            for resource in instance.catalog().iter().flat_map(|c| c.resources.clone()) {
+                out.push(native_entry(&resource.definition, slug, "uri", &namespaced_uri(slug, &resource.uri)));
+            }
+        }
+        out
+    }
+
+    fn native_templates(&self, caller: &Principal) -> Vec<Value> {
+        let mut out = Vec::new();
+        for instance in self.visible_instances(caller) {
+            let slug = &instance.spec().server_slug;
+            for template in instance.catalog().iter().flat_map(|c| c.templates.clone()) {
+                out.push(native_entry(
+                    &template.definition,
+                    slug,
+                    "uriTemplate",
+                    &namespaced_uri(slug, &template.uri_template),
+                ));
+            }
+        }
+        out
+    }
+}
+
+fn native_entry(definition: &Value, slug: &str, key: &str, namespaced: &str) -> Value {
+    let mut entry = definition.clone();
+    if let Value::Object(map) = &mut entry {
+        map.insert(key.into(), json!(namespaced));
+        let name = map.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        map.insert("name".into(), json!(format!("[{slug}] {name}")));
+        if let Some(meta) = map.get("_meta").cloned() {
+            map.insert("_meta".into(), namespace_ui_meta(&meta, slug));
+        }
+    }
+    entry
+}
+
+fn tool_entry(instance: &Instance, tool: &ToolDef, relevance: f64) -> Value {
+    let spec = instance.spec();
+    let transport = match spec.upstream.transport_name() {
+        "stdio" => "stdio",
+        _ => "http",
+    };
+    let mut entry = json!({
+        "tool_path": tool_path(&spec.server_slug, &tool.name),
+        "description": tool.description,
+        "server_name": spec.server_slug,
+        "transport": transport,
+        "relevance_score": relevance,
+        "input_schema": tool.input_schema,
+    });
+    if let Some(meta) = &tool.meta {
+        entry["_meta"] = namespace_ui_meta(meta, &spec.server_slug);
+    }
+    entry
+}
+
+fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a str, RouteError> {
+    params.get(name).and_then(Value::as_str).filter(|s| !s.trim().is_empty()).ok_or_else(|| internal(message))
+}
+
+/// Whether a URI could come from an RFC 6570 template (literal parts in order; `{…}` matches anything).
+fn template_matches(template: &str, uri: &str) -> bool {
+    let mut rest = uri;
+    let mut parts = template.split('{').peekable();
+    let Some(first) = parts.next() else { return false };
+    let Some(after) = rest.strip_prefix(first) else { return false };
+    rest = after;
+    for part in parts {
+        let literal = part.split_once('}').map(|(_, lit)| lit).unwrap_or("");
+        if literal.is_empty() {
+            continue;
+        }
+        match rest.find(literal) {
+            Some(pos) => rest = &rest[pos + literal.len()..],
+            None => return false,
+        }
+    }
+    template.ends_with('}') || rest.is_empty()
+}
+
+/// `read_mcp_resource`'s text: contents joined by newlines, binaries described (SB §13.5).
+fn join_contents(result: &Value) -> String {
+    let Some(contents) = result.get("contents").and_then(Value::as_array) else {
+        return serde_json::to_string_pretty(result).unwrap_or_default();
+    };
+    contents
+        .iter()
+        .map(|item| {
+            if let Some(text) = item.get("text").and_then(Value::as_str) {
+                text.to_owned()
+            } else if let Some(blob) = item.get("blob").and_then(Value::as_str) {
+                let mime = item.get("mimeType").and_then(Value::as_str).unwrap_or("unknown");
+                format!("[Binary content, {} chars base64, mimeType: {mime}]", blob.len())
+            } else {
+                item.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_match_their_expansions() {
+        assert!(template_matches("demo://items/{id}", "demo://items/42"));
+        assert!(!template_matches("demo://items/{id}", "demo://other/42"));
+        assert!(template_matches("file:///{path}", "file:///a/b.txt"));
+        assert!(template_matches("db://{table}/rows/{id}.json", "db://users/rows/7.json"));
+        assert!(!template_matches("db://{table}/rows/{id}.json", "db://users/rows/7.xml"));
+    }
+
+    #[test]
+    fn contents_are_joined_and_binaries_described() {
+        let result = json!({"contents": [{"text": "a"}, {"blob": "AAAA", "mimeType": "image/png"}, {"uri": "x"}]});
+        assert_eq!(join_contents(&result), "a\n[Binary content, 4 chars base64, mimeType: image/png]\n{\"uri\":\"x\"}");
+    }
+}

@@ -1,0 +1,57 @@
+//! The four meta-tools `tools/list` returns on `/mcp` (SB §13.1): names,
+//! input schemas and required lists are contractual.
+
+use serde_json::{json, Value};
+
+pub const DISCOVER: &str = "discover_mcp_tools";
+pub const EXECUTE: &str = "execute_mcp_tool";
+pub const LIST_RESOURCES: &str = "list_mcp_resources";
+pub const READ_RESOURCE: &str = "read_mcp_resource";
+
+pub fn definitions() -> Value {
+    json!([
+        {
+            "name": DISCOVER,
+            "description": "Find tools across all of your team's MCP servers. Search with 1-3 short keywords, not sentences \
+                (e.g. \"markdown\", \"github create\", \"database query\"); use \"*\" to list every tool (up to 20). \
+                Returns tool paths (serverName:toolName) with descriptions and input schemas, to run with execute_mcp_tool.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "One to three keywords, e.g. \"github\" or \"database postgres\". Use \"*\" to list every tool (up to 20)."},
+                    "limit": {"type": "number", "description": "Maximum results (default 10; wildcard listing is capped at 20)", "default": 10}
+                },
+                "required": ["query"]
+            }
+        },
+        {
+            "name": EXECUTE,
+            "description": "Run a tool found with discover_mcp_tools. tool_path is serverName:toolName as returned by discovery \
+                (e.g. \"github:create_issue\"); arguments follow the tool's input schema.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "tool_path": {"type": "string", "description": "Path returned by discover_mcp_tools, formatted serverName:toolName"},
+                    "arguments": {"type": "object", "description": "Arguments for the tool; shape depends on the tool"}
+                },
+                "required": ["tool_path", "arguments"]
+            }
+        },
+        {
+            "name": LIST_RESOURCES,
+            "description": "List resources (files, UI components, configuration) from all of your connected MCP servers. \
+                Read one with read_mcp_resource using its uri (serverSlug|originalUri).",
+            "inputSchema": {"type": "object", "properties": {}, "required": []}
+        },
+        {
+            "name": READ_RESOURCE,
+            "description": "Read one resource by the uri list_mcp_resources returned, formatted serverSlug|originalUri \
+                (e.g. excalidraw|ui://excalidraw/mcp-app.html).",
+            "inputSchema": {
+                "type": "object",
+                "properties": {"uri": {"type": "string", "description": "URI from list_mcp_resources, formatted serverSlug|originalUri, e.g. excalidraw|ui://excalidraw/mcp-app.html"}},
+                "required": ["uri"]
+            }
+        }
+    ])
+}

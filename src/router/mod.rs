@@ -1,0 +1,124 @@
+//! Routing of MCP requests to the caller's own instances: the hierarchical
+//! router (four meta-tools, `/mcp`) and the instance router (one instance's
+//! real tools, `/i/{path}/mcp`). Every lookup goes through the caller's
+//! (user, team); another member's instance is never used.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::auth::AuthError;
+use crate::instances::{Instance, InstanceError};
+use crate::mcp::protocol::{codes, RpcError};
+use crate::mcp::transport::UpstreamError;
+use crate::model::InstanceStatus;
+
+mod hierarchical;
+mod instance;
+pub mod meta;
+
+pub use hierarchical::HierarchicalRouter;
+pub use instance::InstanceRouter;
+
+/// A request the router refused: a JSON-RPC error, or a missing scope (HTTP 403).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RouteError {
+    Rpc(RpcError),
+    Forbidden(AuthError),
+}
+
+impl From<RpcError> for RouteError {
+    fn from(err: RpcError) -> Self {
+        RouteError::Rpc(err)
+    }
+}
+
+fn internal(message: impl Into<String>) -> RouteError {
+    RouteError::Rpc(RpcError::new(codes::INTERNAL_ERROR, message))
+}
+
+fn method_not_found(method: &str) -> RouteError {
+    RouteError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, format!("Method not found: {method}")))
+}
+
+/// Tools of an instance are visible only while it is online (SB §10.2).
+fn visible(instance: &Instance) -> bool {
+    instance.status().status.tools_visible()
+}
+
+/// Statuses in which a call may go through (`offline`/`error` act as a recovery probe, SB §10.1).
+fn callable(status: InstanceStatus) -> bool {
+    matches!(status, InstanceStatus::Online | InstanceStatus::Offline | InstanceStatus::Error)
+}
+
+/// The `isError` result of a call blocked by the instance's status (SB §10.5).
+fn blocked_result(tool_path: &str, instance: &Instance) -> Value {
+    let status = instance.status();
+    let explanation = match status.status {
+        InstanceStatus::Offline => "The server is currently unreachable.".to_owned(),
+        InstanceStatus::Error => "The server hit an error and is not operational.".to_owned(),
+        InstanceStatus::RequiresReauth => "The server needs re-authentication in the dashboard.".to_owned(),
+        InstanceStatus::PermanentlyFailed => "The server crashed repeatedly and was disabled.".to_owned(),
+        InstanceStatus::Connecting => "The server is still connecting; retry shortly.".to_owned(),
+        InstanceStatus::DiscoveringTools => "The server is still discovering its tools; retry shortly.".to_owned(),
+        other => format!("The server is in {other} state."),
+    };
+    let slug = &instance.spec().server_slug;
+    let mut text = format!(
+        "Tool '{tool_path}' cannot run: MCP server '{slug}' is unavailable.\n\nStatus: {}\n{explanation}\n",
+        status.status
+    );
+    if let Some(message) = &status.message {
+        text.push_str(&format!("Details: {message}\n"));
+    }
+    let step = if status.status == InstanceStatus::RequiresReauth {
+        "re-authorize this server in the dashboard"
+    } else {
+        "wait until the server is back online and retry"
+    };
+    text.push_str(&format!(
+        "\nWhat to do:\n1. Use discover_mcp_tools to look for an alternative tool on another server\n2. {step}\n\nUnavailable server: {slug}"
+    ));
+    json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+/// Send a request to an instance, mapping failures to JSON-RPC errors: the server's own errors keep their
+/// code and data, transport failures become -32603 with the reason.
+async fn forward(
+    instance: &Arc<Instance>,
+    method: &str,
+    params: Value,
+    timeout: Duration,
+) -> Result<Value, RouteError> {
+    match instance.request(method, Some(params), timeout).await {
+        Ok(result) => Ok(result),
+        Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
+        Err(InstanceError::NotConnected(_)) => {
+            let status = instance.status();
+            Err(internal(format!(
+                "MCP server not running: {} (status: {})",
+                instance.spec().server_slug,
+                status.status
+            )))
+        }
+        Err(InstanceError::Upstream(err)) => {
+            Err(internal(format!("MCP server error ({}): {err}", instance.spec().server_slug)))
+        }
+    }
+}
+
+/// A `CallToolResult` forwarded unchanged; wrapped only when it has no `content` (SB §16.3).
+fn normalise_call_result(result: Value) -> Value {
+    if result.get("content").is_some_and(Value::is_array) {
+        result
+    } else {
+        json!({"content": [{"type": "text", "text": result.to_string()}]})
+    }
+}
+
+/// Meta-tool answers are one text item holding a 2-space JSON document.
+fn text_document(document: &Value) -> Value {
+    let text = serde_json::to_string_pretty(document).unwrap_or_else(|_| document.to_string());
+    json!({"content": [{"type": "text", "text": text}]})
+}

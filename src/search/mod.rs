@@ -1,0 +1,257 @@
+//! Tool search: owns the in-RAM tantivy index of every instance's tools, its single writer task,
+//! and the keyword query API the router uses for `discover_mcp_tools`.
+//!
+//! - Writes: [`SearchIndex::replace_instance`] / [`SearchIndex::remove_instance`] send a command on
+//!   a bounded channel ([`COMMAND_QUEUE_CAPACITY`]; a full queue makes the caller wait) to the one
+//!   task that owns the `IndexWriter`. The task applies every queued command, commits once on the
+//!   blocking pool, reloads the reader, and only then answers each command's oneshot, so a resolved
+//!   write is visible to the next search. The task ends when the last handle is dropped.
+//! - Reads: [`SearchIndex::search`] builds one query (analysis in `analysis`, shape in `schema`) with
+//!   the caller's visible process ids as a required clause, and runs it on the blocking pool
+//!   against the reader (`ReloadPolicy::Manual`, reloaded only by the writer task).
+//! - Nothing else in the crate touches tantivy. `*` (list everything) is the router's job.
+
+mod analysis;
+mod schema;
+
+#[cfg(test)]
+mod eval_tests;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use tantivy::collector::TopDocs;
+use tantivy::schema::Value as _;
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, TantivyError, Term};
+use tokio::sync::{mpsc, oneshot};
+
+use self::analysis::TOOL_TOKENIZER;
+use self::schema::IndexSchema;
+
+/// Commands waiting for the writer task; senders wait while it is full.
+const COMMAND_QUEUE_CAPACITY: usize = 64;
+
+/// At most this many queued commands are applied under one commit.
+const MAX_COMMANDS_PER_COMMIT: usize = 256;
+
+/// Indexing memory of the single writer thread (tantivy's minimum is 15 MB).
+const WRITER_MEMORY_BYTES: usize = 32 * 1024 * 1024;
+
+/// One tool as indexed.
+#[derive(Debug, Clone)]
+pub struct ToolDoc {
+    pub process_id: String,
+    pub server_slug: String,
+    pub tool_name: String,
+    pub description: String,
+    pub input_schema: serde_json::Value,
+}
+
+/// One result of [`SearchIndex::search`]; `score` is the raw BM25-based score (higher is better).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchHit {
+    pub process_id: String,
+    pub tool_name: String,
+    pub score: f32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    #[error("search index error")]
+    Tantivy(#[from] TantivyError),
+    #[error("the search index writer task has stopped")]
+    WriterGone,
+    #[error("the search index needs a tokio runtime")]
+    NoRuntime(#[source] tokio::runtime::TryCurrentError),
+    #[error("a search index task failed")]
+    TaskFailed(#[source] tokio::task::JoinError),
+    #[error("stored document {0:?} has no {1}")]
+    MissingField(tantivy::DocAddress, &'static str),
+}
+
+/// Cheap, cloneable handle on the index: a command sender and the shared reader.
+#[derive(Clone)]
+pub struct SearchIndex {
+    commands: mpsc::Sender<Command>,
+    reader: IndexReader,
+    schema: Arc<IndexSchema>,
+}
+
+/// Replace every document of `process_id` by `documents` (empty: remove the instance).
+struct Command {
+    process_id: String,
+    documents: Vec<TantivyDocument>,
+    done: oneshot::Sender<Result<(), SearchError>>,
+}
+
+impl SearchIndex {
+    /// In-RAM index; spawns the single writer task on the current tokio runtime.
+    pub fn new() -> Result<SearchIndex, SearchError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(SearchError::NoRuntime)?;
+        let schema = Arc::new(IndexSchema::new());
+        let index = Index::create_in_ram(schema.schema.clone());
+        index.tokenizers().register(TOOL_TOKENIZER, schema.analyzer.clone());
+        let writer: IndexWriter = index.writer_with_num_threads(1, WRITER_MEMORY_BYTES)?;
+        let reader = index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into()?;
+        let (commands, receiver) = mpsc::channel(COMMAND_QUEUE_CAPACITY);
+        runtime.spawn(run_writer(writer, reader.clone(), schema.clone(), receiver));
+        Ok(SearchIndex { commands, reader, schema })
+    }
+
+    /// Replace every document of one instance (delete by process_id term, add docs, commit, reload
+    /// reader). Resolves once searches see the change.
+    pub async fn replace_instance(&self, process_id: &str, docs: Vec<ToolDoc>) -> Result<(), SearchError> {
+        let documents = docs.iter().map(|tool| self.schema.document(tool)).collect();
+        self.send(process_id, documents).await
+    }
+
+    /// Remove every document of one instance. Resolves once searches see the change.
+    pub async fn remove_instance(&self, process_id: &str) -> Result<(), SearchError> {
+        self.send(process_id, Vec::new()).await
+    }
+
+    async fn send(&self, process_id: &str, documents: Vec<TantivyDocument>) -> Result<(), SearchError> {
+        let (done, finished) = oneshot::channel();
+        let command = Command { process_id: process_id.to_owned(), documents, done };
+        self.commands.send(command).await.map_err(|_| SearchError::WriterGone)?;
+        finished.await.map_err(|_| SearchError::WriterGone)?
+    }
+
+    /// Best `limit` tools among documents whose process_id is in `visible`, best first. Runs on
+    /// the blocking pool. An empty query, an empty `visible` or a zero `limit` give no hits.
+    pub async fn search(&self, query: &str, visible: &[String], limit: usize) -> Result<Vec<SearchHit>, SearchError> {
+        if query.trim().is_empty() || visible.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (reader, schema) = (self.reader.clone(), self.schema.clone());
+        let (query, visible) = (query.to_owned(), visible.to_vec());
+        tokio::task::spawn_blocking(move || search_blocking(&reader, &schema, &query, &visible, limit))
+            .await
+            .map_err(SearchError::TaskFailed)?
+    }
+
+    /// Number of indexed documents (for the debug route).
+    pub fn num_docs(&self) -> u64 {
+        self.reader.searcher().num_docs()
+    }
+}
+
+fn search_blocking(
+    reader: &IndexReader,
+    schema: &IndexSchema,
+    query: &str,
+    visible: &[String],
+    limit: usize,
+) -> Result<Vec<SearchHit>, SearchError> {
+    let Some(query) = schema.query(query, visible) else {
+        return Ok(Vec::new());
+    };
+    let searcher = reader.searcher();
+    let top = searcher.search(&query, &TopDocs::with_limit(limit))?;
+    let mut hits = Vec::with_capacity(top.len());
+    for (score, address) in top {
+        let document: TantivyDocument = searcher.doc(address)?;
+        let text_of = |field, name| {
+            document
+                .get_first(field)
+                .and_then(|value| value.as_str())
+                .map(str::to_owned)
+                .ok_or(SearchError::MissingField(address, name))
+        };
+        hits.push(SearchHit {
+            process_id: text_of(schema.fields.process_id, "process_id")?,
+            tool_name: text_of(schema.fields.tool_name, "tool_name")?,
+            score,
+        });
+    }
+    Ok(hits)
+}
+
+/// The writer task: the only owner of the `IndexWriter`.
+async fn run_writer(
+    mut writer: IndexWriter,
+    reader: IndexReader,
+    schema: Arc<IndexSchema>,
+    mut commands: mpsc::Receiver<Command>,
+) {
+    let process_id_field = schema.fields.process_id;
+    while let Some(first) = commands.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_COMMANDS_PER_COMMIT {
+            match commands.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
+            }
+        }
+        let mut waiters = Vec::with_capacity(batch.len());
+        let mut changes = Vec::with_capacity(batch.len());
+        for Command { process_id, documents, done } in batch {
+            waiters.push(done);
+            changes.push((Term::from_field_text(process_id_field, &process_id), documents));
+        }
+        let reader = reader.clone();
+        let applied = tokio::task::spawn_blocking(move || {
+            let result = apply(&mut writer, &reader, changes);
+            (writer, result)
+        })
+        .await;
+        let result = match applied {
+            Ok((returned, result)) => {
+                writer = returned;
+                result
+            }
+            Err(error) => {
+                tracing::error!(%error, "search index writer panicked; the index is now read-only");
+                return; // dropping the waiters answers them with WriterGone
+            }
+        };
+        if let Err(error) = &result {
+            tracing::warn!(%error, commands = waiters.len(), "search index commit failed");
+        }
+        for waiter in waiters {
+            let _ = waiter.send(result.clone().map_err(SearchError::Tantivy));
+        }
+    }
+}
+
+/// Applies deletes and adds in order, commits, reloads the reader; rolls back on failure.
+fn apply(
+    writer: &mut IndexWriter,
+    reader: &IndexReader,
+    changes: Vec<(Term, Vec<TantivyDocument>)>,
+) -> Result<(), TantivyError> {
+    if let Err(error) = write_and_commit(writer, changes) {
+        if let Err(rollback_error) = writer.rollback() {
+            tracing::warn!(%rollback_error, "search index rollback failed");
+        }
+        return Err(error);
+    }
+    reader.reload()
+}
+
+fn write_and_commit(writer: &mut IndexWriter, changes: Vec<(Term, Vec<TantivyDocument>)>) -> Result<(), TantivyError> {
+    for (process_id, documents) in changes {
+        writer.delete_term(process_id);
+        for document in documents {
+            writer.add_document(document)?;
+        }
+    }
+    writer.commit()?;
+    Ok(())
+}
+
+/// Fuse-style relevance as DeployStack reports it (`relevance_score`): 0 is the best match, and
+/// it never exceeds 1. BM25 scores have no fixed scale, so the score is taken relative to the best
+/// hit of the same query:
+///
+/// `relevance = clamp(1 - score / best, 0, 1)`
+///
+/// The best hit gets 0, a hit with half the best score 0.5, a hit scoring nothing 1. A
+/// non-positive or non-finite `best` (or `score`) gives 1.
+pub fn relevance_score(score: f32, best: f32) -> f64 {
+    if !(best.is_finite() && best > 0.0 && score.is_finite()) {
+        return 1.0;
+    }
+    (1.0 - f64::from(score) / f64::from(best)).clamp(0.0, 1.0)
+}

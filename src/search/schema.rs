@@ -1,0 +1,195 @@
+//! The tantivy schema, how a [`ToolDoc`] becomes a document, and how a request becomes a query.
+//!
+//! Fields:
+//! - `process_id`: untokenized, stored; the visibility filter and the delete key.
+//! - `tool_name`: stored only (returned in hits).
+//! - `exact_name`: untokenized [`canonical_name`] of the tool name, and of "slug name"; a query
+//!   that canonicalises to one of them gets [`EXACT_NAME_SCORE`] on top of its BM25 score.
+//! - `name`: the tool name, analysed.
+//! - `text`: catch-all, analysed: server slug, tool name, description, parameter names.
+//!
+//! Scoring: BM25 over `text` plus half of BM25 over `name`. On the dev set this came within noise
+//! of BM25F with per-field weights (shared/notes/search.md); separately boosted fields summed
+//! together did worse.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+use tantivy::query::{BooleanQuery, BoostQuery, ConstScoreQuery, Occur, Query, TermQuery, TermSetQuery};
+use tantivy::schema::{Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, STORED, STRING};
+use tantivy::tokenizer::TextAnalyzer;
+use tantivy::{TantivyDocument, Term};
+
+use super::analysis::{analyze, canonical_name, normalize_query, tool_analyzer, TOOL_TOKENIZER};
+use super::ToolDoc;
+
+/// Weight of a match in the `name` field relative to the catch-all field.
+const NAME_FIELD_BOOST: f32 = 0.5;
+
+/// Added to the score of a tool whose exact name (or `slug:name`) is the whole query. Larger than
+/// any BM25 score a short query reaches on this data, so an exact name always ranks first.
+pub(crate) const EXACT_NAME_SCORE: f32 = 100.0;
+
+/// At most this many distinct query terms are used (a request pasted with a document in it).
+const MAX_QUERY_TERMS: usize = 128;
+
+/// Queries with more words than this are requests, not tool names: no exact-name clause.
+const MAX_EXACT_NAME_WORDS: usize = 8;
+
+/// JSON Schema nesting followed when collecting parameter names.
+const MAX_SCHEMA_DEPTH: usize = 16;
+
+#[derive(Clone, Copy)]
+pub(crate) struct Fields {
+    pub(crate) process_id: Field,
+    pub(crate) tool_name: Field,
+    exact_name: Field,
+    name: Field,
+    text: Field,
+}
+
+/// Schema, field handles and the analyzer used for both documents and queries.
+#[derive(Clone)]
+pub(crate) struct IndexSchema {
+    pub(crate) schema: Schema,
+    pub(crate) fields: Fields,
+    pub(crate) analyzer: TextAnalyzer,
+}
+
+impl IndexSchema {
+    pub(crate) fn new() -> IndexSchema {
+        let analysed = TextOptions::default().set_indexing_options(
+            TextFieldIndexing::default().set_tokenizer(TOOL_TOKENIZER).set_index_option(IndexRecordOption::WithFreqs),
+        );
+        let mut builder = Schema::builder();
+        let fields = Fields {
+            process_id: builder.add_text_field("process_id", STRING | STORED),
+            tool_name: builder.add_text_field("tool_name", STORED),
+            exact_name: builder.add_text_field("exact_name", STRING),
+            name: builder.add_text_field("name", analysed.clone()),
+            text: builder.add_text_field("text", analysed),
+        };
+        IndexSchema { schema: builder.build(), fields, analyzer: tool_analyzer() }
+    }
+
+    pub(crate) fn document(&self, tool: &ToolDoc) -> TantivyDocument {
+        let fields = &self.fields;
+        let mut document = TantivyDocument::new();
+        document.add_text(fields.process_id, &tool.process_id);
+        document.add_text(fields.tool_name, &tool.tool_name);
+        document.add_text(fields.exact_name, canonical_name(&tool.tool_name));
+        document.add_text(fields.exact_name, canonical_name(&format!("{} {}", tool.server_slug, tool.tool_name)));
+        document.add_text(fields.name, &tool.tool_name);
+        document.add_text(fields.text, &tool.server_slug);
+        document.add_text(fields.text, &tool.tool_name);
+        document.add_text(fields.text, &tool.description);
+        let mut parameters = Vec::new();
+        collect_parameter_names(&tool.input_schema, 0, &mut parameters);
+        if !parameters.is_empty() {
+            document.add_text(fields.text, parameters.join(" "));
+        }
+        document
+    }
+
+    /// The query for `text` restricted to `visible` processes, or `None` when `text` has no term.
+    ///
+    /// Shape: `+ConstScore(process_id ∈ visible, 0) +(t1 | t2 | … | name^0.5 … | exact_name)`.
+    /// Visibility is a required clause of the query itself, so the top `limit` are the best
+    /// visible tools, never best-overall tools filtered afterwards.
+    pub(crate) fn query(&self, text: &str, visible: &[String]) -> Option<Box<dyn Query>> {
+        let fields = &self.fields;
+        let mut analyzer = self.analyzer.clone();
+        let mut seen = HashSet::new();
+        let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
+        for term in analyze(&mut analyzer, &normalize_query(text)) {
+            if seen.len() == MAX_QUERY_TERMS {
+                break;
+            }
+            if !seen.insert(term.clone()) {
+                continue;
+            }
+            let text_term = Term::from_field_text(fields.text, &term);
+            clauses.push((Occur::Should, Box::new(TermQuery::new(text_term, IndexRecordOption::WithFreqs))));
+            let name_term = Term::from_field_text(fields.name, &term);
+            let name_query = TermQuery::new(name_term, IndexRecordOption::WithFreqs);
+            clauses.push((Occur::Should, Box::new(BoostQuery::new(Box::new(name_query), NAME_FIELD_BOOST))));
+        }
+        if text.split_whitespace().count() <= MAX_EXACT_NAME_WORDS {
+            let exact = canonical_name(text);
+            if !exact.is_empty() {
+                let exact_query =
+                    TermQuery::new(Term::from_field_text(fields.exact_name, &exact), IndexRecordOption::Basic);
+                clauses.push((Occur::Should, Box::new(ConstScoreQuery::new(Box::new(exact_query), EXACT_NAME_SCORE))));
+            }
+        }
+        if clauses.is_empty() {
+            return None;
+        }
+        let visible = TermSetQuery::new(visible.iter().map(|id| Term::from_field_text(fields.process_id, id)));
+        Some(Box::new(BooleanQuery::new(vec![
+            (Occur::Must, Box::new(ConstScoreQuery::new(Box::new(visible), 0.0))),
+            (Occur::Must, Box::new(BooleanQuery::new(clauses))),
+        ])))
+    }
+}
+
+/// Appends the names of every property declared anywhere in `schema`: nested `properties`,
+/// `items`, `anyOf`/`oneOf`/`allOf`, `$defs`… (every object and array is walked).
+fn collect_parameter_names(schema: &Value, depth: usize, names: &mut Vec<String>) {
+    if depth > MAX_SCHEMA_DEPTH {
+        return;
+    }
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map {
+                if key == "properties" {
+                    if let Value::Object(properties) = value {
+                        for (name, property) in properties {
+                            names.push(name.clone());
+                            collect_parameter_names(property, depth + 1, names);
+                        }
+                        continue;
+                    }
+                }
+                collect_parameter_names(value, depth + 1, names);
+            }
+        }
+        Value::Array(values) => {
+            for value in values {
+                collect_parameter_names(value, depth + 1, names);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn parameter_names_are_collected_recursively() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "filter": {"type": "object", "properties": {"startDate": {"type": "string"}}},
+                "rows": {"type": "array", "items": {"properties": {"cellValue": {}}}},
+                "target": {"anyOf": [{"properties": {"url": {}}}, {"type": "null"}]}
+            },
+            "$defs": {"Thing": {"properties": {"thingId": {}}}}
+        });
+        let mut names = Vec::new();
+        collect_parameter_names(&schema, 0, &mut names);
+        names.sort();
+        assert_eq!(names, ["cellValue", "filter", "rows", "startDate", "target", "thingId", "url"]);
+    }
+
+    #[test]
+    fn a_query_without_terms_is_none() {
+        let schema = IndexSchema::new();
+        assert!(schema.query("  ?! ", &["p".to_owned()]).is_none());
+        assert!(schema.query("the of", &["p".to_owned()]).is_some(), "exact-name clause still applies");
+    }
+}

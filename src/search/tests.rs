@@ -1,0 +1,155 @@
+//! Behaviour of the index handle on small hand-made instances.
+
+use serde_json::json;
+
+use super::*;
+
+fn tool(process_id: &str, slug: &str, name: &str, description: &str) -> ToolDoc {
+    ToolDoc {
+        process_id: process_id.to_owned(),
+        server_slug: slug.to_owned(),
+        tool_name: name.to_owned(),
+        description: description.to_owned(),
+        input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+    }
+}
+
+fn visible(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|id| (*id).to_owned()).collect()
+}
+
+fn names(hits: &[SearchHit]) -> Vec<(&str, &str)> {
+    hits.iter().map(|hit| (hit.process_id.as_str(), hit.tool_name.as_str())).collect()
+}
+
+async fn two_instances() -> SearchIndex {
+    let index = SearchIndex::new().unwrap();
+    index
+        .replace_instance(
+            "alice-fs",
+            vec![
+                tool("alice-fs", "filesystem", "read_file", "Read the complete contents of a file"),
+                tool("alice-fs", "filesystem", "list_directory", "List files and directories in a path"),
+            ],
+        )
+        .await
+        .unwrap();
+    index
+        .replace_instance(
+            "bob-fs",
+            vec![
+                tool("bob-fs", "filesystem", "read_file", "Read the complete contents of a file from disk"),
+                tool("bob-fs", "filesystem", "readFileFast", "Read a file, read it fast: read file read file"),
+            ],
+        )
+        .await
+        .unwrap();
+    index
+        .replace_instance("bob-git", vec![tool("bob-git", "git", "git_status", "Show the working tree status")])
+        .await
+        .unwrap();
+    index
+}
+
+#[tokio::test]
+async fn results_stay_inside_the_visible_set_even_when_a_hidden_tool_matches_best() {
+    let index = two_instances().await;
+    // bob's `readFileFast` is the best BM25 match for this query over all documents.
+    let everyone = index.search("read file fast", &visible(&["alice-fs", "bob-fs", "bob-git"]), 10).await.unwrap();
+    assert_eq!(names(&everyone)[0], ("bob-fs", "readFileFast"));
+
+    let alice = index.search("read file fast", &visible(&["alice-fs"]), 10).await.unwrap();
+    assert!(!alice.is_empty());
+    assert!(alice.iter().all(|hit| hit.process_id == "alice-fs"), "{:?}", names(&alice));
+
+    // A limit smaller than the number of matches still fills up with visible tools only.
+    let limited = index.search("file", &visible(&["alice-fs", "bob-git"]), 2).await.unwrap();
+    assert_eq!(limited.len(), 2);
+    assert!(limited.iter().all(|hit| hit.process_id == "alice-fs"));
+
+    assert!(index.search("status", &visible(&["alice-fs"]), 10).await.unwrap().is_empty());
+    assert!(index.search("read", &[], 10).await.unwrap().is_empty());
+    assert!(index.search("read", &visible(&["nobody"]), 10).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn replace_instance_replaces_and_remove_instance_removes() {
+    let index = two_instances().await;
+    assert_eq!(index.num_docs(), 5);
+    let bob = visible(&["bob-fs"]);
+
+    index.replace_instance("bob-fs", vec![tool("bob-fs", "filesystem", "write_file", "Write a file")]).await.unwrap();
+    assert_eq!(index.num_docs(), 4);
+    assert!(index.search("read", &bob, 10).await.unwrap().is_empty(), "old tools are gone");
+    assert_eq!(names(&index.search("write", &bob, 10).await.unwrap()), [("bob-fs", "write_file")]);
+    // Other instances are untouched.
+    assert_eq!(index.search("read", &visible(&["alice-fs"]), 10).await.unwrap().len(), 1);
+
+    index.remove_instance("bob-fs").await.unwrap();
+    assert_eq!(index.num_docs(), 3);
+    assert!(index.search("write file", &bob, 10).await.unwrap().is_empty());
+    index.remove_instance("never-indexed").await.unwrap();
+    assert_eq!(index.num_docs(), 3);
+}
+
+#[tokio::test]
+async fn concurrent_writes_are_all_applied() {
+    let index = SearchIndex::new().unwrap();
+    let writes = (0..40).map(|n| {
+        let index = index.clone();
+        async move {
+            let id = format!("p{n}");
+            index.replace_instance(&id, vec![tool(&id, "s", &format!("tool_{n}"), "does things")]).await
+        }
+    });
+    for result in futures::future::join_all(writes).await {
+        result.unwrap();
+    }
+    assert_eq!(index.num_docs(), 40);
+    let all: Vec<String> = (0..40).map(|n| format!("p{n}")).collect();
+    assert_eq!(index.search("things", &all, 50).await.unwrap().len(), 40);
+}
+
+#[tokio::test]
+async fn exact_names_rank_first() {
+    let index = two_instances().await;
+    let all = visible(&["alice-fs", "bob-fs", "bob-git"]);
+    for query in ["git_status", "git status", "Git-Status", "git:git_status"] {
+        let hits = index.search(query, &all, 5).await.unwrap();
+        assert_eq!(hits[0].tool_name, "git_status", "{query}");
+    }
+    for query in ["readFileFast", "read file fast"] {
+        assert_eq!(index.search(query, &all, 5).await.unwrap()[0].tool_name, "readFileFast", "{query}");
+    }
+    let hits = index.search("read_file", &all, 5).await.unwrap();
+    assert_eq!(hits[0].tool_name, "read_file");
+    assert_eq!(hits[1].tool_name, "read_file");
+}
+
+#[tokio::test]
+async fn empty_queries_and_zero_limits_give_nothing() {
+    let index = two_instances().await;
+    let all = visible(&["alice-fs", "bob-fs", "bob-git"]);
+    for query in ["", "   ", "\n\t", "?!"] {
+        assert!(index.search(query, &all, 10).await.unwrap().is_empty(), "{query:?}");
+    }
+    assert!(index.search("read", &all, 0).await.unwrap().is_empty());
+    // Query syntax characters are plain text here.
+    let hits = index.search("\"read\" -file: (status) AND OR", &all, 10).await.unwrap();
+    assert!(!hits.is_empty());
+}
+
+#[test]
+fn relevance_is_zero_for_the_best_hit_and_at_most_one() {
+    assert_eq!(relevance_score(8.0, 8.0), 0.0);
+    assert_eq!(relevance_score(4.0, 8.0), 0.5);
+    assert_eq!(relevance_score(0.0, 8.0), 1.0);
+    assert_eq!(relevance_score(9.0, 8.0), 0.0);
+    assert_eq!(relevance_score(1.0, 0.0), 1.0);
+    assert_eq!(relevance_score(f32::NAN, 1.0), 1.0);
+}
+
+#[test]
+fn new_outside_a_runtime_is_an_error() {
+    assert!(matches!(SearchIndex::new(), Err(SearchError::NoRuntime(_))));
+}
