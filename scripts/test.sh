@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a warm one:
-# installs the published MCP servers the tests talk to (npm), checks
+# installs the published MCP servers the tests talk to (npm) and the
+# official MCP Python SDK (PyPI, in .venv), checks
 # formatting and lints, then runs every unit and integration test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,3 +21,8 @@ cargo clippy --locked --all-targets -- -D warnings
 
 echo "==> cargo test"
 cargo test --locked --lib --bins --tests
+
+echo "==> real MCP clients: the official Python SDK (tests/python)"
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+.venv/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+SATELLITE_BIN="$PWD/target/debug/satellite" .venv/bin/python -m pytest -q tests/python

@@ -1,0 +1,140 @@
+"""Starts a real satellite (the binary cargo built) with a two-team config for the client tests."""
+import hashlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("SATELLITE_BIN", ROOT / "target" / "debug" / "satellite"))
+EVERYTHING = ROOT / "tests" / "node" / "node_modules" / ".bin" / "mcp-server-everything"
+
+
+def sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Satellite:
+    def __init__(self):
+        self.tokens = {u: secrets.token_hex(24) for u in ("alice", "bob", "carol")}
+        self.instance_tokens = {u: "ds_inst_" + secrets.token_hex(32) for u in ("alice", "bob", "carol")}
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.dir = tempfile.TemporaryDirectory()
+        assert BIN.exists(), f"{BIN} missing: run cargo build first"
+        assert EVERYTHING.exists(), f"{EVERYTHING} missing: run scripts/test.sh (npm ci)"
+
+    def config(self) -> str:
+        t, i = self.tokens, self.instance_tokens
+        return f"""
+[satellite]
+debug_route = true
+
+[[teams]]
+id = "acme"
+[[teams]]
+id = "globex"
+
+[[users]]
+id = "alice"
+teams = ["acme"]
+token_sha256 = ["{sha(t['alice'])}"]
+[[users]]
+id = "bob"
+teams = ["acme"]
+token_sha256 = ["{sha(t['bob'])}"]
+[[users]]
+id = "carol"
+teams = ["globex"]
+token_sha256 = ["{sha(t['carol'])}"]
+
+[[servers]]
+slug = "demo"
+transport = "stdio"
+command = {json.dumps(str(BIN))}
+args = ["demo-server"]
+[[servers]]
+slug = "everything"
+transport = "stdio"
+command = {json.dumps(str(EVERYTHING))}
+args = ["stdio"]
+
+[[installations]]
+id = "demo-acme"
+team = "acme"
+server = "demo"
+[installations.users.alice]
+instance_path = "alice-demo"
+instance_token_sha256 = "{sha(i['alice'])}"
+[installations.users.bob]
+instance_path = "bob-demo"
+instance_token_sha256 = "{sha(i['bob'])}"
+
+[[installations]]
+id = "everything-acme"
+team = "acme"
+server = "everything"
+
+[[installations]]
+id = "demo-globex"
+team = "globex"
+server = "demo"
+[installations.users.carol]
+instance_path = "carol-demo"
+instance_token_sha256 = "{sha(i['carol'])}"
+"""
+
+    def start(self):
+        path = Path(self.dir.name) / "satellite.toml"
+        path.write_text(self.config())
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SATELLITE_", "DEPLOYSTACK_"))}
+        env["SATELLITE_DATA_DIR"] = str(Path(self.dir.name) / "data")
+        self.proc = subprocess.Popen(
+            [str(BIN), "serve", "--config", str(path), "--port", str(self.port)],
+            env=env, stdout=subprocess.DEVNULL, stderr=open(Path(self.dir.name) / "satellite.log", "w"),
+        )
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            assert self.proc.poll() is None, "satellite exited: " + self.log()
+            try:
+                debug = json.load(urllib.request.urlopen(f"{self.base}/api/status/debug", timeout=2))
+                if debug["server_status"]["stats"]["online"] == 5:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("instances did not come online: " + self.log())
+
+    def log(self) -> str:
+        return (Path(self.dir.name) / "satellite.log").read_text()[-4000:]
+
+    def stop(self):
+        self.proc.terminate()
+        assert self.proc.wait(timeout=30) == 0, "satellite did not exit cleanly: " + self.log()
+        self.dir.cleanup()
+
+
+@pytest.fixture(scope="session")
+def satellite():
+    sat = Satellite()
+    sat.start()
+    yield sat
+    sat.stop()
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"

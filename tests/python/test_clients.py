@@ -1,0 +1,120 @@
+"""The official MCP Python SDK (2.x) against a running satellite: default mode (probes the stateless
+2026-07-28 revision first) and legacy mode (initialize handshake), the instance router and legacy SSE."""
+import json
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+pytestmark = pytest.mark.anyio
+
+META_TOOLS = ["discover_mcp_tools", "execute_mcp_tool", "list_mcp_resources", "read_mcp_resource"]
+
+
+def client_for(satellite, user, mode, path="/mcp"):
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {satellite.tokens[user]}"}, timeout=30)
+    return Client(streamable_http_client(satellite.base + path, http_client=http), mode=mode)
+
+
+def text(result):
+    return result.content[0].text
+
+
+def document(result):
+    assert not result.is_error, text(result)
+    return json.loads(text(result))
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_hierarchical_router_end_to_end(satellite, mode):
+    async with client_for(satellite, "alice", mode) as client:
+        expected = "2026-07-28" if mode == "auto" else "2025-11-25"
+        assert client.protocol_version == expected
+        tools = await client.list_tools()
+        assert [t.name for t in tools.tools] == META_TOOLS
+
+        found = document(await client.call_tool("discover_mcp_tools", {"query": "echo"}))
+        paths = [t["tool_path"] for t in found["tools"]]
+        assert "demo:echo" in paths and "everything:echo" in paths, paths
+        demo_echo = next(t for t in found["tools"] if t["tool_path"] == "demo:echo")
+        assert demo_echo["input_schema"]["required"] == ["text"]
+        assert 0 <= demo_echo["relevance_score"] <= 1
+
+        everything = document(await client.call_tool("discover_mcp_tools", {"query": "*"}))
+        assert everything["total_found"] == 20 and everything["total_available"] > 20
+
+        result = await client.call_tool("execute_mcp_tool", {"tool_path": "demo:echo", "arguments": {"text": f"hi {mode}"}})
+        assert text(result) == f"hi {mode}"
+        result = await client.call_tool("execute_mcp_tool", {"tool_path": "everything:echo", "arguments": {"message": "there"}})
+        assert "there" in text(result)
+        added = await client.call_tool("execute_mcp_tool", {"tool_path": "demo:add", "arguments": {"a": 2, "b": 3}})
+        assert added.structured_content == {"sum": 5.0}
+        failed = await client.call_tool("execute_mcp_tool", {"tool_path": "demo:fail", "arguments": {}})
+        assert failed.is_error
+
+        listing = document(await client.call_tool("list_mcp_resources", {}))
+        uris = [r["uri"] for r in listing["resources"]]
+        assert "demo|ui://demo/app.html" in uris, uris
+        ui = await client.call_tool("read_mcp_resource", {"uri": "demo|ui://demo/app.html"})
+        assert "Demo app" in text(ui)
+        show_ui = next(t for t in document(await client.call_tool("discover_mcp_tools", {"query": "show ui demo app"}))["tools"] if t["tool_path"] == "demo:show_ui")
+        assert show_ui["_meta"]["ui"]["resourceUri"] == "demo|ui://demo/app.html"
+
+        native = await client.list_resources()
+        assert any(str(r.uri) == "demo|demo://readme" for r in native.resources)
+        read = await client.read_resource("demo|demo://readme")
+        assert "Demo" in read.contents[0].text
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_errors_are_clear(satellite, mode):
+    async with client_for(satellite, "alice", mode) as client:
+        with pytest.raises(MCPError, match="Tool not found: demo:nope"):
+            await client.call_tool("execute_mcp_tool", {"tool_path": "demo:nope", "arguments": {}})
+        with pytest.raises(MCPError, match="Invalid tool_path format"):
+            await client.call_tool("execute_mcp_tool", {"tool_path": "nocolon", "arguments": {}})
+        with pytest.raises(MCPError, match="Unknown meta-tool"):
+            await client.call_tool("nope", {})
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_one_team_never_reaches_another(satellite, mode):
+    async with client_for(satellite, "carol", mode) as client:
+        found = document(await client.call_tool("discover_mcp_tools", {"query": "echo"}))
+        assert [t["tool_path"] for t in found["tools"]] == ["demo:echo"]
+        with pytest.raises(MCPError, match="You do not have access to server 'everything'"):
+            await client.call_tool("execute_mcp_tool", {"tool_path": "everything:echo", "arguments": {"message": "x"}})
+        everything = document(await client.call_tool("discover_mcp_tools", {"query": "*"}))
+        assert {t["tool_path"].split(":")[0] for t in everything["tools"]} == {"demo"}
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_instance_router(satellite, mode):
+    url = f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['alice']}"
+    async with Client(url, mode=mode) as client:
+        assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert names == ["echo", "add", "slow", "fail", "exit_process", "with_meta", "show_ui"]
+        assert text(await client.call_tool("echo", {"text": "direct"})) == "direct"
+        read = await client.read_resource("ui://demo/app.html")
+        assert "Demo app" in read.contents[0].text
+
+
+async def test_instance_router_refuses_a_foreign_token(satellite):
+    url = f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['bob']}"
+    with pytest.raises(Exception):
+        async with Client(url, mode="legacy") as client:
+            await client.list_tools()
+
+
+async def test_legacy_sse_transport(satellite):
+    transport = sse_client(satellite.base + "/sse", headers={"Authorization": f"Bearer {satellite.tokens['bob']}"})
+    async with Client(transport, mode="legacy") as client:
+        assert [t.name for t in (await client.list_tools()).tools] == META_TOOLS
+        found = document(await client.call_tool("discover_mcp_tools", {"query": "add numbers"}))
+        assert found["tools"][0]["tool_path"] == "demo:add", found
+        result = await client.call_tool("execute_mcp_tool", {"tool_path": "demo:echo", "arguments": {"text": "over sse"}})
+        assert text(result) == "over sse"
