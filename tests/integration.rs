@@ -4,6 +4,7 @@ mod common;
 
 mod cli;
 mod contracts;
+mod front_door;
 mod reconcile;
 mod upstream_http;
 mod upstream_stdio;

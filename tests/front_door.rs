@@ -1,0 +1,410 @@
+//! The client-facing endpoints at the HTTP level: authentication answers,
+//! framing checks, sessions, both protocol eras, isolation between users, and
+//! a storm of malformed requests that must each get a clear error.
+
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use satellite::config::sha256_hex;
+use satellite::model::{InstanceStatus, ProcessId};
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789";
+const READER: &str = "reader-token-0123456789";
+const CAROL: &str = "carol-token-0123456789";
+
+fn instance_token(user: &str) -> String {
+    format!("ds_inst_{}", sha256_hex(user))
+}
+
+fn config() -> String {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    format!(
+        r#"
+[[teams]]
+id = "acme"
+[[teams]]
+id = "globex"
+[[users]]
+id = "alice"
+teams = ["acme"]
+token_sha256 = ["{alice}"]
+[[users]]
+id = "bob"
+teams = ["acme"]
+[[users.tokens]]
+sha256 = "{bob}"
+[[users.tokens]]
+sha256 = "{reader}"
+scopes = ["mcp:read"]
+[[users]]
+id = "carol"
+teams = ["globex"]
+token_sha256 = ["{carol}"]
+[[servers]]
+slug = "demo"
+transport = "stdio"
+command = {exe}
+args = ["demo-server"]
+[[installations]]
+id = "d-acme"
+team = "acme"
+server = "demo"
+[installations.users.alice]
+instance_path = "alice-demo"
+instance_token_sha256 = "{alice_inst}"
+[installations.users.bob]
+instance_path = "bob-demo"
+instance_token_sha256 = "{bob_inst}"
+[[installations]]
+id = "d-globex"
+team = "globex"
+server = "demo"
+[installations.users.carol]
+instance_path = "carol-demo"
+"#,
+        alice = sha256_hex(ALICE),
+        bob = sha256_hex(BOB),
+        reader = sha256_hex(READER),
+        carol = sha256_hex(CAROL),
+        alice_inst = sha256_hex(&instance_token("alice")),
+        bob_inst = sha256_hex(&instance_token("bob")),
+    )
+}
+
+async fn started() -> TestSatellite {
+    let sat = TestSatellite::start(&config()).await;
+    for id in ["demo-acme-alice-d-acme", "demo-acme-bob-d-acme", "demo-globex-carol-d-globex"] {
+        let pid = ProcessId::from(id);
+        wait_until(DEADLINE, id, || {
+            let online = sat.satellite.manager().get(&pid).is_some_and(|i| i.status().status == InstanceStatus::Online);
+            async move { online.then_some(()) }
+        })
+        .await;
+    }
+    sat
+}
+
+struct Caller {
+    http: Client,
+    url: String,
+    token: Option<String>,
+    session: Option<String>,
+}
+
+impl Caller {
+    fn new(sat: &TestSatellite, path: &str, token: Option<&str>) -> Self {
+        Caller {
+            http: Client::new(),
+            url: format!("{}{path}", sat.base_url()),
+            token: token.map(str::to_owned),
+            session: None,
+        }
+    }
+
+    async fn post_raw(&self, body: String, extra: &[(&str, &str)]) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut request = self.http.post(&self.url).body(body);
+        for (name, default) in [("content-type", "application/json"), ("accept", "application/json, text/event-stream")]
+        {
+            if !extra.iter().any(|(k, _)| *k == name) {
+                request = request.header(name, default);
+            }
+        }
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(session) = &self.session {
+            request = request.header("mcp-session-id", session);
+        }
+        for (k, v) in extra {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.expect("request");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap_or_default();
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn initialize(&mut self) {
+        let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+        let (status, headers, reply) = self.post_raw(body.to_string(), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        assert_eq!(reply["result"]["protocolVersion"], "2025-06-18");
+        self.session = headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        assert!(self.session.is_some());
+    }
+
+    async fn call(&self, method: &str, params: Value) -> (StatusCode, Value) {
+        let body = json!({"jsonrpc":"2.0","id":7,"method":method,"params":params});
+        let (status, _, reply) = self.post_raw(body.to_string(), &[]).await;
+        (status, reply)
+    }
+
+    async fn execute(&self, tool_path: &str, arguments: Value) -> Value {
+        self.call(
+            "tools/call",
+            json!({"name":"execute_mcp_tool","arguments":{"tool_path":tool_path,"arguments":arguments}}),
+        )
+        .await
+        .1
+    }
+}
+
+#[tokio::test]
+async fn authentication_failures_follow_the_resource_server_contract() {
+    let sat = started().await;
+    let nobody = Caller::new(&sat, "/mcp", None);
+    let (status, headers, body) =
+        nobody.post_raw(json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}).to_string(), &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let www = headers["www-authenticate"].to_str().unwrap();
+    assert!(
+        www.starts_with("Bearer realm=\"DeployStack MCP Satellite\"")
+            && www.contains("resource_metadata=")
+            && www.contains("Bearer token required"),
+        "{www}"
+    );
+    assert_eq!(body["error"]["code"], -32001);
+    assert_eq!(body["id"], Value::Null);
+    let wrong = Caller::new(&sat, "/mcp", Some("not-a-token"));
+    let (status, headers, body) =
+        wrong.post_raw(json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}).to_string(), &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(headers["www-authenticate"].to_str().unwrap().contains("error=\"invalid_token\""));
+    assert_eq!(body["error"]["code"], -32002);
+
+    // A read-only token may discover but not execute.
+    let mut reader = Caller::new(&sat, "/mcp", Some(READER));
+    reader.initialize().await;
+    let (status, found) =
+        reader.call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query":"echo"}})).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    let (status, denied) = reader
+        .call(
+            "tools/call",
+            json!({"name":"execute_mcp_tool","arguments":{"tool_path":"demo:echo","arguments":{"text":"x"}}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(denied["error"]["code"], -32004);
+
+    let metadata: Value = reqwest::get(format!("{}/.well-known/oauth-protected-resource", sat.base_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(metadata["resource"].as_str().unwrap().ends_with("/mcp"));
+    assert_eq!(metadata["scopes_supported"], json!(["mcp:read", "mcp:tools:execute"]));
+
+    // Authenticated answers carry the Link header.
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    let (_, headers, _) = alice.post_raw(json!({"jsonrpc":"2.0","id":2,"method":"ping"}).to_string(), &[]).await;
+    assert!(headers["link"].to_str().unwrap().contains("oauth-protected-resource"));
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn framing_sessions_and_both_eras() {
+    let sat = started().await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}).to_string();
+    let (status, _, body) = alice.post_raw(list.clone(), &[]).await;
+    assert_eq!(
+        (status, body["error"]["message"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("Bad Request: No session ID provided"))
+    );
+    let (status, _, _) = alice.post_raw(list.clone(), &[("accept", "application/json")]).await;
+    assert_eq!(status, StatusCode::NOT_ACCEPTABLE, "only json accepted");
+    alice.initialize().await;
+    let (status, _, body) = alice.post_raw(list.clone(), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> =
+        body["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["discover_mcp_tools", "execute_mcp_tool", "list_mcp_resources", "read_mcp_resource"]);
+    // Batches answer in an array; notifications alone get 202.
+    let batch = json!([{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":2,"method":"prompts/list"}]);
+    let (status, _, body) = alice.post_raw(batch.to_string(), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body.as_array().unwrap().len(), 2);
+    assert_eq!(body[1]["result"], json!({"prompts": []}));
+    let (status, _, _) =
+        alice.post_raw(json!({"jsonrpc":"2.0","method":"notifications/initialized"}).to_string(), &[]).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, _, body) = alice.post_raw(list.clone(), &[("mcp-protocol-version", "1999-01-01")]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // An unknown session id is resurrected; a session is its creator's only.
+    let mut bob = Caller::new(&sat, "/mcp", Some(BOB));
+    bob.session = Some("00000000-0000-4000-8000-000000000000".into());
+    assert_eq!(bob.call("ping", json!({})).await.0, StatusCode::OK);
+    let mut thief = Caller::new(&sat, "/mcp", Some(BOB));
+    thief.session = alice.session.clone();
+    let stolen = thief
+        .http
+        .delete(&thief.url)
+        .bearer_auth(BOB)
+        .header("mcp-session-id", alice.session.clone().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stolen.status(), StatusCode::BAD_REQUEST, "bob cannot end alice's session");
+    let own = alice
+        .http
+        .delete(&alice.url)
+        .bearer_auth(ALICE)
+        .header("mcp-session-id", alice.session.clone().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status(), StatusCode::OK);
+
+    // 2026-07-28 on the same URL: no session, envelope checked.
+    let stateless = Caller::new(&sat, "/mcp", Some(ALICE));
+    let meta = |v: &str| json!({"io.modelcontextprotocol/protocolVersion": v, "io.modelcontextprotocol/clientCapabilities": {}});
+    let discover = json!({"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta": meta("2026-07-28")}});
+    let (status, headers, body) =
+        stateless.post_raw(discover.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(headers.get("mcp-session-id").is_none());
+    assert!(body["result"]["supportedVersions"].as_array().unwrap().contains(&json!("2026-07-28")));
+    let old = json!({"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"_meta": meta("1900-01-01")}});
+    let (status, _, body) = stateless.post_raw(old.to_string(), &[("mcp-protocol-version", "1900-01-01")]).await;
+    assert_eq!((status, body["error"]["code"].as_i64()), (StatusCode::BAD_REQUEST, Some(-32022)));
+    assert!(body["error"]["data"]["supported"].as_array().unwrap().contains(&json!("2026-07-28")));
+    let mismatch = json!({"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"_meta": meta("2026-07-28")}});
+    let (status, _, body) = stateless.post_raw(mismatch.to_string(), &[("mcp-protocol-version", "2025-06-18")]).await;
+    assert_eq!((status, body["error"]["code"].as_i64()), (StatusCode::BAD_REQUEST, Some(-32020)));
+    let call = json!({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":"demo:echo","arguments":{"text":"stateless"}},"_meta": meta("2026-07-28")}});
+    let (status, _, body) = stateless.post_raw(call.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["result"]["content"][0]["text"], "stateless");
+    assert_eq!(body["result"]["resultType"], "complete");
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn users_reach_only_their_own_instances() {
+    let sat = started().await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    let mut bob = Caller::new(&sat, "/mcp", Some(BOB));
+    let mut carol = Caller::new(&sat, "/mcp", Some(CAROL));
+    for caller in [&mut alice, &mut bob, &mut carol] {
+        caller.initialize().await;
+    }
+    // Alice crashes her own demo instance; bob's and carol's keep working.
+    let bob_pid = sat.satellite.manager().get(&ProcessId::from("demo-acme-bob-d-acme")).unwrap().pid();
+    let crashed = alice.execute("demo:exit_process", json!({"code": 9})).await;
+    assert!(crashed["error"]["message"].as_str().unwrap_or_default().contains("exit code 9"), "{crashed}");
+    let alice_instance = sat.satellite.manager().get(&ProcessId::from("demo-acme-alice-d-acme")).unwrap();
+    wait_until(DEADLINE, "alice's instance offline", || {
+        let offline = alice_instance.status().status == InstanceStatus::Offline;
+        async move { offline.then_some(()) }
+    })
+    .await;
+    assert_eq!(bob.execute("demo:echo", json!({"text": "bob"})).await["result"]["content"][0]["text"], "bob");
+    assert_eq!(carol.execute("demo:echo", json!({"text": "carol"})).await["result"]["content"][0]["text"], "carol");
+    assert_eq!(sat.satellite.manager().get(&ProcessId::from("demo-acme-bob-d-acme")).unwrap().pid(), bob_pid);
+
+    // Alice now sees no demo tools and gets the blocked-execution result naming her status.
+    let (_, found) = alice.call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query":"echo"}})).await;
+    let document: Value = serde_json::from_str(found["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(document["total_found"], 0, "{document}");
+    assert!(document["hint"].is_string());
+    // Offline lets a call through as a recovery probe (SB §10.1); the dead process gives a clear error.
+    let probe = alice.execute("demo:echo", json!({"text": "x"})).await;
+    assert!(probe["error"]["message"].as_str().unwrap_or_default().contains("not running"), "{probe}");
+    let (_, bob_found) =
+        bob.call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query":"echo"}})).await;
+    assert!(bob_found["result"]["content"][0]["text"].as_str().unwrap().contains("demo:echo"));
+
+    // Instance router: each token opens only its own path.
+    let base = sat.base_url();
+    let http = Client::new();
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+    let post = |url: String| {
+        http.post(url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(init.to_string())
+            .send()
+    };
+    let own = post(format!("{base}/i/bob-demo/mcp?token={}", instance_token("bob"))).await.unwrap();
+    assert_eq!(own.status(), StatusCode::OK);
+    let cases = [
+        (format!("{base}/i/bob-demo/mcp?token={}", instance_token("alice")), StatusCode::UNAUTHORIZED, -32001),
+        (format!("{base}/i/bob-demo/mcp"), StatusCode::UNAUTHORIZED, -32001),
+        (format!("{base}/i/bob-demo/mcp?token=plain"), StatusCode::UNAUTHORIZED, -32001),
+        (format!("{base}/i/nobody/mcp?token={}", instance_token("bob")), StatusCode::NOT_FOUND, -32004),
+        (
+            format!("{base}/i/carol-demo/mcp?token={}", instance_token("carol")),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            -32000,
+        ),
+    ];
+    for (url, status, code) in cases {
+        let response = post(url.clone()).await.unwrap();
+        assert_eq!(response.status(), status, "{url}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], code, "{url}");
+    }
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn a_thousand_malformed_requests_each_get_a_clear_error() {
+    let sat = started().await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    let huge = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"params\":{{\"x\":\"{}\"}}}}",
+        "a".repeat(5 * 1024 * 1024)
+    );
+    let cases: Vec<(String, Option<&str>, StatusCode, Option<i64>)> = vec![
+        ("{not json".into(), Some(ALICE), StatusCode::BAD_REQUEST, Some(-32700)),
+        ("[]".into(), Some(ALICE), StatusCode::BAD_REQUEST, Some(-32600)),
+        (r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#.into(), Some(ALICE), StatusCode::OK, Some(-32600)),
+        (r#"{"jsonrpc":"2.0","id":3,"method":"no/such"}"#.into(), Some(ALICE), StatusCode::OK, Some(-32601)),
+        (r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":5}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32603)),
+        (r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"discover_mcp_tools","arguments":{"query":""}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32603)),
+        (r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"read_mcp_resource","arguments":{"uri":"|x"}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32603)),
+        (r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":"demo:echo","arguments":[1]}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
+        (r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#.into(), Some("expired-or-wrong"), StatusCode::UNAUTHORIZED, Some(-32002)),
+        (r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#.into(), None, StatusCode::UNAUTHORIZED, Some(-32001)),
+        (r#"{"jsonrpc":"2.0","id":10,"method":"initialize","params":{}}"#.into(), Some(ALICE), StatusCode::BAD_REQUEST, Some(-32600)),
+        (huge, Some(ALICE), StatusCode::PAYLOAD_TOO_LARGE, Some(-32600)),
+    ];
+    for round in 0..84 {
+        for (body, token, status, code) in &cases {
+            if round > 0 && body.len() > 1_000_000 {
+                continue;
+            }
+            let caller = Caller {
+                http: alice.http.clone(),
+                url: alice.url.clone(),
+                token: token.map(str::to_owned),
+                session: alice.session.clone(),
+            };
+            let (got, _, reply) = caller.post_raw(body.clone(), &[]).await;
+            assert_eq!(got, *status, "{}: {reply}", &body[..body.len().min(120)]);
+            assert_eq!(reply["error"]["code"].as_i64(), *code, "{}: {reply}", &body[..body.len().min(120)]);
+            if let Some(id) = serde_json::from_str::<Value>(body).ok().and_then(|v| v.get("id").cloned()) {
+                if got == StatusCode::OK && reply.get("id").is_some_and(|i| !i.is_null()) {
+                    assert_eq!(reply["id"], id, "the error echoes the request id");
+                }
+            }
+        }
+    }
+    let wrong_type = alice.post_raw("{}".into(), &[("content-type", "text/plain")]).await;
+    assert_eq!(wrong_type.0, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // Still serving.
+    let echoed = alice.execute("demo:echo", json!({"text": "still here"})).await;
+    assert_eq!(echoed["result"]["content"][0]["text"], "still here");
+    assert!(sat.satellite.shutdown().await);
+}
