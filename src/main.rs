@@ -206,7 +206,8 @@ fn print_demo_banner(addr: SocketAddr, demo: &config::EmbeddedDefault) {
         "\nsatellite is running standalone with the embedded demo configuration on {base}\n\
          \n  user token (user `demo`):      {token}\n  instance token (path `demo`):  {instance}\n\
          \nClaude Code:\n  claude mcp add --transport http satellite {base}/mcp --header \"Authorization: Bearer {token}\"\n\
-         \nClaude Desktop / Cursor / VS Code (mcp.json):\n  {{\"mcpServers\": {{\"satellite\": {{\"type\": \"http\", \"url\": \"{base}/mcp\", \"headers\": {{\"Authorization\": \"Bearer {token}\"}}}}}}}}\n\
+         \nCursor (~/.cursor/mcp.json):\n  {{\"mcpServers\": {{\"satellite\": {{\"url\": \"{base}/mcp\", \"headers\": {{\"Authorization\": \"Bearer {token}\"}}}}}}}}\n\
+         \nVS Code and Claude Desktop: see the README (\"Connect a client\").\n\
          \nInstance router: {base}/i/demo/mcp?token={instance}\nStatus: {base}/api/status/debug\n\
          Set SATELLITE_DEMO_TOKEN and SATELLITE_DEMO_INSTANCE_TOKEN to keep these tokens across restarts.\n"
     );
