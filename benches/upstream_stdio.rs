@@ -9,7 +9,11 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "common/mod.rs"]
+mod common;
+use common::measure;
 
 use parking_lot::Mutex;
 use satellite::mcp::client::{ClientOptions, McpClient};
@@ -99,46 +103,6 @@ async fn satellite_client() -> McpClient {
     McpClient::connect(transport, &ClientOptions::default()).await.expect("connect")
 }
 
-struct Figures {
-    calls_per_sec: f64,
-    p50_us: f64,
-    p99_us: f64,
-}
-
-async fn measure<F, Fut>(calls: usize, concurrency: usize, call: F) -> Figures
-where
-    F: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    for i in 0..WARMUP {
-        call(i).await;
-    }
-    let per_worker = calls / concurrency;
-    let started = Instant::now();
-    let workers: Vec<_> = (0..concurrency)
-        .map(|w| {
-            let call = call.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(per_worker);
-                for i in 0..per_worker {
-                    let t = Instant::now();
-                    call(w * per_worker + i).await;
-                    latencies.push(t.elapsed());
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut latencies = Vec::with_capacity(calls);
-    for worker in workers {
-        latencies.extend(worker.await.expect("worker"));
-    }
-    let elapsed = started.elapsed();
-    latencies.sort();
-    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)].as_secs_f64() * 1e6;
-    Figures { calls_per_sec: latencies.len() as f64 / elapsed.as_secs_f64(), p50_us: pct(0.50), p99_us: pct(0.99) }
-}
-
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
@@ -150,7 +114,7 @@ fn main() {
         for (concurrency, calls) in [(1usize, 5_000usize), (32, 32_000)] {
             let bare = Arc::new(BarePipe::start().await);
             let b = bare.clone();
-            let base = measure(calls, concurrency, move |i| {
+            let base = measure(WARMUP, calls, concurrency, move |i| {
                 let b = b.clone();
                 async move {
                     b.call("tools/call", echo_params(i)).await;
@@ -159,7 +123,7 @@ fn main() {
             .await;
             let client = Arc::new(satellite_client().await);
             let c = client.clone();
-            let ours = measure(calls, concurrency, move |i| {
+            let ours = measure(WARMUP, calls, concurrency, move |i| {
                 let c = c.clone();
                 async move {
                     c.request("tools/call", Some(echo_params(i)), Duration::from_secs(30)).await.expect("call");
@@ -172,10 +136,10 @@ fn main() {
                     "{:<12} {:<22} {:>10.0} {:>10.1} {:>10.1} {:>13.2}x",
                     concurrency,
                     name,
-                    f.calls_per_sec,
+                    f.per_sec,
                     f.p50_us,
                     f.p99_us,
-                    f.calls_per_sec / base.calls_per_sec
+                    f.per_sec / base.per_sec
                 );
             }
             println!(
