@@ -118,3 +118,21 @@ async def test_legacy_sse_transport(satellite):
         assert found["tools"][0]["tool_path"] == "demo:add", found
         result = await client.call_tool("execute_mcp_tool", {"tool_path": "demo:echo", "arguments": {"text": "over sse"}})
         assert text(result) == "over sse"
+
+
+def test_typescript_sdk(satellite):
+    """The TypeScript SDK suite (tests/node/clients.test.mjs) against the same satellite."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    node_dir = Path(__file__).resolve().parents[1] / "node"
+    env = dict(os.environ)
+    env.update({
+        "SATELLITE_URL": satellite.base,
+        "SATELLITE_TOKEN": satellite.tokens["alice"],
+        "SATELLITE_INSTANCE_URL": f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['alice']}",
+    })
+    run = subprocess.run(["node", "--test", "clients.test.mjs"], cwd=node_dir, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "# pass 4" in run.stdout, run.stdout[-2000:]
