@@ -153,3 +153,56 @@ fn relevance_is_zero_for_the_best_hit_and_at_most_one() {
 fn new_outside_a_runtime_is_an_error() {
     assert!(matches!(SearchIndex::new(), Err(SearchError::NoRuntime(_))));
 }
+
+/// Property: over random instances, tools and visible sets, a search returns only tools of visible
+/// instances, and every visible tool is found when asked for by name (the router's candidate set is
+/// exactly the caller's callable tools).
+#[tokio::test]
+async fn results_are_exactly_the_visible_tools() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    const VERBS: [&str; 6] = ["create", "list", "delete", "search", "update", "read"];
+    const NOUNS: [&str; 6] = ["issue", "file", "page", "record", "message", "branch"];
+    let mut rng = StdRng::seed_from_u64(0x5a7e_111e);
+    for case in 0..60 {
+        let index = SearchIndex::new().unwrap();
+        let instances = rng.gen_range(1..7);
+        let mut all: Vec<(String, String)> = Vec::new();
+        for i in 0..instances {
+            let process_id = format!("p{case}-{i}");
+            let tools = rng.gen_range(0..6);
+            let mut docs = Vec::new();
+            for _ in 0..tools {
+                let name = format!("{}_{}", VERBS[rng.gen_range(0..6)], NOUNS[rng.gen_range(0..6)]);
+                if docs.iter().any(|d: &ToolDoc| d.tool_name == name) {
+                    continue;
+                }
+                docs.push(tool(
+                    &process_id,
+                    &format!("srv{i}"),
+                    &name,
+                    &format!("{} a {}", &name[..name.find('_').unwrap()], &name[name.find('_').unwrap() + 1..]),
+                ));
+                all.push((process_id.clone(), name));
+            }
+            index.replace_instance(&process_id, docs).await.unwrap();
+        }
+        let visible_ids: Vec<String> =
+            (0..instances).filter(|_| rng.gen_bool(0.5)).map(|i| format!("p{case}-{i}")).collect();
+        for (process_id, name) in &all {
+            let hits = index.search(name, &visible_ids, 50).await.unwrap();
+            assert!(
+                hits.iter().all(|h| visible_ids.contains(&h.process_id)),
+                "case {case}: hit outside the visible set"
+            );
+            let found = hits.iter().any(|h| &h.process_id == process_id && &h.tool_name == name);
+            assert_eq!(found, visible_ids.contains(process_id), "case {case}: {process_id}/{name}");
+        }
+        for word in VERBS.iter().chain(NOUNS.iter()) {
+            let hits = index.search(word, &visible_ids, 50).await.unwrap();
+            let expected: usize = all.iter().filter(|(p, n)| visible_ids.contains(p) && n.contains(word)).count();
+            assert!(hits.iter().all(|h| visible_ids.contains(&h.process_id)));
+            assert_eq!(hits.len(), expected, "case {case}: query {word}");
+        }
+    }
+}
