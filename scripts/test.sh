@@ -25,4 +25,4 @@ cargo test --locked --lib --bins --tests
 echo "==> real MCP clients: the official Python SDK (tests/python)"
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
-SATELLITE_BIN="$PWD/target/debug/satellite" .venv/bin/python -m pytest -q tests/python
+SATELLITE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/satellite" .venv/bin/python -m pytest -q tests/python
