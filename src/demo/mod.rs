@@ -73,8 +73,7 @@ pub enum Reply {
 
 /// Whether a request carries the 2026-07-28 envelope.
 pub fn is_stateless(method: &str, params: Option<&Value>) -> bool {
-    method != "initialize"
-        && params.and_then(|p| p.get("_meta")).and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).is_some()
+    method != "initialize" && protocol::has_stateless_envelope(params)
 }
 
 impl DemoServer {
@@ -138,7 +137,7 @@ impl DemoServer {
         }
         let stateless = self.support.modern() && is_stateless(method, params.as_ref());
         if stateless {
-            check_envelope(params.as_ref())?;
+            protocol::check_stateless_envelope(None, params.as_ref(), &[MODERN_VERSION])?;
         } else if method == "server/discover" || !self.support.legacy() {
             // A handshake-era server does not know server/discover; a modern-only one needs the envelope.
             if !self.support.modern() {
@@ -242,27 +241,6 @@ impl DemoServer {
             "show_ui" => Ok(text_result("open ui://demo/app.html to see the demo app".into())),
             other => Err(RpcError::new(codes::INVALID_PARAMS, format!("Unknown tool: {other}"))),
         }
-    }
-}
-
-/// Required `_meta` keys and a supported version (2026-07-28 request validation).
-fn check_envelope(params: Option<&Value>) -> Result<(), RpcError> {
-    let meta = params.and_then(|p| p.get("_meta")).and_then(Value::as_object);
-    let version = meta.and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).and_then(Value::as_str);
-    let missing: Vec<&str> = [meta_keys::PROTOCOL_VERSION, meta_keys::CLIENT_CAPABILITIES]
-        .into_iter()
-        .filter(|k| meta.is_none_or(|m| !m.contains_key(*k)))
-        .collect();
-    if !missing.is_empty() {
-        return Err(RpcError::new(
-            codes::INVALID_PARAMS,
-            format!("params._meta is missing the required envelope key(s): {}", missing.join(", ")),
-        ));
-    }
-    match version {
-        Some(MODERN_VERSION) => Ok(()),
-        other => Err(RpcError::new(codes::UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version")
-            .with_data(json!({"supported": [MODERN_VERSION], "requested": other}))),
     }
 }
 

@@ -21,7 +21,7 @@ use super::oauth::{auth_error_response, instance_auth_error_response, json_respo
 use super::session::{Lookup, SessionTable, StreamError};
 use crate::auth::{self, Authenticator, InstanceAuthError};
 use crate::instances::InstanceManager;
-use crate::mcp::protocol::{self, codes, meta_keys, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
+use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
 use crate::router::{HierarchicalRouter, InstanceRouter, RouteError};
 
 /// Largest accepted request body (SB §3.2).
@@ -335,7 +335,7 @@ async fn stateless_post(
         let outcome = match check_envelope(header_version, params.as_ref()) {
             Err(err) => Err(RouteError::Rpc(err)),
             Ok(()) if method == "server/discover" => Ok(json!({
-                "supportedVersions": [MODERN_VERSION, LEGACY_VERSIONS[2], LEGACY_VERSIONS[1], LEGACY_VERSIONS[0]],
+                "supportedVersions": SUPPORTED_VERSIONS,
                 "capabilities": {"tools": {}, "resources": {}},
                 "instructions": "Find tools with discover_mcp_tools (1-3 keywords), then run them with execute_mcp_tool.",
             })),
@@ -373,37 +373,11 @@ async fn stateless_post(
     }
 }
 
-/// The 2026-07-28 request envelope: required `_meta` keys, a header that agrees, a supported version.
+/// Versions a 2026-07-28 client is told the satellite speaks.
+const SUPPORTED_VERSIONS: [&str; 4] = [MODERN_VERSION, LEGACY_VERSIONS[2], LEGACY_VERSIONS[1], LEGACY_VERSIONS[0]];
+
 fn check_envelope(header_version: Option<&str>, params: Option<&Value>) -> Result<(), RpcError> {
-    let meta = params.and_then(|p| p.get("_meta")).and_then(Value::as_object);
-    let missing: Vec<&str> = [meta_keys::PROTOCOL_VERSION, meta_keys::CLIENT_CAPABILITIES]
-        .into_iter()
-        .filter(|k| meta.is_none_or(|m| !m.contains_key(*k)))
-        .collect();
-    if !missing.is_empty() {
-        return Err(RpcError::new(
-            codes::INVALID_PARAMS,
-            format!("params._meta is missing the required envelope key(s): {}", missing.join(", ")),
-        ));
-    }
-    let version = meta.and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).and_then(Value::as_str).unwrap_or("");
-    if let Some(header) = header_version {
-        if header != version {
-            return Err(RpcError::new(
-                codes::HEADER_MISMATCH,
-                "MCP-Protocol-Version header does not match params._meta",
-            ));
-        }
-    }
-    if version != MODERN_VERSION {
-        return Err(RpcError::new(codes::UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version").with_data(
-            json!({
-                "supported": [MODERN_VERSION, LEGACY_VERSIONS[2], LEGACY_VERSIONS[1], LEGACY_VERSIONS[0]],
-                "requested": version,
-            }),
-        ));
-    }
-    Ok(())
+    protocol::check_stateless_envelope(header_version, params, &SUPPORTED_VERSIONS)
 }
 
 fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Response {

@@ -211,6 +211,35 @@ pub fn stamp_stateless_result(result: &mut Value, method: &str, server_info: Val
     }
 }
 
+/// Validate the 2026-07-28 request envelope: the required `_meta` keys (-32602), a `MCP-Protocol-Version`
+/// header that agrees when there is one (-32020), and the stateless version (-32022, listing `supported`).
+pub fn check_stateless_envelope(
+    header_version: Option<&str>,
+    params: Option<&Value>,
+    supported: &[&str],
+) -> Result<(), RpcError> {
+    let meta = params.and_then(|p| p.get("_meta")).and_then(Value::as_object);
+    let missing: Vec<&str> = [meta_keys::PROTOCOL_VERSION, meta_keys::CLIENT_CAPABILITIES]
+        .into_iter()
+        .filter(|k| meta.is_none_or(|m| !m.contains_key(*k)))
+        .collect();
+    if !missing.is_empty() {
+        return Err(RpcError::new(
+            codes::INVALID_PARAMS,
+            format!("params._meta is missing the required envelope key(s): {}", missing.join(", ")),
+        ));
+    }
+    let version = meta.and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).and_then(Value::as_str).unwrap_or("");
+    if header_version.is_some_and(|header| header != version) {
+        return Err(RpcError::new(codes::HEADER_MISMATCH, "MCP-Protocol-Version header does not match params._meta"));
+    }
+    if version != MODERN_VERSION {
+        return Err(RpcError::new(codes::UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version")
+            .with_data(json!({"supported": supported, "requested": version})));
+    }
+    Ok(())
+}
+
 /// Whether a request carries the 2026-07-28 envelope (`_meta` protocol version).
 pub fn has_stateless_envelope(params: Option<&Value>) -> bool {
     params.and_then(|p| p.get("_meta")).and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).is_some()
