@@ -132,7 +132,16 @@ impl Satellite {
             instance_sessions: instance_sessions.clone(),
             sse_sessions: sse_sessions.clone(),
         };
-        let server = tokio::spawn(http::serve(listener, status, mcp, async move { stop_http.cancelled().await }));
+        let server = tokio::spawn(http::serve(
+            listener,
+            status,
+            mcp,
+            http::stack::HttpLimits {
+                max_concurrent_requests: config.max_concurrent_requests,
+                request_timeout: config.http_timeout,
+            },
+            async move { stop_http.cancelled().await },
+        ));
         tasks.spawn(sweep_sessions([sessions, instance_sessions], sse_sessions, cancel.child_token()));
         info!(%addr, "satellite listening");
 

@@ -408,3 +408,41 @@ async fn a_thousand_malformed_requests_each_get_a_clear_error() {
     assert_eq!(echoed["result"]["content"][0]["text"], "still here");
     assert!(sat.satellite.shutdown().await);
 }
+
+#[tokio::test]
+async fn requests_carry_an_id_and_overload_is_shed() {
+    let config = config().replacen("[[teams]]", "[satellite]\nmax_concurrent_requests = 1\n\n[[teams]]", 1);
+    let sat = TestSatellite::start(&config).await;
+    let pid = ProcessId::from("demo-acme-alice-d-acme");
+    wait_until(DEADLINE, "alice online", || {
+        let online = sat.satellite.manager().get(&pid).is_some_and(|i| i.status().status == InstanceStatus::Online);
+        async move { online.then_some(()) }
+    })
+    .await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    let (_, headers, _) = alice
+        .post_raw(json!({"jsonrpc":"2.0","id":1,"method":"ping"}).to_string(), &[("x-request-id", "trace-me-42")])
+        .await;
+    assert_eq!(headers["x-request-id"], "trace-me-42", "a client's request id is kept");
+    let (_, headers, _) = alice.post_raw(json!({"jsonrpc":"2.0","id":1,"method":"ping"}).to_string(), &[]).await;
+    assert!(!headers["x-request-id"].is_empty(), "one is made when absent");
+
+    // With room for one request, a second one while a slow call runs is refused at once.
+    let slow = alice.execute("demo:slow", json!({"ms": 3000}));
+    let probe = async {
+        let (status, _, body) = wait_until(DEADLINE, "a request to be shed", || async {
+            let (status, headers, body) =
+                alice.post_raw(json!({"jsonrpc":"2.0","id":2,"method":"ping"}).to_string(), &[]).await;
+            (status == StatusCode::SERVICE_UNAVAILABLE).then_some((status, headers, body))
+        })
+        .await;
+        (status, body)
+    };
+    let (slow_result, (status, body)) = tokio::join!(slow, probe);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["error"]["code"], -32000);
+    assert_eq!(slow_result["result"]["content"][0]["text"], "slept 3000 ms");
+    assert_eq!(alice.call("ping", json!({})).await.0, StatusCode::OK, "served again once there is room");
+    assert!(sat.satellite.shutdown().await);
+}

@@ -38,6 +38,8 @@ pub struct RawSatellite {
     pub discovery_timeout_seconds: Option<u64>,
     pub call_timeout_seconds: Option<u64>,
     pub reconcile_concurrency: Option<usize>,
+    pub max_concurrent_requests: Option<usize>,
+    pub http_timeout_seconds: Option<u64>,
     pub config_watch_interval_ms: Option<u64>,
     /// Public base URL clients use (no `/mcp`); default `http://localhost:{port}`.
     pub public_url: Option<String>,

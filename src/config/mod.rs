@@ -119,6 +119,10 @@ pub struct Config {
     pub show_version: bool,
     pub show_uptime: bool,
     pub upstream: UpstreamSettings,
+    /// HTTP requests handled at once; more are refused with 503.
+    pub max_concurrent_requests: usize,
+    /// Deadline of one HTTP request until its response starts.
+    pub http_timeout: Duration,
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
     pub public_url: String,
     pub mode: Mode,
@@ -265,7 +269,20 @@ impl Config {
                 })?,
             None => format!("http://localhost:{port}"),
         };
+        let max_concurrent_requests = match env::get(env, env::MAX_CONCURRENT_REQUESTS) {
+            Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                ConfigError::new(
+                    "satellite.max_concurrent_requests",
+                    Some(env::MAX_CONCURRENT_REQUESTS),
+                    format!("{v:?} is not a positive number"),
+                )
+            })?,
+            None => s.max_concurrent_requests.filter(|n| *n > 0).unwrap_or(1024),
+        };
+        let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
         Ok(Config {
+            max_concurrent_requests,
+            http_timeout,
             public_url,
             listen: SocketAddr::new(host, port),
             data_dir,
@@ -305,6 +322,8 @@ impl Config {
             "discovery_timeout_seconds": self.upstream.discovery_timeout.as_secs(),
             "call_timeout_seconds": self.upstream.call_timeout.as_secs(),
             "reconcile_concurrency": self.upstream.reconcile_concurrency,
+            "max_concurrent_requests": self.max_concurrent_requests,
+            "http_timeout_seconds": self.http_timeout.as_secs(),
             "mode": mode,
         })
     }

@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod oauth;
 pub mod session;
 pub mod sse;
+pub mod stack;
 mod status;
 
 pub use mcp::McpDeps;
@@ -74,9 +75,10 @@ pub async fn serve(
     listener: TcpListener,
     status: StatusDeps,
     mcp: McpDeps,
+    limits: stack::HttpLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    warp::serve(routes(status, mcp)).incoming(listener).graceful(shutdown).run().await;
+    stack::serve(listener, routes(status, mcp), limits, shutdown).await;
 }
 
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
