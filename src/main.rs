@@ -68,6 +68,9 @@ struct DemoArgs {
     /// Split tools/list into pages of this size.
     #[arg(long)]
     page_size: Option<usize>,
+    /// A label the `with_meta` tool returns in `_meta["demo/instance"]`, to tell instances apart.
+    #[arg(long)]
+    label: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -240,7 +243,11 @@ fn demo_server(args: DemoArgs) -> ExitCode {
     };
     runtime.block_on(async move {
         let Some(addr) = args.http else {
-            return match demo::stdio::serve(DemoServer::demo(args.protocol, args.page_size)).await {
+            return match demo::stdio::serve(
+                DemoServer::demo(args.protocol, args.page_size).with_label(args.label.clone()),
+            )
+            .await
+            {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("error: {err}");
@@ -256,7 +263,10 @@ fn demo_server(args: DemoArgs) -> ExitCode {
                     return exit(config::EXIT_CONFIG);
                 }
             },
-            None => HashMap::from([(String::new(), DemoServer::demo(args.protocol, args.page_size))]),
+            None => HashMap::from([(
+                String::new(),
+                DemoServer::demo(args.protocol, args.page_size).with_label(args.label.clone()),
+            )]),
         };
         let listener = match demo::http::bind(addr).await {
             Ok(listener) => listener,

@@ -6,5 +6,6 @@ mod cli;
 mod contracts;
 mod front_door;
 mod reconcile;
+mod tenancy;
 mod upstream_http;
 mod upstream_stdio;

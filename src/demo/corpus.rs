@@ -50,7 +50,13 @@ pub fn servers(corpus: BTreeMap<String, Vec<Value>>, support: ProtocolSupport) -
     corpus
         .into_iter()
         .map(|(slug, tools)| {
-            let offer = Offer { name: slug.clone(), tools, with_resources: false, corpus_slug: Some(slug.clone()) };
+            let offer = Offer {
+                name: slug.clone(),
+                tools,
+                with_resources: false,
+                corpus_slug: Some(slug.clone()),
+                label: None,
+            };
             (slug, DemoServer { support, page_size: None, offer: Arc::new(offer) })
         })
         .collect()

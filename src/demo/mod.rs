@@ -43,6 +43,8 @@ pub struct Offer {
     pub with_resources: bool,
     /// `Some(slug)` for corpus servers: calls answer with a short text.
     pub corpus_slug: Option<String>,
+    /// Echoed by `with_meta` as `_meta["demo/instance"]`, so tests can tell which instance answered.
+    pub label: Option<String>,
 }
 
 /// One connection's handshake state (stdio: the process; HTTP: the session).
@@ -79,6 +81,14 @@ pub fn is_stateless(method: &str, params: Option<&Value>) -> bool {
 impl DemoServer {
     pub fn demo(support: ProtocolSupport, page_size: Option<usize>) -> Self {
         Self { support, page_size, offer: Arc::new(demo_offer()) }
+    }
+
+    /// Label this server's answers (see `Offer::label`).
+    pub fn with_label(mut self, label: Option<String>) -> Self {
+        let mut offer = (*self.offer).clone();
+        offer.label = label;
+        self.offer = Arc::new(offer);
+        self
     }
 
     fn capabilities(&self) -> Value {
@@ -236,6 +246,9 @@ impl DemoServer {
             "with_meta" => {
                 let mut result = text_result("this result carries _meta".into());
                 result["_meta"] = json!({"demo/trace": {"id": "trace-1", "sampled": true}});
+                if let Some(label) = &self.offer.label {
+                    result["_meta"]["demo/instance"] = json!(label);
+                }
                 Ok(result)
             }
             "show_ui" => Ok(text_result("open ui://demo/app.html to see the demo app".into())),
@@ -282,7 +295,7 @@ fn demo_offer() -> Offer {
                "inputSchema": {"type": "object", "properties": {}},
                "_meta": {"ui": {"resourceUri": UI_RESOURCE_URI}}}),
     ];
-    Offer { name: "satellite-demo".into(), tools, with_resources: true, corpus_slug: None }
+    Offer { name: "satellite-demo".into(), tools, with_resources: true, corpus_slug: None, label: None }
 }
 
 fn demo_resources() -> Value {

@@ -1,0 +1,192 @@
+//! The cross-tenant matrix: 2 teams x 2 users, every meta-tool, native
+//! resources, the instance router, and sessions reused across users. Every
+//! instance is labelled with its owner, so a call that reached anybody else's
+//! instance would show the wrong label.
+
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use satellite::config::sha256_hex;
+use satellite::model::InstanceStatus;
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const USERS: [(&str, &str); 4] = [("alice", "acme"), ("bob", "acme"), ("carol", "globex"), ("dave", "globex")];
+const ACCESS_DENIED: &str =
+    "You do not have access to server 'tools'. Please check your team's MCP server installations.";
+
+fn token(user: &str) -> String {
+    format!("{user}-bearer-token-0123")
+}
+
+fn instance_token(user: &str) -> String {
+    format!("ds_inst_{}", sha256_hex(&format!("instance-{user}")))
+}
+
+fn config() -> String {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let mut file = String::from("[[teams]]\nid = \"acme\"\n[[teams]]\nid = \"globex\"\n");
+    for (user, team) in USERS {
+        file += &format!(
+            "[[users]]\nid = \"{user}\"\nteams = [\"{team}\"]\ntoken_sha256 = [\"{}\"]\n",
+            sha256_hex(&token(user))
+        );
+    }
+    // Both teams install `demo`; only globex installs `tools`.
+    file +=
+        &format!("[[servers]]\nslug = \"demo\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\"]\n");
+    file +=
+        &format!("[[servers]]\nslug = \"tools\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\"]\n");
+    for (id, team, server) in
+        [("d-acme", "acme", "demo"), ("d-globex", "globex", "demo"), ("t-globex", "globex", "tools")]
+    {
+        file += &format!("[[installations]]\nid = \"{id}\"\nteam = \"{team}\"\nserver = \"{server}\"\n");
+        for (user, user_team) in USERS.iter().filter(|(_, t)| *t == team) {
+            let _ = user_team;
+            file += &format!("[installations.users.{user}]\nargs = [\"--label\", \"{user}\"]\n");
+            if server == "demo" {
+                file += &format!(
+                    "instance_path = \"{user}-demo\"\ninstance_token_sha256 = \"{}\"\n",
+                    sha256_hex(&instance_token(user))
+                );
+            }
+        }
+    }
+    file
+}
+
+struct Session {
+    http: Client,
+    url: String,
+    token: String,
+    id: String,
+}
+
+impl Session {
+    async fn open(base: &str, user: &str) -> Session {
+        let http = Client::new();
+        let url = format!("{base}/mcp");
+        let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+        let response = http
+            .post(&url)
+            .bearer_auth(token(user))
+            .header("accept", "application/json, text/event-stream")
+            .json(&init)
+            .send()
+            .await
+            .unwrap();
+        let id = response.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+        Session { http, url, token: token(user), id }
+    }
+
+    async fn call(&self, method: &str, params: Value) -> (StatusCode, Value) {
+        let response = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &self.id)
+            .json(&json!({"jsonrpc":"2.0","id":1,"method":method,"params":params}))
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn tool(&self, name: &str, arguments: Value) -> Value {
+        self.call("tools/call", json!({"name": name, "arguments": arguments})).await.1
+    }
+
+    /// The label of the instance that ran `demo:with_meta` (or `tools:with_meta`).
+    async fn served_by(&self, slug: &str) -> Value {
+        let reply =
+            self.tool("execute_mcp_tool", json!({"tool_path": format!("{slug}:with_meta"), "arguments": {}})).await;
+        reply["result"]["_meta"]["demo/instance"].clone()
+    }
+}
+
+fn document(reply: &Value) -> Value {
+    serde_json::from_str(reply["result"]["content"][0]["text"].as_str().unwrap_or("null")).unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn every_cross_tenant_access_is_denied() {
+    let sat = TestSatellite::start(&config()).await;
+    sat.wait_ready().await;
+    wait_until(Duration::from_secs(60), "all instances online", || {
+        let all = sat.satellite.manager().instances();
+        let done = all.len() == 6 && all.iter().all(|i| i.status().status == InstanceStatus::Online);
+        async move { done.then_some(()) }
+    })
+    .await;
+    let base = sat.base_url();
+
+    for (user, team) in USERS {
+        let session = Session::open(&base, user).await;
+        let globex = team == "globex";
+        // Meta-tools: discovery lists only the caller's servers; execution runs on the caller's instance.
+        let listed = document(&session.tool("discover_mcp_tools", json!({"query": "*"})).await);
+        let slugs: std::collections::BTreeSet<&str> =
+            listed["tools"].as_array().unwrap().iter().map(|t| t["server_name"].as_str().unwrap()).collect();
+        let expected: std::collections::BTreeSet<&str> =
+            if globex { ["demo", "tools"].into() } else { ["demo"].into() };
+        assert_eq!(slugs, expected, "{user}");
+        assert_eq!(session.served_by("demo").await, json!(user), "{user}: demo ran on the caller's own instance");
+        if globex {
+            assert_eq!(session.served_by("tools").await, json!(user));
+        } else {
+            let denied =
+                session.tool("execute_mcp_tool", json!({"tool_path": "tools:echo", "arguments": {"text": "x"}})).await;
+            assert_eq!(denied["error"]["message"], ACCESS_DENIED, "{user}");
+            let denied = session.tool("read_mcp_resource", json!({"uri": "tools|demo://readme"})).await;
+            assert_eq!(denied["error"]["message"], ACCESS_DENIED, "{user}");
+            let denied = session.call("resources/read", json!({"uri": "tools|demo://readme"})).await.1;
+            assert_eq!(denied["error"]["message"], ACCESS_DENIED, "{user}");
+        }
+        let resources = document(&session.tool("list_mcp_resources", json!({})).await);
+        for resource in resources["resources"].as_array().unwrap() {
+            assert!(expected.contains(resource["server"].as_str().unwrap()), "{user}: {resource}");
+        }
+        let native = session.call("resources/list", json!({})).await.1;
+        let native_uris: Vec<&str> =
+            native["result"]["resources"].as_array().unwrap().iter().map(|r| r["uri"].as_str().unwrap()).collect();
+        assert_eq!(native_uris.len(), if globex { 4 } else { 2 }, "{user}: {native_uris:?}");
+        let templates = session.call("resources/templates/list", json!({})).await.1;
+        assert_eq!(
+            templates["result"]["resourceTemplates"].as_array().unwrap().len(),
+            if globex { 2 } else { 1 },
+            "{user}"
+        );
+
+        // Instance router: the caller's token opens the caller's path only.
+        for (other, _) in USERS {
+            let url = format!("{base}/i/{other}-demo/mcp?token={}", instance_token(user));
+            let response = Client::new()
+                .post(url)
+                .header("accept", "application/json, text/event-stream")
+                .json(&json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}))
+                .send()
+                .await
+                .unwrap();
+            let expected = if other == user { StatusCode::OK } else { StatusCode::UNAUTHORIZED };
+            assert_eq!(response.status(), expected, "{user} on {other}'s instance");
+        }
+    }
+
+    // Sessions reused across users: presenting someone else's session id changes nothing about who you are.
+    let alice = Session::open(&base, "alice").await;
+    for (user, _) in USERS.iter().filter(|(u, _)| *u != "alice") {
+        let borrowed =
+            Session { http: Client::new(), url: alice.url.clone(), token: token(user), id: alice.id.clone() };
+        assert_eq!(borrowed.served_by("demo").await, json!(user), "{user} with alice's session id");
+        let listed = document(&borrowed.tool("discover_mcp_tools", json!({"query": "*"})).await);
+        assert!(listed["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["server_name"] == "demo" || t["server_name"] == "tools"));
+    }
+    assert_eq!(alice.served_by("demo").await, json!("alice"), "alice's own session still serves alice");
+    assert!(sat.satellite.shutdown().await);
+}
