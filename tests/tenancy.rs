@@ -190,3 +190,109 @@ async fn every_cross_tenant_access_is_denied() {
     assert_eq!(alice.served_by("demo").await, json!("alice"), "alice's own session still serves alice");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Property over random installations and statuses: `discover_mcp_tools` returns exactly the tools the
+/// caller can execute. Every returned tool runs on the caller's own instance; every tool of the caller's
+/// instances that are down is absent.
+#[tokio::test]
+async fn discover_returns_exactly_what_the_caller_can_execute() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let (mut crashed_total, mut up_total) = (0, 0);
+    for seed in 0..3u64 {
+        let mut rng = StdRng::seed_from_u64(0xd15c_0000 + seed);
+        let users: Vec<String> = (0..rng.gen_range(2..4)).map(|u| format!("u{u}")).collect();
+        let slugs: Vec<String> = (0..rng.gen_range(2..5)).map(|s| format!("s{s}")).collect();
+        let mut file = String::from("[[teams]]\nid = \"t\"\n");
+        for user in &users {
+            file += &format!(
+                "[[users]]\nid = \"{user}\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n",
+                sha256_hex(&token(user))
+            );
+        }
+        let mut installed = Vec::new();
+        for slug in &slugs {
+            file += &format!(
+                "[[servers]]\nslug = \"{slug}\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\"]\n"
+            );
+            if rng.gen_bool(0.75) {
+                installed.push(slug.clone());
+                file += &format!("[[installations]]\nid = \"i-{slug}\"\nteam = \"t\"\nserver = \"{slug}\"\n");
+                for user in &users {
+                    file += &format!("[installations.users.{user}]\nargs = [\"--label\", \"{user}\"]\n");
+                }
+            }
+        }
+        let sat = TestSatellite::start(&file).await;
+        sat.wait_ready().await;
+        let expected_instances = users.len() * installed.len();
+        wait_until(Duration::from_secs(60), "instances online", || {
+            let all = sat.satellite.manager().instances();
+            let done =
+                all.len() == expected_instances && all.iter().all(|i| i.status().status == InstanceStatus::Online);
+            async move { done.then_some(()) }
+        })
+        .await;
+        let base = sat.base_url();
+        // Crash a random subset of instances through their owners.
+        let mut down = std::collections::BTreeSet::new();
+        for user in &users {
+            let session = Session::open(&base, user).await;
+            for slug in &installed {
+                if rng.gen_bool(0.4) {
+                    session
+                        .tool("execute_mcp_tool", json!({"tool_path": format!("{slug}:exit_process"), "arguments": {}}))
+                        .await;
+                    down.insert((user.clone(), slug.clone()));
+                }
+            }
+        }
+        crashed_total += down.len();
+        up_total += expected_instances - down.len();
+        wait_until(Duration::from_secs(30), "crashed instances offline", || {
+            let offline = sat
+                .satellite
+                .manager()
+                .instances()
+                .iter()
+                .filter(|i| i.status().status == InstanceStatus::Offline)
+                .count();
+            let want = down.len();
+            async move { (offline == want).then_some(()) }
+        })
+        .await;
+        for user in &users {
+            let session = Session::open(&base, user).await;
+            let found = document(&session.tool("discover_mcp_tools", json!({"query": "with_meta", "limit": 50})).await);
+            let returned: std::collections::BTreeSet<String> = found["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["tool_path"].as_str().unwrap().ends_with(":with_meta"))
+                .map(|t| t["server_name"].as_str().unwrap().to_owned())
+                .collect();
+            let executable: std::collections::BTreeSet<String> =
+                installed.iter().filter(|s| !down.contains(&(user.clone(), (*s).clone()))).cloned().collect();
+            assert_eq!(returned, executable, "seed {seed}, {user}: discover must list exactly the callable servers");
+            for slug in &returned {
+                assert_eq!(session.served_by(slug).await, json!(user), "seed {seed}: {user} on {slug}");
+            }
+            for slug in installed.iter().filter(|s| !executable.contains(*s)) {
+                let reply = session
+                    .tool("execute_mcp_tool", json!({"tool_path": format!("{slug}:with_meta"), "arguments": {}}))
+                    .await;
+                assert!(
+                    reply["result"].get("_meta").is_none(),
+                    "seed {seed}: {user} reached a down instance of {slug}: {reply}"
+                );
+            }
+        }
+        assert!(sat.satellite.shutdown().await);
+    }
+    assert!(
+        crashed_total > 0 && up_total > 0,
+        "the seeds must mix live and crashed instances ({crashed_total} down, {up_total} up)"
+    );
+}
