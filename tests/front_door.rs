@@ -77,7 +77,11 @@ instance_path = "carol-demo"
 }
 
 async fn started() -> TestSatellite {
-    let sat = TestSatellite::start(&config()).await;
+    started_with(&config()).await
+}
+
+async fn started_with(config: &str) -> TestSatellite {
+    let sat = TestSatellite::start(config).await;
     for id in ["demo-acme-alice-d-acme", "demo-acme-bob-d-acme", "demo-globex-carol-d-globex"] {
         let pid = ProcessId::from(id);
         wait_until(DEADLINE, id, || {
@@ -444,5 +448,45 @@ async fn requests_carry_an_id_and_overload_is_shed() {
     assert_eq!(body["error"]["code"], -32000);
     assert_eq!(slow_result["result"]["content"][0]["text"], "slept 3000 ms");
     assert_eq!(alice.call("ping", json!({})).await.0, StatusCode::OK, "served again once there is room");
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn disabled_tools_are_never_listed_searched_or_run() {
+    let config = config().replacen(
+        "id = \"d-acme\"\nteam = \"acme\"\nserver = \"demo\"\n",
+        "id = \"d-acme\"\nteam = \"acme\"\nserver = \"demo\"\ndisabled_tools = [\"fail\"]\n",
+        1,
+    );
+    assert!(config.contains("disabled_tools"));
+    let sat = started_with(&config).await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    for query in ["*", "fail", "always fails tool error"] {
+        let (_, reply) =
+            alice.call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query":query}})).await;
+        let text = reply["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(!text.contains("demo:fail"), "{query}: {text}");
+    }
+    let refused = alice.execute("demo:fail", json!({})).await;
+    assert_eq!(refused["result"]["isError"], true);
+    assert!(
+        refused["result"]["content"][0]["text"].as_str().unwrap().contains("disabled by the team administrator"),
+        "{refused}"
+    );
+    // The other team's installation of the same server is not affected.
+    let mut carol = Caller::new(&sat, "/mcp", Some(CAROL));
+    carol.initialize().await;
+    let (_, found) = carol.call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query":"fail"}})).await;
+    assert!(found["result"]["content"][0]["text"].as_str().unwrap().contains("demo:fail"));
+    // Instance router: not listed, not run.
+    let mut direct = Caller::new(&sat, &format!("/i/alice-demo/mcp?token={}", instance_token("alice")), None);
+    direct.initialize().await;
+    let (_, tools) = direct.call("tools/list", json!({})).await;
+    let names: Vec<&str> =
+        tools["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(!names.contains(&"fail") && names.contains(&"echo"), "{names:?}");
+    let (_, refused) = direct.call("tools/call", json!({"name": "fail", "arguments": {}})).await;
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
     assert!(sat.satellite.shutdown().await);
 }

@@ -158,6 +158,9 @@ pub struct RawInstallation {
     pub enabled: bool,
     #[serde(default = "yes")]
     pub request_logging: bool,
+    /// Tools of this installation nobody in the team may see or run.
+    #[serde(default)]
+    pub disabled_tools: Vec<String>,
     #[serde(default)]
     pub args: Vec<String>,
     #[serde(default)]

@@ -58,6 +58,9 @@ pub struct McpServerEntry {
     pub settings: Option<EntrySettings>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_metadata: Option<SecretMetadata>,
+    /// Tools disabled by the team administrator (OQ-7: accepted when sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled_tools: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -188,6 +191,7 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
         requires_oauth: entry.requires_oauth.unwrap_or(false),
         request_logging_enabled: entry.settings.as_ref().and_then(|s| s.request_logging_enabled).unwrap_or(true),
         secrets: SecretNames { env: secrets.env, headers: secrets.headers, query_params: secrets.query_params },
+        disabled_tools: entry.disabled_tools.iter().flatten().cloned().collect(),
     })
 }
 

@@ -206,6 +206,7 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> StandaloneCon
             name: Some("Demo".into()),
             enabled: true,
             request_logging: true,
+            disabled_tools: vec![],
             args: vec![],
             env: BTreeMap::new(),
             headers: BTreeMap::new(),
@@ -432,6 +433,7 @@ fn expand(
         user_slug: Some(user_id.0.clone()),
         requires_oauth: Some(server.requires_oauth),
         settings: Some(EntrySettings { request_logging_enabled: Some(installation.request_logging) }),
+        disabled_tools: (!installation.disabled_tools.is_empty()).then(|| installation.disabled_tools.clone()),
         secret_metadata: Some(SecretMetadata {
             query_params: server.secret_query.clone(),
             headers: server.secret_headers.clone(),

@@ -356,6 +356,7 @@ impl Inner {
         let docs = catalog
             .tools
             .iter()
+            .filter(|tool| !spec.disabled_tools.contains(&tool.name))
             .map(|tool| ToolDoc {
                 process_id: spec.process_id.0.clone(),
                 server_slug: spec.server_slug.clone(),

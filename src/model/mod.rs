@@ -111,6 +111,8 @@ pub struct InstanceSpec {
     pub requires_oauth: bool,
     pub request_logging_enabled: bool,
     pub secrets: SecretNames,
+    /// Tools the team administrator disabled: never listed, searched or run.
+    pub disabled_tools: std::collections::BTreeSet<String>,
 }
 
 /// Status of one instance as the satellite sees it (SB §10.1).

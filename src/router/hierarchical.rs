@@ -10,8 +10,8 @@ use serde_json::{json, Map, Value};
 use tracing::warn;
 
 use super::{
-    blocked_result, callable, forward, internal, meta, method_not_found, normalise_call_result, text_document, visible,
-    RouteError,
+    blocked_result, callable, disabled_result, forward, internal, meta, method_not_found, normalise_call_result,
+    text_document, visible, RouteError,
 };
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
@@ -126,6 +126,7 @@ impl HierarchicalRouter {
                 .iter()
                 .filter_map(|i| i.catalog().map(|c| (i, c)))
                 .flat_map(|(i, c)| c.tools.clone().into_iter().map(move |t| (i, t)))
+                .filter(|(i, t)| !i.spec().disabled_tools.contains(&t.name))
                 .collect();
             for (instance, tool) in &all {
                 if entries.len() == WILDCARD_LIMIT {
@@ -198,6 +199,9 @@ impl HierarchicalRouter {
         }
         if !callable(instance.status().status) {
             return Ok(blocked_result(path, &instance));
+        }
+        if instance.spec().disabled_tools.contains(tool_name) {
+            return Ok(disabled_result(path));
         }
         let arguments = match args.get("arguments") {
             None | Some(Value::Null) => json!({}),

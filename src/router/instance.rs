@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{blocked_result, callable, forward, method_not_found, normalise_call_result, visible, RouteError};
+use super::{
+    blocked_result, callable, disabled_result, forward, method_not_found, normalise_call_result, visible, RouteError,
+};
 use crate::instances::Instance;
 use crate::mcp::protocol::{codes, RpcError};
 
@@ -29,8 +31,11 @@ impl InstanceRouter {
             "ping" => Ok(json!({})),
             "prompts/list" => Ok(json!({"prompts": []})),
             "tools/list" => {
-                let tools: Vec<Value> =
-                    catalog.iter().flat_map(|c| c.tools.iter().map(|t| t.definition.clone())).collect();
+                let disabled = &instance.spec().disabled_tools;
+                let tools: Vec<Value> = catalog
+                    .iter()
+                    .flat_map(|c| c.tools.iter().filter(|t| !disabled.contains(&t.name)).map(|t| t.definition.clone()))
+                    .collect();
                 Ok(json!({"tools": tools}))
             }
             "resources/list" => {
@@ -59,6 +64,9 @@ impl InstanceRouter {
                 }
                 if !callable(instance.status().status) {
                     return Ok(blocked_result(name, instance));
+                }
+                if instance.spec().disabled_tools.contains(name) {
+                    return Ok(disabled_result(name));
                 }
                 let arguments = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
                 let result =

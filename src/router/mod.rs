@@ -83,6 +83,16 @@ fn blocked_result(tool_path: &str, instance: &Instance) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
+/// The `isError` result of a call to a tool the team administrator disabled (SB §10.5).
+fn disabled_result(tool_path: &str) -> Value {
+    let text = format!(
+        "Tool '{tool_path}' was disabled by the team administrator and cannot be executed.\n\nWhat to do:\n\
+         1. Use discover_mcp_tools to find another tool for the task\n2. Ask your team administrator to enable it\n\n\
+         Disabled tool: {tool_path}"
+    );
+    json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
 /// Send a request to an instance, mapping failures to JSON-RPC errors: the server's own errors keep their
 /// code and data, transport failures become -32603 with the reason.
 async fn forward(
