@@ -62,12 +62,16 @@ impl HierarchicalRouter {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 self.execute(caller, &args).await
             }
-            meta::LIST_RESOURCES => Ok(text_document(&json!({
-                "resources": self.resource_entries(caller),
-                "resource_templates": self.template_entries(caller),
-                "total_resources": self.resource_entries(caller).len(),
-                "total_templates": self.template_entries(caller).len(),
-            }))),
+            meta::LIST_RESOURCES => {
+                let resources = self.resource_entries(caller);
+                let templates = self.template_entries(caller);
+                Ok(text_document(&json!({
+                    "total_resources": resources.len(),
+                    "total_templates": templates.len(),
+                    "resources": resources,
+                    "resource_templates": templates,
+                })))
+            }
             meta::READ_RESOURCE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 let uri = string_param(&args, "uri", "Invalid uri parameter - must be a non-empty string")?;
