@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,6 +70,7 @@ pub struct Satellite {
     cancel: CancellationToken,
     tasks: TaskTracker,
     server: JoinHandle<()>,
+    config_refusals: Arc<AtomicU64>,
 }
 
 /// The first desired state, read and validated before anything starts.
@@ -149,6 +151,8 @@ impl Satellite {
             Mode::Standalone(StandaloneSource::File { path, watch_interval }) => Some((path.clone(), *watch_interval)),
             _ => None,
         };
+        let config_refusals = Arc::new(AtomicU64::new(0));
+        let refusals = config_refusals.clone();
         let apply_manager = manager.clone();
         let watch_cancel = cancel.child_token();
         tasks.spawn(
@@ -156,12 +160,12 @@ impl Satellite {
                 let report = apply_manager.apply(first.desired_state()).await;
                 info!(?report, "initial configuration applied");
                 if let Some((path, interval)) = watched {
-                    watch_file(path, interval, apply_manager, auth, watch_cancel).await;
+                    watch_file(path, interval, apply_manager, auth, refusals, watch_cancel).await;
                 }
             }
             .instrument(tracing::info_span!("control.standalone")),
         );
-        Ok(Satellite { addr, manager, store, cancel, tasks, server })
+        Ok(Satellite { addr, manager, store, cancel, tasks, server, config_refusals })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -170,6 +174,11 @@ impl Satellite {
 
     pub fn manager(&self) -> &InstanceManager {
         &self.manager
+    }
+
+    /// How many edits of the standalone file were refused (did not parse or validate).
+    pub fn config_refusals(&self) -> u64 {
+        self.config_refusals.load(Ordering::Relaxed)
     }
 
     /// Ordered shutdown: stop accepting and drain HTTP, stop the config watcher, stop instances, close the store.
@@ -206,6 +215,7 @@ async fn watch_file(
     interval: Duration,
     manager: InstanceManager,
     auth: Authenticator,
+    refusals: Arc<AtomicU64>,
     cancel: CancellationToken,
 ) {
     let mut last = fingerprint(&path);
@@ -229,6 +239,7 @@ async fn watch_file(
                 info!(?report, path = %path.display(), "config file change applied");
             }
             Err(err) => {
+                refusals.fetch_add(1, Ordering::Relaxed);
                 error!(path = %path.display(), error = %err, "config file change refused, keeping the last good config")
             }
         }

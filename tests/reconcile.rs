@@ -110,9 +110,15 @@ async fn each_member_gets_an_instance_and_edits_touch_only_what_changed() {
     assert_eq!(specs.len(), 4, "{specs:?}");
 
     // A broken edit is refused and the last good config stays.
-    sat.rewrite_config("this is [not toml");
-    sat.rewrite_config(&second.replace("[[teams]]", "[[teams]]\nunknown = 1"));
-    tokio::time::sleep(Duration::from_millis(300)).await; // give the watcher a few ticks; nothing may change
+    let broken = ["this is [not toml".to_owned(), second.replace("[[teams]]", "[[teams]]\nunknown = 1")];
+    for (n, text) in broken.iter().enumerate() {
+        sat.rewrite_config(text);
+        wait_until(DEADLINE, "the broken edit to be refused", || {
+            let refused = sat.satellite.config_refusals() == n as u64 + 1;
+            async move { refused.then_some(()) }
+        })
+        .await;
+    }
     assert_eq!(pid_of(&sat, "demo-acme-alice-i-demo"), Some(alice));
     assert_eq!(sat.satellite.manager().desired().len(), 4);
 

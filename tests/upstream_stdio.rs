@@ -106,8 +106,14 @@ async fn a_dying_server_fails_every_waiter_at_once() {
         Some(json!({"name": "slow", "arguments": {"ms": 20000}})),
         Duration::from_secs(30),
     );
+    let Transport::Stdio(stdio) = client.transport() else { unreachable!() };
     let exit = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Exit only once the slow call is waiting on the child.
+        wait_until(Duration::from_secs(10), "the slow call in flight", || {
+            let waiting = stdio.in_flight() == 1;
+            async move { waiting.then_some(()) }
+        })
+        .await;
         client.request("tools/call", Some(json!({"name": "exit_process", "arguments": {"code": 7}})), CALL).await
     };
     let started = std::time::Instant::now();
@@ -116,7 +122,6 @@ async fn a_dying_server_fails_every_waiter_at_once() {
     for err in [slow.unwrap_err(), exit.unwrap_err()] {
         assert!(matches!(err, UpstreamError::Closed(ref m) if m.contains("exit code 7")), "{err}");
     }
-    let Transport::Stdio(stdio) = client.transport() else { unreachable!() };
     assert!(!stdio.is_alive());
     let after = client.request("tools/list", None, CALL).await.unwrap_err();
     assert!(matches!(after, UpstreamError::Closed(ref m) if m.contains("not running")), "{after}");
