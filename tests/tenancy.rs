@@ -56,54 +56,11 @@ fn config() -> String {
     file
 }
 
-struct Session {
-    http: Client,
-    url: String,
-    token: String,
-    id: String,
-}
-
-impl Session {
-    async fn open(base: &str, user: &str) -> Session {
-        let http = Client::new();
-        let url = format!("{base}/mcp");
-        let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
-        let response = http
-            .post(&url)
-            .bearer_auth(token(user))
-            .header("accept", "application/json, text/event-stream")
-            .json(&init)
-            .send()
-            .await
-            .unwrap();
-        let id = response.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-        Session { http, url, token: token(user), id }
-    }
-
-    async fn call(&self, method: &str, params: Value) -> (StatusCode, Value) {
-        let response = self
-            .http
-            .post(&self.url)
-            .bearer_auth(&self.token)
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-session-id", &self.id)
-            .json(&json!({"jsonrpc":"2.0","id":1,"method":method,"params":params}))
-            .send()
-            .await
-            .unwrap();
-        (response.status(), response.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn tool(&self, name: &str, arguments: Value) -> Value {
-        self.call("tools/call", json!({"name": name, "arguments": arguments})).await.1
-    }
-
-    /// The label of the instance that ran `demo:with_meta` (or `tools:with_meta`).
-    async fn served_by(&self, slug: &str) -> Value {
-        let reply =
-            self.tool("execute_mcp_tool", json!({"tool_path": format!("{slug}:with_meta"), "arguments": {}})).await;
-        reply["result"]["_meta"]["demo/instance"].clone()
-    }
+/// The label of the instance that ran `{slug}:with_meta`.
+async fn served_by(caller: &Caller, slug: &str) -> Value {
+    let reply =
+        caller.tool("execute_mcp_tool", json!({"tool_path": format!("{slug}:with_meta"), "arguments": {}})).await;
+    reply["result"]["_meta"]["demo/instance"].clone()
 }
 
 fn document(reply: &Value) -> Value {
@@ -123,7 +80,7 @@ async fn every_cross_tenant_access_is_denied() {
     let base = sat.base_url();
 
     for (user, team) in USERS {
-        let session = Session::open(&base, user).await;
+        let session = Caller::connect(&sat, "/mcp", Some(&token(user))).await;
         let globex = team == "globex";
         // Meta-tools: discovery lists only the caller's servers; execution runs on the caller's instance.
         let listed = document(&session.tool("discover_mcp_tools", json!({"query": "*"})).await);
@@ -132,9 +89,9 @@ async fn every_cross_tenant_access_is_denied() {
         let expected: std::collections::BTreeSet<&str> =
             if globex { ["demo", "tools"].into() } else { ["demo"].into() };
         assert_eq!(slugs, expected, "{user}");
-        assert_eq!(session.served_by("demo").await, json!(user), "{user}: demo ran on the caller's own instance");
+        assert_eq!(served_by(&session, "demo").await, json!(user), "{user}: demo ran on the caller's own instance");
         if globex {
-            assert_eq!(session.served_by("tools").await, json!(user));
+            assert_eq!(served_by(&session, "tools").await, json!(user));
         } else {
             let denied =
                 session.tool("execute_mcp_tool", json!({"tool_path": "tools:echo", "arguments": {"text": "x"}})).await;
@@ -175,11 +132,11 @@ async fn every_cross_tenant_access_is_denied() {
     }
 
     // Sessions reused across users: presenting someone else's session id changes nothing about who you are.
-    let alice = Session::open(&base, "alice").await;
+    let alice = Caller::connect(&sat, "/mcp", Some(&token("alice"))).await;
     for (user, _) in USERS.iter().filter(|(u, _)| *u != "alice") {
-        let borrowed =
-            Session { http: Client::new(), url: alice.url.clone(), token: token(user), id: alice.id.clone() };
-        assert_eq!(borrowed.served_by("demo").await, json!(user), "{user} with alice's session id");
+        let mut borrowed = Caller::new(&sat, "/mcp", Some(&token(user)));
+        borrowed.session = alice.session.clone();
+        assert_eq!(served_by(&borrowed, "demo").await, json!(user), "{user} with alice's session id");
         let listed = document(&borrowed.tool("discover_mcp_tools", json!({"query": "*"})).await);
         assert!(listed["tools"]
             .as_array()
@@ -187,7 +144,7 @@ async fn every_cross_tenant_access_is_denied() {
             .iter()
             .all(|t| t["server_name"] == "demo" || t["server_name"] == "tools"));
     }
-    assert_eq!(alice.served_by("demo").await, json!("alice"), "alice's own session still serves alice");
+    assert_eq!(served_by(&alice, "demo").await, json!("alice"), "alice's own session still serves alice");
     assert!(sat.satellite.shutdown().await);
 }
 
@@ -235,11 +192,10 @@ async fn discover_returns_exactly_what_the_caller_can_execute() {
             async move { done.then_some(()) }
         })
         .await;
-        let base = sat.base_url();
         // Crash a random subset of instances through their owners.
         let mut down = std::collections::BTreeSet::new();
         for user in &users {
-            let session = Session::open(&base, user).await;
+            let session = Caller::connect(&sat, "/mcp", Some(&token(user))).await;
             for slug in &installed {
                 if rng.gen_bool(0.4) {
                     session
@@ -264,7 +220,7 @@ async fn discover_returns_exactly_what_the_caller_can_execute() {
         })
         .await;
         for user in &users {
-            let session = Session::open(&base, user).await;
+            let session = Caller::connect(&sat, "/mcp", Some(&token(user))).await;
             let found = document(&session.tool("discover_mcp_tools", json!({"query": "with_meta", "limit": 50})).await);
             let returned: std::collections::BTreeSet<String> = found["tools"]
                 .as_array()
@@ -277,7 +233,7 @@ async fn discover_returns_exactly_what_the_caller_can_execute() {
                 installed.iter().filter(|s| !down.contains(&(user.clone(), (*s).clone()))).cloned().collect();
             assert_eq!(returned, executable, "seed {seed}, {user}: discover must list exactly the callable servers");
             for slug in &returned {
-                assert_eq!(session.served_by(slug).await, json!(user), "seed {seed}: {user} on {slug}");
+                assert_eq!(served_by(&session, slug).await, json!(user), "seed {seed}: {user} on {slug}");
             }
             for slug in installed.iter().filter(|s| !executable.contains(*s)) {
                 let reply = session

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+mod mcp_http;
+pub use mcp_http::Caller;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;

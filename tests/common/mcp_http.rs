@@ -1,0 +1,89 @@
+//! A minimal MCP client over Streamable HTTP for the front-door tests: raw
+//! requests with full control of headers, plus a handshake-era session.
+
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+
+use super::TestSatellite;
+
+pub struct Caller {
+    pub http: Client,
+    pub url: String,
+    pub token: Option<String>,
+    pub session: Option<String>,
+}
+
+impl Caller {
+    pub fn new(sat: &TestSatellite, path: &str, token: Option<&str>) -> Self {
+        Caller {
+            http: Client::new(),
+            url: format!("{}{path}", sat.base_url()),
+            token: token.map(str::to_owned),
+            session: None,
+        }
+    }
+
+    pub async fn post_raw(
+        &self,
+        body: String,
+        extra: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut request = self.http.post(&self.url).body(body);
+        for (name, default) in [("content-type", "application/json"), ("accept", "application/json, text/event-stream")]
+        {
+            if !extra.iter().any(|(k, _)| *k == name) {
+                request = request.header(name, default);
+            }
+        }
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(session) = &self.session {
+            request = request.header("mcp-session-id", session);
+        }
+        for (k, v) in extra {
+            request = request.header(*k, *v);
+        }
+        let response = request.send().await.expect("request");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap_or_default();
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    pub async fn initialize(&mut self) {
+        let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+        let (status, headers, reply) = self.post_raw(body.to_string(), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        assert_eq!(reply["result"]["protocolVersion"], "2025-06-18");
+        self.session = headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        assert!(self.session.is_some());
+    }
+
+    pub async fn call(&self, method: &str, params: Value) -> (StatusCode, Value) {
+        let body = json!({"jsonrpc":"2.0","id":7,"method":method,"params":params});
+        let (status, _, reply) = self.post_raw(body.to_string(), &[]).await;
+        (status, reply)
+    }
+
+    pub async fn execute(&self, tool_path: &str, arguments: Value) -> Value {
+        self.call(
+            "tools/call",
+            json!({"name":"execute_mcp_tool","arguments":{"tool_path":tool_path,"arguments":arguments}}),
+        )
+        .await
+        .1
+    }
+
+    /// A caller with an initialized handshake-era session.
+    pub async fn connect(sat: &TestSatellite, path: &str, token: Option<&str>) -> Self {
+        let mut caller = Caller::new(sat, path, token);
+        caller.initialize().await;
+        caller
+    }
+
+    /// Call one of the endpoint's tools (a meta-tool on `/mcp`).
+    pub async fn tool(&self, name: &str, arguments: Value) -> Value {
+        self.call("tools/call", json!({"name": name, "arguments": arguments})).await.1
+    }
+}
