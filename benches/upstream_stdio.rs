@@ -98,6 +98,7 @@ async fn satellite_client() -> McpClient {
         env: std::env::vars().collect(),
         cwd: None,
         close_grace: Duration::from_secs(1),
+        stderr: Default::default(),
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
     McpClient::connect(transport, &ClientOptions::default()).await.expect("connect")

@@ -18,6 +18,7 @@ use crate::auth::Authenticator;
 use crate::config::env::Env;
 use crate::config::{self, Config, ConfigError, Mode, StandaloneSource};
 use crate::control::standalone::{self, StandaloneConfig};
+use crate::events::Emitter;
 use crate::http::oauth::ResourceUrls;
 use crate::http::session::{SessionTable, SESSION_IDLE};
 use crate::http::sse::{SseSessions, SSE_IDLE};
@@ -98,6 +99,7 @@ impl Satellite {
             inherited_env: instances::sandbox::inherited_env(env),
             http: instances::remote_http_client()?,
             store: store.clone(),
+            events: Emitter::new(store.clone()),
         };
         let manager = InstanceManager::new(deps).await?;
         let listener =
@@ -126,7 +128,11 @@ impl Satellite {
                 call_timeout: config.upstream.call_timeout,
                 read_timeout: READ_TIMEOUT,
             },
-            instance_router: InstanceRouter { call_timeout: config.upstream.call_timeout, read_timeout: READ_TIMEOUT },
+            instance_router: InstanceRouter {
+                manager: manager.clone(),
+                call_timeout: config.upstream.call_timeout,
+                read_timeout: READ_TIMEOUT,
+            },
             manager: manager.clone(),
             auth: auth.clone(),
             urls: ResourceUrls { public_url: config.public_url.clone() },

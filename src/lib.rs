@@ -8,6 +8,7 @@ pub mod config;
 pub mod control;
 pub mod demo;
 pub mod discovery;
+pub mod events;
 pub mod http;
 pub mod instances;
 pub mod mcp;

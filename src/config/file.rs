@@ -43,6 +43,17 @@ pub struct RawSatellite {
     pub config_watch_interval_ms: Option<u64>,
     /// Public base URL clients use (no `/mcp`); default `http://localhost:{port}`.
     pub public_url: Option<String>,
+    pub idle_timeout_seconds: Option<u64>,
+    pub spawn_grace_seconds: Option<u64>,
+    pub idle_check_interval_ms: Option<u64>,
+    pub restart_backoff_ms: Option<Vec<u64>>,
+    pub max_calls_per_instance: Option<usize>,
+    pub call_queue_timeout_ms: Option<u64>,
+    pub max_processes_per_user: Option<usize>,
+    pub max_processes: Option<usize>,
+    pub log_rate_limit_per_second: Option<u32>,
+    pub log_max_line_length_bytes: Option<usize>,
+    pub log_rate_limit_warning_interval_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,13 +1,17 @@
-//! One per-user instance: its spec, status, live connection and catalog.
+//! One per-user instance: its spec, status, live connection, catalog, and
+//! the supervisor's bookkeeping (activity, dormancy, crashes, call slots).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
-use serde_json::Value;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::limits::ProcessSlot;
+use super::policy::CrashWindow;
 use crate::mcp::client::McpClient;
 use crate::mcp::transport::{Transport, UpstreamError};
 use crate::model::{Catalog, InstanceSpec, InstanceStatus};
@@ -24,6 +28,10 @@ pub struct StatusEntry {
 pub enum InstanceError {
     #[error("instance {0} is not connected")]
     NotConnected(String),
+    #[error("MCP server '{slug}' is busy: {limit} calls already running and none finished within {}ms; retry shortly", .waited.as_millis())]
+    Busy { slug: String, limit: usize, waited: Duration },
+    #[error("MCP server '{slug}' could not be woken from dormancy: {source}")]
+    Respawn { slug: String, source: UpstreamError },
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
 }
@@ -35,20 +43,31 @@ pub struct Instance {
     status: Mutex<StatusEntry>,
     connection: Mutex<Option<Connection>>,
     catalog: Mutex<Option<Arc<Catalog>>>,
-    /// Serialises start, stop and rediscovery of this instance.
+    activity: Mutex<(Instant, DateTime<Utc>)>,
+    dormant: Mutex<Option<(Instant, DateTime<Utc>)>>,
+    pub(super) crashes: Mutex<CrashWindow>,
+    /// Call slots: at most this many calls at once, the rest wait.
+    pub(super) calls: Semaphore,
+    pub(super) max_calls: usize,
+    /// Set while a recovery (probe or re-discovery) runs, so there is one at a time.
+    pub(super) recovering: AtomicBool,
+    /// Serialises start, stop, respawn, dormancy and rediscovery of this instance.
     pub(super) lifecycle: tokio::sync::Mutex<()>,
     /// Cancelled when the instance is removed or replaced.
     pub(super) retired: CancellationToken,
 }
 
-#[derive(Debug, Clone)]
-struct Connection {
-    client: Arc<McpClient>,
-    since: Instant,
+/// A live connection to the instance's server.
+#[derive(Debug)]
+pub(super) struct Connection {
+    pub client: Arc<McpClient>,
+    pub since: Instant,
+    /// The place of a stdio child in the process caps; freed with the connection.
+    pub _slot: Option<ProcessSlot>,
 }
 
 impl Instance {
-    pub(super) fn new(spec: InstanceSpec, catalog: Option<Arc<Catalog>>) -> Self {
+    pub(super) fn new(spec: InstanceSpec, catalog: Option<Arc<Catalog>>, max_calls: usize) -> Self {
         Self {
             spec,
             status: Mutex::new(StatusEntry {
@@ -58,6 +77,12 @@ impl Instance {
             }),
             connection: Mutex::new(None),
             catalog: Mutex::new(catalog),
+            activity: Mutex::new((Instant::now(), Utc::now())),
+            dormant: Mutex::new(None),
+            crashes: Mutex::new(CrashWindow::default()),
+            calls: Semaphore::new(max_calls),
+            max_calls,
+            recovering: AtomicBool::new(false),
             lifecycle: tokio::sync::Mutex::new(()),
             retired: CancellationToken::new(),
         }
@@ -71,10 +96,18 @@ impl Instance {
         self.status.lock().clone()
     }
 
-    pub(super) fn set_status(&self, status: InstanceStatus, message: Option<String>) -> StatusEntry {
-        let entry = StatusEntry { status, message, updated_at: Utc::now() };
-        *self.status.lock() = entry.clone();
-        entry
+    /// Move to `status` if the transition function allows it; the refused move is returned as an error.
+    pub(super) fn set_status(
+        &self,
+        status: InstanceStatus,
+        message: Option<String>,
+    ) -> Result<StatusEntry, (InstanceStatus, InstanceStatus)> {
+        let mut current = self.status.lock();
+        if !current.status.can_move_to(status) {
+            return Err((current.status, status));
+        }
+        *current = StatusEntry { status, message, updated_at: Utc::now() };
+        Ok(current.clone())
     }
 
     /// The tools, resources and templates of the last successful discovery.
@@ -90,12 +123,23 @@ impl Instance {
         self.connection.lock().as_ref().map(|c| c.client.clone())
     }
 
-    pub(super) fn set_client(&self, client: Arc<McpClient>) {
-        *self.connection.lock() = Some(Connection { client, since: Instant::now() });
+    pub(super) fn set_connection(&self, client: Arc<McpClient>, slot: Option<ProcessSlot>) {
+        *self.connection.lock() = Some(Connection { client, since: Instant::now(), _slot: slot });
     }
 
+    /// Remove the connection (freeing its process slot); the caller closes the client.
     pub(super) fn take_client(&self) -> Option<Arc<McpClient>> {
         self.connection.lock().take().map(|c| c.client)
+    }
+
+    /// Remove the connection only if it is still `client` (a newer one is left alone).
+    pub(super) fn take_client_if(&self, client: &Arc<McpClient>) -> bool {
+        let mut connection = self.connection.lock();
+        if connection.as_ref().is_some_and(|c| Arc::ptr_eq(&c.client, client)) {
+            *connection = None;
+            return true;
+        }
+        false
     }
 
     /// How long the current connection has been up.
@@ -119,14 +163,46 @@ impl Instance {
         }
     }
 
-    /// Send a request to the instance's server over its live connection.
-    pub async fn request(
-        &self,
-        method: &str,
-        params: Option<Value>,
-        timeout: Duration,
-    ) -> Result<Value, InstanceError> {
-        let client = self.client().ok_or_else(|| InstanceError::NotConnected(self.spec.process_id.0.clone()))?;
-        Ok(client.request(method, params, timeout).await?)
+    /// Note a request to or answer from the server.
+    pub(super) fn touch(&self) {
+        *self.activity.lock() = (Instant::now(), Utc::now());
+    }
+
+    /// Time since the last request or answer, and when that was.
+    pub fn idle(&self) -> (Duration, DateTime<Utc>) {
+        let (at, wall) = *self.activity.lock();
+        (at.elapsed(), wall)
+    }
+
+    /// Calls running now.
+    pub fn in_flight(&self) -> usize {
+        self.max_calls.saturating_sub(self.calls.available_permits())
+    }
+
+    /// True while the process was stopped for idleness and not yet respawned; its tools stay cached.
+    pub fn is_dormant(&self) -> bool {
+        self.dormant.lock().is_some()
+    }
+
+    pub(super) fn set_dormant(&self) {
+        *self.dormant.lock() = Some((Instant::now(), Utc::now()));
+    }
+
+    /// Leave dormancy; returns how long it lasted.
+    pub(super) fn clear_dormant(&self) -> Option<Duration> {
+        self.dormant.lock().take().map(|(since, _)| since.elapsed())
+    }
+
+    /// Crashes within the current window.
+    pub fn recent_crashes(&self) -> usize {
+        self.crashes.lock().len()
+    }
+
+    pub(super) fn try_begin_recovery(&self) -> bool {
+        !self.recovering.swap(true, Ordering::AcqRel)
+    }
+
+    pub(super) fn end_recovery(&self) {
+        self.recovering.store(false, Ordering::Release);
     }
 }

@@ -1,11 +1,14 @@
 //! Per-user instances: the reconciler that moves the live set toward a
-//! desired state, instance start (spawn or connect, handshake, discovery),
-//! stop, and status tracking. Only this module spawns processes.
+//! desired state, and the supervisor of each instance (`lifecycle`): start
+//! (spawn or connect, handshake, discovery), crash and restart policy, idle
+//! dormancy and respawn, recovery of remote servers, call limits, stop.
+//! Only this module spawns processes.
 //!
 //! Reconciles are serialised; within one, instances are stopped and started
 //! with bounded parallelism, and each instance's lifecycle lock keeps it from
 //! being worked on twice at once. A failed discovery never clears the tools
-//! an instance had.
+//! an instance had. Every status change goes through the transition function
+//! and is recorded with its `mcp.server.status_changed` event.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -17,25 +20,25 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn, Instrument};
+use tracing::{info, warn};
 
 use crate::config::UpstreamSettings;
 use crate::control::{diff, DesiredState, SnapshotDiff};
-use crate::discovery;
-use crate::mcp::client::{ClientOptions, McpClient};
-use crate::mcp::transport::{
-    SseTransport, StdioLaunch, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
-};
-use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, TeamId, Upstream, UserId};
-use crate::search::{SearchIndex, ToolDoc};
-use crate::store::{CatalogOwner, Store};
+use crate::events::Emitter;
+use crate::mcp::client::ClientOptions;
+use crate::model::{Catalog, InstallationId, InstanceSpec, ProcessId, TeamId, UserId};
+use crate::search::SearchIndex;
+use crate::store::Store;
 
 mod instance;
+mod lifecycle;
+pub mod limits;
+pub mod policy;
 pub mod sandbox;
 pub mod status;
 
 pub use instance::{Instance, InstanceError, StatusEntry};
-use status::{status_for, Failure};
+use limits::ProcessSlots;
 
 /// Sent to remote MCP servers (SB §12.2).
 pub const REMOTE_USER_AGENT: &str = "Mozilla/5.0 (compatible; DeployStack-Satellite/1.0; +https://deploystack.io)";
@@ -62,6 +65,16 @@ pub struct ManagerDeps {
     pub store: Store,
     /// The tool index; the manager keeps it in step with every catalog it holds.
     pub search: SearchIndex,
+    /// Where lifecycle events go (the SQLite outbox).
+    pub events: Emitter,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("no instance {0}")]
+    NotFound(String),
+    #[error("no enabled instance of installation {0}")]
+    NoInstallation(String),
 }
 
 /// Handle to the instance set; cheap to clone.
@@ -72,6 +85,7 @@ pub struct InstanceManager {
 
 struct Inner {
     deps: ManagerDeps,
+    slots: Arc<ProcessSlots>,
     state: RwLock<State>,
     reconcile: tokio::sync::Mutex<()>,
     ready_tx: watch::Sender<bool>,
@@ -96,8 +110,11 @@ impl InstanceManager {
         let stored = deps.store.load_catalogs().await?;
         let state = State { stored: stored.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(), ..State::default() };
         let (ready_tx, _) = watch::channel(false);
+        let lifecycle = &deps.settings.lifecycle;
+        let slots = ProcessSlots::new(lifecycle.max_processes_per_user, lifecycle.max_processes);
         Ok(Self {
             inner: Arc::new(Inner {
+                slots,
                 deps,
                 state: RwLock::new(state),
                 reconcile: tokio::sync::Mutex::new(()),
@@ -193,7 +210,8 @@ impl InstanceManager {
                 }
                 // A changed instance starts from scratch; an added one may have tools from a previous run.
                 let stored = state.stored.remove(id).filter(|_| changes.added.contains(id));
-                let instance = Arc::new(Instance::new(spec.clone(), stored));
+                let max_calls = inner.deps.settings.lifecycle.max_calls_per_instance;
+                let instance = Arc::new(Instance::new(spec.clone(), stored, max_calls));
                 state.live.insert(id.clone(), instance.clone());
                 starting.push(instance);
             }
@@ -224,6 +242,64 @@ impl InstanceManager {
         report
     }
 
+    /// Send a request to an instance: wait for a call slot, wake it from dormancy, forward (retrying
+    /// unreachable remote servers), and turn failures and recoveries into status changes (SB §11).
+    pub async fn call(
+        &self,
+        instance: &Arc<Instance>,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, InstanceError> {
+        self.inner.call(instance, method, params, timeout).await
+    }
+
+    /// Make sure the instance has a live connection, respawning it from dormancy (single-flight).
+    pub async fn wake(&self, instance: &Arc<Instance>) -> Result<(), InstanceError> {
+        self.inner.ensure_connected(instance).await.map(|_| ())
+    }
+
+    /// Restart one instance now (SB §9.7 manual restart): stop it, forget its crashes and start again.
+    /// The way out of `permanently_failed`.
+    pub async fn restart(&self, process_id: &ProcessId) -> Result<(), ManagerError> {
+        let instance = self.get(process_id).ok_or_else(|| ManagerError::NotFound(process_id.0.clone()))?;
+        self.inner.restart(&instance, "Restart requested").await;
+        Ok(())
+    }
+
+    /// BP §6.3 `restart`: every enabled instance of the installation, or only `user`'s. Returns how many.
+    pub async fn restart_installation(
+        &self,
+        installation: &InstallationId,
+        user: Option<&UserId>,
+    ) -> Result<usize, ManagerError> {
+        let targets: Vec<Arc<Instance>> = self
+            .instances()
+            .into_iter()
+            .filter(|i| &i.spec().installation_id == installation && user.is_none_or(|u| &i.spec().user_id == u))
+            .collect();
+        if targets.is_empty() {
+            return Err(ManagerError::NoInstallation(installation.0.clone()));
+        }
+        let inner = &self.inner;
+        futures::stream::iter(targets.iter())
+            .for_each_concurrent(inner.deps.settings.reconcile_concurrency, |instance| async move {
+                inner.restart(instance, "Restart requested").await
+            })
+            .await;
+        Ok(targets.len())
+    }
+
+    /// Stop stdio instances idle past the timeout (SB §9.8); returns how many went dormant.
+    pub async fn sweep_idle(&self) -> usize {
+        self.inner.sweep_idle().await
+    }
+
+    /// Live stdio children counted against the process caps.
+    pub fn processes(&self) -> usize {
+        self.inner.slots.in_use()
+    }
+
     /// Stop every instance and background task.
     pub async fn shutdown(&self) {
         let inner = &self.inner;
@@ -232,222 +308,6 @@ impl InstanceManager {
         futures::stream::iter(all).for_each_concurrent(32, |instance| async move { inner.stop(&instance).await }).await;
         inner.tasks.close();
         inner.tasks.wait().await;
-    }
-}
-
-impl Inner {
-    async fn start(self: &Arc<Self>, instance: &Arc<Instance>) {
-        let span = tracing::info_span!("instance", process_id = %instance.spec().process_id, server = %instance.spec().server_slug);
-        async {
-            let _lifecycle = instance.lifecycle.lock().await;
-            if instance.retired.is_cancelled() {
-                return;
-            }
-            let connecting = match instance.spec().upstream {
-                Upstream::Stdio { .. } => "Connecting to MCP server process",
-                _ => "Connecting to MCP server",
-            };
-            self.set_status(instance, InstanceStatus::Connecting, Some(connecting.into())).await;
-            let connected = tokio::select! {
-                _ = instance.retired.cancelled() => return,
-                connected = self.connect(instance.spec()) => connected,
-            };
-            let client = match connected {
-                Ok(client) => Arc::new(client),
-                Err(err) => {
-                    let (status, message) = status_for(&instance.spec().upstream, &Failure::Connect(&err));
-                    self.set_status(instance, status, Some(message)).await;
-                    return;
-                }
-            };
-            instance.set_client(client.clone());
-            self.watch(instance.clone(), client.clone());
-            self.discover_into(instance, &client).await;
-        }
-        .instrument(span)
-        .await
-    }
-
-    async fn stop(&self, instance: &Arc<Instance>) {
-        instance.retired.cancel();
-        let _lifecycle = instance.lifecycle.lock().await;
-        if let Some(client) = instance.take_client() {
-            client.close().await;
-        }
-    }
-
-    async fn connect(&self, spec: &InstanceSpec) -> Result<McpClient, UpstreamError> {
-        let label = spec.process_id.0.clone();
-        let transport =
-            match &spec.upstream {
-                Upstream::Stdio { command, args, env } => {
-                    let (env, dropped) = sandbox::child_env(&self.deps.inherited_env, env);
-                    if !dropped.is_empty() {
-                        warn!(process_id = %label, dropped = ?dropped, "refused environment variables for mcp server");
-                    }
-                    Transport::Stdio(StdioTransport::spawn(StdioLaunch {
-                        label,
-                        command: command.clone(),
-                        args: args.clone(),
-                        env,
-                        cwd: None,
-                        close_grace: STDIO_CLOSE_GRACE,
-                    })?)
-                }
-                Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(
-                    StreamableHttpTransport::new(label, self.deps.http.clone(), url.clone(), headers)?,
-                ),
-                Upstream::Sse { url, headers, timeout } => Transport::Sse(
-                    SseTransport::connect(label, self.deps.http.clone(), url.clone(), headers, *timeout).await?,
-                ),
-            };
-        let mut options = self.deps.client_options.clone();
-        options.handshake_timeout = self.deps.settings.handshake_timeout;
-        let stderr = match &transport {
-            Transport::Stdio(stdio) => Some(stdio.stderr_handle()),
-            _ => None,
-        };
-        McpClient::connect(transport, &options).await.map_err(|err| {
-            // The child's stderr usually says why a handshake failed.
-            match stderr.and_then(|tail| tail.lines().pop()) {
-                Some(last) => err.with_detail(&format!("last stderr line: {last}")),
-                None => err,
-            }
-        })
-    }
-
-    /// Run discovery on a connected instance and publish the result.
-    async fn discover_into(&self, instance: &Arc<Instance>, client: &Arc<McpClient>) {
-        self.set_status(
-            instance,
-            InstanceStatus::DiscoveringTools,
-            Some("Discovering available tools from MCP server".into()),
-        )
-        .await;
-        let request_timeout = self.request_timeout(instance.spec());
-        let budget = self.deps.settings.discovery_timeout;
-        let discovered = tokio::select! {
-            _ = instance.retired.cancelled() => return,
-            found = tokio::time::timeout(budget, discovery::discover(client, request_timeout)) => found,
-        };
-        match discovered {
-            Ok(Ok(catalog)) => {
-                let catalog = Arc::new(catalog);
-                if let Err(err) = self.deps.store.save_catalog(&CatalogOwner::from(instance.spec()), &catalog).await {
-                    warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
-                }
-                info!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
-                self.index(instance.spec(), &catalog).await;
-                instance.set_catalog(catalog);
-                self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into())).await;
-            }
-            Ok(Err(err)) => {
-                let (status, message) = status_for(&instance.spec().upstream, &Failure::Discovery(&err));
-                self.set_status(instance, status, Some(message)).await;
-            }
-            Err(_) => {
-                let message = format!("Process error: discovery timed out after {}s", budget.as_secs());
-                self.set_status(instance, InstanceStatus::Offline, Some(message)).await;
-            }
-        }
-    }
-
-    async fn index(&self, spec: &InstanceSpec, catalog: &Catalog) {
-        let docs = catalog
-            .tools
-            .iter()
-            .filter(|tool| !spec.disabled_tools.contains(&tool.name))
-            .map(|tool| ToolDoc {
-                process_id: spec.process_id.0.clone(),
-                server_slug: spec.server_slug.clone(),
-                tool_name: tool.name.clone(),
-                description: tool.description.clone(),
-                input_schema: tool.input_schema.clone(),
-            })
-            .collect();
-        if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {
-            warn!(process_id = %spec.process_id, error = %err, "indexing tools failed");
-        }
-    }
-
-    async fn unindex(&self, id: &ProcessId) {
-        if let Err(err) = self.deps.search.remove_instance(&id.0).await {
-            warn!(process_id = %id, error = %err, "removing tools from the index failed");
-        }
-    }
-
-    fn request_timeout(&self, spec: &InstanceSpec) -> Duration {
-        match &spec.upstream {
-            Upstream::Stdio { .. } => self.deps.settings.call_timeout,
-            Upstream::StreamableHttp { timeout, .. } | Upstream::Sse { timeout, .. } => *timeout,
-        }
-    }
-
-    /// Follow a stdio child: mark the instance when it dies, rediscover when its tool list changes.
-    fn watch(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>) {
-        let Transport::Stdio(stdio) = client.transport() else { return };
-        let mut notifications = stdio.subscribe();
-        let inner = self.clone();
-        let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
-        self.tasks.spawn(
-            async move {
-                let Transport::Stdio(stdio) = client.transport() else { return };
-                loop {
-                    tokio::select! {
-                        biased;
-                        _ = instance.retired.cancelled() => return,
-                        _ = inner.shutdown.cancelled() => return,
-                        exit = stdio.exited() => {
-                            if instance.retired.is_cancelled() {
-                                return;
-                            }
-                            let mut message = format!("Process error: {}", exit.describe());
-                            if let Some(last) = stdio.stderr_tail().last() {
-                                message.push_str(&format!("; last stderr line: {last}"));
-                            }
-                            inner.set_status(&instance, InstanceStatus::Offline, Some(message)).await;
-                            return;
-                        }
-                        note = notifications.recv() => match note {
-                            Ok(note) if note.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed") => {
-                                let _lifecycle = instance.lifecycle.lock().await;
-                                if instance.retired.is_cancelled() {
-                                    return;
-                                }
-                                info!("tool list changed upstream, rediscovering");
-                                inner.discover_into(&instance, &client).await;
-                            }
-                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                                // The owner task is gone; the exit branch reports it.
-                                stdio.exited().await;
-                            }
-                        },
-                    }
-                }
-            }
-            .instrument(span),
-        );
-    }
-
-    async fn set_status(&self, instance: &Instance, status: InstanceStatus, message: Option<String>) {
-        let entry = instance.set_status(status, message);
-        let spec = instance.spec();
-        match status {
-            InstanceStatus::Error
-            | InstanceStatus::Offline
-            | InstanceStatus::RequiresReauth
-            | InstanceStatus::PermanentlyFailed => {
-                warn!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, message = ?entry.message, "instance status changed")
-            }
-            _ => {
-                info!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, "instance status changed")
-            }
-        }
-        if let Err(err) = self.deps.store.record_status(spec, status, entry.message.as_deref(), entry.updated_at).await
-        {
-            warn!(process_id = %spec.process_id, error = %err, "recording status failed");
-        }
     }
 }
 

@@ -10,12 +10,14 @@ pub enum Failure<'a> {
     /// Spawn or handshake.
     Connect(&'a UpstreamError),
     Discovery(&'a DiscoveryError),
+    /// A forwarded call failed at the transport (not a tool's own JSON-RPC error).
+    Call(&'a UpstreamError),
 }
 
 /// The status and message an instance takes after a failure.
 pub fn status_for(upstream: &Upstream, failure: &Failure<'_>) -> (InstanceStatus, String) {
     let (err, context): (Option<&UpstreamError>, String) = match failure {
-        Failure::Connect(err) => (Some(err), err.to_string()),
+        Failure::Connect(err) | Failure::Call(err) => (Some(err), err.to_string()),
         Failure::Discovery(err) => (err.upstream(), err.to_string()),
     };
     if let (Some(UpstreamError::Spawn(detail)), Upstream::Stdio { .. }) = (err, upstream) {

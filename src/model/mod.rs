@@ -174,6 +174,43 @@ impl InstanceStatus {
     pub fn tools_visible(self) -> bool {
         self == InstanceStatus::Online
     }
+
+    /// Whether the satellite may move an instance from `self` to `next` (SB §10.3). The only moves are the
+    /// paths of install, update, failure, recovery, re-authorisation, crash loop and manual restart; a
+    /// failure status may be set again with a new message. `awaiting_user_config` and `provisioning` belong
+    /// to the backend and are never entered; `online` is reached only through discovery; `permanently_failed`
+    /// is left only by a restart.
+    pub fn can_move_to(self, next: InstanceStatus) -> bool {
+        use InstanceStatus::*;
+        match (self, next) {
+            (_, AwaitingUserConfig | Provisioning) => false,
+            (PermanentlyFailed, Restarting) => true,
+            (PermanentlyFailed, _) => false,
+            (AwaitingUserConfig, _) => false,
+            (Provisioning | CommandReceived, CommandReceived) => self == Provisioning,
+            (_, CommandReceived) => false,
+            (Provisioning | CommandReceived | Restarting, Connecting) => true,
+            (Provisioning | CommandReceived, Restarting) => true,
+            (Provisioning | CommandReceived, _) => false,
+            // Restarting was asked for: from any state the satellite manages (and again, for a repeated command).
+            (_, Restarting) => true,
+            (Restarting, Offline | Error | PermanentlyFailed) => true,
+            (Restarting, _) => false,
+            (Connecting, DiscoveringTools | Offline | Error | RequiresReauth | PermanentlyFailed) => true,
+            (Connecting, _) => false,
+            (DiscoveringTools, SyncingTools | Online | Offline | Error | RequiresReauth | PermanentlyFailed) => true,
+            (DiscoveringTools, _) => false,
+            (SyncingTools, Online | Offline | Error | RequiresReauth | PermanentlyFailed) => true,
+            (SyncingTools, _) => false,
+            // A crash restarts through connecting; a list change rediscovers while serving.
+            (Online, Connecting | DiscoveringTools | Offline | Error | RequiresReauth | PermanentlyFailed) => true,
+            (Online, _) => false,
+            (Offline | Error, Connecting | Offline | Error | RequiresReauth | PermanentlyFailed) => true,
+            (Offline | Error, _) => false,
+            (RequiresReauth, Connecting | RequiresReauth) => true,
+            (RequiresReauth, _) => false,
+        }
+    }
 }
 
 impl fmt::Display for InstanceStatus {
@@ -192,6 +229,50 @@ mod tests {
             assert_eq!(InstanceStatus::parse(status.as_str()), Some(status));
         }
         assert_eq!(InstanceStatus::parse("running"), None);
+    }
+
+    /// Every pair is decided; the documented paths are allowed and the rules hold over all pairs.
+    #[test]
+    fn transitions_allow_the_documented_paths_and_refuse_impossible_moves() {
+        use InstanceStatus::*;
+        let paths: [&[InstanceStatus]; 8] = [
+            &[Provisioning, Connecting, DiscoveringTools, SyncingTools, Online],
+            &[Provisioning, Connecting, DiscoveringTools, Online],
+            &[Online, Restarting, Connecting, DiscoveringTools, Online],
+            &[Online, Offline, Connecting, DiscoveringTools, Online],
+            &[Online, Error, Error, Connecting, DiscoveringTools, Online],
+            &[Online, RequiresReauth, Connecting, DiscoveringTools, Online],
+            &[Online, Connecting, DiscoveringTools, Online, Connecting, PermanentlyFailed, Restarting, Connecting],
+            &[Provisioning, CommandReceived, Connecting, Error, Connecting, Offline],
+        ];
+        for path in paths {
+            for pair in path.windows(2) {
+                assert!(pair[0].can_move_to(pair[1]), "{} -> {} must be allowed", pair[0], pair[1]);
+            }
+        }
+        let mut allowed = 0;
+        for from in InstanceStatus::ALL {
+            for to in InstanceStatus::ALL {
+                let ok = from.can_move_to(to);
+                allowed += usize::from(ok);
+                if matches!(to, AwaitingUserConfig | Provisioning) {
+                    assert!(!ok, "{from} -> {to}: backend-only statuses are never entered");
+                }
+                if from == PermanentlyFailed {
+                    assert_eq!(ok, to == Restarting, "{from} -> {to}: only a restart leaves permanently_failed");
+                }
+                if to == Online {
+                    assert_eq!(ok, matches!(from, DiscoveringTools | SyncingTools), "{from} -> {to}");
+                }
+                if from == AwaitingUserConfig {
+                    assert!(!ok, "{from} -> {to}");
+                }
+                if from == to {
+                    assert_eq!(ok, matches!(from, Offline | Error | RequiresReauth | Restarting), "{from} -> {to}");
+                }
+            }
+        }
+        assert!(allowed < 144 / 2, "the transition relation is a sparse graph, not everything-goes ({allowed})");
     }
 
     #[test]

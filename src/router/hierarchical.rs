@@ -214,9 +214,14 @@ impl HierarchicalRouter {
                 return Err(RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, "arguments must be an object")))
             }
         };
-        let result =
-            forward(&instance, "tools/call", json!({"name": tool_name, "arguments": arguments}), self.call_timeout)
-                .await?;
+        let result = forward(
+            &self.manager,
+            &instance,
+            "tools/call",
+            json!({"name": tool_name, "arguments": arguments}),
+            self.call_timeout,
+        )
+        .await?;
         Ok(normalise_call_result(result))
     }
 
@@ -235,7 +240,7 @@ impl HierarchicalRouter {
         if !callable(instance.status().status) {
             return Err(internal(format!("MCP server '{slug}' is unavailable (status: {})", instance.status().status)));
         }
-        forward(&instance, "resources/read", json!({"uri": original}), self.read_timeout).await
+        forward(&self.manager, &instance, "resources/read", json!({"uri": original}), self.read_timeout).await
     }
 
     fn resource_entries(&self, caller: &Principal) -> Vec<Value> {

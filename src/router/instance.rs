@@ -9,11 +9,12 @@ use serde_json::{json, Value};
 use super::{
     blocked_result, callable, disabled_result, forward, method_not_found, normalise_call_result, visible, RouteError,
 };
-use crate::instances::Instance;
+use crate::instances::{Instance, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
 
 #[derive(Clone)]
 pub struct InstanceRouter {
+    pub manager: InstanceManager,
     pub call_timeout: Duration,
     pub read_timeout: Duration,
 }
@@ -69,9 +70,14 @@ impl InstanceRouter {
                     return Ok(disabled_result(name));
                 }
                 let arguments = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
-                let result =
-                    forward(instance, "tools/call", json!({"name": name, "arguments": arguments}), self.call_timeout)
-                        .await?;
+                let result = forward(
+                    &self.manager,
+                    instance,
+                    "tools/call",
+                    json!({"name": name, "arguments": arguments}),
+                    self.call_timeout,
+                )
+                .await?;
                 Ok(normalise_call_result(result))
             }
             "resources/read" => {
@@ -88,7 +94,7 @@ impl InstanceRouter {
                         format!("MCP server is unavailable (status: {status})"),
                     )));
                 }
-                forward(instance, "resources/read", json!({"uri": uri}), self.read_timeout).await
+                forward(&self.manager, instance, "resources/read", json!({"uri": uri}), self.read_timeout).await
             }
             other => Err(method_not_found(other)),
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::auth::AuthError;
-use crate::instances::{Instance, InstanceError};
+use crate::instances::{Instance, InstanceError, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
 use crate::mcp::transport::UpstreamError;
 use crate::model::InstanceStatus;
@@ -96,12 +96,13 @@ fn disabled_result(tool_path: &str) -> Value {
 /// Send a request to an instance, mapping failures to JSON-RPC errors: the server's own errors keep their
 /// code and data, transport failures become -32603 with the reason.
 async fn forward(
+    manager: &InstanceManager,
     instance: &Arc<Instance>,
     method: &str,
     params: Value,
     timeout: Duration,
 ) -> Result<Value, RouteError> {
-    match instance.request(method, Some(params), timeout).await {
+    match manager.call(instance, method, Some(params), timeout).await {
         Ok(result) => Ok(result),
         Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
         Err(InstanceError::NotConnected(_)) => {
@@ -112,6 +113,7 @@ async fn forward(
                 status.status
             )))
         }
+        Err(err @ (InstanceError::Busy { .. } | InstanceError::Respawn { .. })) => Err(internal(err.to_string())),
         Err(InstanceError::Upstream(err)) => {
             Err(internal(format!("MCP server error ({}): {err}", instance.spec().server_slug)))
         }

@@ -9,9 +9,11 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::SqlitePool;
 
 mod catalog;
+mod events;
 mod status;
 
 pub use catalog::CatalogOwner;
+pub use events::StoredEvent;
 pub use status::StatusRecord;
 
 /// Status rows kept per instance.

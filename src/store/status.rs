@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::{Store, StoreError, STATUS_HISTORY_KEPT};
+use crate::events::Event;
 use crate::model::{InstanceSpec, InstanceStatus, ProcessId};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -14,15 +15,19 @@ pub struct StatusRecord {
 }
 
 impl Store {
-    /// Append a status change and prune the instance's history to the newest rows.
+    /// Append a status change (and the event that reports it, in the same transaction) and prune the instance's history to the newest rows.
     pub async fn record_status(
         &self,
         spec: &InstanceSpec,
         status: InstanceStatus,
         message: Option<&str>,
         at: DateTime<Utc>,
+        event: Option<&Event>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
+        if let Some(event) = event {
+            super::events::insert_event(&mut tx, event).await?;
+        }
         sqlx::query("INSERT INTO instance_status_history (process_id, team_id, user_id, status, message, at) VALUES (?, ?, ?, ?, ?, ?)")
             .bind(spec.process_id.as_str())
             .bind(spec.team_id.as_str())

@@ -85,6 +85,7 @@ pub fn stdio_launch(command: impl Into<String>, args: &[&str]) -> StdioLaunch {
         env: process_env(),
         cwd: None,
         close_grace: Duration::from_secs(1),
+        stderr: Default::default(),
     }
 }
 

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use crate::mcp::protocol::RpcError;
 
 pub mod sse;
+pub mod stderr;
 pub mod stdio;
 pub mod streamable_http;
 

@@ -26,6 +26,7 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::stderr::{StderrLimiter, StderrSettings, Verdict};
 use super::{await_response, outcome, preview, Pending, UpstreamError};
 use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
 
@@ -35,7 +36,8 @@ const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 const OUTBOUND_CAPACITY: usize = 256;
 /// stderr lines kept per instance for the debug route and error messages.
 pub const STDERR_LINES_KEPT: usize = 200;
-const STDERR_LINE_MAX_BYTES: usize = 1024;
+/// Longest stderr line read at all; longer ones are skipped whole (kept lines are cut shorter by the limiter).
+const STDERR_READ_MAX_BYTES: usize = 64 * 1024;
 const NOTIFICATION_CAPACITY: usize = 64;
 
 /// What to start: the instance's final command, arguments and environment.
@@ -50,6 +52,8 @@ pub struct StdioLaunch {
     pub cwd: Option<PathBuf>,
     /// How long to wait after closing stdin before signalling.
     pub close_grace: Duration,
+    /// Rate limit and line cap of stderr capture.
+    pub stderr: StderrSettings,
 }
 
 /// The bounded buffer of a child's last stderr lines.
@@ -98,6 +102,7 @@ pub struct StdioTransport {
     outbound: mpsc::Sender<String>,
     stderr: Arc<Mutex<VecDeque<String>>>,
     notifications: broadcast::Sender<Value>,
+    stderr_warnings: broadcast::Sender<u64>,
     exit_rx: watch::Receiver<Option<ExitInfo>>,
     stop: CancellationToken,
 }
@@ -130,15 +135,19 @@ impl StdioTransport {
         let stderr_buf = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_LINES_KEPT)));
         let (outbound_tx, outbound_rx) = mpsc::channel(OUTBOUND_CAPACITY);
         let (notifications, _) = broadcast::channel(NOTIFICATION_CAPACITY);
+        let (stderr_warnings, _) = broadcast::channel(NOTIFICATION_CAPACITY);
         let (exit_tx, exit_rx) = watch::channel(None);
         let stop = CancellationToken::new();
 
         let owner = Owner {
             label: launch.label.clone(),
+            pgid: pid.map(|p| Pid::from_raw(p as i32)),
             child,
             stdin: Some(stdin),
             stdout: FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES)),
-            stderr: FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_LINE_MAX_BYTES * 64)),
+            stderr: FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_READ_MAX_BYTES)),
+            limiter: StderrLimiter::new(launch.stderr.clone()),
+            stderr_warnings: stderr_warnings.clone(),
             outbound: outbound_rx,
             pending: pending.clone(),
             stderr_buf: stderr_buf.clone(),
@@ -157,6 +166,7 @@ impl StdioTransport {
             outbound: outbound_tx,
             stderr: stderr_buf,
             notifications,
+            stderr_warnings,
             exit_rx,
             stop,
         })
@@ -201,6 +211,11 @@ impl StdioTransport {
     /// Notifications the child sends (list changes, logs, progress).
     pub fn subscribe(&self) -> broadcast::Receiver<Value> {
         self.notifications.subscribe()
+    }
+
+    /// Drop counts the stderr rate limiter reports, at most one per warning interval.
+    pub fn stderr_warnings(&self) -> broadcast::Receiver<u64> {
+        self.stderr_warnings.subscribe()
     }
 
     pub fn in_flight(&self) -> usize {
@@ -251,12 +266,16 @@ impl Drop for StdioTransport {
 struct Owner {
     label: String,
     child: Child,
+    /// The child's process group (its own pid), kept past the child's reaping.
+    pgid: Option<Pid>,
     stdin: Option<ChildStdin>,
     stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
     stderr: FramedRead<tokio::process::ChildStderr, LinesCodec>,
     outbound: mpsc::Receiver<String>,
     pending: Arc<Pending>,
     stderr_buf: Arc<Mutex<VecDeque<String>>>,
+    limiter: StderrLimiter,
+    stderr_warnings: broadcast::Sender<u64>,
     notifications: broadcast::Sender<Value>,
     exit_tx: watch::Sender<Option<ExitInfo>>,
     stop: CancellationToken,
@@ -298,6 +317,10 @@ impl Owner {
                 },
             }
         };
+        // Whatever the child left behind in its process group goes with it.
+        if let Some(pgid) = self.pgid {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
         // Drain what the child wrote before dying, so late responses still reach their waiters.
         while let Ok(Some(Ok(line))) = tokio::time::timeout(Duration::from_millis(50), self.stdout.next()).await {
             self.on_stdout_line(&line).await;
@@ -408,15 +431,15 @@ impl Owner {
         if line.is_empty() {
             return;
         }
-        let mut kept = line.to_owned();
-        if kept.len() > STDERR_LINE_MAX_BYTES {
-            let mut cut = STDERR_LINE_MAX_BYTES;
-            while !kept.is_char_boundary(cut) {
-                cut -= 1;
+        let kept = match self.limiter.admit(line, std::time::Instant::now()) {
+            Verdict::Keep(kept) => kept,
+            Verdict::Drop => return,
+            Verdict::DropAndWarn { dropped } => {
+                warn!(process_id = %self.label, dropped, "mcp server stderr over its rate limit, lines dropped");
+                let _ = self.stderr_warnings.send(dropped);
+                return;
             }
-            kept.truncate(cut);
-            kept.push_str("... [truncated]");
-        }
+        };
         debug!(process_id = %self.label, line = %kept, "mcp server stderr");
         let mut buf = self.stderr_buf.lock();
         if buf.len() == STDERR_LINES_KEPT {

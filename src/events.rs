@@ -1,0 +1,387 @@
+//! Lifecycle events (BP §8.4-§8.5): typed payloads that serialize to the
+//! backend's `data` shapes, and the `Emitter` that records them.
+//!
+//! An event counts as emitted once it is in the SQLite outbox (`store`).
+//! Status changes are written in the same transaction as the status history
+//! row they report. In standalone mode the outbox is the event history that
+//! analytics read; a managed satellite's uploader drains it to the backend.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use tracing::error;
+
+use crate::model::{InstanceSpec, InstanceStatus};
+use crate::store::{Store, StoreError};
+
+/// Events kept in standalone mode; older ones are pruned by the retention job.
+pub const STANDALONE_RETENTION: i64 = 100_000;
+
+/// ISO-8601 with milliseconds and `Z`, as the backend writes timestamps.
+pub fn iso(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// One event ready for the outbox: the registry name, the emission time, the payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub event_type: &'static str,
+    pub timestamp: DateTime<Utc>,
+    pub data: Value,
+    /// The instance the event is about; the uploader keeps order per instance.
+    pub process_id: Option<String>,
+}
+
+impl Event {
+    fn new(event_type: &'static str, spec: Option<&InstanceSpec>, data: impl Serialize) -> Event {
+        Event {
+            event_type,
+            timestamp: Utc::now(),
+            // Plain structs of strings and numbers always serialize.
+            data: serde_json::to_value(data).unwrap_or(Value::Null),
+            process_id: spec.map(|s| s.process_id.0.clone()),
+        }
+    }
+
+    /// `mcp.server.status_changed` (BP §8.5-1), always with the user id.
+    pub fn status_changed(
+        spec: &InstanceSpec,
+        status: InstanceStatus,
+        message: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Self {
+        Self::new(
+            "mcp.server.status_changed",
+            Some(spec),
+            StatusChanged {
+                installation_id: &spec.installation_id.0,
+                team_id: &spec.team_id.0,
+                user_id: &spec.user_id.0,
+                status: status.as_str(),
+                status_message: message,
+                timestamp: iso(at),
+            },
+        )
+    }
+
+    /// `mcp.server.started` (BP §8.5-6): `server_slug` carries the process id, `process_id` the OS pid.
+    pub fn started(spec: &InstanceSpec, pid: Option<u32>, spawn_duration_ms: u64) -> Self {
+        Self::new(
+            "mcp.server.started",
+            Some(spec),
+            Started {
+                ids: ServerIds::of(spec),
+                process_id: pid.unwrap_or(0),
+                transport: "stdio",
+                tool_count: 0,
+                spawn_duration_ms,
+            },
+        )
+    }
+
+    /// `mcp.server.crashed` (BP §8.5-7).
+    pub fn crashed(spec: &InstanceSpec, crash: &CrashReport) -> Self {
+        Self::new(
+            "mcp.server.crashed",
+            Some(spec),
+            Crashed {
+                ids: ServerIds::of(spec),
+                process_id: crash.pid.unwrap_or(0),
+                exit_code: crash.exit_code.unwrap_or(0),
+                signal: crash.signal_name(),
+                uptime_seconds: crash.uptime_seconds,
+                crash_count: crash.crash_count,
+                will_restart: crash.will_restart,
+            },
+        )
+    }
+
+    /// `mcp.server.restarted` (BP §8.5-8).
+    pub fn restarted(spec: &InstanceSpec, old_pid: Option<u32>, new_pid: Option<u32>, attempt: u32) -> Self {
+        Self::new(
+            "mcp.server.restarted",
+            Some(spec),
+            Restarted {
+                ids: ServerIds::of(spec),
+                old_process_id: old_pid.unwrap_or(0),
+                new_process_id: new_pid.unwrap_or(0),
+                restart_reason: "crash",
+                attempt_number: attempt,
+            },
+        )
+    }
+
+    /// `mcp.server.permanently_failed` (BP §8.5-9).
+    pub fn permanently_failed(spec: &InstanceSpec, crash: &CrashReport) -> Self {
+        Self::new(
+            "mcp.server.permanently_failed",
+            Some(spec),
+            PermanentlyFailed {
+                ids: ServerIds::of(spec),
+                total_crashes: crash.crash_count,
+                last_error: format!("Exit code: {}, signal: {}", crash.exit_code.unwrap_or(0), crash.signal_name()),
+                failed_at: iso(Utc::now()),
+            },
+        )
+    }
+
+    /// `mcp.server.dormant` (BP §8.5-10).
+    pub fn dormant(spec: &InstanceSpec, pid: Option<u32>, idle_seconds: u64, last_activity: DateTime<Utc>) -> Self {
+        Self::new(
+            "mcp.server.dormant",
+            Some(spec),
+            Dormant {
+                ids: ServerIds::of(spec),
+                process_id: pid.unwrap_or(0),
+                idle_duration_seconds: idle_seconds,
+                last_activity_at: iso(last_activity),
+            },
+        )
+    }
+
+    /// `mcp.server.respawned` (BP §8.5-11).
+    pub fn respawned(spec: &InstanceSpec, pid: Option<u32>, dormant_seconds: u64, respawn_ms: u64) -> Self {
+        Self::new(
+            "mcp.server.respawned",
+            Some(spec),
+            Respawned {
+                ids: ServerIds::of(spec),
+                process_id: pid.unwrap_or(0),
+                dormant_duration_seconds: dormant_seconds,
+                respawn_duration_ms: respawn_ms,
+            },
+        )
+    }
+
+    /// `mcp.server.log_rate_limit_exceeded` (BP §8.5-12, with the fields OQ-49 adds).
+    pub fn log_rate_limited(spec: &InstanceSpec, dropped: u64, window_seconds: u64, rate_limit: u32) -> Self {
+        Self::new(
+            "mcp.server.log_rate_limit_exceeded",
+            Some(spec),
+            LogRateLimited {
+                installation_id: &spec.installation_id.0,
+                installation_name: &spec.process_id.0,
+                team_id: &spec.team_id.0,
+                user_id: &spec.user_id.0,
+                dropped_count: dropped,
+                time_window_seconds: window_seconds,
+                rate_limit,
+            },
+        )
+    }
+}
+
+/// What the supervisor knows about one crash.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CrashReport {
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub uptime_seconds: u64,
+    pub crash_count: u32,
+    pub will_restart: bool,
+}
+
+impl CrashReport {
+    /// `SIGKILL`-style name, or `"none"`.
+    pub fn signal_name(&self) -> String {
+        match self.signal {
+            None => "none".into(),
+            Some(n) => nix::sys::signal::Signal::try_from(n).map(|s| s.as_str().to_owned()).unwrap_or(n.to_string()),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct StatusChanged<'a> {
+    installation_id: &'a str,
+    team_id: &'a str,
+    user_id: &'a str,
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status_message: Option<&'a str>,
+    timestamp: String,
+}
+
+/// The identity fields the process events share (BP §8.5-6..11).
+#[derive(Serialize)]
+struct ServerIds {
+    server_id: String,
+    server_slug: String,
+    team_id: String,
+    user_id: String,
+}
+
+impl ServerIds {
+    fn of(spec: &InstanceSpec) -> Self {
+        Self {
+            server_id: spec.installation_id.0.clone(),
+            server_slug: spec.process_id.0.clone(),
+            team_id: spec.team_id.0.clone(),
+            user_id: spec.user_id.0.clone(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Started {
+    #[serde(flatten)]
+    ids: ServerIds,
+    process_id: u32,
+    transport: &'static str,
+    tool_count: u32,
+    spawn_duration_ms: u64,
+}
+
+#[derive(Serialize)]
+struct Crashed {
+    #[serde(flatten)]
+    ids: ServerIds,
+    process_id: u32,
+    exit_code: i32,
+    signal: String,
+    uptime_seconds: u64,
+    crash_count: u32,
+    will_restart: bool,
+}
+
+#[derive(Serialize)]
+struct Restarted {
+    #[serde(flatten)]
+    ids: ServerIds,
+    old_process_id: u32,
+    new_process_id: u32,
+    restart_reason: &'static str,
+    attempt_number: u32,
+}
+
+#[derive(Serialize)]
+struct PermanentlyFailed {
+    #[serde(flatten)]
+    ids: ServerIds,
+    total_crashes: u32,
+    last_error: String,
+    failed_at: String,
+}
+
+#[derive(Serialize)]
+struct Dormant {
+    #[serde(flatten)]
+    ids: ServerIds,
+    process_id: u32,
+    idle_duration_seconds: u64,
+    last_activity_at: String,
+}
+
+#[derive(Serialize)]
+struct Respawned {
+    #[serde(flatten)]
+    ids: ServerIds,
+    process_id: u32,
+    dormant_duration_seconds: u64,
+    respawn_duration_ms: u64,
+}
+
+#[derive(Serialize)]
+struct LogRateLimited<'a> {
+    installation_id: &'a str,
+    installation_name: &'a str,
+    team_id: &'a str,
+    user_id: &'a str,
+    dropped_count: u64,
+    time_window_seconds: u64,
+    rate_limit: u32,
+}
+
+/// Records events in the outbox; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Emitter {
+    store: Store,
+}
+
+impl Emitter {
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    /// Write the event to the outbox. A failure is logged loudly with the event, never silently dropped.
+    pub async fn emit(&self, event: Event) {
+        if let Err(err) = self.store.append_events(std::slice::from_ref(&event)).await {
+            error!(event_type = event.event_type, process_id = ?event.process_id, data = %event.data, error = %err, "event could not be recorded");
+        }
+    }
+
+    /// Record a status change and its event in one transaction.
+    pub async fn status_changed(
+        &self,
+        spec: &InstanceSpec,
+        status: InstanceStatus,
+        message: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let event = Event::status_changed(spec, status, message, at);
+        self.store.record_status(spec, status, message, at, Some(&event)).await
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{InstallationId, ProcessId, TeamId, Upstream, UserId};
+    use serde_json::json;
+
+    fn spec() -> InstanceSpec {
+        InstanceSpec {
+            process_id: ProcessId("demo-acme-u1-i1".into()),
+            installation_id: InstallationId::from("i1"),
+            installation_name: "Demo".into(),
+            team_id: TeamId::from("t1"),
+            team_slug: "acme".into(),
+            user_id: UserId::from("u1"),
+            server_name: "demo".into(),
+            server_slug: "demo".into(),
+            upstream: Upstream::Stdio { command: "x".into(), args: vec![], env: Default::default() },
+            enabled: true,
+            instance_path: None,
+            instance_token_hash: None,
+            requires_oauth: false,
+            request_logging_enabled: true,
+            secrets: Default::default(),
+            disabled_tools: Default::default(),
+        }
+    }
+
+    #[test]
+    fn payloads_have_the_backend_field_names() {
+        let at = DateTime::parse_from_rfc3339("2025-01-15T10:30:00Z").unwrap().with_timezone(&Utc);
+        let e = Event::status_changed(&spec(), InstanceStatus::Online, Some("ready"), at);
+        assert_eq!(
+            e.data,
+            json!({"installation_id": "i1", "team_id": "t1", "user_id": "u1", "status": "online",
+                   "status_message": "ready", "timestamp": "2025-01-15T10:30:00.000Z"})
+        );
+        let crash = CrashReport {
+            pid: Some(42),
+            exit_code: None,
+            signal: Some(9),
+            uptime_seconds: 3,
+            crash_count: 2,
+            will_restart: true,
+        };
+        let e = Event::crashed(&spec(), &crash);
+        assert_eq!(e.event_type, "mcp.server.crashed");
+        assert_eq!(
+            e.data,
+            json!({"server_id": "i1", "server_slug": "demo-acme-u1-i1", "team_id": "t1", "user_id": "u1",
+                   "process_id": 42, "exit_code": 0, "signal": "SIGKILL", "uptime_seconds": 3,
+                   "crash_count": 2, "will_restart": true})
+        );
+        let e = Event::permanently_failed(&spec(), &CrashReport { exit_code: Some(3), signal: None, ..crash });
+        assert_eq!(e.data["last_error"], "Exit code: 3, signal: none");
+        assert_eq!(e.data["total_crashes"], 2);
+    }
+}

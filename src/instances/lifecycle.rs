@@ -1,0 +1,666 @@
+//! The supervisor of each instance: start, stop, the watcher of a stdio
+//! child (crash → restart policy, list changes, stderr warnings), dormancy
+//! and respawn, calls with their limits and retries, and recovery of remote
+//! servers. Every status change goes through `Inner::set_status`.
+//!
+//! Locking: an instance's `lifecycle` lock is held while it is started,
+//! stopped, restarted, put to sleep, woken or rediscovered. Crash handling
+//! and probes run outside it and take it again for each attempt.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde_json::Value;
+use tracing::{error, info, warn, Instrument};
+
+use super::instance::{Instance, InstanceError};
+use super::limits::ProcessSlot;
+use super::policy::{self, CrashDecision};
+use super::sandbox;
+use super::status::{status_for, Failure};
+use super::{Inner, STDIO_CLOSE_GRACE};
+use crate::discovery;
+use crate::events::{CrashReport, Event};
+use crate::mcp::client::McpClient;
+use crate::mcp::transport::stderr::StderrSettings;
+use crate::mcp::transport::{
+    ExitInfo, SseTransport, StdioLaunch, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
+};
+use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
+use crate::search::ToolDoc;
+use crate::store::CatalogOwner;
+
+/// How a start ended.
+enum Started {
+    Online,
+    /// Connected but discovery failed, or the server could not be reached.
+    Failed,
+    /// The stdio child died before the handshake finished: a crash.
+    Crashed(CrashReport),
+    Cancelled,
+}
+
+impl Inner {
+    /// Start a new instance (reconciler).
+    pub(super) async fn start(self: &Arc<Self>, instance: &Arc<Instance>) {
+        let span = tracing::info_span!("instance", process_id = %instance.spec().process_id, server = %instance.spec().server_slug);
+        async {
+            let outcome = {
+                let _lifecycle = instance.lifecycle.lock().await;
+                if instance.retired.is_cancelled() {
+                    return;
+                }
+                self.start_locked(instance).await
+            };
+            self.after_start(instance, outcome).await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Manual restart: stop, forget crashes and dormancy, start again.
+    pub(super) async fn restart(self: &Arc<Self>, instance: &Arc<Instance>, reason: &str) {
+        let outcome = {
+            let _lifecycle = instance.lifecycle.lock().await;
+            if instance.retired.is_cancelled() {
+                return;
+            }
+            if let Some(client) = instance.take_client() {
+                client.close().await;
+            }
+            instance.crashes.lock().clear();
+            instance.clear_dormant();
+            info!(process_id = %instance.spec().process_id, reason, "restarting instance");
+            self.set_status(instance, InstanceStatus::Restarting, Some(reason.to_owned())).await;
+            self.start_locked(instance).await
+        };
+        self.after_start(instance, outcome).await;
+    }
+
+    async fn after_start(self: &Arc<Self>, instance: &Arc<Instance>, outcome: Started) {
+        match outcome {
+            Started::Crashed(report) => self.on_crash(instance.clone(), report).await,
+            Started::Failed => self.maybe_probe(instance),
+            Started::Online | Started::Cancelled => {}
+        }
+    }
+
+    /// Connect, handshake and discover; the caller holds the lifecycle lock.
+    async fn start_locked(self: &Arc<Self>, instance: &Arc<Instance>) -> Started {
+        let spec = instance.spec();
+        let stdio = matches!(spec.upstream, Upstream::Stdio { .. });
+        let connecting = if stdio { "Connecting to MCP server process" } else { "Connecting to MCP server" };
+        self.set_status(instance, InstanceStatus::Connecting, Some(connecting.into())).await;
+        let began = Instant::now();
+        let connected = tokio::select! {
+            _ = instance.retired.cancelled() => return Started::Cancelled,
+            _ = self.shutdown.cancelled() => return Started::Cancelled,
+            connected = self.connect(spec) => connected,
+        };
+        let (client, slot) = match connected {
+            Ok(connected) => connected,
+            Err(err) => {
+                if stdio && matches!(err, UpstreamError::Closed(_)) {
+                    warn!(process_id = %spec.process_id, error = %err, "mcp server process died during the handshake");
+                    return Started::Crashed(CrashReport {
+                        pid: None,
+                        exit_code: exit_code_in(&err.to_string()),
+                        signal: None,
+                        uptime_seconds: 0,
+                        crash_count: 0,
+                        will_restart: false,
+                    });
+                }
+                let (status, message) = status_for(&spec.upstream, &Failure::Connect(&err));
+                self.set_status(instance, status, Some(message)).await;
+                return Started::Failed;
+            }
+        };
+        let client = Arc::new(client);
+        instance.set_connection(client.clone(), slot);
+        instance.touch();
+        if stdio {
+            let pid = process_pid(&client);
+            self.emit(Event::started(spec, pid, began.elapsed().as_millis() as u64)).await;
+            self.watch(instance.clone(), client.clone());
+        }
+        if self.discover_into(instance, &client, true).await {
+            Started::Online
+        } else {
+            Started::Failed
+        }
+    }
+
+    pub(super) async fn stop(&self, instance: &Arc<Instance>) {
+        instance.retired.cancel();
+        let _lifecycle = instance.lifecycle.lock().await;
+        if let Some(client) = instance.take_client() {
+            client.close().await;
+        }
+    }
+
+    /// Spawn (within the process caps and the sandbox) or connect, then negotiate.
+    async fn connect(&self, spec: &InstanceSpec) -> Result<(McpClient, Option<ProcessSlot>), UpstreamError> {
+        let label = spec.process_id.0.clone();
+        let mut slot = None;
+        let transport =
+            match &spec.upstream {
+                Upstream::Stdio { command, args, env } => {
+                    slot =
+                        Some(self.slots.acquire(&spec.user_id).map_err(|err| UpstreamError::Spawn(err.to_string()))?);
+                    let (env, dropped) = sandbox::child_env(&self.deps.inherited_env, env);
+                    if !dropped.is_empty() {
+                        warn!(process_id = %label, dropped = ?dropped, "refused environment variables for mcp server");
+                    }
+                    let lifecycle = &self.deps.settings.lifecycle;
+                    Transport::Stdio(StdioTransport::spawn(StdioLaunch {
+                        label,
+                        command: command.clone(),
+                        args: args.clone(),
+                        env,
+                        cwd: None,
+                        close_grace: STDIO_CLOSE_GRACE,
+                        stderr: StderrSettings {
+                            per_second: lifecycle.log_rate_limit,
+                            max_line_bytes: lifecycle.log_max_line_bytes,
+                            warning_interval: lifecycle.log_rate_warning_interval,
+                        },
+                    })?)
+                }
+                Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(
+                    StreamableHttpTransport::new(label, self.deps.http.clone(), url.clone(), headers)?,
+                ),
+                Upstream::Sse { url, headers, timeout } => Transport::Sse(
+                    SseTransport::connect(label, self.deps.http.clone(), url.clone(), headers, *timeout).await?,
+                ),
+            };
+        let mut options = self.deps.client_options.clone();
+        options.handshake_timeout = self.deps.settings.handshake_timeout;
+        let stderr = match &transport {
+            Transport::Stdio(stdio) => Some(stdio.stderr_handle()),
+            _ => None,
+        };
+        let client = McpClient::connect(transport, &options).await.map_err(|err| {
+            // The child's stderr usually says why a handshake failed.
+            match stderr.and_then(|tail| tail.lines().pop()) {
+                Some(last) => err.with_detail(&format!("last stderr line: {last}")),
+                None => err,
+            }
+        })?;
+        Ok((client, slot))
+    }
+
+    /// Run discovery on a connected instance and publish the result; true when it went online.
+    /// With `announce` the instance passes through `discovering_tools`; a rediscovery of an online
+    /// instance (tool list changed) keeps serving its current tools until the new ones are in.
+    async fn discover_into(&self, instance: &Arc<Instance>, client: &Arc<McpClient>, announce: bool) -> bool {
+        let online = instance.status().status == InstanceStatus::Online;
+        if announce || !online {
+            self.set_status(
+                instance,
+                InstanceStatus::DiscoveringTools,
+                Some("Discovering available tools from MCP server".into()),
+            )
+            .await;
+        }
+        let request_timeout = self.request_timeout(instance.spec());
+        let budget = self.deps.settings.discovery_timeout;
+        let discovered = tokio::select! {
+            _ = instance.retired.cancelled() => return false,
+            found = tokio::time::timeout(budget, discovery::discover(client, request_timeout)) => found,
+        };
+        match discovered {
+            Ok(Ok(catalog)) => {
+                let catalog = Arc::new(catalog);
+                if let Err(err) = self.deps.store.save_catalog(&CatalogOwner::from(instance.spec()), &catalog).await {
+                    warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
+                }
+                info!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
+                self.index(instance.spec(), &catalog).await;
+                instance.set_catalog(catalog);
+                if instance.status().status != InstanceStatus::Online {
+                    self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into()))
+                        .await;
+                }
+                true
+            }
+            Ok(Err(err)) => {
+                let (status, message) = status_for(&instance.spec().upstream, &Failure::Discovery(&err));
+                self.set_status(instance, status, Some(message)).await;
+                false
+            }
+            Err(_) => {
+                let message = format!("Process error: discovery timed out after {}s", budget.as_secs());
+                self.set_status(instance, InstanceStatus::Offline, Some(message)).await;
+                false
+            }
+        }
+    }
+
+    pub(super) async fn index(&self, spec: &InstanceSpec, catalog: &Catalog) {
+        let docs = catalog
+            .tools
+            .iter()
+            .filter(|tool| !spec.disabled_tools.contains(&tool.name))
+            .map(|tool| ToolDoc {
+                process_id: spec.process_id.0.clone(),
+                server_slug: spec.server_slug.clone(),
+                tool_name: tool.name.clone(),
+                description: tool.description.clone(),
+                input_schema: tool.input_schema.clone(),
+            })
+            .collect();
+        if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {
+            warn!(process_id = %spec.process_id, error = %err, "indexing tools failed");
+        }
+    }
+
+    pub(super) async fn unindex(&self, id: &ProcessId) {
+        if let Err(err) = self.deps.search.remove_instance(&id.0).await {
+            warn!(process_id = %id, error = %err, "removing tools from the index failed");
+        }
+    }
+
+    fn request_timeout(&self, spec: &InstanceSpec) -> Duration {
+        match &spec.upstream {
+            Upstream::Stdio { .. } => self.deps.settings.call_timeout,
+            Upstream::StreamableHttp { timeout, .. } | Upstream::Sse { timeout, .. } => *timeout,
+        }
+    }
+
+    /// Follow a stdio child: a crash when it dies unasked, rediscovery when its tool list changes,
+    /// an event when its stderr goes over the rate limit.
+    fn watch(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>) {
+        let Transport::Stdio(stdio) = client.transport() else { return };
+        let mut notifications = stdio.subscribe();
+        let mut stderr_warnings = stdio.stderr_warnings();
+        let inner = self.clone();
+        let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
+        self.tasks.spawn(
+            async move {
+                let Transport::Stdio(stdio) = client.transport() else { return };
+                let since = Instant::now();
+                let pid = stdio.pid();
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = instance.retired.cancelled() => return,
+                        _ = inner.shutdown.cancelled() => return,
+                        exit = stdio.exited() => {
+                            let ExitInfo::Exited { code, signal } = exit else { return };
+                            // Only the connection that is current crashes the instance.
+                            if instance.retired.is_cancelled() || !instance.take_client_if(&client) {
+                                return;
+                            }
+                            let report = CrashReport {
+                                pid,
+                                exit_code: code,
+                                signal,
+                                uptime_seconds: since.elapsed().as_secs(),
+                                crash_count: 0,
+                                will_restart: false,
+                            };
+                            if let Some(last) = stdio.stderr_tail().last() {
+                                warn!(last_stderr_line = %last, "mcp server process crashed");
+                            }
+                            inner.on_crash(instance, report).await;
+                            return;
+                        }
+                        dropped = stderr_warnings.recv() => {
+                            if let Ok(dropped) = dropped {
+                                let lifecycle = &inner.deps.settings.lifecycle;
+                                let window = lifecycle.log_rate_warning_interval.as_secs().max(1);
+                                inner.emit(Event::log_rate_limited(instance.spec(), dropped, window, lifecycle.log_rate_limit)).await;
+                            }
+                        }
+                        note = notifications.recv() => match note {
+                            Ok(note) if note.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed") => {
+                                let _lifecycle = instance.lifecycle.lock().await;
+                                if instance.retired.is_cancelled() {
+                                    return;
+                                }
+                                info!("tool list changed upstream, rediscovering");
+                                inner.discover_into(&instance, &client, false).await;
+                            }
+                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                                // The owner task is gone; the exit branch reports it.
+                                stdio.exited().await;
+                            }
+                        },
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// SB §9.7: count the crash, then restart after the backoff or give up on the fourth in five minutes.
+    fn on_crash(self: &Arc<Self>, instance: Arc<Instance>, mut report: CrashReport) -> BoxFuture<'static, ()> {
+        let inner = self.clone();
+        async move {
+            let spec = instance.spec();
+            let crashes = instance.crashes.lock().record(Instant::now());
+            let decision = policy::after_crash(
+                crashes,
+                Duration::from_secs(report.uptime_seconds),
+                &inner.deps.settings.lifecycle.restart_backoff,
+            );
+            report.crash_count = crashes;
+            report.will_restart = matches!(decision, CrashDecision::Restart { .. });
+            inner.emit(Event::crashed(spec, &report)).await;
+            let described = describe_exit(&report);
+            match decision {
+                CrashDecision::GiveUp { crashes } => {
+                    error!(process_id = %spec.process_id, crashes, "mcp server crashed too often, not restarting");
+                    inner.emit(Event::permanently_failed(spec, &report)).await;
+                    let message = format!("Process crashed {crashes} times in 5 minutes. Manual restart required.");
+                    inner.set_status(&instance, InstanceStatus::PermanentlyFailed, Some(message)).await;
+                }
+                CrashDecision::Restart { after, attempt } => {
+                    let message = format!(
+                        "Process crashed ({described}); restart {attempt} of {} in {}ms",
+                        policy::MAX_AUTO_RESTARTS,
+                        after.as_millis()
+                    );
+                    inner.set_status(&instance, InstanceStatus::Offline, Some(message)).await;
+                    let worker = inner.clone();
+                    inner.tasks.spawn(async move {
+                        tokio::select! {
+                            _ = instance.retired.cancelled() => return,
+                            _ = worker.shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(after) => {}
+                        }
+                        let outcome = {
+                            let _lifecycle = instance.lifecycle.lock().await;
+                            // A manual restart or a stop got there first.
+                            if instance.retired.is_cancelled()
+                                || instance.client().is_some()
+                                || instance.status().status != InstanceStatus::Offline
+                            {
+                                return;
+                            }
+                            worker.start_locked(&instance).await
+                        };
+                        match outcome {
+                            Started::Online | Started::Failed if instance.client().is_some() => {
+                                let new_pid = instance.pid();
+                                worker.emit(Event::restarted(instance.spec(), report.pid, new_pid, attempt)).await;
+                            }
+                            Started::Crashed(next) => worker.on_crash(instance, next).await,
+                            _ => {}
+                        }
+                    });
+                }
+            }
+        }
+        .boxed()
+    }
+
+    /// Stop stdio instances that are online, past the spawn grace, with no call running and idle too long.
+    pub(super) async fn sweep_idle(&self) -> usize {
+        let lifecycle = &self.deps.settings.lifecycle;
+        let Some(timeout) = lifecycle.idle_timeout else { return 0 };
+        let candidates: Vec<Arc<Instance>> = self
+            .state
+            .read()
+            .live
+            .values()
+            .filter(|i| matches!(i.spec().upstream, Upstream::Stdio { .. }))
+            .cloned()
+            .collect();
+        let mut slept = 0;
+        for instance in candidates {
+            let idle = |i: &Instance| {
+                i.status().status == InstanceStatus::Online
+                    && i.uptime().is_some_and(|up| up >= lifecycle.spawn_grace)
+                    && i.in_flight() == 0
+                    && i.idle().0 >= timeout
+            };
+            if !idle(&instance) {
+                continue;
+            }
+            // Busy with a start, restart or rediscovery: try next round.
+            let Ok(_lifecycle) = instance.lifecycle.try_lock() else { continue };
+            // Hold every call slot while the process goes, so no call can pick up the closing connection.
+            let Ok(_all_slots) = instance.calls.try_acquire_many(instance.max_calls as u32) else { continue };
+            if !idle(&instance) || instance.retired.is_cancelled() {
+                continue;
+            }
+            let pid = instance.pid();
+            let (idle_for, last_activity) = instance.idle();
+            let Some(client) = instance.take_client() else { continue };
+            instance.set_dormant();
+            info!(process_id = %instance.spec().process_id, idle_s = idle_for.as_secs(), "instance idle, stopping its process (dormant)");
+            self.emit(Event::dormant(instance.spec(), pid, idle_for.as_secs(), last_activity)).await;
+            client.close().await;
+            slept += 1;
+        }
+        slept
+    }
+
+    /// The live client, respawning a dormant instance first. Concurrent callers wait on the lifecycle lock,
+    /// so a dormant instance starts one process however many calls arrive.
+    pub(super) async fn ensure_connected(
+        self: &Arc<Self>,
+        instance: &Arc<Instance>,
+    ) -> Result<Arc<McpClient>, InstanceError> {
+        let slug = || instance.spec().server_slug.clone();
+        if let Some(client) = instance.client() {
+            return Ok(client);
+        }
+        if !instance.is_dormant() {
+            return Err(InstanceError::NotConnected(instance.spec().process_id.0.clone()));
+        }
+        let _lifecycle = instance.lifecycle.lock().await;
+        if let Some(client) = instance.client() {
+            return Ok(client);
+        }
+        if !instance.is_dormant() || instance.retired.is_cancelled() {
+            return Err(InstanceError::NotConnected(instance.spec().process_id.0.clone()));
+        }
+        let began = Instant::now();
+        let (client, slot) =
+            self.connect(instance.spec()).await.map_err(|source| InstanceError::Respawn { slug: slug(), source })?;
+        let client = Arc::new(client);
+        instance.set_connection(client.clone(), slot);
+        instance.touch();
+        let dormant_for = instance.clear_dormant().unwrap_or_default();
+        let pid = process_pid(&client);
+        info!(process_id = %instance.spec().process_id, pid, respawn_ms = began.elapsed().as_millis() as u64, "dormant instance respawned");
+        self.emit(Event::respawned(instance.spec(), pid, dormant_for.as_secs(), began.elapsed().as_millis() as u64))
+            .await;
+        self.watch(instance.clone(), client.clone());
+        Ok(client)
+    }
+
+    pub(super) async fn call(
+        self: &Arc<Self>,
+        instance: &Arc<Instance>,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, InstanceError> {
+        let queue = self.deps.settings.lifecycle.call_queue_timeout;
+        let _permit = match tokio::time::timeout(queue, instance.calls.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            _ => {
+                return Err(InstanceError::Busy {
+                    slug: instance.spec().server_slug.clone(),
+                    limit: instance.max_calls,
+                    waited: queue,
+                })
+            }
+        };
+        instance.touch();
+        let client = self.ensure_connected(instance).await?;
+        let before = instance.status().status;
+        let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
+        let mut attempt = 0;
+        let result = loop {
+            let result = client.request(method, params.clone(), timeout).await;
+            match &result {
+                Err(err) if remote && policy::retryable(err) && attempt < policy::REMOTE_RETRY_WAITS.len() => {
+                    tokio::time::sleep(policy::REMOTE_RETRY_WAITS[attempt]).await;
+                    attempt += 1;
+                }
+                _ => break result,
+            }
+        };
+        instance.touch();
+        match &result {
+            Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {
+                self.recovered(instance.clone(), client);
+            }
+            Err(err) if policy::instance_failure(err) => {
+                let (status, message) = status_for(&instance.spec().upstream, &Failure::Call(err));
+                warn!(process_id = %instance.spec().process_id, error = %err, status = %status, "call failed, marking instance");
+                self.set_status(instance, status, Some(message)).await;
+                self.maybe_probe(instance);
+            }
+            _ => {}
+        }
+        Ok(result?)
+    }
+
+    /// A call succeeded while the instance was offline or in error: rediscover in the background (SB §11.2).
+    fn recovered(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>) {
+        if !instance.try_begin_recovery() {
+            return;
+        }
+        let inner = self.clone();
+        self.tasks.spawn(async move {
+            {
+                let _lifecycle = instance.lifecycle.lock().await;
+                if !instance.retired.is_cancelled()
+                    && matches!(instance.status().status, InstanceStatus::Offline | InstanceStatus::Error)
+                {
+                    let message = "Server recovered, re-discovering tools".to_owned();
+                    inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
+                    if !inner.discover_into(&instance, &client, true).await {
+                        info!(process_id = %instance.spec().process_id, "re-discovery after recovery failed");
+                    }
+                }
+            }
+            instance.end_recovery();
+        });
+    }
+
+    /// Remote instances that are offline or in error get a background probe that reconnects with backoff
+    /// until the server answers again (SB §11.2). One probe per instance at a time.
+    fn maybe_probe(self: &Arc<Self>, instance: &Arc<Instance>) {
+        let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
+        let probing = matches!(instance.status().status, InstanceStatus::Offline | InstanceStatus::Error);
+        if !remote || !probing || !instance.try_begin_recovery() {
+            return;
+        }
+        let inner = self.clone();
+        let instance = instance.clone();
+        let span = tracing::info_span!("instance.probe", process_id = %instance.spec().process_id);
+        self.tasks.spawn(
+            async move {
+                let mut attempt = 0;
+                loop {
+                    tokio::select! {
+                        _ = instance.retired.cancelled() => break,
+                        _ = inner.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(policy::probe_wait(attempt)) => {}
+                    }
+                    attempt += 1;
+                    if !matches!(instance.status().status, InstanceStatus::Offline | InstanceStatus::Error) {
+                        break;
+                    }
+                    let connected = tokio::select! {
+                        _ = instance.retired.cancelled() => break,
+                        connected = inner.connect(instance.spec()) => connected,
+                    };
+                    let Ok((client, slot)) = connected else { continue };
+                    let _lifecycle = instance.lifecycle.lock().await;
+                    if instance.retired.is_cancelled() {
+                        break;
+                    }
+                    info!(attempt, "server answers again, re-discovering tools");
+                    let client = Arc::new(client);
+                    if let Some(old) = instance.take_client() {
+                        old.close().await;
+                    }
+                    instance.set_connection(client.clone(), slot);
+                    let message = "Server recovered, re-discovering tools".to_owned();
+                    inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
+                    if inner.discover_into(&instance, &client, true).await {
+                        break;
+                    }
+                }
+                instance.end_recovery();
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Move an instance to `status` through the transition function, recording the change and its event
+    /// in one transaction. An impossible move is refused and logged.
+    pub(super) async fn set_status(&self, instance: &Instance, status: InstanceStatus, message: Option<String>) {
+        let spec = instance.spec();
+        let entry = match instance.set_status(status, message) {
+            Ok(entry) => entry,
+            Err((from, to)) => {
+                error!(process_id = %spec.process_id, from = %from, to = %to, "refused impossible status transition");
+                return;
+            }
+        };
+        match status {
+            InstanceStatus::Error
+            | InstanceStatus::Offline
+            | InstanceStatus::RequiresReauth
+            | InstanceStatus::PermanentlyFailed => {
+                warn!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, message = ?entry.message, "instance status changed")
+            }
+            _ => {
+                info!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, "instance status changed")
+            }
+        }
+        if let Err(err) =
+            self.deps.events.status_changed(spec, status, entry.message.as_deref(), entry.updated_at).await
+        {
+            error!(process_id = %spec.process_id, status = %status, error = %err, "recording status change failed");
+        }
+    }
+
+    async fn emit(&self, event: Event) {
+        self.deps.events.emit(event).await;
+    }
+}
+
+fn process_pid(client: &McpClient) -> Option<u32> {
+    match client.transport() {
+        Transport::Stdio(stdio) => stdio.pid(),
+        _ => None,
+    }
+}
+
+/// `exit code N` in a transport's description of a dead child.
+fn exit_code_in(message: &str) -> Option<i32> {
+    let rest = message.split("exit code ").nth(1)?;
+    rest.chars().take_while(|c| c.is_ascii_digit() || *c == '-').collect::<String>().parse().ok()
+}
+
+fn describe_exit(report: &CrashReport) -> String {
+    match (report.exit_code, report.signal) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(_)) => format!("killed by {}", report.signal_name()),
+        (None, None) => "exited".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_read_from_transport_messages() {
+        assert_eq!(exit_code_in("process x is not running: child process has died (exit code 2)"), Some(2));
+        assert_eq!(exit_code_in("child process has died (signal 9)"), None);
+    }
+}

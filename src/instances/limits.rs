@@ -1,0 +1,95 @@
+//! Caps on stdio processes per user and in total (issue: limits). A slot is
+//! taken before a spawn and given back when the connection holding it is
+//! dropped, so the count is the number of live children.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::model::UserId;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    #[error("process limit reached: user {user} already runs {limit} MCP server processes on this satellite")]
+    User { user: String, limit: usize },
+    #[error("process limit reached: this satellite already runs {limit} MCP server processes")]
+    Total { limit: usize },
+}
+
+#[derive(Debug)]
+pub struct ProcessSlots {
+    per_user: usize,
+    total: usize,
+    counts: Mutex<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    by_user: HashMap<UserId, usize>,
+}
+
+/// One live child's place in the count; released on drop.
+#[derive(Debug)]
+pub struct ProcessSlot {
+    slots: Arc<ProcessSlots>,
+    user: UserId,
+}
+
+impl ProcessSlots {
+    pub fn new(per_user: usize, total: usize) -> Arc<Self> {
+        Arc::new(Self { per_user, total, counts: Mutex::new(Counts::default()) })
+    }
+
+    pub fn acquire(self: &Arc<Self>, user: &UserId) -> Result<ProcessSlot, LimitError> {
+        let mut counts = self.counts.lock();
+        if counts.total >= self.total {
+            return Err(LimitError::Total { limit: self.total });
+        }
+        let mine = counts.by_user.get(user).copied().unwrap_or(0);
+        if mine >= self.per_user {
+            return Err(LimitError::User { user: user.0.clone(), limit: self.per_user });
+        }
+        counts.total += 1;
+        counts.by_user.insert(user.clone(), mine + 1);
+        Ok(ProcessSlot { slots: self.clone(), user: user.clone() })
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.counts.lock().total
+    }
+}
+
+impl Drop for ProcessSlot {
+    fn drop(&mut self) {
+        let mut counts = self.slots.counts.lock();
+        counts.total = counts.total.saturating_sub(1);
+        if let Some(n) = counts.by_user.get_mut(&self.user) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.by_user.remove(&self.user);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_per_user_and_in_total_and_frees_on_drop() {
+        let slots = ProcessSlots::new(2, 3);
+        let (alice, bob) = (UserId::from("alice"), UserId::from("bob"));
+        let a1 = slots.acquire(&alice).unwrap();
+        let _a2 = slots.acquire(&alice).unwrap();
+        assert_eq!(slots.acquire(&alice).unwrap_err(), LimitError::User { user: "alice".into(), limit: 2 });
+        let _b1 = slots.acquire(&bob).unwrap();
+        assert_eq!(slots.acquire(&bob).unwrap_err(), LimitError::Total { limit: 3 });
+        drop(a1);
+        assert_eq!(slots.in_use(), 2);
+        assert!(slots.acquire(&bob).is_ok());
+        assert!(LimitError::Total { limit: 3 }.to_string().contains("process limit reached"));
+    }
+}
