@@ -18,12 +18,13 @@ use crate::auth::Authenticator;
 use crate::config::env::Env;
 use crate::config::{self, Config, ConfigError, Mode, StandaloneSource};
 use crate::control::standalone::{self, StandaloneConfig};
-use crate::events::Emitter;
+use crate::events::{self, Emitter};
 use crate::http::oauth::ResourceUrls;
 use crate::http::session::{SessionTable, SESSION_IDLE};
 use crate::http::sse::{SseSessions, SSE_IDLE};
 use crate::http::{self, McpDeps, StatusDeps};
 use crate::instances::{self, InstanceManager, ManagerDeps};
+use crate::jobs::{FirstRun, Jobs};
 use crate::mcp::client::ClientOptions;
 use crate::router::{HierarchicalRouter, InstanceRouter};
 use crate::search::{SearchError, SearchIndex};
@@ -31,7 +32,13 @@ use crate::store::{Store, StoreError};
 
 /// Deadlines of the shutdown steps.
 const HTTP_DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+const JOBS_STOP_DEADLINE: Duration = Duration::from_secs(5);
 const INSTANCES_STOP_DEADLINE: Duration = Duration::from_secs(15);
+const EVENTS_FLUSH_DEADLINE: Duration = Duration::from_secs(5);
+/// Idle sessions are forgotten on this period (OQ-18).
+const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+/// Standalone event history is trimmed on this period.
+const EVENT_RETENTION_PERIOD: Duration = Duration::from_secs(3600);
 /// `resources/read` budget (SB §9.5: 60 s).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -70,6 +77,7 @@ pub struct Satellite {
     store: Store,
     cancel: CancellationToken,
     tasks: TaskTracker,
+    jobs: Jobs,
     server: JoinHandle<()>,
     config_refusals: Arc<AtomicU64>,
 }
@@ -108,7 +116,9 @@ impl Satellite {
 
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let jobs = Jobs::new();
         let status = StatusDeps {
+            jobs: jobs.clone(),
             manager: manager.clone(),
             started: Instant::now(),
             debug_route: config.debug_route,
@@ -150,7 +160,39 @@ impl Satellite {
             },
             async move { stop_http.cancelled().await },
         ));
-        tasks.spawn(sweep_sessions([sessions, instance_sessions], sse_sessions, cancel.child_token()));
+        jobs.every("session-expiry", SESSION_SWEEP_PERIOD, FirstRun::AfterOnePeriod, move || {
+            let swept: usize = [&sessions, &instance_sessions].iter().map(|t| t.sweep(SESSION_IDLE)).sum::<usize>()
+                + sse_sessions.sweep(SSE_IDLE);
+            if swept > 0 {
+                info!(swept, "idle mcp sessions expired");
+            }
+            std::future::ready(Ok::<(), std::convert::Infallible>(()))
+        });
+        let lifecycle = &config.upstream.lifecycle;
+        if lifecycle.idle_timeout.is_some() {
+            let idle_manager = manager.clone();
+            jobs.every("idle-process-cleanup", lifecycle.idle_check_interval, FirstRun::Immediately, move || {
+                let manager = idle_manager.clone();
+                async move {
+                    let slept = manager.sweep_idle().await;
+                    if slept > 0 {
+                        info!(slept, "idle instances made dormant");
+                    }
+                    Ok::<(), std::convert::Infallible>(())
+                }
+            });
+        }
+        let retention_store = store.clone();
+        jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
+            let store = retention_store.clone();
+            async move {
+                let pruned = store.prune_events(events::STANDALONE_RETENTION).await?;
+                if pruned > 0 {
+                    info!(pruned, kept = events::STANDALONE_RETENTION, "old events pruned from the standalone history");
+                }
+                Ok::<(), StoreError>(())
+            }
+        });
         info!(%addr, "satellite listening");
 
         let watched = match &config.mode {
@@ -158,20 +200,25 @@ impl Satellite {
             _ => None,
         };
         let config_refusals = Arc::new(AtomicU64::new(0));
-        let refusals = config_refusals.clone();
+        if let Some((path, interval)) = watched {
+            let watcher = FileWatch {
+                last: Arc::new(parking_lot::Mutex::new(fingerprint(&path))),
+                path,
+                manager: manager.clone(),
+                auth,
+                refusals: config_refusals.clone(),
+            };
+            jobs.every("config-file-watch", interval, FirstRun::AfterOnePeriod, move || watcher.clone().check());
+        }
         let apply_manager = manager.clone();
-        let watch_cancel = cancel.child_token();
         tasks.spawn(
             async move {
                 let report = apply_manager.apply(first.desired_state()).await;
                 info!(?report, "initial configuration applied");
-                if let Some((path, interval)) = watched {
-                    watch_file(path, interval, apply_manager, auth, refusals, watch_cancel).await;
-                }
             }
             .instrument(tracing::info_span!("control.standalone")),
         );
-        Ok(Satellite { addr, manager, store, cancel, tasks, server, config_refusals })
+        Ok(Satellite { addr, manager, store, cancel, tasks, jobs, server, config_refusals })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -187,18 +234,35 @@ impl Satellite {
         self.config_refusals.load(Ordering::Relaxed)
     }
 
-    /// Ordered shutdown: stop accepting and drain HTTP, stop the config watcher, stop instances, close the store.
+    /// The database (the event outbox and status history live there).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Counters of the background jobs.
+    pub fn jobs(&self) -> &Jobs {
+        &self.jobs
+    }
+
+    /// Ordered shutdown (STYLE.md): stop accepting and let in-flight requests finish, stop the jobs, stop the
+    /// instances, flush events, close the database. Each step has its own deadline and is logged.
     /// Returns false when a step missed its deadline.
     pub async fn shutdown(self) -> bool {
         let mut clean = true;
-        info!("shutdown: stopping http and background jobs");
+        let began = Instant::now();
+        info!(deadline_s = HTTP_DRAIN_DEADLINE.as_secs(), "shutdown 1/5: refusing new connections, draining requests");
         self.cancel.cancel();
         if tokio::time::timeout(HTTP_DRAIN_DEADLINE, self.server).await.is_err() {
             warn!(deadline_s = HTTP_DRAIN_DEADLINE.as_secs(), "shutdown: http drain missed its deadline");
             clean = false;
         }
+        info!(deadline_s = JOBS_STOP_DEADLINE.as_secs(), "shutdown 2/5: stopping background jobs");
+        if !self.jobs.stop(JOBS_STOP_DEADLINE).await {
+            warn!(deadline_s = JOBS_STOP_DEADLINE.as_secs(), "shutdown: a job missed its deadline");
+            clean = false;
+        }
         self.tasks.close();
-        info!("shutdown: stopping instances");
+        info!(deadline_s = INSTANCES_STOP_DEADLINE.as_secs(), "shutdown 3/5: stopping instances");
         let stopped = async {
             self.manager.shutdown().await;
             self.tasks.wait().await;
@@ -207,63 +271,53 @@ impl Satellite {
             warn!(deadline_s = INSTANCES_STOP_DEADLINE.as_secs(), "shutdown: stopping instances missed its deadline");
             clean = false;
         }
-        info!("shutdown: closing the database");
+        // Events are written to the outbox as they happen; a standalone satellite has nothing left to send.
+        info!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown 4/5: flushing events");
+        match tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.store.event_count()).await {
+            Ok(Ok(kept)) => info!(kept, "events are in the outbox"),
+            Ok(Err(err)) => warn!(error = %err, "shutdown: reading the event outbox failed"),
+            Err(_) => {
+                warn!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown: flushing events missed its deadline");
+                clean = false;
+            }
+        }
+        info!("shutdown 5/5: closing the database");
         self.store.close().await;
-        info!(clean, "shutdown complete");
+        info!(clean, took_ms = began.elapsed().as_millis() as u64, "shutdown complete");
         clean
     }
 }
 
-/// Re-read the standalone file when its content changes and apply the difference.
+/// Re-reads the standalone file when its content changes and applies the difference.
 /// A file that does not parse or validate is reported and the last good config stays in force.
-async fn watch_file(
+#[derive(Clone)]
+struct FileWatch {
     path: PathBuf,
-    interval: Duration,
+    last: Arc<parking_lot::Mutex<Option<[u8; 32]>>>,
     manager: InstanceManager,
     auth: Authenticator,
     refusals: Arc<AtomicU64>,
-    cancel: CancellationToken,
-) {
-    let mut last = fingerprint(&path);
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        let current = fingerprint(&path);
-        if current == last {
-            continue;
-        }
-        last = current;
-        let parsed = config::read_file(&path).and_then(|raw| standalone::from_file(&raw));
-        match parsed {
-            Ok(next) => {
-                auth.replace(next.directory.clone());
-                let report = manager.apply(next.desired_state()).await;
-                info!(?report, path = %path.display(), "config file change applied");
-            }
-            Err(err) => {
-                refusals.fetch_add(1, Ordering::Relaxed);
-                error!(path = %path.display(), error = %err, "config file change refused, keeping the last good config")
-            }
-        }
-    }
 }
 
-/// Forget idle sessions every minute (OQ-18).
-async fn sweep_sessions(tables: [Arc<SessionTable>; 2], sse: Arc<SseSessions>, cancel: CancellationToken) {
-    let mut ticker = tokio::time::interval(Duration::from_secs(60));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
+impl FileWatch {
+    async fn check(self) -> Result<(), ConfigError> {
+        let current = fingerprint(&self.path);
+        if std::mem::replace(&mut *self.last.lock(), current) == current {
+            return Ok(());
         }
-        let swept: usize = tables.iter().map(|t| t.sweep(SESSION_IDLE)).sum::<usize>() + sse.sweep(SSE_IDLE);
-        if swept > 0 {
-            info!(swept, "idle mcp sessions expired");
+        let parsed = config::read_file(&self.path).and_then(|raw| standalone::from_file(&raw));
+        match parsed {
+            Ok(next) => {
+                self.auth.replace(next.directory.clone());
+                let report = self.manager.apply(next.desired_state()).await;
+                info!(?report, path = %self.path.display(), "config file change applied");
+                Ok(())
+            }
+            Err(err) => {
+                self.refusals.fetch_add(1, Ordering::Relaxed);
+                error!(path = %self.path.display(), error = %err, "config file change refused, keeping the last good config");
+                Err(err)
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod discovery;
 pub mod events;
 pub mod http;
 pub mod instances;
+pub mod jobs;
 pub mod mcp;
 pub mod model;
 pub mod router;

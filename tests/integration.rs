@@ -5,6 +5,7 @@ mod common;
 mod cli;
 mod contracts;
 mod front_door;
+mod lifecycle;
 mod reconcile;
 mod tenancy;
 mod upstream_http;

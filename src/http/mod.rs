@@ -27,6 +27,7 @@ pub use mcp::McpDeps;
 #[derive(Clone)]
 pub struct StatusDeps {
     pub manager: InstanceManager,
+    pub jobs: crate::jobs::Jobs,
     pub started: Instant,
     pub debug_route: bool,
     pub show_version: bool,

@@ -63,7 +63,9 @@ fn debug_body(deps: &StatusDeps) -> Value {
     let desired = manager.desired();
     let instances = manager.instances();
 
-    let mut by_team: BTreeMap<String, (Vec<Value>, Vec<Value>)> = BTreeMap::new();
+    // (running, dormant, configured) per team.
+    type Lists = (Vec<Value>, Vec<Value>, Vec<Value>);
+    let mut by_team: BTreeMap<String, Lists> = BTreeMap::new();
     let mut stats: BTreeMap<&str, u64> = BTreeMap::new();
     let mut servers = Map::new();
     let mut all_tools = Vec::new();
@@ -74,7 +76,15 @@ fn debug_body(deps: &StatusDeps) -> Value {
         let status = instance.status();
         let pid = instance.pid();
         let mut info = server_info(spec);
-        info["status"] = json!(if pid.is_some() { "running" } else { "configured" });
+        let dormant = instance.is_dormant();
+        info["status"] = json!(match (pid.is_some(), dormant) {
+            (true, _) => "running",
+            (false, true) => "dormant",
+            (false, false) => "configured",
+        });
+        info["in_flight_calls"] = json!(instance.in_flight());
+        info["recent_crashes"] = json!(instance.recent_crashes());
+        info["idle_ms"] = json!(instance.idle().0.as_millis() as u64);
         info["instance_status"] = json!(status.status.as_str());
         info["message"] = json!(status.message);
         if let Some(pid) = pid {
@@ -88,10 +98,10 @@ fn debug_body(deps: &StatusDeps) -> Value {
             info["stderr_tail"] = json!(tail.iter().rev().take(20).rev().collect::<Vec<_>>());
         }
         let team = by_team.entry(spec.team_id.0.clone()).or_default();
-        if pid.is_some() {
-            team.0.push(info)
-        } else {
-            team.1.push(info)
+        match (pid.is_some(), dormant) {
+            (true, _) => team.0.push(info),
+            (false, true) => team.1.push(info),
+            (false, false) => team.2.push(info),
         }
 
         let bucket = match status.status {
@@ -126,11 +136,12 @@ fn debug_body(deps: &StatusDeps) -> Value {
         }
     }
     let total_running: usize = by_team.values().map(|t| t.0.len()).sum();
-    let total_configured: usize = by_team.values().map(|t| t.1.len()).sum();
+    let total_dormant: usize = by_team.values().map(|t| t.1.len()).sum();
+    let total_configured: usize = by_team.values().map(|t| t.2.len()).sum();
     let servers_by_team: Map<String, Value> = by_team
         .into_iter()
-        .map(|(team, (running, configured))| {
-            (team, json!({"running": running, "dormant": [], "configured": configured}))
+        .map(|(team, (running, dormant, configured))| {
+            (team, json!({"running": running, "dormant": dormant, "configured": configured}))
         })
         .collect();
     let mut by_transport: BTreeMap<&str, u64> = BTreeMap::new();
@@ -145,7 +156,8 @@ fn debug_body(deps: &StatusDeps) -> Value {
         "summary": {
             "total_teams": servers_by_team.len(),
             "total_running": total_running,
-            "total_dormant": 0,
+            "total_dormant": total_dormant,
+            "processes": manager.processes(),
             "total_configured": total_configured,
             "total_servers": instances.len(),
         },
@@ -166,6 +178,7 @@ fn debug_body(deps: &StatusDeps) -> Value {
             "tools_by_server": tools_by_server,
             "all_tools": all_tools,
         },
+        "jobs": deps.jobs.stats(),
         "configuration": {
             "total_servers_configured": desired.len(),
             "enabled_servers": enabled,

@@ -1,7 +1,7 @@
 //! One per-user instance: its spec, status, live connection, catalog, and
 //! the supervisor's bookkeeping (activity, dormancy, crashes, call slots).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,8 @@ pub struct Instance {
     pub(super) max_calls: usize,
     /// Set while a recovery (probe or re-discovery) runs, so there is one at a time.
     pub(super) recovering: AtomicBool,
+    /// Bumped by every start attempt (under the lifecycle lock): a crash of an older attempt is stale.
+    pub(super) generation: AtomicU64,
     /// Serialises start, stop, respawn, dormancy and rediscovery of this instance.
     pub(super) lifecycle: tokio::sync::Mutex<()>,
     /// Cancelled when the instance is removed or replaced.
@@ -83,6 +85,7 @@ impl Instance {
             calls: Semaphore::new(max_calls),
             max_calls,
             recovering: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
             lifecycle: tokio::sync::Mutex::new(()),
             retired: CancellationToken::new(),
         }
@@ -130,16 +133,6 @@ impl Instance {
     /// Remove the connection (freeing its process slot); the caller closes the client.
     pub(super) fn take_client(&self) -> Option<Arc<McpClient>> {
         self.connection.lock().take().map(|c| c.client)
-    }
-
-    /// Remove the connection only if it is still `client` (a newer one is left alone).
-    pub(super) fn take_client_if(&self, client: &Arc<McpClient>) -> bool {
-        let mut connection = self.connection.lock();
-        if connection.as_ref().is_some_and(|c| Arc::ptr_eq(&c.client, client)) {
-            *connection = None;
-            return true;
-        }
-        false
     }
 
     /// How long the current connection has been up.
@@ -196,6 +189,15 @@ impl Instance {
     /// Crashes within the current window.
     pub fn recent_crashes(&self) -> usize {
         self.crashes.lock().len()
+    }
+
+    /// Start a new attempt; returns its generation. Call with the lifecycle lock held.
+    pub(super) fn next_generation(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     pub(super) fn try_begin_recovery(&self) -> bool {

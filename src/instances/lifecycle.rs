@@ -37,8 +37,12 @@ enum Started {
     Online,
     /// Connected but discovery failed, or the server could not be reached.
     Failed,
-    /// The stdio child died before the handshake finished: a crash.
-    Crashed(CrashReport),
+    /// The stdio child died before the handshake finished: a crash of attempt `generation`, and why.
+    Crashed {
+        report: CrashReport,
+        detail: String,
+        generation: u64,
+    },
     Cancelled,
 }
 
@@ -81,7 +85,9 @@ impl Inner {
 
     async fn after_start(self: &Arc<Self>, instance: &Arc<Instance>, outcome: Started) {
         match outcome {
-            Started::Crashed(report) => self.on_crash(instance.clone(), report).await,
+            Started::Crashed { report, detail, generation } => {
+                self.on_crash(instance.clone(), report, detail, generation).await
+            }
             Started::Failed => self.maybe_probe(instance),
             Started::Online | Started::Cancelled => {}
         }
@@ -91,6 +97,7 @@ impl Inner {
     async fn start_locked(self: &Arc<Self>, instance: &Arc<Instance>) -> Started {
         let spec = instance.spec();
         let stdio = matches!(spec.upstream, Upstream::Stdio { .. });
+        let generation = instance.next_generation();
         let connecting = if stdio { "Connecting to MCP server process" } else { "Connecting to MCP server" };
         self.set_status(instance, InstanceStatus::Connecting, Some(connecting.into())).await;
         let began = Instant::now();
@@ -104,14 +111,15 @@ impl Inner {
             Err(err) => {
                 if stdio && matches!(err, UpstreamError::Closed(_)) {
                     warn!(process_id = %spec.process_id, error = %err, "mcp server process died during the handshake");
-                    return Started::Crashed(CrashReport {
+                    let report = CrashReport {
                         pid: None,
                         exit_code: exit_code_in(&err.to_string()),
                         signal: None,
                         uptime_seconds: 0,
                         crash_count: 0,
                         will_restart: false,
-                    });
+                    };
+                    return Started::Crashed { report, detail: err.to_string(), generation };
                 }
                 let (status, message) = status_for(&spec.upstream, &Failure::Connect(&err));
                 self.set_status(instance, status, Some(message)).await;
@@ -124,7 +132,7 @@ impl Inner {
         if stdio {
             let pid = process_pid(&client);
             self.emit(Event::started(spec, pid, began.elapsed().as_millis() as u64)).await;
-            self.watch(instance.clone(), client.clone());
+            self.watch(instance.clone(), client.clone(), generation);
         }
         if self.discover_into(instance, &client, true).await {
             Started::Online
@@ -272,7 +280,7 @@ impl Inner {
 
     /// Follow a stdio child: a crash when it dies unasked, rediscovery when its tool list changes,
     /// an event when its stderr goes over the rate limit.
-    fn watch(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>) {
+    fn watch(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>, generation: u64) {
         let Transport::Stdio(stdio) = client.transport() else { return };
         let mut notifications = stdio.subscribe();
         let mut stderr_warnings = stdio.stderr_warnings();
@@ -290,8 +298,7 @@ impl Inner {
                         _ = inner.shutdown.cancelled() => return,
                         exit = stdio.exited() => {
                             let ExitInfo::Exited { code, signal } = exit else { return };
-                            // Only the connection that is current crashes the instance.
-                            if instance.retired.is_cancelled() || !instance.take_client_if(&client) {
+                            if instance.retired.is_cancelled() {
                                 return;
                             }
                             let report = CrashReport {
@@ -302,10 +309,11 @@ impl Inner {
                                 crash_count: 0,
                                 will_restart: false,
                             };
+                            let mut detail = exit.describe();
                             if let Some(last) = stdio.stderr_tail().last() {
-                                warn!(last_stderr_line = %last, "mcp server process crashed");
+                                detail.push_str(&format!("; last stderr line: {last}"));
                             }
-                            inner.on_crash(instance, report).await;
+                            inner.on_crash(instance, report, detail, generation).await;
                             return;
                         }
                         dropped = stderr_warnings.recv() => {
@@ -338,9 +346,23 @@ impl Inner {
     }
 
     /// SB §9.7: count the crash, then restart after the backoff or give up on the fourth in five minutes.
-    fn on_crash(self: &Arc<Self>, instance: Arc<Instance>, mut report: CrashReport) -> BoxFuture<'static, ()> {
+    /// Runs under the lifecycle lock and only for the current attempt: a crash that a restart, a stop or
+    /// dormancy already replaced is stale and ignored.
+    fn on_crash(
+        self: &Arc<Self>,
+        instance: Arc<Instance>,
+        mut report: CrashReport,
+        detail: String,
+        generation: u64,
+    ) -> BoxFuture<'static, ()> {
         let inner = self.clone();
         async move {
+            let lifecycle = instance.lifecycle.lock().await;
+            if instance.retired.is_cancelled() || instance.generation() != generation {
+                return;
+            }
+            // The dead connection gives back its process slot.
+            instance.take_client();
             let spec = instance.spec();
             let crashes = instance.crashes.lock().record(Instant::now());
             let decision = policy::after_crash(
@@ -350,22 +372,25 @@ impl Inner {
             );
             report.crash_count = crashes;
             report.will_restart = matches!(decision, CrashDecision::Restart { .. });
+            warn!(process_id = %spec.process_id, crashes, detail = %detail, "mcp server process crashed");
             inner.emit(Event::crashed(spec, &report)).await;
-            let described = describe_exit(&report);
             match decision {
                 CrashDecision::GiveUp { crashes } => {
                     error!(process_id = %spec.process_id, crashes, "mcp server crashed too often, not restarting");
                     inner.emit(Event::permanently_failed(spec, &report)).await;
-                    let message = format!("Process crashed {crashes} times in 5 minutes. Manual restart required.");
+                    let message = format!(
+                        "Process crashed {crashes} times in 5 minutes. Manual restart required. Last crash: {detail}"
+                    );
                     inner.set_status(&instance, InstanceStatus::PermanentlyFailed, Some(message)).await;
                 }
                 CrashDecision::Restart { after, attempt } => {
                     let message = format!(
-                        "Process crashed ({described}); restart {attempt} of {} in {}ms",
+                        "Process crashed ({detail}); restart {attempt} of {} in {}ms",
                         policy::MAX_AUTO_RESTARTS,
                         after.as_millis()
                     );
                     inner.set_status(&instance, InstanceStatus::Offline, Some(message)).await;
+                    drop(lifecycle);
                     let worker = inner.clone();
                     inner.tasks.spawn(async move {
                         tokio::select! {
@@ -376,10 +401,7 @@ impl Inner {
                         let outcome = {
                             let _lifecycle = instance.lifecycle.lock().await;
                             // A manual restart or a stop got there first.
-                            if instance.retired.is_cancelled()
-                                || instance.client().is_some()
-                                || instance.status().status != InstanceStatus::Offline
-                            {
+                            if instance.retired.is_cancelled() || instance.generation() != generation {
                                 return;
                             }
                             worker.start_locked(&instance).await
@@ -389,7 +411,9 @@ impl Inner {
                                 let new_pid = instance.pid();
                                 worker.emit(Event::restarted(instance.spec(), report.pid, new_pid, attempt)).await;
                             }
-                            Started::Crashed(next) => worker.on_crash(instance, next).await,
+                            Started::Crashed { report, detail, generation } => {
+                                worker.on_crash(instance, report, detail, generation).await
+                            }
                             _ => {}
                         }
                     });
@@ -416,15 +440,15 @@ impl Inner {
             let idle = |i: &Instance| {
                 i.status().status == InstanceStatus::Online
                     && i.uptime().is_some_and(|up| up >= lifecycle.spawn_grace)
-                    && i.in_flight() == 0
                     && i.idle().0 >= timeout
             };
-            if !idle(&instance) {
+            if !idle(&instance) || instance.in_flight() > 0 {
                 continue;
             }
             // Busy with a start, restart or rediscovery: try next round.
             let Ok(_lifecycle) = instance.lifecycle.try_lock() else { continue };
-            // Hold every call slot while the process goes, so no call can pick up the closing connection.
+            // Hold every call slot while the process goes, so no call can pick up the closing connection;
+            // getting them all proves no call is running.
             let Ok(_all_slots) = instance.calls.try_acquire_many(instance.max_calls as u32) else { continue };
             if !idle(&instance) || instance.retired.is_cancelled() {
                 continue;
@@ -432,6 +456,8 @@ impl Inner {
             let pid = instance.pid();
             let (idle_for, last_activity) = instance.idle();
             let Some(client) = instance.take_client() else { continue };
+            // Whatever the old process does from here on is not a crash.
+            instance.next_generation();
             instance.set_dormant();
             info!(process_id = %instance.spec().process_id, idle_s = idle_for.as_secs(), "instance idle, stopping its process (dormant)");
             self.emit(Event::dormant(instance.spec(), pid, idle_for.as_secs(), last_activity)).await;
@@ -467,12 +493,13 @@ impl Inner {
         let client = Arc::new(client);
         instance.set_connection(client.clone(), slot);
         instance.touch();
+        let generation = instance.next_generation();
         let dormant_for = instance.clear_dormant().unwrap_or_default();
         let pid = process_pid(&client);
         info!(process_id = %instance.spec().process_id, pid, respawn_ms = began.elapsed().as_millis() as u64, "dormant instance respawned");
         self.emit(Event::respawned(instance.spec(), pid, dormant_for.as_secs(), began.elapsed().as_millis() as u64))
             .await;
-        self.watch(instance.clone(), client.clone());
+        self.watch(instance.clone(), client.clone(), generation);
         Ok(client)
     }
 
@@ -514,7 +541,12 @@ impl Inner {
             Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {
                 self.recovered(instance.clone(), client);
             }
-            Err(err) if policy::instance_failure(err) => {
+            // A dead stdio child is the watcher's to report (crash policy); a connection that was replaced
+            // meanwhile says nothing about the current one.
+            Err(UpstreamError::Closed(_)) if !remote => {}
+            Err(err)
+                if policy::instance_failure(err) && instance.client().is_some_and(|c| Arc::ptr_eq(&c, &client)) =>
+            {
                 let (status, message) = status_for(&instance.spec().upstream, &Failure::Call(err));
                 warn!(process_id = %instance.spec().process_id, error = %err, status = %status, "call failed, marking instance");
                 self.set_status(instance, status, Some(message)).await;
@@ -644,14 +676,6 @@ fn process_pid(client: &McpClient) -> Option<u32> {
 fn exit_code_in(message: &str) -> Option<i32> {
     let rest = message.split("exit code ").nth(1)?;
     rest.chars().take_while(|c| c.is_ascii_digit() || *c == '-').collect::<String>().parse().ok()
-}
-
-fn describe_exit(report: &CrashReport) -> String {
-    match (report.exit_code, report.signal) {
-        (Some(code), _) => format!("exit code {code}"),
-        (None, Some(_)) => format!("killed by {}", report.signal_name()),
-        (None, None) => "exited".into(),
-    }
 }
 
 #[cfg(test)]

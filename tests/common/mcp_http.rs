@@ -23,6 +23,11 @@ impl Caller {
         }
     }
 
+    /// A caller for any satellite URL (e.g. a spawned binary).
+    pub fn for_url(url: String, token: Option<&str>) -> Self {
+        Caller { http: Client::new(), url, token: token.map(str::to_owned), session: None }
+    }
+
     pub async fn post_raw(
         &self,
         body: String,

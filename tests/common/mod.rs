@@ -183,6 +183,15 @@ impl TestSatellite {
     }
 
     pub async fn start_in(dir: tempfile::TempDir, config_toml: &str) -> TestSatellite {
+        Self::start_with(dir, config_toml, |_| {}).await
+    }
+
+    /// Start with the loaded config adjusted by `tweak` (settings finer than the file allows, e.g. ms timeouts).
+    pub async fn start_with(
+        dir: tempfile::TempDir,
+        config_toml: &str,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestSatellite {
         trace_init();
         let config_path = dir.path().join("satellite.toml");
         std::fs::write(&config_path, config_toml).expect("write config");
@@ -194,7 +203,8 @@ impl TestSatellite {
             host: None,
             data_dir: Some(dir.path().join("data")),
         };
-        let config = Config::load(&env, &flags).expect("valid config");
+        let mut config = Config::load(&env, &flags).expect("valid config");
+        tweak(&mut config);
         let satellite = Satellite::start(config, &env).await.expect("satellite starts");
         TestSatellite { satellite, dir, config_path }
     }

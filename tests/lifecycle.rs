@@ -1,0 +1,462 @@
+//! Instance lifecycle with real processes: crash and restart policy, idle dormancy and respawn, call and
+//! process limits, stderr floods, a soak of spawn/crash/idle cycles, and SIGTERM during calls.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use satellite::config::Config;
+use satellite::instances::{Instance, InstanceError};
+use satellite::model::{InstanceStatus, ProcessId};
+use satellite::store::StoredEvent;
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A team `acme` with users alice and bob, the demo server installed for both, plus `extra`.
+fn config(extra: &str) -> String {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    format!(
+        r#"
+[satellite]
+handshake_timeout_seconds = 5
+discovery_timeout_seconds = 5
+restart_backoff_ms = [10, 10, 10]
+
+[[teams]]
+id = "acme"
+
+[[users]]
+id = "alice"
+teams = ["acme"]
+
+[[users]]
+id = "bob"
+teams = ["acme"]
+
+[[servers]]
+slug = "demo"
+transport = "stdio"
+command = {exe}
+args = ["demo-server"]
+
+[[installations]]
+id = "i-demo"
+team = "acme"
+server = "demo"
+
+{extra}
+"#
+    )
+}
+
+const ALICE: &str = "demo-acme-alice-i-demo";
+const BOB: &str = "demo-acme-bob-i-demo";
+
+fn instance(sat: &TestSatellite, id: &str) -> Arc<Instance> {
+    sat.satellite.manager().get(&ProcessId::from(id)).unwrap_or_else(|| panic!("no instance {id}"))
+}
+
+async fn wait_status(sat: &TestSatellite, id: &str, status: InstanceStatus) -> satellite::instances::StatusEntry {
+    let pid = ProcessId::from(id);
+    wait_until(DEADLINE, &format!("{id} to be {status}"), || {
+        let found = sat.satellite.manager().get(&pid).map(|i| i.status()).filter(|s| s.status == status);
+        async move { found }
+    })
+    .await
+}
+
+async fn events(sat: &TestSatellite, event_type: &str) -> Vec<StoredEvent> {
+    sat.satellite.store().events(Some(event_type), 0, 100_000).await.expect("read events")
+}
+
+async fn wait_events(sat: &TestSatellite, event_type: &str, at_least: usize) -> Vec<StoredEvent> {
+    wait_until(DEADLINE, &format!("{at_least} {event_type} events"), || async move {
+        let found = events(sat, event_type).await;
+        (found.len() >= at_least).then_some(found)
+    })
+    .await
+}
+
+async fn call(sat: &TestSatellite, id: &str, tool: &str, arguments: Value) -> Result<Value, InstanceError> {
+    let instance = instance(sat, id);
+    sat.satellite
+        .manager()
+        .call(&instance, "tools/call", Some(json!({"name": tool, "arguments": arguments})), Duration::from_secs(20))
+        .await
+}
+
+fn text_of(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+/// Crash alice's demo server through its exit tool and wait until the supervisor brought it back.
+async fn crash_and_wait_restart(sat: &TestSatellite, restarts_before: usize) {
+    let old_pid = instance(sat, ALICE).pid().expect("running");
+    let _ = call(sat, ALICE, "exit_process", json!({"code": 3})).await;
+    wait_until(DEADLINE, "old process gone", || async move { (!process_exists(old_pid)).then_some(()) }).await;
+    wait_events(sat, "mcp.server.restarted", restarts_before + 1).await;
+    wait_status(sat, ALICE, InstanceStatus::Online).await;
+}
+
+#[tokio::test]
+async fn crashes_restart_until_the_fourth_in_five_minutes_then_a_restart_command_recovers() {
+    let sat = TestSatellite::start(&config("")).await;
+    sat.wait_ready().await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let bob_pid = instance(&sat, BOB).pid().expect("bob runs");
+
+    for restarts in 0..3 {
+        crash_and_wait_restart(&sat, restarts).await;
+        // Every crash is a new process, and the call after it works.
+        assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": "hi"})).await.expect("call")), "hi");
+    }
+    let old_pid = instance(&sat, ALICE).pid().expect("running");
+    let _ = call(&sat, ALICE, "exit_process", json!({"code": 3})).await;
+    let failed = wait_status(&sat, ALICE, InstanceStatus::PermanentlyFailed).await;
+    let message = failed.message.expect("message");
+    assert!(message.starts_with("Process crashed 4 times in 5 minutes. Manual restart required."), "{message}");
+    assert!(message.contains("exit code 3"), "{message}");
+    assert!(!process_exists(old_pid));
+    assert_eq!(instance(&sat, ALICE).pid(), None, "no restart after the fourth crash");
+
+    let crashed = wait_events(&sat, "mcp.server.crashed", 4).await;
+    let counts: Vec<(i64, bool)> = crashed
+        .iter()
+        .map(|e| (e.data["crash_count"].as_i64().unwrap(), e.data["will_restart"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(counts, [(1, true), (2, true), (3, true), (4, false)]);
+    assert!(crashed.iter().all(|e| e.data["exit_code"] == 3 && e.data["user_id"] == "alice"));
+    let restarted = events(&sat, "mcp.server.restarted").await;
+    let attempts: Vec<i64> = restarted.iter().map(|e| e.data["attempt_number"].as_i64().unwrap()).collect();
+    assert_eq!(attempts, [1, 2, 3]);
+    let failed = wait_events(&sat, "mcp.server.permanently_failed", 1).await;
+    assert_eq!(failed[0].data["total_crashes"], 4);
+    assert_eq!(failed[0].data["last_error"], "Exit code: 3, signal: none");
+    let statuses = events(&sat, "mcp.server.status_changed").await;
+    assert!(statuses.iter().all(|e| e.data["user_id"].is_string() && e.data["team_id"] == "acme"));
+    assert!(statuses.iter().any(|e| e.data["status"] == "permanently_failed" && e.data["user_id"] == "alice"));
+
+    // A blocked call says why and what to do.
+    let blocked = call(&sat, ALICE, "echo", json!({"text": "x"})).await;
+    assert!(blocked.is_err(), "no process, no call");
+
+    // Bob's instance of the same installation never noticed.
+    let bob = instance(&sat, BOB);
+    assert_eq!(bob.status().status, InstanceStatus::Online);
+    assert_eq!(bob.pid(), Some(bob_pid));
+    assert!(!statuses.iter().any(|e| e.data["user_id"] == "bob"
+        && e.data["status"] != "connecting"
+        && e.data["status"] != "discovering_tools"
+        && e.data["status"] != "online"));
+
+    // The restart command clears the failure.
+    sat.satellite.manager().restart(&ProcessId::from(ALICE)).await.expect("restart");
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": "back"})).await.expect("call")), "back");
+    assert_eq!(instance(&sat, ALICE).recent_crashes(), 0);
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn a_server_that_crashes_at_start_is_permanently_failed_after_four_tries() {
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "[[servers]]\nslug = \"dies\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"exit-on-initialize\"]\n\
+         [[installations]]\nid = \"i-dies\"\nteam = \"acme\"\nserver = \"dies\"\n"
+    );
+    let sat = TestSatellite::start(&config(&extra)).await;
+    sat.wait_ready().await;
+    let id = "dies-acme-alice-i-dies";
+    let failed = wait_status(&sat, id, InstanceStatus::PermanentlyFailed).await;
+    assert!(failed.message.unwrap().contains("missing API key"), "the last stderr line says why");
+    let crashed = wait_events(&sat, "mcp.server.crashed", 8).await;
+    let alice: Vec<&StoredEvent> = crashed.iter().filter(|e| e.data["user_id"] == "alice").collect();
+    assert_eq!(alice.len(), 4);
+    assert_eq!(alice[3].data["will_restart"], false);
+    assert_eq!(alice[0].data["exit_code"], 2);
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+
+    // A manual restart forgets the crashes and tries again from the first backoff step.
+    sat.satellite.manager().restart(&ProcessId::from(id)).await.expect("restart");
+    let history = wait_until(DEADLINE, "a new round of crashes", || async {
+        let n = events(&sat, "mcp.server.crashed").await.iter().filter(|e| e.data["user_id"] == "alice").count();
+        (n > 4).then_some(n)
+    })
+    .await;
+    assert!(history > 4);
+    let statuses = events(&sat, "mcp.server.status_changed").await;
+    assert!(statuses.iter().any(|e| e.data["status"] == "restarting" && e.data["user_id"] == "alice"));
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// Settings too fine for the file: idle after 1 ms, checked by hand or every 50 ms.
+fn fast_idle(config: &mut Config) {
+    let lifecycle = &mut config.upstream.lifecycle;
+    lifecycle.idle_timeout = Some(Duration::from_millis(1));
+    lifecycle.spawn_grace = Duration::ZERO;
+    lifecycle.idle_check_interval = Duration::from_millis(50);
+}
+
+#[tokio::test]
+async fn idle_instances_go_dormant_keep_their_tools_and_fifty_calls_respawn_one_process() {
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &config(""), fast_idle).await;
+    sat.wait_ready().await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let first_pid = wait_until(DEADLINE, "alice asleep", || {
+        let i = instance(&sat, ALICE);
+        let pid = i.pid();
+        async move { i.is_dormant().then_some(()).map(|_| pid) }
+    })
+    .await;
+    assert_eq!(first_pid, None, "no process while dormant");
+    let dormant = wait_events(&sat, "mcp.server.dormant", 1).await;
+    assert!(dormant.iter().any(|e| e.data["server_slug"] == ALICE && e.data["process_id"].as_u64() > Some(0)));
+    let alice = instance(&sat, ALICE);
+    assert_eq!(alice.status().status, InstanceStatus::Online, "dormancy is not a status");
+    assert_eq!(alice.catalog().expect("tools stay cached").tools.len(), 7);
+
+    // 50 calls at once to a dormant instance start one process and all succeed.
+    let respawns_before =
+        events(&sat, "mcp.server.respawned").await.iter().filter(|e| e.data["server_slug"] == ALICE).count();
+    let calls = (0..50).map(|i| {
+        let sat = &sat;
+        async move { call(sat, ALICE, "echo", json!({"text": format!("n{i}")})).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    for (i, result) in results.iter().enumerate() {
+        assert_eq!(text_of(result.as_ref().expect("call succeeds")), format!("n{i}"));
+    }
+    let respawned: Vec<StoredEvent> =
+        events(&sat, "mcp.server.respawned").await.into_iter().filter(|e| e.data["server_slug"] == ALICE).collect();
+    assert_eq!(respawned.len(), respawns_before + 1, "one respawn for 50 concurrent calls");
+    assert!(respawned.last().unwrap().data["respawn_duration_ms"].is_u64());
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn calls_past_the_per_instance_limit_wait_then_get_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let sat = TestSatellite::start_with(dir, &config(""), |c| {
+        c.upstream.lifecycle.max_calls_per_instance = 2;
+        c.upstream.lifecycle.call_queue_timeout = Duration::from_millis(200);
+    })
+    .await;
+    sat.wait_ready().await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let slow = || call(&sat, ALICE, "slow", json!({"ms": 1500}));
+    let (a, b, c) = tokio::join!(slow(), slow(), async {
+        wait_until(DEADLINE, "two calls running", || async { (instance(&sat, ALICE).in_flight() == 2).then_some(()) })
+            .await;
+        call(&sat, ALICE, "echo", json!({"text": "third"})).await
+    });
+    assert!(a.is_ok() && b.is_ok());
+    let err = c.expect_err("the third call is refused");
+    assert!(matches!(err, InstanceError::Busy { limit: 2, .. }), "{err}");
+    assert!(err.to_string().contains("busy") && err.to_string().contains("retry"), "{err}");
+    // Once the slots are free, calls go through again.
+    assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": "after"})).await.expect("call")), "after");
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn the_process_cap_per_user_refuses_more_children_with_a_clear_status() {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let extra = format!(
+        "[[servers]]\nslug = \"second\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\"]\n\
+         [[installations]]\nid = \"i-second\"\nteam = \"acme\"\nserver = \"second\"\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let sat =
+        TestSatellite::start_with(dir, &config(&extra), |c| c.upstream.lifecycle.max_processes_per_user = 1).await;
+    sat.wait_ready().await;
+    for user in ["alice", "bob"] {
+        let ids = [format!("demo-acme-{user}-i-demo"), format!("second-acme-{user}-i-second")];
+        let statuses = wait_until(DEADLINE, "both instances settled", || {
+            let s: Vec<InstanceStatus> = ids.iter().map(|id| instance(&sat, id).status().status).collect();
+            async move { s.iter().all(|s| matches!(s, InstanceStatus::Online | InstanceStatus::Error)).then_some(s) }
+        })
+        .await;
+        let refused: Vec<_> =
+            ids.iter().filter(|id| instance(&sat, id).status().status == InstanceStatus::Error).collect();
+        assert_eq!(refused.len(), 1, "{user}: one runs, one is refused ({statuses:?})");
+        let message = instance(&sat, refused[0]).status().message.unwrap();
+        assert!(message.contains("process limit reached") && message.contains(user), "{message}");
+    }
+    assert_eq!(sat.satellite.manager().processes(), 2);
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn a_child_flooding_stderr_is_rate_limited_and_the_satellite_stays_responsive() {
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "[[servers]]\nslug = \"noisy\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"flood-stderr\"]\n\
+         [[installations]]\nid = \"i-noisy\"\nteam = \"acme\"\nserver = \"noisy\"\n"
+    );
+    let sat = TestSatellite::start(&config(&extra)).await;
+    sat.wait_ready().await;
+    let noisy = "noisy-acme-alice-i-noisy";
+    wait_status(&sat, noisy, InstanceStatus::Online).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    // While the flood runs, calls to both servers answer.
+    for i in 0..20 {
+        assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": format!("{i}")})).await.unwrap()), format!("{i}"));
+        assert_eq!(text_of(&call(&sat, noisy, "ok", json!({})).await.unwrap()), "ok");
+    }
+    let event = wait_until(DEADLINE, "a rate-limit event for alice's noisy instance", || async {
+        events(&sat, "mcp.server.log_rate_limit_exceeded")
+            .await
+            .into_iter()
+            .find(|e| e.data["installation_name"] == noisy)
+    })
+    .await;
+    assert_eq!(event.data["rate_limit"], 20);
+    assert_eq!(event.data["installation_id"], "i-noisy");
+    assert!(event.data["dropped_count"].as_u64().unwrap() > 0);
+    assert!(instance(&sat, noisy).stderr_tail().len() <= 200, "the kept tail is bounded");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// Open file descriptors and live child processes of this test process.
+fn fds_and_children() -> (usize, usize) {
+    let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+    let me = std::process::id().to_string();
+    let children = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            // Fields after the command (which may hold spaces) start after the last ')': state, ppid, ...
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+            let mut fields = rest.split_whitespace();
+            let state = fields.next();
+            fields.next() == Some(me.as_str()) && state != Some("Z")
+        })
+        .count();
+    (fds, children)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_spawn_crash_and_idle_cycles_leak_no_descriptor_or_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let sat = TestSatellite::start_with(dir, &config(""), |c| {
+        fast_idle(c);
+        // The soak drives dormancy itself.
+        c.upstream.lifecycle.idle_check_interval = Duration::from_secs(3600);
+        c.upstream.lifecycle.restart_backoff = vec![Duration::ZERO];
+    })
+    .await;
+    sat.wait_ready().await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let manager = sat.satellite.manager().clone();
+    let alice_id = ProcessId::from(ALICE);
+
+    let cycle = |i: usize| {
+        let sat = &sat;
+        let manager = manager.clone();
+        let alice_id = alice_id.clone();
+        async move {
+            // Spawn (respawn from dormancy when asleep) and use it.
+            let text = format!("c{i}");
+            let answer = call(sat, ALICE, "echo", json!({"text": text})).await.expect("call");
+            assert_eq!(text_of(&answer), text);
+            if i % 2 == 0 {
+                // Crash, then restart by command (the crash window would otherwise end in permanent failure).
+                let _ = call(sat, ALICE, "exit_process", json!({"code": 1})).await;
+                manager.restart(&alice_id).await.expect("restart");
+                wait_status(sat, ALICE, InstanceStatus::Online).await;
+            } else {
+                // Idle: put it to sleep.
+                wait_until(DEADLINE, "alice dormant", || {
+                    let manager = manager.clone();
+                    async move { (manager.sweep_idle().await > 0 || instance(sat, ALICE).is_dormant()).then_some(()) }
+                })
+                .await;
+            }
+        }
+    };
+    // Warm up the pools (database connections, runtime threads) before counting.
+    for i in 0..20 {
+        cycle(i).await;
+    }
+    let settle = || async {
+        let alice = instance(&sat, ALICE);
+        if alice.pid().is_none() && !alice.is_dormant() {
+            let _ = call(&sat, ALICE, "echo", json!({"text": "wake"})).await;
+        }
+    };
+    settle().await;
+    let before = fds_and_children();
+    for i in 20..1020 {
+        cycle(i).await;
+    }
+    settle().await;
+    let after = wait_until(Duration::from_secs(30), "descriptors and children back to the start", || async {
+        let now = fds_and_children();
+        (now == before).then_some(now)
+    })
+    .await;
+    assert_eq!(after, before);
+    assert_eq!(instance(&sat, BOB).status().status, InstanceStatus::Online);
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let token = "sigterm-token-0123456789abcdef";
+    let mut child = tokio::process::Command::new(satellite_exe())
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("PORT", port.to_string())
+        .env("SATELLITE_DEMO_TOKEN", token)
+        .env_remove("SATELLITE_CONFIG")
+        .env_remove("DEPLOYSTACK_BACKEND_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let debug_url = format!("{base}/api/status/debug");
+    let debug = || {
+        let url = debug_url.clone();
+        async move { reqwest::get(url).await.ok()?.json::<Value>().await.ok() }
+    };
+    let demo_pid = wait_until(DEADLINE, "demo instance online", || async {
+        let d = debug().await?;
+        (d["server_status"]["stats"]["online"] == 1).then_some(())?;
+        d["servers_by_team"]["demo-team"]["running"][0]["pid"].as_u64()
+    })
+    .await as u32;
+
+    let mut caller = Caller::for_url(format!("{base}/mcp"), Some(token));
+    caller.initialize().await;
+    let caller = Arc::new(caller);
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let caller = caller.clone();
+            tokio::spawn(async move { caller.execute("demo:slow", json!({"ms": 1500 + i})).await })
+        })
+        .collect();
+    wait_until(DEADLINE, "three calls in flight", || async {
+        let d = debug().await?;
+        (d["servers_by_team"]["demo-team"]["running"][0]["in_flight_calls"] == 3).then_some(())
+    })
+    .await;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    for call in calls {
+        let reply = call.await.unwrap();
+        assert!(reply["result"]["content"][0]["text"].as_str().is_some_and(|t| t.contains("slept")), "{reply}");
+    }
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
+    assert_eq!(status.code(), Some(0), "a clean shutdown exits 0");
+    assert!(!process_exists(demo_pid), "no child remains");
+}
