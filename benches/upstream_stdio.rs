@@ -17,7 +17,7 @@ use common::measure;
 
 use parking_lot::Mutex;
 use satellite::mcp::client::{ClientOptions, McpClient};
-use satellite::mcp::transport::{StdioLaunch, StdioTransport, Transport};
+use satellite::mcp::transport::{ResourceLimits, StdioLaunch, StdioTransport, Transport};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, Command};
@@ -98,6 +98,7 @@ async fn satellite_client() -> McpClient {
         env: std::env::vars().collect(),
         cwd: None,
         close_grace: Duration::from_secs(1),
+        limits: ResourceLimits::default(),
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
     McpClient::connect(transport, &ClientOptions::default()).await.expect("connect")

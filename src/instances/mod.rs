@@ -292,6 +292,7 @@ impl Inner {
                         env,
                         cwd: None,
                         close_grace: STDIO_CLOSE_GRACE,
+                        limits: Default::default(),
                     })?)
                 }
                 Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use satellite::app::Satellite;
 use satellite::config::{env, Config, Flags};
 use satellite::mcp::client::{ClientOptions, McpClient};
-use satellite::mcp::transport::{StdioLaunch, StdioTransport, Transport};
+use satellite::mcp::transport::{ResourceLimits, StdioLaunch, StdioTransport, Transport};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -85,6 +85,7 @@ pub fn stdio_launch(command: impl Into<String>, args: &[&str]) -> StdioLaunch {
         env: process_env(),
         cwd: None,
         close_grace: Duration::from_secs(1),
+        limits: ResourceLimits::default(),
     }
 }
 

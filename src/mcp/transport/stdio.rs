@@ -15,8 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::unistd::{getpid, getppid, Pid};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -50,6 +52,59 @@ pub struct StdioLaunch {
     pub cwd: Option<PathBuf>,
     /// How long to wait after closing stdin before signalling.
     pub close_grace: Duration,
+    /// Resource limits set in the child before it executes `command`.
+    pub limits: ResourceLimits,
+}
+
+/// rlimits for a child, soft and hard alike; `None` leaves the inherited limit. A limit is never raised above
+/// the satellite's own hard limit (it is clamped instead), so a generous setting cannot make a spawn fail.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceLimits {
+    /// RLIMIT_AS: virtual address space, bytes.
+    pub address_space_bytes: Option<u64>,
+    /// RLIMIT_CPU: CPU time over the process's life, seconds.
+    pub cpu_seconds: Option<u64>,
+    /// RLIMIT_NPROC: processes and threads of the child's real uid (counted per uid, not per child).
+    pub processes: Option<u64>,
+    /// RLIMIT_NOFILE: open file descriptors.
+    pub open_files: Option<u64>,
+    /// RLIMIT_FSIZE: largest file the child may write, bytes.
+    pub file_size_bytes: Option<u64>,
+}
+
+impl ResourceLimits {
+    /// The limits that are set, as (resource, value) pairs.
+    fn pairs(&self) -> [(Resource, Option<u64>); 5] {
+        [
+            (Resource::RLIMIT_AS, self.address_space_bytes),
+            (Resource::RLIMIT_CPU, self.cpu_seconds),
+            (Resource::RLIMIT_NPROC, self.processes),
+            (Resource::RLIMIT_NOFILE, self.open_files),
+            (Resource::RLIMIT_FSIZE, self.file_size_bytes),
+        ]
+    }
+}
+
+/// Runs in the forked child between `fork` and `exec`: only async-signal-safe system calls, no allocation, no
+/// locks. The parent-death signal comes first so that a satellite dying at any later point takes the child along.
+fn in_child(parent: Pid, limits: &ResourceLimits) -> std::io::Result<()> {
+    // PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. Spawns happen on
+    // tokio worker (or blocking-pool) threads of the multi-threaded runtime, which live as long as the runtime,
+    // i.e. the satellite; the runtime only ends when the satellite does, and then the child should go too.
+    set_pdeathsig(Signal::SIGKILL)?;
+    // The parent may have died between fork and prctl; the signal would then never come. Checking the parent
+    // after setting it closes the race: either it is still our parent (and the signal is armed) or we leave.
+    if getppid() != parent {
+        // SAFETY: _exit is async-signal-safe and never returns; nothing of the parent's state is touched.
+        unsafe { nix::libc::_exit(1) };
+    }
+    for (resource, value) in limits.pairs() {
+        let Some(value) = value else { continue };
+        let (_, hard) = getrlimit(resource)?;
+        let value = value.min(hard);
+        setrlimit(resource, value, value)?;
+    }
+    Ok(())
 }
 
 /// The bounded buffer of a child's last stderr lines.
@@ -117,6 +172,15 @@ impl StdioTransport {
             .kill_on_drop(true);
         if let Some(cwd) = &launch.cwd {
             command.current_dir(cwd);
+        }
+        let parent = getpid();
+        let limits = launch.limits;
+        // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe functions may be
+        // called. `in_child` makes only raw system calls (prctl, getppid, getrlimit, setrlimit, _exit) through
+        // nix, which neither allocate nor lock; `parent` and `limits` are Copy values captured before the fork,
+        // and the io::Error built from an errno does not allocate.
+        unsafe {
+            command.pre_exec(move || in_child(parent, &limits));
         }
         let mut child = command.spawn().map_err(|err| UpstreamError::Spawn(format!("{}: {err}", launch.command)))?;
         let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
