@@ -23,9 +23,7 @@ use crate::config::UpstreamSettings;
 use crate::control::{diff, DesiredState, SnapshotDiff};
 use crate::discovery;
 use crate::mcp::client::{ClientOptions, McpClient};
-use crate::mcp::transport::{
-    SseTransport, StdioLaunch, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
-};
+use crate::mcp::transport::{SseTransport, StdioTransport, StreamableHttpTransport, Transport, UpstreamError};
 use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, TeamId, Upstream, UserId};
 use crate::search::{SearchIndex, ToolDoc};
 use crate::store::{CatalogOwner, Store};
@@ -58,6 +56,8 @@ pub struct ManagerDeps {
     pub client_options: ClientOptions,
     /// The environment every stdio child starts from (already stripped of the satellite's own settings).
     pub inherited_env: BTreeMap<String, String>,
+    /// Allow-list, argument checks, per-team directories, rlimits and isolation of stdio children.
+    pub sandbox: Arc<sandbox::SandboxPolicy>,
     pub http: reqwest::Client,
     pub store: Store,
     /// The tool index; the manager keeps it in step with every catalog it holds.
@@ -280,20 +280,16 @@ impl Inner {
         let label = spec.process_id.0.clone();
         let transport =
             match &spec.upstream {
-                Upstream::Stdio { command, args, env } => {
-                    let (env, dropped) = sandbox::child_env(&self.deps.inherited_env, env);
+                Upstream::Stdio { .. } => {
+                    let launch = self.deps.sandbox.prepare(spec, &self.deps.inherited_env).map_err(|err| {
+                        warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
+                        UpstreamError::Spawn(err.to_string())
+                    })?;
+                    let dropped = &launch.dropped_env;
                     if !dropped.is_empty() {
                         warn!(process_id = %label, dropped = ?dropped, "refused environment variables for mcp server");
                     }
-                    Transport::Stdio(StdioTransport::spawn(StdioLaunch {
-                        label,
-                        command: command.clone(),
-                        args: args.clone(),
-                        env,
-                        cwd: None,
-                        close_grace: STDIO_CLOSE_GRACE,
-                        limits: Default::default(),
-                    })?)
+                    Transport::Stdio(StdioTransport::spawn(launch.into_stdio_launch(label, STDIO_CLOSE_GRACE))?)
                 }
                 Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(
                     StreamableHttpTransport::new(label, self.deps.http.clone(), url.clone(), headers)?,
