@@ -366,6 +366,16 @@ impl Owner {
         while let Ok(Some(Ok(line))) = tokio::time::timeout(Duration::from_millis(50), self.stdout.next()).await {
             self.on_stdout_line(&line).await;
         }
+        // And its last stderr lines, which usually say why it died (bounded: a grandchild may keep writing).
+        if stderr_open {
+            for _ in 0..STDERR_LINES_KEPT {
+                match tokio::time::timeout(Duration::from_millis(50), self.stderr.next()).await {
+                    Ok(Some(Ok(line))) => self.on_stderr_line(line),
+                    Ok(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => {}
+                    _ => break,
+                }
+            }
+        }
         match &exit {
             ExitInfo::Stopped => info!(process_id = %self.label, "mcp server process stopped"),
             ExitInfo::Exited { code, signal } => {
