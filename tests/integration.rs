@@ -6,6 +6,7 @@ mod cli;
 mod contracts;
 mod front_door;
 mod reconcile;
+mod sandbox;
 mod tenancy;
 mod upstream_http;
 mod upstream_stdio;
