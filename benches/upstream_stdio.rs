@@ -17,7 +17,7 @@ use common::measure;
 
 use parking_lot::Mutex;
 use satellite::mcp::client::{ClientOptions, McpClient};
-use satellite::mcp::transport::{StdioLaunch, StdioTransport, Transport};
+use satellite::mcp::transport::{ResourceLimits, StdioLaunch, StdioTransport, Transport};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, Command};
@@ -99,6 +99,7 @@ async fn satellite_client() -> McpClient {
         cwd: None,
         close_grace: Duration::from_secs(1),
         stderr: Default::default(),
+        limits: ResourceLimits::default(),
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
     McpClient::connect(transport, &ClientOptions::default()).await.expect("connect")

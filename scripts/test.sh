@@ -10,6 +10,15 @@ for tool in cargo node npm python3; do
   command -v "$tool" >/dev/null || { echo "error: $tool is required" >&2; exit 1; }
 done
 
+echo "==> bubblewrap for the sandbox tests (tests/sandbox.rs)"
+if ! command -v bwrap >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    apt-get install -y -qq bubblewrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
+  else
+    echo "error: bwrap is required (apt-get install bubblewrap)" >&2; exit 1
+  fi
+fi
+
 echo "==> installing npm MCP servers used by the tests (tests/node)"
 npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 

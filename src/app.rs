@@ -98,9 +98,13 @@ impl Satellite {
     /// Open the store, bind the listener, start serving and apply the first configuration in the background.
     pub async fn start(config: Config, env: &Env) -> Result<Satellite, StartError> {
         let first = initial_standalone(&config)?;
+        // Before the store: a sandbox config error (exit 64) leaves nothing behind.
+        let sandbox = instances::sandbox::SandboxPolicy::for_config(&config, env)?;
+        info!("{}", sandbox.describe());
         let store = Store::open(&config.data_dir).await?;
         let search = SearchIndex::new()?;
         let deps = ManagerDeps {
+            sandbox: Arc::new(sandbox),
             search: search.clone(),
             settings: config.upstream.clone(),
             client_options: ClientOptions::default(),

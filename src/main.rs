@@ -102,9 +102,16 @@ fn load(args: &ServeArgs) -> Result<(Config, HashMap<String, String>), ExitCode>
 }
 
 fn check_config(args: &ServeArgs) -> ExitCode {
-    let (config, _) = match load(args) {
+    let (config, env) = match load(args) {
         Ok(loaded) => loaded,
         Err(code) => return code,
+    };
+    let sandbox = match satellite::instances::sandbox::SandboxPolicy::for_config(&config, &env) {
+        Ok(sandbox) => sandbox,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return exit(config::EXIT_CONFIG);
+        }
     };
     let instances = match app::initial_standalone(&config) {
         Ok(standalone) => {
@@ -119,6 +126,7 @@ fn check_config(args: &ServeArgs) -> ExitCode {
     };
     let mut effective = config.redacted();
     effective["desired_state"] = instances;
+    effective["sandbox"]["summary"] = serde_json::Value::String(sandbox.describe());
     match serde_json::to_string_pretty(&effective) {
         Ok(text) => println!("{text}"),
         Err(err) => {

@@ -36,7 +36,7 @@ async fn version_prints_the_crate_version() {
 #[tokio::test]
 async fn bad_configs_exit_64_with_one_line_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str); 6] = [
+    let cases: [(&str, &str); 8] = [
         ("[satellite]\nprot = 1\n", "unknown field `prot`"),
         (
             "[[teams]]\nid = \"t\"\n[[servers]]\nslug = \"x\"\ntransport = \"http\"\nurl = \"not a url\"\n",
@@ -46,6 +46,8 @@ async fn bad_configs_exit_64_with_one_line_naming_the_key() {
         ("[[installations]]\nid = \"i\"\nteam = \"nope\"\nserver = \"x\"\n", "installations[0].team"),
         ("[satellite]\nport = \"many\"\n", "invalid type"),
         ("this is not toml", "config file"),
+        ("[sandbox]\nisolation = \"nsjail\"\nnsjail_path = \"/nonexistent/nsjail\"\n", "sandbox.nsjail_path"),
+        ("[sandbox]\nallowed_commands = [\"bin/server\"]\n", "sandbox.allowed_commands[0]"),
     ];
     for (i, (body, needle)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("bad{i}.toml"));

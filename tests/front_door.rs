@@ -25,6 +25,9 @@ fn config() -> String {
     let exe = toml_str(&satellite_exe().to_string_lossy());
     format!(
         r#"
+[sandbox]
+allowed_commands = [{exe}]
+
 [[teams]]
 id = "acme"
 [[teams]]

@@ -7,6 +7,7 @@ mod contracts;
 mod front_door;
 mod lifecycle;
 mod reconcile;
+mod sandbox;
 mod tenancy;
 mod upstream_http;
 mod upstream_stdio;

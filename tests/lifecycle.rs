@@ -4,68 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use satellite::config::Config;
-use satellite::instances::{Instance, InstanceError};
+use satellite::instances::InstanceError;
 use satellite::model::{InstanceStatus, ProcessId};
 use satellite::store::StoredEvent;
 use serde_json::{json, Value};
 
+use crate::common::lifecycle::*;
 use crate::common::*;
-
-const DEADLINE: Duration = Duration::from_secs(60);
-
-/// A team `acme` with users alice and bob, the demo server installed for both, plus `extra`.
-fn config(extra: &str) -> String {
-    let exe = toml_str(&satellite_exe().to_string_lossy());
-    format!(
-        r#"
-[satellite]
-handshake_timeout_seconds = 5
-discovery_timeout_seconds = 5
-restart_backoff_ms = [10, 10, 10]
-
-[[teams]]
-id = "acme"
-
-[[users]]
-id = "alice"
-teams = ["acme"]
-
-[[users]]
-id = "bob"
-teams = ["acme"]
-
-[[servers]]
-slug = "demo"
-transport = "stdio"
-command = {exe}
-args = ["demo-server"]
-
-[[installations]]
-id = "i-demo"
-team = "acme"
-server = "demo"
-
-{extra}
-"#
-    )
-}
-
-const ALICE: &str = "demo-acme-alice-i-demo";
-const BOB: &str = "demo-acme-bob-i-demo";
-
-fn instance(sat: &TestSatellite, id: &str) -> Arc<Instance> {
-    sat.satellite.manager().get(&ProcessId::from(id)).unwrap_or_else(|| panic!("no instance {id}"))
-}
-
-async fn wait_status(sat: &TestSatellite, id: &str, status: InstanceStatus) -> satellite::instances::StatusEntry {
-    let pid = ProcessId::from(id);
-    wait_until(DEADLINE, &format!("{id} to be {status}"), || {
-        let found = sat.satellite.manager().get(&pid).map(|i| i.status()).filter(|s| s.status == status);
-        async move { found }
-    })
-    .await
-}
 
 async fn events(sat: &TestSatellite, event_type: &str) -> Vec<StoredEvent> {
     sat.satellite.store().events(Some(event_type), 0, 100_000).await.expect("read events")
@@ -77,18 +22,6 @@ async fn wait_events(sat: &TestSatellite, event_type: &str, at_least: usize) -> 
         (found.len() >= at_least).then_some(found)
     })
     .await
-}
-
-async fn call(sat: &TestSatellite, id: &str, tool: &str, arguments: Value) -> Result<Value, InstanceError> {
-    let instance = instance(sat, id);
-    sat.satellite
-        .manager()
-        .call(&instance, "tools/call", Some(json!({"name": tool, "arguments": arguments})), Duration::from_secs(20))
-        .await
-}
-
-fn text_of(result: &Value) -> &str {
-    result["content"][0]["text"].as_str().unwrap_or_default()
 }
 
 /// Crash alice's demo server through its exit tool and wait until the supervisor brought it back.
@@ -190,14 +123,6 @@ async fn a_server_that_crashes_at_start_is_permanently_failed_after_four_tries()
     let statuses = events(&sat, "mcp.server.status_changed").await;
     assert!(statuses.iter().any(|e| e.data["status"] == "restarting" && e.data["user_id"] == "alice"));
     assert!(sat.satellite.shutdown().await);
-}
-
-/// Settings too fine for the file: idle after 1 ms, checked by hand or every 50 ms.
-fn fast_idle(config: &mut Config) {
-    let lifecycle = &mut config.upstream.lifecycle;
-    lifecycle.idle_timeout = Some(Duration::from_millis(1));
-    lifecycle.spawn_grace = Duration::ZERO;
-    lifecycle.idle_check_interval = Duration::from_millis(50);
 }
 
 #[tokio::test]
@@ -317,92 +242,6 @@ async fn a_child_flooding_stderr_is_rate_limited_and_the_satellite_stays_respons
     assert_eq!(event.data["installation_id"], "i-noisy");
     assert!(event.data["dropped_count"].as_u64().unwrap() > 0);
     assert!(instance(&sat, noisy).stderr_tail().len() <= 200, "the kept tail is bounded");
-    assert!(sat.satellite.shutdown().await);
-}
-
-/// Open file descriptors and live child processes of this test process.
-fn fds_and_children() -> (usize, usize) {
-    let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
-    let me = std::process::id().to_string();
-    let children = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter(|stat| {
-            // Fields after the command (which may hold spaces) start after the last ')': state, ppid, ...
-            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-            let mut fields = rest.split_whitespace();
-            let state = fields.next();
-            fields.next() == Some(me.as_str()) && state != Some("Z")
-        })
-        .count();
-    (fds, children)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_spawn_crash_and_idle_cycles_leak_no_descriptor_or_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let sat = TestSatellite::start_with(dir, &config(""), |c| {
-        fast_idle(c);
-        // The soak drives dormancy itself.
-        c.upstream.lifecycle.idle_check_interval = Duration::from_secs(3600);
-        c.upstream.lifecycle.restart_backoff = vec![Duration::ZERO];
-    })
-    .await;
-    sat.wait_ready().await;
-    wait_status(&sat, ALICE, InstanceStatus::Online).await;
-    wait_status(&sat, BOB, InstanceStatus::Online).await;
-    let manager = sat.satellite.manager().clone();
-    let alice_id = ProcessId::from(ALICE);
-
-    let cycle = |i: usize| {
-        let sat = &sat;
-        let manager = manager.clone();
-        let alice_id = alice_id.clone();
-        async move {
-            // Spawn (respawn from dormancy when asleep) and use it.
-            let text = format!("c{i}");
-            let answer = call(sat, ALICE, "echo", json!({"text": text})).await.expect("call");
-            assert_eq!(text_of(&answer), text);
-            if i % 2 == 0 {
-                // Crash, then restart by command (the crash window would otherwise end in permanent failure).
-                let _ = call(sat, ALICE, "exit_process", json!({"code": 1})).await;
-                manager.restart(&alice_id).await.expect("restart");
-                wait_status(sat, ALICE, InstanceStatus::Online).await;
-            } else {
-                // Idle: put it to sleep.
-                wait_until(DEADLINE, "alice dormant", || {
-                    let manager = manager.clone();
-                    async move { (manager.sweep_idle().await > 0 || instance(sat, ALICE).is_dormant()).then_some(()) }
-                })
-                .await;
-            }
-        }
-    };
-    // Warm up the pools (database connections, runtime threads) before counting.
-    for i in 0..20 {
-        cycle(i).await;
-    }
-    let settle = || async {
-        let alice = instance(&sat, ALICE);
-        if alice.pid().is_none() && !alice.is_dormant() {
-            let _ = call(&sat, ALICE, "echo", json!({"text": "wake"})).await;
-        }
-    };
-    settle().await;
-    let before = fds_and_children();
-    for i in 20..1020 {
-        cycle(i).await;
-    }
-    settle().await;
-    let after = wait_until(Duration::from_secs(30), "descriptors and children back to the start", || async {
-        let now = fds_and_children();
-        (now == before).then_some(now)
-    })
-    .await;
-    assert_eq!(after, before);
-    assert_eq!(instance(&sat, BOB).status().status, InstanceStatus::Online);
     assert!(sat.satellite.shutdown().await);
 }
 

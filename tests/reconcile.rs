@@ -13,11 +13,16 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 fn base(extra: &str) -> String {
     let exe = toml_str(&satellite_exe().to_string_lossy());
+    // python3 is on the built-in allow-list; absolute paths must be listed (SB §9.2 widened by the file).
+    let memory = toml_str(&repo_path("tests/node/node_modules/.bin/mcp-server-memory").to_string_lossy());
     format!(
         r#"
 [satellite]
 handshake_timeout_seconds = 3
 discovery_timeout_seconds = 5
+
+[sandbox]
+allowed_commands = [{exe}, {memory}, "/nonexistent/mcp-server"]
 
 [[teams]]
 id = "acme"

@@ -26,7 +26,8 @@ fn instance_token(user: &str) -> String {
 
 fn config() -> String {
     let exe = toml_str(&satellite_exe().to_string_lossy());
-    let mut file = String::from("[[teams]]\nid = \"acme\"\n[[teams]]\nid = \"globex\"\n");
+    let mut file =
+        format!("[sandbox]\nallowed_commands = [{exe}]\n[[teams]]\nid = \"acme\"\n[[teams]]\nid = \"globex\"\n");
     for (user, team) in USERS {
         file += &format!(
             "[[users]]\nid = \"{user}\"\nteams = [\"{team}\"]\ntoken_sha256 = [\"{}\"]\n",
@@ -162,7 +163,7 @@ async fn discover_returns_exactly_what_the_caller_can_execute() {
         let mut rng = StdRng::seed_from_u64(0xd15c_0000 + seed);
         let users: Vec<String> = (0..rng.gen_range(2..4)).map(|u| format!("u{u}")).collect();
         let slugs: Vec<String> = (0..rng.gen_range(2..5)).map(|s| format!("s{s}")).collect();
-        let mut file = String::from("[[teams]]\nid = \"t\"\n");
+        let mut file = format!("[sandbox]\nallowed_commands = [{exe}]\n[[teams]]\nid = \"t\"\n");
         for user in &users {
             file += &format!(
                 "[[users]]\nid = \"{user}\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n",

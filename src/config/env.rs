@@ -41,12 +41,22 @@ pub const PUBLIC_URL: &str = "DEPLOYSTACK_SATELLITE_URL";
 pub const BACKEND_URL: &str = "DEPLOYSTACK_BACKEND_URL";
 pub const SATELLITE_NAME: &str = "DEPLOYSTACK_SATELLITE_NAME";
 pub const REGISTRATION_TOKEN: &str = "DEPLOYSTACK_REGISTRATION_TOKEN";
+/// `none`, `nsjail` or `bubblewrap` (file `sandbox.isolation`).
+pub const SANDBOX: &str = "SATELLITE_SANDBOX";
+pub const NSJAIL_PATH: &str = "NSJAIL_PATH";
+pub const BWRAP_PATH: &str = "SATELLITE_BWRAP_PATH";
+pub const NSJAIL_MEMORY_LIMIT_MB: &str = "NSJAIL_MEMORY_LIMIT_MB";
+pub const NSJAIL_CPU_TIME_LIMIT_SECONDS: &str = "NSJAIL_CPU_TIME_LIMIT_SECONDS";
+pub const NSJAIL_MAX_PROCESSES: &str = "NSJAIL_MAX_PROCESSES";
+pub const NSJAIL_RLIMIT_NOFILE: &str = "NSJAIL_RLIMIT_NOFILE";
+pub const NSJAIL_RLIMIT_FSIZE: &str = "NSJAIL_RLIMIT_FSIZE";
+pub const NSJAIL_TMPFS_SIZE: &str = "NSJAIL_TMPFS_SIZE";
 
 /// Variables whose values are secrets: never logged, never passed to MCP server children.
 pub const SECRET_VARIABLES: [&str; 3] = [DEMO_TOKEN, DEMO_INSTANCE_TOKEN, REGISTRATION_TOKEN];
 
-/// Prefixes of the satellite's own settings; children never inherit them.
-pub const OWN_PREFIXES: [&str; 2] = ["SATELLITE_", "DEPLOYSTACK_"];
+/// Prefixes of the satellite's own settings (the sandbox's `NSJAIL_*` included); children never inherit them.
+pub const OWN_PREFIXES: [&str; 3] = ["SATELLITE_", "DEPLOYSTACK_", "NSJAIL_"];
 
 /// The process environment as a map (invalid UTF-8 entries are skipped).
 pub fn from_process() -> Env {

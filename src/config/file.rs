@@ -13,6 +13,9 @@ pub struct RawFile {
     pub satellite: RawSatellite,
     #[serde(default)]
     pub auth: RawAuth,
+    /// How stdio children are confined; read at start like `[satellite]`.
+    #[serde(default)]
+    pub sandbox: RawSandbox,
     #[serde(default)]
     pub teams: Vec<RawTeam>,
     #[serde(default)]
@@ -54,6 +57,25 @@ pub struct RawSatellite {
     pub log_rate_limit_per_second: Option<u32>,
     pub log_max_line_length_bytes: Option<usize>,
     pub log_rate_limit_warning_interval_ms: Option<u64>,
+}
+
+/// `[sandbox]`: each value but `allowed_commands` also has an environment variable that overrides it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSandbox {
+    /// `none` (default), `nsjail` or `bubblewrap`.
+    pub isolation: Option<String>,
+    pub nsjail_path: Option<String>,
+    pub bwrap_path: Option<String>,
+    /// Widens the built-in allow-list: bare names, absolute paths, or `"*"` for any command.
+    #[serde(default)]
+    pub allowed_commands: Vec<String>,
+    pub memory_limit_mb: Option<u64>,
+    pub cpu_time_limit_seconds: Option<u64>,
+    pub max_processes: Option<u64>,
+    pub rlimit_nofile: Option<u64>,
+    pub rlimit_fsize_mb: Option<u64>,
+    pub tmpfs_size: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -17,9 +17,11 @@ use url::Url;
 
 pub mod env;
 pub mod file;
+pub mod sandbox;
 
 use env::Env;
 use file::RawFile;
+pub use sandbox::{Isolation, SandboxSettings};
 
 /// Exit code for a bad configuration (EX_USAGE).
 pub const EXIT_CONFIG: i32 = 64;
@@ -289,6 +291,8 @@ pub struct Config {
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
     pub public_url: String,
     pub mode: Mode,
+    /// How stdio children are confined (`[sandbox]`, `SATELLITE_SANDBOX`, `NSJAIL_*`).
+    pub sandbox: SandboxSettings,
 }
 
 impl Config {
@@ -457,6 +461,7 @@ impl Config {
             show_uptime: env::get(env, env::SHOW_UPTIME) != Some("false"),
             upstream,
             mode,
+            sandbox: sandbox::settings(env, &raw.sandbox)?,
         })
     }
 
@@ -494,6 +499,15 @@ impl Config {
             "max_concurrent_requests": self.max_concurrent_requests,
             "http_timeout_seconds": self.http_timeout.as_secs(),
             "mode": mode,
+            "sandbox": {
+                "isolation": self.sandbox.isolation.as_str(),
+                "allowed_commands": self.sandbox.allowed_commands,
+                "memory_limit_mb": self.sandbox.memory_limit_mb,
+                "cpu_time_limit_seconds": self.sandbox.cpu_time_limit_seconds,
+                "max_processes": self.sandbox.max_processes,
+                "rlimit_nofile": self.sandbox.rlimit_nofile,
+                "rlimit_fsize_mb": self.sandbox.rlimit_fsize_mb,
+            },
         })
     }
 }

@@ -18,7 +18,6 @@ use tracing::{error, info, warn, Instrument};
 use super::instance::{Instance, InstanceError};
 use super::limits::ProcessSlot;
 use super::policy::{self, CrashDecision};
-use super::sandbox;
 use super::status::{status_for, Failure};
 use super::{Inner, STDIO_CLOSE_GRACE};
 use crate::discovery;
@@ -26,7 +25,7 @@ use crate::events::{CrashReport, Event};
 use crate::mcp::client::McpClient;
 use crate::mcp::transport::stderr::StderrSettings;
 use crate::mcp::transport::{
-    ExitInfo, SseTransport, StdioLaunch, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
+    ExitInfo, SseTransport, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
 };
 use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
 use crate::search::ToolDoc;
@@ -153,37 +152,34 @@ impl Inner {
     async fn connect(&self, spec: &InstanceSpec) -> Result<(McpClient, Option<ProcessSlot>), UpstreamError> {
         let label = spec.process_id.0.clone();
         let mut slot = None;
-        let transport =
-            match &spec.upstream {
-                Upstream::Stdio { command, args, env } => {
-                    slot =
-                        Some(self.slots.acquire(&spec.user_id).map_err(|err| UpstreamError::Spawn(err.to_string()))?);
-                    let (env, dropped) = sandbox::child_env(&self.deps.inherited_env, env);
-                    if !dropped.is_empty() {
-                        warn!(process_id = %label, dropped = ?dropped, "refused environment variables for mcp server");
-                    }
-                    let lifecycle = &self.deps.settings.lifecycle;
-                    Transport::Stdio(StdioTransport::spawn(StdioLaunch {
-                        label,
-                        command: command.clone(),
-                        args: args.clone(),
-                        env,
-                        cwd: None,
-                        close_grace: STDIO_CLOSE_GRACE,
-                        stderr: StderrSettings {
-                            per_second: lifecycle.log_rate_limit,
-                            max_line_bytes: lifecycle.log_max_line_bytes,
-                            warning_interval: lifecycle.log_rate_warning_interval,
-                        },
-                    })?)
+        let transport = match &spec.upstream {
+            Upstream::Stdio { .. } => {
+                slot = Some(self.slots.acquire(&spec.user_id).map_err(|err| UpstreamError::Spawn(err.to_string()))?);
+                let prepared = self.deps.sandbox.prepare(spec, &self.deps.inherited_env).map_err(|err| {
+                    warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
+                    UpstreamError::Spawn(err.to_string())
+                })?;
+                if !prepared.dropped_env.is_empty() {
+                    warn!(process_id = %label, dropped = ?prepared.dropped_env, "refused environment variables for mcp server");
                 }
-                Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(
-                    StreamableHttpTransport::new(label, self.deps.http.clone(), url.clone(), headers)?,
-                ),
-                Upstream::Sse { url, headers, timeout } => Transport::Sse(
-                    SseTransport::connect(label, self.deps.http.clone(), url.clone(), headers, *timeout).await?,
-                ),
-            };
+                let lifecycle = &self.deps.settings.lifecycle;
+                let stderr = StderrSettings {
+                    per_second: lifecycle.log_rate_limit,
+                    max_line_bytes: lifecycle.log_max_line_bytes,
+                    warning_interval: lifecycle.log_rate_warning_interval,
+                };
+                Transport::Stdio(StdioTransport::spawn(prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr))?)
+            }
+            Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(StreamableHttpTransport::new(
+                label,
+                self.deps.http.clone(),
+                url.clone(),
+                headers,
+            )?),
+            Upstream::Sse { url, headers, timeout } => Transport::Sse(
+                SseTransport::connect(label, self.deps.http.clone(), url.clone(), headers, *timeout).await?,
+            ),
+        };
         let mut options = self.deps.client_options.clone();
         options.handshake_timeout = self.deps.settings.handshake_timeout;
         let stderr = match &transport {
@@ -283,7 +279,6 @@ impl Inner {
     fn watch(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>, generation: u64) {
         let Transport::Stdio(stdio) = client.transport() else { return };
         let mut notifications = stdio.subscribe();
-        let mut stderr_warnings = stdio.stderr_warnings();
         let inner = self.clone();
         let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
         self.tasks.spawn(
@@ -316,12 +311,10 @@ impl Inner {
                             inner.on_crash(instance, report, detail, generation).await;
                             return;
                         }
-                        dropped = stderr_warnings.recv() => {
-                            if let Ok(dropped) = dropped {
-                                let lifecycle = &inner.deps.settings.lifecycle;
-                                let window = lifecycle.log_rate_warning_interval.as_secs().max(1);
-                                inner.emit(Event::log_rate_limited(instance.spec(), dropped, window, lifecycle.log_rate_limit)).await;
-                            }
+                        dropped = stdio.stderr_dropped() => {
+                            let lifecycle = &inner.deps.settings.lifecycle;
+                            let window = lifecycle.log_rate_warning_interval.as_secs().max(1);
+                            inner.emit(Event::log_rate_limited(instance.spec(), dropped, window, lifecycle.log_rate_limit)).await;
                         }
                         note = notifications.recv() => match note {
                             Ok(note) if note.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed") => {

@@ -61,6 +61,8 @@ pub struct ManagerDeps {
     pub client_options: ClientOptions,
     /// The environment every stdio child starts from (already stripped of the satellite's own settings).
     pub inherited_env: BTreeMap<String, String>,
+    /// Allow-list, argument checks, per-team directories, rlimits and isolation of stdio children.
+    pub sandbox: Arc<sandbox::SandboxPolicy>,
     pub http: reqwest::Client,
     pub store: Store,
     /// The tool index; the manager keeps it in step with every catalog it holds.

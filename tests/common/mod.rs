@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod lifecycle;
 mod mcp_http;
+#[allow(unused_imports)]
 pub use mcp_http::Caller;
 
 use std::collections::BTreeMap;
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use satellite::app::Satellite;
 use satellite::config::{env, Config, Flags};
 use satellite::mcp::client::{ClientOptions, McpClient};
-use satellite::mcp::transport::{StdioLaunch, StdioTransport, Transport};
+use satellite::mcp::transport::{ResourceLimits, StdioLaunch, StdioTransport, Transport};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -86,6 +88,7 @@ pub fn stdio_launch(command: impl Into<String>, args: &[&str]) -> StdioLaunch {
         cwd: None,
         close_grace: Duration::from_secs(1),
         stderr: Default::default(),
+        limits: ResourceLimits::default(),
     }
 }
 

@@ -43,6 +43,9 @@ class Satellite:
 [satellite]
 debug_route = true
 
+[sandbox]
+allowed_commands = [{json.dumps(str(BIN))}, {json.dumps(str(EVERYTHING))}]
+
 [[teams]]
 id = "acme"
 [[teams]]

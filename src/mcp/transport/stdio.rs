@@ -10,13 +10,15 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use nix::sys::prctl::set_pdeathsig;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::unistd::{getpid, getppid, Pid};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -54,6 +56,66 @@ pub struct StdioLaunch {
     pub close_grace: Duration,
     /// Rate limit and line cap of stderr capture.
     pub stderr: StderrSettings,
+    /// Resource limits set in the child before it executes `command`.
+    pub limits: ResourceLimits,
+}
+
+/// rlimits for a child, soft and hard alike; `None` leaves the inherited limit. A limit is never raised above
+/// the satellite's own hard limit (it is clamped instead), so a generous setting cannot make a spawn fail.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceLimits {
+    /// RLIMIT_AS: virtual address space, bytes.
+    pub address_space_bytes: Option<u64>,
+    /// RLIMIT_CPU: CPU time over the process's life, seconds.
+    pub cpu_seconds: Option<u64>,
+    /// RLIMIT_NPROC: processes and threads of the child's real uid (counted per uid, not per child).
+    pub processes: Option<u64>,
+    /// RLIMIT_NOFILE: open file descriptors.
+    pub open_files: Option<u64>,
+    /// RLIMIT_FSIZE: largest file the child may write, bytes.
+    pub file_size_bytes: Option<u64>,
+}
+
+impl ResourceLimits {
+    /// The limits that are set, as (resource, value) pairs.
+    fn pairs(&self) -> [(Resource, Option<u64>); 5] {
+        [
+            (Resource::RLIMIT_AS, self.address_space_bytes),
+            (Resource::RLIMIT_CPU, self.cpu_seconds),
+            (Resource::RLIMIT_NPROC, self.processes),
+            (Resource::RLIMIT_NOFILE, self.open_files),
+            (Resource::RLIMIT_FSIZE, self.file_size_bytes),
+        ]
+    }
+}
+
+/// Runs in the forked child between `fork` and `exec`: only async-signal-safe system calls, no allocation, no
+/// locks. The parent-death signal comes first so that a satellite dying at any later point takes the child along.
+fn in_child(parent: Pid, limits: &ResourceLimits) -> std::io::Result<()> {
+    // PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process. Spawns happen in
+    // async tasks, on tokio worker threads, which live as long as the runtime, i.e. the satellite. Never spawn
+    // from `spawn_blocking`: idle blocking-pool threads exit after a while and would take the child along.
+    set_pdeathsig(Signal::SIGKILL)?;
+    // The parent may have died between fork and prctl; the signal would then never come. Checking the parent
+    // after setting it closes the race: either it is still our parent (and the signal is armed) or we leave.
+    if getppid() != parent {
+        // SAFETY: _exit is async-signal-safe and never returns; nothing of the parent's state is touched.
+        unsafe { nix::libc::_exit(1) };
+    }
+    for (resource, value) in limits.pairs() {
+        let Some(value) = value else { continue };
+        let (_, hard) = getrlimit(resource)?;
+        let value = value.min(hard);
+        setrlimit(resource, value, value)?;
+    }
+    Ok(())
+}
+
+/// stderr lines dropped by the rate limiter and not yet reported; `notify` keeps a permit when nobody waits.
+#[derive(Debug, Default)]
+struct DropReport {
+    unreported: AtomicU64,
+    notify: tokio::sync::Notify,
 }
 
 /// The bounded buffer of a child's last stderr lines.
@@ -102,7 +164,7 @@ pub struct StdioTransport {
     outbound: mpsc::Sender<String>,
     stderr: Arc<Mutex<VecDeque<String>>>,
     notifications: broadcast::Sender<Value>,
-    stderr_warnings: broadcast::Sender<u64>,
+    stderr_warnings: Arc<DropReport>,
     exit_rx: watch::Receiver<Option<ExitInfo>>,
     stop: CancellationToken,
 }
@@ -123,6 +185,15 @@ impl StdioTransport {
         if let Some(cwd) = &launch.cwd {
             command.current_dir(cwd);
         }
+        let parent = getpid();
+        let limits = launch.limits;
+        // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe functions may be
+        // called. `in_child` makes only raw system calls (prctl, getppid, getrlimit, setrlimit, _exit) through
+        // nix, which neither allocate nor lock; `parent` and `limits` are Copy values captured before the fork,
+        // and the io::Error built from an errno does not allocate.
+        unsafe {
+            command.pre_exec(move || in_child(parent, &limits));
+        }
         let mut child = command.spawn().map_err(|err| UpstreamError::Spawn(format!("{}: {err}", launch.command)))?;
         let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
@@ -135,7 +206,7 @@ impl StdioTransport {
         let stderr_buf = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_LINES_KEPT)));
         let (outbound_tx, outbound_rx) = mpsc::channel(OUTBOUND_CAPACITY);
         let (notifications, _) = broadcast::channel(NOTIFICATION_CAPACITY);
-        let (stderr_warnings, _) = broadcast::channel(NOTIFICATION_CAPACITY);
+        let stderr_warnings = Arc::new(DropReport::default());
         let (exit_tx, exit_rx) = watch::channel(None);
         let stop = CancellationToken::new();
 
@@ -214,8 +285,16 @@ impl StdioTransport {
     }
 
     /// Drop counts the stderr rate limiter reports, at most one per warning interval.
-    pub fn stderr_warnings(&self) -> broadcast::Receiver<u64> {
-        self.stderr_warnings.subscribe()
+    ///
+    /// Resolves with the lines dropped since the last report; a warning raised before anyone waits is kept.
+    pub async fn stderr_dropped(&self) -> u64 {
+        loop {
+            self.stderr_warnings.notify.notified().await;
+            let dropped = self.stderr_warnings.unreported.swap(0, Ordering::AcqRel);
+            if dropped > 0 {
+                return dropped;
+            }
+        }
     }
 
     pub fn in_flight(&self) -> usize {
@@ -275,7 +354,7 @@ struct Owner {
     pending: Arc<Pending>,
     stderr_buf: Arc<Mutex<VecDeque<String>>>,
     limiter: StderrLimiter,
-    stderr_warnings: broadcast::Sender<u64>,
+    stderr_warnings: Arc<DropReport>,
     notifications: broadcast::Sender<Value>,
     exit_tx: watch::Sender<Option<ExitInfo>>,
     stop: CancellationToken,
@@ -324,6 +403,16 @@ impl Owner {
         // Drain what the child wrote before dying, so late responses still reach their waiters.
         while let Ok(Some(Ok(line))) = tokio::time::timeout(Duration::from_millis(50), self.stdout.next()).await {
             self.on_stdout_line(&line).await;
+        }
+        // And its last stderr lines, which usually say why it died (bounded: a grandchild may keep writing).
+        if stderr_open {
+            for _ in 0..STDERR_LINES_KEPT {
+                match tokio::time::timeout(Duration::from_millis(50), self.stderr.next()).await {
+                    Ok(Some(Ok(line))) => self.on_stderr_line(line),
+                    Ok(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => {}
+                    _ => break,
+                }
+            }
         }
         match &exit {
             ExitInfo::Stopped => info!(process_id = %self.label, "mcp server process stopped"),
@@ -436,7 +525,8 @@ impl Owner {
             Verdict::Drop => return,
             Verdict::DropAndWarn { dropped } => {
                 warn!(process_id = %self.label, dropped, "mcp server stderr over its rate limit, lines dropped");
-                let _ = self.stderr_warnings.send(dropped);
+                self.stderr_warnings.unreported.fetch_add(dropped, Ordering::AcqRel);
+                self.stderr_warnings.notify.notify_one();
                 return;
             }
         };

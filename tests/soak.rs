@@ -1,0 +1,98 @@
+//! A soak of 1,000 spawn, crash and idle cycles, in its own test binary: descriptors and child processes are
+//! counted for the whole process, so nothing else may run beside it.
+
+mod common;
+
+use std::time::Duration;
+
+use satellite::model::{InstanceStatus, ProcessId};
+use serde_json::json;
+
+use common::lifecycle::*;
+use common::*;
+
+/// Open file descriptors and live child processes of this test process.
+fn fds_and_children() -> (usize, usize) {
+    let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+    let me = std::process::id().to_string();
+    let children = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            // Fields after the command (which may hold spaces) start after the last ')': state, ppid, ...
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+            let mut fields = rest.split_whitespace();
+            let state = fields.next();
+            fields.next() == Some(me.as_str()) && state != Some("Z")
+        })
+        .count();
+    (fds, children)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_spawn_crash_and_idle_cycles_leak_no_descriptor_or_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let sat = TestSatellite::start_with(dir, &config(""), |c| {
+        fast_idle(c);
+        // The soak drives dormancy itself.
+        c.upstream.lifecycle.idle_check_interval = Duration::from_secs(3600);
+        c.upstream.lifecycle.restart_backoff = vec![Duration::ZERO];
+    })
+    .await;
+    sat.wait_ready().await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let manager = sat.satellite.manager().clone();
+    let alice_id = ProcessId::from(ALICE);
+
+    let cycle = |i: usize| {
+        let sat = &sat;
+        let manager = manager.clone();
+        let alice_id = alice_id.clone();
+        async move {
+            // Spawn (respawn from dormancy when asleep) and use it.
+            let text = format!("c{i}");
+            let answer = call(sat, ALICE, "echo", json!({"text": text})).await.expect("call");
+            assert_eq!(text_of(&answer), text);
+            if i % 2 == 0 {
+                // Crash, then restart by command (the crash window would otherwise end in permanent failure).
+                let _ = call(sat, ALICE, "exit_process", json!({"code": 1})).await;
+                manager.restart(&alice_id).await.expect("restart");
+                wait_status(sat, ALICE, InstanceStatus::Online).await;
+            } else {
+                // Idle: put it to sleep.
+                wait_until(DEADLINE, "alice dormant", || {
+                    let manager = manager.clone();
+                    async move { (manager.sweep_idle().await > 0 || instance(sat, ALICE).is_dormant()).then_some(()) }
+                })
+                .await;
+            }
+        }
+    };
+    // Warm up the pools (database connections, runtime threads) before counting.
+    for i in 0..20 {
+        cycle(i).await;
+    }
+    let settle = || async {
+        let alice = instance(&sat, ALICE);
+        if alice.pid().is_none() && !alice.is_dormant() {
+            let _ = call(&sat, ALICE, "echo", json!({"text": "wake"})).await;
+        }
+    };
+    settle().await;
+    let before = fds_and_children();
+    for i in 20..1020 {
+        cycle(i).await;
+    }
+    settle().await;
+    let after = wait_until(Duration::from_secs(30), "descriptors and children back to the start", || async {
+        let now = fds_and_children();
+        (now == before).then_some(now)
+    })
+    .await;
+    assert_eq!(after, before);
+    assert_eq!(instance(&sat, BOB).status().status, InstanceStatus::Online);
+    assert!(sat.satellite.shutdown().await);
+}
