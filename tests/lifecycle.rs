@@ -299,3 +299,69 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
     assert_eq!(status.code(), Some(0), "a clean shutdown exits 0");
     assert!(!process_exists(demo_pid), "no child remains");
 }
+
+#[tokio::test]
+async fn an_unreachable_remote_server_goes_offline_and_a_probe_brings_it_back() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = HttpServer::demo_on(&addr, &[]).await;
+    let extra = format!(
+        "[[servers]]\nslug = \"remote\"\ntransport = \"http\"\nurl = \"http://{addr}/mcp\"\n\
+         [[installations]]\nid = \"i-remote\"\nteam = \"acme\"\nserver = \"remote\"\n"
+    );
+    let sat = TestSatellite::start(&config(&extra)).await;
+    sat.wait_ready().await;
+    let id = "remote-acme-alice-i-remote";
+    wait_status(&sat, id, InstanceStatus::Online).await;
+    assert_eq!(text_of(&call(&sat, id, "echo", json!({"text": "up"})).await.expect("call")), "up");
+
+    server.child.kill().await.expect("stop the remote server");
+    let err = call(&sat, id, "echo", json!({"text": "down"})).await.expect_err("the server is gone");
+    assert!(err.to_string().contains("connection failed"), "{err}");
+    let offline = wait_status(&sat, id, InstanceStatus::Offline).await;
+    assert_eq!(offline.message.as_deref(), Some("Server unreachable"));
+    assert_eq!(instance(&sat, "remote-acme-bob-i-remote").status().status, InstanceStatus::Online, "bob never called");
+    let tools = instance(&sat, id).catalog().expect("tools are kept while offline").tools.len();
+
+    // Back on the same port: the background probe reconnects and rediscovers without any call.
+    let _server = HttpServer::demo_on(&addr, &[]).await;
+    wait_status(&sat, id, InstanceStatus::Online).await;
+    assert_eq!(instance(&sat, id).catalog().unwrap().tools.len(), tools);
+    assert_eq!(text_of(&call(&sat, id, "echo", json!({"text": "again"})).await.expect("call")), "again");
+    let statuses: Vec<(String, String)> = events(&sat, "mcp.server.status_changed")
+        .await
+        .into_iter()
+        .filter(|e| e.process_id.as_deref() == Some(id))
+        .map(|e| {
+            (e.data["status"].as_str().unwrap().to_owned(), e.data["status_message"].as_str().unwrap_or("").to_owned())
+        })
+        .collect();
+    let tail: Vec<&str> = statuses.iter().rev().take(4).rev().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(tail, ["offline", "connecting", "discovering_tools", "online"], "{statuses:?}");
+    assert!(statuses.iter().any(|(_, m)| m == "Server recovered, re-discovering tools"));
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn a_remote_server_answering_401_requires_reauthorisation() {
+    use warp::Filter;
+    let refuse = warp::any().map(|| {
+        warp::reply::with_status(
+            warp::reply::json(&json!({"error": "invalid_token"})),
+            warp::http::StatusCode::UNAUTHORIZED,
+        )
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(refuse).incoming(listener).run());
+    let extra = format!(
+        "[[servers]]\nslug = \"locked\"\ntransport = \"http\"\nurl = \"http://{addr}/mcp\"\n\
+         [[installations]]\nid = \"i-locked\"\nteam = \"acme\"\nserver = \"locked\"\n"
+    );
+    let sat = TestSatellite::start(&config(&extra)).await;
+    sat.wait_ready().await;
+    let status = wait_status(&sat, "locked-acme-alice-i-locked", InstanceStatus::RequiresReauth).await;
+    assert_eq!(status.message.as_deref(), Some("Authentication failed (HTTP 401)"));
+    assert_eq!(instance(&sat, ALICE).status().status, InstanceStatus::Online);
+    assert!(sat.satellite.shutdown().await);
+}

@@ -154,6 +154,15 @@ fn instance_endpoint(
         .ok_or_else(|| Box::new(instance_auth_error_response(&InstanceAuthError::NotFound)))?;
     let token = query.get("token").map(String::as_str).or_else(|| auth::bearer(header(headers, "authorization")));
     auth::check_instance_token(instance.spec(), token).map_err(|err| Box::new(instance_auth_error_response(&err)))?;
+    if instance.is_dormant() {
+        // Any instance-router request (initialize first) wakes a dormant process ahead of the calls (SB §9.8).
+        let (manager, dormant) = (deps.manager.clone(), instance.clone());
+        tokio::spawn(async move {
+            if let Err(err) = manager.wake(&dormant).await {
+                tracing::warn!(process_id = %dormant.spec().process_id, error = %err, "waking a dormant instance failed");
+            }
+        });
+    }
     let owner = format!("instance:{}", instance.spec().process_id);
     let router = deps.instance_router.clone();
     let dispatch: DispatchFn = Arc::new(move |method, params| {

@@ -120,8 +120,13 @@ pub struct HttpServer {
 impl HttpServer {
     /// `satellite demo-server --http 127.0.0.1:0 <extra>`; the bound address is read from its first stdout line.
     pub async fn demo(extra: &[&str]) -> HttpServer {
+        Self::demo_on("127.0.0.1:0", extra).await
+    }
+
+    /// The demo server on a given address (to bring one back on the same port).
+    pub async fn demo_on(addr: &str, extra: &[&str]) -> HttpServer {
         let mut child = Command::new(satellite_exe())
-            .args(["demo-server", "--http", "127.0.0.1:0"])
+            .args(["demo-server", "--http", addr])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
