@@ -289,6 +289,11 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
         (d["servers_by_team"]["demo-team"]["running"][0]["in_flight_calls"] == 3).then_some(())
     })
     .await;
+    // The debug route shows the jobs and their counters.
+    let jobs = debug().await.expect("debug")["jobs"].clone();
+    assert!(jobs["idle-process-cleanup"]["execution_count"].as_u64() >= Some(1), "{jobs}");
+    assert_eq!(jobs["idle-process-cleanup"]["error_count"], 0);
+    assert!(jobs["session-expiry"]["period"] == 60_000 && jobs["event-retention"].is_object(), "{jobs}");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
         .unwrap();
     for call in calls {
