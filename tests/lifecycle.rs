@@ -127,7 +127,13 @@ async fn a_server_that_crashes_at_start_is_permanently_failed_after_four_tries()
 
 #[tokio::test]
 async fn idle_instances_go_dormant_keep_their_tools_and_fifty_calls_respawn_one_process() {
-    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &config(""), fast_idle).await;
+    // The idle job runs every 50 ms; a process younger than the 1 s grace is left alone, so the respawned one
+    // cannot fall asleep again between the 50 calls.
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &config(""), |c| {
+        fast_idle(c);
+        c.upstream.lifecycle.spawn_grace = Duration::from_secs(1);
+    })
+    .await;
     sat.wait_ready().await;
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
     let first_pid = wait_until(DEADLINE, "alice asleep", || {

@@ -278,10 +278,16 @@ pub(crate) fn classify_reqwest(err: &reqwest::Error) -> UpstreamError {
     if err.is_timeout() {
         return UpstreamError::Timeout { method: "http".into(), after: Duration::ZERO };
     }
-    if err.is_connect() {
-        return UpstreamError::Connect(format!("{err}: {}", root_cause(err)));
+    let cause = root_cause(err);
+    // A pooled connection the server dropped is as unreachable as a refused one (SB §11.1 retries "reset").
+    let lower = cause.to_ascii_lowercase();
+    let dropped = ["connection reset", "connection closed", "connection aborted", "broken pipe", "incomplete message"]
+        .iter()
+        .any(|p| lower.contains(p));
+    if err.is_connect() || dropped {
+        return UpstreamError::Connect(format!("{err}: {cause}"));
     }
-    UpstreamError::Io(format!("{err}: {}", root_cause(err)))
+    UpstreamError::Io(format!("{err}: {cause}"))
 }
 
 fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
