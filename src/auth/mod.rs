@@ -12,6 +12,8 @@ use secrecy::ExposeSecret;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
+pub mod introspection;
+
 use crate::config::sha256_hex;
 use crate::control::standalone::{Directory, JwtAlgorithm, JwtSettings, DEFAULT_SCOPES};
 use crate::model::{InstanceSpec, TeamId, UserId};

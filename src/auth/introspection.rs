@@ -1,0 +1,274 @@
+//! Client tokens checked by the control plane (BP §10): a positive cache
+//! keyed by the token's SHA-256 (never the token), 5 minutes from the
+//! successful check, single-flight (concurrent first requests with one token
+//! share one introspection call), no negative caching, the audience check of
+//! SB §5.5, and invalidation by user (`invalidate_user_token_cache`).
+//!
+//! The call itself is a `Introspect` function supplied by the backend client,
+//! so this module does no IO of its own and is tested with a counting fake.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::{BoxFuture, FutureExt, Shared};
+use parking_lot::Mutex;
+
+use super::{AuthError, Principal};
+use crate::config::sha256_hex;
+use crate::model::UserId;
+
+/// Positive results live this long (BP §10).
+pub const CACHE_TTL: Duration = Duration::from_secs(5 * 60);
+
+/// What the control plane said about an active token, already mapped to the satellite's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Introspected {
+    pub principal: Principal,
+    /// `aud` of the response; empty when absent.
+    pub audience: Vec<String>,
+    pub client_id: Option<String>,
+}
+
+/// The outcome of one introspection call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    Active(Introspected),
+    /// `active:false`, with the backend's description when it gave one.
+    Inactive(Option<String>),
+    /// The backend could not be asked (network, non-2xx, garbage): invalid for this request, not cached.
+    Unavailable(String),
+}
+
+/// The call to the control plane: token in, verdict out.
+pub type Introspect = Arc<dyn Fn(String) -> BoxFuture<'static, Verdict> + Send + Sync>;
+
+type Flight = Shared<BoxFuture<'static, Verdict>>;
+
+struct Entry {
+    found: Introspected,
+    expires: Instant,
+}
+
+/// The cache in front of the introspection endpoint; cheap to clone.
+#[derive(Clone)]
+pub struct TokenIntrospection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    introspect: Introspect,
+    /// Accepted audiences: `{SAT_URL}/mcp` and `{SAT_URL}`, without a trailing slash.
+    audiences: Vec<String>,
+    ttl: Duration,
+    cache: Mutex<HashMap<String, Entry>>,
+    flights: Mutex<HashMap<String, Flight>>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl TokenIntrospection {
+    /// `public_url` is the satellite's public base URL (`DEPLOYSTACK_SATELLITE_URL` or `http://localhost:{PORT}`).
+    pub fn new(introspect: Introspect, public_url: &str, ttl: Duration) -> Self {
+        let base = public_url.trim_end_matches('/').to_owned();
+        Self {
+            inner: Arc::new(Inner {
+                introspect,
+                audiences: vec![format!("{base}/mcp"), base],
+                ttl,
+                cache: Mutex::new(HashMap::new()),
+                flights: Mutex::new(HashMap::new()),
+                calls: std::sync::atomic::AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The principal of an active token, from the cache or one shared introspection call.
+    pub async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
+        let key = sha256_hex(token);
+        if let Some(found) = self.cached(&key) {
+            return Ok(found.principal);
+        }
+        let flight = {
+            let mut flights = self.inner.flights.lock();
+            // A finished flight may still be listed for a moment; a cache hit above covers the common case.
+            flights
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    self.inner.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    (self.inner.introspect)(token.to_owned()).boxed().shared()
+                })
+                .clone()
+        };
+        let verdict = flight.await;
+        self.inner.flights.lock().remove(&key);
+        match verdict {
+            Verdict::Active(found) => {
+                if !self.audience_ok(&found.audience) {
+                    return Err(AuthError::Invalid("Token audience does not include this satellite".into()));
+                }
+                let expires = Instant::now() + self.inner.ttl;
+                self.inner.cache.lock().insert(key, Entry { found: found.clone(), expires });
+                Ok(found.principal)
+            }
+            Verdict::Inactive(description) => {
+                Err(AuthError::Invalid(description.unwrap_or_else(|| "Token validation failed".into())))
+            }
+            Verdict::Unavailable(reason) => {
+                tracing::warn!(reason = %reason, "token introspection failed; the request is refused");
+                Err(AuthError::Invalid("Token validation failed".into()))
+            }
+        }
+    }
+
+    fn cached(&self, key: &str) -> Option<Introspected> {
+        let mut cache = self.inner.cache.lock();
+        match cache.get(key) {
+            Some(entry) if entry.expires > Instant::now() => Some(entry.found.clone()),
+            Some(_) => {
+                cache.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// SB §5.5: an `aud` that names neither `{SAT_URL}/mcp` nor `{SAT_URL}` is refused; no `aud` is accepted.
+    fn audience_ok(&self, audience: &[String]) -> bool {
+        audience.is_empty()
+            || audience.iter().any(|a| self.inner.audiences.iter().any(|ok| a.trim_end_matches('/') == ok))
+    }
+
+    /// Drop every cached token of `user`; returns how many.
+    pub fn invalidate_user(&self, user: &UserId) -> usize {
+        let mut cache = self.inner.cache.lock();
+        let before = cache.len();
+        cache.retain(|_, entry| &entry.found.principal.user != user);
+        before - cache.len()
+    }
+
+    /// Remove expired entries (the 5-minute sweep job); returns how many.
+    pub fn sweep(&self) -> usize {
+        let now = Instant::now();
+        let mut cache = self.inner.cache.lock();
+        let before = cache.len();
+        cache.retain(|_, entry| entry.expires > now);
+        before - cache.len()
+    }
+
+    /// Introspection calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.inner.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn cached_tokens(&self) -> usize {
+        self.inner.cache.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TeamId;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    fn alice(audience: &[&str]) -> Verdict {
+        Verdict::Active(Introspected {
+            principal: Principal {
+                user: UserId::from("alice"),
+                team: TeamId::from("acme"),
+                scopes: vec!["mcp:read".into()],
+            },
+            audience: audience.iter().map(|a| a.to_string()).collect(),
+            client_id: Some("dyn_1".into()),
+        })
+    }
+
+    /// A backend that answers `verdict` after `delay` and counts its calls.
+    fn backend(verdict: Verdict, delay: Duration) -> (Introspect, Arc<AtomicU32>) {
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = calls.clone();
+        let introspect: Introspect = Arc::new(move |_token| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let verdict = verdict.clone();
+            async move {
+                tokio::time::sleep(delay).await;
+                verdict
+            }
+            .boxed()
+        });
+        (introspect, calls)
+    }
+
+    #[tokio::test]
+    async fn a_thousand_concurrent_first_requests_make_one_call() {
+        let (introspect, calls) = backend(alice(&[]), Duration::from_millis(50));
+        let auth = TokenIntrospection::new(introspect, "http://sat:3001", CACHE_TTL);
+        let all = futures::future::join_all((0..1000).map(|_| auth.authenticate("tok"))).await;
+        assert!(all.iter().all(|r| r.as_ref().is_ok_and(|p| p.user.as_str() == "alice")));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Cached afterwards.
+        auth.authenticate("tok").await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn expired_entries_are_asked_again_and_swept() {
+        let (introspect, calls) = backend(alice(&[]), Duration::ZERO);
+        let auth = TokenIntrospection::new(introspect, "http://sat:3001", Duration::ZERO);
+        auth.authenticate("tok").await.unwrap();
+        assert_eq!(auth.sweep(), 1, "an expired entry is swept");
+        auth.authenticate("tok").await.unwrap();
+        auth.authenticate("tok").await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "an expired entry is never served");
+    }
+
+    #[tokio::test]
+    async fn negative_and_failed_results_are_not_cached() {
+        let (introspect, calls) = backend(Verdict::Inactive(Some("Token has expired".into())), Duration::ZERO);
+        let auth = TokenIntrospection::new(introspect, "http://sat:3001", CACHE_TTL);
+        for _ in 0..3 {
+            assert_eq!(auth.authenticate("tok").await, Err(AuthError::Invalid("Token has expired".into())));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        let (introspect, calls) = backend(Verdict::Unavailable("connection refused".into()), Duration::ZERO);
+        let auth = TokenIntrospection::new(introspect, "http://sat:3001", CACHE_TTL);
+        assert!(auth.authenticate("tok").await.is_err());
+        assert!(auth.authenticate("tok").await.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn audience_must_name_this_satellite_when_present() {
+        for (aud, ok) in [
+            (vec![], true),
+            (vec!["http://sat:3001/mcp"], true),
+            (vec!["http://sat:3001/"], true),
+            (vec!["https://other.example/mcp", "http://sat:3001"], true),
+            (vec!["https://other.example/mcp"], false),
+        ] {
+            let (introspect, _) = backend(alice(&aud), Duration::ZERO);
+            let auth = TokenIntrospection::new(introspect, "http://sat:3001/", CACHE_TTL);
+            assert_eq!(auth.authenticate("tok").await.is_ok(), ok, "{aud:?}");
+            assert_eq!(auth.cached_tokens(), usize::from(ok), "a refused audience is not cached");
+        }
+    }
+
+    #[tokio::test]
+    async fn invalidating_a_user_drops_only_their_tokens() {
+        let (introspect, calls) = backend(alice(&[]), Duration::ZERO);
+        let auth = TokenIntrospection::new(introspect, "http://sat:3001", CACHE_TTL);
+        auth.authenticate("one").await.unwrap();
+        auth.authenticate("two").await.unwrap();
+        assert_eq!(auth.invalidate_user(&UserId::from("bob")), 0);
+        assert_eq!(auth.invalidate_user(&UserId::from("alice")), 2);
+        auth.authenticate("one").await.unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn the_cache_key_is_a_hash_not_the_token() {
+        let key = sha256_hex("secret-token");
+        assert_eq!(key.len(), 64);
+        assert!(!key.contains("secret"));
+    }
+}
