@@ -79,6 +79,16 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// Remove the events `first..=last` (a batch the backend accepted or rejected for good).
+    pub async fn delete_events(&self, first: i64, last: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query("DELETE FROM event_outbox WHERE seq >= ? AND seq <= ?")
+            .bind(first)
+            .bind(last)
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// How many events the outbox holds.
     pub async fn event_count(&self) -> Result<i64, StoreError> {
         Ok(sqlx::query("SELECT COUNT(*) AS n FROM event_outbox").fetch_one(self.pool()).await?.try_get("n")?)

@@ -1,0 +1,288 @@
+//! The event uploader of a managed satellite (BP §8.3): drains the SQLite
+//! outbox oldest first in batches of at most 100, one batch in flight,
+//! deletes only what a 2xx accepted, backs off on 429, keeps everything on
+//! 401, 5xx and network errors, drops a batch the backend rejects as
+//! invalid (400) with a loud log, and keeps the outbox under a quota by
+//! dropping the oldest events with a loud log — never silently.
+//!
+//! Sending is injected (`SendBatch`), so the policy is tested without HTTP;
+//! the backend client supplies the real POST.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
+use tracing::{error, info, warn};
+
+use crate::store::{Store, StoreError, StoredEvent};
+
+/// The backend refuses bigger batches (BP §8.1).
+pub const MAX_BATCH: usize = 100;
+const BACKOFF_FIRST: Duration = Duration::from_secs(3);
+const BACKOFF_MAX: Duration = Duration::from_secs(48);
+
+/// How the backend answered one batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BatchOutcome {
+    /// 2xx. Per-event failures (`failures[]`) are logged, not retried.
+    Accepted { failures: Vec<String> },
+    /// 400, or an error naming validation: the batch can never succeed.
+    Invalid(String),
+    /// 401: credentials are being sorted out elsewhere; keep and retry.
+    Unauthorized,
+    /// 429: keep, and wait longer before the next batch.
+    RateLimited,
+    /// 5xx, timeout, network: keep and retry next tick.
+    Failed(String),
+}
+
+/// POST one batch of envelopes (`{type, timestamp, data}`) to the backend.
+pub type SendBatch = Arc<dyn Fn(Vec<Value>) -> BoxFuture<'static, BatchOutcome> + Send + Sync>;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UploadStats {
+    pub sent: u64,
+    pub dropped_invalid: u64,
+    pub dropped_over_quota: u64,
+    pub failed_batches: u64,
+}
+
+pub struct Uploader {
+    store: Store,
+    send: SendBatch,
+    batch: usize,
+    /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
+    quota: i64,
+    backoff: Option<Duration>,
+    stats: UploadStats,
+}
+
+/// What one tick did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tick {
+    Idle,
+    Sent(usize),
+    Kept { events: usize, wait: Option<Duration> },
+    Dropped(usize),
+}
+
+impl Uploader {
+    pub fn new(store: Store, send: SendBatch, batch: usize, quota: i64) -> Self {
+        Self { store, send, batch: batch.clamp(1, MAX_BATCH), quota, backoff: None, stats: UploadStats::default() }
+    }
+
+    pub fn stats(&self) -> UploadStats {
+        self.stats
+    }
+
+    /// Extra wait the rate limiter asked for before the next batch.
+    pub fn backoff(&self) -> Option<Duration> {
+        self.backoff
+    }
+
+    /// Send the oldest batch, if any, and act on the answer.
+    pub async fn tick(&mut self) -> Result<Tick, StoreError> {
+        self.enforce_quota().await?;
+        let batch = self.store.events(None, 0, self.batch as i64).await?;
+        let (Some(first), Some(last)) = (batch.first().map(|e| e.seq), batch.last().map(|e| e.seq)) else {
+            return Ok(Tick::Idle);
+        };
+        let envelopes: Vec<Value> = batch.iter().map(envelope).collect();
+        let n = batch.len();
+        match (self.send)(envelopes).await {
+            BatchOutcome::Accepted { failures } => {
+                for failure in &failures {
+                    warn!(failure = %failure, "backend refused one event of an accepted batch");
+                }
+                self.store.delete_events(first, last).await?;
+                self.stats.sent += n as u64;
+                self.backoff = None;
+                Ok(Tick::Sent(n))
+            }
+            BatchOutcome::Invalid(reason) => {
+                error!(events = n, first_seq = first, reason = %reason, "backend rejected a batch as invalid; dropping it");
+                self.store.delete_events(first, last).await?;
+                self.stats.dropped_invalid += n as u64;
+                Ok(Tick::Dropped(n))
+            }
+            BatchOutcome::RateLimited => {
+                let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
+                self.backoff = Some(wait);
+                self.stats.failed_batches += 1;
+                warn!(events = n, wait_s = wait.as_secs(), "backend rate-limited events; backing off");
+                Ok(Tick::Kept { events: n, wait: Some(wait) })
+            }
+            BatchOutcome::Unauthorized => {
+                self.stats.failed_batches += 1;
+                warn!(events = n, "backend refused the satellite's credentials for events; keeping them");
+                Ok(Tick::Kept { events: n, wait: None })
+            }
+            BatchOutcome::Failed(reason) => {
+                self.stats.failed_batches += 1;
+                warn!(events = n, reason = %reason, "sending events failed; keeping them for the next tick");
+                Ok(Tick::Kept { events: n, wait: None })
+            }
+        }
+    }
+
+    /// Send until the outbox is empty, a batch is kept, or `deadline` passes; returns the events left.
+    pub async fn flush(&mut self, deadline: Duration) -> Result<i64, StoreError> {
+        let until = tokio::time::Instant::now() + deadline;
+        while tokio::time::Instant::now() < until {
+            let tick = tokio::time::timeout_at(until, self.tick()).await;
+            match tick {
+                Ok(Ok(Tick::Sent(_) | Tick::Dropped(_))) => continue,
+                Ok(Ok(_)) | Err(_) => break,
+                Ok(Err(err)) => return Err(err),
+            }
+        }
+        let left = self.store.event_count().await?;
+        if left > 0 {
+            warn!(left, "events still in the outbox at shutdown; they are sent after the next start");
+        } else {
+            info!("event outbox flushed");
+        }
+        Ok(left)
+    }
+
+    async fn enforce_quota(&mut self) -> Result<(), StoreError> {
+        let count = self.store.event_count().await?;
+        if count > self.quota {
+            let dropped = self.store.prune_events(self.quota).await?;
+            self.stats.dropped_over_quota += dropped;
+            error!(dropped, quota = self.quota, "event outbox over its quota: oldest events dropped");
+        }
+        Ok(())
+    }
+}
+
+/// The BP §8.1 envelope of a stored event.
+pub fn envelope(event: &StoredEvent) -> Value {
+    json!({"type": event.event_type, "timestamp": event.emitted_at, "data": event.data})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::Event;
+    use futures::FutureExt;
+    use parking_lot::Mutex;
+
+    async fn store_with(n: usize) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let events: Vec<Event> = (0..n)
+            .map(|i| Event {
+                event_type: "mcp.server.status_changed",
+                timestamp: chrono::Utc::now(),
+                data: json!({"n": i}),
+                process_id: Some(format!("p{}", i % 3)),
+            })
+            .collect();
+        store.append_events(&events).await.unwrap();
+        (dir, store)
+    }
+
+    /// A backend answering from a script (then `Accepted`), recording what it received.
+    fn scripted(script: Vec<BatchOutcome>) -> (SendBatch, Arc<Mutex<Vec<Vec<Value>>>>) {
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let script = Arc::new(Mutex::new(script.into_iter().collect::<std::collections::VecDeque<_>>()));
+        let seen = received.clone();
+        let send: SendBatch = Arc::new(move |batch| {
+            seen.lock().push(batch);
+            let outcome = script.lock().pop_front().unwrap_or(BatchOutcome::Accepted { failures: vec![] });
+            async move { outcome }.boxed()
+        });
+        (send, received)
+    }
+
+    fn numbers(batches: &[Vec<Value>]) -> Vec<i64> {
+        batches.iter().flatten().map(|e| e["data"]["n"].as_i64().unwrap()).collect()
+    }
+
+    #[tokio::test]
+    async fn batches_of_at_most_100_in_order_deleting_only_what_was_accepted() {
+        let (_dir, store) = store_with(250).await;
+        let (send, received) = scripted(vec![]);
+        let mut up = Uploader::new(store.clone(), send, 500, 10_000);
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(100), "a batch never exceeds 100");
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(100));
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(50));
+        assert_eq!(up.tick().await.unwrap(), Tick::Idle, "no empty batch is sent");
+        let got = received.lock().clone();
+        assert_eq!(got.len(), 3);
+        assert_eq!(numbers(&got), (0..250).collect::<Vec<_>>(), "oldest first, nothing twice");
+        assert_eq!(got[0][0]["type"], "mcp.server.status_changed");
+        assert!(got[0][0]["timestamp"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(store.event_count().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn failures_keep_the_batch_and_429_backs_off_doubling_to_48s() {
+        let (_dir, store) = store_with(10).await;
+        let script = vec![
+            BatchOutcome::Failed("500".into()),
+            BatchOutcome::Unauthorized,
+            BatchOutcome::RateLimited,
+            BatchOutcome::RateLimited,
+            BatchOutcome::RateLimited,
+            BatchOutcome::RateLimited,
+            BatchOutcome::RateLimited,
+            BatchOutcome::RateLimited,
+        ];
+        let (send, received) = scripted(script);
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        assert_eq!(up.tick().await.unwrap(), Tick::Kept { events: 10, wait: None });
+        assert_eq!(up.tick().await.unwrap(), Tick::Kept { events: 10, wait: None });
+        let waits: Vec<u64> = {
+            let mut waits = Vec::new();
+            for _ in 0..6 {
+                if let Tick::Kept { wait: Some(w), .. } = up.tick().await.unwrap() {
+                    waits.push(w.as_secs());
+                }
+            }
+            waits
+        };
+        assert_eq!(waits, [3, 6, 12, 24, 48, 48]);
+        assert_eq!(store.event_count().await.unwrap(), 10, "nothing lost while the backend refuses");
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(10));
+        assert_eq!(up.backoff(), None, "success resets the backoff");
+        // The same ten events went each time, in the same order.
+        assert!(received.lock().iter().all(|b| numbers(std::slice::from_ref(b)) == (0..10).collect::<Vec<_>>()));
+    }
+
+    #[tokio::test]
+    async fn an_invalid_batch_is_dropped_loudly_and_counted() {
+        let (_dir, store) = store_with(5).await;
+        let (send, _) = scripted(vec![BatchOutcome::Invalid("400: bad envelope".into())]);
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        assert_eq!(up.tick().await.unwrap(), Tick::Dropped(5));
+        assert_eq!(up.stats().dropped_invalid, 5);
+        assert_eq!(store.event_count().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn over_the_quota_the_oldest_are_dropped_and_counted() {
+        let (_dir, store) = store_with(30).await;
+        let (send, received) = scripted(vec![BatchOutcome::Failed("down".into())]);
+        let mut up = Uploader::new(store.clone(), send, 100, 20);
+        up.tick().await.unwrap();
+        assert_eq!(up.stats().dropped_over_quota, 10);
+        assert_eq!(numbers(&received.lock()), (10..30).collect::<Vec<_>>(), "the newest 20 are kept");
+    }
+
+    #[tokio::test]
+    async fn flush_sends_everything_within_the_deadline() {
+        let (_dir, store) = store_with(230).await;
+        let (send, received) = scripted(vec![]);
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        assert_eq!(up.flush(Duration::from_secs(5)).await.unwrap(), 0);
+        assert_eq!(received.lock().len(), 3);
+        // A backend that keeps failing leaves the events for the next start.
+        let (_dir2, store) = store_with(7).await;
+        let (send, _) = scripted(vec![BatchOutcome::Failed("x".into()); 100]);
+        let mut up = Uploader::new(store, send, 100, 10_000);
+        assert_eq!(up.flush(Duration::from_secs(5)).await.unwrap(), 7);
+    }
+}
