@@ -33,6 +33,7 @@ async fn cold_call_direct() -> Duration {
         cwd: None,
         close_grace: Duration::from_secs(1),
         stderr: Default::default(),
+        stderr_sink: None,
         limits: ResourceLimits::default(),
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));

@@ -99,6 +99,7 @@ async fn satellite_client() -> McpClient {
         cwd: None,
         close_grace: Duration::from_secs(1),
         stderr: Default::default(),
+        stderr_sink: None,
         limits: ResourceLimits::default(),
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));

@@ -25,6 +25,7 @@ use crate::http::sse::{SseSessions, SSE_IDLE};
 use crate::http::{self, McpDeps, StatusDeps};
 use crate::instances::{self, InstanceManager, ManagerDeps};
 use crate::jobs::{FirstRun, Jobs};
+use crate::logcapture::LogCapture;
 use crate::mcp::client::ClientOptions;
 use crate::router::{HierarchicalRouter, InstanceRouter};
 use crate::search::{SearchError, SearchIndex};
@@ -80,6 +81,9 @@ pub struct Satellite {
     jobs: Jobs,
     server: JoinHandle<()>,
     config_refusals: Arc<AtomicU64>,
+    /// The log-capture flusher, stopped (and flushed) after the instances.
+    logs_stop: CancellationToken,
+    logs_task: JoinHandle<()>,
 }
 
 /// The first desired state, read and validated before anything starts.
@@ -103,6 +107,7 @@ impl Satellite {
         info!("{}", sandbox.describe());
         let store = Store::open(&config.data_dir).await?;
         let search = SearchIndex::new()?;
+        let logs = LogCapture::new(Emitter::new(store.clone()));
         let deps = ManagerDeps {
             sandbox: Arc::new(sandbox),
             search: search.clone(),
@@ -112,6 +117,7 @@ impl Satellite {
             http: instances::remote_http_client()?,
             store: store.clone(),
             events: Emitter::new(store.clone()),
+            logs: logs.clone(),
         };
         let manager = InstanceManager::new(deps).await?;
         let listener =
@@ -222,7 +228,9 @@ impl Satellite {
             }
             .instrument(tracing::info_span!("control.standalone")),
         );
-        Ok(Satellite { addr, manager, store, cancel, tasks, jobs, server, config_refusals })
+        let logs_stop = CancellationToken::new();
+        let logs_task = tokio::spawn(logs.run(logs_stop.clone()));
+        Ok(Satellite { addr, manager, store, cancel, tasks, jobs, server, config_refusals, logs_stop, logs_task })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -275,8 +283,14 @@ impl Satellite {
             warn!(deadline_s = INSTANCES_STOP_DEADLINE.as_secs(), "shutdown: stopping instances missed its deadline");
             clean = false;
         }
-        // Events are written to the outbox as they happen; a standalone satellite has nothing left to send.
-        info!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown 4/5: flushing events");
+        // Buffered log lines become events; events are in the outbox as they happen, so a standalone
+        // satellite has nothing left to send.
+        info!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown 4/5: flushing logs and events");
+        self.logs_stop.cancel();
+        if tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.logs_task).await.is_err() {
+            warn!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown: flushing logs missed its deadline");
+            clean = false;
+        }
         match tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.store.event_count()).await {
             Ok(Ok(kept)) => info!(kept, "events are in the outbox"),
             Ok(Err(err)) => warn!(error = %err, "shutdown: reading the event outbox failed"),

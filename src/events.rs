@@ -43,6 +43,11 @@ impl Event {
         }
     }
 
+    /// An event whose payload was built elsewhere (log batches), about no single instance.
+    pub fn raw(event_type: &'static str, data: Value) -> Self {
+        Event { event_type, timestamp: Utc::now(), data, process_id: None }
+    }
+
     /// `mcp.server.status_changed` (BP §8.5-1), always with the user id.
     pub fn status_changed(
         spec: &InstanceSpec,

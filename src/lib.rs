@@ -13,6 +13,7 @@ pub mod events;
 pub mod http;
 pub mod instances;
 pub mod jobs;
+pub mod logcapture;
 pub mod mcp;
 pub mod model;
 pub mod router;

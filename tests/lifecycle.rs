@@ -376,3 +376,43 @@ async fn a_remote_server_answering_401_requires_reauthorisation() {
     assert_eq!(instance(&sat, ALICE).status().status, InstanceStatus::Online);
     assert!(sat.satellite.shutdown().await);
 }
+
+#[tokio::test]
+async fn standalone_keeps_server_and_request_logs_as_events() {
+    let sat = TestSatellite::start(&config("")).await;
+    sat.wait_ready().await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": "logged"})).await.unwrap()), "logged");
+    let failed = call(&sat, ALICE, "fail", json!({"message": "nope"})).await.unwrap();
+    assert_eq!(failed["isError"], true);
+
+    let requests = wait_until(DEADLINE, "request logs of alice's calls", || async {
+        let found: Vec<Value> = events(&sat, "mcp.request.logs")
+            .await
+            .into_iter()
+            .flat_map(|e| e.data["requests"].as_array().cloned().unwrap_or_default())
+            .filter(|r| r["user_id"] == "alice")
+            .collect();
+        (found.len() >= 2).then_some(found)
+    })
+    .await;
+    assert_eq!(requests[0]["tool_name"], "demo:echo");
+    assert_eq!(requests[0]["tool_params"], json!({"text": "logged"}));
+    assert_eq!(requests[0]["success"], true);
+    assert_eq!(requests[0]["tool_response"]["content"][0]["text"], "logged");
+    assert_eq!(requests[1]["tool_name"], "demo:fail");
+    assert_eq!(requests[1]["success"], false);
+    assert_eq!(requests[1]["error_message"], "nope");
+
+    let server_logs = wait_events(&sat, "mcp.server.logs", 1).await;
+    let alice = server_logs
+        .iter()
+        .filter(|e| e.data["user_id"] == "alice")
+        .flat_map(|e| e.data["logs"].as_array().cloned().unwrap_or_default())
+        .collect::<Vec<_>>();
+    assert!(
+        alice.iter().any(|l| l["message"] == "MCP Server started successfully" && l["level"] == "info"),
+        "{alice:?}"
+    );
+    assert!(sat.satellite.shutdown().await);
+}

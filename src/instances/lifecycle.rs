@@ -22,10 +22,11 @@ use super::status::{status_for, Failure};
 use super::{Inner, STDIO_CLOSE_GRACE};
 use crate::discovery;
 use crate::events::{CrashReport, Event};
+use crate::logcapture::RequestRecord;
 use crate::mcp::client::McpClient;
-use crate::mcp::transport::stderr::StderrSettings;
+use crate::mcp::transport::stderr::{level_of, StderrSettings};
 use crate::mcp::transport::{
-    ExitInfo, SseTransport, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
+    ExitInfo, SseTransport, StderrSink, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
 };
 use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
 use crate::search::ToolDoc;
@@ -130,6 +131,7 @@ impl Inner {
         instance.touch();
         if stdio {
             let pid = process_pid(&client);
+            self.deps.logs.server_line(spec, "info", "MCP Server started successfully");
             self.emit(Event::started(spec, pid, began.elapsed().as_millis() as u64)).await;
             self.watch(instance.clone(), client.clone(), generation);
         }
@@ -168,7 +170,12 @@ impl Inner {
                     max_line_bytes: lifecycle.log_max_line_bytes,
                     warning_interval: lifecycle.log_rate_warning_interval,
                 };
-                Transport::Stdio(StdioTransport::spawn(prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr))?)
+                let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr);
+                let (logs, owner) = (self.deps.logs.clone(), spec.clone());
+                launch.stderr_sink = Some(StderrSink(Arc::new(move |line: &str| {
+                    logs.server_line(&owner, level_of(line), line);
+                })));
+                Transport::Stdio(StdioTransport::spawn(launch)?)
             }
             Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(StreamableHttpTransport::new(
                 label,
@@ -515,7 +522,17 @@ impl Inner {
             }
         };
         instance.touch();
-        let client = self.ensure_connected(instance).await?;
+        let began = Instant::now();
+        let logged = (method == "tools/call").then(|| params.clone().unwrap_or(Value::Null));
+        let client = match self.ensure_connected(instance).await {
+            Ok(client) => client,
+            Err(err) => {
+                if let Some(params) = logged {
+                    self.log_request(instance, params, Err(&err.to_string()), began);
+                }
+                return Err(err);
+            }
+        };
         let before = instance.status().status;
         let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
         let mut attempt = 0;
@@ -530,6 +547,15 @@ impl Inner {
             }
         };
         instance.touch();
+        if let Some(params) = logged {
+            let error = result.as_ref().err().map(ToString::to_string);
+            let outcome = match (&result, &error) {
+                (Ok(value), _) => Ok(value),
+                (Err(_), Some(message)) => Err(message.as_str()),
+                (Err(_), None) => Err("call failed"),
+            };
+            self.log_request(instance, params, outcome, began);
+        }
         match &result {
             Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {
                 self.recovered(instance.clone(), client);
@@ -548,6 +574,32 @@ impl Inner {
             _ => {}
         }
         Ok(result?)
+    }
+
+    /// One `tools/call` for the request log: the external tool path, the arguments, and the result or error.
+    /// A result with `isError` counts as a failure.
+    fn log_request(&self, instance: &Instance, params: Value, result: Result<&Value, &str>, began: Instant) {
+        let spec = instance.spec();
+        let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
+        let arguments = params.get("arguments").cloned().unwrap_or(Value::Null);
+        let (response, error) = match result {
+            Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => {
+                let text = value.pointer("/content/0/text").and_then(Value::as_str).unwrap_or("tool returned an error");
+                (None, Some(text.to_owned()))
+            }
+            Ok(value) => (Some(value.clone()), None),
+            Err(message) => (None, Some(message.to_owned())),
+        };
+        self.deps.logs.request(
+            spec,
+            RequestRecord {
+                tool_path: crate::model::tool_path(&spec.server_slug, name),
+                params: arguments,
+                response,
+                error,
+                duration: began.elapsed(),
+            },
+        );
     }
 
     /// A call succeeded while the instance was offline or in error: rediscover in the background (SB §11.2).

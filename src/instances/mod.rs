@@ -69,6 +69,8 @@ pub struct ManagerDeps {
     pub search: SearchIndex,
     /// Where lifecycle events go (the SQLite outbox).
     pub events: Emitter,
+    /// Server and request log capture (BP §9).
+    pub logs: crate::logcapture::LogCapture,
 }
 
 #[derive(Debug, thiserror::Error)]

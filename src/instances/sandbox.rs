@@ -93,6 +93,7 @@ impl PreparedLaunch {
             cwd: Some(self.cwd),
             close_grace,
             stderr,
+            stderr_sink: None,
             limits: self.limits,
         }
     }

@@ -88,6 +88,7 @@ pub fn stdio_launch(command: impl Into<String>, args: &[&str]) -> StdioLaunch {
         cwd: None,
         close_grace: Duration::from_secs(1),
         stderr: Default::default(),
+        stderr_sink: None,
         limits: ResourceLimits::default(),
     }
 }

@@ -19,7 +19,7 @@ pub mod stdio;
 pub mod streamable_http;
 
 pub use sse::SseTransport;
-pub use stdio::{ExitInfo, ResourceLimits, StderrTail, StdioLaunch, StdioTransport};
+pub use stdio::{ExitInfo, ResourceLimits, StderrSink, StderrTail, StdioLaunch, StdioTransport};
 pub use streamable_http::StreamableHttpTransport;
 
 /// What went wrong talking to an upstream MCP server.

@@ -42,6 +42,16 @@ pub const STDERR_LINES_KEPT: usize = 200;
 const STDERR_READ_MAX_BYTES: usize = 64 * 1024;
 const NOTIFICATION_CAPACITY: usize = 64;
 
+/// Receives every stderr line the rate limiter keeps (already cut to length), e.g. for log capture.
+#[derive(Clone)]
+pub struct StderrSink(pub Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for StderrSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StderrSink")
+    }
+}
+
 /// What to start: the instance's final command, arguments and environment.
 #[derive(Debug, Clone)]
 pub struct StdioLaunch {
@@ -56,6 +66,8 @@ pub struct StdioLaunch {
     pub close_grace: Duration,
     /// Rate limit and line cap of stderr capture.
     pub stderr: StderrSettings,
+    /// Where kept stderr lines go besides the tail buffer and the debug log.
+    pub stderr_sink: Option<StderrSink>,
     /// Resource limits set in the child before it executes `command`.
     pub limits: ResourceLimits,
 }
@@ -218,6 +230,7 @@ impl StdioTransport {
             stdout: FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES)),
             stderr: FramedRead::new(stderr, LinesCodec::new_with_max_length(STDERR_READ_MAX_BYTES)),
             limiter: StderrLimiter::new(launch.stderr.clone()),
+            stderr_sink: launch.stderr_sink.clone(),
             stderr_warnings: stderr_warnings.clone(),
             outbound: outbound_rx,
             pending: pending.clone(),
@@ -355,6 +368,7 @@ struct Owner {
     stderr_buf: Arc<Mutex<VecDeque<String>>>,
     limiter: StderrLimiter,
     stderr_warnings: Arc<DropReport>,
+    stderr_sink: Option<StderrSink>,
     notifications: broadcast::Sender<Value>,
     exit_tx: watch::Sender<Option<ExitInfo>>,
     stop: CancellationToken,
@@ -531,6 +545,9 @@ impl Owner {
             }
         };
         debug!(process_id = %self.label, line = %kept, "mcp server stderr");
+        if let Some(sink) = &self.stderr_sink {
+            (sink.0)(&kept);
+        }
         let mut buf = self.stderr_buf.lock();
         if buf.len() == STDERR_LINES_KEPT {
             buf.pop_front();

@@ -1,0 +1,346 @@
+//! Log capture (BP §9): MCP servers' stderr and lifecycle lines become
+//! `mcp.server.logs` events, tool calls become `mcp.request.logs` events.
+//! Two buffers, each flushed when it reaches 20 entries or 3 s after its
+//! first entry, and on shutdown. Server logs are grouped by (installation,
+//! user), request logs by (installation, team). Secret values of the
+//! instance (its secret env, header and query values, and any env value
+//! whose name looks secret) are masked in every captured line.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::events::{iso, Emitter, Event};
+use crate::model::{InstanceSpec, Upstream};
+use crate::secrets;
+
+/// Entries that trigger an immediate flush.
+pub const FLUSH_AT: usize = 20;
+/// Longest an entry waits in a buffer.
+pub const FLUSH_AFTER: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone)]
+struct ServerLine {
+    installation_id: String,
+    team_id: String,
+    user_id: String,
+    entry: Value,
+}
+
+#[derive(Debug, Clone)]
+struct RequestLine {
+    installation_id: String,
+    team_id: String,
+    entry: Value,
+}
+
+#[derive(Debug, Default)]
+struct Buffers {
+    server: Vec<ServerLine>,
+    requests: Vec<RequestLine>,
+    /// When the oldest buffered entry (of either kind) arrived.
+    first_at: Option<Instant>,
+}
+
+/// The capture; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct LogCapture {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    emitter: Emitter,
+    buffers: Mutex<Buffers>,
+    wake: Notify,
+}
+
+/// What one captured tool call was.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    pub tool_path: String,
+    pub params: Value,
+    pub response: Option<Value>,
+    pub error: Option<String>,
+    pub duration: Duration,
+}
+
+impl LogCapture {
+    pub fn new(emitter: Emitter) -> Self {
+        Self { inner: Arc::new(Inner { emitter, buffers: Mutex::new(Buffers::default()), wake: Notify::new() }) }
+    }
+
+    /// A line for the instance's server log (stderr, lifecycle), masked.
+    pub fn server_line(&self, spec: &InstanceSpec, level: &str, message: &str) {
+        let masked = mask_secrets(spec, message);
+        let line = ServerLine {
+            installation_id: spec.installation_id.0.clone(),
+            team_id: spec.team_id.0.clone(),
+            user_id: spec.user_id.0.clone(),
+            entry: json!({"level": level, "message": masked, "timestamp": iso(Utc::now())}),
+        };
+        self.push(|b| b.server.push(line));
+    }
+
+    /// A tool call that reached an instance; nothing when the installation turned request logging off.
+    pub fn request(&self, spec: &InstanceSpec, record: RequestRecord) {
+        if !spec.request_logging_enabled {
+            return;
+        }
+        let mut entry = json!({
+            "user_id": spec.user_id.0,
+            "tool_name": record.tool_path,
+            "tool_params": if record.params.is_object() { record.params } else { json!({}) },
+            "response_time_ms": record.duration.as_millis() as u64,
+            "success": record.error.is_none(),
+            "timestamp": iso(Utc::now()),
+        });
+        if let Some(response) = record.response {
+            entry["tool_response"] = response;
+        }
+        if let Some(error) = record.error {
+            entry["error_message"] = json!(mask_secrets(spec, &error));
+        }
+        let line =
+            RequestLine { installation_id: spec.installation_id.0.clone(), team_id: spec.team_id.0.clone(), entry };
+        self.push(|b| b.requests.push(line));
+    }
+
+    fn push(&self, add: impl FnOnce(&mut Buffers)) {
+        {
+            let mut buffers = self.inner.buffers.lock();
+            add(&mut buffers);
+            buffers.first_at.get_or_insert_with(Instant::now);
+        }
+        // The runner re-reads the buffers: the first entry starts the 3 s clock, a full buffer goes at once.
+        self.inner.wake.notify_one();
+    }
+
+    /// Turn everything buffered into events now.
+    pub async fn flush(&self) -> usize {
+        let taken = std::mem::take(&mut *self.inner.buffers.lock());
+        let mut events = Vec::new();
+        let mut server: BTreeMap<(String, String), (String, Vec<Value>)> = BTreeMap::new();
+        for line in taken.server {
+            server
+                .entry((line.installation_id, line.user_id))
+                .or_insert_with(|| (line.team_id, Vec::new()))
+                .1
+                .push(line.entry);
+        }
+        for ((installation_id, user_id), (team_id, logs)) in server {
+            events.push(Event::raw(
+                "mcp.server.logs",
+                json!({"installation_id": installation_id, "team_id": team_id, "user_id": user_id, "logs": logs}),
+            ));
+        }
+        let mut requests: BTreeMap<(String, String), Vec<Value>> = BTreeMap::new();
+        for line in taken.requests {
+            requests.entry((line.installation_id, line.team_id)).or_default().push(line.entry);
+        }
+        for ((installation_id, team_id), entries) in requests {
+            events.push(Event::raw(
+                "mcp.request.logs",
+                json!({"installation_id": installation_id, "team_id": team_id, "requests": entries}),
+            ));
+        }
+        let n = events.len();
+        for event in events {
+            self.inner.emitter.emit(event).await;
+        }
+        n
+    }
+
+    /// Flush at 20 entries or 3 s after the first, until cancelled; then flush what is left.
+    pub async fn run(self, cancel: CancellationToken) {
+        loop {
+            let (due, full) = {
+                let buffers = self.inner.buffers.lock();
+                let full = buffers.server.len() >= FLUSH_AT || buffers.requests.len() >= FLUSH_AT;
+                (buffers.first_at.map(|t| t + FLUSH_AFTER), full)
+            };
+            if full {
+                self.flush().await;
+                continue;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = self.inner.wake.notified() => continue,
+                _ = sleep_until(due) => { self.flush().await; }
+            }
+        }
+        self.flush().await;
+    }
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Replace the instance's secret values in `text` by their masked form.
+pub fn mask_secrets(spec: &InstanceSpec, text: &str) -> String {
+    let listed = |names: &[String], name: &str| names.iter().any(|n| n.eq_ignore_ascii_case(name));
+    let mut values: Vec<String> = Vec::new();
+    match &spec.upstream {
+        Upstream::Stdio { env, .. } => {
+            for (name, value) in env {
+                if listed(&spec.secrets.env, name) || secrets::looks_secret(name) {
+                    values.push(value.clone());
+                }
+            }
+        }
+        Upstream::StreamableHttp { url, headers, .. } | Upstream::Sse { url, headers, .. } => {
+            for (name, value) in headers {
+                if listed(&spec.secrets.headers, name) || secrets::looks_secret(name) {
+                    values.push(value.clone());
+                }
+            }
+            for (name, value) in url.query_pairs() {
+                if listed(&spec.secrets.query_params, &name) || secrets::looks_secret(&name) {
+                    values.push(value.into_owned());
+                }
+            }
+        }
+    }
+    // Longest first, so a secret that contains another is masked whole; very short values are left alone.
+    values.retain(|v| v.len() >= 4);
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    let mut out = text.to_owned();
+    for value in &values {
+        if out.contains(value.as_str()) {
+            out = out.replace(value.as_str(), &secrets::mask(value));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{InstallationId, ProcessId, SecretNames, TeamId, UserId};
+    use crate::store::Store;
+
+    fn spec(user: &str, logging: bool) -> InstanceSpec {
+        InstanceSpec {
+            process_id: ProcessId(format!("gh-acme-{user}-i1")),
+            installation_id: InstallationId::from("i1"),
+            installation_name: "GitHub".into(),
+            team_id: TeamId::from("t1"),
+            team_slug: "acme".into(),
+            user_id: UserId::from(user),
+            server_name: "github".into(),
+            server_slug: "github".into(),
+            upstream: Upstream::Stdio {
+                command: "npx".into(),
+                args: vec![],
+                env: [("GITHUB_TOKEN".to_owned(), "ghp_supersecret123".to_owned()), ("MODE".into(), "fast".into())]
+                    .into_iter()
+                    .collect(),
+            },
+            enabled: true,
+            instance_path: None,
+            instance_token_hash: None,
+            requires_oauth: false,
+            request_logging_enabled: logging,
+            secrets: SecretNames::default(),
+            disabled_tools: Default::default(),
+        }
+    }
+
+    async fn capture() -> (tempfile::TempDir, Store, LogCapture) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let capture = LogCapture::new(Emitter::new(store.clone()));
+        (dir, store, capture)
+    }
+
+    #[tokio::test]
+    async fn server_lines_group_by_installation_and_user_with_secrets_masked() {
+        let (_dir, store, capture) = capture().await;
+        capture.server_line(&spec("alice", true), "error", "auth failed for token ghp_supersecret123 in fast mode");
+        capture.server_line(&spec("bob", true), "info", "MCP Server started successfully");
+        capture.server_line(&spec("alice", true), "info", "retrying");
+        assert_eq!(capture.flush().await, 2);
+        let events = store.events(Some("mcp.server.logs"), 0, 10).await.unwrap();
+        let alice = events.iter().find(|e| e.data["user_id"] == "alice").unwrap();
+        assert_eq!(alice.data["installation_id"], "i1");
+        assert_eq!(alice.data["team_id"], "t1");
+        let logs = alice.data["logs"].as_array().unwrap();
+        assert_eq!(logs.len(), 2);
+        assert_eq!(logs[0]["message"], "auth failed for token ghp***** in fast mode");
+        assert_eq!(logs[0]["level"], "error");
+        assert!(!events.iter().any(|e| e.data.to_string().contains("supersecret")));
+    }
+
+    #[tokio::test]
+    async fn request_logs_group_by_installation_and_team_and_respect_the_switch() {
+        let (_dir, store, capture) = capture().await;
+        let ok = RequestRecord {
+            tool_path: "github:list_repos".into(),
+            params: json!({"owner": "x"}),
+            response: Some(json!({"content": []})),
+            error: None,
+            duration: Duration::from_millis(12),
+        };
+        capture.request(&spec("alice", true), ok.clone());
+        capture.request(
+            &spec("bob", true),
+            RequestRecord { response: None, error: Some("Channel not found".into()), ..ok.clone() },
+        );
+        capture.request(&spec("carol", false), ok);
+        capture.flush().await;
+        let events = store.events(Some("mcp.request.logs"), 0, 10).await.unwrap();
+        assert_eq!(events.len(), 1, "one event per (installation, team)");
+        let requests = events[0].data["requests"].as_array().unwrap();
+        assert_eq!(requests.len(), 2, "carol's installation settings turn logging off");
+        assert_eq!(requests[0]["tool_name"], "github:list_repos");
+        assert_eq!(requests[0]["success"], true);
+        assert_eq!(requests[0]["response_time_ms"], 12);
+        assert_eq!(requests[1]["success"], false);
+        assert_eq!(requests[1]["error_message"], "Channel not found");
+        assert!(requests[1].get("tool_response").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_buffer_flushes_at_twenty_entries_or_three_seconds_after_the_first() {
+        let (_dir, store, capture) = capture().await;
+        let cancel = CancellationToken::new();
+        let runner = tokio::spawn(capture.clone().run(cancel.clone()));
+        let alice = spec("alice", true);
+        let count = || async { store.event_count().await.unwrap() };
+        let wait_for = |n: i64, within: Duration| {
+            let count = &count;
+            async move {
+                let deadline = Instant::now() + within;
+                while count().await < n {
+                    assert!(Instant::now() < deadline, "waited {within:?} for {n} events");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+        let started = Instant::now();
+        capture.server_line(&alice, "info", "one");
+        wait_for(1, Duration::from_secs(10)).await;
+        assert!(started.elapsed() >= FLUSH_AFTER - Duration::from_millis(50), "a lone entry waits its 3 s");
+        let started = Instant::now();
+        for i in 0..FLUSH_AT {
+            capture.server_line(&alice, "info", &format!("line {i}"));
+        }
+        wait_for(2, Duration::from_secs(10)).await;
+        assert!(started.elapsed() < FLUSH_AFTER, "twenty entries go at once");
+        capture.server_line(&alice, "info", "last");
+        cancel.cancel();
+        runner.await.unwrap();
+        assert_eq!(count().await, 3, "shutdown flushes the rest");
+    }
+}
