@@ -4,6 +4,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod backend;
 pub mod config;
 pub mod control;
 pub mod demo;
