@@ -1,7 +1,11 @@
-//! Managed mode: the satellite's side of the DeployStack backend protocol (BP).
+//! Managed mode: the satellite as a client of the DeployStack backend (BP).
+//!
+//! `wire` holds the bodies exchanged with the backend (data only). Beside it: the pure policies (`polling`,
+//! `dedup`), stored `credentials`, process `metrics` for heartbeats, and the event `uploader`.
 
 pub mod credentials;
 pub mod dedup;
 pub mod metrics;
 pub mod polling;
 pub mod uploader;
+pub mod wire;
