@@ -71,6 +71,8 @@ pub enum InstanceAuthError {
 #[derive(Clone)]
 pub struct Authenticator {
     directory: Arc<RwLock<Arc<Directory>>>,
+    /// Managed mode: tokens the directory does not know are checked with the control plane (BP §10).
+    introspection: Option<introspection::TokenIntrospection>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -86,7 +88,23 @@ struct Claims {
 
 impl Authenticator {
     pub fn new(directory: Directory) -> Self {
-        Self { directory: Arc::new(RwLock::new(Arc::new(directory))) }
+        Self { directory: Arc::new(RwLock::new(Arc::new(directory))), introspection: None }
+    }
+
+    /// An authenticator that falls back to token introspection for tokens the directory does not know.
+    pub fn with_introspection(directory: Directory, introspection: introspection::TokenIntrospection) -> Self {
+        Self { directory: Arc::new(RwLock::new(Arc::new(directory))), introspection: Some(introspection) }
+    }
+
+    /// Authenticate a request: locally first (static tokens, JWTs), then by introspection when configured.
+    pub async fn authenticate_request(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
+        match (self.authenticate(authorization), &self.introspection) {
+            (Err(AuthError::Invalid(_)), Some(introspection)) => {
+                let token = bearer(authorization).ok_or(AuthError::Missing)?;
+                introspection.authenticate(token).await
+            }
+            (outcome, _) => outcome,
+        }
     }
 
     pub fn replace(&self, directory: Directory) {

@@ -3,9 +3,12 @@
 //! `wire` holds the bodies exchanged with the backend (data only). Beside it: the pure policies (`polling`,
 //! `dedup`), stored `credentials`, process `metrics` for heartbeats, and the event `uploader`.
 
+pub mod client;
 pub mod credentials;
 pub mod dedup;
+pub mod managed;
 pub mod metrics;
 pub mod polling;
+pub mod startup;
 pub mod uploader;
 pub mod wire;

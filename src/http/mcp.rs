@@ -61,22 +61,26 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let hier = warp::path("mcp").and(warp::path::end());
     let hier_post = hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(with.clone()).then(
         |headers: HeaderMap, body: Bytes, deps: McpDeps| async move {
-            match hierarchical_endpoint(&deps, &headers) {
+            match hierarchical_endpoint(&deps, &headers).await {
                 Ok(endpoint) => with_link(post(endpoint, &headers, &body).await, &deps.urls),
                 Err(response) => *response,
             }
         },
     );
-    let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).map(
-        |headers: HeaderMap, deps: McpDeps| match hierarchical_endpoint(&deps, &headers) {
-            Ok(endpoint) => with_link(open_stream(endpoint, &headers), &deps.urls),
-            Err(response) => *response,
+    let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).then(
+        |headers: HeaderMap, deps: McpDeps| async move {
+            match hierarchical_endpoint(&deps, &headers).await {
+                Ok(endpoint) => with_link(open_stream(endpoint, &headers), &deps.urls),
+                Err(response) => *response,
+            }
         },
     );
-    let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(with.clone()).map(
-        |headers: HeaderMap, deps: McpDeps| match hierarchical_endpoint(&deps, &headers) {
-            Ok(endpoint) => with_link(delete(endpoint, &headers), &deps.urls),
-            Err(response) => *response,
+    let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(with.clone()).then(
+        |headers: HeaderMap, deps: McpDeps| async move {
+            match hierarchical_endpoint(&deps, &headers).await {
+                Ok(endpoint) => with_link(delete(endpoint, &headers), &deps.urls),
+                Err(response) => *response,
+            }
         },
     );
 
@@ -127,10 +131,11 @@ fn with_link(mut response: Response, urls: &ResourceUrls) -> Response {
     response
 }
 
-fn hierarchical_endpoint(deps: &McpDeps, headers: &HeaderMap) -> Result<Endpoint, Box<Response>> {
+async fn hierarchical_endpoint(deps: &McpDeps, headers: &HeaderMap) -> Result<Endpoint, Box<Response>> {
     let principal = deps
         .auth
-        .authenticate(header(headers, "authorization"))
+        .authenticate_request(header(headers, "authorization"))
+        .await
         .map_err(|err| Box::new(auth_error_response(&err, &deps.urls)))?;
     let owner = format!("{}\u{0}{}", principal.user, principal.team);
     let router = deps.router.clone();

@@ -66,11 +66,11 @@ pub fn routes(
     sessions: Arc<SseSessions>,
 ) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let with = warp::any().map(move || (deps.clone(), sessions.clone()));
-    let open = warp::path!("sse")
-        .and(warp::get())
-        .and(warp::header::headers_cloned())
-        .and(with.clone())
-        .map(|headers: HeaderMap, (deps, sessions): (McpDeps, Arc<SseSessions>)| open(&deps, &sessions, &headers));
+    let open = warp::path!("sse").and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).then(
+        |headers: HeaderMap, (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
+            open(&deps, &sessions, &headers).await
+        },
+    );
     let message = warp::path!("message")
         .and(warp::post())
         .and(warp::query::<HashMap<String, String>>())
@@ -89,12 +89,13 @@ pub fn routes(
     open.or(message).unify()
 }
 
-fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) -> Response {
+async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) -> Response {
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
-    let principal = match deps.auth.authenticate(authorization).and_then(|p| p.require(SCOPE_READ).map(|_| p)) {
-        Ok(principal) => principal,
-        Err(err) => return auth_error_response(&err, &deps.urls),
-    };
+    let principal =
+        match deps.auth.authenticate_request(authorization).await.and_then(|p| p.require(SCOPE_READ).map(|_| p)) {
+            Ok(principal) => principal,
+            Err(err) => return auth_error_response(&err, &deps.urls),
+        };
     let mut raw = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut raw);
     let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
@@ -136,7 +137,7 @@ async fn message(
     };
     // A bearer sent along must be the same identity that opened the stream.
     if let Some(authorization) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
-        match deps.auth.authenticate(Some(authorization)) {
+        match deps.auth.authenticate_request(Some(authorization)).await {
             Ok(caller) if caller.user == principal.user && caller.team == principal.team => {}
             Ok(_) => return rpc(StatusCode::FORBIDDEN, -32001, "Session belongs to another identity"),
             Err(err) => return auth_error_response(&err, &deps.urls),

@@ -83,6 +83,42 @@ impl Inner {
         self.after_start(instance, outcome).await;
     }
 
+    /// Stop the process or connection without a restart (a `kill` command); the instance stays configured.
+    pub(super) async fn halt(&self, instance: &Arc<Instance>, reason: &str) {
+        let _lifecycle = instance.lifecycle.lock().await;
+        instance.next_generation();
+        instance.clear_dormant();
+        if let Some(client) = instance.take_client() {
+            client.close().await;
+        }
+        self.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
+    }
+
+    /// Reconnect if needed and rediscover; true when the instance is online afterwards.
+    pub(super) async fn rediscover(self: &Arc<Self>, instance: &Arc<Instance>) -> bool {
+        let outcome = {
+            let _lifecycle = instance.lifecycle.lock().await;
+            if instance.retired.is_cancelled() {
+                return false;
+            }
+            match instance.client() {
+                Some(client) => {
+                    let message = "Server recovered, satellite initiating tool re-discovery".to_owned();
+                    self.set_status(instance, InstanceStatus::Connecting, Some(message)).await;
+                    if self.discover_into(instance, &client, true).await {
+                        Started::Online
+                    } else {
+                        Started::Failed
+                    }
+                }
+                None => self.start_locked(instance).await,
+            }
+        };
+        let online = matches!(outcome, Started::Online);
+        self.after_start(instance, outcome).await;
+        online
+    }
+
     async fn after_start(self: &Arc<Self>, instance: &Arc<Instance>, outcome: Started) {
         match outcome {
             Started::Crashed { report, detail, generation } => {

@@ -277,6 +277,40 @@ impl InstanceManager {
         installation: &InstallationId,
         user: Option<&UserId>,
     ) -> Result<usize, ManagerError> {
+        let targets = self.of_installation(installation, user)?;
+        let inner = &self.inner;
+        futures::stream::iter(targets.iter())
+            .for_each_concurrent(inner.deps.settings.reconcile_concurrency, |instance| async move {
+                inner.restart(instance, "Restart requested").await
+            })
+            .await;
+        Ok(targets.len())
+    }
+
+    /// BP §6.3 `kill`: stop the instances of an installation (or one user's) until a restart or config change.
+    pub async fn stop_installation(
+        &self,
+        installation: &InstallationId,
+        user: Option<&UserId>,
+    ) -> Result<usize, ManagerError> {
+        let targets = self.of_installation(installation, user)?;
+        for instance in &targets {
+            self.inner.halt(instance, "Stopped by command").await;
+        }
+        Ok(targets.len())
+    }
+
+    /// BP §6.1.2 `mcp_recovery`: reconnect and rediscover; true when the instance came back online.
+    pub async fn rediscover(&self, instance: &Arc<Instance>) -> bool {
+        self.inner.rediscover(instance).await
+    }
+
+    /// The enabled instances of an installation, or only `user`'s.
+    pub fn of_installation(
+        &self,
+        installation: &InstallationId,
+        user: Option<&UserId>,
+    ) -> Result<Vec<Arc<Instance>>, ManagerError> {
         let targets: Vec<Arc<Instance>> = self
             .instances()
             .into_iter()
@@ -285,13 +319,7 @@ impl InstanceManager {
         if targets.is_empty() {
             return Err(ManagerError::NoInstallation(installation.0.clone()));
         }
-        let inner = &self.inner;
-        futures::stream::iter(targets.iter())
-            .for_each_concurrent(inner.deps.settings.reconcile_concurrency, |instance| async move {
-                inner.restart(instance, "Restart requested").await
-            })
-            .await;
-        Ok(targets.len())
+        Ok(targets)
     }
 
     /// Stop stdio instances idle past the timeout (SB §9.8); returns how many went dormant.

@@ -1,0 +1,278 @@
+//! HTTP to the backend (BP §0.1): one method per endpoint, the timeouts of
+//! the endpoint table, `Content-Type: application/json` on every request,
+//! `Authorization: Bearer <api key>` where required, answers read with a
+//! size cap and decoded into the `wire` types. Every failure is a typed
+//! `BackendError` that names the endpoint; nothing here retries or logs
+//! secrets.
+
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use reqwest::{Method, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use url::Url;
+
+use super::credentials::Credentials;
+use super::wire::{
+    self, path, Ack, CommandResult, CommandsResponse, ConfigResponse, Credential, EventsRequest, EventsResponse,
+    HealthResponse, HeartbeatRequest, IntrospectRequest, IntrospectResponse, RegisterRequest, RegisterResponse,
+};
+
+/// Largest answer read (a config for thousands of instances fits); more is refused, not buffered.
+pub const MAX_CONFIG_BYTES: usize = 32 * 1024 * 1024;
+const MAX_ANSWER_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{endpoint}: backend unreachable: {reason}")]
+    Network { endpoint: &'static str, reason: String },
+    #[error("{endpoint}: backend answered HTTP {status}: {message}")]
+    Status { endpoint: &'static str, status: u16, message: String, body: Option<wire::BackendError> },
+    #[error("{endpoint}: backend answer is not valid: {reason}")]
+    Decode { endpoint: &'static str, reason: String },
+    #[error("{endpoint}: not registered with the backend yet")]
+    NotRegistered { endpoint: &'static str },
+}
+
+impl BackendError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            BackendError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+struct Session {
+    satellite_id: String,
+    api_key: SecretString,
+}
+
+/// The backend client; cheap to share behind an `Arc`.
+pub struct BackendClient {
+    http: reqwest::Client,
+    base: String,
+    session: RwLock<Option<Session>>,
+}
+
+impl BackendClient {
+    pub fn new(base_url: &Url) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("deploystack-satellite-rs/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Self { http, base: base_url.as_str().trim_end_matches('/').to_owned(), session: RwLock::new(None) })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// Use these credentials from now on.
+    pub fn set_credentials(&self, credentials: &Credentials) {
+        *self.session.write() =
+            Some(Session { satellite_id: credentials.satellite_id.clone(), api_key: credentials.api_key.clone() });
+    }
+
+    pub fn satellite_id(&self) -> Option<String> {
+        self.session.read().as_ref().map(|s| s.satellite_id.clone())
+    }
+
+    /// E1, no auth, 5 s.
+    pub async fn health(&self) -> Result<HealthResponse, BackendError> {
+        self.call(
+            "health",
+            Method::GET,
+            path::HEALTH.to_owned(),
+            None,
+            None::<&()>,
+            Duration::from_secs(5),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
+    /// E2 with the registration token, 10 s.
+    pub async fn register(
+        &self,
+        token: &SecretString,
+        body: &RegisterRequest,
+    ) -> Result<RegisterResponse, BackendError> {
+        let auth = Some(token.expose_secret().to_owned());
+        self.call(
+            "register",
+            Method::POST,
+            path::REGISTER.to_owned(),
+            auth,
+            Some(body),
+            Duration::from_secs(10),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
+    /// E3, 10 s.
+    pub async fn heartbeat(&self, body: &HeartbeatRequest) -> Result<Ack, BackendError> {
+        let (id, key) = self.session("heartbeat")?;
+        self.call(
+            "heartbeat",
+            Method::POST,
+            path::heartbeat(&id),
+            Some(key),
+            Some(body),
+            Duration::from_secs(10),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
+    /// E4, 15 s.
+    pub async fn poll_commands(&self, last_poll: &str) -> Result<CommandsResponse, BackendError> {
+        let (id, key) = self.session("commands")?;
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("last_poll", last_poll)
+            .append_pair("limit", "10")
+            .finish();
+        let path = format!("{}?{query}", path::commands(&id));
+        self.call("commands", Method::GET, path, Some(key), None::<&()>, Duration::from_secs(15), MAX_ANSWER_BYTES)
+            .await
+    }
+
+    /// E5, 10 s.
+    pub async fn post_result(&self, body: &CommandResult) -> Result<Ack, BackendError> {
+        let (id, key) = self.session("command-result")?;
+        self.call(
+            "command-result",
+            Method::POST,
+            path::command_result(&id),
+            Some(key),
+            Some(body),
+            Duration::from_secs(10),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
+    /// E6, 10 s, answers up to 32 MB.
+    pub async fn fetch_config(&self) -> Result<ConfigResponse, BackendError> {
+        let (id, key) = self.session("config")?;
+        self.call(
+            "config",
+            Method::GET,
+            path::config(&id),
+            Some(key),
+            None::<&()>,
+            Duration::from_secs(10),
+            MAX_CONFIG_BYTES,
+        )
+        .await
+    }
+
+    /// E7, 10 s.
+    pub async fn post_events(&self, body: &EventsRequest) -> Result<EventsResponse, BackendError> {
+        let (id, key) = self.session("events")?;
+        self.call(
+            "events",
+            Method::POST,
+            path::events(&id),
+            Some(key),
+            Some(body),
+            Duration::from_secs(10),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
+    /// E8, 10 s.
+    pub async fn introspect(&self, token: &str) -> Result<IntrospectResponse, BackendError> {
+        let key = self.session("introspect").ok().map(|(_, key)| key);
+        let body = IntrospectRequest { token: Credential::new(token), expected_team_id: None };
+        self.call(
+            "introspect",
+            Method::POST,
+            path::INTROSPECT.to_owned(),
+            key,
+            Some(&body),
+            Duration::from_secs(10),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
+    fn session(&self, endpoint: &'static str) -> Result<(String, String), BackendError> {
+        let session = self.session.read();
+        let session = session.as_ref().ok_or(BackendError::NotRegistered { endpoint })?;
+        Ok((session.satellite_id.clone(), session.api_key.expose_secret().to_owned()))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        bearer: Option<String>,
+        body: Option<&B>,
+        timeout: Duration,
+        max_bytes: usize,
+    ) -> Result<T, BackendError> {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .timeout(timeout)
+            .header("content-type", "application/json");
+        if let Some(token) = bearer {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            let bytes =
+                serde_json::to_vec(body).map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() })?;
+            request = request.body(bytes);
+        }
+        let mut response =
+            request.send().await.map_err(|e| BackendError::Network { endpoint, reason: describe(&e) })?;
+        let status = response.status();
+        let mut bytes = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    if bytes.len() + chunk.len() > max_bytes {
+                        return Err(BackendError::Decode {
+                            endpoint,
+                            reason: format!("answer larger than {max_bytes} bytes"),
+                        });
+                    }
+                    bytes.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) => return Err(BackendError::Network { endpoint, reason: describe(&e) }),
+            }
+        }
+        if !status.is_success() {
+            let body: Option<wire::BackendError> = serde_json::from_slice(&bytes).ok();
+            let message = body
+                .as_ref()
+                .map(|b| b.message.clone().map_or_else(|| b.error.clone(), |m| format!("{}: {m}", b.error)))
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
+            return Err(BackendError::Status { endpoint, status: status.as_u16(), message, body });
+        }
+        if status == StatusCode::NO_CONTENT {
+            return serde_json::from_slice(b"{}").map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() })
+    }
+}
+
+fn describe(err: &reqwest::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(err);
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
+}
