@@ -4,6 +4,7 @@ mod common;
 
 mod cli;
 mod contracts;
+mod fake_backend_selftest;
 mod front_door;
 mod lifecycle;
 mod reconcile;
@@ -11,3 +12,4 @@ mod sandbox;
 mod tenancy;
 mod upstream_http;
 mod upstream_stdio;
+mod wire;
