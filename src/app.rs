@@ -14,9 +14,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn, Instrument};
 
-use crate::auth::Authenticator;
+use crate::auth::introspection::{Introspect, Introspected, TokenIntrospection, Verdict, CACHE_TTL};
+use crate::auth::{Authenticator, Principal};
+use crate::backend::client::BackendClient;
+use crate::backend::managed::{self, Managed, ManagedDeps};
+use crate::backend::metrics::ProcessMetrics;
+use crate::backend::startup::{self, IdentityError};
+use crate::backend::wire::Audience;
 use crate::config::env::Env;
 use crate::config::{self, Config, ConfigError, Mode, StandaloneSource};
+use crate::control::standalone::Directory;
 use crate::control::standalone::{self, StandaloneConfig};
 use crate::events::{self, Emitter};
 use crate::http::oauth::ResourceUrls;
@@ -27,6 +34,7 @@ use crate::instances::{self, InstanceManager, ManagerDeps};
 use crate::jobs::{FirstRun, Jobs};
 use crate::logcapture::LogCapture;
 use crate::mcp::client::ClientOptions;
+use crate::model::{TeamId, UserId};
 use crate::router::{HierarchicalRouter, InstanceRouter};
 use crate::search::{SearchError, SearchIndex};
 use crate::store::{Store, StoreError};
@@ -36,6 +44,8 @@ const HTTP_DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 const JOBS_STOP_DEADLINE: Duration = Duration::from_secs(5);
 const INSTANCES_STOP_DEADLINE: Duration = Duration::from_secs(15);
 const EVENTS_FLUSH_DEADLINE: Duration = Duration::from_secs(5);
+/// Expired introspection results are removed on this period (SB §19).
+const INTROSPECTION_SWEEP: Duration = Duration::from_secs(300);
 /// Idle sessions are forgotten on this period (OQ-18).
 const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
 /// Standalone event history is trimmed on this period.
@@ -47,8 +57,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum StartError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("managed mode (DEPLOYSTACK_BACKEND_URL) is not available in this version; run standalone with --config or no configuration")]
-    ManagedUnavailable,
+    #[error("{0}")]
+    Identity(#[from] IdentityError),
     #[error("cannot open the database: {0}")]
     Store(#[from] StoreError),
     #[error("cannot listen on {addr}: {source}")]
@@ -65,7 +75,7 @@ impl StartError {
     /// Configuration problems exit 64, everything else 1.
     pub fn exit_code(&self) -> i32 {
         match self {
-            StartError::Config(_) | StartError::ManagedUnavailable => config::EXIT_CONFIG,
+            StartError::Config(_) => config::EXIT_CONFIG,
             _ => 1,
         }
     }
@@ -84,12 +94,17 @@ pub struct Satellite {
     /// The log-capture flusher, stopped (and flushed) after the instances.
     logs_stop: CancellationToken,
     logs_task: JoinHandle<()>,
+    /// Managed mode: the heartbeat, poller and command worker (stopped with the jobs).
+    pollers: CancellationToken,
+    /// Managed mode: the event uploader, stopped (with a last flush) after the logs.
+    uploads: CancellationToken,
+    upload_task: Option<JoinHandle<()>>,
 }
 
 /// The first desired state, read and validated before anything starts.
 pub fn initial_standalone(config: &Config) -> Result<StandaloneConfig, StartError> {
     match &config.mode {
-        Mode::Managed(_) => Err(StartError::ManagedUnavailable),
+        Mode::Managed(_) => Ok(StandaloneConfig::default()),
         Mode::Standalone(StandaloneSource::Embedded(demo)) => {
             let exe = std::env::current_exe().map_err(StartError::Exe)?;
             Ok(standalone::embedded(demo, exe))
@@ -101,6 +116,7 @@ pub fn initial_standalone(config: &Config) -> Result<StandaloneConfig, StartErro
 impl Satellite {
     /// Open the store, bind the listener, start serving and apply the first configuration in the background.
     pub async fn start(config: Config, env: &Env) -> Result<Satellite, StartError> {
+        let started = Instant::now();
         let first = initial_standalone(&config)?;
         // Before the store: a sandbox config error (exit 64) leaves nothing behind.
         let sandbox = instances::sandbox::SandboxPolicy::for_config(&config, env)?;
@@ -120,6 +136,25 @@ impl Satellite {
             logs: logs.clone(),
         };
         let manager = InstanceManager::new(deps).await?;
+        // Managed mode: who we are before anything serves (BP §1); every failure here is fatal.
+        let backend = match &config.mode {
+            Mode::Managed(settings) => {
+                let client = Arc::new(BackendClient::new(&settings.backend_url)?);
+                let mut metrics = ProcessMetrics::new(started);
+                startup::identify(
+                    &client,
+                    &settings.satellite_name,
+                    settings.registration_token.as_ref(),
+                    &settings.persistent_dir,
+                    &mut metrics,
+                )
+                .await?;
+                let introspection =
+                    TokenIntrospection::new(introspector(client.clone()), &config.public_url, CACHE_TTL);
+                Some((settings.clone(), client, metrics, introspection))
+            }
+            Mode::Standalone(_) => None,
+        };
         let listener =
             http::bind(config.listen).await.map_err(|source| StartError::Bind { addr: config.listen, source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
@@ -130,14 +165,19 @@ impl Satellite {
         let status = StatusDeps {
             jobs: jobs.clone(),
             manager: manager.clone(),
-            started: Instant::now(),
+            started,
             debug_route: config.debug_route,
             show_version: config.show_version,
             show_uptime: config.show_uptime,
-            mode: "standalone",
+            mode: if backend.is_some() { "managed" } else { "standalone" },
         };
         let stop_http = cancel.child_token();
-        let auth = Authenticator::new(first.directory.clone());
+        let auth = match &backend {
+            Some((_, _, _, introspection)) => {
+                Authenticator::with_introspection(Directory::default(), introspection.clone())
+            }
+            None => Authenticator::new(first.directory.clone()),
+        };
         let sessions = Arc::new(SessionTable::default());
         let instance_sessions = Arc::new(SessionTable::default());
         let sse_sessions = Arc::new(SseSessions::default());
@@ -220,17 +260,83 @@ impl Satellite {
             };
             jobs.every("config-file-watch", interval, FirstRun::AfterOnePeriod, move || watcher.clone().check());
         }
-        let apply_manager = manager.clone();
-        tasks.spawn(
-            async move {
-                let report = apply_manager.apply(first.desired_state()).await;
-                info!(?report, "initial configuration applied");
+        let pollers = CancellationToken::new();
+        let uploads = CancellationToken::new();
+        let mut upload_task = None;
+        match backend {
+            None => {
+                let apply_manager = manager.clone();
+                tasks.spawn(
+                    async move {
+                        let report = apply_manager.apply(first.desired_state()).await;
+                        info!(?report, "initial configuration applied");
+                    }
+                    .instrument(tracing::info_span!("control.standalone")),
+                );
             }
-            .instrument(tracing::info_span!("control.standalone")),
-        );
+            Some((settings, client, metrics, introspection)) => {
+                let deps = ManagedDeps {
+                    client,
+                    manager: manager.clone(),
+                    introspection: introspection.clone(),
+                    store: store.clone(),
+                    satellite_url: settings.satellite_url.clone(),
+                    idle_poll: settings.poll_idle,
+                    heartbeat_every: settings.heartbeat_interval,
+                    event_tick: settings.event_interval,
+                };
+                let uploader = Managed::uploader(&deps, settings.outbox_max);
+                upload_task = Some(tokio::spawn(
+                    managed::upload_loop(
+                        uploader,
+                        settings.event_interval,
+                        settings.event_flush_timeout,
+                        uploads.clone(),
+                    )
+                    .instrument(tracing::info_span!("backend.events")),
+                ));
+                let runtime = Managed::new(deps.clone(), metrics);
+                let (loops, token) = (tasks.clone(), pollers.clone());
+                tasks.spawn(
+                    async move {
+                        // BP §1 steps 9-10: the config once (a failure starts with no servers), then polling.
+                        match Managed::refresh_config(&deps).await {
+                            Ok(result) => info!(%result, "initial backend configuration applied"),
+                            Err(err) => {
+                                warn!(error = %err, "initial config fetch failed; starting with no servers");
+                                deps.manager.apply(crate::control::DesiredState::default()).await;
+                            }
+                        }
+                        runtime.spawn(&loops, token);
+                    }
+                    .instrument(tracing::info_span!("control.backend")),
+                );
+                jobs.every("introspection-cache-sweep", INTROSPECTION_SWEEP, FirstRun::AfterOnePeriod, move || {
+                    let swept = introspection.sweep();
+                    if swept > 0 {
+                        info!(swept, "expired introspection results removed");
+                    }
+                    std::future::ready(Ok::<(), std::convert::Infallible>(()))
+                });
+            }
+        }
         let logs_stop = CancellationToken::new();
         let logs_task = tokio::spawn(logs.run(logs_stop.clone()));
-        Ok(Satellite { addr, manager, store, cancel, tasks, jobs, server, config_refusals, logs_stop, logs_task })
+        Ok(Satellite {
+            addr,
+            manager,
+            store,
+            cancel,
+            tasks,
+            jobs,
+            server,
+            config_refusals,
+            logs_stop,
+            logs_task,
+            pollers,
+            uploads,
+            upload_task,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -268,7 +374,8 @@ impl Satellite {
             warn!(deadline_s = HTTP_DRAIN_DEADLINE.as_secs(), "shutdown: http drain missed its deadline");
             clean = false;
         }
-        info!(deadline_s = JOBS_STOP_DEADLINE.as_secs(), "shutdown 2/5: stopping background jobs");
+        info!(deadline_s = JOBS_STOP_DEADLINE.as_secs(), "shutdown 2/5: stopping pollers and background jobs");
+        self.pollers.cancel();
         if !self.jobs.stop(JOBS_STOP_DEADLINE).await {
             warn!(deadline_s = JOBS_STOP_DEADLINE.as_secs(), "shutdown: a job missed its deadline");
             clean = false;
@@ -290,6 +397,14 @@ impl Satellite {
         if tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.logs_task).await.is_err() {
             warn!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown: flushing logs missed its deadline");
             clean = false;
+        }
+        self.uploads.cancel();
+        if let Some(upload) = self.upload_task {
+            // The uploader's own flush budget (EVENT_FLUSH_TIMEOUT_MS) plus a margin.
+            if tokio::time::timeout(EVENTS_FLUSH_DEADLINE + Duration::from_secs(1), upload).await.is_err() {
+                warn!("shutdown: the event uploader missed its deadline");
+                clean = false;
+            }
         }
         match tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.store.event_count()).await {
             Ok(Ok(kept)) => info!(kept, "events are in the outbox"),
@@ -342,4 +457,33 @@ impl FileWatch {
 
 fn fingerprint(path: &Path) -> Option<[u8; 32]> {
     std::fs::read(path).ok().map(|bytes| Sha256::digest(&bytes).into())
+}
+
+/// Token introspection through the backend (BP §10), mapped to the satellite's principal.
+fn introspector(client: Arc<BackendClient>) -> Introspect {
+    Arc::new(move |token: String| {
+        let client = client.clone();
+        Box::pin(async move {
+            match client.introspect(&token).await {
+                Ok(answer) if answer.active => match (answer.sub, answer.team_id) {
+                    (Some(user), Some(team)) => Verdict::Active(Introspected {
+                        principal: Principal {
+                            user: UserId::from(user.as_str()),
+                            team: TeamId::from(team.as_str()),
+                            scopes: answer.scope.unwrap_or_default().split_whitespace().map(str::to_owned).collect(),
+                        },
+                        audience: match answer.aud {
+                            Some(Audience::One(one)) => vec![one],
+                            Some(Audience::Many(many)) => many,
+                            None => Vec::new(),
+                        },
+                        client_id: answer.client_id,
+                    }),
+                    _ => Verdict::Inactive(Some("Token validation failed: no user or team".into())),
+                },
+                Ok(answer) => Verdict::Inactive(answer.error_description),
+                Err(err) => Verdict::Unavailable(err.to_string()),
+            }
+        })
+    })
 }

@@ -7,6 +7,7 @@ mod contracts;
 mod fake_backend_selftest;
 mod front_door;
 mod lifecycle;
+mod managed;
 mod reconcile;
 mod sandbox;
 mod tenancy;

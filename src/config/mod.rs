@@ -271,6 +271,17 @@ pub struct ManagedSettings {
     pub backend_url: Url,
     pub satellite_name: String,
     pub registration_token: Option<SecretString>,
+    /// Where `backend.key.json` lives (`./persistent_data`, OQ-48).
+    pub persistent_dir: PathBuf,
+    /// `DEPLOYSTACK_SATELLITE_URL` as set, `""` when unset (sent once in the first heartbeat, BP §3.2).
+    pub satellite_url: String,
+    /// Idle ("slow") poll interval.
+    pub poll_idle: Duration,
+    pub heartbeat_interval: Duration,
+    pub event_interval: Duration,
+    pub event_flush_timeout: Duration,
+    /// Most events the outbox keeps while the backend is away.
+    pub outbox_max: i64,
 }
 
 /// The validated configuration of one satellite process.
@@ -554,10 +565,29 @@ fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigError> {
             "must be 10-32 characters of a-z, 0-9, '_' and '-'",
         ));
     }
+    let millis = |key: &str, var: &'static str, default: u64| -> Result<Duration, ConfigError> {
+        Ok(Duration::from_millis(number(env, key, var, None, default, false)?))
+    };
     Ok(ManagedSettings {
         backend_url,
         satellite_name: name.to_owned(),
         registration_token: env::get(env, env::REGISTRATION_TOKEN).map(|t| SecretString::from(t.to_owned())),
+        persistent_dir: env::get(env, env::PERSISTENT_DATA_DIR)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("./persistent_data")),
+        satellite_url: env::get(env, env::PUBLIC_URL).map(|u| u.trim_end_matches('/').to_owned()).unwrap_or_default(),
+        poll_idle: Duration::from_secs(number(
+            env,
+            "backend.polling_interval",
+            env::BACKEND_POLLING_INTERVAL,
+            None,
+            60,
+            false,
+        )?),
+        heartbeat_interval: millis("backend.heartbeat_interval_ms", env::HEARTBEAT_INTERVAL_MS, 30_000)?,
+        event_interval: millis("backend.event_batch_interval_ms", env::EVENT_BATCH_INTERVAL_MS, 3_000)?,
+        event_flush_timeout: millis("backend.event_flush_timeout_ms", env::EVENT_FLUSH_TIMEOUT_MS, 5_000)?,
+        outbox_max: number(env, "backend.event_outbox_max", env::EVENT_OUTBOX_MAX, None, 100_000i64, false)?,
     })
 }
 

@@ -64,8 +64,8 @@ pub struct JwtSettings {
     pub team_claim: String,
 }
 
-/// A validated standalone file.
-#[derive(Debug, Clone)]
+/// A validated standalone file (empty in managed mode, where the backend is the source).
+#[derive(Debug, Clone, Default)]
 pub struct StandaloneConfig {
     pub directory: Directory,
     /// `mcp_servers` entries keyed by process id, as the backend would send them.

@@ -219,6 +219,28 @@ impl TestSatellite {
         TestSatellite { satellite, dir, config_path }
     }
 
+    /// A managed satellite (no config file) registered with `backend`, its persistent data in `dir`.
+    pub async fn managed(
+        backend_url: &str,
+        registration_token: &str,
+        dir: tempfile::TempDir,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Result<TestSatellite, satellite::app::StartError> {
+        trace_init();
+        let mut env = env::from_process();
+        env.remove(env::CONFIG);
+        env.insert(env::BACKEND_URL.into(), backend_url.into());
+        env.insert(env::SATELLITE_NAME.into(), "test-satellite-01".into());
+        env.insert(env::REGISTRATION_TOKEN.into(), registration_token.into());
+        env.insert(env::PERSISTENT_DATA_DIR.into(), dir.path().join("persistent_data").to_string_lossy().into_owned());
+        let flags = Flags { config: None, port: Some(0), host: None, data_dir: Some(dir.path().join("data")) };
+        let mut config = Config::load(&env, &flags).expect("valid managed config");
+        tweak(&mut config);
+        let satellite = Satellite::start(config, &env).await?;
+        let config_path = dir.path().join("none");
+        Ok(TestSatellite { satellite, dir, config_path })
+    }
+
     pub fn base_url(&self) -> String {
         format!("http://{}", self.satellite.local_addr())
     }

@@ -1,0 +1,308 @@
+//! Managed mode against the FakeBackend (BP strictly, every body checked against proto/): registration and
+//! stored credentials, config, heartbeats, commands with de-duplication, events delivered while the backend
+//! goes away, and clients authenticated by introspection.
+
+use std::time::Duration;
+
+use satellite::backend::wire::{
+    Command, CommandKind, CommonPayload, ConfigResponse, ConfigurePayload, PollingMode, Priority, RestartPayload,
+    ResultStatus,
+};
+use satellite::config::Config;
+use satellite::control::McpServerEntry;
+use satellite::model::InstanceStatus;
+use serde_json::{json, Value};
+
+use crate::common::fake_backend::{Endpoint, FakeBackend, TokenInfo};
+use crate::common::lifecycle::{wait_status, DEADLINE};
+use crate::common::*;
+
+const ALICE: &str = "plain-acme-alice-inst1";
+const BOB: &str = "plain-acme-bob-inst1";
+
+/// One stdio installation (an allow-listed `python3` running the fixture server) for alice and bob.
+fn config() -> ConfigResponse {
+    let script = fixture("misbehaving_server.py").to_string_lossy().into_owned();
+    let entry = |user: &str| McpServerEntry {
+        installation_id: "inst1".into(),
+        team_id: "acme".into(),
+        team_slug: "acme".into(),
+        server_name: "Plain".into(),
+        server_slug: Some("plain".into()),
+        installation_name: "Plain".into(),
+        transport_type: Some("stdio".into()),
+        command: Some("python3".into()),
+        args: Some(vec![script.clone(), "plain".into()]),
+        enabled: Some(true),
+        user_id: user.into(),
+        ..Default::default()
+    };
+    ConfigResponse::from_entries([(ALICE, entry("alice")), (BOB, entry("bob"))])
+}
+
+/// Fast cadences so tests wait seconds, not minutes.
+fn fast(config: &mut Config) {
+    if let satellite::config::Mode::Managed(m) = &mut config.mode {
+        m.heartbeat_interval = Duration::from_millis(200);
+        m.event_interval = Duration::from_millis(100);
+        m.poll_idle = Duration::from_secs(2);
+    }
+}
+
+async fn start(backend: &FakeBackend, dir: tempfile::TempDir, token: &str) -> TestSatellite {
+    TestSatellite::managed(&backend.url(), token, dir, fast).await.expect("managed satellite starts")
+}
+
+fn satellite_id(dir: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(dir.join("persistent_data/backend.key.json")).expect("credentials file");
+    let stored: Value = serde_json::from_str(&text).unwrap();
+    stored["satellite_id"].as_str().expect("satellite id").to_owned()
+}
+
+fn delivered(backend: &FakeBackend, event_type: &str, status: Option<&str>, user: &str) -> usize {
+    backend
+        .events()
+        .iter()
+        .filter(|e| {
+            e.event_type == event_type && e.data["user_id"] == user && status.is_none_or(|s| e.data["status"] == s)
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn registers_applies_the_config_beats_and_delivers_events() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    assert_eq!(backend.calls(Endpoint::Register).len(), 1);
+
+    let beats = wait_until(DEADLINE, "three heartbeats", || async {
+        let beats = backend.heartbeats();
+        (beats.len() >= 3).then_some(beats)
+    })
+    .await;
+    // The verification-free first start: the first periodic beat carries satellite_url, later ones do not.
+    assert_eq!(beats[0]["satellite_url"], "", "unset DEPLOYSTACK_SATELLITE_URL is sent as \"\" once");
+    assert!(beats[1].get("satellite_url").is_none() && beats[2].get("satellite_url").is_none());
+    let last = beats.last().unwrap();
+    assert!(last["system_metrics"]["memory_usage_mb"].as_u64() > Some(0));
+    assert_eq!(last["mcp_status"]["summary"]["online_servers"], 2);
+    assert_eq!(last["processes_by_team"]["acme"].as_array().map(Vec::len), Some(2));
+
+    wait_until(DEADLINE, "online status events for both users", || async {
+        (delivered(&backend, "mcp.server.status_changed", Some("online"), "alice") >= 1
+            && delivered(&backend, "mcp.server.status_changed", Some("online"), "bob") >= 1)
+            .then_some(())
+    })
+    .await;
+    wait_until(DEADLINE, "the outbox drained", || async {
+        (sat.satellite.store().event_count().await.unwrap() == 0).then_some(())
+    })
+    .await;
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn stored_credentials_are_reused_and_refused_ones_lead_to_a_new_registration() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    // Each start gets its own TempDir (the harness owns it); the state moves along by copying.
+    let TestSatellite { satellite, dir: first, .. } =
+        start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    assert!(satellite.shutdown().await);
+    let sid = satellite_id(first.path());
+    let meta = std::fs::metadata(first.path().join("persistent_data/backend.key.json")).unwrap();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o600);
+
+    // Restart: the stored key is verified with a heartbeat; the used token is not needed again.
+    let TestSatellite { satellite, dir: second, .. } =
+        TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempdir_at(first.path()), fast)
+            .await
+            .expect("restart with stored credentials");
+    assert_eq!(backend.calls(Endpoint::Register).len(), 1, "no second registration");
+    assert_eq!(satellite_id(second.path()), sid);
+    assert!(satellite.shutdown().await);
+
+    // The backend forgets the key: the satellite registers again with a fresh token.
+    backend.revoke_api_key(&sid);
+    let token = "deploystack_satellite_global_second0registration";
+    backend.add_registration_token(token);
+    let sat =
+        TestSatellite::managed(&backend.url(), token, tempdir_at(second.path()), fast).await.expect("re-registers");
+    assert_eq!(backend.calls(Endpoint::Register).len(), 2);
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert!(sat.satellite.shutdown().await);
+    backend.take_violations();
+}
+
+/// A TempDir handle for an existing directory (kept: `into_path` semantics without deleting).
+fn tempdir_at(path: &std::path::Path) -> tempfile::TempDir {
+    let fresh = tempfile::tempdir().unwrap();
+    // Copy the persistent data and database over so the new handle owns a copy of the same state.
+    copy_dir(path, fresh.path());
+    fresh
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_missing_backend_or_a_bad_token_is_one_fatal_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = TestSatellite::managed(
+        &format!("http://127.0.0.1:{}", free_port()),
+        FakeBackend::REGISTRATION_TOKEN,
+        dir,
+        fast,
+    )
+    .await
+    .err()
+    .expect("no backend, no start");
+    assert!(err.to_string().starts_with("the backend is not reachable at startup"), "{err}");
+    assert_eq!(err.exit_code(), 1);
+    let backend = FakeBackend::start().await;
+    let err =
+        TestSatellite::managed(&backend.url(), "your_registration_token_here", tempfile::tempdir().unwrap(), fast)
+            .await
+            .err()
+            .expect("placeholder token refused");
+    assert!(err.to_string().contains("placeholder"), "{err}");
+    assert!(!err.to_string().contains('\n'));
+}
+
+#[tokio::test]
+async fn commands_run_once_each_get_a_result_and_a_redelivered_one_gets_its_result_again() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    // An idle backend says "come back in 60 s"; this one says 2 s, the fastest the policy allows.
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let configs_before = backend.calls(Endpoint::Config).len();
+
+    // The first result post fails, so the backend delivers the command again after it ran.
+    backend.fail_next(Endpoint::CommandResult, 500, 1);
+    backend.push_command(Command::new(
+        "cmd-refresh",
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload {
+            common: CommonPayload { event: Some("mcp_installation_updated".into()), ..Default::default() },
+            ..Default::default()
+        }),
+    ));
+    backend.push_command(Command::new(
+        "cmd-unknown",
+        Priority::Immediate,
+        CommandKind::Unknown { command_type: "teleport".into(), payload: json!({}) },
+    ));
+    backend.push_command(Command::new(
+        "cmd-restart",
+        Priority::Immediate,
+        CommandKind::Restart(RestartPayload {
+            common: CommonPayload {
+                installation_id: Some("inst1".into()),
+                user_id: Some("alice".into()),
+                ..Default::default()
+            },
+            reason: Some("manual_restart".into()),
+        }),
+    ));
+    let results = wait_until(DEADLINE, "results for all three commands", || async {
+        let done = ["cmd-refresh", "cmd-unknown", "cmd-restart"].map(|id| backend.results_for(id));
+        done.iter().all(|r| !r.is_empty()).then_some(done)
+    })
+    .await;
+    assert_eq!(results[0][0].status, ResultStatus::Completed);
+    assert_eq!(results[0][0].result.as_ref().unwrap()["configuration_applied"], true);
+    assert_eq!(results[1][0].status, ResultStatus::Failed);
+    assert_eq!(results[1][0].error_message.as_deref(), Some("Unknown command type: teleport"));
+    assert_eq!(results[2][0].status, ResultStatus::Completed);
+    assert_eq!(
+        backend.calls(Endpoint::Config).len(),
+        configs_before + 1,
+        "the re-delivered configure ran once; its stored result was posted again"
+    );
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert!(backend.pending_commands().is_empty());
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn events_emitted_while_the_backend_is_down_arrive_when_it_is_back() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_until(DEADLINE, "the outbox drained", || async {
+        (sat.satellite.store().event_count().await.unwrap() == 0).then_some(())
+    })
+    .await;
+    backend.go_down().await;
+    let manager = sat.satellite.manager().clone();
+    for _ in 0..5 {
+        manager.restart(&satellite::model::ProcessId::from(ALICE)).await.unwrap();
+        wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    }
+    let queued = sat.satellite.store().event_count().await.unwrap();
+    assert!(queued >= 5 * 4, "restarting, connecting, discovering, online per restart are kept ({queued})");
+    backend.come_back().await;
+    wait_until(DEADLINE, "every queued event delivered", || async {
+        (sat.satellite.store().event_count().await.unwrap() == 0).then_some(())
+    })
+    .await;
+    assert_eq!(delivered(&backend, "mcp.server.status_changed", Some("restarting"), "alice"), 5);
+    assert!(delivered(&backend, "mcp.server.status_changed", Some("online"), "alice") >= 6);
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn clients_authenticate_by_introspection_with_one_call_for_concurrent_first_requests() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    backend.add_token("alice-token", TokenInfo::new("alice", "acme"));
+    backend.add_token("expired-token", TokenInfo::new("bob", "acme").inactive());
+    let url = format!("{}/mcp", sat.base_url());
+
+    let before = backend.calls(Endpoint::Introspect).len();
+    let callers = (0..50).map(|_| {
+        let url = url.clone();
+        async move {
+            let mut caller = Caller::for_url(url, Some("alice-token"));
+            caller.initialize().await;
+            caller
+        }
+    });
+    let callers = futures::future::join_all(callers).await;
+    assert_eq!(
+        backend.calls(Endpoint::Introspect).len(),
+        before + 1,
+        "50 concurrent first requests, one introspection"
+    );
+    let found = callers[0].tool("discover_mcp_tools", json!({"query": "ok"})).await;
+    let text = found["result"]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("plain:ok"), "alice sees her own tools: {found}");
+
+    let refused = Caller::for_url(url, Some("expired-token"))
+        .post_raw(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}).to_string(), &[])
+        .await;
+    assert_eq!(refused.0, 401);
+    assert_eq!(refused.2["error"]["code"], -32002);
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
