@@ -13,7 +13,7 @@ use satellite::control::McpServerEntry;
 use satellite::model::InstanceStatus;
 use serde_json::{json, Value};
 
-use crate::common::fake_backend::{Endpoint, FakeBackend, TokenInfo};
+use crate::common::fake_backend::{Endpoint, FakeBackend, Fault, TokenInfo};
 use crate::common::lifecycle::{wait_status, DEADLINE};
 use crate::common::*;
 
@@ -304,5 +304,60 @@ async fn clients_authenticate_by_introspection_with_one_call_for_concurrent_firs
     assert_eq!(refused.0, 401);
     assert_eq!(refused.2["error"]["code"], -32002);
     backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn garbage_truncated_and_slow_answers_never_stop_serving() {
+    let backend = FakeBackend::start().await;
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    // One entry the satellite must refuse (stdio without args), the rest applied.
+    let mut raw = serde_json::to_value(config()).unwrap();
+    raw["mcp_servers"]["broken-acme-alice-inst2"] = json!({
+        "installation_id": "inst2", "team_id": "acme", "team_slug": "acme", "server_name": "Broken",
+        "installation_name": "Broken", "transport_type": "stdio", "command": "python3", "enabled": true,
+        "user_id": "alice", "some_future_field": {"x": 1}
+    });
+    backend.set_config_raw(raw);
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert!(sat.satellite.manager().get(&satellite::model::ProcessId::from("broken-acme-alice-inst2")).is_none());
+
+    // Garbage and truncated poll answers are failed polls (backoff), then commands still get through.
+    backend.fault_next(Endpoint::Commands, Fault::Garbage, 1);
+    backend.fault_next(Endpoint::Commands, Fault::Truncated, 1);
+    backend.push_command(Command::new(
+        "cmd-after-garbage",
+        Priority::Immediate,
+        CommandKind::Unknown { command_type: "noop".into(), payload: json!({}) },
+    ));
+    // A config answer that is garbage fails that configure command with the reason; serving goes on.
+    backend.fault_next(Endpoint::Config, Fault::Garbage, 1);
+    backend.push_command(Command::new(
+        "cmd-garbage-config",
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload::default()),
+    ));
+    let results = wait_until(DEADLINE, "both commands answered", || async {
+        let a = backend.results_for("cmd-after-garbage");
+        let b = backend.results_for("cmd-garbage-config");
+        (!a.is_empty() && !b.is_empty()).then_some((a, b))
+    })
+    .await;
+    assert_eq!(results.0[0].status, ResultStatus::Failed);
+    assert_eq!(results.1[0].status, ResultStatus::Failed);
+    assert!(results.1[0].error_message.as_deref().unwrap_or("").contains("config"), "{:?}", results.1[0]);
+    assert_eq!(
+        sat.satellite.manager().get(&satellite::model::ProcessId::from(ALICE)).unwrap().status().status,
+        InstanceStatus::Online
+    );
+
+    // A backend that hangs longer than the heartbeat timeout: beats fail, the satellite keeps serving calls.
+    backend.set_latency_for(Endpoint::Heartbeat, Duration::from_secs(12));
+    let alice = sat.satellite.manager().get(&satellite::model::ProcessId::from(ALICE)).unwrap();
+    let answer =
+        sat.satellite.manager().call(&alice, "tools/call", Some(json!({"name": "ok"})), Duration::from_secs(10)).await;
+    assert!(answer.is_ok());
+    backend.set_latency_for(Endpoint::Heartbeat, Duration::ZERO);
     assert!(sat.satellite.shutdown().await);
 }
