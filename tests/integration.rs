@@ -9,5 +9,6 @@ mod lifecycle;
 mod reconcile;
 mod sandbox;
 mod tenancy;
+mod tokens;
 mod upstream_http;
 mod upstream_stdio;
