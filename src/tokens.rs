@@ -14,6 +14,7 @@
 //! Special-token look-alikes such as `<|endoftext|>` are encoded as ordinary text. The encoder is built once
 //! per process (about 200k ranks); counting is CPU work, so `count_tools` runs it on the blocking pool.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
@@ -58,6 +59,34 @@ impl Counter {
     pub fn count_tool(&self, name: &str, description: Option<&str>, input_schema: &Value) -> usize {
         self.count_text(&tool_text(name, description, input_schema))
     }
+
+    /// Tokens of each tool of one catalog, in order; the same as [`Counter::count_tool`] for each, about twice
+    /// as fast on real catalogs.
+    ///
+    /// Half the bytes of a catalog's tool texts are lines seen before in the same catalog (`"type": "string",`
+    /// at the same depth), so lines are counted once each and summed. That is exact because every line
+    /// break of [`tool_text`] ends a token piece of the `o200k_base` split pattern: strings escape raw line
+    /// breaks, a line never ends in whitespace, the next starts with a space, `}` or `]`, and the pattern has
+    /// no look-behind, so no piece crosses a line end and each line splits alone as it does in place.
+    pub fn count_catalog(&self, tools: &[ToolDef]) -> Vec<usize> {
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        tools
+            .iter()
+            .map(|t| {
+                let text = tool_text(&t.name, Some(&t.description), &t.input_schema);
+                text.split_inclusive('\n')
+                    .map(|line| match seen.get(line) {
+                        Some(n) => *n,
+                        None => {
+                            let n = self.count_text(line);
+                            seen.insert(line.to_owned(), n);
+                            n
+                        }
+                    })
+                    .sum()
+            })
+            .collect()
+    }
 }
 
 /// The process's shared encoder, built on first use.
@@ -80,14 +109,10 @@ pub fn count_tool(name: &str, description: Option<&str>, input_schema: &Value) -
     Ok(counter()?.count_tool(name, description, input_schema))
 }
 
-/// Tokens of every tool, in order, counted on the blocking pool. Descriptions are taken as stored (raw, `""`
-/// when the server gave none: OQ-10).
+/// Tokens of every tool of one catalog, in order ([`Counter::count_catalog`]), counted on the blocking pool.
+/// Descriptions are taken as stored (raw, `""` when the server gave none: OQ-10).
 pub async fn count_tools(tools: Vec<ToolDef>) -> Result<Vec<usize>, TokenError> {
-    tokio::task::spawn_blocking(move || {
-        let counter = counter()?;
-        Ok(tools.iter().map(|t| counter.count_tool(&t.name, Some(&t.description), &t.input_schema)).collect())
-    })
-    .await?
+    tokio::task::spawn_blocking(move || Ok(counter()?.count_catalog(&tools))).await?
 }
 
 /// JS `JSON.stringify({name, description, parameters: input_schema}, null, 2)`; the `description` key is left

@@ -96,6 +96,15 @@ fn edge_case_tools_print_and_count_like_javascript() {
         assert_eq!(text, extra.text, "printed differently from JSON.stringify");
         assert_eq!(counter.count_text(&text), extra.count, "counted differently from gpt-tokenizer:\n{text}");
     }
+    // The same through the catalog path (line memo), for the tools that have a description.
+    let (tools, expected): (Vec<ToolDef>, Vec<usize>) = fixture()
+        .extras
+        .iter()
+        .map(|e| (serde_json::from_str::<Value>(&e.json).expect("json"), e.count))
+        .filter(|(tool, _)| tool["description"].is_string())
+        .map(|(tool, count)| (ToolDef::from_listing(&tool).expect("tool"), count))
+        .unzip();
+    assert_eq!(counter.count_catalog(&tools), expected);
 }
 
 #[test]
@@ -119,13 +128,26 @@ fn number_literals_print_like_javascript() {
     );
 }
 
+/// The catalog path (lines counted once per catalog, on the blocking pool) over every corpus server.
 #[tokio::test]
-async fn count_tools_over_catalog_tools_matches_the_fixture() {
+async fn catalogs_count_like_gpt_tokenizer() {
     let fixture = fixture();
     let corpus = corpus();
-    // The catalog's normalisation (missing description "", missing schema {}) keeps every corpus tool as is.
-    let tools: Vec<ToolDef> = corpus.iter().take(200).map(|t| ToolDef::from_listing(t).expect("tool")).collect();
-    let counts = count_tools(tools).await.expect("counted");
-    let expected: Vec<usize> = fixture.tools.iter().take(200).map(|t| t.count).collect();
-    assert_eq!(counts, expected);
+    assert_eq!(fixture.tools.len(), corpus.len(), "run `bash scripts/test.sh` again");
+    let mut servers: Vec<(String, Vec<ToolDef>, Vec<usize>)> = Vec::new();
+    for (tool, expected) in corpus.iter().zip(&fixture.tools) {
+        let server = tool["server"].as_str().unwrap_or("");
+        if servers.last().is_none_or(|(s, _, _)| s != server) {
+            servers.push((server.to_owned(), Vec::new(), Vec::new()));
+        }
+        if let Some((_, tools, counts)) = servers.last_mut() {
+            // The catalog's normalisation (missing description "", missing schema {}) keeps corpus tools as they are.
+            tools.push(ToolDef::from_listing(tool).expect("tool"));
+            counts.push(expected.count);
+        }
+    }
+    assert!(servers.len() > 100);
+    for (server, tools, expected) in servers {
+        assert_eq!(count_tools(tools).await.expect("counted"), expected, "server {server}");
+    }
 }
