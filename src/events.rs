@@ -69,6 +69,34 @@ impl Event {
         )
     }
 
+    /// `mcp.tools.discovered` (BP §8.5-4) after a successful discovery: one entry per tool as
+    /// `(original name, description, input schema, token count)`. Descriptions are passed as stored: raw for
+    /// every transport, `""` when the server gave none (OQ-10 drops the reference's `[slug] ` decoration).
+    pub fn tools_discovered(spec: &InstanceSpec, tools: &[(String, String, Value, usize)]) -> Self {
+        let installation_id =
+            if spec.installation_id.0.is_empty() { &spec.process_id.0 } else { &spec.installation_id.0 };
+        let now = Utc::now();
+        let data = ToolsDiscovered {
+            installation_id,
+            installation_name: &spec.process_id.0,
+            team_id: &spec.team_id.0,
+            server_slug: &spec.server_slug,
+            tool_count: tools.len(),
+            total_tokens: tools.iter().map(|t| t.3).sum(),
+            tools: tools
+                .iter()
+                .map(|(name, description, input_schema, token_count)| DiscoveredTool {
+                    tool_name: name,
+                    description,
+                    input_schema,
+                    token_count: *token_count,
+                })
+                .collect(),
+            discovered_at: iso(now),
+        };
+        Event { timestamp: now, ..Self::new("mcp.tools.discovered", Some(spec), data) }
+    }
+
     /// `mcp.server.started` (BP §8.5-6): `server_slug` carries the process id, `process_id` the OS pid.
     pub fn started(spec: &InstanceSpec, pid: Option<u32>, spawn_duration_ms: u64) -> Self {
         Self::new(
@@ -206,6 +234,26 @@ struct StatusChanged<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     status_message: Option<&'a str>,
     timestamp: String,
+}
+
+#[derive(Serialize)]
+struct ToolsDiscovered<'a> {
+    installation_id: &'a str,
+    installation_name: &'a str,
+    team_id: &'a str,
+    server_slug: &'a str,
+    tool_count: usize,
+    total_tokens: usize,
+    tools: Vec<DiscoveredTool<'a>>,
+    discovered_at: String,
+}
+
+#[derive(Serialize)]
+struct DiscoveredTool<'a> {
+    tool_name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+    token_count: usize,
 }
 
 /// The identity fields the process events share (BP §8.5-6..11).
@@ -388,5 +436,52 @@ mod tests {
         let e = Event::permanently_failed(&spec(), &CrashReport { exit_code: Some(3), signal: None, ..crash });
         assert_eq!(e.data["last_error"], "Exit code: 3, signal: none");
         assert_eq!(e.data["total_crashes"], 2);
+    }
+
+    #[test]
+    fn tools_discovered_has_the_backend_shape() {
+        let tools = vec![
+            (
+                "create_issue".to_owned(),
+                "Create an issue".to_owned(),
+                json!({"type": "object", "required": ["repo"]}),
+                142,
+            ),
+            ("ping".to_owned(), String::new(), json!({}), 30),
+        ];
+        let e = Event::tools_discovered(&spec(), &tools);
+        assert_eq!(e.event_type, "mcp.tools.discovered");
+        assert_eq!(e.process_id.as_deref(), Some("demo-acme-u1-i1"));
+        assert_eq!(
+            e.data,
+            json!({"installation_id": "i1", "installation_name": "demo-acme-u1-i1", "team_id": "t1",
+                   "server_slug": "demo", "tool_count": 2, "total_tokens": 172,
+                   "tools": [
+                       {"tool_name": "create_issue", "description": "Create an issue",
+                        "input_schema": {"type": "object", "required": ["repo"]}, "token_count": 142},
+                       {"tool_name": "ping", "description": "", "input_schema": {}, "token_count": 30}],
+                   "discovered_at": iso(e.timestamp)})
+        );
+        // Field order as BP §8.5-4 lists it.
+        let keys: Vec<&str> = e.data.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "installation_id",
+                "installation_name",
+                "team_id",
+                "server_slug",
+                "tool_count",
+                "total_tokens",
+                "tools",
+                "discovered_at"
+            ]
+        );
+
+        let empty = Event::tools_discovered(&InstanceSpec { installation_id: InstallationId::from(""), ..spec() }, &[]);
+        assert_eq!(empty.data["installation_id"], "demo-acme-u1-i1");
+        assert_eq!(empty.data["tool_count"], 0);
+        assert_eq!(empty.data["total_tokens"], 0);
+        assert_eq!(empty.data["tools"], json!([]));
     }
 }

@@ -21,3 +21,4 @@ pub mod search;
 pub mod secrets;
 pub mod store;
 pub mod telemetry;
+pub mod tokens;

@@ -11,6 +11,7 @@ mod managed;
 mod reconcile;
 mod sandbox;
 mod tenancy;
+mod tokens;
 mod upstream_http;
 mod upstream_stdio;
 mod wire;

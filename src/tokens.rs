@@ -1,0 +1,453 @@
+//! Per-tool token counts (SB §15): the tool as JS `JSON.stringify({name, description, parameters}, null, 2)`
+//! would print it, encoded with `o200k_base` (the default of the npm `gpt-tokenizer` package, OQ-44).
+//!
+//! The text must be byte for byte what the JS reference prints, so it has its own pretty-printer instead of
+//! `serde_json`'s (which writes `1.0` and `1e21` where JS writes `1` and `1e+21`). The rules, all JS:
+//! - key order as received, except that array-index keys (`"0"`, `"17"`) come first in ascending order,
+//!   because JS objects enumerate them that way;
+//! - every number is printed as the JS number it would parse to: shortest round-trip digits, plain notation
+//!   from 1e-6 up to 1e21, exponent form (`1e-7`, `1.5e+21`) outside, `-0` as `0`, integers beyond 2^53 rounded
+//!   to the nearest double like `JSON.parse` does;
+//! - strings escape `"`, `\`, `\b \f \n \r \t` and the other control characters as lowercase `\u00xx`,
+//!   nothing else (non-ASCII, `/`, U+2028 stay as they are).
+//!
+//! Special-token look-alikes such as `<|endoftext|>` are encoded as ordinary text. The encoder is built once
+//! per process (about 200k ranks); counting is CPU work, so `count_tools` runs it on the blocking pool.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+
+use serde_json::{Map, Number, Value};
+use tiktoken_rs::CoreBPE;
+use tracing::{debug, error};
+
+use crate::model::catalog::ToolDef;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("the o200k_base encoder could not be built: {0}")]
+    Encoder(String),
+    #[error("the token counting task did not finish: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// An `o200k_base` encoder. Build it once: [`counter`] shares one per process.
+pub struct Counter {
+    bpe: CoreBPE,
+}
+
+impl std::fmt::Debug for Counter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Counter(o200k_base)")
+    }
+}
+
+impl Counter {
+    /// Build a new encoder (tens of milliseconds in release builds). Prefer [`counter`].
+    pub fn o200k_base() -> Result<Counter, TokenError> {
+        let bpe = tiktoken_rs::o200k_base().map_err(|e| TokenError::Encoder(e.to_string()))?;
+        Ok(Counter { bpe })
+    }
+
+    /// Tokens of `text`, special-token look-alikes counted as ordinary text.
+    pub fn count_text(&self, text: &str) -> usize {
+        self.bpe.encode_ordinary(text).len()
+    }
+
+    /// Tokens of one tool (SB §15.1).
+    pub fn count_tool(&self, name: &str, description: Option<&str>, input_schema: &Value) -> usize {
+        self.count_text(&tool_text(name, description, input_schema))
+    }
+
+    /// Tokens of each tool of one catalog, in order; the same as [`Counter::count_tool`] for each, about twice
+    /// as fast on real catalogs.
+    ///
+    /// Half the bytes of a catalog's tool texts are lines seen before in the same catalog (`"type": "string",`
+    /// at the same depth), so lines are counted once each and summed. That is exact because every line
+    /// break of [`tool_text`] ends a token piece of the `o200k_base` split pattern: strings escape raw line
+    /// breaks, a line never ends in whitespace, the next starts with a space, `}` or `]`, and the pattern has
+    /// no look-behind, so no piece crosses a line end and each line splits alone as it does in place.
+    pub fn count_catalog(&self, tools: &[ToolDef]) -> Vec<usize> {
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        tools
+            .iter()
+            .map(|t| {
+                let text = tool_text(&t.name, Some(&t.description), &t.input_schema);
+                text.split_inclusive('\n')
+                    .map(|line| match seen.get(line) {
+                        Some(n) => *n,
+                        None => {
+                            let n = self.count_text(line);
+                            seen.insert(line.to_owned(), n);
+                            n
+                        }
+                    })
+                    .sum()
+            })
+            .collect()
+    }
+}
+
+/// The process's shared encoder, built on first use.
+pub fn counter() -> Result<&'static Counter, TokenError> {
+    static COUNTER: OnceLock<Result<Counter, String>> = OnceLock::new();
+    let built = COUNTER.get_or_init(|| {
+        let started = std::time::Instant::now();
+        let result = Counter::o200k_base().map_err(|e| e.to_string());
+        match &result {
+            Ok(_) => debug!(elapsed_ms = started.elapsed().as_millis() as u64, "o200k_base encoder built"),
+            Err(err) => error!(error = %err, "o200k_base encoder could not be built; tools will have no token counts"),
+        }
+        result
+    });
+    built.as_ref().map_err(|e| TokenError::Encoder(e.clone()))
+}
+
+/// Tokens of one tool with the shared encoder. CPU-bound: call it from blocking code, not from async tasks.
+pub fn count_tool(name: &str, description: Option<&str>, input_schema: &Value) -> Result<usize, TokenError> {
+    Ok(counter()?.count_tool(name, description, input_schema))
+}
+
+/// Tokens of every tool of one catalog, in order ([`Counter::count_catalog`]), counted on the blocking pool.
+/// Descriptions are taken as stored (raw, `""` when the server gave none: OQ-10).
+pub async fn count_tools(tools: Vec<ToolDef>) -> Result<Vec<usize>, TokenError> {
+    tokio::task::spawn_blocking(move || Ok(counter()?.count_catalog(&tools))).await?
+}
+
+/// JS `JSON.stringify({name, description, parameters: input_schema}, null, 2)`; the `description` key is left
+/// out only when it is `None`.
+pub fn tool_text(name: &str, description: Option<&str>, input_schema: &Value) -> String {
+    let mut out = String::with_capacity(128);
+    out.push_str("{\n  \"name\": ");
+    write_string(&mut out, name);
+    if let Some(description) = description {
+        out.push_str(",\n  \"description\": ");
+        write_string(&mut out, description);
+    }
+    out.push_str(",\n  \"parameters\": ");
+    write_value(&mut out, input_schema, 1);
+    out.push_str("\n}");
+    out
+}
+
+/// JS `JSON.stringify(value, null, 2)` of any JSON value.
+pub fn js_pretty(value: &Value) -> String {
+    let mut out = String::new();
+    write_value(&mut out, value, 0);
+    out
+}
+
+fn indent(out: &mut String, depth: usize) {
+    for _ in 0..depth {
+        out.push_str("  ");
+    }
+}
+
+fn write_value(out: &mut String, value: &Value, depth: usize) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => write_number(out, n),
+        Value::String(s) => write_string(out, s),
+        Value::Array(items) => {
+            if items.is_empty() {
+                out.push_str("[]");
+                return;
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                out.push_str(if i == 0 { "\n" } else { ",\n" });
+                indent(out, depth + 1);
+                write_value(out, item, depth + 1);
+            }
+            out.push('\n');
+            indent(out, depth);
+            out.push(']');
+        }
+        Value::Object(map) => {
+            if map.is_empty() {
+                out.push_str("{}");
+                return;
+            }
+            out.push('{');
+            let mut first = true;
+            let mut member = |out: &mut String, key: &str, value: &Value| {
+                out.push_str(if first { "\n" } else { ",\n" });
+                first = false;
+                indent(out, depth + 1);
+                write_string(out, key);
+                out.push_str(": ");
+                write_value(out, value, depth + 1);
+            };
+            if map.keys().any(|k| array_index(k).is_some()) {
+                for (key, value) in js_key_order(map) {
+                    member(out, key, value);
+                }
+            } else {
+                for (key, value) in map {
+                    member(out, key, value);
+                }
+            }
+            out.push('\n');
+            indent(out, depth);
+            out.push('}');
+        }
+    }
+}
+
+/// JS property order: array indices ascending, then the other keys in insertion order.
+fn js_key_order(map: &Map<String, Value>) -> Vec<(&String, &Value)> {
+    let mut indices: Vec<(u32, &String, &Value)> =
+        map.iter().filter_map(|(k, v)| array_index(k).map(|i| (i, k, v))).collect();
+    indices.sort_by_key(|(i, _, _)| *i);
+    let mut ordered: Vec<(&String, &Value)> = indices.into_iter().map(|(_, k, v)| (k, v)).collect();
+    ordered.extend(map.iter().filter(|(k, _)| array_index(k).is_none()));
+    ordered
+}
+
+/// `Some(i)` when `key` is the canonical decimal form of an integer 0 ..= 2^32 - 2 (an ECMAScript array index).
+fn array_index(key: &str) -> Option<u32> {
+    let bytes = key.as_bytes();
+    if bytes.is_empty() || bytes.len() > 10 || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    if bytes.len() > 1 && bytes[0] == b'0' {
+        return None;
+    }
+    let value: u64 = key.parse().ok()?;
+    (value < u64::from(u32::MAX)).then_some(value as u32)
+}
+
+fn write_string(out: &mut String, s: &str) {
+    out.push('"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &str = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\x08' => "\\b",
+            b'\x0c' => "\\f",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[start..i]);
+        if escape.is_empty() {
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.push_str(escape);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
+}
+
+/// The largest integer every double up to which is exact (2^53).
+const MAX_SAFE: u64 = 1 << 53;
+
+fn write_number(out: &mut String, n: &Number) {
+    if let Some(i) = n.as_u64() {
+        if i <= MAX_SAFE {
+            let _ = write!(out, "{i}");
+            return;
+        }
+    } else if let Some(i) = n.as_i64() {
+        if i.unsigned_abs() <= MAX_SAFE {
+            let _ = write!(out, "{i}");
+            return;
+        }
+    }
+    // Floats, and integers JS would have parsed into a rounded double.
+    match n.as_f64() {
+        Some(f) => write_js_f64(out, f),
+        None => out.push_str("null"),
+    }
+}
+
+/// ECMAScript `Number.prototype.toString()` (Number::toString, radix 10); non-finite values print as
+/// `null`, as `JSON.stringify` does.
+pub fn write_js_f64(out: &mut String, f: f64) {
+    if !f.is_finite() {
+        out.push_str("null");
+        return;
+    }
+    if f == 0.0 {
+        out.push('0');
+        return;
+    }
+    if f < 0.0 {
+        out.push('-');
+    }
+    // Rust's `{:e}` gives the shortest round-trip digits, closest to the value: `d[.ddd]e<exp>`.
+    let sci = format!("{:e}", f.abs());
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let k = digits.len() as i32;
+    // value = 0.digits × 10^n
+    let n = exp + 1;
+    if k <= n && n <= 21 {
+        out.push_str(&digits);
+        for _ in 0..(n - k) {
+            out.push('0');
+        }
+    } else if 0 < n && n <= 21 {
+        out.push_str(&digits[..n as usize]);
+        out.push('.');
+        out.push_str(&digits[n as usize..]);
+    } else if -6 < n && n <= 0 {
+        out.push_str("0.");
+        for _ in 0..(-n) {
+            out.push('0');
+        }
+        out.push_str(&digits);
+    } else {
+        out.push_str(&digits[..1]);
+        if k > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let e = n - 1;
+        let _ = write!(out, "e{}{}", if e >= 0 { '+' } else { '-' }, e.abs());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn js(f: f64) -> String {
+        let mut s = String::new();
+        write_js_f64(&mut s, f);
+        s
+    }
+
+    #[test]
+    fn numbers_print_like_javascript() {
+        let cases: &[(f64, &str)] = &[
+            (1.0, "1"),
+            (-1.0, "-1"),
+            (0.0, "0"),
+            (-0.0, "0"),
+            (0.5, "0.5"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (1.7, "1.7"),
+            (320.0, "320"),
+            (123.456, "123.456"),
+            (1e-6, "0.000001"),
+            (1.5e-6, "0.0000015"),
+            (1e-7, "1e-7"),
+            (1e-9, "1e-9"),
+            (-2.5e-8, "-2.5e-8"),
+            (1e20, "100000000000000000000"),
+            (1e21, "1e+21"),
+            (1.5e21, "1.5e+21"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (5e-324, "5e-324"),
+            (123456789012345680000.0, "123456789012345680000"),
+            (f64::NAN, "null"),
+            (f64::INFINITY, "null"),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(js(*value), *expected, "{value:e}");
+        }
+        let parsed: Value = serde_json::from_str(
+            r#"[1.0, 0.0, -0.0, 1e-09, 2.5E3, 1e21, 9007199254740993, -9007199254740993, 18446744073709551615,
+                9007199254740992, 100000000000000000000000]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            js_pretty(&parsed).replace(['\n', ' '], ""),
+            "[1,0,0,1e-9,2500,1e+21,9007199254740992,-9007199254740992,18446744073709552000,9007199254740992,1e+23]"
+        );
+    }
+
+    #[test]
+    fn strings_escape_like_javascript() {
+        let text = js_pretty(&json!("q\"b\\s/é😀\u{2028}\u{7f}\u{8}\u{c}\n\r\t\u{0}\u{1f}\u{1b}"));
+        assert_eq!(text, "\"q\\\"b\\\\s/é😀\u{2028}\u{7f}\\b\\f\\n\\r\\t\\u0000\\u001f\\u001b\"");
+    }
+
+    #[test]
+    fn tool_text_keeps_key_order_and_indentation() {
+        let schema: Value = serde_json::from_str(
+            r#"{"type":"object","properties":{"z":{"type":"string","enum":["a","b"]},"a":{"type":"number","default":1.0}},"required":[],"additionalProperties":{}}"#,
+        )
+        .unwrap();
+        let text = tool_text("search", Some("Find things"), &schema);
+        let expected = r#"{
+  "name": "search",
+  "description": "Find things",
+  "parameters": {
+    "type": "object",
+    "properties": {
+      "z": {
+        "type": "string",
+        "enum": [
+          "a",
+          "b"
+        ]
+      },
+      "a": {
+        "type": "number",
+        "default": 1
+      }
+    },
+    "required": [],
+    "additionalProperties": {}
+  }
+}"#;
+        assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn missing_description_is_left_out_and_empty_kept() {
+        assert_eq!(tool_text("t", None, &json!({})), "{\n  \"name\": \"t\",\n  \"parameters\": {}\n}");
+        assert_eq!(
+            tool_text("t", Some(""), &json!({})),
+            "{\n  \"name\": \"t\",\n  \"description\": \"\",\n  \"parameters\": {}\n}"
+        );
+    }
+
+    #[test]
+    fn array_index_keys_come_first_like_js_objects() {
+        let schema: Value = serde_json::from_str(r#"{"b":1,"10":2,"2":3,"01":4,"-1":5,"4294967295":6,"0":7}"#).unwrap();
+        let keys: Vec<String> = js_pretty(&schema)
+            .lines()
+            .filter_map(|l| l.trim().split_once("\": ").map(|(k, _)| k.trim_start_matches('"').to_owned()))
+            .collect();
+        assert_eq!(keys, ["0", "2", "10", "b", "01", "-1", "4294967295"]);
+    }
+
+    #[test]
+    fn counts_with_o200k_base_and_special_tokens_as_text() {
+        let counter = counter().unwrap();
+        assert_eq!(counter.count_text(""), 0);
+        assert_eq!(counter.count_text("hello world"), 2);
+        // As text, `<|endoftext|>` is several ordinary tokens, never the single special one.
+        assert!(counter.count_text("<|endoftext|>") > 1);
+        let n = counter.count_tool("echo", Some("Echo the text back"), &json!({"type": "object"}));
+        assert_eq!(n, counter.count_text(&tool_text("echo", Some("Echo the text back"), &json!({"type": "object"}))));
+    }
+
+    #[tokio::test]
+    async fn count_tools_runs_in_order_on_the_blocking_pool() {
+        let tools: Vec<ToolDef> = ["a", "a longer description of a tool"]
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                ToolDef::from_listing(&json!({"name": format!("t{i}"), "description": d, "inputSchema": {}})).unwrap()
+            })
+            .collect();
+        let expected: Vec<usize> =
+            tools.iter().map(|t| count_tool(&t.name, Some(&t.description), &t.input_schema).unwrap()).collect();
+        assert_eq!(count_tools(tools).await.unwrap(), expected);
+        assert!(expected[1] > expected[0]);
+    }
+}
