@@ -101,6 +101,15 @@ async fn registers_applies_the_config_beats_and_delivers_events() {
         (sat.satellite.store().event_count().await.unwrap() == 0).then_some(())
     })
     .await;
+    // Every discovery is reported with token counts (SB §15), checked by the fake against its schema.
+    let discovered: Vec<_> = backend.events().into_iter().filter(|e| e.event_type == "mcp.tools.discovered").collect();
+    assert!(discovered.len() >= 2, "one per instance");
+    let first = &discovered[0].data;
+    assert_eq!(first["installation_id"], "inst1");
+    assert_eq!(first["tool_count"], 1);
+    let tool_tokens = first["tools"][0]["token_count"].as_u64().unwrap();
+    assert!(tool_tokens > 0);
+    assert_eq!(first["total_tokens"].as_u64(), Some(tool_tokens));
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }

@@ -265,6 +265,7 @@ impl Inner {
                     warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
                 }
                 info!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
+                self.report_discovery(instance.spec(), &catalog).await;
                 self.index(instance.spec(), &catalog).await;
                 instance.set_catalog(catalog);
                 if instance.status().status != InstanceStatus::Online {
@@ -282,6 +283,24 @@ impl Inner {
                 let message = format!("Process error: discovery timed out after {}s", budget.as_secs());
                 self.set_status(instance, InstanceStatus::Offline, Some(message)).await;
                 false
+            }
+        }
+    }
+
+    /// `mcp.tools.discovered` with each tool's token count (SB §15), counted on the blocking pool.
+    async fn report_discovery(&self, spec: &InstanceSpec, catalog: &Catalog) {
+        match crate::tokens::count_tools(catalog.tools.clone()).await {
+            Ok(counts) => {
+                let tools: Vec<(String, String, Value, usize)> = catalog
+                    .tools
+                    .iter()
+                    .zip(counts)
+                    .map(|(t, n)| (t.name.clone(), t.description.clone(), t.input_schema.clone(), n))
+                    .collect();
+                self.emit(Event::tools_discovered(spec, &tools)).await;
+            }
+            Err(err) => {
+                warn!(process_id = %spec.process_id, error = %err, "counting tool tokens failed; no discovery event")
             }
         }
     }
