@@ -245,6 +245,38 @@ async fn commands_run_once_each_get_a_result_and_a_redelivered_one_gets_its_resu
     );
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
     assert!(backend.pending_commands().is_empty());
+
+    // update_tool_status switches a tool for every member at once, without restarting anything.
+    let pid = sat.satellite.manager().get(&satellite::model::ProcessId::from(BOB)).unwrap().pid();
+    backend.push_command(Command::new(
+        "cmd-disable",
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload {
+            common: CommonPayload { installation_id: Some("inst1".into()), ..Default::default() },
+            action: Some("update_tool_status".into()),
+            tool_name: Some("ok".into()),
+            is_disabled: Some(true),
+            ..Default::default()
+        }),
+    ));
+    let done = wait_until(DEADLINE, "the tool switch applied", || async {
+        backend.results_for("cmd-disable").into_iter().next()
+    })
+    .await;
+    assert_eq!(done.status, ResultStatus::Completed);
+    for id in [ALICE, BOB] {
+        assert!(sat.satellite.manager().get(&satellite::model::ProcessId::from(id)).unwrap().tool_disabled("ok"));
+    }
+    assert_eq!(sat.satellite.manager().get(&satellite::model::ProcessId::from(BOB)).unwrap().pid(), pid);
+    let beat = wait_until(DEADLINE, "a heartbeat without the disabled tool", || async {
+        backend
+            .heartbeats()
+            .into_iter()
+            .last()
+            .filter(|b| b["mcp_status"]["tool_names"].as_array().is_some_and(Vec::is_empty))
+    })
+    .await;
+    assert_eq!(beat["mcp_status"]["summary"]["total_tools"], 0);
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }

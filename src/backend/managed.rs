@@ -237,7 +237,7 @@ pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: b
         };
         if status.tools_visible() {
             for tool in instance.catalog().iter().flat_map(|c| c.tools.iter()) {
-                if !spec.disabled_tools.contains(&tool.name) {
+                if !instance.tool_disabled(&tool.name) {
                     tool_names.push(ToolName {
                         namespaced_name: tool_path(&spec.server_slug, &tool.name),
                         server_slug: spec.server_slug.clone(),
@@ -408,7 +408,26 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
                 };
                 recover(deps, id, InstallationId::from(installation.as_str())).await
             }
-            // Tool status and redeploy fall back to a full refresh: the backend's config carries the result.
+            ConfigureIntent::UpdateToolStatus => {
+                let (Some(installation), Some(tool), Some(disabled)) =
+                    (payload.common.installation_id.clone(), payload.tool_name.clone(), payload.is_disabled)
+                else {
+                    return CommandResult::failed(
+                        id,
+                        "Missing required fields: installation_id, tool_name, or is_disabled",
+                        None,
+                    );
+                };
+                let n =
+                    deps.manager.set_tool_status(&InstallationId::from(installation.as_str()), &tool, disabled).await;
+                let state = if disabled { "disabled" } else { "enabled" };
+                CommandResult::completed(
+                    id,
+                    json!({"tool_name": tool, "is_disabled": disabled,
+                           "message": format!("Tool {tool} {state} for {n} instances of installation {installation}")}),
+                )
+            }
+            // Redeploy (GitHub deployments are not supported here) and anything else: a full refresh.
             _ => match Managed::refresh_config(deps).await {
                 Ok(result) => CommandResult::completed(id, result),
                 Err(err) => CommandResult::failed(id, err.to_string(), None),

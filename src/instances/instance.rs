@@ -14,7 +14,11 @@ use super::limits::ProcessSlot;
 use super::policy::CrashWindow;
 use crate::mcp::client::McpClient;
 use crate::mcp::transport::{Transport, UpstreamError};
-use crate::model::{Catalog, InstanceSpec, InstanceStatus};
+use crate::model::{Catalog, InstallationId, InstanceSpec, InstanceStatus};
+
+/// Per installation, tool name → disabled, as switched at run time (not persisted, OQ-7).
+pub type ToolOverrides =
+    Arc<parking_lot::RwLock<std::collections::HashMap<InstallationId, std::collections::BTreeMap<String, bool>>>>;
 
 /// The current status with its message and when it was set.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +57,8 @@ pub struct Instance {
     pub(super) recovering: AtomicBool,
     /// Bumped by every start attempt (under the lifecycle lock): a crash of an older attempt is stale.
     pub(super) generation: AtomicU64,
+    /// Tool switches the backend sent at run time (BP §6.1.1), shared by every instance.
+    overrides: ToolOverrides,
     /// Serialises start, stop, respawn, dormancy and rediscovery of this instance.
     pub(super) lifecycle: tokio::sync::Mutex<()>,
     /// Cancelled when the instance is removed or replaced.
@@ -69,7 +75,12 @@ pub(super) struct Connection {
 }
 
 impl Instance {
-    pub(super) fn new(spec: InstanceSpec, catalog: Option<Arc<Catalog>>, max_calls: usize) -> Self {
+    pub(super) fn new(
+        spec: InstanceSpec,
+        catalog: Option<Arc<Catalog>>,
+        max_calls: usize,
+        overrides: ToolOverrides,
+    ) -> Self {
         Self {
             spec,
             status: Mutex::new(StatusEntry {
@@ -86,6 +97,7 @@ impl Instance {
             max_calls,
             recovering: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            overrides,
             lifecycle: tokio::sync::Mutex::new(()),
             retired: CancellationToken::new(),
         }
@@ -93,6 +105,15 @@ impl Instance {
 
     pub fn spec(&self) -> &InstanceSpec {
         &self.spec
+    }
+
+    /// Whether the team administrator disabled this tool: a run-time switch of the installation
+    /// (`update_tool_status`) wins over the configured `disabled_tools`.
+    pub fn tool_disabled(&self, name: &str) -> bool {
+        match self.overrides.read().get(&self.spec.installation_id).and_then(|m| m.get(name)) {
+            Some(disabled) => *disabled,
+            None => self.spec.disabled_tools.contains(name),
+        }
     }
 
     pub fn status(&self) -> StatusEntry {

@@ -266,7 +266,7 @@ impl Inner {
                 }
                 info!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
                 self.report_discovery(instance.spec(), &catalog).await;
-                self.index(instance.spec(), &catalog).await;
+                self.index(instance, &catalog).await;
                 instance.set_catalog(catalog);
                 if instance.status().status != InstanceStatus::Online {
                     self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into()))
@@ -305,11 +305,12 @@ impl Inner {
         }
     }
 
-    pub(super) async fn index(&self, spec: &InstanceSpec, catalog: &Catalog) {
+    pub(super) async fn index(&self, instance: &Instance, catalog: &Catalog) {
+        let spec = instance.spec();
         let docs = catalog
             .tools
             .iter()
-            .filter(|tool| !spec.disabled_tools.contains(&tool.name))
+            .filter(|tool| !instance.tool_disabled(&tool.name))
             .map(|tool| ToolDoc {
                 process_id: spec.process_id.0.clone(),
                 server_slug: spec.server_slug.clone(),

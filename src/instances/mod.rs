@@ -37,7 +37,7 @@ pub mod policy;
 pub mod sandbox;
 pub mod status;
 
-pub use instance::{Instance, InstanceError, StatusEntry};
+pub use instance::{Instance, InstanceError, StatusEntry, ToolOverrides};
 use limits::ProcessSlots;
 
 /// Sent to remote MCP servers (SB §12.2).
@@ -90,6 +90,7 @@ pub struct InstanceManager {
 struct Inner {
     deps: ManagerDeps,
     slots: Arc<ProcessSlots>,
+    overrides: ToolOverrides,
     state: RwLock<State>,
     reconcile: tokio::sync::Mutex<()>,
     ready_tx: watch::Sender<bool>,
@@ -119,6 +120,7 @@ impl InstanceManager {
         Ok(Self {
             inner: Arc::new(Inner {
                 slots,
+                overrides: ToolOverrides::default(),
                 deps,
                 state: RwLock::new(state),
                 reconcile: tokio::sync::Mutex::new(()),
@@ -215,7 +217,7 @@ impl InstanceManager {
                 // A changed instance starts from scratch; an added one may have tools from a previous run.
                 let stored = state.stored.remove(id).filter(|_| changes.added.contains(id));
                 let max_calls = inner.deps.settings.lifecycle.max_calls_per_instance;
-                let instance = Arc::new(Instance::new(spec.clone(), stored, max_calls));
+                let instance = Arc::new(Instance::new(spec.clone(), stored, max_calls, inner.overrides.clone()));
                 state.live.insert(id.clone(), instance.clone());
                 starting.push(instance);
             }
@@ -225,7 +227,7 @@ impl InstanceManager {
         for instance in &starting {
             // Tools from a previous run are searchable (when the instance is online) before rediscovery.
             if let Some(catalog) = instance.catalog() {
-                inner.index(instance.spec(), &catalog).await;
+                inner.index(instance, &catalog).await;
             }
         }
         futures::stream::iter(starting)
@@ -285,6 +287,20 @@ impl InstanceManager {
             })
             .await;
         Ok(targets.len())
+    }
+
+    /// BP §6.1.1 `update_tool_status`: switch one tool of an installation for every member; the search index
+    /// follows at once. Returns the instances affected.
+    pub async fn set_tool_status(&self, installation: &InstallationId, tool: &str, disabled: bool) -> usize {
+        self.inner.overrides.write().entry(installation.clone()).or_default().insert(tool.to_owned(), disabled);
+        let affected: Vec<Arc<Instance>> =
+            self.instances().into_iter().filter(|i| &i.spec().installation_id == installation).collect();
+        for instance in &affected {
+            if let Some(catalog) = instance.catalog() {
+                self.inner.index(instance, &catalog).await;
+            }
+        }
+        affected.len()
     }
 
     /// BP §6.3 `kill`: stop the instances of an installation (or one user's) until a restart or config change.

@@ -130,7 +130,7 @@ impl HierarchicalRouter {
                 .iter()
                 .filter_map(|i| i.catalog().map(|c| (i, c)))
                 .flat_map(|(i, c)| c.tools.clone().into_iter().map(move |t| (i, t)))
-                .filter(|(i, t)| !i.spec().disabled_tools.contains(&t.name))
+                .filter(|(i, t)| !i.tool_disabled(&t.name))
                 .collect();
             for (instance, tool) in &all {
                 if entries.len() == WILDCARD_LIMIT {
@@ -204,7 +204,7 @@ impl HierarchicalRouter {
         if !callable(instance.status().status) {
             return Ok(blocked_result(path, &instance));
         }
-        if instance.spec().disabled_tools.contains(tool_name) {
+        if instance.tool_disabled(tool_name) {
             return Ok(disabled_result(path));
         }
         let arguments = match args.get("arguments") {

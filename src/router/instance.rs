@@ -32,10 +32,11 @@ impl InstanceRouter {
             "ping" => Ok(json!({})),
             "prompts/list" => Ok(json!({"prompts": []})),
             "tools/list" => {
-                let disabled = &instance.spec().disabled_tools;
                 let tools: Vec<Value> = catalog
                     .iter()
-                    .flat_map(|c| c.tools.iter().filter(|t| !disabled.contains(&t.name)).map(|t| t.definition.clone()))
+                    .flat_map(|c| {
+                        c.tools.iter().filter(|t| !instance.tool_disabled(&t.name)).map(|t| t.definition.clone())
+                    })
                     .collect();
                 Ok(json!({"tools": tools}))
             }
@@ -66,7 +67,7 @@ impl InstanceRouter {
                 if !callable(instance.status().status) {
                     return Ok(blocked_result(name, instance));
                 }
-                if instance.spec().disabled_tools.contains(name) {
+                if instance.tool_disabled(name) {
                     return Ok(disabled_result(name));
                 }
                 let arguments = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
