@@ -402,3 +402,87 @@ async fn garbage_truncated_and_slow_answers_never_stop_serving() {
     backend.set_latency_for(Endpoint::Heartbeat, Duration::ZERO);
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Live children of `parent` (from /proc).
+fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+            let state = fields.next()?;
+            let ppid: u32 = fields.next()?.parse().ok()?;
+            (ppid == parent && state != "Z").then_some(pid)
+        })
+        .collect()
+}
+
+fn spawn_managed_binary(backend: &FakeBackend, dir: &std::path::Path) -> tokio::process::Child {
+    tokio::process::Command::new(satellite_exe())
+        .arg("serve")
+        .current_dir(dir)
+        .env_remove("SATELLITE_CONFIG")
+        .env("PORT", free_port().to_string())
+        .env("DEPLOYSTACK_BACKEND_URL", backend.url())
+        .env("DEPLOYSTACK_SATELLITE_NAME", "kill-nine-satellite")
+        .env("DEPLOYSTACK_REGISTRATION_TOKEN", FakeBackend::REGISTRATION_TOKEN)
+        .env("EVENT_BATCH_INTERVAL_MS", "100")
+        .env("SATELLITE_HEARTBEAT_INTERVAL_MS", "200")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn satellite")
+}
+
+#[tokio::test]
+async fn events_queued_when_the_satellite_is_killed_are_delivered_after_it_restarts() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let dir = tempfile::tempdir().unwrap();
+    let mut satellite = spawn_managed_binary(&backend, dir.path());
+    let sat_pid = satellite.id().unwrap();
+    wait_until(DEADLINE, "alice online at the backend", || async {
+        (delivered(&backend, "mcp.server.status_changed", Some("online"), "alice") > 0).then_some(())
+    })
+    .await;
+    let first_children = wait_until(DEADLINE, "two server processes", || async {
+        let c = children_of(sat_pid);
+        (c.len() == 2).then_some(c)
+    })
+    .await;
+
+    // Backend away; a server crashes (its events are queued), then the satellite itself is killed.
+    backend.go_down().await;
+    let crashes_before = backend.events().iter().filter(|e| e.event_type == "mcp.server.crashed").count();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first_children[0] as i32), nix::sys::signal::Signal::SIGKILL)
+        .unwrap();
+    wait_until(DEADLINE, "the crashed server restarted", || async {
+        let now = children_of(sat_pid);
+        (now.len() == 2 && !now.contains(&first_children[0])).then_some(())
+    })
+    .await;
+    satellite.start_kill().unwrap();
+    satellite.wait().await.unwrap();
+    wait_until(DEADLINE, "no server outlives the satellite", || async {
+        first_children.iter().chain(children_of(sat_pid).iter()).all(|p| !process_exists(*p)).then_some(())
+    })
+    .await;
+
+    // Back up: the restarted satellite sends what the killed one had queued.
+    backend.come_back().await;
+    let mut again = spawn_managed_binary(&backend, dir.path());
+    let crashed = wait_until(DEADLINE, "the queued crash event delivered", || async {
+        let crashed: Vec<_> = backend.events().into_iter().filter(|e| e.event_type == "mcp.server.crashed").collect();
+        (crashed.len() > crashes_before).then_some(crashed)
+    })
+    .await;
+    assert_eq!(crashed.last().unwrap().data["signal"], "SIGKILL");
+    assert_eq!(backend.calls(Endpoint::Register).len(), 1, "the restart used the stored credentials");
+    again.start_kill().unwrap();
+    again.wait().await.unwrap();
+    backend.assert_no_violations();
+}
