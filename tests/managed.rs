@@ -486,3 +486,103 @@ async fn events_queued_when_the_satellite_is_killed_are_delivered_after_it_resta
     again.wait().await.unwrap();
     backend.assert_no_violations();
 }
+
+#[tokio::test]
+async fn two_teams_of_three_with_stdio_and_http_instances_then_modified_and_removed() {
+    let http = HttpServer::demo(&[]).await;
+    let backend = FakeBackend::start().await;
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let script = fixture("misbehaving_server.py").to_string_lossy().into_owned();
+    let entries = |stdio_args_for: &dyn Fn(&str) -> Vec<String>, drop_globex_http: bool| {
+        let mut all = Vec::new();
+        for team in ["acme", "globex"] {
+            for n in 1..=3 {
+                let user = format!("{team}-u{n}");
+                all.push((
+                    format!("plain-{team}-{user}-s-{team}"),
+                    McpServerEntry {
+                        installation_id: format!("s-{team}"),
+                        team_id: team.into(),
+                        team_slug: team.into(),
+                        server_name: "Plain".into(),
+                        server_slug: Some("plain".into()),
+                        installation_name: "Plain".into(),
+                        transport_type: Some("stdio".into()),
+                        command: Some("python3".into()),
+                        args: Some(stdio_args_for(&user)),
+                        enabled: Some(true),
+                        user_id: user.clone(),
+                        ..Default::default()
+                    },
+                ));
+                if drop_globex_http && team == "globex" {
+                    continue;
+                }
+                all.push((
+                    format!("demo-{team}-{user}-h-{team}"),
+                    McpServerEntry {
+                        installation_id: format!("h-{team}"),
+                        team_id: team.into(),
+                        team_slug: team.into(),
+                        server_name: "Demo".into(),
+                        server_slug: Some("demo".into()),
+                        installation_name: "Demo".into(),
+                        transport_type: Some("http".into()),
+                        url: Some(http.url("/mcp").to_string()),
+                        timeout: Some(45000.0),
+                        enabled: Some(true),
+                        user_id: user.clone(),
+                        ..Default::default()
+                    },
+                ));
+            }
+        }
+        ConfigResponse::from_entries(all)
+    };
+    let plain = |_: &str| vec![script.clone(), "plain".into()];
+    backend.set_config(&entries(&plain, false));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    let manager = sat.satellite.manager().clone();
+    wait_until(DEADLINE, "12 instances online", || async {
+        let all = manager.instances();
+        (all.len() == 12 && all.iter().all(|i| i.status().status == InstanceStatus::Online)).then_some(())
+    })
+    .await;
+    let pid_of = |id: &str| manager.get(&satellite::model::ProcessId::from(id)).and_then(|i| i.pid());
+    let changed = "plain-acme-acme-u2-s-acme";
+    let untouched = "plain-acme-acme-u1-s-acme";
+    let (changed_pid, untouched_pid) = (pid_of(changed).unwrap(), pid_of(untouched).unwrap());
+
+    // One user's args change and globex's HTTP installation goes away; a configure command announces it.
+    let modified = |user: &str| {
+        let mut args = vec![script.clone(), "plain".into()];
+        if user == "acme-u2" {
+            args.push("--verbose".into());
+        }
+        args
+    };
+    backend.set_config(&entries(&modified, true));
+    backend.push_command(Command::new(
+        "cmd-update",
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload {
+            common: CommonPayload { event: Some("mcp_installation_updated".into()), ..Default::default() },
+            ..Default::default()
+        }),
+    ));
+    let result =
+        wait_until(DEADLINE, "the update applied", || async { backend.results_for("cmd-update").into_iter().next() })
+            .await;
+    assert_eq!(result.status, ResultStatus::Completed);
+    assert_eq!(result.result.as_ref().unwrap()["total_servers"], 9);
+    wait_until(DEADLINE, "the changed instance restarted", || async {
+        pid_of(changed).filter(|p| *p != changed_pid).map(|_| ())
+    })
+    .await;
+    assert_eq!(pid_of(untouched), Some(untouched_pid), "an unchanged instance keeps its process");
+    assert_eq!(manager.instances().len(), 9);
+    assert!(manager.instances().iter().all(|i| i.spec().installation_id.0 != "h-globex"));
+    assert!(!process_exists(changed_pid));
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
