@@ -19,6 +19,7 @@ use crate::auth::{Authenticator, Principal};
 use crate::backend::client::BackendClient;
 use crate::backend::managed::{self, Managed, ManagedDeps};
 use crate::backend::metrics::ProcessMetrics;
+use crate::backend::oauth::BackendOAuth;
 use crate::backend::startup::{self, IdentityError};
 use crate::backend::wire::Audience;
 use crate::config::env::Env;
@@ -30,7 +31,7 @@ use crate::http::oauth::ResourceUrls;
 use crate::http::session::{SessionTable, SESSION_IDLE};
 use crate::http::sse::{SseSessions, SSE_IDLE};
 use crate::http::{self, McpDeps, StatusDeps};
-use crate::instances::{self, InstanceManager, ManagerDeps};
+use crate::instances::{self, InstanceManager, ManagerDeps, OAuthTokens};
 use crate::jobs::{FirstRun, Jobs};
 use crate::logcapture::LogCapture;
 use crate::mcp::client::ClientOptions;
@@ -124,7 +125,14 @@ impl Satellite {
         let store = Store::open(&config.data_dir).await?;
         let search = SearchIndex::new()?;
         let logs = LogCapture::new(Emitter::new(store.clone()));
+        // Managed mode: the backend client (no IO yet) and the OAuth tokens it serves to remote instances.
+        let backend_client = match &config.mode {
+            Mode::Managed(settings) => Some(Arc::new(BackendClient::new(&settings.backend_url)?)),
+            Mode::Standalone(_) => None,
+        };
+        let oauth = backend_client.clone().map(|client| Arc::new(BackendOAuth::new(client)));
         let deps = ManagerDeps {
+            oauth: oauth.clone().map(|o| o as Arc<dyn OAuthTokens>),
             sandbox: Arc::new(sandbox),
             search: search.clone(),
             settings: config.upstream.clone(),
@@ -137,9 +145,8 @@ impl Satellite {
         };
         let manager = InstanceManager::new(deps).await?;
         // Managed mode: who we are before anything serves (BP §1); every failure here is fatal.
-        let backend = match &config.mode {
-            Mode::Managed(settings) => {
-                let client = Arc::new(BackendClient::new(&settings.backend_url)?);
+        let backend = match (&config.mode, backend_client) {
+            (Mode::Managed(settings), Some(client)) => {
                 let mut metrics = ProcessMetrics::new(started);
                 startup::identify(
                     &client,
@@ -153,7 +160,7 @@ impl Satellite {
                     TokenIntrospection::new(introspector(client.clone()), &config.public_url, CACHE_TTL);
                 Some((settings.clone(), client, metrics, introspection))
             }
-            Mode::Standalone(_) => None,
+            _ => None,
         };
         let listener =
             http::bind(config.listen).await.map_err(|source| StartError::Bind { addr: config.listen, source })?;
@@ -279,6 +286,7 @@ impl Satellite {
                     client,
                     manager: manager.clone(),
                     introspection: introspection.clone(),
+                    oauth: oauth.clone(),
                     store: store.clone(),
                     satellite_url: settings.satellite_url.clone(),
                     idle_poll: settings.poll_idle,

@@ -586,3 +586,67 @@ async fn two_teams_of_three_with_stdio_and_http_instances_then_modified_and_remo
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+#[tokio::test]
+async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_brings_them_back() {
+    use satellite::backend::wire::{Credential, OAuthToken, OAuthTokenRequest, OAuthTokenStatus};
+    let http = HttpServer::demo(&[]).await;
+    let backend = FakeBackend::start().await;
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let entry = |user: &str| McpServerEntry {
+        installation_id: "oauth1".into(),
+        team_id: "acme".into(),
+        team_slug: "acme".into(),
+        server_name: "Demo".into(),
+        server_slug: Some("demo".into()),
+        installation_name: "Demo".into(),
+        transport_type: Some("http".into()),
+        url: Some(http.url("/mcp").to_string()),
+        timeout: Some(45000.0),
+        enabled: Some(true),
+        requires_oauth: Some(true),
+        user_id: user.into(),
+        ..Default::default()
+    };
+    backend.set_config(&ConfigResponse::from_entries([
+        ("demo-acme-alice-oauth1", entry("alice")),
+        ("demo-acme-bob-oauth1", entry("bob")),
+    ]));
+    let key = |user: &str| OAuthTokenRequest {
+        installation_id: "oauth1".into(),
+        user_id: user.into(),
+        team_id: "acme".into(),
+    };
+    let status = OAuthTokenStatus { exists: true, expired: Some(false), expires_at: None, can_refresh: Some(true) };
+    let token = |t: &str| OAuthToken {
+        access_token: Credential::new(t),
+        refresh_token: None,
+        token_type: Some("Bearer".into()),
+        expires_at: None,
+        scope: None,
+    };
+    backend.add_oauth_token(key("alice"), status.clone(), Some(token("ya29.alice")));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, "demo-acme-alice-oauth1", InstanceStatus::Online).await;
+    let bob = wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::RequiresReauth).await;
+    assert!(bob.message.unwrap().starts_with("OAuth authorization required for Demo"), "bob has not authorised yet");
+    let asked: Vec<Value> = backend.calls(Endpoint::TokenStatus).into_iter().map(|c| c.body).collect();
+    assert!(asked
+        .iter()
+        .any(|b| b["user_id"] == "alice" && b["installation_id"] == "oauth1" && b["team_id"] == "acme"));
+    assert_eq!(backend.calls(Endpoint::TokenRetrieve).iter().filter(|c| c.body["user_id"] == "alice").count(), 1);
+
+    // Bob authorises in the dashboard; the backend announces it with a configure.
+    backend.add_oauth_token(key("bob"), status, Some(token("ya29.bob")));
+    backend.push_command(Command::new(
+        "cmd-reauth",
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload {
+            common: CommonPayload { event: Some("mcp_installation_updated".into()), ..Default::default() },
+            ..Default::default()
+        }),
+    ));
+    wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::Online).await;
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

@@ -201,6 +201,36 @@ impl BackendClient {
         .await
     }
 
+    /// E9, 10 s.
+    pub async fn token_status(&self, body: &wire::OAuthTokenRequest) -> Result<wire::OAuthTokenStatus, BackendError> {
+        let (id, key) = self.session("tokens/status")?;
+        self.call(
+            "tokens/status",
+            Method::POST,
+            path::tokens_status(&id),
+            Some(key),
+            Some(body),
+            Duration::from_secs(10),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
+    /// E10, 10 s.
+    pub async fn token_retrieve(&self, body: &wire::OAuthTokenRequest) -> Result<wire::OAuthToken, BackendError> {
+        let (id, key) = self.session("tokens/retrieve")?;
+        self.call(
+            "tokens/retrieve",
+            Method::POST,
+            path::tokens_retrieve(&id),
+            Some(key),
+            Some(body),
+            Duration::from_secs(10),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
     fn session(&self, endpoint: &'static str) -> Result<(String, String), BackendError> {
         let session = self.session.read();
         let session = session.as_ref().ok_or(BackendError::NotRegistered { endpoint })?;

@@ -40,6 +40,8 @@ pub struct ManagedDeps {
     pub client: Arc<BackendClient>,
     pub manager: InstanceManager,
     pub introspection: TokenIntrospection,
+    /// Users' OAuth tokens for remote servers (dropped with their introspection results).
+    pub oauth: Option<Arc<super::oauth::BackendOAuth>>,
     pub store: Store,
     /// `DEPLOYSTACK_SATELLITE_URL` as configured, `""` when unset (BP §3.2).
     pub satellite_url: String,
@@ -93,6 +95,12 @@ impl Managed {
         let enabled = desired.instances.values().filter(|s| s.enabled).count();
         let report = deps.manager.apply(desired).await;
         info!(?report, "backend configuration applied");
+        // A user who re-authorised an OAuth server is announced by a configure: connect again with the new token.
+        for instance in deps.manager.instances() {
+            if instance.spec().requires_oauth && instance.status().status == InstanceStatus::RequiresReauth {
+                let _ = deps.manager.restart(&instance.spec().process_id).await;
+            }
+        }
         Ok(
             json!({"configuration_applied": true, "total_servers": total, "enabled_servers": enabled, "startup_time_ms": 0}),
         )
@@ -505,7 +513,9 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
             let Some(user) = payload.user_id.clone() else {
                 return CommandResult::failed(id, "user_id is required for user token cache invalidation", None);
             };
-            let n = deps.introspection.invalidate_user(&UserId::from(user.as_str()));
+            let user_id = UserId::from(user.as_str());
+            let n = deps.introspection.invalidate_user(&user_id)
+                + deps.oauth.as_ref().map_or(0, |oauth| oauth.invalidate_user(&user_id));
             CommandResult::completed(
                 id,
                 json!({"user_id": user, "user_email": payload.user_email, "invalidated_count": n,

@@ -157,7 +157,8 @@ impl Inner {
                     };
                     return Started::Crashed { report, detail: err.to_string(), generation };
                 }
-                let (status, message) = status_for(&spec.upstream, &Failure::Connect(&err));
+                let (status, message) =
+                    self.oauth_aware(spec, &err, status_for(&spec.upstream, &Failure::Connect(&err)));
                 self.set_status(instance, status, Some(message)).await;
                 return Started::Failed;
             }
@@ -213,15 +214,21 @@ impl Inner {
                 })));
                 Transport::Stdio(StdioTransport::spawn(launch)?)
             }
-            Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(StreamableHttpTransport::new(
-                label,
-                self.deps.http.clone(),
-                url.clone(),
-                headers,
-            )?),
-            Upstream::Sse { url, headers, timeout } => Transport::Sse(
-                SseTransport::connect(label, self.deps.http.clone(), url.clone(), headers, *timeout).await?,
-            ),
+            Upstream::StreamableHttp { url, headers, .. } => {
+                let headers = self.remote_headers(spec, headers).await?;
+                Transport::StreamableHttp(StreamableHttpTransport::new(
+                    label,
+                    self.deps.http.clone(),
+                    url.clone(),
+                    &headers,
+                )?)
+            }
+            Upstream::Sse { url, headers, timeout } => {
+                let headers = self.remote_headers(spec, headers).await?;
+                Transport::Sse(
+                    SseTransport::connect(label, self.deps.http.clone(), url.clone(), &headers, *timeout).await?,
+                )
+            }
         };
         let mut options = self.deps.client_options.clone();
         options.handshake_timeout = self.deps.settings.handshake_timeout;
@@ -237,6 +244,43 @@ impl Inner {
             }
         })?;
         Ok((client, slot))
+    }
+
+    /// The configured headers, plus the user's OAuth bearer token when the server requires one (BP §11: it
+    /// overrides any configured `Authorization`). No token is a 401-like refusal: `requires_reauth`.
+    async fn remote_headers(
+        &self,
+        spec: &InstanceSpec,
+        headers: &std::collections::BTreeMap<String, String>,
+    ) -> Result<std::collections::BTreeMap<String, String>, UpstreamError> {
+        let (true, Some(oauth)) = (spec.requires_oauth, self.deps.oauth.as_ref()) else { return Ok(headers.clone()) };
+        let token =
+            oauth.bearer(spec).await.map_err(|reason| UpstreamError::HttpStatus { status: 401, body: reason })?;
+        Ok(with_bearer(headers, &token))
+    }
+
+    /// A 401 from a server that needs the user's OAuth token: forget the token and say what to do (BP §11 rule 5).
+    fn oauth_aware(
+        &self,
+        spec: &InstanceSpec,
+        err: &UpstreamError,
+        mapped: (InstanceStatus, String),
+    ) -> (InstanceStatus, String) {
+        match (err, self.deps.oauth.as_ref()) {
+            (UpstreamError::HttpStatus { status: 401, body }, Some(oauth)) if spec.requires_oauth => {
+                oauth.invalidate(spec);
+                let message = if body.starts_with("OAuth") {
+                    body.clone()
+                } else {
+                    format!(
+                        "OAuth token expired or invalid for {}. Please re-authorize this MCP server in the dashboard.",
+                        spec.server_name
+                    )
+                };
+                (InstanceStatus::RequiresReauth, message)
+            }
+            _ => mapped,
+        }
     }
 
     /// Run discovery on a connected instance and publish the result; true when it went online.
@@ -622,7 +666,8 @@ impl Inner {
             Err(err)
                 if policy::instance_failure(err) && instance.client().is_some_and(|c| Arc::ptr_eq(&c, &client)) =>
             {
-                let (status, message) = status_for(&instance.spec().upstream, &Failure::Call(err));
+                let spec = instance.spec();
+                let (status, message) = self.oauth_aware(spec, err, status_for(&spec.upstream, &Failure::Call(err)));
                 warn!(process_id = %instance.spec().process_id, error = %err, status = %status, "call failed, marking instance");
                 self.set_status(instance, status, Some(message)).await;
                 self.maybe_probe(instance);
@@ -766,6 +811,20 @@ impl Inner {
     }
 }
 
+/// `headers` with `Authorization: Bearer <token>`, replacing any configured authorization header.
+pub(super) fn with_bearer(
+    headers: &std::collections::BTreeMap<String, String>,
+    token: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let mut out: std::collections::BTreeMap<String, String> = headers
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("authorization"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    out.insert("Authorization".into(), format!("Bearer {token}"));
+    out
+}
+
 fn process_pid(client: &McpClient) -> Option<u32> {
     match client.transport() {
         Transport::Stdio(stdio) => stdio.pid(),
@@ -782,6 +841,18 @@ fn exit_code_in(message: &str) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oauth_token_replaces_any_configured_authorization() {
+        let configured: std::collections::BTreeMap<String, String> =
+            [("authorization".to_owned(), "Bearer team".to_owned()), ("X-Api-Key".to_owned(), "k".to_owned())]
+                .into_iter()
+                .collect();
+        let headers = with_bearer(&configured, "ya29.user");
+        assert_eq!(headers.len(), 2);
+        assert_eq!(headers["Authorization"], "Bearer ya29.user");
+        assert_eq!(headers["X-Api-Key"], "k");
+    }
 
     #[test]
     fn exit_codes_are_read_from_transport_messages() {

@@ -71,6 +71,16 @@ pub struct ManagerDeps {
     pub events: Emitter,
     /// Server and request log capture (BP §9).
     pub logs: crate::logcapture::LogCapture,
+    /// Managed mode: users' OAuth tokens for remote servers that require them (BP §11).
+    pub oauth: Option<Arc<dyn OAuthTokens>>,
+}
+
+/// Where a remote instance's OAuth bearer token comes from (the backend, in managed mode).
+pub trait OAuthTokens: Send + Sync {
+    /// The access token for this instance's user, or why there is none (a message for the user).
+    fn bearer<'a>(&'a self, spec: &'a InstanceSpec) -> futures::future::BoxFuture<'a, Result<String, String>>;
+    /// The server refused the token: forget it.
+    fn invalidate(&self, spec: &InstanceSpec);
 }
 
 #[derive(Debug, thiserror::Error)]
