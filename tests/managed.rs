@@ -201,7 +201,9 @@ async fn commands_run_once_each_get_a_result_and_a_redelivered_one_gets_its_resu
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
     let configs_before = backend.calls(Endpoint::Config).len();
 
-    // The first result post fails, so the backend delivers the command again after it ran.
+    // The config answer takes 3 s, so the 2 s polls deliver the configure again while it runs; and the first
+    // result post fails, so the backend delivers it again after it ran.
+    backend.set_latency_for(Endpoint::Config, Duration::from_secs(3));
     backend.fail_next(Endpoint::CommandResult, 500, 1);
     backend.push_command(Command::new(
         "cmd-refresh",
@@ -233,8 +235,10 @@ async fn commands_run_once_each_get_a_result_and_a_redelivered_one_gets_its_resu
         done.iter().all(|r| !r.is_empty()).then_some(done)
     })
     .await;
+    backend.set_latency_for(Endpoint::Config, Duration::ZERO);
     assert_eq!(results[0][0].status, ResultStatus::Completed);
     assert_eq!(results[0][0].result.as_ref().unwrap()["configuration_applied"], true);
+    assert!(backend.calls(Endpoint::Commands).len() >= 3, "polled again while the configure ran");
     assert_eq!(results[1][0].status, ResultStatus::Failed);
     assert_eq!(results[1][0].error_message.as_deref(), Some("Unknown command type: teleport"));
     assert_eq!(results[2][0].status, ResultStatus::Completed);
@@ -388,6 +392,12 @@ async fn garbage_truncated_and_slow_answers_never_stop_serving() {
     assert_eq!(results.0[0].status, ResultStatus::Failed);
     assert_eq!(results.1[0].status, ResultStatus::Failed);
     assert!(results.1[0].error_message.as_deref().unwrap_or("").contains("config"), "{:?}", results.1[0]);
+    let reported = wait_until(DEADLINE, "a config.error event", || async {
+        backend.events().into_iter().find(|e| e.event_type == "config.error")
+    })
+    .await;
+    assert_eq!(reported.data["error_type"], "server_error", "an answer that is not JSON: {}", reported.data);
+    assert_eq!(reported.data["status_code"], Value::Null);
     assert_eq!(
         sat.satellite.manager().get(&satellite::model::ProcessId::from(ALICE)).unwrap().status().status,
         InstanceStatus::Online

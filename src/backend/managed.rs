@@ -86,7 +86,24 @@ impl Managed {
 
     /// Fetch the config and reconcile (BP §7); the `configure` result object on success.
     pub async fn refresh_config(deps: &ManagedDeps) -> Result<Value, BackendError> {
-        let config = deps.client.fetch_config().await?;
+        let config = match deps.client.fetch_config().await {
+            Ok(config) => config,
+            Err(err) => {
+                // BP §8.5-19: the failed fetch is an event too, so the dashboard can say why nothing changed.
+                let (error_type, status_code) = match &err {
+                    BackendError::Status { status: status @ (401 | 403), .. } => ("auth", Some(*status)),
+                    BackendError::Status { status, .. } => ("server_error", Some(*status)),
+                    BackendError::Decode { .. } => ("server_error", None),
+                    BackendError::Network { .. } | BackendError::NotRegistered { .. } => ("network", None),
+                };
+                let data = json!({"error_type": error_type, "error_message": err.to_string(),
+                                  "status_code": status_code, "retry_in": 60});
+                crate::events::Emitter::new(deps.store.clone())
+                    .emit(crate::events::Event::raw("config.error", data))
+                    .await;
+                return Err(err);
+            }
+        };
         let desired = config.desired_state();
         for (key, reason) in &desired.rejected {
             warn!(process_id = %key, reason = %reason, "config entry refused; the others are applied");
