@@ -188,6 +188,18 @@ impl Satellite {
         let sessions = Arc::new(SessionTable::default());
         let instance_sessions = Arc::new(SessionTable::default());
         let sse_sessions = Arc::new(SseSessions::default());
+        let activity = Arc::new(crate::activity::ActivityTracker::default());
+        let (activity_store, tracked) = (store.clone(), activity.clone());
+        jobs.every("client-activity", config.activity_interval, FirstRun::Immediately, move || {
+            let (records, store) = (tracked.take(), activity_store.clone());
+            async move {
+                let emitter = Emitter::new(store);
+                for data in records {
+                    emitter.emit(events::Event::raw("mcp.client.activity", data)).await;
+                }
+                Ok::<(), std::convert::Infallible>(())
+            }
+        });
         let mcp = McpDeps {
             router: HierarchicalRouter {
                 manager: manager.clone(),
@@ -206,6 +218,7 @@ impl Satellite {
             sessions: sessions.clone(),
             instance_sessions: instance_sessions.clone(),
             sse_sessions: sse_sessions.clone(),
+            activity: activity.clone(),
         };
         let server = tokio::spawn(http::serve(
             listener,
@@ -479,6 +492,7 @@ fn introspector(client: Arc<BackendClient>) -> Introspect {
                             user: UserId::from(user.as_str()),
                             team: TeamId::from(team.as_str()),
                             scopes: answer.scope.unwrap_or_default().split_whitespace().map(str::to_owned).collect(),
+                            client_id: answer.client_id.clone(),
                         },
                         audience: match answer.aud {
                             Some(Audience::One(one)) => vec![one],

@@ -2,6 +2,7 @@
 //!
 //! See ARCHITECTURE.md for the map of modules and how a request flows.
 
+pub mod activity;
 pub mod app;
 pub mod auth;
 pub mod backend;

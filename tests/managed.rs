@@ -42,6 +42,7 @@ fn config() -> ConfigResponse {
 
 /// Fast cadences so tests wait seconds, not minutes.
 fn fast(config: &mut Config) {
+    config.activity_interval = Duration::from_millis(300);
     if let satellite::config::Mode::Managed(m) = &mut config.mode {
         m.heartbeat_interval = Duration::from_millis(200);
         m.event_interval = Duration::from_millis(100);
@@ -348,6 +349,22 @@ async fn clients_authenticate_by_introspection_with_one_call_for_concurrent_firs
         .await;
     assert_eq!(refused.0, 401);
     assert_eq!(refused.2["error"]["code"], -32002);
+
+    // Alice's client shows up in the activity report (SB §17), with every request counted once.
+    let activity = wait_until(DEADLINE, "alice's client activity", || async {
+        let seen: Vec<Value> = backend
+            .events()
+            .into_iter()
+            .filter(|e| e.event_type == "mcp.client.activity" && e.data["user_id"] == "alice")
+            .map(|e| e.data)
+            .collect();
+        let requests: u64 = seen.iter().filter_map(|d| d["request_count"].as_u64()).sum();
+        (requests >= 51).then_some(seen)
+    })
+    .await;
+    assert!(activity.iter().all(|d| d["team_id"] == "acme" && d["auth_type"] == "oauth"));
+    let calls: u64 = activity.iter().filter_map(|d| d["tool_call_count"].as_u64()).sum();
+    assert_eq!(calls, 1, "one discover call");
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }

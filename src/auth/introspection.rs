@@ -177,6 +177,7 @@ mod tests {
                 user: UserId::from("alice"),
                 team: TeamId::from("acme"),
                 scopes: vec!["mcp:read".into()],
+                client_id: Some("dyn_1".into()),
             },
             audience: audience.iter().map(|a| a.to_string()).collect(),
             client_id: Some("dyn_1".into()),

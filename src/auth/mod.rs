@@ -27,6 +27,8 @@ pub struct Principal {
     pub user: UserId,
     pub team: TeamId,
     pub scopes: Vec<String>,
+    /// The OAuth client the token was issued to (introspection); drives activity tracking (SB §17).
+    pub client_id: Option<String>,
 }
 
 impl Principal {
@@ -146,8 +148,12 @@ fn static_token(directory: &Directory, token: &str) -> Result<Principal, AuthErr
         for grant in &user.tokens {
             let equal: bool = grant.sha256.as_bytes().ct_eq(hash.as_bytes()).into();
             if equal && found.is_none() {
-                found =
-                    Some(Principal { user: user_id.clone(), team: grant.team.clone(), scopes: grant.scopes.clone() });
+                found = Some(Principal {
+                    user: user_id.clone(),
+                    team: grant.team.clone(),
+                    scopes: grant.scopes.clone(),
+                    client_id: None,
+                });
             }
         }
     }
@@ -195,7 +201,7 @@ fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<P
         (None, Some(scp)) => scp,
         (None, None) => DEFAULT_SCOPES.iter().map(|s| s.to_string()).collect(),
     };
-    Ok(Principal { user: UserId(claims.sub), team, scopes })
+    Ok(Principal { user: UserId(claims.sub), team, scopes, client_id: None })
 }
 
 trait KindDescription {

@@ -304,6 +304,8 @@ pub struct Config {
     pub mode: Mode,
     /// How stdio children are confined (`[sandbox]`, `SATELLITE_SANDBOX`, `NSJAIL_*`).
     pub sandbox: SandboxSettings,
+    /// How often client activity is reported (SB §17: 30 s).
+    pub activity_interval: Duration,
 }
 
 impl Config {
@@ -473,6 +475,7 @@ impl Config {
             upstream,
             mode,
             sandbox: sandbox::settings(env, &raw.sandbox)?,
+            activity_interval: Duration::from_secs(30),
         })
     }
 

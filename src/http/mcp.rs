@@ -44,6 +44,8 @@ pub struct McpDeps {
     pub sessions: Arc<SessionTable>,
     pub instance_sessions: Arc<SessionTable>,
     pub sse_sessions: Arc<super::sse::SseSessions>,
+    /// Client activity (SB §17), reported by the `client-activity` job.
+    pub activity: Arc<crate::activity::ActivityTracker>,
 }
 
 /// One authenticated caller on one endpoint.
@@ -52,6 +54,36 @@ struct Endpoint {
     owner: String,
     dispatch: DispatchFn,
     urls: ResourceUrls,
+    /// (user, team) of an instance-router caller, for activity tracking.
+    user_team: (String, String),
+}
+
+/// Count one request of a tracked client (SB §17); `tools/call` anywhere in the body counts as a tool call.
+fn record_activity(
+    deps: &McpDeps,
+    headers: &HeaderMap,
+    body: Option<&[u8]>,
+    user_team: &(String, String),
+    client_id: &str,
+    auth_type: &str,
+) {
+    let is_call = |m: &Value| m.get("method").and_then(Value::as_str) == Some("tools/call");
+    let tool_call = body.and_then(|b| serde_json::from_slice::<Value>(b).ok()).is_some_and(|v| match &v {
+        Value::Array(items) => items.iter().any(is_call),
+        single => is_call(single),
+    });
+    deps.activity.record(&crate::activity::Seen {
+        user_id: &user_team.0,
+        team_id: &user_team.1,
+        client_id,
+        auth_type,
+        client_name_header: header(headers, "x-mcp-client-name"),
+        user_agent: header(headers, "user-agent"),
+        session_id: header(headers, "mcp-session-id"),
+        forwarded_for: header(headers, "x-forwarded-for"),
+        real_ip: header(headers, "x-real-ip"),
+        tool_call,
+    });
 }
 
 pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
@@ -61,7 +93,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let hier = warp::path("mcp").and(warp::path::end());
     let hier_post = hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(with.clone()).then(
         |headers: HeaderMap, body: Bytes, deps: McpDeps| async move {
-            match hierarchical_endpoint(&deps, &headers).await {
+            match hierarchical_endpoint(&deps, &headers, Some(&body)).await {
                 Ok(endpoint) => with_link(post(endpoint, &headers, &body).await, &deps.urls),
                 Err(response) => *response,
             }
@@ -69,7 +101,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     );
     let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).then(
         |headers: HeaderMap, deps: McpDeps| async move {
-            match hierarchical_endpoint(&deps, &headers).await {
+            match hierarchical_endpoint(&deps, &headers, None).await {
                 Ok(endpoint) => with_link(open_stream(endpoint, &headers), &deps.urls),
                 Err(response) => *response,
             }
@@ -77,7 +109,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     );
     let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(with.clone()).then(
         |headers: HeaderMap, deps: McpDeps| async move {
-            match hierarchical_endpoint(&deps, &headers).await {
+            match hierarchical_endpoint(&deps, &headers, None).await {
                 Ok(endpoint) => with_link(delete(endpoint, &headers), &deps.urls),
                 Err(response) => *response,
             }
@@ -88,7 +120,17 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let inst_post = inst.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(with.clone()).then(
         |path: String, query: HashMap<String, String>, headers: HeaderMap, body: Bytes, deps: McpDeps| async move {
             match instance_endpoint(&deps, &path, &query, &headers) {
-                Ok(endpoint) => post(endpoint, &headers, &body).await,
+                Ok(endpoint) => {
+                    record_activity(
+                        &deps,
+                        &headers,
+                        Some(&body),
+                        &endpoint.user_team,
+                        &format!("instance:{path}"),
+                        "instance_token",
+                    );
+                    post(endpoint, &headers, &body).await
+                }
                 Err(response) => *response,
             }
         },
@@ -131,12 +173,20 @@ fn with_link(mut response: Response, urls: &ResourceUrls) -> Response {
     response
 }
 
-async fn hierarchical_endpoint(deps: &McpDeps, headers: &HeaderMap) -> Result<Endpoint, Box<Response>> {
+async fn hierarchical_endpoint(
+    deps: &McpDeps,
+    headers: &HeaderMap,
+    body: Option<&[u8]>,
+) -> Result<Endpoint, Box<Response>> {
     let principal = deps
         .auth
         .authenticate_request(header(headers, "authorization"))
         .await
         .map_err(|err| Box::new(auth_error_response(&err, &deps.urls)))?;
+    if let Some(client) = &principal.client_id {
+        let user_team = (principal.user.0.clone(), principal.team.0.clone());
+        record_activity(deps, headers, body, &user_team, client, "oauth");
+    }
     let owner = format!("{}\u{0}{}", principal.user, principal.team);
     let router = deps.router.clone();
     let dispatch: DispatchFn = Arc::new(move |method, params| {
@@ -144,7 +194,13 @@ async fn hierarchical_endpoint(deps: &McpDeps, headers: &HeaderMap) -> Result<En
         let principal = principal.clone();
         Box::pin(async move { router.handle(&principal, &method, params).await })
     });
-    Ok(Endpoint { sessions: deps.sessions.clone(), owner, dispatch, urls: deps.urls.clone() })
+    Ok(Endpoint {
+        sessions: deps.sessions.clone(),
+        owner,
+        dispatch,
+        urls: deps.urls.clone(),
+        user_team: (String::new(), String::new()),
+    })
 }
 
 fn instance_endpoint(
@@ -169,13 +225,14 @@ fn instance_endpoint(
         });
     }
     let owner = format!("instance:{}", instance.spec().process_id);
+    let user_team = (instance.spec().user_id.0.clone(), instance.spec().team_id.0.clone());
     let router = deps.instance_router.clone();
     let dispatch: DispatchFn = Arc::new(move |method, params| {
         let router = router.clone();
         let instance = instance.clone();
         Box::pin(async move { router.handle(&instance, &method, params).await })
     });
-    Ok(Endpoint { sessions: deps.instance_sessions.clone(), owner, dispatch, urls: deps.urls.clone() })
+    Ok(Endpoint { sessions: deps.instance_sessions.clone(), owner, dispatch, urls: deps.urls.clone(), user_team })
 }
 
 fn rpc_error(status: StatusCode, code: i64, message: &str) -> Response {

@@ -1,0 +1,178 @@
+//! Client activity (SB §17): requests of OAuth clients and instance-token
+//! callers aggregated per (user, team, client) and reported every 30 s as
+//! `mcp.client.activity` events (take-and-reset).
+
+use std::collections::HashMap;
+
+use chrono::Utc;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use crate::events::iso;
+
+/// What the HTTP layer knows about one authenticated request.
+#[derive(Debug, Clone, Default)]
+pub struct Seen<'a> {
+    pub user_id: &'a str,
+    pub team_id: &'a str,
+    /// OAuth client id, or `instance:<path>` for instance tokens (OQ-46).
+    pub client_id: &'a str,
+    pub auth_type: &'a str,
+    pub client_name_header: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+    pub session_id: Option<&'a str>,
+    pub forwarded_for: Option<&'a str>,
+    pub real_ip: Option<&'a str>,
+    pub tool_call: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    user_id: String,
+    team_id: String,
+    client_id: String,
+    auth_type: String,
+    client_name: String,
+    user_agent: String,
+    ip_address: String,
+    session_id: Option<String>,
+    request_count: u64,
+    tool_call_count: u64,
+    last_activity_at: String,
+}
+
+#[derive(Debug, Default)]
+pub struct ActivityTracker {
+    records: Mutex<HashMap<String, Record>>,
+}
+
+impl ActivityTracker {
+    pub fn record(&self, seen: &Seen<'_>) {
+        let key = format!("{}:{}:{}", seen.user_id, seen.team_id, seen.client_id);
+        let now = iso(Utc::now());
+        let mut records = self.records.lock();
+        let record = records.entry(key).or_insert_with(|| Record {
+            user_id: seen.user_id.to_owned(),
+            team_id: seen.team_id.to_owned(),
+            client_id: seen.client_id.to_owned(),
+            auth_type: seen.auth_type.to_owned(),
+            client_name: client_name(seen.client_name_header, seen.session_id.is_some(), seen.user_agent),
+            user_agent: seen.user_agent.unwrap_or("unknown").to_owned(),
+            ip_address: ip_address(seen.forwarded_for, seen.real_ip),
+            session_id: None,
+            request_count: 0,
+            tool_call_count: 0,
+            last_activity_at: now.clone(),
+        });
+        record.request_count += 1;
+        record.tool_call_count += u64::from(seen.tool_call);
+        record.last_activity_at = now;
+        if let Some(session) = seen.session_id {
+            record.session_id = Some(session.to_owned());
+        }
+    }
+
+    /// Every record as an `mcp.client.activity` payload (BP §8.5-14), and start over.
+    pub fn take(&self) -> Vec<Value> {
+        let records: Vec<Record> = self.records.lock().drain().map(|(_, r)| r).collect();
+        records
+            .into_iter()
+            .map(|r| {
+                let mut data = json!({
+                    "user_id": r.user_id, "team_id": r.team_id, "oauth_client_id": r.client_id,
+                    "auth_type": r.auth_type, "auth_identifier": r.client_id, "client_name": r.client_name,
+                    "user_agent": r.user_agent, "ip_address": r.ip_address, "request_count": r.request_count,
+                    "tool_call_count": r.tool_call_count, "last_activity_at": r.last_activity_at,
+                });
+                if let Some(session) = r.session_id {
+                    data["session_id"] = json!(session);
+                }
+                data
+            })
+            .collect()
+    }
+}
+
+/// SB §17: the first rule that matches names the client.
+pub fn client_name(header: Option<&str>, has_session: bool, user_agent: Option<&str>) -> String {
+    if let Some(name) = header.filter(|h| !h.trim().is_empty()) {
+        return name.trim().to_owned();
+    }
+    let ua = user_agent.unwrap_or("");
+    let lower = ua.to_ascii_lowercase();
+    let name = if has_session && ua == "undici" {
+        "VS Code"
+    } else if lower.contains("cursor") {
+        "Cursor"
+    } else if lower.contains("claude") {
+        "Claude Desktop"
+    } else if lower.contains("cline") {
+        "Cline"
+    } else if lower.contains("windsurf") {
+        "Windsurf"
+    } else if has_session {
+        "MCP Client"
+    } else if lower.contains("vscode") {
+        "VS Code"
+    } else if lower.contains("mcp") {
+        "MCP Client"
+    } else {
+        "Unknown Client"
+    };
+    name.to_owned()
+}
+
+fn ip_address(forwarded_for: Option<&str>, real_ip: Option<&str>) -> String {
+    forwarded_for
+        .and_then(|f| f.split(',').next())
+        .map(str::trim)
+        .filter(|ip| !ip.is_empty())
+        .or(real_ip.map(str::trim).filter(|ip| !ip.is_empty()))
+        .unwrap_or("unknown")
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_names_follow_the_rules_in_order() {
+        assert_eq!(client_name(Some("My Agent"), true, Some("cursor/1")), "My Agent");
+        assert_eq!(client_name(None, true, Some("undici")), "VS Code");
+        assert_eq!(client_name(None, false, Some("undici")), "Unknown Client");
+        assert_eq!(client_name(None, false, Some("Cursor/0.42")), "Cursor");
+        assert_eq!(client_name(None, false, Some("Claude-User")), "Claude Desktop");
+        assert_eq!(client_name(None, true, Some("python-httpx/0.28")), "MCP Client");
+        assert_eq!(client_name(None, false, Some("vscode/1.9")), "VS Code");
+        assert_eq!(client_name(None, false, Some("mcp-remote")), "MCP Client");
+        assert_eq!(client_name(None, false, None), "Unknown Client");
+    }
+
+    #[test]
+    fn requests_aggregate_per_user_team_and_client_and_are_taken_once() {
+        let tracker = ActivityTracker::default();
+        let seen = Seen {
+            user_id: "alice",
+            team_id: "acme",
+            client_id: "dyn_1",
+            auth_type: "oauth",
+            user_agent: Some("claude-code/1"),
+            forwarded_for: Some("203.0.113.7, 10.0.0.1"),
+            session_id: Some("s-1"),
+            ..Seen::default()
+        };
+        tracker.record(&seen);
+        tracker.record(&Seen { tool_call: true, ..seen.clone() });
+        tracker.record(&Seen { client_id: "dyn_2", ..seen.clone() });
+        let mut taken = tracker.take();
+        taken.sort_by_key(|r| r["oauth_client_id"].as_str().unwrap_or("").to_owned());
+        assert_eq!(taken.len(), 2);
+        assert_eq!(taken[0]["request_count"], 2);
+        assert_eq!(taken[0]["tool_call_count"], 1);
+        assert_eq!(taken[0]["ip_address"], "203.0.113.7");
+        assert_eq!(taken[0]["client_name"], "Claude Desktop");
+        assert_eq!(taken[0]["session_id"], "s-1");
+        assert!(tracker.take().is_empty(), "take resets");
+    }
+}
