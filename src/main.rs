@@ -71,6 +71,9 @@ struct DemoArgs {
     /// A label the `with_meta` tool returns in `_meta["demo/instance"]`, to tell instances apart.
     #[arg(long)]
     label: Option<String>,
+    /// Leave out this demo tool (repeatable).
+    #[arg(long = "without-tool")]
+    without_tools: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -252,7 +255,9 @@ fn demo_server(args: DemoArgs) -> ExitCode {
     runtime.block_on(async move {
         let Some(addr) = args.http else {
             return match demo::stdio::serve(
-                DemoServer::demo(args.protocol, args.page_size).with_label(args.label.clone()),
+                DemoServer::demo(args.protocol, args.page_size)
+                    .with_label(args.label.clone())
+                    .without_tools(&args.without_tools),
             )
             .await
             {
@@ -273,7 +278,9 @@ fn demo_server(args: DemoArgs) -> ExitCode {
             },
             None => HashMap::from([(
                 String::new(),
-                DemoServer::demo(args.protocol, args.page_size).with_label(args.label.clone()),
+                DemoServer::demo(args.protocol, args.page_size)
+                    .with_label(args.label.clone())
+                    .without_tools(&args.without_tools),
             )]),
         };
         let listener = match demo::http::bind(addr).await {

@@ -334,10 +334,17 @@ async fn an_unreachable_remote_server_goes_offline_and_a_probe_brings_it_back() 
     assert_eq!(instance(&sat, "remote-acme-bob-i-remote").status().status, InstanceStatus::Online, "bob never called");
     let tools = instance(&sat, id).catalog().expect("tools are kept while offline").tools.len();
 
-    // Back on the same port: the background probe reconnects and rediscovers without any call.
-    let _server = HttpServer::demo_on(&addr, &[]).await;
+    // Back on the same port, one tool fewer: the background probe reconnects and rediscovers without any call.
+    let _server = HttpServer::demo_on(&addr, &["--without-tool", "slow"]).await;
     wait_status(&sat, id, InstanceStatus::Online).await;
-    assert_eq!(instance(&sat, id).catalog().unwrap().tools.len(), tools);
+    assert_eq!(instance(&sat, id).catalog().unwrap().tools.len(), tools - 1);
+    let updated = events(&sat, "mcp.tools.updated").await;
+    let mine = updated.iter().find(|e| e.process_id.as_deref() == Some(id)).expect("a tools.updated event");
+    assert_eq!(mine.data["removed_tools"], json!(["slow"]));
+    assert_eq!(mine.data["added_tools"], json!([]));
+    assert_eq!(mine.data["total_tools"], tools - 1);
+    let schema = crate::common::fake_backend::proto_validator("event.mcp.tools.updated");
+    assert_eq!(crate::common::fake_backend::schema_errors(&schema, &mine.data), Vec::<String>::new());
     assert_eq!(text_of(&call(&sat, id, "echo", json!({"text": "again"})).await.expect("call")), "again");
     let statuses: Vec<(String, String)> = events(&sat, "mcp.server.status_changed")
         .await

@@ -91,6 +91,14 @@ impl DemoServer {
         self
     }
 
+    /// Leave these tools out (to show a server whose tool set changed between discoveries).
+    pub fn without_tools(mut self, names: &[String]) -> Self {
+        let mut offer = (*self.offer).clone();
+        offer.tools.retain(|t| !names.iter().any(|n| t["name"] == n.as_str()));
+        self.offer = Arc::new(offer);
+        self
+    }
+
     fn capabilities(&self) -> Value {
         if self.offer.with_resources {
             json!({"tools": {"listChanged": false}, "resources": {}, "prompts": {}})

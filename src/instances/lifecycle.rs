@@ -310,6 +310,9 @@ impl Inner {
                 }
                 info!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
                 self.report_discovery(instance.spec(), &catalog).await;
+                if let Some(previous) = instance.catalog() {
+                    self.report_change(instance.spec(), &previous, &catalog).await;
+                }
                 self.index(instance, &catalog).await;
                 instance.set_catalog(catalog);
                 if instance.status().status != InstanceStatus::Online {
@@ -347,6 +350,29 @@ impl Inner {
                 warn!(process_id = %spec.process_id, error = %err, "counting tool tokens failed; no discovery event")
             }
         }
+    }
+
+    /// `mcp.tools.updated` when a remote instance's re-discovery changed its tool set (BP §8.5-5).
+    async fn report_change(&self, spec: &InstanceSpec, previous: &Catalog, current: &Catalog) {
+        if matches!(spec.upstream, Upstream::Stdio { .. }) {
+            return;
+        }
+        let before: std::collections::BTreeSet<&str> = previous.tools.iter().map(|t| t.name.as_str()).collect();
+        let after: std::collections::BTreeSet<&str> = current.tools.iter().map(|t| t.name.as_str()).collect();
+        if before == after {
+            return;
+        }
+        let data = serde_json::json!({
+            "server_id": spec.installation_id.0,
+            "server_slug": spec.server_slug,
+            "team_id": spec.team_id.0,
+            "added_tools": after.difference(&before).collect::<Vec<_>>(),
+            "removed_tools": before.difference(&after).collect::<Vec<_>>(),
+            "total_tools": after.len(),
+        });
+        let mut event = Event::raw("mcp.tools.updated", data);
+        event.process_id = Some(spec.process_id.0.clone());
+        self.emit(event).await;
     }
 
     pub(super) async fn index(&self, instance: &Instance, catalog: &Catalog) {
