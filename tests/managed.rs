@@ -674,6 +674,29 @@ async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_b
         }),
     ));
     wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::Online).await;
+
+    // The backend's credential check: every member's instance answers with its token.
+    use satellite::backend::wire::{CheckType, HealthCheckPayload};
+    for (id, installation) in [("cmd-check", "oauth1"), ("cmd-check-missing", "nope")] {
+        backend.push_command(Command::new(
+            id,
+            Priority::Immediate,
+            CommandKind::HealthCheck(HealthCheckPayload {
+                common: CommonPayload { installation_id: Some(installation.into()), ..Default::default() },
+                check_type: Some(CheckType::CredentialValidation),
+            }),
+        ));
+    }
+    let (ok, missing) = wait_until(DEADLINE, "both credential checks answered", || async {
+        let ok = backend.results_for("cmd-check").into_iter().next()?;
+        let missing = backend.results_for("cmd-check-missing").into_iter().next()?;
+        Some((ok, missing))
+    })
+    .await;
+    assert_eq!(ok.result.unwrap()["credential_validation"]["valid"], true);
+    let missing = missing.result.unwrap();
+    assert_eq!(missing["credential_validation"]["valid"], false);
+    assert_eq!(missing["credential_validation"]["error"], "Server configuration not found on this satellite");
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }

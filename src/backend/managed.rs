@@ -531,6 +531,15 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
                 json!({"process_id": installation, "server_type": "stdio", "pids": running, "startup_time_ms": 0}),
             )
         }
+        CommandKind::HealthCheck(payload) if payload.check_type == Some(wire::CheckType::CredentialValidation) => {
+            let Some(installation) = payload.common.installation_id.clone() else {
+                return CommandResult::failed(id, "installation_id is required for credential validation", None);
+            };
+            CommandResult::completed(
+                id,
+                json!({"credential_validation": validate_credentials(deps, &installation).await}),
+            )
+        }
         CommandKind::HealthCheck(payload) => {
             let installation = payload.common.installation_id.clone();
             let targets: Vec<_> = deps
@@ -575,6 +584,49 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
             CommandResult::failed(id, format!("Invalid {command_type} payload: {reason}"), None)
         }
     }
+}
+
+/// BP §6.2 `credential_validation`: `tools/list` on each remote instance of the installation; a refusal of
+/// the credentials makes that user's instance `requires_reauth`.
+async fn validate_credentials(deps: &ManagedDeps, installation: &str) -> Value {
+    let Ok(instances) = deps.manager.of_installation(&InstallationId::from(installation), None) else {
+        return json!({"installation_id": installation, "valid": false,
+                      "error": "Server configuration not found on this satellite"});
+    };
+    if instances.iter().all(|i| matches!(i.spec().upstream, Upstream::Stdio { .. })) {
+        return json!({"installation_id": installation, "valid": true, "skipped": true, "reason": "stdio_transport"});
+    }
+    let began = Instant::now();
+    let mut errors = Vec::new();
+    let mut needs_reauth = false;
+    for instance in instances.iter().filter(|i| !matches!(i.spec().upstream, Upstream::Stdio { .. })) {
+        match deps.manager.call(instance, "tools/list", Some(json!({})), Duration::from_secs(15)).await {
+            Ok(_) => {}
+            Err(err) => {
+                let text = err.to_string();
+                let lower = text.to_ascii_lowercase();
+                let auth = lower.contains("401")
+                    || lower.contains("403")
+                    || ["auth", "unauthorized", "forbidden", "token", "credentials"].iter().any(|w| lower.contains(w));
+                if auth {
+                    needs_reauth = true;
+                    if instance.status().status != InstanceStatus::RequiresReauth {
+                        deps.manager.require_reauth(instance, text.clone()).await;
+                    }
+                }
+                errors.push(text);
+            }
+        }
+    }
+    let mut result = json!({"installation_id": installation, "valid": errors.is_empty(),
+                            "response_time_ms": began.elapsed().as_millis() as u64});
+    if let Some(first) = errors.first() {
+        result["error"] = json!(first);
+    }
+    if needs_reauth {
+        result["needs_reauth"] = json!(true);
+    }
+    result
 }
 
 async fn recover(deps: &ManagedDeps, id: String, installation: InstallationId) -> CommandResult {

@@ -313,6 +313,11 @@ impl InstanceManager {
         affected.len()
     }
 
+    /// A credential check found the server refusing this user's credentials (BP §6.2).
+    pub async fn require_reauth(&self, instance: &Arc<Instance>, message: String) {
+        self.inner.set_status(instance, crate::model::InstanceStatus::RequiresReauth, Some(message)).await;
+    }
+
     /// BP §6.3 `kill`: stop the instances of an installation (or one user's) until a restart or config change.
     pub async fn stop_installation(
         &self,
