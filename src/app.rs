@@ -219,6 +219,7 @@ impl Satellite {
             instance_sessions: instance_sessions.clone(),
             sse_sessions: sse_sessions.clone(),
             activity: activity.clone(),
+            events: Emitter::new(store.clone()),
         };
         let server = tokio::spawn(http::serve(
             listener,

@@ -700,3 +700,50 @@ async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_b
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+#[tokio::test]
+async fn legacy_sse_connections_are_reported_when_opened_and_closed() {
+    use futures::StreamExt;
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    backend.add_token("alice-token", TokenInfo::new("alice", "acme"));
+    let http = reqwest::Client::new();
+    let stream = http
+        .get(format!("{}/sse", sat.base_url()))
+        .bearer_auth("alice-token")
+        .header("user-agent", "Cursor/0.42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut body = stream.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("/message?session=") {
+        text.push_str(&String::from_utf8_lossy(&body.next().await.expect("endpoint event").unwrap()));
+    }
+    let path = text.split("data:").nth(1).unwrap().lines().next().unwrap().trim().to_owned();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": "execute_mcp_tool", "arguments": {"tool_path": "plain:ok", "arguments": {}}}});
+    let posted =
+        http.post(format!("{}{path}", sat.base_url())).bearer_auth("alice-token").json(&call).send().await.unwrap();
+    assert!(posted.status().is_success());
+    let connected = wait_until(DEADLINE, "mcp.client.connected", || async {
+        backend.events().into_iter().find(|e| e.event_type == "mcp.client.connected")
+    })
+    .await;
+    assert_eq!(connected.data["client_type"], "cursor");
+    assert_eq!(connected.data["team_id"], "acme");
+    assert_eq!(connected.data["transport"], "sse");
+    drop(body);
+    let gone = wait_until(DEADLINE, "mcp.client.disconnected", || async {
+        backend.events().into_iter().find(|e| e.event_type == "mcp.client.disconnected")
+    })
+    .await;
+    assert_eq!(gone.data["session_id"], connected.data["session_id"]);
+    assert_eq!(gone.data["tool_execution_count"], 1);
+    assert_eq!(gone.data["disconnect_reason"], "client_close");
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

@@ -46,6 +46,8 @@ pub struct McpDeps {
     pub sse_sessions: Arc<super::sse::SseSessions>,
     /// Client activity (SB §17), reported by the `client-activity` job.
     pub activity: Arc<crate::activity::ActivityTracker>,
+    /// Where connection events of the legacy SSE transport go.
+    pub events: crate::events::Emitter,
 }
 
 /// One authenticated caller on one endpoint.

@@ -33,6 +33,7 @@ struct SseSession {
     principal: Principal,
     events: mpsc::Sender<warp::sse::Event>,
     last_seen: Instant,
+    tool_calls: u64,
 }
 
 #[derive(Default)]
@@ -49,15 +50,48 @@ impl SseSessions {
     }
 }
 
-/// Removes the session when its stream is dropped (client gone).
+/// Removes the session when its stream is dropped (client gone) and reports `mcp.client.disconnected`.
 struct Unregister {
     id: String,
     sessions: Arc<SseSessions>,
+    emitter: crate::events::Emitter,
+    team_id: String,
+    opened: Instant,
 }
 
 impl Drop for Unregister {
     fn drop(&mut self) {
-        self.sessions.sessions.lock().remove(&self.id);
+        let removed = self.sessions.sessions.lock().remove(&self.id);
+        // A session the idle sweep already forgot timed out; otherwise the client went away.
+        let (reason, tool_calls) = match &removed {
+            Some(session) => ("client_close", session.tool_calls),
+            None => ("timeout", 0),
+        };
+        let data = json!({
+            "session_id": self.id, "team_id": self.team_id,
+            "connection_duration_seconds": self.opened.elapsed().as_secs(),
+            "tool_execution_count": tool_calls, "disconnect_reason": reason,
+        });
+        let emitter = self.emitter.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                emitter.emit(crate::events::Event::raw("mcp.client.disconnected", data)).await;
+            });
+        }
+    }
+}
+
+/// BP §8.5-15 `client_type` from the user agent.
+fn client_type(user_agent: &str) -> &'static str {
+    let ua = user_agent.to_ascii_lowercase();
+    if ua.contains("vscode") || ua == "undici" {
+        "vscode"
+    } else if ua.contains("cursor") {
+        "cursor"
+    } else if ua.contains("claude") {
+        "claude"
+    } else {
+        "unknown"
     }
 }
 
@@ -100,9 +134,23 @@ async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) 
     rand::thread_rng().fill_bytes(&mut raw);
     let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    sessions.sessions.lock().insert(id.clone(), SseSession { principal, events: tx, last_seen: Instant::now() });
+    let team_id = principal.team.0.clone();
+    sessions
+        .sessions
+        .lock()
+        .insert(id.clone(), SseSession { principal, events: tx, last_seen: Instant::now(), tool_calls: 0 });
+    let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let user_agent = header_text("user-agent").unwrap_or_else(|| "unknown".into());
+    let ip = header_text("x-forwarded-for")
+        .and_then(|f| f.split(',').next().map(|s| s.trim().to_owned()))
+        .or_else(|| header_text("x-real-ip"))
+        .unwrap_or_else(|| "unknown".into());
+    let connected = json!({"session_id": id, "client_type": client_type(&user_agent), "user_agent": user_agent,
+                           "team_id": team_id, "transport": "sse", "ip_address": ip});
+    deps.events.emit(crate::events::Event::raw("mcp.client.connected", connected)).await;
     let endpoint = warp::sse::Event::default().event("endpoint").data(format!("/message?session={id}"));
-    let guard = Unregister { id, sessions: sessions.clone() };
+    let guard =
+        Unregister { id, sessions: sessions.clone(), emitter: deps.events.clone(), team_id, opened: Instant::now() };
     let events = futures::stream::once(async move { endpoint }).chain(ReceiverStream::new(rx)).map(move |event| {
         let _keep = &guard;
         Ok::<_, Infallible>(event)
@@ -130,6 +178,8 @@ async fn message(
         match table.get_mut(id) {
             Some(session) => {
                 session.last_seen = Instant::now();
+                let is_call = std::str::from_utf8(body).is_ok_and(|b| b.contains("\"tools/call\""));
+                session.tool_calls += u64::from(is_call);
                 (session.principal.clone(), session.events.clone())
             }
             None => return rpc(StatusCode::NOT_FOUND, -32001, "Session not found"),
