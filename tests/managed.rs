@@ -420,6 +420,30 @@ async fn garbage_truncated_and_slow_answers_never_stop_serving() {
         InstanceStatus::Online
     );
 
+    // A config answer over the 32 MB cap is refused whole; the running config stays.
+    let mut huge = serde_json::to_value(config()).unwrap();
+    let padding = "x".repeat(1024 * 1024);
+    for n in 0..34 {
+        huge["mcp_servers"][format!("pad-acme-alice-p{n}")] = json!({
+            "installation_id": format!("p{n}"), "team_id": "acme", "team_slug": "acme", "server_name": "Pad",
+            "installation_name": "Pad", "transport_type": "stdio", "command": "python3", "args": ["x"],
+            "env": {"PADDING": padding}, "enabled": true, "user_id": "alice"
+        });
+    }
+    backend.set_config_raw(huge);
+    backend.push_command(Command::new(
+        "cmd-huge",
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload::default()),
+    ));
+    let huge = wait_until(DEADLINE, "the oversized config refused", || async {
+        backend.results_for("cmd-huge").into_iter().next()
+    })
+    .await;
+    assert_eq!(huge.status, ResultStatus::Failed);
+    assert!(huge.error_message.as_deref().unwrap_or("").contains("larger than"), "{:?}", huge.error_message);
+    assert_eq!(sat.satellite.manager().instances().len(), 2, "the last good config keeps serving");
+
     // A backend that hangs longer than the heartbeat timeout: beats fail, the satellite keeps serving calls.
     backend.set_latency_for(Endpoint::Heartbeat, Duration::from_secs(12));
     let alice = sat.satellite.manager().get(&satellite::model::ProcessId::from(ALICE)).unwrap();

@@ -211,25 +211,42 @@ async fn heartbeat_loop(
     url_sent: Arc<std::sync::atomic::AtomicBool>,
     cancel: CancellationToken,
 ) {
-    let mut ticker = tokio::time::interval(deps.heartbeat_every);
+    let every = deps.heartbeat_every;
+    let beat = move || {
+        let (deps, metrics, stats, url_sent) = (deps.clone(), metrics.clone(), stats.clone(), url_sent.clone());
+        async move {
+            let first = !url_sent.load(std::sync::atomic::Ordering::Acquire);
+            let body = heartbeat_body(&deps, &mut metrics.lock(), first);
+            match deps.client.heartbeat(&body).await {
+                Ok(_) => {
+                    url_sent.store(true, std::sync::atomic::Ordering::Release);
+                    stats.lock().heartbeats += 1;
+                }
+                Err(err) => {
+                    stats.lock().heartbeat_failures += 1;
+                    warn!(error = %err, "heartbeat failed");
+                }
+            }
+        }
+    };
+    beat_cadence(every, cancel, beat).await;
+}
+
+/// BP §3.1: the first beat at once, then a fixed wall-clock tick that never waits for the previous beat (each
+/// beat runs on its own task, bounded by the client's 10 s timeout); a failure changes nothing.
+pub async fn beat_cadence<B, F>(every: Duration, cancel: CancellationToken, mut beat: B)
+where
+    B: FnMut() -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let first = !url_sent.load(std::sync::atomic::Ordering::Acquire);
-        let body = heartbeat_body(&deps, &mut metrics.lock(), first);
-        match deps.client.heartbeat(&body).await {
-            Ok(_) => {
-                url_sent.store(true, std::sync::atomic::Ordering::Release);
-                stats.lock().heartbeats += 1;
-            }
-            Err(err) => {
-                stats.lock().heartbeat_failures += 1;
-                warn!(error = %err, "heartbeat failed");
-            }
-        }
+        tokio::spawn(beat());
     }
 }
 
@@ -707,6 +724,30 @@ mod tests {
         let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
         // hint 2, hint 10, no hint + slow = idle 45, failures 90, 180, 300 (capped), hint 30, hint 60.
         assert_eq!(gaps, [2, 10, 45, 90, 180, 300, 30, 60]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn heartbeats_tick_every_thirty_seconds_even_when_one_is_slow() {
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let cancel = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        let (t, c) = (times.clone(), cancel.clone());
+        let beat = move || {
+            let mut times = t.lock();
+            times.push((tokio::time::Instant::now() - start).as_secs());
+            if times.len() == 4 {
+                c.cancel();
+            }
+            let slow = times.len() == 1;
+            async move {
+                // The first beat hangs for 25 s; the next still goes on time.
+                if slow {
+                    tokio::time::sleep(Duration::from_secs(25)).await;
+                }
+            }
+        };
+        beat_cadence(Duration::from_secs(30), cancel, beat).await;
+        assert_eq!(*times.lock(), [0, 30, 60, 90]);
     }
 
     #[tokio::test(start_paused = true)]
