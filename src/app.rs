@@ -108,7 +108,7 @@ pub fn initial_standalone(config: &Config) -> Result<StandaloneConfig, StartErro
         Mode::Managed(_) => Ok(StandaloneConfig::default()),
         Mode::Standalone(StandaloneSource::Embedded(demo)) => {
             let exe = std::env::current_exe().map_err(StartError::Exe)?;
-            Ok(standalone::embedded(demo, exe))
+            Ok(standalone::embedded(demo, exe)?)
         }
         Mode::Standalone(StandaloneSource::File { path, .. }) => Ok(standalone::from_file(&config::read_file(path)?)?),
     }

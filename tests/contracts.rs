@@ -61,7 +61,8 @@ enabled = false
         instance_token: format!("ds_inst_{}", "a".repeat(64)).into(),
         instance_token_generated: false,
     };
-    let embedded = satellite::control::standalone::embedded(&demo, satellite_exe());
+    let embedded =
+        satellite::control::standalone::embedded(&demo, satellite_exe()).expect("the embedded default is valid");
     assert_eq!(errors(&validator, &json!({"mcp_servers": embedded.entries})), Vec::<String>::new());
 }
 

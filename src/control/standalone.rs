@@ -165,7 +165,7 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
 }
 
 /// The built-in configuration: one team, the user `demo`, and the bundled demo server over stdio.
-pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> StandaloneConfig {
+pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<StandaloneConfig, ConfigError> {
     let mut users = BTreeMap::new();
     users.insert(
         "demo".to_owned(),
@@ -215,8 +215,8 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> StandaloneCon
         }],
         ..RawFile::default()
     };
-    // The embedded file is built from valid parts; a failure here is a bug, not bad input.
-    from_file(&raw).expect("embedded default config is valid")
+    // Built from valid parts; an error here (e.g. an executable path the file format cannot hold) is reported.
+    from_file(&raw)
 }
 
 fn teams(raw: &[RawTeam]) -> Result<BTreeMap<TeamId, Team>, ConfigError> {
