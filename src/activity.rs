@@ -122,7 +122,22 @@ pub fn client_name(header: Option<&str>, has_session: bool, user_agent: Option<&
     name.to_owned()
 }
 
-fn ip_address(forwarded_for: Option<&str>, real_ip: Option<&str>) -> String {
+/// Whether a JSON-RPC body (one message or a batch) calls `tools/call`; reads only the `method` fields.
+pub fn is_tool_call(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method {
+        #[serde(default)]
+        method: Option<String>,
+    }
+    let is_call = |m: &Method| m.method.as_deref() == Some("tools/call");
+    match serde_json::from_slice::<Method>(body) {
+        Ok(one) => is_call(&one),
+        Err(_) => serde_json::from_slice::<Vec<Method>>(body).is_ok_and(|all| all.iter().any(is_call)),
+    }
+}
+
+/// SB §17: the first `X-Forwarded-For` entry, else `X-Real-IP`, else `unknown`.
+pub fn ip_address(forwarded_for: Option<&str>, real_ip: Option<&str>) -> String {
     forwarded_for
         .and_then(|f| f.split(',').next())
         .map(str::trim)
@@ -135,6 +150,17 @@ fn ip_address(forwarded_for: Option<&str>, real_ip: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_calls_are_found_in_single_messages_and_batches() {
+        assert!(is_tool_call(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#));
+        assert!(is_tool_call(br#"[{"method":"ping","id":1},{"method":"tools/call","id":2}]"#));
+        assert!(!is_tool_call(br#"{"method":"tools/list","params":{"note":"tools/call"}}"#));
+        assert!(!is_tool_call(b"not json"));
+        assert_eq!(ip_address(Some(" 203.0.113.7 , 10.0.0.1"), Some("10.0.0.2")), "203.0.113.7");
+        assert_eq!(ip_address(None, Some("10.0.0.2")), "10.0.0.2");
+        assert_eq!(ip_address(None, None), "unknown");
+    }
 
     #[test]
     fn client_names_follow_the_rules_in_order() {

@@ -69,11 +69,7 @@ fn record_activity(
     client_id: &str,
     auth_type: &str,
 ) {
-    let is_call = |m: &Value| m.get("method").and_then(Value::as_str) == Some("tools/call");
-    let tool_call = body.and_then(|b| serde_json::from_slice::<Value>(b).ok()).is_some_and(|v| match &v {
-        Value::Array(items) => items.iter().any(is_call),
-        single => is_call(single),
-    });
+    let tool_call = body.is_some_and(crate::activity::is_tool_call);
     deps.activity.record(&crate::activity::Seen {
         user_id: &user_team.0,
         team_id: &user_team.1,

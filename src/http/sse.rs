@@ -141,10 +141,8 @@ async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) 
         .insert(id.clone(), SseSession { principal, events: tx, last_seen: Instant::now(), tool_calls: 0 });
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let user_agent = header_text("user-agent").unwrap_or_else(|| "unknown".into());
-    let ip = header_text("x-forwarded-for")
-        .and_then(|f| f.split(',').next().map(|s| s.trim().to_owned()))
-        .or_else(|| header_text("x-real-ip"))
-        .unwrap_or_else(|| "unknown".into());
+    let ip =
+        crate::activity::ip_address(header_text("x-forwarded-for").as_deref(), header_text("x-real-ip").as_deref());
     let connected = json!({"session_id": id, "client_type": client_type(&user_agent), "user_agent": user_agent,
                            "team_id": team_id, "transport": "sse", "ip_address": ip});
     deps.events.emit(crate::events::Event::raw("mcp.client.connected", connected)).await;
@@ -178,8 +176,7 @@ async fn message(
         match table.get_mut(id) {
             Some(session) => {
                 session.last_seen = Instant::now();
-                let is_call = std::str::from_utf8(body).is_ok_and(|b| b.contains("\"tools/call\""));
-                session.tool_calls += u64::from(is_call);
+                session.tool_calls += u64::from(crate::activity::is_tool_call(body));
                 (session.principal.clone(), session.events.clone())
             }
             None => return rpc(StatusCode::NOT_FOUND, -32001, "Session not found"),
