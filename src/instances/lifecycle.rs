@@ -649,12 +649,12 @@ impl Inner {
         };
         instance.touch();
         let began = Instant::now();
-        let logged = (method == "tools/call").then(|| params.clone().unwrap_or(Value::Null));
+        let logged = method == "tools/call";
         let client = match self.ensure_connected(instance).await {
             Ok(client) => client,
             Err(err) => {
-                if let Some(params) = logged {
-                    self.log_request(instance, params, Err(&err.to_string()), began);
+                if logged {
+                    self.log_request(instance, params.as_ref(), Err(err.to_string()), began);
                 }
                 return Err(err);
             }
@@ -673,14 +673,8 @@ impl Inner {
             }
         };
         instance.touch();
-        if let Some(params) = logged {
-            let error = result.as_ref().err().map(ToString::to_string);
-            let outcome = match (&result, &error) {
-                (Ok(value), _) => Ok(value),
-                (Err(_), Some(message)) => Err(message.as_str()),
-                (Err(_), None) => Err("call failed"),
-            };
-            self.log_request(instance, params, outcome, began);
+        if logged {
+            self.log_request(instance, params.as_ref(), result.as_ref().map_err(ToString::to_string), began);
         }
         match &result {
             Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {
@@ -705,17 +699,21 @@ impl Inner {
 
     /// One `tools/call` for the request log: the external tool path, the arguments, and the result or error.
     /// A result with `isError` counts as a failure.
-    fn log_request(&self, instance: &Instance, params: Value, result: Result<&Value, &str>, began: Instant) {
+    fn log_request(&self, instance: &Instance, params: Option<&Value>, result: Result<&Value, String>, began: Instant) {
         let spec = instance.spec();
-        let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
-        let arguments = params.get("arguments").cloned().unwrap_or(Value::Null);
+        if !spec.request_logging_enabled {
+            // Nothing is logged for this installation: skip copying arguments and results.
+            return;
+        }
+        let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
+        let arguments = params.and_then(|p| p.get("arguments")).cloned().unwrap_or(Value::Null);
         let (response, error) = match result {
             Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => {
                 let text = value.pointer("/content/0/text").and_then(Value::as_str).unwrap_or("tool returned an error");
                 (None, Some(text.to_owned()))
             }
             Ok(value) => (Some(value.clone()), None),
-            Err(message) => (None, Some(message.to_owned())),
+            Err(message) => (None, Some(message)),
         };
         self.deps.logs.request(
             spec,
