@@ -54,6 +54,23 @@ async fn start(backend: &FakeBackend, dir: tempfile::TempDir, token: &str) -> Te
     TestSatellite::managed(&backend.url(), token, dir, fast).await.expect("managed satellite starts")
 }
 
+/// A `configure` that asks for a full refresh, as the backend sends after an installation changed.
+fn refresh(id: &str) -> Command {
+    Command::new(
+        id,
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload {
+            common: CommonPayload { event: Some("mcp_installation_updated".into()), ..Default::default() },
+            ..Default::default()
+        }),
+    )
+}
+
+/// The first result the backend recorded for a command, once there is one.
+async fn first_result(backend: &FakeBackend, id: &str) -> satellite::backend::wire::CommandResult {
+    wait_until(DEADLINE, &format!("a result for {id}"), || async { backend.results_for(id).into_iter().next() }).await
+}
+
 fn satellite_id(dir: &std::path::Path) -> String {
     let text = std::fs::read_to_string(dir.join("persistent_data/backend.key.json")).expect("credentials file");
     let stored: Value = serde_json::from_str(&text).unwrap();
@@ -206,14 +223,7 @@ async fn commands_run_once_each_get_a_result_and_a_redelivered_one_gets_its_resu
     // result post fails, so the backend delivers it again after it ran.
     backend.set_latency_for(Endpoint::Config, Duration::from_secs(3));
     backend.fail_next(Endpoint::CommandResult, 500, 1);
-    backend.push_command(Command::new(
-        "cmd-refresh",
-        Priority::Immediate,
-        CommandKind::Configure(ConfigurePayload {
-            common: CommonPayload { event: Some("mcp_installation_updated".into()), ..Default::default() },
-            ..Default::default()
-        }),
-    ));
+    backend.push_command(refresh("cmd-refresh"));
     backend.push_command(Command::new(
         "cmd-unknown",
         Priority::Immediate,
@@ -264,10 +274,7 @@ async fn commands_run_once_each_get_a_result_and_a_redelivered_one_gets_its_resu
             ..Default::default()
         }),
     ));
-    let done = wait_until(DEADLINE, "the tool switch applied", || async {
-        backend.results_for("cmd-disable").into_iter().next()
-    })
-    .await;
+    let done = first_result(&backend, "cmd-disable").await;
     assert_eq!(done.status, ResultStatus::Completed);
     for id in [ALICE, BOB] {
         assert!(sat.satellite.manager().get(&satellite::model::ProcessId::from(id)).unwrap().tool_disabled("ok"));
@@ -436,10 +443,7 @@ async fn garbage_truncated_and_slow_answers_never_stop_serving() {
         Priority::Immediate,
         CommandKind::Configure(ConfigurePayload::default()),
     ));
-    let huge = wait_until(DEADLINE, "the oversized config refused", || async {
-        backend.results_for("cmd-huge").into_iter().next()
-    })
-    .await;
+    let huge = first_result(&backend, "cmd-huge").await;
     assert_eq!(huge.status, ResultStatus::Failed);
     assert!(huge.error_message.as_deref().unwrap_or("").contains("larger than"), "{:?}", huge.error_message);
     assert_eq!(sat.satellite.manager().instances().len(), 2, "the last good config keeps serving");
@@ -613,17 +617,8 @@ async fn two_teams_of_three_with_stdio_and_http_instances_then_modified_and_remo
         args
     };
     backend.set_config(&entries(&modified, true));
-    backend.push_command(Command::new(
-        "cmd-update",
-        Priority::Immediate,
-        CommandKind::Configure(ConfigurePayload {
-            common: CommonPayload { event: Some("mcp_installation_updated".into()), ..Default::default() },
-            ..Default::default()
-        }),
-    ));
-    let result =
-        wait_until(DEADLINE, "the update applied", || async { backend.results_for("cmd-update").into_iter().next() })
-            .await;
+    backend.push_command(refresh("cmd-update"));
+    let result = first_result(&backend, "cmd-update").await;
     assert_eq!(result.status, ResultStatus::Completed);
     assert_eq!(result.result.as_ref().unwrap()["total_servers"], 9);
     wait_until(DEADLINE, "the changed instance restarted", || async {
@@ -689,14 +684,7 @@ async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_b
 
     // Bob authorises in the dashboard; the backend announces it with a configure.
     backend.add_oauth_token(key("bob"), status, Some(token("ya29.bob")));
-    backend.push_command(Command::new(
-        "cmd-reauth",
-        Priority::Immediate,
-        CommandKind::Configure(ConfigurePayload {
-            common: CommonPayload { event: Some("mcp_installation_updated".into()), ..Default::default() },
-            ..Default::default()
-        }),
-    ));
+    backend.push_command(refresh("cmd-reauth"));
     wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::Online).await;
 
     // The backend's credential check: every member's instance answers with its token.
