@@ -124,7 +124,8 @@ impl Satellite {
         info!("{}", sandbox.describe());
         let store = Store::open(&config.data_dir).await?;
         let search = SearchIndex::new()?;
-        let logs = LogCapture::new(Emitter::new(store.clone()));
+        let emitter = Emitter::new(store.clone());
+        let logs = LogCapture::new(emitter.clone());
         // Managed mode: the backend client (no IO yet) and the OAuth tokens it serves to remote instances.
         let backend_client = match &config.mode {
             Mode::Managed(settings) => Some(Arc::new(BackendClient::new(&settings.backend_url)?)),
@@ -140,7 +141,7 @@ impl Satellite {
             inherited_env: instances::sandbox::inherited_env(env),
             http: instances::remote_http_client()?,
             store: store.clone(),
-            events: Emitter::new(store.clone()),
+            events: emitter.clone(),
             logs: logs.clone(),
         };
         let manager = InstanceManager::new(deps).await?;
@@ -189,11 +190,10 @@ impl Satellite {
         let instance_sessions = Arc::new(SessionTable::default());
         let sse_sessions = Arc::new(SseSessions::default());
         let activity = Arc::new(crate::activity::ActivityTracker::default());
-        let (activity_store, tracked) = (store.clone(), activity.clone());
+        let (activity_events, tracked) = (emitter.clone(), activity.clone());
         jobs.every("client-activity", config.activity_interval, FirstRun::Immediately, move || {
-            let (records, store) = (tracked.take(), activity_store.clone());
+            let (records, emitter) = (tracked.take(), activity_events.clone());
             async move {
-                let emitter = Emitter::new(store);
                 for data in records {
                     emitter.emit(events::Event::raw("mcp.client.activity", data)).await;
                 }
@@ -219,7 +219,7 @@ impl Satellite {
             instance_sessions: instance_sessions.clone(),
             sse_sessions: sse_sessions.clone(),
             activity: activity.clone(),
-            events: Emitter::new(store.clone()),
+            events: emitter.clone(),
         };
         let server = tokio::spawn(http::serve(
             listener,
