@@ -4,11 +4,10 @@
 
 use std::collections::HashMap;
 
+use crate::events::ClientActivity;
+use crate::model::iso;
 use chrono::Utc;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
-
-use crate::events::iso;
 
 /// What the HTTP layer knows about one authenticated request.
 #[derive(Debug, Clone, Default)]
@@ -73,21 +72,23 @@ impl ActivityTracker {
     }
 
     /// Every record as an `mcp.client.activity` payload (BP §8.5-14), and start over.
-    pub fn take(&self) -> Vec<Value> {
+    pub fn take(&self) -> Vec<ClientActivity> {
         let records: Vec<Record> = self.records.lock().drain().map(|(_, r)| r).collect();
         records
             .into_iter()
-            .map(|r| {
-                let mut data = json!({
-                    "user_id": r.user_id, "team_id": r.team_id, "oauth_client_id": r.client_id,
-                    "auth_type": r.auth_type, "auth_identifier": r.client_id, "client_name": r.client_name,
-                    "user_agent": r.user_agent, "ip_address": r.ip_address, "request_count": r.request_count,
-                    "tool_call_count": r.tool_call_count, "last_activity_at": r.last_activity_at,
-                });
-                if let Some(session) = r.session_id {
-                    data["session_id"] = json!(session);
-                }
-                data
+            .map(|r| ClientActivity {
+                user_id: r.user_id,
+                team_id: r.team_id,
+                oauth_client_id: r.client_id.clone(),
+                auth_type: r.auth_type,
+                auth_identifier: r.client_id,
+                client_name: r.client_name,
+                user_agent: r.user_agent,
+                ip_address: r.ip_address,
+                request_count: r.request_count,
+                tool_call_count: r.tool_call_count,
+                last_activity_at: r.last_activity_at,
+                session_id: r.session_id,
             })
             .collect()
     }
@@ -191,7 +192,8 @@ mod tests {
         tracker.record(&seen);
         tracker.record(&Seen { tool_call: true, ..seen.clone() });
         tracker.record(&Seen { client_id: "dyn_2", ..seen.clone() });
-        let mut taken = tracker.take();
+        let mut taken: Vec<serde_json::Value> =
+            tracker.take().iter().map(|r| serde_json::to_value(r).unwrap()).collect();
         taken.sort_by_key(|r| r["oauth_client_id"].as_str().unwrap_or("").to_owned());
         assert_eq!(taken.len(), 2);
         assert_eq!(taken[0]["request_count"], 2);

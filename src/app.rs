@@ -194,8 +194,8 @@ impl Satellite {
         jobs.every("client-activity", config.activity_interval, FirstRun::Immediately, move || {
             let (records, emitter) = (tracked.take(), activity_events.clone());
             async move {
-                for data in records {
-                    emitter.emit(events::Event::raw("mcp.client.activity", data)).await;
+                for record in &records {
+                    emitter.emit(events::Event::client_activity(record)).await;
                 }
                 Ok::<(), std::convert::Infallible>(())
             }
@@ -220,6 +220,7 @@ impl Satellite {
             sse_sessions: sse_sessions.clone(),
             activity: activity.clone(),
             events: emitter.clone(),
+            tasks: tasks.clone(),
         };
         let server = tokio::spawn(http::serve(
             listener,
@@ -302,6 +303,7 @@ impl Satellite {
                     introspection: introspection.clone(),
                     oauth: oauth.clone(),
                     store: store.clone(),
+                    events: emitter.clone(),
                     satellite_url: settings.satellite_url.clone(),
                     idle_poll: settings.poll_idle,
                     heartbeat_every: settings.heartbeat_interval,

@@ -23,3 +23,6 @@ pub mod secrets;
 pub mod store;
 pub mod telemetry;
 pub mod tokens;
+
+#[cfg(test)]
+mod layering_tests;

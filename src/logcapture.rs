@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::{iso, Emitter, Event};
-use crate::model::{InstanceSpec, Upstream};
+use crate::events::{Emitter, Event, RequestLogEntry, ServerLogEntry};
+use crate::model::{iso, InstanceSpec, Upstream};
 use crate::secrets;
 
 /// Entries that trigger an immediate flush.
@@ -31,14 +31,14 @@ struct ServerLine {
     installation_id: String,
     team_id: String,
     user_id: String,
-    entry: Value,
+    entry: ServerLogEntry,
 }
 
 #[derive(Debug, Clone)]
 struct RequestLine {
     installation_id: String,
     team_id: String,
-    entry: Value,
+    entry: RequestLogEntry,
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +60,8 @@ struct Inner {
     emitter: Emitter,
     buffers: Mutex<Buffers>,
     wake: Notify,
+    /// Events written so far.
+    emitted: std::sync::atomic::AtomicU64,
 }
 
 /// What one captured tool call was.
@@ -74,7 +76,14 @@ pub struct RequestRecord {
 
 impl LogCapture {
     pub fn new(emitter: Emitter) -> Self {
-        Self { inner: Arc::new(Inner { emitter, buffers: Mutex::new(Buffers::default()), wake: Notify::new() }) }
+        Self {
+            inner: Arc::new(Inner {
+                emitter,
+                buffers: Mutex::new(Buffers::default()),
+                wake: Notify::new(),
+                emitted: Default::default(),
+            }),
+        }
     }
 
     /// A line for the instance's server log (stderr, lifecycle), masked.
@@ -84,7 +93,7 @@ impl LogCapture {
             installation_id: spec.installation_id.0.clone(),
             team_id: spec.team_id.0.clone(),
             user_id: spec.user_id.0.clone(),
-            entry: json!({"level": level, "message": masked, "timestamp": iso(Utc::now())}),
+            entry: ServerLogEntry { level: level.to_owned(), message: masked, timestamp: iso(Utc::now()) },
         };
         self.push(|b| b.server.push(line));
     }
@@ -94,20 +103,16 @@ impl LogCapture {
         if !spec.request_logging_enabled {
             return;
         }
-        let mut entry = json!({
-            "user_id": spec.user_id.0,
-            "tool_name": record.tool_path,
-            "tool_params": if record.params.is_object() { record.params } else { json!({}) },
-            "response_time_ms": record.duration.as_millis() as u64,
-            "success": record.error.is_none(),
-            "timestamp": iso(Utc::now()),
-        });
-        if let Some(response) = record.response {
-            entry["tool_response"] = response;
-        }
-        if let Some(error) = record.error {
-            entry["error_message"] = json!(mask_secrets(spec, &error));
-        }
+        let entry = RequestLogEntry {
+            user_id: spec.user_id.0.clone(),
+            tool_name: record.tool_path,
+            tool_params: if record.params.is_object() { record.params } else { json!({}) },
+            response_time_ms: record.duration.as_millis() as u64,
+            success: record.error.is_none(),
+            timestamp: iso(Utc::now()),
+            tool_response: record.response,
+            error_message: record.error.map(|error| mask_secrets(spec, &error)),
+        };
         let line =
             RequestLine { installation_id: spec.installation_id.0.clone(), team_id: spec.team_id.0.clone(), entry };
         self.push(|b| b.requests.push(line));
@@ -127,7 +132,7 @@ impl LogCapture {
     pub async fn flush(&self) -> usize {
         let taken = std::mem::take(&mut *self.inner.buffers.lock());
         let mut events = Vec::new();
-        let mut server: BTreeMap<(String, String), (String, Vec<Value>)> = BTreeMap::new();
+        let mut server: BTreeMap<(String, String), (String, Vec<ServerLogEntry>)> = BTreeMap::new();
         for line in taken.server {
             server
                 .entry((line.installation_id, line.user_id))
@@ -136,26 +141,32 @@ impl LogCapture {
                 .push(line.entry);
         }
         for ((installation_id, user_id), (team_id, logs)) in server {
-            events.push(Event::raw(
-                "mcp.server.logs",
-                json!({"installation_id": installation_id, "team_id": team_id, "user_id": user_id, "logs": logs}),
-            ));
+            events.push(Event::server_logs(&installation_id, &team_id, &user_id, logs));
         }
-        let mut requests: BTreeMap<(String, String), Vec<Value>> = BTreeMap::new();
+        let mut requests: BTreeMap<(String, String), Vec<RequestLogEntry>> = BTreeMap::new();
         for line in taken.requests {
             requests.entry((line.installation_id, line.team_id)).or_default().push(line.entry);
         }
         for ((installation_id, team_id), entries) in requests {
-            events.push(Event::raw(
-                "mcp.request.logs",
-                json!({"installation_id": installation_id, "team_id": team_id, "requests": entries}),
-            ));
+            events.push(Event::request_logs(&installation_id, &team_id, entries));
         }
         let n = events.len();
         for event in events {
             self.inner.emitter.emit(event).await;
+            self.inner.emitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         n
+    }
+
+    /// Entries waiting in the buffers.
+    pub fn buffered(&self) -> usize {
+        let buffers = self.inner.buffers.lock();
+        buffers.server.len() + buffers.requests.len()
+    }
+
+    /// Events this capture has written since it started.
+    pub fn emitted(&self) -> u64 {
+        self.inner.emitted.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Flush at 20 entries or 3 s after the first, until cancelled; then flush what is left.
@@ -311,36 +322,42 @@ mod tests {
         assert!(requests[1].get("tool_response").is_none());
     }
 
+    /// On paused time: the clock moves only when every task waits, so the 3 s are virtual and exact. While a
+    /// flush writes to SQLite the test spins (`yield_now`), so the clock stands still until the write is done.
     #[tokio::test]
     async fn a_buffer_flushes_at_twenty_entries_or_three_seconds_after_the_first() {
         let (_dir, store, capture) = capture().await;
+        tokio::time::pause();
         let cancel = CancellationToken::new();
         let runner = tokio::spawn(capture.clone().run(cancel.clone()));
         let alice = spec("alice", true);
-        let count = || async { store.event_count().await.unwrap() };
-        let wait_for = |n: i64, within: Duration| {
-            let count = &count;
+        let emitted = |n: u64| {
+            let capture = capture.clone();
             async move {
-                let deadline = Instant::now() + within;
-                while count().await < n {
-                    assert!(Instant::now() < deadline, "waited {within:?} for {n} events");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                while capture.emitted() < n {
+                    tokio::task::yield_now().await;
                 }
             }
         };
         let started = Instant::now();
         capture.server_line(&alice, "info", "one");
-        wait_for(1, Duration::from_secs(10)).await;
-        assert!(started.elapsed() >= FLUSH_AFTER - Duration::from_millis(50), "a lone entry waits its 3 s");
+        tokio::time::sleep(FLUSH_AFTER - Duration::from_millis(10)).await;
+        assert_eq!(capture.buffered(), 1, "a lone entry waits its 3 s");
+        while capture.buffered() > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(started.elapsed() >= FLUSH_AFTER, "flushed {:?} after the first entry", started.elapsed());
+        emitted(1).await;
         let started = Instant::now();
         for i in 0..FLUSH_AT {
             capture.server_line(&alice, "info", &format!("line {i}"));
         }
-        wait_for(2, Duration::from_secs(10)).await;
-        assert!(started.elapsed() < FLUSH_AFTER, "twenty entries go at once");
+        emitted(2).await;
+        assert!(started.elapsed() < FLUSH_AFTER, "twenty entries go at once, not after {:?}", started.elapsed());
         capture.server_line(&alice, "info", "last");
+        tokio::time::resume();
         cancel.cancel();
         runner.await.unwrap();
-        assert_eq!(count().await, 3, "shutdown flushes the rest");
+        assert_eq!(store.event_count().await.unwrap(), 3, "shutdown flushes the rest");
     }
 }

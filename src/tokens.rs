@@ -269,52 +269,14 @@ fn write_number(out: &mut String, n: &Number) {
     }
 }
 
-/// ECMAScript `Number.prototype.toString()` (Number::toString, radix 10); non-finite values print as
-/// `null`, as `JSON.stringify` does.
+/// ECMAScript `Number.prototype.toString()` (Number::toString, radix 10), by `ryu-js`; non-finite values print
+/// as `null`, as `JSON.stringify` does.
 pub fn write_js_f64(out: &mut String, f: f64) {
     if !f.is_finite() {
         out.push_str("null");
         return;
     }
-    if f == 0.0 {
-        out.push('0');
-        return;
-    }
-    if f < 0.0 {
-        out.push('-');
-    }
-    // Rust's `{:e}` gives the shortest round-trip digits, closest to the value: `d[.ddd]e<exp>`.
-    let sci = format!("{:e}", f.abs());
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    let k = digits.len() as i32;
-    // value = 0.digits × 10^n
-    let n = exp + 1;
-    if k <= n && n <= 21 {
-        out.push_str(&digits);
-        for _ in 0..(n - k) {
-            out.push('0');
-        }
-    } else if 0 < n && n <= 21 {
-        out.push_str(&digits[..n as usize]);
-        out.push('.');
-        out.push_str(&digits[n as usize..]);
-    } else if -6 < n && n <= 0 {
-        out.push_str("0.");
-        for _ in 0..(-n) {
-            out.push('0');
-        }
-        out.push_str(&digits);
-    } else {
-        out.push_str(&digits[..1]);
-        if k > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
-        }
-        let e = n - 1;
-        let _ = write!(out, "e{}{}", if e >= 0 { '+' } else { '-' }, e.abs());
-    }
+    out.push_str(ryu_js::Buffer::new().format_finite(f));
 }
 
 #[cfg(test)]

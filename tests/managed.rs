@@ -82,7 +82,7 @@ fn delivered(backend: &FakeBackend, event_type: &str, status: Option<&str>, user
         .events()
         .iter()
         .filter(|e| {
-            e.event_type == event_type && e.data["user_id"] == user && status.is_none_or(|s| e.data["status"] == s)
+            e.kind.as_str() == event_type && e.data["user_id"] == user && status.is_none_or(|s| e.data["status"] == s)
         })
         .count()
 }
@@ -120,7 +120,8 @@ async fn registers_applies_the_config_beats_and_delivers_events() {
     })
     .await;
     // Every discovery is reported with token counts (SB §15), checked by the fake against its schema.
-    let discovered: Vec<_> = backend.events().into_iter().filter(|e| e.event_type == "mcp.tools.discovered").collect();
+    let discovered: Vec<_> =
+        backend.events().into_iter().filter(|e| e.kind.as_str() == "mcp.tools.discovered").collect();
     assert!(discovered.len() >= 2, "one per instance");
     let first = &discovered[0].data;
     assert_eq!(first["installation_id"], "inst1");
@@ -362,8 +363,8 @@ async fn clients_authenticate_by_introspection_with_one_call_for_concurrent_firs
         let seen: Vec<Value> = backend
             .events()
             .into_iter()
-            .filter(|e| e.event_type == "mcp.client.activity" && e.data["user_id"] == "alice")
-            .map(|e| e.data)
+            .filter(|e| e.kind.as_str() == "mcp.client.activity" && e.data["user_id"] == "alice")
+            .map(|e| Value::Object(e.data))
             .collect();
         let requests: u64 = seen.iter().filter_map(|d| d["request_count"].as_u64()).sum();
         (requests >= 51).then_some(seen)
@@ -417,10 +418,15 @@ async fn garbage_truncated_and_slow_answers_never_stop_serving() {
     assert_eq!(results.1[0].status, ResultStatus::Failed);
     assert!(results.1[0].error_message.as_deref().unwrap_or("").contains("config"), "{:?}", results.1[0]);
     let reported = wait_until(DEADLINE, "a config.error event", || async {
-        backend.events().into_iter().find(|e| e.event_type == "config.error")
+        backend.events().into_iter().find(|e| e.kind.as_str() == "config.error")
     })
     .await;
-    assert_eq!(reported.data["error_type"], "server_error", "an answer that is not JSON: {}", reported.data);
+    assert_eq!(
+        reported.data["error_type"],
+        "server_error",
+        "an answer that is not JSON: {}",
+        Value::Object(reported.data.clone())
+    );
     assert_eq!(reported.data["status_code"], Value::Null);
     assert_eq!(
         sat.satellite.manager().get(&satellite::model::ProcessId::from(ALICE)).unwrap().status().status,
@@ -512,7 +518,7 @@ async fn events_queued_when_the_satellite_is_killed_are_delivered_after_it_resta
 
     // Backend away; a server crashes (its events are queued), then the satellite itself is killed.
     backend.go_down().await;
-    let crashes_before = backend.events().iter().filter(|e| e.event_type == "mcp.server.crashed").count();
+    let crashes_before = backend.events().iter().filter(|e| e.kind.as_str() == "mcp.server.crashed").count();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(first_children[0] as i32), nix::sys::signal::Signal::SIGKILL)
         .unwrap();
     wait_until(DEADLINE, "the crashed server restarted", || async {
@@ -531,7 +537,8 @@ async fn events_queued_when_the_satellite_is_killed_are_delivered_after_it_resta
     backend.come_back().await;
     let mut again = spawn_managed_binary(&backend, dir.path());
     let crashed = wait_until(DEADLINE, "the queued crash event delivered", || async {
-        let crashed: Vec<_> = backend.events().into_iter().filter(|e| e.event_type == "mcp.server.crashed").collect();
+        let crashed: Vec<_> =
+            backend.events().into_iter().filter(|e| e.kind.as_str() == "mcp.server.crashed").collect();
         (crashed.len() > crashes_before).then_some(crashed)
     })
     .await;
@@ -742,7 +749,7 @@ async fn legacy_sse_connections_are_reported_when_opened_and_closed() {
         http.post(format!("{}{path}", sat.base_url())).bearer_auth("alice-token").json(&call).send().await.unwrap();
     assert!(posted.status().is_success());
     let connected = wait_until(DEADLINE, "mcp.client.connected", || async {
-        backend.events().into_iter().find(|e| e.event_type == "mcp.client.connected")
+        backend.events().into_iter().find(|e| e.kind.as_str() == "mcp.client.connected")
     })
     .await;
     assert_eq!(connected.data["client_type"], "cursor");
@@ -750,7 +757,7 @@ async fn legacy_sse_connections_are_reported_when_opened_and_closed() {
     assert_eq!(connected.data["transport"], "sse");
     drop(body);
     let gone = wait_until(DEADLINE, "mcp.client.disconnected", || async {
-        backend.events().into_iter().find(|e| e.event_type == "mcp.client.disconnected")
+        backend.events().into_iter().find(|e| e.kind.as_str() == "mcp.client.disconnected")
     })
     .await;
     assert_eq!(gone.data["session_id"], connected.data["session_id"]);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use satellite::discovery::{self, DiscoveryError};
 use satellite::mcp::client::{ClientOptions, Era, McpClient};
-use satellite::mcp::transport::{StdioTransport, Transport, UpstreamError};
+use satellite::mcp::transport::{ExitInfo, StdioTransport, Transport, UpstreamError};
 use serde_json::{json, Value};
 
 use crate::common::*;
@@ -120,11 +120,13 @@ async fn a_dying_server_fails_every_waiter_at_once() {
     let (slow, exit) = tokio::join!(slow, exit);
     assert!(started.elapsed() < Duration::from_secs(10), "waiters were not failed promptly");
     for err in [slow.unwrap_err(), exit.unwrap_err()] {
-        assert!(matches!(err, UpstreamError::Closed(ref m) if m.contains("exit code 7")), "{err}");
+        assert!(matches!(err, UpstreamError::Exited { exit: ExitInfo::Exited { code: Some(7), .. }, .. }), "{err}");
+        assert!(err.to_string().contains("exit code 7"), "{err}");
     }
     assert!(!stdio.is_alive());
     let after = client.request("tools/list", None, CALL).await.unwrap_err();
-    assert!(matches!(after, UpstreamError::Closed(ref m) if m.contains("not running")), "{after}");
+    assert!(matches!(after, UpstreamError::Exited { .. }), "{after}");
+    assert!(after.to_string().contains("not running"), "{after}");
 }
 
 #[tokio::test]
@@ -152,7 +154,8 @@ async fn a_server_that_never_answers_times_out() {
 #[tokio::test]
 async fn a_server_exiting_during_the_handshake_is_reported() {
     let err = misbehaving("exit-on-initialize", fast_options()).await.unwrap_err();
-    assert!(matches!(err, UpstreamError::Closed(ref m) if m.contains("exit code 2")), "{err}");
+    assert!(matches!(err, UpstreamError::Exited { exit: ExitInfo::Exited { code: Some(2), .. }, .. }), "{err}");
+    assert!(err.to_string().contains("exit code 2"), "{err}");
 }
 
 #[tokio::test]

@@ -4,7 +4,10 @@
 
 use satellite::backend::wire::*;
 use satellite::control::McpServerEntry;
-use satellite::events::{CrashReport, Event};
+use satellite::events::{
+    ClientActivity, ClientConnected, ClientDisconnected, ConfigErrorKind, CrashReport, Event, EventKind,
+    RequestLogEntry, ServerLogEntry,
+};
 use satellite::model::InstanceStatus;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -245,12 +248,10 @@ fn every_wire_type_serializes_to_its_schema() {
     assert_eq!(config.desired_state().instances.len(), 2);
     assert!(config.entries().all(|(_, e)| e.is_ok()));
 
-    let envelope = EventEnvelope {
-        event_type: "config.error".into(),
-        timestamp: TS.into(),
-        data: json!({"error_type": "network", "error_message": "x", "status_code": null, "retry_in": 60}),
-    };
-    conforms("event.config.error", &envelope.data);
+    let data = json!({"error_type": "network", "error_message": "x", "status_code": null, "retry_in": 60});
+    conforms("event.config.error", &data);
+    let Value::Object(data) = data else { unreachable!() };
+    let envelope = EventEnvelope { kind: EventKind::ConfigError, timestamp: TS.into(), data };
     round_trip("events-request", &EventsRequest::batch(vec![envelope; 100]).unwrap());
     round_trip(
         "events-response",
@@ -491,7 +492,7 @@ fn the_examples_of_the_protocol_document_validate_and_parse() {
             "installation_id": "U3hCfHenbK5kH2_8ehSGx", "team_id": "4vj7igb2fcwzmko", "user_id": "plhdo1j4kuit0et",
             "status": "online", "status_message": "MCP server is online and ready", "timestamp": TS}}]}),
     );
-    conforms("event.mcp.server.status_changed", &batch.events[0].data);
+    conforms("event.mcp.server.status_changed", &Value::Object(batch.events[0].data.clone()));
     let answer: EventsResponse = example(
         "events-response",
         json!({"success": true, "processed": 43, "failed": 2, "event_ids": ["evt_1736512345_abc123def"],
@@ -606,21 +607,78 @@ fn every_event_constructor_produces_data_its_schema_accepts() {
     for status in InstanceStatus::ALL {
         events.push(Event::status_changed(&spec, status, Some("why"), at));
     }
-    let envelopes: Vec<EventEnvelope> = events.iter().map(EventEnvelope::from).collect();
-    let batch = serde_json::to_value(EventsRequest::batch(envelopes.clone()).unwrap()).unwrap();
-    conforms("events-request", &batch);
+    let tool = ("search".to_owned(), "Search".to_owned(), json!({"type": "object"}), 12);
+    events.push(Event::tools_discovered(&spec, &[tool]));
+    events.push(Event::tools_discovered(&spec, &[]));
+    events.push(Event::tools_updated(&spec, &["search"], &[], 1));
+    events.push(Event::server_logs(
+        "i1",
+        "t1",
+        "u1",
+        vec![ServerLogEntry { level: "info".into(), message: "up".into(), timestamp: TS.into() }],
+    ));
+    let call = RequestLogEntry {
+        user_id: "u1".into(),
+        tool_name: "github:search".into(),
+        tool_params: json!({"q": "x"}),
+        response_time_ms: 12,
+        success: true,
+        timestamp: TS.into(),
+        tool_response: Some(json!({"content": []})),
+        error_message: None,
+    };
+    let failed =
+        RequestLogEntry { success: false, tool_response: None, error_message: Some("no".into()), ..call.clone() };
+    events.push(Event::request_logs("i1", "t1", vec![call, failed]));
+    let activity = ClientActivity {
+        user_id: "u1".into(),
+        team_id: "t1".into(),
+        oauth_client_id: "c1".into(),
+        auth_type: "oauth".into(),
+        auth_identifier: "c1".into(),
+        client_name: "Cursor".into(),
+        user_agent: "Cursor/1".into(),
+        ip_address: "203.0.113.7".into(),
+        request_count: 3,
+        tool_call_count: 1,
+        last_activity_at: TS.into(),
+        session_id: None,
+    };
+    events.push(Event::client_activity(&activity));
+    events.push(Event::client_activity(&ClientActivity { session_id: Some("s1".into()), ..activity }));
+    events.push(Event::client_connected(&ClientConnected {
+        session_id: "s1".into(),
+        client_type: "claude",
+        user_agent: "claude-ai".into(),
+        team_id: "t1".into(),
+        transport: "sse",
+        ip_address: "unknown".into(),
+    }));
+    events.push(Event::client_disconnected(&ClientDisconnected {
+        session_id: "s1".into(),
+        team_id: "t1".into(),
+        connection_duration_seconds: 5,
+        tool_execution_count: 2,
+        disconnect_reason: "client_close",
+    }));
+    events.push(Event::config_error(ConfigErrorKind::Auth, "401", Some(401), 60));
+    events.push(Event::config_error(ConfigErrorKind::Network, "refused", None, 60));
+    let envelopes: Vec<EventEnvelope> = events.iter().map(|e| EventEnvelope::of(e).unwrap()).collect();
     let mut seen = std::collections::BTreeSet::new();
-    for envelope in &envelopes {
-        assert!(EVENT_TYPES.contains(&envelope.event_type.as_str()), "{} is in the registry", envelope.event_type);
-        conforms(&format!("event.{}", envelope.event_type), &envelope.data);
-        seen.insert(envelope.event_type.clone());
+    for chunk in envelopes.chunks(MAX_EVENT_BATCH) {
+        let batch = serde_json::to_value(EventsRequest::batch(chunk.to_vec()).unwrap()).unwrap();
+        conforms("events-request", &batch);
     }
-    assert_eq!(seen.len(), 8, "every constructor of events.rs: {seen:?}");
+    for envelope in &envelopes {
+        conforms(&format!("event.{}", envelope.kind), &Value::Object(envelope.data.clone()));
+        seen.insert(envelope.kind);
+    }
+    assert_eq!(seen.len(), 16, "every constructor of events: {seen:?}");
 }
 
 #[test]
 fn every_registry_type_has_a_payload_schema() {
-    for event_type in EVENT_TYPES {
+    for event_type in EventKind::ALL {
         let validator = proto_validator(&format!("event.{event_type}"));
         assert!(!validator.is_valid(&json!({})), "event.{event_type} requires something");
         assert!(!validator.is_valid(&json!([])), "event.{event_type} wants an object");

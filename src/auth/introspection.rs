@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::Mutex;
 
-use super::{AuthError, Principal};
+use super::principal::{AuthError, Principal};
 use crate::config::sha256_hex;
 use crate::model::UserId;
 

@@ -29,7 +29,14 @@ pub enum BackendError {
     #[error("{endpoint}: backend unreachable: {reason}")]
     Network { endpoint: &'static str, reason: String },
     #[error("{endpoint}: backend answered HTTP {status}: {message}")]
-    Status { endpoint: &'static str, status: u16, message: String, body: Option<wire::BackendError> },
+    Status {
+        endpoint: &'static str,
+        status: u16,
+        /// What the answer means, decided once from the status and the backend's error body.
+        refusal: Refusal,
+        message: String,
+        body: Option<wire::BackendError>,
+    },
     #[error("{endpoint}: backend answer is not valid: {reason}")]
     Decode { endpoint: &'static str, reason: String },
     #[error("{endpoint}: not registered with the backend yet")]
@@ -41,6 +48,43 @@ impl BackendError {
         match self {
             BackendError::Status { status, .. } => Some(*status),
             _ => None,
+        }
+    }
+}
+
+/// What a non-2xx backend answer means to the caller (BP §8.3 outcome table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 400, or an error naming validation: the request can never succeed as sent.
+    Invalid,
+    /// 401, or an error naming authorisation: the satellite's credentials were refused.
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    /// 429, or an error naming the rate limit.
+    RateLimited,
+    /// 5xx: the backend failed; the request may succeed later.
+    Server,
+    Other,
+}
+
+impl Refusal {
+    /// BP §8.3 reads the backend's error text as well as the status; this is the one place that does.
+    pub fn of(status: u16, body: Option<&wire::BackendError>) -> Self {
+        let text = body
+            .map(|b| format!("{} {}", b.error, b.message.as_deref().unwrap_or_default()).to_ascii_lowercase())
+            .unwrap_or_default();
+        match status {
+            400 | 422 => Refusal::Invalid,
+            401 => Refusal::Unauthorized,
+            403 => Refusal::Forbidden,
+            404 => Refusal::NotFound,
+            429 => Refusal::RateLimited,
+            _ if text.contains("validation") => Refusal::Invalid,
+            _ if text.contains("unauthorized") => Refusal::Unauthorized,
+            _ if text.contains("rate limit") => Refusal::RateLimited,
+            500..=599 => Refusal::Server,
+            _ => Refusal::Other,
         }
     }
 }
@@ -287,7 +331,8 @@ impl BackendClient {
                 .map(|b| b.message.clone().map_or_else(|| b.error.clone(), |m| format!("{}: {m}", b.error)))
                 .filter(|m| !m.is_empty())
                 .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
-            return Err(BackendError::Status { endpoint, status: status.as_u16(), message, body });
+            let refusal = Refusal::of(status.as_u16(), body.as_ref());
+            return Err(BackendError::Status { endpoint, status: status.as_u16(), refusal, message, body });
         }
         if status == StatusCode::NO_CONTENT {
             return serde_json::from_slice(b"{}").map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() });

@@ -73,7 +73,7 @@ impl CredentialStore {
     }
 
     pub fn save(&self, credentials: &Credentials) -> Result<(), CredentialsError> {
-        let iso = |t: DateTime<Utc>| crate::events::iso(t);
+        let iso = |t: DateTime<Utc>| crate::model::iso(t);
         self.write(&OnDisk {
             api_key: Some(credentials.api_key.expose_secret().to_owned()),
             satellite_id: Some(credentials.satellite_id.clone()),

@@ -4,9 +4,18 @@
 
 use std::time::{Duration, Instant};
 
-/// Clock ticks per second of `/proc/self/stat` times (`sysconf(_SC_CLK_TCK)`, 100 on Linux).
-const CLOCK_TICKS: f64 = 100.0;
-const PAGE_BYTES: u64 = 4096;
+use nix::unistd::{sysconf, SysconfVar};
+
+/// Clock ticks per second of `/proc/self/stat` times, as the kernel says (`sysconf(_SC_CLK_TCK)`).
+fn clock_ticks() -> f64 {
+    sysconf(SysconfVar::CLK_TCK).ok().flatten().filter(|t| *t > 0).map_or(100.0, |t| t as f64)
+}
+
+/// Bytes per page of `/proc/self/statm`, as the kernel says: 4 KiB on most machines, 16 or 64 KiB on some arm64
+/// and ppc64 kernels.
+fn page_bytes() -> u64 {
+    sysconf(SysconfVar::PAGE_SIZE).ok().flatten().filter(|p| *p > 0).map_or(4096, |p| p as u64)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
@@ -51,18 +60,42 @@ fn cpu_seconds() -> Option<f64> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / CLOCK_TICKS)
+    Some((utime + stime) / clock_ticks())
 }
 
 fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * PAGE_BYTES)
+    Some(pages * page_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RSS and CPU time agree with what the kernel reports in its own units (kB, and `getrusage`), whatever
+    /// the page size and clock tick of the machine.
+    #[test]
+    fn rss_and_cpu_time_agree_with_the_kernels_own_units() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let vm_rss_kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        let ours_kb = rss_bytes().unwrap() / 1024;
+        assert!(ours_kb.abs_diff(vm_rss_kb) * 10 < vm_rss_kb, "statm pages {ours_kb} kB vs VmRSS {vm_rss_kb} kB");
+        let spin = Instant::now();
+        while spin.elapsed() < Duration::from_millis(300) {
+            std::hint::black_box(0u64.wrapping_add(1));
+        }
+        let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).unwrap();
+        let rusage = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        let kernel = rusage(usage.user_time()) + rusage(usage.system_time());
+        let ours = cpu_seconds().unwrap();
+        assert!((ours - kernel).abs() < 0.2 + kernel * 0.1, "stat {ours}s vs getrusage {kernel}s");
+    }
 
     #[test]
     fn a_busy_loop_shows_cpu_and_memory_is_nonzero() {

@@ -3,7 +3,10 @@
 //! deletes only what a 2xx accepted, backs off on 429, keeps everything on
 //! 401, 5xx and network errors, drops a batch the backend rejects as
 //! invalid (400) with a loud log, and keeps the outbox under a quota by
-//! dropping the oldest events with a loud log — never silently.
+//! dropping the oldest events with a loud log — never silently. A stored
+//! event that no longer makes an envelope (an unknown type, a payload that
+//! is not an object) is held in the outbox with the reason and logged with
+//! its sequence number: kept, never sent, never dropped silently.
 //!
 //! Sending is injected (`SendBatch`), so the policy is tested without HTTP;
 //! the backend client supplies the real POST.
@@ -12,9 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use serde_json::{json, Value};
 use tracing::{error, info, warn};
 
+use super::wire::EventEnvelope;
+use crate::events::EventKind;
 use crate::store::{Store, StoreError, StoredEvent};
 
 /// The backend refuses bigger batches (BP §8.1).
@@ -37,8 +41,8 @@ pub enum BatchOutcome {
     Failed(String),
 }
 
-/// POST one batch of envelopes (`{type, timestamp, data}`) to the backend.
-pub type SendBatch = Arc<dyn Fn(Vec<Value>) -> BoxFuture<'static, BatchOutcome> + Send + Sync>;
+/// POST one batch of envelopes to the backend.
+pub type SendBatch = Arc<dyn Fn(Vec<EventEnvelope>) -> BoxFuture<'static, BatchOutcome> + Send + Sync>;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UploadStats {
@@ -46,6 +50,8 @@ pub struct UploadStats {
     pub dropped_invalid: u64,
     pub dropped_over_quota: u64,
     pub failed_batches: u64,
+    /// Stored events that make no envelope, held in the outbox.
+    pub held: u64,
 }
 
 pub struct Uploader {
@@ -63,8 +69,13 @@ pub struct Uploader {
 pub enum Tick {
     Idle,
     Sent(usize),
-    Kept { events: usize, wait: Option<Duration> },
+    Kept {
+        events: usize,
+        wait: Option<Duration>,
+    },
     Dropped(usize),
+    /// Every event of the batch was held (none sendable); the next tick reads on.
+    Held(usize),
 }
 
 impl Uploader {
@@ -84,12 +95,26 @@ impl Uploader {
     /// Send the oldest batch, if any, and act on the answer.
     pub async fn tick(&mut self) -> Result<Tick, StoreError> {
         self.enforce_quota().await?;
-        let batch = self.store.events(None, 0, self.batch as i64).await?;
+        let batch = self.store.sendable_events(self.batch as i64).await?;
         let (Some(first), Some(last)) = (batch.first().map(|e| e.seq), batch.last().map(|e| e.seq)) else {
             return Ok(Tick::Idle);
         };
-        let envelopes: Vec<Value> = batch.iter().map(envelope).collect();
-        let n = batch.len();
+        let mut envelopes = Vec::with_capacity(batch.len());
+        for event in &batch {
+            match envelope(event) {
+                Ok(envelope) => envelopes.push(envelope),
+                Err(reason) => {
+                    error!(seq = event.seq, event_type = %event.event_type, reason = %reason,
+                           "stored event makes no envelope; held in the outbox, not sent");
+                    self.store.hold_event(event.seq, &reason).await?;
+                    self.stats.held += 1;
+                }
+            }
+        }
+        if envelopes.is_empty() {
+            return Ok(Tick::Held(batch.len()));
+        }
+        let n = envelopes.len();
         match (self.send)(envelopes).await {
             BatchOutcome::Accepted { failures } => {
                 for failure in &failures {
@@ -132,7 +157,7 @@ impl Uploader {
         while tokio::time::Instant::now() < until {
             let tick = tokio::time::timeout_at(until, self.tick()).await;
             match tick {
-                Ok(Ok(Tick::Sent(_) | Tick::Dropped(_))) => continue,
+                Ok(Ok(Tick::Sent(_) | Tick::Dropped(_) | Tick::Held(_))) => continue,
                 Ok(Ok(_)) | Err(_) => break,
                 Ok(Err(err)) => return Err(err),
             }
@@ -157,29 +182,39 @@ impl Uploader {
     }
 }
 
-/// The BP §8.1 envelope of a stored event.
-pub fn envelope(event: &StoredEvent) -> Value {
-    json!({"type": event.event_type, "timestamp": event.emitted_at, "data": event.data})
+/// The BP §8.1 envelope of a stored event, or why it makes none.
+pub fn envelope(event: &StoredEvent) -> Result<EventEnvelope, String> {
+    let kind =
+        EventKind::parse(&event.event_type).ok_or_else(|| format!("unknown event type {:?}", event.event_type))?;
+    let serde_json::Value::Object(data) = &event.data else {
+        return Err("stored payload is not a JSON object".to_owned());
+    };
+    Ok(EventEnvelope { kind, timestamp: event.emitted_at.clone(), data: data.clone() })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::Event;
+    use crate::store::NewEvent;
     use futures::FutureExt;
     use parking_lot::Mutex;
+    use serde_json::{json, Value};
+
+    fn row(i: usize, process_id: &str) -> NewEvent<'_> {
+        NewEvent {
+            event_type: "mcp.server.status_changed",
+            emitted_at: crate::model::iso(chrono::Utc::now()),
+            data: json!({"n": i}),
+            process_id: Some(process_id),
+            held: None,
+        }
+    }
 
     async fn store_with(n: usize) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let events: Vec<Event> = (0..n)
-            .map(|i| Event {
-                event_type: "mcp.server.status_changed",
-                timestamp: chrono::Utc::now(),
-                data: json!({"n": i}),
-                process_id: Some(format!("p{}", i % 3)),
-            })
-            .collect();
+        let ids: Vec<String> = (0..n).map(|i| format!("p{}", i % 3)).collect();
+        let events: Vec<NewEvent<'_>> = (0..n).map(|i| row(i, &ids[i])).collect();
         store.append_events(&events).await.unwrap();
         (dir, store)
     }
@@ -190,7 +225,7 @@ mod tests {
         let script = Arc::new(Mutex::new(script.into_iter().collect::<std::collections::VecDeque<_>>()));
         let seen = received.clone();
         let send: SendBatch = Arc::new(move |batch| {
-            seen.lock().push(batch);
+            seen.lock().push(batch.iter().map(|e| serde_json::to_value(e).unwrap()).collect());
             let outcome = script.lock().pop_front().unwrap_or(BatchOutcome::Accepted { failures: vec![] });
             async move { outcome }.boxed()
         });
@@ -260,6 +295,28 @@ mod tests {
         assert_eq!(up.tick().await.unwrap(), Tick::Dropped(5));
         assert_eq!(up.stats().dropped_invalid, 5);
         assert_eq!(store.event_count().await.unwrap(), 0);
+    }
+
+    /// A stored event that makes no envelope is held with its reason and logged, never sent and never deleted;
+    /// the events around it go as usual.
+    #[tokio::test]
+    async fn an_event_that_makes_no_envelope_is_held_not_dropped() {
+        let (_dir, store) = store_with(2).await;
+        let mut bad = row(2, "p2");
+        bad.event_type = "mcp.from.a.newer.version";
+        let mut not_object = row(3, "p3");
+        not_object.data = json!([1, 2]);
+        store.append_events(&[bad, not_object, row(4, "p4")]).await.unwrap();
+        let (send, received) = scripted(vec![]);
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(3));
+        assert_eq!(numbers(&received.lock()), [0, 1, 4]);
+        assert_eq!(up.stats().held, 2);
+        let kept = store.events(None, 0, 10).await.unwrap();
+        assert_eq!(kept.len(), 2, "the held events stay in the outbox");
+        assert!(kept[0].held.as_deref().unwrap().contains("unknown event type"));
+        assert!(kept[1].held.as_deref().unwrap().contains("not a JSON object"));
+        assert_eq!(up.tick().await.unwrap(), Tick::Idle, "held events are not offered again");
     }
 
     #[tokio::test]

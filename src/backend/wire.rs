@@ -18,7 +18,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
 use crate::control::snapshot::{DesiredState, McpServerEntry};
-use crate::events::{iso, Event};
+use crate::events::{Event, EventKind};
+use crate::model::iso;
 
 /// Request paths under the backend base URL (BP §0.1).
 pub mod path {
@@ -52,31 +53,6 @@ pub mod path {
 
 /// At most this many events per `POST …/events` (BP §8.1, §8.3).
 pub const MAX_EVENT_BATCH: usize = 100;
-
-/// The 21 event types of the registry (BP §8.4), in its order.
-pub const EVENT_TYPES: [&str; 21] = [
-    "mcp.server.status_changed",
-    "mcp.server.logs",
-    "mcp.request.logs",
-    "mcp.tools.discovered",
-    "mcp.tools.updated",
-    "mcp.server.started",
-    "mcp.server.crashed",
-    "mcp.server.restarted",
-    "mcp.server.permanently_failed",
-    "mcp.server.dormant",
-    "mcp.server.respawned",
-    "mcp.server.log_rate_limit_exceeded",
-    "mcp.server.stopped",
-    "mcp.client.activity",
-    "mcp.client.connected",
-    "mcp.client.disconnected",
-    "mcp.tool.executed",
-    "config.refreshed",
-    "config.error",
-    "security.auth.failed",
-    "resource.limit.exceeded",
-];
 
 /// A secret on the wire (api key, client bearer token, OAuth token): serialized as the plain string, but its
 /// `Debug` shows `***`, so logging a body never prints it.
@@ -916,18 +892,20 @@ impl EventsRequest {
     }
 }
 
-/// One event on the wire: registry name, emission time, payload (BP §8.1).
+/// One event on the wire: registry name, emission time, payload object (BP §8.1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventEnvelope {
     #[serde(rename = "type")]
-    pub event_type: String,
+    pub kind: EventKind,
     pub timestamp: String,
-    pub data: Value,
+    pub data: Map<String, Value>,
 }
 
-impl From<&Event> for EventEnvelope {
-    fn from(event: &Event) -> Self {
-        Self { event_type: event.event_type.to_owned(), timestamp: iso(event.timestamp), data: event.data.clone() }
+impl EventEnvelope {
+    /// The envelope of an event whose payload serialised; the reason otherwise.
+    pub fn of(event: &Event) -> Result<Self, String> {
+        let data = event.data.clone()?;
+        Ok(Self { kind: event.kind, timestamp: iso(event.timestamp), data })
     }
 }
 
@@ -1132,7 +1110,7 @@ mod tests {
 
     #[test]
     fn batches_hold_one_to_a_hundred_events() {
-        let one = EventEnvelope { event_type: "config.error".into(), timestamp: "t".into(), data: json!({}) };
+        let one = EventEnvelope { kind: EventKind::ConfigError, timestamp: "t".into(), data: Map::new() };
         assert_eq!(EventsRequest::batch(vec![]), Err(BatchSizeError(0)));
         assert_eq!(EventsRequest::batch(vec![one.clone(); 101]), Err(BatchSizeError(101)));
         assert_eq!(EventsRequest::batch(vec![one; 100]).map(|b| b.events.len()), Ok(100));

@@ -10,54 +10,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
-use super::oauth::{auth_error_response, instance_auth_error_response, json_response, ResourceUrls};
+use super::dispatch::Target;
+use super::error::{rpc_status, McpError};
+use super::oauth::ResourceUrls;
 use super::session::{Lookup, SessionTable, StreamError};
-use crate::auth::{self, Authenticator, InstanceAuthError};
-use crate::instances::InstanceManager;
+use super::{json_response, McpDeps, MAX_BODY_BYTES};
+use crate::auth;
 use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
-use crate::router::{HierarchicalRouter, InstanceRouter, RouteError};
+use crate::router::RouteError;
 
-/// Largest accepted request body (SB §3.2).
-pub const MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
 /// Comment written on idle server streams.
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Handshake versions accepted at `initialize` (oldest first); the last is answered when the client's is unknown.
 const HANDSHAKE_VERSIONS: [&str; 4] = ["2024-11-05", LEGACY_VERSIONS[0], LEGACY_VERSIONS[1], LEGACY_VERSIONS[2]];
 
-type DispatchFn = Arc<dyn Fn(String, Option<Value>) -> BoxFuture<'static, Result<Value, RouteError>> + Send + Sync>;
-
-/// Everything the MCP routes need.
-#[derive(Clone)]
-pub struct McpDeps {
-    pub router: HierarchicalRouter,
-    pub instance_router: InstanceRouter,
-    pub manager: InstanceManager,
-    pub auth: Authenticator,
-    pub urls: ResourceUrls,
-    pub sessions: Arc<SessionTable>,
-    pub instance_sessions: Arc<SessionTable>,
-    pub sse_sessions: Arc<super::sse::SseSessions>,
-    /// Client activity (SB §17), reported by the `client-activity` job.
-    pub activity: Arc<crate::activity::ActivityTracker>,
-    /// Where connection events of the legacy SSE transport go.
-    pub events: crate::events::Emitter,
-}
-
-/// One authenticated caller on one endpoint.
+/// One authenticated caller on one endpoint: the router it reaches and the session table it uses.
 struct Endpoint {
+    target: Target,
     sessions: Arc<SessionTable>,
     owner: String,
-    dispatch: DispatchFn,
-    urls: ResourceUrls,
-    /// (user, team) of an instance-router caller, for activity tracking.
-    user_team: (String, String),
+}
+
+impl Endpoint {
+    fn new(target: Target, sessions: Arc<SessionTable>) -> Self {
+        Self { owner: target.session_owner(), target, sessions }
+    }
 }
 
 /// Count one request of a tracked client (SB §17); `tools/call` anywhere in the body counts as a tool call.
@@ -91,62 +74,54 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let hier = warp::path("mcp").and(warp::path::end());
     let hier_post = hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(with.clone()).then(
         |headers: HeaderMap, body: Bytes, deps: McpDeps| async move {
-            match hierarchical_endpoint(&deps, &headers, Some(&body)).await {
-                Ok(endpoint) => with_link(post(endpoint, &headers, &body).await, &deps.urls),
-                Err(response) => *response,
-            }
+            let answer = match hierarchical_endpoint(&deps, &headers, Some(&body)).await {
+                Ok(endpoint) => post(&deps, endpoint, &headers, &body).await,
+                Err(err) => Err(err),
+            };
+            with_link(respond(answer, &deps.urls), &deps.urls)
         },
     );
     let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).then(
         |headers: HeaderMap, deps: McpDeps| async move {
-            match hierarchical_endpoint(&deps, &headers, None).await {
-                Ok(endpoint) => with_link(open_stream(endpoint, &headers), &deps.urls),
-                Err(response) => *response,
-            }
+            let answer = hierarchical_endpoint(&deps, &headers, None).await.and_then(|e| open_stream(e, &headers));
+            with_link(respond(answer, &deps.urls), &deps.urls)
         },
     );
     let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(with.clone()).then(
         |headers: HeaderMap, deps: McpDeps| async move {
-            match hierarchical_endpoint(&deps, &headers, None).await {
-                Ok(endpoint) => with_link(delete(endpoint, &headers), &deps.urls),
-                Err(response) => *response,
-            }
+            let answer = hierarchical_endpoint(&deps, &headers, None).await.and_then(|e| delete(e, &headers));
+            with_link(respond(answer, &deps.urls), &deps.urls)
         },
     );
 
     let inst = warp::path!("i" / String / "mcp").and(warp::query::<HashMap<String, String>>());
     let inst_post = inst.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(with.clone()).then(
         |path: String, query: HashMap<String, String>, headers: HeaderMap, body: Bytes, deps: McpDeps| async move {
-            match instance_endpoint(&deps, &path, &query, &headers) {
+            let answer = match instance_endpoint(&deps, &path, &query, &headers) {
                 Ok(endpoint) => {
-                    record_activity(
-                        &deps,
-                        &headers,
-                        Some(&body),
-                        &endpoint.user_team,
-                        &format!("instance:{path}"),
-                        "instance_token",
-                    );
-                    post(endpoint, &headers, &body).await
+                    if let Target::Instance(instance) = &endpoint.target {
+                        let spec = instance.spec();
+                        let user_team = (spec.user_id.0.clone(), spec.team_id.0.clone());
+                        let client_id = format!("instance:{path}");
+                        record_activity(&deps, &headers, Some(&body), &user_team, &client_id, "instance_token");
+                    }
+                    post(&deps, endpoint, &headers, &body).await
                 }
-                Err(response) => *response,
-            }
+                Err(err) => Err(err),
+            };
+            respond(answer, &deps.urls)
         },
     );
     let inst_get = inst.and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).map(
-        |path: String, query: HashMap<String, String>, headers: HeaderMap, deps: McpDeps| match instance_endpoint(
-            &deps, &path, &query, &headers,
-        ) {
-            Ok(endpoint) => open_stream(endpoint, &headers),
-            Err(response) => *response,
+        |path: String, query: HashMap<String, String>, headers: HeaderMap, deps: McpDeps| {
+            let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(e, &headers));
+            respond(answer, &deps.urls)
         },
     );
     let inst_delete = inst.and(warp::delete()).and(warp::header::headers_cloned()).and(with).map(
-        |path: String, query: HashMap<String, String>, headers: HeaderMap, deps: McpDeps| match instance_endpoint(
-            &deps, &path, &query, &headers,
-        ) {
-            Ok(endpoint) => delete(endpoint, &headers),
-            Err(response) => *response,
+        |path: String, query: HashMap<String, String>, headers: HeaderMap, deps: McpDeps| {
+            let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| delete(e, &headers));
+            respond(answer, &deps.urls)
         },
     );
     hier_post
@@ -162,6 +137,11 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         .unify()
 }
 
+/// The one place an MCP endpoint's outcome becomes a response.
+fn respond(answer: Result<Response, McpError>, urls: &ResourceUrls) -> Response {
+    answer.unwrap_or_else(|err| err.into_response(urls))
+}
+
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -171,34 +151,13 @@ fn with_link(mut response: Response, urls: &ResourceUrls) -> Response {
     response
 }
 
-async fn hierarchical_endpoint(
-    deps: &McpDeps,
-    headers: &HeaderMap,
-    body: Option<&[u8]>,
-) -> Result<Endpoint, Box<Response>> {
-    let principal = deps
-        .auth
-        .authenticate_request(header(headers, "authorization"))
-        .await
-        .map_err(|err| Box::new(auth_error_response(&err, &deps.urls)))?;
+async fn hierarchical_endpoint(deps: &McpDeps, headers: &HeaderMap, body: Option<&[u8]>) -> Result<Endpoint, McpError> {
+    let principal = deps.auth.authenticate_request(header(headers, "authorization")).await.map_err(McpError::Auth)?;
     if let Some(client) = &principal.client_id {
         let user_team = (principal.user.0.clone(), principal.team.0.clone());
         record_activity(deps, headers, body, &user_team, client, "oauth");
     }
-    let owner = format!("{}\u{0}{}", principal.user, principal.team);
-    let router = deps.router.clone();
-    let dispatch: DispatchFn = Arc::new(move |method, params| {
-        let router = router.clone();
-        let principal = principal.clone();
-        Box::pin(async move { router.handle(&principal, &method, params).await })
-    });
-    Ok(Endpoint {
-        sessions: deps.sessions.clone(),
-        owner,
-        dispatch,
-        urls: deps.urls.clone(),
-        user_team: (String::new(), String::new()),
-    })
+    Ok(Endpoint::new(Target::Hierarchical(principal), deps.sessions.clone()))
 }
 
 fn instance_endpoint(
@@ -206,35 +165,21 @@ fn instance_endpoint(
     path: &str,
     query: &HashMap<String, String>,
     headers: &HeaderMap,
-) -> Result<Endpoint, Box<Response>> {
-    let instance = deps
-        .manager
-        .by_instance_path(path)
-        .ok_or_else(|| Box::new(instance_auth_error_response(&InstanceAuthError::NotFound)))?;
+) -> Result<Endpoint, McpError> {
+    let instance =
+        deps.manager.by_instance_path(path).ok_or(McpError::InstanceAuth(auth::InstanceAuthError::NotFound))?;
     let token = query.get("token").map(String::as_str).or_else(|| auth::bearer(header(headers, "authorization")));
-    auth::check_instance_token(instance.spec(), token).map_err(|err| Box::new(instance_auth_error_response(&err)))?;
+    auth::check_instance_token(instance.spec(), token).map_err(McpError::InstanceAuth)?;
     if instance.is_dormant() {
         // Any instance-router request (initialize first) wakes a dormant process ahead of the calls (SB §9.8).
         let (manager, dormant) = (deps.manager.clone(), instance.clone());
-        tokio::spawn(async move {
+        deps.tasks.spawn(async move {
             if let Err(err) = manager.wake(&dormant).await {
                 tracing::warn!(process_id = %dormant.spec().process_id, error = %err, "waking a dormant instance failed");
             }
         });
     }
-    let owner = format!("instance:{}", instance.spec().process_id);
-    let user_team = (instance.spec().user_id.0.clone(), instance.spec().team_id.0.clone());
-    let router = deps.instance_router.clone();
-    let dispatch: DispatchFn = Arc::new(move |method, params| {
-        let router = router.clone();
-        let instance = instance.clone();
-        Box::pin(async move { router.handle(&instance, &method, params).await })
-    });
-    Ok(Endpoint { sessions: deps.instance_sessions.clone(), owner, dispatch, urls: deps.urls.clone(), user_team })
-}
-
-fn rpc_error(status: StatusCode, code: i64, message: &str) -> Response {
-    json_response(status, &protocol::error_response(None, RpcError::new(code, message)))
+    Ok(Endpoint::new(Target::Instance(instance), deps.instance_sessions.clone()))
 }
 
 fn accepts(headers: &HeaderMap, mime: &str) -> bool {
@@ -261,30 +206,17 @@ fn server_info() -> Value {
     json!({"name": "deploystack-satellite", "version": env!("CARGO_PKG_VERSION")})
 }
 
-async fn post(endpoint: Endpoint, headers: &HeaderMap, body: &Bytes) -> Response {
+async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &Bytes) -> Result<Response, McpError> {
     let content_type = header(headers, "content-type").unwrap_or("");
     if !content_type.trim().to_ascii_lowercase().starts_with("application/json") {
-        return rpc_error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            -32000,
-            "Unsupported Media Type: Content-Type must be application/json",
-        );
+        return Err(McpError::UnsupportedMediaType);
     }
     if !(accepts(headers, "application/json") && accepts(headers, "text/event-stream")) {
-        return rpc_error(
-            StatusCode::NOT_ACCEPTABLE,
-            -32000,
-            "Not Acceptable: Client must accept both application/json and text/event-stream",
-        );
+        return Err(McpError::NotAcceptable { stream_only: false });
     }
-    let value: Value = match serde_json::from_slice(body) {
-        Ok(value) => value,
-        Err(err) => return rpc_error(StatusCode::BAD_REQUEST, codes::PARSE_ERROR, &format!("Parse error: {err}")),
-    };
+    let value: Value = serde_json::from_slice(body).map_err(|err| McpError::Parse(err.to_string()))?;
     let (messages, batch) = match value {
-        Value::Array(items) if items.is_empty() => {
-            return rpc_error(StatusCode::BAD_REQUEST, codes::INVALID_REQUEST, "Invalid Request: empty batch")
-        }
+        Value::Array(items) if items.is_empty() => return Err(McpError::EmptyBatch),
         Value::Array(items) => (items, true),
         single => (vec![single], false),
     };
@@ -295,25 +227,17 @@ async fn post(endpoint: Endpoint, headers: &HeaderMap, body: &Bytes) -> Response
                 && protocol::has_stateless_envelope(m.get("params"))
         });
     if stateless {
-        return stateless_post(&endpoint, header_version.as_deref(), messages, batch).await;
+        return stateless_post(deps, &endpoint, header_version.as_deref(), messages, batch).await;
     }
 
     let is_initialize = |m: &Value| m.get("method").and_then(Value::as_str) == Some("initialize");
     let has_init = messages.iter().any(is_initialize);
     if has_init && messages.len() > 1 {
-        return rpc_error(
-            StatusCode::BAD_REQUEST,
-            codes::INVALID_REQUEST,
-            "Invalid Request: initialize must not be batched with other messages",
-        );
+        return Err(McpError::InitializeInBatch);
     }
     if let Some(version) = header_version.as_deref().filter(|_| !has_init) {
         if !HANDSHAKE_VERSIONS.contains(&version) {
-            return rpc_error(
-                StatusCode::BAD_REQUEST,
-                -32000,
-                &format!("Bad Request: Unsupported protocol version: {version}"),
-            );
+            return Err(McpError::UnsupportedVersion(version.to_owned()));
         }
     }
     let supplied = header(headers, "mcp-session-id").map(str::to_owned);
@@ -321,11 +245,7 @@ async fn post(endpoint: Endpoint, headers: &HeaderMap, body: &Bytes) -> Response
     let session_id = if has_init {
         if let Some(id) = &supplied {
             if endpoint.sessions.touch(id, &endpoint.owner) == Lookup::Known {
-                return rpc_error(
-                    StatusCode::BAD_REQUEST,
-                    codes::INVALID_REQUEST,
-                    "Invalid Request: Server already initialized",
-                );
+                return Err(McpError::AlreadyInitialized);
             }
         }
         let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
@@ -334,17 +254,13 @@ async fn post(endpoint: Endpoint, headers: &HeaderMap, body: &Bytes) -> Response
         new_session = Some((id.clone(), result));
         id
     } else {
-        match supplied {
-            Some(id) => {
-                if endpoint.sessions.touch(&id, &endpoint.owner) == Lookup::Unknown {
-                    // A client surviving a satellite restart, an expiry, or presenting someone else's id.
-                    let version = header_version.clone().unwrap_or_else(|| LEGACY_VERSIONS[0].to_owned());
-                    endpoint.sessions.resurrect(&id, &endpoint.owner, &version);
-                }
-                id
-            }
-            None => return rpc_error(StatusCode::BAD_REQUEST, -32000, "Bad Request: No session ID provided"),
+        let id = supplied.ok_or(McpError::NoSessionId)?;
+        if endpoint.sessions.touch(&id, &endpoint.owner) == Lookup::Unknown {
+            // A client surviving a satellite restart, an expiry, or presenting someone else's id.
+            let version = header_version.clone().unwrap_or_else(|| LEGACY_VERSIONS[0].to_owned());
+            endpoint.sessions.resurrect(&id, &endpoint.owner, &version);
         }
+        id
     };
 
     let mut replies = Vec::new();
@@ -358,11 +274,13 @@ async fn post(endpoint: Endpoint, headers: &HeaderMap, body: &Bytes) -> Response
                 let result = new_session.as_ref().map(|(_, r)| r.clone()).unwrap_or_else(|| initialize_result(None).1);
                 Some(protocol::response(id, result))
             }
-            Ok(Message::Request { id, method, params }) => match (endpoint.dispatch)(method, params).await {
-                Ok(result) => Some(protocol::response(id, result)),
-                Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
-                Err(RouteError::Forbidden(err)) => return auth_error_response(&err, &endpoint.urls),
-            },
+            Ok(Message::Request { id, method, params }) => {
+                match endpoint.target.dispatch(deps, &method, params).await {
+                    Ok(result) => Some(protocol::response(id, result)),
+                    Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
+                    Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
+                }
+            }
             Ok(Message::Notification { .. } | Message::Response { .. }) => None,
         };
         replies.extend(reply);
@@ -377,16 +295,17 @@ async fn post(endpoint: Endpoint, headers: &HeaderMap, body: &Bytes) -> Response
     if let Ok(value) = HeaderValue::from_str(&session_id) {
         response.headers_mut().insert("mcp-session-id", value);
     }
-    response
+    Ok(response)
 }
 
 /// 2026-07-28: every request stands alone; no session is created or read.
 async fn stateless_post(
+    deps: &McpDeps,
     endpoint: &Endpoint,
     header_version: Option<&str>,
     messages: Vec<Value>,
     batch: bool,
-) -> Response {
+) -> Result<Response, McpError> {
     let mut replies = Vec::new();
     let mut status = StatusCode::OK;
     for message in messages {
@@ -412,34 +331,27 @@ async fn stateless_post(
                 codes::INVALID_REQUEST,
                 "initialize is not part of 2026-07-28; send requests with _meta instead",
             ))),
-            Ok(()) => (endpoint.dispatch)(method.clone(), params).await,
+            Ok(()) => endpoint.target.dispatch(deps, &method, params).await,
         };
         match outcome {
             Ok(mut result) => {
                 protocol::stamp_stateless_result(&mut result, &method, server_info());
                 replies.push(protocol::response(id, result));
             }
-            Err(RouteError::Forbidden(err)) => return auth_error_response(&err, &endpoint.urls),
+            Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
             Err(RouteError::Rpc(err)) => {
                 if !batch {
-                    status = match err.code {
-                        codes::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
-                        codes::INVALID_PARAMS
-                        | codes::HEADER_MISMATCH
-                        | codes::UNSUPPORTED_PROTOCOL_VERSION
-                        | codes::INVALID_REQUEST => StatusCode::BAD_REQUEST,
-                        _ => StatusCode::OK,
-                    };
+                    status = rpc_status(err.code);
                 }
                 replies.push(protocol::error_response(Some(id), err));
             }
         }
     }
-    match (replies.len(), batch) {
+    Ok(match (replies.len(), batch) {
         (0, _) => warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response(),
         (_, true) => json_response(StatusCode::OK, &Value::Array(replies)),
         (_, false) => json_response(status, &replies.remove(0)),
-    }
+    })
 }
 
 /// Versions a 2026-07-28 client is told the satellite speaks.
@@ -449,26 +361,18 @@ fn check_envelope(header_version: Option<&str>, params: Option<&Value>) -> Resul
     protocol::check_stateless_envelope(header_version, params, &SUPPORTED_VERSIONS)
 }
 
-fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Response {
+fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
     if header(headers, "mcp-protocol-version") == Some(MODERN_VERSION) {
-        return warp::reply::with_status("2026-07-28 has no server stream", StatusCode::METHOD_NOT_ALLOWED)
-            .into_response();
+        return Err(McpError::NoServerStream);
     }
-    let Some(id) = header(headers, "mcp-session-id") else {
-        return warp::reply::with_status("Invalid or missing session ID", StatusCode::BAD_REQUEST).into_response();
-    };
+    let id = header(headers, "mcp-session-id").ok_or(McpError::InvalidSession)?;
     if !accepts(headers, "text/event-stream") {
-        return rpc_error(StatusCode::NOT_ACCEPTABLE, -32000, "Not Acceptable: Client must accept text/event-stream");
+        return Err(McpError::NotAcceptable { stream_only: true });
     }
-    let token = match endpoint.sessions.open_stream(id, &endpoint.owner) {
-        Ok(token) => token,
-        Err(StreamError::NoSession) => {
-            return warp::reply::with_status("Invalid or missing session ID", StatusCode::BAD_REQUEST).into_response()
-        }
-        Err(StreamError::AlreadyOpen) => {
-            return rpc_error(StatusCode::CONFLICT, -32000, "Conflict: Only one SSE stream is allowed per session")
-        }
-    };
+    let token = endpoint.sessions.open_stream(id, &endpoint.owner).map_err(|err| match err {
+        StreamError::NoSession => McpError::InvalidSession,
+        StreamError::AlreadyOpen => McpError::StreamConflict,
+    })?;
     // The satellite sends no server-initiated messages; the stream carries pings until the session ends.
     let events = futures::stream::once(async move { token.cancelled().await })
         .filter_map(|_| async { None::<Result<warp::sse::Event, Infallible>> });
@@ -477,15 +381,15 @@ fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Response {
     if let Ok(value) = HeaderValue::from_str(id) {
         response.headers_mut().insert("mcp-session-id", value);
     }
-    response
+    Ok(response)
 }
 
-fn delete(endpoint: Endpoint, headers: &HeaderMap) -> Response {
+fn delete(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
     match header(headers, "mcp-session-id") {
         Some(id) if endpoint.sessions.remove(id, &endpoint.owner) => {
-            warp::reply::with_status(warp::reply(), StatusCode::OK).into_response()
+            Ok(warp::reply::with_status(warp::reply(), StatusCode::OK).into_response())
         }
-        _ => warp::reply::with_status("Invalid or missing session ID", StatusCode::BAD_REQUEST).into_response(),
+        _ => Err(McpError::InvalidSession),
     }
 }
 

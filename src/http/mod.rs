@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::net::TcpListener;
@@ -11,9 +12,14 @@ use warp::http::StatusCode;
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
-use crate::instances::InstanceManager;
-use crate::mcp::protocol::{self, codes, RpcError};
+use serde_json::Value;
 
+use crate::auth::Authenticator;
+use crate::instances::InstanceManager;
+use crate::router::{HierarchicalRouter, InstanceRouter};
+
+mod dispatch;
+pub mod error;
 pub mod mcp;
 pub mod oauth;
 pub mod session;
@@ -21,7 +27,29 @@ pub mod sse;
 pub mod stack;
 mod status;
 
-pub use mcp::McpDeps;
+pub use error::McpError;
+
+/// Largest accepted request body (SB §3.2).
+pub const MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Everything the MCP endpoints (`/mcp`, `/i/{path}/mcp`, `/sse`, `/message`) need.
+#[derive(Clone)]
+pub struct McpDeps {
+    pub router: HierarchicalRouter,
+    pub instance_router: InstanceRouter,
+    pub manager: InstanceManager,
+    pub auth: Authenticator,
+    pub urls: oauth::ResourceUrls,
+    pub sessions: Arc<session::SessionTable>,
+    pub instance_sessions: Arc<session::SessionTable>,
+    pub sse_sessions: Arc<sse::SseSessions>,
+    /// Client activity (SB §17), reported by the `client-activity` job.
+    pub activity: Arc<crate::activity::ActivityTracker>,
+    /// Where connection events of the legacy SSE transport go.
+    pub events: crate::events::Emitter,
+    /// Background work a request starts (waking a dormant instance); awaited at shutdown.
+    pub tasks: tokio_util::task::TaskTracker,
+}
 
 /// What the status routes read.
 #[derive(Clone)]
@@ -88,25 +116,26 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// The one place rejections become responses: JSON-RPC error bodies with `id: null`.
 async fn recover(rejection: warp::Rejection) -> Result<Response, Infallible> {
-    let (status, code, message) = if rejection.is_not_found() {
-        (StatusCode::NOT_FOUND, -32000, "Not Found".to_owned())
+    let err = if rejection.is_not_found() {
+        McpError::NotFound
     } else if rejection.find::<warp::reject::PayloadTooLarge>().is_some() {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            codes::INVALID_REQUEST,
-            format!("Request body larger than {} bytes", mcp::MAX_BODY_BYTES),
-        )
+        McpError::PayloadTooLarge { limit: MAX_BODY_BYTES }
     } else if rejection.find::<warp::reject::LengthRequired>().is_some() {
-        (StatusCode::LENGTH_REQUIRED, codes::INVALID_REQUEST, "Content-Length required".to_owned())
+        McpError::LengthRequired
     } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
-        (StatusCode::METHOD_NOT_ALLOWED, -32000, "Method Not Allowed".to_owned())
+        McpError::MethodNotAllowed
     } else if let Some(err) = rejection.find::<warp::reject::InvalidQuery>() {
-        (StatusCode::BAD_REQUEST, codes::INVALID_REQUEST, format!("Invalid query: {err}"))
+        McpError::InvalidQuery(err.to_string())
     } else if rejection.find::<warp::cors::CorsForbidden>().is_some() {
-        (StatusCode::FORBIDDEN, -32000, "CORS request forbidden".to_owned())
+        McpError::CorsForbidden
     } else {
-        (StatusCode::BAD_REQUEST, codes::INVALID_REQUEST, format!("Bad Request: {rejection:?}"))
+        McpError::BadRequest(format!("{rejection:?}"))
     };
-    let body = protocol::error_response(None, RpcError::new(code, message));
-    Ok(warp::reply::with_status(warp::reply::json(&body), status).into_response())
+    // No rejection is a bearer failure, so the resource URLs are never read.
+    Ok(err.into_response(&oauth::ResourceUrls { public_url: String::new() }))
+}
+
+/// A JSON body with a status.
+pub fn json_response(status: StatusCode, body: &Value) -> Response {
+    warp::reply::with_status(warp::reply::json(body), status).into_response()
 }

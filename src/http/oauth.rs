@@ -2,13 +2,14 @@
 //! `WWW-Authenticate` headers, the `Link` header, and the discovery documents
 //! of SB §5.6 (RFC 9728, RFC 8414).
 
-use serde_json::{json, Value};
-use warp::http::{HeaderValue, StatusCode};
+use serde_json::json;
+use warp::http::StatusCode;
 use warp::reply::Response;
-use warp::{Filter, Reply};
+use warp::Filter;
 
-use crate::auth::{AuthError, Authenticator, InstanceAuthError, SCOPE_EXECUTE, SCOPE_READ};
-use crate::mcp::protocol::{self, RpcError};
+use super::json_response;
+use crate::auth::{AuthError, Authenticator, SCOPE_EXECUTE, SCOPE_READ};
+use crate::mcp::protocol::{codes, RpcError};
 
 const REALM: &str = "DeployStack MCP Satellite";
 
@@ -32,14 +33,20 @@ impl ResourceUrls {
     }
 }
 
-/// The §5.3 answer to a failed bearer authentication.
-pub fn auth_error_response(err: &AuthError, urls: &ResourceUrls) -> Response {
+/// The §5.3 answer to a failed bearer authentication: status, `WWW-Authenticate` value, JSON-RPC error.
+pub struct Challenge {
+    pub status: StatusCode,
+    pub www_authenticate: String,
+    pub error: RpcError,
+}
+
+pub fn challenge(err: &AuthError, urls: &ResourceUrls) -> Challenge {
     let rm = urls.metadata();
-    let (status, www, error) = match err {
+    let (status, www_authenticate, error) = match err {
         AuthError::Missing => (
             StatusCode::UNAUTHORIZED,
             format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", scope=\"{SCOPE_READ} {SCOPE_EXECUTE}\", error=\"invalid_token\", error_description=\"Bearer token required\""),
-            RpcError::new(-32001, "Authentication required").with_data(json!({
+            RpcError::new(codes::UNAUTHORIZED, "Authentication required").with_data(json!({
                 "message": "Bearer token required", "oauth_error": "invalid_token",
                 "resource_metadata_uri": rm, "scopes_required": [SCOPE_READ],
             })),
@@ -47,38 +54,20 @@ pub fn auth_error_response(err: &AuthError, urls: &ResourceUrls) -> Response {
         AuthError::Invalid(description) => (
             StatusCode::UNAUTHORIZED,
             format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", error=\"invalid_token\", error_description=\"{}\"", description.replace('"', "'")),
-            RpcError::new(-32002, "Invalid token").with_data(json!({
+            RpcError::new(codes::INVALID_TOKEN, "Invalid token").with_data(json!({
                 "message": description, "oauth_error": "invalid_token", "resource_metadata_uri": rm,
             })),
         ),
         AuthError::InsufficientScope(scope) => (
             StatusCode::FORBIDDEN,
             format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", scope=\"{scope}\", error=\"insufficient_scope\", error_description=\"Token missing required scope: {scope}\""),
-            RpcError::new(-32004, "Insufficient scope").with_data(json!({
+            RpcError::new(codes::FORBIDDEN, "Insufficient scope").with_data(json!({
                 "message": format!("Token missing required scope: {scope}"), "oauth_error": "insufficient_scope",
                 "required_scopes": [scope], "resource_metadata_uri": rm,
             })),
         ),
     };
-    let mut response = json_response(status, &protocol::error_response(None, error));
-    if let Ok(value) = HeaderValue::from_str(&www) {
-        response.headers_mut().insert("www-authenticate", value);
-    }
-    response
-}
-
-/// The §6.1 answer to a refused instance-router request.
-pub fn instance_auth_error_response(err: &InstanceAuthError) -> Response {
-    let (status, code) = match err {
-        InstanceAuthError::NotFound => (StatusCode::NOT_FOUND, -32004),
-        InstanceAuthError::BadFormat | InstanceAuthError::Invalid => (StatusCode::UNAUTHORIZED, -32001),
-        InstanceAuthError::NotConfigured => (StatusCode::INTERNAL_SERVER_ERROR, -32000),
-    };
-    json_response(status, &protocol::error_response(None, RpcError::new(code, err.to_string())))
-}
-
-pub fn json_response(status: StatusCode, body: &Value) -> Response {
-    warp::reply::with_status(warp::reply::json(body), status).into_response()
+    Challenge { status, www_authenticate, error }
 }
 
 /// `/.well-known/oauth-protected-resource` and the authorization-server metadata.

@@ -19,9 +19,11 @@ use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
-use super::mcp::{McpDeps, MAX_BODY_BYTES};
-use super::oauth::{auth_error_response, json_response};
+use super::dispatch::Target;
+use super::error::McpError;
+use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth::{Principal, SCOPE_READ};
+use crate::events::{ClientConnected, ClientDisconnected, Event};
 use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS};
 use crate::router::RouteError;
 
@@ -55,6 +57,8 @@ struct Unregister {
     id: String,
     sessions: Arc<SseSessions>,
     emitter: crate::events::Emitter,
+    /// Owns the task that records the disconnection (awaited at shutdown).
+    tasks: tokio_util::task::TaskTracker,
     team_id: String,
     opened: Instant,
 }
@@ -67,15 +71,17 @@ impl Drop for Unregister {
             Some(session) => ("client_close", session.tool_calls),
             None => ("timeout", 0),
         };
-        let data = json!({
-            "session_id": self.id, "team_id": self.team_id,
-            "connection_duration_seconds": self.opened.elapsed().as_secs(),
-            "tool_execution_count": tool_calls, "disconnect_reason": reason,
+        let event = Event::client_disconnected(&ClientDisconnected {
+            session_id: self.id.clone(),
+            team_id: self.team_id.clone(),
+            connection_duration_seconds: self.opened.elapsed().as_secs(),
+            tool_execution_count: tool_calls,
+            disconnect_reason: reason,
         });
         let emitter = self.emitter.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                emitter.emit(crate::events::Event::raw("mcp.client.disconnected", data)).await;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.tasks.spawn(async move {
+                emitter.emit(event).await;
             });
         }
     }
@@ -102,7 +108,7 @@ pub fn routes(
     let with = warp::any().map(move || (deps.clone(), sessions.clone()));
     let open = warp::path!("sse").and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).then(
         |headers: HeaderMap, (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
-            open(&deps, &sessions, &headers).await
+            open(&deps, &sessions, &headers).await.unwrap_or_else(|err| err.into_response(&deps.urls))
         },
     );
     let message = warp::path!("message")
@@ -117,19 +123,22 @@ pub fn routes(
              headers: HeaderMap,
              body: bytes::Bytes,
              (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
-                message(&deps, &sessions, &query, &headers, &body).await
+                message(&deps, &sessions, &query, &headers, &body)
+                    .await
+                    .unwrap_or_else(|err| err.into_response(&deps.urls))
             },
         );
     open.or(message).unify()
 }
 
-async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) -> Response {
+async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) -> Result<Response, McpError> {
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
-    let principal =
-        match deps.auth.authenticate_request(authorization).await.and_then(|p| p.require(SCOPE_READ).map(|_| p)) {
-            Ok(principal) => principal,
-            Err(err) => return auth_error_response(&err, &deps.urls),
-        };
+    let principal = deps
+        .auth
+        .authenticate_request(authorization)
+        .await
+        .and_then(|p| p.require(SCOPE_READ).map(|_| p))
+        .map_err(McpError::Auth)?;
     let mut raw = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut raw);
     let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
@@ -143,12 +152,24 @@ async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) 
     let user_agent = header_text("user-agent").unwrap_or_else(|| "unknown".into());
     let ip =
         crate::activity::ip_address(header_text("x-forwarded-for").as_deref(), header_text("x-real-ip").as_deref());
-    let connected = json!({"session_id": id, "client_type": client_type(&user_agent), "user_agent": user_agent,
-                           "team_id": team_id, "transport": "sse", "ip_address": ip});
-    deps.events.emit(crate::events::Event::raw("mcp.client.connected", connected)).await;
+    let connected = ClientConnected {
+        session_id: id.clone(),
+        client_type: client_type(&user_agent),
+        user_agent,
+        team_id: team_id.clone(),
+        transport: "sse",
+        ip_address: ip,
+    };
+    deps.events.emit(Event::client_connected(&connected)).await;
     let endpoint = warp::sse::Event::default().event("endpoint").data(format!("/message?session={id}"));
-    let guard =
-        Unregister { id, sessions: sessions.clone(), emitter: deps.events.clone(), team_id, opened: Instant::now() };
+    let guard = Unregister {
+        id,
+        sessions: sessions.clone(),
+        emitter: deps.events.clone(),
+        tasks: deps.tasks.clone(),
+        team_id,
+        opened: Instant::now(),
+    };
     let events = futures::stream::once(async move { endpoint }).chain(ReceiverStream::new(rx)).map(move |event| {
         let _keep = &guard;
         Ok::<_, Infallible>(event)
@@ -156,7 +177,7 @@ async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) 
     let stream = warp::sse::keep_alive().interval(Duration::from_secs(30)).text("heartbeat").stream(events);
     let mut response = warp::sse::reply(stream).into_response();
     response.headers_mut().insert("access-control-allow-origin", warp::http::HeaderValue::from_static("*"));
-    response
+    Ok(response)
 }
 
 async fn message(
@@ -165,41 +186,33 @@ async fn message(
     query: &HashMap<String, String>,
     headers: &HeaderMap,
     body: &[u8],
-) -> Response {
+) -> Result<Response, McpError> {
     let id = query.get("session").or_else(|| query.get("sessionId")).map(String::as_str).unwrap_or("");
     let well_formed = id.len() >= 32 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if !well_formed {
-        return rpc(StatusCode::BAD_REQUEST, codes::INVALID_REQUEST, "Missing session parameter");
+        return Err(McpError::MissingSseSession);
     }
     let (principal, events) = {
         let mut table = sessions.sessions.lock();
-        match table.get_mut(id) {
-            Some(session) => {
-                session.last_seen = Instant::now();
-                session.tool_calls += u64::from(crate::activity::is_tool_call(body));
-                (session.principal.clone(), session.events.clone())
-            }
-            None => return rpc(StatusCode::NOT_FOUND, -32001, "Session not found"),
-        }
+        let session = table.get_mut(id).ok_or(McpError::SseSessionNotFound)?;
+        session.last_seen = Instant::now();
+        session.tool_calls += u64::from(crate::activity::is_tool_call(body));
+        (session.principal.clone(), session.events.clone())
     };
     // A bearer sent along must be the same identity that opened the stream.
     if let Some(authorization) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
-        match deps.auth.authenticate_request(Some(authorization)).await {
-            Ok(caller) if caller.user == principal.user && caller.team == principal.team => {}
-            Ok(_) => return rpc(StatusCode::FORBIDDEN, -32001, "Session belongs to another identity"),
-            Err(err) => return auth_error_response(&err, &deps.urls),
+        let caller = deps.auth.authenticate_request(Some(authorization)).await.map_err(McpError::Auth)?;
+        if caller.user != principal.user || caller.team != principal.team {
+            return Err(McpError::SseSessionOfAnother);
         }
     }
-    let value: Value = match serde_json::from_slice(body) {
-        Ok(value) => value,
-        Err(err) => return rpc(StatusCode::BAD_REQUEST, codes::PARSE_ERROR, &format!("Parse error: {err}")),
-    };
+    let value: Value = serde_json::from_slice(body).map_err(|err| McpError::Parse(err.to_string()))?;
     let reply = match Message::from_value(value) {
         Err(err) => {
             protocol::error_response(None, RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")))
         }
         Ok(Message::Notification { .. } | Message::Response { .. }) => {
-            return json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null}));
+            return Ok(json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null})));
         }
         Ok(Message::Request { id, method, params }) if method == "initialize" => {
             let requested = params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str);
@@ -211,22 +224,20 @@ async fn message(
                        "serverInfo": {"name": "deploystack-satellite", "version": env!("CARGO_PKG_VERSION")}}),
             )
         }
-        Ok(Message::Request { id, method, params }) => match deps.router.handle(&principal, &method, params).await {
-            Ok(result) => protocol::response(id, result),
-            Err(RouteError::Rpc(err)) => protocol::error_response(Some(id), err),
-            Err(RouteError::Forbidden(err)) => return auth_error_response(&err, &deps.urls),
-        },
+        Ok(Message::Request { id, method, params }) => {
+            match Target::LegacySse(principal).dispatch(deps, &method, params).await {
+                Ok(result) => protocol::response(id, result),
+                Err(RouteError::Rpc(err)) => protocol::error_response(Some(id), err),
+                Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
+            }
+        }
     };
     let message_id = format!("msg-{}-{}", chrono::Utc::now().timestamp_millis(), rand::random::<u32>());
     let event = warp::sse::Event::default().id(message_id.clone()).event("message").data(reply.to_string());
     if events.try_send(event).is_err() {
         // The stream is gone or not keeping up: end the session rather than buffer without bound.
         sessions.sessions.lock().remove(id);
-        return rpc(StatusCode::GONE, -32001, "Session stream closed");
+        return Err(McpError::SseStreamClosed);
     }
-    json_response(StatusCode::OK, &json!({"status": "sent", "messageId": message_id}))
-}
-
-fn rpc(status: StatusCode, code: i64, message: &str) -> Response {
-    json_response(status, &protocol::error_response(None, RpcError::new(code, message)))
+    Ok(json_response(StatusCode::OK, &json!({"status": "sent", "messageId": message_id})))
 }

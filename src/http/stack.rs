@@ -19,11 +19,11 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use tracing::{debug, info_span};
-use warp::http::{Request, StatusCode};
+use warp::http::Request;
 use warp::reply::Response;
-use warp::{Filter, Reply};
+use warp::Filter;
 
-use crate::mcp::protocol::{self, RpcError};
+use super::McpError;
 
 /// Limits of the HTTP stack.
 #[derive(Debug, Clone, Copy)]
@@ -35,15 +35,15 @@ pub struct HttpLimits {
 }
 
 fn overload_response(err: &BoxError) -> Response {
-    let (status, message) = if err.is::<tower::load_shed::error::Overloaded>() {
-        (StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable: too many concurrent requests, retry shortly")
+    let refusal = if err.is::<tower::load_shed::error::Overloaded>() {
+        McpError::Overloaded
     } else if err.is::<tower::timeout::error::Elapsed>() {
-        (StatusCode::GATEWAY_TIMEOUT, "Gateway Timeout: the request took too long")
+        McpError::GatewayTimeout
     } else {
-        (StatusCode::INTERNAL_SERVER_ERROR, "Internal server error")
+        McpError::Internal
     };
-    let body = protocol::error_response(None, RpcError::new(-32000, message));
-    warp::reply::with_status(warp::reply::json(&body), status).into_response()
+    // Not a bearer failure, so the resource URLs are never read.
+    refusal.into_response(&super::oauth::ResourceUrls { public_url: String::new() })
 }
 
 /// Serve `routes` behind the tower stack until `shutdown` resolves, then drain open connections.

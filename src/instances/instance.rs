@@ -40,6 +40,16 @@ pub enum InstanceError {
     Upstream(#[from] UpstreamError),
 }
 
+impl InstanceError {
+    /// The upstream failure behind this error, if one is.
+    pub fn upstream(&self) -> Option<&UpstreamError> {
+        match self {
+            InstanceError::Upstream(err) | InstanceError::Respawn { source: err, .. } => Some(err),
+            InstanceError::NotConnected(_) | InstanceError::Busy { .. } => None,
+        }
+    }
+}
+
 /// A live instance. Replaced by a new one when its spec changes, so `spec` never changes.
 #[derive(Debug)]
 pub struct Instance {

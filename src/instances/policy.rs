@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::mcp::transport::UpstreamError;
+use crate::mcp::transport::{ExitInfo, UpstreamError};
 
 /// Crashes are counted over this window.
 pub const CRASH_WINDOW: Duration = Duration::from_secs(5 * 60);
@@ -70,14 +70,55 @@ pub fn after_crash(crashes: u32, uptime: Duration, backoff: &[Duration]) -> Cras
     CrashDecision::Restart { after, attempt: crashes }
 }
 
-/// Whether a failed remote call is worth another attempt: only when the server could not be reached.
-pub fn retryable(err: &UpstreamError) -> bool {
-    matches!(err, UpstreamError::Connect(_))
+/// What a failed upstream request says about the instance: the one classification behind the retry of remote
+/// calls and the status change after a failed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The server answered and refused (a JSON-RPC error): that call fails, the instance is fine.
+    Call,
+    /// The server could not be reached: a remote call is tried again (SB §11.1), then the instance is offline.
+    Unreachable,
+    /// The connection, the process or the protocol failed: the instance's status changes.
+    Instance,
 }
 
-/// Whether an error says the instance itself failed, as opposed to the tool refusing the request.
-pub fn instance_failure(err: &UpstreamError) -> bool {
-    !matches!(err, UpstreamError::Rpc(_))
+pub fn blame(err: &UpstreamError) -> Blame {
+    match err {
+        UpstreamError::Rpc(_) => Blame::Call,
+        UpstreamError::Connect(_) => Blame::Unreachable,
+        UpstreamError::Timeout { .. }
+        | UpstreamError::Exited { .. }
+        | UpstreamError::Closed(_)
+        | UpstreamError::Spawn { .. }
+        | UpstreamError::Refused(_)
+        | UpstreamError::HttpStatus { .. }
+        | UpstreamError::OAuth(_)
+        | UpstreamError::Protocol(_)
+        | UpstreamError::Io(_) => Blame::Instance,
+    }
+}
+
+/// A stdio child that died before its handshake finished is a crash, with its exit code and signal when the
+/// transport saw them; any other connect failure is not.
+pub fn handshake_crash(err: &UpstreamError) -> Option<(Option<i32>, Option<i32>)> {
+    match err {
+        UpstreamError::Exited { exit: ExitInfo::Exited { code, signal }, .. } => Some((*code, *signal)),
+        UpstreamError::Exited { exit: ExitInfo::Stopped, .. } | UpstreamError::Closed(_) => Some((None, None)),
+        _ => None,
+    }
+}
+
+/// Whether a failed request says the server refuses this user's credentials (BP §6.2): HTTP 401/403, no
+/// OAuth token, or a JSON-RPC error whose message names authentication (the reference's word list).
+pub fn refuses_credentials(err: &UpstreamError) -> bool {
+    match err {
+        UpstreamError::HttpStatus { status: 401 | 403, .. } | UpstreamError::OAuth(_) => true,
+        UpstreamError::Rpc(rpc) => {
+            let message = rpc.message.to_ascii_lowercase();
+            ["auth", "unauthorized", "forbidden", "token", "credentials"].iter().any(|w| message.contains(w))
+        }
+        _ => false,
+    }
 }
 
 /// Wait before recovery probe number `attempt` (0-based): 1 s, doubling, at most 30 s.
@@ -135,14 +176,57 @@ mod tests {
         );
     }
 
+    /// Retries and status changes follow the error's variant, whatever its message says.
     #[test]
-    fn only_unreachable_servers_are_retried() {
-        assert!(retryable(&UpstreamError::Connect("connection refused".into())));
-        assert!(!retryable(&UpstreamError::HttpStatus { status: 401, body: String::new() }));
-        assert!(!retryable(&UpstreamError::HttpStatus { status: 500, body: String::new() }));
-        assert!(!retryable(&UpstreamError::Rpc(crate::mcp::protocol::RpcError::new(-32000, "tool said no"))));
-        assert!(!instance_failure(&UpstreamError::Rpc(crate::mcp::protocol::RpcError::new(-32000, "x"))));
-        assert!(instance_failure(&UpstreamError::Closed("gone".into())));
+    fn failures_are_blamed_by_variant_not_by_wording() {
+        use crate::mcp::protocol::RpcError;
+        assert_eq!(blame(&UpstreamError::Connect("HTTP 401 token refused".into())), Blame::Unreachable);
+        assert_eq!(
+            blame(&UpstreamError::HttpStatus { status: 401, body: "connection refused".into() }),
+            Blame::Instance
+        );
+        assert_eq!(blame(&UpstreamError::HttpStatus { status: 500, body: String::new() }), Blame::Instance);
+        assert_eq!(blame(&UpstreamError::Rpc(RpcError::new(-32000, "connection refused, process died"))), Blame::Call);
+        assert_eq!(blame(&UpstreamError::Closed("gone".into())), Blame::Instance);
+        assert_eq!(
+            blame(&UpstreamError::Timeout { method: "tools/call".into(), after: Duration::ZERO }),
+            Blame::Instance
+        );
+    }
+
+    /// A death during the handshake is a crash (and so restarted under the policy) by variant; a refusal or a
+    /// protocol error that mentions an exit code is not.
+    #[test]
+    fn handshake_deaths_are_crashes_by_variant() {
+        let died = UpstreamError::Exited {
+            label: "p".into(),
+            exit: ExitInfo::Exited { code: Some(2), signal: None },
+            detail: Some("last stderr line: bye".into()),
+        };
+        assert_eq!(handshake_crash(&died), Some((Some(2), None)));
+        let killed = UpstreamError::Exited {
+            label: "p".into(),
+            exit: ExitInfo::Exited { code: None, signal: Some(9) },
+            detail: None,
+        };
+        assert_eq!(handshake_crash(&killed), Some((None, Some(9))));
+        assert_eq!(handshake_crash(&UpstreamError::Closed("stdout closed".into())), Some((None, None)));
+        assert_eq!(handshake_crash(&UpstreamError::Protocol("child process has died (exit code 2)".into())), None);
+        assert_eq!(handshake_crash(&UpstreamError::Refused("exit code 2".into())), None);
+    }
+
+    /// Credential refusals are recognised by variant; for a server's own JSON-RPC error the reference's word
+    /// list applies to the server's message, never to one the satellite wrote.
+    #[test]
+    fn credential_refusals_by_variant() {
+        use crate::mcp::protocol::RpcError;
+        assert!(refuses_credentials(&UpstreamError::HttpStatus { status: 401, body: String::new() }));
+        assert!(refuses_credentials(&UpstreamError::HttpStatus { status: 403, body: "fine".into() }));
+        assert!(refuses_credentials(&UpstreamError::OAuth("re-authorize in the dashboard".into())));
+        assert!(refuses_credentials(&UpstreamError::Rpc(RpcError::new(-32000, "Unauthorized: bad API key"))));
+        assert!(!refuses_credentials(&UpstreamError::Connect("401 auth token credentials".into())));
+        assert!(!refuses_credentials(&UpstreamError::HttpStatus { status: 500, body: "auth backend down".into() }));
+        assert!(!refuses_credentials(&UpstreamError::Timeout { method: "auth/token".into(), after: Duration::ZERO }));
     }
 
     #[test]

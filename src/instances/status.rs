@@ -20,16 +20,25 @@ pub fn status_for(upstream: &Upstream, failure: &Failure<'_>) -> (InstanceStatus
         Failure::Connect(err) | Failure::Call(err) => (Some(err), err.to_string()),
         Failure::Discovery(err) => (err.upstream(), err.to_string()),
     };
-    if let (Some(UpstreamError::Spawn(detail)), Upstream::Stdio { .. }) = (err, upstream) {
-        let lower = detail.to_ascii_lowercase();
-        if lower.contains("permission denied") {
-            return (InstanceStatus::Error, format!("Permission error: {detail}"));
+    match err {
+        Some(UpstreamError::Spawn { program, kind, message, detail }) => {
+            let what = if *kind == std::io::ErrorKind::PermissionDenied {
+                "Permission error"
+            } else {
+                "Failed to spawn MCP server"
+            };
+            let detail = detail.as_deref().map(|d| format!("; {d}")).unwrap_or_default();
+            return (InstanceStatus::Error, format!("{what}: {program}: {message}{detail}"));
         }
-        return (InstanceStatus::Error, format!("Failed to spawn MCP server: {detail}"));
+        Some(UpstreamError::Refused(reason)) => {
+            return (InstanceStatus::Error, format!("Failed to spawn MCP server: {reason}"));
+        }
+        Some(UpstreamError::OAuth(reason)) => return (InstanceStatus::RequiresReauth, reason.clone()),
+        _ => {}
     }
     match upstream {
         Upstream::Stdio { .. } => match err {
-            Some(UpstreamError::Closed(_) | UpstreamError::Timeout { .. }) => {
+            Some(UpstreamError::Exited { .. } | UpstreamError::Closed(_) | UpstreamError::Timeout { .. }) => {
                 (InstanceStatus::Offline, format!("Process error: {context}"))
             }
             _ => (InstanceStatus::Error, context),
@@ -82,17 +91,50 @@ mod tests {
         }
     }
 
+    fn spawn_error(kind: std::io::ErrorKind, message: &str) -> UpstreamError {
+        UpstreamError::Spawn { program: "npx".into(), kind, message: message.into(), detail: None }
+    }
+
     #[test]
     fn stdio_failures_map_as_specified() {
-        let spawn = UpstreamError::Spawn("nope: No such file or directory".into());
+        let spawn = spawn_error(std::io::ErrorKind::NotFound, "No such file or directory (os error 2)");
         let (status, message) = status_for(&stdio(), &Failure::Connect(&spawn));
         assert_eq!(status, InstanceStatus::Error);
-        assert!(message.starts_with("Failed to spawn MCP server: "));
-        let denied = UpstreamError::Spawn("x: Permission denied".into());
-        assert!(status_for(&stdio(), &Failure::Connect(&denied)).1.starts_with("Permission error"));
-        let died = UpstreamError::Closed("child process has died".into());
+        assert_eq!(message, "Failed to spawn MCP server: npx: No such file or directory (os error 2)");
+        let died = UpstreamError::Exited {
+            label: "p".into(),
+            exit: crate::mcp::transport::ExitInfo::Exited { code: Some(1), signal: None },
+            detail: None,
+        };
         assert_eq!(status_for(&stdio(), &Failure::Connect(&died)).0, InstanceStatus::Offline);
+        let closed = UpstreamError::Closed("stdout closed".into());
+        assert_eq!(status_for(&stdio(), &Failure::Call(&closed)).0, InstanceStatus::Offline);
         let garbage = UpstreamError::Protocol("invalid initialization response".into());
         assert_eq!(status_for(&stdio(), &Failure::Connect(&garbage)).0, InstanceStatus::Error);
+        let refused = UpstreamError::Refused("SECURITY: command not allowed".into());
+        assert!(status_for(&stdio(), &Failure::Connect(&refused))
+            .1
+            .starts_with("Failed to spawn MCP server: SECURITY"));
+    }
+
+    /// The permission case is decided by the error kind the OS gave, whatever the message says.
+    #[test]
+    fn permission_errors_are_recognised_by_kind_not_wording() {
+        let denied = spawn_error(std::io::ErrorKind::PermissionDenied, "Zugriff verweigert");
+        assert!(status_for(&stdio(), &Failure::Connect(&denied)).1.starts_with("Permission error"));
+        let worded = spawn_error(std::io::ErrorKind::NotFound, "Permission denied, supposedly");
+        assert!(status_for(&stdio(), &Failure::Connect(&worded)).1.starts_with("Failed to spawn"));
+    }
+
+    /// A missing OAuth token is `requires_reauth` with the backend's reason, whatever the reason's wording.
+    #[test]
+    fn oauth_refusals_require_reauth_whatever_the_text() {
+        let refused = UpstreamError::OAuth("no token: ask an admin".into());
+        assert_eq!(
+            status_for(&http(), &Failure::Connect(&refused)),
+            (InstanceStatus::RequiresReauth, "no token: ask an admin".to_owned())
+        );
+        let body_says_oauth = UpstreamError::HttpStatus { status: 500, body: "OAuth token expired".into() };
+        assert_eq!(status_for(&http(), &Failure::Connect(&body_says_oauth)).0, InstanceStatus::Error);
     }
 }

@@ -29,6 +29,14 @@ pub mod codes {
     pub const METHOD_NOT_FOUND: i64 = -32601;
     pub const INVALID_PARAMS: i64 = -32602;
     pub const INTERNAL_ERROR: i64 = -32603;
+    /// The Streamable HTTP transport's own refusals ("Bad Request: …", "Not Acceptable: …").
+    pub const TRANSPORT_ERROR: i64 = -32000;
+    /// No credentials, or credentials of the wrong kind (SB §5.3, §6.1); an unknown legacy SSE session.
+    pub const UNAUTHORIZED: i64 = -32001;
+    /// A bearer token that is not valid (SB §5.3).
+    pub const INVALID_TOKEN: i64 = -32002;
+    /// A missing scope, or an instance path that does not exist (SB §5.3, §6.1).
+    pub const FORBIDDEN: i64 = -32004;
     pub const HEADER_MISMATCH: i64 = -32020;
     pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 }

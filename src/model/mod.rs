@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use url::Url;
 
 pub mod catalog;
@@ -14,6 +15,11 @@ pub use catalog::{
     namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_tool_path, tool_path, Catalog, ResourceDef,
     TemplateDef, ToolDef,
 };
+
+/// ISO-8601 with milliseconds and `Z`, as the backend writes timestamps.
+pub fn iso(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
 
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {

@@ -1,10 +1,20 @@
-//! The event outbox.
+//! The event outbox. Rows only: the event types and payloads are `events`' business.
 
 use serde_json::Value;
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::{Store, StoreError};
-use crate::events::{iso, Event};
+
+/// An event to append: its registry name, emission time (ISO-8601), payload and the instance it is about.
+/// `held` keeps it out of every batch with the reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent<'a> {
+    pub event_type: &'a str,
+    pub emitted_at: String,
+    pub data: Value,
+    pub process_id: Option<&'a str>,
+    pub held: Option<&'a str>,
+}
 
 /// An event as stored, with its position in the outbox.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,14 +24,17 @@ pub struct StoredEvent {
     pub emitted_at: String,
     pub data: Value,
     pub process_id: Option<String>,
+    /// Why the event is kept but never sent, if it is.
+    pub held: Option<String>,
 }
 
-pub(super) async fn insert_event(tx: &mut Transaction<'_, Sqlite>, event: &Event) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO event_outbox (event_type, emitted_at, data, process_id) VALUES (?, ?, ?, ?)")
+pub(super) async fn insert_event(tx: &mut Transaction<'_, Sqlite>, event: &NewEvent<'_>) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO event_outbox (event_type, emitted_at, data, process_id, held) VALUES (?, ?, ?, ?, ?)")
         .bind(event.event_type)
-        .bind(iso(event.timestamp))
+        .bind(&event.emitted_at)
         .bind(event.data.to_string())
-        .bind(event.process_id.as_deref())
+        .bind(event.process_id)
+        .bind(event.held)
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -29,7 +42,7 @@ pub(super) async fn insert_event(tx: &mut Transaction<'_, Sqlite>, event: &Event
 
 impl Store {
     /// Append events in one transaction, in order.
-    pub async fn append_events(&self, events: &[Event]) -> Result<(), StoreError> {
+    pub async fn append_events(&self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
         for event in events {
             insert_event(&mut tx, event).await?;
@@ -38,7 +51,7 @@ impl Store {
         Ok(())
     }
 
-    /// Events in emission order, optionally of one type, after `after_seq`.
+    /// Events in emission order, optionally of one type, after `after_seq`, held ones included.
     pub async fn events(
         &self,
         event_type: Option<&str>,
@@ -46,7 +59,7 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let rows = sqlx::query(
-            "SELECT seq, event_type, emitted_at, data, process_id FROM event_outbox
+            "SELECT seq, event_type, emitted_at, data, process_id, held FROM event_outbox
              WHERE seq > ?1 AND (?2 IS NULL OR event_type = ?2) ORDER BY seq LIMIT ?3",
         )
         .bind(after_seq)
@@ -54,18 +67,29 @@ impl Store {
         .bind(limit)
         .fetch_all(self.pool())
         .await?;
-        rows.into_iter()
-            .map(|row| {
-                let data: String = row.try_get("data")?;
-                Ok(StoredEvent {
-                    seq: row.try_get("seq")?,
-                    event_type: row.try_get("event_type")?,
-                    emitted_at: row.try_get("emitted_at")?,
-                    data: serde_json::from_str(&data)?,
-                    process_id: row.try_get("process_id")?,
-                })
-            })
-            .collect()
+        rows.iter().map(stored).collect()
+    }
+
+    /// The oldest `limit` events that may be sent (not held), in emission order.
+    pub async fn sendable_events(&self, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, event_type, emitted_at, data, process_id, held FROM event_outbox
+             WHERE held IS NULL ORDER BY seq LIMIT ?1",
+        )
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(stored).collect()
+    }
+
+    /// Keep the event but never send it, for `reason`.
+    pub async fn hold_event(&self, seq: i64, reason: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE event_outbox SET held = ? WHERE seq = ?")
+            .bind(reason)
+            .bind(seq)
+            .execute(self.pool())
+            .await?;
+        Ok(())
     }
 
     /// Keep the newest `keep` events; returns how many were removed.
@@ -79,9 +103,10 @@ impl Store {
         Ok(done.rows_affected())
     }
 
-    /// Remove the events `first..=last` (a batch the backend accepted or rejected for good).
+    /// Remove the sendable events `first..=last` (a batch the backend accepted or rejected for good); held
+    /// events in that range stay.
     pub async fn delete_events(&self, first: i64, last: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query("DELETE FROM event_outbox WHERE seq >= ? AND seq <= ?")
+        let done = sqlx::query("DELETE FROM event_outbox WHERE seq >= ? AND seq <= ? AND held IS NULL")
             .bind(first)
             .bind(last)
             .execute(self.pool())
@@ -93,4 +118,17 @@ impl Store {
     pub async fn event_count(&self) -> Result<i64, StoreError> {
         Ok(sqlx::query("SELECT COUNT(*) AS n FROM event_outbox").fetch_one(self.pool()).await?.try_get("n")?)
     }
+}
+
+fn stored(row: &sqlx::sqlite::SqliteRow) -> Result<StoredEvent, StoreError> {
+    let data: String = row.try_get("data")?;
+    Ok(StoredEvent {
+        seq: row.try_get("seq")?,
+        event_type: row.try_get("event_type")?,
+        emitted_at: row.try_get("emitted_at")?,
+        // A row that is not JSON any more is still read (as its text), so the uploader can hold it and move on.
+        data: serde_json::from_str(&data).unwrap_or(Value::String(data)),
+        process_id: row.try_get("process_id")?,
+        held: row.try_get("held")?,
+    })
 }

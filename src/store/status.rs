@@ -4,7 +4,6 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::{Store, StoreError, STATUS_HISTORY_KEPT};
-use crate::events::Event;
 use crate::model::{InstanceSpec, InstanceStatus, ProcessId};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -22,7 +21,7 @@ impl Store {
         status: InstanceStatus,
         message: Option<&str>,
         at: DateTime<Utc>,
-        event: Option<&Event>,
+        event: Option<&super::NewEvent<'_>>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
         if let Some(event) = event {

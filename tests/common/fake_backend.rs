@@ -25,8 +25,9 @@ use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use satellite::backend::wire::{
     Command, CommandResult, ConfigResponse, EventEnvelope, OAuthToken, OAuthTokenRequest, OAuthTokenStatus,
-    PollingMode, Priority, EVENT_TYPES,
+    PollingMode, Priority,
 };
+use satellite::events::EventKind;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
@@ -844,7 +845,7 @@ fn events(shared: &Shared, state: &mut State, body: &Value) -> Answer {
     let empty = Vec::new();
     for (index, raw) in body["events"].as_array().unwrap_or(&empty).iter().enumerate() {
         let event_type = raw["type"].as_str().unwrap_or_default().to_owned();
-        let error = if !EVENT_TYPES.contains(&event_type.as_str()) {
+        let error = if EventKind::parse(&event_type).is_none() {
             Some(format!("Unknown event type: {event_type}"))
         } else if chrono::DateTime::parse_from_rfc3339(raw["timestamp"].as_str().unwrap_or_default()).is_err() {
             Some("Invalid event timestamp".to_owned())

@@ -22,7 +22,8 @@ pub use sse::SseTransport;
 pub use stdio::{ExitInfo, ResourceLimits, StderrSink, StderrTail, StdioLaunch, StdioTransport};
 pub use streamable_http::StreamableHttpTransport;
 
-/// What went wrong talking to an upstream MCP server.
+/// What went wrong talking to an upstream MCP server. Each cause is its own variant carrying its data, so
+/// decisions (status, retry, restart, re-authorisation) are a `match`, never a reading of the message.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum UpstreamError {
     /// The server answered with a JSON-RPC error: it is alive and refused the request.
@@ -30,15 +31,25 @@ pub enum UpstreamError {
     Rpc(RpcError),
     #[error("request timeout: {method} after {}ms", .after.as_millis())]
     Timeout { method: String, after: Duration },
-    /// The process exited or the stream closed; nothing more will arrive.
+    /// The stdio child is gone: how it ended (exit code or signal), and what it last said.
+    #[error("process {label} is not running: {}{}", .exit.describe(), suffix(.detail))]
+    Exited { label: String, exit: ExitInfo, detail: Option<String> },
+    /// The stream or pipe closed; nothing more will arrive.
     #[error("{0}")]
     Closed(String),
+    /// The operating system could not start the program.
+    #[error("failed to spawn mcp server: {program}: {message}{}", suffix(.detail))]
+    Spawn { program: String, kind: std::io::ErrorKind, message: String, detail: Option<String> },
+    /// Not started at all: the sandbox refused the command or a process cap was reached.
     #[error("failed to spawn mcp server: {0}")]
-    Spawn(String),
+    Refused(String),
     #[error("connection failed: {0}")]
     Connect(String),
     #[error("http status {status}: {body}")]
     HttpStatus { status: u16, body: String },
+    /// The user has no usable OAuth token for this server; the text says what to do.
+    #[error("{0}")]
+    OAuth(String),
     /// The server said something that is not valid MCP.
     #[error("{0}")]
     Protocol(String),
@@ -46,22 +57,31 @@ pub enum UpstreamError {
     Io(String),
 }
 
+fn suffix(detail: &Option<String>) -> String {
+    detail.as_deref().map(|d| format!("; {d}")).unwrap_or_default()
+}
+
 impl UpstreamError {
-    /// Append context to the message, keeping the kind.
-    pub fn with_detail(self, detail: &str) -> Self {
-        match self {
-            UpstreamError::Closed(m) => UpstreamError::Closed(format!("{m}; {detail}")),
-            UpstreamError::Spawn(m) => UpstreamError::Spawn(format!("{m}; {detail}")),
-            UpstreamError::Protocol(m) => UpstreamError::Protocol(format!("{m}; {detail}")),
-            UpstreamError::Io(m) => UpstreamError::Io(format!("{m}; {detail}")),
-            UpstreamError::Connect(m) => UpstreamError::Connect(format!("{m}; {detail}")),
-            other => other,
-        }
+    /// The OS refused to start `program`.
+    pub fn spawn(program: &str, err: &std::io::Error) -> Self {
+        UpstreamError::Spawn { program: program.to_owned(), kind: err.kind(), message: err.to_string(), detail: None }
     }
 
-    /// Connection-level failures that a retry may cure (SB §11.1, OQ-34).
-    pub fn is_transient(&self) -> bool {
-        matches!(self, UpstreamError::Connect(_) | UpstreamError::Timeout { .. })
+    /// Attach context (the child's last stderr line, say) to the failures that can carry it; the cause stays.
+    pub fn with_detail(self, context: &str) -> Self {
+        let add =
+            |detail: Option<String>| Some(detail.map_or_else(|| context.to_owned(), |d| format!("{d}; {context}")));
+        match self {
+            UpstreamError::Exited { label, exit, detail } => UpstreamError::Exited { label, exit, detail: add(detail) },
+            UpstreamError::Spawn { program, kind, message, detail } => {
+                UpstreamError::Spawn { program, kind, message, detail: add(detail) }
+            }
+            UpstreamError::Closed(m) => UpstreamError::Closed(format!("{m}; {context}")),
+            UpstreamError::Protocol(m) => UpstreamError::Protocol(format!("{m}; {context}")),
+            UpstreamError::Io(m) => UpstreamError::Io(format!("{m}; {context}")),
+            UpstreamError::Connect(m) => UpstreamError::Connect(format!("{m}; {context}")),
+            other => other,
+        }
     }
 }
 

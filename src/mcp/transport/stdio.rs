@@ -206,10 +206,10 @@ impl StdioTransport {
         unsafe {
             command.pre_exec(move || in_child(parent, &limits));
         }
-        let mut child = command.spawn().map_err(|err| UpstreamError::Spawn(format!("{}: {err}", launch.command)))?;
+        let mut child = command.spawn().map_err(|err| UpstreamError::spawn(&launch.command, &err))?;
         let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            return Err(UpstreamError::Spawn("child pipes unavailable".into()));
+            return Err(UpstreamError::Io("child pipes unavailable".into()));
         };
         let pid = child.id();
         info!(process_id = %launch.label, pid, command = %launch.command, "mcp server process spawned");
@@ -321,7 +321,7 @@ impl StdioTransport {
         timeout: Duration,
     ) -> Result<Value, UpstreamError> {
         if let Some(info) = self.exit_info() {
-            return Err(UpstreamError::Closed(format!("process {} is not running: {}", self.label, info.describe())));
+            return Err(UpstreamError::Exited { label: self.label.clone(), exit: info, detail: None });
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = self.pending.register(id)?;
@@ -434,11 +434,7 @@ impl Owner {
                 warn!(process_id = %self.label, code = ?code, signal = ?signal, "mcp server process exited")
             }
         }
-        self.pending.close(UpstreamError::Closed(format!(
-            "process {} is not running: {}",
-            self.label,
-            exit.describe()
-        )));
+        self.pending.close(UpstreamError::Exited { label: self.label.clone(), exit: exit.clone(), detail: None });
         let _ = self.exit_tx.send(Some(exit));
     }
 

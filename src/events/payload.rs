@@ -1,53 +1,14 @@
-//! Lifecycle events (BP §8.4-§8.5): typed payloads that serialize to the
-//! backend's `data` shapes, and the `Emitter` that records them.
-//!
-//! An event counts as emitted once it is in the SQLite outbox (`store`).
-//! Status changes are written in the same transaction as the status history
-//! row they report. In standalone mode the outbox is the event history that
-//! analytics read; a managed satellite's uploader drains it to the backend.
+//! One typed constructor per event, and the payload structs that serialise to the backend's `data` shapes
+//! (BP §8.5; each checked against its schema in `proto/` by `tests/wire.rs`). No module builds a payload by hand.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use tracing::error;
 
-use crate::model::{InstanceSpec, InstanceStatus};
-use crate::store::{Store, StoreError};
-
-/// Events kept in standalone mode; older ones are pruned by the retention job.
-pub const STANDALONE_RETENTION: i64 = 100_000;
-
-/// ISO-8601 with milliseconds and `Z`, as the backend writes timestamps.
-pub fn iso(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// One event ready for the outbox: the registry name, the emission time, the payload.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Event {
-    pub event_type: &'static str,
-    pub timestamp: DateTime<Utc>,
-    pub data: Value,
-    /// The instance the event is about; the uploader keeps order per instance.
-    pub process_id: Option<String>,
-}
+use super::{Event, EventKind};
+use crate::model::{iso, InstanceSpec, InstanceStatus};
 
 impl Event {
-    fn new(event_type: &'static str, spec: Option<&InstanceSpec>, data: impl Serialize) -> Event {
-        Event {
-            event_type,
-            timestamp: Utc::now(),
-            // Plain structs of strings and numbers always serialize.
-            data: serde_json::to_value(data).unwrap_or(Value::Null),
-            process_id: spec.map(|s| s.process_id.0.clone()),
-        }
-    }
-
-    /// An event whose payload was built elsewhere (log batches), about no single instance.
-    pub fn raw(event_type: &'static str, data: Value) -> Self {
-        Event { event_type, timestamp: Utc::now(), data, process_id: None }
-    }
-
     /// `mcp.server.status_changed` (BP §8.5-1), always with the user id.
     pub fn status_changed(
         spec: &InstanceSpec,
@@ -56,17 +17,25 @@ impl Event {
         at: DateTime<Utc>,
     ) -> Self {
         Self::new(
-            "mcp.server.status_changed",
+            EventKind::ServerStatusChanged,
             Some(spec),
             StatusChanged {
-                installation_id: &spec.installation_id.0,
-                team_id: &spec.team_id.0,
-                user_id: &spec.user_id.0,
+                ids: InstanceIds::of(spec),
                 status: status.as_str(),
                 status_message: message,
                 timestamp: iso(at),
             },
         )
+    }
+
+    /// `mcp.server.logs` (BP §8.5-2): one batch of one instance's log lines.
+    pub fn server_logs(installation_id: &str, team_id: &str, user_id: &str, logs: Vec<ServerLogEntry>) -> Self {
+        Self::new(EventKind::ServerLogs, None, ServerLogs { installation_id, team_id, user_id, logs })
+    }
+
+    /// `mcp.request.logs` (BP §8.5-3): one batch of an installation's tool calls in one team.
+    pub fn request_logs(installation_id: &str, team_id: &str, requests: Vec<RequestLogEntry>) -> Self {
+        Self::new(EventKind::RequestLogs, None, RequestLogs { installation_id, team_id, requests })
     }
 
     /// `mcp.tools.discovered` (BP §8.5-4) after a successful discovery: one entry per tool as
@@ -94,13 +63,29 @@ impl Event {
                 .collect(),
             discovered_at: iso(now),
         };
-        Event { timestamp: now, ..Self::new("mcp.tools.discovered", Some(spec), data) }
+        Event { timestamp: now, ..Self::new(EventKind::ToolsDiscovered, Some(spec), data) }
+    }
+
+    /// `mcp.tools.updated` (BP §8.5-5): a re-discovery changed the instance's tool names.
+    pub fn tools_updated(spec: &InstanceSpec, added: &[&str], removed: &[&str], total_tools: usize) -> Self {
+        Self::new(
+            EventKind::ToolsUpdated,
+            Some(spec),
+            ToolsUpdated {
+                server_id: &spec.installation_id.0,
+                server_slug: &spec.server_slug,
+                team_id: &spec.team_id.0,
+                added_tools: added,
+                removed_tools: removed,
+                total_tools,
+            },
+        )
     }
 
     /// `mcp.server.started` (BP §8.5-6): `server_slug` carries the process id, `process_id` the OS pid.
     pub fn started(spec: &InstanceSpec, pid: Option<u32>, spawn_duration_ms: u64) -> Self {
         Self::new(
-            "mcp.server.started",
+            EventKind::ServerStarted,
             Some(spec),
             Started {
                 ids: ServerIds::of(spec),
@@ -115,7 +100,7 @@ impl Event {
     /// `mcp.server.crashed` (BP §8.5-7).
     pub fn crashed(spec: &InstanceSpec, crash: &CrashReport) -> Self {
         Self::new(
-            "mcp.server.crashed",
+            EventKind::ServerCrashed,
             Some(spec),
             Crashed {
                 ids: ServerIds::of(spec),
@@ -132,7 +117,7 @@ impl Event {
     /// `mcp.server.restarted` (BP §8.5-8).
     pub fn restarted(spec: &InstanceSpec, old_pid: Option<u32>, new_pid: Option<u32>, attempt: u32) -> Self {
         Self::new(
-            "mcp.server.restarted",
+            EventKind::ServerRestarted,
             Some(spec),
             Restarted {
                 ids: ServerIds::of(spec),
@@ -147,7 +132,7 @@ impl Event {
     /// `mcp.server.permanently_failed` (BP §8.5-9).
     pub fn permanently_failed(spec: &InstanceSpec, crash: &CrashReport) -> Self {
         Self::new(
-            "mcp.server.permanently_failed",
+            EventKind::ServerPermanentlyFailed,
             Some(spec),
             PermanentlyFailed {
                 ids: ServerIds::of(spec),
@@ -161,7 +146,7 @@ impl Event {
     /// `mcp.server.dormant` (BP §8.5-10).
     pub fn dormant(spec: &InstanceSpec, pid: Option<u32>, idle_seconds: u64, last_activity: DateTime<Utc>) -> Self {
         Self::new(
-            "mcp.server.dormant",
+            EventKind::ServerDormant,
             Some(spec),
             Dormant {
                 ids: ServerIds::of(spec),
@@ -175,7 +160,7 @@ impl Event {
     /// `mcp.server.respawned` (BP §8.5-11).
     pub fn respawned(spec: &InstanceSpec, pid: Option<u32>, dormant_seconds: u64, respawn_ms: u64) -> Self {
         Self::new(
-            "mcp.server.respawned",
+            EventKind::ServerRespawned,
             Some(spec),
             Respawned {
                 ids: ServerIds::of(spec),
@@ -189,17 +174,39 @@ impl Event {
     /// `mcp.server.log_rate_limit_exceeded` (BP §8.5-12, with the fields OQ-49 adds).
     pub fn log_rate_limited(spec: &InstanceSpec, dropped: u64, window_seconds: u64, rate_limit: u32) -> Self {
         Self::new(
-            "mcp.server.log_rate_limit_exceeded",
+            EventKind::ServerLogRateLimitExceeded,
             Some(spec),
             LogRateLimited {
-                installation_id: &spec.installation_id.0,
+                ids: InstanceIds::of(spec),
                 installation_name: &spec.process_id.0,
-                team_id: &spec.team_id.0,
-                user_id: &spec.user_id.0,
                 dropped_count: dropped,
                 time_window_seconds: window_seconds,
                 rate_limit,
             },
+        )
+    }
+
+    /// `mcp.client.activity` (BP §8.5-14): one client's requests since the last report.
+    pub fn client_activity(activity: &ClientActivity) -> Self {
+        Self::new(EventKind::ClientActivity, None, activity)
+    }
+
+    /// `mcp.client.connected` (BP §8.5-15): a legacy SSE stream opened.
+    pub fn client_connected(connected: &ClientConnected) -> Self {
+        Self::new(EventKind::ClientConnected, None, connected)
+    }
+
+    /// `mcp.client.disconnected` (BP §8.5-16): a legacy SSE stream ended.
+    pub fn client_disconnected(disconnected: &ClientDisconnected) -> Self {
+        Self::new(EventKind::ClientDisconnected, None, disconnected)
+    }
+
+    /// `config.error` (BP §8.5-19): fetching the configuration failed.
+    pub fn config_error(kind: ConfigErrorKind, message: &str, status_code: Option<u16>, retry_in: u64) -> Self {
+        Self::new(
+            EventKind::ConfigError,
+            None,
+            ConfigError { error_type: kind, error_message: message, status_code, retry_in },
         )
     }
 }
@@ -225,15 +232,114 @@ impl CrashReport {
     }
 }
 
+/// One line of an instance's server log (BP §9.1).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServerLogEntry {
+    pub level: String,
+    pub message: String,
+    pub timestamp: String,
+}
+
+/// One captured tool call (BP §9.2).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestLogEntry {
+    pub user_id: String,
+    pub tool_name: String,
+    pub tool_params: Value,
+    pub response_time_ms: u64,
+    pub success: bool,
+    pub timestamp: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_response: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+}
+
+/// One client's activity since the last report (BP §8.5-14, SB §17).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClientActivity {
+    pub user_id: String,
+    pub team_id: String,
+    pub oauth_client_id: String,
+    pub auth_type: String,
+    pub auth_identifier: String,
+    pub client_name: String,
+    pub user_agent: String,
+    pub ip_address: String,
+    pub request_count: u64,
+    pub tool_call_count: u64,
+    pub last_activity_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+}
+
+/// A legacy SSE stream opened (BP §8.5-15).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClientConnected {
+    pub session_id: String,
+    pub client_type: &'static str,
+    pub user_agent: String,
+    pub team_id: String,
+    pub transport: &'static str,
+    pub ip_address: String,
+}
+
+/// A legacy SSE stream ended (BP §8.5-16).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClientDisconnected {
+    pub session_id: String,
+    pub team_id: String,
+    pub connection_duration_seconds: u64,
+    pub tool_execution_count: u64,
+    pub disconnect_reason: &'static str,
+}
+
+/// `config.error`'s `error_type` (BP §8.5-19).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfigErrorKind {
+    Auth,
+    ServerError,
+    Network,
+}
+
+/// Whose instance an event is about: installation, team and user (BP §8.5-1, -12).
 #[derive(Serialize)]
-struct StatusChanged<'a> {
+struct InstanceIds<'a> {
     installation_id: &'a str,
     team_id: &'a str,
     user_id: &'a str,
+}
+
+impl<'a> InstanceIds<'a> {
+    fn of(spec: &'a InstanceSpec) -> Self {
+        Self { installation_id: &spec.installation_id.0, team_id: &spec.team_id.0, user_id: &spec.user_id.0 }
+    }
+}
+
+#[derive(Serialize)]
+struct StatusChanged<'a> {
+    #[serde(flatten)]
+    ids: InstanceIds<'a>,
     status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     status_message: Option<&'a str>,
     timestamp: String,
+}
+
+#[derive(Serialize)]
+struct ServerLogs<'a> {
+    installation_id: &'a str,
+    team_id: &'a str,
+    user_id: &'a str,
+    logs: Vec<ServerLogEntry>,
+}
+
+#[derive(Serialize)]
+struct RequestLogs<'a> {
+    installation_id: &'a str,
+    team_id: &'a str,
+    requests: Vec<RequestLogEntry>,
 }
 
 #[derive(Serialize)]
@@ -254,6 +360,16 @@ struct DiscoveredTool<'a> {
     description: &'a str,
     input_schema: &'a Value,
     token_count: usize,
+}
+
+#[derive(Serialize)]
+struct ToolsUpdated<'a> {
+    server_id: &'a str,
+    server_slug: &'a str,
+    team_id: &'a str,
+    added_tools: &'a [&'a str],
+    removed_tools: &'a [&'a str],
+    total_tools: usize,
 }
 
 /// The identity fields the process events share (BP §8.5-6..11).
@@ -337,54 +453,27 @@ struct Respawned {
 
 #[derive(Serialize)]
 struct LogRateLimited<'a> {
-    installation_id: &'a str,
+    #[serde(flatten)]
+    ids: InstanceIds<'a>,
     installation_name: &'a str,
-    team_id: &'a str,
-    user_id: &'a str,
     dropped_count: u64,
     time_window_seconds: u64,
     rate_limit: u32,
 }
 
-/// Records events in the outbox; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Emitter {
-    store: Store,
-}
-
-impl Emitter {
-    pub fn new(store: Store) -> Self {
-        Self { store }
-    }
-
-    /// Write the event to the outbox. A failure is logged loudly with the event, never silently dropped.
-    pub async fn emit(&self, event: Event) {
-        if let Err(err) = self.store.append_events(std::slice::from_ref(&event)).await {
-            error!(event_type = event.event_type, process_id = ?event.process_id, data = %event.data, error = %err, "event could not be recorded");
-        }
-    }
-
-    /// Record a status change and its event in one transaction.
-    pub async fn status_changed(
-        &self,
-        spec: &InstanceSpec,
-        status: InstanceStatus,
-        message: Option<&str>,
-        at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        let event = Event::status_changed(spec, status, message, at);
-        self.store.record_status(spec, status, message, at, Some(&event)).await
-    }
-
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
+#[derive(Serialize)]
+struct ConfigError<'a> {
+    error_type: ConfigErrorKind,
+    error_message: &'a str,
+    status_code: Option<u16>,
+    retry_in: u64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::{InstallationId, ProcessId, TeamId, Upstream, UserId};
+    use chrono::DateTime;
     use serde_json::json;
 
     fn spec() -> InstanceSpec {
@@ -413,7 +502,7 @@ mod tests {
         let at = DateTime::parse_from_rfc3339("2025-01-15T10:30:00Z").unwrap().with_timezone(&Utc);
         let e = Event::status_changed(&spec(), InstanceStatus::Online, Some("ready"), at);
         assert_eq!(
-            e.data,
+            Value::Object(e.data.clone().unwrap()),
             json!({"installation_id": "i1", "team_id": "t1", "user_id": "u1", "status": "online",
                    "status_message": "ready", "timestamp": "2025-01-15T10:30:00.000Z"})
         );
@@ -426,16 +515,16 @@ mod tests {
             will_restart: true,
         };
         let e = Event::crashed(&spec(), &crash);
-        assert_eq!(e.event_type, "mcp.server.crashed");
+        assert_eq!(e.kind, EventKind::ServerCrashed);
         assert_eq!(
-            e.data,
+            Value::Object(e.data.clone().unwrap()),
             json!({"server_id": "i1", "server_slug": "demo-acme-u1-i1", "team_id": "t1", "user_id": "u1",
                    "process_id": 42, "exit_code": 0, "signal": "SIGKILL", "uptime_seconds": 3,
                    "crash_count": 2, "will_restart": true})
         );
         let e = Event::permanently_failed(&spec(), &CrashReport { exit_code: Some(3), signal: None, ..crash });
-        assert_eq!(e.data["last_error"], "Exit code: 3, signal: none");
-        assert_eq!(e.data["total_crashes"], 2);
+        assert_eq!(e.data.as_ref().unwrap()["last_error"], "Exit code: 3, signal: none");
+        assert_eq!(e.data.as_ref().unwrap()["total_crashes"], 2);
     }
 
     #[test]
@@ -450,10 +539,10 @@ mod tests {
             ("ping".to_owned(), String::new(), json!({}), 30),
         ];
         let e = Event::tools_discovered(&spec(), &tools);
-        assert_eq!(e.event_type, "mcp.tools.discovered");
+        assert_eq!(e.kind, EventKind::ToolsDiscovered);
         assert_eq!(e.process_id.as_deref(), Some("demo-acme-u1-i1"));
         assert_eq!(
-            e.data,
+            Value::Object(e.data.clone().unwrap()),
             json!({"installation_id": "i1", "installation_name": "demo-acme-u1-i1", "team_id": "t1",
                    "server_slug": "demo", "tool_count": 2, "total_tokens": 172,
                    "tools": [
@@ -463,7 +552,7 @@ mod tests {
                    "discovered_at": iso(e.timestamp)})
         );
         // Field order as BP §8.5-4 lists it.
-        let keys: Vec<&str> = e.data.as_object().unwrap().keys().map(String::as_str).collect();
+        let keys: Vec<&str> = e.data.as_ref().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
             [
@@ -479,9 +568,9 @@ mod tests {
         );
 
         let empty = Event::tools_discovered(&InstanceSpec { installation_id: InstallationId::from(""), ..spec() }, &[]);
-        assert_eq!(empty.data["installation_id"], "demo-acme-u1-i1");
-        assert_eq!(empty.data["tool_count"], 0);
-        assert_eq!(empty.data["total_tokens"], 0);
-        assert_eq!(empty.data["tools"], json!([]));
+        assert_eq!(empty.data.as_ref().unwrap()["installation_id"], "demo-acme-u1-i1");
+        assert_eq!(empty.data.as_ref().unwrap()["tool_count"], 0);
+        assert_eq!(empty.data.as_ref().unwrap()["total_tokens"], 0);
+        assert_eq!(empty.data.as_ref().unwrap()["tools"], json!([]));
     }
 }

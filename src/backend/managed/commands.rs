@@ -1,0 +1,252 @@
+//! The command worker (BP §5-§6): one command at a time to its terminal result, posted to the backend.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::backend::dedup::CommandLedger;
+use crate::backend::wire::{self, Command, CommandKind, CommandResult, ConfigureIntent};
+use crate::instances::policy;
+use crate::model::{InstallationId, InstanceStatus, Upstream, UserId};
+
+use super::{Managed, ManagedDeps, ManagedStats};
+
+pub(super) async fn worker(
+    deps: ManagedDeps,
+    ledger: Arc<Mutex<CommandLedger>>,
+    mut rx: mpsc::Receiver<Command>,
+    stats: Arc<Mutex<ManagedStats>>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let command = tokio::select! {
+            _ = cancel.cancelled() => return,
+            command = rx.recv() => match command { Some(c) => c, None => return },
+        };
+        let id = command.id.clone();
+        let kind = command.kind.command_type().to_owned();
+        let result = run_command(&deps, command).await;
+        info!(command_id = %id, command_type = %kind, status = ?result.status, error = ?result.error_message, "command done");
+        stats.lock().commands_run += 1;
+        post_result(&deps, &result).await;
+        ledger.lock().finish(&id, serde_json::to_value(&result).unwrap_or(Value::Null));
+    }
+}
+
+pub(super) async fn post_result(deps: &ManagedDeps, result: &CommandResult) {
+    if let Err(err) = deps.client.post_result(result).await {
+        // Not retried: the command comes again and the ledger answers it (BP §5).
+        warn!(command_id = %result.command_id, error = %err, "posting a command result failed");
+    }
+}
+
+/// One command to its terminal result (BP §6).
+pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult {
+    let id = command.id.clone();
+    match command.kind {
+        CommandKind::Configure(payload) => match payload.intent() {
+            ConfigureIntent::Recovery => {
+                let Some(installation) = payload.common.installation_id.clone() else {
+                    return CommandResult::failed(id, "installation_id is required for mcp_recovery", None);
+                };
+                recover(deps, id, InstallationId::from(installation.as_str())).await
+            }
+            ConfigureIntent::UpdateToolStatus => {
+                let (Some(installation), Some(tool), Some(disabled)) =
+                    (payload.common.installation_id.clone(), payload.tool_name.clone(), payload.is_disabled)
+                else {
+                    return CommandResult::failed(
+                        id,
+                        "Missing required fields: installation_id, tool_name, or is_disabled",
+                        None,
+                    );
+                };
+                let n =
+                    deps.manager.set_tool_status(&InstallationId::from(installation.as_str()), &tool, disabled).await;
+                let state = if disabled { "disabled" } else { "enabled" };
+                CommandResult::completed(
+                    id,
+                    json!({"tool_name": tool, "is_disabled": disabled,
+                           "message": format!("Tool {tool} {state} for {n} instances of installation {installation}")}),
+                )
+            }
+            // Redeploy (GitHub deployments are not supported here) and anything else: a full refresh.
+            _ => match Managed::refresh_config(deps).await {
+                Ok(result) => CommandResult::completed(id, result),
+                Err(err) => CommandResult::failed(id, err.to_string(), None),
+            },
+        },
+        CommandKind::Restart(payload) => {
+            let Some(installation) = payload.common.installation_id.clone() else {
+                return CommandResult::failed(id, "installation_id is required for restart", None);
+            };
+            let user = payload.common.user_id.as_deref().map(UserId::from);
+            match deps.manager.restart_installation(&InstallationId::from(installation.as_str()), user.as_ref()).await {
+                Ok(n) => CommandResult::completed(
+                    id,
+                    json!({"process_id": installation, "server_name": installation, "server_url": "", "restart_time_ms": 0, "instances": n}),
+                ),
+                Err(err) => CommandResult::failed(id, err.to_string(), None),
+            }
+        }
+        CommandKind::Kill(payload) => {
+            let Some(installation) = payload.common.installation_id.clone() else {
+                return CommandResult::failed(id, "installation_id is required for kill", None);
+            };
+            let user = payload.common.user_id.as_deref().map(UserId::from);
+            match deps.manager.stop_installation(&InstallationId::from(installation.as_str()), user.as_ref()).await {
+                Ok(n) => CommandResult::completed(
+                    id,
+                    json!({"process_id": installation, "server_name": installation, "shutdown_time_ms": 0, "instances": n}),
+                ),
+                Err(err) => CommandResult::failed(id, err.to_string(), None),
+            }
+        }
+        CommandKind::Spawn(payload) => {
+            // Instances are config-driven: a spawn is answered from the current config after a refresh.
+            if let Err(err) = Managed::refresh_config(deps).await {
+                return CommandResult::failed(id, err.to_string(), None);
+            }
+            let installation = payload.common.installation_id.unwrap_or_default();
+            let running = deps
+                .manager
+                .of_installation(&InstallationId::from(installation.as_str()), None)
+                .map(|list| list.iter().filter_map(|i| i.pid()).collect::<Vec<_>>())
+                .unwrap_or_default();
+            CommandResult::completed(
+                id,
+                json!({"process_id": installation, "server_type": "stdio", "pids": running, "startup_time_ms": 0}),
+            )
+        }
+        CommandKind::HealthCheck(payload) if payload.check_type == Some(wire::CheckType::CredentialValidation) => {
+            let Some(installation) = payload.common.installation_id.clone() else {
+                return CommandResult::failed(id, "installation_id is required for credential validation", None);
+            };
+            CommandResult::completed(
+                id,
+                json!({"credential_validation": validate_credentials(deps, &installation).await}),
+            )
+        }
+        CommandKind::HealthCheck(payload) => {
+            let installation = payload.common.installation_id.clone();
+            let targets: Vec<_> = deps
+                .manager
+                .instances()
+                .into_iter()
+                .filter(|i| installation.as_deref().is_none_or(|id| i.spec().installation_id.0 == id))
+                .filter(|i| !matches!(i.spec().upstream, Upstream::Stdio { .. }))
+                .collect();
+            let mut results = Vec::new();
+            for instance in &targets {
+                let began = Instant::now();
+                let answer = deps.manager.call(instance, "tools/list", Some(json!({})), Duration::from_secs(15)).await;
+                results.push(json!({
+                    "server_name": instance.spec().process_id.0,
+                    "status": instance.status().status.as_str(),
+                    "health_status": if answer.is_ok() { "healthy" } else { "unhealthy" },
+                    "response_time_ms": began.elapsed().as_millis() as u64,
+                }));
+            }
+            let healthy = results.iter().filter(|r| r["health_status"] == "healthy").count();
+            CommandResult::completed(
+                id,
+                json!({"health_check_results": results, "total_servers": targets.len(), "healthy_servers": healthy}),
+            )
+        }
+        CommandKind::InvalidateUserTokenCache(payload) => {
+            let Some(user) = payload.user_id.clone() else {
+                return CommandResult::failed(id, "user_id is required for user token cache invalidation", None);
+            };
+            let user_id = UserId::from(user.as_str());
+            let n = deps.introspection.invalidate_user(&user_id)
+                + deps.oauth.as_ref().map_or(0, |oauth| oauth.invalidate_user(&user_id));
+            CommandResult::completed(
+                id,
+                json!({"user_id": user, "user_email": payload.user_email, "invalidated_count": n,
+                       "message": format!("Invalidated {n} cached tokens")}),
+            )
+        }
+        CommandKind::Unknown { command_type, .. } => CommandResult::unknown_type(id, &command_type),
+        CommandKind::Malformed { command_type, reason, .. } => {
+            CommandResult::failed(id, format!("Invalid {command_type} payload: {reason}"), None)
+        }
+    }
+}
+
+/// BP §6.2 `credential_validation`: `tools/list` on each remote instance of the installation; a refusal of
+/// the credentials makes that user's instance `requires_reauth`.
+async fn validate_credentials(deps: &ManagedDeps, installation: &str) -> Value {
+    let Ok(instances) = deps.manager.of_installation(&InstallationId::from(installation), None) else {
+        return json!({"installation_id": installation, "valid": false,
+                      "error": "Server configuration not found on this satellite"});
+    };
+    if instances.iter().all(|i| matches!(i.spec().upstream, Upstream::Stdio { .. })) {
+        return json!({"installation_id": installation, "valid": true, "skipped": true, "reason": "stdio_transport"});
+    }
+    let began = Instant::now();
+    let mut errors = Vec::new();
+    let mut needs_reauth = false;
+    for instance in instances.iter().filter(|i| !matches!(i.spec().upstream, Upstream::Stdio { .. })) {
+        match deps.manager.call(instance, "tools/list", Some(json!({})), Duration::from_secs(15)).await {
+            Ok(_) => {}
+            Err(err) => {
+                let text = err.to_string();
+                if err.upstream().is_some_and(policy::refuses_credentials) {
+                    needs_reauth = true;
+                    if instance.status().status != InstanceStatus::RequiresReauth {
+                        deps.manager.require_reauth(instance, text.clone()).await;
+                    }
+                }
+                errors.push(text);
+            }
+        }
+    }
+    let mut result = json!({"installation_id": installation, "valid": errors.is_empty(),
+                            "response_time_ms": began.elapsed().as_millis() as u64});
+    if let Some(first) = errors.first() {
+        result["error"] = json!(first);
+    }
+    if needs_reauth {
+        result["needs_reauth"] = json!(true);
+    }
+    result
+}
+
+async fn recover(deps: &ManagedDeps, id: String, installation: InstallationId) -> CommandResult {
+    let Ok(instances) = deps.manager.of_installation(&installation, None) else {
+        return CommandResult::completed(
+            id,
+            json!({"message": "Server not found on this satellite", "installation_id": installation.0}),
+        );
+    };
+    let remote: Vec<_> =
+        instances.into_iter().filter(|i| !matches!(i.spec().upstream, Upstream::Stdio { .. })).collect();
+    if remote.is_empty() {
+        return CommandResult::completed(
+            id,
+            json!({"message": "stdio servers do not require recovery re-discovery", "installation_id": installation.0}),
+        );
+    }
+    let began = Instant::now();
+    let mut failed = Vec::new();
+    let mut tools = 0;
+    for instance in &remote {
+        if deps.manager.rediscover(instance).await {
+            tools += instance.catalog().map_or(0, |c| c.tools.len());
+        } else {
+            failed.push(json!({"server_name": instance.spec().process_id.0, "resulting_status": instance.status().status.as_str()}));
+        }
+    }
+    let result = json!({"installation_id": installation.0, "server_name": remote[0].spec().server_slug,
+                        "tools_discovered": tools, "discovery_time_ms": began.elapsed().as_millis() as u64, "failed": failed});
+    if failed.is_empty() {
+        CommandResult::completed(id, result)
+    } else {
+        CommandResult::failed(id, "re-discovery failed for some instances", Some(result))
+    }
+}

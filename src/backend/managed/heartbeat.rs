@@ -1,0 +1,194 @@
+//! The heartbeat (BP §3): a fixed wall-clock tick, each beat with the `mcp_status` snapshot of §3.3.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::backend::metrics::ProcessMetrics;
+use crate::backend::wire::{
+    HealthStatus, HeartbeatRequest, McpInstanceStatus, McpStatus, McpStatusSummary, ProcessMetric, ProcessStatus,
+    SatelliteStatus, ServerStatusCounts, SystemMetrics, ToolName, Transport,
+};
+use crate::model::iso;
+use crate::model::{tool_path, InstanceStatus, Upstream};
+
+use super::{ManagedDeps, ManagedStats};
+
+pub(super) async fn heartbeat_loop(
+    deps: ManagedDeps,
+    metrics: Arc<Mutex<ProcessMetrics>>,
+    stats: Arc<Mutex<ManagedStats>>,
+    url_sent: Arc<std::sync::atomic::AtomicBool>,
+    cancel: CancellationToken,
+) {
+    let every = deps.heartbeat_every;
+    let beat = move || {
+        let (deps, metrics, stats, url_sent) = (deps.clone(), metrics.clone(), stats.clone(), url_sent.clone());
+        async move {
+            let first = !url_sent.load(std::sync::atomic::Ordering::Acquire);
+            let body = heartbeat_body(&deps, &mut metrics.lock(), first);
+            match deps.client.heartbeat(&body).await {
+                Ok(_) => {
+                    url_sent.store(true, std::sync::atomic::Ordering::Release);
+                    stats.lock().heartbeats += 1;
+                }
+                Err(err) => {
+                    stats.lock().heartbeat_failures += 1;
+                    warn!(error = %err, "heartbeat failed");
+                }
+            }
+        }
+    };
+    beat_cadence(every, cancel, beat).await;
+}
+
+/// BP §3.1: the first beat at once, then a fixed wall-clock tick that never waits for the previous beat (each
+/// beat runs on its own task, bounded by the client's 10 s timeout); a failure changes nothing.
+pub async fn beat_cadence<B, F>(every: Duration, cancel: CancellationToken, mut beat: B)
+where
+    B: FnMut() -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The beats in flight are this loop's: finished ones are reaped each tick, the rest stop with it.
+    let mut beats = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = ticker.tick() => {}
+        }
+        while beats.try_join_next().is_some() {}
+        beats.spawn(beat());
+    }
+    beats.shutdown().await;
+}
+
+/// The heartbeat of BP §3.2 with the `mcp_status` snapshot of §3.3.
+pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: bool) -> HeartbeatRequest {
+    let sample = metrics.sample();
+    let instances = deps.manager.instances();
+    let mut by_team: BTreeMap<String, Vec<ProcessMetric>> = BTreeMap::new();
+    let mut running = Vec::new();
+    let mut counts = ServerStatusCounts::default();
+    let mut tool_names = Vec::new();
+    let mut dormant = 0;
+    for instance in &instances {
+        let spec = instance.spec();
+        let status = instance.status().status;
+        match status {
+            InstanceStatus::Online => counts.online += 1,
+            InstanceStatus::Offline => counts.offline += 1,
+            InstanceStatus::Error | InstanceStatus::PermanentlyFailed => counts.error += 1,
+            InstanceStatus::RequiresReauth => counts.requires_reauth += 1,
+            _ => {}
+        }
+        if instance.is_dormant() {
+            dormant += 1;
+        }
+        let transport = match spec.upstream {
+            Upstream::Stdio { .. } => Transport::Stdio,
+            Upstream::StreamableHttp { .. } => Transport::Http,
+            Upstream::Sse { .. } => Transport::Sse,
+        };
+        if status.tools_visible() {
+            for tool in instance.catalog().iter().flat_map(|c| c.tools.iter()) {
+                if !instance.tool_disabled(&tool.name) {
+                    tool_names.push(ToolName {
+                        namespaced_name: tool_path(&spec.server_slug, &tool.name),
+                        server_slug: spec.server_slug.clone(),
+                        transport,
+                    });
+                }
+            }
+        }
+        let Some(pid) = instance.pid() else { continue };
+        let uptime = instance.uptime().unwrap_or_default().as_secs();
+        let (_, last_activity) = instance.idle();
+        by_team.entry(spec.team_id.0.clone()).or_default().push(ProcessMetric {
+            installation_id: spec.installation_id.0.clone(),
+            installation_name: spec.process_id.0.clone(),
+            status: ProcessStatus::Running,
+            pid: Some(pid),
+            uptime_seconds: uptime,
+            message_count: 0,
+            error_count: 0,
+            health_status: HealthStatus::Unknown,
+            last_activity: iso(last_activity),
+        });
+        running.push(McpInstanceStatus {
+            installation_id: spec.installation_id.0.clone(),
+            installation_name: spec.process_id.0.clone(),
+            instance_id: spec.process_id.0.clone(),
+            user_id: spec.user_id.0.clone(),
+            team_id: spec.team_id.0.clone(),
+            status: ProcessStatus::Running,
+            transport_type: Transport::Stdio,
+            uptime_seconds: uptime,
+            message_count: 0,
+            error_count: 0,
+            health_status: HealthStatus::Unknown,
+            pid: Some(pid),
+        });
+    }
+    let summary = McpStatusSummary {
+        total_instances: running.len() as u64,
+        active_instances: running.len() as u64,
+        dormant_instances: dormant,
+        total_tools: tool_names.len() as u64,
+        online_servers: counts.online,
+        offline_servers: counts.offline,
+        error_servers: counts.error,
+    };
+    HeartbeatRequest {
+        status: SatelliteStatus::Active,
+        system_metrics: SystemMetrics {
+            cpu_usage_percent: sample.cpu_usage_percent,
+            memory_usage_mb: sample.memory_usage_mb,
+            disk_usage_percent: Some(0.0),
+            uptime_seconds: Some(sample.uptime_seconds),
+            network_rx_bytes: None,
+            network_tx_bytes: None,
+        },
+        processes: Vec::new(),
+        processes_by_team: Some(by_team),
+        mcp_status: Some(McpStatus { summary, instances: running, tool_names, server_status_counts: counts }),
+        normalized_data: None,
+        error_count: Some(0),
+        version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+        satellite_url: first.then(|| deps.satellite_url.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn heartbeats_tick_every_thirty_seconds_even_when_one_is_slow() {
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let cancel = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        let (t, c) = (times.clone(), cancel.clone());
+        let beat = move || {
+            let mut times = t.lock();
+            times.push((tokio::time::Instant::now() - start).as_secs());
+            if times.len() == 4 {
+                c.cancel();
+            }
+            let slow = times.len() == 1;
+            async move {
+                // The first beat hangs for 25 s; the next still goes on time.
+                if slow {
+                    tokio::time::sleep(Duration::from_secs(25)).await;
+                }
+            }
+        };
+        beat_cadence(Duration::from_secs(30), cancel, beat).await;
+        assert_eq!(*times.lock(), [0, 30, 60, 90]);
+    }
+}

@@ -1,0 +1,154 @@
+//! The running side of managed mode: the heartbeat (BP §3), the command
+//! poller with its adaptive cadence and de-duplication (BP §4), one worker
+//! applying commands in order and posting a terminal result for each
+//! (BP §5-§6), config refreshes through the same reconciler the standalone
+//! file uses (BP §7), and the event uploader loop (BP §8.3). One file per loop:
+//! `heartbeat`, `poller`, `commands`, `upload`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn, Instrument};
+
+use super::client::{BackendClient, BackendError};
+use super::dedup::{CommandLedger, FINISHED_KEPT};
+use super::metrics::ProcessMetrics;
+use crate::auth::introspection::TokenIntrospection;
+use crate::backend::wire::Command;
+use crate::events::{ConfigErrorKind, Emitter, Event};
+use crate::instances::InstanceManager;
+use crate::model::InstanceStatus;
+use crate::store::Store;
+
+mod commands;
+mod heartbeat;
+mod poller;
+mod upload;
+
+pub use commands::run_command;
+use commands::worker;
+use heartbeat::heartbeat_loop;
+pub use heartbeat::{beat_cadence, heartbeat_body};
+pub use poller::poll_cadence;
+use poller::poll_loop;
+pub use upload::upload_loop;
+
+/// Commands queued for the worker before the poller waits.
+const COMMAND_QUEUE: usize = 256;
+
+/// What the managed runtime needs.
+#[derive(Clone)]
+pub struct ManagedDeps {
+    pub client: Arc<BackendClient>,
+    pub manager: InstanceManager,
+    pub introspection: TokenIntrospection,
+    /// Users' OAuth tokens for remote servers (dropped with their introspection results).
+    pub oauth: Option<Arc<super::oauth::BackendOAuth>>,
+    pub store: Store,
+    pub events: Emitter,
+    /// `DEPLOYSTACK_SATELLITE_URL` as configured, `""` when unset (BP §3.2).
+    pub satellite_url: String,
+    /// `DEPLOYSTACK_BACKEND_POLLING_INTERVAL`.
+    pub idle_poll: Duration,
+    pub heartbeat_every: Duration,
+    pub event_tick: Duration,
+}
+
+/// Counters for the debug route and tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ManagedStats {
+    pub polls: u64,
+    pub poll_failures: u64,
+    pub commands_run: u64,
+    pub results_reposted: u64,
+    pub heartbeats: u64,
+    pub heartbeat_failures: u64,
+}
+
+/// The running loops; stopped by cancelling their token.
+pub struct Managed {
+    deps: ManagedDeps,
+    stats: Arc<Mutex<ManagedStats>>,
+    metrics: Arc<Mutex<ProcessMetrics>>,
+    url_sent: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Managed {
+    pub fn new(deps: ManagedDeps, metrics: ProcessMetrics) -> Self {
+        Self {
+            deps,
+            stats: Arc::default(),
+            metrics: Arc::new(Mutex::new(metrics)),
+            url_sent: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<Mutex<ManagedStats>> {
+        self.stats.clone()
+    }
+
+    /// Fetch the config and reconcile (BP §7); the `configure` result object on success.
+    pub async fn refresh_config(deps: &ManagedDeps) -> Result<Value, BackendError> {
+        let config = match deps.client.fetch_config().await {
+            Ok(config) => config,
+            Err(err) => {
+                // BP §8.5-19: the failed fetch is an event too, so the dashboard can say why nothing changed.
+                let (kind, status_code) = match &err {
+                    BackendError::Status { status: status @ (401 | 403), .. } => (ConfigErrorKind::Auth, Some(*status)),
+                    BackendError::Status { status, .. } => (ConfigErrorKind::ServerError, Some(*status)),
+                    BackendError::Decode { .. } => (ConfigErrorKind::ServerError, None),
+                    BackendError::Network { .. } | BackendError::NotRegistered { .. } => {
+                        (ConfigErrorKind::Network, None)
+                    }
+                };
+                deps.events.emit(Event::config_error(kind, &err.to_string(), status_code, 60)).await;
+                return Err(err);
+            }
+        };
+        let desired = config.desired_state();
+        for (key, reason) in &desired.rejected {
+            warn!(process_id = %key, reason = %reason, "config entry refused; the others are applied");
+        }
+        let total = desired.instances.len();
+        let enabled = desired.instances.values().filter(|s| s.enabled).count();
+        let report = deps.manager.apply(desired).await;
+        info!(?report, "backend configuration applied");
+        // A user who re-authorised an OAuth server is announced by a configure: connect again with the new token.
+        for instance in deps.manager.instances() {
+            if instance.spec().requires_oauth && instance.status().status == InstanceStatus::RequiresReauth {
+                let _ = deps.manager.restart(&instance.spec().process_id).await;
+            }
+        }
+        Ok(
+            json!({"configuration_applied": true, "total_servers": total, "enabled_servers": enabled, "startup_time_ms": 0}),
+        )
+    }
+
+    /// Start the heartbeat, poller, worker and uploader; they stop when `cancel` is.
+    pub fn spawn(&self, tracker: &tokio_util::task::TaskTracker, cancel: CancellationToken) {
+        let (tx, rx) = mpsc::channel::<Command>(COMMAND_QUEUE);
+        let ledger = Arc::new(Mutex::new(CommandLedger::new(FINISHED_KEPT)));
+        tracker.spawn(
+            heartbeat_loop(
+                self.deps.clone(),
+                self.metrics.clone(),
+                self.stats.clone(),
+                self.url_sent.clone(),
+                cancel.clone(),
+            )
+            .instrument(tracing::info_span!("backend.heartbeat")),
+        );
+        tracker.spawn(
+            poll_loop(self.deps.clone(), ledger.clone(), tx, self.stats.clone(), cancel.clone())
+                .instrument(tracing::info_span!("backend.poll")),
+        );
+        tracker.spawn(
+            worker(self.deps.clone(), ledger, rx, self.stats.clone(), cancel.clone())
+                .instrument(tracing::info_span!("backend.commands")),
+        );
+    }
+}

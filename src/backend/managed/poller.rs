@@ -1,0 +1,185 @@
+//! The command poller (BP §4): the adaptive cadence and the de-duplication ledger; new commands go to the worker.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::backend::client::BackendError;
+use crate::backend::dedup::{CommandLedger, Seen};
+use crate::backend::polling::{next_delay, PollOutcome, MIN_DELAY};
+use crate::backend::wire::{self, Command, CommandResult, CommandsResponse};
+use crate::model::iso;
+
+use super::commands::post_result;
+use super::{ManagedDeps, ManagedStats};
+
+pub(super) async fn poll_loop(
+    deps: ManagedDeps,
+    ledger: Arc<Mutex<CommandLedger>>,
+    tx: mpsc::Sender<Command>,
+    stats: Arc<Mutex<ManagedStats>>,
+    cancel: CancellationToken,
+) {
+    let poll = {
+        let client = deps.client.clone();
+        move || {
+            let client = client.clone();
+            async move { client.poll_commands(&iso(Utc::now())).await }
+        }
+    };
+    let handle = |answer: CommandsResponse| {
+        let (deps, ledger, tx, stats) = (deps.clone(), ledger.clone(), tx.clone(), stats.clone());
+        async move {
+            stats.lock().polls += 1;
+            let mut immediate = false;
+            for command in answer.commands {
+                if command.id.is_empty() {
+                    warn!(command_type = command.kind.command_type(), "command without an id ignored");
+                    continue;
+                }
+                immediate |= command.priority == Some(wire::Priority::Immediate);
+                let seen = ledger.lock().arrive(&command.id);
+                match seen {
+                    Seen::New => {
+                        if tx.send(command).await.is_err() {
+                            return None;
+                        }
+                    }
+                    Seen::InFlight => {}
+                    Seen::Finished(result) => {
+                        stats.lock().results_reposted += 1;
+                        if let Ok(result) = serde_json::from_value::<CommandResult>(result) {
+                            post_result(&deps, &result).await;
+                        }
+                    }
+                }
+            }
+            Some(immediate)
+        }
+    };
+    let failures = stats.clone();
+    poll_cadence(poll, handle, move || failures.lock().poll_failures += 1, deps.idle_poll, cancel).await;
+}
+
+/// The cadence of BP §4.4 around any poll: the first poll at once, then the backend's hint (2-300 s), 2 s after
+/// a poll that brought an immediate command, doubling to 300 s while polls fail. `handle` returns whether an
+/// immediate command came, or `None` to stop.
+pub async fn poll_cadence<P, PF, H, HF>(
+    mut poll: P,
+    mut handle: H,
+    mut on_failure: impl FnMut(),
+    idle: Duration,
+    cancel: CancellationToken,
+) where
+    P: FnMut() -> PF,
+    PF: std::future::Future<Output = Result<CommandsResponse, BackendError>>,
+    H: FnMut(CommandsResponse) -> HF,
+    HF: std::future::Future<Output = Option<bool>>,
+{
+    let mut delay = MIN_DELAY;
+    loop {
+        let started = tokio::time::Instant::now();
+        delay = match poll().await {
+            Ok(answer) => {
+                let mode = answer.polling_mode.as_ref().map(|m| m.as_str().to_owned());
+                let hint = answer.next_poll_interval.map(|n| n as i64);
+                let Some(immediate) = handle(answer).await else { return };
+                if immediate {
+                    MIN_DELAY
+                } else {
+                    next_delay(&PollOutcome::Ok { mode, hint_seconds: hint }, delay, idle)
+                }
+            }
+            Err(err) => {
+                on_failure();
+                if err.status() == Some(401) {
+                    warn!(error = %err, "API key rejected while polling commands");
+                } else {
+                    warn!(error = %err, "polling commands failed");
+                }
+                next_delay(&PollOutcome::Failed, delay, idle)
+            }
+        };
+        let wait = delay.saturating_sub(started.elapsed());
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::collections::VecDeque;
+
+    fn answer(mode: &str, hint: Option<u64>) -> Result<CommandsResponse, BackendError> {
+        Ok(serde_json::from_value(json!({"commands": [], "polling_mode": mode, "next_poll_interval": hint})).unwrap())
+    }
+
+    fn failed() -> Result<CommandsResponse, BackendError> {
+        Err(BackendError::Network { endpoint: "commands", reason: "refused".into() })
+    }
+
+    /// With paused time: the gaps between polls follow the hints, the fallback table and the failure backoff.
+    #[tokio::test(start_paused = true)]
+    async fn polls_follow_the_hints_and_back_off_on_failure() {
+        let script: VecDeque<Result<CommandsResponse, BackendError>> = VecDeque::from([
+            answer("immediate", Some(2)),
+            answer("normal", Some(10)),
+            answer("slow", None),
+            failed(),
+            failed(),
+            failed(),
+            answer("normal", Some(30)),
+            answer("slow", Some(60)),
+        ]);
+        let script = Arc::new(Mutex::new(script));
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let cancel = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        let (s, t, c) = (script.clone(), times.clone(), cancel.clone());
+        let poll = move || {
+            t.lock().push((tokio::time::Instant::now() - start).as_secs());
+            let next = s.lock().pop_front();
+            if next.is_none() {
+                c.cancel();
+            }
+            async move { next.unwrap_or_else(|| answer("slow", Some(60))) }
+        };
+        poll_cadence(poll, |_| async { Some(false) }, || {}, Duration::from_secs(45), cancel).await;
+        let times = times.lock().clone();
+        let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        // hint 2, hint 10, no hint + slow = idle 45, failures 90, 180, 300 (capped), hint 30, hint 60.
+        assert_eq!(gaps, [2, 10, 45, 90, 180, 300, 30, 60]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_immediate_command_brings_the_next_poll_within_two_seconds() {
+        let polls = Arc::new(Mutex::new(Vec::new()));
+        let cancel = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        let (p, c) = (polls.clone(), cancel.clone());
+        let poll = move || {
+            let mut polls = p.lock();
+            polls.push((tokio::time::Instant::now() - start).as_secs());
+            if polls.len() == 3 {
+                c.cancel();
+            }
+            async { answer("slow", Some(60)) }
+        };
+        let mut first = true;
+        let handle = move |_| {
+            let immediate = std::mem::replace(&mut first, false);
+            async move { Some(immediate) }
+        };
+        poll_cadence(poll, handle, || {}, Duration::from_secs(60), cancel).await;
+        assert_eq!(*polls.lock(), [0, 2, 62]);
+    }
+}

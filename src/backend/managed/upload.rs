@@ -1,0 +1,108 @@
+//! The event uploader loop (BP §8.3): the `Uploader` policy over the backend client, every tick.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::backend::client::{BackendClient, BackendError, Refusal};
+use crate::backend::uploader::{BatchOutcome, SendBatch, Tick, Uploader};
+use crate::backend::wire::{self, EventEnvelope, EventsRequest};
+
+use super::{Managed, ManagedDeps};
+
+impl Managed {
+    /// The uploader over this client.
+    pub fn uploader(deps: &ManagedDeps, quota: i64) -> Uploader {
+        let client = deps.client.clone();
+        let send: SendBatch = Arc::new(move |events: Vec<EventEnvelope>| {
+            let client = client.clone();
+            Box::pin(async move { send_events(&client, events).await })
+        });
+        Uploader::new(deps.store.clone(), send, wire::MAX_EVENT_BATCH, quota)
+    }
+}
+
+async fn send_events(client: &BackendClient, envelopes: Vec<EventEnvelope>) -> BatchOutcome {
+    let request = match EventsRequest::batch(envelopes) {
+        Ok(request) => request,
+        Err(err) => return BatchOutcome::Invalid(format!("batch of {} events refused locally", err.0)),
+    };
+    match client.post_events(&request).await {
+        Ok(answer) => BatchOutcome::Accepted {
+            failures: answer.failures.iter().map(|f| format!("#{} {}: {}", f.index, f.event_type, f.error)).collect(),
+        },
+        Err(err) => batch_outcome(err),
+    }
+}
+
+/// BP §8.3: what a refused batch means for the events in it.
+fn batch_outcome(err: BackendError) -> BatchOutcome {
+    match err {
+        BackendError::Status { refusal: Refusal::Invalid, .. } => BatchOutcome::Invalid(err.to_string()),
+        BackendError::Status { refusal: Refusal::Unauthorized, .. } => BatchOutcome::Unauthorized,
+        BackendError::Status { refusal: Refusal::RateLimited, .. } => BatchOutcome::RateLimited,
+        BackendError::Status { .. }
+        | BackendError::Network { .. }
+        | BackendError::Decode { .. }
+        | BackendError::NotRegistered { .. } => BatchOutcome::Failed(err.to_string()),
+    }
+}
+
+/// Run the uploader every `tick` (plus any 429 backoff) until cancelled, then flush within `flush_deadline`.
+pub async fn upload_loop(mut uploader: Uploader, tick: Duration, flush_deadline: Duration, cancel: CancellationToken) {
+    loop {
+        let wait = tick + uploader.backoff().unwrap_or_default();
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        // Drain what is there now, one batch in flight at a time.
+        loop {
+            match uploader.tick().await {
+                Ok(Tick::Sent(_)) | Ok(Tick::Dropped(_)) if !cancel.is_cancelled() => continue,
+                Ok(_) => break,
+                Err(err) => {
+                    warn!(error = %err, "reading the event outbox failed");
+                    break;
+                }
+            }
+        }
+    }
+    match uploader.flush(flush_deadline).await {
+        Ok(left) => info!(left, sent = uploader.stats().sent, "event uploader stopped"),
+        Err(err) => warn!(error = %err, "flushing events at shutdown failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(status: u16, error: &str) -> BackendError {
+        let body = wire::BackendError::new(error);
+        BackendError::Status {
+            endpoint: "events",
+            status,
+            refusal: Refusal::of(status, Some(&body)),
+            message: "whatever the satellite wrote".into(),
+            body: Some(body),
+        }
+    }
+
+    /// BP §8.3: the batch outcome follows the status and the backend's own error text, never our message.
+    #[test]
+    fn refused_batches_are_classified_by_the_backends_answer() {
+        assert!(matches!(batch_outcome(refused(400, "bad envelope")), BatchOutcome::Invalid(_)));
+        assert!(matches!(batch_outcome(refused(500, "Validation failed: /events/0")), BatchOutcome::Invalid(_)));
+        assert_eq!(batch_outcome(refused(401, "no")), BatchOutcome::Unauthorized);
+        assert_eq!(batch_outcome(refused(503, "Unauthorized")), BatchOutcome::Unauthorized);
+        assert_eq!(batch_outcome(refused(429, "slow down")), BatchOutcome::RateLimited);
+        assert_eq!(batch_outcome(refused(500, "Rate limit exceeded")), BatchOutcome::RateLimited);
+        assert!(matches!(batch_outcome(refused(500, "database down")), BatchOutcome::Failed(_)));
+        let network =
+            BackendError::Network { endpoint: "events", reason: "validation of the TLS certificate failed".into() };
+        assert!(matches!(batch_outcome(network), BatchOutcome::Failed(_)), "only the backend's own answer is read");
+    }
+}

@@ -1,0 +1,233 @@
+//! Lifecycle events (BP §8.4-§8.5): the closed set of event types
+//! ([`EventKind`]), one typed constructor per event (`payload`), and the
+//! `Emitter` that records them.
+//!
+//! An event counts as emitted once it is in the SQLite outbox (`store`).
+//! Status changes are written in the same transaction as the status history
+//! row they report. In standalone mode the outbox is the event history that
+//! analytics read; a managed satellite's uploader drains it to the backend.
+//! A payload that cannot be serialised is still recorded, held with its
+//! reason (never sent, never dropped silently), and logged.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tracing::error;
+
+use crate::model::{iso, InstanceSpec, InstanceStatus};
+use crate::store::{NewEvent, Store, StoreError};
+
+mod payload;
+
+pub use payload::{
+    ClientActivity, ClientConnected, ClientDisconnected, ConfigErrorKind, CrashReport, RequestLogEntry, ServerLogEntry,
+};
+
+/// Events kept in standalone mode; older ones are pruned by the retention job.
+pub const STANDALONE_RETENTION: i64 = 100_000;
+
+macro_rules! event_kinds {
+    ($($variant:ident = $wire:literal),+ $(,)?) => {
+        /// The event registry of BP §8.4, in its order: the one list of event types.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum EventKind {
+            $($variant,)+
+        }
+
+        impl EventKind {
+            /// Every type of the registry, in its order.
+            pub const ALL: [EventKind; [$($wire),+].len()] = [$(EventKind::$variant),+];
+
+            /// The registry name, as sent in an envelope's `type`.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(EventKind::$variant => $wire,)+
+                }
+            }
+
+            /// The kind with this registry name; `None` for a name the satellite does not know.
+            pub fn parse(name: &str) -> Option<EventKind> {
+                match name {
+                    $($wire => Some(EventKind::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+event_kinds! {
+    ServerStatusChanged = "mcp.server.status_changed",
+    ServerLogs = "mcp.server.logs",
+    RequestLogs = "mcp.request.logs",
+    ToolsDiscovered = "mcp.tools.discovered",
+    ToolsUpdated = "mcp.tools.updated",
+    ServerStarted = "mcp.server.started",
+    ServerCrashed = "mcp.server.crashed",
+    ServerRestarted = "mcp.server.restarted",
+    ServerPermanentlyFailed = "mcp.server.permanently_failed",
+    ServerDormant = "mcp.server.dormant",
+    ServerRespawned = "mcp.server.respawned",
+    ServerLogRateLimitExceeded = "mcp.server.log_rate_limit_exceeded",
+    ServerStopped = "mcp.server.stopped",
+    ClientActivity = "mcp.client.activity",
+    ClientConnected = "mcp.client.connected",
+    ClientDisconnected = "mcp.client.disconnected",
+    ToolExecuted = "mcp.tool.executed",
+    ConfigRefreshed = "config.refreshed",
+    ConfigError = "config.error",
+    SecurityAuthFailed = "security.auth.failed",
+    ResourceLimitExceeded = "resource.limit.exceeded",
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for EventKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EventKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        EventKind::parse(&name).ok_or_else(|| serde::de::Error::custom(format!("Unknown event type: {name}")))
+    }
+}
+
+/// One event ready for the outbox: its kind, the emission time, the payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub kind: EventKind,
+    pub timestamp: DateTime<Utc>,
+    /// The payload as a JSON object, or why it could not be serialised into one.
+    pub data: Result<Map<String, Value>, String>,
+    /// The instance the event is about; the uploader keeps order per instance.
+    pub process_id: Option<String>,
+}
+
+impl Event {
+    /// An event of `kind` now, with `data` serialised; a payload that is not a JSON object is an error kept
+    /// with the event.
+    pub(crate) fn new(kind: EventKind, spec: Option<&InstanceSpec>, data: impl Serialize) -> Event {
+        let data = match serde_json::to_value(data) {
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(other) => Err(format!("payload is not a JSON object but {}", json_type(&other))),
+            Err(err) => Err(format!("payload could not be serialised: {err}")),
+        };
+        Event { kind, timestamp: Utc::now(), data, process_id: spec.map(|s| s.process_id.0.clone()) }
+    }
+
+    /// The row the outbox stores for this event.
+    fn row(&self) -> NewEvent<'_> {
+        NewEvent {
+            event_type: self.kind.as_str(),
+            emitted_at: iso(self.timestamp),
+            data: match &self.data {
+                Ok(map) => Value::Object(map.clone()),
+                Err(_) => Value::Null,
+            },
+            process_id: self.process_id.as_deref(),
+            held: self.data.as_ref().err().map(String::as_str),
+        }
+    }
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Records events in the outbox; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Emitter {
+    store: Store,
+}
+
+impl Emitter {
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    /// Write the event to the outbox. A payload that could not be serialised is recorded as held (kept, never
+    /// sent) and logged; a failed write is logged loudly with the event. Nothing is dropped silently.
+    pub async fn emit(&self, event: Event) {
+        if let Err(reason) = &event.data {
+            error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), reason = %reason,
+                   "event payload could not be serialised; kept in the outbox as held, not sent");
+        }
+        if let Err(err) = self.store.append_events(&[event.row()]).await {
+            let data = event.data.as_ref().map(|m| Value::Object(m.clone()).to_string()).unwrap_or_default();
+            error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), data = %data,
+                   error = %err, "event could not be recorded");
+        }
+    }
+
+    /// Record a status change and its event in one transaction.
+    pub async fn status_changed(
+        &self,
+        spec: &InstanceSpec,
+        status: InstanceStatus,
+        message: Option<&str>,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let event = Event::status_changed(spec, status, message, at);
+        self.store.record_status(spec, status, message, at, Some(&event.row())).await
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_is_closed_and_round_trips() {
+        assert_eq!(EventKind::ALL.len(), 21);
+        for kind in EventKind::ALL {
+            assert_eq!(EventKind::parse(kind.as_str()), Some(kind));
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+        assert_eq!(EventKind::parse("mcp.unknown.event"), None);
+        assert!(serde_json::from_value::<EventKind>("mcp.unknown.event".into()).is_err());
+    }
+
+    /// A payload whose serialisation fails.
+    struct Unserialisable;
+
+    impl Serialize for Unserialisable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("a map key that is not a string"))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unserialisable_payload_is_reported_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let emitter = Emitter::new(store.clone());
+        let event = Event::new(EventKind::ToolExecuted, None, Unserialisable);
+        assert!(event.data.as_ref().unwrap_err().contains("a map key that is not a string"));
+        emitter.emit(event).await;
+        emitter.emit(Event::new(EventKind::ConfigRefreshed, None, 42)).await;
+        let kept = store.events(None, 0, 10).await.unwrap();
+        assert_eq!(kept.len(), 2, "both events are kept");
+        assert_eq!(kept[0].event_type, "mcp.tool.executed");
+        assert!(kept[0].held.as_deref().unwrap().contains("could not be serialised"));
+        assert!(kept[1].held.as_deref().unwrap().contains("not a JSON object"));
+        assert_eq!(store.sendable_events(10).await.unwrap(), vec![], "a held event is never sent");
+    }
+}

@@ -1,0 +1,149 @@
+//! Reaching an instance's server: spawning a stdio child within the process caps and the sandbox, or
+//! connecting to a remote server with its headers and the user's OAuth token, then negotiating.
+
+use std::sync::Arc;
+
+use tracing::warn;
+
+use crate::instances::limits::ProcessSlot;
+use crate::instances::{Inner, STDIO_CLOSE_GRACE};
+use crate::mcp::client::McpClient;
+use crate::mcp::transport::stderr::{level_of, StderrSettings};
+use crate::mcp::transport::{
+    SseTransport, StderrSink, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
+};
+use crate::model::{InstanceSpec, InstanceStatus, Upstream};
+
+impl Inner {
+    /// Spawn (within the process caps and the sandbox) or connect, then negotiate.
+    pub(in crate::instances) async fn connect(
+        &self,
+        spec: &InstanceSpec,
+    ) -> Result<(McpClient, Option<ProcessSlot>), UpstreamError> {
+        let label = spec.process_id.0.clone();
+        let mut slot = None;
+        let transport = match &spec.upstream {
+            Upstream::Stdio { .. } => {
+                slot = Some(self.slots.acquire(&spec.user_id).map_err(|err| UpstreamError::Refused(err.to_string()))?);
+                let prepared = self.deps.sandbox.prepare(spec, &self.deps.inherited_env).map_err(|err| {
+                    warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
+                    UpstreamError::Refused(err.to_string())
+                })?;
+                if !prepared.dropped_env.is_empty() {
+                    warn!(process_id = %label, dropped = ?prepared.dropped_env, "refused environment variables for mcp server");
+                }
+                let lifecycle = &self.deps.settings.lifecycle;
+                let stderr = StderrSettings {
+                    per_second: lifecycle.log_rate_limit,
+                    max_line_bytes: lifecycle.log_max_line_bytes,
+                    warning_interval: lifecycle.log_rate_warning_interval,
+                };
+                let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr);
+                let (logs, owner) = (self.deps.logs.clone(), spec.clone());
+                launch.stderr_sink = Some(StderrSink(Arc::new(move |line: &str| {
+                    logs.server_line(&owner, level_of(line), line);
+                })));
+                Transport::Stdio(StdioTransport::spawn(launch)?)
+            }
+            Upstream::StreamableHttp { url, headers, .. } => {
+                let headers = self.remote_headers(spec, headers).await?;
+                Transport::StreamableHttp(StreamableHttpTransport::new(
+                    label,
+                    self.deps.http.clone(),
+                    url.clone(),
+                    &headers,
+                )?)
+            }
+            Upstream::Sse { url, headers, timeout } => {
+                let headers = self.remote_headers(spec, headers).await?;
+                Transport::Sse(
+                    SseTransport::connect(label, self.deps.http.clone(), url.clone(), &headers, *timeout).await?,
+                )
+            }
+        };
+        let mut options = self.deps.client_options.clone();
+        options.handshake_timeout = self.deps.settings.handshake_timeout;
+        let stderr = match &transport {
+            Transport::Stdio(stdio) => Some(stdio.stderr_handle()),
+            _ => None,
+        };
+        let client = McpClient::connect(transport, &options).await.map_err(|err| {
+            // The child's stderr usually says why a handshake failed.
+            match stderr.and_then(|tail| tail.lines().pop()) {
+                Some(last) => err.with_detail(&format!("last stderr line: {last}")),
+                None => err,
+            }
+        })?;
+        Ok((client, slot))
+    }
+
+    /// The configured headers, plus the user's OAuth bearer token when the server requires one (BP §11: it
+    /// overrides any configured `Authorization`). No token is `UpstreamError::OAuth`: `requires_reauth`.
+    pub(in crate::instances) async fn remote_headers(
+        &self,
+        spec: &InstanceSpec,
+        headers: &std::collections::BTreeMap<String, String>,
+    ) -> Result<std::collections::BTreeMap<String, String>, UpstreamError> {
+        let (true, Some(oauth)) = (spec.requires_oauth, self.deps.oauth.as_ref()) else { return Ok(headers.clone()) };
+        let token = oauth.bearer(spec).await.map_err(UpstreamError::OAuth)?;
+        Ok(with_bearer(headers, &token))
+    }
+
+    /// A 401 from a server that needs the user's OAuth token: forget the token and say what to do (BP §11 rule 5).
+    pub(in crate::instances) fn oauth_aware(
+        &self,
+        spec: &InstanceSpec,
+        err: &UpstreamError,
+        mapped: (InstanceStatus, String),
+    ) -> (InstanceStatus, String) {
+        match (err, self.deps.oauth.as_ref()) {
+            (UpstreamError::HttpStatus { status: 401, .. }, Some(oauth)) if spec.requires_oauth => {
+                oauth.invalidate(spec);
+                let message = format!(
+                    "OAuth token expired or invalid for {}. Please re-authorize this MCP server in the dashboard.",
+                    spec.server_name
+                );
+                (InstanceStatus::RequiresReauth, message)
+            }
+            _ => mapped,
+        }
+    }
+}
+
+/// `headers` with `Authorization: Bearer <token>`, replacing any configured authorization header.
+pub(in crate::instances) fn with_bearer(
+    headers: &std::collections::BTreeMap<String, String>,
+    token: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let mut out: std::collections::BTreeMap<String, String> = headers
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("authorization"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    out.insert("Authorization".into(), format!("Bearer {token}"));
+    out
+}
+
+pub(in crate::instances) fn process_pid(client: &McpClient) -> Option<u32> {
+    match client.transport() {
+        Transport::Stdio(stdio) => stdio.pid(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oauth_token_replaces_any_configured_authorization() {
+        let configured: std::collections::BTreeMap<String, String> =
+            [("authorization".to_owned(), "Bearer team".to_owned()), ("X-Api-Key".to_owned(), "k".to_owned())]
+                .into_iter()
+                .collect();
+        let headers = with_bearer(&configured, "ya29.user");
+        assert_eq!(headers.len(), 2);
+        assert_eq!(headers["Authorization"], "Bearer ya29.user");
+        assert_eq!(headers["X-Api-Key"], "k");
+    }
+}

@@ -1,0 +1,179 @@
+//! What an instance offers and how it is: discovery into the catalog, the store, the search index and the
+//! discovery events; every status change through the transition function.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tracing::{error, info, warn};
+
+use crate::discovery;
+use crate::events::Event;
+use crate::instances::instance::Instance;
+use crate::instances::status::{status_for, Failure};
+use crate::instances::Inner;
+use crate::mcp::client::McpClient;
+use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
+use crate::search::ToolDoc;
+use crate::store::CatalogOwner;
+
+impl Inner {
+    /// Run discovery on a connected instance and publish the result; true when it went online.
+    /// With `announce` the instance passes through `discovering_tools`; a rediscovery of an online
+    /// instance (tool list changed) keeps serving its current tools until the new ones are in.
+    pub(in crate::instances) async fn discover_into(
+        &self,
+        instance: &Arc<Instance>,
+        client: &Arc<McpClient>,
+        announce: bool,
+    ) -> bool {
+        let online = instance.status().status == InstanceStatus::Online;
+        if announce || !online {
+            self.set_status(
+                instance,
+                InstanceStatus::DiscoveringTools,
+                Some("Discovering available tools from MCP server".into()),
+            )
+            .await;
+        }
+        let request_timeout = self.request_timeout(instance.spec());
+        let budget = self.deps.settings.discovery_timeout;
+        let discovered = tokio::select! {
+            _ = instance.retired.cancelled() => return false,
+            found = tokio::time::timeout(budget, discovery::discover(client, request_timeout)) => found,
+        };
+        match discovered {
+            Ok(Ok(catalog)) => {
+                let catalog = Arc::new(catalog);
+                if let Err(err) = self.deps.store.save_catalog(&CatalogOwner::from(instance.spec()), &catalog).await {
+                    warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
+                }
+                info!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
+                self.report_discovery(instance.spec(), &catalog).await;
+                if let Some(previous) = instance.catalog() {
+                    self.report_change(instance.spec(), &previous, &catalog).await;
+                }
+                self.index(instance, &catalog).await;
+                instance.set_catalog(catalog);
+                if instance.status().status != InstanceStatus::Online {
+                    self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into()))
+                        .await;
+                }
+                true
+            }
+            Ok(Err(err)) => {
+                let (status, message) = status_for(&instance.spec().upstream, &Failure::Discovery(&err));
+                self.set_status(instance, status, Some(message)).await;
+                false
+            }
+            Err(_) => {
+                let message = format!("Process error: discovery timed out after {}s", budget.as_secs());
+                self.set_status(instance, InstanceStatus::Offline, Some(message)).await;
+                false
+            }
+        }
+    }
+
+    /// `mcp.tools.discovered` with each tool's token count (SB §15), counted on the blocking pool.
+    pub(in crate::instances) async fn report_discovery(&self, spec: &InstanceSpec, catalog: &Catalog) {
+        match crate::tokens::count_tools(catalog.tools.clone()).await {
+            Ok(counts) => {
+                let tools: Vec<(String, String, Value, usize)> = catalog
+                    .tools
+                    .iter()
+                    .zip(counts)
+                    .map(|(t, n)| (t.name.clone(), t.description.clone(), t.input_schema.clone(), n))
+                    .collect();
+                self.emit(Event::tools_discovered(spec, &tools)).await;
+            }
+            Err(err) => {
+                warn!(process_id = %spec.process_id, error = %err, "counting tool tokens failed; no discovery event")
+            }
+        }
+    }
+
+    /// `mcp.tools.updated` when a remote instance's re-discovery changed its tool set (BP §8.5-5).
+    pub(in crate::instances) async fn report_change(&self, spec: &InstanceSpec, previous: &Catalog, current: &Catalog) {
+        if matches!(spec.upstream, Upstream::Stdio { .. }) {
+            return;
+        }
+        let before: std::collections::BTreeSet<&str> = previous.tools.iter().map(|t| t.name.as_str()).collect();
+        let after: std::collections::BTreeSet<&str> = current.tools.iter().map(|t| t.name.as_str()).collect();
+        if before == after {
+            return;
+        }
+        let added: Vec<&str> = after.difference(&before).copied().collect();
+        let removed: Vec<&str> = before.difference(&after).copied().collect();
+        self.emit(Event::tools_updated(spec, &added, &removed, after.len())).await;
+    }
+
+    pub(in crate::instances) async fn index(&self, instance: &Instance, catalog: &Catalog) {
+        let spec = instance.spec();
+        let docs = catalog
+            .tools
+            .iter()
+            .filter(|tool| !instance.tool_disabled(&tool.name))
+            .map(|tool| ToolDoc {
+                process_id: spec.process_id.0.clone(),
+                server_slug: spec.server_slug.clone(),
+                tool_name: tool.name.clone(),
+                description: tool.description.clone(),
+                input_schema: tool.input_schema.clone(),
+            })
+            .collect();
+        if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {
+            warn!(process_id = %spec.process_id, error = %err, "indexing tools failed");
+        }
+    }
+
+    pub(in crate::instances) async fn unindex(&self, id: &ProcessId) {
+        if let Err(err) = self.deps.search.remove_instance(&id.0).await {
+            warn!(process_id = %id, error = %err, "removing tools from the index failed");
+        }
+    }
+
+    pub(in crate::instances) fn request_timeout(&self, spec: &InstanceSpec) -> Duration {
+        match &spec.upstream {
+            Upstream::Stdio { .. } => self.deps.settings.call_timeout,
+            Upstream::StreamableHttp { timeout, .. } | Upstream::Sse { timeout, .. } => *timeout,
+        }
+    }
+
+    /// Move an instance to `status` through the transition function, recording the change and its event
+    /// in one transaction. An impossible move is refused and logged.
+    pub(in crate::instances) async fn set_status(
+        &self,
+        instance: &Instance,
+        status: InstanceStatus,
+        message: Option<String>,
+    ) {
+        let spec = instance.spec();
+        let entry = match instance.set_status(status, message) {
+            Ok(entry) => entry,
+            Err((from, to)) => {
+                error!(process_id = %spec.process_id, from = %from, to = %to, "refused impossible status transition");
+                return;
+            }
+        };
+        match status {
+            InstanceStatus::Error
+            | InstanceStatus::Offline
+            | InstanceStatus::RequiresReauth
+            | InstanceStatus::PermanentlyFailed => {
+                warn!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, message = ?entry.message, "instance status changed")
+            }
+            _ => {
+                info!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, "instance status changed")
+            }
+        }
+        if let Err(err) =
+            self.deps.events.status_changed(spec, status, entry.message.as_deref(), entry.updated_at).await
+        {
+            error!(process_id = %spec.process_id, status = %status, error = %err, "recording status change failed");
+        }
+    }
+
+    pub(in crate::instances) async fn emit(&self, event: Event) {
+        self.deps.events.emit(event).await;
+    }
+}

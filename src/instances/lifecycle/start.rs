@@ -1,0 +1,172 @@
+//! Starting and stopping an instance: start (spawn or connect, handshake, discovery), manual restart,
+//! halt, rediscovery, and stop. Each runs under the instance's lifecycle lock.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{info, warn, Instrument};
+
+use crate::events::{CrashReport, Event};
+use crate::instances::instance::Instance;
+use crate::instances::policy::{self};
+use crate::instances::status::{status_for, Failure};
+use crate::instances::Inner;
+use crate::model::{InstanceStatus, Upstream};
+
+use super::connect::process_pid;
+
+/// How a start ended.
+pub(in crate::instances) enum Started {
+    Online,
+    /// Connected but discovery failed, or the server could not be reached.
+    Failed,
+    /// The stdio child died before the handshake finished: a crash of attempt `generation`, and why.
+    Crashed {
+        report: CrashReport,
+        detail: String,
+        generation: u64,
+    },
+    Cancelled,
+}
+
+impl Inner {
+    /// Start a new instance (reconciler).
+    pub(in crate::instances) async fn start(self: &Arc<Self>, instance: &Arc<Instance>) {
+        let span = tracing::info_span!("instance", process_id = %instance.spec().process_id, server = %instance.spec().server_slug);
+        async {
+            let outcome = {
+                let _lifecycle = instance.lifecycle.lock().await;
+                if instance.retired.is_cancelled() {
+                    return;
+                }
+                self.start_locked(instance).await
+            };
+            self.after_start(instance, outcome).await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Manual restart: stop, forget crashes and dormancy, start again.
+    pub(in crate::instances) async fn restart(self: &Arc<Self>, instance: &Arc<Instance>, reason: &str) {
+        let outcome = {
+            let _lifecycle = instance.lifecycle.lock().await;
+            if instance.retired.is_cancelled() {
+                return;
+            }
+            if let Some(client) = instance.take_client() {
+                client.close().await;
+            }
+            instance.crashes.lock().clear();
+            instance.clear_dormant();
+            info!(process_id = %instance.spec().process_id, reason, "restarting instance");
+            self.set_status(instance, InstanceStatus::Restarting, Some(reason.to_owned())).await;
+            self.start_locked(instance).await
+        };
+        self.after_start(instance, outcome).await;
+    }
+
+    /// Stop the process or connection without a restart (a `kill` command); the instance stays configured.
+    pub(in crate::instances) async fn halt(&self, instance: &Arc<Instance>, reason: &str) {
+        let _lifecycle = instance.lifecycle.lock().await;
+        instance.next_generation();
+        instance.clear_dormant();
+        if let Some(client) = instance.take_client() {
+            client.close().await;
+        }
+        self.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
+    }
+
+    /// Reconnect if needed and rediscover; true when the instance is online afterwards.
+    pub(in crate::instances) async fn rediscover(self: &Arc<Self>, instance: &Arc<Instance>) -> bool {
+        let outcome = {
+            let _lifecycle = instance.lifecycle.lock().await;
+            if instance.retired.is_cancelled() {
+                return false;
+            }
+            match instance.client() {
+                Some(client) => {
+                    let message = "Server recovered, satellite initiating tool re-discovery".to_owned();
+                    self.set_status(instance, InstanceStatus::Connecting, Some(message)).await;
+                    if self.discover_into(instance, &client, true).await {
+                        Started::Online
+                    } else {
+                        Started::Failed
+                    }
+                }
+                None => self.start_locked(instance).await,
+            }
+        };
+        let online = matches!(outcome, Started::Online);
+        self.after_start(instance, outcome).await;
+        online
+    }
+
+    pub(in crate::instances) async fn after_start(self: &Arc<Self>, instance: &Arc<Instance>, outcome: Started) {
+        match outcome {
+            Started::Crashed { report, detail, generation } => {
+                self.on_crash(instance.clone(), report, detail, generation).await
+            }
+            Started::Failed => self.maybe_probe(instance),
+            Started::Online | Started::Cancelled => {}
+        }
+    }
+
+    /// Connect, handshake and discover; the caller holds the lifecycle lock.
+    pub(in crate::instances) async fn start_locked(self: &Arc<Self>, instance: &Arc<Instance>) -> Started {
+        let spec = instance.spec();
+        let stdio = matches!(spec.upstream, Upstream::Stdio { .. });
+        let generation = instance.next_generation();
+        let connecting = if stdio { "Connecting to MCP server process" } else { "Connecting to MCP server" };
+        self.set_status(instance, InstanceStatus::Connecting, Some(connecting.into())).await;
+        let began = Instant::now();
+        let connected = tokio::select! {
+            _ = instance.retired.cancelled() => return Started::Cancelled,
+            _ = self.shutdown.cancelled() => return Started::Cancelled,
+            connected = self.connect(spec) => connected,
+        };
+        let (client, slot) = match connected {
+            Ok(connected) => connected,
+            Err(err) => {
+                if let (true, Some((exit_code, signal))) = (stdio, policy::handshake_crash(&err)) {
+                    warn!(process_id = %spec.process_id, error = %err, "mcp server process died during the handshake");
+                    let report = CrashReport {
+                        pid: None,
+                        exit_code,
+                        signal,
+                        uptime_seconds: 0,
+                        crash_count: 0,
+                        will_restart: false,
+                    };
+                    return Started::Crashed { report, detail: err.to_string(), generation };
+                }
+                let (status, message) =
+                    self.oauth_aware(spec, &err, status_for(&spec.upstream, &Failure::Connect(&err)));
+                self.set_status(instance, status, Some(message)).await;
+                return Started::Failed;
+            }
+        };
+        let client = Arc::new(client);
+        instance.set_connection(client.clone(), slot);
+        instance.touch();
+        if stdio {
+            let pid = process_pid(&client);
+            self.deps.logs.server_line(spec, "info", "MCP Server started successfully");
+            self.emit(Event::started(spec, pid, began.elapsed().as_millis() as u64)).await;
+            self.watch(instance.clone(), client.clone(), generation);
+        }
+        if self.discover_into(instance, &client, true).await {
+            Started::Online
+        } else {
+            Started::Failed
+        }
+    }
+
+    pub(in crate::instances) async fn stop(&self, instance: &Arc<Instance>) {
+        instance.retired.cancel();
+        let _lifecycle = instance.lifecycle.lock().await;
+        if let Some(client) = instance.take_client() {
+            client.close().await;
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Watching a stdio child (crash → restart policy, list changes, stderr warnings), dormancy of idle
+//! children and their single-flight respawn.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde_json::Value;
+use tracing::{error, info, warn, Instrument};
+
+use crate::events::{CrashReport, Event};
+use crate::instances::instance::{Instance, InstanceError};
+use crate::instances::policy::{self, CrashDecision};
+use crate::instances::Inner;
+use crate::mcp::client::McpClient;
+use crate::mcp::transport::{ExitInfo, Transport};
+use crate::model::{InstanceStatus, Upstream};
+
+use super::connect::process_pid;
+use super::start::Started;
+
+impl Inner {
+    /// Follow a stdio child: a crash when it dies unasked, rediscovery when its tool list changes,
+    /// an event when its stderr goes over the rate limit.
+    pub(in crate::instances) fn watch(
+        self: &Arc<Self>,
+        instance: Arc<Instance>,
+        client: Arc<McpClient>,
+        generation: u64,
+    ) {
+        let Transport::Stdio(stdio) = client.transport() else { return };
+        let mut notifications = stdio.subscribe();
+        let inner = self.clone();
+        let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
+        self.tasks.spawn(
+            async move {
+                let Transport::Stdio(stdio) = client.transport() else { return };
+                let since = Instant::now();
+                let pid = stdio.pid();
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = instance.retired.cancelled() => return,
+                        _ = inner.shutdown.cancelled() => return,
+                        exit = stdio.exited() => {
+                            let ExitInfo::Exited { code, signal } = exit else { return };
+                            if instance.retired.is_cancelled() {
+                                return;
+                            }
+                            let report = CrashReport {
+                                pid,
+                                exit_code: code,
+                                signal,
+                                uptime_seconds: since.elapsed().as_secs(),
+                                crash_count: 0,
+                                will_restart: false,
+                            };
+                            let mut detail = exit.describe();
+                            if let Some(last) = stdio.stderr_tail().last() {
+                                detail.push_str(&format!("; last stderr line: {last}"));
+                            }
+                            inner.on_crash(instance, report, detail, generation).await;
+                            return;
+                        }
+                        dropped = stdio.stderr_dropped() => {
+                            let lifecycle = &inner.deps.settings.lifecycle;
+                            let window = lifecycle.log_rate_warning_interval.as_secs().max(1);
+                            inner.emit(Event::log_rate_limited(instance.spec(), dropped, window, lifecycle.log_rate_limit)).await;
+                        }
+                        note = notifications.recv() => match note {
+                            Ok(note) if note.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed") => {
+                                let _lifecycle = instance.lifecycle.lock().await;
+                                if instance.retired.is_cancelled() {
+                                    return;
+                                }
+                                info!("tool list changed upstream, rediscovering");
+                                inner.discover_into(&instance, &client, false).await;
+                            }
+                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                                // The owner task is gone; the exit branch reports it.
+                                stdio.exited().await;
+                            }
+                        },
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// SB §9.7: count the crash, then restart after the backoff or give up on the fourth in five minutes.
+    /// Runs under the lifecycle lock and only for the current attempt: a crash that a restart, a stop or
+    /// dormancy already replaced is stale and ignored.
+    pub(in crate::instances) fn on_crash(
+        self: &Arc<Self>,
+        instance: Arc<Instance>,
+        mut report: CrashReport,
+        detail: String,
+        generation: u64,
+    ) -> BoxFuture<'static, ()> {
+        let inner = self.clone();
+        async move {
+            let lifecycle = instance.lifecycle.lock().await;
+            if instance.retired.is_cancelled() || instance.generation() != generation {
+                return;
+            }
+            // The dead connection gives back its process slot.
+            instance.take_client();
+            let spec = instance.spec();
+            let crashes = instance.crashes.lock().record(Instant::now());
+            let decision = policy::after_crash(
+                crashes,
+                Duration::from_secs(report.uptime_seconds),
+                &inner.deps.settings.lifecycle.restart_backoff,
+            );
+            report.crash_count = crashes;
+            report.will_restart = matches!(decision, CrashDecision::Restart { .. });
+            warn!(process_id = %spec.process_id, crashes, detail = %detail, "mcp server process crashed");
+            inner.emit(Event::crashed(spec, &report)).await;
+            match decision {
+                CrashDecision::GiveUp { crashes } => {
+                    error!(process_id = %spec.process_id, crashes, "mcp server crashed too often, not restarting");
+                    inner.emit(Event::permanently_failed(spec, &report)).await;
+                    let message = format!(
+                        "Process crashed {crashes} times in 5 minutes. Manual restart required. Last crash: {detail}"
+                    );
+                    inner.set_status(&instance, InstanceStatus::PermanentlyFailed, Some(message)).await;
+                }
+                CrashDecision::Restart { after, attempt } => {
+                    let message = format!(
+                        "Process crashed ({detail}); restart {attempt} of {} in {}ms",
+                        policy::MAX_AUTO_RESTARTS,
+                        after.as_millis()
+                    );
+                    inner.set_status(&instance, InstanceStatus::Offline, Some(message)).await;
+                    drop(lifecycle);
+                    let worker = inner.clone();
+                    inner.tasks.spawn(async move {
+                        tokio::select! {
+                            _ = instance.retired.cancelled() => return,
+                            _ = worker.shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(after) => {}
+                        }
+                        let outcome = {
+                            let _lifecycle = instance.lifecycle.lock().await;
+                            // A manual restart or a stop got there first.
+                            if instance.retired.is_cancelled() || instance.generation() != generation {
+                                return;
+                            }
+                            worker.start_locked(&instance).await
+                        };
+                        match outcome {
+                            Started::Online | Started::Failed if instance.client().is_some() => {
+                                let new_pid = instance.pid();
+                                worker.emit(Event::restarted(instance.spec(), report.pid, new_pid, attempt)).await;
+                            }
+                            Started::Crashed { report, detail, generation } => {
+                                worker.on_crash(instance, report, detail, generation).await
+                            }
+                            _ => {}
+                        }
+                    });
+                }
+            }
+        }
+        .boxed()
+    }
+
+    /// Stop stdio instances that are online, past the spawn grace, with no call running and idle too long.
+    pub(in crate::instances) async fn sweep_idle(&self) -> usize {
+        let lifecycle = &self.deps.settings.lifecycle;
+        let Some(timeout) = lifecycle.idle_timeout else { return 0 };
+        let candidates: Vec<Arc<Instance>> = self
+            .state
+            .read()
+            .live
+            .values()
+            .filter(|i| matches!(i.spec().upstream, Upstream::Stdio { .. }))
+            .cloned()
+            .collect();
+        let mut slept = 0;
+        for instance in candidates {
+            let idle = |i: &Instance| {
+                i.status().status == InstanceStatus::Online
+                    && i.uptime().is_some_and(|up| up >= lifecycle.spawn_grace)
+                    && i.idle().0 >= timeout
+            };
+            if !idle(&instance) || instance.in_flight() > 0 {
+                continue;
+            }
+            // Busy with a start, restart or rediscovery: try next round.
+            let Ok(_lifecycle) = instance.lifecycle.try_lock() else { continue };
+            // Hold every call slot while the process goes, so no call can pick up the closing connection;
+            // getting them all proves no call is running.
+            let Ok(_all_slots) = instance.calls.try_acquire_many(instance.max_calls as u32) else { continue };
+            if !idle(&instance) || instance.retired.is_cancelled() {
+                continue;
+            }
+            let pid = instance.pid();
+            let (idle_for, last_activity) = instance.idle();
+            let Some(client) = instance.take_client() else { continue };
+            // Whatever the old process does from here on is not a crash.
+            instance.next_generation();
+            instance.set_dormant();
+            info!(process_id = %instance.spec().process_id, idle_s = idle_for.as_secs(), "instance idle, stopping its process (dormant)");
+            self.emit(Event::dormant(instance.spec(), pid, idle_for.as_secs(), last_activity)).await;
+            client.close().await;
+            slept += 1;
+        }
+        slept
+    }
+
+    /// The live client, respawning a dormant instance first. Concurrent callers wait on the lifecycle lock,
+    /// so a dormant instance starts one process however many calls arrive.
+    pub(in crate::instances) async fn ensure_connected(
+        self: &Arc<Self>,
+        instance: &Arc<Instance>,
+    ) -> Result<Arc<McpClient>, InstanceError> {
+        let slug = || instance.spec().server_slug.clone();
+        if let Some(client) = instance.client() {
+            return Ok(client);
+        }
+        if !instance.is_dormant() {
+            return Err(InstanceError::NotConnected(instance.spec().process_id.0.clone()));
+        }
+        let _lifecycle = instance.lifecycle.lock().await;
+        if let Some(client) = instance.client() {
+            return Ok(client);
+        }
+        if !instance.is_dormant() || instance.retired.is_cancelled() {
+            return Err(InstanceError::NotConnected(instance.spec().process_id.0.clone()));
+        }
+        let began = Instant::now();
+        let (client, slot) =
+            self.connect(instance.spec()).await.map_err(|source| InstanceError::Respawn { slug: slug(), source })?;
+        let client = Arc::new(client);
+        instance.set_connection(client.clone(), slot);
+        instance.touch();
+        let generation = instance.next_generation();
+        let dormant_for = instance.clear_dormant().unwrap_or_default();
+        let pid = process_pid(&client);
+        info!(process_id = %instance.spec().process_id, pid, respawn_ms = began.elapsed().as_millis() as u64, "dormant instance respawned");
+        self.emit(Event::respawned(instance.spec(), pid, dormant_for.as_secs(), began.elapsed().as_millis() as u64))
+            .await;
+        self.watch(instance.clone(), client.clone(), generation);
+        Ok(client)
+    }
+}
