@@ -74,7 +74,11 @@ fn source_files() -> Vec<(ModPath, PathBuf)> {
                 .collect::<Vec<_>>()
         })
         .collect();
-    files.retain(|(me, _)| !test_only.iter().any(|t| me.starts_with(t)));
+    // …and so are the unit-test files beside their module (`#[cfg(test)] #[path = "x_tests.rs"] mod tests;`).
+    files.retain(|(me, _)| {
+        let test_file = me.last().is_some_and(|name| name == "tests" || name.ends_with("_tests"));
+        !test_file && !test_only.iter().any(|t| me.starts_with(t))
+    });
     files.sort();
     files
 }

@@ -14,23 +14,24 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use nix::sys::prctl::set_pdeathsig;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::{getpid, getppid, Pid};
 use parking_lot::Mutex;
-use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin, Command};
+use serde_json::Value;
+use tokio::process::Command;
 use tokio::sync::{broadcast, mpsc, watch};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::codec::{FramedRead, LinesCodec};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::info;
 
-use super::stderr::{StderrLimiter, StderrSettings, Verdict};
-use super::{await_response, outcome, preview, Pending, UpstreamError};
-use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
+mod owner;
+
+use super::stderr::{StderrLimiter, StderrSettings};
+use super::{await_response, Pending, UpstreamError};
+use crate::mcp::protocol::{self, RequestId};
+use owner::Owner;
 
 /// Longest stdout line accepted (a large `tools/list` result fits easily).
 const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
@@ -352,202 +353,5 @@ impl Drop for StdioTransport {
     fn drop(&mut self) {
         // The owner task notices and stops the child; kill_on_drop covers a dropped runtime.
         self.stop.cancel();
-    }
-}
-
-struct Owner {
-    label: String,
-    child: Child,
-    /// The child's process group (its own pid), kept past the child's reaping.
-    pgid: Option<Pid>,
-    stdin: Option<ChildStdin>,
-    stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
-    stderr: FramedRead<tokio::process::ChildStderr, LinesCodec>,
-    outbound: mpsc::Receiver<String>,
-    pending: Arc<Pending>,
-    stderr_buf: Arc<Mutex<VecDeque<String>>>,
-    limiter: StderrLimiter,
-    stderr_warnings: Arc<DropReport>,
-    stderr_sink: Option<StderrSink>,
-    notifications: broadcast::Sender<Value>,
-    exit_tx: watch::Sender<Option<ExitInfo>>,
-    stop: CancellationToken,
-    close_grace: Duration,
-}
-
-impl Owner {
-    async fn run(mut self) {
-        let mut stdout_open = true;
-        let mut stderr_open = true;
-        let exit = loop {
-            tokio::select! {
-                _ = self.stop.cancelled() => break self.terminate().await,
-                status = self.child.wait() => {
-                    break match status {
-                        Ok(status) => ExitInfo::from_status(status),
-                        Err(err) => {
-                            warn!(process_id = %self.label, error = %err, "waiting for mcp server process failed");
-                            ExitInfo::Exited { code: None, signal: None }
-                        }
-                    };
-                }
-                Some(line) = self.outbound.recv() => self.write_line(line).await,
-                line = self.stdout.next(), if stdout_open => match line {
-                    Some(Ok(line)) => self.on_stdout_line(&line).await,
-                    Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                        warn!(process_id = %self.label, max_bytes = MAX_LINE_BYTES, "stdout line too long, skipped");
-                    }
-                    Some(Err(err)) => {
-                        warn!(process_id = %self.label, error = %err, "reading stdout failed");
-                        stdout_open = false;
-                    }
-                    None => stdout_open = false,
-                },
-                line = self.stderr.next(), if stderr_open => match line {
-                    Some(Ok(line)) => self.on_stderr_line(line),
-                    Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {}
-                    Some(Err(_)) | None => stderr_open = false,
-                },
-            }
-        };
-        // Whatever the child left behind in its process group goes with it.
-        if let Some(pgid) = self.pgid {
-            let _ = killpg(pgid, Signal::SIGKILL);
-        }
-        // Drain what the child wrote before dying, so late responses still reach their waiters.
-        while let Ok(Some(Ok(line))) = tokio::time::timeout(Duration::from_millis(50), self.stdout.next()).await {
-            self.on_stdout_line(&line).await;
-        }
-        // And its last stderr lines, which usually say why it died (bounded: a grandchild may keep writing).
-        if stderr_open {
-            for _ in 0..STDERR_LINES_KEPT {
-                match tokio::time::timeout(Duration::from_millis(50), self.stderr.next()).await {
-                    Ok(Some(Ok(line))) => self.on_stderr_line(line),
-                    Ok(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => {}
-                    _ => break,
-                }
-            }
-        }
-        match &exit {
-            ExitInfo::Stopped => info!(process_id = %self.label, "mcp server process stopped"),
-            ExitInfo::Exited { code, signal } => {
-                warn!(process_id = %self.label, code = ?code, signal = ?signal, "mcp server process exited")
-            }
-        }
-        self.pending.close(UpstreamError::Exited { label: self.label.clone(), exit: exit.clone(), detail: None });
-        let _ = self.exit_tx.send(Some(exit));
-    }
-
-    /// Close stdin, give the child `close_grace` to leave, then SIGTERM its group, then SIGKILL.
-    async fn terminate(&mut self) -> ExitInfo {
-        self.stdin = None;
-        if tokio::time::timeout(self.close_grace, self.child.wait()).await.is_ok() {
-            return ExitInfo::Stopped;
-        }
-        if let Some(pid) = self.child.id() {
-            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGTERM);
-            if tokio::time::timeout(Duration::from_secs(3), self.child.wait()).await.is_ok() {
-                return ExitInfo::Stopped;
-            }
-            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-        }
-        let _ = self.child.kill().await;
-        ExitInfo::Stopped
-    }
-
-    async fn write_line(&mut self, mut line: String) {
-        let Some(stdin) = self.stdin.as_mut() else { return };
-        line.push('\n');
-        let result = async {
-            stdin.write_all(line.as_bytes()).await?;
-            stdin.flush().await
-        }
-        .await;
-        if let Err(err) = result {
-            // The child is going away; its exit fails the waiters.
-            debug!(process_id = %self.label, error = %err, "writing to stdin failed");
-            self.stdin = None;
-        }
-    }
-
-    async fn on_stdout_line(&mut self, line: &str) {
-        let line = line.trim();
-        if line.is_empty() {
-            return;
-        }
-        let value: Value = match serde_json::from_str(line) {
-            Ok(value) => value,
-            Err(err) => {
-                warn!(process_id = %self.label, error = %err, line = %preview(line, 200), "invalid json line from mcp server, skipped");
-                return;
-            }
-        };
-        match value {
-            Value::Array(batch) => {
-                for item in batch {
-                    self.on_message(item).await;
-                }
-            }
-            single => self.on_message(single).await,
-        }
-    }
-
-    async fn on_message(&mut self, value: Value) {
-        let message = match Message::from_value(value) {
-            Ok(message) => message,
-            Err(err) => {
-                warn!(process_id = %self.label, error = %err, "malformed json-rpc message from mcp server, skipped");
-                return;
-            }
-        };
-        match message {
-            Message::Response { id: RequestId::Number(id), outcome: result } => {
-                if !self.pending.resolve(id, outcome(result)) {
-                    debug!(process_id = %self.label, id, "response for no pending request");
-                }
-            }
-            Message::Response { id, .. } => debug!(process_id = %self.label, %id, "response with foreign id ignored"),
-            Message::Request { id, method, .. } => {
-                let reply = match method.as_str() {
-                    "ping" => protocol::response(id, json!({})),
-                    "roots/list" => protocol::response(id, json!({"roots": []})),
-                    other => {
-                        debug!(process_id = %self.label, method = other, "unsupported request from mcp server");
-                        protocol::error_response(Some(id), RpcError::new(codes::METHOD_NOT_FOUND, "Method not found"))
-                    }
-                };
-                self.write_line(reply.to_string()).await;
-            }
-            Message::Notification { method, params } => {
-                debug!(process_id = %self.label, method = %method, "notification from mcp server");
-                let _ = self.notifications.send(protocol::notification(&method, params));
-            }
-        }
-    }
-
-    fn on_stderr_line(&mut self, line: String) {
-        let line = line.trim_end();
-        if line.is_empty() {
-            return;
-        }
-        let kept = match self.limiter.admit(line, std::time::Instant::now()) {
-            Verdict::Keep(kept) => kept,
-            Verdict::Drop => return,
-            Verdict::DropAndWarn { dropped } => {
-                warn!(process_id = %self.label, dropped, "mcp server stderr over its rate limit, lines dropped");
-                self.stderr_warnings.unreported.fetch_add(dropped, Ordering::AcqRel);
-                self.stderr_warnings.notify.notify_one();
-                return;
-            }
-        };
-        debug!(process_id = %self.label, line = %kept, "mcp server stderr");
-        if let Some(sink) = &self.stderr_sink {
-            (sink.0)(&kept);
-        }
-        let mut buf = self.stderr_buf.lock();
-        if buf.len() == STDERR_LINES_KEPT {
-            buf.pop_front();
-        }
-        buf.push_back(kept);
     }
 }

@@ -3,16 +3,14 @@
 //! manager and the HTTP surface meet.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn, Instrument};
+use tracing::{info, warn, Instrument};
 
 use crate::auth::introspection::{Introspect, Introspected, TokenIntrospection, Verdict, CACHE_TTL};
 use crate::auth::{Authenticator, Principal};
@@ -39,6 +37,10 @@ use crate::model::{TeamId, UserId};
 use crate::router::{HierarchicalRouter, InstanceRouter};
 use crate::search::{SearchError, SearchIndex};
 use crate::store::{Store, StoreError};
+
+mod file_watch;
+
+use file_watch::{fingerprint, FileWatch};
 
 /// Deadlines of the shutdown steps.
 const HTTP_DRAIN_DEADLINE: Duration = Duration::from_secs(10);
@@ -443,44 +445,6 @@ impl Satellite {
         info!(clean, took_ms = began.elapsed().as_millis() as u64, "shutdown complete");
         clean
     }
-}
-
-/// Re-reads the standalone file when its content changes and applies the difference.
-/// A file that does not parse or validate is reported and the last good config stays in force.
-#[derive(Clone)]
-struct FileWatch {
-    path: PathBuf,
-    last: Arc<parking_lot::Mutex<Option<[u8; 32]>>>,
-    manager: InstanceManager,
-    auth: Authenticator,
-    refusals: Arc<AtomicU64>,
-}
-
-impl FileWatch {
-    async fn check(self) -> Result<(), ConfigError> {
-        let current = fingerprint(&self.path);
-        if std::mem::replace(&mut *self.last.lock(), current) == current {
-            return Ok(());
-        }
-        let parsed = config::read_file(&self.path).and_then(|raw| standalone::from_file(&raw));
-        match parsed {
-            Ok(next) => {
-                self.auth.replace(next.directory.clone());
-                let report = self.manager.apply(next.desired_state()).await;
-                info!(?report, path = %self.path.display(), "config file change applied");
-                Ok(())
-            }
-            Err(err) => {
-                self.refusals.fetch_add(1, Ordering::Relaxed);
-                error!(path = %self.path.display(), error = %err, "config file change refused, keeping the last good config");
-                Err(err)
-            }
-        }
-    }
-}
-
-fn fingerprint(path: &Path) -> Option<[u8; 32]> {
-    std::fs::read(path).ok().map(|bytes| Sha256::digest(&bytes).into())
 }
 
 /// Token introspection through the backend (BP §10), mapped to the satellite's principal.

@@ -1,0 +1,67 @@
+//! Unit tests of `mod`.
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Env {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+fn build(env_pairs: &[(&str, &str)], flags: Flags, file: &str) -> Result<Config, ConfigError> {
+    let raw = parse_file(file)?;
+    let path = (!file.is_empty()).then(|| PathBuf::from("satellite.toml"));
+    Config::build(&env(env_pairs), &flags, path, &raw)
+}
+
+#[test]
+fn precedence_is_defaults_file_env_flags() {
+    let c = build(&[], Flags::default(), "").unwrap();
+    assert_eq!(c.listen.port(), DEFAULT_PORT);
+    let c = build(&[], Flags::default(), "[satellite]\nport = 4000\n").unwrap();
+    assert_eq!(c.listen.port(), 4000);
+    let c = build(&[("PORT", "5000")], Flags::default(), "[satellite]\nport = 4000\n").unwrap();
+    assert_eq!(c.listen.port(), 5000);
+    let flags = Flags { port: Some(6000), ..Flags::default() };
+    let c = build(&[("PORT", "5000")], flags, "[satellite]\nport = 4000\n").unwrap();
+    assert_eq!(c.listen.port(), 6000);
+}
+
+#[test]
+fn errors_name_the_key_and_the_variable() {
+    let err = build(&[("PORT", "http")], Flags::default(), "").unwrap_err();
+    assert_eq!(err.to_string(), "invalid config PORT/satellite.port: \"http\" is not a port number");
+    let err = build(&[], Flags::default(), "[satellite]\nprot = 1\n").unwrap_err();
+    assert!(err.to_string().contains("unknown field `prot`"), "{err}");
+    assert!(err.to_string().contains("line 2"), "{err}");
+    assert!(!err.to_string().contains('\n'));
+    let err = build(&[("SATELLITE_DEMO_INSTANCE_TOKEN", "ds_inst_short")], Flags::default(), "").unwrap_err();
+    assert!(err.to_string().starts_with("invalid config SATELLITE_DEMO_INSTANCE_TOKEN/"), "{err}");
+}
+
+#[test]
+fn embedded_default_generates_tokens_and_enables_debug() {
+    let c = build(&[], Flags::default(), "").unwrap();
+    assert!(c.debug_route);
+    assert_eq!(c.listen.ip(), DEFAULT_HOST);
+    let Mode::Standalone(StandaloneSource::Embedded(demo)) = &c.mode else { panic!("not embedded") };
+    assert!(demo.demo_token_generated && demo.instance_token_generated);
+    assert!(is_instance_token(demo.instance_token.expose_secret()));
+    let redacted = c.redacted().to_string();
+    assert!(!redacted.contains(demo.demo_token.expose_secret()));
+    assert!(!redacted.contains(demo.instance_token.expose_secret()));
+}
+
+#[test]
+fn managed_mode_needs_a_valid_name_and_excludes_a_file() {
+    let err = build(&[("DEPLOYSTACK_BACKEND_URL", "http://b:3000")], Flags::default(), "").unwrap_err();
+    assert_eq!(err.env, Some(env::SATELLITE_NAME));
+    let ok = build(
+        &[("DEPLOYSTACK_BACKEND_URL", "http://b:3000"), ("DEPLOYSTACK_SATELLITE_NAME", "satellite-01")],
+        Flags::default(),
+        "",
+    )
+    .unwrap();
+    assert!(matches!(ok.mode, Mode::Managed(_)));
+    assert!(!ok.debug_route);
+    let err = build(&[("DEPLOYSTACK_BACKEND_URL", "http://b:3000")], Flags::default(), "[satellite]\n").unwrap_err();
+    assert_eq!(err.key, "mode");
+}

@@ -1,0 +1,99 @@
+//! Unit tests of `payload`.
+
+use super::*;
+use crate::model::{InstallationId, ProcessId, TeamId, Upstream, UserId};
+use chrono::DateTime;
+use serde_json::json;
+
+fn spec() -> InstanceSpec {
+    InstanceSpec {
+        process_id: ProcessId("demo-acme-u1-i1".into()),
+        installation_id: InstallationId::from("i1"),
+        installation_name: "Demo".into(),
+        team_id: TeamId::from("t1"),
+        team_slug: "acme".into(),
+        user_id: UserId::from("u1"),
+        server_name: "demo".into(),
+        server_slug: "demo".into(),
+        upstream: Upstream::Stdio { command: "x".into(), args: vec![], env: Default::default() },
+        enabled: true,
+        instance_path: None,
+        instance_token_hash: None,
+        requires_oauth: false,
+        request_logging_enabled: true,
+        secrets: Default::default(),
+        disabled_tools: Default::default(),
+    }
+}
+
+#[test]
+fn payloads_have_the_backend_field_names() {
+    let at = DateTime::parse_from_rfc3339("2025-01-15T10:30:00Z").unwrap().with_timezone(&Utc);
+    let e = Event::status_changed(&spec(), InstanceStatus::Online, Some("ready"), at);
+    assert_eq!(
+        Value::Object(e.data.clone().unwrap()),
+        json!({"installation_id": "i1", "team_id": "t1", "user_id": "u1", "status": "online",
+               "status_message": "ready", "timestamp": "2025-01-15T10:30:00.000Z"})
+    );
+    let crash = CrashReport {
+        pid: Some(42),
+        exit_code: None,
+        signal: Some(9),
+        uptime_seconds: 3,
+        crash_count: 2,
+        will_restart: true,
+    };
+    let e = Event::crashed(&spec(), &crash);
+    assert_eq!(e.kind, EventKind::ServerCrashed);
+    assert_eq!(
+        Value::Object(e.data.clone().unwrap()),
+        json!({"server_id": "i1", "server_slug": "demo-acme-u1-i1", "team_id": "t1", "user_id": "u1",
+               "process_id": 42, "exit_code": 0, "signal": "SIGKILL", "uptime_seconds": 3,
+               "crash_count": 2, "will_restart": true})
+    );
+    let e = Event::permanently_failed(&spec(), &CrashReport { exit_code: Some(3), signal: None, ..crash });
+    assert_eq!(e.data.as_ref().unwrap()["last_error"], "Exit code: 3, signal: none");
+    assert_eq!(e.data.as_ref().unwrap()["total_crashes"], 2);
+}
+
+#[test]
+fn tools_discovered_has_the_backend_shape() {
+    let tools = vec![
+        ("create_issue".to_owned(), "Create an issue".to_owned(), json!({"type": "object", "required": ["repo"]}), 142),
+        ("ping".to_owned(), String::new(), json!({}), 30),
+    ];
+    let e = Event::tools_discovered(&spec(), &tools);
+    assert_eq!(e.kind, EventKind::ToolsDiscovered);
+    assert_eq!(e.process_id.as_deref(), Some("demo-acme-u1-i1"));
+    assert_eq!(
+        Value::Object(e.data.clone().unwrap()),
+        json!({"installation_id": "i1", "installation_name": "demo-acme-u1-i1", "team_id": "t1",
+               "server_slug": "demo", "tool_count": 2, "total_tokens": 172,
+               "tools": [
+                   {"tool_name": "create_issue", "description": "Create an issue",
+                    "input_schema": {"type": "object", "required": ["repo"]}, "token_count": 142},
+                   {"tool_name": "ping", "description": "", "input_schema": {}, "token_count": 30}],
+               "discovered_at": iso(e.timestamp)})
+    );
+    // Field order as BP §8.5-4 lists it.
+    let keys: Vec<&str> = e.data.as_ref().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "installation_id",
+            "installation_name",
+            "team_id",
+            "server_slug",
+            "tool_count",
+            "total_tokens",
+            "tools",
+            "discovered_at"
+        ]
+    );
+
+    let empty = Event::tools_discovered(&InstanceSpec { installation_id: InstallationId::from(""), ..spec() }, &[]);
+    assert_eq!(empty.data.as_ref().unwrap()["installation_id"], "demo-acme-u1-i1");
+    assert_eq!(empty.data.as_ref().unwrap()["tool_count"], 0);
+    assert_eq!(empty.data.as_ref().unwrap()["total_tokens"], 0);
+    assert_eq!(empty.data.as_ref().unwrap()["tools"], json!([]));
+}
