@@ -11,6 +11,7 @@ use tracing::{error, info};
 use crate::auth::Authenticator;
 use crate::config::{self, ConfigError};
 use crate::control::standalone;
+use crate::events::{ConfigRefresh, Emitter, Event};
 use crate::instances::InstanceManager;
 
 /// Re-reads the standalone file when its content changes and applies the difference.
@@ -22,6 +23,7 @@ pub(super) struct FileWatch {
     pub(super) manager: InstanceManager,
     pub(super) auth: Authenticator,
     pub(super) refusals: Arc<AtomicU64>,
+    pub(super) events: Emitter,
 }
 
 impl FileWatch {
@@ -34,8 +36,19 @@ impl FileWatch {
         match parsed {
             Ok(next) => {
                 self.auth.replace(next.directory.clone());
-                let report = self.manager.apply(next.desired_state()).await;
+                let desired = next.desired_state();
+                let refresh = ConfigRefresh::new(
+                    "file",
+                    current.unwrap_or_default(),
+                    desired.instances.len(),
+                    desired.teams_count(),
+                    desired.rejected.len(),
+                    0,
+                );
+                let report = self.manager.apply(desired).await;
                 info!(?report, path = %self.path.display(), "config file change applied");
+                let refresh = ConfigRefresh { change_detected: report.changed(), ..refresh };
+                self.events.emit(Event::config_refreshed(&refresh)).await;
                 Ok(())
             }
             Err(err) => {

@@ -17,6 +17,7 @@ use crate::auth::{Authenticator, Principal};
 use crate::backend::client::BackendClient;
 use crate::backend::managed::{self, Managed, ManagedDeps};
 use crate::backend::metrics::ProcessMetrics;
+use crate::backend::monitor::BackendMonitor;
 use crate::backend::oauth::BackendOAuth;
 use crate::backend::startup::{self, IdentityError};
 use crate::backend::wire::Audience;
@@ -159,9 +160,13 @@ impl Satellite {
                     &mut metrics,
                 )
                 .await?;
-                let introspection =
-                    TokenIntrospection::new(introspector(client.clone()), &config.public_url, CACHE_TTL);
-                Some((settings.clone(), client, metrics, introspection))
+                let introspection = TokenIntrospection::new(
+                    introspector(client.clone()),
+                    settings.accepted_audiences(&config.public_url),
+                    CACHE_TTL,
+                );
+                let monitor = Arc::new(BackendMonitor::new(client.clone(), store.clone()));
+                Some((settings.clone(), client, metrics, introspection, monitor))
             }
             _ => None,
         };
@@ -180,10 +185,11 @@ impl Satellite {
             show_version: config.show_version,
             show_uptime: config.show_uptime,
             mode: if backend.is_some() { "managed" } else { "standalone" },
+            backend: backend.as_ref().map(|(.., monitor)| monitor.clone()),
         };
         let stop_http = cancel.child_token();
         let auth = match &backend {
-            Some((_, _, _, introspection)) => {
+            Some((_, _, _, introspection, _)) => {
                 Authenticator::with_introspection(Directory::default(), introspection.clone())
             }
             None => Authenticator::new(first.directory.clone()),
@@ -223,6 +229,7 @@ impl Satellite {
             activity: activity.clone(),
             events: emitter.clone(),
             tasks: tasks.clone(),
+            audit: Arc::new(http::AuthAudit::new(emitter.clone())),
         };
         let server = tokio::spawn(http::serve(
             listener,
@@ -281,6 +288,7 @@ impl Satellite {
                 manager: manager.clone(),
                 auth,
                 refusals: config_refusals.clone(),
+                events: emitter.clone(),
             };
             jobs.every("config-file-watch", interval, FirstRun::AfterOnePeriod, move || watcher.clone().check());
         }
@@ -298,7 +306,7 @@ impl Satellite {
                     .instrument(tracing::info_span!("control.standalone")),
                 );
             }
-            Some((settings, client, metrics, introspection)) => {
+            Some((settings, client, metrics, introspection, monitor)) => {
                 let deps = ManagedDeps {
                     client,
                     manager: manager.clone(),
@@ -306,6 +314,7 @@ impl Satellite {
                     oauth: oauth.clone(),
                     store: store.clone(),
                     events: emitter.clone(),
+                    monitor,
                     satellite_url: settings.satellite_url.clone(),
                     idle_poll: settings.poll_idle,
                     heartbeat_every: settings.heartbeat_interval,

@@ -58,7 +58,7 @@ pub struct TokenIntrospection {
 
 struct Inner {
     introspect: Introspect,
-    /// Accepted audiences: `{SAT_URL}/mcp` and `{SAT_URL}`, without a trailing slash.
+    /// Accepted audiences, without a trailing slash (BP §10).
     audiences: Vec<String>,
     ttl: Duration,
     cache: Mutex<HashMap<String, Entry>>,
@@ -67,13 +67,12 @@ struct Inner {
 }
 
 impl TokenIntrospection {
-    /// `public_url` is the satellite's public base URL (`DEPLOYSTACK_SATELLITE_URL` or `http://localhost:{PORT}`).
-    pub fn new(introspect: Introspect, public_url: &str, ttl: Duration) -> Self {
-        let base = public_url.trim_end_matches('/').to_owned();
+    /// `audiences`: what an `aud` may name (`ManagedSettings::accepted_audiences`).
+    pub fn new(introspect: Introspect, audiences: Vec<String>, ttl: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
                 introspect,
-                audiences: vec![format!("{base}/mcp"), base],
+                audiences: audiences.into_iter().map(|a| a.trim_end_matches('/').to_owned()).collect(),
                 ttl,
                 cache: Mutex::new(HashMap::new()),
                 flights: Mutex::new(HashMap::new()),
@@ -132,7 +131,7 @@ impl TokenIntrospection {
         }
     }
 
-    /// SB §5.5: an `aud` that names neither `{SAT_URL}/mcp` nor `{SAT_URL}` is refused; no `aud` is accepted.
+    /// BP §10, SB §5.5: an `aud` that names none of the accepted audiences is refused; no `aud` is accepted.
     fn audience_ok(&self, audience: &[String]) -> bool {
         audience.is_empty()
             || audience.iter().any(|a| self.inner.audiences.iter().any(|ok| a.trim_end_matches('/') == ok))
@@ -203,7 +202,7 @@ mod tests {
     #[tokio::test]
     async fn a_thousand_concurrent_first_requests_make_one_call() {
         let (introspect, calls) = backend(alice(&[]), Duration::from_millis(50));
-        let auth = TokenIntrospection::new(introspect, "http://sat:3001", CACHE_TTL);
+        let auth = TokenIntrospection::new(introspect, sat(), CACHE_TTL);
         let all = futures::future::join_all((0..1000).map(|_| auth.authenticate("tok"))).await;
         assert!(all.iter().all(|r| r.as_ref().is_ok_and(|p| p.user.as_str() == "alice")));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -215,7 +214,7 @@ mod tests {
     #[tokio::test]
     async fn expired_entries_are_asked_again_and_swept() {
         let (introspect, calls) = backend(alice(&[]), Duration::ZERO);
-        let auth = TokenIntrospection::new(introspect, "http://sat:3001", Duration::ZERO);
+        let auth = TokenIntrospection::new(introspect, sat(), Duration::ZERO);
         auth.authenticate("tok").await.unwrap();
         assert_eq!(auth.sweep(), 1, "an expired entry is swept");
         auth.authenticate("tok").await.unwrap();
@@ -226,16 +225,23 @@ mod tests {
     #[tokio::test]
     async fn negative_and_failed_results_are_not_cached() {
         let (introspect, calls) = backend(Verdict::Inactive(Some("Token has expired".into())), Duration::ZERO);
-        let auth = TokenIntrospection::new(introspect, "http://sat:3001", CACHE_TTL);
+        let auth = TokenIntrospection::new(introspect, sat(), CACHE_TTL);
         for _ in 0..3 {
             assert_eq!(auth.authenticate("tok").await, Err(AuthError::Invalid("Token has expired".into())));
         }
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         let (introspect, calls) = backend(Verdict::Unavailable("connection refused".into()), Duration::ZERO);
-        let auth = TokenIntrospection::new(introspect, "http://sat:3001", CACHE_TTL);
+        let auth = TokenIntrospection::new(introspect, sat(), CACHE_TTL);
         assert!(auth.authenticate("tok").await.is_err());
         assert!(auth.authenticate("tok").await.is_err());
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// What `ManagedSettings::accepted_audiences` gives for `http://sat:3001/` plus one operator audience.
+    fn sat() -> Vec<String> {
+        ["deploystack:mcp:satellite", "http://sat:3001/mcp", "http://sat:3001/", "https://proxy.example/mcp/"]
+            .map(String::from)
+            .to_vec()
     }
 
     #[tokio::test]
@@ -246,9 +252,12 @@ mod tests {
             (vec!["http://sat:3001/"], true),
             (vec!["https://other.example/mcp", "http://sat:3001"], true),
             (vec!["https://other.example/mcp"], false),
+            (vec!["deploystack:mcp:satellite"], true),
+            (vec!["deploystack:mcp:other"], false),
+            (vec!["https://proxy.example/mcp/"], true),
         ] {
             let (introspect, _) = backend(alice(&aud), Duration::ZERO);
-            let auth = TokenIntrospection::new(introspect, "http://sat:3001/", CACHE_TTL);
+            let auth = TokenIntrospection::new(introspect, sat(), CACHE_TTL);
             assert_eq!(auth.authenticate("tok").await.is_ok(), ok, "{aud:?}");
             assert_eq!(auth.cached_tokens(), usize::from(ok), "a refused audience is not cached");
         }
@@ -257,7 +266,7 @@ mod tests {
     #[tokio::test]
     async fn invalidating_a_user_drops_only_their_tokens() {
         let (introspect, calls) = backend(alice(&[]), Duration::ZERO);
-        let auth = TokenIntrospection::new(introspect, "http://sat:3001", CACHE_TTL);
+        let auth = TokenIntrospection::new(introspect, sat(), CACHE_TTL);
         auth.authenticate("one").await.unwrap();
         auth.authenticate("two").await.unwrap();
         assert_eq!(auth.invalidate_user(&UserId::from("bob")), 0);

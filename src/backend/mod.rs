@@ -8,6 +8,7 @@ pub mod credentials;
 pub mod dedup;
 pub mod managed;
 pub mod metrics;
+pub mod monitor;
 pub mod oauth;
 pub mod polling;
 pub mod startup;

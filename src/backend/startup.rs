@@ -108,7 +108,7 @@ pub async fn identify(
     let credentials = Credentials {
         api_key: SecretString::from(registered.satellite.api_key.expose().to_owned()),
         satellite_id: registered.satellite.id.clone(),
-        satellite_name: registered.satellite.name.clone(),
+        satellite_name: registered.satellite.name.clone().unwrap_or_else(|| name.to_owned()),
         registered_at: now,
         last_verified: now,
     };
@@ -116,7 +116,7 @@ pub async fn identify(
     if let Err(err) = store.save(&credentials) {
         warn!(error = %err, "registered, but the credentials could not be stored; the next start registers again");
     }
-    info!(satellite_id = %credentials.satellite_id, status = %registered.satellite.status, "registered with the backend");
+    info!(satellite_id = %credentials.satellite_id, status = registered.satellite.status.as_deref().unwrap_or("unknown"), "registered with the backend");
     Ok(credentials)
 }
 

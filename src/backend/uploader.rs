@@ -18,7 +18,7 @@ use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
 use super::wire::EventEnvelope;
-use crate::events::EventKind;
+use crate::events::{Emitter, Event, EventKind, LimitExceeded, LimitedResource, Throttle};
 use crate::store::{Store, StoreError, StoredEvent};
 
 /// The backend refuses bigger batches (BP §8.1).
@@ -62,6 +62,8 @@ pub struct Uploader {
     quota: i64,
     backoff: Option<Duration>,
     stats: UploadStats,
+    /// One `resource.limit.exceeded` a minute while the outbox overflows.
+    quota_events: Throttle,
 }
 
 /// What one tick did.
@@ -80,7 +82,15 @@ pub enum Tick {
 
 impl Uploader {
     pub fn new(store: Store, send: SendBatch, batch: usize, quota: i64) -> Self {
-        Self { store, send, batch: batch.clamp(1, MAX_BATCH), quota, backoff: None, stats: UploadStats::default() }
+        Self {
+            store,
+            send,
+            batch: batch.clamp(1, MAX_BATCH),
+            quota,
+            backoff: None,
+            stats: UploadStats::default(),
+            quota_events: Throttle::new(Duration::from_secs(60), 1),
+        }
     }
 
     pub fn stats(&self) -> UploadStats {
@@ -177,6 +187,19 @@ impl Uploader {
             let dropped = self.store.prune_events(self.quota).await?;
             self.stats.dropped_over_quota += dropped;
             error!(dropped, quota = self.quota, "event outbox over its quota: oldest events dropped");
+            if let Some(suppressed) = self.quota_events.allow("outbox", std::time::Instant::now()) {
+                let exceeded = LimitExceeded {
+                    team_id: "*".into(),
+                    resource_type: LimitedResource::EventOutbox,
+                    current_value: count as u64,
+                    limit_value: self.quota.max(0) as u64,
+                    user_id: None,
+                    installation_id: None,
+                    message: format!("event outbox over its quota of {}: {dropped} oldest events dropped", self.quota),
+                    suppressed_count: suppressed,
+                };
+                Emitter::new(self.store.clone()).emit(Event::limit_exceeded(&exceeded)).await;
+            }
         }
         Ok(())
     }
@@ -326,7 +349,15 @@ mod tests {
         let mut up = Uploader::new(store.clone(), send, 100, 20);
         up.tick().await.unwrap();
         assert_eq!(up.stats().dropped_over_quota, 10);
-        assert_eq!(numbers(&received.lock()), (10..30).collect::<Vec<_>>(), "the newest 20 are kept");
+        let batch = received.lock()[0].clone();
+        let (status, limits): (Vec<Value>, Vec<Value>) =
+            batch.into_iter().partition(|e| e["type"] == "mcp.server.status_changed");
+        assert_eq!(numbers(&[status]), (10..30).collect::<Vec<_>>(), "the newest 20 are kept");
+        assert_eq!(limits.len(), 1, "the overflow is reported once");
+        assert_eq!(limits[0]["type"], "resource.limit.exceeded");
+        assert_eq!(limits[0]["data"]["resource_type"], "event_outbox");
+        assert_eq!(limits[0]["data"]["current_value"], 30);
+        assert_eq!(limits[0]["data"]["limit_value"], 20);
     }
 
     #[tokio::test]

@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::control::snapshot::{DesiredState, McpServerEntry};
 use crate::events::{Event, EventKind};
-use crate::model::iso;
+use crate::model::{iso, lenient};
 
 /// Request paths under the backend base URL (BP §0.1).
 pub mod path {
@@ -73,17 +73,6 @@ impl fmt::Debug for Credential {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Credential(***)")
     }
-}
-
-/// A field that is dropped (read as `None`) rather than failing the whole body when its value has the wrong
-/// shape: for hints and informational blocks the satellite can do without.
-fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: DeserializeOwned,
-{
-    let value = Option::<Value>::deserialize(deserializer)?;
-    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
 }
 
 /// An enum whose wire set is open: known values are variants, anything else is kept verbatim in `Other`.
@@ -152,10 +141,11 @@ macro_rules! wire_enum {
 // ---------------------------------------------------------------------------------------------------------
 // Common bodies (BP §0)
 
-/// `GET /api/health` answer (`health-response.schema.json`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `GET /api/health` answer (`health-response.schema.json`). Only the 2xx matters; `status` is informational.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HealthResponse {
-    pub status: String,
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 /// Every non-2xx answer: `{success:false, error, message?, instructions?}` (`error.schema.json`; registration
@@ -237,18 +227,23 @@ pub struct RegisterResponse {
     pub message: Option<String>,
 }
 
+/// The registered satellite. Only `id` and `api_key` are required (BP §0 "Tolerant reader"): the real backend
+/// answers `{id, name, api_key}`; `satellite_type`, `team_id` and `status` are read when a backend sends them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RegisteredSatellite {
     pub id: String,
-    pub name: String,
-    pub satellite_type: SatelliteType,
-    /// `null` for a global satellite; always written.
-    #[serde(default)]
-    pub team_id: Option<String>,
-    #[serde(default)]
-    pub status: String,
     /// Plaintext only in this answer; the backend keeps a hash.
     pub api_key: Credential,
+    /// Defaults to the name the satellite registered with.
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub satellite_type: Option<SatelliteType>,
+    /// `null` or absent for a global satellite.
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub team_id: Option<String>,
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }
 
 open_enum! {
@@ -810,7 +805,7 @@ impl CommandResult {
 /// [`McpServerEntry`] once read.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ConfigResponse {
-    #[serde(default)]
+    /// Required: an answer without it is refused whole (a config error), never read as "no servers".
     pub mcp_servers: Map<String, Value>,
     /// Informational (OQ-54): read leniently, never acted on.
     #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]

@@ -88,7 +88,7 @@ pub struct UpstreamSettings {
 pub enum Mode {
     Standalone(StandaloneSource),
     /// Managed by a DeployStack-compatible backend (`DEPLOYSTACK_BACKEND_URL`).
-    Managed(ManagedSettings),
+    Managed(Box<ManagedSettings>),
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +124,32 @@ pub struct ManagedSettings {
     pub event_flush_timeout: Duration,
     /// Most events the outbox keeps while the backend is away.
     pub outbox_max: i64,
+    /// Audiences accepted in introspection answers besides the built-in ones (`DEPLOYSTACK_TOKEN_AUDIENCES`,
+    /// comma-separated).
+    pub extra_audiences: Vec<String>,
+    /// Where GitHub repository tarballs come from: `{base}/{owner}/{repo}/tarball/{sha}`
+    /// (`DEPLOYSTACK_GITHUB_TARBALL_URL`, default the GitHub API).
+    pub github_tarball_base: Url,
+    /// Where GitHub-deployed servers are extracted, one directory per installation (`DEPLOYSTACK_DEPLOYMENTS_DIR`,
+    /// default `<data dir>/deployments`; `None` until the data dir is known).
+    pub deployments_dir: Option<PathBuf>,
+}
+
+/// GitHub's tarball endpoint: `{base}/{owner}/{repo}/tarball/{sha}`.
+pub const GITHUB_TARBALL_BASE: &str = "https://api.github.com/repos";
+
+/// The logical resource identifier DeployStack's authorization server puts in `aud` (BP §10, OQ-14).
+pub const BACKEND_AUDIENCE: &str = "deploystack:mcp:satellite";
+
+impl ManagedSettings {
+    /// Every audience an introspected token may carry (BP §10): the backend's identifier, `{SAT_URL}/mcp`,
+    /// `{SAT_URL}`, and what the operator adds; compared without a trailing `/`.
+    pub fn accepted_audiences(&self, public_url: &str) -> Vec<String> {
+        let base = public_url.trim_end_matches('/');
+        let mut audiences = vec![BACKEND_AUDIENCE.to_owned(), format!("{base}/mcp"), base.to_owned()];
+        audiences.extend(self.extra_audiences.iter().map(|a| a.trim_end_matches('/').to_owned()));
+        audiences
+    }
 }
 
 /// The validated configuration of one satellite process.
@@ -254,7 +280,7 @@ impl Config {
                     "a backend url and a standalone config file exclude each other; set one",
                 ))
             }
-            (Some(url), None) => Mode::Managed(managed(env, url)?),
+            (Some(url), None) => Mode::Managed(Box::new(managed(env, url)?)),
             (None, Some(path)) => {
                 let ms = match env::get(env, env::CONFIG_WATCH_INTERVAL_MS) {
                     Some(v) => v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
@@ -433,6 +459,25 @@ fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigError> {
         event_interval: millis("backend.event_batch_interval_ms", env::EVENT_BATCH_INTERVAL_MS, 3_000)?,
         event_flush_timeout: millis("backend.event_flush_timeout_ms", env::EVENT_FLUSH_TIMEOUT_MS, 5_000)?,
         outbox_max: number(env, "backend.event_outbox_max", env::EVENT_OUTBOX_MAX, None, 100_000i64, false)?,
+        extra_audiences: env::get(env, env::TOKEN_AUDIENCES)
+            .map(|list| list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect())
+            .unwrap_or_default(),
+        github_tarball_base: match env::get(env, env::GITHUB_TARBALL_URL) {
+            Some(raw) => Url::parse(raw.trim_end_matches('/'))
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "backend.github_tarball_url",
+                        Some(env::GITHUB_TARBALL_URL),
+                        format!("{raw:?} is not an http(s) url"),
+                    )
+                })?,
+            None => Url::parse(GITHUB_TARBALL_BASE).map_err(|err| {
+                ConfigError::new("backend.github_tarball_url", Some(env::GITHUB_TARBALL_URL), err.to_string())
+            })?,
+        },
+        deployments_dir: env::get(env, env::DEPLOYMENTS_DIR).map(PathBuf::from),
     })
 }
 

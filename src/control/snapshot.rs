@@ -8,22 +8,29 @@ use serde_json::Value;
 use tracing::warn;
 use url::Url;
 
-use crate::model::{InstallationId, InstanceSpec, ProcessId, SecretNames, TeamId, Upstream, UserId};
+use crate::model::{lenient, InstallationId, InstanceSpec, ProcessId, SecretNames, TeamId, Upstream, UserId};
 
 /// Default request timeout for HTTP/SSE instances without one.
 pub const DEFAULT_REMOTE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One per-user instance as the backend sends it. Unknown fields are ignored (the backend may add more).
+/// One per-user instance as the backend sends it (BP §7.3), read as a tolerant reader (BP §0): unknown fields are
+/// ignored; the satellite requires only `installation_id`, `team_id`, `user_id`, the transport and what it
+/// needs to reach the server (`command` and `args`, or `url`). Names missing from an older backend fall back
+/// (`team_slug` → `team_id`, `server_name` → `server_slug` → the key, `installation_name` → `server_name`);
+/// informational fields of the wrong shape read as absent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct McpServerEntry {
     pub installation_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
     pub team_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub team_slug: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub server_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_slug: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub installation_name: String,
     #[serde(default, alias = "type", skip_serializing_if = "Option::is_none")]
     pub transport_type: Option<String>,
@@ -44,9 +51,9 @@ pub struct McpServerEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     pub user_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub user_slug: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub instance_status: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_path: Option<String>,
@@ -54,18 +61,33 @@ pub struct McpServerEntry {
     pub instance_token_hash: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requires_oauth: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub settings: Option<EntrySettings>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub secret_metadata: Option<SecretMetadata>,
-    /// Tools disabled by the team administrator (OQ-7: accepted when sent).
+    /// `github` selects the deployment pipeline (SB §9.9); anything else is a plain command.
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// `node`, `python`, …: which install and build steps a GitHub deployment takes.
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub repository_url: Option<String>,
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub git_commit_sha: Option<String>,
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub git_branch: Option<String>,
+    /// Tools disabled by the team administrator: the standalone file's extension (OQ-7), never sent by the
+    /// backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disabled_tools: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EntrySettings {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub request_logging_enabled: Option<bool>,
 }
 
@@ -106,6 +128,11 @@ impl DesiredState {
             state.push(key, validate(key, entry));
         }
         state
+    }
+
+    /// How many distinct teams the instances belong to.
+    pub fn teams_count(&self) -> usize {
+        self.instances.values().map(|s| s.team_id.as_str()).collect::<std::collections::BTreeSet<_>>().len()
     }
 
     fn push(&mut self, key: &str, result: Result<InstanceSpec, String>) {
@@ -165,12 +192,16 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
         "" => return Err("missing transport_type".into()),
         other => return Err(format!("unsupported transport {other:?}")),
     };
+    if entry.installation_id.is_empty() || entry.team_id.is_empty() || entry.user_id.is_empty() {
+        return Err("entry needs installation_id, team_id and user_id".into());
+    }
     let server_slug = entry
         .server_slug
         .clone()
         .filter(|s| !s.is_empty())
         .or_else(|| Some(entry.server_name.clone()).filter(|s| !s.is_empty()))
         .unwrap_or_else(|| key.to_owned());
+    let server_name = Some(entry.server_name.clone()).filter(|s| !s.is_empty()).unwrap_or_else(|| server_slug.clone());
     if server_slug.contains(':') || server_slug.contains('|') {
         return Err(format!("server slug {server_slug:?} must not contain ':' or '|'"));
     }
@@ -178,11 +209,13 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
     Ok(InstanceSpec {
         process_id: ProcessId(key.to_owned()),
         installation_id: InstallationId(entry.installation_id.clone()),
-        installation_name: entry.installation_name.clone(),
+        installation_name: Some(entry.installation_name.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| server_name.clone()),
         team_id: TeamId(entry.team_id.clone()),
-        team_slug: entry.team_slug.clone(),
+        team_slug: Some(entry.team_slug.clone()).filter(|s| !s.is_empty()).unwrap_or_else(|| entry.team_id.clone()),
         user_id: UserId(entry.user_id.clone()),
-        server_name: entry.server_name.clone(),
+        server_name,
         server_slug,
         upstream,
         enabled,

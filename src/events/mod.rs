@@ -18,10 +18,13 @@ use crate::model::{iso, InstanceSpec, InstanceStatus};
 use crate::store::{NewEvent, Store, StoreError};
 
 mod payload;
+mod throttle;
 
 pub use payload::{
-    ClientActivity, ClientConnected, ClientDisconnected, ConfigErrorKind, CrashReport, RequestLogEntry, ServerLogEntry,
+    AuthFailure, CallOutcome, ClientActivity, ClientConnected, ClientDisconnected, ConfigErrorKind, ConfigRefresh,
+    CrashReport, LimitExceeded, LimitedResource, RequestLogEntry, ServerLogEntry, StopReason, ToolExecution,
 };
+pub use throttle::Throttle;
 
 /// Events kept in standalone mode; older ones are pruned by the retention job.
 pub const STANDALONE_RETENTION: i64 = 100_000;

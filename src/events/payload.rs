@@ -201,6 +201,60 @@ impl Event {
         Self::new(EventKind::ClientDisconnected, None, disconnected)
     }
 
+    /// `mcp.server.stopped` (BP §8.5-13): a running instance was stopped on purpose (a `kill` command, removed
+    /// or changed in the config, shutdown); `server_name` carries the process id like the other process events.
+    pub fn server_stopped(spec: &InstanceSpec, reason: StopReason) -> Self {
+        Self::new(
+            EventKind::ServerStopped,
+            Some(spec),
+            ServerStopped {
+                server_id: &spec.installation_id.0,
+                server_name: &spec.process_id.0,
+                server_slug: &spec.server_slug,
+                team_id: &spec.team_id.0,
+                user_id: &spec.user_id.0,
+                reason,
+            },
+        )
+    }
+
+    /// `mcp.tool.executed` (BP §8.5-17): one `tools/call` that reached an instance.
+    pub fn tool_executed(spec: &InstanceSpec, call: &ToolExecution) -> Self {
+        Self::new(
+            EventKind::ToolExecuted,
+            Some(spec),
+            ToolExecuted {
+                tool_name: &call.tool_path,
+                server_id: &spec.installation_id.0,
+                team_id: &spec.team_id.0,
+                duration_ms: call.duration_ms,
+                success: call.outcome == CallOutcome::Success,
+                error_message: call.error_message.as_deref(),
+                user_id: &spec.user_id.0,
+                installation_name: &spec.process_id.0,
+                server_slug: &spec.server_slug,
+                outcome: call.outcome,
+                request_bytes: call.request_bytes,
+                response_bytes: call.response_bytes,
+            },
+        )
+    }
+
+    /// `config.refreshed` (BP §8.5-18): a configuration was fetched (or read) and applied.
+    pub fn config_refreshed(refresh: &ConfigRefresh) -> Self {
+        Self::new(EventKind::ConfigRefreshed, None, refresh)
+    }
+
+    /// `security.auth.failed` (BP §8.5-20): a caller was refused; never the token, at most its hash prefix.
+    pub fn auth_failed(failure: &AuthFailure) -> Self {
+        Self::new(EventKind::SecurityAuthFailed, None, failure)
+    }
+
+    /// `resource.limit.exceeded` (BP §8.5-21): a cap refused work.
+    pub fn limit_exceeded(limit: &LimitExceeded) -> Self {
+        Self::new(EventKind::ResourceLimitExceeded, None, limit)
+    }
+
     /// `config.error` (BP §8.5-19): fetching the configuration failed.
     pub fn config_error(kind: ConfigErrorKind, message: &str, status_code: Option<u16>, retry_in: u64) -> Self {
         Self::new(
@@ -209,6 +263,126 @@ impl Event {
             ConfigError { error_type: kind, error_message: message, status_code, retry_in },
         )
     }
+}
+
+/// Why a running instance was stopped (`mcp.server.stopped`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A `kill` command.
+    Killed,
+    /// Its entry left the configuration.
+    Removed,
+    /// Its entry changed; a new instance replaces it.
+    Replaced,
+    /// The satellite is shutting down.
+    Shutdown,
+}
+
+/// How one tool call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallOutcome {
+    Success,
+    /// The tool answered with `isError: true`.
+    ToolError,
+    /// The call failed: a JSON-RPC error, a timeout, the server unreachable.
+    Failed,
+}
+
+/// One tool call, for `mcp.tool.executed`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolExecution {
+    /// `slug:tool`.
+    pub tool_path: String,
+    pub duration_ms: u64,
+    pub outcome: CallOutcome,
+    pub error_message: Option<String>,
+    pub request_bytes: usize,
+    pub response_bytes: usize,
+}
+
+/// A configuration that was applied (BP §8.5-18).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigRefresh {
+    /// The first 12 hex digits of the SHA-256 of the configuration.
+    pub config_hash: String,
+    pub server_count: usize,
+    pub teams_count: usize,
+    pub change_detected: bool,
+    pub fetch_duration_ms: u64,
+    /// `backend` or `file`.
+    pub source: &'static str,
+    pub rejected_count: usize,
+}
+
+impl ConfigRefresh {
+    /// The refresh of a configuration whose SHA-256 is `digest`: `servers` instances in `teams` teams,
+    /// `rejected` entries refused, fetched in `fetch_ms`. `change_detected` is the caller's once it is applied.
+    pub fn new(
+        source: &'static str,
+        digest: [u8; 32],
+        servers: usize,
+        teams: usize,
+        rejected: usize,
+        fetch_ms: u64,
+    ) -> Self {
+        Self {
+            config_hash: hex::encode(&digest[..6]),
+            server_count: servers,
+            teams_count: teams,
+            change_detected: false,
+            fetch_duration_ms: fetch_ms,
+            source,
+            rejected_count: rejected,
+        }
+    }
+}
+
+/// A refused caller (BP §8.5-20). Rate-limited per source by the caller of `Event::auth_failed`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuthFailure {
+    pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub team_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    pub ip_address: String,
+    /// `mcp`, `instance` or `sse`.
+    pub endpoint: &'static str,
+    /// The first 8 hex digits of the SHA-256 of the presented token, when one was presented.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_sha256_prefix: Option<String>,
+    /// Failures from the same source not reported since the last event (rate limit).
+    pub suppressed_count: u64,
+}
+
+/// Which cap refused work (`resource.limit.exceeded`'s `resource_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitedResource {
+    /// The process caps, per user or in total.
+    Processes,
+    /// An instance's concurrent call slots.
+    CallSlots,
+    /// The event outbox quota.
+    EventOutbox,
+}
+
+/// A cap that refused work (BP §8.5-21). `team_id` is `*` for the satellite's own resources (the outbox).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitExceeded {
+    pub team_id: String,
+    pub resource_type: LimitedResource,
+    pub current_value: u64,
+    pub limit_value: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub installation_id: Option<String>,
+    pub message: String,
+    /// Refusals of the same kind not reported since the last event (rate limit).
+    pub suppressed_count: u64,
 }
 
 /// What the supervisor knows about one crash.
@@ -459,6 +633,33 @@ struct LogRateLimited<'a> {
     dropped_count: u64,
     time_window_seconds: u64,
     rate_limit: u32,
+}
+
+#[derive(Serialize)]
+struct ServerStopped<'a> {
+    server_id: &'a str,
+    server_name: &'a str,
+    server_slug: &'a str,
+    team_id: &'a str,
+    user_id: &'a str,
+    reason: StopReason,
+}
+
+#[derive(Serialize)]
+struct ToolExecuted<'a> {
+    tool_name: &'a str,
+    server_id: &'a str,
+    team_id: &'a str,
+    duration_ms: u64,
+    success: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error_message: Option<&'a str>,
+    user_id: &'a str,
+    installation_name: &'a str,
+    server_slug: &'a str,
+    outcome: CallOutcome,
+    request_bytes: usize,
+    response_bytes: usize,
 }
 
 #[derive(Serialize)]

@@ -16,10 +16,12 @@ use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
+use super::audit::finish;
 use super::dispatch::Target;
 use super::error::{rpc_status, McpError};
 use super::oauth::ResourceUrls;
 use super::session::{Lookup, SessionTable, StreamError};
+use super::stack::PeerAddr;
 use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth;
 use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
@@ -70,60 +72,78 @@ fn record_activity(
 pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let with = warp::any().map(move || deps.clone());
     let body = warp::body::content_length_limit(MAX_BODY_BYTES).and(warp::body::bytes());
+    let peer = warp::ext::optional::<PeerAddr>();
 
     let hier = warp::path("mcp").and(warp::path::end());
-    let hier_post = hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(with.clone()).then(
-        |headers: HeaderMap, body: Bytes, deps: McpDeps| async move {
-            let answer = match hierarchical_endpoint(&deps, &headers, Some(&body)).await {
-                Ok(endpoint) => post(&deps, endpoint, &headers, &body).await,
-                Err(err) => Err(err),
-            };
-            with_link(respond(answer, &deps.urls), &deps.urls)
-        },
-    );
-    let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).then(
-        |headers: HeaderMap, deps: McpDeps| async move {
+    let hier_post =
+        hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
+            |headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: McpDeps| async move {
+                let answer = match hierarchical_endpoint(&deps, &headers, Some(&body)).await {
+                    Ok(endpoint) => post(&deps, endpoint, &headers, &body).await,
+                    Err(err) => Err(err),
+                };
+                with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
+            },
+        );
+    let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+        |headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
             let answer = hierarchical_endpoint(&deps, &headers, None).await.and_then(|e| open_stream(e, &headers));
-            with_link(respond(answer, &deps.urls), &deps.urls)
+            with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
         },
     );
-    let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(with.clone()).then(
-        |headers: HeaderMap, deps: McpDeps| async move {
+    let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+        |headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
             let answer = hierarchical_endpoint(&deps, &headers, None).await.and_then(|e| delete(e, &headers));
-            with_link(respond(answer, &deps.urls), &deps.urls)
+            with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
         },
     );
 
     let inst = warp::path!("i" / String / "mcp").and(warp::query::<HashMap<String, String>>());
-    let inst_post = inst.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(with.clone()).then(
-        |path: String, query: HashMap<String, String>, headers: HeaderMap, body: Bytes, deps: McpDeps| async move {
-            let answer = match instance_endpoint(&deps, &path, &query, &headers) {
-                Ok(endpoint) => {
-                    if let Target::Instance(instance) = &endpoint.target {
-                        let spec = instance.spec();
-                        let user_team = (spec.user_id.0.clone(), spec.team_id.0.clone());
-                        let client_id = format!("instance:{path}");
-                        record_activity(&deps, &headers, Some(&body), &user_team, &client_id, "instance_token");
+    let inst_post =
+        inst.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
+            |path: String,
+             query: HashMap<String, String>,
+             headers: HeaderMap,
+             body: Bytes,
+             peer: Option<PeerAddr>,
+             deps: McpDeps| async move {
+                let answer = match instance_endpoint(&deps, &path, &query, &headers) {
+                    Ok(endpoint) => {
+                        if let Target::Instance(instance) = &endpoint.target {
+                            let spec = instance.spec();
+                            let user_team = (spec.user_id.0.clone(), spec.team_id.0.clone());
+                            let client_id = format!("instance:{path}");
+                            record_activity(&deps, &headers, Some(&body), &user_team, &client_id, "instance_token");
+                        }
+                        post(&deps, endpoint, &headers, &body).await
                     }
-                    post(&deps, endpoint, &headers, &body).await
-                }
-                Err(err) => Err(err),
-            };
-            respond(answer, &deps.urls)
-        },
-    );
-    let inst_get = inst.and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).map(
-        |path: String, query: HashMap<String, String>, headers: HeaderMap, deps: McpDeps| {
-            let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(e, &headers));
-            respond(answer, &deps.urls)
-        },
-    );
-    let inst_delete = inst.and(warp::delete()).and(warp::header::headers_cloned()).and(with).map(
-        |path: String, query: HashMap<String, String>, headers: HeaderMap, deps: McpDeps| {
-            let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| delete(e, &headers));
-            respond(answer, &deps.urls)
-        },
-    );
+                    Err(err) => Err(err),
+                };
+                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+            },
+        );
+    let inst_get =
+        inst.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+            |path: String,
+             query: HashMap<String, String>,
+             headers: HeaderMap,
+             peer: Option<PeerAddr>,
+             deps: McpDeps| async move {
+                let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(e, &headers));
+                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+            },
+        );
+    let inst_delete =
+        inst.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with).then(
+            |path: String,
+             query: HashMap<String, String>,
+             headers: HeaderMap,
+             peer: Option<PeerAddr>,
+             deps: McpDeps| async move {
+                let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| delete(e, &headers));
+                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+            },
+        );
     hier_post
         .or(hier_get)
         .unify()
@@ -135,11 +155,6 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         .unify()
         .or(inst_delete)
         .unify()
-}
-
-/// The one place an MCP endpoint's outcome becomes a response.
-fn respond(answer: Result<Response, McpError>, urls: &ResourceUrls) -> Response {
-    answer.unwrap_or_else(|err| err.into_response(urls))
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -18,6 +18,7 @@ use crate::auth::Authenticator;
 use crate::instances::InstanceManager;
 use crate::router::{HierarchicalRouter, InstanceRouter};
 
+mod audit;
 mod dispatch;
 pub mod error;
 pub mod mcp;
@@ -27,6 +28,7 @@ pub mod sse;
 pub mod stack;
 mod status;
 
+pub use audit::AuthAudit;
 pub use error::McpError;
 
 /// Largest accepted request body (SB §3.2).
@@ -49,6 +51,8 @@ pub struct McpDeps {
     pub events: crate::events::Emitter,
     /// Background work a request starts (waking a dormant instance); awaited at shutdown.
     pub tasks: tokio_util::task::TaskTracker,
+    /// `security.auth.failed` for refused credentials, rate-limited per source.
+    pub audit: Arc<audit::AuthAudit>,
 }
 
 /// What the status routes read.
@@ -61,6 +65,8 @@ pub struct StatusDeps {
     pub show_version: bool,
     pub show_uptime: bool,
     pub mode: &'static str,
+    /// Managed mode: what the backend loops last did (`GET /api/status/backend`).
+    pub backend: Option<Arc<crate::backend::monitor::BackendMonitor>>,
 }
 
 /// Every route of the satellite.

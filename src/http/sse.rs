@@ -19,8 +19,10 @@ use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
+use super::audit::finish;
 use super::dispatch::Target;
 use super::error::McpError;
+use super::stack::PeerAddr;
 use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth::{Principal, SCOPE_READ};
 use crate::events::{ClientConnected, ClientDisconnected, Event};
@@ -106,26 +108,30 @@ pub fn routes(
     sessions: Arc<SseSessions>,
 ) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let with = warp::any().map(move || (deps.clone(), sessions.clone()));
-    let open = warp::path!("sse").and(warp::get()).and(warp::header::headers_cloned()).and(with.clone()).then(
-        |headers: HeaderMap, (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
-            open(&deps, &sessions, &headers).await.unwrap_or_else(|err| err.into_response(&deps.urls))
-        },
-    );
+    let peer = warp::ext::optional::<PeerAddr>();
+    let open =
+        warp::path!("sse").and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+            |headers: HeaderMap, peer: Option<PeerAddr>, (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
+                let answer = open(&deps, &sessions, &headers).await;
+                finish(&deps, "sse", peer, &headers, None, answer).await
+            },
+        );
     let message = warp::path!("message")
         .and(warp::post())
         .and(warp::query::<HashMap<String, String>>())
         .and(warp::header::headers_cloned())
         .and(warp::body::content_length_limit(MAX_BODY_BYTES))
         .and(warp::body::bytes())
+        .and(peer)
         .and(with)
         .then(
             |query: HashMap<String, String>,
              headers: HeaderMap,
              body: bytes::Bytes,
+             peer: Option<PeerAddr>,
              (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
-                message(&deps, &sessions, &query, &headers, &body)
-                    .await
-                    .unwrap_or_else(|err| err.into_response(&deps.urls))
+                let answer = message(&deps, &sessions, &query, &headers, &body).await;
+                finish(&deps, "sse", peer, &headers, None, answer).await
             },
         );
     open.or(message).unify()
@@ -199,6 +205,22 @@ async fn message(
         session.tool_calls += u64::from(crate::activity::is_tool_call(body));
         (session.principal.clone(), session.events.clone())
     };
+    // Legacy SSE callers count as client activity too (SB §17): by OAuth client when the stream's token had one.
+    let client_id = principal.client_id.clone().unwrap_or_else(|| "legacy-sse".to_owned());
+    let auth_type = if principal.client_id.is_some() { "oauth" } else { "sse" };
+    let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    deps.activity.record(&crate::activity::Seen {
+        user_id: &principal.user.0,
+        team_id: &principal.team.0,
+        client_id: &client_id,
+        auth_type,
+        client_name_header: header_text("x-mcp-client-name"),
+        user_agent: header_text("user-agent"),
+        session_id: Some(id),
+        forwarded_for: header_text("x-forwarded-for"),
+        real_ip: header_text("x-real-ip"),
+        tool_call: crate::activity::is_tool_call(body),
+    });
     // A bearer sent along must be the same identity that opened the stream.
     if let Some(authorization) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
         let caller = deps.auth.authenticate_request(Some(authorization)).await.map_err(McpError::Auth)?;

@@ -25,6 +25,10 @@ use warp::Filter;
 
 use super::McpError;
 
+/// The TCP peer of the connection a request came on (a request extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
 /// Limits of the HTTP stack.
 #[derive(Debug, Clone, Copy)]
 pub struct HttpLimits {
@@ -83,7 +87,7 @@ pub async fn serve<F>(
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -95,7 +99,12 @@ pub async fn serve<F>(
                 }
             },
         };
-        let connection_service = TowerToHyperService::new(service.clone());
+        // Every request of the connection carries the peer's address, for client tracking and audit events.
+        let with_peer = service.clone().map_request(move |mut request: Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(PeerAddr(peer));
+            request
+        });
+        let connection_service = TowerToHyperService::new(with_peer);
         let builder = auto::Builder::new(TokioExecutor::new());
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service).into_owned();
         let watched = graceful.watch(connection);

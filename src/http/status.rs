@@ -18,8 +18,9 @@ pub fn routes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = wa
     let healthz =
         warp::path!("healthz").and(warp::get()).map(|| warp::reply::json(&json!({"status": "ok"})).into_response());
     let readyz = warp::path!("readyz").and(warp::get()).and(with.clone()).map(readyz);
-    let debug = warp::path!("api" / "status" / "debug").and(warp::get()).and(with).map(debug);
-    root.or(healthz).unify().or(readyz).unify().or(debug).unify()
+    let debug = warp::path!("api" / "status" / "debug").and(warp::get()).and(with.clone()).map(debug);
+    let backend = warp::path!("api" / "status" / "backend").and(warp::get()).and(with).then(backend);
+    root.or(healthz).unify().or(readyz).unify().or(debug).unify().or(backend).unify()
 }
 
 fn now() -> String {
@@ -36,6 +37,18 @@ fn root(deps: StatusDeps) -> Response {
         body["uptime"] = json!(deps.started.elapsed().as_secs());
     }
     warp::reply::json(&body).into_response()
+}
+
+/// SB §18.2: the backend connection (a live health check, cached for a few seconds), the satellite id, what the
+/// heartbeat, poller, config fetch and uploader last did, and the outbox. Never a key. A standalone satellite has
+/// no backend and says so.
+async fn backend(deps: StatusDeps) -> Response {
+    match &deps.backend {
+        Some(monitor) => warp::reply::json(&monitor.report().await).into_response(),
+        None => {
+            warp::reply::json(&json!({"mode": "standalone", "connection_status": "not_configured"})).into_response()
+        }
+    }
 }
 
 fn readyz(deps: StatusDeps) -> Response {

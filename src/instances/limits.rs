@@ -17,6 +17,15 @@ pub enum LimitError {
     Total { limit: usize },
 }
 
+impl LimitError {
+    /// The cap that was reached.
+    pub fn limit(&self) -> usize {
+        match self {
+            LimitError::User { limit, .. } | LimitError::Total { limit } => *limit,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct ProcessSlots {
     per_user: usize,

@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::config::UpstreamSettings;
 use crate::control::{diff, DesiredState, SnapshotDiff};
-use crate::events::Emitter;
+use crate::events::{Emitter, StopReason};
 use crate::mcp::client::ClientOptions;
 use crate::model::{Catalog, InstallationId, InstanceSpec, ProcessId, TeamId, UserId};
 use crate::search::SearchIndex;
@@ -42,6 +42,8 @@ use limits::ProcessSlots;
 
 /// Sent to remote MCP servers (SB §12.2).
 pub const REMOTE_USER_AGENT: &str = "Mozilla/5.0 (compatible; DeployStack-Satellite/1.0; +https://deploystack.io)";
+/// At most one `resource.limit.exceeded` per (team, resource, instance) in this window.
+const LIMIT_EVENT_WINDOW: Duration = Duration::from_secs(60);
 /// Time a stdio child gets to leave after stdin closes, before signals.
 const STDIO_CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -53,6 +55,13 @@ pub struct ReconcileReport {
     pub modified: usize,
     pub unchanged: usize,
     pub rejected: usize,
+}
+
+impl ReconcileReport {
+    /// Whether any instance was added, removed or replaced.
+    pub fn changed(&self) -> bool {
+        self.added + self.removed + self.modified > 0
+    }
 }
 
 /// Everything the manager needs from outside.
@@ -106,6 +115,8 @@ struct Inner {
     ready_tx: watch::Sender<bool>,
     tasks: TaskTracker,
     shutdown: CancellationToken,
+    /// One `resource.limit.exceeded` a minute per (team, resource, instance).
+    limit_events: crate::events::Throttle,
 }
 
 #[derive(Default)]
@@ -137,6 +148,7 @@ impl InstanceManager {
                 ready_tx,
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
+                limit_events: crate::events::Throttle::new(LIMIT_EVENT_WINDOW, 10_000),
             }),
         })
     }
@@ -199,13 +211,18 @@ impl InstanceManager {
             );
         }
 
-        let retiring: Vec<Arc<Instance>> = {
+        let retiring: Vec<(Arc<Instance>, StopReason)> = {
             let mut state = inner.state.write();
-            changes.removed.iter().chain(&changes.modified).filter_map(|id| state.live.remove(id)).collect()
+            let removed =
+                changes.removed.iter().filter_map(|id| state.live.remove(id)).map(|i| (i, StopReason::Removed));
+            let removed: Vec<_> = removed.collect();
+            let replaced =
+                changes.modified.iter().filter_map(|id| state.live.remove(id)).map(|i| (i, StopReason::Replaced));
+            removed.into_iter().chain(replaced.collect::<Vec<_>>()).collect()
         };
         let concurrency = inner.deps.settings.reconcile_concurrency;
         futures::stream::iter(retiring)
-            .for_each_concurrent(concurrency, |instance| async move { inner.stop(&instance).await })
+            .for_each_concurrent(concurrency, |(instance, reason)| async move { inner.stop(&instance, reason).await })
             .await;
         for id in &changes.removed {
             if let Err(err) = inner.deps.store.delete_catalog(id).await {
@@ -368,7 +385,9 @@ impl InstanceManager {
         let inner = &self.inner;
         inner.shutdown.cancel();
         let all: Vec<Arc<Instance>> = inner.state.write().live.drain().map(|(_, i)| i).collect();
-        futures::stream::iter(all).for_each_concurrent(32, |instance| async move { inner.stop(&instance).await }).await;
+        futures::stream::iter(all)
+            .for_each_concurrent(32, |instance| async move { inner.stop(&instance, StopReason::Shutdown).await })
+            .await;
         inner.tasks.close();
         inner.tasks.wait().await;
     }

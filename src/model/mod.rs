@@ -21,6 +21,19 @@ pub fn iso(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// A field that is dropped (read as `None`) rather than failing the whole body when its value has the wrong
+/// shape: for hints and informational fields the satellite can do without (BP §0 "Tolerant reader"). Use as
+/// `#[serde(default, deserialize_with = "crate::model::lenient")]`.
+pub fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::Deserialize;
+    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
+    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
+}
+
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*

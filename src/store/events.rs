@@ -28,6 +28,14 @@ pub struct StoredEvent {
     pub held: Option<String>,
 }
 
+/// What the outbox holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxSummary {
+    pub count: i64,
+    pub held: i64,
+    pub oldest_emitted_at: Option<String>,
+}
+
 pub(super) async fn insert_event(tx: &mut Transaction<'_, Sqlite>, event: &NewEvent<'_>) -> Result<(), StoreError> {
     sqlx::query("INSERT INTO event_outbox (event_type, emitted_at, data, process_id, held) VALUES (?, ?, ?, ?, ?)")
         .bind(event.event_type)
@@ -112,6 +120,18 @@ impl Store {
             .execute(self.pool())
             .await?;
         Ok(done.rows_affected())
+    }
+
+    /// Depth, held events and the oldest emission time of the outbox.
+    pub async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
+        let row = sqlx::query("SELECT COUNT(*) AS n, COUNT(held) AS held, MIN(emitted_at) AS oldest FROM event_outbox")
+            .fetch_one(self.pool())
+            .await?;
+        Ok(OutboxSummary {
+            count: row.try_get("n")?,
+            held: row.try_get("held")?,
+            oldest_emitted_at: row.try_get("oldest")?,
+        })
     }
 
     /// How many events the outbox holds.

@@ -13,7 +13,7 @@ mod events;
 mod status;
 
 pub use catalog::CatalogOwner;
-pub use events::{NewEvent, StoredEvent};
+pub use events::{NewEvent, OutboxSummary, StoredEvent};
 pub use status::StatusRecord;
 
 /// Status rows kept per instance.

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::backend::metrics::ProcessMetrics;
+use crate::backend::monitor::Channel;
 use crate::backend::wire::{
     HealthStatus, HeartbeatRequest, McpInstanceStatus, McpStatus, McpStatusSummary, ProcessMetric, ProcessStatus,
     SatelliteStatus, ServerStatusCounts, SystemMetrics, ToolName, Transport,
@@ -35,9 +36,11 @@ pub(super) async fn heartbeat_loop(
                 Ok(_) => {
                     url_sent.store(true, std::sync::atomic::Ordering::Release);
                     stats.lock().heartbeats += 1;
+                    deps.monitor.record(Channel::Heartbeat, Ok(()));
                 }
                 Err(err) => {
                     stats.lock().heartbeat_failures += 1;
+                    deps.monitor.record(Channel::Heartbeat, Err(err.to_string()));
                     warn!(error = %err, "heartbeat failed");
                 }
             }

@@ -6,7 +6,9 @@
 //! `heartbeat`, `poller`, `commands`, `upload`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use sha2::Digest;
 
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -17,9 +19,10 @@ use tracing::{info, warn, Instrument};
 use super::client::{BackendClient, BackendError};
 use super::dedup::{CommandLedger, FINISHED_KEPT};
 use super::metrics::ProcessMetrics;
+use super::monitor::Channel;
 use crate::auth::introspection::TokenIntrospection;
 use crate::backend::wire::Command;
-use crate::events::{ConfigErrorKind, Emitter, Event};
+use crate::events::{ConfigErrorKind, ConfigRefresh, Emitter, Event};
 use crate::instances::InstanceManager;
 use crate::model::InstanceStatus;
 use crate::store::Store;
@@ -50,6 +53,8 @@ pub struct ManagedDeps {
     pub oauth: Option<Arc<super::oauth::BackendOAuth>>,
     pub store: Store,
     pub events: Emitter,
+    /// What the loops last did, for `GET /api/status/backend`.
+    pub monitor: Arc<super::monitor::BackendMonitor>,
     /// `DEPLOYSTACK_SATELLITE_URL` as configured, `""` when unset (BP §3.2).
     pub satellite_url: String,
     /// `DEPLOYSTACK_BACKEND_POLLING_INTERVAL`.
@@ -91,11 +96,14 @@ impl Managed {
         self.stats.clone()
     }
 
-    /// Fetch the config and reconcile (BP §7); the `configure` result object on success.
+    /// Fetch the config and reconcile (BP §7); the `configure` result object on success. Every fetch is an
+    /// event: `config.refreshed` when applied, `config.error` when not.
     pub async fn refresh_config(deps: &ManagedDeps) -> Result<Value, BackendError> {
+        let began = Instant::now();
         let config = match deps.client.fetch_config().await {
             Ok(config) => config,
             Err(err) => {
+                deps.monitor.record(Channel::Config, Err(err.to_string()));
                 // BP §8.5-19: the failed fetch is an event too, so the dashboard can say why nothing changed.
                 let (kind, status_code) = match &err {
                     BackendError::Status { status: status @ (401 | 403), .. } => (ConfigErrorKind::Auth, Some(*status)),
@@ -109,14 +117,23 @@ impl Managed {
                 return Err(err);
             }
         };
+        deps.monitor.record(Channel::Config, Ok(()));
+        let fetch_ms = began.elapsed().as_millis() as u64;
         let desired = config.desired_state();
         for (key, reason) in &desired.rejected {
             warn!(process_id = %key, reason = %reason, "config entry refused; the others are applied");
         }
         let total = desired.instances.len();
         let enabled = desired.instances.values().filter(|s| s.enabled).count();
+        let raw = serde_json::to_vec(&config.mcp_servers).unwrap_or_default();
+        let digest = sha2::Sha256::digest(&raw).into();
+        let refresh =
+            ConfigRefresh::new("backend", digest, total, desired.teams_count(), desired.rejected.len(), fetch_ms);
         let report = deps.manager.apply(desired).await;
         info!(?report, "backend configuration applied");
+        deps.events
+            .emit(Event::config_refreshed(&ConfigRefresh { change_detected: report.changed(), ..refresh }))
+            .await;
         // A user who re-authorised an OAuth server is announced by a configure: connect again with the new token.
         for instance in deps.manager.instances() {
             if instance.spec().requires_oauth && instance.status().status == InstanceStatus::RequiresReauth {

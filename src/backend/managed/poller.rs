@@ -11,6 +11,7 @@ use tracing::warn;
 
 use crate::backend::client::BackendError;
 use crate::backend::dedup::{CommandLedger, Seen};
+use crate::backend::monitor::Channel;
 use crate::backend::polling::{next_delay, PollOutcome, MIN_DELAY};
 use crate::backend::wire::{self, Command, CommandResult, CommandsResponse};
 use crate::model::iso;
@@ -26,10 +27,14 @@ pub(super) async fn poll_loop(
     cancel: CancellationToken,
 ) {
     let poll = {
-        let client = deps.client.clone();
+        let (client, monitor) = (deps.client.clone(), deps.monitor.clone());
         move || {
-            let client = client.clone();
-            async move { client.poll_commands(&iso(Utc::now())).await }
+            let (client, monitor) = (client.clone(), monitor.clone());
+            async move {
+                let answer = client.poll_commands(&iso(Utc::now())).await;
+                monitor.record(Channel::Poll, answer.as_ref().map(|_| ()).map_err(ToString::to_string));
+                answer
+            }
         }
     };
     let handle = |answer: CommandsResponse| {

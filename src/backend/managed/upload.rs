@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backend::client::{BackendClient, BackendError, Refusal};
+use crate::backend::monitor::Channel;
 use crate::backend::uploader::{BatchOutcome, SendBatch, Tick, Uploader};
 use crate::backend::wire::{self, EventEnvelope, EventsRequest};
 
@@ -15,10 +16,18 @@ use super::{Managed, ManagedDeps};
 impl Managed {
     /// The uploader over this client.
     pub fn uploader(deps: &ManagedDeps, quota: i64) -> Uploader {
-        let client = deps.client.clone();
+        let (client, monitor) = (deps.client.clone(), deps.monitor.clone());
         let send: SendBatch = Arc::new(move |events: Vec<EventEnvelope>| {
-            let client = client.clone();
-            Box::pin(async move { send_events(&client, events).await })
+            let (client, monitor) = (client.clone(), monitor.clone());
+            Box::pin(async move {
+                let outcome = send_events(&client, events).await;
+                let recorded = match &outcome {
+                    BatchOutcome::Accepted { .. } => Ok(()),
+                    other => Err(format!("{other:?}")),
+                };
+                monitor.record(Channel::Events, recorded);
+                outcome
+            })
         });
         Uploader::new(deps.store.clone(), send, wire::MAX_EVENT_BATCH, quota)
     }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tracing::{info, warn, Instrument};
 
+use crate::events::{CallOutcome, Event, LimitExceeded, LimitedResource, ToolExecution};
 use crate::instances::instance::{Instance, InstanceError};
 use crate::instances::policy::{self, Blame};
 use crate::instances::status::{status_for, Failure};
@@ -14,7 +15,7 @@ use crate::instances::Inner;
 use crate::logcapture::RequestRecord;
 use crate::mcp::client::McpClient;
 use crate::mcp::transport::UpstreamError;
-use crate::model::{InstanceStatus, Upstream};
+use crate::model::{InstanceSpec, InstanceStatus, Upstream};
 
 impl Inner {
     pub(in crate::instances) async fn call(
@@ -28,11 +29,15 @@ impl Inner {
         let _permit = match tokio::time::timeout(queue, instance.calls.acquire()).await {
             Ok(Ok(permit)) => permit,
             _ => {
-                return Err(InstanceError::Busy {
+                let err = InstanceError::Busy {
                     slug: instance.spec().server_slug.clone(),
                     limit: instance.max_calls,
                     waited: queue,
-                })
+                };
+                let spec = instance.spec();
+                let limit = instance.max_calls as u64;
+                self.limit_exceeded(spec, LimitedResource::CallSlots, limit, limit, err.to_string()).await;
+                return Err(err);
             }
         };
         instance.touch();
@@ -42,7 +47,7 @@ impl Inner {
             Ok(client) => client,
             Err(err) => {
                 if logged {
-                    self.log_request(instance, params.as_ref(), Err(err.to_string()), began);
+                    self.record_call(instance, params.as_ref(), Err(err.to_string()), began).await;
                 }
                 return Err(err);
             }
@@ -66,7 +71,7 @@ impl Inner {
         };
         instance.touch();
         if logged {
-            self.log_request(instance, params.as_ref(), result.as_ref().map_err(ToString::to_string), began);
+            self.record_call(instance, params.as_ref(), result.as_ref().map_err(ToString::to_string), began).await;
         }
         match &result {
             Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {
@@ -89,9 +94,9 @@ impl Inner {
         Ok(result?)
     }
 
-    /// One `tools/call` for the request log: the external tool path, the arguments, and the result or error.
-    /// A result with `isError` counts as a failure.
-    pub(in crate::instances) fn log_request(
+    /// One `tools/call`: an `mcp.tool.executed` event, and the request log (arguments and result) unless the
+    /// installation turned it off. A result with `isError` counts as a failure.
+    pub(in crate::instances) async fn record_call(
         &self,
         instance: &Instance,
         params: Option<&Value>,
@@ -99,30 +104,62 @@ impl Inner {
         began: Instant,
     ) {
         let spec = instance.spec();
+        let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
+        let tool_path = crate::model::tool_path(&spec.server_slug, name);
+        let (outcome, error) = match &result {
+            Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => {
+                let text = value.pointer("/content/0/text").and_then(Value::as_str).unwrap_or("tool returned an error");
+                (CallOutcome::ToolError, Some(text.to_owned()))
+            }
+            Ok(_) => (CallOutcome::Success, None),
+            Err(message) => (CallOutcome::Failed, Some(message.clone())),
+        };
+        let execution = ToolExecution {
+            tool_path: tool_path.clone(),
+            duration_ms: began.elapsed().as_millis() as u64,
+            outcome,
+            error_message: error.as_deref().map(|e| crate::logcapture::mask_secrets(spec, e)),
+            request_bytes: params.map_or(0, json_len),
+            response_bytes: result.as_ref().map_or(0, |v| json_len(v)),
+        };
+        self.emit(Event::tool_executed(spec, &execution)).await;
         if !spec.request_logging_enabled {
             // Nothing is logged for this installation: skip copying arguments and results.
             return;
         }
-        let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
         let arguments = params.and_then(|p| p.get("arguments")).cloned().unwrap_or(Value::Null);
-        let (response, error) = match result {
-            Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => {
-                let text = value.pointer("/content/0/text").and_then(Value::as_str).unwrap_or("tool returned an error");
-                (None, Some(text.to_owned()))
-            }
-            Ok(value) => (Some(value.clone()), None),
-            Err(message) => (None, Some(message)),
+        let response = match (&result, outcome) {
+            (Ok(value), CallOutcome::Success) => Some((*value).clone()),
+            _ => None,
         };
-        self.deps.logs.request(
-            spec,
-            RequestRecord {
-                tool_path: crate::model::tool_path(&spec.server_slug, name),
-                params: arguments,
-                response,
-                error,
-                duration: began.elapsed(),
-            },
-        );
+        self.deps
+            .logs
+            .request(spec, RequestRecord { tool_path, params: arguments, response, error, duration: began.elapsed() });
+    }
+
+    /// A cap refused work: `resource.limit.exceeded`, at most one a minute per (team, resource, instance).
+    pub(in crate::instances) async fn limit_exceeded(
+        &self,
+        spec: &InstanceSpec,
+        resource: LimitedResource,
+        current: u64,
+        limit: u64,
+        message: String,
+    ) {
+        let key = format!("{}|{resource:?}|{}", spec.team_id, spec.process_id);
+        let Some(suppressed) = self.limit_events.allow(&key, std::time::Instant::now()) else { return };
+        warn!(process_id = %spec.process_id, resource = ?resource, current, limit, "{message}");
+        let exceeded = LimitExceeded {
+            team_id: spec.team_id.0.clone(),
+            resource_type: resource,
+            current_value: current,
+            limit_value: limit,
+            user_id: Some(spec.user_id.0.clone()),
+            installation_id: Some(spec.installation_id.0.clone()),
+            message,
+            suppressed_count: suppressed,
+        };
+        self.emit(Event::limit_exceeded(&exceeded)).await;
     }
 
     /// A call succeeded while the instance was offline or in error: rediscover in the background (SB §11.2).
@@ -197,5 +234,24 @@ impl Inner {
             }
             .instrument(span),
         );
+    }
+}
+
+/// The length of a value as JSON, without building the string.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => 0,
     }
 }

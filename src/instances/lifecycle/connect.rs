@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tracing::warn;
 
+use crate::events::LimitedResource;
 use crate::instances::limits::ProcessSlot;
 use crate::instances::{Inner, STDIO_CLOSE_GRACE};
 use crate::mcp::client::McpClient;
@@ -24,7 +25,14 @@ impl Inner {
         let mut slot = None;
         let transport = match &spec.upstream {
             Upstream::Stdio { .. } => {
-                slot = Some(self.slots.acquire(&spec.user_id).map_err(|err| UpstreamError::Refused(err.to_string()))?);
+                slot = match self.slots.acquire(&spec.user_id) {
+                    Ok(slot) => Some(slot),
+                    Err(err) => {
+                        let limit = err.limit() as u64;
+                        self.limit_exceeded(spec, LimitedResource::Processes, limit, limit, err.to_string()).await;
+                        return Err(UpstreamError::Refused(err.to_string()));
+                    }
+                };
                 let prepared = self.deps.sandbox.prepare(spec, &self.deps.inherited_env).map_err(|err| {
                     warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
                     UpstreamError::Refused(err.to_string())

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tracing::{info, warn, Instrument};
 
-use crate::events::{CrashReport, Event};
+use crate::events::{CrashReport, Event, StopReason};
 use crate::instances::instance::Instance;
 use crate::instances::policy::{self};
 use crate::instances::status::{status_for, Failure};
@@ -73,6 +73,7 @@ impl Inner {
         instance.clear_dormant();
         if let Some(client) = instance.take_client() {
             client.close().await;
+            self.emit(Event::server_stopped(instance.spec(), StopReason::Killed)).await;
         }
         self.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
     }
@@ -162,11 +163,13 @@ impl Inner {
         }
     }
 
-    pub(in crate::instances) async fn stop(&self, instance: &Arc<Instance>) {
+    /// Retire the instance for good: its process or connection ends, and `mcp.server.stopped` says why.
+    pub(in crate::instances) async fn stop(&self, instance: &Arc<Instance>, reason: StopReason) {
         instance.retired.cancel();
         let _lifecycle = instance.lifecycle.lock().await;
         if let Some(client) = instance.take_client() {
             client.close().await;
+            self.emit(Event::server_stopped(instance.spec(), reason)).await;
         }
     }
 }
