@@ -3,6 +3,7 @@
 mod common;
 
 mod cli;
+mod compat;
 mod contracts;
 mod fake_backend_selftest;
 mod front_door;

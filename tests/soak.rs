@@ -52,6 +52,22 @@ fn fds_and_children() -> (Vec<String>, usize) {
     (fds, children)
 }
 
+/// The descriptors and children once they stop changing: a process made dormant a moment ago may still be
+/// closing its pipes, which would count as open in a snapshot taken at once.
+async fn quiescent() -> (Vec<String>, usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = fds_and_children();
+    let mut stable = 0;
+    while stable < 5 {
+        assert!(std::time::Instant::now() < deadline, "descriptors never settled: {last:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = fds_and_children();
+        stable = if now == last { stable + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_spawn_crash_and_idle_cycles_leak_no_descriptor_or_process() {
     let dir = tempfile::tempdir().unwrap();
@@ -103,7 +119,7 @@ async fn a_thousand_spawn_crash_and_idle_cycles_leak_no_descriptor_or_process() 
         }
     };
     settle().await;
-    let before = fds_and_children();
+    let before = quiescent().await;
     for i in 20..1020 {
         cycle(i).await;
     }

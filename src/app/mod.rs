@@ -23,8 +23,8 @@ use crate::backend::startup::{self, IdentityError};
 use crate::backend::wire::Audience;
 use crate::config::env::Env;
 use crate::config::{self, Config, ConfigError, Mode, StandaloneSource};
-use crate::control::standalone::Directory;
 use crate::control::standalone::{self, StandaloneConfig};
+use crate::control::standalone::{Directory, DEFAULT_SCOPES};
 use crate::events::{self, Emitter};
 use crate::http::oauth::ResourceUrls;
 use crate::http::session::{SessionTable, SESSION_IDLE};
@@ -463,20 +463,29 @@ fn introspector(client: Arc<BackendClient>) -> Introspect {
         Box::pin(async move {
             match client.introspect(&token).await {
                 Ok(answer) if answer.active => match (answer.sub, answer.team_id) {
-                    (Some(user), Some(team)) => Verdict::Active(Introspected {
-                        principal: Principal {
-                            user: UserId::from(user.as_str()),
-                            team: TeamId::from(team.as_str()),
-                            scopes: answer.scope.unwrap_or_default().split_whitespace().map(str::to_owned).collect(),
-                            client_id: answer.client_id.clone(),
-                        },
-                        audience: match answer.aud {
-                            Some(Audience::One(one)) => vec![one],
-                            Some(Audience::Many(many)) => many,
-                            None => Vec::new(),
-                        },
-                        client_id: answer.client_id,
-                    }),
+                    (Some(user), Some(team)) => {
+                        // Every introspected caller is an OAuth client and is tracked (SB §17); a backend that
+                        // names no client gets "unknown" (docs/decisions.md).
+                        let client_id = Some(answer.client_id.unwrap_or_else(|| "unknown".to_owned()));
+                        Verdict::Active(Introspected {
+                            principal: Principal {
+                                user: UserId::from(user.as_str()),
+                                team: TeamId::from(team.as_str()),
+                                // An answer without `scope` carries the backend's standard grant (docs/decisions.md).
+                                scopes: match answer.scope {
+                                    Some(scope) => scope.split_whitespace().map(str::to_owned).collect(),
+                                    None => DEFAULT_SCOPES.map(String::from).to_vec(),
+                                },
+                                client_id: client_id.clone(),
+                            },
+                            audience: match answer.aud {
+                                Some(Audience::One(one)) => vec![one],
+                                Some(Audience::Many(many)) => many,
+                                None => Vec::new(),
+                            },
+                            client_id,
+                        })
+                    }
                     _ => Verdict::Inactive(Some("Token validation failed: no user or team".into())),
                 },
                 Ok(answer) => Verdict::Inactive(answer.error_description),

@@ -36,6 +36,7 @@ use warp::http::{HeaderMap, Method, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
+use super::answer_style::{shape, AnswerStyle};
 use super::repo_path;
 
 /// The backend's endpoints (BP §0.1; E11 is not served).
@@ -102,7 +103,7 @@ pub struct TokenInfo {
     pub team_permissions: Vec<String>,
     pub scopes: Vec<String>,
     pub client_id: String,
-    /// Omitted by default (OQ-14).
+    /// `["deploystack:mcp:satellite"]` by default, as the real backend issues (BP §10, OQ-14).
     pub aud: Option<Vec<String>>,
     /// `false`: answered `{active:false, …}` like an expired token.
     pub active: bool,
@@ -120,13 +121,19 @@ impl TokenInfo {
             team_permissions: vec!["mcp.servers.use".into()],
             scopes: ["mcp:read", "mcp:tools:execute", "offline_access"].map(String::from).to_vec(),
             client_id: "dyn_fake_client".into(),
-            aud: None,
+            aud: Some(vec!["deploystack:mcp:satellite".into()]),
             active: true,
         }
     }
 
     pub fn with_aud(mut self, aud: &[&str]) -> Self {
         self.aud = Some(aud.iter().map(|a| a.to_string()).collect());
+        self
+    }
+
+    /// No `aud` at all (accepted, OQ-14).
+    pub fn without_aud(mut self) -> Self {
+        self.aud = None;
         self
     }
 
@@ -183,6 +190,8 @@ struct State {
     latency: Duration,
     latency_for: HashMap<Endpoint, Duration>,
     event_counter: u64,
+    /// How 2xx answers are worded.
+    style: AnswerStyle,
 }
 
 struct Shared {
@@ -283,6 +292,11 @@ impl FakeBackend {
     // --- commands
 
     /// Queue a command; it is delivered on every poll until a result for it arrives (BP §4.3).
+    /// Word every 2xx answer from now on as `style` (the real backend's by default).
+    pub fn set_style(&self, style: AnswerStyle) {
+        self.shared.state.lock().style = style;
+    }
+
     pub fn push_command(&self, command: Command) {
         self.shared.state.lock().commands.push(Issued { command, results: Vec::new() });
     }
@@ -529,7 +543,16 @@ async fn handle(
             let cut: String = text.chars().take(text.chars().count() / 2).collect();
             Answer { status: 200, body: Body::Raw(cut) }
         }
-        None => dispatch(&shared, endpoint, sid.as_deref(), &query, bearer.as_deref(), &parsed),
+        None => {
+            let answer = dispatch(&shared, endpoint, sid.as_deref(), &query, bearer.as_deref(), &parsed);
+            match answer.body {
+                Body::Json(value) if (200..300).contains(&answer.status) => {
+                    let style = shared.state.lock().style;
+                    Answer { status: answer.status, body: Body::Json(shape(style, endpoint, value)) }
+                }
+                body => Answer { status: answer.status, body },
+            }
+        }
     };
 
     let mut recorded = BTreeMap::new();

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod answer_style;
 pub mod fake_backend;
 pub mod lifecycle;
 mod mcp_http;

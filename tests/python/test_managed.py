@@ -1,6 +1,8 @@
 """The official MCP Python SDK against a managed satellite: the satellite binary registers with a small fake
 backend (stdlib HTTP, the BP subset a managed satellite needs), runs the npm `server-everything` it is
-configured with, and authenticates the SDK's bearer token by introspection."""
+configured with, and authenticates the SDK's bearer token by introspection. The fake answers the way the real
+backend does, with only the fields it promises: registration `{success, satellite: {id, name, api_key},
+message}`, introspection with `aud: ["deploystack:mcp:satellite"]`, acks without bodies the satellite needs."""
 import json
 import os
 import subprocess
@@ -22,7 +24,11 @@ pytestmark = pytest.mark.anyio
 
 API_KEY = "deploystack_satellite_api_global_" + "k" * 32
 REGISTRATION = "deploystack_satellite_global_pytest0registration0token"
-TOKENS = {"alice-token": {"sub": "alice", "team_id": "acme"}}
+TOKENS = {
+    "alice-token": {"sub": "alice", "team_id": "acme", "aud": ["deploystack:mcp:satellite"]},
+    # Issued for another resource server: refused (BP §10, OQ-14).
+    "foreign-token": {"sub": "alice", "team_id": "acme", "aud": ["https://elsewhere.example/mcp"]},
+}
 
 
 class FakeBackend(ThreadingHTTPServer):
@@ -88,22 +94,22 @@ class Handler(BaseHTTPRequestHandler):
             if self.headers.get("authorization") != f"Bearer {REGISTRATION}":
                 return self.reply(401, {"success": False, "error": "invalid_registration_token"})
             return self.reply(200, {"success": True, "satellite": {
-                "id": "sat000000000001", "name": body["name"], "satellite_type": "global", "team_id": None,
-                "status": "inactive", "api_key": API_KEY}})
+                "id": "sat000000000001", "name": body["name"], "api_key": API_KEY},
+                "message": "Satellite registered successfully"})
         if self.path == "/api/oauth2/introspect":
             backend.introspections += 1
             known = TOKENS.get(body.get("token"))
             if not known:
                 return self.reply(200, {"active": False, "error": "invalid_token"})
-            return self.reply(200, {"active": True, "username": known["sub"], "client_id": "pytest",
+            return self.reply(200, {"active": True, "client_id": "pytest",
                                     "scope": "mcp:read mcp:tools:execute offline_access", **known})
         if not self.authorized():
             return self.reply(401, {"success": False, "error": "Invalid API key"})
         if self.path.endswith("/heartbeat") or self.path.endswith("/command-result"):
-            return self.reply(200, {"success": True, "message": "ok"})
+            return self.reply(200, {"success": True})
         if self.path.endswith("/events"):
             backend.events.extend(body["events"])
-            return self.reply(200, {"success": True, "processed": len(body["events"]), "failed": 0, "event_ids": []})
+            return self.reply(200, {"success": True})
         return self.reply(404, {"success": False, "error": "Not found"})
 
 
@@ -169,3 +175,18 @@ async def test_an_unknown_token_is_refused(managed):
     with pytest.raises(Exception):
         async with client(base, "not-a-token", "legacy") as c:
             await c.list_tools()
+
+
+async def test_a_token_for_another_audience_is_refused_as_invalid(managed):
+    _, base = managed
+    async with httpx2.AsyncClient(timeout=30) as http:
+        answer = await http.post(
+            base + "/mcp",
+            headers={"Authorization": "Bearer foreign-token", "Content-Type": "application/json",
+                     "Accept": "application/json, text/event-stream"},
+            content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}),
+        )
+    assert answer.status_code == 401
+    assert answer.json()["error"]["code"] == -32002
+    assert "invalid_token" in answer.headers["www-authenticate"]

@@ -1,0 +1,353 @@
+//! Drop-in compatibility with every DeployStack backend (BP §0 "Tolerant reader", §10 audience): the same
+//! managed scenario against a FakeBackend that words its answers minimally, as the real backend does, in full,
+//! and with fields nobody knows yet. The satellite must behave the same way in all four.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use satellite::backend::wire::{
+    Command, CommandKind, CommonPayload, ConfigResponse, ConfigurePayload, PollingMode, Priority, RestartPayload,
+    ResultStatus,
+};
+use satellite::control::McpServerEntry;
+use satellite::model::InstanceStatus;
+use serde_json::{json, Value};
+
+use crate::common::answer_style::AnswerStyle;
+use crate::common::fake_backend::{FakeBackend, TokenInfo};
+use crate::common::lifecycle::{wait_status, DEADLINE};
+
+use crate::common::*;
+
+const STDIO: &str = "plain-acme-alice-inst1";
+const REMOTE: &str = "demo-acme-alice-inst2";
+const ALICE_TOKEN: &str = "alice-oauth-token-0123456789";
+
+fn config(remote: &HttpServer) -> ConfigResponse {
+    let script = fixture("misbehaving_server.py").to_string_lossy().into_owned();
+    let stdio = McpServerEntry {
+        installation_id: "inst1".into(),
+        team_id: "acme".into(),
+        team_slug: "acme".into(),
+        server_name: "Plain".into(),
+        server_slug: Some("plain".into()),
+        installation_name: "Plain".into(),
+        transport_type: Some("stdio".into()),
+        command: Some("python3".into()),
+        args: Some(vec![script, "plain".into()]),
+        enabled: Some(true),
+        user_id: "alice".into(),
+        ..Default::default()
+    };
+    let remote = McpServerEntry {
+        installation_id: "inst2".into(),
+        team_id: "acme".into(),
+        team_slug: "acme".into(),
+        server_name: "Demo".into(),
+        server_slug: Some("demo".into()),
+        installation_name: "Demo".into(),
+        transport_type: Some("http".into()),
+        url: Some(remote.url("/mcp").to_string()),
+        timeout: Some(45000.0),
+        enabled: Some(true),
+        user_id: "alice".into(),
+        ..Default::default()
+    };
+    ConfigResponse::from_entries([(STDIO, stdio), (REMOTE, remote)])
+}
+
+fn fast(config: &mut satellite::config::Config) {
+    config.activity_interval = Duration::from_millis(300);
+    if let satellite::config::Mode::Managed(m) = &mut config.mode {
+        m.heartbeat_interval = Duration::from_millis(200);
+        m.event_interval = Duration::from_millis(100);
+        // A minimal answer carries no poll hint: the idle interval applies.
+        m.poll_idle = Duration::from_secs(1);
+    }
+}
+
+/// What a user and the backend can observe of one run.
+#[derive(Debug, PartialEq)]
+struct Observed {
+    tool_paths: BTreeSet<String>,
+    stdio_answer: String,
+    remote_answer: String,
+    results: Vec<(String, ResultStatus)>,
+    foreign_audience: (u16, i64),
+    no_audience_ok: bool,
+}
+
+async fn run(style: AnswerStyle) -> (Observed, BTreeSet<String>) {
+    let remote = HttpServer::demo(&[]).await;
+    let backend = FakeBackend::start().await;
+    backend.set_style(style);
+    // Poll every 2 s even when idle, so pushed commands are picked up quickly (a minimal answer has no hint:
+    // the 1 s idle interval of `fast` applies).
+    backend.set_poll_hint(Some((PollingMode::Normal, 2)));
+    backend.set_config(&config(&remote));
+    backend.add_token(ALICE_TOKEN, TokenInfo::new("alice", "acme"));
+    backend.add_token("foreign-token-0123456789", TokenInfo::new("alice", "acme").with_aud(&["https://elsewhere/mcp"]));
+    backend.add_token("no-aud-token-0123456789", TokenInfo::new("alice", "acme").without_aud());
+    let sat =
+        TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempfile::tempdir().unwrap(), fast)
+            .await
+            .unwrap_or_else(|err| panic!("{style:?}: the managed satellite starts: {err}"));
+    wait_status(&sat, STDIO, InstanceStatus::Online).await;
+    wait_status(&sat, REMOTE, InstanceStatus::Online).await;
+
+    // A client authenticated by introspection with the backend's audience finds and runs both servers' tools.
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE_TOKEN)).await;
+    let listed = alice.tool("discover_mcp_tools", json!({"query": "*"})).await;
+    let listed: Value = serde_json::from_str(listed["result"]["content"][0]["text"].as_str().unwrap_or("{}")).unwrap();
+    let tool_paths: BTreeSet<String> = listed["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["tool_path"].as_str().map(str::to_owned))
+        .collect();
+    let text = |reply: &Value| reply["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+    let stdio_answer = text(&alice.execute("plain:ok", json!({})).await);
+    let remote_answer = text(&alice.execute("demo:echo", json!({"text": "tolerant"})).await);
+
+    // Commands of each kind reach their terminal result.
+    let commands = [
+        Command::new(
+            "c-refresh",
+            Priority::Immediate,
+            CommandKind::Configure(ConfigurePayload {
+                common: CommonPayload { event: Some("mcp_installation_updated".into()), ..Default::default() },
+                ..Default::default()
+            }),
+        ),
+        Command::new(
+            "c-restart",
+            Priority::Immediate,
+            CommandKind::Restart(RestartPayload {
+                common: CommonPayload { installation_id: Some("inst1".into()), ..Default::default() },
+                ..Default::default()
+            }),
+        ),
+        Command::new(
+            "c-tool",
+            Priority::High,
+            CommandKind::Configure(ConfigurePayload {
+                action: Some("update_tool_status".into()),
+                common: CommonPayload { installation_id: Some("inst2".into()), ..Default::default() },
+                tool_name: Some("add".into()),
+                is_disabled: Some(true),
+                ..Default::default()
+            }),
+        ),
+        Command::new(
+            "c-unknown",
+            Priority::Normal,
+            CommandKind::Unknown { command_type: "teleport".into(), payload: json!({}) },
+        ),
+    ];
+    let mut results = Vec::new();
+    for command in commands {
+        let id = command.id.clone();
+        backend.push_command(command);
+        let result = wait_until(DEADLINE, &format!("{style:?}: a result for {id}"), || async {
+            backend.results_for(&id).into_iter().next()
+        })
+        .await;
+        results.push((id, result.status));
+    }
+    wait_status(&sat, STDIO, InstanceStatus::Online).await;
+
+    // A token issued for another resource is refused (BP §10); one without any audience is accepted (OQ-14).
+    let (status, reply) =
+        Caller::new(&sat, "/mcp", Some("foreign-token-0123456789")).call("tools/list", json!({})).await;
+    let foreign_audience = (status.as_u16(), reply["error"]["code"].as_i64().unwrap_or_default());
+    let mut no_audience = Caller::new(&sat, "/mcp", Some("no-aud-token-0123456789"));
+    no_audience.initialize().await;
+    let (status, _) = no_audience.call("ping", json!({})).await;
+    let no_audience_ok = status.is_success();
+
+    // What reached the backend: every body was valid, and these events arrived.
+    let expected = ["mcp.server.status_changed", "mcp.tools.discovered", "mcp.tool.executed", "config.refreshed"];
+    let kinds = wait_until(DEADLINE, &format!("{style:?}: the events delivered"), || async {
+        let kinds: BTreeSet<String> = backend.events().iter().map(|e| e.kind.as_str().to_owned()).collect();
+        expected.iter().all(|k| kinds.contains(*k)).then_some(kinds)
+    })
+    .await;
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+    let observed = Observed { tool_paths, stdio_answer, remote_answer, results, foreign_audience, no_audience_ok };
+    (observed, kinds)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_satellite_behaves_alike_against_minimal_real_full_and_extended_backends() {
+    let (real, real_events) = run(AnswerStyle::Real).await;
+    assert!(real.tool_paths.contains("plain:ok") && real.tool_paths.contains("demo:echo"), "{real:?}");
+    assert_eq!(real.remote_answer, "tolerant");
+    assert!(!real.stdio_answer.is_empty());
+    assert_eq!(
+        real.results,
+        [
+            ("c-refresh".to_owned(), ResultStatus::Completed),
+            ("c-restart".to_owned(), ResultStatus::Completed),
+            ("c-tool".to_owned(), ResultStatus::Completed),
+            ("c-unknown".to_owned(), ResultStatus::Failed),
+        ]
+    );
+    assert_eq!(real.foreign_audience, (401, -32002), "a foreign audience is an invalid token");
+    assert!(real.no_audience_ok);
+    for style in [AnswerStyle::Minimal, AnswerStyle::Full, AnswerStyle::Extra] {
+        let (observed, events) = run(style).await;
+        assert_eq!(observed, real, "{style:?} answers change what the satellite does");
+        assert_eq!(events, real_events, "{style:?} answers change which events are sent");
+    }
+}
+
+/// Every event type of the registry (BP §8.4) is emitted where it happens and reaches the backend, each payload
+/// valid against its schema in proto/ (the fake checks each one and records a violation otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_type_reaches_the_backend() {
+    use crate::common::fake_backend::Endpoint;
+    use crate::common::lifecycle::{call, instance};
+    use satellite::backend::wire::TargetPayload;
+    use satellite::events::EventKind;
+
+    const FLOOD: &str = "flood-acme-alice-inst3";
+    const CRASHER: &str = "crash-acme-bob-inst4";
+    let remote = HttpServer::demo(&[]).await;
+    let remote_addr = remote.addr;
+    let backend = FakeBackend::start().await;
+    backend.set_poll_hint(Some((PollingMode::Normal, 2)));
+    let script = fixture("misbehaving_server.py").to_string_lossy().into_owned();
+    let stdio = |installation: &str, slug: &str, user: &str, mode: &str| McpServerEntry {
+        installation_id: installation.into(),
+        team_id: "acme".into(),
+        team_slug: "acme".into(),
+        server_name: slug.into(),
+        server_slug: Some(slug.into()),
+        installation_name: slug.into(),
+        transport_type: Some("stdio".into()),
+        command: Some("python3".into()),
+        args: Some(vec![script.clone(), mode.into()]),
+        enabled: Some(true),
+        user_id: user.into(),
+        ..Default::default()
+    };
+    let mut entries = config(&remote);
+    for (key, entry) in
+        [(FLOOD, stdio("inst3", "flood", "alice", "flood-stderr")), (CRASHER, stdio("inst4", "crash", "bob", "plain"))]
+    {
+        entries.mcp_servers.insert(key.into(), serde_json::to_value(entry).unwrap());
+    }
+    backend.set_config(&entries);
+    backend.add_token(ALICE_TOKEN, TokenInfo::new("alice", "acme"));
+    let tweak = |config: &mut satellite::config::Config| {
+        fast(config);
+        let lifecycle = &mut config.upstream.lifecycle;
+        lifecycle.restart_backoff = vec![Duration::ZERO];
+        lifecycle.log_rate_limit = 20;
+        lifecycle.log_rate_warning_interval = Duration::from_millis(200);
+        lifecycle.max_calls_per_instance = 1;
+        lifecycle.call_queue_timeout = Duration::from_millis(200);
+        lifecycle.idle_timeout = Some(Duration::from_secs(2));
+        lifecycle.spawn_grace = Duration::ZERO;
+        lifecycle.idle_check_interval = Duration::from_millis(100);
+    };
+    let sat =
+        TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempfile::tempdir().unwrap(), tweak)
+            .await
+            .expect("the managed satellite starts");
+    wait_status(&sat, STDIO, InstanceStatus::Online).await;
+    wait_status(&sat, REMOTE, InstanceStatus::Online).await;
+
+    // A client: activity, tool calls (request logs, tool.executed); two at once on a one-slot instance: a limit.
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE_TOKEN)).await;
+    alice.execute("plain:ok", json!({})).await;
+    let (a, b) =
+        tokio::join!(alice.execute("demo:slow", json!({"ms": 1500})), alice.execute("demo:slow", json!({"ms": 1500})));
+    assert!([&a, &b].iter().any(|r| r.to_string().contains("busy")), "one call finds the slot taken: {a} {b}");
+    // A stranger's token: security.auth.failed.
+    let (status, _) = Caller::new(&sat, "/mcp", Some("not-a-token-0123456789")).call("ping", json!({})).await;
+    assert_eq!(status.as_u16(), 401);
+    // A legacy SSE client comes and goes: client.connected, client.disconnected.
+    let stream = reqwest::Client::new()
+        .get(format!("{}/sse", sat.base_url()))
+        .bearer_auth(ALICE_TOKEN)
+        .header("user-agent", "Cursor/1.0")
+        .send()
+        .await
+        .expect("sse stream");
+    assert!(stream.status().is_success());
+    drop(stream);
+
+    // Bob's server crashes: crashed, restarted; three more crashes in the window: permanently_failed.
+    for crash in 1..=4 {
+        wait_status(&sat, CRASHER, InstanceStatus::Online).await;
+        let _ = call(&sat, CRASHER, "exit", json!({})).await;
+        wait_until(DEADLINE, &format!("crash {crash} reported"), || async {
+            let crashes = backend.events().iter().filter(|e| e.kind == EventKind::ServerCrashed).count();
+            (crashes >= crash).then_some(())
+        })
+        .await;
+    }
+    wait_status(&sat, CRASHER, InstanceStatus::PermanentlyFailed).await;
+
+    // Idle stdio servers go dormant and wake on the next call.
+    wait_until(DEADLINE, "the plain server dormant", || async { instance(&sat, STDIO).is_dormant().then_some(()) })
+        .await;
+    alice.execute("plain:ok", json!({})).await;
+
+    // The remote server changes its tools; a recovery re-discovers them: tools.updated.
+    drop(remote);
+    wait_until(DEADLINE, "the old demo server gone", || async {
+        tokio::net::TcpStream::connect(remote_addr).await.is_err().then_some(())
+    })
+    .await;
+    let _remote = HttpServer::demo_on(&remote_addr.to_string(), &["--without-tool", "add"]).await;
+    let recovery = |id: &str| {
+        Command::new(
+            id,
+            Priority::Immediate,
+            CommandKind::Configure(ConfigurePayload {
+                common: CommonPayload {
+                    event: Some("mcp_recovery".into()),
+                    installation_id: Some("inst2".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+        )
+    };
+    backend.push_command(recovery("c-recover"));
+    // A config fetch that fails: config.error; one that works: config.refreshed.
+    backend.fail_next(Endpoint::Config, 500, 1);
+    backend.push_command(Command::new(
+        "c-refresh-fails",
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload::default()),
+    ));
+    // A kill stops alice's plain server: mcp.server.stopped.
+    backend.push_command(Command::new(
+        "c-kill",
+        Priority::Immediate,
+        CommandKind::Kill(TargetPayload {
+            common: CommonPayload { installation_id: Some("inst1".into()), ..Default::default() },
+        }),
+    ));
+    for id in ["c-recover", "c-refresh-fails", "c-kill"] {
+        wait_until(DEADLINE, &format!("a result for {id}"), || async { backend.results_for(id).into_iter().next() })
+            .await;
+    }
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen: BTreeSet<EventKind> = backend.events().iter().map(|e| e.kind).collect();
+        let missing: Vec<EventKind> = EventKind::ALL.into_iter().filter(|k| !seen.contains(k)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never delivered: {missing:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
