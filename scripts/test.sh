@@ -25,6 +25,12 @@ npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 echo "==> reference token counts from gpt-tokenizer (tests/node/token_counts.json, read by tests/tokens.rs)"
 node tests/node/token_counts.mjs ../shared/data/toolsearch/corpus.jsonl tests/node/token_counts.json
 
+echo "==> Python tools in .venv: the official MCP Python SDK, pytest, and uv (GitHub deployments of Python servers)"
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+.venv/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+# tests/github.rs deploys a Python server with uv, found on PATH like an operator's.
+export PATH="$PWD/.venv/bin:$PATH"
+
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -35,6 +41,4 @@ echo "==> cargo test"
 cargo test --locked --lib --bins --tests
 
 echo "==> real MCP clients: the official Python SDK (tests/python)"
-if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-.venv/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 SATELLITE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/satellite" .venv/bin/python -m pytest -q tests/python

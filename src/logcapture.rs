@@ -265,6 +265,7 @@ mod tests {
             request_logging_enabled: logging,
             secrets: SecretNames::default(),
             disabled_tools: Default::default(),
+            deployment: None,
         }
     }
 

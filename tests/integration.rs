@@ -7,6 +7,7 @@ mod compat;
 mod contracts;
 mod fake_backend_selftest;
 mod front_door;
+mod github;
 mod lifecycle;
 mod managed;
 mod reconcile;

@@ -18,7 +18,7 @@ use crate::backend::client::BackendClient;
 use crate::backend::managed::{self, Managed, ManagedDeps};
 use crate::backend::metrics::ProcessMetrics;
 use crate::backend::monitor::BackendMonitor;
-use crate::backend::oauth::BackendOAuth;
+use crate::backend::oauth::{BackendGithub, BackendOAuth};
 use crate::backend::startup::{self, IdentityError};
 use crate::backend::wire::Audience;
 use crate::config::env::Env;
@@ -30,6 +30,7 @@ use crate::http::oauth::ResourceUrls;
 use crate::http::session::{SessionTable, SESSION_IDLE};
 use crate::http::sse::{SseSessions, SSE_IDLE};
 use crate::http::{self, McpDeps, StatusDeps};
+use crate::instances::deploy::{DeploySettings, Deployer};
 use crate::instances::{self, InstanceManager, ManagerDeps, OAuthTokens};
 use crate::jobs::{FirstRun, Jobs};
 use crate::logcapture::LogCapture;
@@ -135,6 +136,18 @@ impl Satellite {
             Mode::Standalone(_) => None,
         };
         let oauth = backend_client.clone().map(|client| Arc::new(BackendOAuth::new(client)));
+        // Managed mode: GitHub-deployed servers, one directory per installation (SB §9.9).
+        let remote_http = instances::remote_http_client()?;
+        let deployer = match (&config.mode, &backend_client) {
+            (Mode::Managed(settings), Some(client)) => Some(Arc::new(Deployer::new(DeploySettings {
+                root: settings.deployments_dir.clone().unwrap_or_else(|| config.data_dir.join("deployments")),
+                tarball_base: settings.github_tarball_base.clone(),
+                http: remote_http.clone(),
+                tokens: Arc::new(BackendGithub(client.clone())),
+                search: instances::sandbox::search_dirs(env),
+            }))),
+            _ => None,
+        };
         let deps = ManagerDeps {
             oauth: oauth.clone().map(|o| o as Arc<dyn OAuthTokens>),
             sandbox: Arc::new(sandbox),
@@ -142,10 +155,11 @@ impl Satellite {
             settings: config.upstream.clone(),
             client_options: ClientOptions::default(),
             inherited_env: instances::sandbox::inherited_env(env),
-            http: instances::remote_http_client()?,
+            http: remote_http,
             store: store.clone(),
             events: emitter.clone(),
             logs: logs.clone(),
+            deployer,
         };
         let manager = InstanceManager::new(deps).await?;
         // Managed mode: who we are before anything serves (BP §1); every failure here is fatal.

@@ -275,6 +275,21 @@ impl BackendClient {
         .await
     }
 
+    /// E11, 60 s.
+    pub async fn github_token(&self, installation_id: &str) -> Result<wire::GithubToken, BackendError> {
+        let (id, key) = self.session("github-token")?;
+        self.call(
+            "github-token",
+            Method::GET,
+            path::github_token(&id, installation_id),
+            Some(key),
+            None::<&()>,
+            Duration::from_secs(60),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+    }
+
     fn session(&self, endpoint: &'static str) -> Result<(String, String), BackendError> {
         let session = self.session.read();
         let session = session.as_ref().ok_or(BackendError::NotRegistered { endpoint })?;

@@ -101,3 +101,17 @@ impl OAuthTokens for BackendOAuth {
         }
     }
 }
+
+/// GitHub installation tokens for deployments (BP §12), straight from the backend (it caches them itself).
+pub struct BackendGithub(pub Arc<BackendClient>);
+
+impl crate::instances::deploy::GithubTokens for BackendGithub {
+    fn token<'a>(&'a self, installation: &'a crate::model::InstallationId) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            match self.0.github_token(&installation.0).await {
+                Ok(answer) => Ok(answer.token.expose().to_owned()),
+                Err(err) => Err(format!("installation token unavailable: {err}")),
+            }
+        })
+    }
+}

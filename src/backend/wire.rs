@@ -49,6 +49,10 @@ pub mod path {
     pub fn tokens_retrieve(satellite_id: &str) -> String {
         format!("/api/satellites/{satellite_id}/tokens/retrieve")
     }
+    pub fn github_token(satellite_id: &str, installation_id: &str) -> String {
+        let installation = url::form_urlencoded::byte_serialize(installation_id.as_bytes()).collect::<String>();
+        format!("/api/satellites/{satellite_id}/github-token/{installation}")
+    }
 }
 
 /// At most this many events per `POST …/events` (BP §8.1, §8.3).
@@ -1048,6 +1052,17 @@ pub struct OAuthToken {
     pub expires_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// GitHub installation token (BP §12)
+
+/// `GET …/github-token/{installation_id}` 200: the token that downloads the repository tarball.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GithubToken {
+    pub token: Credential,
+    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@ use serde_json::Value;
 use tracing::warn;
 use url::Url;
 
-use crate::model::{lenient, InstallationId, InstanceSpec, ProcessId, SecretNames, TeamId, Upstream, UserId};
+use crate::model::{
+    lenient, Deployment, InstallationId, InstanceSpec, ProcessId, Runtime, SecretNames, TeamId, Upstream, UserId,
+};
 
 /// Default request timeout for HTTP/SSE instances without one.
 pub const DEFAULT_REMOTE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -205,6 +207,10 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
     if server_slug.contains(':') || server_slug.contains('|') {
         return Err(format!("server slug {server_slug:?} must not contain ':' or '|'"));
     }
+    let deployment = match entry.source.as_deref() {
+        Some("github") if enabled => Some(github_deployment(entry)?),
+        _ => None,
+    };
     let secrets = entry.secret_metadata.clone().unwrap_or_default();
     Ok(InstanceSpec {
         process_id: ProcessId(key.to_owned()),
@@ -225,7 +231,25 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
         request_logging_enabled: entry.settings.as_ref().and_then(|s| s.request_logging_enabled).unwrap_or(true),
         secrets: SecretNames { env: secrets.env, headers: secrets.headers, query_params: secrets.query_params },
         disabled_tools: entry.disabled_tools.iter().flatten().cloned().collect(),
+        deployment,
     })
+}
+
+/// A `source: github` entry's deployment (SB §9.9): the repository and the pinned commit are required.
+fn github_deployment(entry: &McpServerEntry) -> Result<Deployment, String> {
+    let url = entry.repository_url.as_deref().ok_or("GitHub-deployed entry needs repository_url")?;
+    let repository =
+        Deployment::repository_of(url).ok_or_else(|| format!("repository_url {url:?} is not a GitHub repository"))?;
+    let sha = entry.git_commit_sha.as_deref().map(str::trim).unwrap_or("");
+    if !(7..=64).contains(&sha.len()) || !sha.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err("GitHub-deployed entry needs git_commit_sha (hex)".into());
+    }
+    let runtime = match (entry.runtime.as_deref(), entry.language.as_deref()) {
+        (Some("node"), _) | (_, Some("typescript" | "javascript")) => Some(Runtime::Node),
+        (Some("python"), _) | (_, Some("python")) => Some(Runtime::Python),
+        _ => None,
+    };
+    Ok(Deployment { repository, commit_sha: sha.to_ascii_lowercase(), branch: entry.git_branch.clone(), runtime })
 }
 
 /// Set each parameter on the URL, replacing an existing one of the same name (`searchParams.set`).

@@ -23,6 +23,7 @@ fn spec() -> InstanceSpec {
         request_logging_enabled: true,
         secrets: Default::default(),
         disabled_tools: Default::default(),
+        deployment: None,
     }
 }
 

@@ -30,6 +30,7 @@ use crate::model::{Catalog, InstallationId, InstanceSpec, ProcessId, TeamId, Use
 use crate::search::SearchIndex;
 use crate::store::Store;
 
+pub mod deploy;
 mod instance;
 mod lifecycle;
 pub mod limits;
@@ -82,6 +83,8 @@ pub struct ManagerDeps {
     pub logs: crate::logcapture::LogCapture,
     /// Managed mode: users' OAuth tokens for remote servers that require them (BP §11).
     pub oauth: Option<Arc<dyn OAuthTokens>>,
+    /// Managed mode: builds GitHub-deployed servers (SB §9.9).
+    pub deployer: Option<Arc<deploy::Deployer>>,
 }
 
 /// Where a remote instance's OAuth bearer token comes from (the backend, in managed mode).
@@ -229,6 +232,15 @@ impl InstanceManager {
                 warn!(process_id = %id, error = %err, "deleting stored catalog failed");
             }
         }
+        // Uninstall semantics (SB §9.9): a GitHub deployment goes with the last instance of its installation.
+        if let Some(deployer) = &inner.deps.deployer {
+            for spec in changes.removed.iter().filter_map(|id| current.get(id)).filter(|s| s.deployment.is_some()) {
+                let still_used = desired.instances.values().any(|d| d.installation_id == spec.installation_id);
+                if !still_used {
+                    deployer.remove(&spec.team_id, &spec.installation_id).await;
+                }
+            }
+        }
         for id in changes.removed.iter().chain(&changes.modified) {
             inner.unindex(id).await;
         }
@@ -333,6 +345,25 @@ impl InstanceManager {
     /// A credential check found the server refusing this user's credentials (BP §6.2).
     pub async fn require_reauth(&self, instance: &Arc<Instance>, message: String) {
         self.inner.set_status(instance, crate::model::InstanceStatus::RequiresReauth, Some(message)).await;
+    }
+
+    /// BP §6.1.3 `mcp_redeploy`: every instance of the installation stops, its deployment directory goes, and
+    /// each starts again (deploying afresh). Returns how many instances there were.
+    pub async fn redeploy(&self, installation: &InstallationId) -> Result<usize, ManagerError> {
+        let targets = self.of_installation(installation, None)?;
+        let inner = &self.inner;
+        for instance in &targets {
+            inner.halt(instance, "Redeploying from GitHub").await;
+        }
+        if let (Some(deployer), Some(first)) = (&inner.deps.deployer, targets.first()) {
+            deployer.remove(&first.spec().team_id, installation).await;
+        }
+        futures::stream::iter(targets.iter())
+            .for_each_concurrent(inner.deps.settings.reconcile_concurrency, |instance| async move {
+                inner.restart(instance, "Redeploying from GitHub").await
+            })
+            .await;
+        Ok(targets.len())
     }
 
     /// BP §6.3 `kill`: stop the instances of an installation (or one user's) until a restart or config change.

@@ -91,6 +91,7 @@ pub fn blame(err: &UpstreamError) -> Blame {
         | UpstreamError::Closed(_)
         | UpstreamError::Spawn { .. }
         | UpstreamError::Refused(_)
+        | UpstreamError::Deployment { .. }
         | UpstreamError::HttpStatus { .. }
         | UpstreamError::OAuth(_)
         | UpstreamError::Protocol(_)

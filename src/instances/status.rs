@@ -34,6 +34,7 @@ pub fn status_for(upstream: &Upstream, failure: &Failure<'_>) -> (InstanceStatus
             return (InstanceStatus::Error, format!("Failed to spawn MCP server: {reason}"));
         }
         Some(UpstreamError::OAuth(reason)) => return (InstanceStatus::RequiresReauth, reason.clone()),
+        Some(err @ UpstreamError::Deployment { .. }) => return (InstanceStatus::Error, err.to_string()),
         _ => {}
     }
     match upstream {

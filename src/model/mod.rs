@@ -132,6 +132,47 @@ pub struct InstanceSpec {
     pub secrets: SecretNames,
     /// Tools the team administrator disabled: never listed, searched or run.
     pub disabled_tools: std::collections::BTreeSet<String>,
+    /// A stdio server built from a GitHub repository instead of the entry's own command (SB §9.9).
+    pub deployment: Option<Deployment>,
+}
+
+/// A stdio server built from a GitHub repository at a pinned commit (SB §9.9, BP §6.1.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployment {
+    /// `owner/repo`.
+    pub repository: String,
+    pub commit_sha: String,
+    pub branch: Option<String>,
+    /// From the entry's `runtime` or `language`; detected from the checkout when neither says.
+    pub runtime: Option<Runtime>,
+}
+
+/// What a deployment is installed, built and run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runtime {
+    Node,
+    Python,
+}
+
+impl Deployment {
+    /// `owner/repo` from the forms the backend sends: `https://github.com/owner/repo(.git)`,
+    /// `git+https://github.com/owner/repo.git`, `github:owner/repo`, or `owner/repo` itself.
+    pub fn repository_of(url: &str) -> Option<String> {
+        let url = url.trim();
+        let rest = url.strip_prefix("github:").or_else(|| url.strip_prefix("git+")).unwrap_or(url);
+        let rest = rest
+            .strip_prefix("https://github.com/")
+            .or_else(|| rest.strip_prefix("http://github.com/"))
+            .or_else(|| rest.strip_prefix("ssh://git@github.com/"))
+            .or_else(|| rest.strip_prefix("git@github.com:"))
+            .unwrap_or(rest);
+        let rest = rest.split(['#', '@', '?']).next()?.trim_end_matches('/').trim_end_matches(".git");
+        let (owner, repo) = rest.split_once('/')?;
+        let part = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        (part(owner) && part(repo) && !repo.contains('/') && owner != ".." && repo != "..")
+            .then(|| format!("{owner}/{repo}"))
+    }
 }
 
 /// Status of one instance as the satellite sees it (SB §10.1).

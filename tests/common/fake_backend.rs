@@ -52,6 +52,11 @@ pub enum Endpoint {
     Introspect,
     TokenStatus,
     TokenRetrieve,
+    /// E11 `GET …/github-token/{installation_id}`.
+    GithubToken,
+    /// Not the backend: the GitHub tarball endpoint the tests point `DEPLOYSTACK_GITHUB_TARBALL_URL` at,
+    /// `GET /github/{owner}/{repo}/tarball/{sha}` with an installation token.
+    Tarball,
     /// Any other method or path: 404.
     Unknown,
 }
@@ -192,6 +197,10 @@ struct State {
     event_counter: u64,
     /// How 2xx answers are worded.
     style: AnswerStyle,
+    /// GitHub-deployed installations → the installation token E11 hands out.
+    github: HashMap<String, String>,
+    /// (`owner/repo`, sha) → a gzipped tarball.
+    tarballs: HashMap<(String, String), Vec<u8>>,
 }
 
 struct Shared {
@@ -292,6 +301,21 @@ impl FakeBackend {
     // --- commands
 
     /// Queue a command; it is delivered on every poll until a result for it arrives (BP §4.3).
+    /// Make `installation_id` a GitHub deployment: E11 hands out a token for it.
+    pub fn add_github_installation(&self, installation_id: &str) {
+        self.shared.state.lock().github.insert(installation_id.into(), format!("ghs_fake_{installation_id}"));
+    }
+
+    /// Serve `tarball` (gzipped) as `repo` (`owner/repo`) at `sha`, to holders of an installation token.
+    pub fn add_tarball(&self, repo: &str, sha: &str, tarball: Vec<u8>) {
+        self.shared.state.lock().tarballs.insert((repo.into(), sha.into()), tarball);
+    }
+
+    /// The base URL of the served tarballs, for `DEPLOYSTACK_GITHUB_TARBALL_URL`.
+    pub fn tarball_base(&self) -> String {
+        format!("{}/github", self.url())
+    }
+
     /// Word every 2xx answer from now on as `style` (the real backend's by default).
     pub fn set_style(&self, style: AnswerStyle) {
         self.shared.state.lock().style = style;
@@ -475,10 +499,14 @@ fn classify(method: &Method, path: &str) -> (Endpoint, Option<String>) {
         ("POST", ["api", "satellites", _, "events"]) => Endpoint::Events,
         ("POST", ["api", "satellites", _, "tokens", "status"]) => Endpoint::TokenStatus,
         ("POST", ["api", "satellites", _, "tokens", "retrieve"]) => Endpoint::TokenRetrieve,
+        ("GET", ["api", "satellites", _, "github-token", _]) => Endpoint::GithubToken,
+        ("GET", ["github", _, _, "tarball", _]) => Endpoint::Tarball,
         _ => Endpoint::Unknown,
     };
     let sid = match segments.as_slice() {
-        ["api", "satellites", sid, _, ..] if endpoint != Endpoint::Unknown => Some(sid.to_string()),
+        ["api", "satellites", sid, _, ..] if !matches!(endpoint, Endpoint::Unknown | Endpoint::Tarball) => {
+            Some(sid.to_string())
+        }
         _ => None,
     };
     (endpoint, sid)
@@ -487,6 +515,7 @@ fn classify(method: &Method, path: &str) -> (Endpoint, Option<String>) {
 enum Body {
     Json(Value),
     Raw(String),
+    Bytes(Vec<u8>),
 }
 
 struct Answer {
@@ -535,16 +564,17 @@ async fn handle(
         Some(Fault::Status(status)) => Answer::error(status, &format!("scripted failure {status}")),
         Some(Fault::Garbage) => Answer { status: 200, body: Body::Raw("<html>502 Bad Gateway</html>".into()) },
         Some(Fault::Truncated) => {
-            let answer = dispatch(&shared, endpoint, sid.as_deref(), &query, bearer.as_deref(), &parsed);
+            let answer = dispatch(&shared, endpoint, sid.as_deref(), &path, &query, bearer.as_deref(), &parsed);
             let text = match answer.body {
                 Body::Json(value) => value.to_string(),
                 Body::Raw(text) => text,
+                Body::Bytes(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             };
             let cut: String = text.chars().take(text.chars().count() / 2).collect();
             Answer { status: 200, body: Body::Raw(cut) }
         }
         None => {
-            let answer = dispatch(&shared, endpoint, sid.as_deref(), &query, bearer.as_deref(), &parsed);
+            let answer = dispatch(&shared, endpoint, sid.as_deref(), &path, &query, bearer.as_deref(), &parsed);
             match answer.body {
                 Body::Json(value) if (200..300).contains(&answer.status) => {
                     let style = shared.state.lock().style;
@@ -571,7 +601,7 @@ async fn handle(
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
-        if !json_type && endpoint != Endpoint::Unknown {
+        if !json_type && !matches!(endpoint, Endpoint::Unknown | Endpoint::Tarball) {
             state.violations.push(Violation {
                 endpoint,
                 what: "missing Content-Type: application/json (BP §0)".into(),
@@ -596,6 +626,10 @@ async fn handle(
         Body::Json(value) => warp::reply::with_status(warp::reply::json(&value), status).into_response(),
         Body::Raw(text) => {
             warp::reply::with_status(warp::reply::with_header(text, "content-type", "application/json"), status)
+                .into_response()
+        }
+        Body::Bytes(bytes) => {
+            warp::reply::with_status(warp::reply::with_header(bytes, "content-type", "application/x-gzip"), status)
                 .into_response()
         }
     }
@@ -667,6 +701,7 @@ fn dispatch(
     shared: &Shared,
     endpoint: Endpoint,
     sid: Option<&str>,
+    path: &str,
     query: &str,
     bearer: Option<&str>,
     body: &Value,
@@ -677,6 +712,17 @@ fn dispatch(
         Endpoint::Unknown => Answer::error(404, "Not found"),
         Endpoint::Health => Answer::json(200, json!({"status": "ok"})),
         Endpoint::Register => register(shared, state, bearer, body),
+        Endpoint::Tarball => {
+            let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+            let (repo, sha) = (format!("{}/{}", segments[1], segments[2]), segments[4].to_owned());
+            if !bearer.is_some_and(|b| state.github.values().any(|t| t == b)) {
+                return Answer::error(401, "Bad credentials");
+            }
+            match state.tarballs.get(&(repo, sha)) {
+                Some(bytes) => Answer { status: 200, body: Body::Bytes(bytes.clone()) },
+                None => Answer::error(404, "Not Found"),
+            }
+        }
         Endpoint::Introspect => {
             if let Some(bad) = validate(shared, state, endpoint, "introspect-request", body) {
                 return bad;
@@ -745,6 +791,16 @@ fn dispatch(
                     Answer::json(200, json!({"success": true, "message": message}))
                 }
                 Endpoint::Config => Answer::json(200, state.config.clone()),
+                Endpoint::GithubToken => {
+                    let installation = path.rsplit('/').next().unwrap_or_default();
+                    match state.github.get(installation) {
+                        Some(token) => Answer::json(
+                            200,
+                            json!({"token": token, "expires_at": (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339()}),
+                        ),
+                        None => Answer::json(404, json!({"error": "Installation is not a GitHub deployment"})),
+                    }
+                }
                 Endpoint::Events => events(shared, state, body),
                 Endpoint::TokenStatus | Endpoint::TokenRetrieve => {
                     if let Some(bad) = validate(shared, state, endpoint, "oauth-token-request", body) {

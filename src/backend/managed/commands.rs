@@ -75,7 +75,40 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
                            "message": format!("Tool {tool} {state} for {n} instances of installation {installation}")}),
                 )
             }
-            // Redeploy (GitHub deployments are not supported here) and anything else: a full refresh.
+            // BP §6.1.3: the config first (the commit may have moved), then every instance deploys afresh.
+            ConfigureIntent::Redeploy => {
+                let Some(installation) = payload.common.installation_id.clone() else {
+                    return CommandResult::failed(id, "installation_id is required for mcp_redeploy", None);
+                };
+                if let Err(err) = Managed::refresh_config(deps).await {
+                    return CommandResult::failed(id, err.to_string(), None);
+                }
+                let began = Instant::now();
+                match deps.manager.redeploy(&InstallationId::from(installation.as_str())).await {
+                    Ok(n) => {
+                        let instances =
+                            deps.manager.of_installation(&InstallationId::from(installation.as_str()), None);
+                        let failed: Vec<Value> = instances
+                            .iter()
+                            .flatten()
+                            .filter(|i| i.status().status != InstanceStatus::Online)
+                            .map(|i| {
+                                json!({"instance": i.spec().process_id.0, "status": i.status().status.as_str(),
+                                            "message": i.status().message})
+                            })
+                            .collect();
+                        let result = json!({"installation_id": installation, "instances": n,
+                                            "redeploy_time_ms": began.elapsed().as_millis() as u64, "failed": failed});
+                        if failed.is_empty() {
+                            CommandResult::completed(id, result)
+                        } else {
+                            CommandResult::failed(id, "redeploy failed for some instances", Some(result))
+                        }
+                    }
+                    Err(err) => CommandResult::failed(id, err.to_string(), None),
+                }
+            }
+            // Anything else: a full refresh.
             _ => match Managed::refresh_config(deps).await {
                 Ok(result) => CommandResult::completed(id, result),
                 Err(err) => CommandResult::failed(id, err.to_string(), None),

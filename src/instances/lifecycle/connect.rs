@@ -25,6 +25,26 @@ impl Inner {
         let mut slot = None;
         let transport = match &spec.upstream {
             Upstream::Stdio { .. } => {
+                // A GitHub-deployed server runs its deployment's entry point, deployed first when needed.
+                let deployed = match &spec.deployment {
+                    None => None,
+                    Some(deployment) => {
+                        let deployer = self.deps.deployer.as_ref().ok_or_else(|| {
+                            UpstreamError::Refused("GitHub-deployed servers need a managed satellite".into())
+                        })?;
+                        let (logs, owner) = (self.deps.logs.clone(), spec.clone());
+                        let log = move |level: &str, line: &str| logs.server_line(&owner, level, line);
+                        let (launch, dir) = deployer
+                            .launch_spec(spec, deployment, &log)
+                            .await
+                            .map_err(|err| UpstreamError::Deployment { step: err.step.as_str(), reason: err.reason })?;
+                        Some((launch, dir))
+                    }
+                };
+                let (launch_spec, app) = match &deployed {
+                    Some((launch, dir)) => (launch, Some(dir.as_path())),
+                    None => (spec, None),
+                };
                 slot = match self.slots.acquire(&spec.user_id) {
                     Ok(slot) => Some(slot),
                     Err(err) => {
@@ -33,10 +53,11 @@ impl Inner {
                         return Err(UpstreamError::Refused(err.to_string()));
                     }
                 };
-                let prepared = self.deps.sandbox.prepare(spec, &self.deps.inherited_env).map_err(|err| {
-                    warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
-                    UpstreamError::Refused(err.to_string())
-                })?;
+                let prepared =
+                    self.deps.sandbox.prepare(launch_spec, &self.deps.inherited_env, app).map_err(|err| {
+                        warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
+                        UpstreamError::Refused(err.to_string())
+                    })?;
                 if !prepared.dropped_env.is_empty() {
                     warn!(process_id = %label, dropped = ?prepared.dropped_env, "refused environment variables for mcp server");
                 }

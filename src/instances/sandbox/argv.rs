@@ -10,6 +10,8 @@ use crate::config::SandboxSettings;
 pub(super) struct TeamMounts<'a> {
     pub(super) work: &'a Path,
     pub(super) cache: &'a Path,
+    /// A GitHub deployment: mounted read-only at its own path and made the cwd.
+    pub(super) app: Option<&'a Path>,
     pub(super) hostname: String,
 }
 
@@ -71,9 +73,13 @@ pub(super) fn nsjail_args(
         format!("{}:/home/{runtime}", team.cache.display()),
         "-B".into(),
         format!("{}:{SANDBOX_WORKDIR}", team.work.display()),
-        "--cwd".into(),
-        SANDBOX_WORKDIR.into(),
     ]);
+    match team.app {
+        Some(app) => {
+            argv.extend(["-R".into(), format!("{}:{}", app.display(), app.display()), "--cwd".into(), path_str(app)])
+        }
+        None => argv.extend(["--cwd".into(), SANDBOX_WORKDIR.into()]),
+    }
     if let Some((source, target)) = command_outside_system(command) {
         argv.extend(["-R".into(), format!("{}:{}", source.display(), target.display())]);
     }
@@ -137,7 +143,14 @@ pub(super) fn bwrap_args(
     if let Some((source, target)) = command_outside_system(command) {
         argv.extend(["--ro-bind".into(), path_str(&source), path_str(target)]);
     }
-    argv.extend(["--chdir".into(), SANDBOX_WORKDIR.into(), "--".into(), path_str(command)]);
+    let cwd = match team.app {
+        Some(app) => {
+            argv.extend(["--ro-bind".into(), path_str(app), path_str(app)]);
+            path_str(app)
+        }
+        None => SANDBOX_WORKDIR.into(),
+    };
+    argv.extend(["--chdir".into(), cwd, "--".into(), path_str(command)]);
     argv.extend(args.iter().cloned());
     argv
 }

@@ -316,15 +316,23 @@ impl SandboxPolicy {
     }
 
     /// Check an instance and build its launch; creates the team's directories (mode 0700) on demand.
+    /// `app`: the GitHub deployment the command runs from (SB §9.9): commands inside it are allowed, it is the
+    /// child's cwd, and with isolation it is mounted read-only at the same path.
     pub fn prepare(
         &self,
         spec: &InstanceSpec,
         inherited_env: &BTreeMap<String, String>,
+        app: Option<&Path>,
     ) -> Result<PreparedLaunch, SandboxError> {
         let Upstream::Stdio { command, args, env: instance_env } = &spec.upstream else {
             return Err(SandboxError::NotStdio);
         };
-        let command = self.check_command(command)?;
+        let command = match app {
+            Some(app) if Path::new(command).is_absolute() && Path::new(command).starts_with(app) => {
+                PathBuf::from(command)
+            }
+            _ => self.check_command(command)?,
+        };
         check_args(args)?;
         let (work, cache) = self.team_dirs(&spec.team_id.0);
         for dir in [&work, &cache] {
@@ -343,7 +351,7 @@ impl SandboxPolicy {
                     args: args.clone(),
                     command,
                     env,
-                    cwd: work,
+                    cwd: app.map(Path::to_path_buf).unwrap_or(work),
                     limits: self.limits,
                     dropped_env,
                 })
@@ -356,6 +364,7 @@ impl SandboxPolicy {
                 let host = TeamMounts {
                     work: &work,
                     cache: &cache,
+                    app,
                     hostname: format!("mcp-{}", team_dir_name(&spec.team_id.0)),
                 };
                 let (args, limits) = match self.settings.isolation {

@@ -46,6 +46,7 @@ fn spec(team: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> Insta
         request_logging_enabled: true,
         secrets: SecretNames::default(),
         disabled_tools: Default::default(),
+        deployment: None,
     }
 }
 
@@ -208,7 +209,7 @@ fn prepare_without_isolation_sets_dirs_env_and_limits() {
     let p = policy(dir.path(), settings, &[]);
     let inherited = BTreeMap::from([("PATH".to_owned(), "/bin".to_owned()), ("LANG".to_owned(), "C".to_owned())]);
     let s = spec("../evil", "node", &["server.js"], &[("LD_PRELOAD", "/x.so"), ("UV_CACHE_DIR", "/mine")]);
-    let launch = p.prepare(&s, &inherited).unwrap();
+    let launch = p.prepare(&s, &inherited, None).unwrap();
     let (work, cache) = p.team_dirs("../evil");
     assert!(work.starts_with(dir.path().join("data/sandbox")) && work.ends_with("work"));
     assert_eq!(launch.cwd, work);
@@ -229,9 +230,9 @@ fn prepare_without_isolation_sets_dirs_env_and_limits() {
     assert!(p.describe().contains("isolation none"), "{}", p.describe());
     assert!(p.describe().contains("NOT isolated: same uid"), "{}", p.describe());
 
-    let refused = p.prepare(&spec("t", "bash", &[], &[]), &inherited).unwrap_err();
+    let refused = p.prepare(&spec("t", "bash", &[], &[]), &inherited, None).unwrap_err();
     assert!(refused.to_string().starts_with("SECURITY: Rejected command \"bash\""));
-    let refused = p.prepare(&spec("t", "node", &["x;rm -rf /"], &[]), &inherited).unwrap_err();
+    let refused = p.prepare(&spec("t", "node", &["x;rm -rf /"], &[]), &inherited, None).unwrap_err();
     assert_eq!(refused.to_string(), r#"SECURITY: Rejected argument 1 ("x;rm -rf /"): contains ';'"#);
 }
 
@@ -252,7 +253,12 @@ fn has(argv: &[String], needle: &[&str]) -> bool {
 
 #[test]
 fn nsjail_argv_follows_the_spec() {
-    let team = TeamMounts { work: Path::new("/d/t/work"), cache: Path::new("/d/t/cache"), hostname: "mcp-t".into() };
+    let team = TeamMounts {
+        work: Path::new("/d/t/work"),
+        cache: Path::new("/d/t/cache"),
+        app: None,
+        hostname: "mcp-t".into(),
+    };
     let settings = SandboxSettings { memory_limit_mb: 0, ..Default::default() };
     let argv = nsjail_args(&layout(), &settings, &team, "node", Path::new("/usr/bin/node"), &strings(&["s.js", "-v"]));
     for needle in [
@@ -280,7 +286,12 @@ fn nsjail_argv_follows_the_spec() {
 
 #[test]
 fn bubblewrap_argv_binds_system_dirs_read_only_and_unshares_all_but_network() {
-    let team = TeamMounts { work: Path::new("/d/t/work"), cache: Path::new("/d/t/cache"), hostname: "mcp-t".into() };
+    let team = TeamMounts {
+        work: Path::new("/d/t/work"),
+        cache: Path::new("/d/t/cache"),
+        app: None,
+        hostname: "mcp-t".into(),
+    };
     let argv = bwrap_args(&layout(), &team, "python", Path::new("/usr/bin/python3"), &strings(&["-m", "srv"]));
     for needle in [
         &["--die-with-parent", "--new-session", "--unshare-all", "--share-net"][..],

@@ -47,6 +47,9 @@ pub enum UpstreamError {
     Connect(String),
     #[error("http status {status}: {body}")]
     HttpStatus { status: u16, body: String },
+    /// A GitHub-deployed server could not be deployed: the step that failed, and why.
+    #[error("GitHub deployment failed at {step}: {reason}")]
+    Deployment { step: &'static str, reason: String },
     /// The user has no usable OAuth token for this server; the text says what to do.
     #[error("{0}")]
     OAuth(String),
