@@ -134,6 +134,17 @@ impl Store {
         })
     }
 
+    /// The sequence number of the newest event ever appended (0 when none was): how many events were produced.
+    pub async fn outbox_last_seq(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT seq FROM sqlite_sequence WHERE name = 'event_outbox'")
+            .fetch_optional(self.pool())
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("seq")?,
+            None => 0,
+        })
+    }
+
     /// How many events the outbox holds.
     pub async fn event_count(&self) -> Result<i64, StoreError> {
         Ok(sqlx::query("SELECT COUNT(*) AS n FROM event_outbox").fetch_one(self.pool()).await?.try_get("n")?)
