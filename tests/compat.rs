@@ -348,6 +348,27 @@ async fn every_event_type_reaches_the_backend() {
         assert!(std::time::Instant::now() < deadline, "never delivered: {missing:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // GET /api/status/backend: reachability, identity, what the loops last did, the outbox; never the key.
+    let status: Value =
+        reqwest::get(format!("{}/api/status/backend", sat.base_url())).await.unwrap().json().await.unwrap();
+    assert_eq!(status["connection_status"], "connected", "{status}");
+    assert_eq!(status["backend_url"], backend.url());
+    assert!(status["satellite_id"].as_str().is_some_and(|id| !id.is_empty()), "{status}");
+    for channel in ["heartbeat", "poll", "config", "events"] {
+        assert!(status[channel]["successes"].as_u64() > Some(0), "{channel}: {status}");
+        assert!(status[channel]["last_at"].is_string(), "{channel}: {status}");
+    }
+    assert_eq!(status["config"]["last_ok"], false, "the last config fetch was the scripted 500: {status}");
+    assert!(status["config"]["last_error"].as_str().is_some_and(|e| e.contains("500")), "{status}");
+    assert_eq!(status["config"]["consecutive_failures"], 1, "{status}");
+    assert!(status["outbox"]["depth"].is_i64(), "{status}");
+    let stored: Value = serde_json::from_str(
+        &std::fs::read_to_string(sat.dir.path().join("persistent_data/backend.key.json")).unwrap(),
+    )
+    .unwrap();
+    let key = stored["api_key"].as_str().unwrap();
+    assert!(!status.to_string().contains(key), "the api key never shows");
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
