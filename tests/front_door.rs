@@ -181,10 +181,20 @@ async fn framing_sessions_and_both_eras() {
     let (status, _, body) = alice.post_raw(list.clone(), &[("mcp-protocol-version", "1999-01-01")]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 
-    // An unknown session id is resurrected; a session is its creator's only.
+    // An unknown session id is 404 so the client initializes again; a malformed one is 400 and never stored; a
+    // session is its creator's only.
     let mut bob = Caller::new(&sat, "/mcp", Some(BOB));
     bob.session = Some("00000000-0000-4000-8000-000000000000".into());
-    assert_eq!(bob.call("ping", json!({})).await.0, StatusCode::OK);
+    let (status, reply) = bob.call("ping", json!({})).await;
+    assert_eq!((status, reply["error"]["message"].as_str()), (StatusCode::NOT_FOUND, Some("Session not found")));
+    for malformed in ["x".repeat(129), "has space".to_owned(), "x".repeat(20_000)] {
+        bob.session = Some(malformed.clone());
+        let (status, _, _) = bob.post_raw(json!({"jsonrpc":"2.0","id":1,"method":"ping"}).to_string(), &[]).await;
+        assert!(status == StatusCode::BAD_REQUEST || status.as_u16() == 431, "{} bytes: {status}", malformed.len());
+    }
+    bob.session = alice.session.clone();
+    let (status, _) = bob.call("ping", json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "alice's session is not bob's");
     let mut thief = Caller::new(&sat, "/mcp", Some(BOB));
     thief.session = alice.session.clone();
     let stolen = thief
@@ -195,7 +205,7 @@ async fn framing_sessions_and_both_eras() {
         .send()
         .await
         .unwrap();
-    assert_eq!(stolen.status(), StatusCode::BAD_REQUEST, "bob cannot end alice's session");
+    assert_eq!(stolen.status(), StatusCode::NOT_FOUND, "bob cannot end alice's session");
     let own = alice
         .http
         .delete(&alice.url)
@@ -312,9 +322,9 @@ async fn a_thousand_malformed_requests_each_get_a_clear_error() {
         ("[]".into(), Some(ALICE), StatusCode::BAD_REQUEST, Some(-32600)),
         (r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#.into(), Some(ALICE), StatusCode::OK, Some(-32600)),
         (r#"{"jsonrpc":"2.0","id":3,"method":"no/such"}"#.into(), Some(ALICE), StatusCode::OK, Some(-32601)),
-        (r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":5}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32603)),
-        (r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"discover_mcp_tools","arguments":{"query":""}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32603)),
-        (r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"read_mcp_resource","arguments":{"uri":"|x"}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32603)),
+        (r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":5}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
+        (r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"discover_mcp_tools","arguments":{"query":""}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
+        (r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"read_mcp_resource","arguments":{"uri":"|x"}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
         (r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":"demo:echo","arguments":[1]}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
         (r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#.into(), Some("expired-or-wrong"), StatusCode::UNAUTHORIZED, Some(-32002)),
         (r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#.into(), None, StatusCode::UNAUTHORIZED, Some(-32001)),

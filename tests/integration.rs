@@ -6,6 +6,7 @@ mod cli;
 mod compat;
 mod contracts;
 mod fake_backend_selftest;
+mod fidelity;
 mod front_door;
 mod github;
 mod lifecycle;

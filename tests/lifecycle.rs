@@ -68,9 +68,16 @@ async fn crashes_restart_until_the_fourth_in_five_minutes_then_a_restart_command
     let failed = wait_events(&sat, "mcp.server.permanently_failed", 1).await;
     assert_eq!(failed[0].data["total_crashes"], 4);
     assert_eq!(failed[0].data["last_error"], "Exit code: 3, signal: none");
-    let statuses = events(&sat, "mcp.server.status_changed").await;
+    // The status is set before its event is written: wait for the event.
+    let statuses = wait_until(DEADLINE, "the permanently_failed status event", || async {
+        let statuses = events(&sat, "mcp.server.status_changed").await;
+        statuses
+            .iter()
+            .any(|e| e.data["status"] == "permanently_failed" && e.data["user_id"] == "alice")
+            .then_some(statuses)
+    })
+    .await;
     assert!(statuses.iter().all(|e| e.data["user_id"].is_string() && e.data["team_id"] == "acme"));
-    assert!(statuses.iter().any(|e| e.data["status"] == "permanently_failed" && e.data["user_id"] == "alice"));
 
     // A blocked call says why and what to do.
     let blocked = call(&sat, ALICE, "echo", json!({"text": "x"})).await;

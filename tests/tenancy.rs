@@ -132,18 +132,18 @@ async fn every_cross_tenant_access_is_denied() {
         }
     }
 
-    // Sessions reused across users: presenting someone else's session id changes nothing about who you are.
+    // Sessions reused across users: presenting someone else's session id gets nothing, and serves no one else.
     let alice = Caller::connect(&sat, "/mcp", Some(&token("alice"))).await;
     for (user, _) in USERS.iter().filter(|(u, _)| *u != "alice") {
         let mut borrowed = Caller::new(&sat, "/mcp", Some(&token(user)));
         borrowed.session = alice.session.clone();
-        assert_eq!(served_by(&borrowed, "demo").await, json!(user), "{user} with alice's session id");
-        let listed = document(&borrowed.tool("discover_mcp_tools", json!({"query": "*"})).await);
-        assert!(listed["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|t| t["server_name"] == "demo" || t["server_name"] == "tools"));
+        let (status, reply) = borrowed.call("tools/list", json!({})).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{user} with alice's session id: {reply}");
+        assert_eq!(reply["error"]["message"], "Session not found");
+        assert!(reply.get("result").is_none());
+        // With a session of their own, they are themselves.
+        let own = Caller::connect(&sat, "/mcp", Some(&token(user))).await;
+        assert_eq!(served_by(&own, "demo").await, json!(user), "{user} with their own session");
     }
     assert_eq!(served_by(&alice, "demo").await, json!("alice"), "alice's own session still serves alice");
     assert!(sat.satellite.shutdown().await);

@@ -253,6 +253,7 @@ impl Satellite {
                 max_concurrent_requests: config.max_concurrent_requests,
                 request_timeout: config.http_timeout,
             },
+            http::guard::HostGuard::new(config.allowed_hosts.clone(), config.allowed_origins.clone()),
             async move { stop_http.cancelled().await },
         ));
         jobs.every("session-expiry", SESSION_SWEEP_PERIOD, FirstRun::AfterOnePeriod, move || {

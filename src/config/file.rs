@@ -46,6 +46,10 @@ pub struct RawSatellite {
     pub config_watch_interval_ms: Option<u64>,
     /// Public base URL clients use (no `/mcp`); default `http://localhost:{port}`.
     pub public_url: Option<String>,
+    /// Host names (without port) requests may name; `*` for any (DNS-rebinding protection).
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Origins (`scheme://host[:port]`) browsers may send; `*` for any.
+    pub allowed_origins: Option<Vec<String>>,
     pub idle_timeout_seconds: Option<u64>,
     pub spawn_grace_seconds: Option<u64>,
     pub idle_check_interval_ms: Option<u64>,

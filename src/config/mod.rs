@@ -169,6 +169,12 @@ pub struct Config {
     pub http_timeout: Duration,
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
     pub public_url: String,
+    /// Host names requests may name, `None` for any (SATELLITE_ALLOWED_HOSTS; default: the loopback names and
+    /// the public URL's host when bound to loopback, any otherwise).
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Origins browsers may send, `None` for any (SATELLITE_ALLOWED_ORIGINS; default: the public URL's origin
+    /// and any localhost origin).
+    pub allowed_origins: Option<Vec<String>>,
     pub mode: Mode,
     /// How stdio children are confined (`[sandbox]`, `SATELLITE_SANDBOX`, `NSJAIL_*`).
     pub sandbox: SandboxSettings,
@@ -318,6 +324,31 @@ impl Config {
                 })?,
             None => format!("http://localhost:{port}"),
         };
+        let list = |var: &'static str, file: &Option<Vec<String>>| -> Option<Vec<String>> {
+            let items: Vec<String> = match env::get(env, var) {
+                Some(v) => v.split(',').map(|s| s.trim().to_ascii_lowercase()).filter(|s| !s.is_empty()).collect(),
+                None => file.iter().flatten().map(|s| s.trim().to_ascii_lowercase()).collect(),
+            };
+            (!items.is_empty()).then_some(items)
+        };
+        let public = Url::parse(&public_url).ok();
+        let public_host =
+            public.as_ref().and_then(|u| u.host_str()).map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase());
+        let allowed_hosts = match list(env::ALLOWED_HOSTS, &s.allowed_hosts) {
+            Some(hosts) if hosts.iter().any(|h| h == "*") => None,
+            Some(hosts) => Some(hosts),
+            None if host.is_loopback() => {
+                let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+                hosts.extend(public_host.clone());
+                Some(hosts)
+            }
+            None => None,
+        };
+        let allowed_origins = match list(env::ALLOWED_ORIGINS, &s.allowed_origins) {
+            Some(origins) if origins.iter().any(|o| o == "*") => None,
+            Some(origins) => Some(origins),
+            None => Some(public.map(|u| u.origin().ascii_serialization()).into_iter().collect()),
+        };
         let max_concurrent_requests = match env::get(env, env::MAX_CONCURRENT_REQUESTS) {
             Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
                 ConfigError::new(
@@ -333,6 +364,8 @@ impl Config {
             max_concurrent_requests,
             http_timeout,
             public_url,
+            allowed_hosts,
+            allowed_origins,
             listen: SocketAddr::new(host, port),
             data_dir,
             log_level,
@@ -369,6 +402,8 @@ impl Config {
             "log_format": match self.log_format { LogFormat::Pretty => "pretty", LogFormat::Json => "json" },
             "debug_route": self.debug_route,
             "public_url": self.public_url,
+            "allowed_hosts": self.allowed_hosts.clone().unwrap_or_else(|| vec!["*".into()]),
+            "allowed_origins": self.allowed_origins.clone().unwrap_or_else(|| vec!["*".into()]),
             "handshake_timeout_seconds": self.upstream.handshake_timeout.as_secs(),
             "discovery_timeout_seconds": self.upstream.discovery_timeout.as_secs(),
             "call_timeout_seconds": self.upstream.call_timeout.as_secs(),

@@ -27,8 +27,12 @@ pub enum McpError {
     /// `MCP-Protocol-Version` names a version this endpoint does not speak.
     UnsupportedVersion(String),
     NoSessionId,
-    /// A GET or DELETE for a session that does not exist (or is not the caller's).
+    /// A GET or DELETE without a session id.
     InvalidSession,
+    /// A session id that is not 1-128 visible ASCII characters.
+    MalformedSession,
+    /// A session that does not exist (any more), or is not the caller's: the client initializes again.
+    SessionNotFound,
     /// A second GET stream for one session.
     StreamConflict,
     /// GET on a 2026-07-28 endpoint: the revision has no server stream.
@@ -55,6 +59,8 @@ pub enum McpError {
     LengthRequired,
     InvalidQuery(String),
     CorsForbidden,
+    /// A `Host` or `Origin` this satellite does not answer to (DNS-rebinding protection).
+    Forbidden(String),
     BadRequest(String),
     // What the tower stack refuses.
     Overloaded,
@@ -101,6 +107,7 @@ impl McpError {
             | McpError::UnsupportedVersion(_)
             | McpError::NoSessionId
             | McpError::InvalidSession
+            | McpError::MalformedSession
             | McpError::MissingSseSession
             | McpError::InvalidQuery(_)
             | McpError::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -113,8 +120,8 @@ impl McpError {
                 InstanceAuthError::BadFormat | InstanceAuthError::Invalid => StatusCode::UNAUTHORIZED,
                 InstanceAuthError::NotConfigured => StatusCode::INTERNAL_SERVER_ERROR,
             },
-            McpError::SseSessionNotFound | McpError::NotFound => StatusCode::NOT_FOUND,
-            McpError::SseSessionOfAnother | McpError::CorsForbidden => StatusCode::FORBIDDEN,
+            McpError::SseSessionNotFound | McpError::SessionNotFound | McpError::NotFound => StatusCode::NOT_FOUND,
+            McpError::SseSessionOfAnother | McpError::CorsForbidden | McpError::Forbidden(_) => StatusCode::FORBIDDEN,
             McpError::SseStreamClosed => StatusCode::GONE,
             McpError::Rpc(err) => rpc_status(err.code),
             McpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -152,6 +159,10 @@ impl McpError {
             }
             McpError::NoSessionId => (codes::TRANSPORT_ERROR, "Bad Request: No session ID provided".to_owned()),
             McpError::InvalidSession => (codes::TRANSPORT_ERROR, "Invalid or missing session ID".to_owned()),
+            McpError::MalformedSession => {
+                (codes::TRANSPORT_ERROR, "Bad Request: session ID must be 1-128 visible ASCII characters".to_owned())
+            }
+            McpError::SessionNotFound => (codes::UNAUTHORIZED, "Session not found".to_owned()),
             McpError::StreamConflict => {
                 (codes::TRANSPORT_ERROR, "Conflict: Only one SSE stream is allowed per session".to_owned())
             }
@@ -178,6 +189,7 @@ impl McpError {
             McpError::LengthRequired => (codes::INVALID_REQUEST, "Content-Length required".to_owned()),
             McpError::InvalidQuery(err) => (codes::INVALID_REQUEST, format!("Invalid query: {err}")),
             McpError::CorsForbidden => (codes::TRANSPORT_ERROR, "CORS request forbidden".to_owned()),
+            McpError::Forbidden(reason) => (codes::TRANSPORT_ERROR, format!("Forbidden: {reason}")),
             McpError::BadRequest(err) => (codes::INVALID_REQUEST, format!("Bad Request: {err}")),
             McpError::Overloaded => {
                 (codes::TRANSPORT_ERROR, "Service Unavailable: too many concurrent requests, retry shortly".to_owned())
@@ -226,6 +238,8 @@ mod tests {
             McpError::UnsupportedVersion("1999".into()),
             McpError::NoSessionId,
             McpError::InvalidSession,
+            McpError::MalformedSession,
+            McpError::SessionNotFound,
             McpError::StreamConflict,
             McpError::NoServerStream,
             McpError::Auth(AuthError::Missing),
@@ -247,6 +261,7 @@ mod tests {
             McpError::LengthRequired,
             McpError::InvalidQuery("x".into()),
             McpError::CorsForbidden,
+            McpError::Forbidden("Invalid Host: evil".into()),
             McpError::BadRequest("x".into()),
             McpError::Overloaded,
             McpError::GatewayTimeout,

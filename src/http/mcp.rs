@@ -20,7 +20,7 @@ use super::audit::finish;
 use super::dispatch::Target;
 use super::error::{rpc_status, McpError};
 use super::oauth::ResourceUrls;
-use super::session::{Lookup, SessionTable, StreamError};
+use super::session::{self, Lookup, SessionTable, StreamError};
 use super::stack::PeerAddr;
 use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth;
@@ -256,6 +256,9 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
         }
     }
     let supplied = header(headers, "mcp-session-id").map(str::to_owned);
+    if supplied.as_deref().is_some_and(|id| !session::well_formed(id)) {
+        return Err(McpError::MalformedSession);
+    }
     let mut new_session: Option<(String, Value)> = None;
     let session_id = if has_init {
         if let Some(id) = &supplied {
@@ -271,9 +274,8 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
     } else {
         let id = supplied.ok_or(McpError::NoSessionId)?;
         if endpoint.sessions.touch(&id, &endpoint.owner) == Lookup::Unknown {
-            // A client surviving a satellite restart, an expiry, or presenting someone else's id.
-            let version = header_version.clone().unwrap_or_else(|| LEGACY_VERSIONS[0].to_owned());
-            endpoint.sessions.resurrect(&id, &endpoint.owner, &version);
+            // Expired, terminated, from before a restart, or someone else's: the client initializes again.
+            return Err(McpError::SessionNotFound);
         }
         id
     };
@@ -381,11 +383,14 @@ fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpE
         return Err(McpError::NoServerStream);
     }
     let id = header(headers, "mcp-session-id").ok_or(McpError::InvalidSession)?;
+    if !session::well_formed(id) {
+        return Err(McpError::MalformedSession);
+    }
     if !accepts(headers, "text/event-stream") {
         return Err(McpError::NotAcceptable { stream_only: true });
     }
     let token = endpoint.sessions.open_stream(id, &endpoint.owner).map_err(|err| match err {
-        StreamError::NoSession => McpError::InvalidSession,
+        StreamError::NoSession => McpError::SessionNotFound,
         StreamError::AlreadyOpen => McpError::StreamConflict,
     })?;
     // The satellite sends no server-initiated messages; the stream carries pings until the session ends.
@@ -401,10 +406,12 @@ fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpE
 
 fn delete(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
     match header(headers, "mcp-session-id") {
+        None => Err(McpError::InvalidSession),
+        Some(id) if !session::well_formed(id) => Err(McpError::MalformedSession),
         Some(id) if endpoint.sessions.remove(id, &endpoint.owner) => {
             Ok(warp::reply::with_status(warp::reply(), StatusCode::OK).into_response())
         }
-        _ => Err(McpError::InvalidSession),
+        Some(_) => Err(McpError::SessionNotFound),
     }
 }
 

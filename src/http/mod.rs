@@ -21,6 +21,7 @@ use crate::router::{HierarchicalRouter, InstanceRouter};
 mod audit;
 mod dispatch;
 pub mod error;
+pub mod guard;
 pub mod mcp;
 pub mod oauth;
 pub mod session;
@@ -69,21 +70,16 @@ pub struct StatusDeps {
     pub backend: Option<Arc<crate::backend::monitor::BackendMonitor>>,
 }
 
-/// Every route of the satellite.
-pub fn routes(status: StatusDeps, mcp: McpDeps) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
+/// Every route of the satellite, behind the Host/Origin check.
+pub fn routes(
+    status: StatusDeps,
+    mcp: McpDeps,
+    guard: guard::HostGuard,
+) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
     let oauth = oauth::routes(mcp.urls.clone(), mcp.auth.clone());
     let legacy = sse::routes(mcp.clone(), mcp.sse_sessions.clone());
-    status::routes(status)
-        .or(oauth)
-        .unify()
-        .or(legacy)
-        .unify()
-        .or(mcp::routes(mcp))
-        .unify()
-        .with(cors())
-        .map(Reply::into_response)
-        .recover(recover)
-        .unify()
+    let all = status::routes(status).or(oauth).unify().or(legacy).unify().or(mcp::routes(mcp)).unify();
+    guard.filter().and(all).with(cors()).map(Reply::into_response).recover(recover).unify()
 }
 
 /// OQ-16: permissive CORS with explicit lists; bearer tokens, no cookies.
@@ -111,9 +107,10 @@ pub async fn serve(
     status: StatusDeps,
     mcp: McpDeps,
     limits: stack::HttpLimits,
+    guard: guard::HostGuard,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    stack::serve(listener, routes(status, mcp), limits, shutdown).await;
+    stack::serve(listener, routes(status, mcp, guard), limits, shutdown).await;
 }
 
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -122,7 +119,9 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// The one place rejections become responses: JSON-RPC error bodies with `id: null`.
 async fn recover(rejection: warp::Rejection) -> Result<Response, Infallible> {
-    let err = if rejection.is_not_found() {
+    let err = if let Some(guard::Refused(reason)) = rejection.find::<guard::Refused>() {
+        McpError::Forbidden(reason.clone())
+    } else if rejection.is_not_found() {
         McpError::NotFound
     } else if rejection.find::<warp::reject::PayloadTooLarge>().is_some() {
         McpError::PayloadTooLarge { limit: MAX_BODY_BYTES }

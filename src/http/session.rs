@@ -1,6 +1,8 @@
 //! Streamable HTTP sessions: transport bookkeeping bound to the identity that
-//! created them, never credentials. Idle sessions expire; an unknown or
-//! foreign id is resurrected for POST (SB §3.1, OQ-18).
+//! created them, never credentials. Idle sessions expire; an unknown, expired,
+//! terminated or foreign id is answered 404 so the client initializes again
+//! (MCP 2025-11-25 transport; docs/decisions.md). Ids are checked for form
+//! before anything is looked up or stored.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -12,6 +14,14 @@ use tokio_util::sync::CancellationToken;
 pub const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
 /// Upper bound on live sessions per table; the oldest idle one is evicted past it.
 pub const MAX_SESSIONS: usize = 10_000;
+/// Longest session id accepted from a client (ours are 36 characters).
+pub const MAX_SESSION_ID: usize = 128;
+
+/// Whether a client-supplied session id has the form the transport allows: 1 to 128 visible ASCII characters
+/// (0x21-0x7E, MCP 2025-11-25).
+pub fn well_formed(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_SESSION_ID && id.bytes().all(|b| (0x21..=0x7e).contains(&b))
+}
 
 #[derive(Debug)]
 struct Session {
@@ -48,11 +58,6 @@ impl SessionTable {
         let id = uuid::Uuid::new_v4().to_string();
         self.insert(id.clone(), owner, version);
         id
-    }
-
-    /// Re-create a session under a supplied id (a client surviving a restart or an expiry).
-    pub fn resurrect(&self, id: &str, owner: &str, version: &str) {
-        self.insert(id.to_owned(), owner, version);
     }
 
     fn insert(&self, id: String, owner: &str, version: &str) {
@@ -161,6 +166,15 @@ mod tests {
         assert!(table.remove(&id, "alice"));
         assert!(stream.is_cancelled());
         assert_eq!(table.touch(&id, "alice"), Lookup::Unknown);
+    }
+
+    #[test]
+    fn session_ids_are_visible_ascii_of_bounded_length() {
+        assert!(well_formed(&SessionTable::default().create("a", "v")));
+        assert!(well_formed("abc-DEF_123.~!"));
+        for bad in ["", "has space", "tab\there", "é", &"x".repeat(MAX_SESSION_ID + 1)] {
+            assert!(!well_formed(bad), "{bad:?}");
+        }
     }
 
     #[test]

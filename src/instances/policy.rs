@@ -71,30 +71,30 @@ pub fn after_crash(crashes: u32, uptime: Duration, backoff: &[Duration]) -> Cras
 }
 
 /// What a failed upstream request says about the instance: the one classification behind the retry of remote
-/// calls and the status change after a failed call.
+/// calls and the status change after a failed call. Only the loss of the connection or the process changes an
+/// instance's status; a slow, malformed or refused answer fails that one call (SB §11, issue: full fidelity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blame {
-    /// The server answered and refused (a JSON-RPC error): that call fails, the instance is fine.
+    /// The server answered, slowly, wrongly or with a refusal: that call fails, the instance is fine.
     Call,
     /// The server could not be reached: a remote call is tried again (SB §11.1), then the instance is offline.
     Unreachable,
-    /// The connection, the process or the protocol failed: the instance's status changes.
+    /// The connection or the process is gone, or the credentials were refused: the instance's status changes.
     Instance,
 }
 
 pub fn blame(err: &UpstreamError) -> Blame {
     match err {
-        UpstreamError::Rpc(_) => Blame::Call,
+        UpstreamError::Rpc(_) | UpstreamError::Timeout { .. } | UpstreamError::Protocol(_) => Blame::Call,
+        UpstreamError::HttpStatus { status: 401 | 403 | 404, .. } => Blame::Instance,
+        UpstreamError::HttpStatus { .. } => Blame::Call,
         UpstreamError::Connect(_) => Blame::Unreachable,
-        UpstreamError::Timeout { .. }
-        | UpstreamError::Exited { .. }
+        UpstreamError::Exited { .. }
         | UpstreamError::Closed(_)
         | UpstreamError::Spawn { .. }
         | UpstreamError::Refused(_)
         | UpstreamError::Deployment { .. }
-        | UpstreamError::HttpStatus { .. }
         | UpstreamError::OAuth(_)
-        | UpstreamError::Protocol(_)
         | UpstreamError::Io(_) => Blame::Instance,
     }
 }
@@ -186,13 +186,17 @@ mod tests {
             blame(&UpstreamError::HttpStatus { status: 401, body: "connection refused".into() }),
             Blame::Instance
         );
-        assert_eq!(blame(&UpstreamError::HttpStatus { status: 500, body: String::new() }), Blame::Instance);
+        assert_eq!(blame(&UpstreamError::HttpStatus { status: 500, body: "connection lost".into() }), Blame::Call);
         assert_eq!(blame(&UpstreamError::Rpc(RpcError::new(-32000, "connection refused, process died"))), Blame::Call);
         assert_eq!(blame(&UpstreamError::Closed("gone".into())), Blame::Instance);
-        assert_eq!(
-            blame(&UpstreamError::Timeout { method: "tools/call".into(), after: Duration::ZERO }),
-            Blame::Instance
-        );
+        assert_eq!(blame(&UpstreamError::Io("reset".into())), Blame::Instance);
+    }
+
+    /// A slow or malformed answer is the call's failure, never the server's.
+    #[test]
+    fn slow_and_malformed_answers_fail_the_call_only() {
+        assert_eq!(blame(&UpstreamError::Timeout { method: "tools/call".into(), after: Duration::ZERO }), Blame::Call);
+        assert_eq!(blame(&UpstreamError::Protocol("process exited; invalid json reply".into())), Blame::Call);
     }
 
     /// A death during the handshake is a crash (and so restarted under the policy) by variant; a refusal or a

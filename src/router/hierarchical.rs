@@ -10,8 +10,8 @@ use serde_json::{json, Map, Value};
 use tracing::warn;
 
 use super::{
-    blocked_result, callable, disabled_result, forward, internal, meta, method_not_found, normalise_call_result,
-    text_document, visible, RouteError,
+    blocked_result, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
+    normalise_call_result, text_document, visible, RouteError,
 };
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
@@ -78,7 +78,7 @@ impl HierarchicalRouter {
                 let result = self.read(caller, uri).await?;
                 Ok(json!({"content": [{"type": "text", "text": join_contents(&result)}]}))
             }
-            other => Err(internal(format!(
+            other => Err(invalid(format!(
                 "Unknown meta-tool: {other}. Available tools: {}, {}, {}, {}",
                 meta::DISCOVER,
                 meta::EXECUTE,
@@ -105,7 +105,7 @@ impl HierarchicalRouter {
             warn!(user_id = %caller.user, server = slug, count = matching.len(), "several instances share a server slug; using the last");
         }
         matching.pop().ok_or_else(|| {
-            internal(format!(
+            invalid(format!(
                 "You do not have access to server '{slug}'. Please check your team's MCP server installations."
             ))
         })
@@ -118,7 +118,7 @@ impl HierarchicalRouter {
             .and_then(Value::as_str)
             .map(str::trim)
             .filter(|q| !q.is_empty())
-            .ok_or_else(|| internal("Invalid query parameter - must be a non-empty string"))?;
+            .ok_or_else(|| invalid("Invalid query parameter - must be a non-empty string"))?;
         let limit =
             args.get("limit").and_then(Value::as_f64).map(|l| l as usize).unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
         let instances = self.visible_instances(caller);
@@ -192,14 +192,14 @@ impl HierarchicalRouter {
             "Invalid tool_path parameter - must be a non-empty string in format \"serverName:toolName\"",
         )?;
         let (slug, tool_name) = parse_tool_path(path).ok_or_else(|| {
-            internal(format!(
+            invalid(format!(
                 "Invalid tool_path format: {path}. Expected format: \"serverSlug:toolName\" (e.g., \"github:create_issue\")"
             ))
         })?;
         let instance = self.instance_for(caller, slug)?;
         let known = instance.catalog().is_some_and(|c| c.tools.iter().any(|t| t.name == tool_name));
         if !known {
-            return Err(internal(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));
+            return Err(invalid(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));
         }
         if !callable(instance.status().status) {
             return Ok(blocked_result(path, &instance));
@@ -227,7 +227,7 @@ impl HierarchicalRouter {
 
     async fn read(&self, caller: &Principal, uri: &str) -> Result<Value, RouteError> {
         let (slug, original) = parse_namespaced_uri(uri).ok_or_else(|| {
-            internal(format!("Invalid resource URI format: {uri}. Expected format: \"serverSlug|originalUri\""))
+            invalid(format!("Invalid resource URI format: {uri}. Expected format: \"serverSlug|originalUri\""))
         })?;
         let instance = self.instance_for(caller, slug)?;
         let known = instance.catalog().is_some_and(|c| {
@@ -235,7 +235,10 @@ impl HierarchicalRouter {
                 || c.templates.iter().any(|t| template_matches(&t.uri_template, original))
         });
         if !known {
-            return Err(internal(format!("Resource not found: {uri}")));
+            return Err(RouteError::Rpc(
+                RpcError::new(codes::INVALID_PARAMS, format!("Resource not found: {uri}"))
+                    .with_data(json!({"uri": uri})),
+            ));
         }
         if !callable(instance.status().status) {
             return Err(internal(format!("MCP server '{slug}' is unavailable (status: {})", instance.status().status)));
@@ -346,7 +349,7 @@ fn tool_entry(instance: &Instance, tool: &ToolDef, relevance: f64) -> Value {
 }
 
 fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a str, RouteError> {
-    params.get(name).and_then(Value::as_str).filter(|s| !s.trim().is_empty()).ok_or_else(|| internal(message))
+    params.get(name).and_then(Value::as_str).filter(|s| !s.trim().is_empty()).ok_or_else(|| invalid(message))
 }
 
 /// Whether a URI could come from an RFC 6570 template (literal parts in order; `{…}` matches anything).

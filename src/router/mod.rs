@@ -38,6 +38,12 @@ fn internal(message: impl Into<String>) -> RouteError {
     RouteError::Rpc(RpcError::new(codes::INTERNAL_ERROR, message))
 }
 
+/// The caller named something that is not there or asked wrongly (an unknown tool, server or resource, a
+/// malformed argument): -32602 (MCP: unknown tools and resources are invalid params).
+fn invalid(message: impl Into<String>) -> RouteError {
+    RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, message))
+}
+
 fn method_not_found(method: &str) -> RouteError {
     RouteError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, format!("Method not found: {method}")))
 }

@@ -1,0 +1,85 @@
+//! The satellite as an invisible gateway: a call's failure is the call's, not the server's; DNS-rebinding
+//! protection by Host and Origin.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use satellite::model::InstanceStatus;
+use serde_json::json;
+
+use crate::common::lifecycle::{call, config, instance, text_of, wait_status, ALICE};
+use crate::common::*;
+
+/// A call that outlives its timeout fails alone: a concurrent call on the same instance succeeds and the
+/// instance never leaves `online` (before, the timeout marked the healthy server offline and hid its tools).
+#[tokio::test]
+async fn a_slow_call_fails_alone_and_the_server_stays_online() {
+    let sat = TestSatellite::start(&config("")).await;
+    sat.wait_ready().await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let alice = instance(&sat, ALICE);
+    let manager = sat.satellite.manager();
+    let slow_call = json!({"name": "slow", "arguments": {"ms": 3000}});
+    let (slow, quick) =
+        tokio::join!(manager.call(&alice, "tools/call", Some(slow_call), Duration::from_millis(800)), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            call(&sat, ALICE, "echo", json!({"text": "still here"})).await
+        });
+    let err = slow.expect_err("the slow call times out");
+    assert!(err.to_string().contains("timeout"), "{err}");
+    assert_eq!(text_of(&quick.expect("the concurrent call works")), "still here");
+    assert_eq!(instance(&sat, ALICE).status().status, InstanceStatus::Online, "the server is not blamed");
+    let after = call(&sat, ALICE, "echo", json!({"text": "after"})).await.expect("later calls work");
+    assert_eq!(text_of(&after), "after");
+    let changes = sat.satellite.store().events(Some("mcp.server.status_changed"), 0, 1000).await.unwrap();
+    assert!(
+        !changes.iter().any(|e| e.data["user_id"] == "alice" && e.data["status"] == "offline"),
+        "no offline status for alice"
+    );
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// On a loopback listener a request naming another Host, or sent by a page of another Origin, is refused with 403
+/// before any route runs; the satellite's own names and local pages pass.
+#[tokio::test]
+async fn dns_rebinding_is_refused_by_host_and_origin() {
+    let sat = TestSatellite::start(&config("")).await;
+    sat.wait_ready().await;
+    let port = sat.satellite.local_addr().port();
+    let http = reqwest::Client::new();
+    let get = |host: String, origin: Option<&'static str>| {
+        let mut request = http.get(format!("{}/healthz", sat.base_url())).header("host", host);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.send()
+    };
+    let evil = get("evil.example.com".into(), None).await.unwrap();
+    assert_eq!(evil.status(), StatusCode::FORBIDDEN);
+    let body: serde_json::Value = evil.json().await.unwrap();
+    assert_eq!(body["error"]["message"], "Forbidden: Invalid Host: evil.example.com");
+    assert_eq!(get(format!("evil.example.com:{port}"), None).await.unwrap().status(), StatusCode::FORBIDDEN);
+    let foreign = get(format!("localhost:{port}"), Some("http://evil.example.com")).await.unwrap();
+    assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        assert_eq!(get(host.clone(), None).await.unwrap().status(), StatusCode::OK, "{host}");
+    }
+    assert_eq!(
+        get(format!("localhost:{port}"), Some("http://localhost:6274")).await.unwrap().status(),
+        StatusCode::OK,
+        "a local tool's page"
+    );
+    // The MCP endpoint itself, as the conformance scenario probes it.
+    let mcp = http
+        .post(format!("{}/mcp", sat.base_url()))
+        .header("host", "evil.example.com")
+        .header("origin", "http://evil.example.com")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mcp.status(), StatusCode::FORBIDDEN);
+    assert!(sat.satellite.shutdown().await);
+}
