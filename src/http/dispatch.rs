@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::McpDeps;
 use crate::auth::Principal;
 use crate::instances::Instance;
+use crate::mcp::transport::Relay;
 use crate::router::RouteError;
 
 /// The router behind an endpoint, with the identity it serves.
@@ -23,12 +24,19 @@ pub enum Target {
 
 impl Target {
     /// Route one request method.
-    pub async fn dispatch(&self, deps: &McpDeps, method: &str, params: Option<Value>) -> Result<Value, RouteError> {
+    /// Route one request method; `relay` carries what the upstream server says meanwhile back to the client.
+    pub async fn dispatch(
+        &self,
+        deps: &McpDeps,
+        method: &str,
+        params: Option<Value>,
+        relay: Option<&Relay>,
+    ) -> Result<Value, RouteError> {
         match self {
             Target::Hierarchical(caller) | Target::LegacySse(caller) => {
-                deps.router.handle(caller, method, params).await
+                deps.router.handle(caller, method, params, relay).await
             }
-            Target::Instance(instance) => deps.instance_router.handle(instance, method, params).await,
+            Target::Instance(instance) => deps.instance_router.handle(instance, method, params, relay).await,
         }
     }
 

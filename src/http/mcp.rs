@@ -19,6 +19,7 @@ use warp::{Filter, Reply};
 use super::audit::finish;
 use super::dispatch::Target;
 use super::error::{rpc_status, McpError};
+use super::exchange::{response_message, Answer};
 use super::oauth::ResourceUrls;
 use super::session::{self, Lookup, SessionTable, StreamError};
 use super::stack::PeerAddr;
@@ -280,6 +281,15 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
         id
     };
 
+    if !batch {
+        if let Some(answer) = relayed(deps, &endpoint, &session_id, &messages[0]).await {
+            let mut response = answer?;
+            if let Ok(value) = HeaderValue::from_str(&session_id) {
+                response.headers_mut().insert("mcp-session-id", value);
+            }
+            return Ok(response);
+        }
+    }
     let mut replies = Vec::new();
     for message in messages {
         let reply = match Message::from_value(message) {
@@ -292,13 +302,22 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
                 Some(protocol::response(id, result))
             }
             Ok(Message::Request { id, method, params }) => {
-                match endpoint.target.dispatch(deps, &method, params).await {
+                match endpoint.target.dispatch(deps, &method, params, None).await {
                     Ok(result) => Some(protocol::response(id, result)),
                     Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
                     Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
                 }
             }
-            Ok(Message::Notification { .. } | Message::Response { .. }) => None,
+            Ok(Message::Notification { method, params }) => {
+                client_notification(deps, &endpoint, &session_id, &method, params).await;
+                None
+            }
+            Ok(Message::Response { id, outcome }) => {
+                if !endpoint.sessions.exchange.deliver(&session_id, &id, outcome) {
+                    tracing::debug!(%id, "a response nothing waits for (late, or for another session)");
+                }
+                None
+            }
         };
         replies.extend(reply);
     }
@@ -315,6 +334,52 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
     Ok(response)
 }
 
+/// A single handshake-era request runs with a relay, so what the server says meanwhile reaches the client on
+/// an SSE response; `None` for anything that is not such a request (initialize, notifications, responses).
+async fn relayed(
+    deps: &McpDeps,
+    endpoint: &Endpoint,
+    session_id: &str,
+    message: &Value,
+) -> Option<Result<Response, McpError>> {
+    let method = message.get("method").and_then(Value::as_str)?;
+    if method == "initialize" {
+        return None;
+    }
+    let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
+    let (target, deps_owned, reply_id) = (endpoint.target.clone(), deps.clone(), id.clone());
+    let answer = endpoint
+        .sessions
+        .exchange
+        .respond(
+            session_id.to_owned(),
+            id.clone(),
+            true,
+            move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
+            move |outcome| response_message(reply_id, outcome),
+        )
+        .await;
+    Some(match answer {
+        Answer::Streamed(response) => Ok(response),
+        Answer::Done(Ok(result)) => Ok(json_response(StatusCode::OK, &protocol::response(id, result))),
+        Answer::Done(Err(RouteError::Rpc(err))) => {
+            Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err)))
+        }
+        Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
+    })
+}
+
+/// A notification from the client: cancellation stops the named call; on an instance endpoint the rest (roots
+/// changes and the like) go to the server, which is the one they concern.
+async fn client_notification(deps: &McpDeps, endpoint: &Endpoint, scope: &str, method: &str, params: Option<Value>) {
+    match (method, &endpoint.target) {
+        ("notifications/cancelled", _) => endpoint.sessions.exchange.cancel(scope, params.as_ref()),
+        ("notifications/initialized", _) => {}
+        (_, Target::Instance(instance)) => deps.manager.notify(instance, method, params).await,
+        _ => {}
+    }
+}
+
 /// 2026-07-28: every request stands alone; no session is created or read.
 async fn stateless_post(
     deps: &McpDeps,
@@ -323,6 +388,11 @@ async fn stateless_post(
     messages: Vec<Value>,
     batch: bool,
 ) -> Result<Response, McpError> {
+    if let [single] = messages.as_slice() {
+        if let Some(response) = stateless_relayed(deps, endpoint, header_version, single).await {
+            return response;
+        }
+    }
     let mut replies = Vec::new();
     let mut status = StatusCode::OK;
     for message in messages {
@@ -348,7 +418,7 @@ async fn stateless_post(
                 codes::INVALID_REQUEST,
                 "initialize is not part of 2026-07-28; send requests with _meta instead",
             ))),
-            Ok(()) => endpoint.target.dispatch(deps, &method, params).await,
+            Ok(()) => endpoint.target.dispatch(deps, &method, params, None).await,
         };
         match outcome {
             Ok(mut result) => {
@@ -368,6 +438,58 @@ async fn stateless_post(
         (0, _) => warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response(),
         (_, true) => json_response(StatusCode::OK, &Value::Array(replies)),
         (_, false) => json_response(status, &replies.remove(0)),
+    })
+}
+
+/// A single 2026-07-28 request that reaches an upstream server runs with a relay (which cannot carry server
+/// requests: this revision has none), so progress and log messages stream to the client; `None` for the
+/// methods the satellite answers itself.
+async fn stateless_relayed(
+    deps: &McpDeps,
+    endpoint: &Endpoint,
+    header_version: Option<&str>,
+    message: &Value,
+) -> Option<Result<Response, McpError>> {
+    let method = message.get("method").and_then(Value::as_str)?;
+    if !matches!(method, "tools/call" | "resources/read" | "prompts/get" | "completion/complete")
+        || check_envelope(header_version, message.get("params")).is_err()
+    {
+        return None;
+    }
+    let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
+    let (target, deps_owned, reply_id, stamp_method) =
+        (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
+    let scope = format!("stateless:{}", uuid::Uuid::new_v4());
+    let answer = endpoint
+        .sessions
+        .exchange
+        .respond(
+            scope,
+            id.clone(),
+            false,
+            move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
+            move |outcome| {
+                response_message(
+                    reply_id,
+                    outcome.map(|mut result| {
+                        protocol::stamp_stateless_result(&mut result, &stamp_method, server_info());
+                        result
+                    }),
+                )
+            },
+        )
+        .await;
+    let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
+    Some(match answer {
+        Answer::Streamed(response) => Ok(response),
+        Answer::Done(Ok(mut result)) => {
+            protocol::stamp_stateless_result(&mut result, method, server_info());
+            Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
+        }
+        Answer::Done(Err(RouteError::Rpc(err))) => {
+            Ok(json_response(rpc_status(err.code), &protocol::error_response(Some(id), err)))
+        }
+        Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
     })
 }
 

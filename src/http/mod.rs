@@ -21,6 +21,7 @@ use crate::router::{HierarchicalRouter, InstanceRouter};
 mod audit;
 mod dispatch;
 pub mod error;
+pub mod exchange;
 pub mod guard;
 pub mod mcp;
 pub mod oauth;
@@ -78,7 +79,16 @@ pub fn routes(
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
     let oauth = oauth::routes(mcp.urls.clone(), mcp.auth.clone());
     let legacy = sse::routes(mcp.clone(), mcp.sse_sessions.clone());
-    let all = status::routes(status).or(oauth).unify().or(legacy).unify().or(mcp::routes(mcp)).unify();
+    // Boxed: the full type of every route combined is too deep for the compiler.
+    let all = status::routes(status)
+        .boxed()
+        .or(oauth.boxed())
+        .unify()
+        .or(legacy.boxed())
+        .unify()
+        .or(mcp::routes(mcp).boxed())
+        .unify()
+        .boxed();
     guard.filter().and(all).with(cors()).map(Reply::into_response).recover(recover).unify()
 }
 

@@ -5,10 +5,13 @@
 //! before anything is looked up or stored.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
+
+use super::exchange::Exchange;
 
 /// Idle time after which a session is forgotten.
 pub const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
@@ -50,6 +53,8 @@ pub enum StreamError {
 #[derive(Debug, Default)]
 pub struct SessionTable {
     sessions: Mutex<HashMap<String, Session>>,
+    /// Server requests awaiting the client's answer and calls the client may cancel, per session.
+    pub exchange: Arc<Exchange>,
 }
 
 impl SessionTable {

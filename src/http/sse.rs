@@ -22,11 +22,13 @@ use warp::{Filter, Reply};
 use super::audit::finish;
 use super::dispatch::Target;
 use super::error::McpError;
+use super::exchange::{response_message, Exchange};
 use super::stack::PeerAddr;
 use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth::{Principal, SCOPE_READ};
 use crate::events::{ClientConnected, ClientDisconnected, Event};
 use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS};
+use crate::mcp::transport::{Inbound, Relay};
 use crate::router::RouteError;
 
 /// Events queued for one stream before the client counts as too slow and is dropped.
@@ -43,6 +45,8 @@ struct SseSession {
 #[derive(Default)]
 pub struct SseSessions {
     sessions: Mutex<HashMap<String, SseSession>>,
+    /// Server requests awaiting the client's answer and calls it may cancel, per stream.
+    exchange: Arc<Exchange>,
 }
 
 impl SseSessions {
@@ -233,7 +237,14 @@ async fn message(
         Err(err) => {
             protocol::error_response(None, RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")))
         }
-        Ok(Message::Notification { .. } | Message::Response { .. }) => {
+        Ok(Message::Notification { method, params }) => {
+            if method == "notifications/cancelled" {
+                sessions.exchange.cancel(id, params.as_ref());
+            }
+            return Ok(json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null})));
+        }
+        Ok(Message::Response { id: answered, outcome }) => {
+            sessions.exchange.deliver(id, &answered, outcome);
             return Ok(json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null})));
         }
         Ok(Message::Request { id, method, params }) if method == "initialize" => {
@@ -246,15 +257,12 @@ async fn message(
                        "serverInfo": {"name": "deploystack-satellite", "version": env!("CARGO_PKG_VERSION")}}),
             )
         }
-        Ok(Message::Request { id, method, params }) => {
-            match Target::LegacySse(principal).dispatch(deps, &method, params).await {
-                Ok(result) => protocol::response(id, result),
-                Err(RouteError::Rpc(err)) => protocol::error_response(Some(id), err),
-                Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
-            }
+        Ok(Message::Request { id: request_id, method, params }) => {
+            let call = RelayedCall { deps: deps.clone(), sessions: sessions.clone(), scope: id.to_owned(), events };
+            return call.run(principal, request_id, method, params).await;
         }
     };
-    let message_id = format!("msg-{}-{}", chrono::Utc::now().timestamp_millis(), rand::random::<u32>());
+    let message_id = new_message_id();
     let event = warp::sse::Event::default().id(message_id.clone()).event("message").data(reply.to_string());
     if events.try_send(event).is_err() {
         // The stream is gone or not keeping up: end the session rather than buffer without bound.
@@ -262,4 +270,90 @@ async fn message(
         return Err(McpError::SseStreamClosed);
     }
     Ok(json_response(StatusCode::OK, &json!({"status": "sent", "messageId": message_id})))
+}
+
+fn new_message_id() -> String {
+    format!("msg-{}-{}", chrono::Utc::now().timestamp_millis(), rand::random::<u32>())
+}
+
+/// One request on a legacy stream, run with a relay: the server's notifications and requests go onto the
+/// stream as they come, then the response. The POST is answered when the response is on the stream (SB §4),
+/// or as soon as the server asks the client something: a client that POSTs one message at a time could not
+/// otherwise send its answer.
+struct RelayedCall {
+    deps: McpDeps,
+    sessions: Arc<SseSessions>,
+    scope: String,
+    events: mpsc::Sender<warp::sse::Event>,
+}
+
+/// How a relayed call on a legacy stream ended.
+enum Ended {
+    Sent,
+    Refused(crate::auth::AuthError),
+    StreamClosed,
+}
+
+impl RelayedCall {
+    async fn run(
+        self,
+        principal: Principal,
+        request_id: protocol::RequestId,
+        method: String,
+        params: Option<Value>,
+    ) -> Result<Response, McpError> {
+        let message_id = new_message_id();
+        let (asked_tx, asked) = tokio::sync::oneshot::channel::<()>();
+        let (scope, exchange) = (self.scope.clone(), self.sessions.exchange.clone());
+        let final_id = message_id.clone();
+        let tracked = request_id.clone();
+        let mut task = tokio::spawn(async move {
+            let (relay, mut rx) = Relay::channel(true);
+            let target = Target::LegacySse(principal);
+            let call = target.dispatch(&self.deps, &method, params, Some(&relay));
+            tokio::pin!(call);
+            let mut asked_tx = Some(asked_tx);
+            let outcome = loop {
+                tokio::select! {
+                    biased;
+                    outcome = &mut call => break outcome,
+                    Some(inbound) = rx.recv() => {
+                        if matches!(inbound, Inbound::Request { .. }) {
+                            if let Some(tx) = asked_tx.take() {
+                                let _ = tx.send(());
+                            }
+                        }
+                        let message = self.sessions.exchange.outbound(&self.scope, inbound);
+                        let event = warp::sse::Event::default().event("message").data(message.to_string());
+                        let _ = self.events.send(event).await;
+                    }
+                }
+            };
+            while let Ok(inbound) = rx.try_recv() {
+                let message = self.sessions.exchange.outbound(&self.scope, inbound);
+                let _ = self.events.send(warp::sse::Event::default().event("message").data(message.to_string())).await;
+            }
+            if let (Err(RouteError::Forbidden(err)), Some(_)) = (&outcome, &asked_tx) {
+                return Ended::Refused(err.clone());
+            }
+            let reply = response_message(request_id, outcome);
+            let event = warp::sse::Event::default().id(final_id).event("message").data(reply.to_string());
+            if self.events.try_send(event).is_err() {
+                self.sessions.sessions.lock().remove(&self.scope);
+                return Ended::StreamClosed;
+            }
+            Ended::Sent
+        });
+        exchange.track(&scope, &tracked, task.abort_handle());
+        let ended = tokio::select! {
+            biased;
+            ended = &mut task => ended.unwrap_or(Ended::Sent),
+            _ = asked => Ended::Sent,
+        };
+        match ended {
+            Ended::Sent => Ok(json_response(StatusCode::OK, &json!({"status": "sent", "messageId": message_id}))),
+            Ended::Refused(err) => Err(McpError::Auth(err)),
+            Ended::StreamClosed => Err(McpError::SseStreamClosed),
+        }
+    }
 }

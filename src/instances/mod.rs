@@ -296,7 +296,29 @@ impl InstanceManager {
         params: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, InstanceError> {
-        self.inner.call(instance, method, params, timeout).await
+        self.inner.call(instance, method, params, timeout, None).await
+    }
+
+    /// A call whose progress, log messages and requests to the client (sampling, elicitation, roots) go to
+    /// `relay`, the client that made it.
+    pub async fn call_relayed(
+        &self,
+        instance: &Arc<Instance>,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+        relay: Option<&crate::mcp::transport::Relay>,
+    ) -> Result<Value, InstanceError> {
+        self.inner.call(instance, method, params, timeout, relay).await
+    }
+
+    /// Pass a client's notification on to the instance (nothing when it has no live connection).
+    pub async fn notify(&self, instance: &Arc<Instance>, method: &str, params: Option<Value>) {
+        if let Some(client) = instance.client() {
+            if let Err(err) = client.notify(method, params).await {
+                warn!(process_id = %instance.spec().process_id, method, error = %err, "forwarding a notification failed");
+            }
+        }
     }
 
     /// Make sure the instance has a live connection, respawning it from dormancy (single-flight).

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tracing::{debug, info};
 
 use super::protocol::{self, codes, HANDSHAKE_REQUEST_VERSION, MODERN_VERSION};
-use super::transport::{ModernHeaders, RequestHeaders, Transport, UpstreamError};
+use super::transport::{ModernHeaders, Relay, RequestHeaders, Transport, UpstreamError};
 
 /// Which protocol the server speaks, with the version in use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +64,7 @@ pub struct McpClient {
     era: Era,
     server_info: Value,
     capabilities: Value,
+    instructions: Option<String>,
     client_info: Value,
 }
 
@@ -84,9 +85,9 @@ impl McpClient {
                 return Err(UpstreamError::Timeout { method: "initialize".into(), after: options.handshake_timeout });
             }
         };
-        let (era, server_info, capabilities) = negotiated;
+        let Negotiated { era, server_info, capabilities, instructions } = negotiated;
         info!(era = ?era, server = %server_info, "mcp server connected");
-        Ok(Self { transport, era, server_info, capabilities, client_info })
+        Ok(Self { transport, era, server_info, capabilities, instructions, client_info })
     }
 
     pub fn era(&self) -> &Era {
@@ -112,8 +113,30 @@ impl McpClient {
         params: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, UpstreamError> {
+        self.request_relayed(method, params, timeout, None).await
+    }
+
+    /// A request whose notifications and requests to the client go to `relay` while it runs.
+    pub async fn request_relayed(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+        relay: Option<&Relay>,
+    ) -> Result<Value, UpstreamError> {
         let (params, headers) = self.stamp(method, params);
-        self.transport.request(method, params, &headers, timeout).await
+        self.transport.request_relayed(method, params, &headers, timeout, relay).await
+    }
+
+    /// Send a notification in the negotiated era's style (a client's `notifications/cancelled`, say).
+    pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), UpstreamError> {
+        let (params, headers) = self.stamp(method, params);
+        self.transport.notify(method, params, &headers).await
+    }
+
+    /// The server's instructions, when it gave any.
+    pub fn instructions(&self) -> Option<&str> {
+        self.instructions.as_deref()
     }
 
     pub async fn close(&self) {
@@ -142,11 +165,19 @@ impl McpClient {
     }
 }
 
+/// What negotiation learned about the server.
+struct Negotiated {
+    era: Era,
+    server_info: Value,
+    capabilities: Value,
+    instructions: Option<String>,
+}
+
 async fn negotiate(
     transport: &Transport,
     options: &ClientOptions,
     client_info: &Value,
-) -> Result<(Era, Value, Value), UpstreamError> {
+) -> Result<Negotiated, UpstreamError> {
     if options.probe_stateless && transport.may_speak_modern() {
         if let Some(found) = probe_stateless(transport, options, client_info).await? {
             return Ok(found);
@@ -160,7 +191,7 @@ async fn probe_stateless(
     transport: &Transport,
     options: &ClientOptions,
     client_info: &Value,
-) -> Result<Option<(Era, Value, Value)>, UpstreamError> {
+) -> Result<Option<Negotiated>, UpstreamError> {
     let params = protocol::stamp_meta(None, protocol::modern_request_meta(MODERN_VERSION, client_info));
     let headers = RequestHeaders {
         protocol_version: Some(MODERN_VERSION.into()),
@@ -180,7 +211,9 @@ async fn probe_stateless(
                 .cloned()
                 .unwrap_or_else(|| json!({}));
             let capabilities = result.get("capabilities").cloned().unwrap_or_else(|| json!({}));
-            Ok(Some((Era::Stateless { version: MODERN_VERSION.into() }, server_info, capabilities)))
+            let instructions = result.get("instructions").and_then(Value::as_str).map(str::to_owned);
+            let era = Era::Stateless { version: MODERN_VERSION.into() };
+            Ok(Some(Negotiated { era, server_info, capabilities, instructions }))
         }
         Err(UpstreamError::Rpc(err)) if err.code == codes::UNSUPPORTED_PROTOCOL_VERSION => {
             // A stateless server that does not speak our revision: the handshake is the only common ground left.
@@ -204,10 +237,12 @@ async fn initialize(
     transport: &Transport,
     client_info: &Value,
     timeout: Duration,
-) -> Result<(Era, Value, Value), UpstreamError> {
+) -> Result<Negotiated, UpstreamError> {
+    // The satellite relays sampling, elicitation and roots to the client whose call asked; a client that cannot
+    // take them gets its error passed back as the answer.
     let params = json!({
         "protocolVersion": HANDSHAKE_REQUEST_VERSION,
-        "capabilities": {"roots": {"listChanged": false}},
+        "capabilities": {"roots": {"listChanged": false}, "sampling": {}, "elicitation": {}},
         "clientInfo": client_info,
     });
     let headers = RequestHeaders::default();
@@ -224,7 +259,8 @@ async fn initialize(
     // Accept whatever version the server answers with (OQ-26); log it.
     let version = result.get("protocolVersion").and_then(Value::as_str).unwrap_or(HANDSHAKE_REQUEST_VERSION).to_owned();
     let capabilities = result.get("capabilities").cloned().unwrap_or_else(|| json!({}));
+    let instructions = result.get("instructions").and_then(Value::as_str).map(str::to_owned);
     let headers = RequestHeaders { protocol_version: Some(version.clone()), modern: None };
     transport.notify("notifications/initialized", None, &headers).await?;
-    Ok((Era::Handshake { version }, server_info, capabilities))
+    Ok(Negotiated { era: Era::Handshake { version }, server_info, capabilities, instructions })
 }

@@ -16,6 +16,7 @@ use super::{
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
+use crate::mcp::transport::Relay;
 use crate::model::{namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_tool_path, tool_path, ToolDef};
 use crate::search::{relevance_score, SearchIndex};
 
@@ -34,7 +35,14 @@ pub struct HierarchicalRouter {
 
 impl HierarchicalRouter {
     /// Handle one request method for an authenticated caller.
-    pub async fn handle(&self, caller: &Principal, method: &str, params: Option<Value>) -> Result<Value, RouteError> {
+    /// `relay` carries what an upstream server says during an execution or read back to the client.
+    pub async fn handle(
+        &self,
+        caller: &Principal,
+        method: &str,
+        params: Option<Value>,
+        relay: Option<&Relay>,
+    ) -> Result<Value, RouteError> {
         caller.require(SCOPE_READ).map_err(RouteError::Forbidden)?;
         let params = params.unwrap_or_else(|| json!({}));
         match method {
@@ -46,21 +54,26 @@ impl HierarchicalRouter {
             "resources/read" => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 let uri = string_param(&params, "uri", "Invalid uri parameter - must be a non-empty string")?;
-                self.read(caller, uri).await
+                self.read(caller, uri, relay).await
             }
-            "tools/call" => self.call_meta_tool(caller, &params).await,
+            "tools/call" => self.call_meta_tool(caller, &params, relay).await,
             other => Err(method_not_found(other)),
         }
     }
 
-    async fn call_meta_tool(&self, caller: &Principal, params: &Value) -> Result<Value, RouteError> {
+    async fn call_meta_tool(
+        &self,
+        caller: &Principal,
+        params: &Value,
+        relay: Option<&Relay>,
+    ) -> Result<Value, RouteError> {
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
         let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
         match name {
             meta::DISCOVER => self.discover(caller, &args).await,
             meta::EXECUTE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
-                self.execute(caller, &args).await
+                self.execute(caller, &args, params.get("_meta"), relay).await
             }
             meta::LIST_RESOURCES => {
                 let resources = self.resource_entries(caller);
@@ -75,7 +88,7 @@ impl HierarchicalRouter {
             meta::READ_RESOURCE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 let uri = string_param(&args, "uri", "Invalid uri parameter - must be a non-empty string")?;
-                let result = self.read(caller, uri).await?;
+                let result = self.read(caller, uri, relay).await?;
                 Ok(json!({"content": [{"type": "text", "text": join_contents(&result)}]}))
             }
             other => Err(invalid(format!(
@@ -185,7 +198,15 @@ impl HierarchicalRouter {
         Ok(text_document(&Value::Object(document)))
     }
 
-    async fn execute(&self, caller: &Principal, args: &Value) -> Result<Value, RouteError> {
+    /// Run a tool on the caller's instance. The outer call's `_meta` (its progress token above all) goes with the
+    /// inner call, so progress the server reports reaches the client that asked.
+    async fn execute(
+        &self,
+        caller: &Principal,
+        args: &Value,
+        meta: Option<&Value>,
+        relay: Option<&Relay>,
+    ) -> Result<Value, RouteError> {
         let path = string_param(
             args,
             "tool_path",
@@ -214,18 +235,15 @@ impl HierarchicalRouter {
                 return Err(RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, "arguments must be an object")))
             }
         };
-        let result = forward(
-            &self.manager,
-            &instance,
-            "tools/call",
-            json!({"name": tool_name, "arguments": arguments}),
-            self.call_timeout,
-        )
-        .await?;
+        let mut inner = json!({"name": tool_name, "arguments": arguments});
+        if let Some(meta @ Value::Object(_)) = meta {
+            inner["_meta"] = meta.clone();
+        }
+        let result = forward(&self.manager, &instance, "tools/call", inner, self.call_timeout, relay).await?;
         Ok(normalise_call_result(result))
     }
 
-    async fn read(&self, caller: &Principal, uri: &str) -> Result<Value, RouteError> {
+    async fn read(&self, caller: &Principal, uri: &str, relay: Option<&Relay>) -> Result<Value, RouteError> {
         let (slug, original) = parse_namespaced_uri(uri).ok_or_else(|| {
             invalid(format!("Invalid resource URI format: {uri}. Expected format: \"serverSlug|originalUri\""))
         })?;
@@ -243,7 +261,7 @@ impl HierarchicalRouter {
         if !callable(instance.status().status) {
             return Err(internal(format!("MCP server '{slug}' is unavailable (status: {})", instance.status().status)));
         }
-        forward(&self.manager, &instance, "resources/read", json!({"uri": original}), self.read_timeout).await
+        forward(&self.manager, &instance, "resources/read", json!({"uri": original}), self.read_timeout, relay).await
     }
 
     fn resource_entries(&self, caller: &Principal) -> Vec<Value> {

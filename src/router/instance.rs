@@ -6,11 +6,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{
-    blocked_result, callable, disabled_result, forward, method_not_found, normalise_call_result, visible, RouteError,
-};
+use super::{blocked_result, callable, disabled_result, forward, normalise_call_result, visible, RouteError};
 use crate::instances::{Instance, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
+use crate::mcp::transport::Relay;
 
 #[derive(Clone)]
 pub struct InstanceRouter {
@@ -20,17 +19,20 @@ pub struct InstanceRouter {
 }
 
 impl InstanceRouter {
+    /// One request for the instance. The satellite answers what it keeps itself (the tool and resource
+    /// listings of the catalog, with disabled tools left out) and gates what the instance's status or the
+    /// administrator forbids; every other method, known or not, goes to the server unchanged, and what the
+    /// server says on the way (progress, log messages, requests to the client) goes to `relay`.
     pub async fn handle(
         &self,
         instance: &Arc<Instance>,
         method: &str,
         params: Option<Value>,
+        relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
-        let params = params.unwrap_or_else(|| json!({}));
         let catalog = instance.catalog().filter(|_| visible(instance));
         match method {
             "ping" => Ok(json!({})),
-            "prompts/list" => Ok(json!({"prompts": []})),
             "tools/list" => {
                 let tools: Vec<Value> = catalog
                     .iter()
@@ -51,6 +53,7 @@ impl InstanceRouter {
                 Ok(json!({"resourceTemplates": templates}))
             }
             "tools/call" => {
+                let params = params.unwrap_or_else(|| json!({}));
                 let name = params.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()).ok_or_else(|| {
                     RouteError::Rpc(RpcError::new(
                         codes::INVALID_PARAMS,
@@ -70,24 +73,12 @@ impl InstanceRouter {
                 if instance.tool_disabled(name) {
                     return Ok(disabled_result(name));
                 }
-                let arguments = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
-                let result = forward(
-                    &self.manager,
-                    instance,
-                    "tools/call",
-                    json!({"name": name, "arguments": arguments}),
-                    self.call_timeout,
-                )
-                .await?;
+                // The whole request goes on: arguments, `_meta` (progress token), and what a 2026-07-28 retry adds.
+                let result =
+                    forward(&self.manager, instance, "tools/call", params.clone(), self.call_timeout, relay).await?;
                 Ok(normalise_call_result(result))
             }
-            "resources/read" => {
-                let uri = params.get("uri").and_then(Value::as_str).filter(|u| !u.is_empty()).ok_or_else(|| {
-                    RouteError::Rpc(RpcError::new(
-                        codes::INVALID_PARAMS,
-                        "Invalid params: uri must be a non-empty string",
-                    ))
-                })?;
+            other => {
                 if !callable(instance.status().status) {
                     let status = instance.status().status;
                     return Err(RouteError::Rpc(RpcError::new(
@@ -95,9 +86,10 @@ impl InstanceRouter {
                         format!("MCP server is unavailable (status: {status})"),
                     )));
                 }
-                forward(&self.manager, instance, "resources/read", json!({"uri": uri}), self.read_timeout).await
+                let timeout = if other == "resources/read" { self.read_timeout } else { self.call_timeout };
+                let params = params.unwrap_or_else(|| json!({}));
+                forward(&self.manager, instance, other, params, timeout, relay).await
             }
-            other => Err(method_not_found(other)),
         }
     }
 }

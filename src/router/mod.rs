@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::auth::AuthError;
 use crate::instances::{Instance, InstanceError, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
-use crate::mcp::transport::UpstreamError;
+use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::InstanceStatus;
 
 mod hierarchical;
@@ -107,8 +107,9 @@ async fn forward(
     method: &str,
     params: Value,
     timeout: Duration,
+    relay: Option<&Relay>,
 ) -> Result<Value, RouteError> {
-    match manager.call(instance, method, Some(params), timeout).await {
+    match manager.call_relayed(instance, method, Some(params), timeout, relay).await {
         Ok(result) => Ok(result),
         Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
         Err(InstanceError::NotConnected(_)) => {
@@ -126,9 +127,11 @@ async fn forward(
     }
 }
 
-/// A `CallToolResult` forwarded unchanged; wrapped only when it has no `content` (SB §16.3).
+/// A `CallToolResult` forwarded unchanged; wrapped only when it has no `content` (SB §16.3). A 2026-07-28
+/// `input_required` result (no content, by design) passes through intact.
 fn normalise_call_result(result: Value) -> Value {
-    if result.get("content").is_some_and(Value::is_array) {
+    let input_required = result.get("resultType").and_then(Value::as_str) == Some("input_required");
+    if input_required || result.get("content").is_some_and(Value::is_array) {
         result
     } else {
         json!({"content": [{"type": "text", "text": result.to_string()}]})

@@ -14,7 +14,7 @@ use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
 use crate::logcapture::RequestRecord;
 use crate::mcp::client::McpClient;
-use crate::mcp::transport::UpstreamError;
+use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::{InstanceSpec, InstanceStatus, Upstream};
 
 impl Inner {
@@ -24,6 +24,7 @@ impl Inner {
         method: &str,
         params: Option<Value>,
         timeout: Duration,
+        relay: Option<&Relay>,
     ) -> Result<Value, InstanceError> {
         let queue = self.deps.settings.lifecycle.call_queue_timeout;
         let _permit = match tokio::time::timeout(queue, instance.calls.acquire()).await {
@@ -56,7 +57,7 @@ impl Inner {
         let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
         let mut attempt = 0;
         let result = loop {
-            let result = client.request(method, params.clone(), timeout).await;
+            let result = client.request_relayed(method, params.clone(), timeout, relay).await;
             match &result {
                 Err(err)
                     if remote

@@ -13,11 +13,13 @@ use tokio::sync::oneshot;
 
 use crate::mcp::protocol::RpcError;
 
+pub mod relay;
 pub mod sse;
 pub mod stderr;
 pub mod stdio;
 pub mod streamable_http;
 
+pub use relay::{Inbound, Relay};
 pub use sse::SseTransport;
 pub use stdio::{ExitInfo, ResourceLimits, StderrSink, StderrTail, StdioLaunch, StdioTransport};
 pub use streamable_http::StreamableHttpTransport;
@@ -119,9 +121,22 @@ impl Transport {
         headers: &RequestHeaders,
         timeout: Duration,
     ) -> Result<Value, UpstreamError> {
+        self.request_relayed(method, params, headers, timeout, None).await
+    }
+
+    /// A request whose notifications and server-to-client requests go to `relay` (its client) while it runs.
+    /// Dropping the future cancels the request upstream where the transport can say so.
+    pub async fn request_relayed(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        headers: &RequestHeaders,
+        timeout: Duration,
+        relay: Option<&Relay>,
+    ) -> Result<Value, UpstreamError> {
         match self {
-            Transport::Stdio(t) => t.request(method, params, timeout).await,
-            Transport::StreamableHttp(t) => t.request(method, params, headers, timeout).await,
+            Transport::Stdio(t) => t.request(method, params, timeout, relay).await,
+            Transport::StreamableHttp(t) => t.request(method, params, headers, timeout, relay).await,
             Transport::Sse(t) => t.request(method, params, timeout).await,
         }
     }

@@ -19,7 +19,8 @@ use serde_json::Value;
 use tracing::{debug, info};
 use url::Url;
 
-use super::{outcome, preview, RequestHeaders, UpstreamError};
+use super::relay::local_answer;
+use super::{outcome, preview, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::protocol::{self, Message, RequestId};
 
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -61,20 +62,23 @@ impl StreamableHttpTransport {
         self.session.lock().clone()
     }
 
+    /// One request; what the server sends on its reply stream before the response (notifications, requests to
+    /// the client) goes to `relay`, and the client's answers go back under the server's own ids.
     pub async fn request(
         &self,
         method: &str,
         params: Option<Value>,
         headers: &RequestHeaders,
         timeout: Duration,
+        relay: Option<&Relay>,
     ) -> Result<Value, UpstreamError> {
         let work = async {
-            let first = self.request_once(method, params.clone(), headers).await;
+            let first = self.request_once(method, params.clone(), headers, relay, timeout).await;
             match first {
                 Err(SendError::SessionGone) => {
                     info!(process_id = %self.label, "mcp session expired upstream, re-initializing once");
                     self.reinitialize().await?;
-                    match self.request_once(method, params, headers).await {
+                    match self.request_once(method, params, headers, relay, timeout).await {
                         Err(SendError::SessionGone) => Err(UpstreamError::HttpStatus {
                             status: 404,
                             body: "session not found after re-initialize".into(),
@@ -125,7 +129,9 @@ impl StreamableHttpTransport {
         let Some((params, headers)) = self.handshake.lock().clone() else {
             return Err(UpstreamError::Protocol("session lost before any initialize".into()));
         };
-        self.request_once("initialize", params, &headers).await.map_err(SendError::into_upstream)?;
+        self.request_once("initialize", params, &headers, None, Duration::from_secs(30))
+            .await
+            .map_err(SendError::into_upstream)?;
         self.notify("notifications/initialized", None, &headers).await
     }
 
@@ -156,6 +162,8 @@ impl StreamableHttpTransport {
         method: &str,
         params: Option<Value>,
         headers: &RequestHeaders,
+        relay: Option<&Relay>,
+        timeout: Duration,
     ) -> Result<Value, SendError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let had_session = headers.modern.is_none() && self.session.lock().is_some();
@@ -188,7 +196,7 @@ impl StreamableHttpTransport {
         let content_type =
             response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
         if content_type.starts_with("text/event-stream") {
-            return self.read_sse_reply(response, id).await.map_err(SendError::from);
+            return self.read_sse_reply(response, id, headers, relay, timeout).await.map_err(SendError::from);
         }
         let text = response.text().await.map_err(|err| UpstreamError::Io(err.to_string()))?;
         let value: Value = serde_json::from_str(&text).map_err(|_| {
@@ -199,7 +207,14 @@ impl StreamableHttpTransport {
             .map_err(SendError::from)
     }
 
-    async fn read_sse_reply(&self, response: reqwest::Response, id: i64) -> Result<Value, UpstreamError> {
+    async fn read_sse_reply(
+        &self,
+        response: reqwest::Response,
+        id: i64,
+        headers: &RequestHeaders,
+        relay: Option<&Relay>,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamError> {
         let mut events = response.bytes_stream().eventsource();
         while let Some(event) = events.next().await {
             let event = event.map_err(|err| UpstreamError::Io(format!("sse stream: {err}")))?;
@@ -210,8 +225,36 @@ impl StreamableHttpTransport {
                 debug!(process_id = %self.label, data = %preview(&event.data, 200), "invalid json in sse event, skipped");
                 continue;
             };
-            if let Some(result) = find_response(value, id) {
-                return result;
+            let items = match value {
+                Value::Array(items) => items,
+                single => vec![single],
+            };
+            for item in items {
+                match Message::from_value(item) {
+                    Ok(Message::Response { id: RequestId::Number(n), outcome: result }) if n == id => {
+                        return outcome(result);
+                    }
+                    Ok(Message::Notification { method, params }) => {
+                        if let Some(relay) = relay {
+                            relay.notify(&method, params);
+                        }
+                    }
+                    Ok(Message::Request { id: server_id, method, params }) => {
+                        // The server waits for this answer before it goes on with ours.
+                        let answer = match relay {
+                            Some(relay) => relay.ask(&method, params, timeout).await,
+                            None => local_answer(&method),
+                        };
+                        let reply = match answer {
+                            Ok(result) => protocol::response(server_id, result),
+                            Err(err) => protocol::error_response(Some(server_id), err),
+                        };
+                        if let Err(err) = self.post(&reply, headers).await {
+                            debug!(process_id = %self.label, error = %err, "answering the server's request failed");
+                        }
+                    }
+                    _ => {}
+                }
             }
         }
         Err(UpstreamError::Closed("sse stream ended before the response".into()))

@@ -19,7 +19,7 @@ use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::Signal;
 use nix::unistd::{getpid, getppid, Pid};
 use parking_lot::Mutex;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::process::Command;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::codec::{FramedRead, LinesCodec};
@@ -27,9 +27,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 mod owner;
+mod relays;
 
 use super::stderr::{StderrLimiter, StderrSettings};
-use super::{await_response, Pending, UpstreamError};
+use super::{await_response, Pending, Relay, UpstreamError};
 use crate::mcp::protocol::{self, RequestId};
 use owner::Owner;
 
@@ -180,6 +181,8 @@ pub struct StdioTransport {
     stderr_warnings: Arc<DropReport>,
     exit_rx: watch::Receiver<Option<ExitInfo>>,
     stop: CancellationToken,
+    /// Our requests with a client to relay to.
+    relays: Arc<relays::Relays>,
 }
 
 impl StdioTransport {
@@ -222,6 +225,7 @@ impl StdioTransport {
         let stderr_warnings = Arc::new(DropReport::default());
         let (exit_tx, exit_rx) = watch::channel(None);
         let stop = CancellationToken::new();
+        let relays = Arc::new(relays::Relays::default());
 
         let owner = Owner {
             label: launch.label.clone(),
@@ -234,6 +238,9 @@ impl StdioTransport {
             stderr_sink: launch.stderr_sink.clone(),
             stderr_warnings: stderr_warnings.clone(),
             outbound: outbound_rx,
+            replies: outbound_tx.clone(),
+            relays: relays.clone(),
+            asks: tokio::task::JoinSet::new(),
             pending: pending.clone(),
             stderr_buf: stderr_buf.clone(),
             notifications: notifications.clone(),
@@ -254,6 +261,7 @@ impl StdioTransport {
             stderr_warnings,
             exit_rx,
             stop,
+            relays,
         })
     }
 
@@ -315,23 +323,36 @@ impl StdioTransport {
         self.pending.len()
     }
 
+    /// Send a request and wait for its response. With a `relay`, what the child sends while it runs (progress
+    /// under the caller's token, log messages, requests to the client) goes to the relay. A request that ends
+    /// without its response (timed out, or the caller gave up) is cancelled with `notifications/cancelled`.
     pub async fn request(
         &self,
         method: &str,
         params: Option<Value>,
         timeout: Duration,
+        relay: Option<&Relay>,
     ) -> Result<Value, UpstreamError> {
         if let Some(info) = self.exit_info() {
             return Err(UpstreamError::Exited { label: self.label.clone(), exit: info, detail: None });
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = self.pending.register(id)?;
+        let mut params = params;
+        if let Some(relay) = relay {
+            let token = relays::take_progress_token(&mut params, id);
+            self.relays.add(id, relay.clone(), token);
+        }
+        let mut in_flight = InFlight { id, transport: self, answered: false };
         let line = protocol::request(RequestId::Number(id), method, params).to_string();
         if self.outbound.send(line).await.is_err() {
+            in_flight.answered = true;
             self.pending.forget(id);
             return Err(UpstreamError::Closed(format!("process {} is not running", self.label)));
         }
-        await_response(&self.pending, id, rx, method, timeout).await
+        let outcome = await_response(&self.pending, id, rx, method, timeout).await;
+        in_flight.answered = !matches!(outcome, Err(UpstreamError::Timeout { .. }));
+        outcome
     }
 
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), UpstreamError> {
@@ -346,6 +367,28 @@ impl StdioTransport {
     pub async fn close(&self) {
         self.stop.cancel();
         self.exited().await;
+    }
+}
+
+/// One request of ours the child has not answered yet. If it ends unanswered (a timeout, or the caller's future
+/// dropped), the child is told to stop working on it.
+struct InFlight<'a> {
+    id: i64,
+    transport: &'a StdioTransport,
+    answered: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.transport.relays.remove(self.id);
+        if !self.answered {
+            self.transport.pending.forget(self.id);
+            let cancelled = protocol::notification(
+                "notifications/cancelled",
+                Some(json!({"requestId": self.id, "reason": "the client gave up or the request timed out"})),
+            );
+            let _ = self.transport.outbound.try_send(cancelled.to_string());
+        }
     }
 }
 

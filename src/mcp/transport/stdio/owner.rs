@@ -11,7 +11,7 @@ use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -20,7 +20,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT};
-use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
+
+/// Longest a child's request waits for its client's answer (the call's own timeout usually ends it first).
+const ASK_TIMEOUT: Duration = Duration::from_secs(300);
+use super::relays::{with_token, Relays};
+use crate::mcp::protocol::{self, Message, RequestId};
+use crate::mcp::transport::relay::local_answer;
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
 use crate::mcp::transport::{outcome, preview, Pending, UpstreamError};
 
@@ -33,6 +38,11 @@ pub(super) struct Owner {
     pub(super) stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
     pub(super) stderr: FramedRead<tokio::process::ChildStderr, LinesCodec>,
     pub(super) outbound: mpsc::Receiver<String>,
+    /// Where answers to the child's requests are queued (the same channel as `outbound`).
+    pub(super) replies: mpsc::Sender<String>,
+    pub(super) relays: Arc<Relays>,
+    /// Requests of the child waiting for their client's answer; they end with the owner.
+    pub(super) asks: tokio::task::JoinSet<()>,
     pub(super) pending: Arc<Pending>,
     pub(super) stderr_buf: Arc<Mutex<VecDeque<String>>>,
     pub(super) limiter: StderrLimiter,
@@ -176,19 +186,48 @@ impl Owner {
                 }
             }
             Message::Response { id, .. } => debug!(process_id = %self.label, %id, "response with foreign id ignored"),
-            Message::Request { id, method, .. } => {
-                let reply = match method.as_str() {
-                    "ping" => protocol::response(id, json!({})),
-                    "roots/list" => protocol::response(id, json!({"roots": []})),
-                    other => {
-                        debug!(process_id = %self.label, method = other, "unsupported request from mcp server");
-                        protocol::error_response(Some(id), RpcError::new(codes::METHOD_NOT_FOUND, "Method not found"))
+            Message::Request { id, method, params } => {
+                while self.asks.try_join_next().is_some() {}
+                match self.relays.newest() {
+                    // A client is waiting on one of our requests: it answers, without holding up this loop.
+                    Some(relay) => {
+                        let replies = self.replies.clone();
+                        self.asks.spawn(async move {
+                            let reply = match relay.ask(&method, params, ASK_TIMEOUT).await {
+                                Ok(result) => protocol::response(id, result),
+                                Err(err) => protocol::error_response(Some(id), err),
+                            };
+                            let _ = replies.send(reply.to_string()).await;
+                        });
                     }
-                };
-                self.write_line(reply.to_string()).await;
+                    None => {
+                        debug!(process_id = %self.label, method = %method, "request from mcp server with no client to ask");
+                        let reply = match local_answer(&method) {
+                            Ok(result) => protocol::response(id, result),
+                            Err(err) => protocol::error_response(Some(id), err),
+                        };
+                        self.write_line(reply.to_string()).await;
+                    }
+                }
             }
             Message::Notification { method, params } => {
                 debug!(process_id = %self.label, method = %method, "notification from mcp server");
+                match method.as_str() {
+                    "notifications/progress" => {
+                        let token =
+                            params.as_ref().and_then(|p| p.get("progressToken")).cloned().unwrap_or(Value::Null);
+                        if let Some((relay, theirs)) = self.relays.for_progress(&token) {
+                            relay.notify(&method, with_token(params, theirs));
+                            return;
+                        }
+                    }
+                    "notifications/message" => {
+                        for relay in self.relays.all() {
+                            relay.notify(&method, params.clone());
+                        }
+                    }
+                    _ => {}
+                }
                 let _ = self.notifications.send(protocol::notification(&method, params));
             }
         }

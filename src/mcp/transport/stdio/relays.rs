@@ -1,0 +1,91 @@
+//! The requests of ours a child is working on that have a client to relay to. A child's message carries no
+//! request id of ours, so it is matched this way: progress by its token (ours replaces the client's, so two
+//! clients using the same token never mix), log messages to every client with a call running, and a request
+//! to the client to the newest call (with one call at a time, the one that caused it).
+
+use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
+
+use crate::mcp::transport::Relay;
+
+#[derive(Debug, Default)]
+pub(crate) struct Relays {
+    active: Mutex<Vec<Active>>,
+}
+
+#[derive(Debug)]
+struct Active {
+    id: i64,
+    relay: Relay,
+    /// (the token the child sees, the client's own).
+    token: Option<(Value, Value)>,
+}
+
+impl Relays {
+    pub(crate) fn add(&self, id: i64, relay: Relay, token: Option<(Value, Value)>) {
+        self.active.lock().push(Active { id, relay, token });
+    }
+
+    pub(crate) fn remove(&self, id: i64) {
+        self.active.lock().retain(|a| a.id != id);
+    }
+
+    /// The relay whose request carries progress token `ours`, with the client's own token.
+    pub(crate) fn for_progress(&self, ours: &Value) -> Option<(Relay, Value)> {
+        let active = self.active.lock();
+        active.iter().find_map(|a| match &a.token {
+            Some((token, theirs)) if token == ours => Some((a.relay.clone(), theirs.clone())),
+            _ => None,
+        })
+    }
+
+    /// The relay of the newest request still running.
+    pub(crate) fn newest(&self) -> Option<Relay> {
+        self.active.lock().iter().rev().find(|a| !a.relay.is_closed()).map(|a| a.relay.clone())
+    }
+
+    /// Every relay with a request running (one per request).
+    pub(crate) fn all(&self) -> Vec<Relay> {
+        self.active.lock().iter().filter(|a| !a.relay.is_closed()).map(|a| a.relay.clone()).collect()
+    }
+}
+
+/// Replace the client's `_meta.progressToken` by one unique to request `id`; returns (ours, theirs).
+pub(crate) fn take_progress_token(params: &mut Option<Value>, id: i64) -> Option<(Value, Value)> {
+    let meta = params.as_mut()?.as_object_mut()?.get_mut("_meta")?.as_object_mut()?;
+    let theirs = meta.get("progressToken")?.clone();
+    let ours = json!(format!("satellite-{id}"));
+    meta.insert("progressToken".into(), ours.clone());
+    Some((ours, theirs))
+}
+
+/// A progress notification's params with the client's token put back.
+pub(crate) fn with_token(params: Option<Value>, theirs: Value) -> Option<Value> {
+    let mut params = params.unwrap_or_else(|| Value::Object(Map::new()));
+    if let Some(map) = params.as_object_mut() {
+        map.insert("progressToken".into(), theirs);
+    }
+    Some(params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_replaced_and_put_back() {
+        let mut params = Some(json!({"name": "t", "_meta": {"progressToken": 7, "other": 1}}));
+        let (ours, theirs) = take_progress_token(&mut params, 42).unwrap();
+        assert_eq!(ours, json!("satellite-42"));
+        assert_eq!(theirs, json!(7));
+        assert_eq!(params.unwrap()["_meta"], json!({"progressToken": "satellite-42", "other": 1}));
+        assert_eq!(take_progress_token(&mut Some(json!({"name": "t"})), 1), None);
+        let relays = Relays::default();
+        let (relay, _rx) = Relay::channel(true);
+        relays.add(42, relay, Some((ours.clone(), theirs)));
+        let (_, back) = relays.for_progress(&ours).unwrap();
+        assert_eq!(with_token(Some(json!({"progressToken": ours, "progress": 1})), back).unwrap()["progressToken"], 7);
+        relays.remove(42);
+        assert!(relays.newest().is_none());
+    }
+}
