@@ -437,3 +437,37 @@ async fn disabled_tools_are_never_listed_searched_or_run() {
     assert_eq!(refused["result"]["isError"], true, "{refused}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A client's `notifications/cancelled` ends its call at once (and cancels it upstream): the waiting POST gets
+/// its answer long before the server would have finished, and the instance takes the next call.
+#[tokio::test]
+async fn a_cancelled_call_ends_at_once() {
+    let sat = started().await;
+    let mut direct = Caller::new(&sat, &format!("/i/alice-demo/mcp?token={}", instance_token("alice")), None);
+    direct.initialize().await;
+    let slow =
+        json!({"jsonrpc":"2.0","id":"slow-1","method":"tools/call","params":{"name":"slow","arguments":{"ms":60000}}});
+    let cancel =
+        json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"slow-1","reason":"user"}});
+    let call = direct.post_raw(slow.to_string(), &[]);
+    tokio::pin!(call);
+    // The cancellation may overtake the call it names; it is repeated until the call ends.
+    let (_, _, reply) = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            tokio::select! {
+                reply = &mut call => break reply,
+                (status, _, _) = direct.post_raw(cancel.to_string(), &[]) => {
+                    assert_eq!(status, StatusCode::ACCEPTED);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the cancelled call is answered");
+    assert_eq!(reply["id"], "slow-1", "{reply}");
+    assert!(reply["error"]["message"].as_str().unwrap_or_default().contains("cancelled"), "{reply}");
+    let (_, echoed) = direct.call("tools/call", json!({"name": "echo", "arguments": {"text": "next"}})).await;
+    assert_eq!(echoed["result"]["content"][0]["text"], "next", "{echoed}");
+    assert!(sat.satellite.shutdown().await);
+}

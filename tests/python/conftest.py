@@ -121,6 +121,9 @@ instance_token_sha256 = "{sha(i['carol'])}"
             time.sleep(0.1)
         raise AssertionError("instances did not come online: " + self.log())
 
+    def debug(self) -> dict:
+        return json.load(urllib.request.urlopen(f"{self.base}/api/status/debug", timeout=5))
+
     def log(self) -> str:
         return (Path(self.dir.name) / "satellite.log").read_text()[-4000:]
 

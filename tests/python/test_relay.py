@@ -1,0 +1,107 @@
+"""What a server says while a call runs reaches the client through the satellite, as it would directly: progress
+notifications, and server requests to the client (sampling, elicitation) whose answers go back to the server.
+Real parts: the official Python SDK as client, the published `server-everything` as server."""
+import json
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+
+pytestmark = pytest.mark.anyio
+
+
+def client_for(satellite, user, mode, **callbacks):
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {satellite.tokens[user]}"}, timeout=60)
+    return Client(streamable_http_client(satellite.base + "/mcp", http_client=http), mode=mode, **callbacks)
+
+
+def text(result):
+    return "\n".join(c.text for c in result.content if getattr(c, "text", None) is not None)
+
+
+async def execute(client, tool, arguments, **kwargs):
+    return await client.call_tool("execute_mcp_tool", {"tool_path": f"everything:{tool}", "arguments": arguments}, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_progress_reaches_the_client(satellite, mode):
+    seen = []
+
+    async def progress(done, total, message):
+        seen.append((done, total))
+
+    async with client_for(satellite, "alice", mode) as client:
+        result = await execute(client, "trigger-long-running-operation", {"duration": 0.6, "steps": 3},
+                               progress_callback=progress)
+        assert "Long running operation completed" in text(result), text(result)
+    assert seen == [(1, 3), (2, 3), (3, 3)], seen
+
+
+async def test_sampling_request_is_answered_by_the_client(satellite):
+    asked = []
+
+    async def sampling(ctx, params: types.CreateMessageRequestParams):
+        asked.append(params.messages[0].content.text)
+        return types.CreateMessageResult(role="assistant", model="client-model", stop_reason="endTurn",
+                                         content=types.TextContent(type="text", text="Paris, from the client"))
+
+    async with client_for(satellite, "alice", "legacy", sampling_callback=sampling) as client:
+        result = await execute(client, "trigger-sampling-request", {"prompt": "capital of France?", "maxTokens": 20})
+        assert not result.is_error, text(result)
+        assert "Paris, from the client" in text(result), text(result)
+    assert asked and "capital of France?" in asked[0], asked
+
+
+async def test_elicitation_request_is_answered_by_the_client(satellite):
+    async def elicitation(ctx, params: types.ElicitRequestParams):
+        assert "provide inputs" in params.message
+        return types.ElicitResult(action="decline")
+
+    async with client_for(satellite, "alice", "legacy", elicitation_callback=elicitation) as client:
+        result = await execute(client, "trigger-elicitation-request", {})
+        assert "declined" in text(result), text(result)
+
+
+async def test_a_refused_sampling_request_fails_only_its_call(satellite):
+    """The client refuses (as one without a model would): the tool reports the failure, the instance stays
+    online and the next call works."""
+    async def sampling(ctx, params):
+        return types.ErrorData(code=-1, message="user rejected sampling")
+
+    async with client_for(satellite, "alice", "legacy", sampling_callback=sampling) as client:
+        async with anyio.create_task_group() as group:
+            outcomes = {}
+
+            async def refused():
+                try:
+                    outcomes["sampling"] = await execute(client, "trigger-sampling-request", {"prompt": "x"})
+                except Exception as err:  # the server may answer with a JSON-RPC error instead of a tool error
+                    outcomes["sampling"] = err
+
+            async def echo():
+                outcomes["echo"] = await execute(client, "echo", {"message": "still here"})
+
+            group.start_soon(refused)
+            group.start_soon(echo)
+        refusal = outcomes["sampling"]
+        assert isinstance(refusal, Exception) or refusal.is_error or "rejected" in text(refusal), refusal
+        assert "still here" in text(outcomes["echo"])
+        again = await execute(client, "echo", {"message": "after"})
+        assert "after" in text(again)
+    stats = satellite.debug()["server_status"]["stats"]
+    assert stats["online"] == stats["total"], stats
+
+
+async def test_sampling_over_legacy_sse(satellite):
+    async def sampling(ctx, params):
+        return types.CreateMessageResult(role="assistant", model="m", stop_reason="endTurn",
+                                         content=types.TextContent(type="text", text="over the old stream"))
+
+    transport = sse_client(satellite.base + "/sse", headers={"Authorization": f"Bearer {satellite.tokens['bob']}"})
+    async with Client(transport, mode="legacy", sampling_callback=sampling) as client:
+        result = await execute(client, "trigger-sampling-request", {"prompt": "hello"})
+        assert "over the old stream" in text(result), text(result)
