@@ -20,6 +20,7 @@ use super::audit::finish;
 use super::dispatch::Target;
 use super::error::{rpc_status, McpError};
 use super::exchange::{response_message, Answer};
+use super::identity::Identity;
 use super::oauth::ResourceUrls;
 use super::session::{self, Lookup, SessionTable, StreamError};
 use super::stack::PeerAddr;
@@ -207,19 +208,17 @@ fn accepts(headers: &HeaderMap, mime: &str) -> bool {
     })
 }
 
-fn initialize_result(requested: Option<&str>) -> (String, Value) {
+fn initialize_result(requested: Option<&str>, identity: &Identity) -> (String, Value) {
     let version = requested.filter(|v| HANDSHAKE_VERSIONS.contains(v)).unwrap_or(LEGACY_VERSIONS[2]).to_owned();
-    let result = json!({
+    let mut result = json!({
         "protocolVersion": version,
-        "capabilities": {"tools": {}, "resources": {}},
-        "serverInfo": server_info(),
-        "instructions": "Find tools with discover_mcp_tools (1-3 keywords), then run them with execute_mcp_tool.",
+        "capabilities": identity.capabilities,
+        "serverInfo": identity.server_info,
     });
+    if let Some(instructions) = &identity.instructions {
+        result["instructions"] = json!(instructions);
+    }
     (version, result)
-}
-
-fn server_info() -> Value {
-    json!({"name": "deploystack-satellite", "version": env!("CARGO_PKG_VERSION")})
 }
 
 async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &Bytes) -> Result<Response, McpError> {
@@ -268,7 +267,7 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
             }
         }
         let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
-        let (version, result) = initialize_result(requested);
+        let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
         let id = endpoint.sessions.create(&endpoint.owner, &version);
         new_session = Some((id.clone(), result));
         id
@@ -298,7 +297,10 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
                 RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")),
             )),
             Ok(Message::Request { id, method, .. }) if method == "initialize" => {
-                let result = new_session.as_ref().map(|(_, r)| r.clone()).unwrap_or_else(|| initialize_result(None).1);
+                let result = match &new_session {
+                    Some((_, result)) => result.clone(),
+                    None => initialize_result(None, &Identity::of(deps, &endpoint.target).await).1,
+                };
                 Some(protocol::response(id, result))
             }
             Ok(Message::Request { id, method, params }) => {
@@ -393,6 +395,7 @@ async fn stateless_post(
             return response;
         }
     }
+    let identity = Identity::of(deps, &endpoint.target).await;
     let mut replies = Vec::new();
     let mut status = StatusCode::OK;
     for message in messages {
@@ -409,11 +412,17 @@ async fn stateless_post(
         };
         let outcome = match check_envelope(header_version, params.as_ref()) {
             Err(err) => Err(RouteError::Rpc(err)),
-            Ok(()) if method == "server/discover" => Ok(json!({
-                "supportedVersions": SUPPORTED_VERSIONS,
-                "capabilities": {"tools": {}, "resources": {}},
-                "instructions": "Find tools with discover_mcp_tools (1-3 keywords), then run them with execute_mcp_tool.",
-            })),
+            Ok(()) if method == "server/discover" => {
+                let mut discovered = json!({
+                    "supportedVersions": SUPPORTED_VERSIONS,
+                    "capabilities": identity.capabilities,
+                    "serverInfo": identity.server_info,
+                });
+                if let Some(instructions) = &identity.instructions {
+                    discovered["instructions"] = json!(instructions);
+                }
+                Ok(discovered)
+            }
             Ok(()) if method == "initialize" => Err(RouteError::Rpc(RpcError::new(
                 codes::INVALID_REQUEST,
                 "initialize is not part of 2026-07-28; send requests with _meta instead",
@@ -422,7 +431,7 @@ async fn stateless_post(
         };
         match outcome {
             Ok(mut result) => {
-                protocol::stamp_stateless_result(&mut result, &method, server_info());
+                protocol::stamp_stateless_result(&mut result, &method, identity.server_info.clone());
                 replies.push(protocol::response(id, result));
             }
             Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
@@ -459,6 +468,8 @@ async fn stateless_relayed(
     let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
     let (target, deps_owned, reply_id, stamp_method) =
         (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
+    let server_info = Identity::of(deps, &endpoint.target).await.server_info;
+    let stamp_info = server_info.clone();
     let scope = format!("stateless:{}", uuid::Uuid::new_v4());
     let answer = endpoint
         .sessions
@@ -472,7 +483,7 @@ async fn stateless_relayed(
                 response_message(
                     reply_id,
                     outcome.map(|mut result| {
-                        protocol::stamp_stateless_result(&mut result, &stamp_method, server_info());
+                        protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
                         result
                     }),
                 )
@@ -483,7 +494,7 @@ async fn stateless_relayed(
     Some(match answer {
         Answer::Streamed(response) => Ok(response),
         Answer::Done(Ok(mut result)) => {
-            protocol::stamp_stateless_result(&mut result, method, server_info());
+            protocol::stamp_stateless_result(&mut result, method, server_info);
             Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
         }
         Answer::Done(Err(RouteError::Rpc(err))) => {
@@ -557,9 +568,10 @@ mod tests {
 
     #[test]
     fn initialize_echoes_supported_versions_only() {
-        assert_eq!(initialize_result(Some("2025-03-26")).0, "2025-03-26");
-        assert_eq!(initialize_result(Some("2024-11-05")).0, "2024-11-05");
-        assert_eq!(initialize_result(Some("1999-01-01")).0, "2025-11-25");
-        assert_eq!(initialize_result(None).0, "2025-11-25");
+        let own = Identity::hierarchical();
+        assert_eq!(initialize_result(Some("2025-03-26"), &own).0, "2025-03-26");
+        assert_eq!(initialize_result(Some("2024-11-05"), &own).0, "2024-11-05");
+        assert_eq!(initialize_result(Some("1999-01-01"), &own).0, "2025-11-25");
+        assert_eq!(initialize_result(None, &own).0, "2025-11-25");
     }
 }

@@ -23,6 +23,7 @@ mod dispatch;
 pub mod error;
 pub mod exchange;
 pub mod guard;
+pub mod identity;
 pub mod mcp;
 pub mod oauth;
 pub mod session;

@@ -23,6 +23,7 @@ use super::audit::finish;
 use super::dispatch::Target;
 use super::error::McpError;
 use super::exchange::{response_message, Exchange};
+use super::identity::Identity;
 use super::stack::PeerAddr;
 use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth::{Principal, SCOPE_READ};
@@ -251,10 +252,11 @@ async fn message(
             let requested = params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str);
             let version =
                 requested.filter(|v| *v == "2024-11-05" || LEGACY_VERSIONS.contains(v)).unwrap_or("2024-11-05");
+            let identity = Identity::hierarchical();
             protocol::response(
                 id,
-                json!({"protocolVersion": version, "capabilities": {"tools": {}, "resources": {}},
-                       "serverInfo": {"name": "deploystack-satellite", "version": env!("CARGO_PKG_VERSION")}}),
+                json!({"protocolVersion": version, "capabilities": identity.capabilities,
+                       "serverInfo": identity.server_info, "instructions": identity.instructions}),
             )
         }
         Ok(Message::Request { id: request_id, method, params }) => {

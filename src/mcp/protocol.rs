@@ -208,10 +208,11 @@ pub fn stamp_meta(params: Option<Value>, extra: Map<String, Value>) -> Value {
 /// Results of the stateless revision carry `resultType`, cache hints on listings and reads, and the server's info.
 pub fn stamp_stateless_result(result: &mut Value, method: &str, server_info: Value) {
     let Value::Object(obj) = result else { return };
-    obj.insert("resultType".into(), json!("complete"));
+    // What the upstream said stays (an `input_required` result above all); only what it left out is added.
+    obj.entry("resultType").or_insert_with(|| json!("complete"));
     if method.ends_with("/list") || method == "resources/read" || method == "server/discover" {
-        obj.insert("ttlMs".into(), json!(0));
-        obj.insert("cacheScope".into(), json!("private"));
+        obj.entry("ttlMs").or_insert_with(|| json!(0));
+        obj.entry("cacheScope").or_insert_with(|| json!("private"));
     }
     let meta = obj.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
     if let Value::Object(meta) = meta {

@@ -48,7 +48,13 @@ impl HierarchicalRouter {
         match method {
             "ping" => Ok(json!({})),
             "tools/list" => Ok(json!({"tools": meta::definitions()})),
-            "prompts/list" => Ok(json!({"prompts": []})),
+            "prompts/list" => self.list_prompts(caller).await,
+            "prompts/get" => {
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                self.get_prompt(caller, params, relay).await
+            }
+            "completion/complete" => self.complete(caller, params, relay).await,
+            "logging/setLevel" => self.set_log_level(caller, params).await,
             "resources/list" => Ok(json!({"resources": self.native_resources(caller)})),
             "resources/templates/list" => Ok(json!({"resourceTemplates": self.native_templates(caller)})),
             "resources/read" => {
@@ -102,12 +108,12 @@ impl HierarchicalRouter {
     }
 
     /// The caller's instances whose tools are visible now.
-    fn visible_instances(&self, caller: &Principal) -> Vec<Arc<Instance>> {
+    pub(super) fn visible_instances(&self, caller: &Principal) -> Vec<Arc<Instance>> {
         self.manager.instances_for(&caller.user, &caller.team).into_iter().filter(|i| visible(i)).collect()
     }
 
     /// The caller's instance of a server slug; several installations of one slug resolve to the last (OQ-23).
-    fn instance_for(&self, caller: &Principal, slug: &str) -> Result<Arc<Instance>, RouteError> {
+    pub(super) fn instance_for(&self, caller: &Principal, slug: &str) -> Result<Arc<Instance>, RouteError> {
         let mut matching: Vec<Arc<Instance>> = self
             .manager
             .instances_for(&caller.user, &caller.team)

@@ -17,6 +17,7 @@ use crate::model::InstanceStatus;
 mod hierarchical;
 mod instance;
 pub mod meta;
+mod prompts;
 
 pub use hierarchical::HierarchicalRouter;
 pub use instance::InstanceRouter;

@@ -90,6 +90,9 @@ instance_token_sha256 = "{sha(i['bob'])}"
 id = "everything-acme"
 team = "acme"
 server = "everything"
+[installations.users.alice]
+instance_path = "alice-everything"
+instance_token_sha256 = "{sha(i['alice'])}"
 
 [[installations]]
 id = "demo-globex"

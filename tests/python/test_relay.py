@@ -105,3 +105,74 @@ async def test_sampling_over_legacy_sse(satellite):
     async with Client(transport, mode="legacy", sampling_callback=sampling) as client:
         result = await execute(client, "trigger-sampling-request", {"prompt": "hello"})
         assert "over the old stream" in text(result), text(result)
+
+
+def everything_url(satellite):
+    return f"{satellite.base}/i/alice-everything/mcp?token={satellite.instance_tokens['alice']}"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_instance_router_is_the_server(satellite, mode):
+    """Through the instance router a client sees the server itself: its name, instructions, capabilities,
+    prompts and completions, and its progress notifications."""
+    seen = []
+
+    async def progress(done, total, message):
+        seen.append(done)
+
+    async with Client(everything_url(satellite), mode=mode) as client:
+        assert client.server_info is not None and "everything" in client.server_info.name, client.server_info
+        assert client.server_capabilities.prompts is not None
+        prompts = [p.name for p in (await client.list_prompts()).prompts]
+        assert "simple-prompt" in prompts and "completable-prompt" in prompts, prompts
+        prompt = await client.get_prompt("simple-prompt")
+        assert prompt.messages and prompt.messages[0].content.text
+        completion = await client.complete(types.PromptReference(type="ref/prompt", name="completable-prompt"),
+                                           {"name": "department", "value": "Eng"})
+        assert "Engineering" in completion.completion.values, completion
+        result = await client.call_tool("trigger-long-running-operation", {"duration": 0.3, "steps": 2},
+                                        progress_callback=progress)
+        assert "completed" in text(result)
+    assert seen == [1, 2], seen
+
+
+async def test_the_instance_router_relays_sampling(satellite):
+    async def sampling(ctx, params):
+        return types.CreateMessageResult(role="assistant", model="m", stop_reason="endTurn",
+                                         content=types.TextContent(type="text", text="direct answer"))
+
+    async with Client(everything_url(satellite), mode="legacy", sampling_callback=sampling) as client:
+        result = await client.call_tool("trigger-sampling-request", {"prompt": "hi"})
+        assert "direct answer" in text(result), text(result)
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_prompts_of_all_instances_on_mcp(satellite, mode):
+    async with client_for(satellite, "alice", mode) as client:
+        assert client.server_capabilities.prompts is not None
+        names = [p.name for p in (await client.list_prompts()).prompts]
+        assert "everything:simple-prompt" in names, names
+        prompt = await client.get_prompt("everything:args-prompt", {"city": "Paris", "state": "Ile-de-France"})
+        assert "Paris" in prompt.messages[0].content.text
+        completion = await client.complete(types.PromptReference(type="ref/prompt", name="everything:completable-prompt"),
+                                           {"name": "department", "value": "Sal"})
+        assert "Sales" in completion.completion.values, completion
+    async with client_for(satellite, "carol", mode) as other_team:
+        names = [p.name for p in (await other_team.list_prompts()).prompts]
+        assert not any(n.startswith("everything:") for n in names), names
+
+
+async def test_log_messages_reach_the_client(satellite):
+    logs = []
+
+    async def logging_callback(params):
+        logs.append(params.level)
+
+    async with client_for(satellite, "alice", "legacy", logging_callback=logging_callback) as client:
+        await client.set_logging_level("debug")
+        started = await execute(client, "toggle-simulated-logging", {})
+        try:
+            assert "Started" in text(started) or "started" in text(started), text(started)
+            assert logs, "the log message sent during the call reached the client"
+        finally:
+            await execute(client, "toggle-simulated-logging", {})

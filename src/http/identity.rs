@@ -1,0 +1,71 @@
+//! Who an endpoint says it is: the name, capabilities and instructions a client receives at `initialize` or
+//! `server/discover`. `/mcp` is the satellite itself, and declares exactly what it serves; an instance endpoint
+//! is the upstream server, whose own identity the client sees (the satellite adds, never removes).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::dispatch::Target;
+use super::McpDeps;
+
+/// How long `initialize` on an instance endpoint waits for a dormant or starting server to connect.
+const WAKE_WAIT: Duration = Duration::from_secs(30);
+
+pub const HIERARCHICAL_INSTRUCTIONS: &str =
+    "Find tools with discover_mcp_tools (1-3 keywords), then run them with execute_mcp_tool.";
+
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub server_info: Value,
+    pub capabilities: Value,
+    pub instructions: Option<String>,
+}
+
+impl Identity {
+    /// The satellite's own identity, as `/mcp` and the legacy SSE endpoint present it.
+    pub fn hierarchical() -> Self {
+        Identity {
+            server_info: satellite_info(),
+            capabilities: json!({
+                "tools": {},
+                "resources": {},
+                "prompts": {},
+                "completions": {},
+                "logging": {},
+            }),
+            instructions: Some(HIERARCHICAL_INSTRUCTIONS.to_owned()),
+        }
+    }
+
+    /// The identity of the endpoint a target names; for an instance, its server's (waking it if dormant).
+    pub async fn of(deps: &McpDeps, target: &Target) -> Self {
+        let Target::Instance(instance) = target else { return Self::hierarchical() };
+        if instance.client().is_none() {
+            let _ = tokio::time::timeout(WAKE_WAIT, deps.manager.wake(instance)).await;
+        }
+        match instance.client() {
+            Some(client) => {
+                let mut capabilities = client.capabilities().clone();
+                if !capabilities.is_object() {
+                    capabilities = json!({});
+                }
+                // The endpoint always answers tools/list (from the catalog), whatever the server declared.
+                if capabilities.get("tools").is_none() {
+                    capabilities["tools"] = json!({});
+                }
+                Identity {
+                    server_info: client.server_info().clone(),
+                    capabilities,
+                    instructions: client.instructions().map(str::to_owned),
+                }
+            }
+            // Not reachable now: the endpoint still serves its catalog; calls say why they cannot run.
+            None => Identity { server_info: satellite_info(), capabilities: json!({"tools": {}}), instructions: None },
+        }
+    }
+}
+
+pub fn satellite_info() -> Value {
+    json!({"name": "deploystack-satellite", "version": env!("CARGO_PKG_VERSION")})
+}

@@ -1,0 +1,121 @@
+//! What `/mcp` serves beyond the meta-tools: the caller's prompts from all their instances, namespaced like tools
+//! (`slug:prompt`), their completions, and the logging level passed to the caller's servers.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use serde_json::{json, Value};
+use tracing::debug;
+
+use super::hierarchical::HierarchicalRouter;
+use super::{callable, forward, invalid, RouteError};
+use crate::auth::Principal;
+use crate::instances::Instance;
+use crate::mcp::transport::Relay;
+use crate::model::{parse_namespaced_uri, parse_tool_path, tool_path};
+
+/// Whether an instance's server declared a capability at connect time.
+fn declares(instance: &Instance, capability: &str) -> bool {
+    instance.client().is_some_and(|c| c.capabilities().get(capability).is_some())
+}
+
+impl HierarchicalRouter {
+    /// `prompts/list`: every prompt of the caller's live instances, named `slug:prompt`. A server that does not
+    /// answer in time is left out of this listing rather than failing it.
+    pub(super) async fn list_prompts(&self, caller: &Principal) -> Result<Value, RouteError> {
+        let instances: Vec<Arc<Instance>> = self
+            .visible_instances(caller)
+            .into_iter()
+            .filter(|i| callable(i.status().status) && declares(i, "prompts"))
+            .collect();
+        let listings = join_all(instances.iter().map(|instance| async move {
+            let listed = forward(&self.manager, instance, "prompts/list", json!({}), self.read_timeout, None).await;
+            (instance, listed)
+        }))
+        .await;
+        let mut prompts = Vec::new();
+        for (instance, listed) in listings {
+            let slug = &instance.spec().server_slug;
+            match listed {
+                Ok(listing) => {
+                    for prompt in listing.get("prompts").and_then(Value::as_array).into_iter().flatten() {
+                        let Some(name) = prompt.get("name").and_then(Value::as_str) else { continue };
+                        let mut entry = prompt.clone();
+                        entry["name"] = json!(tool_path(slug, name));
+                        prompts.push(entry);
+                    }
+                }
+                Err(err) => debug!(server = %slug, error = ?err, "prompts/list failed; left out of the listing"),
+            }
+        }
+        Ok(json!({"prompts": prompts}))
+    }
+
+    /// `prompts/get` for `slug:prompt`, on the caller's instance of that server.
+    pub(super) async fn get_prompt(
+        &self,
+        caller: &Principal,
+        mut params: Value,
+        relay: Option<&Relay>,
+    ) -> Result<Value, RouteError> {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let (slug, prompt) = parse_tool_path(&name).ok_or_else(|| {
+            invalid(format!("Invalid prompt name: {name}. Expected \"serverSlug:promptName\" from prompts/list"))
+        })?;
+        let instance = self.instance_for(caller, slug)?;
+        params["name"] = json!(prompt);
+        forward(&self.manager, &instance, "prompts/get", params, self.read_timeout, relay).await
+    }
+
+    /// `completion/complete` for a namespaced prompt (`slug:prompt`) or resource (`slug|uri`).
+    pub(super) async fn complete(
+        &self,
+        caller: &Principal,
+        mut params: Value,
+        relay: Option<&Relay>,
+    ) -> Result<Value, RouteError> {
+        let reference = params.get("ref").cloned().unwrap_or(Value::Null);
+        let (slug, rewritten) = match reference.get("type").and_then(Value::as_str) {
+            Some("ref/prompt") => {
+                let name = reference.get("name").and_then(Value::as_str).unwrap_or_default();
+                let (slug, prompt) = parse_tool_path(name).ok_or_else(|| {
+                    invalid(format!("Invalid prompt name: {name}. Expected \"serverSlug:promptName\""))
+                })?;
+                (slug.to_owned(), json!({"type": "ref/prompt", "name": prompt}))
+            }
+            Some("ref/resource") => {
+                let uri = reference.get("uri").and_then(Value::as_str).unwrap_or_default();
+                let (slug, original) = parse_namespaced_uri(uri).ok_or_else(|| {
+                    invalid(format!("Invalid resource URI: {uri}. Expected \"serverSlug|originalUri\""))
+                })?;
+                (slug.to_owned(), json!({"type": "ref/resource", "uri": original}))
+            }
+            _ => return Err(invalid("ref must be a ref/prompt or ref/resource")),
+        };
+        let instance = self.instance_for(caller, &slug)?;
+        params["ref"] = rewritten;
+        forward(&self.manager, &instance, "completion/complete", params, self.read_timeout, relay).await
+    }
+
+    /// `logging/setLevel`: passed to each of the caller's live servers that log; their messages then reach the
+    /// caller with the calls that cause them.
+    pub(super) async fn set_log_level(&self, caller: &Principal, params: Value) -> Result<Value, RouteError> {
+        let instances: Vec<Arc<Instance>> = self
+            .visible_instances(caller)
+            .into_iter()
+            .filter(|i| callable(i.status().status) && declares(i, "logging"))
+            .collect();
+        join_all(instances.iter().map(|instance| {
+            let params = params.clone();
+            async move {
+                if let Err(err) =
+                    forward(&self.manager, instance, "logging/setLevel", params, self.read_timeout, None).await
+                {
+                    debug!(server = %instance.spec().server_slug, error = ?err, "logging/setLevel failed");
+                }
+            }
+        }))
+        .await;
+        Ok(json!({}))
+    }
+}
