@@ -166,7 +166,18 @@ async fn run(style: AnswerStyle) -> (Observed, BTreeSet<String>) {
     let no_audience_ok = status.is_success();
 
     // What reached the backend: every body was valid, and these events arrived.
-    let expected = ["mcp.server.status_changed", "mcp.tools.discovered", "mcp.tool.executed", "config.refreshed"];
+    // Each run causes every one of these; waiting for all of them keeps a late batch from looking like a difference.
+    let expected = [
+        "mcp.server.status_changed",
+        "mcp.server.started",
+        "mcp.tools.discovered",
+        "mcp.tool.executed",
+        "config.refreshed",
+        "mcp.client.activity",
+        "mcp.request.logs",
+        "mcp.server.logs",
+        "security.auth.failed",
+    ];
     let kinds = wait_until(DEADLINE, &format!("{style:?}: the events delivered"), || async {
         let kinds: BTreeSet<String> = backend.events().iter().map(|e| e.kind.as_str().to_owned()).collect();
         expected.iter().all(|k| kinds.contains(*k)).then_some(kinds)

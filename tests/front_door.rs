@@ -471,3 +471,74 @@ async fn a_cancelled_call_ends_at_once() {
     assert_eq!(echoed["result"]["content"][0]["text"], "next", "{echoed}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Resources on `/mcp` carry valid URIs: the original where it is the caller's only one, a `satellite://` URI
+/// naming the server where two servers share it; each form reads from the right server, a bare shared URI is
+/// refused as ambiguous, and an unknown one is -32602.
+#[tokio::test]
+async fn resource_uris_on_mcp_are_valid_and_unambiguous() {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let twin = format!(
+        "{}\n[[servers]]\nslug = \"twin\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\"]\n[[installations]]\nid = \"t-acme\"\nteam = \"acme\"\nserver = \"twin\"\n",
+        config()
+    );
+    let sat = started_with(&twin).await;
+    let twin_id = ProcessId::from("twin-acme-alice-t-acme");
+    wait_until(DEADLINE, "twin online", || {
+        let online = sat.satellite.manager().get(&twin_id).is_some_and(|i| i.status().status == InstanceStatus::Online);
+        async move { online.then_some(()) }
+    })
+    .await;
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let (_, listing) = alice.call("resources/list", json!({})).await;
+    let uris: Vec<&str> =
+        listing["result"]["resources"].as_array().unwrap().iter().map(|r| r["uri"].as_str().unwrap()).collect();
+    assert!(uris.contains(&"satellite://demo/demo%3A%2F%2Freadme"), "{uris:?}");
+    assert!(uris.contains(&"satellite://twin/demo%3A%2F%2Freadme"), "{uris:?}");
+    for uri in &uris {
+        assert!(url::Url::parse(uri).is_ok(), "{uri} is a valid URI");
+    }
+    let (_, read) = alice.call("resources/read", json!({"uri": "satellite://twin/demo%3A%2F%2Freadme"})).await;
+    assert_eq!(read["result"]["contents"][0]["uri"], "demo://readme", "{read}");
+    let (status, ambiguous) = alice.call("resources/read", json!({"uri": "demo://readme"})).await;
+    assert_eq!((status, ambiguous["error"]["code"].as_i64()), (StatusCode::OK, Some(-32602)), "{ambiguous}");
+    assert!(ambiguous["error"]["message"].as_str().unwrap().contains("satellite://demo/"), "{ambiguous}");
+    let (_, unknown) = alice.call("resources/read", json!({"uri": "demo://nothing-here"})).await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    // Carol (another team) has one demo server: her readme keeps its original URI.
+    let carol = Caller::connect(&sat, "/mcp", Some(CAROL)).await;
+    let (_, own) = carol.call("resources/read", json!({"uri": "demo://readme"})).await;
+    assert!(own["result"]["contents"][0]["text"].is_string(), "{own}");
+    let (_, foreign) = carol.call("resources/read", json!({"uri": "satellite://twin/demo%3A%2F%2Freadme"})).await;
+    assert_eq!(foreign["error"]["code"], -32602, "{foreign}");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// Each client gets the shapes of the revision it negotiated, whatever revision the server speaks: no 2026-07-28
+/// result fields for a handshake-era session, and `resultType` with its server info for a 2026-07-28 request.
+#[tokio::test]
+async fn results_have_the_shape_of_the_clients_revision() {
+    let sat = started().await;
+    let url = format!("/i/alice-demo/mcp?token={}", instance_token("alice"));
+    let old = Caller::connect(&sat, &url, None).await;
+    for (method, params) in [
+        ("tools/call", json!({"name": "echo", "arguments": {"text": "x"}})),
+        ("tools/list", json!({})),
+        ("resources/read", json!({"uri": "demo://readme"})),
+    ] {
+        let (_, reply) = old.call(method, params).await;
+        let result = &reply["result"];
+        assert!(result.is_object(), "{method}: {reply}");
+        for key in ["resultType", "ttlMs", "cacheScope"] {
+            assert!(result.get(key).is_none(), "{method}: {key} in {reply}");
+        }
+        assert!(result.pointer("/_meta/io.modelcontextprotocol~1serverInfo").is_none(), "{method}: {reply}");
+    }
+    let new = Caller::new(&sat, &url, None);
+    let envelope = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"y"},"_meta":envelope}});
+    let (_, _, reply) = new.post_raw(body.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    assert_eq!(reply["result"]["resultType"], "complete", "{reply}");
+    assert_eq!(reply["result"]["content"][0]["text"], "y", "{reply}");
+    assert!(sat.satellite.shutdown().await);
+}

@@ -305,7 +305,10 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
             }
             Ok(Message::Request { id, method, params }) => {
                 match endpoint.target.dispatch(deps, &method, params, None).await {
-                    Ok(result) => Some(protocol::response(id, result)),
+                    Ok(mut result) => {
+                        protocol::shape_for_handshake(&mut result);
+                        Some(protocol::response(id, result))
+                    }
                     Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
                     Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
                 }
@@ -358,17 +361,24 @@ async fn relayed(
             id.clone(),
             true,
             move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
-            move |outcome| response_message(reply_id, outcome),
+            move |outcome| response_message(reply_id, outcome.map(handshake_shaped)),
         )
         .await;
     Some(match answer {
         Answer::Streamed(response) => Ok(response),
-        Answer::Done(Ok(result)) => Ok(json_response(StatusCode::OK, &protocol::response(id, result))),
+        Answer::Done(Ok(result)) => {
+            Ok(json_response(StatusCode::OK, &protocol::response(id, handshake_shaped(result))))
+        }
         Answer::Done(Err(RouteError::Rpc(err))) => {
             Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err)))
         }
         Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
     })
+}
+
+fn handshake_shaped(mut result: Value) -> Value {
+    protocol::shape_for_handshake(&mut result);
+    result
 }
 
 /// A notification from the client: cancellation stops the named call; on an instance endpoint the rest (roots

@@ -338,7 +338,13 @@ impl RelayedCall {
             if let (Err(RouteError::Forbidden(err)), Some(_)) = (&outcome, &asked_tx) {
                 return Ended::Refused(err.clone());
             }
-            let reply = response_message(request_id, outcome);
+            let reply = response_message(
+                request_id,
+                outcome.map(|mut result| {
+                    protocol::shape_for_handshake(&mut result);
+                    result
+                }),
+            );
             let event = warp::sse::Event::default().id(final_id).event("message").data(reply.to_string());
             if self.events.try_send(event).is_err() {
                 self.sessions.sessions.lock().remove(&self.scope);

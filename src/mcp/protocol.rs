@@ -220,6 +220,25 @@ pub fn stamp_stateless_result(result: &mut Value, method: &str, server_info: Val
     }
 }
 
+/// Shape a result for a handshake-era client: what only 2026-07-28 has (a `complete` result type, cache hints, the
+/// server info stamped into `_meta`) goes, so each client sees the shapes of the revision it negotiated.
+/// An `input_required` result is left whole: there is nothing to turn it into without losing it.
+pub fn shape_for_handshake(result: &mut Value) {
+    let Value::Object(obj) = result else { return };
+    if obj.get("resultType").and_then(Value::as_str) != Some("complete") {
+        return;
+    }
+    obj.remove("resultType");
+    obj.remove("ttlMs");
+    obj.remove("cacheScope");
+    if let Some(Value::Object(meta)) = obj.get_mut("_meta") {
+        meta.remove(meta_keys::SERVER_INFO);
+        if meta.is_empty() {
+            obj.remove("_meta");
+        }
+    }
+}
+
 /// Validate the 2026-07-28 request envelope: the required `_meta` keys (-32602), a `MCP-Protocol-Version`
 /// header that agrees when there is one (-32020), and the stateless version (-32022, listing `supported`).
 pub fn check_stateless_envelope(

@@ -107,6 +107,22 @@ pub fn namespaced_uri(server_slug: &str, uri: &str) -> String {
     format!("{server_slug}{URI_SEPARATOR}{uri}")
 }
 
+/// The public URI of a resource whose original URI several of a caller's servers share: a valid URI that names
+/// the server, `satellite://{slug}/{percent-encoded original}`. A unique original URI is served as itself.
+pub fn shared_uri(server_slug: &str, uri: &str) -> String {
+    let encoded = percent_encoding::utf8_percent_encode(uri, percent_encoding::NON_ALPHANUMERIC);
+    format!("{SHARED_URI_PREFIX}{server_slug}/{encoded}")
+}
+
+const SHARED_URI_PREFIX: &str = "satellite://";
+
+/// The server slug and original URI of a `shared_uri`.
+pub fn parse_shared_uri(value: &str) -> Option<(&str, String)> {
+    let (slug, encoded) = value.strip_prefix(SHARED_URI_PREFIX)?.split_once('/')?;
+    let original = percent_encoding::percent_decode_str(encoded).decode_utf8().ok()?.into_owned();
+    (!slug.is_empty() && !original.is_empty()).then_some((slug, original))
+}
+
 /// Split a namespaced URI at the first `|`; the slug must be non-empty.
 pub fn parse_namespaced_uri(value: &str) -> Option<(&str, &str)> {
     let (slug, uri) = value.split_once(URI_SEPARATOR)?;
@@ -168,5 +184,21 @@ mod tests {
         assert!(ToolDef::from_listing(&json!({"description": "no name"})).is_none());
         let a = ToolDef::from_listing(&json!({"name": "t", "description": "x"})).unwrap();
         assert_ne!(a.content_hash, tool.content_hash);
+    }
+}
+
+#[cfg(test)]
+mod shared_uri_tests {
+    use super::*;
+
+    #[test]
+    fn shared_uris_are_valid_and_round_trip() {
+        for original in ["demo://readme", "file:///tmp/a b|c?x=1#y", "ui://demo/app.html"] {
+            let public = shared_uri("my-server", original);
+            assert!(url::Url::parse(&public).is_ok(), "{public}");
+            assert_eq!(parse_shared_uri(&public), Some(("my-server", original.to_owned())));
+        }
+        assert_eq!(parse_shared_uri("demo://readme"), None);
+        assert_eq!(parse_shared_uri("satellite://slug/"), None);
     }
 }

@@ -2,7 +2,7 @@
 //! discovery searches the caller's visible tools, execution and resource reads
 //! go to the caller's own instance of the named server.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,8 +17,14 @@ use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
 use crate::mcp::transport::Relay;
-use crate::model::{namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_tool_path, tool_path, ToolDef};
+use crate::model::{
+    namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path, shared_uri, tool_path,
+    ResourceDef, ToolDef,
+};
 use crate::search::{relevance_score, SearchIndex};
+
+/// `_meta` key naming the server a resource listed on `/mcp` comes from.
+pub const SERVER_META_KEY: &str = "io.deploystack.satellite/server";
 
 /// Wildcard listings stop here (SB §13.2).
 const WILDCARD_LIMIT: usize = 20;
@@ -250,24 +256,60 @@ impl HierarchicalRouter {
     }
 
     async fn read(&self, caller: &Principal, uri: &str, relay: Option<&Relay>) -> Result<Value, RouteError> {
-        let (slug, original) = parse_namespaced_uri(uri).ok_or_else(|| {
-            invalid(format!("Invalid resource URI format: {uri}. Expected format: \"serverSlug|originalUri\""))
-        })?;
-        let instance = self.instance_for(caller, slug)?;
-        let known = instance.catalog().is_some_and(|c| {
-            c.resources.iter().any(|r| r.uri == original)
-                || c.templates.iter().any(|t| template_matches(&t.uri_template, original))
-        });
-        if !known {
-            return Err(RouteError::Rpc(
-                RpcError::new(codes::INVALID_PARAMS, format!("Resource not found: {uri}"))
-                    .with_data(json!({"uri": uri})),
-            ));
-        }
+        let (instance, original) = self.resolve_resource(caller, uri)?;
+        let slug = instance.spec().server_slug.clone();
         if !callable(instance.status().status) {
             return Err(internal(format!("MCP server '{slug}' is unavailable (status: {})", instance.status().status)));
         }
         forward(&self.manager, &instance, "resources/read", json!({"uri": original}), self.read_timeout, relay).await
+    }
+
+    /// The caller's instance and original URI a resource URI names, in any of its public forms: the original
+    /// URI (when one of the caller's servers has it), `satellite://{slug}/{encoded}` (when several do), or the
+    /// meta-tools' `slug|uri`.
+    pub(super) fn resolve_resource(
+        &self,
+        caller: &Principal,
+        uri: &str,
+    ) -> Result<(Arc<Instance>, String), RouteError> {
+        let not_found = || {
+            RouteError::Rpc(
+                RpcError::new(codes::INVALID_PARAMS, format!("Resource not found: {uri}"))
+                    .with_data(json!({"uri": uri})),
+            )
+        };
+        let knows = |instance: &Instance, original: &str| {
+            instance.catalog().is_some_and(|c| {
+                c.resources.iter().any(|r| r.uri == original)
+                    || c.templates.iter().any(|t| template_matches(&t.uri_template, original))
+            })
+        };
+        if let Some((slug, original)) = parse_shared_uri(uri) {
+            let instance = self.instance_for(caller, slug)?;
+            return if knows(&instance, &original) { Ok((instance, original)) } else { Err(not_found()) };
+        }
+        let mine = self.visible_instances(caller);
+        let listing: Vec<&Arc<Instance>> =
+            mine.iter().filter(|i| i.catalog().is_some_and(|c| c.resources.iter().any(|r| r.uri == uri))).collect();
+        match listing.as_slice() {
+            [one] => return Ok(((*one).clone(), uri.to_owned())),
+            [] => {}
+            several => {
+                let choices: Vec<String> = several.iter().map(|i| shared_uri(&i.spec().server_slug, uri)).collect();
+                return Err(invalid(format!(
+                    "Resource {uri} exists on several of your servers; read one of: {}",
+                    choices.join(", ")
+                )));
+            }
+        }
+        if let Some((slug, original)) = parse_namespaced_uri(uri) {
+            if !mine.iter().any(|i| knows(i, uri)) {
+                let instance = self.instance_for(caller, slug)?;
+                return if knows(&instance, original) { Ok((instance, original.to_owned())) } else { Err(not_found()) };
+            }
+        }
+        // A URI one of the caller's servers' templates produces.
+        mine.into_iter().rev().find(|i| knows(i, uri)).map(|i| (i, uri.to_owned())).ok_or_else(not_found)
     }
 
     fn resource_entries(&self, caller: &Principal) -> Vec<Value> {
@@ -311,28 +353,45 @@ impl HierarchicalRouter {
     }
 
     /// Native `resources/list`: namespaced URIs, names prefixed with the slug (SB §13.6).
+    /// `resources/list` on `/mcp`: each resource under its original URI when it is the only one of the caller's
+    /// with that URI, else under its `satellite://` form; the server's slug in `_meta`.
     fn native_resources(&self, caller: &Principal) -> Vec<Value> {
-        let mut out = Vec::new();
-        for instance in self.visible_instances(caller) {
-            let slug = &instance.spec().server_slug;
-            for resource in instance.catalog().iter().flat_map(|c| c.resources.clone()) {
-                out.push(native_entry(&resource.definition, slug, "uri", &namespaced_uri(slug, &resource.uri)));
-            }
+        let all: Vec<(String, ResourceDef)> = self
+            .visible_instances(caller)
+            .into_iter()
+            .flat_map(|i| {
+                let slug = i.spec().server_slug.clone();
+                i.catalog().into_iter().flat_map(move |c| {
+                    c.resources.clone().into_iter().map({
+                        let slug = slug.clone();
+                        move |r| (slug.clone(), r)
+                    })
+                })
+            })
+            .collect();
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (_, resource) in &all {
+            *seen.entry(resource.uri.as_str()).or_default() += 1;
         }
-        out
+        all.iter()
+            .map(|(slug, resource)| {
+                let public = if seen[resource.uri.as_str()] == 1 {
+                    resource.uri.clone()
+                } else {
+                    shared_uri(slug, &resource.uri)
+                };
+                native_entry(&resource.definition, slug, "uri", &public)
+            })
+            .collect()
     }
 
+    /// `resources/templates/list` on `/mcp`: templates keep their own form (URIs they produce are read as is).
     fn native_templates(&self, caller: &Principal) -> Vec<Value> {
         let mut out = Vec::new();
         for instance in self.visible_instances(caller) {
             let slug = &instance.spec().server_slug;
             for template in instance.catalog().iter().flat_map(|c| c.templates.clone()) {
-                out.push(native_entry(
-                    &template.definition,
-                    slug,
-                    "uriTemplate",
-                    &namespaced_uri(slug, &template.uri_template),
-                ));
+                out.push(native_entry(&template.definition, slug, "uriTemplate", &template.uri_template));
             }
         }
         out
@@ -345,9 +404,9 @@ fn native_entry(definition: &Value, slug: &str, key: &str, namespaced: &str) -> 
         map.insert(key.into(), json!(namespaced));
         let name = map.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
         map.insert("name".into(), json!(format!("[{slug}] {name}")));
-        if let Some(meta) = map.get("_meta").cloned() {
-            map.insert("_meta".into(), namespace_ui_meta(&meta, slug));
-        }
+        let mut meta = map.get("_meta").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
+        meta[SERVER_META_KEY] = json!(slug);
+        map.insert("_meta".into(), meta);
     }
     entry
 }

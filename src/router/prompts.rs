@@ -12,7 +12,7 @@ use super::{callable, forward, invalid, RouteError};
 use crate::auth::Principal;
 use crate::instances::Instance;
 use crate::mcp::transport::Relay;
-use crate::model::{parse_namespaced_uri, parse_tool_path, tool_path};
+use crate::model::{parse_tool_path, tool_path};
 
 /// Whether an instance's server declared a capability at connect time.
 fn declares(instance: &Instance, capability: &str) -> bool {
@@ -75,24 +75,21 @@ impl HierarchicalRouter {
         relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
         let reference = params.get("ref").cloned().unwrap_or(Value::Null);
-        let (slug, rewritten) = match reference.get("type").and_then(Value::as_str) {
+        let (instance, rewritten) = match reference.get("type").and_then(Value::as_str) {
             Some("ref/prompt") => {
                 let name = reference.get("name").and_then(Value::as_str).unwrap_or_default();
                 let (slug, prompt) = parse_tool_path(name).ok_or_else(|| {
                     invalid(format!("Invalid prompt name: {name}. Expected \"serverSlug:promptName\""))
                 })?;
-                (slug.to_owned(), json!({"type": "ref/prompt", "name": prompt}))
+                (self.instance_for(caller, slug)?, json!({"type": "ref/prompt", "name": prompt}))
             }
             Some("ref/resource") => {
                 let uri = reference.get("uri").and_then(Value::as_str).unwrap_or_default();
-                let (slug, original) = parse_namespaced_uri(uri).ok_or_else(|| {
-                    invalid(format!("Invalid resource URI: {uri}. Expected \"serverSlug|originalUri\""))
-                })?;
-                (slug.to_owned(), json!({"type": "ref/resource", "uri": original}))
+                let (instance, original) = self.resolve_resource(caller, uri)?;
+                (instance, json!({"type": "ref/resource", "uri": original}))
             }
             _ => return Err(invalid("ref must be a ref/prompt or ref/resource")),
         };
-        let instance = self.instance_for(caller, &slug)?;
         params["ref"] = rewritten;
         forward(&self.manager, &instance, "completion/complete", params, self.read_timeout, relay).await
     }

@@ -64,9 +64,11 @@ async def test_hierarchical_router_end_to_end(satellite, mode):
         assert show_ui["_meta"]["ui"]["resourceUri"] == "demo|ui://demo/app.html"
 
         native = await client.list_resources()
-        assert any(str(r.uri) == "demo|demo://readme" for r in native.resources)
-        read = await client.read_resource("demo|demo://readme")
+        readme = next(r for r in native.resources if str(r.uri) == "demo://readme")
+        assert readme.meta["io.deploystack.satellite/server"] == "demo"
+        read = await client.read_resource("demo://readme")
         assert "Demo" in read.contents[0].text
+        assert "Demo" in (await client.read_resource("demo|demo://readme")).contents[0].text
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
