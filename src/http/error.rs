@@ -212,6 +212,7 @@ pub fn rpc_status(code: i64) -> StatusCode {
         | codes::INVALID_REQUEST
         | codes::INVALID_PARAMS
         | codes::HEADER_MISMATCH
+        | codes::MISSING_CLIENT_CAPABILITY
         | codes::UNSUPPORTED_PROTOCOL_VERSION => StatusCode::BAD_REQUEST,
         codes::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
         codes::INTERNAL_ERROR => StatusCode::OK,

@@ -38,6 +38,8 @@ pub mod codes {
     /// A missing scope, or an instance path that does not exist (SB §5.3, §6.1).
     pub const FORBIDDEN: i64 = -32004;
     pub const HEADER_MISMATCH: i64 = -32020;
+    /// 2026-07-28: the request needs a client capability its envelope did not declare.
+    pub const MISSING_CLIENT_CAPABILITY: i64 = -32021;
     pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 }
 

@@ -42,6 +42,8 @@ class Satellite:
         return f"""
 [satellite]
 debug_route = true
+# Short, so a call whose server waits on a client that never answers fails within the test.
+call_timeout_seconds = 8
 
 [sandbox]
 allowed_commands = [{json.dumps(str(BIN))}, {json.dumps(str(EVERYTHING))}]

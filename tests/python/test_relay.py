@@ -176,3 +176,36 @@ async def test_log_messages_reach_the_client(satellite):
             assert logs, "the log message sent during the call reached the client"
         finally:
             await execute(client, "toggle-simulated-logging", {})
+
+
+async def test_an_unanswered_sampling_request_fails_its_call_only(satellite):
+    """The client never answers the server's sampling request: that call fails when its timeout (8 s here)
+    runs out, a concurrent call on the same instance succeeds meanwhile, and the instance stays online."""
+    asked = anyio.Event()
+
+    async def never_answers(ctx, params):
+        asked.set()
+        await anyio.sleep(3600)
+
+    async with client_for(satellite, "alice", "legacy", sampling_callback=never_answers) as client:
+        outcome = {}
+
+        async def hanging():
+            try:
+                outcome["sampling"] = await execute(client, "trigger-sampling-request", {"prompt": "never"})
+            except Exception as err:
+                outcome["sampling"] = err
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(hanging)
+            with anyio.fail_after(30):
+                await asked.wait()
+            concurrent = await execute(client, "echo", {"message": "meanwhile"})
+            assert "meanwhile" in text(concurrent)
+        failed = outcome["sampling"]
+        assert isinstance(failed, Exception) or failed.is_error, failed
+        assert "timeout" in str(failed).lower() or "timed out" in str(failed).lower(), failed
+        after = await execute(client, "echo", {"message": "after"})
+        assert "after" in text(after)
+    stats = satellite.debug()["server_status"]["stats"]
+    assert stats["online"] == stats["total"], stats
