@@ -40,9 +40,14 @@ fn key(scope: &str, id: &str) -> String {
 impl Exchange {
     /// Turn a message from upstream into the JSON-RPC message the client sees; a request is registered under a
     /// fresh id, its answer awaited by `reply`.
-    pub fn outbound(&self, scope: &str, inbound: Inbound) -> Value {
+    pub fn outbound(&self, scope: &str, request: &RequestId, inbound: Inbound) -> Value {
         match inbound {
-            Inbound::Notification { method, params } => message(None, &method, params),
+            Inbound::Notification { method, mut params } => {
+                if let Some(params) = params.as_mut() {
+                    protocol::retag_subscription(params, request);
+                }
+                message(None, &method, params)
+            }
             Inbound::Request { method, params, reply } => {
                 let id = format!("satellite-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
                 let mut replies = self.replies.lock();
@@ -83,13 +88,14 @@ impl Exchange {
 
     /// Run one client request with a relay: `Answer::Done` when it completes before the server says anything
     /// (the caller answers with plain JSON, as without a relay), else an SSE stream of the server's messages
-    /// ending with the response `finish` makes of the outcome. The call keeps running if the client disconnects
-    /// (disconnection is not cancellation); it stops on `notifications/cancelled`.
+    /// ending with the response `finish` makes of the outcome. It stops on `notifications/cancelled`. A
+    /// handshake-era call keeps running if the client disconnects (there, disconnection is not cancellation); a
+    /// 2026-07-28 request (`stateless`) stops, since closing its stream is how that revision cancels.
     pub async fn respond<Fut, Fin>(
         self: &Arc<Self>,
         scope: String,
         id: RequestId,
-        answers: bool,
+        stateless: bool,
         run: impl FnOnce(Relay) -> Fut,
         finish: Fin,
     ) -> Answer
@@ -97,14 +103,18 @@ impl Exchange {
         Fut: Future<Output = Result<Value, RouteError>> + Send + 'static,
         Fin: FnOnce(Result<Value, RouteError>) -> Value + Send + Sync + 'static,
     {
-        let (relay, mut rx) = Relay::channel(answers);
+        // A 2026-07-28 request has no way to answer the server's requests (that revision has none).
+        let (relay, mut rx) = Relay::channel(!stateless);
         let mut call: JoinHandle<Result<Value, RouteError>> = tokio::spawn(run(relay));
         self.track(&scope, &id, call.abort_handle());
+        // The client may go before the server says anything: this handler is then dropped.
+        let waiting = AbortOnDrop(Some(call.abort_handle()).filter(|_| stateless));
         let first = tokio::select! {
             biased;
             done = &mut call => return Answer::Done(outcome(done)),
             first = rx.recv() => first,
         };
+        waiting.disarm();
         let mut state = Streaming {
             queue: VecDeque::new(),
             rx: Some(rx),
@@ -112,9 +122,11 @@ impl Exchange {
             finish: Some(finish),
             exchange: self.clone(),
             scope,
+            request: id,
+            cancel_on_drop: stateless,
         };
         if let Some(inbound) = first {
-            let message = state.exchange.outbound(&state.scope, inbound);
+            let message = state.exchange.outbound(&state.scope, &state.request, inbound);
             state.queue.push_back(message);
         }
         let events = futures::stream::unfold(state, |mut state| async move {
@@ -144,6 +156,35 @@ struct Streaming<Fin> {
     finish: Option<Fin>,
     exchange: Arc<Exchange>,
     scope: String,
+    /// The client's id for the request this stream answers.
+    request: RequestId,
+    /// Stop the call when the client drops the stream before its answer (2026-07-28 cancellation).
+    cancel_on_drop: bool,
+}
+
+impl<Fin> Drop for Streaming<Fin> {
+    fn drop(&mut self) {
+        if let (true, Some(call)) = (self.cancel_on_drop, self.call.as_ref()) {
+            call.abort();
+        }
+    }
+}
+
+/// Aborts a call when dropped, unless disarmed first.
+struct AbortOnDrop(Option<AbortHandle>);
+
+impl AbortOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(call) = self.0.take() {
+            call.abort();
+        }
+    }
 }
 
 impl<Fin: FnOnce(Result<Value, RouteError>) -> Value> Streaming<Fin> {
@@ -157,7 +198,7 @@ impl<Fin: FnOnce(Result<Value, RouteError>) -> Value> Streaming<Fin> {
             Some(rx) => tokio::select! {
                 biased;
                 next = rx.recv() => match next {
-                    Some(inbound) => return Some(self.exchange.outbound(&self.scope, inbound)),
+                    Some(inbound) => return Some(self.exchange.outbound(&self.scope, &self.request, inbound)),
                     None => {
                         self.rx = None;
                         call.await
@@ -171,7 +212,7 @@ impl<Fin: FnOnce(Result<Value, RouteError>) -> Value> Streaming<Fin> {
         // Messages sent before the result still go first.
         if let Some(rx) = self.rx.as_mut() {
             while let Ok(inbound) = rx.try_recv() {
-                let message = self.exchange.outbound(&self.scope, inbound);
+                let message = self.exchange.outbound(&self.scope, &self.request, inbound);
                 self.queue.push_back(message);
             }
         }
@@ -220,8 +261,9 @@ mod tests {
     async fn answers_reach_the_request_that_asked_and_only_in_its_session() {
         let exchange = Exchange::default();
         let (reply, answer) = oneshot::channel();
-        let out =
-            exchange.outbound("s1", Inbound::Request { method: "sampling/createMessage".into(), params: None, reply });
+        let asker = RequestId::Number(1);
+        let out = exchange
+            .outbound("s1", &asker, Inbound::Request { method: "sampling/createMessage".into(), params: None, reply });
         let id = RequestId::String(out["id"].as_str().unwrap().to_owned());
         assert_eq!(out["method"], "sampling/createMessage");
         assert!(!exchange.deliver("s2", &id, Ok(json!({}))), "another session cannot answer");

@@ -359,7 +359,7 @@ async fn relayed(
         .respond(
             session_id.to_owned(),
             id.clone(),
-            true,
+            false,
             move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
             move |outcome| response_message(reply_id, outcome.map(handshake_shaped)),
         )
@@ -433,9 +433,9 @@ async fn stateless_post(
                 }
                 Ok(discovered)
             }
-            Ok(()) if method == "initialize" => Err(RouteError::Rpc(RpcError::new(
-                codes::INVALID_REQUEST,
-                "initialize is not part of 2026-07-28; send requests with _meta instead",
+            Ok(()) if REMOVED_IN_STATELESS.contains(&method.as_str()) => Err(RouteError::Rpc(RpcError::new(
+                codes::METHOD_NOT_FOUND,
+                format!("Method not found: {method} is not part of {MODERN_VERSION}"),
             ))),
             Ok(()) => endpoint.target.dispatch(deps, &method, params, None).await,
         };
@@ -470,7 +470,8 @@ async fn stateless_relayed(
     message: &Value,
 ) -> Option<Result<Response, McpError>> {
     let method = message.get("method").and_then(Value::as_str)?;
-    if !matches!(method, "tools/call" | "resources/read" | "prompts/get" | "completion/complete")
+    let long_lived = method == "subscriptions/listen" && matches!(endpoint.target, Target::Instance(_));
+    if !(long_lived || matches!(method, "tools/call" | "resources/read" | "prompts/get" | "completion/complete"))
         || check_envelope(header_version, message.get("params")).is_err()
     {
         return None;
@@ -487,16 +488,15 @@ async fn stateless_relayed(
         .respond(
             scope,
             id.clone(),
-            false,
+            true,
             move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
             move |outcome| {
-                response_message(
-                    reply_id,
-                    outcome.map(|mut result| {
-                        protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
-                        result
-                    }),
-                )
+                let result = outcome.map(|mut result| {
+                    protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
+                    protocol::retag_subscription(&mut result, &reply_id);
+                    result
+                });
+                response_message(reply_id, result)
             },
         )
         .await;
@@ -513,6 +513,11 @@ async fn stateless_relayed(
         Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
     })
 }
+
+/// Methods of the handshake era that 2026-07-28 removed: a stateless request for one is answered 404/-32601
+/// whatever the upstream speaks, so the client sees one revision, not a mix.
+const REMOVED_IN_STATELESS: [&str; 5] =
+    ["initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"];
 
 /// Versions a 2026-07-28 client is told the satellite speaks.
 const SUPPORTED_VERSIONS: [&str; 4] = [MODERN_VERSION, LEGACY_VERSIONS[2], LEGACY_VERSIONS[1], LEGACY_VERSIONS[0]];

@@ -325,14 +325,14 @@ impl RelayedCall {
                                 let _ = tx.send(());
                             }
                         }
-                        let message = self.sessions.exchange.outbound(&self.scope, inbound);
+                        let message = self.sessions.exchange.outbound(&self.scope, &request_id, inbound);
                         let event = warp::sse::Event::default().event("message").data(message.to_string());
                         let _ = self.events.send(event).await;
                     }
                 }
             };
             while let Ok(inbound) = rx.try_recv() {
-                let message = self.sessions.exchange.outbound(&self.scope, inbound);
+                let message = self.sessions.exchange.outbound(&self.scope, &request_id, inbound);
                 let _ = self.events.send(warp::sse::Event::default().event("message").data(message.to_string())).await;
             }
             if let (Err(RouteError::Forbidden(err)), Some(_)) = (&outcome, &asked_tx) {

@@ -312,6 +312,24 @@ impl InstanceManager {
         self.inner.call(instance, method, params, timeout, relay).await
     }
 
+    /// A long-lived request (2026-07-28 `subscriptions/listen`): sent to the instance with everything it says
+    /// going to `relay`, for as long as `limit` or until the caller drops it (the client closed its stream). It
+    /// takes no call slot, so open subscriptions never starve calls, and its failure changes no status.
+    pub async fn listen(
+        &self,
+        instance: &Arc<Instance>,
+        method: &str,
+        params: Option<Value>,
+        limit: Duration,
+        relay: &crate::mcp::transport::Relay,
+    ) -> Result<Value, InstanceError> {
+        let client = self.inner.ensure_connected(instance).await?;
+        instance.touch();
+        let result = client.request_relayed(method, params, limit, Some(relay)).await;
+        instance.touch();
+        result.map_err(InstanceError::Upstream)
+    }
+
     /// Pass a client's notification on to the instance (nothing when it has no live connection).
     pub async fn notify(&self, instance: &Arc<Instance>, method: &str, params: Option<Value>) {
         if let Some(client) = instance.client() {

@@ -20,6 +20,8 @@ pub mod meta_keys {
     pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
     pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
     pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+    /// On every message of a `subscriptions/listen` stream: the JSON-RPC id of the listen request.
+    pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 }
 
 /// JSON-RPC and MCP error codes.
@@ -271,6 +273,14 @@ pub fn check_stateless_envelope(
 }
 
 /// Whether a request carries the 2026-07-28 envelope (`_meta` protocol version).
+/// A message relayed for request `id` names that request as its subscription: the upstream tagged it with the
+/// id the satellite used upstream, the client knows its own.
+pub fn retag_subscription(params: &mut Value, id: &RequestId) {
+    if let Some(tag) = params.get_mut("_meta").and_then(|m| m.get_mut(meta_keys::SUBSCRIPTION_ID)) {
+        *tag = serde_json::to_value(id).unwrap_or(Value::Null);
+    }
+}
+
 pub fn has_stateless_envelope(params: Option<&Value>) -> bool {
     params.and_then(|p| p.get("_meta")).and_then(|m| m.get(meta_keys::PROTOCOL_VERSION)).is_some()
 }

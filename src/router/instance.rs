@@ -7,9 +7,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{blocked_result, callable, disabled_result, forward, normalise_call_result, visible, RouteError};
-use crate::instances::{Instance, InstanceManager};
+use crate::instances::{Instance, InstanceError, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
-use crate::mcp::transport::Relay;
+use crate::mcp::transport::{Relay, UpstreamError};
+
+/// The longest a `subscriptions/listen` stream is kept open upstream; the client re-subscribes after it ends.
+const LISTEN_LIMIT: Duration = Duration::from_secs(24 * 60 * 60);
 
 #[derive(Clone)]
 pub struct InstanceRouter {
@@ -60,23 +63,32 @@ impl InstanceRouter {
                         "Invalid params: name must be a non-empty string",
                     ))
                 })?;
-                let known = instance.catalog().is_some_and(|c| c.tools.iter().any(|t| t.name == name));
-                if !known {
-                    return Err(RouteError::Rpc(RpcError::new(
-                        codes::INVALID_PARAMS,
-                        format!("Tool not found: {name}"),
-                    )));
-                }
                 if !callable(instance.status().status) {
                     return Ok(blocked_result(name, instance));
                 }
                 if instance.tool_disabled(name) {
                     return Ok(disabled_result(name));
                 }
+                // A tool missing from the catalog goes on too: the server may have added it since it was listed,
+                // or serve tools it does not list; it answers for its own tools, as it would without us.
                 // The whole request goes on: arguments, `_meta` (progress token), and what a 2026-07-28 retry adds.
                 let result =
                     forward(&self.manager, instance, "tools/call", params.clone(), self.call_timeout, relay).await?;
                 Ok(normalise_call_result(result))
+            }
+            "subscriptions/listen" => {
+                let relay = relay.ok_or_else(|| {
+                    RouteError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, "subscriptions/listen needs a stream"))
+                })?;
+                let params = params.unwrap_or_else(|| json!({}));
+                match self.manager.listen(instance, method, Some(params), LISTEN_LIMIT, relay).await {
+                    Ok(result) => Ok(result),
+                    Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
+                    Err(err) => Err(RouteError::Rpc(RpcError::new(
+                        codes::INTERNAL_ERROR,
+                        format!("MCP server error ({}): {err}", instance.spec().server_slug),
+                    ))),
+                }
             }
             other => {
                 if !callable(instance.status().status) {

@@ -198,13 +198,45 @@ impl StreamableHttpTransport {
         if content_type.starts_with("text/event-stream") {
             return self.read_sse_reply(response, id, headers, relay, timeout).await.map_err(SendError::from);
         }
-        let text = response.text().await.map_err(|err| UpstreamError::Io(err.to_string()))?;
-        let value: Value = serde_json::from_str(&text).map_err(|_| {
-            UpstreamError::Protocol(format!("invalid json reply: {}", preview(&text, ERROR_BODY_PREVIEW)))
-        })?;
-        find_response(value, id)
-            .unwrap_or_else(|| Err(UpstreamError::Protocol(format!("reply did not answer request {id}"))))
-            .map_err(SendError::from)
+        self.read_json_reply(response, id, headers, relay, timeout).await.map_err(SendError::from)
+    }
+
+    /// A JSON reply, read as it arrives: normally one message (or a batch), but some servers stream several
+    /// messages as newline-delimited JSON under `application/json` (notifications first, the response last, or
+    /// a `subscriptions/listen` stream that stays open). Each message is handled as an SSE event would be.
+    async fn read_json_reply(
+        &self,
+        response: reqwest::Response,
+        id: i64,
+        headers: &RequestHeaders,
+        relay: Option<&Relay>,
+        timeout: Duration,
+    ) -> Result<Value, UpstreamError> {
+        let mut body = response.bytes_stream();
+        let mut buffer: Vec<u8> = Vec::new();
+        loop {
+            let chunk = body.next().await;
+            let ended = chunk.is_none();
+            if let Some(chunk) = chunk {
+                buffer.extend_from_slice(&chunk.map_err(|err| UpstreamError::Io(err.to_string()))?);
+            }
+            let Some((parsed, consumed)) = complete_values(&buffer, ended) else {
+                let text = String::from_utf8_lossy(&buffer);
+                return Err(UpstreamError::Protocol(format!(
+                    "invalid json reply: {}",
+                    preview(&text, ERROR_BODY_PREVIEW)
+                )));
+            };
+            buffer.drain(..consumed);
+            for value in parsed {
+                if let Some(answer) = self.handle_message(value, id, headers, relay, timeout).await {
+                    return answer;
+                }
+            }
+            if ended {
+                return Err(UpstreamError::Protocol(format!("reply did not answer request {id}")));
+            }
+        }
     }
 
     async fn read_sse_reply(
@@ -225,39 +257,55 @@ impl StreamableHttpTransport {
                 debug!(process_id = %self.label, data = %preview(&event.data, 200), "invalid json in sse event, skipped");
                 continue;
             };
-            let items = match value {
-                Value::Array(items) => items,
-                single => vec![single],
-            };
-            for item in items {
-                match Message::from_value(item) {
-                    Ok(Message::Response { id: RequestId::Number(n), outcome: result }) if n == id => {
-                        return outcome(result);
-                    }
-                    Ok(Message::Notification { method, params }) => {
-                        if let Some(relay) = relay {
-                            relay.notify(&method, params);
-                        }
-                    }
-                    Ok(Message::Request { id: server_id, method, params }) => {
-                        // The server waits for this answer before it goes on with ours.
-                        let answer = match relay {
-                            Some(relay) => relay.ask(&method, params, timeout).await,
-                            None => local_answer(&method),
-                        };
-                        let reply = match answer {
-                            Ok(result) => protocol::response(server_id, result),
-                            Err(err) => protocol::error_response(Some(server_id), err),
-                        };
-                        if let Err(err) = self.post(&reply, headers).await {
-                            debug!(process_id = %self.label, error = %err, "answering the server's request failed");
-                        }
-                    }
-                    _ => {}
-                }
+            if let Some(answer) = self.handle_message(value, id, headers, relay, timeout).await {
+                return answer;
             }
         }
         Err(UpstreamError::Closed("sse stream ended before the response".into()))
+    }
+
+    /// One message (or batch) from the reply to request `id`: its response ends the request; notifications go
+    /// to the relay; the server's own requests are answered (by the client through the relay, or locally).
+    async fn handle_message(
+        &self,
+        value: Value,
+        id: i64,
+        headers: &RequestHeaders,
+        relay: Option<&Relay>,
+        timeout: Duration,
+    ) -> Option<Result<Value, UpstreamError>> {
+        let items = match value {
+            Value::Array(items) => items,
+            single => vec![single],
+        };
+        for item in items {
+            match Message::from_value(item) {
+                Ok(Message::Response { id: RequestId::Number(n), outcome: result }) if n == id => {
+                    return Some(outcome(result));
+                }
+                Ok(Message::Notification { method, params }) => {
+                    if let Some(relay) = relay {
+                        relay.notify(&method, params);
+                    }
+                }
+                Ok(Message::Request { id: server_id, method, params }) => {
+                    // The server waits for this answer before it goes on with ours.
+                    let answer = match relay {
+                        Some(relay) => relay.ask(&method, params, timeout).await,
+                        None => local_answer(&method),
+                    };
+                    let reply = match answer {
+                        Ok(result) => protocol::response(server_id, result),
+                        Err(err) => protocol::error_response(Some(server_id), err),
+                    };
+                    if let Err(err) = self.post(&reply, headers).await {
+                        debug!(process_id = %self.label, error = %err, "answering the server's request failed");
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
     }
 }
 
@@ -282,16 +330,23 @@ impl SendError {
     }
 }
 
-/// Find the response to `id` in a reply that may be a single message or a batch.
-fn find_response(value: Value, id: i64) -> Option<Result<Value, UpstreamError>> {
-    let items = match value {
-        Value::Array(items) => items,
-        single => vec![single],
-    };
-    items.into_iter().find_map(|item| match Message::from_value(item) {
-        Ok(Message::Response { id: RequestId::Number(n), outcome: result }) if n == id => Some(outcome(result)),
-        _ => None,
-    })
+/// The complete JSON values at the start of `buffer` and how many bytes they took; a value cut off at the end
+/// waits for more unless the body `ended`. `None` when the bytes are not JSON.
+fn complete_values(buffer: &[u8], ended: bool) -> Option<(Vec<Value>, usize)> {
+    let mut values = serde_json::Deserializer::from_slice(buffer).into_iter::<Value>();
+    let mut parsed = Vec::new();
+    for value in values.by_ref() {
+        match value {
+            Ok(value) => parsed.push(value),
+            Err(err) if err.is_eof() => break,
+            Err(_) => return None,
+        }
+    }
+    let consumed = values.byte_offset();
+    if ended && buffer[consumed..].iter().any(|b| !b.is_ascii_whitespace()) {
+        return None;
+    }
+    Some((parsed, consumed))
 }
 
 pub(crate) fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap, UpstreamError> {
@@ -347,11 +402,15 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn finds_the_response_in_a_batch() {
-        let batch =
-            json!([{"jsonrpc":"2.0","method":"notifications/progress"},{"jsonrpc":"2.0","id":3,"result":{"ok":true}}]);
-        assert_eq!(find_response(batch, 3).unwrap().unwrap(), json!({"ok": true}));
-        assert!(find_response(json!({"jsonrpc":"2.0","id":4,"result":{}}), 3).is_none());
+    fn json_replies_may_be_one_document_or_a_stream_of_them() {
+        let pretty = b"{\n  \"id\": 1,\n  \"result\": {}\n}\n";
+        assert_eq!(complete_values(pretty, true).unwrap().0, vec![json!({"id": 1, "result": {}})]);
+        let ndjson = b"{\"method\":\"a\"}\n{\"id\":2,\"result\":{}}\n{\"id\":";
+        let (values, consumed) = complete_values(ndjson, false).unwrap();
+        assert_eq!(values.len(), 2, "the cut-off third value waits for more bytes");
+        assert_eq!(&ndjson[consumed..], b"{\"id\":");
+        assert!(complete_values(ndjson, true).is_none(), "cut off for good once the body ended");
+        assert!(complete_values(b"<html>", false).is_none());
     }
 
     #[test]
