@@ -2,11 +2,12 @@
 # The whole test suite, on a fresh machine or a warm one:
 # installs the published MCP servers the tests talk to (npm) and the
 # official MCP Python SDK (PyPI, in .venv), checks
-# formatting and lints, then runs every unit and integration test.
+# formatting and lints, then runs every unit and integration test, the
+# SDK client tests and the MCP conformance suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in cargo node npm python3; do
+for tool in cargo node npm python3 curl openssl; do
   command -v "$tool" >/dev/null || { echo "error: $tool is required" >&2; exit 1; }
 done
 
@@ -42,3 +43,6 @@ cargo test --locked --lib --bins --tests
 
 echo "==> real MCP clients: the official Python SDK (tests/python)"
 SATELLITE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/satellite" .venv/bin/python -m pytest -q tests/python
+
+echo "==> the official MCP conformance suite, directly and through the satellite (scripts/conformance.sh)"
+bash scripts/conformance.sh

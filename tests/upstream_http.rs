@@ -103,3 +103,57 @@ async fn server_everything_over_legacy_sse() {
     assert!(text(&echoed).contains("over sse"), "{echoed}");
     client.close().await;
 }
+
+/// A handshake-era server that ends a call's reply stream after a priming event (an id and a `retry`) and
+/// delivers the response on the stream the client resumes with GET and `Last-Event-ID`, as 2025-11-25 allows.
+/// The satellite resumes the way a direct client would; the call succeeds, with no error and no status change.
+#[tokio::test]
+async fn a_reply_stream_the_server_closes_early_is_resumed() {
+    use warp::Filter;
+    let resumed_with = std::sync::Arc::new(parking_lot::Mutex::new(None::<(String, String)>));
+    let seen = resumed_with.clone();
+    let post = warp::post().and(warp::body::json()).map(|body: Value| {
+        let sse = |text: String| {
+            warp::http::Response::builder()
+                .header("content-type", "text/event-stream")
+                .header("mcp-session-id", "s-1")
+                .body(text)
+                .unwrap()
+        };
+        match body["method"].as_str().unwrap_or_default() {
+            "initialize" => sse(format!(
+                "data: {}\n\n",
+                json!({"jsonrpc": "2.0", "id": body["id"], "result": {
+                    "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "closes-early", "version": "1"}}})
+            )),
+            // The priming event, then the stream ends before the response.
+            "tools/call" => sse(format!("id: call-{}-0\nretry: 20\ndata: \n\n", body["id"])),
+            "notifications/initialized" => warp::http::Response::builder().status(202).body(String::new()).unwrap(),
+            _ => warp::http::Response::builder().status(400).body(String::new()).unwrap(),
+        }
+    });
+    let get = warp::get()
+        .and(warp::header::<String>("last-event-id"))
+        .and(warp::header::<String>("mcp-session-id"))
+        .map(move |last: String, session: String| {
+            *seen.lock() = Some((last.clone(), session));
+            let id: i64 = last.trim_start_matches("call-").trim_end_matches("-0").parse().unwrap_or(-1);
+            let response = json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": "resumed"}]}});
+            warp::http::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(format!("id: call-{id}-1\ndata: {response}\n\n"))
+                .unwrap()
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(warp::path("mcp").and(post.or(get))).incoming(listener).run());
+
+    let client = connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await;
+    assert!(matches!(client.era(), Era::Handshake { .. }));
+    let result = client.request("tools/call", Some(json!({"name": "slow", "arguments": {}})), CALL).await.unwrap();
+    assert_eq!(text(&result), "resumed");
+    let (last, session) = resumed_with.lock().clone().expect("the client resumed with GET");
+    assert!(last.starts_with("call-") && last.ends_with("-0"), "{last}");
+    assert_eq!(session, "s-1", "the resumed stream belongs to the session");
+}
