@@ -139,7 +139,8 @@ async fn a_reply_stream_the_server_closes_early_is_resumed() {
         .map(move |last: String, session: String| {
             *seen.lock() = Some((last.clone(), session));
             let id: i64 = last.trim_start_matches("call-").trim_end_matches("-0").parse().unwrap_or(-1);
-            let response = json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": "resumed"}]}});
+            let response =
+                json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": "resumed"}]}});
             warp::http::Response::builder()
                 .header("content-type", "text/event-stream")
                 .body(format!("id: call-{id}-1\ndata: {response}\n\n"))
@@ -156,4 +157,48 @@ async fn a_reply_stream_the_server_closes_early_is_resumed() {
     let (last, session) = resumed_with.lock().clone().expect("the client resumed with GET");
     assert!(last.starts_with("call-") && last.ends_with("-0"), "{last}");
     assert_eq!(session, "s-1", "the resumed stream belongs to the session");
+}
+
+/// What a remote server sends outside any request reaches the satellite: resource updates for a subscription,
+/// on the session's GET stream (Streamable HTTP) or on the one event stream (legacy SSE).
+#[tokio::test]
+async fn remote_servers_announce_resource_updates() {
+    for kind in ["streamableHttp", "sse"] {
+        let server = HttpServer::everything(kind).await;
+        let client = match kind {
+            "sse" => {
+                let transport = SseTransport::connect(
+                    "test".into(),
+                    reqwest::Client::new(),
+                    server.url("/sse"),
+                    &BTreeMap::new(),
+                    CALL,
+                )
+                .await
+                .unwrap();
+                McpClient::connect(Transport::Sse(transport), &fast_options()).await.unwrap()
+            }
+            _ => connect_http(server.url("/mcp")).await,
+        };
+        let mut announcements = client.transport().announcements();
+        let resources = client.request("resources/list", None, CALL).await.unwrap();
+        let uri = resources["resources"][0]["uri"].as_str().unwrap().to_owned();
+        client.request("resources/subscribe", Some(json!({"uri": uri})), CALL).await.unwrap();
+        client
+            .request("tools/call", Some(json!({"name": "toggle-subscriber-updates", "arguments": {}})), CALL)
+            .await
+            .unwrap();
+        let update = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let note = announcements.recv().await.expect("announcements open");
+                if note["method"] == "notifications/resources/updated" {
+                    return note;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{kind}: no resource update announced"));
+        assert_eq!(update["params"]["uri"], uri.as_str(), "{kind}");
+        client.close().await;
+    }
 }

@@ -262,8 +262,11 @@ mod tests {
         let exchange = Exchange::default();
         let (reply, answer) = oneshot::channel();
         let asker = RequestId::Number(1);
-        let out = exchange
-            .outbound("s1", &asker, Inbound::Request { method: "sampling/createMessage".into(), params: None, reply });
+        let out = exchange.outbound(
+            "s1",
+            &asker,
+            Inbound::Request { method: "sampling/createMessage".into(), params: None, reply },
+        );
         let id = RequestId::String(out["id"].as_str().unwrap().to_owned());
         assert_eq!(out["method"], "sampling/createMessage");
         assert!(!exchange.deliver("s2", &id, Ok(json!({}))), "another session cannot answer");

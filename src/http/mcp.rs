@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use serde_json::{json, Value};
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::Response;
@@ -352,6 +351,15 @@ async fn relayed(
         return None;
     }
     let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
+    // A subscription the server accepts is this session's: its stream then carries that resource's updates.
+    let subscription = match method.as_str() {
+        "resources/subscribe" | "resources/unsubscribe" => {
+            params.as_ref().and_then(|p| p.get("uri")).and_then(Value::as_str).map(|uri| {
+                (uri.to_owned(), method == "resources/subscribe", endpoint.sessions.clone(), session_id.to_owned())
+            })
+        }
+        _ => None,
+    };
     let (target, deps_owned, reply_id) = (endpoint.target.clone(), deps.clone(), id.clone());
     let answer = endpoint
         .sessions
@@ -360,7 +368,13 @@ async fn relayed(
             session_id.to_owned(),
             id.clone(),
             false,
-            move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
+            move |relay| async move {
+                let outcome = target.dispatch(&deps_owned, &method, params, Some(&relay)).await;
+                if let (Ok(_), Some((uri, subscribed, sessions, session))) = (&outcome, subscription) {
+                    sessions.set_subscription(&session, &uri, subscribed);
+                }
+                outcome
+            },
             move |outcome| response_message(reply_id, outcome.map(handshake_shaped)),
         )
         .await;
@@ -541,15 +555,53 @@ fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpE
         StreamError::NoSession => McpError::SessionNotFound,
         StreamError::AlreadyOpen => McpError::StreamConflict,
     })?;
-    // The satellite sends no server-initiated messages; the stream carries pings until the session ends.
-    let events = futures::stream::once(async move { token.cancelled().await })
-        .filter_map(|_| async { None::<Result<warp::sse::Event, Infallible>> });
+    // On an instance endpoint the stream carries what the server announces outside any request: list changes,
+    // and updates of the resources this session subscribed to. `/mcp` announces nothing (pings only).
+    let announcements = match &endpoint.target {
+        Target::Instance(instance) => Some(instance.announcements()),
+        _ => None,
+    };
+    let (sessions, session_id) = (endpoint.sessions.clone(), id.to_owned());
+    let events = futures::stream::unfold(announcements, move |announcements| {
+        let (token, sessions, session_id) = (token.clone(), sessions.clone(), session_id.clone());
+        async move {
+            let mut announcements = announcements?;
+            loop {
+                let note = tokio::select! {
+                    _ = token.cancelled() => return None,
+                    note = announcements.recv() => note,
+                };
+                match note {
+                    Ok(note) if for_session(&note, &sessions, &session_id) => {
+                        let event = warp::sse::Event::default().event("message").data(note.to_string());
+                        return Some((Ok::<_, Infallible>(event), Some(announcements)));
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        token.cancelled().await;
+                        return None;
+                    }
+                }
+            }
+        }
+    });
     let stream = warp::sse::keep_alive().interval(PING_INTERVAL).text("ping").stream(events);
     let mut response = warp::sse::reply(stream).into_response();
     if let Ok(value) = HeaderValue::from_str(id) {
         response.headers_mut().insert("mcp-session-id", value);
     }
     Ok(response)
+}
+
+/// Whether a server announcement is for this session: a resource update only if it subscribed to that resource.
+fn for_session(note: &Value, sessions: &SessionTable, session_id: &str) -> bool {
+    match note.get("method").and_then(Value::as_str) {
+        Some("notifications/resources/updated") => {
+            let uri = note.pointer("/params/uri").and_then(Value::as_str).unwrap_or_default();
+            sessions.subscribed(session_id, uri)
+        }
+        _ => true,
+    }
 }
 
 fn delete(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {

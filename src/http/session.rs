@@ -4,7 +4,7 @@
 //! (MCP 2025-11-25 transport; docs/decisions.md). Ids are checked for form
 //! before anything is looked up or stored.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,9 @@ struct Session {
     last_seen: Instant,
     /// Cancelled when the session ends; set while a GET stream is open.
     stream: Option<CancellationToken>,
+    /// Resource URIs the client subscribed to (`resources/subscribe` on an instance endpoint), whose update
+    /// notifications its stream receives.
+    subscriptions: HashSet<String>,
 }
 
 /// What a request's session header resolved to.
@@ -78,7 +81,13 @@ impl SessionTable {
         }
         let old = sessions.insert(
             id,
-            Session { owner: owner.to_owned(), version: version.to_owned(), last_seen: Instant::now(), stream: None },
+            Session {
+                owner: owner.to_owned(),
+                version: version.to_owned(),
+                last_seen: Instant::now(),
+                stream: None,
+                subscriptions: HashSet::new(),
+            },
         );
         if let Some(stream) = old.and_then(|s| s.stream) {
             stream.cancel();
@@ -128,6 +137,24 @@ impl SessionTable {
     }
 
     /// Drop sessions idle longer than `idle`; returns how many.
+    /// Record a resource subscription the server accepted for session `id` (or its end, `subscribed: false`).
+    pub fn set_subscription(&self, id: &str, uri: &str, subscribed: bool) {
+        // Bounded like everything a client can make the satellite keep.
+        const MAX_SUBSCRIPTIONS: usize = 1_000;
+        if let Some(session) = self.sessions.lock().get_mut(id) {
+            if !subscribed {
+                session.subscriptions.remove(uri);
+            } else if session.subscriptions.len() < MAX_SUBSCRIPTIONS {
+                session.subscriptions.insert(uri.to_owned());
+            }
+        }
+    }
+
+    /// Whether session `id` subscribed to `uri`.
+    pub fn subscribed(&self, id: &str, uri: &str) -> bool {
+        self.sessions.lock().get(id).is_some_and(|s| s.subscriptions.contains(uri))
+    }
+
     pub fn sweep(&self, idle: Duration) -> usize {
         let mut sessions = self.sessions.lock();
         let before = sessions.len();

@@ -73,7 +73,13 @@ pub struct Instance {
     pub(super) lifecycle: tokio::sync::Mutex<()>,
     /// Cancelled when the instance is removed or replaced.
     pub(super) retired: CancellationToken,
+    /// What the server announces outside any request (resource updates, list changes), for the client
+    /// sessions on its endpoint; lives as long as the instance, across reconnections.
+    announcements: tokio::sync::broadcast::Sender<serde_json::Value>,
 }
+
+/// Announcements queued per listening session before the slowest one starts to miss some.
+const ANNOUNCEMENT_BACKLOG: usize = 64;
 
 /// A live connection to the instance's server.
 #[derive(Debug)]
@@ -110,7 +116,18 @@ impl Instance {
             overrides,
             lifecycle: tokio::sync::Mutex::new(()),
             retired: CancellationToken::new(),
+            announcements: tokio::sync::broadcast::channel(ANNOUNCEMENT_BACKLOG).0,
         }
+    }
+
+    /// Listen to what the server announces outside any request (notification messages, as JSON-RPC).
+    pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<serde_json::Value> {
+        self.announcements.subscribe()
+    }
+
+    /// Pass on a notification the server sent outside any request; nobody listening is fine.
+    pub(super) fn announce(&self, notification: serde_json::Value) {
+        let _ = self.announcements.send(notification);
     }
 
     pub fn spec(&self) -> &InstanceSpec {

@@ -209,3 +209,32 @@ async def test_an_unanswered_sampling_request_fails_its_call_only(satellite):
         assert "after" in text(after)
     stats = satellite.debug()["server_status"]["stats"]
     assert stats["online"] == stats["total"], stats
+
+
+async def test_resource_updates_reach_the_session_that_subscribed(satellite):
+    """A notification the server sends outside any request (a resource update) reaches, over its GET stream,
+    the instance-router session that subscribed to that resource, and not another session of the same user."""
+    updates = {"a": [], "b": []}
+
+    def recorder(name):
+        async def handler(message):
+            method = getattr(message, "method", None)
+            if method == "notifications/resources/updated":
+                updates[name].append(str(message.params.uri))
+        return handler
+
+    async with Client(everything_url(satellite), mode="legacy", message_handler=recorder("a")) as a, \
+            Client(everything_url(satellite), mode="legacy", message_handler=recorder("b")) as b:
+        uri = str((await a.list_resources()).resources[0].uri)
+        await a.subscribe_resource(uri)
+        await b.list_resources()
+        toggled = await a.call_tool("toggle-subscriber-updates", {})
+        try:
+            with anyio.fail_after(20):
+                while uri not in updates["a"]:
+                    await anyio.sleep(0.05)
+        finally:
+            await a.call_tool("toggle-subscriber-updates", {})
+        assert "Started" in text(toggled), text(toggled)
+        await a.unsubscribe_resource(uri)
+    assert updates["b"] == [], "a session that did not subscribe hears nothing of it"

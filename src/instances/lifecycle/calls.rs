@@ -225,6 +225,7 @@ impl Inner {
                         old.close().await;
                     }
                     instance.set_connection(client.clone(), slot);
+                    inner.watch_remote(instance.clone(), client.clone());
                     let message = "Server recovered, re-discovering tools".to_owned();
                     inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
                     if inner.discover_into(&instance, &client, true).await {

@@ -154,8 +154,8 @@ impl Inner {
             let pid = process_pid(&client);
             self.deps.logs.server_line(spec, "info", "MCP Server started successfully");
             self.emit(Event::started(spec, pid, began.elapsed().as_millis() as u64)).await;
-            self.watch(instance.clone(), client.clone(), generation);
         }
+        self.watch(instance.clone(), client.clone(), generation);
         if self.discover_into(instance, &client, true).await {
             Started::Online
         } else {

@@ -20,6 +20,11 @@ use crate::model::{InstanceStatus, Upstream};
 use super::connect::process_pid;
 use super::start::Started;
 
+/// Notifications a server sends outside any request that its client sessions hear about (tools/list_changed
+/// also makes the satellite rediscover).
+const ANNOUNCED: [&str; 3] =
+    ["notifications/resources/updated", "notifications/resources/list_changed", "notifications/prompts/list_changed"];
+
 impl Inner {
     /// Follow a stdio child: a crash when it dies unasked, rediscovery when its tool list changes,
     /// an event when its stderr goes over the rate limit.
@@ -29,7 +34,10 @@ impl Inner {
         client: Arc<McpClient>,
         generation: u64,
     ) {
-        let Transport::Stdio(stdio) = client.transport() else { return };
+        let Transport::Stdio(stdio) = client.transport() else {
+            self.watch_remote(instance, client);
+            return;
+        };
         let mut notifications = stdio.subscribe();
         let inner = self.clone();
         let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
@@ -69,15 +77,12 @@ impl Inner {
                             inner.emit(Event::log_rate_limited(instance.spec(), dropped, window, lifecycle.log_rate_limit)).await;
                         }
                         note = notifications.recv() => match note {
-                            Ok(note) if note.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed") => {
-                                let _lifecycle = instance.lifecycle.lock().await;
-                                if instance.retired.is_cancelled() {
+                            Ok(note) => {
+                                if !inner.on_announcement(&instance, &client, note).await {
                                     return;
                                 }
-                                info!("tool list changed upstream, rediscovering");
-                                inner.discover_into(&instance, &client, false).await;
                             }
-                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                             Err(tokio::sync::broadcast::error::RecvError::Closed) => {
                                 // The owner task is gone; the exit branch reports it.
                                 stdio.exited().await;
@@ -88,6 +93,53 @@ impl Inner {
             }
             .instrument(span),
         );
+    }
+
+    /// Follow a remote server's announcements for as long as this connection lives.
+    pub(in crate::instances) fn watch_remote(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>) {
+        let mut notifications = client.transport().announcements();
+        let inner = self.clone();
+        let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
+        self.tasks.spawn(
+            async move {
+                loop {
+                    let note = tokio::select! {
+                        biased;
+                        _ = instance.retired.cancelled() => return,
+                        _ = inner.shutdown.cancelled() => return,
+                        note = notifications.recv() => note,
+                    };
+                    match note {
+                        Ok(note) => {
+                            if !inner.on_announcement(&instance, &client, note).await {
+                                return;
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// A notification the server sent outside any request: the instance's client sessions hear of list changes
+    /// and resource updates, and a changed tool list is discovered again. False once the instance is retired.
+    async fn on_announcement(self: &Arc<Self>, instance: &Arc<Instance>, client: &Arc<McpClient>, note: Value) -> bool {
+        let method = note.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
+        if ANNOUNCED.contains(&method.as_str()) {
+            instance.announce(note);
+        } else if method == "notifications/tools/list_changed" {
+            instance.announce(note);
+            let _lifecycle = instance.lifecycle.lock().await;
+            if instance.retired.is_cancelled() {
+                return false;
+            }
+            info!("tool list changed upstream, rediscovering");
+            self.discover_into(instance, client, false).await;
+        }
+        true
     }
 
     /// SB §9.7: count the crash, then restart after the backoff or give up on the fourth in five minutes.

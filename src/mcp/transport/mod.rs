@@ -20,6 +20,9 @@ pub mod stdio;
 pub mod streamable_http;
 
 pub use relay::{Inbound, Relay};
+
+/// Server notifications queued per listener before the slowest one starts to miss some.
+pub(crate) const ANNOUNCEMENT_BACKLOG: usize = 64;
 pub use sse::SseTransport;
 pub use stdio::{ExitInfo, ResourceLimits, StderrSink, StderrTail, StdioLaunch, StdioTransport};
 pub use streamable_http::StreamableHttpTransport;
@@ -151,6 +154,16 @@ impl Transport {
             Transport::Stdio(t) => t.notify(method, params).await,
             Transport::StreamableHttp(t) => t.notify(method, params, headers).await,
             Transport::Sse(t) => t.notify(method, params).await,
+        }
+    }
+
+    /// What the server sends outside any request of ours (list changes, resource updates), as JSON-RPC
+    /// notifications; the channel closes with the transport.
+    pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<Value> {
+        match self {
+            Transport::Stdio(t) => t.subscribe(),
+            Transport::StreamableHttp(t) => t.subscribe(),
+            Transport::Sse(t) => t.subscribe(),
         }
     }
 

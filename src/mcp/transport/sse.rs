@@ -12,7 +12,7 @@ use futures::StreamExt;
 use reqwest::header::{HeaderMap, ACCEPT};
 use reqwest::Client;
 use serde_json::Value;
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 use url::Url;
@@ -30,6 +30,8 @@ pub struct SseTransport {
     next_id: AtomicI64,
     pending: Arc<Pending>,
     stop: CancellationToken,
+    /// Notifications the server sends on the stream (list changes, resource updates).
+    notifications: broadcast::Sender<Value>,
 }
 
 impl SseTransport {
@@ -58,8 +60,14 @@ impl SseTransport {
         let pending = Arc::new(Pending::default());
         let stop = CancellationToken::new();
         let (endpoint_tx, endpoint_rx) = oneshot::channel();
-        let reader =
-            Reader { label: label.clone(), base: url, pending: pending.clone(), endpoint_tx: Some(endpoint_tx) };
+        let notifications = broadcast::channel(super::ANNOUNCEMENT_BACKLOG).0;
+        let reader = Reader {
+            label: label.clone(),
+            base: url,
+            pending: pending.clone(),
+            endpoint_tx: Some(endpoint_tx),
+            notifications: notifications.clone(),
+        };
         tokio::spawn(reader.run(response, stop.clone()));
 
         let endpoint = match tokio::time::timeout(timeout, endpoint_rx).await {
@@ -73,7 +81,12 @@ impl SseTransport {
                 return Err(UpstreamError::Timeout { method: "sse endpoint event".into(), after: timeout });
             }
         };
-        Ok(Self { label, client, headers, endpoint, next_id: AtomicI64::new(1), pending, stop })
+        Ok(Self { label, client, headers, endpoint, next_id: AtomicI64::new(1), pending, stop, notifications })
+    }
+
+    /// Notifications the server sends (list changes, resource updates).
+    pub fn subscribe(&self) -> broadcast::Receiver<Value> {
+        self.notifications.subscribe()
     }
 
     pub fn is_alive(&self) -> bool {
@@ -135,6 +148,7 @@ struct Reader {
     base: Url,
     pending: Arc<Pending>,
     endpoint_tx: Option<oneshot::Sender<Url>>,
+    notifications: broadcast::Sender<Value>,
 }
 
 impl Reader {
@@ -172,6 +186,9 @@ impl Reader {
         match Message::from_value(value) {
             Ok(Message::Response { id: RequestId::Number(id), outcome: result }) => {
                 self.pending.resolve(id, outcome(result));
+            }
+            Ok(Message::Notification { method, params }) => {
+                let _ = self.notifications.send(protocol::notification(&method, params));
             }
             Ok(other) => debug!(process_id = %self.label, message = ?other, "sse message ignored"),
             Err(err) => warn!(process_id = %self.label, error = %err, "malformed json-rpc message on sse stream"),

@@ -16,6 +16,8 @@ use parking_lot::Mutex;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
 use reqwest::{Client, StatusCode};
 use serde_json::Value;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 use url::Url;
 
@@ -26,6 +28,12 @@ use crate::mcp::protocol::{self, Message, RequestId};
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 const ERROR_BODY_PREVIEW: usize = 300;
+/// Resumptions of one reply stream in a row without a message in between, before giving up.
+const MAX_RESUMES: u32 = 5;
+/// Wait before reopening a session's GET stream the server ended.
+const SERVER_STREAM_RETRY: Duration = Duration::from_secs(5);
+/// The longest `retry` the satellite honours before resuming a stream.
+const MAX_RESUME_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 pub struct StreamableHttpTransport {
@@ -37,6 +45,16 @@ pub struct StreamableHttpTransport {
     session: Mutex<Option<String>>,
     /// The initialize request body and the headers it was sent with, replayed when the server forgets the session.
     handshake: Mutex<Option<(Option<Value>, RequestHeaders)>>,
+    /// Notifications the server sends outside our requests, on the GET stream of a handshake-era session.
+    notifications: broadcast::Sender<Value>,
+    /// Ends the GET stream with the transport.
+    stop: CancellationToken,
+}
+
+impl Drop for StreamableHttpTransport {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl StreamableHttpTransport {
@@ -55,7 +73,63 @@ impl StreamableHttpTransport {
             next_id: AtomicI64::new(1),
             session: Mutex::new(None),
             handshake: Mutex::new(None),
+            notifications: broadcast::channel(super::ANNOUNCEMENT_BACKLOG).0,
+            stop: CancellationToken::new(),
         })
+    }
+
+    /// Notifications the server sends outside our requests (list changes, resource updates).
+    pub fn subscribe(&self) -> broadcast::Receiver<Value> {
+        self.notifications.subscribe()
+    }
+
+    /// Open the session's GET stream, on which a handshake-era server sends what is not tied to a request
+    /// (list changes, resource updates); it is reopened when the server ends it, until the transport goes or
+    /// the server says it has no such stream (405) or forgot the session.
+    fn open_server_stream(&self, headers: &RequestHeaders) {
+        let Some(session) = self.session.lock().clone() else { return };
+        let (client, url, mut base) = (self.client.clone(), self.url.clone(), self.headers.clone());
+        let (notifications, stop, label) = (self.notifications.clone(), self.stop.clone(), self.label.clone());
+        if let Some(version) = headers.protocol_version.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+            base.insert(PROTOCOL_VERSION_HEADER, version);
+        }
+        if let Ok(value) = HeaderValue::from_str(&session) {
+            base.insert(SESSION_HEADER, value);
+        }
+        tokio::spawn(async move {
+            loop {
+                let request = client.get(url.clone()).headers(base.clone()).header(ACCEPT, "text/event-stream");
+                let response = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    response = request.send() => response,
+                };
+                match response {
+                    Ok(response) if response.status().is_success() => {
+                        let mut events = response.bytes_stream().eventsource();
+                        loop {
+                            let event = tokio::select! {
+                                _ = stop.cancelled() => return,
+                                event = events.next() => event,
+                            };
+                            let Some(Ok(event)) = event else { break };
+                            let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
+                            if let Ok(Message::Notification { method, params }) = Message::from_value(value) {
+                                let _ = notifications.send(protocol::notification(&method, params));
+                            }
+                        }
+                    }
+                    Ok(response) => {
+                        debug!(process_id = %label, status = %response.status(), "no server stream on this session");
+                        return;
+                    }
+                    Err(err) => debug!(process_id = %label, error = %err, "server stream failed"),
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(SERVER_STREAM_RETRY) => {}
+                }
+            }
+        });
     }
 
     pub fn session_id(&self) -> Option<String> {
@@ -104,6 +178,9 @@ impl StreamableHttpTransport {
         let response = self.post(&body, headers).await?;
         let status = response.status();
         if status.is_success() {
+            if method == "notifications/initialized" {
+                self.open_server_stream(headers);
+            }
             return Ok(());
         }
         let text = response.text().await.unwrap_or_default();
@@ -247,21 +324,67 @@ impl StreamableHttpTransport {
         relay: Option<&Relay>,
         timeout: Duration,
     ) -> Result<Value, UpstreamError> {
-        let mut events = response.bytes_stream().eventsource();
-        while let Some(event) = events.next().await {
-            let event = event.map_err(|err| UpstreamError::Io(format!("sse stream: {err}")))?;
-            if !(event.event.is_empty() || event.event == "message") || event.data.trim().is_empty() {
-                continue;
+        let mut events = response.bytes_stream().eventsource().boxed();
+        let mut last_event_id: Option<String> = None;
+        let mut retry = Duration::ZERO;
+        let mut resumed = 0;
+        loop {
+            while let Some(event) = events.next().await {
+                let event = event.map_err(|err| UpstreamError::Io(format!("sse stream: {err}")))?;
+                if !event.id.is_empty() {
+                    last_event_id = Some(event.id.clone());
+                }
+                if let Some(wait) = event.retry {
+                    retry = wait.min(MAX_RESUME_WAIT);
+                }
+                if !(event.event.is_empty() || event.event == "message") || event.data.trim().is_empty() {
+                    continue;
+                }
+                let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
+                    debug!(process_id = %self.label, data = %preview(&event.data, 200), "invalid json in sse event, skipped");
+                    continue;
+                };
+                resumed = 0;
+                if let Some(answer) = self.handle_message(value, id, headers, relay, timeout).await {
+                    return answer;
+                }
             }
-            let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
-                debug!(process_id = %self.label, data = %preview(&event.data, 200), "invalid json in sse event, skipped");
-                continue;
+            // The server closed the stream before answering. With an event id it means to go on later: resume
+            // with GET and Last-Event-ID (2025-11-25 resumability), as a client talking to it directly would.
+            let (Some(event_id), true) = (last_event_id.clone(), resumed < MAX_RESUMES) else {
+                return Err(UpstreamError::Protocol("the server ended its reply stream before the response".into()));
             };
-            if let Some(answer) = self.handle_message(value, id, headers, relay, timeout).await {
-                return answer;
-            }
+            resumed += 1;
+            tokio::time::sleep(retry).await;
+            debug!(process_id = %self.label, last_event_id = %event_id, "resuming the reply stream");
+            events = self.resume(&event_id, headers).await?.bytes_stream().eventsource().boxed();
         }
-        Err(UpstreamError::Closed("sse stream ended before the response".into()))
+    }
+
+    /// GET the stream again from after `last_event_id`.
+    async fn resume(&self, last_event_id: &str, headers: &RequestHeaders) -> Result<reqwest::Response, UpstreamError> {
+        let mut request = self
+            .client
+            .get(self.url.clone())
+            .headers(self.headers.clone())
+            .header(ACCEPT, "text/event-stream")
+            .header("last-event-id", last_event_id);
+        if let Some(version) = &headers.protocol_version {
+            request = request.header(PROTOCOL_VERSION_HEADER, version);
+        }
+        if let Some(session) = self.session.lock().clone() {
+            request = request.header(SESSION_HEADER, session);
+        }
+        let response = request.send().await.map_err(|err| classify_reqwest(&err))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            return Err(UpstreamError::HttpStatus {
+                status: status.as_u16(),
+                body: preview(&text, ERROR_BODY_PREVIEW),
+            });
+        }
+        Ok(response)
     }
 
     /// One message (or batch) from the reply to request `id`: its response ends the request; notifications go
