@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -20,6 +21,7 @@ use warp::reply::Response;
 use warp::Reply;
 
 use crate::mcp::protocol::{self, codes, RequestId, RpcError};
+use crate::mcp::transport::relay::local_answer;
 use crate::mcp::transport::{Inbound, Relay};
 use crate::router::RouteError;
 
@@ -30,7 +32,65 @@ type Reply_ = oneshot::Sender<Result<Value, RpcError>>;
 pub struct Exchange {
     replies: Mutex<HashMap<String, Reply_>>,
     calls: Mutex<HashMap<String, AbortHandle>>,
+    /// 2026-07-28 calls waiting for the client's retry with answers, by the handle in their `requestState`.
+    parked: Mutex<HashMap<String, Parked>>,
     next: AtomicU64,
+}
+
+/// How the client of a relayed request takes the server's requests.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// A handshake-era session: server requests go out on the response stream and the client POSTs the
+    /// answers; a disconnected client does not cancel the call.
+    Handshake,
+    /// A 2026-07-28 request, which has no server requests: one the client declared the capability for ends the
+    /// response with an `input_required` result, and the call waits, parked, for the client's retry with the
+    /// answers (`resume`). Closing the response stream cancels the call.
+    Stateless {
+        /// The `clientCapabilities` of the request's envelope.
+        capabilities: Value,
+        /// Who may resume the call: the endpoint's owner.
+        owner: String,
+    },
+}
+
+/// A call parked until a 2026-07-28 client retries with the answers to the server's requests.
+#[derive(Debug)]
+struct Parked {
+    owner: String,
+    call: JoinHandle<Result<Value, RouteError>>,
+    rx: mpsc::Receiver<Inbound>,
+    /// The server's requests, by the key the client answers under.
+    waiting: Vec<(String, Asked)>,
+    since: Instant,
+}
+
+/// A server request waiting for the client's answer.
+#[derive(Debug)]
+struct Asked {
+    method: String,
+    params: Option<Value>,
+    reply: Reply_,
+}
+
+/// What to do with a message from upstream.
+enum Taken {
+    /// Send it to the client on the response stream.
+    Stream(Inbound),
+    /// Answered here (a client without the capability, or a ping).
+    Answered,
+    /// End the response with `input_required` and park the call.
+    Park(Asked),
+}
+
+/// `requestState` of a call the satellite parked (the rest is a random handle, bound to the caller).
+const STATE_PREFIX: &str = "io.deploystack.satellite/parked/";
+/// How long a parked call waits for the client's retry at most (the server's own wait usually ends first).
+const PARK_LIMIT: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// Whether a 2026-07-28 `requestState` is one the satellite issued (else it is the upstream's, passed through).
+pub fn is_parked_state(state: Option<&Value>) -> bool {
+    state.and_then(Value::as_str).is_some_and(|s| s.starts_with(STATE_PREFIX))
 }
 
 fn key(scope: &str, id: &str) -> String {
@@ -88,14 +148,13 @@ impl Exchange {
 
     /// Run one client request with a relay: `Answer::Done` when it completes before the server says anything
     /// (the caller answers with plain JSON, as without a relay), else an SSE stream of the server's messages
-    /// ending with the response `finish` makes of the outcome. It stops on `notifications/cancelled`. A
-    /// handshake-era call keeps running if the client disconnects (there, disconnection is not cancellation); a
-    /// 2026-07-28 request (`stateless`) stops, since closing its stream is how that revision cancels.
+    /// ending with the response `finish` makes of the outcome. It stops on `notifications/cancelled`; what the
+    /// server asks of the client and what a disconnection means depend on the `mode`.
     pub async fn respond<Fut, Fin>(
         self: &Arc<Self>,
         scope: String,
         id: RequestId,
-        stateless: bool,
+        mode: Mode,
         run: impl FnOnce(Relay) -> Fut,
         finish: Fin,
     ) -> Answer
@@ -103,16 +162,91 @@ impl Exchange {
         Fut: Future<Output = Result<Value, RouteError>> + Send + 'static,
         Fin: FnOnce(Result<Value, RouteError>) -> Value + Send + Sync + 'static,
     {
-        // A 2026-07-28 request has no way to answer the server's requests (that revision has none).
-        let (relay, mut rx) = Relay::channel(!stateless);
-        let mut call: JoinHandle<Result<Value, RouteError>> = tokio::spawn(run(relay));
+        let (relay, rx) = Relay::channel(true);
+        let call: JoinHandle<Result<Value, RouteError>> = tokio::spawn(run(relay));
+        self.drive(scope, id, mode, call, rx, finish).await
+    }
+
+    /// Go on with a parked call: the client's retry brings `responses` (its `inputResponses`) for the requests
+    /// named in `state`. Requests it left unanswered are asked again (a new `input_required`); then the call
+    /// runs on as if it had never stopped. A state that is unknown, expired or another caller's is -32602.
+    pub async fn resume<Fin>(
+        self: &Arc<Self>,
+        scope: String,
+        id: RequestId,
+        mode: Mode,
+        state: &str,
+        responses: Option<&Value>,
+        finish: Fin,
+    ) -> Answer
+    where
+        Fin: FnOnce(Result<Value, RouteError>) -> Value + Send + Sync + 'static,
+    {
+        let owner = match &mode {
+            Mode::Stateless { owner, .. } => owner.clone(),
+            Mode::Handshake => String::new(),
+        };
+        let handle = state.strip_prefix(STATE_PREFIX).unwrap_or_default();
+        let parked = {
+            let mut parked = self.parked.lock();
+            match parked.get(handle) {
+                Some(p) if p.owner == owner => parked.remove(handle),
+                _ => None,
+            }
+        };
+        let Some(parked) = parked else {
+            return Answer::Done(Err(RouteError::Rpc(RpcError::new(
+                codes::INVALID_PARAMS,
+                "requestState is not valid: unknown, expired or not yours; send the request again without it",
+            ))));
+        };
+        let Parked { call, rx, waiting, .. } = parked;
+        let mut unanswered = Vec::new();
+        for (key, asked) in waiting {
+            match responses.and_then(|r| r.get(&key)) {
+                Some(answer) => {
+                    let _ = asked.reply.send(Ok(answer.clone()));
+                }
+                None => unanswered.push(asked),
+            }
+        }
+        if !unanswered.is_empty() {
+            return Answer::Done(Ok(self.park(owner, call, rx, unanswered)));
+        }
+        self.drive(scope, id, mode, call, rx, finish).await
+    }
+
+    async fn drive<Fin>(
+        self: &Arc<Self>,
+        scope: String,
+        id: RequestId,
+        mode: Mode,
+        mut call: JoinHandle<Result<Value, RouteError>>,
+        mut rx: mpsc::Receiver<Inbound>,
+        finish: Fin,
+    ) -> Answer
+    where
+        Fin: FnOnce(Result<Value, RouteError>) -> Value + Send + Sync + 'static,
+    {
         self.track(&scope, &id, call.abort_handle());
+        let stateless = matches!(mode, Mode::Stateless { .. });
         // The client may go before the server says anything: this handler is then dropped.
         let waiting = AbortOnDrop(Some(call.abort_handle()).filter(|_| stateless));
-        let first = tokio::select! {
-            biased;
-            done = &mut call => return Answer::Done(outcome(done)),
-            first = rx.recv() => first,
+        let first = loop {
+            let next = tokio::select! {
+                biased;
+                done = &mut call => return Answer::Done(outcome(done)),
+                next = rx.recv() => next,
+            };
+            let Some(inbound) = next else { break None };
+            match self.take_up(&mode, inbound) {
+                Taken::Stream(inbound) => break Some(inbound),
+                Taken::Answered => continue,
+                Taken::Park(asked) => {
+                    waiting.disarm();
+                    return Answer::Done(Ok(self.park(owner_of(&mode), call, rx, vec![asked])));
+                }
+            }
         };
         waiting.disarm();
         let mut state = Streaming {
@@ -123,7 +257,7 @@ impl Exchange {
             exchange: self.clone(),
             scope,
             request: id,
-            cancel_on_drop: stateless,
+            mode,
         };
         if let Some(inbound) = first {
             let message = state.exchange.outbound(&state.scope, &state.request, inbound);
@@ -135,6 +269,76 @@ impl Exchange {
         });
         let stream = warp::sse::keep_alive().interval(KEEP_ALIVE).text("ping").stream(events);
         Answer::Streamed(warp::sse::reply(stream).into_response())
+    }
+
+    /// Decide what a message from upstream becomes for this client.
+    fn take_up(&self, mode: &Mode, inbound: Inbound) -> Taken {
+        let Mode::Stateless { capabilities, .. } = mode else { return Taken::Stream(inbound) };
+        match inbound {
+            Inbound::Request { method, params, reply } => {
+                let capability = match method.as_str() {
+                    "sampling/createMessage" => Some("sampling"),
+                    "elicitation/create" => Some("elicitation"),
+                    "roots/list" => Some("roots"),
+                    _ => None,
+                };
+                match capability {
+                    Some(name) if capabilities.get(name).is_some() => Taken::Park(Asked { method, params, reply }),
+                    // What the client would answer without the capability (a ping is answered here).
+                    _ => {
+                        let _ = reply.send(local_answer(&method));
+                        Taken::Answered
+                    }
+                }
+            }
+            notification => Taken::Stream(notification),
+        }
+    }
+
+    /// Park a call whose server waits on the client; the `input_required` result that asks the client.
+    fn park(
+        &self,
+        owner: String,
+        call: JoinHandle<Result<Value, RouteError>>,
+        rx: mpsc::Receiver<Inbound>,
+        asked: Vec<Asked>,
+    ) -> Value {
+        let mut requests = serde_json::Map::new();
+        let waiting: Vec<(String, Asked)> = asked
+            .into_iter()
+            .map(|asked| {
+                let key = format!("satellite-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
+                let mut request = json!({"method": asked.method});
+                if let Some(params) = &asked.params {
+                    request["params"] = params.clone();
+                }
+                requests.insert(key.clone(), request);
+                (key, asked)
+            })
+            .collect();
+        let handle = uuid::Uuid::new_v4().simple().to_string();
+        let mut parked = self.parked.lock();
+        // Calls that ended or waited too long are let go (and stopped), keeping the map bounded.
+        parked.retain(|_, p| {
+            let keep = !p.call.is_finished() && p.since.elapsed() < PARK_LIMIT;
+            if !keep {
+                p.call.abort();
+            }
+            keep
+        });
+        parked.insert(handle.clone(), Parked { owner, call, rx, waiting, since: Instant::now() });
+        json!({
+            "resultType": "input_required",
+            "inputRequests": requests,
+            "requestState": format!("{STATE_PREFIX}{handle}"),
+        })
+    }
+}
+
+fn owner_of(mode: &Mode) -> String {
+    match mode {
+        Mode::Stateless { owner, .. } => owner.clone(),
+        Mode::Handshake => String::new(),
     }
 }
 
@@ -158,13 +362,13 @@ struct Streaming<Fin> {
     scope: String,
     /// The client's id for the request this stream answers.
     request: RequestId,
-    /// Stop the call when the client drops the stream before its answer (2026-07-28 cancellation).
-    cancel_on_drop: bool,
+    mode: Mode,
 }
 
 impl<Fin> Drop for Streaming<Fin> {
+    /// A 2026-07-28 client that closes the stream before its answer cancels the call.
     fn drop(&mut self) {
-        if let (true, Some(call)) = (self.cancel_on_drop, self.call.as_ref()) {
+        if let (Mode::Stateless { .. }, Some(call)) = (&self.mode, self.call.as_ref()) {
             call.abort();
         }
     }
@@ -188,38 +392,57 @@ impl Drop for AbortOnDrop {
 }
 
 impl<Fin: FnOnce(Result<Value, RouteError>) -> Value> Streaming<Fin> {
-    /// The next message for the client: queued ones, then whatever the server sends, then the answer.
+    /// The next message for the client: queued ones, then whatever the server sends, then the answer (or, when
+    /// the server asks a 2026-07-28 client something, an `input_required` result, the call parked).
     async fn next(&mut self) -> Option<Value> {
         if let Some(message) = self.queue.pop_front() {
             return Some(message);
         }
-        let call = self.call.as_mut()?;
-        let done = match self.rx.as_mut() {
-            Some(rx) => tokio::select! {
-                biased;
-                next = rx.recv() => match next {
-                    Some(inbound) => return Some(self.exchange.outbound(&self.scope, &self.request, inbound)),
-                    None => {
-                        self.rx = None;
-                        call.await
-                    }
+        loop {
+            let call = self.call.as_mut()?;
+            let (inbound, done) = match self.rx.as_mut() {
+                Some(rx) => tokio::select! {
+                    biased;
+                    next = rx.recv() => match next {
+                        Some(inbound) => (Some(inbound), None),
+                        None => {
+                            self.rx = None;
+                            continue;
+                        }
+                    },
+                    done = &mut *call => (None, Some(done)),
                 },
-                done = &mut *call => done,
-            },
-            None => call.await,
-        };
-        self.call = None;
-        // Messages sent before the result still go first.
-        if let Some(rx) = self.rx.as_mut() {
-            while let Ok(inbound) = rx.try_recv() {
-                let message = self.exchange.outbound(&self.scope, &self.request, inbound);
-                self.queue.push_back(message);
+                None => (None, Some(call.await)),
+            };
+            if let Some(inbound) = inbound {
+                match self.exchange.take_up(&self.mode, inbound) {
+                    Taken::Stream(inbound) => {
+                        return Some(self.exchange.outbound(&self.scope, &self.request, inbound));
+                    }
+                    Taken::Answered => continue,
+                    Taken::Park(asked) => {
+                        let (call, rx) = (self.call.take()?, self.rx.take()?);
+                        let result = self.exchange.park(owner_of(&self.mode), call, rx, vec![asked]);
+                        return Some(protocol::response(self.request.clone(), result));
+                    }
+                }
             }
+            let done = done?;
+            self.call = None;
+            // Messages sent before the result still go first.
+            if let Some(rx) = self.rx.as_mut() {
+                while let Ok(inbound) = rx.try_recv() {
+                    if let Inbound::Notification { .. } = inbound {
+                        let message = self.exchange.outbound(&self.scope, &self.request, inbound);
+                        self.queue.push_back(message);
+                    }
+                }
+            }
+            self.rx = None;
+            let finish = self.finish.take()?;
+            self.queue.push_back(finish(outcome(done)));
+            return self.queue.pop_front();
         }
-        self.rx = None;
-        let finish = self.finish.take()?;
-        self.queue.push_back(finish(outcome(done)));
-        self.queue.pop_front()
     }
 }
 
@@ -255,6 +478,8 @@ fn message(id: Option<Value>, method: &str, params: Option<Value>) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[tokio::test]
@@ -273,5 +498,93 @@ mod tests {
         assert!(exchange.deliver("s1", &id, Ok(json!({"ok": true}))));
         assert_eq!(answer.await.unwrap().unwrap()["ok"], true);
         assert!(!exchange.deliver("s1", &id, Ok(json!({}))), "answered once");
+    }
+
+    fn stateless(capabilities: Value, owner: &str) -> Mode {
+        Mode::Stateless { capabilities, owner: owner.to_owned() }
+    }
+
+    fn done(answer: Answer) -> Result<Value, RouteError> {
+        match answer {
+            Answer::Done(outcome) => outcome,
+            Answer::Streamed(_) => panic!("expected a plain answer"),
+        }
+    }
+
+    /// A server that asks its client and returns the answer.
+    async fn asks(relay: Relay) -> Result<Value, RouteError> {
+        let answer = relay.ask("sampling/createMessage", Some(json!({"maxTokens": 5})), Duration::from_secs(5)).await;
+        Ok(json!({"answer": answer.map_err(|e| e.message).unwrap_or_else(|e| json!(e))}))
+    }
+
+    fn echo_finish(outcome: Result<Value, RouteError>) -> Value {
+        response_message(RequestId::Number(0), outcome)
+    }
+
+    #[tokio::test]
+    async fn a_2026_client_answers_through_input_required_and_only_its_owner_can_resume() {
+        let exchange = Arc::new(Exchange::default());
+        let caps = json!({"sampling": {}});
+        let first = done(
+            exchange
+                .respond("a".into(), RequestId::Number(1), stateless(caps.clone(), "alice"), asks, echo_finish)
+                .await,
+        )
+        .unwrap();
+        assert_eq!(first["resultType"], "input_required");
+        let (key, request) = first["inputRequests"].as_object().unwrap().iter().next().unwrap();
+        assert_eq!(request["method"], "sampling/createMessage");
+        assert_eq!(request["params"]["maxTokens"], 5);
+        let state = first["requestState"].as_str().unwrap().to_owned();
+        assert!(is_parked_state(Some(&json!(state))));
+
+        let mallory = exchange
+            .resume("b".into(), RequestId::Number(2), stateless(caps.clone(), "mallory"), &state, None, echo_finish)
+            .await;
+        let refused = done(mallory).unwrap_err();
+        assert!(matches!(refused, RouteError::Rpc(ref e) if e.code == codes::INVALID_PARAMS));
+
+        // A retry without the answer is asked again, under a new state.
+        let again = done(
+            exchange
+                .resume("c".into(), RequestId::Number(3), stateless(caps.clone(), "alice"), &state, None, echo_finish)
+                .await,
+        )
+        .unwrap();
+        assert_eq!(again["resultType"], "input_required");
+        let (key2, _) = again["inputRequests"].as_object().unwrap().iter().next().unwrap();
+        let state2 = again["requestState"].as_str().unwrap().to_owned();
+        assert_ne!(state, state2);
+        let _ = key;
+
+        let responses = json!({key2.clone(): {"role": "assistant", "content": {"type": "text", "text": "hi"}}});
+        let result = done(
+            exchange
+                .resume(
+                    "d".into(),
+                    RequestId::Number(4),
+                    stateless(caps, "alice"),
+                    &state2,
+                    Some(&responses),
+                    echo_finish,
+                )
+                .await,
+        )
+        .unwrap();
+        assert_eq!(result["answer"]["content"]["text"], "hi");
+        let reused = exchange
+            .resume("e".into(), RequestId::Number(5), stateless(json!({}), "alice"), &state2, None, echo_finish)
+            .await;
+        assert!(done(reused).is_err(), "a state is good for one retry");
+    }
+
+    #[tokio::test]
+    async fn a_2026_client_without_the_capability_is_not_asked() {
+        let exchange = Arc::new(Exchange::default());
+        let result = done(
+            exchange.respond("a".into(), RequestId::Number(1), stateless(json!({}), "alice"), asks, echo_finish).await,
+        )
+        .unwrap();
+        assert!(result["answer"].as_str().unwrap().contains("cannot take sampling/createMessage"), "{result}");
     }
 }

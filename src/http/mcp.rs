@@ -18,7 +18,7 @@ use warp::{Filter, Reply};
 use super::audit::finish;
 use super::dispatch::Target;
 use super::error::{rpc_status, McpError};
-use super::exchange::{response_message, Answer};
+use super::exchange::{is_parked_state, response_message, Answer, Mode};
 use super::identity::Identity;
 use super::oauth::ResourceUrls;
 use super::session::{self, Lookup, SessionTable, StreamError};
@@ -367,7 +367,7 @@ async fn relayed(
         .respond(
             session_id.to_owned(),
             id.clone(),
-            false,
+            Mode::Handshake,
             move |relay| async move {
                 let outcome = target.dispatch(&deps_owned, &method, params, Some(&relay)).await;
                 if let (Ok(_), Some((uri, subscribed, sessions, session))) = (&outcome, subscription) {
@@ -491,29 +491,44 @@ async fn stateless_relayed(
         return None;
     }
     let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
+    let capabilities = params
+        .as_ref()
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get(protocol::meta_keys::CLIENT_CAPABILITIES))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone() };
     let (target, deps_owned, reply_id, stamp_method) =
         (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
     let server_info = Identity::of(deps, &endpoint.target).await.server_info;
     let stamp_info = server_info.clone();
     let scope = format!("stateless:{}", uuid::Uuid::new_v4());
-    let answer = endpoint
-        .sessions
-        .exchange
-        .respond(
-            scope,
-            id.clone(),
-            true,
-            move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
-            move |outcome| {
-                let result = outcome.map(|mut result| {
-                    protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
-                    protocol::retag_subscription(&mut result, &reply_id);
-                    result
-                });
-                response_message(reply_id, result)
-            },
-        )
-        .await;
+    let finish = move |outcome: Result<Value, RouteError>| {
+        let result = outcome.map(|mut result| {
+            protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
+            protocol::retag_subscription(&mut result, &reply_id);
+            result
+        });
+        response_message(reply_id, result)
+    };
+    let exchange = &endpoint.sessions.exchange;
+    let state = params.as_ref().and_then(|p| p.get("requestState"));
+    let answer = if is_parked_state(state) {
+        // The retry of a call the satellite parked when its server asked the client something.
+        let state = state.and_then(Value::as_str).unwrap_or_default().to_owned();
+        let responses = params.as_ref().and_then(|p| p.get("inputResponses"));
+        exchange.resume(scope, id.clone(), mode, &state, responses, finish).await
+    } else {
+        exchange
+            .respond(
+                scope,
+                id.clone(),
+                mode,
+                move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
+                finish,
+            )
+            .await
+    };
     let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
     Some(match answer {
         Answer::Streamed(response) => Ok(response),

@@ -1,4 +1,6 @@
-"""Starts a real satellite (the binary cargo built) with a two-team config for the client tests."""
+"""Starts a real satellite (the binary cargo built) with a three-team config for the client tests: acme (alice
+and bob: the demo server and server-everything over stdio), globex (carol: the demo server) and initech (dave:
+server-everything over Streamable HTTP, a remote upstream)."""
 import hashlib
 import json
 import os
@@ -29,8 +31,9 @@ def free_port() -> int:
 
 class Satellite:
     def __init__(self):
-        self.tokens = {u: secrets.token_hex(24) for u in ("alice", "bob", "carol")}
-        self.instance_tokens = {u: "ds_inst_" + secrets.token_hex(32) for u in ("alice", "bob", "carol")}
+        self.tokens = {u: secrets.token_hex(24) for u in ("alice", "bob", "carol", "dave")}
+        self.instance_tokens = {u: "ds_inst_" + secrets.token_hex(32) for u in ("alice", "bob", "carol", "dave")}
+        self.everything_port = free_port()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.dir = tempfile.TemporaryDirectory()
@@ -52,6 +55,8 @@ allowed_commands = [{json.dumps(str(BIN))}, {json.dumps(str(EVERYTHING))}]
 id = "acme"
 [[teams]]
 id = "globex"
+[[teams]]
+id = "initech"
 
 [[users]]
 id = "alice"
@@ -65,6 +70,10 @@ token_sha256 = ["{sha(t['bob'])}"]
 id = "carol"
 teams = ["globex"]
 token_sha256 = ["{sha(t['carol'])}"]
+[[users]]
+id = "dave"
+teams = ["initech"]
+token_sha256 = ["{sha(t['dave'])}"]
 
 [[servers]]
 slug = "demo"
@@ -76,6 +85,19 @@ slug = "everything"
 transport = "stdio"
 command = {json.dumps(str(EVERYTHING))}
 args = ["stdio"]
+
+[[servers]]
+slug = "everything-http"
+transport = "http"
+url = "http://127.0.0.1:{self.everything_port}/mcp"
+
+[[installations]]
+id = "everything-initech"
+team = "initech"
+server = "everything-http"
+[installations.users.dave]
+instance_path = "dave-everything-http"
+instance_token_sha256 = "{sha(i['dave'])}"
 
 [[installations]]
 id = "demo-acme"
@@ -106,6 +128,14 @@ instance_token_sha256 = "{sha(i['carol'])}"
 """
 
     def start(self):
+        self.everything = subprocess.Popen(
+            [str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(self.everything_port)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 30
+        while socket.socket().connect_ex(("127.0.0.1", self.everything_port)) != 0:
+            assert time.time() < deadline and self.everything.poll() is None, "server-everything (HTTP) did not start"
+            time.sleep(0.1)
         path = Path(self.dir.name) / "satellite.toml"
         path.write_text(self.config())
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SATELLITE_", "DEPLOYSTACK_"))}
@@ -119,7 +149,7 @@ instance_token_sha256 = "{sha(i['carol'])}"
             assert self.proc.poll() is None, "satellite exited: " + self.log()
             try:
                 debug = json.load(urllib.request.urlopen(f"{self.base}/api/status/debug", timeout=2))
-                if debug["server_status"]["stats"]["online"] == 5:
+                if debug["server_status"]["stats"]["online"] == 6:
                     return
             except OSError:
                 pass
@@ -135,6 +165,8 @@ instance_token_sha256 = "{sha(i['carol'])}"
     def stop(self):
         self.proc.terminate()
         assert self.proc.wait(timeout=30) == 0, "satellite did not exit cleanly: " + self.log()
+        self.everything.terminate()
+        self.everything.wait(timeout=10)
         self.dir.cleanup()
 
 

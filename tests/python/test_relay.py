@@ -23,8 +23,12 @@ def text(result):
     return "\n".join(c.text for c in result.content if getattr(c, "text", None) is not None)
 
 
-async def execute(client, tool, arguments, **kwargs):
-    return await client.call_tool("execute_mcp_tool", {"tool_path": f"everything:{tool}", "arguments": arguments}, **kwargs)
+async def execute(client, tool, arguments, server="everything", **kwargs):
+    return await client.call_tool("execute_mcp_tool", {"tool_path": f"{server}:{tool}", "arguments": arguments}, **kwargs)
+
+
+# On /mcp: alice reaches server-everything over stdio, dave over Streamable HTTP.
+CALLERS = {"stdio": ("alice", "everything"), "http": ("dave", "everything-http")}
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -41,7 +45,12 @@ async def test_progress_reaches_the_client(satellite, mode):
     assert seen == [(1, 3), (2, 3), (3, 3)], seen
 
 
-async def test_sampling_request_is_answered_by_the_client(satellite):
+@pytest.mark.parametrize("upstream", ["stdio", "http"])
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_sampling_request_is_answered_by_the_client(satellite, mode, upstream):
+    """legacy: the server's request goes out on the call's stream. auto (2026-07-28, which has no server
+    requests): the call ends with input_required, the SDK asks the callback and retries with the answer, and
+    the satellite hands it to the waiting server."""
     asked = []
 
     async def sampling(ctx, params: types.CreateMessageRequestParams):
@@ -49,20 +58,26 @@ async def test_sampling_request_is_answered_by_the_client(satellite):
         return types.CreateMessageResult(role="assistant", model="client-model", stop_reason="endTurn",
                                          content=types.TextContent(type="text", text="Paris, from the client"))
 
-    async with client_for(satellite, "alice", "legacy", sampling_callback=sampling) as client:
-        result = await execute(client, "trigger-sampling-request", {"prompt": "capital of France?", "maxTokens": 20})
+    user, server = CALLERS[upstream]
+    async with client_for(satellite, user, mode, sampling_callback=sampling) as client:
+        assert (client.protocol_version == "2026-07-28") == (mode == "auto"), client.protocol_version
+        result = await execute(client, "trigger-sampling-request", {"prompt": "capital of France?", "maxTokens": 20},
+                               server=server)
         assert not result.is_error, text(result)
         assert "Paris, from the client" in text(result), text(result)
     assert asked and "capital of France?" in asked[0], asked
 
 
-async def test_elicitation_request_is_answered_by_the_client(satellite):
+@pytest.mark.parametrize("upstream", ["stdio", "http"])
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_elicitation_request_is_answered_by_the_client(satellite, mode, upstream):
     async def elicitation(ctx, params: types.ElicitRequestParams):
         assert "provide inputs" in params.message
         return types.ElicitResult(action="decline")
 
-    async with client_for(satellite, "alice", "legacy", elicitation_callback=elicitation) as client:
-        result = await execute(client, "trigger-elicitation-request", {})
+    user, server = CALLERS[upstream]
+    async with client_for(satellite, user, mode, elicitation_callback=elicitation) as client:
+        result = await execute(client, "trigger-elicitation-request", {}, server=server)
         assert "declined" in text(result), text(result)
 
 
@@ -107,12 +122,20 @@ async def test_sampling_over_legacy_sse(satellite):
         assert "over the old stream" in text(result), text(result)
 
 
-def everything_url(satellite):
+def everything_url(satellite, upstream="stdio"):
+    if upstream == "http":
+        return f"{satellite.base}/i/dave-everything-http/mcp?token={satellite.instance_tokens['dave']}"
     return f"{satellite.base}/i/alice-everything/mcp?token={satellite.instance_tokens['alice']}"
 
 
+# Each case of the instance router runs against server-everything over stdio (a child the satellite spawns) and
+# over Streamable HTTP (a remote server it proxies), with the client in each revision.
+BOTH_UPSTREAMS = pytest.mark.parametrize("upstream", ["stdio", "http"])
+
+
+@BOTH_UPSTREAMS
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_the_instance_router_is_the_server(satellite, mode):
+async def test_the_instance_router_is_the_server(satellite, mode, upstream):
     """Through the instance router a client sees the server itself: its name, instructions, capabilities,
     prompts and completions, and its progress notifications."""
     seen = []
@@ -120,7 +143,7 @@ async def test_the_instance_router_is_the_server(satellite, mode):
     async def progress(done, total, message):
         seen.append(done)
 
-    async with Client(everything_url(satellite), mode=mode) as client:
+    async with Client(everything_url(satellite, upstream), mode=mode) as client:
         assert client.server_info is not None and "everything" in client.server_info.name, client.server_info
         assert client.server_capabilities.prompts is not None
         prompts = [p.name for p in (await client.list_prompts()).prompts]
@@ -136,12 +159,14 @@ async def test_the_instance_router_is_the_server(satellite, mode):
     assert seen == [1, 2], seen
 
 
-async def test_the_instance_router_relays_sampling(satellite):
+@BOTH_UPSTREAMS
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_instance_router_relays_sampling(satellite, mode, upstream):
     async def sampling(ctx, params):
         return types.CreateMessageResult(role="assistant", model="m", stop_reason="endTurn",
                                          content=types.TextContent(type="text", text="direct answer"))
 
-    async with Client(everything_url(satellite), mode="legacy", sampling_callback=sampling) as client:
+    async with Client(everything_url(satellite, upstream), mode=mode, sampling_callback=sampling) as client:
         result = await client.call_tool("trigger-sampling-request", {"prompt": "hi"})
         assert "direct answer" in text(result), text(result)
 
@@ -211,7 +236,8 @@ async def test_an_unanswered_sampling_request_fails_its_call_only(satellite):
     assert stats["online"] == stats["total"], stats
 
 
-async def test_resource_updates_reach_the_session_that_subscribed(satellite):
+@BOTH_UPSTREAMS
+async def test_resource_updates_reach_the_session_that_subscribed(satellite, upstream):
     """A notification the server sends outside any request (a resource update) reaches, over its GET stream,
     the instance-router session that subscribed to that resource, and not another session of the same user."""
     updates = {"a": [], "b": []}
@@ -223,8 +249,8 @@ async def test_resource_updates_reach_the_session_that_subscribed(satellite):
                 updates[name].append(str(message.params.uri))
         return handler
 
-    async with Client(everything_url(satellite), mode="legacy", message_handler=recorder("a")) as a, \
-            Client(everything_url(satellite), mode="legacy", message_handler=recorder("b")) as b:
+    async with Client(everything_url(satellite, upstream), mode="legacy", message_handler=recorder("a")) as a, \
+            Client(everything_url(satellite, upstream), mode="legacy", message_handler=recorder("b")) as b:
         uri = str((await a.list_resources()).resources[0].uri)
         await a.subscribe_resource(uri)
         await b.list_resources()
