@@ -23,6 +23,9 @@ fi
 echo "==> installing npm MCP servers used by the tests (tests/node)"
 npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 
+echo "==> the MCP conformance suite's reference server (tests/conformance/upstream), a 2026-07-28 upstream for tests/python"
+npm ci --prefix tests/conformance/upstream --no-audit --no-fund --loglevel=error
+
 echo "==> reference token counts from gpt-tokenizer (tests/node/token_counts.json, read by tests/tokens.rs)"
 node tests/node/token_counts.mjs ../shared/data/toolsearch/corpus.jsonl tests/node/token_counts.json
 

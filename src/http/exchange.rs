@@ -41,8 +41,8 @@ pub struct Exchange {
 #[derive(Debug, Clone)]
 pub enum Mode {
     /// A handshake-era session: server requests go out on the response stream and the client POSTs the
-    /// answers; a disconnected client does not cancel the call.
-    Handshake,
+    /// answers; a disconnected client does not cancel the call. `capabilities`: what it declared at `initialize`.
+    Handshake { capabilities: Value },
     /// A 2026-07-28 request, which has no server requests: one the client declared the capability for ends the
     /// response with an `input_required` result, and the call waits, parked, for the client's retry with the
     /// answers (`resume`). Closing the response stream cancels the call.
@@ -162,7 +162,10 @@ impl Exchange {
         Fut: Future<Output = Result<Value, RouteError>> + Send + 'static,
         Fin: FnOnce(Result<Value, RouteError>) -> Value + Send + Sync + 'static,
     {
-        let (relay, rx) = Relay::channel(true);
+        let (relay, rx) = match &mode {
+            Mode::Handshake { capabilities } => Relay::for_client(capabilities.clone()),
+            Mode::Stateless { .. } => Relay::stateless_channel(),
+        };
         let call: JoinHandle<Result<Value, RouteError>> = tokio::spawn(run(relay));
         self.drive(scope, id, mode, call, rx, finish).await
     }
@@ -184,7 +187,7 @@ impl Exchange {
     {
         let owner = match &mode {
             Mode::Stateless { owner, .. } => owner.clone(),
-            Mode::Handshake => String::new(),
+            Mode::Handshake { .. } => String::new(),
         };
         let handle = state.strip_prefix(STATE_PREFIX).unwrap_or_default();
         let parked = {
@@ -338,7 +341,7 @@ impl Exchange {
 fn owner_of(mode: &Mode) -> String {
     match mode {
         Mode::Stateless { owner, .. } => owner.clone(),
-        Mode::Handshake => String::new(),
+        Mode::Handshake { .. } => String::new(),
     }
 }
 

@@ -267,7 +267,8 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
         }
         let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
         let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
-        let id = endpoint.sessions.create(&endpoint.owner, &version);
+        let capabilities = messages[0].pointer("/params/capabilities").cloned().unwrap_or_default();
+        let id = endpoint.sessions.create_with(&endpoint.owner, &version, capabilities);
         new_session = Some((id.clone(), result));
         id
     } else {
@@ -367,7 +368,7 @@ async fn relayed(
         .respond(
             session_id.to_owned(),
             id.clone(),
-            Mode::Handshake,
+            Mode::Handshake { capabilities: endpoint.sessions.capabilities(session_id) },
             move |relay| async move {
                 let outcome = target.dispatch(&deps_owned, &method, params, Some(&relay)).await;
                 if let (Ok(_), Some((uri, subscribed, sessions, session))) = (&outcome, subscription) {

@@ -33,6 +33,8 @@ struct Session {
     last_seen: Instant,
     /// Cancelled when the session ends; set while a GET stream is open.
     stream: Option<CancellationToken>,
+    /// The capabilities the client declared at `initialize`.
+    capabilities: serde_json::Value,
     /// Resource URIs the client subscribed to (`resources/subscribe` on an instance endpoint), whose update
     /// notifications its stream receives.
     subscriptions: HashSet<String>,
@@ -63,12 +65,22 @@ pub struct SessionTable {
 impl SessionTable {
     /// A new session for `owner`; returns its id (UUID v4).
     pub fn create(&self, owner: &str, version: &str) -> String {
+        self.create_with(owner, version, serde_json::Value::Null)
+    }
+
+    /// A new session for `owner` whose client declared `capabilities` at `initialize`.
+    pub fn create_with(&self, owner: &str, version: &str, capabilities: serde_json::Value) -> String {
         let id = uuid::Uuid::new_v4().to_string();
-        self.insert(id.clone(), owner, version);
+        self.insert(id.clone(), owner, version, capabilities);
         id
     }
 
-    fn insert(&self, id: String, owner: &str, version: &str) {
+    /// What the client of session `id` declared it can do (null when unknown).
+    pub fn capabilities(&self, id: &str) -> serde_json::Value {
+        self.sessions.lock().get(id).map(|s| s.capabilities.clone()).unwrap_or_default()
+    }
+
+    fn insert(&self, id: String, owner: &str, version: &str, capabilities: serde_json::Value) {
         let mut sessions = self.sessions.lock();
         if sessions.len() >= MAX_SESSIONS {
             if let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.last_seen).map(|(k, _)| k.clone()) {
@@ -86,6 +98,7 @@ impl SessionTable {
                 version: version.to_owned(),
                 last_seen: Instant::now(),
                 stream: None,
+                capabilities,
                 subscriptions: HashSet::new(),
             },
         );

@@ -85,7 +85,7 @@ impl HierarchicalRouter {
             meta::DISCOVER => self.discover(caller, &args).await,
             meta::EXECUTE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
-                self.execute(caller, &args, params.get("_meta"), relay).await
+                self.execute(caller, &args, params, relay).await
             }
             meta::LIST_RESOURCES => {
                 let resources = self.resource_entries(caller);
@@ -210,13 +210,15 @@ impl HierarchicalRouter {
         Ok(text_document(&Value::Object(document)))
     }
 
-    /// Run a tool on the caller's instance. The outer call's `_meta` (its progress token above all) goes with the
-    /// inner call, so progress the server reports reaches the client that asked.
+    /// Run a tool on the caller's instance. What the outer call carries for the server goes with the inner call:
+    /// its `_meta` (the progress token above all, so progress reaches the client that asked) and a 2026-07-28
+    /// retry's `inputResponses` and `requestState` (the server asked through `input_required`; the client answers
+    /// by calling `execute_mcp_tool` again with them).
     async fn execute(
         &self,
         caller: &Principal,
         args: &Value,
-        meta: Option<&Value>,
+        outer: &Value,
         relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
         let path = string_param(
@@ -248,8 +250,10 @@ impl HierarchicalRouter {
             }
         };
         let mut inner = json!({"name": tool_name, "arguments": arguments});
-        if let Some(meta @ Value::Object(_)) = meta {
-            inner["_meta"] = meta.clone();
+        for key in ["_meta", "inputResponses", "requestState"] {
+            if let Some(value) = outer.get(key).filter(|v| !v.is_null()) {
+                inner[key] = value.clone();
+            }
         }
         let result = forward(&self.manager, &instance, "tools/call", inner, self.call_timeout, relay).await?;
         Ok(normalise_call_result(result))

@@ -110,6 +110,58 @@ async fn forward(
     timeout: Duration,
     relay: Option<&Relay>,
 ) -> Result<Value, RouteError> {
+    let mut params = params;
+    // A 2026-07-28 server asks only for what the client declared: declare a handshake-era client's own
+    // capabilities on its behalf (a 2026-07-28 client's envelope already carries its own).
+    let stateless_server =
+        instance.client().is_some_and(|c| matches!(c.era(), crate::mcp::client::Era::Stateless { .. }));
+    let declared = relay.and_then(Relay::client_capabilities).filter(|_| stateless_server);
+    if let (Some(capabilities), Some(object)) = (declared, params.as_object_mut()) {
+        let meta = object.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.entry(crate::mcp::protocol::meta_keys::CLIENT_CAPABILITIES).or_insert_with(|| capabilities.clone());
+        }
+    }
+    let mut rounds = 0;
+    loop {
+        let result = forward_once(manager, instance, method, params.clone(), timeout, relay).await?;
+        // A 2026-07-28 server asks through `input_required`; a handshake-era client cannot read that, so the
+        // satellite asks it the server's questions (as requests on its stream) and retries with the answers.
+        let asks = result.get("resultType").and_then(Value::as_str) == Some("input_required");
+        let Some(relay) = relay.filter(|r| asks && r.takes_requests() && rounds < MAX_INPUT_ROUNDS) else {
+            return Ok(result);
+        };
+        rounds += 1;
+        let mut responses = serde_json::Map::new();
+        if let Some(requests) = result.get("inputRequests").and_then(Value::as_object) {
+            for (key, request) in requests {
+                let method = request.get("method").and_then(Value::as_str).unwrap_or_default();
+                let answer =
+                    relay.ask(method, request.get("params").cloned(), timeout).await.map_err(RouteError::Rpc)?;
+                responses.insert(key.clone(), answer);
+            }
+        }
+        if let Some(object) = params.as_object_mut() {
+            object.insert("inputResponses".into(), Value::Object(responses));
+            match result.get("requestState") {
+                Some(state) => object.insert("requestState".into(), state.clone()),
+                None => object.remove("requestState"),
+            };
+        }
+    }
+}
+
+/// Rounds of `input_required` the satellite answers for a handshake-era client before passing the result on.
+const MAX_INPUT_ROUNDS: usize = 10;
+
+async fn forward_once(
+    manager: &InstanceManager,
+    instance: &Arc<Instance>,
+    method: &str,
+    params: Value,
+    timeout: Duration,
+    relay: Option<&Relay>,
+) -> Result<Value, RouteError> {
     match manager.call_relayed(instance, method, Some(params), timeout, relay).await {
         Ok(result) => Ok(result),
         Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),

@@ -1,6 +1,7 @@
 """Starts a real satellite (the binary cargo built) with a three-team config for the client tests: acme (alice
 and bob: the demo server and server-everything over stdio), globex (carol: the demo server) and initech (dave:
-server-everything over Streamable HTTP, a remote upstream)."""
+server-everything over Streamable HTTP, a remote upstream) and umbrella (erin: the MCP conformance suite's
+reference server, a 2026-07-28 upstream that asks through input_required)."""
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("SATELLITE_BIN", ROOT / "target" / "debug" / "satellite"))
 EVERYTHING = ROOT / "tests" / "node" / "node_modules" / ".bin" / "mcp-server-everything"
+REFERENCE = ROOT / "tests" / "conformance" / "upstream"
 
 
 def sha(token: str) -> str:
@@ -29,11 +31,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+USERS = ("alice", "bob", "carol", "dave", "erin")
+
+
+def wait_port(port: int, proc: subprocess.Popen, what: str):
+    deadline = time.time() + 30
+    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+        assert time.time() < deadline and proc.poll() is None, f"{what} did not start"
+        time.sleep(0.1)
+
+
 class Satellite:
     def __init__(self):
-        self.tokens = {u: secrets.token_hex(24) for u in ("alice", "bob", "carol", "dave")}
-        self.instance_tokens = {u: "ds_inst_" + secrets.token_hex(32) for u in ("alice", "bob", "carol", "dave")}
+        self.tokens = {u: secrets.token_hex(24) for u in USERS}
+        self.instance_tokens = {u: "ds_inst_" + secrets.token_hex(32) for u in USERS}
         self.everything_port = free_port()
+        self.reference_port = free_port()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.dir = tempfile.TemporaryDirectory()
@@ -57,6 +70,8 @@ id = "acme"
 id = "globex"
 [[teams]]
 id = "initech"
+[[teams]]
+id = "umbrella"
 
 [[users]]
 id = "alice"
@@ -74,6 +89,10 @@ token_sha256 = ["{sha(t['carol'])}"]
 id = "dave"
 teams = ["initech"]
 token_sha256 = ["{sha(t['dave'])}"]
+[[users]]
+id = "erin"
+teams = ["umbrella"]
+token_sha256 = ["{sha(t['erin'])}"]
 
 [[servers]]
 slug = "demo"
@@ -90,6 +109,19 @@ args = ["stdio"]
 slug = "everything-http"
 transport = "http"
 url = "http://127.0.0.1:{self.everything_port}/mcp"
+
+[[servers]]
+slug = "reference"
+transport = "http"
+url = "http://127.0.0.1:{self.reference_port}/mcp"
+
+[[installations]]
+id = "reference-umbrella"
+team = "umbrella"
+server = "reference"
+[installations.users.erin]
+instance_path = "erin-reference"
+instance_token_sha256 = "{sha(i['erin'])}"
 
 [[installations]]
 id = "everything-initech"
@@ -132,10 +164,13 @@ instance_token_sha256 = "{sha(i['carol'])}"
             [str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(self.everything_port)},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        deadline = time.time() + 30
-        while socket.socket().connect_ex(("127.0.0.1", self.everything_port)) != 0:
-            assert time.time() < deadline and self.everything.poll() is None, "server-everything (HTTP) did not start"
-            time.sleep(0.1)
+        assert (REFERENCE / "node_modules").exists(), f"{REFERENCE}/node_modules missing: run scripts/test.sh (npm ci)"
+        self.reference = subprocess.Popen(
+            [str(REFERENCE / "node_modules" / ".bin" / "tsx"), "everything-server.ts"], cwd=REFERENCE,
+            env={**os.environ, "PORT": str(self.reference_port)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.everything_port, self.everything, "server-everything (HTTP)")
+        wait_port(self.reference_port, self.reference, "the conformance reference server")
         path = Path(self.dir.name) / "satellite.toml"
         path.write_text(self.config())
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SATELLITE_", "DEPLOYSTACK_"))}
@@ -149,7 +184,7 @@ instance_token_sha256 = "{sha(i['carol'])}"
             assert self.proc.poll() is None, "satellite exited: " + self.log()
             try:
                 debug = json.load(urllib.request.urlopen(f"{self.base}/api/status/debug", timeout=2))
-                if debug["server_status"]["stats"]["online"] == 6:
+                if debug["server_status"]["stats"]["online"] == 7:
                     return
             except OSError:
                 pass
@@ -165,8 +200,9 @@ instance_token_sha256 = "{sha(i['carol'])}"
     def stop(self):
         self.proc.terminate()
         assert self.proc.wait(timeout=30) == 0, "satellite did not exit cleanly: " + self.log()
-        self.everything.terminate()
-        self.everything.wait(timeout=10)
+        for upstream in (self.everything, self.reference):
+            upstream.terminate()
+            upstream.wait(timeout=10)
         self.dir.cleanup()
 
 

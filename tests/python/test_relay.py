@@ -264,3 +264,29 @@ async def test_resource_updates_reach_the_session_that_subscribed(satellite, ups
         assert "Started" in text(toggled), text(toggled)
         await a.unsubscribe_resource(uri)
     assert updates["b"] == [], "a session that did not subscribe hears nothing of it"
+
+
+@pytest.mark.parametrize("router", ["instance", "mcp"])
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_2026_server_asking_through_input_required(satellite, mode, router):
+    """The conformance reference server (2026-07-28) asks for the user's name with an input_required result. A
+    2026-07-28 client gets that result and retries itself; for a handshake-era client, which cannot read it, the
+    satellite asks the question as an elicitation request on the call's stream and retries with the answer."""
+    asked = []
+
+    async def elicitation(ctx, params: types.ElicitRequestParams):
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    if router == "instance":
+        url = f"{satellite.base}/i/erin-reference/mcp?token={satellite.instance_tokens['erin']}"
+        client = Client(url, mode=mode, elicitation_callback=elicitation)
+    else:
+        client = client_for(satellite, "erin", mode, elicitation_callback=elicitation)
+    async with client:
+        if router == "instance":
+            result = await client.call_tool("test_input_required_result_elicitation", {})
+        else:
+            result = await execute(client, "test_input_required_result_elicitation", {}, server="reference")
+    assert "Hello, Ada!" in text(result), text(result)
+    assert asked == ["What is your name?"], asked

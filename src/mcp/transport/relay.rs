@@ -24,8 +24,13 @@ pub enum Inbound {
 #[derive(Debug, Clone)]
 pub struct Relay {
     tx: mpsc::Sender<Inbound>,
-    /// Whether the client can answer requests (a handshake-era session can; a stateless request cannot).
+    /// Whether requests reach the client end at all.
     answers: bool,
+    /// Whether the client takes the server's requests as requests (a handshake-era session). A 2026-07-28
+    /// client instead gets `input_required` results, which it answers by retrying.
+    handshake: bool,
+    /// What a handshake-era client declared at `initialize`, declared on its behalf to a 2026-07-28 server.
+    capabilities: Option<Value>,
 }
 
 impl Relay {
@@ -33,7 +38,32 @@ impl Relay {
     /// the client at all.
     pub fn channel(answers: bool) -> (Relay, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(CAPACITY);
-        (Relay { tx, answers }, rx)
+        (Relay { tx, answers, handshake: answers, capabilities: None }, rx)
+    }
+
+    /// A relay for a handshake-era client that declared `capabilities` at `initialize`.
+    pub fn for_client(capabilities: Value) -> (Relay, mpsc::Receiver<Inbound>) {
+        let (tx, rx) = mpsc::channel(CAPACITY);
+        let capabilities = Some(capabilities).filter(Value::is_object);
+        (Relay { tx, answers: true, handshake: true, capabilities }, rx)
+    }
+
+    /// The capabilities of a handshake-era client, when known.
+    pub fn client_capabilities(&self) -> Option<&Value> {
+        self.capabilities.as_ref()
+    }
+
+    /// A relay for a 2026-07-28 request: requests reach the receiving end, which turns them into
+    /// `input_required` results.
+    pub fn stateless_channel() -> (Relay, mpsc::Receiver<Inbound>) {
+        let (tx, rx) = mpsc::channel(CAPACITY);
+        (Relay { tx, answers: true, handshake: false, capabilities: None }, rx)
+    }
+
+    /// Whether the client takes server requests as requests (handshake era), so the satellite answers an
+    /// upstream's `input_required` result by asking it and retrying on its behalf.
+    pub fn takes_requests(&self) -> bool {
+        self.handshake
     }
 
     /// Pass a notification on; dropped when the client is gone or not keeping up (notifications are advisory).
