@@ -542,3 +542,44 @@ async fn results_have_the_shape_of_the_clients_revision() {
     assert_eq!(reply["result"]["content"][0]["text"], "y", "{reply}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// On legacy SSE the session id is not a credential: every `/message` authenticates, as the stream's owner. Before,
+/// a POST with the session id and no Authorization header ran tools as the stream's owner.
+#[tokio::test]
+async fn legacy_messages_authenticate_as_the_streams_owner() {
+    use futures::StreamExt;
+    let sat = started().await;
+    let http = reqwest::Client::new();
+    let stream = http.get(format!("{}/sse", sat.base_url())).bearer_auth(ALICE).send().await.unwrap();
+    assert!(stream.status().is_success());
+    let mut body = stream.bytes_stream();
+    let mut text = String::new();
+    let endpoint = tokio::time::timeout(DEADLINE, async {
+        loop {
+            text.push_str(&String::from_utf8_lossy(&body.next().await.expect("stream open").unwrap()));
+            if let Some(line) = text.lines().find(|l| l.starts_with("data:") && l.contains("/message?session=")) {
+                return line.trim_start_matches("data:").trim().to_owned();
+            }
+        }
+    })
+    .await
+    .expect("the endpoint event");
+    let url = format!("{}{endpoint}", sat.base_url());
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"});
+    let post = |token: Option<&str>| {
+        let request = http.post(&url).json(&ping);
+        match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+        .send()
+    };
+    let anonymous = post(None).await.unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED, "the session id alone is refused");
+    assert!(anonymous.headers().contains_key("www-authenticate"));
+    assert_eq!(post(Some(BOB)).await.unwrap().status(), StatusCode::FORBIDDEN, "another user's token is refused");
+    assert_eq!(post(Some("not-a-token-0123456789")).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(post(Some(ALICE)).await.unwrap().status(), StatusCode::OK, "the owner's own token works");
+    drop(body);
+    assert!(sat.satellite.shutdown().await);
+}

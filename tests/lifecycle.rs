@@ -430,3 +430,35 @@ async fn standalone_keeps_server_and_request_logs_as_events() {
     );
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The binary is missing for a few seconds (a package upgrade) just as the server crashes: the failed spawn is
+/// a crash under the restart policy, so the next attempt finds the binary back and the instance is online
+/// again. Before, one failed spawn left the instance in `error` for good.
+#[tokio::test]
+async fn a_binary_missing_for_a_moment_is_retried_under_the_restart_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("mcp-demo");
+    std::fs::copy(satellite_exe(), &copy).unwrap();
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let config = config("")
+        .replace(&exe, &toml_str(&copy.to_string_lossy()))
+        .replace("restart_backoff_ms = [10, 10, 10]", "restart_backoff_ms = [10, 2000, 2000]");
+    let sat = TestSatellite::start(&config).await;
+    sat.wait_ready().await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+
+    let away = dir.path().join("mcp-demo.upgrading");
+    std::fs::rename(&copy, &away).unwrap();
+    let _ = call(&sat, ALICE, "exit_process", json!({"code": 3})).await;
+    let waiting = wait_until(DEADLINE, "the failed spawn waiting for a restart", || async {
+        let status = instance(&sat, ALICE).status();
+        let message = status.message.clone().unwrap_or_default();
+        (status.status == InstanceStatus::Offline && message.contains("Failed to spawn")).then_some(message)
+    })
+    .await;
+    assert!(waiting.contains("restart 2 of 3"), "{waiting}");
+    std::fs::rename(&away, &copy).unwrap();
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": "back"})).await.expect("call")), "back");
+    assert!(sat.satellite.shutdown().await);
+}

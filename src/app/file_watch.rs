@@ -1,12 +1,14 @@
-//! The standalone file as a configuration source: re-read when its content changes, applied as a difference;
-//! a file that does not parse or validate is refused and the last good one stays in force.
+//! The standalone file as a configuration source: re-read when its content changes, applied as a difference
+//! once the new content has held still for one watch interval (an editor saving in place, `cat >` or a config
+//! tool writing it shows half-written content for a moment); a file that is empty, does not parse or does not
+//! validate is refused and the last good one stays in force.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::auth::Authenticator;
 use crate::config::{self, ConfigError};
@@ -20,6 +22,8 @@ use crate::instances::InstanceManager;
 pub(super) struct FileWatch {
     pub(super) path: PathBuf,
     pub(super) last: Arc<parking_lot::Mutex<Option<[u8; 32]>>>,
+    /// A changed content seen once, applied if the next look finds it unchanged.
+    pub(super) pending: Arc<parking_lot::Mutex<Option<[u8; 32]>>>,
     pub(super) manager: InstanceManager,
     pub(super) auth: Authenticator,
     pub(super) refusals: Arc<AtomicU64>,
@@ -28,11 +32,35 @@ pub(super) struct FileWatch {
 
 impl FileWatch {
     pub(super) async fn check(self) -> Result<(), ConfigError> {
-        let current = fingerprint(&self.path);
-        if std::mem::replace(&mut *self.last.lock(), current) == current {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(bytes) => bytes,
+            Err(err) => {
+                // Out of descriptors, or the file replaced right now: not a change, look again next time.
+                warn!(path = %self.path.display(), error = %err, "config file unreadable, keeping the current config; check its permissions and the open-file limit");
+                return Ok(());
+            }
+        };
+        let current: [u8; 32] = Sha256::digest(&bytes).into();
+        if *self.last.lock() == Some(current) {
+            *self.pending.lock() = None;
             return Ok(());
         }
-        let parsed = config::read_file(&self.path).and_then(|raw| standalone::from_file(&raw));
+        if std::mem::replace(&mut *self.pending.lock(), Some(current)) != Some(current) {
+            // Changed since the last look: wait until it holds still for one interval.
+            return Ok(());
+        }
+        *self.pending.lock() = None;
+        *self.last.lock() = Some(current);
+        let current = Some(current);
+        let parsed = match String::from_utf8(bytes) {
+            Err(_) => Err(ConfigError::new("config file", None, "is not UTF-8 text")),
+            Ok(text) if text.trim().is_empty() => Err(ConfigError::new(
+                "config file",
+                None,
+                "is empty (a file being written, or truncated); write the whole configuration",
+            )),
+            Ok(text) => config::parse_file(&text).and_then(|raw| standalone::from_file(&raw)),
+        };
         match parsed {
             Ok(next) => {
                 self.auth.replace(next.directory.clone());

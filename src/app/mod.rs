@@ -299,6 +299,7 @@ impl Satellite {
         if let Some((path, interval)) = watched {
             let watcher = FileWatch {
                 last: Arc::new(parking_lot::Mutex::new(fingerprint(&path))),
+                pending: Arc::new(parking_lot::Mutex::new(None)),
                 path,
                 manager: manager.clone(),
                 auth,

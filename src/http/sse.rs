@@ -203,13 +203,21 @@ async fn message(
     if !well_formed {
         return Err(McpError::MissingSseSession);
     }
+    // Every message authenticates, as every `/mcp` request does: the session id alone is not a credential, and a
+    // token revoked since the stream opened stops working at once. It must be the identity that opened the stream.
+    let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
+    let caller = deps.auth.authenticate_request(authorization).await.map_err(McpError::Auth)?;
     let (principal, events) = {
         let mut table = sessions.sessions.lock();
         let session = table.get_mut(id).ok_or(McpError::SseSessionNotFound)?;
+        if caller.user != session.principal.user || caller.team != session.principal.team {
+            return Err(McpError::SseSessionOfAnother);
+        }
         session.last_seen = Instant::now();
         session.tool_calls += u64::from(crate::activity::is_tool_call(body));
-        (session.principal.clone(), session.events.clone())
+        (caller.clone(), session.events.clone())
     };
+    caller.require(SCOPE_READ).map_err(McpError::Auth)?;
     // Legacy SSE callers count as client activity too (SB §17): by OAuth client when the stream's token had one.
     let client_id = principal.client_id.clone().unwrap_or_else(|| "legacy-sse".to_owned());
     let auth_type = if principal.client_id.is_some() { "oauth" } else { "sse" };
@@ -226,13 +234,6 @@ async fn message(
         real_ip: header_text("x-real-ip"),
         tool_call: crate::activity::is_tool_call(body),
     });
-    // A bearer sent along must be the same identity that opened the stream.
-    if let Some(authorization) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
-        let caller = deps.auth.authenticate_request(Some(authorization)).await.map_err(McpError::Auth)?;
-        if caller.user != principal.user || caller.team != principal.team {
-            return Err(McpError::SseSessionOfAnother);
-        }
-    }
     let value: Value = serde_json::from_slice(body).map_err(|err| McpError::Parse(err.to_string()))?;
     let reply = match Message::from_value(value) {
         Err(err) => {

@@ -99,12 +99,15 @@ pub fn blame(err: &UpstreamError) -> Blame {
     }
 }
 
-/// A stdio child that died before its handshake finished is a crash, with its exit code and signal when the
-/// transport saw them; any other connect failure is not.
+/// A stdio child that could not be spawned or died before its handshake finished is a crash, with its exit code
+/// and signal when the transport saw them; any other connect failure is not.
 pub fn handshake_crash(err: &UpstreamError) -> Option<(Option<i32>, Option<i32>)> {
     match err {
         UpstreamError::Exited { exit: ExitInfo::Exited { code, signal }, .. } => Some((*code, *signal)),
         UpstreamError::Exited { exit: ExitInfo::Stopped, .. } | UpstreamError::Closed(_) => Some((None, None)),
+        // A spawn that failed (the binary missing for a moment during an upgrade, no descriptors left) is a
+        // crash too: retried under the restart policy, never a terminal error on its own.
+        UpstreamError::Spawn { .. } => Some((None, None)),
         _ => None,
     }
 }
@@ -218,6 +221,13 @@ mod tests {
         assert_eq!(handshake_crash(&UpstreamError::Closed("stdout closed".into())), Some((None, None)));
         assert_eq!(handshake_crash(&UpstreamError::Protocol("child process has died (exit code 2)".into())), None);
         assert_eq!(handshake_crash(&UpstreamError::Refused("exit code 2".into())), None);
+        let missing = UpstreamError::Spawn {
+            program: "/opt/mcp/server".into(),
+            kind: std::io::ErrorKind::NotFound,
+            message: "No such file or directory".into(),
+            detail: None,
+        };
+        assert_eq!(handshake_crash(&missing), Some((None, None)), "a failed spawn is retried like a crash");
     }
 
     /// Credential refusals are recognised by variant; for a server's own JSON-RPC error the reference's word

@@ -11,6 +11,7 @@ use crate::instances::instance::Instance;
 use crate::instances::policy::{self};
 use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
+use crate::mcp::transport::UpstreamError;
 use crate::model::{InstanceStatus, Upstream};
 
 use super::connect::process_pid;
@@ -130,7 +131,11 @@ impl Inner {
             Ok(connected) => connected,
             Err(err) => {
                 if let (true, Some((exit_code, signal))) = (stdio, policy::handshake_crash(&err)) {
-                    warn!(process_id = %spec.process_id, error = %err, "mcp server process died during the handshake");
+                    let detail = match &err {
+                        UpstreamError::Spawn { .. } => status_for(&spec.upstream, &Failure::Connect(&err)).1,
+                        _ => err.to_string(),
+                    };
+                    warn!(process_id = %spec.process_id, error = %err, "mcp server process failed to start or died during the handshake; retrying under the restart policy");
                     let report = CrashReport {
                         pid: None,
                         exit_code,
@@ -139,7 +144,7 @@ impl Inner {
                         crash_count: 0,
                         will_restart: false,
                     };
-                    return Started::Crashed { report, detail: err.to_string(), generation };
+                    return Started::Crashed { report, detail, generation };
                 }
                 let (status, message) =
                     self.oauth_aware(spec, &err, status_for(&spec.upstream, &Failure::Connect(&err)));
