@@ -583,3 +583,37 @@ async fn legacy_messages_authenticate_as_the_streams_owner() {
     drop(body);
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Strangers holding connections cannot take the satellite: half-sent requests are closed after the header
+/// timeout, connections past `max_connections` wait in the backlog (no descriptor spent), and a good request
+/// is served once room frees up. Before, 200 half-sent requests were held open forever.
+#[tokio::test]
+async fn half_sent_requests_are_closed_and_connections_are_capped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = config().replacen("[[teams]]", "[satellite]\nmax_connections = 16\n\n[[teams]]", 1);
+    let sat = started_with(&config).await;
+    let addr = sat.satellite.local_addr();
+    let mut held = Vec::new();
+    for _ in 0..24 {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty").await.expect("half a head");
+        held.push(stream);
+    }
+    // The satellite ends every half-sent request (those it accepted at once, then those that waited).
+    for (n, stream) in held.iter_mut().enumerate() {
+        let mut buf = [0u8; 512];
+        let closed = tokio::time::timeout(DEADLINE, async {
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "half-sent connection {n} was never closed");
+    }
+    let (status, body) = Caller::connect(&sat, "/mcp", Some(ALICE)).await.call("tools/list", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(sat.satellite.shutdown().await);
+}

@@ -252,6 +252,8 @@ impl Satellite {
             http::stack::HttpLimits {
                 max_concurrent_requests: config.max_concurrent_requests,
                 request_timeout: config.http_timeout,
+                max_connections: config.max_connections,
+                header_read_timeout: http::stack::HEADER_READ_TIMEOUT,
             },
             http::guard::HostGuard::new(config.allowed_hosts.clone(), config.allowed_origins.clone()),
             async move { stop_http.cancelled().await },

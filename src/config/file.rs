@@ -42,6 +42,7 @@ pub struct RawSatellite {
     pub call_timeout_seconds: Option<u64>,
     pub reconcile_concurrency: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
+    pub max_connections: Option<usize>,
     pub http_timeout_seconds: Option<u64>,
     pub config_watch_interval_ms: Option<u64>,
     /// Public base URL clients use (no `/mcp`); default `http://localhost:{port}`.

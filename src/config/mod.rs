@@ -165,6 +165,8 @@ pub struct Config {
     pub upstream: UpstreamSettings,
     /// HTTP requests handled at once; more are refused with 503.
     pub max_concurrent_requests: usize,
+    /// Open client connections at most; past it the satellite stops accepting until one closes.
+    pub max_connections: usize,
     /// Deadline of one HTTP request until its response starts.
     pub http_timeout: Duration,
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
@@ -359,9 +361,20 @@ impl Config {
             })?,
             None => s.max_concurrent_requests.filter(|n| *n > 0).unwrap_or(1024),
         };
+        let max_connections = match env::get(env, env::MAX_CONNECTIONS) {
+            Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                ConfigError::new(
+                    "satellite.max_connections",
+                    Some(env::MAX_CONNECTIONS),
+                    format!("{v:?} is not a positive number"),
+                )
+            })?,
+            None => s.max_connections.filter(|n| *n > 0).unwrap_or_else(default_max_connections),
+        };
         let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
         Ok(Config {
             max_concurrent_requests,
+            max_connections,
             http_timeout,
             public_url,
             allowed_hosts,
@@ -414,6 +427,7 @@ impl Config {
             "max_processes_per_user": self.upstream.lifecycle.max_processes_per_user,
             "max_processes": self.upstream.lifecycle.max_processes,
             "max_concurrent_requests": self.max_concurrent_requests,
+            "max_connections": self.max_connections,
             "http_timeout_seconds": self.http_timeout.as_secs(),
             "mode": mode,
             "sandbox": {
@@ -430,6 +444,16 @@ impl Config {
 }
 
 /// Read and parse a standalone file; a TOML error becomes one line with its position.
+/// Half the process's open-file limit (the other half stays for server processes, the database and the config
+/// file), so strangers holding connections can never take the descriptors the satellite itself needs.
+fn default_max_connections() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|(soft, _)| soft);
+    match soft {
+        Ok(soft) if soft != nix::sys::resource::RLIM_INFINITY => (soft / 2).clamp(64, 100_000) as usize,
+        _ => 10_000,
+    }
+}
+
 pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|err| {
         ConfigError::new("config file", Some(env::CONFIG), format!("cannot read {}: {err}", path.display()))

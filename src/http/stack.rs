@@ -3,22 +3,27 @@
 //! Each request gets an `x-request-id` (kept when the client sent one) and a
 //! tracing span carrying it; a deadline; and a place under a global
 //! concurrency limit, refused at once with 503 when the satellite is full
-//! (load shedding) rather than queued without bound. Shutdown stops accepting,
-//! then lets open connections finish their in-flight requests.
+//! (load shedding) rather than queued without bound. Connections are capped
+//! (past the cap new ones wait in the listen backlog), request heads must
+//! arrive within a timeout, and idle keep-alive connections are closed.
+//! Shutdown stops accepting, then lets open connections finish their in-flight
+//! requests.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
-use tracing::{debug, info_span};
+use tracing::{debug, info_span, warn};
 use warp::http::Request;
 use warp::reply::Response;
 use warp::Filter;
@@ -36,7 +41,16 @@ pub struct HttpLimits {
     pub max_concurrent_requests: usize,
     /// Until the response starts (an SSE stream, once started, is not cut).
     pub request_timeout: Duration,
+    /// Open connections at most: past it, new ones wait in the kernel's backlog (no descriptor spent).
+    pub max_connections: usize,
+    /// A request's head must arrive within this; it is also how long an idle keep-alive connection stays.
+    pub header_read_timeout: Duration,
 }
+
+/// Default for `HttpLimits::header_read_timeout`: a slow client still sends a request head in well under this.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// At most one warning per this long while connections are refused for lack of room or descriptors.
+const CAP_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 fn overload_response(err: &BoxError) -> Response {
     let refusal = if err.is::<tower::load_shed::error::Overloaded>() {
@@ -86,13 +100,42 @@ pub async fn serve<F>(
 
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut last_warning: Option<Instant> = None;
+    let mut warn_once = |message: &str, detail: String| {
+        if last_warning.is_none_or(|at| at.elapsed() >= CAP_WARNING_INTERVAL) {
+            last_warning = Some(Instant::now());
+            warn!(detail = %detail, "{message}");
+        }
+    };
     loop {
+        // A connection slot first: when all are taken, new clients wait in the listen backlog instead of
+        // costing a descriptor each.
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                warn_once(
+                    "connection limit reached, new connections wait until one closes; raise SATELLITE_MAX_CONNECTIONS (and the open-file limit, LimitNOFILE) if this is legitimate load",
+                    format!("max_connections={}", limits.max_connections),
+                );
+                tokio::select! {
+                    _ = &mut shutdown => break,
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break,
+                    },
+                }
+            }
+        };
         let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(err) => {
-                    debug!(error = %err, "accept failed");
+                    warn_once(
+                        "accepting connections fails; check the open-file limit (LimitNOFILE) and SATELLITE_MAX_CONNECTIONS",
+                        err.to_string(),
+                    );
                     // Out of descriptors and similar: give the system a moment instead of spinning.
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
@@ -105,10 +148,19 @@ pub async fn serve<F>(
             request
         });
         let connection_service = TowerToHyperService::new(with_peer);
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        // Half-sent requests and idle keep-alive connections are closed after the header timeout; an HTTP/2
+        // connection whose peer stops answering pings is closed too.
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(limits.header_read_timeout);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service).into_owned();
         let watched = graceful.watch(connection);
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(err) = watched.await {
                 debug!(error = %err, "connection ended with an error");
             }
