@@ -617,3 +617,37 @@ async fn half_sent_requests_are_closed_and_connections_are_capped() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A GET stream on `/mcp` stays open for the session (it carries pings, and nothing else there), and ends when
+/// the session does.
+#[tokio::test]
+async fn the_get_stream_stays_open_until_the_session_ends() {
+    use futures::StreamExt;
+    let sat = started().await;
+    let caller = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let session = caller.session.clone().expect("session");
+    let http = reqwest::Client::new();
+    let stream = http
+        .get(format!("{}/mcp", sat.base_url()))
+        .bearer_auth(ALICE)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut body = stream.bytes_stream();
+    let early = tokio::time::timeout(Duration::from_secs(2), body.next()).await;
+    assert!(early.is_err(), "the stream is still open, nothing sent: {early:?}");
+    let deleted = http
+        .delete(format!("{}/mcp", sat.base_url()))
+        .bearer_auth(ALICE)
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::OK);
+    let ended = tokio::time::timeout(DEADLINE, async { while let Some(Ok(_)) = body.next().await {} }).await;
+    assert!(ended.is_ok(), "the stream ends with its session");
+    assert!(sat.satellite.shutdown().await);
+}

@@ -302,6 +302,27 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
         (d["servers_by_team"]["demo-team"]["running"][0]["in_flight_calls"] == 3).then_some(())
     })
     .await;
+    // Open streams (a GET stream on /mcp, a legacy SSE stream) must not hold the drain: before, either made
+    // SIGTERM take the whole 10 s drain and exit 1.
+    let http = reqwest::Client::new();
+    let session = caller.session.clone().expect("session");
+    let get_stream = http
+        .get(format!("{base}/mcp"))
+        .bearer_auth(token)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", session)
+        .send()
+        .await
+        .unwrap();
+    assert!(get_stream.status().is_success());
+    let sse_stream = http.get(format!("{base}/sse")).bearer_auth(token).send().await.unwrap();
+    assert!(sse_stream.status().is_success());
+    let streams = [get_stream, sse_stream].map(|stream| {
+        tokio::spawn(async move {
+            let mut body = stream.bytes_stream();
+            while let Some(Ok(_)) = futures::StreamExt::next(&mut body).await {}
+        })
+    });
     // The debug route shows the jobs and their counters.
     let jobs = debug().await.expect("debug")["jobs"].clone();
     assert!(jobs["idle-process-cleanup"]["execution_count"].as_u64() >= Some(1), "{jobs}");
@@ -312,6 +333,9 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
     for call in calls {
         let reply = call.await.unwrap();
         assert!(reply["result"]["content"][0]["text"].as_str().is_some_and(|t| t.contains("slept")), "{reply}");
+    }
+    for stream in streams {
+        tokio::time::timeout(Duration::from_secs(5), stream).await.expect("open streams end with the drain").unwrap();
     }
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
     assert_eq!(status.code(), Some(0), "a clean shutdown exits 0");

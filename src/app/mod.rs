@@ -211,6 +211,15 @@ impl Satellite {
         let sessions = Arc::new(SessionTable::default());
         let instance_sessions = Arc::new(SessionTable::default());
         let sse_sessions = Arc::new(SseSessions::default());
+        // Streams meant to stay open (GET streams, legacy SSE, subscriptions) end as soon as the drain begins,
+        // so they never hold it: only requests in flight get the drain's time.
+        let (closing, tables, legacy) =
+            (stop_http.clone(), [sessions.clone(), instance_sessions.clone()], sse_sessions.clone());
+        tasks.spawn(async move {
+            closing.cancelled().await;
+            tables.iter().for_each(|table| table.close_streams());
+            legacy.close_streams();
+        });
         let activity = Arc::new(crate::activity::ActivityTracker::default());
         let (activity_events, tracked) = (emitter.clone(), activity.clone());
         jobs.every("client-activity", config.activity_interval, FirstRun::Immediately, move || {

@@ -35,6 +35,8 @@ pub struct Exchange {
     /// 2026-07-28 calls waiting for the client's retry with answers, by the handle in their `requestState`.
     parked: Mutex<HashMap<String, Parked>>,
     next: AtomicU64,
+    /// Cancelled at shutdown: long-lived streams (`subscriptions/listen`) end with a final response.
+    closing: tokio_util::sync::CancellationToken,
 }
 
 /// How the client of a relayed request takes the server's requests.
@@ -51,6 +53,8 @@ pub enum Mode {
         capabilities: Value,
         /// Who may resume the call: the endpoint's owner.
         owner: String,
+        /// A stream meant to stay open (`subscriptions/listen`): ended, gracefully, at shutdown.
+        long_lived: bool,
     },
 }
 
@@ -117,6 +121,11 @@ impl Exchange {
                 message(Some(json!(id)), &method, params)
             }
         }
+    }
+
+    /// Shutdown: long-lived streams end now, with their final response.
+    pub fn close_long_lived(&self) {
+        self.closing.cancel();
     }
 
     /// Deliver a client's answer to the server request it names; false when nothing waits for it.
@@ -402,10 +411,20 @@ impl<Fin: FnOnce(Result<Value, RouteError>) -> Value> Streaming<Fin> {
             return Some(message);
         }
         loop {
+            let long_lived = matches!(self.mode, Mode::Stateless { long_lived: true, .. });
+            let closing = self.exchange.closing.clone();
             let call = self.call.as_mut()?;
             let (inbound, done) = match self.rx.as_mut() {
                 Some(rx) => tokio::select! {
                     biased;
+                    _ = closing.cancelled(), if long_lived => {
+                        // The satellite is stopping: end the subscription as the spec says a server does.
+                        call.abort();
+                        self.call = None;
+                        self.rx = None;
+                        let finish = self.finish.take()?;
+                        return Some(finish(Ok(json!({}))));
+                    }
                     next = rx.recv() => match next {
                         Some(inbound) => (Some(inbound), None),
                         None => {
@@ -504,7 +523,7 @@ mod tests {
     }
 
     fn stateless(capabilities: Value, owner: &str) -> Mode {
-        Mode::Stateless { capabilities, owner: owner.to_owned() }
+        Mode::Stateless { capabilities, owner: owner.to_owned(), long_lived: false }
     }
 
     fn done(answer: Answer) -> Result<Value, RouteError> {

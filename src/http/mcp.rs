@@ -498,7 +498,7 @@ async fn stateless_relayed(
         .and_then(|m| m.get(protocol::meta_keys::CLIENT_CAPABILITIES))
         .cloned()
         .unwrap_or_else(|| json!({}));
-    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone() };
+    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived };
     let (target, deps_owned, reply_id, stamp_method) =
         (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
     let server_info = Identity::of(deps, &endpoint.target).await.server_info;
@@ -581,7 +581,11 @@ fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpE
     let events = futures::stream::unfold(announcements, move |announcements| {
         let (token, sessions, session_id) = (token.clone(), sessions.clone(), session_id.clone());
         async move {
-            let mut announcements = announcements?;
+            let Some(mut announcements) = announcements else {
+                // Nothing to announce: the stream stays open (pings) until the session or the satellite ends.
+                token.cancelled().await;
+                return None;
+            };
             loop {
                 let note = tokio::select! {
                     _ = token.cancelled() => return None,

@@ -60,6 +60,8 @@ pub struct SessionTable {
     sessions: Mutex<HashMap<String, Session>>,
     /// Server requests awaiting the client's answer and calls the client may cancel, per session.
     pub exchange: Arc<Exchange>,
+    /// Cancelled at shutdown: every open GET stream ends (an open stream must not hold the drain).
+    closing: CancellationToken,
 }
 
 impl SessionTable {
@@ -143,13 +145,12 @@ impl SessionTable {
         if session.stream.as_ref().is_some_and(|s| !s.is_cancelled()) {
             return Err(StreamError::AlreadyOpen);
         }
-        let token = CancellationToken::new();
+        let token = self.closing.child_token();
         session.stream = Some(token.clone());
         session.last_seen = Instant::now();
         Ok(token)
     }
 
-    /// Drop sessions idle longer than `idle`; returns how many.
     /// Record a resource subscription the server accepted for session `id` (or its end, `subscribed: false`).
     pub fn set_subscription(&self, id: &str, uri: &str, subscribed: bool) {
         // Bounded like everything a client can make the satellite keep.
@@ -168,6 +169,13 @@ impl SessionTable {
         self.sessions.lock().get(id).is_some_and(|s| s.subscriptions.contains(uri))
     }
 
+    /// Shutdown: end every open GET stream and long-lived relayed stream now; requests in flight go on.
+    pub fn close_streams(&self) {
+        self.closing.cancel();
+        self.exchange.close_long_lived();
+    }
+
+    /// Drop sessions idle longer than `idle`; returns how many.
     pub fn sweep(&self, idle: Duration) -> usize {
         let mut sessions = self.sessions.lock();
         let before = sessions.len();

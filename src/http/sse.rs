@@ -51,6 +51,11 @@ pub struct SseSessions {
 }
 
 impl SseSessions {
+    /// Shutdown: end every legacy stream now (their senders go; requests in flight finish on their own).
+    pub fn close_streams(&self) {
+        self.sessions.lock().clear();
+    }
+
     pub fn sweep(&self, idle: Duration) -> usize {
         let mut sessions = self.sessions.lock();
         let before = sessions.len();
