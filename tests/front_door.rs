@@ -292,12 +292,11 @@ async fn users_reach_only_their_own_instances() {
         (format!("{base}/i/bob-demo/mcp?token={}", instance_token("alice")), StatusCode::UNAUTHORIZED, -32001),
         (format!("{base}/i/bob-demo/mcp"), StatusCode::UNAUTHORIZED, -32001),
         (format!("{base}/i/bob-demo/mcp?token=plain"), StatusCode::UNAUTHORIZED, -32001),
-        (format!("{base}/i/nobody/mcp?token={}", instance_token("bob")), StatusCode::NOT_FOUND, -32004),
-        (
-            format!("{base}/i/carol-demo/mcp?token={}", instance_token("carol")),
-            StatusCode::INTERNAL_SERVER_ERROR,
-            -32000,
-        ),
+        // An unknown path and a member without an instance token answer like a wrong token: no oracle for
+        // which instance paths exist (before: 404 for unknown paths, 401 for real ones, 500 without a token).
+        (format!("{base}/i/nobody/mcp?token={}", instance_token("bob")), StatusCode::UNAUTHORIZED, -32001),
+        (format!("{base}/i/nobody/mcp"), StatusCode::UNAUTHORIZED, -32001),
+        (format!("{base}/i/carol-demo/mcp?token={}", instance_token("carol")), StatusCode::UNAUTHORIZED, -32001),
     ];
     for (url, status, code) in cases {
         let response = post(url.clone()).await.unwrap();
@@ -649,5 +648,33 @@ async fn the_get_stream_stays_open_until_the_session_ends() {
     assert_eq!(deleted.status(), StatusCode::OK);
     let ended = tokio::time::timeout(DEADLINE, async { while let Some(Ok(_)) = body.next().await {} }).await;
     assert!(ended.is_ok(), "the stream ends with its session");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// Browser pages may use the MCP routes (CORS), but the status routes, the debug route above all, are never
+/// readable by a page of another origin: they carry no `Access-Control-Allow-Origin`.
+#[tokio::test]
+async fn status_routes_are_not_readable_cross_origin() {
+    let config = config().replacen("[[teams]]", "[satellite]\ndebug_route = true\n\n[[teams]]", 1);
+    let sat = started_with(&config).await;
+    let http = Client::new();
+    let page = "http://localhost:5173";
+    for path in ["/api/status/debug", "/healthz"] {
+        let answer = http.get(format!("{}{path}", sat.base_url())).header("origin", page).send().await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK, "{path}");
+        assert!(!answer.headers().contains_key("access-control-allow-origin"), "{path} is not for other origins");
+    }
+    let mcp = http
+        .post(format!("{}/mcp", sat.base_url()))
+        .header("origin", page)
+        .bearer_auth(ALICE)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "page", "version": "1"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mcp.status(), StatusCode::OK);
+    assert!(mcp.headers().contains_key("access-control-allow-origin"), "MCP routes stay open to browser clients");
     assert!(sat.satellite.shutdown().await);
 }

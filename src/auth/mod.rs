@@ -86,10 +86,12 @@ impl Authenticator {
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
         let token = bearer(authorization).ok_or(AuthError::Missing)?;
         let directory = self.directory();
-        if let Some(jwt) = directory.jwt.as_ref().filter(|_| looks_like_jwt(token)) {
-            return verify_jwt(&directory, jwt, token);
+        // A static token may contain dots too: it is tried first, and a JWT-shaped token it does not know is
+        // then verified as a JWT.
+        match (static_token(&directory, token), directory.jwt.as_ref()) {
+            (Err(_), Some(jwt)) if looks_like_jwt(token) => verify_jwt(&directory, jwt, token),
+            (outcome, _) => outcome,
         }
-        static_token(&directory, token)
     }
 }
 
@@ -190,8 +192,14 @@ impl KindDescription for jsonwebtoken::errors::Error {
 }
 
 /// Check an instance token against the instance's stored hash (SB §6.1), in constant time.
+/// Whether `token` has the form of an instance token at all (`ds_inst_…`).
+pub fn check_instance_token_format(token: Option<&str>) -> Result<(), InstanceAuthError> {
+    token.filter(|t| t.starts_with("ds_inst_")).map(|_| ()).ok_or(InstanceAuthError::BadFormat)
+}
+
 pub fn check_instance_token(spec: &InstanceSpec, token: Option<&str>) -> Result<(), InstanceAuthError> {
-    let token = token.filter(|t| t.starts_with("ds_inst_")).ok_or(InstanceAuthError::BadFormat)?;
+    check_instance_token_format(token)?;
+    let token = token.unwrap_or_default();
     let expected = spec.instance_token_hash.as_deref().ok_or(InstanceAuthError::NotConfigured)?;
     let actual = sha256_hex(token);
     let equal: bool = expected.as_bytes().ct_eq(actual.as_bytes()).into();
@@ -234,11 +242,26 @@ teams = ["acme", "globex"]
 sha256 = "{}"
 team = "globex"
 scopes = ["mcp:read"]
+[[users.tokens]]
+sha256 = "{}"
+team = "acme"
 "#,
             sha256_hex("alice-token"),
-            sha256_hex("bob-globex-token")
+            sha256_hex("bob-globex-token"),
+            sha256_hex(DOTTED)
         );
         Authenticator::new(from_file(&parse_file(&file).unwrap()).unwrap().directory)
+    }
+
+    /// A static token with two dots, shaped like a JWT.
+    const DOTTED: &str = "static.token.with-two-dots";
+
+    #[test]
+    fn static_tokens_with_dots_are_not_mistaken_for_jwts() {
+        let auth = authenticator();
+        let bob = auth.authenticate(Some(&format!("Bearer {DOTTED}"))).expect("a static token, dots and all");
+        assert_eq!((bob.user.0.as_str(), bob.team.0.as_str()), ("bob", "acme"));
+        assert!(auth.authenticate(Some("Bearer not.a.jwt")).is_err(), "unknown and not a valid JWT");
     }
 
     fn jwt(claims: serde_json::Value) -> String {

@@ -182,10 +182,21 @@ fn instance_endpoint(
     query: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Result<Endpoint, McpError> {
-    let instance =
-        deps.manager.by_instance_path(path).ok_or(McpError::InstanceAuth(auth::InstanceAuthError::NotFound))?;
     let token = query.get("token").map(String::as_str).or_else(|| auth::bearer(header(headers, "authorization")));
-    auth::check_instance_token(instance.spec(), token).map_err(McpError::InstanceAuth)?;
+    // An unknown path, an instance without a token configured and a wrong token answer alike (401 "Invalid
+    // token"), so the answers reveal nothing about which instance paths exist.
+    let instance = deps.manager.by_instance_path(path);
+    let checked = match &instance {
+        Some(instance) => auth::check_instance_token(instance.spec(), token),
+        None => auth::check_instance_token_format(token).and(Err(auth::InstanceAuthError::Invalid)),
+    };
+    let instance = match checked {
+        Ok(()) => instance.ok_or(McpError::InstanceAuth(auth::InstanceAuthError::Invalid))?,
+        Err(auth::InstanceAuthError::NotConfigured | auth::InstanceAuthError::NotFound) => {
+            return Err(McpError::InstanceAuth(auth::InstanceAuthError::Invalid))
+        }
+        Err(err) => return Err(McpError::InstanceAuth(err)),
+    };
     if instance.is_dormant() {
         // Any instance-router request (initialize first) wakes a dormant process ahead of the calls (SB §9.8).
         let (manager, dormant) = (deps.manager.clone(), instance.clone());

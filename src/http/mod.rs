@@ -80,17 +80,20 @@ pub fn routes(
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
     let oauth = oauth::routes(mcp.urls.clone(), mcp.auth.clone());
     let legacy = sse::routes(mcp.clone(), mcp.sse_sessions.clone());
-    // Boxed: the full type of every route combined is too deep for the compiler.
-    let all = status::routes(status)
+    // Boxed: the full type of every route combined is too deep for the compiler. CORS opens the MCP and OAuth
+    // routes to browser clients; the status routes (the debug route above all) are never readable by a page of
+    // another origin.
+    let served = oauth
         .boxed()
-        .or(oauth.boxed())
-        .unify()
         .or(legacy.boxed())
         .unify()
         .or(mcp::routes(mcp).boxed())
         .unify()
+        .with(cors())
+        .map(Reply::into_response)
         .boxed();
-    guard.filter().and(all).with(cors()).map(Reply::into_response).recover(recover).unify()
+    let all = status::routes(status).boxed().or(served).unify().boxed();
+    guard.filter().and(all).recover(recover).unify()
 }
 
 /// OQ-16: permissive CORS with explicit lists; bearer tokens, no cookies.
