@@ -140,7 +140,8 @@ async fn children_get_limits_a_clean_env_and_the_team_dir_and_refusals_leave_the
     let fsize = (7 * 1024 * 1024).to_string();
     assert_eq!(limit(pid, "Max file size"), (fsize.clone(), fsize));
     assert_eq!(limit(pid, "Max processes"), ("333".into(), "333".into()));
-    assert_eq!(limit(pid, "Max cpu time").0, "60");
+    // No lifetime CPU budget by default: a busy long-lived server is not killed after 60 CPU-seconds.
+    assert_eq!(limit(pid, "Max cpu time").0, "unlimited");
 
     let env = environ(pid);
     assert!(!env.iter().any(|v| v.starts_with("LD_PRELOAD=")), "LD_PRELOAD reached the child: {env:?}");
@@ -167,6 +168,14 @@ async fn a_node_server_starts_under_the_default_limits() {
     let pid = child_pid(&sat, "everything");
     let bytes = (satellite::config::sandbox::DEFAULT_MEMORY_LIMIT_MB * 1024 * 1024).to_string();
     assert_eq!(limit(pid, "Max address space").0, bytes);
+    sat.satellite.shutdown().await;
+
+    // A lifetime budget only where the operator asks for it.
+    let budget = format!("allowed_commands = [{}]\ncpu_time_limit_seconds = 600", toml_str(&everything));
+    let sat = TestSatellite::start(&config(&budget, &servers)).await;
+    sat.wait_ready().await;
+    wait_status(&sat, "everything", InstanceStatus::Online).await;
+    assert_eq!(limit(child_pid(&sat, "everything"), "Max cpu time").0, "600");
     sat.satellite.shutdown().await;
 }
 

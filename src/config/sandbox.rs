@@ -11,7 +11,9 @@ use super::ConfigError;
 /// memory, and Node's own `fetch` (undici) instantiates one: under 2048 MB every `fetch` fails. 16 GB lets Node
 /// MCP servers make HTTP calls (docs/decisions.md).
 pub const DEFAULT_MEMORY_LIMIT_MB: u64 = 16384;
-pub const DEFAULT_CPU_TIME_LIMIT_SECONDS: u64 = 60;
+/// No lifetime CPU budget unless the operator sets one: `RLIMIT_CPU` caps a process's total CPU time, so a busy
+/// long-running server would be killed (and counted as crashed) once it had used that much since it started.
+pub const DEFAULT_CPU_TIME_LIMIT_SECONDS: u64 = 0;
 pub const DEFAULT_MAX_PROCESSES: u64 = 1000;
 pub const DEFAULT_RLIMIT_NOFILE: u64 = 1024;
 pub const DEFAULT_RLIMIT_FSIZE_MB: u64 = 50;
