@@ -30,6 +30,9 @@ enum Command {
     Version,
     /// Run the bundled demo MCP server (stdio unless --http is given).
     DemoServer(DemoArgs),
+    /// Internal: the process-tree watchdog `serve` starts (kills MCP servers' process groups if it dies).
+    #[command(hide = true)]
+    Reaper,
 }
 
 #[derive(clap::Args)]
@@ -86,6 +89,10 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config(&args),
         Command::Serve(args) => serve(&args),
         Command::DemoServer(args) => demo_server(args),
+        Command::Reaper => {
+            satellite::mcp::transport::stdio::reaper::run(std::io::stdin().lock());
+            ExitCode::SUCCESS
+        }
     }
 }
 
@@ -175,6 +182,11 @@ fn serve(args: &ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     telemetry::init(&config.log_level, config.log_format);
+    // Before any server starts: whatever kills the satellite, its servers' process trees go with it.
+    match std::env::current_exe() {
+        Ok(exe) => satellite::mcp::transport::stdio::reaper::start(&exe),
+        Err(err) => tracing::warn!(error = %err, "the process-tree watchdog did not start: own executable unknown"),
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {

@@ -476,7 +476,10 @@ fn children_of(parent: u32) -> Vec<u32> {
             let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
             let state = fields.next()?;
             let ppid: u32 = fields.next()?.parse().ok()?;
-            (ppid == parent && state != "Z").then_some(pid)
+            // The satellite's process-tree watchdog is its child too, but no MCP server.
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let watchdog = cmdline.split(|b| *b == 0).nth(1) == Some(b"reaper".as_slice());
+            (ppid == parent && state != "Z" && !watchdog).then_some(pid)
         })
         .collect()
 }

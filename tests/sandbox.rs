@@ -207,9 +207,15 @@ async fn bubblewrap_runs_the_demo_server_in_its_own_namespaces() {
 #[tokio::test]
 async fn children_die_with_a_satellite_killed_by_sigkill() {
     let dir = tempfile::tempdir().unwrap();
-    // A child that ignores EOF on stdin and never answers: only the parent-death signal can end it.
+    // A child that ignores EOF on stdin and never answers: only the parent-death signal can end it. It starts a
+    // grandchild of its own (as npx starts node), which nothing but the satellite's watchdog can end.
     let script = dir.path().join("sleeper.py");
-    std::fs::write(&script, "import time\nwhile True:\n    time.sleep(1)\n").unwrap();
+    std::fs::write(
+        &script,
+        "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n\
+         while True:\n    time.sleep(1)\n",
+    )
+    .unwrap();
     let path = dir.path().join("satellite.toml");
     let servers = server("sleeper", "python3", &[&script.to_string_lossy()], "");
     std::fs::write(
@@ -238,6 +244,13 @@ async fn children_die_with_a_satellite_killed_by_sigkill() {
     })
     .await;
     assert!(running(child));
+    let grandchild =
+        wait_until(
+            DEADLINE,
+            "the sleeper to start its own child",
+            || async move { children_of(child).into_iter().next() },
+        )
+        .await;
 
     satellite.start_kill().unwrap();
     satellite.wait().await.unwrap();
@@ -250,5 +263,16 @@ async fn children_die_with_a_satellite_killed_by_sigkill() {
     if gone.is_err() {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child as i32), nix::sys::signal::Signal::SIGKILL);
         panic!("the child {child} outlived its satellite killed by SIGKILL");
+    }
+    let gone = tokio::time::timeout(Duration::from_secs(10), async {
+        while running(grandchild) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    if gone.is_err() {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(grandchild as i32), nix::sys::signal::Signal::SIGKILL);
+        panic!("the grandchild {grandchild} outlived its satellite killed by SIGKILL");
     }
 }

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 mod owner;
+pub mod reaper;
 mod relays;
 
 use super::stderr::{StderrLimiter, StderrSettings};
@@ -216,6 +217,10 @@ impl StdioTransport {
             return Err(UpstreamError::Io("child pipes unavailable".into()));
         };
         let pid = child.id();
+        if let Some(pid) = pid {
+            // The child leads its own group: the watchdog kills it all if the satellite dies.
+            reaper::register(pid);
+        }
         info!(process_id = %launch.label, pid, command = %launch.command, "mcp server process spawned");
 
         let pending = Arc::new(Pending::default());

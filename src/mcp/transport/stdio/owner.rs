@@ -92,6 +92,7 @@ impl Owner {
         // Whatever the child left behind in its process group goes with it.
         if let Some(pgid) = self.pgid {
             let _ = killpg(pgid, Signal::SIGKILL);
+            super::reaper::unregister(pgid.as_raw() as u32);
         }
         // Drain what the child wrote before dying, so late responses still reach their waiters.
         while let Ok(Some(Ok(line))) = tokio::time::timeout(Duration::from_millis(50), self.stdout.next()).await {
