@@ -45,13 +45,12 @@ impl FileWatch {
             *self.pending.lock() = None;
             return Ok(());
         }
-        if std::mem::replace(&mut *self.pending.lock(), Some(current)) != Some(current) {
+        if self.pending.lock().replace(current) != Some(current) {
             // Changed since the last look: wait until it holds still for one interval.
             return Ok(());
         }
         *self.pending.lock() = None;
         *self.last.lock() = Some(current);
-        let current = Some(current);
         let parsed = match String::from_utf8(bytes) {
             Err(_) => Err(ConfigError::new("config file", None, "is not UTF-8 text")),
             Ok(text) if text.trim().is_empty() => Err(ConfigError::new(
@@ -67,7 +66,7 @@ impl FileWatch {
                 let desired = next.desired_state();
                 let refresh = ConfigRefresh::new(
                     "file",
-                    current.unwrap_or_default(),
+                    current,
                     desired.instances.len(),
                     desired.teams_count(),
                     desired.rejected.len(),
