@@ -67,7 +67,8 @@ impl ActivityTracker {
         record.tool_call_count += u64::from(seen.tool_call);
         record.last_activity_at = now;
         if let Some(session) = seen.session_id {
-            record.session_id = Some(session.to_owned());
+            // Never the id itself: whoever reads the events must not be able to use the session.
+            record.session_id = Some(crate::secrets::session_reference(session));
         }
     }
 
@@ -200,7 +201,8 @@ mod tests {
         assert_eq!(taken[0]["tool_call_count"], 1);
         assert_eq!(taken[0]["ip_address"], "203.0.113.7");
         assert_eq!(taken[0]["client_name"], "Claude Desktop");
-        assert_eq!(taken[0]["session_id"], "s-1");
+        assert_eq!(taken[0]["session_id"], crate::secrets::session_reference("s-1"));
+        assert!(!taken[0]["session_id"].as_str().unwrap().contains("s-1"), "never the id itself");
         assert!(tracker.take().is_empty(), "take resets");
     }
 }

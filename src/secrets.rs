@@ -6,6 +6,15 @@ use url::Url;
 
 use crate::model::SecretNames;
 
+/// What the satellite keeps and reports of a session id (events, activity, logs): a stable reference that pairs
+/// a session's connect and disconnect, from which the id itself (a credential-like handle) cannot be recovered.
+pub fn session_reference(id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(id.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("session-{hex}")
+}
+
 /// Keep the first 3 characters and append `*****`; shorter values become `***`.
 pub fn mask(value: &str) -> String {
     if value.chars().count() < 3 {

@@ -764,6 +764,13 @@ async fn legacy_sse_connections_are_reported_when_opened_and_closed() {
     })
     .await;
     assert_eq!(gone.data["session_id"], connected.data["session_id"]);
+    // The events pair connect and disconnect but never carry the id itself, which would let whoever reads
+    // them (the backend, any process that reads the outbox) use the session.
+    let session = path.split("session=").nth(1).unwrap();
+    for data in [&connected.data, &gone.data] {
+        let text = serde_json::to_string(data).unwrap();
+        assert!(!text.contains(session), "{text}");
+    }
     assert_eq!(gone.data["tool_execution_count"], 1);
     assert_eq!(gone.data["disconnect_reason"], "client_close");
     backend.assert_no_violations();

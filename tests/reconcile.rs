@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use satellite::model::{InstanceStatus, ProcessId};
 use satellite::store::Store;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::common::*;
 
@@ -30,6 +30,7 @@ id = "acme"
 [[users]]
 id = "alice"
 teams = ["acme"]
+token_sha256 = ["{alice}"]
 
 [[users]]
 id = "bob"
@@ -42,9 +43,12 @@ command = {exe}
 args = ["demo-server"]
 
 {extra}
-"#
+"#,
+        alice = satellite::config::sha256_hex(ALICE_TOKEN)
     )
 }
+
+const ALICE_TOKEN: &str = "alice-reconcile-token-0123456789";
 
 const DEMO_INSTALL: &str = r#"
 [[installations]]
@@ -170,6 +174,11 @@ async fn broken_servers_never_block_the_others() {
     let missing = wait_status(&sat, "missing-acme-alice-i-missing", InstanceStatus::Offline).await;
     let message = missing.message.unwrap();
     assert!(message.contains("Failed to spawn MCP server") && message.contains("restart"), "{message}");
+    // Its tools were never listed: a call says why it cannot run, not "Tool not found".
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE_TOKEN)).await;
+    let blocked = alice.execute("missing:anything", json!({})).await;
+    let text = blocked["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("MCP server 'missing' is unavailable") && text.contains("Failed to spawn"), "{blocked}");
     let nowhere = wait_status(&sat, "nowhere-acme-bob-i-nowhere", InstanceStatus::Offline).await;
     assert_eq!(nowhere.message.as_deref(), Some("Server unreachable"));
 

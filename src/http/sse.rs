@@ -84,7 +84,7 @@ impl Drop for Unregister {
             None => ("timeout", 0),
         };
         let event = Event::client_disconnected(&ClientDisconnected {
-            session_id: self.id.clone(),
+            session_id: crate::secrets::session_reference(&self.id),
             team_id: self.team_id.clone(),
             connection_duration_seconds: self.opened.elapsed().as_secs(),
             tool_execution_count: tool_calls,
@@ -169,7 +169,7 @@ async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) 
     let ip =
         crate::activity::ip_address(header_text("x-forwarded-for").as_deref(), header_text("x-real-ip").as_deref());
     let connected = ClientConnected {
-        session_id: id.clone(),
+        session_id: crate::secrets::session_reference(&id),
         client_type: client_type(&user_agent),
         user_agent,
         team_id: team_id.clone(),

@@ -232,6 +232,10 @@ impl HierarchicalRouter {
             ))
         })?;
         let instance = self.instance_for(caller, slug)?;
+        if instance.catalog().is_none() {
+            // Never started (or never listed its tools): say why, not "Tool not found".
+            return Ok(blocked_result(path, &instance));
+        }
         let known = instance.catalog().is_some_and(|c| c.tools.iter().any(|t| t.name == tool_name));
         if !known {
             return Err(invalid(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));

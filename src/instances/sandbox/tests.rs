@@ -263,7 +263,7 @@ fn nsjail_argv_follows_the_spec() {
     let argv = nsjail_args(&layout(), &settings, &team, "node", Path::new("/usr/bin/node"), &strings(&["s.js", "-v"]));
     for needle in [
         &["-Mo", "--proc_rw", "--user", "1000", "--group", "1001"][..],
-        &["--rlimit_as", "max", "--rlimit_cpu", "60", "--rlimit_nproc", "1000"],
+        &["--rlimit_as", "max", "--rlimit_cpu", "max", "--rlimit_nproc", "1000"],
         &["--rlimit_nofile", "1024", "--rlimit_fsize", "50", "--time_limit", "0"],
         &["-R", "/usr"],
         &["-s", "usr/bin:/bin"],

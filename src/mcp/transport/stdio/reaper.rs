@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
-use tracing::{info, warn};
+use tracing::{debug, warn};
 
 /// The pipe to the helper, when one runs (only `satellite serve` starts it; in-process uses have none).
 static PIPE: OnceLock<Mutex<Option<ChildStdin>>> = OnceLock::new();
@@ -38,7 +38,7 @@ pub fn start(exe: &Path) {
         Ok(mut child) => {
             let pid = child.id();
             if PIPE.set(Mutex::new(child.stdin.take())).is_ok() {
-                info!(pid, "process-tree watchdog started");
+                debug!(pid, "process-tree watchdog started");
             }
         }
         Err(err) => {
