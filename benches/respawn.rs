@@ -35,6 +35,7 @@ async fn cold_call_direct() -> Duration {
         stderr: Default::default(),
         stderr_sink: None,
         limits: ResourceLimits::default(),
+        secrets: Vec::new(),
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
     let client = McpClient::connect(transport, &ClientOptions::default()).await.expect("connect");

@@ -101,6 +101,7 @@ async fn satellite_client() -> McpClient {
         stderr: Default::default(),
         stderr_sink: None,
         limits: ResourceLimits::default(),
+        secrets: Vec::new(),
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
     McpClient::connect(transport, &ClientOptions::default()).await.expect("connect")

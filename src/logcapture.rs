@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{Emitter, Event, RequestLogEntry, ServerLogEntry};
-use crate::model::{iso, InstanceSpec, Upstream};
+use crate::model::{iso, InstanceSpec};
 use crate::secrets;
 
 /// Entries that trigger an immediate flush.
@@ -200,44 +200,23 @@ async fn sleep_until(due: Option<Instant>) {
 
 /// Replace the instance's secret values in `text` by their masked form.
 pub fn mask_secrets(spec: &InstanceSpec, text: &str) -> String {
-    let listed = |names: &[String], name: &str| names.iter().any(|n| n.eq_ignore_ascii_case(name));
-    let mut values: Vec<String> = Vec::new();
-    match &spec.upstream {
-        Upstream::Stdio { env, .. } => {
-            for (name, value) in env {
-                if listed(&spec.secrets.env, name) || secrets::looks_secret(name) {
-                    values.push(value.clone());
-                }
-            }
-        }
-        Upstream::StreamableHttp { url, headers, .. } | Upstream::Sse { url, headers, .. } => {
-            for (name, value) in headers {
-                if listed(&spec.secrets.headers, name) || secrets::looks_secret(name) {
-                    values.push(value.clone());
-                }
-            }
-            for (name, value) in url.query_pairs() {
-                if listed(&spec.secrets.query_params, &name) || secrets::looks_secret(&name) {
-                    values.push(value.into_owned());
-                }
-            }
-        }
+    secrets::hide(text, &secrets::secret_values(spec))
+}
+
+/// A JSON value with the instance's secret values masked in every string (a tool's answer, say).
+pub fn mask_json(spec: &InstanceSpec, value: Value) -> Value {
+    let values = secrets::secret_values(spec);
+    if values.is_empty() {
+        return value;
     }
-    // Longest first, so a secret that contains another is masked whole; very short values are left alone.
-    values.retain(|v| v.len() >= 4);
-    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
-    let mut out = text.to_owned();
-    for value in &values {
-        if out.contains(value.as_str()) {
-            out = out.replace(value.as_str(), &secrets::mask(value));
-        }
-    }
-    out
+    let text = secrets::hide(&value.to_string(), &values);
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Upstream;
     use crate::model::{InstallationId, ProcessId, SecretNames, TeamId, UserId};
     use crate::store::Store;
 

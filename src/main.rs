@@ -164,7 +164,7 @@ fn redacted_instance(spec: &satellite::model::InstanceSpec) -> serde_json::Value
     match &spec.upstream {
         Upstream::Stdio { command, args, env } => {
             value["command"] = serde_json::json!(command);
-            value["args"] = serde_json::json!(args);
+            value["args"] = serde_json::json!(secrets::mask_arguments(args));
             value["env"] = serde_json::json!(secrets::mask_map(env, &spec.secrets.env));
         }
         Upstream::StreamableHttp { url, headers, timeout } | Upstream::Sse { url, headers, timeout } => {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use url::Url;
 
-use crate::model::SecretNames;
+use crate::model::{InstanceSpec, SecretNames, Upstream};
 
 /// What the satellite keeps and reports of a session id (events, activity, logs): a stable reference that pairs
 /// a session's connect and disconnect, from which the id itself (a credential-like handle) cannot be recovered.
@@ -22,6 +22,79 @@ pub fn mask(value: &str) -> String {
     }
     let head: String = value.chars().take(3).collect();
     format!("{head}*****")
+}
+
+/// Every secret value an instance's configuration holds, longest first (so a secret containing another is
+/// masked whole): env and header values whose names are listed as secret or look secret, secret query
+/// parameters, and argument values of secret-looking flags (`--api-key VALUE`, `--token=VALUE`). Values shorter
+/// than 4 characters are left out (masking them would mangle ordinary text). The one list every sink masks with.
+pub fn secret_values(spec: &InstanceSpec) -> Vec<String> {
+    let listed = |names: &[String], name: &str| names.iter().any(|n| n.eq_ignore_ascii_case(name));
+    let mut values: Vec<String> = Vec::new();
+    match &spec.upstream {
+        Upstream::Stdio { env, args, .. } => {
+            for (name, value) in env {
+                if listed(&spec.secrets.env, name) || looks_secret(name) {
+                    values.push(value.clone());
+                }
+            }
+            values.extend(secret_arguments(args));
+        }
+        Upstream::StreamableHttp { url, headers, .. } | Upstream::Sse { url, headers, .. } => {
+            for (name, value) in headers {
+                if listed(&spec.secrets.headers, name) || looks_secret(name) {
+                    values.push(value.clone());
+                }
+            }
+            for (name, value) in url.query_pairs() {
+                if listed(&spec.secrets.query_params, &name) || looks_secret(&name) {
+                    values.push(value.into_owned());
+                }
+            }
+        }
+    }
+    values.retain(|v| v.len() >= 4);
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    values.dedup();
+    values
+}
+
+/// The values of secret-looking flags among `args`: `--token=VALUE`, and `--api-key VALUE`.
+pub fn secret_arguments(args: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (index, arg) in args.iter().enumerate() {
+        if !arg.starts_with('-') {
+            continue;
+        }
+        match arg.split_once('=') {
+            Some((name, value)) if looks_secret(name) => found.push(value.to_owned()),
+            Some(_) => {}
+            None if looks_secret(arg) => {
+                if let Some(value) = args.get(index + 1).filter(|v| !v.starts_with('-')) {
+                    found.push(value.clone());
+                }
+            }
+            None => {}
+        }
+    }
+    found
+}
+
+/// `text` with every one of `values` (as `secret_values` orders them) replaced by its masked form.
+pub fn hide(text: &str, values: &[String]) -> String {
+    let mut out = text.to_owned();
+    for value in values {
+        if out.contains(value.as_str()) {
+            out = out.replace(value.as_str(), &mask(value));
+        }
+    }
+    out
+}
+
+/// `args` as they may be shown: the values of secret-looking flags masked.
+pub fn mask_arguments(args: &[String]) -> Vec<String> {
+    let hidden = secret_arguments(args);
+    args.iter().map(|arg| if hidden.contains(arg) { mask(arg) } else { hide(arg, &hidden) }).collect()
 }
 
 /// Names that carry credentials even when no metadata says so.
@@ -63,6 +136,21 @@ pub fn mask_url(url: &Url, secrets: &SecretNames) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_flags_are_found_in_both_forms_and_masked() {
+        let args: Vec<String> =
+            ["server.js", "--api-key", "sk-live-123", "--token=tok-456", "--port", "8080", "--verbose"]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+        assert_eq!(secret_arguments(&args), ["sk-live-123", "tok-456"]);
+        let shown = mask_arguments(&args);
+        assert_eq!(shown[2], "sk-*****");
+        assert_eq!(shown[3], "--token=tok*****");
+        assert_eq!(shown[5], "8080", "ordinary values stay");
+        assert_eq!(hide("key sk-live-123 used", &secret_arguments(&args)), "key sk-***** used");
+    }
 
     #[test]
     fn masks_keep_three_characters() {

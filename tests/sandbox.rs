@@ -276,3 +276,61 @@ async fn children_die_with_a_satellite_killed_by_sigkill() {
         panic!("the grandchild {grandchild} outlived its satellite killed by SIGKILL");
     }
 }
+
+/// A server that prints its own secrets (an env key, and the value after `--api-key`) to stderr, in an invalid
+/// stdout line, in a tool answer and as its last words before it crashes: none of it reaches the debug route,
+/// the status history, the stored events (status changes, crash, server and request logs). Before, the crash
+/// detail, the stderr tail, the request log and the listed arguments all showed them.
+#[tokio::test]
+async fn secrets_a_server_prints_never_reach_a_sink() {
+    const ENV_SECRET: &str = "sk-env-1f2e3d4c5b6a";
+    const ARG_SECRET: &str = "sk-arg-9a8b7c6d5e4f";
+    let script = fixture("misbehaving_server.py").to_string_lossy().into_owned();
+    let servers = server(
+        "leaky",
+        "python3",
+        &[&script, "leaky", "--api-key", ARG_SECRET],
+        &format!("API_KEY = \"{ENV_SECRET}\""),
+    );
+    let config = config("", &servers)
+        .replace("[satellite]", "[satellite]\ndebug_route = true\nrestart_backoff_ms = [10, 10, 10]");
+    let sat = TestSatellite::start(&config).await;
+    sat.wait_ready().await;
+    wait_status(&sat, "leaky", InstanceStatus::Online).await;
+    let id = "leaky-acme-alice-i-leaky";
+    let pid = ProcessId::from(id);
+    let instance = sat.satellite.manager().get(&pid).unwrap();
+    let answer = sat
+        .satellite
+        .manager()
+        .call(&instance, "tools/call", Some(serde_json::json!({"name": "ok", "arguments": {}})), DEADLINE)
+        .await
+        .unwrap();
+    assert!(answer.to_string().contains(ENV_SECRET), "the client gets the server's answer unchanged");
+    let _ = sat
+        .satellite
+        .manager()
+        .call(&instance, "tools/call", Some(serde_json::json!({"name": "exit", "arguments": {}})), DEADLINE)
+        .await;
+    let store = sat.satellite.store();
+    wait_until(DEADLINE, "the crash recorded, the server back, the logs flushed", || async {
+        let crashed = !store.events(Some("mcp.server.crashed"), 0, 100).await.ok()?.is_empty();
+        let logs = !store.events(Some("mcp.request.logs"), 0, 100).await.ok()?.is_empty();
+        let online = sat.satellite.manager().get(&pid)?.status().status == InstanceStatus::Online;
+        (crashed && logs && online).then_some(())
+    })
+    .await;
+    let debug = reqwest::get(format!("{}/api/status/debug", sat.base_url())).await.unwrap().text().await.unwrap();
+    let events = store.events(None, 0, 100_000).await.unwrap();
+    let history = store.status_history(&pid).await.unwrap();
+    let everything = format!(
+        "{debug}\n{}\n{}",
+        events.iter().map(|e| e.data.to_string()).collect::<Vec<_>>().join("\n"),
+        history.iter().map(|h| h.message.clone().unwrap_or_default()).collect::<Vec<_>>().join("\n")
+    );
+    assert!(everything.contains("dying with") || everything.contains("starting with"), "the lines are kept, masked");
+    for secret in [ENV_SECRET, ARG_SECRET] {
+        assert!(!everything.contains(secret), "{secret} leaked: {everything}");
+    }
+    sat.satellite.shutdown().await;
+}

@@ -216,19 +216,11 @@ fn server_info(spec: &InstanceSpec) -> Value {
     match &spec.upstream {
         Upstream::Stdio { command, args, .. } => {
             info["command"] = json!(command);
-            info["args"] = json!(args.iter().map(|a| mask_arg(a)).collect::<Vec<_>>());
+            info["args"] = json!(secrets::mask_arguments(args));
         }
         Upstream::StreamableHttp { url, .. } | Upstream::Sse { url, .. } => {
             info["url"] = json!(secrets::mask_url(url, &spec.secrets));
         }
     }
     info
-}
-
-/// Arguments like `--token=abc` carry secrets in their value.
-fn mask_arg(arg: &str) -> String {
-    match arg.split_once('=') {
-        Some((name, value)) if secrets::looks_secret(name) => format!("{name}={}", secrets::mask(value)),
-        _ => arg.to_owned(),
-    }
 }

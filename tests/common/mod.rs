@@ -92,6 +92,7 @@ pub fn stdio_launch(command: impl Into<String>, args: &[&str]) -> StdioLaunch {
         stderr: Default::default(),
         stderr_sink: None,
         limits: ResourceLimits::default(),
+        secrets: Vec::new(),
     }
 }
 

@@ -128,9 +128,11 @@ impl Inner {
             // Nothing is logged for this installation: skip copying arguments and results.
             return;
         }
-        let arguments = params.and_then(|p| p.get("arguments")).cloned().unwrap_or(Value::Null);
+        // A server may echo its own secret in an answer: the request log keeps nothing the config holds secret.
+        let arguments =
+            crate::logcapture::mask_json(spec, params.and_then(|p| p.get("arguments")).cloned().unwrap_or(Value::Null));
         let response = match (&result, outcome) {
-            (Ok(value), CallOutcome::Success) => Some((*value).clone()),
+            (Ok(value), CallOutcome::Success) => Some(crate::logcapture::mask_json(spec, (*value).clone())),
             _ => None,
         };
         self.deps

@@ -68,6 +68,7 @@ impl Inner {
                     warning_interval: lifecycle.log_rate_warning_interval,
                 };
                 let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr);
+                launch.secrets = crate::secrets::secret_values(spec);
                 let (logs, owner) = (self.deps.logs.clone(), spec.clone());
                 launch.stderr_sink = Some(StderrSink(Arc::new(move |line: &str| {
                     logs.server_line(&owner, level_of(line), line);

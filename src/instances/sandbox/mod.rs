@@ -103,6 +103,7 @@ impl PreparedLaunch {
             stderr,
             stderr_sink: None,
             limits: self.limits,
+            secrets: Vec::new(),
         }
     }
 }

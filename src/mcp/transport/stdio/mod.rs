@@ -73,6 +73,9 @@ pub struct StdioLaunch {
     pub stderr_sink: Option<StderrSink>,
     /// Resource limits set in the child before it executes `command`.
     pub limits: ResourceLimits,
+    /// Secret values of the instance (`secrets::secret_values`): masked in everything kept of what the child
+    /// prints (a server may print its own key), before it reaches a log, a status, an event or the debug route.
+    pub secrets: Vec<String>,
 }
 
 /// rlimits for a child, soft and hard alike; `None` leaves the inherited limit. A limit is never raised above
@@ -252,6 +255,7 @@ impl StdioTransport {
             exit_tx,
             stop: stop.clone(),
             close_grace: launch.close_grace,
+            secrets: launch.secrets,
         };
         tokio::spawn(owner.run());
 

@@ -34,6 +34,8 @@ pub(super) struct Owner {
     pub(super) child: Child,
     /// The child's process group (its own pid), kept past the child's reaping.
     pub(super) pgid: Option<Pid>,
+    /// Secret values masked in what is kept of the child's output.
+    pub(super) secrets: Vec<String>,
     pub(super) stdin: Option<ChildStdin>,
     pub(super) stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
     pub(super) stderr: FramedRead<tokio::process::ChildStderr, LinesCodec>,
@@ -158,7 +160,7 @@ impl Owner {
         let value: Value = match serde_json::from_str(line) {
             Ok(value) => value,
             Err(err) => {
-                warn!(process_id = %self.label, error = %err, line = %preview(line, 200), "invalid json line from mcp server, skipped");
+                warn!(process_id = %self.label, error = %err, line = %preview(&crate::secrets::hide(line, &self.secrets), 200), "invalid json line from mcp server, skipped");
                 return;
             }
         };
@@ -249,6 +251,7 @@ impl Owner {
                 return;
             }
         };
+        let kept = crate::secrets::hide(&kept, &self.secrets);
         debug!(process_id = %self.label, line = %kept, "mcp server stderr");
         if let Some(sink) = &self.stderr_sink {
             (sink.0)(&kept);
