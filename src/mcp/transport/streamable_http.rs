@@ -87,18 +87,14 @@ impl StreamableHttpTransport {
     /// (list changes, resource updates); it is reopened when the server ends it, until the transport goes or
     /// the server says it has no such stream (405) or forgot the session.
     fn open_server_stream(&self, headers: &RequestHeaders) {
-        let Some(session) = self.session.lock().clone() else { return };
-        let (client, url, mut base) = (self.client.clone(), self.url.clone(), self.headers.clone());
+        if self.session.lock().is_none() {
+            return;
+        }
+        let (client, url, base) = (self.client.clone(), self.url.clone(), self.stream_headers(headers));
         let (notifications, stop, label) = (self.notifications.clone(), self.stop.clone(), self.label.clone());
-        if let Some(version) = headers.protocol_version.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
-            base.insert(PROTOCOL_VERSION_HEADER, version);
-        }
-        if let Ok(value) = HeaderValue::from_str(&session) {
-            base.insert(SESSION_HEADER, value);
-        }
         tokio::spawn(async move {
             loop {
-                let request = client.get(url.clone()).headers(base.clone()).header(ACCEPT, "text/event-stream");
+                let request = client.get(url.clone()).headers(base.clone());
                 let response = tokio::select! {
                     _ = stop.cancelled() => return,
                     response = request.send() => response,
@@ -361,20 +357,26 @@ impl StreamableHttpTransport {
         }
     }
 
+    /// The headers of a GET stream of this session: the instance's own, SSE, the negotiated version, the session.
+    fn stream_headers(&self, headers: &RequestHeaders) -> HeaderMap {
+        let mut map = self.headers.clone();
+        map.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        if let Some(version) = headers.protocol_version.as_deref().and_then(|v| HeaderValue::from_str(v).ok()) {
+            map.insert(PROTOCOL_VERSION_HEADER, version);
+        }
+        if let Some(session) = self.session.lock().as_deref().and_then(|s| HeaderValue::from_str(s).ok()) {
+            map.insert(SESSION_HEADER, session);
+        }
+        map
+    }
+
     /// GET the stream again from after `last_event_id`.
     async fn resume(&self, last_event_id: &str, headers: &RequestHeaders) -> Result<reqwest::Response, UpstreamError> {
-        let mut request = self
+        let request = self
             .client
             .get(self.url.clone())
-            .headers(self.headers.clone())
-            .header(ACCEPT, "text/event-stream")
+            .headers(self.stream_headers(headers))
             .header("last-event-id", last_event_id);
-        if let Some(version) = &headers.protocol_version {
-            request = request.header(PROTOCOL_VERSION_HEADER, version);
-        }
-        if let Some(session) = self.session.lock().clone() {
-            request = request.header(SESSION_HEADER, session);
-        }
         let response = request.send().await.map_err(|err| classify_reqwest(&err))?;
         let status = response.status();
         if !status.is_success() {
