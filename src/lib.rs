@@ -11,6 +11,7 @@ pub mod control;
 pub mod demo;
 pub mod discovery;
 pub mod events;
+pub mod fuzz;
 pub mod http;
 pub mod instances;
 pub mod jobs;

@@ -148,7 +148,6 @@ fn check_config(args: &ServeArgs) -> ExitCode {
 }
 
 fn redacted_instance(spec: &satellite::model::InstanceSpec) -> serde_json::Value {
-    use satellite::model::Upstream;
     use satellite::secrets;
     let mut value = serde_json::json!({
         "process_id": spec.process_id.0,
@@ -161,17 +160,9 @@ fn redacted_instance(spec: &satellite::model::InstanceSpec) -> serde_json::Value
         "instance_token_hash": spec.instance_token_hash.as_ref().map(|_| "[redacted]"),
         "transport": spec.upstream.transport_name(),
     });
-    match &spec.upstream {
-        Upstream::Stdio { command, args, env } => {
-            value["command"] = serde_json::json!(command);
-            value["args"] = serde_json::json!(secrets::mask_arguments(args));
-            value["env"] = serde_json::json!(secrets::mask_map(env, &spec.secrets.env));
-        }
-        Upstream::StreamableHttp { url, headers, timeout } | Upstream::Sse { url, headers, timeout } => {
-            value["url"] = serde_json::json!(secrets::mask_url(url, &spec.secrets));
-            value["headers"] = serde_json::json!(secrets::mask_map(headers, &spec.secrets.headers));
-            value["timeout_ms"] = serde_json::json!(timeout.as_millis() as u64);
-        }
+    if let (Some(value), serde_json::Value::Object(upstream)) = (value.as_object_mut(), secrets::masked_upstream(spec))
+    {
+        value.extend(upstream);
     }
     value
 }

@@ -133,6 +133,30 @@ pub fn mask_url(url: &Url, secrets: &SecretNames) -> String {
     masked.to_string()
 }
 
+/// How an instance's upstream may be listed (`check-config`, the debug route): command and arguments or URL,
+/// environment or headers, each value masked by name (secret-looking or listed) and then by value, so a secret
+/// that also sits in an unremarkable field is masked there too.
+pub fn masked_upstream(spec: &InstanceSpec) -> serde_json::Value {
+    let values = secret_values(spec);
+    let hide_all = |map: BTreeMap<String, String>| -> BTreeMap<String, String> {
+        map.into_iter().map(|(k, v)| (k, hide(&v, &values))).collect()
+    };
+    match &spec.upstream {
+        Upstream::Stdio { command, args, env } => serde_json::json!({
+            "command": hide(command, &values),
+            "args": mask_arguments(args).iter().map(|arg| hide(arg, &values)).collect::<Vec<_>>(),
+            "env": hide_all(mask_map(env, &spec.secrets.env)),
+        }),
+        Upstream::StreamableHttp { url, headers, timeout } | Upstream::Sse { url, headers, timeout } => {
+            serde_json::json!({
+                "url": hide(&mask_url(url, &spec.secrets), &values),
+                "headers": hide_all(mask_map(headers, &spec.secrets.headers)),
+                "timeout_ms": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

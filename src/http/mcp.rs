@@ -25,7 +25,7 @@ use super::session::{self, Lookup, SessionTable, StreamError};
 use super::stack::PeerAddr;
 use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth;
-use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
+use crate::mcp::protocol::{self, codes, FrameError, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
 use crate::router::RouteError;
 
 /// Comment written on idle server streams.
@@ -239,12 +239,10 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
     if !(accepts(headers, "application/json") && accepts(headers, "text/event-stream")) {
         return Err(McpError::NotAcceptable { stream_only: false });
     }
-    let value: Value = serde_json::from_slice(body).map_err(|err| McpError::Parse(err.to_string()))?;
-    let (messages, batch) = match value {
-        Value::Array(items) if items.is_empty() => return Err(McpError::EmptyBatch),
-        Value::Array(items) => (items, true),
-        single => (vec![single], false),
-    };
+    let (messages, batch) = protocol::decode_frame(body).map_err(|err| match err {
+        FrameError::Json(err) => McpError::Parse(err),
+        FrameError::EmptyBatch => McpError::EmptyBatch,
+    })?;
     let header_version = header(headers, "mcp-protocol-version").map(str::to_owned);
     let stateless = header_version.as_deref() == Some(MODERN_VERSION)
         || messages.iter().any(|m| {

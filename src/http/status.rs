@@ -9,7 +9,7 @@ use warp::reply::Response;
 use warp::{Filter, Reply};
 
 use super::StatusDeps;
-use crate::model::{tool_path, InstanceSpec, InstanceStatus, Upstream};
+use crate::model::{tool_path, InstanceSpec, InstanceStatus};
 use crate::secrets;
 
 pub fn routes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
@@ -213,13 +213,10 @@ fn server_info(spec: &InstanceSpec) -> Value {
         "instance_path": spec.instance_path,
         "transport_type": spec.upstream.transport_name(),
     });
-    match &spec.upstream {
-        Upstream::Stdio { command, args, .. } => {
-            info["command"] = json!(command);
-            info["args"] = json!(secrets::mask_arguments(args));
-        }
-        Upstream::StreamableHttp { url, .. } | Upstream::Sse { url, .. } => {
-            info["url"] = json!(secrets::mask_url(url, &spec.secrets));
+    let listed = secrets::masked_upstream(spec);
+    for key in ["command", "args", "url"] {
+        if let Some(value) = listed.get(key) {
+            info[key] = value.clone();
         }
     }
     info

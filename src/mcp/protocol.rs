@@ -107,6 +107,25 @@ pub enum MessageError {
     BadError,
 }
 
+/// Why an HTTP body or stdio line is not JSON-RPC at the framing level.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("{0}")]
+    Json(String),
+    #[error("empty batch")]
+    EmptyBatch,
+}
+
+/// The messages of one HTTP body or stdio line, and whether they came as a batch: a JSON array is a batch (which
+/// must not be empty), any other JSON value is one message (classified later by [`Message::from_value`]).
+pub fn decode_frame(bytes: &[u8]) -> Result<(Vec<Value>, bool), FrameError> {
+    match serde_json::from_slice::<Value>(bytes).map_err(|err| FrameError::Json(err.to_string()))? {
+        Value::Array(items) if items.is_empty() => Err(FrameError::EmptyBatch),
+        Value::Array(items) => Ok((items, true)),
+        single => Ok((vec![single], false)),
+    }
+}
+
 impl Message {
     /// Classify a parsed JSON value as a request, notification or response.
     pub fn from_value(value: Value) -> Result<Message, MessageError> {

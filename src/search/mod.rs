@@ -38,6 +38,18 @@ const MAX_COMMANDS_PER_COMMIT: usize = 256;
 /// Indexing memory of the single writer thread (tantivy's minimum is 15 MB).
 const WRITER_MEMORY_BYTES: usize = 32 * 1024 * 1024;
 
+/// For the fuzz targets: analyse and normalise `text` and build its query, as [`SearchIndex::search`] does,
+/// without an index.
+#[doc(hidden)]
+pub fn fuzz_query(text: &str) {
+    thread_local! {
+        static SCHEMA: IndexSchema = IndexSchema::new();
+    }
+    SCHEMA.with(|schema| {
+        let _ = schema.query(text, &["p".to_owned()]);
+    });
+}
+
 /// One tool as indexed.
 #[derive(Debug, Clone)]
 pub struct ToolDoc {

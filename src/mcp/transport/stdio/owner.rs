@@ -24,7 +24,7 @@ use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT}
 /// Longest a child's request waits for its client's answer (the call's own timeout usually ends it first).
 const ASK_TIMEOUT: Duration = Duration::from_secs(300);
 use super::relays::{with_token, Relays};
-use crate::mcp::protocol::{self, Message, RequestId};
+use crate::mcp::protocol::{self, FrameError, Message, RequestId};
 use crate::mcp::transport::relay::local_answer;
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
 use crate::mcp::transport::{outcome, preview, Pending, UpstreamError};
@@ -157,20 +157,16 @@ impl Owner {
         if line.is_empty() {
             return;
         }
-        let value: Value = match serde_json::from_str(line) {
-            Ok(value) => value,
-            Err(err) => {
+        let messages = match protocol::decode_frame(line.as_bytes()) {
+            Ok((messages, _)) => messages,
+            Err(FrameError::EmptyBatch) => return,
+            Err(FrameError::Json(err)) => {
                 warn!(process_id = %self.label, error = %err, line = %preview(&crate::secrets::hide(line, &self.secrets), 200), "invalid json line from mcp server, skipped");
                 return;
             }
         };
-        match value {
-            Value::Array(batch) => {
-                for item in batch {
-                    self.on_message(item).await;
-                }
-            }
-            single => self.on_message(single).await,
+        for message in messages {
+            self.on_message(message).await;
         }
     }
 
