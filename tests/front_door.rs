@@ -583,6 +583,50 @@ async fn legacy_messages_authenticate_as_the_streams_owner() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A session id is not a credential on Streamable HTTP either: another user presenting alice's session id can
+/// neither take over her GET stream, end her session nor cancel on it, and her stream stays open and hers.
+#[tokio::test]
+async fn another_users_session_id_can_neither_take_end_nor_cancel_a_stream() {
+    use futures::StreamExt;
+    let sat = started().await;
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let session = alice.session.clone().expect("a session");
+    let http = reqwest::Client::new();
+    let url = format!("{}/mcp", sat.base_url());
+    let get = |token: &'static str| {
+        http.get(&url)
+            .bearer_auth(token)
+            .header("accept", "text/event-stream")
+            .header("mcp-session-id", &session)
+            .send()
+    };
+    let stream = get(ALICE).await.unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut body = stream.bytes_stream();
+
+    assert_eq!(get(BOB).await.unwrap().status(), StatusCode::NOT_FOUND, "bob cannot open alice's stream");
+    let cancel = json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}});
+    let post = |body: Value| {
+        http.post(&url)
+            .bearer_auth(BOB)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &session)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(post(cancel).await.unwrap().status(), StatusCode::NOT_FOUND, "bob cannot cancel on it");
+    let delete = http.delete(&url).bearer_auth(BOB).header("mcp-session-id", &session).send().await.unwrap();
+    assert_eq!(delete.status(), StatusCode::NOT_FOUND, "bob cannot end it");
+
+    // Alice's stream is still the session's one open stream, and it has not ended.
+    assert_eq!(get(ALICE).await.unwrap().status(), StatusCode::CONFLICT, "her stream is still registered");
+    let next = tokio::time::timeout(Duration::from_millis(500), body.next()).await;
+    assert!(!matches!(next, Ok(None)), "alice's stream ended");
+    let (status, reply) = alice.call("ping", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// Strangers holding connections cannot take the satellite: half-sent requests are closed after the header
 /// timeout, connections past `max_connections` wait in the backlog (no descriptor spent), and a good request
 /// is served once room frees up. Before, 200 half-sent requests were held open forever.
