@@ -268,6 +268,8 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
         .current_dir(dir.path())
         .env("PORT", port.to_string())
         .env("SATELLITE_DEMO_TOKEN", token)
+        // A slow tool's call outlasts the default 10 s drain; the operator gave it room.
+        .env("SATELLITE_DRAIN_SECONDS", "20")
         .env_remove("SATELLITE_CONFIG")
         .env_remove("DEPLOYSTACK_BACKEND_URL")
         .stdout(std::process::Stdio::null())
@@ -291,15 +293,17 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
     let mut caller = Caller::for_url(format!("{base}/mcp"), Some(token));
     caller.initialize().await;
     let caller = Arc::new(caller);
-    let calls: Vec<_> = (0..3)
+    // Three short calls and one longer than the default drain (before, it was cut with "process stopped").
+    let calls: Vec<_> = (0..4)
         .map(|i| {
             let caller = caller.clone();
-            tokio::spawn(async move { caller.execute("demo:slow", json!({"ms": 1500 + i})).await })
+            let ms = if i == 3 { 11_000 } else { 1500 + i };
+            tokio::spawn(async move { caller.execute("demo:slow", json!({"ms": ms})).await })
         })
         .collect();
-    wait_until(DEADLINE, "three calls in flight", || async {
+    wait_until(DEADLINE, "four calls in flight", || async {
         let d = debug().await?;
-        (d["servers_by_team"]["demo-team"]["running"][0]["in_flight_calls"] == 3).then_some(())
+        (d["servers_by_team"]["demo-team"]["running"][0]["in_flight_calls"] == 4).then_some(())
     })
     .await;
     // Open streams (a GET stream on /mcp, a legacy SSE stream) must not hold the drain: before, either made

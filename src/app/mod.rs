@@ -45,7 +45,6 @@ mod file_watch;
 use file_watch::{fingerprint, FileWatch};
 
 /// Deadlines of the shutdown steps.
-const HTTP_DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 const JOBS_STOP_DEADLINE: Duration = Duration::from_secs(5);
 const INSTANCES_STOP_DEADLINE: Duration = Duration::from_secs(15);
 const EVENTS_FLUSH_DEADLINE: Duration = Duration::from_secs(5);
@@ -95,6 +94,8 @@ pub struct Satellite {
     tasks: TaskTracker,
     jobs: Jobs,
     server: JoinHandle<()>,
+    /// How long the HTTP drain waits for requests in flight (`drain_seconds`).
+    drain: Duration,
     config_refusals: Arc<AtomicU64>,
     /// The log-capture flusher, stopped (and flushed) after the instances.
     logs_stop: CancellationToken,
@@ -392,6 +393,7 @@ impl Satellite {
             tasks,
             jobs,
             server,
+            drain: config.drain,
             config_refusals,
             logs_stop,
             logs_task,
@@ -430,10 +432,13 @@ impl Satellite {
     pub async fn shutdown(self) -> bool {
         let mut clean = true;
         let began = Instant::now();
-        info!(deadline_s = HTTP_DRAIN_DEADLINE.as_secs(), "shutdown 1/5: refusing new connections, draining requests");
+        info!(deadline_s = self.drain.as_secs(), "shutdown 1/5: refusing new connections, draining requests");
         self.cancel.cancel();
-        if tokio::time::timeout(HTTP_DRAIN_DEADLINE, self.server).await.is_err() {
-            warn!(deadline_s = HTTP_DRAIN_DEADLINE.as_secs(), "shutdown: http drain missed its deadline");
+        if tokio::time::timeout(self.drain, self.server).await.is_err() {
+            warn!(
+                deadline_s = self.drain.as_secs(),
+                "shutdown: http drain missed its deadline; requests still in flight are cut (raise SATELLITE_DRAIN_SECONDS for slow tools)"
+            );
             clean = false;
         }
         info!(deadline_s = JOBS_STOP_DEADLINE.as_secs(), "shutdown 2/5: stopping pollers and background jobs");

@@ -169,6 +169,8 @@ pub struct Config {
     pub max_connections: usize,
     /// Deadline of one HTTP request until its response starts.
     pub http_timeout: Duration,
+    /// How long shutdown waits for requests in flight before the servers are stopped (default 10 s).
+    pub drain: Duration,
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
     pub public_url: String,
     /// Host names requests may name, `None` for any (SATELLITE_ALLOWED_HOSTS; default: the loopback names and
@@ -372,7 +374,9 @@ impl Config {
             None => s.max_connections.filter(|n| *n > 0).unwrap_or_else(default_max_connections),
         };
         let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
+        let drain = seconds("satellite.drain_seconds", env::DRAIN, s.drain_seconds, 10)?;
         Ok(Config {
+            drain,
             max_concurrent_requests,
             max_connections,
             http_timeout,
@@ -429,6 +433,7 @@ impl Config {
             "max_concurrent_requests": self.max_concurrent_requests,
             "max_connections": self.max_connections,
             "http_timeout_seconds": self.http_timeout.as_secs(),
+            "drain_seconds": self.drain.as_secs(),
             "mode": mode,
             "sandbox": {
                 "isolation": self.sandbox.isolation.as_str(),
