@@ -14,8 +14,11 @@ use tokio_util::codec::{Decoder, LinesCodec};
 use crate::mcp::protocol::{self, FrameError, Message};
 use crate::model::catalog;
 
+/// One fuzz target: a function of the raw input.
+pub type Target = fn(&[u8]);
+
 /// The targets, by the name `fuzz/` and the regression directory use.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("jsonrpc", jsonrpc),
     ("sse", sse),
     ("stdio_lines", stdio_lines),

@@ -158,6 +158,61 @@ async fn children_get_limits_a_clean_env_and_the_team_dir_and_refusals_leave_the
     sat.satellite.shutdown().await;
 }
 
+/// Whether this machine offers a CPU cgroup controller this process may write: cgroup v1's `cpu` hierarchy, or a
+/// cgroup v2 group with the `cpu` controller; probed by making and removing a group.
+fn cpu_cgroup_writable() -> Option<(std::path::PathBuf, &'static str)> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let v1 = own.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers.split(',').any(|c| c == "cpu").then(|| format!("/sys/fs/cgroup/cpu{path}"))
+    });
+    let (base, file) = match v1 {
+        Some(dir) => (std::path::PathBuf::from(dir), "cpu.cfs_quota_us"),
+        None => {
+            let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+            let dir = std::path::PathBuf::from(format!("/sys/fs/cgroup{path}"));
+            let controllers = std::fs::read_to_string(dir.join("cgroup.controllers")).ok()?;
+            controllers.split_whitespace().any(|c| c == "cpu").then_some(())?;
+            (dir, "cpu.max")
+        }
+    };
+    let probe = base.join(format!("probe-{}", std::process::id()));
+    std::fs::create_dir(&probe).ok()?;
+    let _ = std::fs::remove_dir(&probe);
+    Some((base, file))
+}
+
+/// A CPU rate, not a lifetime budget: each stdio server runs in its own cgroup with a CFS quota of
+/// `cpu_limit_percent` of one core, joined between fork and exec (so whatever it starts is limited too), and the
+/// group goes when the server stops. Where no CPU controller is writable the server runs without one.
+#[tokio::test]
+async fn each_server_gets_a_cpu_rate_limit_in_its_own_cgroup() {
+    let exe = satellite_exe().to_string_lossy().into_owned();
+    let sandbox = format!("allowed_commands = [{}]\ncpu_limit_percent = 30\n", toml_str(&exe));
+    let sat = TestSatellite::start(&config(&sandbox, &server("demo", &exe, &["demo-server"], ""))).await;
+    sat.wait_ready().await;
+    wait_status(&sat, "demo", InstanceStatus::Online).await;
+    let pid = child_pid(&sat, "demo");
+    let membership = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("the child's cgroups");
+    let ours = format!("/satellite-{}/", std::process::id());
+    let Some((base, quota_file)) = cpu_cgroup_writable() else {
+        assert!(!membership.contains(&ours), "no controller, yet a group: {membership}");
+        assert!(limit(pid, "Max cpu time").0 == "unlimited");
+        sat.satellite.shutdown().await;
+        return;
+    };
+    let line = membership.lines().find(|l| l.contains(&ours)).unwrap_or_else(|| panic!("not in a group: {membership}"));
+    let group = line.rsplit_once(&ours).map(|(_, n)| n).expect("the child's group");
+    let dir = base.join(ours.trim_matches('/')).join(group);
+    let quota = std::fs::read_to_string(dir.join(quota_file)).expect("the group's quota");
+    let expected = if quota_file == "cpu.max" { "30000 100000" } else { "30000" };
+    assert_eq!(quota.trim(), expected, "30% of one core");
+    assert_eq!(limit(pid, "Max cpu time").0, "unlimited", "no lifetime budget on top");
+    sat.satellite.shutdown().await;
+    wait_until(DEADLINE, "the group removed once the server stopped", || async { (!dir.exists()).then_some(()) }).await;
+}
+
 #[tokio::test]
 async fn a_node_server_starts_under_the_default_limits() {
     let everything = node_bin("mcp-server-everything").to_string_lossy().into_owned();

@@ -79,6 +79,8 @@ pub struct RawSandbox {
     pub allowed_commands: Vec<String>,
     pub memory_limit_mb: Option<u64>,
     pub cpu_time_limit_seconds: Option<u64>,
+    /// CPU rate limit per stdio server, percent of one core (cgroups); 0 disables.
+    pub cpu_limit_percent: Option<u64>,
     pub max_processes: Option<u64>,
     pub rlimit_nofile: Option<u64>,
     pub rlimit_fsize_mb: Option<u64>,

@@ -440,6 +440,7 @@ impl Config {
                 "allowed_commands": self.sandbox.allowed_commands,
                 "memory_limit_mb": self.sandbox.memory_limit_mb,
                 "cpu_time_limit_seconds": self.sandbox.cpu_time_limit_seconds,
+                "cpu_limit_percent": self.sandbox.cpu_limit_percent,
                 "max_processes": self.sandbox.max_processes,
                 "rlimit_nofile": self.sandbox.rlimit_nofile,
                 "rlimit_fsize_mb": self.sandbox.rlimit_fsize_mb,

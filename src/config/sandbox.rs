@@ -14,6 +14,8 @@ pub const DEFAULT_MEMORY_LIMIT_MB: u64 = 16384;
 /// No lifetime CPU budget unless the operator sets one: `RLIMIT_CPU` caps a process's total CPU time, so a busy
 /// long-running server would be killed (and counted as crashed) once it had used that much since it started.
 pub const DEFAULT_CPU_TIME_LIMIT_SECONDS: u64 = 0;
+/// The CPU *rate* limit per stdio server, percent of one core: one busy server cannot take the machine.
+pub const DEFAULT_CPU_LIMIT_PERCENT: u64 = 100;
 pub const DEFAULT_MAX_PROCESSES: u64 = 1000;
 pub const DEFAULT_RLIMIT_NOFILE: u64 = 1024;
 pub const DEFAULT_RLIMIT_FSIZE_MB: u64 = 50;
@@ -53,6 +55,8 @@ pub struct SandboxSettings {
     pub allowed_commands: Vec<String>,
     pub memory_limit_mb: u64,
     pub cpu_time_limit_seconds: u64,
+    /// Percent of one core per stdio server through its own cgroup, where one can be made; 0 disables.
+    pub cpu_limit_percent: u64,
     pub max_processes: u64,
     pub rlimit_nofile: u64,
     pub rlimit_fsize_mb: u64,
@@ -69,6 +73,7 @@ impl Default for SandboxSettings {
             allowed_commands: Vec::new(),
             memory_limit_mb: DEFAULT_MEMORY_LIMIT_MB,
             cpu_time_limit_seconds: DEFAULT_CPU_TIME_LIMIT_SECONDS,
+            cpu_limit_percent: DEFAULT_CPU_LIMIT_PERCENT,
             max_processes: DEFAULT_MAX_PROCESSES,
             rlimit_nofile: DEFAULT_RLIMIT_NOFILE,
             rlimit_fsize_mb: DEFAULT_RLIMIT_FSIZE_MB,
@@ -151,6 +156,12 @@ pub fn settings(env: &Env, raw: &RawSandbox) -> Result<SandboxSettings, ConfigEr
             env::NSJAIL_CPU_TIME_LIMIT_SECONDS,
             raw.cpu_time_limit_seconds,
             DEFAULT_CPU_TIME_LIMIT_SECONDS,
+        )?,
+        cpu_limit_percent: number(
+            "sandbox.cpu_limit_percent",
+            env::CPU_LIMIT_PERCENT,
+            raw.cpu_limit_percent,
+            DEFAULT_CPU_LIMIT_PERCENT,
         )?,
         max_processes: number(
             "sandbox.max_processes",

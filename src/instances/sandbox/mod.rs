@@ -254,6 +254,8 @@ impl SandboxPolicy {
             processes: (settings.max_processes > 0).then_some(settings.max_processes),
             open_files: (settings.rlimit_nofile > 0).then_some(settings.rlimit_nofile),
             file_size_bytes: mb(settings.rlimit_fsize_mb),
+            cpu_percent: (settings.cpu_limit_percent > 0)
+                .then(|| u32::try_from(settings.cpu_limit_percent).unwrap_or(u32::MAX)),
         };
         Ok(Self { settings: settings.clone(), allow, search, late: Mutex::new(HashMap::new()), limits, root, layout })
     }

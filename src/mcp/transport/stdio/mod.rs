@@ -26,6 +26,7 @@ use tokio_util::codec::{FramedRead, LinesCodec};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+mod cgroup;
 mod owner;
 pub mod reaper;
 mod relays;
@@ -92,6 +93,8 @@ pub struct ResourceLimits {
     pub open_files: Option<u64>,
     /// RLIMIT_FSIZE: largest file the child may write, bytes.
     pub file_size_bytes: Option<u64>,
+    /// Not an rlimit: a CPU rate limit, percent of one core, through the child's own cgroup where one can be made.
+    pub cpu_percent: Option<u32>,
 }
 
 impl ResourceLimits {
@@ -207,14 +210,26 @@ impl StdioTransport {
         }
         let parent = getpid();
         let limits = launch.limits;
+        let mut cpu_group = limits.cpu_percent.and_then(cgroup::CpuGroup::create);
+        let join_fd = cpu_group.as_ref().and_then(cgroup::CpuGroup::procs_fd);
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe functions may be
         // called. `in_child` makes only raw system calls (prctl, getppid, getrlimit, setrlimit, _exit) through
         // nix, which neither allocate nor lock; `parent` and `limits` are Copy values captured before the fork,
         // and the io::Error built from an errno does not allocate.
         unsafe {
-            command.pre_exec(move || in_child(parent, &limits));
+            command.pre_exec(move || {
+                in_child(parent, &limits)?;
+                if let Some(fd) = join_fd {
+                    // Best effort, like the group itself: a child that cannot join runs unlimited.
+                    let _ = cgroup::join_in_child(fd);
+                }
+                Ok(())
+            });
         }
         let mut child = command.spawn().map_err(|err| UpstreamError::spawn(&launch.command, &err))?;
+        if let Some(group) = cpu_group.as_mut() {
+            group.spawned();
+        }
         let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             return Err(UpstreamError::Io("child pipes unavailable".into()));
@@ -256,6 +271,7 @@ impl StdioTransport {
             stop: stop.clone(),
             close_grace: launch.close_grace,
             secrets: launch.secrets,
+            _cpu_group: cpu_group,
         };
         tokio::spawn(owner.run());
 

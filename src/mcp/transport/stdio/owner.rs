@@ -37,6 +37,8 @@ pub(super) struct Owner {
     /// Secret values masked in what is kept of the child's output.
     pub(super) secrets: Vec<String>,
     pub(super) stdin: Option<ChildStdin>,
+    /// The child's cpu cgroup, removed when the owner ends (after the child and its group are gone).
+    pub(super) _cpu_group: Option<super::cgroup::CpuGroup>,
     pub(super) stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
     pub(super) stderr: FramedRead<tokio::process::ChildStderr, LinesCodec>,
     pub(super) outbound: mpsc::Receiver<String>,
