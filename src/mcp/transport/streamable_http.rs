@@ -460,14 +460,26 @@ impl SendError {
 pub(crate) fn complete_values(buffer: &[u8], ended: bool) -> Option<(Vec<Value>, usize)> {
     let mut values = serde_json::Deserializer::from_slice(buffer).into_iter::<Value>();
     let mut parsed = Vec::new();
-    for value in values.by_ref() {
+    // Where the last parsed value ends, and where the one before it ended.
+    let (mut before_last, mut last_end) = (0, 0);
+    while let Some(value) = values.next() {
         match value {
-            Ok(value) => parsed.push(value),
+            Ok(value) => {
+                before_last = last_end;
+                last_end = values.byte_offset();
+                parsed.push(value);
+            }
             Err(err) if err.is_eof() => break,
             Err(_) => return None,
         }
     }
-    let consumed = values.byte_offset();
+    let mut consumed = values.byte_offset();
+    // A number that ends where the bytes so far end may go on in the next chunk (`1` then `11` is `111`): it is
+    // complete only once something follows it or the body ends. Found by the `sse` fuzz target.
+    if !ended && last_end == buffer.len() && parsed.last().is_some_and(Value::is_number) {
+        parsed.pop();
+        consumed = before_last;
+    }
     if ended && buffer[consumed..].iter().any(|b| !b.is_ascii_whitespace()) {
         return None;
     }
@@ -536,6 +548,10 @@ mod tests {
         assert_eq!(&ndjson[consumed..], b"{\"id\":");
         assert!(complete_values(ndjson, true).is_none(), "cut off for good once the body ended");
         assert!(complete_values(b"<html>", false).is_none());
+        // A number at the end of the bytes so far may continue in the next chunk.
+        let (values, consumed) = complete_values(b"{} 1", false).unwrap();
+        assert_eq!((values.len(), consumed), (1, 2));
+        assert_eq!(complete_values(b"{} 1", true).unwrap().0, vec![serde_json::json!({}), serde_json::json!(1)]);
     }
 
     #[test]
