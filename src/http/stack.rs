@@ -147,21 +147,34 @@ pub async fn serve<F>(
             request.extensions_mut().insert(PeerAddr(peer));
             request
         });
-        let connection_service = TowerToHyperService::new(with_peer);
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        // Half-sent requests and idle keep-alive connections are closed after the header timeout; an HTTP/2
-        // connection whose peer stops answering pings is closed too.
-        builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .keep_alive_interval(Some(Duration::from_secs(30)))
-            .keep_alive_timeout(limits.header_read_timeout);
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service).into_owned();
-        let watched = graceful.watch(connection);
+        let watcher = graceful.watcher();
+        let header_read_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(err) = watched.await {
+            // A connection that sends nothing is closed like a half-sent head. hyper's header timer starts only
+            // with the first byte (the auto builder first waits to tell HTTP/1 from HTTP/2), so silent
+            // connections were held for ever and a cap full of them starved every client (benches/storm.rs).
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(header_read_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(Ok(_)) | Ok(Err(_)) => return,
+                Err(_) => {
+                    debug!(peer = %peer, "connection sent nothing within the header timeout, closed");
+                    return;
+                }
+            }
+            let connection_service = TowerToHyperService::new(with_peer);
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            // Half-sent requests and idle keep-alive connections are closed after the header timeout; an HTTP/2
+            // connection whose peer stops answering pings is closed too.
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(Duration::from_secs(30)))
+                .keep_alive_timeout(header_read_timeout);
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service);
+            if let Err(err) = watcher.watch(connection.into_owned()).await {
                 debug!(error = %err, "connection ended with an error");
             }
         });
