@@ -169,7 +169,8 @@ pub fn masking(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let mut parts = text.split('\u{0}');
     let body = parts.next().unwrap_or_default();
-    let mut values: Vec<String> = parts.filter(|v| v.len() >= 4).map(str::to_owned).collect();
+    // As `secrets::secret_values` keeps them: 4 characters or more (shorter ones would mangle ordinary text).
+    let mut values: Vec<String> = parts.filter(|v| v.chars().count() >= 4).map(str::to_owned).collect();
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     values.dedup();
     let hidden = crate::secrets::hide(body, &values);
@@ -182,7 +183,9 @@ pub fn masking(data: &[u8]) {
     let args: Vec<String> = body.split(' ').map(str::to_owned).collect();
     let secret_args = crate::secrets::secret_arguments(&args);
     let masked = crate::secrets::mask_arguments(&args).join(" ");
-    for value in secret_args.iter().filter(|v| v.len() >= 4 && !v.contains('*')) {
+    // A value of 3 characters or fewer is masked whole where it stands, but may also be spelled by the 3 characters
+    // a mask keeps of a longer secret: only longer ones are checked everywhere (found by this target).
+    for value in secret_args.iter().filter(|v| v.chars().count() >= 4 && !v.contains('*')) {
         assert!(!masked.contains(value.as_str()), "argument secret {value:?} survived: {masked:?}");
     }
 }

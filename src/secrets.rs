@@ -28,7 +28,7 @@ pub fn mask(value: &str) -> String {
 /// Every secret value an instance's configuration holds, longest first (so a secret containing another is
 /// masked whole): env and header values whose names are listed as secret or look secret, secret query
 /// parameters, and argument values of secret-looking flags (`--api-key VALUE`, `--token=VALUE`). Values shorter
-/// than 4 characters are left out (masking them would mangle ordinary text). The one list every sink masks with.
+/// than 4 characters (not bytes) are left out (masking them would mangle ordinary text). The one list every sink masks with.
 pub fn secret_values(spec: &InstanceSpec) -> Vec<String> {
     let listed = |names: &[String], name: &str| names.iter().any(|n| n.eq_ignore_ascii_case(name));
     let mut values: Vec<String> = Vec::new();
@@ -54,7 +54,7 @@ pub fn secret_values(spec: &InstanceSpec) -> Vec<String> {
             }
         }
     }
-    values.retain(|v| v.len() >= 4);
+    values.retain(|v| v.chars().count() >= 4);
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     values.dedup();
     values
