@@ -54,7 +54,7 @@ pub fn secret_values(spec: &InstanceSpec) -> Vec<String> {
             }
         }
     }
-    values.retain(|v| v.chars().count() >= 4);
+    values.retain(|v| v.chars().count() >= MIN_HIDDEN_CHARS);
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     values.dedup();
     values
@@ -81,15 +81,25 @@ pub fn secret_arguments(args: &[String]) -> Vec<String> {
     found
 }
 
-/// `text` with every one of `values` (as `secret_values` orders them) replaced by its masked form.
+/// Values shorter than this many characters are masked whole where they stand but not hidden inside other text.
+const MIN_HIDDEN_CHARS: usize = 4;
+
+/// `text` with every occurrence of each of `values` replaced by its masked form, in one pass (leftmost, longest
+/// first), so what a replacement writes is never searched again. Values under 4 characters are left alone: an
+/// empty one matched everywhere and, replaced in turn, multiplied the text until memory ran out (found by the
+/// `masking` fuzz target).
 pub fn hide(text: &str, values: &[String]) -> String {
-    let mut out = text.to_owned();
-    for value in values {
-        if out.contains(value.as_str()) {
-            out = out.replace(value.as_str(), &mask(value));
-        }
+    let values: Vec<&str> =
+        values.iter().map(String::as_str).filter(|v| v.chars().count() >= MIN_HIDDEN_CHARS).collect();
+    if !values.iter().any(|v| text.contains(v)) {
+        return text.to_owned();
     }
-    out
+    let masks: Vec<String> = values.iter().map(|v| mask(v)).collect();
+    match aho_corasick::AhoCorasick::builder().match_kind(aho_corasick::MatchKind::LeftmostLongest).build(&values) {
+        Ok(matcher) => matcher.replace_all(text, &masks),
+        // Too many values to search for at once: showing nothing of the text is the safe answer.
+        Err(_) => mask(text),
+    }
 }
 
 /// `args` as they may be shown: the values of secret-looking flags masked.
@@ -175,6 +185,20 @@ mod tests {
         assert_eq!(shown[3], "--token=tok*****");
         assert_eq!(shown[5], "8080", "ordinary values stay");
         assert_eq!(hide("key sk-live-123 used", &secret_arguments(&args)), "key sk-***** used");
+    }
+
+    #[test]
+    fn empty_and_overlapping_values_are_hidden_in_one_pass() {
+        // `--token=` and `--api-key ""`: empty secrets. Before, each one replaced "" everywhere, again and again.
+        let args: Vec<String> =
+            ["--token=", "--password=", "--api-key", "", "--secret=", "run"].iter().map(|a| a.to_string()).collect();
+        let shown = mask_arguments(&args);
+        assert_eq!(shown.last().map(String::as_str), Some("run"));
+        assert!(shown.iter().all(|arg| arg.len() < 20), "{shown:?}");
+        assert_eq!(hide("nothing to hide", &["".to_owned(), "to".to_owned()]), "nothing to hide");
+        // A replacement's output is not searched again: a value that looks like a mask is not masked twice.
+        let values = ["abcdefgh".to_owned(), "abc*****".to_owned()];
+        assert_eq!(hide("x abcdefgh y", &values), "x abc***** y");
     }
 
     #[test]
