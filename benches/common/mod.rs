@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::future::Future;
 use std::time::Instant;
 
