@@ -4,7 +4,8 @@
 //! `--token=VALUE` arguments, an HTTP upstream's header and query parameter, tokens strangers guess, and a server
 //! that prints its own secrets (stderr, an invalid stdout line, its tool answers, its last words before a crash).
 //! Every path that writes somewhere runs: listing, search, calls through both routers, a crash and its restart,
-//! refused tokens, `check-config`, the status and debug routes, shutdown. Afterwards no log line of the satellite,
+//! refused tokens, `check-config`, the status and debug routes, legacy SSE, shutdown. The session ids handed out
+//! (Streamable HTTP and legacy SSE) are swept for as well: they are never stored or logged raw. Afterwards no log line of the satellite,
 //! byte of its data directory (the database, its WAL, anything else), status or debug answer, or `check-config`
 //! output contains any of them; only the MCP client that asked gets a server's answer, unchanged.
 
@@ -179,11 +180,14 @@ async fn no_planted_secret_reaches_a_log_line_a_stored_byte_or_an_answer_about_t
     })
     .await;
 
-    // What a client sees: the hierarchical router with a static token and with a JWT.
+    // What a client sees: the hierarchical router with a static token and with a JWT. Session ids are handles a
+    // stranger could use: they are swept for too.
     let mcp = format!("{base}/mcp");
     let mut client_saw = String::new();
+    let mut session_ids = Vec::new();
     for bearer in [USER_TOKEN.to_owned(), jwt()] {
         let session = session(&mcp, &bearer).await.expect("a session");
+        session_ids.push(session.clone());
         let s = Some(session.as_str());
         for (id, body) in [
             (1, json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})),
@@ -199,9 +203,29 @@ async fn no_planted_secret_reaches_a_log_line_a_stored_byte_or_an_answer_about_t
     }
     assert!(client_saw.contains(ENV_SECRET), "the client gets the server's own answer unchanged: {client_saw}");
 
+    // A legacy SSE stream and one message on it.
+    let legacy = reqwest::Client::new().get(format!("{base}/sse")).bearer_auth(USER_TOKEN).send().await.unwrap();
+    let mut legacy_body = legacy.bytes_stream();
+    let mut seen = String::new();
+    let endpoint = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let chunk = futures::StreamExt::next(&mut legacy_body).await.expect("stream open").expect("bytes");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if let Some(line) = seen.lines().find(|l| l.starts_with("data:") && l.contains("/message?session")) {
+                return line.trim_start_matches("data:").trim().to_owned();
+            }
+        }
+    })
+    .await
+    .expect("the endpoint event");
+    session_ids.push(endpoint.rsplit('=').next().unwrap_or_default().to_owned());
+    post(&format!("{base}{endpoint}"), USER_TOKEN, None, json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})).await;
+    drop(legacy_body);
+
     // The instance router, by header and by `?token=`, then a crash asked for directly.
     let instance = format!("{base}/i/alice-leaky/mcp");
     let session = session(&instance, INSTANCE_TOKEN).await.expect("an instance session");
+    session_ids.push(session.clone());
     post(&instance, INSTANCE_TOKEN, Some(&session), call(7, "ok", json!({}))).await;
     let by_query = format!("{instance}?token={INSTANCE_TOKEN}");
     let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"q","version":"1"}}});
@@ -259,7 +283,8 @@ async fn no_planted_secret_reaches_a_log_line_a_stored_byte_or_an_answer_about_t
     let stored = files_under(&data);
     assert!(stored.iter().any(|(path, _)| path.ends_with("satellite.db")), "the database was read");
     let mut leaks = Vec::new();
-    for secret in planted() {
+    assert!(session_ids.iter().all(|id| id.len() >= 16), "real session ids: {session_ids:?}");
+    for secret in planted().into_iter().chain(session_ids) {
         for (sink, text) in
             [("the satellite's log", logged.as_bytes()), ("a status, debug or check-config answer", answers.as_bytes())]
         {
