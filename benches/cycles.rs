@@ -8,6 +8,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "common/process.rs"]
+mod process;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -16,51 +18,6 @@ use common::lifecycle::*;
 use common::TestSatellite;
 use satellite::model::{InstanceStatus, ProcessId};
 use serde_json::json;
-
-fn held() -> (u64, usize, usize) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let fds = std::fs::read_dir("/proc/self/fd")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter(|t| !t.to_string_lossy().contains("satellite.db") && !t.starts_with("/proc/"))
-        .count();
-    let me = std::process::id().to_string();
-    let children = std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter(|stat| {
-            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-            let mut fields = rest.split_whitespace();
-            let state = fields.next();
-            fields.next() == Some(me.as_str()) && state != Some("Z")
-        })
-        .count();
-    (rss, fds, children)
-}
-
-/// Readings once descriptors and children stop changing (or after 30 s).
-async fn settled() -> (u64, usize, usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = held();
-    let mut same = 0;
-    while same < 5 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = held();
-        same = if (now.1, now.2) == (last.1, last.2) { same + 1 } else { 0 };
-        last = now;
-    }
-    last
-}
 
 /// Polls `check` every 10 ms for up to 30 s.
 async fn within<F, Fut>(mut check: F) -> bool
@@ -132,26 +89,22 @@ fn main() {
         // Warm-up: database connections and runtime threads exist before the first reading.
         run(&sat, manager, &alice, 0, 20, &mut errors).await;
         let _ = call(&sat, ALICE, "echo", json!({"text": "wake"})).await;
-        let before = settled().await;
+        let before = process::settled(std::process::id()).await;
         let started = Instant::now();
         run(&sat, manager, &alice, 20, 20 + cycles, &mut errors).await;
         let elapsed = started.elapsed().as_secs_f64();
         let _ = call(&sat, ALICE, "echo", json!({"text": "wake"})).await;
-        let after = settled().await;
+        let after = process::settled(std::process::id()).await;
         println!("{cycles} spawn/crash/idle cycles in {elapsed:.1} s ({:.1} cycles/s)", cycles as f64 / elapsed);
         println!("errors: {}", errors.values().sum::<usize>());
         for (kind, n) in &errors {
             println!("  {kind:<28} {n}");
         }
-        let line = |label: &str, (rss, fds, children): (u64, usize, usize)| {
-            println!("{label:<8} RSS {:.1} MiB, {fds} descriptors, {children} child processes", rss as f64 / 1024.0);
-        };
-        line("before", before);
-        line("after", after);
+        println!("before   {before}\nafter    {after}");
         println!(
             "descriptors after/before: {:.2}, RSS after/before: {:.2}",
-            after.1 as f64 / before.1.max(1) as f64,
-            after.0 as f64 / before.0.max(1) as f64
+            after.fds as f64 / before.fds.max(1) as f64,
+            after.rss_kib as f64 / before.rss_kib.max(1) as f64
         );
         sat.satellite.shutdown().await;
     });
