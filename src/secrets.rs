@@ -89,23 +89,51 @@ const MIN_HIDDEN_CHARS: usize = 4;
 /// empty one matched everywhere and, replaced in turn, multiplied the text until memory ran out (found by the
 /// `masking` fuzz target).
 pub fn hide(text: &str, values: &[String]) -> String {
-    let values: Vec<&str> =
-        values.iter().map(String::as_str).filter(|v| v.chars().count() >= MIN_HIDDEN_CHARS).collect();
-    if !values.iter().any(|v| text.contains(v)) {
+    // Most texts hold no secret: no search to build for them.
+    if !values.iter().any(|v| v.chars().count() >= MIN_HIDDEN_CHARS && text.contains(v.as_str())) {
         return text.to_owned();
     }
-    let masks: Vec<String> = values.iter().map(|v| mask(v)).collect();
-    match aho_corasick::AhoCorasick::builder().match_kind(aho_corasick::MatchKind::LeftmostLongest).build(&values) {
-        Ok(matcher) => matcher.replace_all(text, &masks),
-        // Too many values to search for at once: showing nothing of the text is the safe answer.
-        Err(_) => mask(text),
+    Hider::new(values).hide(text)
+}
+
+/// The search for a set of secret values, built once and used on many texts.
+pub struct Hider {
+    matcher: Option<aho_corasick::AhoCorasick>,
+    masks: Vec<String>,
+    /// Set when the values could not be searched for (too many at once): every text is masked whole.
+    blind: bool,
+}
+
+impl Hider {
+    pub fn new(values: &[String]) -> Hider {
+        let values: Vec<&str> =
+            values.iter().map(String::as_str).filter(|v| v.chars().count() >= MIN_HIDDEN_CHARS).collect();
+        if values.is_empty() {
+            return Hider { matcher: None, masks: Vec::new(), blind: false };
+        }
+        let masks = values.iter().map(|v| mask(v)).collect();
+        match aho_corasick::AhoCorasick::builder().match_kind(aho_corasick::MatchKind::LeftmostLongest).build(&values) {
+            Ok(matcher) => Hider { matcher: Some(matcher), masks, blind: false },
+            Err(_) => Hider { matcher: None, masks, blind: true },
+        }
+    }
+
+    pub fn hide(&self, text: &str) -> String {
+        match &self.matcher {
+            Some(matcher) if matcher.is_match(text) => matcher.replace_all(text, &self.masks),
+            Some(_) => text.to_owned(),
+            // Showing nothing of the text is the safe answer when the values cannot be searched for.
+            None if self.blind => mask(text),
+            None => text.to_owned(),
+        }
     }
 }
 
 /// `args` as they may be shown: the values of secret-looking flags masked.
 pub fn mask_arguments(args: &[String]) -> Vec<String> {
     let hidden = secret_arguments(args);
-    args.iter().map(|arg| if hidden.contains(arg) { mask(arg) } else { hide(arg, &hidden) }).collect()
+    let hider = Hider::new(&hidden);
+    args.iter().map(|arg| if hidden.contains(arg) { mask(arg) } else { hider.hide(arg) }).collect()
 }
 
 /// Names that carry credentials even when no metadata says so.
@@ -148,19 +176,19 @@ pub fn mask_url(url: &Url, secrets: &SecretNames) -> String {
 /// environment or headers, each value masked by name (secret-looking or listed) and then by value, so a secret
 /// that also sits in an unremarkable field is masked there too.
 pub fn masked_upstream(spec: &InstanceSpec) -> serde_json::Value {
-    let values = secret_values(spec);
+    let hider = Hider::new(&secret_values(spec));
     let hide_all = |map: BTreeMap<String, String>| -> BTreeMap<String, String> {
-        map.into_iter().map(|(k, v)| (k, hide(&v, &values))).collect()
+        map.into_iter().map(|(k, v)| (k, hider.hide(&v))).collect()
     };
     match &spec.upstream {
         Upstream::Stdio { command, args, env } => serde_json::json!({
-            "command": hide(command, &values),
-            "args": mask_arguments(args).iter().map(|arg| hide(arg, &values)).collect::<Vec<_>>(),
+            "command": hider.hide(command),
+            "args": mask_arguments(args).iter().map(|arg| hider.hide(arg)).collect::<Vec<_>>(),
             "env": hide_all(mask_map(env, &spec.secrets.env)),
         }),
         Upstream::StreamableHttp { url, headers, timeout } | Upstream::Sse { url, headers, timeout } => {
             serde_json::json!({
-                "url": hide(&mask_url(url, &spec.secrets), &values),
+                "url": hider.hide(&mask_url(url, &spec.secrets)),
                 "headers": hide_all(mask_map(headers, &spec.secrets.headers)),
                 "timeout_ms": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             })
