@@ -3,6 +3,7 @@
 //! See ARCHITECTURE.md for the map of modules and how a request flows.
 
 pub mod activity;
+pub mod analytics;
 pub mod app;
 pub mod auth;
 pub mod backend;

@@ -192,6 +192,17 @@ impl Satellite {
         let cancel = CancellationToken::new();
         let tasks = TaskTracker::new();
         let jobs = Jobs::new();
+        let auth = match &backend {
+            Some((_, _, _, introspection, _)) => {
+                Authenticator::with_introspection(Directory::default(), introspection.clone())
+            }
+            None => Authenticator::new(first.directory.clone()),
+        };
+        let meta_cost = crate::router::meta::cost().await.unwrap_or_else(|err| {
+            warn!(error = %err, "the meta-tools could not be counted; the schema-only savings figure will be wrong");
+            crate::analytics::MetaCost::default()
+        });
+        let analytics = crate::analytics::Recorder::new(meta_cost);
         let status = StatusDeps {
             jobs: jobs.clone(),
             manager: manager.clone(),
@@ -201,14 +212,14 @@ impl Satellite {
             show_uptime: config.show_uptime,
             mode: if backend.is_some() { "managed" } else { "standalone" },
             backend: backend.as_ref().map(|(.., monitor)| monitor.clone()),
+            analytics: http::analytics::AnalyticsDeps {
+                store: store.clone(),
+                recorder: analytics.clone(),
+                auth: auth.clone(),
+                manager: manager.clone(),
+            },
         };
         let stop_http = cancel.child_token();
-        let auth = match &backend {
-            Some((_, _, _, introspection, _)) => {
-                Authenticator::with_introspection(Directory::default(), introspection.clone())
-            }
-            None => Authenticator::new(first.directory.clone()),
-        };
         let sessions = Arc::new(SessionTable::default());
         let instance_sessions = Arc::new(SessionTable::default());
         let sse_sessions = Arc::new(SseSessions::default());
@@ -238,11 +249,13 @@ impl Satellite {
                 search,
                 call_timeout: config.upstream.call_timeout,
                 read_timeout: READ_TIMEOUT,
+                analytics: analytics.clone(),
             },
             instance_router: InstanceRouter {
                 manager: manager.clone(),
                 call_timeout: config.upstream.call_timeout,
                 read_timeout: READ_TIMEOUT,
+                analytics: analytics.clone(),
             },
             manager: manager.clone(),
             auth: auth.clone(),
@@ -321,6 +334,8 @@ impl Satellite {
             jobs.every("config-file-watch", interval, FirstRun::AfterOnePeriod, move || watcher.clone().check());
         }
         let pollers = CancellationToken::new();
+        // Written until the requests have drained (shutdown step 2), then flushed before the database closes.
+        analytics.spawn_writer(store.clone(), &tasks, pollers.clone());
         let uploads = CancellationToken::new();
         let mut upload_task = None;
         match backend {
@@ -509,6 +524,7 @@ fn introspector(client: Arc<BackendClient>) -> Introspect {
                                     None => DEFAULT_SCOPES.map(String::from).to_vec(),
                                 },
                                 client_id: client_id.clone(),
+                                role: crate::auth::Role::from_team_role(answer.team_role.as_deref()),
                             },
                             audience: match answer.aud {
                                 Some(Audience::One(one)) => vec![one],

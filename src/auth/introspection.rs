@@ -177,6 +177,7 @@ mod tests {
                 team: TeamId::from("acme"),
                 scopes: vec!["mcp:read".into()],
                 client_id: Some("dyn_1".into()),
+                role: crate::auth::Role::Member,
             },
             audience: audience.iter().map(|a| a.to_string()).collect(),
             client_id: Some("dyn_1".into()),

@@ -15,11 +15,20 @@ use subtle::ConstantTimeEq;
 pub mod introspection;
 mod principal;
 
-pub use principal::{AuthError, Principal, SCOPE_EXECUTE, SCOPE_READ};
+pub use principal::{AuthError, Principal, Role, SCOPE_EXECUTE, SCOPE_READ};
 
 use crate::config::sha256_hex;
 use crate::control::standalone::{Directory, JwtAlgorithm, JwtSettings, DEFAULT_SCOPES};
 use crate::model::{InstanceSpec, TeamId, UserId};
+
+/// What an admin may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminScope {
+    /// A satellite admin token: every team.
+    AllTeams,
+    /// A team admin: this team only.
+    Team(TeamId),
+}
 
 /// Why an instance-router request was refused (SB §6.1).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,6 +83,26 @@ impl Authenticator {
         }
     }
 
+    /// Whose analytics the caller may read: a satellite admin token opens every team, a team admin their own
+    /// team; any other valid caller is refused with `NotAdmin` (403), an unknown token with `Invalid` (401).
+    pub async fn authenticate_admin(&self, authorization: Option<&str>) -> Result<AdminScope, AuthError> {
+        let token = bearer(authorization).ok_or(AuthError::Missing)?;
+        let hash = sha256_hex(token);
+        let directory = self.directory();
+        let global = directory.admin_tokens.iter().fold(false, |found, admin| {
+            let equal: bool = admin.as_bytes().ct_eq(hash.as_bytes()).into();
+            found | equal
+        });
+        if global {
+            return Ok(AdminScope::AllTeams);
+        }
+        let principal = self.authenticate_request(authorization).await?;
+        match principal.role {
+            Role::TeamAdmin => Ok(AdminScope::Team(principal.team)),
+            Role::Member => Err(AuthError::NotAdmin),
+        }
+    }
+
     pub fn replace(&self, directory: Directory) {
         *self.directory.write() = Arc::new(directory);
     }
@@ -120,6 +149,7 @@ fn static_token(directory: &Directory, token: &str) -> Result<Principal, AuthErr
                     team: grant.team.clone(),
                     scopes: grant.scopes.clone(),
                     client_id: None,
+                    role: if user.admin { Role::TeamAdmin } else { Role::Member },
                 });
             }
         }
@@ -168,7 +198,8 @@ fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<P
         (None, Some(scp)) => scp,
         (None, None) => DEFAULT_SCOPES.iter().map(|s| s.to_string()).collect(),
     };
-    Ok(Principal { user: UserId(claims.sub), team, scopes, client_id: None })
+    let role = Role::from_team_role(claims.rest.get("team_role").and_then(|v| v.as_str()));
+    Ok(Principal { user: UserId(claims.sub), team, scopes, client_id: None, role })
 }
 
 trait KindDescription {

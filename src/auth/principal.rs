@@ -14,6 +14,28 @@ pub struct Principal {
     pub scopes: Vec<String>,
     /// The OAuth client the token was issued to (introspection); drives activity tracking (SB §17).
     pub client_id: Option<String>,
+    /// What the caller may administer besides using tools.
+    pub role: Role,
+}
+
+/// A caller's role in their team.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Role {
+    #[default]
+    Member,
+    /// Reads the team's analytics (a standalone user with `role = "admin"`, the backend's `team_admin`).
+    TeamAdmin,
+}
+
+impl Role {
+    /// The role an introspection answer's `team_role` (or a JWT's `team_role` claim) names; anything but
+    /// `team_admin` is a member.
+    pub fn from_team_role(team_role: Option<&str>) -> Role {
+        match team_role {
+            Some("team_admin") => Role::TeamAdmin,
+            _ => Role::Member,
+        }
+    }
 }
 
 impl Principal {
@@ -39,4 +61,6 @@ pub enum AuthError {
     Invalid(String),
     #[error("Token missing required scope: {0}")]
     InsufficientScope(String),
+    #[error("Admin role required: this token belongs to a team member, not a team admin")]
+    NotAdmin,
 }

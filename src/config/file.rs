@@ -93,6 +93,9 @@ pub struct RawAuth {
     pub jwt: Option<RawJwt>,
     /// Authorization server advertised in the protected-resource metadata (RFC 9728).
     pub authorization_server: Option<String>,
+    /// Hex SHA-256 of tokens that open the analytics API and `/admin` for every team (and nothing else).
+    #[serde(default)]
+    pub admin_token_sha256: Vec<String>,
 }
 
 /// Local JWT verification (used by the client-facing front door).
@@ -126,6 +129,8 @@ pub struct RawUser {
     /// Bearer tokens, each issued for one team (a token never reaches another team).
     #[serde(default)]
     pub tokens: Vec<RawToken>,
+    /// `member` (the default) or `admin`: an admin also reads the analytics of the teams their tokens are for.
+    pub role: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

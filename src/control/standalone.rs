@@ -21,6 +21,8 @@ pub struct Directory {
     pub users: BTreeMap<UserId, User>,
     pub jwt: Option<JwtSettings>,
     pub authorization_server: Option<String>,
+    /// Lowercase hex SHA-256 of the satellite-wide admin tokens (analytics of every team, nothing else).
+    pub admin_tokens: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -33,6 +35,8 @@ pub struct Team {
 pub struct User {
     pub teams: Vec<TeamId>,
     pub tokens: Vec<TokenGrant>,
+    /// A team admin: reads the analytics of the team each of their tokens is for.
+    pub admin: bool,
 }
 
 /// A bearer token a user may present: for one team, with scopes.
@@ -161,7 +165,12 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
         ),
         None => None,
     };
-    Ok(StandaloneConfig { directory: Directory { teams, users, jwt, authorization_server }, entries })
+    let mut admin_tokens = Vec::new();
+    for (i, hash) in raw.auth.admin_token_sha256.iter().enumerate() {
+        check_sha256(hash, &format!("auth.admin_token_sha256[{i}]"))?;
+        admin_tokens.push(hash.to_ascii_lowercase());
+    }
+    Ok(StandaloneConfig { directory: Directory { teams, users, jwt, authorization_server, admin_tokens }, entries })
 }
 
 /// The built-in configuration: one team, the user `demo`, and the bundled demo server over stdio.
@@ -183,6 +192,8 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<Standa
             teams: vec!["demo-team".into()],
             token_sha256: vec![demo.demo_token_hash()],
             tokens: vec![],
+            // The one user of the demo is its admin, so `/admin` opens with the demo token.
+            role: Some("admin".into()),
         }],
         servers: vec![RawServer {
             slug: "demo".into(),
@@ -284,7 +295,18 @@ fn users(raw: &[RawUser], teams: &BTreeMap<TeamId, Team>) -> Result<BTreeMap<Use
             let scopes = token.scopes.clone().unwrap_or_else(default_scopes);
             tokens.push(TokenGrant { sha256: token.sha256.to_ascii_lowercase(), team: TeamId(team), scopes });
         }
-        let entry = User { teams: user.teams.iter().cloned().map(TeamId).collect(), tokens };
+        let admin = match user.role.as_deref() {
+            None | Some("member") => false,
+            Some("admin") => true,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    format!("{key}.role"),
+                    None,
+                    format!("unknown role {other:?}: use \"member\" or \"admin\""),
+                ))
+            }
+        };
+        let entry = User { teams: user.teams.iter().cloned().map(TeamId).collect(), tokens, admin };
         if users.insert(UserId(user.id.clone()), entry).is_some() {
             return Err(ConfigError::new(format!("{key}.id"), None, format!("duplicate user id {:?}", user.id)));
         }

@@ -64,7 +64,7 @@ pub async fn discover(client: &McpClient, request_timeout: Duration) -> Result<C
     } else {
         (Vec::new(), Vec::new())
     };
-    Ok(Catalog { tools: tool_defs, resources, templates, discovered_at: Utc::now() })
+    Ok(Catalog { tools: tool_defs, resources, templates, discovered_at: Utc::now(), tool_tokens: Vec::new() })
 }
 
 fn optional(listing: Result<Vec<Value>, DiscoveryError>) -> Vec<Value> {

@@ -25,18 +25,20 @@ pub enum Target {
 impl Target {
     /// Route one request method.
     /// Route one request method; `relay` carries what the upstream server says meanwhile back to the client.
+    /// `session` is the client's MCP session id, when it has one.
     pub async fn dispatch(
         &self,
         deps: &McpDeps,
+        session: Option<&str>,
         method: &str,
         params: Option<Value>,
         relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
         match self {
             Target::Hierarchical(caller) | Target::LegacySse(caller) => {
-                deps.router.handle(caller, method, params, relay).await
+                deps.router.handle(caller, session, method, params, relay).await
             }
-            Target::Instance(instance) => deps.instance_router.handle(instance, method, params, relay).await,
+            Target::Instance(instance) => deps.instance_router.handle(instance, session, method, params, relay).await,
         }
     }
 

@@ -114,7 +114,7 @@ impl McpError {
             McpError::StreamConflict => StatusCode::CONFLICT,
             McpError::NoServerStream | McpError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             McpError::Auth(AuthError::Missing | AuthError::Invalid(_)) => StatusCode::UNAUTHORIZED,
-            McpError::Auth(AuthError::InsufficientScope(_)) => StatusCode::FORBIDDEN,
+            McpError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin) => StatusCode::FORBIDDEN,
             McpError::InstanceAuth(err) => match err {
                 InstanceAuthError::NotFound => StatusCode::NOT_FOUND,
                 InstanceAuthError::BadFormat | InstanceAuthError::Invalid => StatusCode::UNAUTHORIZED,

@@ -313,7 +313,7 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
                 Some(protocol::response(id, result))
             }
             Ok(Message::Request { id, method, params }) => {
-                match endpoint.target.dispatch(deps, &method, params, None).await {
+                match endpoint.target.dispatch(deps, Some(&session_id), &method, params, None).await {
                     Ok(mut result) => {
                         protocol::shape_for_handshake(&mut result);
                         Some(protocol::response(id, result))
@@ -371,6 +371,7 @@ async fn relayed(
         _ => None,
     };
     let (target, deps_owned, reply_id) = (endpoint.target.clone(), deps.clone(), id.clone());
+    let session = session_id.to_owned();
     let answer = endpoint
         .sessions
         .exchange
@@ -379,7 +380,7 @@ async fn relayed(
             id.clone(),
             Mode::Handshake { capabilities: endpoint.sessions.capabilities(session_id) },
             move |relay| async move {
-                let outcome = target.dispatch(&deps_owned, &method, params, Some(&relay)).await;
+                let outcome = target.dispatch(&deps_owned, Some(&session), &method, params, Some(&relay)).await;
                 if let (Ok(_), Some((uri, subscribed, sessions, session))) = (&outcome, subscription) {
                     sessions.set_subscription(&session, &uri, subscribed);
                 }
@@ -461,7 +462,7 @@ async fn stateless_post(
                 codes::METHOD_NOT_FOUND,
                 format!("Method not found: {method} is not part of {MODERN_VERSION}"),
             ))),
-            Ok(()) => endpoint.target.dispatch(deps, &method, params, None).await,
+            Ok(()) => endpoint.target.dispatch(deps, None, &method, params, None).await,
         };
         match outcome {
             Ok(mut result) => {
@@ -534,7 +535,7 @@ async fn stateless_relayed(
                 scope,
                 id.clone(),
                 mode,
-                move |relay| async move { target.dispatch(&deps_owned, &method, params, Some(&relay)).await },
+                move |relay| async move { target.dispatch(&deps_owned, None, &method, params, Some(&relay)).await },
                 finish,
             )
             .await

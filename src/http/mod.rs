@@ -18,6 +18,7 @@ use crate::auth::Authenticator;
 use crate::instances::InstanceManager;
 use crate::router::{HierarchicalRouter, InstanceRouter};
 
+pub mod analytics;
 mod audit;
 mod dispatch;
 pub mod error;
@@ -70,6 +71,8 @@ pub struct StatusDeps {
     pub mode: &'static str,
     /// Managed mode: what the backend loops last did (`GET /api/status/backend`).
     pub backend: Option<Arc<crate::backend::monitor::BackendMonitor>>,
+    /// `/api/analytics` and `/admin`.
+    pub analytics: analytics::AnalyticsDeps,
 }
 
 /// Every route of the satellite, behind the Host/Origin check.
@@ -92,7 +95,9 @@ pub fn routes(
         .with(cors())
         .map(Reply::into_response)
         .boxed();
-    let all = status::routes(status).boxed().or(served).unify().boxed();
+    // The admin API is not opened to other origins either: its page is served from here.
+    let admin = analytics::routes(status.analytics.clone()).boxed();
+    let all = status::routes(status).boxed().or(admin).unify().or(served).unify().boxed();
     guard.filter().and(all).recover(recover).unify()
 }
 

@@ -66,6 +66,11 @@ pub fn challenge(err: &AuthError, urls: &ResourceUrls) -> Challenge {
                 "required_scopes": [scope], "resource_metadata_uri": rm,
             })),
         ),
+        AuthError::NotAdmin => (
+            StatusCode::FORBIDDEN,
+            format!("Bearer realm=\"{REALM}\", error=\"insufficient_scope\", error_description=\"{err}\""),
+            RpcError::new(codes::FORBIDDEN, "Admin role required").with_data(json!({"message": err.to_string()})),
+        ),
     };
     Challenge { status, www_authenticate, error }
 }

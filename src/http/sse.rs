@@ -318,7 +318,7 @@ impl RelayedCall {
         let mut task = tokio::spawn(async move {
             let (relay, mut rx) = Relay::channel(true);
             let target = Target::LegacySse(principal);
-            let call = target.dispatch(&self.deps, &method, params, Some(&relay));
+            let call = target.dispatch(&self.deps, Some(&self.scope), &method, params, Some(&relay));
             tokio::pin!(call);
             let mut asked_tx = Some(asked_tx);
             let outcome = loop {

@@ -136,7 +136,10 @@ struct State {
 impl InstanceManager {
     /// A manager with no instances yet; catalogs stored by a previous run are loaded.
     pub async fn new(deps: ManagerDeps) -> Result<Self, crate::store::StoreError> {
-        let stored = deps.store.load_catalogs().await?;
+        let mut stored = deps.store.load_catalogs().await?;
+        for catalog in stored.values_mut() {
+            lifecycle::publish::count_into(catalog).await;
+        }
         let state = State { stored: stored.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(), ..State::default() };
         let (ready_tx, _) = watch::channel(false);
         let lifecycle = &deps.settings.lifecycle;

@@ -89,6 +89,15 @@ pub struct Catalog {
     pub resources: Vec<ResourceDef>,
     pub templates: Vec<TemplateDef>,
     pub discovered_at: DateTime<Utc>,
+    /// Each tool's o200k token count (SB §15), in the order of `tools`; empty until counted.
+    pub tool_tokens: Vec<u32>,
+}
+
+impl Catalog {
+    /// Tokens of every tool, once counted.
+    pub fn tokens_total(&self) -> Option<u64> {
+        (self.tool_tokens.len() == self.tools.len()).then(|| self.tool_tokens.iter().map(|n| u64::from(*n)).sum())
+    }
 }
 
 /// `{server_slug}:{tool_name}`.

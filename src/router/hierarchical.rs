@@ -10,9 +10,10 @@ use serde_json::{json, Map, Value};
 use tracing::warn;
 
 use super::{
-    blocked_result, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
+    blocked_result, call_outcome, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
     normalise_call_result, text_document, visible, RouteError,
 };
+use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
@@ -37,23 +38,31 @@ pub struct HierarchicalRouter {
     pub search: SearchIndex,
     pub call_timeout: Duration,
     pub read_timeout: Duration,
+    /// Listings, discovers and calls, for the token-savings figures.
+    pub analytics: Recorder,
 }
 
 impl HierarchicalRouter {
     /// Handle one request method for an authenticated caller.
     /// `relay` carries what an upstream server says during an execution or read back to the client.
+    /// `session` is the client's MCP session id (handshake era), for the analytics.
     pub async fn handle(
         &self,
         caller: &Principal,
+        session: Option<&str>,
         method: &str,
         params: Option<Value>,
         relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
         caller.require(SCOPE_READ).map_err(RouteError::Forbidden)?;
         let params = params.unwrap_or_else(|| json!({}));
+        let who = Caller { team: caller.team.as_str(), user: caller.user.as_str(), session };
         match method {
             "ping" => Ok(json!({})),
-            "tools/list" => Ok(json!({"tools": meta::definitions()})),
+            "tools/list" => {
+                self.record_listing(caller, &who);
+                Ok(json!({"tools": meta::definitions()}))
+            }
             "prompts/list" => self.list_prompts(caller).await,
             "prompts/get" => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
@@ -68,24 +77,56 @@ impl HierarchicalRouter {
                 let uri = string_param(&params, "uri", "Invalid uri parameter - must be a non-empty string")?;
                 self.read(caller, uri, relay).await
             }
-            "tools/call" => self.call_meta_tool(caller, &params, relay).await,
+            "tools/call" => self.call_meta_tool(caller, &who, &params, relay).await,
             other => Err(method_not_found(other)),
         }
+    }
+
+    /// What this `tools/list` showed (the meta-tools) against every tool the caller can see now.
+    fn record_listing(&self, caller: &Principal, who: &Caller<'_>) {
+        let meta = self.analytics.meta();
+        let catalogs: Vec<(Arc<Instance>, Arc<crate::model::Catalog>)> =
+            self.visible_instances(caller).into_iter().filter_map(|i| i.catalog().map(|c| (i, c))).collect();
+        let fingerprint = analytics::fingerprint(
+            catalogs.iter().map(|(i, c)| (i.spec().process_id.as_str(), c.discovered_at.timestamp_millis())),
+        );
+        self.analytics.listing(
+            who,
+            Listing {
+                router: Router::Hierarchical,
+                instance: None,
+                tools_shown: meta.tools,
+                shown_tokens: meta.tokens,
+                tools_visible: catalogs.iter().map(|(_, c)| c.tools.len() as u64).sum(),
+                visible_tokens: catalogs.iter().filter_map(|(_, c)| c.tokens_total()).sum(),
+                fingerprint,
+            },
+        );
     }
 
     async fn call_meta_tool(
         &self,
         caller: &Principal,
+        who: &Caller<'_>,
         params: &Value,
         relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
         let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
         match name {
-            meta::DISCOVER => self.discover(caller, &args).await,
+            meta::DISCOVER => {
+                let (result, tool_paths) = self.discover(caller, &args).await?;
+                let text = result
+                    .pointer("/content/0/text")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .unwrap_or_default();
+                self.analytics.discover(who, text, tool_paths);
+                Ok(result)
+            }
             meta::EXECUTE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
-                self.execute(caller, &args, params, relay).await
+                self.execute(caller, who, &args, params, relay).await
             }
             meta::LIST_RESOURCES => {
                 let resources = self.resource_entries(caller);
@@ -136,7 +177,8 @@ impl HierarchicalRouter {
         })
     }
 
-    async fn discover(&self, caller: &Principal, args: &Value) -> Result<Value, RouteError> {
+    /// The discover answer and the tool paths it lists.
+    async fn discover(&self, caller: &Principal, args: &Value) -> Result<(Value, Vec<String>), RouteError> {
         let started = Instant::now();
         let query = args
             .get("query")
@@ -150,6 +192,7 @@ impl HierarchicalRouter {
         let mut document = Map::new();
         let mut entries = Vec::new();
         let mut seen = HashSet::new();
+        let mut paths = Vec::new();
         if query == "*" {
             let all: Vec<(&Arc<Instance>, ToolDef)> = instances
                 .iter()
@@ -161,8 +204,10 @@ impl HierarchicalRouter {
                 if entries.len() == WILDCARD_LIMIT {
                     break;
                 }
-                if seen.insert(tool_path(&instance.spec().server_slug, &tool.name)) {
+                let path = tool_path(&instance.spec().server_slug, &tool.name);
+                if seen.insert(path.clone()) {
                     entries.push(tool_entry(instance, tool, 0.0));
+                    paths.push(path);
                 }
             }
             if all.len() > WILDCARD_LIMIT {
@@ -192,8 +237,10 @@ impl HierarchicalRouter {
                 else {
                     continue;
                 };
-                if seen.insert(tool_path(&instance.spec().server_slug, &tool.name)) {
+                let path = tool_path(&instance.spec().server_slug, &tool.name);
+                if seen.insert(path.clone()) {
                     entries.push(tool_entry(instance, &tool, relevance_score(hit.score, best)));
+                    paths.push(path);
                 }
             }
             if entries.is_empty() {
@@ -207,7 +254,7 @@ impl HierarchicalRouter {
         document.insert("tools".into(), Value::Array(entries));
         document.insert("search_time_ms".into(), json!(started.elapsed().as_millis() as u64));
         document.insert("query".into(), json!(query));
-        Ok(text_document(&Value::Object(document)))
+        Ok((text_document(&Value::Object(document)), paths))
     }
 
     /// Run a tool on the caller's instance. What the outer call carries for the server goes with the inner call:
@@ -217,6 +264,7 @@ impl HierarchicalRouter {
     async fn execute(
         &self,
         caller: &Principal,
+        who: &Caller<'_>,
         args: &Value,
         outer: &Value,
         relay: Option<&Relay>,
@@ -259,8 +307,17 @@ impl HierarchicalRouter {
                 inner[key] = value.clone();
             }
         }
-        let result = forward(&self.manager, &instance, "tools/call", inner, self.call_timeout, relay).await?;
-        Ok(normalise_call_result(result))
+        let started = Instant::now();
+        let result = forward(&self.manager, &instance, "tools/call", inner, self.call_timeout, relay).await;
+        self.analytics.call(
+            who,
+            Router::Hierarchical,
+            instance.spec(),
+            tool_name,
+            call_outcome(&result),
+            started.elapsed(),
+        );
+        Ok(normalise_call_result(result?))
     }
 
     async fn read(&self, caller: &Principal, uri: &str, relay: Option<&Relay>) -> Result<Value, RouteError> {

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{blocked_result, callable, disabled_result, forward, normalise_call_result, visible, RouteError};
+use super::{
+    blocked_result, call_outcome, callable, disabled_result, forward, normalise_call_result, visible, RouteError,
+};
+use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::instances::{Instance, InstanceError, InstanceManager};
 use crate::mcp::protocol::{codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
@@ -19,6 +22,8 @@ pub struct InstanceRouter {
     pub manager: InstanceManager,
     pub call_timeout: Duration,
     pub read_timeout: Duration,
+    /// Listings and calls, for the token-savings figures.
+    pub analytics: Recorder,
 }
 
 impl InstanceRouter {
@@ -29,20 +34,47 @@ impl InstanceRouter {
     pub async fn handle(
         &self,
         instance: &Arc<Instance>,
+        session: Option<&str>,
         method: &str,
         params: Option<Value>,
         relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
         let catalog = instance.catalog().filter(|_| visible(instance));
+        let spec = instance.spec();
+        let who = Caller { team: spec.team_id.as_str(), user: spec.user_id.as_str(), session };
         match method {
             "ping" => Ok(json!({})),
             "tools/list" => {
+                let mut tokens = 0u64;
                 let tools: Vec<Value> = catalog
                     .iter()
                     .flat_map(|c| {
-                        c.tools.iter().filter(|t| !instance.tool_disabled(&t.name)).map(|t| t.definition.clone())
+                        c.tools
+                            .iter()
+                            .zip(c.tool_tokens.iter().map(Some).chain(std::iter::repeat(None)))
+                            .filter(|(t, _)| !instance.tool_disabled(&t.name))
+                            .map(|(t, n)| {
+                                tokens += n.map(|n| u64::from(*n)).unwrap_or(0);
+                                t.definition.clone()
+                            })
+                            .collect::<Vec<_>>()
                     })
                     .collect();
+                // The instance router is a plain proxy: what it shows is what one would send.
+                self.analytics.listing(
+                    &who,
+                    Listing {
+                        router: Router::Instance,
+                        instance: Some((spec.process_id.0.clone(), spec.installation_id.0.clone())),
+                        tools_shown: tools.len() as u64,
+                        shown_tokens: tokens,
+                        tools_visible: tools.len() as u64,
+                        visible_tokens: tokens,
+                        fingerprint: analytics::fingerprint(
+                            catalog.iter().map(|c| (spec.process_id.as_str(), c.discovered_at.timestamp_millis())),
+                        ),
+                    },
+                );
                 Ok(json!({"tools": tools}))
             }
             "resources/list" => {
@@ -72,9 +104,11 @@ impl InstanceRouter {
                 // A tool missing from the catalog goes on too: the server may have added it since it was listed,
                 // or serve tools it does not list; it answers for its own tools, as it would without us.
                 // The whole request goes on: arguments, `_meta` (progress token), and what a 2026-07-28 retry adds.
+                let started = std::time::Instant::now();
                 let result =
-                    forward(&self.manager, instance, "tools/call", params.clone(), self.call_timeout, relay).await?;
-                Ok(normalise_call_result(result))
+                    forward(&self.manager, instance, "tools/call", params.clone(), self.call_timeout, relay).await;
+                self.analytics.call(&who, Router::Instance, spec, name, call_outcome(&result), started.elapsed());
+                Ok(normalise_call_result(result?))
             }
             "subscriptions/listen" => {
                 let relay = relay.ok_or_else(|| {

@@ -196,3 +196,12 @@ fn text_document(document: &Value) -> Value {
     let text = serde_json::to_string_pretty(document).unwrap_or_else(|_| document.to_string());
     json!({"content": [{"type": "text", "text": text}]})
 }
+
+/// How a forwarded call ended, for the analytics.
+pub(crate) fn call_outcome(result: &Result<Value, RouteError>) -> crate::analytics::Outcome {
+    match result {
+        Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => crate::analytics::Outcome::ToolError,
+        Ok(_) => crate::analytics::Outcome::Ok,
+        Err(_) => crate::analytics::Outcome::Error,
+    }
+}

@@ -57,12 +57,13 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         for (position, tool) in catalog.tools.iter().enumerate() {
-            sqlx::query("INSERT INTO catalog_tools (process_id, position, name, definition, content_hash) VALUES (?, ?, ?, ?, ?)")
+            sqlx::query("INSERT INTO catalog_tools (process_id, position, name, definition, content_hash, tokens) VALUES (?, ?, ?, ?, ?, ?)")
                 .bind(&owner.process_id)
                 .bind(position as i64)
                 .bind(&tool.name)
                 .bind(tool.definition.to_string())
                 .bind(&tool.content_hash)
+                .bind(catalog.tool_tokens.get(position).map(|n| i64::from(*n)))
                 .execute(&mut *tx)
                 .await?;
         }
@@ -105,17 +106,33 @@ impl Store {
                     resources: resources.iter().filter_map(ResourceDef::from_listing).collect(),
                     templates: templates.iter().filter_map(TemplateDef::from_listing).collect(),
                     discovered_at,
+                    tool_tokens: Vec::new(),
                 },
             );
         }
-        let tools = sqlx::query("SELECT process_id, definition FROM catalog_tools ORDER BY process_id, position")
-            .fetch_all(self.pool())
-            .await?;
+        let tools =
+            sqlx::query("SELECT process_id, definition, tokens FROM catalog_tools ORDER BY process_id, position")
+                .fetch_all(self.pool())
+                .await?;
+        let mut uncounted = std::collections::HashSet::new();
         for row in tools {
             let process_id = ProcessId(row.try_get("process_id")?);
             let definition: Value = serde_json::from_str(&row.try_get::<String, _>("definition")?)?;
+            let tokens: Option<i64> = row.try_get("tokens")?;
             if let (Some(catalog), Some(tool)) = (catalogs.get_mut(&process_id), ToolDef::from_listing(&definition)) {
                 catalog.tools.push(tool);
+                match tokens.and_then(|n| u32::try_from(n).ok()) {
+                    Some(n) => catalog.tool_tokens.push(n),
+                    None => {
+                        uncounted.insert(process_id.clone());
+                    }
+                }
+            }
+        }
+        // Rows saved before token counts were stored: the whole catalog is counted again by its owner.
+        for id in uncounted {
+            if let Some(catalog) = catalogs.get_mut(&id) {
+                catalog.tool_tokens.clear();
             }
         }
         Ok(catalogs)

@@ -13,6 +13,6 @@
 
 mod calls;
 mod connect;
-mod publish;
+pub(super) mod publish;
 mod start;
 mod supervise;

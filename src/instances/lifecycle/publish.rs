@@ -43,7 +43,8 @@ impl Inner {
             found = tokio::time::timeout(budget, discovery::discover(client, request_timeout)) => found,
         };
         match discovered {
-            Ok(Ok(catalog)) => {
+            Ok(Ok(mut catalog)) => {
+                count_into(&mut catalog).await;
                 let catalog = Arc::new(catalog);
                 if let Err(err) = self.deps.store.save_catalog(&CatalogOwner::from(instance.spec()), &catalog).await {
                     warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
@@ -74,22 +75,19 @@ impl Inner {
         }
     }
 
-    /// `mcp.tools.discovered` with each tool's token count (SB §15), counted on the blocking pool.
+    /// `mcp.tools.discovered` with each tool's token count (SB §15), counted by [`count_into`].
     pub(in crate::instances) async fn report_discovery(&self, spec: &InstanceSpec, catalog: &Catalog) {
-        match crate::tokens::count_tools(catalog.tools.clone()).await {
-            Ok(counts) => {
-                let tools: Vec<(String, String, Value, usize)> = catalog
-                    .tools
-                    .iter()
-                    .zip(counts)
-                    .map(|(t, n)| (t.name.clone(), t.description.clone(), t.input_schema.clone(), n))
-                    .collect();
-                self.emit(Event::tools_discovered(spec, &tools)).await;
-            }
-            Err(err) => {
-                warn!(process_id = %spec.process_id, error = %err, "counting tool tokens failed; no discovery event")
-            }
+        if catalog.tool_tokens.len() != catalog.tools.len() {
+            warn!(process_id = %spec.process_id, "tool tokens were not counted; no discovery event");
+            return;
         }
+        let tools: Vec<(String, String, Value, usize)> = catalog
+            .tools
+            .iter()
+            .zip(&catalog.tool_tokens)
+            .map(|(t, n)| (t.name.clone(), t.description.clone(), t.input_schema.clone(), *n as usize))
+            .collect();
+        self.emit(Event::tools_discovered(spec, &tools)).await;
     }
 
     /// `mcp.tools.updated` when a remote instance's re-discovery changed its tool set (BP §8.5-5).
@@ -175,5 +173,19 @@ impl Inner {
 
     pub(in crate::instances) async fn emit(&self, event: Event) {
         self.deps.events.emit(event).await;
+    }
+}
+
+/// Count each tool's tokens (SB §15) on the blocking pool into `catalog.tool_tokens`; left empty (and logged)
+/// when the encoder fails, so nothing reports a wrong count.
+pub(in crate::instances) async fn count_into(catalog: &mut Catalog) {
+    if catalog.tool_tokens.len() == catalog.tools.len() {
+        return;
+    }
+    match crate::tokens::count_tools(catalog.tools.clone()).await {
+        Ok(counts) => {
+            catalog.tool_tokens = counts.into_iter().map(|n| u32::try_from(n).unwrap_or(u32::MAX)).collect();
+        }
+        Err(err) => warn!(tools = catalog.tools.len(), error = %err, "counting tool tokens failed"),
     }
 }

@@ -1,0 +1,456 @@
+//! Token-savings analytics (docs/analytics.md): the facts the routers report as they answer (a listing shown, a
+//! discover answered, a call made), recorded in batches by one writer task, and the figures computed from them
+//! (`report`). Recording never waits on the database: a fact is queued and the request goes on; a full queue
+//! drops the fact and counts it (`dropped`), because analytics must never slow or fail a client.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, warn};
+
+use crate::model::{iso, InstanceSpec};
+use crate::store::analytics::{AnalyticsRow, CallRow, DiscoverRow, ListingRow, RowKey};
+use crate::store::Store;
+
+pub mod chart;
+pub mod report;
+
+/// Facts waiting for the writer; beyond this they are dropped and counted.
+const QUEUE: usize = 16_384;
+/// Rows written per transaction at most.
+const BATCH: usize = 512;
+/// How long a fact waits for company before it is written.
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
+/// Sessions whose state (last visible set, recent discovers) is kept; the oldest go first beyond this.
+const SESSIONS_KEPT: usize = 50_000;
+/// Recent discovers per session a call is matched against for the hit rate.
+const DISCOVERS_KEPT: usize = 8;
+
+/// Which router answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Router {
+    Hierarchical,
+    Instance,
+}
+
+impl Router {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Router::Hierarchical => "hierarchical",
+            Router::Instance => "instance",
+        }
+    }
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    /// A result with `isError: true`.
+    ToolError,
+    /// No result: the server failed, timed out or refused.
+    Error,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ToolError => "tool_error",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// Who asked, in which session. `session` is the MCP session id of a handshake-era client; a 2026-07-28
+/// request has none, and a caller's stateless requests count as one session of theirs.
+#[derive(Debug, Clone)]
+pub struct Caller<'a> {
+    pub team: &'a str,
+    pub user: &'a str,
+    pub session: Option<&'a str>,
+}
+
+/// One `tools/list` answer.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    pub router: Router,
+    /// The instance, on the instance router.
+    pub instance: Option<(String, String)>,
+    pub tools_shown: u64,
+    pub shown_tokens: u64,
+    pub tools_visible: u64,
+    pub visible_tokens: u64,
+    /// Identifies the visible tool set: a plain proxy re-sends the list when it changes.
+    pub fingerprint: u64,
+}
+
+#[derive(Debug)]
+enum Fact {
+    Listing { key: RowKey, stateless: bool, listing: Listing },
+    Discover { key: RowKey, text: String, tool_paths: Vec<String> },
+    Call(Box<CallFact>),
+}
+
+#[derive(Debug)]
+struct CallFact {
+    key: RowKey,
+    router: Router,
+    process_id: String,
+    installation_id: String,
+    server_slug: String,
+    tool_name: String,
+    outcome: Outcome,
+    duration_ms: u64,
+}
+
+/// What the four meta-tools cost, counted like any tool (SB §15) when the satellite starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MetaCost {
+    pub tools: u64,
+    pub tokens: u64,
+}
+
+/// The routers' handle: cheap to clone, never blocks.
+#[derive(Clone)]
+pub struct Recorder {
+    inner: Arc<RecorderInner>,
+}
+
+struct RecorderInner {
+    tx: mpsc::Sender<Fact>,
+    rx: parking_lot::Mutex<Option<mpsc::Receiver<Fact>>>,
+    dropped: AtomicU64,
+    meta: MetaCost,
+}
+
+impl Recorder {
+    /// A recorder whose facts wait until [`Recorder::spawn_writer`] starts writing them.
+    pub fn new(meta: MetaCost) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        Self {
+            inner: Arc::new(RecorderInner {
+                tx,
+                rx: parking_lot::Mutex::new(Some(rx)),
+                dropped: AtomicU64::new(0),
+                meta,
+            }),
+        }
+    }
+
+    /// What the meta-tools cost.
+    pub fn meta(&self) -> MetaCost {
+        self.inner.meta
+    }
+
+    /// Facts dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Start the one writer (a second call does nothing). It writes until `shutdown`, then drains the queue.
+    pub fn spawn_writer(&self, store: Store, tasks: &TaskTracker, shutdown: CancellationToken) {
+        let Some(rx) = self.inner.rx.lock().take() else {
+            return;
+        };
+        tasks.spawn(writer(rx, store, shutdown));
+    }
+
+    pub fn listing(&self, caller: &Caller<'_>, listing: Listing) {
+        let stateless = caller.session.is_none();
+        self.send(Fact::Listing { key: row_key(caller), stateless, listing });
+    }
+
+    /// A discover answered with `text`, listing `tool_paths` (`slug:tool`).
+    pub fn discover(&self, caller: &Caller<'_>, text: String, tool_paths: Vec<String>) {
+        self.send(Fact::Discover { key: row_key(caller), text, tool_paths });
+    }
+
+    pub fn call(&self, caller: &Caller<'_>, router: Router, spec: &InstanceSpec, tool: &str, outcome: Outcome, took: Duration) {
+        self.send(Fact::Call(Box::new(CallFact {
+            key: row_key(caller),
+            router,
+            process_id: spec.process_id.0.clone(),
+            installation_id: spec.installation_id.0.clone(),
+            server_slug: spec.server_slug.clone(),
+            tool_name: tool.to_owned(),
+            outcome,
+            duration_ms: took.as_millis() as u64,
+        })));
+    }
+
+    fn send(&self, fact: Fact) {
+        if let Err(err) = self.inner.tx.try_send(fact) {
+            let dropped = self.inner.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if dropped.is_power_of_two() {
+                warn!(dropped, reason = %err, "analytics facts dropped: the writer is behind or stopped; figures will undercount");
+            }
+        }
+    }
+}
+
+/// A fingerprint of a visible tool set from each instance's id and discovery time.
+pub fn fingerprint<'a>(parts: impl Iterator<Item = (&'a str, i64)>) -> u64 {
+    let mut parts: Vec<(&str, i64)> = parts.collect();
+    parts.sort_unstable();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    parts.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The session as stored: a hash of the MCP session id (ids are bookkeeping, but there is no reason to keep
+/// them), or the caller's stateless pseudo-session.
+fn row_key(caller: &Caller<'_>) -> RowKey {
+    let session = match caller.session {
+        Some(id) => format!("s:{}", &hex::encode(Sha256::digest(id.as_bytes()))[..16]),
+        None => {
+            let who = format!("{}\u{1f}{}", caller.team, caller.user);
+            format!("stateless:{}", &hex::encode(Sha256::digest(who.as_bytes()))[..16])
+        }
+    };
+    RowKey { at: iso(chrono::Utc::now()), team_id: caller.team.to_owned(), user_id: caller.user.to_owned(), session }
+}
+
+/// What the writer remembers of a session.
+struct SessionState {
+    last_fingerprint: Option<u64>,
+    discovers: VecDeque<(String, HashSet<String>)>,
+    seen: Instant,
+}
+
+impl SessionState {
+    fn new() -> Self {
+        Self { last_fingerprint: None, discovers: VecDeque::new(), seen: Instant::now() }
+    }
+}
+
+/// Turns facts into rows: proxy cost per listing, discover keys and hits, discover text tokens.
+struct Ledger {
+    sessions: HashMap<String, SessionState>,
+}
+
+impl Ledger {
+    fn session(&mut self, key: &str) -> &mut SessionState {
+        if self.sessions.len() >= SESSIONS_KEPT && !self.sessions.contains_key(key) {
+            let mut ages: Vec<Instant> = self.sessions.values().map(|s| s.seen).collect();
+            ages.sort_unstable();
+            let cutoff = ages[ages.len() / 2];
+            self.sessions.retain(|_, s| s.seen > cutoff);
+        }
+        let state = self.sessions.entry(key.to_owned()).or_insert_with(SessionState::new);
+        state.seen = Instant::now();
+        state
+    }
+
+    fn rows(&mut self, facts: Vec<Fact>, discover_tokens: &[u64]) -> Vec<AnalyticsRow> {
+        let mut tokens = discover_tokens.iter();
+        facts
+            .into_iter()
+            .map(|fact| match fact {
+                Fact::Listing { key, stateless, listing } => {
+                    let state = self.session(&key.session);
+                    // A plain proxy sends the list once per session and again when it changed; a stateless
+                    // client asks every time, and a stateless proxy answers every time.
+                    let resent = stateless || state.last_fingerprint != Some(listing.fingerprint);
+                    state.last_fingerprint = Some(listing.fingerprint);
+                    let (process_id, installation_id) = listing.instance.unzip();
+                    AnalyticsRow::Listing(ListingRow {
+                        key,
+                        router: listing.router.as_str(),
+                        process_id,
+                        installation_id,
+                        tools_shown: listing.tools_shown,
+                        shown_tokens: listing.shown_tokens,
+                        tools_visible: listing.tools_visible,
+                        visible_tokens: listing.visible_tokens,
+                        proxy_tokens: if resent { listing.visible_tokens } else { 0 },
+                    })
+                }
+                Fact::Discover { key, text: _, tool_paths } => {
+                    let discover_key = uuid::Uuid::new_v4().simple().to_string();
+                    let results = tool_paths.len() as u64;
+                    let state = self.session(&key.session);
+                    state.discovers.push_front((discover_key.clone(), tool_paths.into_iter().collect()));
+                    state.discovers.truncate(DISCOVERS_KEPT);
+                    AnalyticsRow::Discover(DiscoverRow {
+                        key,
+                        discover_key,
+                        results,
+                        result_tokens: tokens.next().copied().unwrap_or(0),
+                    })
+                }
+                Fact::Call(call) => {
+                    let path = crate::model::tool_path(&call.server_slug, &call.tool_name);
+                    let state = self.session(&call.key.session);
+                    let discover_key =
+                        state.discovers.iter().find(|(_, paths)| paths.contains(&path)).map(|(k, _)| k.clone());
+                    AnalyticsRow::Call(CallRow {
+                        key: call.key,
+                        router: call.router.as_str(),
+                        process_id: call.process_id,
+                        installation_id: call.installation_id,
+                        server_slug: call.server_slug,
+                        tool_name: call.tool_name,
+                        outcome: call.outcome.as_str(),
+                        duration_ms: call.duration_ms,
+                        discover_key,
+                    })
+                }
+            })
+            .collect()
+    }
+}
+
+async fn writer(mut rx: mpsc::Receiver<Fact>, store: Store, shutdown: CancellationToken) {
+    let mut ledger = Ledger { sessions: HashMap::new() };
+    let mut batch: Vec<Fact> = Vec::new();
+    let mut tick = tokio::time::interval(FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            fact = rx.recv() => match fact {
+                Some(fact) => {
+                    batch.push(fact);
+                    if batch.len() >= BATCH {
+                        flush(&mut ledger, &store, &mut batch).await;
+                    }
+                }
+                None => break,
+            },
+            _ = tick.tick() => flush(&mut ledger, &store, &mut batch).await,
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    while let Ok(fact) = rx.try_recv() {
+        batch.push(fact);
+        if batch.len() >= BATCH {
+            flush(&mut ledger, &store, &mut batch).await;
+        }
+    }
+    flush(&mut ledger, &store, &mut batch).await;
+}
+
+async fn flush(ledger: &mut Ledger, store: &Store, batch: &mut Vec<Fact>) {
+    if batch.is_empty() {
+        return;
+    }
+    let facts = std::mem::take(batch);
+    let texts: Vec<String> = facts
+        .iter()
+        .filter_map(|f| match f {
+            Fact::Discover { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    let counted = if texts.is_empty() {
+        Vec::new()
+    } else {
+        match tokio::task::spawn_blocking(move || {
+            crate::tokens::counter().map(|c| texts.iter().map(|t| c.count_text(t) as u64).collect::<Vec<_>>())
+        })
+        .await
+        {
+            Ok(Ok(counts)) => counts,
+            Ok(Err(err)) => {
+                warn!(error = %err, "counting discover answer tokens failed; they count as 0");
+                Vec::new()
+            }
+            Err(err) => {
+                warn!(error = %err, "the token counting task failed; discover answers count as 0");
+                Vec::new()
+            }
+        }
+    };
+    let rows = ledger.rows(facts, &counted);
+    let written = rows.len();
+    if let Err(err) = store.insert_analytics(&rows).await {
+        warn!(rows = written, error = %err, "writing analytics rows failed; these facts are lost to the figures");
+    } else {
+        debug!(rows = written, "analytics rows written");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(session: &str) -> RowKey {
+        RowKey { at: "2026-01-01T00:00:00.000Z".into(), team_id: "t".into(), user_id: "u".into(), session: session.into() }
+    }
+
+    fn listing(fingerprint: u64) -> Listing {
+        Listing {
+            router: Router::Hierarchical,
+            instance: None,
+            tools_shown: 4,
+            shown_tokens: 400,
+            tools_visible: 10,
+            visible_tokens: 1000,
+            fingerprint,
+        }
+    }
+
+    fn proxy(row: &AnalyticsRow) -> u64 {
+        match row {
+            AnalyticsRow::Listing(l) => l.proxy_tokens,
+            other => panic!("not a listing: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_plain_proxy_resends_the_list_only_when_it_changed_or_the_client_is_stateless() {
+        let mut ledger = Ledger { sessions: HashMap::new() };
+        let facts = vec![
+            Fact::Listing { key: key("a"), stateless: false, listing: listing(1) },
+            Fact::Listing { key: key("a"), stateless: false, listing: listing(1) },
+            Fact::Listing { key: key("a"), stateless: false, listing: listing(2) },
+            Fact::Listing { key: key("b"), stateless: false, listing: listing(2) },
+            Fact::Listing { key: key("c"), stateless: true, listing: listing(2) },
+            Fact::Listing { key: key("c"), stateless: true, listing: listing(2) },
+        ];
+        let rows = ledger.rows(facts, &[]);
+        let proxied: Vec<u64> = rows.iter().map(proxy).collect();
+        assert_eq!(proxied, vec![1000, 0, 1000, 1000, 1000, 1000]);
+    }
+
+    #[test]
+    fn a_call_of_a_tool_the_sessions_recent_discover_listed_is_a_hit_and_another_sessions_is_not() {
+        let mut ledger = Ledger { sessions: HashMap::new() };
+        let spec_call = |session: &str, tool: &str| {
+            Fact::Call(Box::new(CallFact {
+                key: key(session),
+                router: Router::Hierarchical,
+                process_id: "p".into(),
+                installation_id: "i".into(),
+                server_slug: "demo".into(),
+                tool_name: tool.into(),
+                outcome: Outcome::Ok,
+                duration_ms: 1,
+            }))
+        };
+        let facts = vec![
+            Fact::Discover { key: key("a"), text: "x".into(), tool_paths: vec!["demo:echo".into(), "demo:add".into()] },
+            spec_call("a", "add"),
+            spec_call("a", "other"),
+            spec_call("b", "add"),
+        ];
+        let rows = ledger.rows(facts, &[7]);
+        let AnalyticsRow::Discover(d) = &rows[0] else { panic!("not a discover") };
+        assert_eq!((d.results, d.result_tokens), (2, 7));
+        let keys: Vec<Option<String>> = rows[1..]
+            .iter()
+            .map(|r| match r {
+                AnalyticsRow::Call(c) => c.discover_key.clone(),
+                other => panic!("not a call: {other:?}"),
+            })
+            .collect();
+        assert_eq!(keys, vec![Some(d.discover_key.clone()), None, None]);
+    }
+}

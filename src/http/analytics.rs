@@ -1,0 +1,342 @@
+//! The admin surface (docs/analytics.md): the JSON API under `/api/analytics` (described by
+//! `proto/analytics.openapi.json`), its SVG charts, and the `/admin` page whose assets are compiled in.
+//!
+//! Every API route authenticates the caller as an admin (`Authenticator::authenticate_admin`): a satellite admin
+//! token reads every team, a team admin only their own team (asking for another is 403, never an empty answer).
+//! Errors are `{"error", "message"}` with the status that says why.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use warp::http::{header, StatusCode};
+use warp::reply::Response;
+use warp::{Filter, Reply};
+
+use crate::analytics::{chart, report, Recorder};
+use crate::auth::{AdminScope, AuthError, Authenticator};
+use crate::instances::InstanceManager;
+use crate::model::iso;
+use crate::store::analytics::{Grouping, RowFilter};
+use crate::store::Store;
+
+const DEFAULT_LIMIT: u64 = 50;
+const MAX_LIMIT: u64 = 500;
+
+/// What the admin routes read.
+#[derive(Clone)]
+pub struct AnalyticsDeps {
+    pub store: Store,
+    pub recorder: Recorder,
+    pub auth: Authenticator,
+    pub manager: InstanceManager,
+}
+
+/// Why an admin request was refused.
+#[derive(Debug, thiserror::Error)]
+enum ApiError {
+    #[error("{0}")]
+    Auth(AuthError),
+    #[error("team admins read only their own team ({0})")]
+    OtherTeam(String),
+    #[error("{0}")]
+    BadQuery(String),
+    #[error("the analytics store failed; see the satellite's log")]
+    Store,
+}
+
+impl ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            ApiError::Auth(AuthError::Missing | AuthError::Invalid(_)) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin) | ApiError::OtherTeam(_) => {
+                (StatusCode::FORBIDDEN, "forbidden")
+            }
+            ApiError::BadQuery(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ApiError::Store => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        let mut response =
+            warp::reply::with_status(warp::reply::json(&json!({"error": code, "message": self.to_string()})), status)
+                .into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// A query after validation: whose rows, which page.
+struct Query {
+    filter: RowFilter,
+    limit: u64,
+    offset: u64,
+    bucket: Grouping,
+    scope: AdminScope,
+}
+
+fn parse_time(name: &str, value: &str) -> Result<String, ApiError> {
+    DateTime::parse_from_rfc3339(value)
+        .map(|t| iso(t.with_timezone(&Utc)))
+        .map_err(|_| ApiError::BadQuery(format!("{name} must be an RFC 3339 time such as 2026-11-23T00:00:00Z")))
+}
+
+fn parse_count(name: &str, value: &str, max: u64) -> Result<u64, ApiError> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|n| *n <= max)
+        .ok_or_else(|| ApiError::BadQuery(format!("{name} must be a whole number from 0 to {max}")))
+}
+
+fn query(params: &HashMap<String, String>, scope: AdminScope) -> Result<Query, ApiError> {
+    let text = |name: &str| params.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let mut filter = RowFilter {
+        team_id: text("team_id").map(str::to_owned),
+        user_id: text("user_id").map(str::to_owned),
+        installation_id: text("installation_id").map(str::to_owned),
+        from: text("from").map(|v| parse_time("from", v)).transpose()?,
+        to: text("to").map(|v| parse_time("to", v)).transpose()?,
+    };
+    if let AdminScope::Team(team) = &scope {
+        match &filter.team_id {
+            Some(asked) if asked != team.as_str() => return Err(ApiError::OtherTeam(team.to_string())),
+            _ => filter.team_id = Some(team.to_string()),
+        }
+    }
+    let limit = text("limit").map(|v| parse_count("limit", v, MAX_LIMIT)).transpose()?.unwrap_or(DEFAULT_LIMIT).max(1);
+    let offset = text("offset").map(|v| parse_count("offset", v, u64::from(u32::MAX))).transpose()?.unwrap_or(0);
+    let bucket = match text("bucket") {
+        None | Some("day") => Grouping::TimePrefix(10),
+        Some("hour") => Grouping::TimePrefix(13),
+        Some(_) => return Err(ApiError::BadQuery("bucket must be \"day\" or \"hour\"".into())),
+    };
+    Ok(Query { filter, limit, offset, bucket, scope })
+}
+
+fn store_failed(err: crate::store::StoreError) -> ApiError {
+    tracing::warn!(error = %err, "an analytics query failed");
+    ApiError::Store
+}
+
+fn json_reply<T: Serialize>(body: &T) -> Response {
+    let mut response = warp::reply::json(body).into_response();
+    response.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    response
+}
+
+fn filter_json(q: &Query) -> serde_json::Value {
+    json!({
+        "scope": match &q.scope { AdminScope::AllTeams => "all_teams".to_owned(), AdminScope::Team(t) => format!("team:{t}") },
+        "team_id": q.filter.team_id, "user_id": q.filter.user_id, "installation_id": q.filter.installation_id,
+        "from": q.filter.from, "to": q.filter.to,
+    })
+}
+
+/// One instance as the overview shows it.
+#[derive(Serialize)]
+struct InstanceRow {
+    process_id: String,
+    team_id: String,
+    user_id: String,
+    installation_id: String,
+    server_slug: String,
+    status: &'static str,
+    message: Option<String>,
+    since: String,
+    tools: u64,
+}
+
+async fn answer(deps: AnalyticsDeps, route: String, authorization: Option<String>, params: HashMap<String, String>) -> Response {
+    let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
+        Ok(scope) => scope,
+        Err(err) => return ApiError::Auth(err).into_response(),
+    };
+    match route_answer(&deps, &route, scope, &params).await {
+        Ok(response) => response,
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn route_answer(
+    deps: &AnalyticsDeps,
+    route: &str,
+    scope: AdminScope,
+    params: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let q = query(params, scope)?;
+    let store = &deps.store;
+    let (f, limit, offset) = (&q.filter, q.limit, q.offset);
+    Ok(match route {
+        "summary" => {
+            let summary = report::summary(store, f, deps.recorder.meta()).await.map_err(store_failed)?;
+            json_reply(&json!({
+                "generated_at": iso(Utc::now()),
+                "filter": filter_json(&q),
+                "schema_only": summary.schema_only,
+                "realized": summary.realized,
+                "calls": summary.calls,
+                "discovers": summary.discovers,
+            }))
+        }
+        "timeseries" => json_reply(&report::activity(store, f, q.bucket, limit, offset).await.map_err(store_failed)?),
+        "users" => json_reply(&report::activity(store, f, Grouping::User, limit, offset).await.map_err(store_failed)?),
+        "sessions" => {
+            json_reply(&report::activity(store, f, Grouping::Session, limit, offset).await.map_err(store_failed)?)
+        }
+        "servers" => json_reply(&report::servers(store, f, limit, offset).await.map_err(store_failed)?),
+        "tools" => {
+            let (items, total) = store.tool_calls(f, limit, offset).await.map_err(store_failed)?;
+            json_reply(&report::Page::new(items, total, limit, offset))
+        }
+        "failures" => {
+            let (items, total) = store.recent_failures(f, limit, offset).await.map_err(store_failed)?;
+            json_reply(&report::Page::new(items, total, limit, offset))
+        }
+        "instances" => json_reply(&instances(deps, &q)),
+        "charts/savings.svg" => {
+            let page = report::activity(store, f, q.bucket, 60, 0).await.map_err(store_failed)?;
+            let mut rows = page.items;
+            rows.reverse();
+            let labels: Vec<String> = rows.iter().map(|r| r.key.clone()).collect();
+            let svg = chart::columns(
+                "Tokens sent: plain proxy vs hierarchical router",
+                &labels,
+                &[
+                    chart::Series {
+                        name: "plain proxy",
+                        color: "#c0504d",
+                        values: rows.iter().map(|r| r.realized.proxy_tokens).collect(),
+                    },
+                    chart::Series {
+                        name: "router",
+                        color: "#4f81bd",
+                        values: rows.iter().map(|r| r.realized.received_tokens).collect(),
+                    },
+                ],
+            );
+            svg_reply(svg)
+        }
+        "charts/servers.svg" => {
+            let page = report::servers(store, f, 15, 0).await.map_err(store_failed)?;
+            let rows: Vec<(String, u64)> = page.items.iter().map(|s| (s.server_slug.clone(), s.tool_tokens)).collect();
+            svg_reply(chart::bars("Tokens to list each server's tools", &rows, "#4f81bd"))
+        }
+        other => return Err(ApiError::BadQuery(format!("no analytics route {other:?}"))),
+    })
+}
+
+fn svg_reply(svg: String) -> Response {
+    let mut response = warp::reply::with_header(svg, header::CONTENT_TYPE, "image/svg+xml").into_response();
+    response.headers_mut().insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Instances in scope now, by status, with a page of them (failing ones first).
+fn instances(deps: &AnalyticsDeps, q: &Query) -> serde_json::Value {
+    let f = &q.filter;
+    let mut rows: Vec<InstanceRow> = deps
+        .manager
+        .instances()
+        .into_iter()
+        .filter(|i| {
+            let s = i.spec();
+            f.team_id.as_deref().is_none_or(|t| s.team_id.as_str() == t)
+                && f.user_id.as_deref().is_none_or(|u| s.user_id.as_str() == u)
+                && f.installation_id.as_deref().is_none_or(|x| s.installation_id.as_str() == x)
+        })
+        .map(|i| {
+            let (s, st) = (i.spec(), i.status());
+            InstanceRow {
+                process_id: s.process_id.0.clone(),
+                team_id: s.team_id.0.clone(),
+                user_id: s.user_id.0.clone(),
+                installation_id: s.installation_id.0.clone(),
+                server_slug: s.server_slug.clone(),
+                status: st.status.as_str(),
+                message: st.message.clone(),
+                since: iso(st.updated_at),
+                tools: i.catalog().map(|c| c.tools.len() as u64).unwrap_or(0),
+            }
+        })
+        .collect();
+    let mut by_status: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for row in &rows {
+        *by_status.entry(row.status).or_default() += 1;
+    }
+    rows.sort_by(|a, b| {
+        (a.status == "online").cmp(&(b.status == "online")).then_with(|| a.process_id.cmp(&b.process_id))
+    });
+    let total = rows.len() as u64;
+    let items: Vec<InstanceRow> = rows.into_iter().skip(q.offset as usize).take(q.limit as usize).collect();
+    let page = report::Page::new(items, total, q.limit, q.offset);
+    json!({"by_status": by_status, "items": page.items, "total": page.total, "limit": page.limit,
+           "offset": page.offset, "next_offset": page.next_offset})
+}
+
+const PAGE_HTML: &str = include_str!("../../assets/admin/index.html");
+const PAGE_JS: &str = include_str!("../../assets/admin/app.js");
+const PAGE_CSS: &str = include_str!("../../assets/admin/app.css");
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut response = warp::reply::with_header(body, header::CONTENT_TYPE, content_type).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
+        ),
+    );
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
+    headers.insert(header::REFERRER_POLICY, header::HeaderValue::from_static("no-referrer"));
+    response
+}
+
+/// `/api/analytics/...` and `/admin`.
+pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    let with = warp::any().map(move || deps.clone());
+    let api = warp::path("api")
+        .and(warp::path("analytics"))
+        .and(warp::path::tail())
+        .and(warp::get())
+        .and(with)
+        .and(warp::header::optional::<String>("authorization"))
+        .and(warp::query::<HashMap<String, String>>())
+        .then(|tail: warp::path::Tail, deps: AnalyticsDeps, authorization: Option<String>, params| {
+            answer(deps, tail.as_str().trim_end_matches('/').to_owned(), authorization, params)
+        });
+    let page = warp::path("admin")
+        .and(warp::path::end())
+        .and(warp::get())
+        .map(|| asset(PAGE_HTML, "text/html; charset=utf-8"));
+    let js = warp::path!("admin" / "app.js").and(warp::get()).map(|| asset(PAGE_JS, "text/javascript; charset=utf-8"));
+    let css = warp::path!("admin" / "app.css").and(warp::get()).map(|| asset(PAGE_CSS, "text/css; charset=utf-8"));
+    api.or(page).unify().or(js).unify().or(css).unify()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TeamId;
+
+    fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_team_admin_is_held_to_their_team_and_bad_values_are_refused_with_a_reason() {
+        let team = || AdminScope::Team(TeamId::from("acme"));
+        let q = query(&params(&[]), team()).map_err(|e| e.to_string());
+        assert_eq!(q.map(|q| q.filter.team_id), Ok(Some("acme".to_owned())));
+        assert!(matches!(query(&params(&[("team_id", "other")]), team()), Err(ApiError::OtherTeam(_))));
+        assert!(matches!(query(&params(&[("team_id", "other")]), AdminScope::AllTeams), Ok(q) if q.filter.team_id.as_deref() == Some("other")));
+        for (name, value) in [("limit", "501"), ("limit", "x"), ("from", "yesterday"), ("bucket", "week"), ("offset", "-1")] {
+            match query(&params(&[(name, value)]), AdminScope::AllTeams) {
+                Err(ApiError::BadQuery(message)) => assert!(message.contains(name), "{message}"),
+                _ => panic!("{name}={value} was accepted"),
+            }
+        }
+        let q = query(&params(&[("from", "2026-11-23T10:00:00+01:00")]), AdminScope::AllTeams);
+        assert_eq!(q.ok().and_then(|q| q.filter.from), Some("2026-11-23T09:00:00.000Z".to_owned()));
+    }
+}

@@ -1,0 +1,475 @@
+//! Analytics rows (migration 0004) and the SQL that aggregates them. Rows are written in batches by
+//! `analytics::Recorder`; what the figures mean is `analytics`'s business, this file only sums.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite};
+
+use super::{Store, StoreError};
+
+/// One row to append.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnalyticsRow {
+    Listing(ListingRow),
+    Discover(DiscoverRow),
+    Call(CallRow),
+}
+
+/// Who and when, common to every row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowKey {
+    /// ISO-8601 UTC with milliseconds and `Z`, so text order is time order.
+    pub at: String,
+    pub team_id: String,
+    pub user_id: String,
+    pub session: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListingRow {
+    pub key: RowKey,
+    pub router: &'static str,
+    pub process_id: Option<String>,
+    pub installation_id: Option<String>,
+    pub tools_shown: u64,
+    pub shown_tokens: u64,
+    pub tools_visible: u64,
+    pub visible_tokens: u64,
+    pub proxy_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiscoverRow {
+    pub key: RowKey,
+    pub discover_key: String,
+    pub results: u64,
+    pub result_tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRow {
+    pub key: RowKey,
+    pub router: &'static str,
+    pub process_id: String,
+    pub installation_id: String,
+    pub server_slug: String,
+    pub tool_name: String,
+    pub outcome: &'static str,
+    pub duration_ms: u64,
+    pub discover_key: Option<String>,
+}
+
+/// Which rows a figure covers. Times are compared as text, so they must be in `RowKey::at`'s format.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowFilter {
+    pub team_id: Option<String>,
+    pub user_id: Option<String>,
+    pub installation_id: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+}
+
+/// How activity rows are grouped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grouping {
+    Total,
+    Session,
+    User,
+    /// `substr(at, 1, n)`: 10 for days, 13 for hours.
+    TimePrefix(u8),
+}
+
+/// Listings, discovers and calls summed over one group.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ActivitySums {
+    pub group: String,
+    pub team_id: String,
+    pub user_id: String,
+    pub first_at: Option<String>,
+    pub last_at: Option<String>,
+    pub sessions: u64,
+    pub listings: u64,
+    pub shown_tokens: u64,
+    pub visible_tokens: u64,
+    pub proxy_tokens: u64,
+    pub discovers: u64,
+    pub discover_results: u64,
+    pub discover_tokens: u64,
+    pub discover_hits: u64,
+    pub calls: u64,
+    pub call_errors: u64,
+    pub tool_errors: u64,
+}
+
+/// Calls of one tool.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ToolSums {
+    pub server_slug: String,
+    pub tool_name: String,
+    pub calls: u64,
+    pub errors: u64,
+    pub tool_errors: u64,
+    pub from_discover: u64,
+    pub avg_duration_ms: f64,
+}
+
+/// One instance's stored catalog and its token cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CatalogCost {
+    pub process_id: String,
+    pub team_id: String,
+    pub user_id: String,
+    pub installation_id: String,
+    pub server_slug: String,
+    pub tools: u64,
+    /// Tokens of every tool; `None` while some tool is not counted yet.
+    pub tokens: Option<u64>,
+}
+
+/// A failed call or a status change into a failure state.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FailureRow {
+    pub at: String,
+    pub kind: &'static str,
+    pub team_id: String,
+    pub user_id: String,
+    pub process_id: String,
+    pub server_slug: Option<String>,
+    pub detail: String,
+}
+
+/// Statuses that count as failures in the recent-failures list.
+const FAILURE_STATUSES: &str = "'error','permanently_failed','requires_reauth','offline'";
+
+impl Store {
+    /// Append a batch of rows in one transaction.
+    pub async fn insert_analytics(&self, rows: &[AnalyticsRow]) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        for row in rows {
+            match row {
+                AnalyticsRow::Listing(l) => {
+                    sqlx::query(
+                        "INSERT INTO analytics_listings (at, team_id, user_id, session, router, process_id, installation_id,
+                            tools_shown, shown_tokens, tools_visible, visible_tokens, proxy_tokens)
+                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(&l.key.at)
+                    .bind(&l.key.team_id)
+                    .bind(&l.key.user_id)
+                    .bind(&l.key.session)
+                    .bind(l.router)
+                    .bind(&l.process_id)
+                    .bind(&l.installation_id)
+                    .bind(l.tools_shown as i64)
+                    .bind(l.shown_tokens as i64)
+                    .bind(l.tools_visible as i64)
+                    .bind(l.visible_tokens as i64)
+                    .bind(l.proxy_tokens as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                AnalyticsRow::Discover(d) => {
+                    sqlx::query(
+                        "INSERT INTO analytics_discovers (key, at, team_id, user_id, session, results, result_tokens)
+                         VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(&d.discover_key)
+                    .bind(&d.key.at)
+                    .bind(&d.key.team_id)
+                    .bind(&d.key.user_id)
+                    .bind(&d.key.session)
+                    .bind(d.results as i64)
+                    .bind(d.result_tokens as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                AnalyticsRow::Call(c) => {
+                    sqlx::query(
+                        "INSERT INTO analytics_calls (at, team_id, user_id, session, router, process_id, installation_id,
+                            server_slug, tool_name, outcome, duration_ms, discover_key)
+                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(&c.key.at)
+                    .bind(&c.key.team_id)
+                    .bind(&c.key.user_id)
+                    .bind(&c.key.session)
+                    .bind(c.router)
+                    .bind(&c.process_id)
+                    .bind(&c.installation_id)
+                    .bind(&c.server_slug)
+                    .bind(&c.tool_name)
+                    .bind(c.outcome)
+                    .bind(c.duration_ms as i64)
+                    .bind(&c.discover_key)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Delete analytics rows older than `before` (same text format as `RowKey::at`); the number deleted.
+    pub async fn prune_analytics(&self, before: &str) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for table in ["analytics_listings", "analytics_discovers", "analytics_calls"] {
+            deleted += sqlx::query(&format!("DELETE FROM {table} WHERE at < ?"))
+                .bind(before)
+                .execute(self.pool())
+                .await?
+                .rows_affected();
+        }
+        Ok(deleted)
+    }
+
+    /// Listings, discovers and calls summed per group, newest group first; and how many groups there are.
+    pub async fn activity(
+        &self,
+        filter: &RowFilter,
+        grouping: Grouping,
+        limit: u64,
+        offset: u64,
+    ) -> Result<(Vec<ActivitySums>, u64), StoreError> {
+        let group = match grouping {
+            Grouping::Total => "'all'".to_owned(),
+            Grouping::Session => "session".to_owned(),
+            Grouping::User => "team_id || char(31) || user_id".to_owned(),
+            Grouping::TimePrefix(n) => format!("substr(at, 1, {n})"),
+        };
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+            "WITH rows AS (
+               SELECT session, team_id, user_id, at, 1 AS listings, shown_tokens, visible_tokens, proxy_tokens,
+                      0 AS discovers, 0 AS discover_results, 0 AS discover_tokens, 0 AS hits,
+                      0 AS calls, 0 AS call_errors, 0 AS tool_errors
+               FROM analytics_listings l WHERE 1=1"
+        ));
+        push_filter(&mut q, filter, true);
+        q.push(
+            " UNION ALL
+               SELECT session, team_id, user_id, at, 0, 0, 0, 0, 1, results, result_tokens,
+                      EXISTS (SELECT 1 FROM analytics_calls c WHERE c.discover_key = d.key), 0, 0, 0
+               FROM analytics_discovers d WHERE 1=1",
+        );
+        push_filter(&mut q, filter, false);
+        q.push(
+            " UNION ALL
+               SELECT session, team_id, user_id, at, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+                      outcome = 'error', outcome = 'tool_error'
+               FROM analytics_calls c WHERE 1=1",
+        );
+        push_filter(&mut q, filter, true);
+        q.push(format!(
+            "), grouped AS (
+               SELECT {group} AS grp, MIN(team_id) AS team_id, MIN(user_id) AS user_id, MIN(at) AS first_at,
+                      MAX(at) AS last_at, COUNT(DISTINCT session) AS sessions, SUM(listings) AS listings,
+                      SUM(shown_tokens) AS shown_tokens, SUM(visible_tokens) AS visible_tokens,
+                      SUM(proxy_tokens) AS proxy_tokens, SUM(discovers) AS discovers,
+                      SUM(discover_results) AS discover_results, SUM(discover_tokens) AS discover_tokens,
+                      SUM(hits) AS hits, SUM(calls) AS calls, SUM(call_errors) AS call_errors,
+                      SUM(tool_errors) AS tool_errors
+               FROM rows GROUP BY grp
+             )
+             SELECT *, (SELECT COUNT(*) FROM grouped) AS total FROM grouped ORDER BY last_at DESC, grp LIMIT "
+        ));
+        q.push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
+        let rows = q.build().fetch_all(self.pool()).await?;
+        let total = match rows.first() {
+            Some(row) => count(row, "total")?,
+            None => 0,
+        };
+        let sums = rows
+            .iter()
+            .map(|row| -> Result<ActivitySums, StoreError> {
+                Ok(ActivitySums {
+                    group: row.try_get("grp")?,
+                    team_id: row.try_get("team_id")?,
+                    user_id: row.try_get("user_id")?,
+                    first_at: row.try_get("first_at")?,
+                    last_at: row.try_get("last_at")?,
+                    sessions: count(row, "sessions")?,
+                    listings: count(row, "listings")?,
+                    shown_tokens: count(row, "shown_tokens")?,
+                    visible_tokens: count(row, "visible_tokens")?,
+                    proxy_tokens: count(row, "proxy_tokens")?,
+                    discovers: count(row, "discovers")?,
+                    discover_results: count(row, "discover_results")?,
+                    discover_tokens: count(row, "discover_tokens")?,
+                    discover_hits: count(row, "hits")?,
+                    calls: count(row, "calls")?,
+                    call_errors: count(row, "call_errors")?,
+                    tool_errors: count(row, "tool_errors")?,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((sums, total))
+    }
+
+    /// Calls per tool, most called first; and how many tools were called.
+    pub async fn tool_calls(
+        &self,
+        filter: &RowFilter,
+        limit: u64,
+        offset: u64,
+    ) -> Result<(Vec<ToolSums>, u64), StoreError> {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "WITH grouped AS (
+               SELECT server_slug, tool_name, COUNT(*) AS calls, SUM(outcome = 'error') AS errors,
+                      SUM(outcome = 'tool_error') AS tool_errors, SUM(discover_key IS NOT NULL) AS from_discover,
+                      AVG(duration_ms) AS avg_duration_ms
+               FROM analytics_calls WHERE 1=1",
+        );
+        push_filter(&mut q, filter, true);
+        q.push(
+            " GROUP BY server_slug, tool_name)
+             SELECT *, (SELECT COUNT(*) FROM grouped) AS total FROM grouped
+             ORDER BY calls DESC, server_slug, tool_name LIMIT ",
+        );
+        q.push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
+        let rows = q.build().fetch_all(self.pool()).await?;
+        let total = match rows.first() {
+            Some(row) => count(row, "total")?,
+            None => 0,
+        };
+        let tools = rows
+            .iter()
+            .map(|row| -> Result<ToolSums, StoreError> {
+                Ok(ToolSums {
+                    server_slug: row.try_get("server_slug")?,
+                    tool_name: row.try_get("tool_name")?,
+                    calls: count(row, "calls")?,
+                    errors: count(row, "errors")?,
+                    tool_errors: count(row, "tool_errors")?,
+                    from_discover: count(row, "from_discover")?,
+                    avg_duration_ms: row.try_get::<Option<f64>, _>("avg_duration_ms")?.unwrap_or(0.0),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((tools, total))
+    }
+
+    /// Every stored catalog's tool count and token cost, filtered by team, user and installation.
+    pub async fn catalog_costs(&self, filter: &RowFilter) -> Result<Vec<CatalogCost>, StoreError> {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "SELECT i.process_id, i.team_id, i.user_id, i.installation_id, i.server_slug,
+                    COUNT(t.name) AS tools, SUM(t.tokens) AS tokens, SUM(t.name IS NOT NULL AND t.tokens IS NULL) AS uncounted
+             FROM instance_catalog i LEFT JOIN catalog_tools t ON t.process_id = i.process_id WHERE 1=1",
+        );
+        if let Some(team) = &filter.team_id {
+            q.push(" AND i.team_id = ").push_bind(team.clone());
+        }
+        if let Some(user) = &filter.user_id {
+            q.push(" AND i.user_id = ").push_bind(user.clone());
+        }
+        if let Some(installation) = &filter.installation_id {
+            q.push(" AND i.installation_id = ").push_bind(installation.clone());
+        }
+        q.push(" GROUP BY i.process_id ORDER BY i.process_id");
+        let rows = q.build().fetch_all(self.pool()).await?;
+        rows.iter()
+            .map(|row| {
+                let uncounted = count(row, "uncounted")?;
+                Ok(CatalogCost {
+                    process_id: row.try_get("process_id")?,
+                    team_id: row.try_get("team_id")?,
+                    user_id: row.try_get("user_id")?,
+                    installation_id: row.try_get("installation_id")?,
+                    server_slug: row.try_get("server_slug")?,
+                    tools: count(row, "tools")?,
+                    tokens: (uncounted == 0).then(|| count(row, "tokens")).transpose()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Failed calls and status changes into a failure state, newest first; and how many there are.
+    pub async fn recent_failures(
+        &self,
+        filter: &RowFilter,
+        limit: u64,
+        offset: u64,
+    ) -> Result<(Vec<FailureRow>, u64), StoreError> {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "WITH failures AS (
+               SELECT at, 'call' AS kind, team_id, user_id, process_id, server_slug,
+                      tool_name || ': ' || CASE outcome WHEN 'error' THEN 'no result' ELSE 'tool reported an error' END AS detail
+               FROM analytics_calls c WHERE outcome != 'ok'",
+        );
+        push_filter(&mut q, filter, true);
+        q.push(format!(
+            " UNION ALL
+               SELECT h.at, 'status', h.team_id, h.user_id, h.process_id, i.server_slug,
+                      h.status || COALESCE(': ' || h.message, '')
+               FROM instance_status_history h LEFT JOIN instance_catalog i ON i.process_id = h.process_id
+               WHERE h.status IN ({FAILURE_STATUSES})"
+        ));
+        if let Some(team) = &filter.team_id {
+            q.push(" AND h.team_id = ").push_bind(team.clone());
+        }
+        if let Some(user) = &filter.user_id {
+            q.push(" AND h.user_id = ").push_bind(user.clone());
+        }
+        if let Some(installation) = &filter.installation_id {
+            q.push(" AND i.installation_id = ").push_bind(installation.clone());
+        }
+        if let Some(from) = &filter.from {
+            q.push(" AND h.at >= ").push_bind(from.clone());
+        }
+        if let Some(to) = &filter.to {
+            q.push(" AND h.at < ").push_bind(to.clone());
+        }
+        q.push(
+            ") SELECT *, (SELECT COUNT(*) FROM failures) AS total FROM failures ORDER BY at DESC LIMIT ",
+        );
+        q.push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
+        let rows = q.build().fetch_all(self.pool()).await?;
+        let total = match rows.first() {
+            Some(row) => count(row, "total")?,
+            None => 0,
+        };
+        let failures = rows
+            .iter()
+            .map(|row| -> Result<FailureRow, StoreError> {
+                let kind: String = row.try_get("kind")?;
+                Ok(FailureRow {
+                    at: row.try_get("at")?,
+                    kind: if kind == "call" { "call" } else { "status" },
+                    team_id: row.try_get("team_id")?,
+                    user_id: row.try_get("user_id")?,
+                    process_id: row.try_get("process_id")?,
+                    server_slug: row.try_get("server_slug")?,
+                    detail: row.try_get("detail")?,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((failures, total))
+    }
+}
+
+/// The filter's conditions on one analytics table; `has_installation` says whether the table has the column
+/// (discovers span installations and are left out when one is asked for).
+fn push_filter(q: &mut QueryBuilder<Sqlite>, filter: &RowFilter, has_installation: bool) {
+    if let Some(team) = &filter.team_id {
+        q.push(" AND team_id = ").push_bind(team.clone());
+    }
+    if let Some(user) = &filter.user_id {
+        q.push(" AND user_id = ").push_bind(user.clone());
+    }
+    if let Some(installation) = &filter.installation_id {
+        if has_installation {
+            q.push(" AND installation_id = ").push_bind(installation.clone());
+        } else {
+            q.push(" AND 0");
+        }
+    }
+    if let Some(from) = &filter.from {
+        q.push(" AND at >= ").push_bind(from.clone());
+    }
+    if let Some(to) = &filter.to {
+        q.push(" AND at < ").push_bind(to.clone());
+    }
+}
+
+/// A non-negative integer column (SUM over no rows is NULL: 0).
+fn count(row: &SqliteRow, column: &str) -> Result<u64, StoreError> {
+    Ok(row.try_get::<Option<i64>, _>(column)?.unwrap_or(0).max(0) as u64)
+}
