@@ -20,7 +20,16 @@ if ! command -v bwrap >/dev/null; then
   fi
 fi
 
-echo "==> installing npm MCP servers used by the tests (tests/node)"
+echo "==> Chromium for the admin page test (tests/python/test_admin_page.py drives it with playwright-core)"
+if ! command -v chromium >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    apt-get install -y -qq chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+  else
+    echo "error: chromium is required (apt-get install chromium)" >&2; exit 1
+  fi
+fi
+
+echo "==> installing npm MCP servers, the TypeScript SDK and playwright-core used by the tests (tests/node)"
 npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 
 echo "==> the MCP conformance suite's reference server (tests/conformance/upstream), a 2026-07-28 upstream for tests/python"

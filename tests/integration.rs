@@ -2,6 +2,7 @@
 
 mod common;
 
+mod analytics;
 mod cli;
 mod compat;
 mod contracts;

@@ -195,7 +195,10 @@ mod tests {
         let svg = columns(
             "t",
             &["<a>".to_owned(), "b".to_owned()],
-            &[Series { name: "x", color: "#000", values: vec![3, 0] }, Series { name: "y", color: "#111", values: vec![1, 9] }],
+            &[
+                Series { name: "x", color: "#000", values: vec![3, 0] },
+                Series { name: "y", color: "#111", values: vec![1, 9] },
+            ],
         );
         let values: Vec<&str> = svg.split("data-value=\"").skip(1).map(|s| &s[..s.find('"').unwrap_or(0)]).collect();
         assert_eq!(values, vec!["3", "1", "0", "9"]);

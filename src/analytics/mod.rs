@@ -173,7 +173,15 @@ impl Recorder {
         self.send(Fact::Discover { key: row_key(caller), text, tool_paths });
     }
 
-    pub fn call(&self, caller: &Caller<'_>, router: Router, spec: &InstanceSpec, tool: &str, outcome: Outcome, took: Duration) {
+    pub fn call(
+        &self,
+        caller: &Caller<'_>,
+        router: Router,
+        spec: &InstanceSpec,
+        tool: &str,
+        outcome: Outcome,
+        took: Duration,
+    ) {
         self.send(Fact::Call(Box::new(CallFact {
             key: row_key(caller),
             router,
@@ -382,7 +390,12 @@ mod tests {
     use super::*;
 
     fn key(session: &str) -> RowKey {
-        RowKey { at: "2026-01-01T00:00:00.000Z".into(), team_id: "t".into(), user_id: "u".into(), session: session.into() }
+        RowKey {
+            at: "2026-01-01T00:00:00.000Z".into(),
+            team_id: "t".into(),
+            user_id: "u".into(),
+            session: session.into(),
+        }
     }
 
     fn listing(fingerprint: u64) -> Listing {

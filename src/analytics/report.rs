@@ -255,7 +255,12 @@ pub async fn activity(
 }
 
 /// Installations by what listing them costs one user, largest first.
-pub async fn servers(store: &Store, filter: &RowFilter, limit: u64, offset: u64) -> Result<Page<ServerCost>, StoreError> {
+pub async fn servers(
+    store: &Store,
+    filter: &RowFilter,
+    limit: u64,
+    offset: u64,
+) -> Result<Page<ServerCost>, StoreError> {
     let costs = store.catalog_costs(filter).await?;
     let mut by: BTreeMap<String, ServerCost> = BTreeMap::new();
     for c in &costs {

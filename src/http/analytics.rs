@@ -147,7 +147,12 @@ struct InstanceRow {
     tools: u64,
 }
 
-async fn answer(deps: AnalyticsDeps, route: String, authorization: Option<String>, params: HashMap<String, String>) -> Response {
+async fn answer(
+    deps: AnalyticsDeps,
+    route: String,
+    authorization: Option<String>,
+    params: HashMap<String, String>,
+) -> Response {
     let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
         Ok(scope) => scope,
         Err(err) => return ApiError::Auth(err).into_response(),
@@ -219,7 +224,16 @@ async fn route_answer(
         }
         "charts/servers.svg" => {
             let page = report::servers(store, f, 15, 0).await.map_err(store_failed)?;
-            let rows: Vec<(String, u64)> = page.items.iter().map(|s| (s.server_slug.clone(), s.tool_tokens)).collect();
+            // Two installations of one server (two teams, say) are told apart by their installation id.
+            let shared = |slug: &str| page.items.iter().filter(|s| s.server_slug == slug).count() > 1;
+            let rows: Vec<(String, u64)> = page
+                .items
+                .iter()
+                .map(|s| match shared(&s.server_slug) {
+                    true => (format!("{} ({})", s.server_slug, s.installation_id), s.tool_tokens),
+                    false => (s.server_slug.clone(), s.tool_tokens),
+                })
+                .collect();
             svg_reply(chart::bars("Tokens to list each server's tools", &rows, "#4f81bd"))
         }
         other => return Err(ApiError::BadQuery(format!("no analytics route {other:?}"))),
@@ -329,8 +343,12 @@ mod tests {
         let q = query(&params(&[]), team()).map_err(|e| e.to_string());
         assert_eq!(q.map(|q| q.filter.team_id), Ok(Some("acme".to_owned())));
         assert!(matches!(query(&params(&[("team_id", "other")]), team()), Err(ApiError::OtherTeam(_))));
-        assert!(matches!(query(&params(&[("team_id", "other")]), AdminScope::AllTeams), Ok(q) if q.filter.team_id.as_deref() == Some("other")));
-        for (name, value) in [("limit", "501"), ("limit", "x"), ("from", "yesterday"), ("bucket", "week"), ("offset", "-1")] {
+        assert!(
+            matches!(query(&params(&[("team_id", "other")]), AdminScope::AllTeams), Ok(q) if q.filter.team_id.as_deref() == Some("other"))
+        );
+        for (name, value) in
+            [("limit", "501"), ("limit", "x"), ("from", "yesterday"), ("bucket", "week"), ("offset", "-1")]
+        {
             match query(&params(&[(name, value)]), AdminScope::AllTeams) {
                 Err(ApiError::BadQuery(message)) => assert!(message.contains(name), "{message}"),
                 _ => panic!("{name}={value} was accepted"),

@@ -116,11 +116,8 @@ impl HierarchicalRouter {
         match name {
             meta::DISCOVER => {
                 let (result, tool_paths) = self.discover(caller, &args).await?;
-                let text = result
-                    .pointer("/content/0/text")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .unwrap_or_default();
+                let text =
+                    result.pointer("/content/0/text").and_then(Value::as_str).map(str::to_owned).unwrap_or_default();
                 self.analytics.discover(who, text, tool_paths);
                 Ok(result)
             }

@@ -200,7 +200,9 @@ fn text_document(document: &Value) -> Value {
 /// How a forwarded call ended, for the analytics.
 pub(crate) fn call_outcome(result: &Result<Value, RouteError>) -> crate::analytics::Outcome {
     match result {
-        Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => crate::analytics::Outcome::ToolError,
+        Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => {
+            crate::analytics::Outcome::ToolError
+        }
         Ok(_) => crate::analytics::Outcome::Ok,
         Err(_) => crate::analytics::Outcome::Error,
     }

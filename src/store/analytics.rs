@@ -417,9 +417,7 @@ impl Store {
         if let Some(to) = &filter.to {
             q.push(" AND h.at < ").push_bind(to.clone());
         }
-        q.push(
-            ") SELECT *, (SELECT COUNT(*) FROM failures) AS total FROM failures ORDER BY at DESC LIMIT ",
-        );
+        q.push(") SELECT *, (SELECT COUNT(*) FROM failures) AS total FROM failures ORDER BY at DESC LIMIT ");
         q.push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
         let rows = q.build().fetch_all(self.pool()).await?;
         let total = match rows.first() {

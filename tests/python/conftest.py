@@ -1,7 +1,8 @@
 """Starts a real satellite (the binary cargo built) with a three-team config for the client tests: acme (alice
 and bob: the demo server and server-everything over stdio), globex (carol: the demo server) and initech (dave:
 server-everything over Streamable HTTP, a remote upstream) and umbrella (erin: the MCP conformance suite's
-reference server, a 2026-07-28 upstream that asks through input_required)."""
+reference server, a 2026-07-28 upstream that asks through input_required). `admin_token` opens the analytics
+API and /admin for every team; carol is globex's team admin (reads globex's analytics only)."""
 import hashlib
 import json
 import os
@@ -44,6 +45,7 @@ def wait_port(port: int, proc: subprocess.Popen, what: str):
 class Satellite:
     def __init__(self):
         self.tokens = {u: secrets.token_hex(24) for u in USERS}
+        self.admin_token = secrets.token_hex(24)
         self.instance_tokens = {u: "ds_inst_" + secrets.token_hex(32) for u in USERS}
         self.everything_port = free_port()
         self.reference_port = free_port()
@@ -63,6 +65,9 @@ call_timeout_seconds = 8
 
 [sandbox]
 allowed_commands = [{json.dumps(str(BIN))}, {json.dumps(str(EVERYTHING))}]
+
+[auth]
+admin_token_sha256 = ["{sha(self.admin_token)}"]
 
 [[teams]]
 id = "acme"
@@ -85,6 +90,7 @@ token_sha256 = ["{sha(t['bob'])}"]
 id = "carol"
 teams = ["globex"]
 token_sha256 = ["{sha(t['carol'])}"]
+role = "admin"
 [[users]]
 id = "dave"
 teams = ["initech"]
