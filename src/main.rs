@@ -30,6 +30,12 @@ enum Command {
     Version,
     /// Run the bundled demo MCP server (stdio unless --http is given).
     DemoServer(DemoArgs),
+    /// Count each tool's tokens of MCP servers and what the hierarchical router would save.
+    ///
+    /// Examples: `satellite tokens -- npx -y @modelcontextprotocol/server-everything stdio`,
+    /// `satellite tokens --url https://mcp.example.com/mcp --header "Authorization: Bearer …"`,
+    /// `satellite tokens --config satellite.toml --json`.
+    Tokens(TokensArgs),
     /// Internal: the process-tree watchdog `serve` starts (kills MCP servers' process groups if it dies).
     #[command(hide = true)]
     Reaper,
@@ -55,6 +61,31 @@ impl ServeArgs {
     fn flags(&self) -> Flags {
         Flags { config: self.config.clone(), host: self.host, port: self.port, data_dir: self.data_dir.clone() }
     }
+}
+
+#[derive(clap::Args)]
+struct TokensArgs {
+    /// A remote MCP server (Streamable HTTP, or legacy SSE with --sse).
+    #[arg(long, conflicts_with_all = ["config", "command"])]
+    url: Option<url::Url>,
+    /// A header for --url, `Name: value` (repeatable).
+    #[arg(long = "header", requires = "url")]
+    headers: Vec<String>,
+    /// --url speaks the legacy HTTP+SSE transport.
+    #[arg(long, requires = "url")]
+    sse: bool,
+    /// Every enabled installation of this standalone config file, started as `serve` would (sandbox included).
+    #[arg(long, conflicts_with = "command")]
+    config: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Seconds to wait for each server's handshake and listing.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    /// A stdio MCP server: the command and its arguments, after `--`.
+    #[arg(last = true)]
+    command: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -89,10 +120,91 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config(&args),
         Command::Serve(args) => serve(&args),
         Command::DemoServer(args) => demo_server(args),
+        Command::Tokens(args) => tokens(&args),
         Command::Reaper => {
             satellite::mcp::transport::stdio::reaper::run(std::io::stdin().lock());
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// `satellite tokens`: exit 0 when every server was counted, 1 when one failed (the others are still shown),
+/// 64 for bad arguments or a bad config.
+fn tokens(args: &TokensArgs) -> ExitCode {
+    use satellite::app::tokens::{How, Target};
+    let env = env::from_process();
+    let mut sandbox = None;
+    let targets = if let Some(url) = &args.url {
+        let mut headers = std::collections::BTreeMap::new();
+        for header in &args.headers {
+            let Some((name, value)) = header.split_once(':') else {
+                eprintln!("error: --header {header:?} is not `Name: value`");
+                return exit(config::EXIT_CONFIG);
+            };
+            headers.insert(name.trim().to_owned(), value.trim().to_owned());
+        }
+        let name = url.host_str().unwrap_or("server").to_owned();
+        vec![Target { name, how: How::Http { url: url.clone(), headers, sse: args.sse } }]
+    } else if let Some(path) = &args.config {
+        let flags = Flags { config: Some(path.clone()), ..Flags::default() };
+        let config = match Config::load(&env, &flags) {
+            Ok(config) => config,
+            Err(err) => {
+                eprintln!("error: {err}");
+                return exit(config::EXIT_CONFIG);
+            }
+        };
+        match satellite::app::tokens::targets_of_config(&config, &env) {
+            Ok((targets, policy)) => {
+                sandbox = Some(policy);
+                targets
+            }
+            Err(err) => {
+                eprintln!("error: {err}");
+                return exit(config::EXIT_CONFIG);
+            }
+        }
+    } else if let [program, rest @ ..] = args.command.as_slice() {
+        let name = std::path::Path::new(program).file_name().map(|n| n.to_string_lossy().into_owned());
+        let how = How::Command { program: program.clone(), args: rest.to_vec() };
+        vec![Target { name: name.unwrap_or_else(|| program.clone()), how }]
+    } else {
+        eprintln!("error: say which server: --url URL, --config FILE, or -- COMMAND [ARGS...]");
+        return exit(config::EXIT_CONFIG);
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let timeout = std::time::Duration::from_secs(args.timeout.max(1));
+    let report = match runtime.block_on(satellite::app::tokens::measure(&targets, &env, sandbox.as_ref(), timeout)) {
+        Ok(report) => report,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(err) => {
+                eprintln!("error: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", satellite::app::tokens::table(&report));
+    }
+    for server in report.servers.iter().filter(|s| s.error.is_some()) {
+        eprintln!("error: {}: {}", server.server, server.error.as_deref().unwrap_or_default());
+    }
+    if report.servers.iter().any(|s| s.error.is_some()) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -169,3 +169,110 @@ async fn embedded_default_serves_the_demo_and_exits_cleanly_on_sigterm() {
     assert!(banner.contains("ds_inst_"), "{banner}");
     assert!(banner.contains(&format!("{base}/mcp")), "{banner}");
 }
+
+/// Each tool of a catalog as `(name, tokens)`, counted here with a fresh o200k_base encoder.
+fn counted(tools: &[satellite::model::ToolDef]) -> Vec<(String, u64)> {
+    let bpe = tiktoken_rs::o200k_base().expect("encoder");
+    tools
+        .iter()
+        .map(|t| {
+            let text = satellite::tokens::tool_text(&t.name, Some(&t.description), &t.input_schema);
+            (t.name.clone(), bpe.encode_ordinary(&text).len() as u64)
+        })
+        .collect()
+}
+
+fn reported(server: &Value) -> Vec<(String, u64)> {
+    server["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap_or("").to_owned(), t["tokens"].as_u64().expect("count")))
+        .collect()
+}
+
+#[tokio::test]
+async fn tokens_counts_a_stdio_command_a_url_and_a_config_file_alike() {
+    let demo = connect_demo_stdio("both").await;
+    let expected = counted(&satellite::discovery::discover(&demo, Duration::from_secs(20)).await.expect("tools").tools);
+    demo.close().await;
+    let meta_tools: Vec<satellite::model::ToolDef> = satellite::router::meta::definitions()
+        .as_array()
+        .expect("meta-tools")
+        .iter()
+        .filter_map(satellite::model::ToolDef::from_listing)
+        .collect();
+    let meta: u64 = counted(&meta_tools).iter().map(|(_, n)| n).sum();
+    let total: u64 = expected.iter().map(|(_, n)| n).sum();
+    let exe = satellite_exe().to_string_lossy().into_owned();
+
+    // A stdio command after `--`, as JSON.
+    let (code, out, err) = run(&["tokens", "--json", "--", &exe, "demo-server"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).expect("JSON report");
+    assert_eq!(reported(&report["servers"][0]), expected);
+    assert_eq!(report["tokens"].as_u64(), Some(total));
+    assert_eq!(report["meta_tool_tokens"].as_u64(), Some(meta));
+    assert_eq!(report["saved_tokens"].as_i64(), Some(total as i64 - meta as i64));
+
+    // The same server over Streamable HTTP, with a header; and as a table.
+    let http = HttpServer::demo(&[]).await;
+    let url = format!("http://{}/mcp", http.addr);
+    let (code, out, err) = run(&["tokens", "--json", "--url", &url, "--header", "X-Test: 1"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).expect("JSON report");
+    assert_eq!(reported(&report["servers"][0]), expected);
+    let (code, table, _) = run(&["tokens", "--url", &url], &[]).await;
+    assert_eq!(code, 0);
+    for (name, tokens) in &expected {
+        assert!(
+            table.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == [name.as_str(), &tokens.to_string()]),
+            "{name} {tokens} in\n{table}"
+        );
+    }
+    assert!(table.contains(&format!("the four meta-tools, {meta} tokens")), "{table}");
+
+    // Every enabled installation of a config file, once each, through the sandbox `serve` uses.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("satellite.toml");
+    let exe_toml = toml_str(&exe);
+    std::fs::write(
+        &config,
+        format!(
+            "[sandbox]\nallowed_commands = [{exe_toml}]\n[[teams]]\nid = \"t\"\n[[users]]\nid = \"a\"\nteams = [\"t\"]\n\
+             [[users]]\nid = \"b\"\nteams = [\"t\"]\n\
+             [[servers]]\nslug = \"demo\"\ntransport = \"stdio\"\ncommand = {exe_toml}\nargs = [\"demo-server\"]\n\
+             [[servers]]\nslug = \"small\"\ntransport = \"stdio\"\ncommand = {exe_toml}\nargs = [\"demo-server\", \"--without-tool\", \"echo\"]\n\
+             [[servers]]\nslug = \"remote\"\ntransport = \"http\"\nurl = \"{url}\"\n\
+             [[installations]]\nid = \"i1\"\nteam = \"t\"\nserver = \"demo\"\n\
+             [[installations]]\nid = \"i2\"\nteam = \"t\"\nserver = \"small\"\n\
+             [[installations]]\nid = \"i3\"\nteam = \"t\"\nserver = \"remote\"\n"
+        ),
+    )
+    .expect("config");
+    let (code, out, err) = run(&["tokens", "--json", "--config", &config.to_string_lossy()], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).expect("JSON report");
+    let servers: Vec<&str> =
+        report["servers"].as_array().expect("servers").iter().filter_map(|s| s["server"].as_str()).collect();
+    assert_eq!(servers.len(), 3, "one per installation, not per user: {servers:?}");
+    let small = report["servers"].as_array().and_then(|s| s.iter().find(|s| s["server"] == "small")).expect("small");
+    let without_echo: Vec<(String, u64)> = expected.iter().filter(|(n, _)| n != "echo").cloned().collect();
+    assert_eq!(reported(small), without_echo);
+    assert_eq!(report["tools"].as_u64(), Some((2 * expected.len() + without_echo.len()) as u64));
+}
+
+#[tokio::test]
+async fn tokens_reports_a_server_it_cannot_reach_and_refuses_no_target() {
+    let (code, out, err) = run(&["tokens", "--json", "--timeout", "5", "--", "/nonexistent/mcp-server"], &[]).await;
+    assert_eq!(code, 1, "{out}{err}");
+    let report: Value = serde_json::from_str(&out).expect("a report even so");
+    assert!(report["servers"][0]["error"].as_str().is_some_and(|e| !e.is_empty()), "{report}");
+    assert!(err.contains("error: mcp-server:"), "{err}");
+    let (code, _, err) = run(&["tokens"], &[]).await;
+    assert_eq!(code, 64);
+    assert!(err.contains("--url URL, --config FILE, or -- COMMAND"), "{err}");
+    let (code, _, err) = run(&["tokens", "--url", "http://127.0.0.1:9/mcp", "--header", "no-colon"], &[]).await;
+    assert_eq!(code, 64);
+    assert!(err.contains("not `Name: value`"), "{err}");
+}

@@ -41,6 +41,7 @@ use crate::search::{SearchError, SearchIndex};
 use crate::store::{Store, StoreError};
 
 mod file_watch;
+pub mod tokens;
 
 use file_watch::{fingerprint, FileWatch};
 
