@@ -365,3 +365,87 @@ async fn recorded_facts_survive_a_restart() {
     assert!(u(&summary["schema_only"]["tool_tokens"]) > 0);
     sat.satellite.shutdown().await;
 }
+
+/// Managed mode: the backend's introspection names the caller's `team_role`; a `team_admin` reads their own
+/// team's figures, a `team_user` and another team's admin are refused.
+#[tokio::test]
+async fn managed_team_admins_read_their_own_team_from_introspection() {
+    use crate::common::fake_backend::{FakeBackend, TokenInfo};
+    use satellite::backend::wire::ConfigResponse;
+    use satellite::control::McpServerEntry;
+
+    let remote = HttpServer::demo(&[]).await;
+    let entry = |team: &str, user: &str| McpServerEntry {
+        installation_id: format!("demo-{team}"),
+        team_id: team.into(),
+        team_slug: team.into(),
+        server_name: "Demo".into(),
+        server_slug: Some("demo".into()),
+        installation_name: "Demo".into(),
+        transport_type: Some("http".into()),
+        url: Some(remote.url("/mcp").to_string()),
+        enabled: Some(true),
+        user_id: user.into(),
+        ..Default::default()
+    };
+    let backend = FakeBackend::start().await;
+    backend.set_config(&ConfigResponse::from_entries([
+        ("demo-acme-alice", entry("acme", "alice")),
+        ("demo-acme-bob", entry("acme", "bob")),
+        ("demo-globex-carol", entry("globex", "carol")),
+    ]));
+    let mut tokens = BTreeMap::new();
+    for (user, team, role) in
+        [("alice", "acme", "team_admin"), ("bob", "acme", "team_user"), ("carol", "globex", "team_admin")]
+    {
+        let mut info = TokenInfo::new(user, team);
+        info.team_role = role.into();
+        backend.add_token(&token(user), info);
+        tokens.insert(user, token(user));
+    }
+    let sat = TestSatellite::managed(
+        &backend.url(),
+        FakeBackend::REGISTRATION_TOKEN,
+        tempfile::tempdir().expect("dir"),
+        |_| {},
+    )
+    .await
+    .expect("managed satellite starts");
+    wait_until(DEADLINE, "the three remote instances online", || {
+        let all = sat.satellite.manager().instances();
+        let done = all.len() == 3 && all.iter().all(|i| i.status().status == InstanceStatus::Online);
+        async move { done.then_some(()) }
+    })
+    .await;
+    let bob = Caller::connect(&sat, "/mcp", Some(&tokens["bob"])).await;
+    bob.call("tools/list", json!({})).await;
+    bob.execute("demo:echo", json!({"text": "managed"})).await;
+
+    let http = reqwest::Client::new();
+    let get = |who: &str, query: &'static [(&'static str, &'static str)]| {
+        let request =
+            http.get(format!("{}/api/analytics/summary", sat.base_url())).bearer_auth(tokens[who].clone()).query(query);
+        async move {
+            let response = request.send().await.expect("request");
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let summary = wait_until(DEADLINE, "bob's call in acme's figures", || {
+        let pending = get("alice", &[]);
+        async move {
+            let (status, body) = pending.await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            (body["calls"]["total"] == 1).then_some(body)
+        }
+    })
+    .await;
+    assert_eq!(summary["filter"]["scope"], "team:acme");
+    assert_eq!(u(&summary["schema_only"]["callers"]), 2);
+    assert_eq!(u(&summary["realized"]["listings"]), 1);
+    assert_eq!(get("bob", &[]).await.0, StatusCode::FORBIDDEN, "a team_user is not an admin");
+    assert_eq!(get("carol", &[("team_id", "acme")]).await.0, StatusCode::FORBIDDEN, "another team's admin");
+    let (status, carol) = get("carol", &[]).await;
+    assert_eq!((status, u(&carol["calls"]["total"]), u(&carol["schema_only"]["callers"])), (StatusCode::OK, 0, 1));
+    sat.satellite.shutdown().await;
+}

@@ -304,13 +304,24 @@ impl Satellite {
                 }
             });
         }
-        let retention_store = store.clone();
+        let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
         jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
             let store = retention_store.clone();
             async move {
                 let pruned = store.prune_events(events::STANDALONE_RETENTION).await?;
                 if pruned > 0 {
                     info!(pruned, kept = events::STANDALONE_RETENTION, "old events pruned from the standalone history");
+                }
+                // A retention too long to subtract from now keeps everything.
+                let cutoff = chrono::Duration::from_std(analytics_kept)
+                    .ok()
+                    .and_then(|kept| chrono::Utc::now().checked_sub_signed(kept));
+                let pruned = match cutoff {
+                    Some(cutoff) => store.prune_analytics(&crate::model::iso(cutoff)).await?,
+                    None => 0,
+                };
+                if pruned > 0 {
+                    info!(pruned, kept_days = analytics_kept.as_secs() / 86_400, "old analytics rows pruned");
                 }
                 Ok::<(), StoreError>(())
             }

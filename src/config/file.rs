@@ -46,6 +46,8 @@ pub struct RawSatellite {
     pub http_timeout_seconds: Option<u64>,
     /// How long a stop waits for requests in flight (calls to slow tools) before stopping the servers.
     pub drain_seconds: Option<u64>,
+    /// Days analytics rows are kept (default 90).
+    pub analytics_retention_days: Option<u64>,
     pub config_watch_interval_ms: Option<u64>,
     /// Public base URL clients use (no `/mcp`); default `http://localhost:{port}`.
     pub public_url: Option<String>,

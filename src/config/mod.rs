@@ -171,6 +171,8 @@ pub struct Config {
     pub http_timeout: Duration,
     /// How long shutdown waits for requests in flight before the servers are stopped (default 10 s).
     pub drain: Duration,
+    /// How long analytics rows (listings, discovers, calls) are kept (default 90 days).
+    pub analytics_retention: Duration,
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
     pub public_url: String,
     /// Host names requests may name, `None` for any (SATELLITE_ALLOWED_HOSTS; default: the loopback names and
@@ -375,8 +377,15 @@ impl Config {
         };
         let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
         let drain = seconds("satellite.drain_seconds", env::DRAIN, s.drain_seconds, 10)?;
+        let retention_days = seconds(
+            "satellite.analytics_retention_days",
+            env::ANALYTICS_RETENTION_DAYS,
+            s.analytics_retention_days,
+            90,
+        )?;
         Ok(Config {
             drain,
+            analytics_retention: Duration::from_secs(retention_days.as_secs().saturating_mul(86_400)),
             max_concurrent_requests,
             max_connections,
             http_timeout,
@@ -434,6 +443,7 @@ impl Config {
             "max_connections": self.max_connections,
             "http_timeout_seconds": self.http_timeout.as_secs(),
             "drain_seconds": self.drain.as_secs(),
+            "analytics_retention_days": self.analytics_retention.as_secs() / 86_400,
             "mode": mode,
             "sandbox": {
                 "isolation": self.sandbox.isolation.as_str(),
