@@ -236,13 +236,13 @@ impl Store {
             Grouping::User => "team_id || char(31) || user_id".to_owned(),
             Grouping::TimePrefix(n) => format!("substr(at, 1, {n})"),
         };
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
             "WITH rows AS (
                SELECT session, team_id, user_id, at, 1 AS listings, shown_tokens, visible_tokens, proxy_tokens,
                       0 AS discovers, 0 AS discover_results, 0 AS discover_tokens, 0 AS hits,
                       0 AS calls, 0 AS call_errors, 0 AS tool_errors
-               FROM analytics_listings l WHERE 1=1"
-        ));
+               FROM analytics_listings l WHERE 1=1",
+        );
         push_filter(&mut q, filter, true);
         q.push(
             " UNION ALL
