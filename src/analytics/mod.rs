@@ -417,6 +417,17 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_instead_of_making_the_request_wait() {
+        let recorder = Recorder::new(MetaCost::default());
+        let caller = Caller { team: "t", user: "u", session: Some("s") };
+        // No writer is running: nothing drains the queue, as when the database stalls.
+        for _ in 0..QUEUE + 3 {
+            recorder.discover(&caller, String::new(), Vec::new());
+        }
+        assert_eq!(recorder.dropped(), 3);
+    }
+
     #[test]
     fn a_plain_proxy_resends_the_list_only_when_it_changed_or_the_client_is_stateless() {
         let mut ledger = Ledger { sessions: HashMap::new() };
