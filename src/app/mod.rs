@@ -251,6 +251,7 @@ impl Satellite {
                 call_timeout: config.upstream.call_timeout,
                 read_timeout: READ_TIMEOUT,
                 analytics: analytics.clone(),
+                views: Default::default(),
             },
             instance_router: InstanceRouter {
                 manager: manager.clone(),

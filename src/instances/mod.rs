@@ -120,6 +120,15 @@ struct Inner {
     shutdown: CancellationToken,
     /// One `resource.limit.exceeded` a minute per (team, resource, instance).
     limit_events: crate::events::Throttle,
+    /// Bumped whenever what some caller can see may have changed: the live set, a status, a catalog.
+    visibility: std::sync::atomic::AtomicU64,
+}
+
+impl Inner {
+    /// Invalidate every caller's cached view of their visible instances.
+    pub(super) fn bump_visibility(&self) {
+        self.visibility.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 #[derive(Default)]
@@ -155,6 +164,7 @@ impl InstanceManager {
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
                 limit_events: crate::events::Throttle::new(LIMIT_EVENT_WINDOW, 10_000),
+                visibility: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -162,6 +172,12 @@ impl InstanceManager {
     /// True once a first desired state has been applied.
     pub fn ready(&self) -> watch::Receiver<bool> {
         self.inner.ready_tx.subscribe()
+    }
+
+    /// Changes whenever the instances some caller can see, their statuses or their catalogs may have
+    /// changed; a view of [`InstanceManager::instances_for`] taken at one value is good until it moves.
+    pub fn visibility_version(&self) -> u64 {
+        self.inner.visibility.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn get(&self, process_id: &ProcessId) -> Option<Arc<Instance>> {
@@ -226,6 +242,7 @@ impl InstanceManager {
                 changes.modified.iter().filter_map(|id| state.live.remove(id)).map(|i| (i, StopReason::Replaced));
             removed.into_iter().chain(replaced.collect::<Vec<_>>()).collect()
         };
+        inner.bump_visibility();
         let concurrency = inner.deps.settings.reconcile_concurrency;
         futures::stream::iter(retiring)
             .for_each_concurrent(concurrency, |(instance, reason)| async move { inner.stop(&instance, reason).await })
@@ -266,6 +283,7 @@ impl InstanceManager {
             state.desired = desired.instances.clone();
             starting
         };
+        inner.bump_visibility();
         for instance in &starting {
             // Tools from a previous run are searchable (when the instance is online) before rediscovery.
             if let Some(catalog) = instance.catalog() {

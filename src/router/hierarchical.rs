@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::{
     blocked_result, call_outcome, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
-    normalise_call_result, text_document, visible, RouteError,
+    normalise_call_result, text_document, RouteError,
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
@@ -40,6 +40,8 @@ pub struct HierarchicalRouter {
     pub read_timeout: Duration,
     /// Listings, discovers and calls, for the token-savings figures.
     pub analytics: Recorder,
+    /// Each caller's visible instances and search scope, per visibility version.
+    pub views: super::CallerViews,
 }
 
 impl HierarchicalRouter {
@@ -153,7 +155,7 @@ impl HierarchicalRouter {
 
     /// The caller's instances whose tools are visible now.
     pub(super) fn visible_instances(&self, caller: &Principal) -> Vec<Arc<Instance>> {
-        self.manager.instances_for(&caller.user, &caller.team).into_iter().filter(|i| visible(i)).collect()
+        self.views.get(&self.manager, caller).instances.clone()
     }
 
     /// The caller's instance of a server slug; several installations of one slug resolve to the last (OQ-23).
@@ -185,7 +187,8 @@ impl HierarchicalRouter {
             .ok_or_else(|| invalid("Invalid query parameter - must be a non-empty string"))?;
         let limit =
             args.get("limit").and_then(Value::as_f64).map(|l| l as usize).unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-        let instances = self.visible_instances(caller);
+        let view = self.views.get(&self.manager, caller);
+        let instances = &view.instances;
         let mut document = Map::new();
         let mut entries = Vec::new();
         let mut seen = HashSet::new();
@@ -218,15 +221,15 @@ impl HierarchicalRouter {
                 document.insert("total_available".into(), json!(all.len()));
             }
         } else {
-            let visible_ids: Vec<String> = instances.iter().map(|i| i.spec().process_id.0.clone()).collect();
             let hits = self
                 .search
-                .search(query, &visible_ids, limit)
+                .search(query, &view.scope, limit)
                 .await
                 .map_err(|err| internal(format!("search failed: {err}")))?;
             let best = hits.first().map(|h| h.score).unwrap_or(0.0);
             for hit in hits {
-                let Some(instance) = instances.iter().find(|i| i.spec().process_id.0 == hit.process_id) else {
+                let found = instances.binary_search_by(|i| i.spec().process_id.0.as_str().cmp(&hit.process_id));
+                let Some(instance) = found.ok().map(|at| &instances[at]) else {
                     continue;
                 };
                 let Some(tool) =

@@ -18,9 +18,11 @@ mod hierarchical;
 mod instance;
 pub mod meta;
 mod prompts;
+mod views;
 
 pub use hierarchical::HierarchicalRouter;
 pub use instance::InstanceRouter;
+pub use views::CallerViews;
 
 /// A request the router refused: a JSON-RPC error, or a missing scope (HTTP 403).
 #[derive(Debug, Clone, PartialEq)]

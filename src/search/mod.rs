@@ -7,12 +7,16 @@
 //!   blocking pool, reloads the reader, and only then answers each command's oneshot, so a resolved
 //!   write is visible to the next search. The task ends when the last handle is dropped.
 //! - Reads: [`SearchIndex::search`] builds one query (analysis in `analysis`, shape in `schema`) with
-//!   the caller's visible process ids as a required clause, and runs it on the blocking pool
-//!   against the reader (`ReloadPolicy::Manual`, reloaded only by the writer task).
+//!   the caller's [`Scope`] as a required clause (a doc-id bitset per segment, cached per scope and
+//!   index generation: `visibility`), and runs it on the blocking pool against the reader
+//!   (`ReloadPolicy::Manual`, reloaded only by the writer task).
 //! - Nothing else in the crate touches tantivy. `*` (list everything) is the router's job.
 
 mod analysis;
+#[doc(hidden)]
+pub mod eval;
 mod schema;
+mod visibility;
 
 #[cfg(test)]
 mod eval_tests;
@@ -22,12 +26,15 @@ mod tests;
 use std::sync::Arc;
 
 use tantivy::collector::TopDocs;
+use tantivy::query::{BooleanQuery, Occur};
 use tantivy::schema::Value as _;
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, TantivyError, Term};
 use tokio::sync::{mpsc, oneshot};
 
 use self::analysis::TOOL_TOKENIZER;
 use self::schema::IndexSchema;
+pub use self::visibility::Scope;
+use self::visibility::VisibleQuery;
 
 /// Commands waiting for the writer task; senders wait while it is full.
 const COMMAND_QUEUE_CAPACITY: usize = 64;
@@ -46,7 +53,7 @@ pub fn fuzz_query(text: &str) {
         static SCHEMA: IndexSchema = IndexSchema::new();
     }
     SCHEMA.with(|schema| {
-        let _ = schema.query(text, &["p".to_owned()]);
+        let _ = schema.query(text);
     });
 }
 
@@ -130,15 +137,15 @@ impl SearchIndex {
         finished.await.map_err(|_| SearchError::WriterGone)?
     }
 
-    /// Best `limit` tools among documents whose process_id is in `visible`, best first. Runs on
-    /// the blocking pool. An empty query, an empty `visible` or a zero `limit` give no hits.
-    pub async fn search(&self, query: &str, visible: &[String], limit: usize) -> Result<Vec<SearchHit>, SearchError> {
-        if query.trim().is_empty() || visible.is_empty() || limit == 0 {
+    /// Best `limit` tools among documents whose process_id is in `scope`, best first. Runs on
+    /// the blocking pool. An empty query, an empty `scope` or a zero `limit` give no hits.
+    pub async fn search(&self, query: &str, scope: &Arc<Scope>, limit: usize) -> Result<Vec<SearchHit>, SearchError> {
+        if query.trim().is_empty() || scope.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
         let (reader, schema) = (self.reader.clone(), self.schema.clone());
-        let (query, visible) = (query.to_owned(), visible.to_vec());
-        tokio::task::spawn_blocking(move || search_blocking(&reader, &schema, &query, &visible, limit))
+        let (query, scope) = (query.to_owned(), scope.clone());
+        tokio::task::spawn_blocking(move || search_blocking(&reader, &schema, &query, &scope, limit))
             .await
             .map_err(SearchError::TaskFailed)?
     }
@@ -153,13 +160,17 @@ fn search_blocking(
     reader: &IndexReader,
     schema: &IndexSchema,
     query: &str,
-    visible: &[String],
+    scope: &Scope,
     limit: usize,
 ) -> Result<Vec<SearchHit>, SearchError> {
-    let Some(query) = schema.query(query, visible) else {
+    let Some(text) = schema.query(query) else {
         return Ok(Vec::new());
     };
     let searcher = reader.searcher();
+    let visible = VisibleQuery(scope.filter(&searcher, schema.fields.process_id)?);
+    // Visibility is a required clause of the query itself, so the top `limit` are the best visible
+    // tools, never best-overall tools filtered afterwards.
+    let query = BooleanQuery::new(vec![(Occur::Must, Box::new(visible)), (Occur::Must, text)]);
     let top = searcher.search(&query, &TopDocs::with_limit(limit))?;
     let mut hits = Vec::with_capacity(top.len());
     for (score, address) in top {

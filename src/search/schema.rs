@@ -15,7 +15,7 @@
 use std::collections::HashSet;
 
 use serde_json::Value;
-use tantivy::query::{BooleanQuery, BoostQuery, ConstScoreQuery, Occur, Query, TermQuery, TermSetQuery};
+use tantivy::query::{BooleanQuery, BoostQuery, ConstScoreQuery, Occur, Query, TermQuery};
 use tantivy::schema::{Field, IndexRecordOption, Schema, TextFieldIndexing, TextOptions, STORED, STRING};
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{TantivyDocument, Term};
@@ -91,12 +91,10 @@ impl IndexSchema {
         document
     }
 
-    /// The query for `text` restricted to `visible` processes, or `None` when `text` has no term.
+    /// The scoring query for `text`, or `None` when `text` has no term; the caller adds visibility.
     ///
-    /// Shape: `+ConstScore(process_id ∈ visible, 0) +(t1 | t2 | … | name^0.5 … | exact_name)`.
-    /// Visibility is a required clause of the query itself, so the top `limit` are the best
-    /// visible tools, never best-overall tools filtered afterwards.
-    pub(crate) fn query(&self, text: &str, visible: &[String]) -> Option<Box<dyn Query>> {
+    /// Shape: `t1 | t2 | … | name:t1^0.5 | … | exact_name`.
+    pub(crate) fn query(&self, text: &str) -> Option<Box<dyn Query>> {
         let fields = &self.fields;
         let mut analyzer = self.analyzer.clone();
         let mut seen = HashSet::new();
@@ -125,11 +123,7 @@ impl IndexSchema {
         if clauses.is_empty() {
             return None;
         }
-        let visible = TermSetQuery::new(visible.iter().map(|id| Term::from_field_text(fields.process_id, id)));
-        Some(Box::new(BooleanQuery::new(vec![
-            (Occur::Must, Box::new(ConstScoreQuery::new(Box::new(visible), 0.0))),
-            (Occur::Must, Box::new(BooleanQuery::new(clauses))),
-        ])))
+        Some(Box::new(BooleanQuery::new(clauses)))
     }
 }
 
@@ -189,7 +183,7 @@ mod tests {
     #[test]
     fn a_query_without_terms_is_none() {
         let schema = IndexSchema::new();
-        assert!(schema.query("  ?! ", &["p".to_owned()]).is_none());
-        assert!(schema.query("the of", &["p".to_owned()]).is_some(), "exact-name clause still applies");
+        assert!(schema.query("  ?! ").is_none());
+        assert!(schema.query("the of").is_some(), "exact-name clause still applies");
     }
 }

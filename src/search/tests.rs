@@ -14,8 +14,8 @@ fn tool(process_id: &str, slug: &str, name: &str, description: &str) -> ToolDoc 
     }
 }
 
-fn visible(ids: &[&str]) -> Vec<String> {
-    ids.iter().map(|id| (*id).to_owned()).collect()
+fn visible(ids: &[&str]) -> Arc<Scope> {
+    Arc::new(Scope::new(ids.iter().map(|id| (*id).to_owned()).collect()))
 }
 
 fn names(hits: &[SearchHit]) -> Vec<(&str, &str)> {
@@ -68,7 +68,7 @@ async fn results_stay_inside_the_visible_set_even_when_a_hidden_tool_matches_bes
     assert!(limited.iter().all(|hit| hit.process_id == "alice-fs"));
 
     assert!(index.search("status", &visible(&["alice-fs"]), 10).await.unwrap().is_empty());
-    assert!(index.search("read", &[], 10).await.unwrap().is_empty());
+    assert!(index.search("read", &visible(&[]), 10).await.unwrap().is_empty());
     assert!(index.search("read", &visible(&["nobody"]), 10).await.unwrap().is_empty());
 }
 
@@ -77,6 +77,7 @@ async fn replace_instance_replaces_and_remove_instance_removes() {
     let index = two_instances().await;
     assert_eq!(index.num_docs(), 5);
     let bob = visible(&["bob-fs"]);
+    assert_eq!(index.search("read", &bob, 10).await.unwrap().len(), 2, "the scope's filter is now cached");
 
     index.replace_instance("bob-fs", vec![tool("bob-fs", "filesystem", "write_file", "Write a file")]).await.unwrap();
     assert_eq!(index.num_docs(), 4);
@@ -106,7 +107,7 @@ async fn concurrent_writes_are_all_applied() {
         result.unwrap();
     }
     assert_eq!(index.num_docs(), 40);
-    let all: Vec<String> = (0..40).map(|n| format!("p{n}")).collect();
+    let all = Arc::new(Scope::new((0..40).map(|n| format!("p{n}")).collect()));
     assert_eq!(index.search("things", &all, 50).await.unwrap().len(), 40);
 }
 
@@ -189,8 +190,9 @@ async fn results_are_exactly_the_visible_tools() {
         }
         let visible_ids: Vec<String> =
             (0..instances).filter(|_| rng.gen_bool(0.5)).map(|i| format!("p{case}-{i}")).collect();
+        let scope = Arc::new(Scope::new(visible_ids.clone()));
         for (process_id, name) in &all {
-            let hits = index.search(name, &visible_ids, 50).await.unwrap();
+            let hits = index.search(name, &scope, 50).await.unwrap();
             assert!(
                 hits.iter().all(|h| visible_ids.contains(&h.process_id)),
                 "case {case}: hit outside the visible set"
@@ -199,10 +201,21 @@ async fn results_are_exactly_the_visible_tools() {
             assert_eq!(found, visible_ids.contains(process_id), "case {case}: {process_id}/{name}");
         }
         for word in VERBS.iter().chain(NOUNS.iter()) {
-            let hits = index.search(word, &visible_ids, 50).await.unwrap();
+            let hits = index.search(word, &scope, 50).await.unwrap();
             let expected: usize = all.iter().filter(|(p, n)| visible_ids.contains(p) && n.contains(word)).count();
             assert!(hits.iter().all(|h| visible_ids.contains(&h.process_id)));
             assert_eq!(hits.len(), expected, "case {case}: query {word}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_cached_scope_sees_instances_indexed_after_it_was_first_used() {
+    let index = two_instances().await;
+    let scope = visible(&["alice-fs", "carol-db"]);
+    assert!(index.search("query database", &scope, 10).await.unwrap().is_empty());
+    index.replace_instance("carol-db", vec![tool("carol-db", "db", "run_query", "Query the database")]).await.unwrap();
+    assert_eq!(names(&index.search("query database", &scope, 10).await.unwrap()), [("carol-db", "run_query")]);
+    index.replace_instance("dave-db", vec![tool("dave-db", "db", "run_query", "Query the database")]).await.unwrap();
+    assert_eq!(index.search("query database", &scope, 10).await.unwrap().len(), 1, "dave's tools stay hidden");
 }

@@ -56,6 +56,7 @@ impl Inner {
                 }
                 self.index(instance, &catalog).await;
                 instance.set_catalog(catalog);
+                self.bump_visibility();
                 if instance.status().status != InstanceStatus::Online {
                     self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into()))
                         .await;
@@ -147,7 +148,10 @@ impl Inner {
     ) {
         let spec = instance.spec();
         let entry = match instance.set_status(status, message) {
-            Ok(entry) => entry,
+            Ok(entry) => {
+                self.bump_visibility();
+                entry
+            }
             Err((from, to)) => {
                 error!(process_id = %spec.process_id, from = %from, to = %to, "refused impossible status transition");
                 return;
