@@ -731,3 +731,58 @@ async fn status_routes_are_not_readable_cross_origin() {
     assert!(mcp.headers().contains_key("access-control-allow-origin"), "MCP routes stay open to browser clients");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Discover answers cost the agent few tokens: compact JSON, schemas without titles or defaults their
+/// description states; `full_schemas` gives the server's schema as published, `explain` says why each result
+/// matched, and `pretty_results` brings back the reference's indented form.
+#[tokio::test]
+async fn discover_answers_are_compact_trimmed_and_explained_on_request() -> Result<(), Box<dyn std::error::Error>> {
+    let sat = started().await;
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let discover = |arguments: Value| {
+        let alice = &alice;
+        async move {
+            let (_, reply) = alice.call("tools/call", json!({"name":"discover_mcp_tools","arguments":arguments})).await;
+            let text = reply["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+            let document: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let slow = document["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|t| t["tool_path"] == "demo:slow")
+                .cloned()
+                .unwrap_or(Value::Null);
+            (text, slow)
+        }
+    };
+    let (text, slow) = discover(json!({"query": "sleep milliseconds"})).await;
+    assert!(!text.contains('\n'), "compact by default: {text}");
+    let schema = &slow["input_schema"];
+    assert_eq!(
+        *schema,
+        json!({"type": "object", "properties": {"ms": {"type": "integer", "description": "Milliseconds to sleep (default 100)", "minimum": 0, "maximum": 60000}}}),
+        "{slow}"
+    );
+    assert!(slow.get("matched").is_none(), "no explanation unless asked: {slow}");
+
+    let (_, full) = discover(json!({"query": "sleep milliseconds", "full_schemas": true})).await;
+    assert_eq!(full["input_schema"]["title"], "slowArguments", "{full}");
+    assert_eq!(full["input_schema"]["properties"]["ms"]["default"], 100, "{full}");
+
+    let (_, explained) = discover(json!({"query": "sleep for some milliseconds", "explain": true})).await;
+    assert_eq!(explained["matched"]["description"], json!(["sleep", "millisecond"]), "{explained}");
+    assert_eq!(explained["matched"]["exact_name"], false, "{explained}");
+    let (_, exact) = discover(json!({"query": "demo slow", "explain": true})).await;
+    assert_eq!(exact["matched"]["exact_name"], true, "{exact}");
+    assert_eq!(exact["matched"]["server"], json!(["demo"]), "{exact}");
+    assert!(sat.satellite.shutdown().await);
+
+    let sat = started_with(&format!("[satellite]\npretty_results = true\n{}", config())).await;
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let (_, reply) =
+        alice.call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query":"sleep milliseconds"}})).await;
+    let text = reply["result"]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("\n  \"tools\": ["), "the reference's 2-space form: {text}");
+    assert!(sat.satellite.shutdown().await);
+    Ok(())
+}

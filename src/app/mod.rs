@@ -252,6 +252,7 @@ impl Satellite {
                 read_timeout: READ_TIMEOUT,
                 analytics: analytics.clone(),
                 views: Default::default(),
+                pretty: config.pretty_results,
             },
             instance_router: InstanceRouter {
                 manager: manager.clone(),

@@ -43,6 +43,8 @@ pub const LOG_RATE_WARNING_MS: &str = "LOG_RATE_LIMIT_WARNING_INTERVAL_MS";
 pub const PUBLIC_URL: &str = "DEPLOYSTACK_SATELLITE_URL";
 pub const ALLOWED_HOSTS: &str = "SATELLITE_ALLOWED_HOSTS";
 pub const ALLOWED_ORIGINS: &str = "SATELLITE_ALLOWED_ORIGINS";
+/// `true`: meta-tool answers as 2-space indented JSON (the reference's form); compact otherwise.
+pub const PRETTY_RESULTS: &str = "SATELLITE_PRETTY_RESULTS";
 pub const BACKEND_URL: &str = "DEPLOYSTACK_BACKEND_URL";
 pub const SATELLITE_NAME: &str = "DEPLOYSTACK_SATELLITE_NAME";
 pub const REGISTRATION_TOKEN: &str = "DEPLOYSTACK_REGISTRATION_TOKEN";

@@ -35,6 +35,8 @@ pub struct RawSatellite {
     pub port: Option<u16>,
     pub data_dir: Option<String>,
     pub debug_route: Option<bool>,
+    /// Meta-tool answers as 2-space indented JSON instead of compact JSON (default false).
+    pub pretty_results: Option<bool>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
     pub handshake_timeout_seconds: Option<u64>,

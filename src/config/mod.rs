@@ -160,6 +160,8 @@ pub struct Config {
     pub log_level: String,
     pub log_format: LogFormat,
     pub debug_route: bool,
+    /// Meta-tool answers as 2-space indented JSON (the reference's form) instead of compact JSON.
+    pub pretty_results: bool,
     pub show_version: bool,
     pub show_uptime: bool,
     pub upstream: UpstreamSettings,
@@ -397,6 +399,10 @@ impl Config {
             log_level,
             log_format,
             debug_route,
+            pretty_results: match env::get(env, env::PRETTY_RESULTS) {
+                Some(v) => v == "true",
+                None => s.pretty_results.unwrap_or(false),
+            },
             show_version: env::get(env, env::SHOW_VERSION) != Some("false"),
             show_uptime: env::get(env, env::SHOW_UPTIME) != Some("false"),
             upstream,
@@ -427,6 +433,7 @@ impl Config {
             "log_level": self.log_level,
             "log_format": match self.log_format { LogFormat::Pretty => "pretty", LogFormat::Json => "json" },
             "debug_route": self.debug_route,
+            "pretty_results": self.pretty_results,
             "public_url": self.public_url,
             "allowed_hosts": self.allowed_hosts.clone().unwrap_or_else(|| vec!["*".into()]),
             "allowed_origins": self.allowed_origins.clone().unwrap_or_else(|| vec!["*".into()]),

@@ -290,8 +290,10 @@ fn demo_offer() -> Offer {
         json!({"name": "add", "description": "Add two numbers and return the sum.",
                "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
                "outputSchema": {"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]}}),
+        // Titled like the schemas pydantic-based servers publish, with a default its description states.
         json!({"name": "slow", "description": "Sleep for the given number of milliseconds, then answer.",
-               "inputSchema": {"type": "object", "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": 60000}}}}),
+               "inputSchema": {"type": "object", "title": "slowArguments", "properties": {"ms": {"type": "integer", "title": "Ms",
+                   "description": "Milliseconds to sleep (default 100)", "default": 100, "minimum": 0, "maximum": 60000}}}}),
         json!({"name": "fail", "description": "Always return a tool error (isError: true).",
                "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}}}),
         json!({"name": "exit_process", "description": "Exit the server process at once with the given code (default 3).",

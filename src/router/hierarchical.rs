@@ -11,8 +11,9 @@ use tracing::warn;
 
 use super::{
     blocked_result, call_outcome, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
-    normalise_call_result, text_document, RouteError,
+    normalise_call_result, RouteError,
 };
+use super::results::{text_document, trim_schema};
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
@@ -42,6 +43,8 @@ pub struct HierarchicalRouter {
     pub analytics: Recorder,
     /// Each caller's visible instances and search scope, per visibility version.
     pub views: super::CallerViews,
+    /// Meta-tool answers as 2-space indented JSON (the reference's form) instead of compact JSON.
+    pub pretty: bool,
 }
 
 impl HierarchicalRouter {
@@ -130,12 +133,15 @@ impl HierarchicalRouter {
             meta::LIST_RESOURCES => {
                 let resources = self.resource_entries(caller);
                 let templates = self.template_entries(caller);
-                Ok(text_document(&json!({
-                    "total_resources": resources.len(),
-                    "total_templates": templates.len(),
-                    "resources": resources,
-                    "resource_templates": templates,
-                })))
+                Ok(text_document(
+                    &json!({
+                        "total_resources": resources.len(),
+                        "total_templates": templates.len(),
+                        "resources": resources,
+                        "resource_templates": templates,
+                    }),
+                    self.pretty,
+                ))
             }
             meta::READ_RESOURCE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
@@ -187,6 +193,10 @@ impl HierarchicalRouter {
             .ok_or_else(|| invalid("Invalid query parameter - must be a non-empty string"))?;
         let limit =
             args.get("limit").and_then(Value::as_f64).map(|l| l as usize).unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+        let shape = Shape {
+            full_schemas: args.get("full_schemas").and_then(Value::as_bool).unwrap_or(false),
+            explain: args.get("explain").and_then(Value::as_bool).unwrap_or(false).then_some(query),
+        };
         let view = self.views.get(&self.manager, caller);
         let instances = &view.instances;
         let mut document = Map::new();
@@ -206,7 +216,7 @@ impl HierarchicalRouter {
                 }
                 let path = tool_path(&instance.spec().server_slug, &tool.name);
                 if seen.insert(path.clone()) {
-                    entries.push(tool_entry(instance, tool, 0.0));
+                    entries.push(self.tool_entry(instance, tool, 0.0, &shape));
                     paths.push(path);
                 }
             }
@@ -239,7 +249,7 @@ impl HierarchicalRouter {
                 };
                 let path = tool_path(&instance.spec().server_slug, &tool.name);
                 if seen.insert(path.clone()) {
-                    entries.push(tool_entry(instance, &tool, relevance_score(hit.score, best)));
+                    entries.push(self.tool_entry(instance, &tool, relevance_score(hit.score, best), &shape));
                     paths.push(path);
                 }
             }
@@ -254,7 +264,7 @@ impl HierarchicalRouter {
         document.insert("tools".into(), Value::Array(entries));
         document.insert("search_time_ms".into(), json!(started.elapsed().as_millis() as u64));
         document.insert("query".into(), json!(query));
-        Ok((text_document(&Value::Object(document)), paths))
+        Ok((text_document(&Value::Object(document), self.pretty), paths))
     }
 
     /// Run a tool on the caller's instance. What the outer call carries for the server goes with the inner call:
@@ -476,24 +486,45 @@ fn native_entry(definition: &Value, slug: &str, key: &str, namespaced: &str) -> 
     entry
 }
 
-fn tool_entry(instance: &Instance, tool: &ToolDef, relevance: f64) -> Value {
-    let spec = instance.spec();
-    let transport = match spec.upstream.transport_name() {
-        "stdio" => "stdio",
-        _ => "http",
-    };
-    let mut entry = json!({
-        "tool_path": tool_path(&spec.server_slug, &tool.name),
-        "description": tool.description,
-        "server_name": spec.server_slug,
-        "transport": transport,
-        "relevance_score": relevance,
-        "input_schema": tool.input_schema,
-    });
-    if let Some(meta) = &tool.meta {
-        entry["_meta"] = namespace_ui_meta(meta, &spec.server_slug);
+/// How discover results are written: trimmed schemas unless `full_schemas`; with `explain`, why each matched.
+struct Shape<'q> {
+    full_schemas: bool,
+    /// The query, when the caller asked why each result matched.
+    explain: Option<&'q str>,
+}
+
+impl HierarchicalRouter {
+    fn tool_entry(&self, instance: &Instance, tool: &ToolDef, relevance: f64, shape: &Shape<'_>) -> Value {
+        let spec = instance.spec();
+        let transport = match spec.upstream.transport_name() {
+            "stdio" => "stdio",
+            _ => "http",
+        };
+        let schema = if shape.full_schemas { tool.input_schema.clone() } else { trim_schema(&tool.input_schema) };
+        let mut entry = json!({
+            "tool_path": tool_path(&spec.server_slug, &tool.name),
+            "description": tool.description,
+            "server_name": spec.server_slug,
+            "transport": transport,
+            // Three decimals tell results apart; more digits only cost the agent tokens.
+            "relevance_score": (relevance * 1000.0).round() / 1000.0,
+            "input_schema": schema,
+        });
+        if let Some(query) = shape.explain {
+            let document = crate::search::ToolDoc {
+                process_id: spec.process_id.0.clone(),
+                server_slug: spec.server_slug.clone(),
+                tool_name: tool.name.clone(),
+                description: tool.description.clone(),
+                input_schema: tool.input_schema.clone(),
+            };
+            entry["matched"] = json!(self.search.explain(query, &document));
+        }
+        if let Some(meta) = &tool.meta {
+            entry["_meta"] = namespace_ui_meta(meta, &spec.server_slug);
+        }
+        entry
     }
-    entry
 }
 
 fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a str, RouteError> {

@@ -19,7 +19,9 @@ pub fn definitions() -> Value {
                 "type": "object",
                 "properties": {
                     "query": {"type": "string", "description": "One to three keywords, e.g. \"github\" or \"database postgres\". Use \"*\" to list every tool (up to 20)."},
-                    "limit": {"type": "number", "description": "Maximum results (default 10; wildcard listing is capped at 20)", "default": 10}
+                    "limit": {"type": "number", "description": "Maximum results (default 10; wildcard listing is capped at 20)", "default": 10},
+                    "explain": {"type": "boolean", "description": "Say why each result matched"},
+                    "full_schemas": {"type": "boolean", "description": "Input schemas untrimmed (titles and stated defaults kept)"}
                 },
                 "required": ["query"]
             }

@@ -18,6 +18,7 @@ mod hierarchical;
 mod instance;
 pub mod meta;
 mod prompts;
+mod results;
 mod views;
 
 pub use hierarchical::HierarchicalRouter;
@@ -191,12 +192,6 @@ fn normalise_call_result(result: Value) -> Value {
     } else {
         json!({"content": [{"type": "text", "text": result.to_string()}]})
     }
-}
-
-/// Meta-tool answers are one text item holding a 2-space JSON document.
-fn text_document(document: &Value) -> Value {
-    let text = serde_json::to_string_pretty(document).unwrap_or_else(|_| document.to_string());
-    json!({"content": [{"type": "text", "text": text}]})
 }
 
 /// How a forwarded call ended, for the analytics.

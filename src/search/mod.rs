@@ -43,7 +43,10 @@ const COMMAND_QUEUE_CAPACITY: usize = 64;
 const MAX_COMMANDS_PER_COMMIT: usize = 256;
 
 /// Indexing memory of the single writer thread (tantivy's minimum is 15 MB).
-const WRITER_MEMORY_BYTES: usize = 32 * 1024 * 1024;
+const WRITER_MEMORY_BYTES: usize = 15 * 1024 * 1024;
+
+/// After a commit, segments are merged into one once no write has come for this long.
+const MERGE_WHEN_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// For the fuzz targets: analyse and normalise `text` and build its query, as [`SearchIndex::search`] does,
 /// without an index.
@@ -65,6 +68,22 @@ pub struct ToolDoc {
     pub tool_name: String,
     pub description: String,
     pub input_schema: serde_json::Value,
+}
+
+/// Why a tool matched a query: the query's terms, after the search's own analysis (stemming, splitting of
+/// `snake_case` and `camelCase`), found in each part of the tool.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Matched {
+    /// The whole query is the tool's name (or `server tool`).
+    pub exact_name: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub server: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub name: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub description: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parameters: Vec<String>,
 }
 
 /// One result of [`SearchIndex::search`]; `score` is the raw BM25-based score (higher is better).
@@ -150,9 +169,19 @@ impl SearchIndex {
             .map_err(SearchError::TaskFailed)?
     }
 
+    /// Why `tool` matches `query` (the `explain` option of `discover_mcp_tools`).
+    pub fn explain(&self, query: &str, tool: &ToolDoc) -> Matched {
+        self.schema.explain(query, tool)
+    }
+
     /// Number of indexed documents (for the debug route).
     pub fn num_docs(&self) -> u64 {
         self.reader.searcher().num_docs()
+    }
+
+    /// Number of segments searches read (one once the index has been idle, see `run_writer`).
+    pub fn num_segments(&self) -> usize {
+        self.reader.searcher().segment_readers().len()
     }
 }
 
@@ -191,7 +220,10 @@ fn search_blocking(
     Ok(hits)
 }
 
-/// The writer task: the only owner of the `IndexWriter`.
+/// The writer task: the only owner of the `IndexWriter`. Once no command has come for [`MERGE_WHEN_IDLE`]
+/// after a commit, it merges every segment into one: each query pays a setup per (term, segment), so a
+/// few large segments answer several times faster than the many small ones that one commit per
+/// instance change leaves behind, while a burst of changes is never held up by merges.
 async fn run_writer(
     mut writer: IndexWriter,
     reader: IndexReader,
@@ -199,7 +231,38 @@ async fn run_writer(
     mut commands: mpsc::Receiver<Command>,
 ) {
     let process_id_field = schema.fields.process_id;
-    while let Some(first) = commands.recv().await {
+    let mut unmerged = false;
+    loop {
+        let first = if unmerged {
+            match tokio::time::timeout(MERGE_WHEN_IDLE, commands.recv()).await {
+                Ok(Some(command)) => command,
+                Ok(None) => return,
+                Err(_) => {
+                    unmerged = false;
+                    let reader = reader.clone();
+                    match tokio::task::spawn_blocking(move || (merge_all(&mut writer, &reader), writer)).await {
+                        Ok((result, returned)) => {
+                            writer = returned;
+                            if let Err(error) = result {
+                                // Typically a segment tantivy's own merge policy is merging now: try again later.
+                                tracing::debug!(%error, "search index merge postponed");
+                                unmerged = true;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::error!(%error, "search index merge panicked; the index is now read-only");
+                            return;
+                        }
+                    }
+                    continue;
+                }
+            }
+        } else {
+            match commands.recv().await {
+                Some(command) => command,
+                None => return,
+            }
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_COMMANDS_PER_COMMIT {
             match commands.try_recv() {
@@ -232,10 +295,21 @@ async fn run_writer(
         if let Err(error) = &result {
             tracing::warn!(%error, commands = waiters.len(), "search index commit failed");
         }
+        unmerged = true;
         for waiter in waiters {
             let _ = waiter.send(result.clone().map_err(SearchError::Tantivy));
         }
     }
+}
+
+/// Merges every searchable segment into one and reloads the reader.
+fn merge_all(writer: &mut IndexWriter, reader: &IndexReader) -> Result<(), TantivyError> {
+    let segments = writer.index().searchable_segment_ids()?;
+    if segments.len() > 1 {
+        writer.merge(&segments).wait()?;
+        reader.reload()?;
+    }
+    Ok(())
 }
 
 /// Applies deletes and adds in order, commits, reloads the reader; rolls back on failure.

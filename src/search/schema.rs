@@ -127,6 +127,33 @@ impl IndexSchema {
     }
 }
 
+impl IndexSchema {
+    /// Which of the query's terms (analysed as [`IndexSchema::query`] analyses them) each part of `tool` holds.
+    pub(crate) fn explain(&self, text: &str, tool: &ToolDoc) -> super::Matched {
+        let mut analyzer = self.analyzer.clone();
+        let query: Vec<String> = {
+            let mut seen = HashSet::new();
+            analyze(&mut analyzer, &normalize_query(text)).into_iter().filter(|t| seen.insert(t.clone())).collect()
+        };
+        let mut found = |part: &str| -> Vec<String> {
+            let terms: HashSet<String> = analyze(&mut analyzer, part).into_iter().collect();
+            query.iter().filter(|t| terms.contains(*t)).cloned().collect()
+        };
+        let mut parameters = Vec::new();
+        collect_parameter_names(&tool.input_schema, 0, &mut parameters);
+        let exact = canonical_name(text);
+        super::Matched {
+            exact_name: !exact.is_empty()
+                && (exact == canonical_name(&tool.tool_name)
+                    || exact == canonical_name(&format!("{} {}", tool.server_slug, tool.tool_name))),
+            server: found(&tool.server_slug),
+            name: found(&tool.tool_name),
+            description: found(&tool.description),
+            parameters: found(&parameters.join(" ")),
+        }
+    }
+}
+
 /// Appends the names of every property declared anywhere in `schema`: nested `properties`,
 /// `items`, `anyOf`/`oneOf`/`allOf`, `$defs`… (every object and array is walked).
 fn collect_parameter_names(schema: &Value, depth: usize, names: &mut Vec<String>) {

@@ -210,12 +210,34 @@ async fn results_are_exactly_the_visible_tools() {
 }
 
 #[tokio::test]
-async fn a_cached_scope_sees_instances_indexed_after_it_was_first_used() {
+async fn a_cached_scope_sees_instances_indexed_after_it_was_first_used() -> Result<(), SearchError> {
     let index = two_instances().await;
     let scope = visible(&["alice-fs", "carol-db"]);
-    assert!(index.search("query database", &scope, 10).await.unwrap().is_empty());
-    index.replace_instance("carol-db", vec![tool("carol-db", "db", "run_query", "Query the database")]).await.unwrap();
-    assert_eq!(names(&index.search("query database", &scope, 10).await.unwrap()), [("carol-db", "run_query")]);
-    index.replace_instance("dave-db", vec![tool("dave-db", "db", "run_query", "Query the database")]).await.unwrap();
-    assert_eq!(index.search("query database", &scope, 10).await.unwrap().len(), 1, "dave's tools stay hidden");
+    assert!(index.search("query database", &scope, 10).await?.is_empty());
+    index.replace_instance("carol-db", vec![tool("carol-db", "db", "run_query", "Query the database")]).await?;
+    assert_eq!(names(&index.search("query database", &scope, 10).await?), [("carol-db", "run_query")]);
+    index.replace_instance("dave-db", vec![tool("dave-db", "db", "run_query", "Query the database")]).await?;
+    assert_eq!(index.search("query database", &scope, 10).await?.len(), 1, "dave's tools stay hidden");
+    Ok(())
+}
+
+#[tokio::test]
+async fn segments_are_merged_into_one_once_writes_stop_and_searches_still_agree() -> Result<(), SearchError> {
+    let index = SearchIndex::new()?;
+    for n in 0..6 {
+        let id = format!("p{n}");
+        index.replace_instance(&id, vec![tool(&id, "s", &format!("tool_{n}"), "does things")]).await?;
+    }
+    let scope = Arc::new(Scope::new((0..6).map(|n| format!("p{n}")).collect()));
+    assert_eq!(index.search("things", &scope, 10).await?.len(), 6, "the scope's filter is cached now");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while index.num_segments() > 1 {
+        assert!(std::time::Instant::now() < deadline, "still {} segments", index.num_segments());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(index.num_docs(), 6);
+    assert_eq!(index.search("things", &scope, 10).await?.len(), 6, "the cached filter follows the merge");
+    index.remove_instance("p3").await?;
+    assert_eq!(index.search("things", &scope, 10).await?.len(), 5);
+    Ok(())
 }

@@ -1,0 +1,159 @@
+//! How meta-tool answers are written for an agent's context: compact JSON unless the operator chose the
+//! reference's pretty form, and tool schemas trimmed of what a caller does not need to call the tool.
+
+use serde_json::{json, Map, Value};
+
+/// Schema keywords an agent does not need to build a call: documentation for humans and tooling.
+const DROPPED_KEYWORDS: &[&str] = &["$schema", "$id", "$comment", "title"];
+
+/// Keywords whose value is a map of name to schema.
+const SCHEMA_MAPS: &[&str] = &["properties", "patternProperties", "$defs", "definitions", "dependentSchemas"];
+
+/// Keywords whose value is one schema.
+const SCHEMA_VALUES: &[&str] =
+    &["items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames", "unevaluatedItems"];
+
+/// Keywords whose value is a list of schemas.
+const SCHEMA_LISTS: &[&str] = &["anyOf", "oneOf", "allOf", "prefixItems"];
+
+/// JSON Schema nesting followed; deeper parts are kept as they are.
+const MAX_DEPTH: usize = 32;
+
+/// One text item holding `document` as JSON: compact, or 2-space indented when `pretty`.
+pub(super) fn text_document(document: &Value, pretty: bool) -> Value {
+    let text = if pretty {
+        serde_json::to_string_pretty(document).unwrap_or_else(|_| document.to_string())
+    } else {
+        document.to_string()
+    };
+    json!({"content": [{"type": "text", "text": text}]})
+}
+
+/// `schema` without titles, `$schema`/`$id`/`$comment`, and `default`s its own description already states
+/// (`"default": 10` next to "… (default 10)"). Property names are never touched, whatever they are called.
+pub(super) fn trim_schema(schema: &Value) -> Value {
+    trim(schema, 0)
+}
+
+fn trim(schema: &Value, depth: usize) -> Value {
+    let Value::Object(map) = schema else {
+        return schema.clone();
+    };
+    if depth > MAX_DEPTH {
+        return schema.clone();
+    }
+    let description = map.get("description").and_then(Value::as_str).unwrap_or_default();
+    let mut out = Map::with_capacity(map.len());
+    for (key, value) in map {
+        let key = key.as_str();
+        if DROPPED_KEYWORDS.contains(&key) && !matches!(value, Value::Object(_) | Value::Array(_)) {
+            continue;
+        }
+        if key == "default" && default_is_stated(value, description) {
+            continue;
+        }
+        let trimmed = if SCHEMA_MAPS.contains(&key) {
+            match value {
+                Value::Object(members) => {
+                    Value::Object(members.iter().map(|(name, s)| (name.clone(), trim(s, depth + 1))).collect())
+                }
+                other => other.clone(),
+            }
+        } else if SCHEMA_VALUES.contains(&key) {
+            match value {
+                Value::Array(list) => Value::Array(list.iter().map(|s| trim(s, depth + 1)).collect()),
+                other => trim(other, depth + 1),
+            }
+        } else if SCHEMA_LISTS.contains(&key) {
+            match value {
+                Value::Array(list) => Value::Array(list.iter().map(|s| trim(s, depth + 1)).collect()),
+                other => other.clone(),
+            }
+        } else {
+            value.clone()
+        };
+        out.insert(key.to_owned(), trimmed);
+    }
+    Value::Object(out)
+}
+
+/// Whether `description` already says what the default is: "default 10", "default: 10", "defaults to 10",
+/// "(default: \"asc\")", compared case-insensitively.
+fn default_is_stated(default: &Value, description: &str) -> bool {
+    let shown = match default {
+        Value::String(s) if !s.is_empty() => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        _ => return false,
+    };
+    let description = description.to_lowercase();
+    let shown = shown.to_lowercase();
+    let Some(at) = description.find("default") else {
+        return false;
+    };
+    let after = &description[at..];
+    let window: String = after.chars().take(shown.chars().count() + 24).collect();
+    window.contains(&shown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trimming_drops_documentation_keywords_but_never_property_names() {
+        let schema = json!({
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "title": "SearchArgs",
+            "type": "object",
+            "properties": {
+                "title": {"type": "string", "title": "Title", "description": "The page title"},
+                "limit": {"type": "number", "description": "Max results (default 10)", "default": 10},
+                "order": {"type": "string", "default": "asc"},
+                "filter": {"anyOf": [{"title": "ByName", "type": "object", "properties": {"name": {"title": "N"}}}]},
+                "tags": {"type": "array", "items": {"type": "string", "title": "Tag"}}
+            },
+            "$defs": {"Thing": {"title": "Thing", "type": "object"}},
+            "required": ["title"]
+        });
+        let trimmed = trim_schema(&schema);
+        assert_eq!(
+            trimmed,
+            json!({
+                "type": "object",
+                "properties": {
+                    "title": {"type": "string", "description": "The page title"},
+                    "limit": {"type": "number", "description": "Max results (default 10)"},
+                    "order": {"type": "string", "default": "asc"},
+                    "filter": {"anyOf": [{"type": "object", "properties": {"name": {}}}]},
+                    "tags": {"type": "array", "items": {"type": "string"}}
+                },
+                "$defs": {"Thing": {"type": "object"}},
+                "required": ["title"]
+            })
+        );
+    }
+
+    #[test]
+    fn a_default_is_kept_unless_the_description_states_it() {
+        assert!(default_is_stated(&json!(10), "Maximum results (default: 10)"));
+        assert!(default_is_stated(&json!("asc"), "Sort order. Defaults to \"asc\"."));
+        assert!(default_is_stated(&json!(false), "Include archived (default false)"));
+        assert!(!default_is_stated(&json!(10), "Maximum results; the default is the server's page size"));
+        assert!(!default_is_stated(&json!(5), "Number of results, 1-50"));
+        assert!(!default_is_stated(&json!(null), "default null"));
+        assert!(!default_is_stated(&json!(""), "default empty"));
+    }
+
+    #[test]
+    fn compact_is_the_same_document_in_fewer_characters() {
+        let document = json!({"tools": [{"tool_path": "a:b", "input_schema": {"type": "object"}}], "total_found": 1});
+        let compact = text_document(&document, false);
+        let pretty = text_document(&document, true);
+        let text = |v: &Value| v["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+        assert!(text(&compact).len() < text(&pretty).len());
+        let parsed: Value = serde_json::from_str(&text(&compact)).unwrap_or_default();
+        assert_eq!(parsed, document);
+        assert!(text(&pretty).contains("\n  \"tools\""), "pretty is the reference's 2-space form");
+    }
+}
