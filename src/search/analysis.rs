@@ -172,6 +172,13 @@ pub(crate) fn canonical_name(text: &str) -> String {
     name
 }
 
+/// The lowercased words of `text`, as [`canonical_name`] splits them.
+pub(crate) fn words(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    split_words(text, |from, to| words.push(text[from..to].to_lowercase()));
+    words
+}
+
 /// Tokenizer splitting identifiers and prose into lowercase words (see the module doc).
 #[derive(Clone, Default)]
 pub(crate) struct ToolTokenizer {

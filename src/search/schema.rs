@@ -20,7 +20,7 @@ use tantivy::schema::{Field, IndexRecordOption, Schema, TextFieldIndexing, TextO
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{TantivyDocument, Term};
 
-use super::analysis::{analyze, canonical_name, normalize_query, tool_analyzer, TOOL_TOKENIZER};
+use super::analysis::{analyze, canonical_name, normalize_query, tool_analyzer, words, TOOL_TOKENIZER};
 use super::ToolDoc;
 
 /// Weight of a match in the `name` field relative to the catch-all field.
@@ -29,6 +29,11 @@ const NAME_FIELD_BOOST: f32 = 0.5;
 /// Added to the score of a tool whose exact name (or `slug:name`) is the whole query. Larger than
 /// any BM25 score a short query reaches on this data, so an exact name always ranks first.
 pub(crate) const EXACT_NAME_SCORE: f32 = 100.0;
+
+/// Added to the tools of a server the request names ("… with yahoo finance", "use the git server"): any
+/// run of up to [`MAX_SERVER_NAME_WORDS`] consecutive words that is a server's whole slug.
+const SERVER_NAMED_SCORE: f32 = 3.0;
+const MAX_SERVER_NAME_WORDS: usize = 3;
 
 /// At most this many distinct query terms are used (a request pasted with a document in it).
 const MAX_QUERY_TERMS: usize = 128;
@@ -44,6 +49,8 @@ pub(crate) struct Fields {
     pub(crate) process_id: Field,
     pub(crate) tool_name: Field,
     exact_name: Field,
+    /// [`canonical_name`] of the server slug.
+    server: Field,
     name: Field,
     text: Field,
 }
@@ -66,6 +73,7 @@ impl IndexSchema {
             process_id: builder.add_text_field("process_id", STRING | STORED),
             tool_name: builder.add_text_field("tool_name", STORED),
             exact_name: builder.add_text_field("exact_name", STRING),
+            server: builder.add_text_field("server", STRING),
             name: builder.add_text_field("name", analysed.clone()),
             text: builder.add_text_field("text", analysed),
         };
@@ -79,6 +87,7 @@ impl IndexSchema {
         document.add_text(fields.tool_name, &tool.tool_name);
         document.add_text(fields.exact_name, canonical_name(&tool.tool_name));
         document.add_text(fields.exact_name, canonical_name(&format!("{} {}", tool.server_slug, tool.tool_name)));
+        document.add_text(fields.server, canonical_name(&tool.server_slug));
         document.add_text(fields.name, &tool.tool_name);
         document.add_text(fields.text, &tool.server_slug);
         document.add_text(fields.text, &tool.tool_name);
@@ -122,6 +131,17 @@ impl IndexSchema {
         }
         if clauses.is_empty() {
             return None;
+        }
+        let words = words(text);
+        let mut named = HashSet::new();
+        for length in 1..=MAX_SERVER_NAME_WORDS {
+            for run in words.windows(length).take(MAX_QUERY_TERMS) {
+                let slug = run.join("_");
+                if named.insert(slug.clone()) {
+                    let query = TermQuery::new(Term::from_field_text(fields.server, &slug), IndexRecordOption::Basic);
+                    clauses.push((Occur::Should, Box::new(ConstScoreQuery::new(Box::new(query), SERVER_NAMED_SCORE))));
+                }
+            }
         }
         Some(Box::new(BooleanQuery::new(clauses)))
     }

@@ -241,3 +241,25 @@ async fn segments_are_merged_into_one_once_writes_stop_and_searches_still_agree(
     assert_eq!(index.search("things", &scope, 10).await?.len(), 5);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_server_named_in_the_request_boosts_its_tools() -> Result<(), SearchError> {
+    let index = SearchIndex::new()?;
+    let issue = |id: &str, slug: &str| tool(id, slug, "create_issue", "Create a new issue in a project");
+    index.replace_instance("gh", vec![issue("gh", "github")]).await?;
+    index.replace_instance("gl", vec![issue("gl", "gitlab")]).await?;
+    index.replace_instance("yf", vec![tool("yf", "yahoo-finance", "get_price", "Get a quote")]).await?;
+    let news = |id: &str| tool(id, "news-api", "get_latest_news", "Get the latest news headlines about a topic");
+    index.replace_instance("news", vec![news("news")]).await?;
+    index.replace_instance("brave", vec![tool("brave", "brave-search", "web_search", "Search the web")]).await?;
+    let scope = visible(&["gh", "gl", "yf", "news", "brave"]);
+    for (query, first) in [
+        ("open an issue for the login bug using gitlab", "gl"),
+        ("open an issue for the login bug using github", "gh"),
+        ("find the latest news about the rust language with brave search", "brave"),
+    ] {
+        let hits = index.search(query, &scope, 3).await?;
+        assert_eq!(hits.first().map(|h| h.process_id.as_str()), Some(first), "{query}: {hits:?}");
+    }
+    Ok(())
+}
