@@ -50,7 +50,7 @@ pub(crate) struct Fields {
     pub(crate) tool_name: Field,
     exact_name: Field,
     /// [`canonical_name`] of the server slug.
-    server: Field,
+    pub(crate) server: Field,
     name: Field,
     text: Field,
 }
@@ -101,9 +101,10 @@ impl IndexSchema {
     }
 
     /// The scoring query for `text`, or `None` when `text` has no term; the caller adds visibility.
+    /// `is_indexed` says whether a term is in the index (used for the server-name runs).
     ///
-    /// Shape: `t1 | t2 | … | name:t1^0.5 | … | exact_name`.
-    pub(crate) fn query(&self, text: &str) -> Option<Box<dyn Query>> {
+    /// Shape: `t1 | t2 | … | name:t1^0.5 | … | exact_name | server:named…`.
+    pub(crate) fn query(&self, text: &str, is_indexed: impl Fn(&Term) -> bool) -> Option<Box<dyn Query>> {
         let fields = &self.fields;
         let mut analyzer = self.analyzer.clone();
         let mut seen = HashSet::new();
@@ -115,11 +116,18 @@ impl IndexSchema {
             if !seen.insert(term.clone()) {
                 continue;
             }
+            // A term no tool has scores nothing: leaving it out saves building its weight and scorers, which is
+            // most of a long request's cost. Names are part of the catch-all text, so no text, no name either.
             let text_term = Term::from_field_text(fields.text, &term);
+            if !is_indexed(&text_term) {
+                continue;
+            }
             clauses.push((Occur::Should, Box::new(TermQuery::new(text_term, IndexRecordOption::WithFreqs))));
             let name_term = Term::from_field_text(fields.name, &term);
-            let name_query = TermQuery::new(name_term, IndexRecordOption::WithFreqs);
-            clauses.push((Occur::Should, Box::new(BoostQuery::new(Box::new(name_query), NAME_FIELD_BOOST))));
+            if is_indexed(&name_term) {
+                let name_query = TermQuery::new(name_term, IndexRecordOption::WithFreqs);
+                clauses.push((Occur::Should, Box::new(BoostQuery::new(Box::new(name_query), NAME_FIELD_BOOST))));
+            }
         }
         if text.split_whitespace().count() <= MAX_EXACT_NAME_WORDS {
             let exact = canonical_name(text);
@@ -132,13 +140,14 @@ impl IndexSchema {
         if clauses.is_empty() {
             return None;
         }
+        // Only runs that are a server's slug become clauses (a dictionary lookup each, no query).
         let words = words(text);
         let mut named = HashSet::new();
         for length in 1..=MAX_SERVER_NAME_WORDS {
             for run in words.windows(length).take(MAX_QUERY_TERMS) {
-                let slug = run.join("_");
-                if named.insert(slug.clone()) {
-                    let query = TermQuery::new(Term::from_field_text(fields.server, &slug), IndexRecordOption::Basic);
+                let term = Term::from_field_text(fields.server, &run.join("_"));
+                if is_indexed(&term) && named.insert(term.clone()) {
+                    let query = TermQuery::new(term, IndexRecordOption::Basic);
                     clauses.push((Occur::Should, Box::new(ConstScoreQuery::new(Box::new(query), SERVER_NAMED_SCORE))));
                 }
             }
@@ -230,7 +239,7 @@ mod tests {
     #[test]
     fn a_query_without_terms_is_none() {
         let schema = IndexSchema::new();
-        assert!(schema.query("  ?! ").is_none());
-        assert!(schema.query("the of").is_some(), "exact-name clause still applies");
+        assert!(schema.query("  ?! ", |_| true).is_none());
+        assert!(schema.query("the of", |_| true).is_some(), "exact-name clause still applies");
     }
 }

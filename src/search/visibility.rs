@@ -35,6 +35,11 @@ impl Scope {
         &self.ids
     }
 
+    /// How many documents the cached filter holds, when it was built for `generation`.
+    pub(crate) fn cached_docs(&self, generation: u64) -> Option<u64> {
+        self.cache.lock().as_ref().filter(|f| f.generation == generation).map(|f| f.docs)
+    }
+
     /// The filter for `searcher`'s generation: cached, or built now from the `process_id` postings.
     pub(crate) fn filter(&self, searcher: &Searcher, field: Field) -> Result<Arc<Filter>, TantivyError> {
         let generation = searcher.generation().generation_id();
@@ -42,6 +47,7 @@ impl Scope {
             return Ok(filter.clone());
         }
         let mut segments = HashMap::with_capacity(searcher.segment_readers().len());
+        let mut docs = 0;
         for segment in searcher.segment_readers() {
             let max_doc = segment.max_doc();
             let mut words = vec![0u64; (max_doc as usize).div_ceil(64)];
@@ -57,9 +63,10 @@ impl Scope {
                     doc = postings.advance();
                 }
             }
+            docs += words.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();
             segments.insert(segment.segment_id(), Arc::<[u64]>::from(words));
         }
-        let filter = Arc::new(Filter { generation, segments });
+        let filter = Arc::new(Filter { generation, segments, docs });
         *self.cache.lock() = Some(filter.clone());
         Ok(filter)
     }
@@ -70,6 +77,8 @@ impl Scope {
 pub(crate) struct Filter {
     generation: u64,
     segments: HashMap<SegmentId, Arc<[u64]>>,
+    /// Visible documents, deleted ones included.
+    docs: u64,
 }
 
 /// A query matching exactly the documents of a [`Filter`], with a constant score.
