@@ -18,6 +18,7 @@ pub mod instances;
 pub mod jobs;
 pub mod logcapture;
 pub mod mcp;
+pub mod memory;
 pub mod model;
 pub mod router;
 pub mod search;

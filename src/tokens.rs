@@ -11,12 +11,16 @@
 //! - strings escape `"`, `\`, `\b \f \n \r \t` and the other control characters as lowercase `\u00xx`,
 //!   nothing else (non-ASCII, `/`, U+2028 stay as they are).
 //!
-//! Special-token look-alikes such as `<|endoftext|>` are encoded as ordinary text. The encoder is built once
-//! per process (about 200k ranks); counting is CPU work, so `count_tools` runs it on the blocking pool.
+//! Special-token look-alikes such as `<|endoftext|>` are encoded as ordinary text. The encoder (about 200k
+//! ranks, ~45 MB) is shared, built on first use and released when idle ([`release_idle`]); counting is CPU
+//! work, so `count_tools` runs it on the blocking pool.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use serde_json::{Map, Number, Value};
 use tiktoken_rs::CoreBPE;
@@ -89,19 +93,65 @@ impl Counter {
     }
 }
 
-/// The process's shared encoder, built on first use.
-pub fn counter() -> Result<&'static Counter, TokenError> {
-    static COUNTER: OnceLock<Result<Counter, String>> = OnceLock::new();
-    let built = COUNTER.get_or_init(|| {
-        let started = std::time::Instant::now();
-        let result = Counter::o200k_base().map_err(|e| e.to_string());
-        match &result {
-            Ok(_) => debug!(elapsed_ms = started.elapsed().as_millis() as u64, "o200k_base encoder built"),
-            Err(err) => error!(error = %err, "o200k_base encoder could not be built; tools will have no token counts"),
+/// The process's shared encoder and when it was last handed out.
+struct Shared {
+    counter: Mutex<Option<Arc<Counter>>>,
+    last_used: Mutex<Instant>,
+    /// Building failed once: it would fail again (the ranks are compiled in), so it is not retried.
+    failed: OnceLock<String>,
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| Shared {
+        counter: Mutex::new(None),
+        last_used: Mutex::new(Instant::now()),
+        failed: OnceLock::new(),
+    })
+}
+
+/// The process's shared encoder, built on first use and again after [`release_idle`] let it go. It holds
+/// about 45 MB, most of an idle satellite's memory, so it is kept only while tools are being counted.
+pub fn counter() -> Result<Arc<Counter>, TokenError> {
+    let shared = shared();
+    if let Some(reason) = shared.failed.get() {
+        return Err(TokenError::Encoder(reason.clone()));
+    }
+    *shared.last_used.lock() = Instant::now();
+    let mut slot = shared.counter.lock();
+    if let Some(counter) = slot.as_ref() {
+        return Ok(counter.clone());
+    }
+    let started = Instant::now();
+    match Counter::o200k_base() {
+        Ok(counter) => {
+            debug!(elapsed_ms = started.elapsed().as_millis() as u64, "o200k_base encoder built");
+            let counter = Arc::new(counter);
+            *slot = Some(counter.clone());
+            Ok(counter)
         }
-        result
-    });
-    built.as_ref().map_err(|e| TokenError::Encoder(e.clone()))
+        Err(err) => {
+            error!(error = %err, "o200k_base encoder could not be built; tools will have no token counts");
+            let _ = shared.failed.set(err.to_string());
+            Err(err)
+        }
+    }
+}
+
+/// Let the shared encoder go when nothing asked for it for `idle`, and give the freed memory back to the
+/// operating system. True when it was released. Blocking (the heap trim takes a few milliseconds).
+pub fn release_idle(idle: Duration) -> bool {
+    let shared = shared();
+    if shared.last_used.lock().elapsed() < idle {
+        return false;
+    }
+    let Some(counter) = shared.counter.lock().take() else {
+        return false;
+    };
+    drop(counter); // callers still counting keep their own Arc; the memory goes when the last one ends
+    crate::memory::return_free_memory();
+    debug!(idle_seconds = idle.as_secs(), "o200k_base encoder released after being idle");
+    true
 }
 
 /// Tokens of one tool with the shared encoder. CPU-bound: call it from blocking code, not from async tasks.
@@ -282,6 +332,18 @@ pub fn write_js_f64(out: &mut String, f: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shared_encoder_is_released_when_idle_and_built_again_on_use() -> Result<(), TokenError> {
+        let before = counter()?;
+        assert!(!release_idle(Duration::from_secs(3600)), "used a moment ago");
+        let count = before.count_text("hello world, again");
+        release_idle(Duration::ZERO);
+        let after = counter()?;
+        assert!(!Arc::ptr_eq(&before, &after), "a new encoder after the release");
+        assert_eq!(after.count_text("hello world, again"), count);
+        Ok(())
+    }
     use serde_json::json;
 
     fn js(f: f64) -> String {

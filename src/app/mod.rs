@@ -57,6 +57,9 @@ const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
 const EVENT_RETENTION_PERIOD: Duration = Duration::from_secs(3600);
 /// `resources/read` budget (SB §9.5: 60 s).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// The token encoder is released once no tools were counted for this long, checked this often.
+const ENCODER_IDLE: Duration = Duration::from_secs(60);
+const ENCODER_CHECK_PERIOD: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -243,6 +246,10 @@ impl Satellite {
                 }
                 Ok::<(), std::convert::Infallible>(())
             }
+        });
+        // The token encoder is most of an idle satellite's memory: let it go when no tools were counted lately.
+        jobs.every("token-encoder-release", ENCODER_CHECK_PERIOD, FirstRun::AfterOnePeriod, || async {
+            tokio::task::spawn_blocking(|| crate::tokens::release_idle(ENCODER_IDLE)).await.map(|_| ())
         });
         let mcp = McpDeps {
             router: HierarchicalRouter {
