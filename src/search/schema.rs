@@ -20,7 +20,7 @@ use tantivy::schema::{Field, IndexRecordOption, Schema, TextFieldIndexing, TextO
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{TantivyDocument, Term};
 
-use super::analysis::{analyze, canonical_name, normalize_query, tool_analyzer, words, TOOL_TOKENIZER};
+use super::analysis::{analyze, canonical_name, implied_words, normalize_query, tool_analyzer, words, TOOL_TOKENIZER};
 use super::ToolDoc;
 
 /// Weight of a match in the `name` field relative to the catch-all field.
@@ -34,6 +34,9 @@ pub(crate) const EXACT_NAME_SCORE: f32 = 100.0;
 /// run of up to [`MAX_SERVER_NAME_WORDS`] consecutive words that is a server's whole slug.
 const SERVER_NAMED_SCORE: f32 = 3.0;
 const MAX_SERVER_NAME_WORDS: usize = 3;
+
+/// Weight of the words of a helper step the request implies (see `implied_words`).
+const IMPLIED_WORD_BOOST: f32 = 0.3;
 
 /// At most this many distinct query terms are used (a request pasted with a document in it).
 const MAX_QUERY_TERMS: usize = 128;
@@ -127,6 +130,14 @@ impl IndexSchema {
             if is_indexed(&name_term) {
                 let name_query = TermQuery::new(name_term, IndexRecordOption::WithFreqs);
                 clauses.push((Occur::Should, Box::new(BoostQuery::new(Box::new(name_query), NAME_FIELD_BOOST))));
+            }
+        }
+        // A helper step the request implies (today's date for "tomorrow") counts, but less than its own words.
+        for term in implied_words(text).map(|words| analyze(&mut analyzer, words)).unwrap_or_default() {
+            let text_term = Term::from_field_text(fields.text, &term);
+            if seen.insert(term) && is_indexed(&text_term) {
+                let query = TermQuery::new(text_term, IndexRecordOption::WithFreqs);
+                clauses.push((Occur::Should, Box::new(BoostQuery::new(Box::new(query), IMPLIED_WORD_BOOST))));
             }
         }
         if text.split_whitespace().count() <= MAX_EXACT_NAME_WORDS {

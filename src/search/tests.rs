@@ -263,3 +263,19 @@ async fn a_server_named_in_the_request_boosts_its_tools() -> Result<(), SearchEr
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn implied_steps_and_file_formats_reach_their_tools() -> Result<(), SearchError> {
+    let index = SearchIndex::new()?;
+    index.replace_instance("time", vec![tool("time", "time", "get_current_time", "Get the current date and time")]).await?;
+    index.replace_instance("rail", vec![tool("rail", "rail", "get_tickets", "Search train tickets between cities")]).await?;
+    let excel = tool("xl", "excel", "excel_read_sheet", "Read values from an Excel spreadsheet sheet");
+    index.replace_instance("xl", vec![excel]).await?;
+    index.replace_instance("fs", vec![tool("fs", "fs", "read_file", "Read a file from disk")]).await?;
+    let scope = visible(&["time", "rail", "xl", "fs"]);
+    let hits = index.search("train tickets from Beijing to Shanghai next Wednesday", &scope, 5).await?;
+    assert_eq!(names(&hits)[..2], [("rail", "get_tickets"), ("time", "get_current_time")], "{hits:?}");
+    let hits = index.search("tell me the bmi in /root/excel/people_data.xlsx", &scope, 5).await?;
+    assert_eq!(names(&hits)[0], ("xl", "excel_read_sheet"), "{hits:?}");
+    Ok(())
+}
