@@ -39,7 +39,9 @@ fn data(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch").join(file)
 }
 
+/// This process's RSS once the allocator has handed its free memory back (what is really held).
 fn rss_kib() -> u64 {
+    satellite::memory::return_free_memory();
     common::process::held(std::process::id()).rss_kib
 }
 
@@ -91,7 +93,10 @@ fn main() {
                 }
             }
             let (p50, p99) = percentiles(samples);
-            println!("{} segments; cached scope at {tools} tools: p50 {p50:.3} ms, p99 {p99:.3} ms", index.num_segments());
+            println!(
+                "{} segments; cached scope at {tools} tools: p50 {p50:.3} ms, p99 {p99:.3} ms",
+                index.num_segments()
+            );
             return;
         }
         let mut report = Report::default();
@@ -112,7 +117,9 @@ fn main() {
         .await;
         let fuse = run_fuse(&queries, &["--rebuild-per-query"]);
         if let Some((fuse_report, _)) = &fuse {
-            println!("\nquality on dev, Fuse.js baseline (the reference gateway's search, the request passed verbatim):");
+            println!(
+                "\nquality on dev, Fuse.js baseline (the reference gateway's search, the request passed verbatim):"
+            );
             print!("{}", fuse_report.table("fuse"));
         }
         if let Some((fuse_or, _)) = run_fuse(&queries, &["--query-mode", "or"]) {
@@ -234,7 +241,10 @@ fn run_fuse(queries: &[EvalQuery], extra: &[&str]) -> Option<(Report, (f64, f64)
     let output = match output {
         Ok(output) if output.status.success() => output,
         Ok(output) => {
-            println!("(Fuse.js baseline skipped: {})", String::from_utf8_lossy(&output.stderr).lines().next().unwrap_or(""));
+            println!(
+                "(Fuse.js baseline skipped: {})",
+                String::from_utf8_lossy(&output.stderr).lines().next().unwrap_or("")
+            );
             return None;
         }
         Err(error) => {
@@ -292,7 +302,7 @@ impl Session {
     async fn call(&self, body: &Value) -> Value {
         let text = self.request(body).send().await.expect("send").text().await.expect("an answer");
         // JSON, or an SSE stream whose last `data:` line is the answer.
-        let json = text.lines().filter_map(|l| l.strip_prefix("data:")).last().unwrap_or(&text);
+        let json = text.lines().rev().find_map(|l| l.strip_prefix("data:")).unwrap_or(&text);
         let answer: Value = serde_json::from_str(json.trim()).expect("a JSON-RPC answer");
         assert!(answer.get("result").is_some(), "an answer with a result: {answer}");
         answer
@@ -350,7 +360,8 @@ async fn live(servers: &BTreeMap<String, Vec<ToolDoc>>, queries: &[EvalQuery]) {
     drop(idle);
 
     let corpus = data("corpus.jsonl");
-    let mut demo = spawn(&["demo-server", "--http", "127.0.0.1:0", "--corpus", &corpus.to_string_lossy()], &[], dir.path()).await;
+    let mut demo =
+        spawn(&["demo-server", "--http", "127.0.0.1:0", "--corpus", &corpus.to_string_lossy()], &[], dir.path()).await;
     let line = first_line(&mut demo).await;
     let corpus_base = line.split_whitespace().find(|w| w.starts_with("http://")).expect("address").to_owned();
     let mut config = format!(
@@ -401,7 +412,11 @@ async fn live(servers: &BTreeMap<String, Vec<ToolDoc>>, queries: &[EvalQuery]) {
     let after = common::process::held(pid);
     let (list_p50, list_p99) = percentiles(list);
     let (discover_p50, discover_p99) = percentiles(discover);
-    println!("\nlive, HTTP, one session, {} requests each (release build, {tools} tools on {} instances):", queries.len() * ROUNDS, servers.len());
+    println!(
+        "\nlive, HTTP, one session, {} requests each (release build, {tools} tools on {} instances):",
+        queries.len() * ROUNDS,
+        servers.len()
+    );
     println!("{:<40}{:>10}{:>10}", "", "p50 ms", "p99 ms");
     println!("{:<40}{list_p50:>10.3}{list_p99:>10.3}", "tools/list (the four meta-tools)");
     println!("{:<40}{discover_p50:>10.3}{discover_p99:>10.3}", "discover_mcp_tools, limit 10");

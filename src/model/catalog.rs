@@ -11,15 +11,17 @@ pub const TOOL_PATH_SEPARATOR: char = ':';
 pub const URI_SEPARATOR: char = '|';
 
 /// One tool as the server described it, under its original name.
+///
+/// The definition is kept once: the input schema is read from it rather than copied (a parsed schema costs
+/// several kilobytes, and a catalog of thousands of tools is most of a loaded satellite's memory).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolDef {
     pub name: String,
     /// Missing descriptions become "".
     pub description: String,
-    /// Missing schemas become `{}`.
-    pub input_schema: Value,
     pub meta: Option<Value>,
-    /// The whole definition (title, annotations, outputSchema…), normalised as above.
+    /// The whole definition (title, annotations, outputSchema…), normalised: a string `description` and an
+    /// object `inputSchema` are always there.
     pub definition: Value,
     /// SHA-256 of the definition's JSON text: tells whether a tool changed between discoveries.
     pub content_hash: String,
@@ -32,25 +34,23 @@ impl ToolDef {
         let name = definition.get("name")?.as_str()?.to_owned();
         let description = definition.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
         definition.insert("description".into(), Value::String(description.clone()));
-        let input_schema = match definition.get("inputSchema") {
-            Some(schema @ Value::Object(_)) => schema.clone(),
-            _ => Value::Object(Map::new()),
-        };
-        definition.insert("inputSchema".into(), input_schema.clone());
+        if !definition.get("inputSchema").is_some_and(Value::is_object) {
+            definition.insert("inputSchema".into(), Value::Object(Map::new()));
+        }
         let meta = definition.get("_meta").filter(|m| m.is_object()).cloned();
         let definition = Value::Object(definition);
-        Some(Self::from_parts(name, description, input_schema, meta, definition))
+        Some(Self::from_parts(name, description, meta, definition))
     }
 
-    pub fn from_parts(
-        name: String,
-        description: String,
-        input_schema: Value,
-        meta: Option<Value>,
-        definition: Value,
-    ) -> Self {
+    pub fn from_parts(name: String, description: String, meta: Option<Value>, definition: Value) -> Self {
         let content_hash = hex::encode(Sha256::digest(definition.to_string().as_bytes()));
-        Self { name, description, input_schema, meta, definition, content_hash }
+        Self { name, description, meta, definition, content_hash }
+    }
+
+    /// The tool's input schema (`{}` when the server gave none).
+    pub fn input_schema(&self) -> &Value {
+        static EMPTY: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| Value::Object(Map::new()));
+        self.definition.get("inputSchema").unwrap_or(&EMPTY)
     }
 }
 
@@ -188,7 +188,7 @@ mod tests {
     fn listings_are_normalised() {
         let tool = ToolDef::from_listing(&json!({"name": "t"})).unwrap();
         assert_eq!(tool.description, "");
-        assert_eq!(tool.input_schema, json!({}));
+        assert_eq!(*tool.input_schema(), json!({}));
         assert_eq!(tool.definition, json!({"name": "t", "description": "", "inputSchema": {}}));
         assert!(ToolDef::from_listing(&json!({"description": "no name"})).is_none());
         let a = ToolDef::from_listing(&json!({"name": "t", "description": "x"})).unwrap();

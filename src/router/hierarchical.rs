@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use tracing::warn;
 
+use super::results::{text_document, trim_schema};
 use super::{
     blocked_result, call_outcome, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
     normalise_call_result, RouteError,
 };
-use super::results::{text_document, trim_schema};
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
@@ -500,7 +500,7 @@ impl HierarchicalRouter {
             "stdio" => "stdio",
             _ => "http",
         };
-        let schema = if shape.full_schemas { tool.input_schema.clone() } else { trim_schema(&tool.input_schema) };
+        let schema = if shape.full_schemas { tool.input_schema().clone() } else { trim_schema(tool.input_schema()) };
         let mut entry = json!({
             "tool_path": tool_path(&spec.server_slug, &tool.name),
             "description": tool.description,
@@ -516,7 +516,7 @@ impl HierarchicalRouter {
                 server_slug: spec.server_slug.clone(),
                 tool_name: tool.name.clone(),
                 description: tool.description.clone(),
-                input_schema: tool.input_schema.clone(),
+                input_schema: tool.input_schema().clone(),
             };
             entry["matched"] = json!(self.search.explain(query, &document));
         }

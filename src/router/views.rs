@@ -24,10 +24,13 @@ pub(crate) struct CallerView {
     pub(crate) scope: Arc<Scope>,
 }
 
+/// The caller a view belongs to.
+type CallerKey = (UserId, TeamId);
+
 /// The cache of [`CallerView`]s, shared by clones of the router.
 #[derive(Clone, Default)]
 pub struct CallerViews {
-    views: Arc<Mutex<HashMap<(UserId, TeamId), Arc<CallerView>>>>,
+    views: Arc<Mutex<HashMap<CallerKey, Arc<CallerView>>>>,
 }
 
 impl CallerViews {

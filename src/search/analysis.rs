@@ -326,8 +326,22 @@ pub(crate) fn implied_words(query: &str) -> Option<&'static str> {
 
 /// Words that make a request depend on today's date.
 const RELATIVE_DATES: &[&str] = &[
-    "today", "today's", "tomorrow", "tomorrow's", "yesterday", "yesterday's", "tonight", "monday", "tuesday",
-    "wednesday", "thursday", "friday", "saturday", "sunday", "weekend", "24h",
+    "today",
+    "today's",
+    "tomorrow",
+    "tomorrow's",
+    "yesterday",
+    "yesterday's",
+    "tonight",
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+    "weekend",
+    "24h",
 ];
 
 const TOP_LEVEL_DOMAINS: &[&str] =

@@ -104,7 +104,9 @@ impl Metrics {
         let mut satisfied = HashSet::new();
         let mut dcg = 0.0;
         for (rank, tool) in ranking.iter().take(10).enumerate() {
-            if let Some(need) = (0..query.needs.len()).find(|n| !satisfied.contains(n) && query.needs[*n].contains(tool)) {
+            if let Some(need) =
+                (0..query.needs.len()).find(|n| !satisfied.contains(n) && query.needs[*n].contains(tool))
+            {
                 satisfied.insert(need);
                 dcg += 1.0 / ((rank + 2) as f64).log2();
             }
@@ -165,10 +167,8 @@ impl Report {
 
     /// The table toolsearch_eval.py prints, with `label` on the pooled row.
     pub fn table(&self, label: &str) -> String {
-        let mut out = format!(
-            "{:<18}{:>5}{:>8}{:>8}{:>8}{:>8}{:>9}\n",
-            "subset", "n", "R@1", "R@5", "R@10", "MRR@10", "nDCG@10"
-        );
+        let mut out =
+            format!("{:<18}{:>5}{:>8}{:>8}{:>8}{:>8}{:>9}\n", "subset", "n", "R@1", "R@5", "R@10", "MRR@10", "nDCG@10");
         let rows = std::iter::once((label, &self.all)).chain(self.by_source.iter().map(|(s, t)| (s.as_str(), t)));
         for (name, totals) in rows {
             let m = totals.mean();

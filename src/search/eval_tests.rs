@@ -16,7 +16,8 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 /// Pooled floors: R@1, R@5, nDCG@10.
 const MIN_POOLED: (f64, f64, f64) = (0.43, 0.71, 0.62);
 /// R@5 floor per source.
-const MIN_RECALL_AT_5_BY_SOURCE: &[(&str, f64)] = &[("livemcpbench", 0.24), ("mcptoolbench++", 0.93), ("mcpverse", 0.20)];
+const MIN_RECALL_AT_5_BY_SOURCE: &[(&str, f64)] =
+    &[("livemcpbench", 0.24), ("mcptoolbench++", 0.93), ("mcpverse", 0.20)];
 
 fn data_path(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch").join(file)

@@ -267,8 +267,12 @@ async fn a_server_named_in_the_request_boosts_its_tools() -> Result<(), SearchEr
 #[tokio::test]
 async fn implied_steps_and_file_formats_reach_their_tools() -> Result<(), SearchError> {
     let index = SearchIndex::new()?;
-    index.replace_instance("time", vec![tool("time", "time", "get_current_time", "Get the current date and time")]).await?;
-    index.replace_instance("rail", vec![tool("rail", "rail", "get_tickets", "Search train tickets between cities")]).await?;
+    index
+        .replace_instance("time", vec![tool("time", "time", "get_current_time", "Get the current date and time")])
+        .await?;
+    index
+        .replace_instance("rail", vec![tool("rail", "rail", "get_tickets", "Search train tickets between cities")])
+        .await?;
     let excel = tool("xl", "excel", "excel_read_sheet", "Read values from an Excel spreadsheet sheet");
     index.replace_instance("xl", vec![excel]).await?;
     index.replace_instance("fs", vec![tool("fs", "fs", "read_file", "Read a file from disk")]).await?;

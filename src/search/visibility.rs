@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use tantivy::index::SegmentId;
 use tantivy::query::{ConstScorer, EmptyScorer, EnableScoring, Explanation, Query, Scorer, Weight};
 use tantivy::schema::{Field, IndexRecordOption};
-use tantivy::index::SegmentId;
 use tantivy::{DocId, DocSet, Score, Searcher, SegmentReader, TantivyError, Term, TERMINATED};
 
 /// The process ids one caller may see, with the filter built from them for the current index generation.
