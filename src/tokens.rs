@@ -461,7 +461,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn count_tools_runs_in_order_on_the_blocking_pool() {
+    async fn count_tools_runs_in_order_on_the_blocking_pool() -> Result<(), TokenError> {
         let tools: Vec<ToolDef> = ["a", "a longer description of a tool"]
             .iter()
             .enumerate()
@@ -469,9 +469,12 @@ mod tests {
                 ToolDef::from_listing(&json!({"name": format!("t{i}"), "description": d, "inputSchema": {}})).unwrap()
             })
             .collect();
-        let expected: Vec<usize> =
-            tools.iter().map(|t| count_tool(&t.name, Some(&t.description), t.input_schema()).unwrap()).collect();
-        assert_eq!(count_tools(tools).await.unwrap(), expected);
+        let expected: Vec<usize> = tools
+            .iter()
+            .map(|t| count_tool(&t.name, Some(&t.description), t.input_schema()))
+            .collect::<Result<_, _>>()?;
+        assert_eq!(count_tools(tools).await?, expected);
         assert!(expected[1] > expected[0]);
+        Ok(())
     }
 }

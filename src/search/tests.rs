@@ -52,45 +52,47 @@ async fn two_instances() -> SearchIndex {
 }
 
 #[tokio::test]
-async fn results_stay_inside_the_visible_set_even_when_a_hidden_tool_matches_best() {
+async fn results_stay_inside_the_visible_set_even_when_a_hidden_tool_matches_best() -> Result<(), SearchError> {
     let index = two_instances().await;
     // bob's `readFileFast` is the best BM25 match for this query over all documents.
-    let everyone = index.search("read file fast", &visible(&["alice-fs", "bob-fs", "bob-git"]), 10).await.unwrap();
+    let everyone = index.search("read file fast", &visible(&["alice-fs", "bob-fs", "bob-git"]), 10).await?;
     assert_eq!(names(&everyone)[0], ("bob-fs", "readFileFast"));
 
-    let alice = index.search("read file fast", &visible(&["alice-fs"]), 10).await.unwrap();
+    let alice = index.search("read file fast", &visible(&["alice-fs"]), 10).await?;
     assert!(!alice.is_empty());
     assert!(alice.iter().all(|hit| hit.process_id == "alice-fs"), "{:?}", names(&alice));
 
     // A limit smaller than the number of matches still fills up with visible tools only.
-    let limited = index.search("file", &visible(&["alice-fs", "bob-git"]), 2).await.unwrap();
+    let limited = index.search("file", &visible(&["alice-fs", "bob-git"]), 2).await?;
     assert_eq!(limited.len(), 2);
     assert!(limited.iter().all(|hit| hit.process_id == "alice-fs"));
 
-    assert!(index.search("status", &visible(&["alice-fs"]), 10).await.unwrap().is_empty());
-    assert!(index.search("read", &visible(&[]), 10).await.unwrap().is_empty());
-    assert!(index.search("read", &visible(&["nobody"]), 10).await.unwrap().is_empty());
+    assert!(index.search("status", &visible(&["alice-fs"]), 10).await?.is_empty());
+    assert!(index.search("read", &visible(&[]), 10).await?.is_empty());
+    assert!(index.search("read", &visible(&["nobody"]), 10).await?.is_empty());
+    Ok(())
 }
 
 #[tokio::test]
-async fn replace_instance_replaces_and_remove_instance_removes() {
+async fn replace_instance_replaces_and_remove_instance_removes() -> Result<(), SearchError> {
     let index = two_instances().await;
     assert_eq!(index.num_docs(), 5);
     let bob = visible(&["bob-fs"]);
-    assert_eq!(index.search("read", &bob, 10).await.unwrap().len(), 2, "the scope's filter is now cached");
+    assert_eq!(index.search("read", &bob, 10).await?.len(), 2, "the scope's filter is now cached");
 
-    index.replace_instance("bob-fs", vec![tool("bob-fs", "filesystem", "write_file", "Write a file")]).await.unwrap();
+    index.replace_instance("bob-fs", vec![tool("bob-fs", "filesystem", "write_file", "Write a file")]).await?;
     assert_eq!(index.num_docs(), 4);
-    assert!(index.search("read", &bob, 10).await.unwrap().is_empty(), "old tools are gone");
-    assert_eq!(names(&index.search("write", &bob, 10).await.unwrap()), [("bob-fs", "write_file")]);
+    assert!(index.search("read", &bob, 10).await?.is_empty(), "old tools are gone");
+    assert_eq!(names(&index.search("write", &bob, 10).await?), [("bob-fs", "write_file")]);
     // Other instances are untouched.
-    assert_eq!(index.search("read", &visible(&["alice-fs"]), 10).await.unwrap().len(), 1);
+    assert_eq!(index.search("read", &visible(&["alice-fs"]), 10).await?.len(), 1);
 
-    index.remove_instance("bob-fs").await.unwrap();
+    index.remove_instance("bob-fs").await?;
     assert_eq!(index.num_docs(), 3);
-    assert!(index.search("write file", &bob, 10).await.unwrap().is_empty());
-    index.remove_instance("never-indexed").await.unwrap();
+    assert!(index.search("write file", &bob, 10).await?.is_empty());
+    index.remove_instance("never-indexed").await?;
     assert_eq!(index.num_docs(), 3);
+    Ok(())
 }
 
 #[tokio::test]
@@ -159,14 +161,14 @@ fn new_outside_a_runtime_is_an_error() {
 /// instances, and every visible tool is found when asked for by name (the router's candidate set is
 /// exactly the caller's callable tools).
 #[tokio::test]
-async fn results_are_exactly_the_visible_tools() {
+async fn results_are_exactly_the_visible_tools() -> Result<(), SearchError> {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     const VERBS: [&str; 6] = ["create", "list", "delete", "search", "update", "read"];
     const NOUNS: [&str; 6] = ["issue", "file", "page", "record", "message", "branch"];
     let mut rng = StdRng::seed_from_u64(0x5a7e_111e);
     for case in 0..60 {
-        let index = SearchIndex::new().unwrap();
+        let index = SearchIndex::new()?;
         let instances = rng.gen_range(1..7);
         let mut all: Vec<(String, String)> = Vec::new();
         for i in 0..instances {
@@ -178,21 +180,16 @@ async fn results_are_exactly_the_visible_tools() {
                 if docs.iter().any(|d: &ToolDoc| d.tool_name == name) {
                     continue;
                 }
-                docs.push(tool(
-                    &process_id,
-                    &format!("srv{i}"),
-                    &name,
-                    &format!("{} a {}", &name[..name.find('_').unwrap()], &name[name.find('_').unwrap() + 1..]),
-                ));
+                docs.push(tool(&process_id, &format!("srv{i}"), &name, &name.replacen('_', " a ", 1)));
                 all.push((process_id.clone(), name));
             }
-            index.replace_instance(&process_id, docs).await.unwrap();
+            index.replace_instance(&process_id, docs).await?;
         }
         let visible_ids: Vec<String> =
             (0..instances).filter(|_| rng.gen_bool(0.5)).map(|i| format!("p{case}-{i}")).collect();
         let scope = Arc::new(Scope::new(visible_ids.clone()));
         for (process_id, name) in &all {
-            let hits = index.search(name, &scope, 50).await.unwrap();
+            let hits = index.search(name, &scope, 50).await?;
             assert!(
                 hits.iter().all(|h| visible_ids.contains(&h.process_id)),
                 "case {case}: hit outside the visible set"
@@ -201,12 +198,13 @@ async fn results_are_exactly_the_visible_tools() {
             assert_eq!(found, visible_ids.contains(process_id), "case {case}: {process_id}/{name}");
         }
         for word in VERBS.iter().chain(NOUNS.iter()) {
-            let hits = index.search(word, &scope, 50).await.unwrap();
+            let hits = index.search(word, &scope, 50).await?;
             let expected: usize = all.iter().filter(|(p, n)| visible_ids.contains(p) && n.contains(word)).count();
             assert!(hits.iter().all(|h| visible_ids.contains(&h.process_id)));
             assert_eq!(hits.len(), expected, "case {case}: query {word}");
         }
     }
+    Ok(())
 }
 
 #[tokio::test]
