@@ -193,9 +193,10 @@ impl HierarchicalRouter {
             .ok_or_else(|| invalid("Invalid query parameter - must be a non-empty string"))?;
         let limit =
             args.get("limit").and_then(Value::as_f64).map(|l| l as usize).unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-        let shape = Shape {
+        let explain = args.get("explain").and_then(Value::as_bool).unwrap_or(false);
+        let mut shape = Shape {
             full_schemas: args.get("full_schemas").and_then(Value::as_bool).unwrap_or(false),
-            explain: args.get("explain").and_then(Value::as_bool).unwrap_or(false).then_some(query),
+            explainer: explain.then(|| self.search.explainer(query)),
         };
         let view = self.views.get(&self.manager, caller);
         let instances = &view.instances;
@@ -216,7 +217,7 @@ impl HierarchicalRouter {
                 }
                 let path = tool_path(&instance.spec().server_slug, &tool.name);
                 if seen.insert(path.clone()) {
-                    entries.push(self.tool_entry(instance, tool, 0.0, &shape));
+                    entries.push(tool_entry(instance, tool, 0.0, &mut shape));
                     paths.push(path);
                 }
             }
@@ -249,7 +250,7 @@ impl HierarchicalRouter {
                 };
                 let path = tool_path(&instance.spec().server_slug, &tool.name);
                 if seen.insert(path.clone()) {
-                    entries.push(self.tool_entry(instance, &tool, relevance_score(hit.score, best), &shape));
+                    entries.push(tool_entry(instance, &tool, relevance_score(hit.score, best), &mut shape));
                     paths.push(path);
                 }
             }
@@ -486,45 +487,35 @@ fn native_entry(definition: &Value, slug: &str, key: &str, namespaced: &str) -> 
     entry
 }
 
-/// How discover results are written: trimmed schemas unless `full_schemas`; with `explain`, why each matched.
-struct Shape<'q> {
+/// How discover results are written: trimmed schemas unless `full_schemas`; with an explainer, why each matched.
+struct Shape {
     full_schemas: bool,
-    /// The query, when the caller asked why each result matched.
-    explain: Option<&'q str>,
+    explainer: Option<crate::search::Explainer>,
 }
 
-impl HierarchicalRouter {
-    fn tool_entry(&self, instance: &Instance, tool: &ToolDef, relevance: f64, shape: &Shape<'_>) -> Value {
-        let spec = instance.spec();
-        let transport = match spec.upstream.transport_name() {
-            "stdio" => "stdio",
-            _ => "http",
-        };
-        let schema = if shape.full_schemas { tool.input_schema().clone() } else { trim_schema(tool.input_schema()) };
-        let mut entry = json!({
-            "tool_path": tool_path(&spec.server_slug, &tool.name),
-            "description": tool.description,
-            "server_name": spec.server_slug,
-            "transport": transport,
-            // Three decimals tell results apart; more digits only cost the agent tokens.
-            "relevance_score": (relevance * 1000.0).round() / 1000.0,
-            "input_schema": schema,
-        });
-        if let Some(query) = shape.explain {
-            let document = crate::search::ToolDoc {
-                process_id: spec.process_id.0.clone(),
-                server_slug: spec.server_slug.clone(),
-                tool_name: tool.name.clone(),
-                description: tool.description.clone(),
-                input_schema: tool.input_schema().clone(),
-            };
-            entry["matched"] = json!(self.search.explain(query, &document));
-        }
-        if let Some(meta) = &tool.meta {
-            entry["_meta"] = namespace_ui_meta(meta, &spec.server_slug);
-        }
-        entry
+fn tool_entry(instance: &Instance, tool: &ToolDef, relevance: f64, shape: &mut Shape) -> Value {
+    let spec = instance.spec();
+    let transport = match spec.upstream.transport_name() {
+        "stdio" => "stdio",
+        _ => "http",
+    };
+    let schema = if shape.full_schemas { tool.input_schema().clone() } else { trim_schema(tool.input_schema()) };
+    let mut entry = json!({
+        "tool_path": tool_path(&spec.server_slug, &tool.name),
+        "description": tool.description,
+        "server_name": spec.server_slug,
+        "transport": transport,
+        // Three decimals tell results apart; more digits only cost the agent tokens.
+        "relevance_score": (relevance * 1000.0).round() / 1000.0,
+        "input_schema": schema,
+    });
+    if let Some(explainer) = shape.explainer.as_mut() {
+        entry["matched"] = json!(explainer.explain(&spec.server_slug, tool));
     }
+    if let Some(meta) = &tool.meta {
+        entry["_meta"] = namespace_ui_meta(meta, &spec.server_slug);
+    }
+    entry
 }
 
 fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a str, RouteError> {

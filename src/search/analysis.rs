@@ -162,14 +162,7 @@ pub(crate) fn analyze(analyzer: &mut TextAnalyzer, text: &str) -> Vec<String> {
 /// Lowercased words of `text` joined by `_`: `getStoryWithComments`, `get-story-with-comments` and
 /// "get story with comments" all give `get_story_with_comments`. No stopwords, no stemming.
 pub(crate) fn canonical_name(text: &str) -> String {
-    let mut name = String::new();
-    split_words(text, |from, to| {
-        if !name.is_empty() {
-            name.push('_');
-        }
-        name.push_str(&text[from..to].to_lowercase());
-    });
-    name
+    words(text).join("_")
 }
 
 /// The lowercased words of `text`, as [`canonical_name`] splits them.

@@ -28,10 +28,11 @@ use std::sync::Arc;
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, Occur};
 use tantivy::schema::Value as _;
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, TantivyError, Term};
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, TantivyError, Term};
 use tokio::sync::{mpsc, oneshot};
 
 use self::analysis::TOOL_TOKENIZER;
+pub use self::schema::Explainer;
 use self::schema::IndexSchema;
 pub use self::visibility::Scope;
 use self::visibility::VisibleQuery;
@@ -169,20 +170,21 @@ impl SearchIndex {
         // Handing the work to the blocking pool costs about as much as a whole search of a few thousand
         // tools (a thread hop each way), so a scope whose filter is built and small runs here; a first search
         // at a new generation (the filter reads postings) or a large scope goes to the blocking pool.
-        let generation = self.reader.searcher().generation().generation_id();
+        let searcher = self.reader.searcher();
+        let generation = searcher.generation().generation_id();
         if scope.cached_docs(generation).is_some_and(|docs| docs <= INLINE_MAX_DOCS) {
-            return search_blocking(&self.reader, &self.schema, query, scope, limit);
+            return search_blocking(&searcher, &self.schema, query, scope, limit);
         }
-        let (reader, schema) = (self.reader.clone(), self.schema.clone());
+        let schema = self.schema.clone();
         let (query, scope) = (query.to_owned(), scope.clone());
-        tokio::task::spawn_blocking(move || search_blocking(&reader, &schema, &query, &scope, limit))
+        tokio::task::spawn_blocking(move || search_blocking(&searcher, &schema, &query, &scope, limit))
             .await
             .map_err(SearchError::TaskFailed)?
     }
 
-    /// Why `tool` matches `query` (the `explain` option of `discover_mcp_tools`).
-    pub fn explain(&self, query: &str, tool: &ToolDoc) -> Matched {
-        self.schema.explain(query, tool)
+    /// What says why tools match `query` (the `explain` option of `discover_mcp_tools`).
+    pub fn explainer(&self, query: &str) -> Explainer {
+        Explainer::new(&self.schema, query)
     }
 
     /// Number of indexed documents (for the debug route).
@@ -197,13 +199,12 @@ impl SearchIndex {
 }
 
 fn search_blocking(
-    reader: &IndexReader,
+    searcher: &Searcher,
     schema: &IndexSchema,
     query: &str,
     scope: &Scope,
     limit: usize,
 ) -> Result<Vec<SearchHit>, SearchError> {
-    let searcher = reader.searcher();
     let is_indexed = |term: &Term| {
         searcher.segment_readers().iter().any(|segment| {
             let index = segment.inverted_index(term.field());
@@ -213,7 +214,7 @@ fn search_blocking(
     let Some(text) = schema.query(query, is_indexed) else {
         return Ok(Vec::new());
     };
-    let visible = VisibleQuery(scope.filter(&searcher, schema.fields.process_id)?);
+    let visible = VisibleQuery(scope.filter(searcher, schema.fields.process_id)?);
     // Visibility is a required clause of the query itself, so the top `limit` are the best visible
     // tools, never best-overall tools filtered afterwards.
     let query = BooleanQuery::new(vec![(Occur::Must, Box::new(visible)), (Occur::Must, text)]);
@@ -250,34 +251,27 @@ async fn run_writer(
     let process_id_field = schema.fields.process_id;
     let mut unmerged = false;
     loop {
-        let first = if unmerged {
-            match tokio::time::timeout(MERGE_WHEN_IDLE, commands.recv()).await {
-                Ok(Some(command)) => command,
-                Ok(None) => return,
-                Err(_) => {
-                    unmerged = false;
-                    let reader = reader.clone();
-                    match tokio::task::spawn_blocking(move || (merge_all(&mut writer, &reader), writer)).await {
-                        Ok((result, returned)) => {
-                            writer = returned;
-                            if let Err(error) = result {
-                                // Typically a segment tantivy's own merge policy is merging now: try again later.
-                                tracing::debug!(%error, "search index merge postponed");
-                                unmerged = true;
-                            }
-                        }
-                        Err(error) => {
-                            tracing::error!(%error, "search index merge panicked; the index is now read-only");
-                            return;
-                        }
-                    }
-                    continue;
-                }
-            }
+        // `None`: no write came for MERGE_WHEN_IDLE after a commit, so it is time to merge.
+        let next = if unmerged {
+            tokio::time::timeout(MERGE_WHEN_IDLE, commands.recv()).await.ok()
         } else {
-            match commands.recv().await {
-                Some(command) => command,
-                None => return,
+            Some(commands.recv().await)
+        };
+        let first = match next {
+            Some(Some(command)) => command,
+            Some(None) => return,
+            None => {
+                let reader = reader.clone();
+                let Some((returned, result)) = on_blocking_pool(writer, move |w| merge_all(w, &reader)).await else {
+                    return;
+                };
+                writer = returned;
+                // A failure is typically a segment tantivy's own merge policy is merging now: try again later.
+                if let Err(error) = &result {
+                    tracing::debug!(%error, "search index merge postponed");
+                }
+                unmerged = result.is_err();
+                continue;
             }
         };
         let mut batch = vec![first];
@@ -294,27 +288,37 @@ async fn run_writer(
             changes.push((Term::from_field_text(process_id_field, &process_id), documents));
         }
         let reader = reader.clone();
-        let applied = tokio::task::spawn_blocking(move || {
-            let result = apply(&mut writer, &reader, changes);
-            (writer, result)
-        })
-        .await;
-        let result = match applied {
-            Ok((returned, result)) => {
-                writer = returned;
-                result
-            }
-            Err(error) => {
-                tracing::error!(%error, "search index writer panicked; the index is now read-only");
-                return; // dropping the waiters answers them with WriterGone
-            }
+        // On a panic, dropping the waiters answers them with WriterGone.
+        let Some((returned, result)) = on_blocking_pool(writer, move |w| apply(w, &reader, changes)).await else {
+            return;
         };
+        writer = returned;
         if let Err(error) = &result {
             tracing::warn!(%error, commands = waiters.len(), "search index commit failed");
         }
         unmerged = true;
         for waiter in waiters {
             let _ = waiter.send(result.clone().map_err(SearchError::Tantivy));
+        }
+    }
+}
+
+/// Runs `work` on the writer on the blocking pool and hands the writer back; `None` (logged) when it
+/// panicked, after which the index stays read-only.
+async fn on_blocking_pool<T: Send + 'static>(
+    mut writer: IndexWriter,
+    work: impl FnOnce(&mut IndexWriter) -> T + Send + 'static,
+) -> Option<(IndexWriter, T)> {
+    match tokio::task::spawn_blocking(move || {
+        let result = work(&mut writer);
+        (writer, result)
+    })
+    .await
+    {
+        Ok(done) => Some(done),
+        Err(error) => {
+            tracing::error!(%error, "search index writer panicked; the index is now read-only");
+            None
         }
     }
 }

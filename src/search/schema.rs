@@ -88,8 +88,9 @@ impl IndexSchema {
         let mut document = TantivyDocument::new();
         document.add_text(fields.process_id, &tool.process_id);
         document.add_text(fields.tool_name, &tool.tool_name);
-        document.add_text(fields.exact_name, canonical_name(&tool.tool_name));
-        document.add_text(fields.exact_name, canonical_name(&format!("{} {}", tool.server_slug, tool.tool_name)));
+        for exact in exact_names(&tool.server_slug, &tool.tool_name) {
+            document.add_text(fields.exact_name, exact);
+        }
         document.add_text(fields.server, canonical_name(&tool.server_slug));
         document.add_text(fields.name, &tool.tool_name);
         document.add_text(fields.text, &tool.server_slug);
@@ -110,15 +111,10 @@ impl IndexSchema {
     pub(crate) fn query(&self, text: &str, is_indexed: impl Fn(&Term) -> bool) -> Option<Box<dyn Query>> {
         let fields = &self.fields;
         let mut analyzer = self.analyzer.clone();
-        let mut seen = HashSet::new();
+        let terms = query_terms(&mut analyzer, text);
+        let mut seen: HashSet<String> = terms.iter().cloned().collect();
         let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
-        for term in analyze(&mut analyzer, &normalize_query(text)) {
-            if seen.len() == MAX_QUERY_TERMS {
-                break;
-            }
-            if !seen.insert(term.clone()) {
-                continue;
-            }
+        for term in terms {
             // A term no tool has scores nothing: leaving it out saves building its weight and scorers, which is
             // most of a long request's cost. Names are part of the catch-all text, so no text, no name either.
             let text_term = Term::from_field_text(fields.text, &term);
@@ -167,27 +163,48 @@ impl IndexSchema {
     }
 }
 
-impl IndexSchema {
-    /// Which of the query's terms (analysed as [`IndexSchema::query`] analyses them) each part of `tool` holds.
-    pub(crate) fn explain(&self, text: &str, tool: &ToolDoc) -> super::Matched {
-        let mut analyzer = self.analyzer.clone();
-        let query: Vec<String> = {
-            let mut seen = HashSet::new();
-            analyze(&mut analyzer, &normalize_query(text)).into_iter().filter(|t| seen.insert(t.clone())).collect()
-        };
-        let mut found = |part: &str| -> Vec<String> {
-            let terms: HashSet<String> = analyze(&mut analyzer, part).into_iter().collect();
-            query.iter().filter(|t| terms.contains(*t)).cloned().collect()
-        };
+/// The distinct analysed terms of a request, in order, at most [`MAX_QUERY_TERMS`]: what [`IndexSchema::query`]
+/// searches and [`Explainer`] reports.
+fn query_terms(analyzer: &mut TextAnalyzer, text: &str) -> Vec<String> {
+    let mut seen = HashSet::new();
+    let mut terms = analyze(analyzer, &normalize_query(text));
+    terms.retain(|term| seen.insert(term.clone()));
+    terms.truncate(MAX_QUERY_TERMS);
+    terms
+}
+
+/// The untokenized names a query matches exactly: the tool's name, and "server tool".
+fn exact_names(server_slug: &str, tool_name: &str) -> [String; 2] {
+    [canonical_name(tool_name), canonical_name(&format!("{server_slug} {tool_name}"))]
+}
+
+/// Says why tools match one request: the request is analysed once, each tool's parts as asked.
+pub struct Explainer {
+    analyzer: TextAnalyzer,
+    terms: Vec<String>,
+    exact: String,
+}
+
+impl Explainer {
+    pub(crate) fn new(schema: &IndexSchema, text: &str) -> Explainer {
+        let mut analyzer = schema.analyzer.clone();
+        let terms = query_terms(&mut analyzer, text);
+        Explainer { analyzer, terms, exact: canonical_name(text) }
+    }
+
+    /// Which of the request's terms each part of the tool holds, and whether the request is its exact name.
+    pub fn explain(&mut self, server_slug: &str, tool: &crate::model::catalog::ToolDef) -> super::Matched {
         let mut parameters = Vec::new();
-        collect_parameter_names(&tool.input_schema, 0, &mut parameters);
-        let exact = canonical_name(text);
+        collect_parameter_names(tool.input_schema(), 0, &mut parameters);
+        let (analyzer, terms) = (&mut self.analyzer, &self.terms);
+        let mut found = |part: &str| -> Vec<String> {
+            let held: HashSet<String> = analyze(analyzer, part).into_iter().collect();
+            terms.iter().filter(|t| held.contains(*t)).cloned().collect()
+        };
         super::Matched {
-            exact_name: !exact.is_empty()
-                && (exact == canonical_name(&tool.tool_name)
-                    || exact == canonical_name(&format!("{} {}", tool.server_slug, tool.tool_name))),
-            server: found(&tool.server_slug),
-            name: found(&tool.tool_name),
+            exact_name: !self.exact.is_empty() && exact_names(server_slug, &tool.name).contains(&self.exact),
+            server: found(server_slug),
+            name: found(&tool.name),
             description: found(&tool.description),
             parameters: found(&parameters.join(" ")),
         }
