@@ -786,3 +786,53 @@ async fn discover_answers_are_compact_trimmed_and_explained_on_request() -> Resu
     assert!(sat.satellite.shutdown().await);
     Ok(())
 }
+
+/// Discover follows a remote server that vanishes and comes back with different tools: each caller's cached
+/// view of what they can see moves with every status and catalog change, never serving a stale world.
+#[tokio::test]
+async fn discover_follows_a_remote_server_that_vanishes_and_comes_back() -> Result<(), Box<dyn std::error::Error>> {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = HttpServer::demo_on(&addr, &[]).await;
+    let extra = format!(
+        "[[servers]]\nslug = \"remote\"\ntransport = \"http\"\nurl = \"http://{addr}/mcp\"\n\
+         [[installations]]\nid = \"i-remote\"\nteam = \"acme\"\nserver = \"remote\"\n"
+    );
+    let sat = started_with(&format!("{}{extra}", config())).await;
+    let id = ProcessId::from("remote-acme-alice-i-remote");
+    let status_is = |status: InstanceStatus| {
+        let instance = sat.satellite.manager().get(&id);
+        move || {
+            let reached = instance.as_ref().is_some_and(|i| i.status().status == status);
+            async move { reached.then_some(()) }
+        }
+    };
+    wait_until(DEADLINE, "remote online", status_is(InstanceStatus::Online)).await;
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let found = |query: &'static str| {
+        let alice = &alice;
+        async move {
+            let (_, reply) =
+                alice.call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query":query}})).await;
+            reply["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned()
+        }
+    };
+    assert!(found("sleep milliseconds").await.contains("remote:slow"), "seen, and the caller's view is cached");
+
+    server.child.kill().await?;
+    let gone = alice.execute("remote:echo", json!({"text": "x"})).await;
+    assert!(gone.get("error").is_some() || gone["result"]["isError"] == true, "{gone}");
+    wait_until(DEADLINE, "remote offline", status_is(InstanceStatus::Offline)).await;
+    let text = found("sleep milliseconds").await;
+    assert!(!text.contains("remote:"), "an offline server's tools are not offered: {text}");
+    assert!(text.contains("demo:slow"), "{text}");
+
+    // Back on the same port without its slow tool: the probe reconnects and rediscovers by itself.
+    let _server = HttpServer::demo_on(&addr, &["--without-tool", "slow"]).await;
+    wait_until(DEADLINE, "remote online again", status_is(InstanceStatus::Online)).await;
+    let text = found("echo text").await;
+    assert!(text.contains("remote:echo"), "back: {text}");
+    assert!(!found("sleep milliseconds").await.contains("remote:slow"), "the removed tool is not offered");
+    assert!(sat.satellite.shutdown().await);
+    Ok(())
+}

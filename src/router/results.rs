@@ -135,6 +135,30 @@ mod tests {
     }
 
     #[test]
+    fn schemas_of_odd_shapes_are_kept_as_they_are() {
+        // What real servers publish besides well-formed schemas: boolean schemas, keywords with the wrong type,
+        // no description, and nesting deeper than the walk follows.
+        let odd = json!({
+            "type": "object",
+            "properties": ["not", "a", "map"],
+            "items": true,
+            "anyOf": {"not": "a list"},
+            "additionalProperties": false,
+            "title": {"an": "object, not a title"},
+            "default": 3
+        });
+        assert_eq!(trim_schema(&odd), odd);
+        assert_eq!(trim_schema(&json!(true)), json!(true));
+        assert_eq!(trim_schema(&json!(null)), json!(null));
+        let mut deep = json!({"type": "string", "title": "leaf"});
+        for _ in 0..200 {
+            deep = json!({"type": "object", "properties": {"p": deep}});
+        }
+        let trimmed = trim_schema(&deep);
+        assert_eq!(trimmed.to_string().matches("\"title\"").count(), 1, "the leaf past the depth limit stays as it is");
+    }
+
+    #[test]
     fn a_default_is_kept_unless_the_description_states_it() {
         assert!(default_is_stated(&json!(10), "Maximum results (default: 10)"));
         assert!(default_is_stated(&json!("asc"), "Sort order. Defaults to \"asc\"."));
