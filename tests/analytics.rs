@@ -210,13 +210,17 @@ async fn the_figures_are_what_the_sessions_were_sent_and_only_admins_of_the_team
     carol.call("tools/list", json!({})).await;
     carol.tool("discover_mcp_tools", json!({"query": "add"})).await;
 
-    // The writer batches: wait until everything is in.
+    // The writer batches: wait until everything is in, Carol's discover in the other team included.
     let alice_token = token("alice");
     let summary = wait_until(DEADLINE, "every fact recorded", || {
         let (api, alice_token) = (&api, &alice_token);
         async move {
             let s = api.json("summary", alice_token, &[]).await;
-            (u(&s["calls"]["total"]) == 4 && u(&s["realized"]["listings"]) == 5).then_some(s)
+            let everyone = api.json("summary", ADMIN, &[]).await;
+            let done = u(&s["calls"]["total"]) == 4
+                && u(&s["realized"]["listings"]) == 5
+                && u(&everyone["discovers"]["total"]) == 2;
+            done.then_some(s)
         }
     })
     .await;
