@@ -791,13 +791,7 @@ async fn discover_answers_are_compact_trimmed_and_explained_on_request() -> Resu
 /// view of what they can see moves with every status and catalog change, never serving a stale world.
 #[tokio::test]
 async fn discover_follows_a_remote_server_that_vanishes_and_comes_back() -> Result<(), Box<dyn std::error::Error>> {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut server = HttpServer::demo_on(&addr, &[]).await;
-    let extra = format!(
-        "[[servers]]\nslug = \"remote\"\ntransport = \"http\"\nurl = \"http://{addr}/mcp\"\n\
-         [[installations]]\nid = \"i-remote\"\nteam = \"acme\"\nserver = \"remote\"\n"
-    );
+    let (mut server, addr, extra) = HttpServer::remote_for_acme().await;
     let sat = started_with(&format!("{}{extra}", config())).await;
     let id = ProcessId::from("remote-acme-alice-i-remote");
     let status_is = |status: InstanceStatus| {

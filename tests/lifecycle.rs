@@ -348,13 +348,7 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
 
 #[tokio::test]
 async fn an_unreachable_remote_server_goes_offline_and_a_probe_brings_it_back() {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut server = HttpServer::demo_on(&addr, &[]).await;
-    let extra = format!(
-        "[[servers]]\nslug = \"remote\"\ntransport = \"http\"\nurl = \"http://{addr}/mcp\"\n\
-         [[installations]]\nid = \"i-remote\"\nteam = \"acme\"\nserver = \"remote\"\n"
-    );
+    let (mut server, addr, extra) = HttpServer::remote_for_acme().await;
     let sat = TestSatellite::start(&config(&extra)).await;
     sat.wait_ready().await;
     let id = "remote-acme-alice-i-remote";

@@ -175,6 +175,18 @@ impl HttpServer {
     pub fn url(&self, path: &str) -> url::Url {
         url::Url::parse(&format!("http://{}{path}", self.addr)).expect("url")
     }
+
+    /// The demo server on a free port (bring it back with [`HttpServer::demo_on`] at the same address), and the
+    /// config lines installing it for team `acme` as server `remote`, installation `i-remote`.
+    pub async fn remote_for_acme() -> (HttpServer, String, String) {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let server = HttpServer::demo_on(&addr, &[]).await;
+        let config = format!(
+            "[[servers]]\nslug = \"remote\"\ntransport = \"http\"\nurl = \"http://{addr}/mcp\"\n\
+             [[installations]]\nid = \"i-remote\"\nteam = \"acme\"\nserver = \"remote\"\n"
+        );
+        (server, addr, config)
+    }
 }
 
 pub fn free_port() -> u16 {
