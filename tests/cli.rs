@@ -3,7 +3,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -275,4 +275,144 @@ async fn tokens_reports_a_server_it_cannot_reach_and_refuses_no_target() {
     let (code, _, err) = run(&["tokens", "--url", "http://127.0.0.1:9/mcp", "--header", "no-colon"], &[]).await;
     assert_eq!(code, 64);
     assert!(err.contains("not `Name: value`"), "{err}");
+}
+
+/// What a normal start, one discover, one call and a SIGTERM may say at info or above: the start-up summary,
+/// the listening address, the first configuration, and the shutdown steps. Anything else (a library's internals,
+/// a 503 of `/readyz` while starting, an instance's every status change) is noise to an operator.
+const EXPECTED_LINES: [&str; 7] = [
+    "sandbox: ",
+    "satellite listening",
+    "initial configuration applied",
+    "SIGTERM received",
+    "shutdown ",
+    "background jobs stopped",
+    "events are in the outbox",
+];
+
+#[tokio::test]
+async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let token = "demo-token-0123456789abcdef";
+    let mut child = Command::new(satellite_exe())
+        .arg("serve")
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("PORT", port.to_string())
+        .env("SATELLITE_DEMO_TOKEN", token)
+        .env("SATELLITE_LOG_FORMAT", "json")
+        .env("LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    // /readyz answers 503 until the first configuration is applied: polled from the first moment on purpose.
+    wait_until(Duration::from_secs(60), "ready", || {
+        let url = format!("{base}/readyz");
+        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
+    })
+    .await;
+    let mut caller = Caller::for_url(format!("{base}/mcp"), Some(token));
+    caller.initialize().await;
+    let found = caller.call("tools/call", json!({"name": "discover_mcp_tools", "arguments": {"query": "echo"}})).await;
+    assert!(found.1.to_string().contains("demo:echo"), "{}", found.1);
+    let echoed = caller.execute("demo:echo", json!({"text": "hello"})).await;
+    assert!(echoed.to_string().contains("hello"), "{echoed}");
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
+    assert_eq!(status.code(), Some(0));
+    let lines = log.await.unwrap();
+    assert!(lines.iter().any(|l| l.contains("satellite listening")), "{lines:#?}");
+    for line in &lines {
+        let entry: Value = serde_json::from_str(line).unwrap_or_else(|err| panic!("not one JSON object ({err}): {line}"));
+        let level = entry["level"].as_str().unwrap_or_default();
+        let message = entry["message"].as_str().unwrap_or_default();
+        assert!(!message.is_empty(), "every line has a message: {line}");
+        // Display, not Debug: no `Some(..)`, `None` or `Struct { .. }` in what an operator reads.
+        for debug_shape in ["Some(", "None", " { "] {
+            assert!(!line.contains(debug_shape), "Debug formatting ({debug_shape}) in: {line}");
+        }
+        if matches!(level, "INFO" | "WARN" | "ERROR") {
+            assert!(
+                EXPECTED_LINES.iter().any(|expected| message.starts_with(expected)),
+                "unexpected {level} line after a normal start and call: {line}"
+            );
+            assert_ne!(level, "ERROR", "{line}");
+        }
+        assert!(!line.contains(token), "the token is never logged: {line}");
+    }
+}
+
+#[tokio::test]
+async fn editing_start_only_settings_in_a_running_file_is_warned_about_once_and_not_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let path = dir.path().join("satellite.toml");
+    let body = |level: &str, team: &str| {
+        format!("[satellite]\nlog_level = \"{level}\"\nconfig_watch_interval_ms = 100\n[[teams]]\nid = \"{team}\"\n")
+    };
+    std::fs::write(&path, body("info", "t1")).unwrap();
+    let mut child = Command::new(satellite_exe())
+        .args(["serve", "--config", path.to_str().unwrap()])
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("PORT", port.to_string())
+        .env("SATELLITE_LOG_FORMAT", "json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let mut wait_for = async |needle: &str, seen: &mut Vec<String>| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let line = tokio::time::timeout_at(deadline, rx.recv()).await.ok().flatten();
+            let Some(line) = line else { panic!("no line with {needle:?} in: {seen:#?}") };
+            seen.push(line.clone());
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    };
+    wait_for("satellite listening", &mut seen).await;
+    // A start-only setting and a live one change together: the team is applied, the level is warned about.
+    std::fs::write(&path, body("debug", "t2")).unwrap();
+    let warning = wait_for("read only at start", &mut seen).await;
+    assert!(warning.contains("satellite.log_level"), "{warning}");
+    assert!(warning.contains("WARN"), "{warning}");
+    wait_for("config file change applied", &mut seen).await;
+    // The same edit seen again (a live setting changes once more) is not warned about twice.
+    std::fs::write(&path, body("debug", "t3")).unwrap();
+    wait_for("config file change applied", &mut seen).await;
+    assert_eq!(seen.iter().filter(|l| l.contains("read only at start")).count(), 1, "{seen:#?}");
+    assert!(!seen.iter().any(|l| l.contains("\"DEBUG\"")), "log_level was not applied while running");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
+    assert_eq!(status.code(), Some(0));
 }

@@ -3,7 +3,7 @@
 //! tool writing it shows half-written content for a moment); a file that is empty, does not parse or does not
 //! validate is refused and the last good one stays in force.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -28,6 +28,10 @@ pub(super) struct FileWatch {
     pub(super) auth: Authenticator,
     pub(super) refusals: Arc<AtomicU64>,
     pub(super) events: Emitter,
+    /// `[satellite]` and `[sandbox]` as the running satellite read them at start.
+    pub(super) start_only: Arc<std::collections::BTreeMap<String, toml::Value>>,
+    /// The start-only settings last warned about, so an edit is warned about once.
+    pub(super) warned: Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl FileWatch {
@@ -40,7 +44,7 @@ impl FileWatch {
                 return Ok(());
             }
         };
-        let current: [u8; 32] = Sha256::digest(&bytes).into();
+        let current = fingerprint(&bytes);
         if *self.last.lock() == Some(current) {
             *self.pending.lock() = None;
             return Ok(());
@@ -58,7 +62,10 @@ impl FileWatch {
                 None,
                 "is empty (a file being written, or truncated); write the whole configuration",
             )),
-            Ok(text) => config::parse_file(&text).and_then(|raw| standalone::from_file(&raw)),
+            Ok(text) => {
+                self.warn_start_only(&text);
+                config::parse_file(&text).and_then(|raw| standalone::from_file(&raw))
+            }
         };
         match parsed {
             Ok(next) => {
@@ -73,20 +80,37 @@ impl FileWatch {
                     0,
                 );
                 let report = self.manager.apply(desired).await;
-                info!(?report, path = %self.path.display(), "config file change applied");
+                info!(%report, path = %self.path.display(), "config file change applied");
                 let refresh = ConfigRefresh { change_detected: report.changed(), ..refresh };
                 self.events.emit(Event::config_refreshed(&refresh)).await;
                 Ok(())
             }
             Err(err) => {
                 self.refusals.fetch_add(1, Ordering::Relaxed);
-                error!(path = %self.path.display(), error = %err, "config file change refused, keeping the last good config");
-                Err(err)
+                error!(path = %self.path.display(), error = %err, "config file change refused, keeping the last good config; fix the file (`satellite check-config` shows the same error)");
+                // Logged once, here, with what to do: the job runner need not log it again.
+                Ok(())
             }
         }
     }
+
+    /// `[satellite]` and `[sandbox]` are read once at start: an edit of them is not applied, and says so once.
+    fn warn_start_only(&self, text: &str) {
+        let changed = config::changed_start_only_settings(&self.start_only, &config::start_only_settings(text));
+        let mut warned = self.warned.lock();
+        if changed.is_empty() || *warned == changed {
+            *warned = changed;
+            return;
+        }
+        warn!(
+            path = %self.path.display(),
+            settings = %changed.join(", "),
+            "settings that are read only at start changed in the config file; they take effect when the satellite restarts (the rest of the file is applied now)"
+        );
+        *warned = changed;
+    }
 }
 
-pub(super) fn fingerprint(path: &Path) -> Option<[u8; 32]> {
-    std::fs::read(path).ok().map(|bytes| Sha256::digest(&bytes).into())
+pub(super) fn fingerprint(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
 }

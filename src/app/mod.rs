@@ -113,13 +113,22 @@ pub struct Satellite {
 
 /// The first desired state, read and validated before anything starts.
 pub fn initial_standalone(config: &Config) -> Result<StandaloneConfig, StartError> {
+    first_read(config).map(|(first, _)| first)
+}
+
+/// The first desired state and, for a file, the text it was read from: the watcher compares later edits with
+/// exactly that text, so an edit made while the satellite starts is still seen as one.
+fn first_read(config: &Config) -> Result<(StandaloneConfig, Option<String>), StartError> {
     match &config.mode {
-        Mode::Managed(_) => Ok(StandaloneConfig::default()),
+        Mode::Managed(_) => Ok((StandaloneConfig::default(), None)),
         Mode::Standalone(StandaloneSource::Embedded(demo)) => {
             let exe = std::env::current_exe().map_err(StartError::Exe)?;
-            Ok(standalone::embedded(demo, exe)?)
+            Ok((standalone::embedded(demo, exe)?, None))
         }
-        Mode::Standalone(StandaloneSource::File { path, .. }) => Ok(standalone::from_file(&config::read_file(path)?)?),
+        Mode::Standalone(StandaloneSource::File { path, .. }) => {
+            let text = config::read_text(path)?;
+            Ok((standalone::from_file(&config::parse_file(&text)?)?, Some(text)))
+        }
     }
 }
 
@@ -127,7 +136,7 @@ impl Satellite {
     /// Open the store, bind the listener, start serving and apply the first configuration in the background.
     pub async fn start(config: Config, env: &Env) -> Result<Satellite, StartError> {
         let started = Instant::now();
-        let first = initial_standalone(&config)?;
+        let (first, first_text) = first_read(&config)?;
         // Before the store: a sandbox config error (exit 64) leaves nothing behind.
         let sandbox = instances::sandbox::SandboxPolicy::for_config(&config, env)?;
         info!("{}", sandbox.describe());
@@ -343,14 +352,18 @@ impl Satellite {
         };
         let config_refusals = Arc::new(AtomicU64::new(0));
         if let Some((path, interval)) = watched {
+            let text = first_text.unwrap_or_default();
+            let start_only = config::start_only_settings(&text);
             let watcher = FileWatch {
-                last: Arc::new(parking_lot::Mutex::new(fingerprint(&path))),
+                last: Arc::new(parking_lot::Mutex::new(Some(fingerprint(text.as_bytes())))),
                 pending: Arc::new(parking_lot::Mutex::new(None)),
                 path,
                 manager: manager.clone(),
                 auth,
                 refusals: config_refusals.clone(),
                 events: emitter.clone(),
+                start_only: Arc::new(start_only),
+                warned: Default::default(),
             };
             jobs.every("config-file-watch", interval, FirstRun::AfterOnePeriod, move || watcher.clone().check());
         }
@@ -365,7 +378,7 @@ impl Satellite {
                 tasks.spawn(
                     async move {
                         let report = apply_manager.apply(first.desired_state()).await;
-                        info!(?report, "initial configuration applied");
+                        info!(%report, "initial configuration applied");
                     }
                     .instrument(tracing::info_span!("control.standalone")),
                 );

@@ -385,6 +385,23 @@ impl Config {
             s.analytics_retention_days,
             90,
         )?;
+        // The demo's tokens are printed to the terminal: fine on this machine, not on an address others reach
+        // (a container listening on 0.0.0.0 with its log shipped somewhere). There, the operator names them.
+        if let Mode::Standalone(StandaloneSource::Embedded(demo)) = &mode {
+            if !host.is_loopback() && (demo.demo_token_generated || demo.instance_token_generated) {
+                return Err(ConfigError::new(
+                    "satellite.host",
+                    Some(env::HOST),
+                    format!(
+                        "the embedded demo default would listen on {host}, beyond this machine, with generated tokens; \
+                         set {} and {} to tokens of your own, give a config file ({}), or listen on 127.0.0.1",
+                        env::DEMO_TOKEN,
+                        env::DEMO_INSTANCE_TOKEN,
+                        env::CONFIG
+                    ),
+                ));
+            }
+        }
         Ok(Config {
             drain,
             analytics_retention: Duration::from_secs(retention_days.as_secs().saturating_mul(86_400)),
@@ -478,10 +495,42 @@ fn default_max_connections() -> usize {
 }
 
 pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|err| {
+    parse_file(&read_text(path)?)
+}
+
+/// The standalone file's text.
+pub fn read_text(path: &std::path::Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|err| {
         ConfigError::new("config file", Some(env::CONFIG), format!("cannot read {}: {err}", path.display()))
-    })?;
-    parse_file(&text)
+    })
+}
+
+/// The sections of the standalone file read once at start (`[satellite]`, `[sandbox]`), flattened to
+/// `section.key` → value; the rest (teams, users, auth, servers, installations) is applied while running.
+/// A file that is not TOML has none.
+pub fn start_only_settings(text: &str) -> std::collections::BTreeMap<String, toml::Value> {
+    let Ok(table) = text.parse::<toml::Table>() else { return Default::default() };
+    let mut settings = std::collections::BTreeMap::new();
+    for section in START_ONLY_SECTIONS {
+        if let Some(toml::Value::Table(values)) = table.get(section) {
+            for (key, value) in values {
+                settings.insert(format!("{section}.{key}"), value.clone());
+            }
+        }
+    }
+    settings
+}
+
+/// The file's sections that take effect only when `serve` starts.
+pub const START_ONLY_SECTIONS: [&str; 2] = ["satellite", "sandbox"];
+
+/// The start-only settings whose value differs between two files (added, removed or changed), sorted.
+pub fn changed_start_only_settings(
+    running: &std::collections::BTreeMap<String, toml::Value>,
+    edited: &std::collections::BTreeMap<String, toml::Value>,
+) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = running.keys().chain(edited.keys()).collect();
+    keys.into_iter().filter(|key| running.get(*key) != edited.get(*key)).cloned().collect()
 }
 
 pub fn parse_file(text: &str) -> Result<RawFile, ConfigError> {

@@ -51,6 +51,31 @@ fn embedded_default_generates_tokens_and_enables_debug() {
 }
 
 #[test]
+fn embedded_default_beyond_loopback_needs_the_operators_tokens() {
+    let err = build(&[("HOST", "0.0.0.0")], Flags::default(), "").unwrap_err();
+    assert_eq!(err.env, Some(env::HOST));
+    assert!(err.to_string().contains("SATELLITE_DEMO_TOKEN"), "{err}");
+    let one = build(&[("HOST", "0.0.0.0"), ("SATELLITE_DEMO_TOKEN", "demo-token-0123456789")], Flags::default(), "");
+    assert!(one.is_err(), "the generated instance token would still be printed");
+    let instance = format!("ds_inst_{}", "a".repeat(64));
+    let both = [("HOST", "0.0.0.0"), ("SATELLITE_DEMO_TOKEN", "demo-token-0123456789"), ("SATELLITE_DEMO_INSTANCE_TOKEN", &instance)];
+    assert!(build(&both, Flags::default(), "").is_ok());
+    assert!(build(&[("HOST", "::1")], Flags::default(), "").is_ok(), "loopback keeps the generated tokens");
+}
+
+#[test]
+fn start_only_settings_are_the_satellite_and_sandbox_sections() {
+    let running = start_only_settings("[satellite]\nport = 1\nlog_level = \"info\"\n[[teams]]\nid = \"t\"\n");
+    assert_eq!(running.keys().collect::<Vec<_>>(), ["satellite.log_level", "satellite.port"]);
+    let edited = start_only_settings(
+        "[satellite]\nport = 2\nlog_level = \"info\"\n[sandbox]\nisolation = \"none\"\n[[teams]]\nid = \"u\"\n",
+    );
+    assert_eq!(changed_start_only_settings(&running, &edited), ["sandbox.isolation", "satellite.port"]);
+    assert!(changed_start_only_settings(&running, &running).is_empty());
+    assert!(start_only_settings("not toml [").is_empty());
+}
+
+#[test]
 fn managed_mode_needs_a_valid_name_and_excludes_a_file() {
     let err = build(&[("DEPLOYSTACK_BACKEND_URL", "http://b:3000")], Flags::default(), "").unwrap_err();
     assert_eq!(err.env, Some(env::SATELLITE_NAME));

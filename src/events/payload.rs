@@ -369,6 +369,17 @@ pub enum LimitedResource {
     EventOutbox,
 }
 
+impl LimitedResource {
+    /// The wire name (`resource_type`), also used in log lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitedResource::Processes => "processes",
+            LimitedResource::CallSlots => "call_slots",
+            LimitedResource::EventOutbox => "event_outbox",
+        }
+    }
+}
+
 /// A cap that refused work (BP §8.5-21). `team_id` is `*` for the satellite's own resources (the outbox).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LimitExceeded {

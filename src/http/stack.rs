@@ -94,7 +94,10 @@ pub async fn serve<F>(
         .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<hyper::body::Incoming>| {
             let request_id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
             info_span!("http", method = %request.method(), path = %request.uri().path(), request_id = %request_id)
-        }))
+        })
+        // A 5xx is not an operator's problem by itself: `/readyz` answers 503 while starting, a full satellite
+        // sheds load with 503 (counted in /metrics), and real failures are logged where they happen, with context.
+        .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG)))
         .layer(PropagateRequestIdLayer::x_request_id())
         .service(rescued);
 

@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{debug, warn};
 
 use crate::config::UpstreamSettings;
 use crate::control::{diff, DesiredState, SnapshotDiff};
@@ -56,6 +56,13 @@ pub struct ReconcileReport {
     pub modified: usize,
     pub unchanged: usize,
     pub rejected: usize,
+}
+
+impl std::fmt::Display for ReconcileReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ReconcileReport { added, removed, modified, unchanged, rejected } = self;
+        write!(f, "{added} added, {removed} removed, {modified} modified, {unchanged} unchanged, {rejected} rejected")
+    }
 }
 
 impl ReconcileReport {
@@ -224,7 +231,7 @@ impl InstanceManager {
             rejected: desired.rejected.len(),
         };
         if !changes.is_empty() {
-            info!(
+            debug!(
                 added = report.added,
                 removed = report.removed,
                 modified = report.modified,

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tracing::{debug, info};
+use tracing::debug;
 
 use super::protocol::{self, codes, HANDSHAKE_REQUEST_VERSION, MODERN_VERSION};
 use super::transport::{ModernHeaders, Relay, RequestHeaders, Transport, UpstreamError};
@@ -86,7 +86,7 @@ impl McpClient {
             }
         };
         let Negotiated { era, server_info, capabilities, instructions } = negotiated;
-        info!(era = ?era, server = %server_info, "mcp server connected");
+        debug!(protocol = era.version(), server = %server_info, "mcp server connected");
         Ok(Self { transport, era, server_info, capabilities, instructions, client_info })
     }
 

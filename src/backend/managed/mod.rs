@@ -130,7 +130,7 @@ impl Managed {
         let refresh =
             ConfigRefresh::new("backend", digest, total, desired.teams_count(), desired.rejected.len(), fetch_ms);
         let report = deps.manager.apply(desired).await;
-        info!(?report, "backend configuration applied");
+        info!(%report, "backend configuration applied");
         deps.events
             .emit(Event::config_refreshed(&ConfigRefresh { change_detected: report.changed(), ..refresh }))
             .await;

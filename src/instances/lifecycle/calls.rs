@@ -151,7 +151,7 @@ impl Inner {
     ) {
         let key = format!("{}|{resource:?}|{}", spec.team_id, spec.process_id);
         let Some(suppressed) = self.limit_events.allow(&key, std::time::Instant::now()) else { return };
-        warn!(process_id = %spec.process_id, resource = ?resource, current, limit, "{message}");
+        warn!(process_id = %spec.process_id, resource = resource.as_str(), current, limit, "{message}");
         let exceeded = LimitExceeded {
             team_id: spec.team_id.0.clone(),
             resource_type: resource,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tracing::{error, info, warn};
+use tracing::{debug, error, warn};
 
 use crate::discovery;
 use crate::events::Event;
@@ -49,7 +49,7 @@ impl Inner {
                 if let Err(err) = self.deps.store.save_catalog(&CatalogOwner::from(instance.spec()), &catalog).await {
                     warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
                 }
-                info!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
+                debug!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
                 self.report_discovery(instance.spec(), &catalog).await;
                 if let Some(previous) = instance.catalog() {
                     self.report_change(instance.spec(), &previous, &catalog).await;
@@ -162,10 +162,10 @@ impl Inner {
             | InstanceStatus::Offline
             | InstanceStatus::RequiresReauth
             | InstanceStatus::PermanentlyFailed => {
-                warn!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, message = ?entry.message, "instance status changed")
+                warn!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, reason = entry.message.as_deref().unwrap_or("none given"), "instance is not serving; its tools are hidden until it recovers (details: GET /api/status/debug)")
             }
             _ => {
-                info!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, "instance status changed")
+                debug!(process_id = %spec.process_id, user_id = %spec.user_id, status = %status, "instance status changed")
             }
         }
         if let Err(err) =

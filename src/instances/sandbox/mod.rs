@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::config::env::Env;
 use crate::config::{Config, ConfigError, Isolation, Mode, SandboxSettings, StandaloneSource};
@@ -238,7 +238,8 @@ impl SandboxPolicy {
                 let resolved = resolve_in(&name, &search);
                 match &resolved {
                     Some(path) => debug!(command = %name, path = %path.display(), "sandbox: runtime resolved"),
-                    None => warn!(command = %name, "sandbox: allowed command is not installed"),
+                    // Said once in the start-up summary (`describe`), and as a spawn error when a server needs it.
+                    None => debug!(command = %name, "sandbox: allowed command is not installed"),
                 }
                 allow.names.insert(name, resolved);
             }
@@ -291,7 +292,15 @@ impl SandboxPolicy {
             limit(s.rlimit_nofile, ""),
             limit(s.rlimit_fsize_mb, " MB"),
         );
-        let commands = if self.allow.any { "any command".to_owned() } else { self.allow.shown.join(", ") };
+        let commands = if self.allow.any {
+            "any command".to_owned()
+        } else {
+            let shown = self.allow.shown.iter().map(|entry| match self.allow.names.get(&entry.to_ascii_lowercase()) {
+                Some(None) => format!("{entry} (not installed)"),
+                _ => entry.clone(),
+            });
+            shown.collect::<Vec<_>>().join(", ")
+        };
         let (isolated, not_isolated) = match (&self.layout, s.isolation) {
             (Some(layout), Isolation::Nsjail) => (
                 format!(

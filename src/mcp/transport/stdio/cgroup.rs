@@ -136,7 +136,7 @@ fn detect() -> Option<Controller> {
     });
     match made {
         Ok(()) => {
-            info!(dir = %parent.display(), "stdio servers get a cpu rate limit through cgroups");
+            debug!(dir = %parent.display(), "stdio servers get a cpu rate limit through cgroups");
             Some(Controller { flavor, parent })
         }
         Err(err) => {

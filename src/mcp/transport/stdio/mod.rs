@@ -24,7 +24,7 @@ use tokio::process::Command;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::codec::{FramedRead, LinesCodec};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::debug;
 
 mod cgroup;
 mod owner;
@@ -239,7 +239,7 @@ impl StdioTransport {
             // The child leads its own group: the watchdog kills it all if the satellite dies.
             reaper::register(pid);
         }
-        info!(process_id = %launch.label, pid, command = %launch.command, "mcp server process spawned");
+        debug!(process_id = %launch.label, pid, command = %launch.command, "mcp server process spawned");
 
         let pending = Arc::new(Pending::default());
         let stderr_buf = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_LINES_KEPT)));

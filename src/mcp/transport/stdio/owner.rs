@@ -17,7 +17,7 @@ use tokio::process::{Child, ChildStdin};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT};
 
@@ -113,9 +113,9 @@ impl Owner {
             }
         }
         match &exit {
-            ExitInfo::Stopped => info!(process_id = %self.label, "mcp server process stopped"),
-            ExitInfo::Exited { code, signal } => {
-                warn!(process_id = %self.label, code = ?code, signal = ?signal, "mcp server process exited")
+            ExitInfo::Stopped => debug!(process_id = %self.label, "mcp server process stopped"),
+            ExitInfo::Exited { .. } => {
+                warn!(process_id = %self.label, exit = %exit.describe(), "mcp server process exited on its own; the supervisor restarts it")
             }
         }
         self.pending.close(UpstreamError::Exited { label: self.label.clone(), exit: exit.clone(), detail: None });
