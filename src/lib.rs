@@ -19,6 +19,7 @@ pub mod jobs;
 pub mod logcapture;
 pub mod mcp;
 pub mod memory;
+pub mod metrics;
 pub mod model;
 pub mod router;
 pub mod search;

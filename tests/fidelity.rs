@@ -48,7 +48,7 @@ async fn dns_rebinding_is_refused_by_host_and_origin() {
     let port = sat.satellite.local_addr().port();
     let http = reqwest::Client::new();
     let get = |host: String, origin: Option<&'static str>| {
-        let mut request = http.get(format!("{}/healthz", sat.base_url())).header("host", host);
+        let mut request = http.get(format!("{}/", sat.base_url())).header("host", host);
         if let Some(origin) = origin {
             request = request.header("origin", origin);
         }
@@ -69,6 +69,11 @@ async fn dns_rebinding_is_refused_by_host_and_origin() {
         StatusCode::OK,
         "a local tool's page"
     );
+    // Probes and the scrape come from kubelets, load balancers and Prometheus naming the pod's address.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let probe = http.get(format!("{}{path}", sat.base_url())).header("host", "10.1.2.3:3001").send().await.unwrap();
+        assert_eq!(probe.status(), StatusCode::OK, "{path} answers whatever the Host");
+    }
     // The MCP endpoint itself, as the conformance scenario probes it.
     let mcp = http
         .post(format!("{}/mcp", sat.base_url()))

@@ -13,6 +13,7 @@ mod fuzz_regressions;
 mod github;
 mod lifecycle;
 mod managed;
+mod metrics;
 mod reconcile;
 mod sandbox;
 mod secret_sweep;

@@ -77,6 +77,8 @@ pub enum StartError {
     Exe(std::io::Error),
     #[error("cannot create the search index: {0}")]
     Search(#[from] SearchError),
+    #[error("cannot set up the metrics: {0}")]
+    Metrics(prometheus::Error),
 }
 
 impl StartError {
@@ -140,6 +142,7 @@ impl Satellite {
         // Before the store: a sandbox config error (exit 64) leaves nothing behind.
         let sandbox = instances::sandbox::SandboxPolicy::for_config(&config, env)?;
         info!("{}", sandbox.describe());
+        let metrics = crate::metrics::Metrics::new().map_err(StartError::Metrics)?;
         let store = Store::open(&config.data_dir).await?;
         let search = SearchIndex::new()?;
         let emitter = Emitter::new(store.clone());
@@ -174,6 +177,7 @@ impl Satellite {
             events: emitter.clone(),
             logs: logs.clone(),
             deployer,
+            metrics: metrics.clone(),
         };
         let manager = InstanceManager::new(deps).await?;
         // Managed mode: who we are before anything serves (BP §1); every failure here is fatal.
@@ -225,6 +229,7 @@ impl Satellite {
             show_uptime: config.show_uptime,
             mode: if backend.is_some() { "managed" } else { "standalone" },
             backend: backend.as_ref().map(|(.., monitor)| monitor.clone()),
+            metrics_token: config.metrics_token.clone().map(Arc::new),
             analytics: http::analytics::AnalyticsDeps {
                 store: store.clone(),
                 recorder: analytics.clone(),

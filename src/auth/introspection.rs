@@ -64,6 +64,9 @@ struct Inner {
     cache: Mutex<HashMap<String, Entry>>,
     flights: Mutex<HashMap<String, Flight>>,
     calls: std::sync::atomic::AtomicU64,
+    /// Lookups answered from the cache, and those that were not (for `/metrics`).
+    hits: std::sync::atomic::AtomicU64,
+    misses: std::sync::atomic::AtomicU64,
 }
 
 impl TokenIntrospection {
@@ -77,6 +80,8 @@ impl TokenIntrospection {
                 cache: Mutex::new(HashMap::new()),
                 flights: Mutex::new(HashMap::new()),
                 calls: std::sync::atomic::AtomicU64::new(0),
+                hits: std::sync::atomic::AtomicU64::new(0),
+                misses: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -85,8 +90,10 @@ impl TokenIntrospection {
     pub async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
         let key = sha256_hex(token);
         if let Some(found) = self.cached(&key) {
+            self.inner.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(found.principal);
         }
+        self.inner.misses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let flight = {
             let mut flights = self.inner.flights.lock();
             // A finished flight may still be listed for a moment; a cache hit above covers the common case.
@@ -152,6 +159,12 @@ impl TokenIntrospection {
         let before = cache.len();
         cache.retain(|_, entry| entry.expires > now);
         before - cache.len()
+    }
+
+    /// Lookups answered from the cache and lookups that were not, so far.
+    pub fn cache_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.inner.hits.load(Relaxed), self.inner.misses.load(Relaxed))
     }
 
     /// Introspection calls made so far.

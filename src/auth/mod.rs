@@ -103,6 +103,11 @@ impl Authenticator {
         }
     }
 
+    /// Managed mode: the introspection cache's (hits, misses) so far.
+    pub fn introspection_counts(&self) -> Option<(u64, u64)> {
+        self.introspection.as_ref().map(|i| i.cache_counts())
+    }
+
     pub fn replace(&self, directory: Directory) {
         *self.directory.write() = Arc::new(directory);
     }

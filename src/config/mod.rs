@@ -164,6 +164,8 @@ pub struct Config {
     pub pretty_results: bool,
     pub show_version: bool,
     pub show_uptime: bool,
+    /// `GET /metrics` needs this bearer token when set (environment only: it is a secret).
+    pub metrics_token: Option<SecretString>,
     pub upstream: UpstreamSettings,
     /// HTTP requests handled at once; more are refused with 503.
     pub max_concurrent_requests: usize,
@@ -422,6 +424,7 @@ impl Config {
             },
             show_version: env::get(env, env::SHOW_VERSION) != Some("false"),
             show_uptime: env::get(env, env::SHOW_UPTIME) != Some("false"),
+            metrics_token: env::get(env, env::METRICS_TOKEN).filter(|t| !t.is_empty()).map(|t| SecretString::from(t.to_owned())),
             upstream,
             mode,
             sandbox: sandbox::settings(env, &raw.sandbox)?,

@@ -27,6 +27,7 @@ pub mod guard;
 pub mod identity;
 pub mod mcp;
 pub mod oauth;
+mod scrape;
 pub mod session;
 pub mod sse;
 pub mod stack;
@@ -73,6 +74,8 @@ pub struct StatusDeps {
     pub backend: Option<Arc<crate::backend::monitor::BackendMonitor>>,
     /// `/api/analytics` and `/admin`.
     pub analytics: analytics::AnalyticsDeps,
+    /// `/metrics` needs this bearer token when set (`SATELLITE_METRICS_TOKEN`).
+    pub metrics_token: Option<Arc<secrecy::SecretString>>,
 }
 
 /// Every route of the satellite, behind the Host/Origin check.
@@ -81,6 +84,14 @@ pub fn routes(
     mcp: McpDeps,
     guard: guard::HostGuard,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
+    let metrics = scrape::routes(scrape::ScrapeDeps {
+        status: status.clone(),
+        sessions: mcp.sessions.clone(),
+        instance_sessions: mcp.instance_sessions.clone(),
+        sse_sessions: mcp.sse_sessions.clone(),
+        token: status.metrics_token.clone(),
+    })
+    .boxed();
     let oauth = oauth::routes(mcp.urls.clone(), mcp.auth.clone());
     let legacy = sse::routes(mcp.clone(), mcp.sse_sessions.clone());
     // Boxed: the full type of every route combined is too deep for the compiler. CORS opens the MCP and OAuth
@@ -97,8 +108,10 @@ pub fn routes(
         .boxed();
     // The admin API is not opened to other origins either: its page is served from here.
     let admin = analytics::routes(status.analytics.clone()).boxed();
+    // Probes and the scrape are asked by infrastructure naming the pod's address: outside the Host guard.
+    let open = status::probes(status.clone()).boxed().or(metrics).unify().boxed();
     let all = status::routes(status).boxed().or(admin).unify().or(served).unify().boxed();
-    guard.filter().and(all).recover(recover).unify()
+    open.or(guard.filter().and(all)).unify().recover(recover).unify()
 }
 
 /// OQ-16: permissive CORS with explicit lists; bearer tokens, no cookies.
@@ -129,7 +142,8 @@ pub async fn serve(
     guard: guard::HostGuard,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    stack::serve(listener, routes(status, mcp, guard), limits, shutdown).await;
+    let metrics = status.manager.metrics().clone();
+    stack::serve(listener, routes(status, mcp, guard), limits, metrics, shutdown).await;
 }
 
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {

@@ -56,6 +56,15 @@ impl SseSessions {
         self.sessions.lock().clear();
     }
 
+    /// Open legacy SSE streams.
+    pub fn len(&self) -> usize {
+        self.sessions.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn sweep(&self, idle: Duration) -> usize {
         let mut sessions = self.sessions.lock();
         let before = sessions.len();

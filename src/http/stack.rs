@@ -64,11 +64,30 @@ fn overload_response(err: &BoxError) -> Response {
     refusal.into_response(&super::oauth::ResourceUrls { public_url: String::new() })
 }
 
+/// The route template a path belongs to, as the `route` label of the request metrics: bounded, and never an
+/// instance path (which names a user's instance) or anything a client made up.
+pub fn route_label(path: &str) -> &'static str {
+    const EXACT: [&str; 10] =
+        ["/", "/mcp", "/sse", "/message", "/healthz", "/readyz", "/metrics", "/admin", "/api/status/debug", "/api/status/backend"];
+    if let Some(exact) = EXACT.iter().find(|route| **route == path) {
+        return exact;
+    }
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["i", _, "mcp"] => "/i/{path}/mcp",
+        ["api", "analytics", ..] => "/api/analytics/*",
+        ["admin", ..] => "/admin/*",
+        [".well-known", ..] => "/.well-known/*",
+        _ => "other",
+    }
+}
+
 /// Serve `routes` behind the tower stack until `shutdown` resolves, then drain open connections.
 pub async fn serve<F>(
     listener: TcpListener,
     routes: F,
     limits: HttpLimits,
+    metrics: crate::metrics::Metrics,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) where
     F: Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static,
@@ -80,13 +99,17 @@ pub async fn serve<F>(
         .timeout(limits.request_timeout)
         .service(warp::service(routes));
     let rescued = tower::service_fn(move |request: Request<hyper::body::Incoming>| {
-        let inner = limited.clone();
+        let (inner, metrics) = (limited.clone(), metrics.clone());
+        // Counted here, outside the limit, so requests shed with 503 are counted too.
+        let (route, method, began) = (route_label(request.uri().path()), request.method().clone(), Instant::now());
         async move {
             let outcome = match ServiceExt::<Request<hyper::body::Incoming>>::ready_oneshot(inner).await {
                 Ok(ready) => ready.oneshot(request).await,
                 Err(err) => Err(err),
             };
-            Ok::<Response, Infallible>(outcome.unwrap_or_else(|err| overload_response(&err)))
+            let response = outcome.unwrap_or_else(|err| overload_response(&err));
+            metrics.http_request(route, method.as_str(), response.status().as_u16(), began.elapsed());
+            Ok::<Response, Infallible>(response)
         }
     });
     let service = ServiceBuilder::new()

@@ -92,6 +92,8 @@ pub struct ManagerDeps {
     pub oauth: Option<Arc<dyn OAuthTokens>>,
     /// Managed mode: builds GitHub-deployed servers (SB §9.9).
     pub deployer: Option<Arc<deploy::Deployer>>,
+    /// Tool calls by server and outcome, for `/metrics`.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Where a remote instance's OAuth bearer token comes from (the backend, in managed mode).
@@ -475,6 +477,11 @@ impl InstanceManager {
     }
 
     /// Live stdio children counted against the process caps.
+    /// The satellite's metrics (the routers count discovers here too).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.inner.deps.metrics
+    }
+
     pub fn processes(&self) -> usize {
         self.inner.slots.in_use()
     }

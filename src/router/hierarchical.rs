@@ -261,6 +261,7 @@ impl HierarchicalRouter {
                 );
             }
         }
+        self.manager.metrics().discover(started.elapsed(), !entries.is_empty());
         document.insert("total_found".into(), json!(entries.len()));
         document.insert("tools".into(), Value::Array(entries));
         document.insert("search_time_ms".into(), json!(started.elapsed().as_millis() as u64));

@@ -37,6 +37,10 @@ impl Inner {
                 };
                 let spec = instance.spec();
                 let limit = instance.max_calls as u64;
+                if method == "tools/call" {
+                    let busy = crate::metrics::CallOutcome::Busy;
+                    self.deps.metrics.tool_call(&spec.server_slug, busy, queue);
+                }
                 self.limit_exceeded(spec, LimitedResource::CallSlots, limit, limit, err.to_string()).await;
                 return Err(err);
             }
@@ -115,6 +119,12 @@ impl Inner {
             Ok(_) => (CallOutcome::Success, None),
             Err(message) => (CallOutcome::Failed, Some(message.clone())),
         };
+        let counted = match outcome {
+            CallOutcome::Success => crate::metrics::CallOutcome::Ok,
+            CallOutcome::ToolError => crate::metrics::CallOutcome::ToolError,
+            CallOutcome::Failed => crate::metrics::CallOutcome::Failed,
+        };
+        self.deps.metrics.tool_call(&spec.server_slug, counted, began.elapsed());
         let execution = ToolExecution {
             tool_path: tool_path.clone(),
             duration_ms: began.elapsed().as_millis() as u64,

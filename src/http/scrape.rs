@@ -1,0 +1,129 @@
+//! `GET /metrics`: the Prometheus text exposition (docs/operations.md lists every family).
+//!
+//! Counted families come from `crate::metrics::Metrics`; the rest is read here when scraped from the parts
+//! that already keep it (the instance manager, the session tables, the outbox, the backend monitor, the
+//! introspection cache). With `SATELLITE_METRICS_TOKEN` set, the scraper must send it as a bearer token.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use warp::http::StatusCode;
+use warp::reply::Response;
+use warp::{Filter, Reply};
+
+use super::session::SessionTable;
+use super::sse::SseSessions;
+use super::StatusDeps;
+use crate::backend::monitor::Channel;
+use crate::metrics::Snapshot;
+use crate::model::InstanceStatus;
+
+/// What `/metrics` reads besides the status deps.
+#[derive(Clone)]
+pub struct ScrapeDeps {
+    pub status: StatusDeps,
+    pub sessions: Arc<SessionTable>,
+    pub instance_sessions: Arc<SessionTable>,
+    pub sse_sessions: Arc<SseSessions>,
+    /// Required as a bearer token when set.
+    pub token: Option<Arc<SecretString>>,
+}
+
+pub fn routes(deps: ScrapeDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    let with = warp::any().map(move || deps.clone());
+    warp::path!("metrics")
+        .and(warp::get())
+        .and(warp::header::optional::<String>("authorization"))
+        .and(with)
+        .then(|authorization: Option<String>, deps: ScrapeDeps| async move { scrape(deps, authorization).await })
+}
+
+async fn scrape(deps: ScrapeDeps, authorization: Option<String>) -> Response {
+    if let Some(token) = &deps.token {
+        let given = crate::auth::bearer(authorization.as_deref()).unwrap_or_default();
+        let expected = token.expose_secret();
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(given.as_bytes(), expected.as_bytes())) {
+            let reply = warp::reply::with_status(
+                "metrics need the bearer token set in SATELLITE_METRICS_TOKEN\n",
+                StatusCode::UNAUTHORIZED,
+            );
+            return warp::reply::with_header(reply, "www-authenticate", "Bearer").into_response();
+        }
+    }
+    let snapshot = snapshot(&deps).await;
+    match deps.status.manager.metrics().render(&snapshot) {
+        Ok(text) => warp::reply::with_header(text, "content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .into_response(),
+        Err(err) => {
+            tracing::warn!(error = %err, "rendering /metrics failed");
+            warp::reply::with_status(format!("metrics unavailable: {err}\n"), StatusCode::INTERNAL_SERVER_ERROR)
+                .into_response()
+        }
+    }
+}
+
+async fn snapshot(deps: &ScrapeDeps) -> Snapshot {
+    let manager = &deps.status.manager;
+    let instances = manager.instances();
+    let mut by_status: Vec<(&'static str, u64)> = InstanceStatus::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+    let mut connections: Vec<(&'static str, u64)> = vec![("stdio", 0), ("http", 0), ("sse", 0)];
+    let mut dormant = 0;
+    for instance in &instances {
+        let status = instance.status().status.as_str();
+        if let Some(slot) = by_status.iter_mut().find(|(s, _)| *s == status) {
+            slot.1 += 1;
+        }
+        if instance.is_dormant() {
+            dormant += 1;
+        }
+        if instance.client().is_some() {
+            let transport = instance.spec().upstream.transport_name();
+            if let Some(slot) = connections.iter_mut().find(|(t, _)| *t == transport) {
+                slot.1 += 1;
+            }
+        }
+    }
+    let sessions = vec![
+        ("hierarchical", deps.sessions.len() as u64),
+        ("instance", deps.instance_sessions.len() as u64),
+        ("sse", deps.sse_sessions.len() as u64),
+    ];
+    let mut snapshot = Snapshot {
+        instances_by_status: by_status,
+        dormant,
+        upstream_connections: connections,
+        sessions,
+        introspection: deps.status.analytics.auth.introspection_counts(),
+        ready: *manager.ready().borrow(),
+        ..Snapshot::default()
+    };
+    // The outbox is what waits for a backend: a standalone satellite has none (its events are local history).
+    if let Some(monitor) = &deps.status.backend {
+        match deps.status.analytics.store.outbox_summary().await {
+            Ok(summary) => {
+                let age = summary
+                    .oldest_emitted_at
+                    .as_deref()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .and_then(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).to_std().ok())
+                    .unwrap_or(Duration::ZERO);
+                snapshot.outbox = Some((u64::try_from(summary.count).unwrap_or(0), age));
+            }
+            Err(err) => tracing::warn!(error = %err, "reading the outbox for /metrics failed"),
+        }
+        snapshot.backend = [
+            ("heartbeat", Channel::Heartbeat),
+            ("poll", Channel::Poll),
+            ("config", Channel::Config),
+            ("events", Channel::Events),
+        ]
+        .into_iter()
+        .map(|(name, channel)| {
+            let attempts = monitor.attempts(channel);
+            (name, attempts.successes, attempts.failures)
+        })
+        .collect();
+    }
+    snapshot
+}
