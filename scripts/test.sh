@@ -53,6 +53,9 @@ cargo clippy --locked --all-targets -- -D warnings
 echo "==> cargo test"
 cargo test --locked --lib --bins --tests
 
+echo "==> deploy/ validated offline: Kubernetes manifests, compose, Dockerfile, systemd unit (scripts/validate-deploy.sh)"
+SATELLITE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/satellite" bash scripts/validate-deploy.sh
+
 echo "==> real MCP clients: the official Python SDK (tests/python)"
 SATELLITE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/satellite" .venv/bin/python -m pytest -q tests/python
 

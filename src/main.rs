@@ -14,7 +14,7 @@ use satellite::demo::{self, DemoServer, ProtocolSupport};
 use satellite::telemetry;
 
 #[derive(Parser)]
-#[command(name = "satellite", version, about = "An MCP gateway for teams")]
+#[command(name = "satellite", version, about = "An MCP gateway for teams", propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -24,8 +24,26 @@ struct Cli {
 enum Command {
     /// Run the satellite (standalone with the embedded default when no config is given).
     Serve(ServeArgs),
-    /// Validate the configuration and print it with secrets redacted.
+    /// Validate the configuration exactly as `serve` would (sandbox policy included) and print it with secrets
+    /// redacted; exit 64 with one line per problem when `serve` would refuse something.
     CheckConfig(ServeArgs),
+    /// Make tokens: a bearer token for a user, or an instance token (`ds_inst_…`), with the hash to paste.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Search tools as `discover_mcp_tools` would: on a running satellite (--url, --token) or in the catalogs
+    /// stored in the data directory.
+    Search(SearchArgs),
+    /// The config file's JSON Schema, for editors.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Turn a client's MCP server list (Claude Desktop, Claude Code, Cursor `mcpServers`, VS Code `servers`)
+    /// into a standalone config file.
+    Import(ImportArgs),
+    /// Shell completions, e.g. `satellite completions bash > /etc/bash_completion.d/satellite`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Print the version.
     Version,
     /// Run the bundled demo MCP server (stdio unless --http is given).
@@ -61,6 +79,63 @@ impl ServeArgs {
     fn flags(&self) -> Flags {
         Flags { config: self.config.clone(), host: self.host, port: self.port, data_dir: self.data_dir.clone() }
     }
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// A new random token and its SHA-256, to paste into the config file.
+    New {
+        /// An instance token (`ds_inst_` + 64 hex) for `instance_token_sha256` instead of a user token.
+        #[arg(long)]
+        instance: bool,
+        /// Print JSON (`token`, `sha256`, `kind`).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the JSON Schema of the standalone config file (TOML), e.g. for taplo or VS Code's Even Better TOML.
+    Schema,
+}
+
+#[derive(clap::Args)]
+struct SearchArgs {
+    /// What to look for, as an agent would ask.
+    query: String,
+    /// A running satellite's MCP endpoint, e.g. http://127.0.0.1:3001/mcp.
+    #[arg(long, requires = "token")]
+    url: Option<url::Url>,
+    /// The bearer token to search as (with --url); env SATELLITE_TOKEN.
+    #[arg(long, env = "SATELLITE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Stored catalogs only: one user's instances.
+    #[arg(long, conflicts_with = "url")]
+    user: Option<String>,
+    /// How many tools to show.
+    #[arg(long, default_value_t = 10)]
+    limit: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(clap::Args)]
+struct ImportArgs {
+    /// The client's JSON file (claude_desktop_config.json, .mcp.json, ~/.cursor/mcp.json, .vscode/mcp.json).
+    file: PathBuf,
+    /// Team id for the imported servers.
+    #[arg(long, default_value = "team")]
+    team: String,
+    /// User id who gets an instance of each; a token is made for them and printed once on stderr.
+    #[arg(long, default_value = "me")]
+    user: String,
+    /// Write the config here instead of stdout (refuses to overwrite).
+    #[arg(long, short)]
+    output: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -118,6 +193,21 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::CheckConfig(args) => check_config(&args),
+        Command::Token(TokenCommand::New { instance, json }) => token_new(instance, json),
+        Command::Search(args) => search(&args),
+        Command::Config(ConfigCommand::Schema) => {
+            let mut schema =
+                serde_json::to_value(schemars::schema_for!(satellite::config::file::RawFile)).unwrap_or_default();
+            schema["title"] = "satellite standalone config file (TOML)".into();
+            print_json(&schema)
+        }
+        Command::Import(args) => import(&args),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "satellite", &mut script);
+            print_out(&String::from_utf8_lossy(&script))
+        }
         Command::Serve(args) => serve(&args),
         Command::DemoServer(args) => demo_server(args),
         Command::Tokens(args) => tokens(&args),
@@ -208,6 +298,153 @@ fn tokens(args: &TokensArgs) -> ExitCode {
     }
 }
 
+/// Write to stdout; a closed pipe (`satellite check-config | head`) ends the output quietly instead of a panic.
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: cannot write the output: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_json(value: &serde_json::Value) -> ExitCode {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => print_out(&format!("{text}\n")),
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `satellite token new`: a token to hand out once, and the hash the config file keeps.
+fn token_new(instance: bool, json: bool) -> ExitCode {
+    let (kind, token, field) = if instance {
+        ("instance", format!("ds_inst_{}", config::random_hex(32)), "instance_token_sha256")
+    } else {
+        ("user", format!("sat_{}", config::random_hex(32)), "token_sha256")
+    };
+    let sha256 = config::sha256_hex(&token);
+    if json {
+        return print_json(&serde_json::json!({"kind": kind, "token": token, "sha256": sha256}));
+    }
+    let paste = if instance {
+        format!("{field} = \"{sha256}\"          # under [installations.users.<user>], with instance_path")
+    } else {
+        format!("{field} = [\"{sha256}\"]        # in the user's [[users]] entry")
+    };
+    print_out(&format!(
+        "token:   {token}\nsha256:  {sha256}\n\nPaste into the config file:\n  {paste}\n\n\
+         The token is shown only now; the file keeps only its hash. Give the token to its holder over a private channel.\n"
+    ))
+}
+
+/// `satellite search`: 0 with results (or none found), 1 when the satellite or the store could not be asked.
+fn search(args: &SearchArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let limit = args.limit.clamp(1, 50);
+    if let (Some(url), Some(token)) = (&args.url, &args.token) {
+        return match runtime.block_on(satellite::app::search::remote(url, token, &args.query, limit)) {
+            Ok(document) if args.json => print_json(&document),
+            Ok(document) => {
+                let found: Vec<satellite::app::search::Found> = document["tools"]
+                    .as_array()
+                    .map(|tools| {
+                        tools
+                            .iter()
+                            .map(|t| satellite::app::search::Found {
+                                tool_path: t["tool_path"].as_str().unwrap_or_default().to_owned(),
+                                score: t["relevance_score"].as_f64().unwrap_or_default(),
+                                description: t["description"].as_str().unwrap_or_default().to_owned(),
+                                user: None,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if found.is_empty() {
+                    eprintln!("no tool matched {:?}", args.query);
+                }
+                print_out(&satellite::app::search::table(&found))
+            }
+            Err(err) => {
+                eprintln!("error: {err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let (config, _) = match load(&args.serve) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    match runtime.block_on(satellite::app::search::stored(&config, &args.query, limit, args.user.as_deref())) {
+        Ok(found) if args.json => print_json(&serde_json::json!({"query": args.query, "tools": found})),
+        Ok(found) => {
+            if found.is_empty() {
+                eprintln!("no tool matched {:?}", args.query);
+            }
+            print_out(&satellite::app::search::table(&found))
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `satellite import`: 0 with a valid config written, 64 when the file is not a server list.
+fn import(args: &ImportArgs) -> ExitCode {
+    use satellite::app::import::{import, ImportOptions};
+    let text = match std::fs::read_to_string(&args.file) {
+        Ok(text) => text,
+        Err(err) => {
+            eprintln!("error: cannot read {}: {err}", args.file.display());
+            return exit(config::EXIT_CONFIG);
+        }
+    };
+    let token = format!("sat_{}", config::random_hex(32));
+    let options = ImportOptions { team: args.team.clone(), user: args.user.clone(), token: token.clone() };
+    let imported = match import(&text, &options) {
+        Ok(imported) => imported,
+        Err(err) => {
+            eprintln!("error: {}: {err}", args.file.display());
+            return exit(config::EXIT_CONFIG);
+        }
+    };
+    for warning in &imported.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let written = match &args.output {
+        None => print_out(&imported.toml),
+        Some(path) => {
+            use std::io::Write;
+            let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path);
+            match file.and_then(|mut f| f.write_all(imported.toml.as_bytes())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: cannot write {}: {err}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    eprintln!(
+        "imported {} server(s) for user `{}` in team `{}`; their bearer token (shown once): {token}",
+        imported.servers, args.user, args.team
+    );
+    written
+}
+
 fn exit(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
@@ -235,28 +472,50 @@ fn check_config(args: &ServeArgs) -> ExitCode {
             return exit(config::EXIT_CONFIG);
         }
     };
-    let instances = match app::initial_standalone(&config) {
-        Ok(standalone) => {
-            let state = standalone.desired_state();
-            let instances: Vec<serde_json::Value> = state.instances.values().map(redacted_instance).collect();
-            serde_json::json!({"instances": instances, "rejected": state.rejected})
-        }
+    let state = match app::initial_standalone(&config) {
+        Ok(standalone) => standalone.desired_state(),
         Err(err) => {
             eprintln!("error: {err}");
             return exit(err.exit_code());
         }
     };
-    let mut effective = config.redacted();
-    effective["desired_state"] = instances;
-    effective["sandbox"]["summary"] = serde_json::Value::String(sandbox.describe());
-    match serde_json::to_string_pretty(&effective) {
-        Ok(text) => println!("{text}"),
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::FAILURE;
+    // What `serve` would refuse: entries that do not validate, and stdio commands or arguments the sandbox
+    // refuses. A runtime missing on this machine is only a warning: the config may be checked elsewhere.
+    let mut problems: Vec<String> = state.rejected.iter().map(|(key, reason)| format!("{key}: {reason}")).collect();
+    for spec in state.instances.values().filter(|spec| spec.enabled) {
+        use satellite::instances::sandbox::SandboxError;
+        let who =
+            format!("installation {} (server {}, user {})", spec.installation_id.0, spec.server_slug, spec.user_id.0);
+        match sandbox.check(spec) {
+            Ok(()) => {}
+            Err(err @ SandboxError::NotInstalled { .. }) => {
+                eprintln!("warning: {who}: {err}; `serve` on this machine would fail to start it")
+            }
+            Err(err) => problems.push(format!("{who}: {err}")),
         }
     }
-    ExitCode::SUCCESS
+    if let Mode::Standalone(StandaloneSource::File { path, .. }) = &config.mode {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let start_only: Vec<String> = config::start_only_settings(&text).into_keys().collect();
+        if !start_only.is_empty() {
+            eprintln!(
+                "note: {} are read only when `serve` starts: an edit of them in a running satellite's file takes \
+                 effect at the next restart (teams, users, auth, servers and installations apply at once)",
+                start_only.join(", ")
+            );
+        }
+    }
+    if !problems.is_empty() {
+        for problem in &problems {
+            eprintln!("error: {problem}");
+        }
+        return exit(config::EXIT_CONFIG);
+    }
+    let instances: Vec<serde_json::Value> = state.instances.values().map(redacted_instance).collect();
+    let mut effective = config.redacted();
+    effective["desired_state"] = serde_json::json!({"instances": instances, "rejected": state.rejected});
+    effective["sandbox"]["summary"] = serde_json::Value::String(sandbox.describe());
+    print_json(&effective)
 }
 
 fn redacted_instance(spec: &satellite::model::InstanceSpec) -> serde_json::Value {

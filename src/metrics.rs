@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Latency buckets in seconds: from a cached discover (~0.2 ms) to a slow tool (minutes).
@@ -95,27 +94,29 @@ impl Metrics {
             &["route", "method"],
         )?;
         let discover_duration = HistogramVec::new(
-            HistogramOpts::new("satellite_discover_duration_seconds", "discover_mcp_tools searches, by whether it found any tool")
-                .buckets(BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "satellite_discover_duration_seconds",
+                "discover_mcp_tools searches, by whether it found any tool",
+            )
+            .buckets(BUCKETS.to_vec()),
             &["found"],
         )?;
         let tool_calls = IntCounterVec::new(
-            Opts::new("satellite_tool_calls_total", "tools/call forwarded to an MCP server, by server slug and outcome"),
+            Opts::new(
+                "satellite_tool_calls_total",
+                "tools/call forwarded to an MCP server, by server slug and outcome",
+            ),
             &["server", "outcome"],
         )?;
         let tool_call_duration = HistogramVec::new(
-            HistogramOpts::new("satellite_tool_call_duration_seconds", "tools/call round trips to MCP servers, by server slug")
-                .buckets(BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "satellite_tool_call_duration_seconds",
+                "tools/call round trips to MCP servers, by server slug",
+            )
+            .buckets(BUCKETS.to_vec()),
             &["server"],
         )?;
-        let inner = Inner {
-            registry,
-            http_requests,
-            http_duration,
-            discover_duration,
-            tool_calls,
-            tool_call_duration,
-        };
+        let inner = Inner { registry, http_requests, http_duration, discover_duration, tool_calls, tool_call_duration };
         for collector in [
             Box::new(inner.http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(inner.http_duration.clone()),
@@ -211,13 +212,15 @@ fn snapshot_registry(snapshot: &Snapshot) -> Result<Registry, prometheus::Error>
         connections.with_label_values(&[transport]).set(gauge(*count));
     }
     registry.register(Box::new(connections))?;
-    let sessions = IntGaugeVec::new(Opts::new("satellite_mcp_sessions", "Open MCP client sessions, by endpoint kind"), &["kind"])?;
+    let sessions =
+        IntGaugeVec::new(Opts::new("satellite_mcp_sessions", "Open MCP client sessions, by endpoint kind"), &["kind"])?;
     for (kind, count) in &snapshot.sessions {
         sessions.with_label_values(&[kind]).set(gauge(*count));
     }
     registry.register(Box::new(sessions))?;
     if let Some((count, age)) = snapshot.outbox {
-        let depth = IntGauge::new("satellite_outbox_events", "Managed mode: events waiting in the outbox for the backend")?;
+        let depth =
+            IntGauge::new("satellite_outbox_events", "Managed mode: events waiting in the outbox for the backend")?;
         depth.set(gauge(count));
         registry.register(Box::new(depth))?;
         let oldest = prometheus::Gauge::new(

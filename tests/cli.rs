@@ -339,7 +339,8 @@ async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
     let lines = log.await.unwrap();
     assert!(lines.iter().any(|l| l.contains("satellite listening")), "{lines:#?}");
     for line in &lines {
-        let entry: Value = serde_json::from_str(line).unwrap_or_else(|err| panic!("not one JSON object ({err}): {line}"));
+        let entry: Value =
+            serde_json::from_str(line).unwrap_or_else(|err| panic!("not one JSON object ({err}): {line}"));
         let level = entry["level"].as_str().unwrap_or_default();
         let message = entry["message"].as_str().unwrap_or_default();
         assert!(!message.is_empty(), "every line has a message: {line}");
@@ -415,4 +416,196 @@ async fn editing_start_only_settings_in_a_running_file_is_warned_about_once_and_
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
     assert_eq!(status.code(), Some(0));
+}
+
+/// `satellite serve` with a clean environment plus `env`, stderr discarded; killed when dropped.
+fn spawn_serve(args: &[&str], env: &[(&str, &str)], dir: &std::path::Path) -> tokio::process::Child {
+    Command::new(satellite_exe())
+        .arg("serve")
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+async fn stop(mut child: tokio::process::Child) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+/// A config with one user whose token hash is `sha256` and the bundled demo server installed for them.
+fn demo_config(sha256: &str, port: u16) -> String {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    format!(
+        "[satellite]\nport = {port}\n[sandbox]\nallowed_commands = [{exe}]\n[[teams]]\nid = \"t\"\n\
+         [[users]]\nid = \"u\"\nteams = [\"t\"]\ntoken_sha256 = [\"{sha256}\"]\n\
+         [[servers]]\nslug = \"demo\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\"]\n\
+         [[installations]]\nid = \"d\"\nteam = \"t\"\nserver = \"demo\"\n"
+    )
+}
+
+#[tokio::test]
+async fn token_new_makes_tokens_whose_hash_the_satellite_accepts_and_search_finds_tools_live_and_stored() {
+    // A user token, as JSON and as text; and an instance token.
+    let (code, out, _) = run(&["token", "new", "--json"], &[]).await;
+    assert_eq!(code, 0);
+    let made: Value = serde_json::from_str(&out).unwrap();
+    let token = made["token"].as_str().unwrap().to_owned();
+    assert_eq!(made["sha256"], satellite::config::sha256_hex(&token));
+    assert!(token.len() >= 32);
+    let (code, out, _) = run(&["token", "new", "--instance"], &[]).await;
+    assert_eq!(code, 0);
+    let instance = out.lines().find_map(|l| l.strip_prefix("token:")).unwrap().trim().to_owned();
+    assert!(satellite::config::is_instance_token(&instance), "{instance}");
+    let hash = out.lines().find_map(|l| l.strip_prefix("sha256:")).unwrap().trim();
+    assert_eq!(hash, satellite::config::sha256_hex(&instance));
+    assert!(out.contains("instance_token_sha256"), "{out}");
+
+    // The hash pasted into a config: the token is accepted, and search finds tools through it.
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let path = dir.path().join("satellite.toml");
+    std::fs::write(&path, demo_config(made["sha256"].as_str().unwrap(), port)).unwrap();
+    let config = path.to_str().unwrap();
+    let child = spawn_serve(&["--config", config], &[], dir.path());
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(Duration::from_secs(60), "the demo instance online", || {
+        let url = format!("{base}/metrics");
+        async move {
+            let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+            text.contains("satellite_instances{status=\"online\"} 1").then_some(())
+        }
+    })
+    .await;
+    let url = format!("{base}/mcp");
+    let (code, out, err) = run(&["search", "echo back a message", "--url", &url, "--token", &token], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().next().is_some_and(|l| l.contains("demo:echo")), "{out}");
+    let (code, out, _) = run(&["search", "echo", "--url", &url, "--json"], &[("SATELLITE_TOKEN", &token)]).await;
+    assert_eq!(code, 0);
+    assert!(serde_json::from_str::<Value>(&out).unwrap()["tools"][0]["tool_path"] == "demo:echo", "{out}");
+    let (code, _, err) = run(&["search", "echo", "--url", &url, "--token", "wrong-token-0000000000"], &[]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("401"), "{err}");
+    stop(child).await;
+
+    // Stopped: the catalogs stored in the data directory answer, as every user or one.
+    let data = dir.path().join("data");
+    let stored = ["search", "echo", "--config", config, "--data-dir", data.to_str().unwrap()];
+    let (code, out, err) = run(&stored, &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().next().is_some_and(|l| l.contains("demo:echo") && l.contains("[u]")), "{out}");
+    let (code, out, _) = run(&[&stored[..], &["--user", "nobody"]].concat(), &[]).await;
+    assert_eq!((code, out.as_str()), (0, ""), "another user's instances are not searched");
+    let empty = tempfile::tempdir().unwrap();
+    let (code, _, err) =
+        run(&["search", "echo", "--config", config, "--data-dir", empty.path().to_str().unwrap()], &[]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("no database"), "{err}");
+}
+
+#[tokio::test]
+async fn check_config_refuses_what_serve_would_refuse_and_notes_start_only_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.toml");
+    let entry = |command: &str, args: &str| {
+        format!(
+            "[satellite]\nport = 4000\n[[teams]]\nid = \"t\"\n[[users]]\nid = \"u\"\nteams = [\"t\"]\n\
+             [[servers]]\nslug = \"x\"\ntransport = \"stdio\"\ncommand = \"{command}\"\nargs = {args}\n\
+             [[installations]]\nid = \"i\"\nteam = \"t\"\nserver = \"x\"\n"
+        )
+    };
+    // Not on the allow-list, and an argument that could reach a shell: `serve` would refuse to start either.
+    for (command, args, needle) in
+        [("deno", "[\"run\"]", "allow-list"), ("npx", "[\"-y\", \"x; rm -rf /\"]", "argument")]
+    {
+        std::fs::write(&path, entry(command, args)).unwrap();
+        let (code, out, err) = run(&["check-config", "--config", path.to_str().unwrap()], &[]).await;
+        assert_eq!(code, 64, "{command}: {err}");
+        assert!(out.is_empty());
+        assert!(err.lines().any(|l| l.starts_with("error: installation i") && l.contains(needle)), "{err}");
+    }
+    // Allowed but not installed here: a warning (the file may be checked on another machine), exit 0.
+    std::fs::write(&path, entry("uvx", "[\"some-server\"]")).unwrap();
+    let (code, out, err) =
+        run(&["check-config", "--config", path.to_str().unwrap()], &[("PATH", "/nonexistent")]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("warning: installation i") && err.contains("uvx"), "{err}");
+    assert!(err.contains("note: satellite.port are read only when `serve` starts"), "{err}");
+    assert!(serde_json::from_str::<Value>(&out).is_ok());
+}
+
+#[tokio::test]
+async fn config_schema_describes_the_file_and_import_turns_client_lists_into_valid_configs() {
+    let (code, out, _) = run(&["config", "schema"], &[]).await;
+    assert_eq!(code, 0);
+    let schema: Value = serde_json::from_str(&out).unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("a valid JSON Schema");
+    let as_json =
+        |toml_text: &str| -> Value { serde_json::to_value(toml::from_str::<toml::Value>(toml_text).unwrap()).unwrap() };
+    let example = std::fs::read_to_string(repo_path("deploy/satellite.example.toml")).unwrap();
+    assert!(validator.is_valid(&as_json(&example)), "the shipped example follows the schema");
+    assert!(!validator.is_valid(&as_json("[satellite]\nprot = 1\n")), "unknown keys are refused, as serve does");
+    assert!(!validator.is_valid(&as_json("[[teams]]\nslug = \"x\"\n")), "required keys are required");
+
+    let dir = tempfile::tempdir().unwrap();
+    let client = dir.path().join("claude_desktop_config.json");
+    std::fs::write(
+        &client,
+        r#"{"mcpServers": {
+            "filesystem": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]},
+            "Remote API": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer abc"}},
+            "deno tool": {"command": "deno", "args": ["run", "server.ts"]}
+        }}"#,
+    )
+    .unwrap();
+    let output = dir.path().join("imported.toml");
+    let (code, _, err) = run(
+        &["import", client.to_str().unwrap(), "--team", "eng", "--user", "ann", "-o", output.to_str().unwrap()],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("imported 3 server(s)") && err.contains("deno"), "{err}");
+    let token = err.rsplit_once("(shown once): ").unwrap().1.trim();
+    let imported = std::fs::read_to_string(&output).unwrap();
+    assert!(!imported.contains(token), "only the token's hash is written");
+    assert!(imported.contains(&satellite::config::sha256_hex(token)));
+    assert!(validator.is_valid(&as_json(&imported)), "{imported}");
+    let (code, _, err) = run(&["check-config", "--config", output.to_str().unwrap()], &[]).await;
+    assert_eq!(code, 0, "the imported file is what serve accepts: {err}");
+    // Never overwrites, and a file that is not a server list is a clear error.
+    let (code, _, err) = run(&["import", client.to_str().unwrap(), "-o", output.to_str().unwrap()], &[]).await;
+    assert_eq!(code, 1, "{err}");
+    std::fs::write(&client, "{\"theme\": \"dark\"}").unwrap();
+    let (code, out, err) = run(&["import", client.to_str().unwrap()], &[]).await;
+    assert_eq!((code, out.as_str()), (64, ""));
+    assert!(err.contains("no MCP servers found"), "{err}");
+}
+
+#[tokio::test]
+async fn every_verb_has_help_and_completions_name_them() {
+    let verbs = ["serve", "check-config", "token", "search", "config", "import", "completions", "version", "tokens"];
+    for verb in verbs {
+        let (code, out, err) = run(&[verb, "--help"], &[]).await;
+        assert_eq!(code, 0, "{verb}: {err}");
+        assert!(out.contains("Usage: satellite"), "{verb}: {out}");
+    }
+    let (code, out, _) = run(&["token", "new", "--help"], &[]).await;
+    assert!(code == 0 && out.contains("--instance"), "{out}");
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, _) = run(&["completions", shell], &[]).await;
+        assert_eq!(code, 0);
+        for verb in verbs {
+            assert!(out.contains(verb), "{shell} completions name {verb}");
+        }
+    }
 }

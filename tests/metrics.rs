@@ -205,13 +205,15 @@ async fn metrics_in_managed_mode_count_the_backend_loops_the_outbox_and_the_intr
         async move {
             let (status, text) = scrape(&base, Some("scrape-secret-0123")).await;
             let samples = parse(&text);
-            let beats = value(&samples, "satellite_backend_requests_total", &[("operation", "heartbeat"), ("outcome", "ok")]);
+            let beats =
+                value(&samples, "satellite_backend_requests_total", &[("operation", "heartbeat"), ("outcome", "ok")]);
             (status == 200 && beats.is_some_and(|n| n >= 1.0)).then_some(samples)
         }
     })
     .await;
     let get = |name: &str, labels: &[(&str, &str)]| value(&samples, name, labels);
-    assert!(get("satellite_backend_requests_total", &[("operation", "config"), ("outcome", "ok")]).is_some_and(|n| n >= 1.0));
+    assert!(get("satellite_backend_requests_total", &[("operation", "config"), ("outcome", "ok")])
+        .is_some_and(|n| n >= 1.0));
     assert!(get("satellite_backend_requests_total", &[("operation", "poll"), ("outcome", "failed")]).is_some());
     assert!(get("satellite_introspection_cache_total", &[("result", "miss")]).is_some_and(|n| n >= 1.0));
     assert!(get("satellite_introspection_cache_total", &[("result", "hit")]).is_some_and(|n| n >= 2.0));

@@ -41,6 +41,8 @@ use crate::search::{SearchError, SearchIndex};
 use crate::store::{Store, StoreError};
 
 mod file_watch;
+pub mod import;
+pub mod search;
 pub mod tokens;
 
 use file_watch::{fingerprint, FileWatch};

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFile {
     #[serde(default)]
@@ -28,7 +29,7 @@ pub struct RawFile {
 }
 
 /// Process settings; each also has an environment variable that overrides it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawSatellite {
     pub host: Option<String>,
@@ -71,7 +72,7 @@ pub struct RawSatellite {
 }
 
 /// `[sandbox]`: each value but `allowed_commands` also has an environment variable that overrides it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawSandbox {
     /// `none` (default), `nsjail` or `bubblewrap`.
@@ -91,7 +92,7 @@ pub struct RawSandbox {
     pub tmpfs_size: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawAuth {
     pub jwt: Option<RawJwt>,
@@ -103,7 +104,7 @@ pub struct RawAuth {
 }
 
 /// Local JWT verification (used by the client-facing front door).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawJwt {
     pub algorithm: String,
@@ -114,7 +115,7 @@ pub struct RawJwt {
     pub team_claim: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTeam {
     pub id: String,
@@ -122,7 +123,7 @@ pub struct RawTeam {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUser {
     pub id: String,
@@ -137,7 +138,7 @@ pub struct RawUser {
     pub role: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawToken {
     pub sha256: String,
@@ -147,7 +148,7 @@ pub struct RawToken {
     pub scopes: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub slug: String,
@@ -198,7 +199,7 @@ macro_rules! tier_of {
 tier_of!(RawInstallation);
 tier_of!(RawUserInstance);
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawInstallation {
     pub id: String,
@@ -225,7 +226,7 @@ pub struct RawInstallation {
     pub users: BTreeMap<String, RawUserInstance>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawUserInstance {
     #[serde(default)]

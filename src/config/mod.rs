@@ -424,7 +424,9 @@ impl Config {
             },
             show_version: env::get(env, env::SHOW_VERSION) != Some("false"),
             show_uptime: env::get(env, env::SHOW_UPTIME) != Some("false"),
-            metrics_token: env::get(env, env::METRICS_TOKEN).filter(|t| !t.is_empty()).map(|t| SecretString::from(t.to_owned())),
+            metrics_token: env::get(env, env::METRICS_TOKEN)
+                .filter(|t| !t.is_empty())
+                .map(|t| SecretString::from(t.to_owned())),
             upstream,
             mode,
             sandbox: sandbox::settings(env, &raw.sandbox)?,

@@ -58,7 +58,11 @@ fn embedded_default_beyond_loopback_needs_the_operators_tokens() {
     let one = build(&[("HOST", "0.0.0.0"), ("SATELLITE_DEMO_TOKEN", "demo-token-0123456789")], Flags::default(), "");
     assert!(one.is_err(), "the generated instance token would still be printed");
     let instance = format!("ds_inst_{}", "a".repeat(64));
-    let both = [("HOST", "0.0.0.0"), ("SATELLITE_DEMO_TOKEN", "demo-token-0123456789"), ("SATELLITE_DEMO_INSTANCE_TOKEN", &instance)];
+    let both = [
+        ("HOST", "0.0.0.0"),
+        ("SATELLITE_DEMO_TOKEN", "demo-token-0123456789"),
+        ("SATELLITE_DEMO_INSTANCE_TOKEN", &instance),
+    ];
     assert!(build(&both, Flags::default(), "").is_ok());
     assert!(build(&[("HOST", "::1")], Flags::default(), "").is_ok(), "loopback keeps the generated tokens");
 }

@@ -53,8 +53,9 @@ async fn scrape(deps: ScrapeDeps, authorization: Option<String>) -> Response {
     }
     let snapshot = snapshot(&deps).await;
     match deps.status.manager.metrics().render(&snapshot) {
-        Ok(text) => warp::reply::with_header(text, "content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .into_response(),
+        Ok(text) => {
+            warp::reply::with_header(text, "content-type", "text/plain; version=0.0.4; charset=utf-8").into_response()
+        }
         Err(err) => {
             tracing::warn!(error = %err, "rendering /metrics failed");
             warp::reply::with_status(format!("metrics unavailable: {err}\n"), StatusCode::INTERNAL_SERVER_ERROR)

@@ -67,8 +67,18 @@ fn overload_response(err: &BoxError) -> Response {
 /// The route template a path belongs to, as the `route` label of the request metrics: bounded, and never an
 /// instance path (which names a user's instance) or anything a client made up.
 pub fn route_label(path: &str) -> &'static str {
-    const EXACT: [&str; 10] =
-        ["/", "/mcp", "/sse", "/message", "/healthz", "/readyz", "/metrics", "/admin", "/api/status/debug", "/api/status/backend"];
+    const EXACT: [&str; 10] = [
+        "/",
+        "/mcp",
+        "/sse",
+        "/message",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/admin",
+        "/api/status/debug",
+        "/api/status/backend",
+    ];
     if let Some(exact) = EXACT.iter().find(|route| **route == path) {
         return exact;
     }

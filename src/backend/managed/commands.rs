@@ -32,8 +32,12 @@ pub(super) async fn worker(
         let kind = command.kind.command_type().to_owned();
         let result = run_command(&deps, command).await;
         match &result.error_message {
-            Some(error) => warn!(command_id = %id, command_type = %kind, status = result.status.as_str(), error = %error, "backend command failed; its result is reported to the backend"),
-            None => info!(command_id = %id, command_type = %kind, status = result.status.as_str(), "backend command done"),
+            Some(error) => {
+                warn!(command_id = %id, command_type = %kind, status = result.status.as_str(), error = %error, "backend command failed; its result is reported to the backend")
+            }
+            None => {
+                info!(command_id = %id, command_type = %kind, status = result.status.as_str(), "backend command done")
+            }
         }
         stats.lock().commands_run += 1;
         post_result(&deps, &result).await;

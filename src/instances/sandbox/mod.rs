@@ -327,6 +327,14 @@ impl SandboxPolicy {
         )
     }
 
+    /// What `prepare` would refuse of a stdio instance, without creating anything (`satellite check-config`).
+    /// Other transports pass.
+    pub fn check(&self, spec: &InstanceSpec) -> Result<(), SandboxError> {
+        let Upstream::Stdio { command, args, .. } = &spec.upstream else { return Ok(()) };
+        self.check_command(command)?;
+        check_args(args)
+    }
+
     /// Check an instance and build its launch; creates the team's directories (mode 0700) on demand.
     /// `app`: the GitHub deployment the command runs from (SB §9.9): commands inside it are allowed, it is the
     /// child's cwd, and with isolation it is mounted read-only at the same path.
