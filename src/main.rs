@@ -354,6 +354,10 @@ fn search(args: &SearchArgs) -> ExitCode {
         }
     };
     let limit = args.limit.clamp(1, 50);
+    if args.url.is_some() && args.token.is_none() {
+        eprintln!("error: --url needs a bearer token: --token TOKEN or SATELLITE_TOKEN");
+        return exit(config::EXIT_CONFIG);
+    }
     if let (Some(url), Some(token)) = (&args.url, &args.token) {
         return match runtime.block_on(satellite::app::search::remote(url, token, &args.query, limit)) {
             Ok(document) if args.json => print_json(&document),
@@ -498,8 +502,9 @@ fn check_config(args: &ServeArgs) -> ExitCode {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let start_only: Vec<String> = config::start_only_settings(&text).into_keys().collect();
         if !start_only.is_empty() {
+            let verb = if start_only.len() == 1 { "is" } else { "are" };
             eprintln!(
-                "note: {} are read only when `serve` starts: an edit of them in a running satellite's file takes \
+                "note: {} {verb} read only when `serve` starts: an edit in a running satellite's file takes \
                  effect at the next restart (teams, users, auth, servers and installations apply at once)",
                 start_only.join(", ")
             );
@@ -543,7 +548,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    telemetry::init(&config.log_level, config.log_format);
+    let telemetry = telemetry::init(&config.log_level, config.log_format, true);
     // Before any server starts: whatever kills the satellite, its servers' process trees go with it.
     match std::env::current_exe() {
         Ok(exe) => satellite::mcp::transport::stdio::reaper::start(&exe),
@@ -556,7 +561,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         let satellite = match Satellite::start(config.clone(), &env).await {
             Ok(satellite) => satellite,
             Err(err) => {
@@ -573,7 +578,11 @@ fn serve(args: &ServeArgs) -> ExitCode {
         } else {
             ExitCode::FAILURE
         }
-    })
+    });
+    // The exporter blocks while it sends the last spans: after the runtime is gone.
+    drop(runtime);
+    telemetry.shutdown();
+    code
 }
 
 /// The embedded default's tokens and a client config to paste. Generated tokens are shown once, here;
@@ -618,7 +627,7 @@ async fn shutdown_signal() {
 }
 
 fn demo_server(args: DemoArgs) -> ExitCode {
-    telemetry::init("warn", LogFormat::Pretty);
+    let _logs = telemetry::init("warn", LogFormat::Pretty, false);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {

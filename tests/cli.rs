@@ -410,6 +410,11 @@ async fn editing_start_only_settings_in_a_running_file_is_warned_about_once_and_
     // The same edit seen again (a live setting changes once more) is not warned about twice.
     std::fs::write(&path, body("debug", "t3")).unwrap();
     wait_for("config file change applied", &mut seen).await;
+    // A half-written file is refused as a whole; it says nothing about start-only settings.
+    std::fs::write(&path, "[satellite\nlog_level = ").unwrap();
+    wait_for("config file change refused", &mut seen).await;
+    std::fs::write(&path, body("debug", "t4")).unwrap();
+    wait_for("config file change applied", &mut seen).await;
     assert_eq!(seen.iter().filter(|l| l.contains("read only at start")).count(), 1, "{seen:#?}");
     assert!(!seen.iter().any(|l| l.contains("\"DEBUG\"")), "log_level was not applied while running");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
@@ -539,7 +544,7 @@ async fn check_config_refuses_what_serve_would_refuse_and_notes_start_only_setti
         run(&["check-config", "--config", path.to_str().unwrap()], &[("PATH", "/nonexistent")]).await;
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("warning: installation i") && err.contains("uvx"), "{err}");
-    assert!(err.contains("note: satellite.port are read only when `serve` starts"), "{err}");
+    assert!(err.contains("note: satellite.port is read only when `serve` starts"), "{err}");
     assert!(serde_json::from_str::<Value>(&out).is_ok());
 }
 
@@ -599,6 +604,9 @@ async fn every_verb_has_help_and_completions_name_them() {
         assert_eq!(code, 0, "{verb}: {err}");
         assert!(out.contains("Usage: satellite"), "{verb}: {out}");
     }
+    let (code, _, err) = run(&["search", "echo", "--url", "http://127.0.0.1:9/mcp"], &[]).await;
+    assert_eq!(code, 2, "--url without a token is a usage error, not answered from elsewhere: {err}");
+    assert!(err.contains("token"), "{err}");
     let (code, out, _) = run(&["token", "new", "--help"], &[]).await;
     assert!(code == 0 && out.contains("--instance"), "{out}");
     for shell in ["bash", "zsh", "fish"] {

@@ -223,3 +223,138 @@ async fn metrics_in_managed_mode_count_the_backend_loops_the_outbox_and_the_intr
     assert_eq!(get("satellite_upstream_connections", &[("transport", "http")]), Some(1.0));
     assert_eq!(get("satellite_tool_calls_total", &[("server", "demo"), ("outcome", "ok")]), Some(1.0));
 }
+
+/// A TCP pass-through to `target` that keeps every byte clients send (to read the request heads upstream).
+async fn recording_proxy(
+    target: std::net::SocketAddr,
+) -> (std::net::SocketAddr, std::sync::Arc<parking_lot::Mutex<Vec<u8>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let recorded = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let seen = recorded.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else { return };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let upstream = async move {
+                    let mut buf = [0u8; 8192];
+                    while let Ok(n) = client_read.read(&mut buf).await {
+                        if n == 0 || server_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        seen.lock().extend_from_slice(&buf[..n]);
+                    }
+                };
+                let downstream = tokio::io::copy(&mut server_read, &mut client_write);
+                let _ = tokio::join!(upstream, downstream);
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn traces_go_to_the_otlp_endpoint_with_a_span_per_request_and_upstream_call_and_reach_http_upstreams() {
+    use std::process::Stdio;
+    use warp::Filter;
+    // The collector: what the satellite posts to /v1/traces.
+    let batches = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<(String, Vec<u8>)>::new()));
+    let kept = batches.clone();
+    let collector = warp::path!("v1" / "traces")
+        .and(warp::post())
+        .and(warp::header::optional::<String>("content-type"))
+        .and(warp::body::bytes())
+        .map(move |content_type: Option<String>, body: bytes::Bytes| {
+            kept.lock().push((content_type.unwrap_or_default(), body.to_vec()));
+            warp::reply()
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let collector_addr = listener.local_addr().expect("addr");
+    tokio::spawn(warp::serve(collector).incoming(listener).run());
+    // A remote MCP server behind a proxy that records what the satellite sends it.
+    let remote = HttpServer::demo(&[]).await;
+    let (proxy, upstream_bytes) = recording_proxy(remote.addr).await;
+
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let path = dir.path().join("satellite.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[satellite]\nport = {port}\n[[teams]]\nid = \"t\"\n\
+             [[users]]\nid = \"u\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n\
+             [[servers]]\nslug = \"remote\"\ntransport = \"http\"\nurl = \"http://{proxy}/mcp\"\n\
+             [[installations]]\nid = \"r\"\nteam = \"t\"\nserver = \"remote\"\n",
+            sha256_hex(&token("u"))
+        ),
+    )
+    .expect("config");
+    let mut child = tokio::process::Command::new(satellite_exe())
+        .args(["serve", "--config", path.to_str().expect("utf-8")])
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector_addr}"))
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(DEADLINE, "the remote instance online", || {
+        let url = format!("{base}/metrics");
+        async move {
+            let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+            text.contains("satellite_instances{status=\"online\"} 1").then_some(())
+        }
+    })
+    .await;
+    upstream_bytes.lock().clear();
+    let mut caller = Caller::for_url(format!("{base}/mcp"), Some(&token("u")));
+    caller.initialize().await;
+    let echoed = caller.execute("remote:echo", json!({"text": "traced"})).await;
+    assert!(echoed.to_string().contains("traced"), "{echoed}");
+
+    // The call reached the upstream with a W3C traceparent.
+    let sent = String::from_utf8_lossy(&upstream_bytes.lock()).to_ascii_lowercase();
+    let traceparent = sent
+        .lines()
+        .find_map(|line| line.strip_prefix("traceparent: "))
+        .unwrap_or_else(|| panic!("no traceparent reached the upstream:\n{sent}"))
+        .trim()
+        .to_owned();
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert!(parts.len() == 4 && parts[1].len() == 32 && parts[2].len() == 16, "{traceparent}");
+    let trace_id = parts[1].to_owned();
+
+    // The spans reach the collector as OTLP/protobuf: the request's, the upstream call's, in that trace.
+    let body = wait_until(DEADLINE, "spans of the call exported", || {
+        let all: Vec<u8> = batches.lock().iter().flat_map(|(_, body)| body.clone()).collect();
+        let done = contains(&all, b"mcp.upstream") && contains(&all, b"http");
+        async move { done.then_some(all) }
+    })
+    .await;
+    assert!(batches.lock().iter().all(|(content_type, _)| content_type == "application/x-protobuf"));
+    assert!(contains(&body, b"satellite"), "service.name is satellite");
+    let trace_bytes: Vec<u8> =
+        (0..16).map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).expect("hex")).collect();
+    assert!(contains(&body, &trace_bytes), "the exported spans carry the trace id the upstream saw");
+    assert!(!contains(&body, b"traced"), "arguments are never span attributes");
+    assert!(!contains(&body, token("u").as_bytes()), "tokens are never span attributes");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().expect("pid") as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("signal");
+    let status = tokio::time::timeout(DEADLINE, child.wait()).await.expect("exits in time").expect("status");
+    assert_eq!(status.code(), Some(0));
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|window| window == needle)
+}

@@ -96,7 +96,9 @@ impl FileWatch {
 
     /// `[satellite]` and `[sandbox]` are read once at start: an edit of them is not applied, and says so once.
     fn warn_start_only(&self, text: &str) {
-        let changed = config::changed_start_only_settings(&self.start_only, &config::start_only_settings(text));
+        // A file that is not TOML is refused as a whole (and said so): nothing to say of its settings.
+        let Some(edited) = config::start_only_settings_of(text) else { return };
+        let changed = config::changed_start_only_settings(&self.start_only, &edited);
         let mut warned = self.warned.lock();
         if changed.is_empty() || *warned == changed {
             *warned = changed;

@@ -514,7 +514,12 @@ pub fn read_text(path: &std::path::Path) -> Result<String, ConfigError> {
 /// `section.key` → value; the rest (teams, users, auth, servers, installations) is applied while running.
 /// A file that is not TOML has none.
 pub fn start_only_settings(text: &str) -> std::collections::BTreeMap<String, toml::Value> {
-    let Ok(table) = text.parse::<toml::Table>() else { return Default::default() };
+    start_only_settings_of(text).unwrap_or_default()
+}
+
+/// `start_only_settings`, or `None` when the text is not TOML (nothing can be said of its settings).
+pub fn start_only_settings_of(text: &str) -> Option<std::collections::BTreeMap<String, toml::Value>> {
+    let table = text.parse::<toml::Table>().ok()?;
     let mut settings = std::collections::BTreeMap::new();
     for section in START_ONLY_SECTIONS {
         if let Some(toml::Value::Table(values)) = table.get(section) {
@@ -523,7 +528,7 @@ pub fn start_only_settings(text: &str) -> std::collections::BTreeMap<String, tom
             }
         }
     }
-    settings
+    Some(settings)
 }
 
 /// The file's sections that take effect only when `serve` starts.

@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use crate::config::UpstreamSettings;
 use crate::control::{diff, DesiredState, SnapshotDiff};
@@ -326,7 +326,7 @@ impl InstanceManager {
         params: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, InstanceError> {
-        self.inner.call(instance, method, params, timeout, None).await
+        self.inner.call(instance, method, params, timeout, None).instrument(upstream_span(instance, method)).await
     }
 
     /// A call whose progress, log messages and requests to the client (sampling, elicitation, roots) go to
@@ -339,7 +339,7 @@ impl InstanceManager {
         timeout: Duration,
         relay: Option<&crate::mcp::transport::Relay>,
     ) -> Result<Value, InstanceError> {
-        self.inner.call(instance, method, params, timeout, relay).await
+        self.inner.call(instance, method, params, timeout, relay).instrument(upstream_span(instance, method)).await
     }
 
     /// A long-lived request (2026-07-28 `subscriptions/listen`): sent to the instance with everything it says
@@ -506,4 +506,17 @@ pub fn remote_http_client() -> Result<reqwest::Client, reqwest::Error> {
         .connect_timeout(Duration::from_secs(10))
         .pool_idle_timeout(Duration::from_secs(90))
         .build()
+}
+
+/// One request to an upstream server, as a span (a child of the client's request span; exported as a trace
+/// span when OpenTelemetry is on). Never the arguments: only which server and which method.
+fn upstream_span(instance: &Instance, method: &str) -> tracing::Span {
+    let spec = instance.spec();
+    tracing::info_span!(
+        "mcp.upstream",
+        server = %spec.server_slug,
+        method = %method,
+        transport = spec.upstream.transport_name(),
+        process_id = %spec.process_id,
+    )
 }

@@ -287,6 +287,27 @@ pub(crate) fn preview_value(value: &Value) -> String {
     preview(&value.to_string(), 200)
 }
 
+/// Add the current span's W3C trace context (`traceparent`, `tracestate`) to an outgoing request's headers,
+/// so an HTTP upstream joins the caller's trace. Does nothing when traces are off.
+pub(crate) fn inject_trace_context(headers: &mut reqwest::header::HeaderMap) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    struct Injector<'a>(&'a mut reqwest::header::HeaderMap);
+    impl opentelemetry::propagation::Injector for Injector<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            if let (Ok(name), Ok(value)) = (
+                reqwest::header::HeaderName::from_bytes(key.as_bytes()),
+                reqwest::header::HeaderValue::from_str(&value),
+            ) {
+                self.0.insert(name, value);
+            }
+        }
+    }
+    let context = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut Injector(headers))
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

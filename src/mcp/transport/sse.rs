@@ -119,10 +119,12 @@ impl SseTransport {
     }
 
     async fn post(&self, body: &Value, timeout: Duration) -> Result<(), UpstreamError> {
+        let mut traced = self.headers.clone();
+        super::inject_trace_context(&mut traced);
         let response = self
             .client
             .post(self.endpoint.clone())
-            .headers(self.headers.clone())
+            .headers(traced)
             .json(body)
             .timeout(timeout)
             .send()

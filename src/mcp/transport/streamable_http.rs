@@ -209,10 +209,12 @@ impl StreamableHttpTransport {
     }
 
     async fn post(&self, body: &Value, headers: &RequestHeaders) -> Result<reqwest::Response, UpstreamError> {
+        let mut traced = self.headers.clone();
+        super::inject_trace_context(&mut traced);
         let mut request = self
             .client
             .post(self.url.clone())
-            .headers(self.headers.clone())
+            .headers(traced)
             .header(ACCEPT, "application/json, text/event-stream")
             .header(CONTENT_TYPE, "application/json")
             .json(body);
