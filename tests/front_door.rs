@@ -830,3 +830,18 @@ async fn discover_follows_a_remote_server_that_vanishes_and_comes_back() -> Resu
     assert!(sat.satellite.shutdown().await);
     Ok(())
 }
+
+/// A client's spare connection that has sent nothing (HTTP clients open them ahead of need) does not hold the
+/// drain on SIGTERM: it used to keep the stop waiting for the whole header timeout (10 s), past a short drain.
+#[tokio::test]
+async fn a_silent_connection_does_not_hold_the_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let sat = TestSatellite::start_with(dir, &config(), |config| config.drain = Duration::from_secs(2)).await;
+    sat.wait_ready().await;
+    let silent = tokio::net::TcpStream::connect(sat.satellite.local_addr()).await.unwrap();
+    // One request on another connection, so the listener has surely accepted the silent one by now.
+    let answered = reqwest::get(format!("{}/healthz", sat.base_url())).await.unwrap();
+    assert_eq!(answered.status(), StatusCode::OK);
+    assert!(sat.satellite.shutdown().await, "the drain finished within its 2 s deadline");
+    drop(silent);
+}

@@ -135,6 +135,8 @@ pub async fn serve<F>(
         .service(rescued);
 
     let graceful = GracefulShutdown::new();
+    // Set when the drain begins: a connection that has sent nothing yet is closed then, not waited for.
+    let draining = tokio_util::sync::CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut last_warning: Option<Instant> = None;
@@ -185,13 +187,20 @@ pub async fn serve<F>(
         });
         let watcher = graceful.watcher();
         let header_read_timeout = limits.header_read_timeout;
+        let drain_begun = draining.clone();
         tokio::spawn(async move {
             let _slot = slot;
             // A connection that sends nothing is closed like a half-sent head. hyper's header timer starts only
             // with the first byte (the auto builder first waits to tell HTTP/1 from HTTP/2), so silent
             // connections were held for ever and a cap full of them starved every client (benches/storm.rs).
+            // Nor does one hold the drain: a client's spare pooled connection used to delay every stop by the
+            // whole header timeout.
             let mut first = [0u8; 1];
-            match tokio::time::timeout(header_read_timeout, stream.peek(&mut first)).await {
+            let peeked = tokio::select! {
+                peeked = tokio::time::timeout(header_read_timeout, stream.peek(&mut first)) => peeked,
+                _ = drain_begun.cancelled() => return,
+            };
+            match peeked {
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(Ok(_)) | Ok(Err(_)) => return,
                 Err(_) => {
@@ -216,5 +225,6 @@ pub async fn serve<F>(
         });
     }
     drop(listener);
+    draining.cancel();
     graceful.shutdown().await;
 }
