@@ -245,6 +245,7 @@ mod tests {
             secrets: SecretNames::default(),
             disabled_tools: Default::default(),
             deployment: None,
+            declared_tools: None,
         }
     }
 

@@ -183,6 +183,32 @@ struct DemoArgs {
     /// Leave out this demo tool (repeatable).
     #[arg(long = "without-tool")]
     without_tools: Vec<String>,
+    /// Answer tools/list in a non-standard shape: `array` (a bare array), `functions`, or any other key.
+    #[arg(long)]
+    tools_shape: Option<String>,
+    /// Never answer tools/list pages after this many (with --page-size): a server that stalls mid-listing.
+    #[arg(long, requires = "page_size")]
+    stall_after_page: Option<usize>,
+    /// Answer tools/list with an error: a server that cannot list its tools.
+    #[arg(long)]
+    fail_tools_list: bool,
+    /// Offer `toggle_tool`: hide or show a tool at run time and send notifications/tools/list_changed (stdio).
+    #[arg(long)]
+    mutable_tools: bool,
+}
+
+impl DemoArgs {
+    fn server(&self) -> DemoServer {
+        DemoServer::demo(self.protocol, self.page_size)
+            .with_label(self.label.clone())
+            .without_tools(&self.without_tools)
+            .with_quirks(demo::Quirks {
+                shape: self.tools_shape.clone(),
+                stall_after_page: self.stall_after_page,
+                fail_listing: self.fail_tools_list,
+                mutable: self.mutable_tools,
+            })
+    }
 }
 
 fn main() -> ExitCode {
@@ -543,12 +569,35 @@ fn redacted_instance(spec: &satellite::model::InstanceSpec) -> serde_json::Value
     value
 }
 
+/// Raise the soft open-file limit to the hard one, as servers that hold many connections do: containers and
+/// some init systems start processes at a soft 1024 with a much higher hard limit, and the connection cap
+/// (half the soft limit by default) would follow the low one. Returns (before, after) when it changed.
+fn raise_open_file_limit() -> Option<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    // An unlimited hard limit is capped at what the kernel allows a process (fs.nr_open, commonly 1M).
+    let target = if hard == nix::sys::resource::RLIM_INFINITY {
+        std::fs::read_to_string("/proc/sys/fs/nr_open").ok()?.trim().parse().ok()?
+    } else {
+        hard
+    };
+    if target <= soft {
+        return None;
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, target, hard).ok()?;
+    Some((soft, target))
+}
+
 fn serve(args: &ServeArgs) -> ExitCode {
+    let raised = raise_open_file_limit();
     let (config, env) = match load(args) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
     let telemetry = telemetry::init(&config.log_level, config.log_format, true);
+    if let Some((before, after)) = raised {
+        tracing::debug!(before, after, "open-file limit raised to the hard limit");
+    }
     // Before any server starts: whatever kills the satellite, its servers' process trees go with it.
     match std::env::current_exe() {
         Ok(exe) => satellite::mcp::transport::stdio::reaper::start(&exe),
@@ -637,13 +686,7 @@ fn demo_server(args: DemoArgs) -> ExitCode {
     };
     runtime.block_on(async move {
         let Some(addr) = args.http else {
-            return match demo::stdio::serve(
-                DemoServer::demo(args.protocol, args.page_size)
-                    .with_label(args.label.clone())
-                    .without_tools(&args.without_tools),
-            )
-            .await
-            {
+            return match demo::stdio::serve(args.server()).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("error: {err}");
@@ -659,12 +702,7 @@ fn demo_server(args: DemoArgs) -> ExitCode {
                     return exit(config::EXIT_CONFIG);
                 }
             },
-            None => HashMap::from([(
-                String::new(),
-                DemoServer::demo(args.protocol, args.page_size)
-                    .with_label(args.label.clone())
-                    .without_tools(&args.without_tools),
-            )]),
+            None => HashMap::from([(String::new(), args.server())]),
         };
         let listener = match demo::http::bind(addr).await {
             Ok(listener) => listener,

@@ -6,6 +6,7 @@ mod analytics;
 mod cli;
 mod compat;
 mod contracts;
+mod discovery;
 mod fake_backend_selftest;
 mod fidelity;
 mod front_door;

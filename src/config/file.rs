@@ -171,6 +171,11 @@ pub struct RawServer {
     pub secret_headers: Vec<String>,
     #[serde(default)]
     pub secret_query: Vec<String>,
+    /// Tools to use when the server cannot list its own (`tools/list` fails or answers none), each as
+    /// `tools/list` would give it: `{name, description, inputSchema}`. The catalog is then marked as from the
+    /// config on the debug route.
+    #[serde(default)]
+    pub tools: Vec<serde_json::Value>,
 }
 
 /// The overrides one tier (team or user) adds to the template.

@@ -85,6 +85,10 @@ pub struct McpServerEntry {
     /// backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disabled_tools: Option<Vec<String>>,
+    /// Tools for a server that cannot list its own: the standalone file's `servers[].tools`, never sent by
+    /// the backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_tools: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -232,6 +236,11 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
         secrets: SecretNames { env: secrets.env, headers: secrets.headers, query_params: secrets.query_params },
         disabled_tools: entry.disabled_tools.iter().flatten().cloned().collect(),
         deployment,
+        declared_tools: entry
+            .declared_tools
+            .as_ref()
+            .filter(|tools| !tools.is_empty())
+            .map(|tools| Value::Array(tools.clone()).to_string()),
     })
 }
 

@@ -209,6 +209,7 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<Standa
             secret_env: vec![],
             secret_headers: vec![],
             secret_query: vec![],
+            tools: vec![],
         }],
         installations: vec![RawInstallation {
             id: "demo".into(),
@@ -355,6 +356,16 @@ fn jwt_settings(raw: &crate::config::file::RawJwt) -> Result<JwtSettings, Config
 
 fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
     check_id(&server.slug, &format!("{key}.slug"))?;
+    let mut declared = std::collections::HashSet::new();
+    for (i, tool) in server.tools.iter().enumerate() {
+        let name = crate::model::ToolDef::from_listing(tool).map(|t| t.name).filter(|n| !n.trim().is_empty());
+        let Some(name) = name else {
+            return Err(ConfigError::new(format!("{key}.tools[{i}]"), None, "must be a table with a `name`"));
+        };
+        if !declared.insert(name.clone()) {
+            return Err(ConfigError::new(format!("{key}.tools[{i}]"), None, format!("duplicate tool {name:?}")));
+        }
+    }
     match server.transport.as_str() {
         "stdio" => {
             if server.command.as_deref().map(str::trim).unwrap_or("").is_empty() {
@@ -456,6 +467,7 @@ fn expand(
         requires_oauth: Some(server.requires_oauth),
         settings: Some(EntrySettings { request_logging_enabled: Some(installation.request_logging) }),
         disabled_tools: (!installation.disabled_tools.is_empty()).then(|| installation.disabled_tools.clone()),
+        declared_tools: (!server.tools.is_empty()).then(|| server.tools.clone()),
         secret_metadata: Some(SecretMetadata {
             query_params: server.secret_query.clone(),
             headers: server.secret_headers.clone(),

@@ -57,7 +57,16 @@ pub fn servers(corpus: BTreeMap<String, Vec<Value>>, support: ProtocolSupport) -
                 corpus_slug: Some(slug.clone()),
                 label: None,
             };
-            (slug, DemoServer { support, page_size: None, offer: Arc::new(offer) })
+            (
+                slug,
+                DemoServer {
+                    support,
+                    page_size: None,
+                    offer: Arc::new(offer),
+                    quirks: Arc::default(),
+                    live: Arc::default(),
+                },
+            )
         })
         .collect()
 }

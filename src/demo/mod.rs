@@ -5,6 +5,8 @@
 //! and can serve the tool-search corpus, one endpoint per server.
 
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -47,6 +49,28 @@ pub struct Offer {
     pub label: Option<String>,
 }
 
+/// How the demo server misbehaves when listing its tools, to test a gateway's tolerance (`--tools-shape`,
+/// `--stall-after-page`, `--fail-tools-list`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Quirks {
+    /// `tools/list` answers the tools as a bare array (`array`), under `functions`, or under another key.
+    pub shape: Option<String>,
+    /// Pages after this many are never answered (needs a page size).
+    pub stall_after_page: Option<usize>,
+    /// `tools/list` answers a JSON-RPC error.
+    pub fail_listing: bool,
+    /// Offer `toggle_tool`, which hides or shows a tool at run time and announces the change (stdio).
+    pub mutable: bool,
+}
+
+/// What changes while the server runs (`toggle_tool`): hidden tools, and where notifications go.
+#[derive(Debug, Default)]
+pub struct Live {
+    pub hidden: Mutex<std::collections::BTreeSet<String>>,
+    /// The stdio writer, for notifications sent outside any request.
+    pub notify: Mutex<Option<tokio::sync::mpsc::Sender<String>>>,
+}
+
 /// One connection's handshake state (stdio: the process; HTTP: the session).
 #[derive(Debug, Default, Clone)]
 pub struct Session {
@@ -60,6 +84,8 @@ pub struct DemoServer {
     pub support: ProtocolSupport,
     pub page_size: Option<usize>,
     pub offer: Arc<Offer>,
+    pub quirks: Arc<Quirks>,
+    pub live: Arc<Live>,
 }
 
 /// The outcome of handling one message.
@@ -80,7 +106,23 @@ pub fn is_stateless(method: &str, params: Option<&Value>) -> bool {
 
 impl DemoServer {
     pub fn demo(support: ProtocolSupport, page_size: Option<usize>) -> Self {
-        Self { support, page_size, offer: Arc::new(demo_offer()) }
+        Self { support, page_size, offer: Arc::new(demo_offer()), quirks: Arc::default(), live: Arc::default() }
+    }
+
+    /// Misbehave as `quirks` say when listing tools.
+    pub fn with_quirks(mut self, quirks: Quirks) -> Self {
+        if quirks.mutable {
+            let mut offer = (*self.offer).clone();
+            offer.tools.push(json!({
+                "name": "toggle_tool",
+                "description": "Hide a tool of this server (or show it again) and announce the change `announce` times.",
+                "inputSchema": {"type": "object", "properties": {
+                    "name": {"type": "string"}, "announce": {"type": "integer", "minimum": 0}}, "required": ["name"]},
+            }));
+            self.offer = Arc::new(offer);
+        }
+        self.quirks = Arc::new(quirks);
+        self
     }
 
     /// Label this server's answers (see `Offer::label`).
@@ -101,9 +143,9 @@ impl DemoServer {
 
     fn capabilities(&self) -> Value {
         if self.offer.with_resources {
-            json!({"tools": {"listChanged": false}, "resources": {}, "prompts": {}})
+            json!({"tools": {"listChanged": self.quirks.mutable}, "resources": {}, "prompts": {}})
         } else {
-            json!({"tools": {"listChanged": false}})
+            json!({"tools": {"listChanged": self.quirks.mutable}})
         }
     }
 
@@ -175,7 +217,7 @@ impl DemoServer {
                 "instructions": "Demo server bundled with the satellite.",
             }),
             "ping" => json!({}),
-            "tools/list" => self.list_tools(params.as_ref())?,
+            "tools/list" => self.quirky_list_tools(params.as_ref()).await?,
             "tools/call" => self.call_tool(params.as_ref().unwrap_or(&Value::Null)).await?,
             "resources/list" if self.offer.with_resources => json!({"resources": demo_resources()}),
             "resources/templates/list" if self.offer.with_resources => json!({"resourceTemplates": demo_templates()}),
@@ -189,8 +231,43 @@ impl DemoServer {
         Ok(Reply::Response(result))
     }
 
+    async fn quirky_list_tools(&self, params: Option<&Value>) -> Result<Value, RpcError> {
+        let quirks = &self.quirks;
+        if quirks.fail_listing {
+            return Err(RpcError::new(codes::INTERNAL_ERROR, "this server cannot list its tools"));
+        }
+        let page = match (params.and_then(|p| p.get("cursor")).and_then(Value::as_str), self.page_size) {
+            (Some(cursor), Some(size)) if size > 0 => cursor.parse::<usize>().unwrap_or(0) / size,
+            _ => 0,
+        };
+        if quirks.stall_after_page.is_some_and(|pages| page >= pages) {
+            std::future::pending::<()>().await;
+        }
+        let mut result = self.list_tools(params)?;
+        match quirks.shape.as_deref() {
+            None | Some("standard") => {}
+            Some("array") => result = result["tools"].take(),
+            Some(key) => {
+                let tools = result["tools"].take();
+                if let Some(object) = result.as_object_mut() {
+                    object.remove("tools");
+                    object.insert(key.to_owned(), tools);
+                }
+            }
+        }
+        Ok(result)
+    }
+
     fn list_tools(&self, params: Option<&Value>) -> Result<Value, RpcError> {
-        let tools = &self.offer.tools;
+        let hidden = self.live.hidden.lock().clone();
+        let visible: Vec<Value>;
+        let tools = if hidden.is_empty() {
+            &self.offer.tools
+        } else {
+            visible =
+                self.offer.tools.iter().filter(|t| !hidden.iter().any(|h| t["name"] == h.as_str())).cloned().collect();
+            &visible
+        };
         let Some(size) = self.page_size else {
             return Ok(json!({"tools": tools}));
         };
@@ -260,6 +337,25 @@ impl DemoServer {
                 Ok(result)
             }
             "show_ui" => Ok(text_result("open ui://demo/app.html to see the demo app".into())),
+            "toggle_tool" if self.quirks.mutable => {
+                let tool = arg_str(&args, "name")?.to_owned();
+                let hidden = {
+                    let mut hidden = self.live.hidden.lock();
+                    if !hidden.remove(&tool) {
+                        hidden.insert(tool.clone());
+                    }
+                    hidden.contains(&tool)
+                };
+                let announce = args.get("announce").and_then(Value::as_u64).unwrap_or(1).min(100);
+                let notify = self.live.notify.lock().clone();
+                if let Some(notify) = notify {
+                    let note = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}).to_string();
+                    for _ in 0..announce {
+                        let _ = notify.send(note.clone()).await;
+                    }
+                }
+                Ok(text_result(format!("{tool} is now {}", if hidden { "hidden" } else { "shown" })))
+            }
             other => Err(RpcError::new(codes::INVALID_PARAMS, format!("Unknown tool: {other}"))),
         }
     }

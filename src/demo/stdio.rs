@@ -23,6 +23,7 @@ pub async fn serve(server: DemoServer) -> std::io::Result<()> {
             }
         }
     });
+    *server.live.notify.lock() = Some(out_tx.clone());
     let session = Arc::new(Mutex::new(Session::default()));
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Some(line) = lines.next_line().await? {
@@ -63,6 +64,7 @@ pub async fn serve(server: DemoServer) -> std::io::Result<()> {
         }
     }
     drop(out_tx);
+    server.live.notify.lock().take();
     let _ = writer.await;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! and resource templates (optional), every listing paginated.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use serde_json::{json, Value};
@@ -36,9 +36,24 @@ impl DiscoveryError {
     }
 }
 
-/// Discover everything; only a failed `tools/list` fails the discovery.
+/// [`discover_until`] with no overall deadline (each request still waits at most `request_timeout`).
 pub async fn discover(client: &McpClient, request_timeout: Duration) -> Result<Catalog, DiscoveryError> {
-    let tools = list_all(client, "tools/list", "tools", request_timeout).await?;
+    discover_until(client, request_timeout, Instant::now() + Duration::from_secs(24 * 3600)).await
+}
+
+/// Discover everything; only a failed `tools/list` fails the discovery. Each request waits at most
+/// `request_timeout` and never past `deadline`.
+///
+/// Read leniently (MCP Config Watcher's fallbacks): a listing cut off after its first page (a timeout, an
+/// error, the deadline) keeps the tools that arrived; tools under `functions`, another key or in a bare array
+/// are taken. Each such fallback is logged as a warning and listed in `Catalog::fallbacks`.
+pub async fn discover_until(
+    client: &McpClient,
+    request_timeout: Duration,
+    deadline: Instant,
+) -> Result<Catalog, DiscoveryError> {
+    let mut fallbacks = Vec::new();
+    let tools = list_all(client, "tools/list", "tools", request_timeout, deadline, &mut fallbacks).await?;
     let mut seen = HashSet::new();
     let mut tool_defs = Vec::with_capacity(tools.len());
     for raw in &tools {
@@ -54,9 +69,14 @@ pub async fn discover(client: &McpClient, request_timeout: Duration) -> Result<C
         _ => true,
     };
     let (resources, templates) = if offers_resources {
-        let resources = optional(list_all(client, "resources/list", "resources", request_timeout).await);
-        let templates =
-            optional(list_all(client, "resources/templates/list", "resourceTemplates", request_timeout).await);
+        // Optional listings: whatever they say of themselves is not a fallback of the tool catalog.
+        let mut quiet = Vec::new();
+        let resources =
+            optional(list_all(client, "resources/list", "resources", request_timeout, deadline, &mut quiet).await);
+        let templates = optional(
+            list_all(client, "resources/templates/list", "resourceTemplates", request_timeout, deadline, &mut quiet)
+                .await,
+        );
         (
             resources.iter().filter_map(ResourceDef::from_listing).collect(),
             templates.iter().filter_map(TemplateDef::from_listing).collect(),
@@ -64,7 +84,14 @@ pub async fn discover(client: &McpClient, request_timeout: Duration) -> Result<C
     } else {
         (Vec::new(), Vec::new())
     };
-    Ok(Catalog { tools: tool_defs, resources, templates, discovered_at: Utc::now(), tool_tokens: Vec::new() })
+    Ok(Catalog {
+        tools: tool_defs,
+        resources,
+        templates,
+        discovered_at: Utc::now(),
+        tool_tokens: Vec::new(),
+        fallbacks,
+    })
 }
 
 fn optional(listing: Result<Vec<Value>, DiscoveryError>) -> Vec<Value> {
@@ -74,27 +101,64 @@ fn optional(listing: Result<Vec<Value>, DiscoveryError>) -> Vec<Value> {
     })
 }
 
-/// Follow `nextCursor` until it is absent, at most `MAX_PAGES` pages.
+/// The items of one page: under `field` as the spec says, else (with a note) a bare array, `functions`, or
+/// the one key holding an array of named objects.
+fn page_items<'a>(result: &'a Value, field: &str) -> Option<(&'a Vec<Value>, Option<String>)> {
+    if let Some(items) = result.get(field).and_then(Value::as_array) {
+        return Some((items, None));
+    }
+    if let Some(items) = result.as_array() {
+        return Some((items, Some(format!("the result is a bare array, not {{\"{field}\": [...]}}"))));
+    }
+    let object = result.as_object()?;
+    let named =
+        |items: &Vec<Value>| !items.is_empty() && items.iter().all(|i| i.get("name").is_some_and(Value::is_string));
+    let mut candidates =
+        object.iter().filter_map(|(key, value)| Some((key, value.as_array()?))).filter(|(_, items)| named(items));
+    let (key, items) = candidates.next()?;
+    Some((items, Some(format!("the items are under \"{key}\", not \"{field}\""))))
+}
+
+/// Follow `nextCursor` until it is absent, at most `MAX_PAGES` pages. A listing cut off after its first page
+/// keeps what arrived, with a note in `fallbacks`.
 async fn list_all(
     client: &McpClient,
     method: &'static str,
     field: &str,
     timeout: Duration,
+    deadline: Instant,
+    fallbacks: &mut Vec<String>,
 ) -> Result<Vec<Value>, DiscoveryError> {
     let mut items = Vec::new();
     let mut cursor: Option<String> = None;
     let mut cursors = HashSet::new();
-    for _ in 0..MAX_PAGES {
+    let mut shape_noted = false;
+    for page in 0..MAX_PAGES {
         let params = cursor.as_ref().map(|c| json!({"cursor": c}));
-        let result = client
-            .request(method, params, timeout)
-            .await
-            .map_err(|source| DiscoveryError::Request { method, source })?;
-        let page = result
-            .get(field)
-            .and_then(Value::as_array)
+        let left = deadline.saturating_duration_since(Instant::now());
+        let answer = if left.is_zero() {
+            Err(UpstreamError::Timeout { method: method.to_owned(), after: Duration::ZERO })
+        } else {
+            client.request(method, params, timeout.min(left)).await
+        };
+        let result = match answer {
+            Ok(result) => result,
+            Err(source) if page > 0 => {
+                let note = format!("{method} stopped after {} item(s) on page {}: {source}", items.len(), page + 1);
+                warn!(method, kept = items.len(), error = %source, "listing cut off; the items that arrived are kept");
+                fallbacks.push(note);
+                return Ok(items);
+            }
+            Err(source) => return Err(DiscoveryError::Request { method, source }),
+        };
+        let (page_items, note) = page_items(&result, field)
             .ok_or_else(|| DiscoveryError::Malformed { method, detail: format!("missing {field} array") })?;
-        items.extend(page.iter().cloned());
+        if let (Some(note), false) = (note, shape_noted) {
+            warn!(method, shape = %note, "non-standard listing accepted");
+            fallbacks.push(format!("{method}: {note}"));
+            shape_noted = true;
+        }
+        items.extend(page_items.iter().cloned());
         match result.get("nextCursor").and_then(Value::as_str).filter(|c| !c.is_empty()) {
             None => return Ok(items),
             Some(next) => {

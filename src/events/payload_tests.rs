@@ -24,6 +24,7 @@ fn spec() -> InstanceSpec {
         secrets: Default::default(),
         disabled_tools: Default::default(),
         deployment: None,
+        declared_tools: None,
     }
 }
 

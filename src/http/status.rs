@@ -113,6 +113,10 @@ fn debug_body(deps: &StatusDeps) -> Value {
         if let Some(uptime) = instance.uptime() {
             info["uptime_ms"] = json!(uptime.as_millis() as u64);
         }
+        // How its catalog departs from a compliant listing (a partial listing kept, another shape, the config's list).
+        if let Some(fallbacks) = instance.catalog().map(|c| c.fallbacks.clone()).filter(|f| !f.is_empty()) {
+            info["discovery_fallbacks"] = json!(fallbacks);
+        }
         let tail = instance.stderr_tail();
         if !tail.is_empty() {
             info["stderr_tail"] = json!(tail.iter().rev().take(20).rev().collect::<Vec<_>>());

@@ -91,9 +91,25 @@ pub struct Catalog {
     pub discovered_at: DateTime<Utc>,
     /// Each tool's o200k token count (SB §15), in the order of `tools`; empty until counted.
     pub tool_tokens: Vec<u32>,
+    /// How this catalog departs from a compliant listing, one sentence each (a partial listing kept, tools
+    /// found under another key, the tool list from the config): shown on the debug route. Not stored: the
+    /// next discovery says it again.
+    pub fallbacks: Vec<String>,
 }
 
 impl Catalog {
+    /// Nothing discovered yet, as of now.
+    pub fn empty() -> Self {
+        Catalog {
+            tools: Vec::new(),
+            resources: Vec::new(),
+            templates: Vec::new(),
+            discovered_at: Utc::now(),
+            tool_tokens: Vec::new(),
+            fallbacks: Vec::new(),
+        }
+    }
+
     /// Tokens of every tool, once counted.
     pub fn tokens_total(&self) -> Option<u64> {
         (self.tool_tokens.len() == self.tools.len()).then(|| self.tool_tokens.iter().map(|n| u64::from(*n)).sum())

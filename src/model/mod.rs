@@ -134,6 +134,9 @@ pub struct InstanceSpec {
     pub disabled_tools: std::collections::BTreeSet<String>,
     /// A stdio server built from a GitHub repository instead of the entry's own command (SB §9.9).
     pub deployment: Option<Deployment>,
+    /// Tools the config declares for a server that cannot list its own (standalone `servers[].tools`): the
+    /// catalog when `tools/list` fails or answers none. A JSON array, as text so the spec stays comparable.
+    pub declared_tools: Option<String>,
 }
 
 /// A stdio server built from a GitHub repository at a pinned commit (SB §9.9, BP §6.1.3).

@@ -102,6 +102,7 @@ impl Store {
             catalogs.insert(
                 ProcessId(process_id),
                 Catalog {
+                    fallbacks: Vec::new(),
                     tools: Vec::new(),
                     resources: resources.iter().filter_map(ResourceDef::from_listing).collect(),
                     templates: templates.iter().filter_map(TemplateDef::from_listing).collect(),

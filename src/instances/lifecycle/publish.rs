@@ -38,9 +38,27 @@ impl Inner {
         }
         let request_timeout = self.request_timeout(instance.spec());
         let budget = self.deps.settings.discovery_timeout;
+        // The deadline inside keeps the pages that arrived before it; the outer timeout is only a backstop.
+        let deadline = std::time::Instant::now() + budget;
         let discovered = tokio::select! {
             _ = instance.retired.cancelled() => return false,
-            found = tokio::time::timeout(budget, discovery::discover(client, request_timeout)) => found,
+            found = tokio::time::timeout(
+                budget + Duration::from_secs(1),
+                discovery::discover_until(client, request_timeout, deadline),
+            ) => found,
+        };
+        // A server that cannot list its tools, or lists none, gets the tools its config declares (marked so).
+        let discovered = match discovered {
+            Ok(Ok(catalog)) if catalog.tools.is_empty() => {
+                Ok(Ok(
+                    declared_catalog(instance.spec(), "the server listed no tools", catalog.clone()).unwrap_or(catalog)
+                ))
+            }
+            Ok(Err(err)) => match declared_catalog(instance.spec(), &format!("{err}"), Catalog::empty()) {
+                Some(catalog) => Ok(Ok(catalog)),
+                None => Ok(Err(err)),
+            },
+            other => other,
         };
         match discovered {
             Ok(Ok(mut catalog)) => {
@@ -192,4 +210,15 @@ pub(in crate::instances) async fn count_into(catalog: &mut Catalog) {
         }
         Err(err) => warn!(tools = catalog.tools.len(), error = %err, "counting tool tokens failed"),
     }
+}
+
+/// `base` with the tools the config declares for this server, and a fallback note saying why; `None` when
+/// the config declares none.
+fn declared_catalog(spec: &InstanceSpec, why: &str, mut base: Catalog) -> Option<Catalog> {
+    let declared: Vec<Value> = serde_json::from_str(spec.declared_tools.as_deref()?).ok()?;
+    base.tools = declared.iter().filter_map(crate::model::ToolDef::from_listing).collect();
+    let note = format!("tools from the config ({} declared): {why}", base.tools.len());
+    warn!(process_id = %spec.process_id, reason = %why, tools = base.tools.len(), "using the tool list declared in the config");
+    base.fallbacks.push(note);
+    Some(base)
 }

@@ -20,10 +20,28 @@ use crate::model::{InstanceStatus, Upstream};
 use super::connect::process_pid;
 use super::start::Started;
 
-/// Notifications a server sends outside any request that its client sessions hear about (tools/list_changed
-/// also makes the satellite rediscover).
-const ANNOUNCED: [&str; 3] =
-    ["notifications/resources/updated", "notifications/resources/list_changed", "notifications/prompts/list_changed"];
+/// Notifications a server sends outside any request that its client sessions hear about.
+const ANNOUNCED: [&str; 4] = [
+    "notifications/tools/list_changed",
+    "notifications/resources/updated",
+    "notifications/resources/list_changed",
+    "notifications/prompts/list_changed",
+];
+
+/// Notifications that change what the catalog holds, so the satellite discovers the instance again.
+const CHANGES_CATALOG: [&str; 2] = ["notifications/tools/list_changed", "notifications/resources/list_changed"];
+
+/// A burst of list changes (a server announcing once per tool it adds) is collected this long, then one
+/// rediscovery covers it.
+pub(in crate::instances) const LIST_CHANGE_DEBOUNCE: Duration = Duration::from_millis(250);
+
+/// When a rediscovery is due, if one is.
+async fn due(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 impl Inner {
     /// Follow a stdio child: a crash when it dies unasked, rediscovery when its tool list changes,
@@ -46,6 +64,7 @@ impl Inner {
                 let Transport::Stdio(stdio) = client.transport() else { return };
                 let since = Instant::now();
                 let pid = stdio.pid();
+                let mut rediscover: Option<tokio::time::Instant> = None;
                 loop {
                     tokio::select! {
                         biased;
@@ -78,16 +97,25 @@ impl Inner {
                         }
                         note = notifications.recv() => match note {
                             Ok(note) => {
-                                if !inner.on_announcement(&instance, &client, note).await {
-                                    return;
+                                if inner.on_announcement(&instance, note) {
+                                    rediscover.get_or_insert(tokio::time::Instant::now() + LIST_CHANGE_DEBOUNCE);
                                 }
                             }
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                            // Missed notifications may have been list changes.
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                                rediscover.get_or_insert(tokio::time::Instant::now() + LIST_CHANGE_DEBOUNCE);
+                            }
                             Err(tokio::sync::broadcast::error::RecvError::Closed) => {
                                 // The owner task is gone; the exit branch reports it.
                                 stdio.exited().await;
                             }
                         },
+                        _ = due(rediscover) => {
+                            rediscover = None;
+                            if !inner.rediscover_after_change(&instance, &client).await {
+                                return;
+                            }
+                        }
                     }
                 }
             }
@@ -102,20 +130,30 @@ impl Inner {
         let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
         self.tasks.spawn(
             async move {
+                let mut rediscover: Option<tokio::time::Instant> = None;
                 loop {
                     let note = tokio::select! {
                         biased;
                         _ = instance.retired.cancelled() => return,
                         _ = inner.shutdown.cancelled() => return,
                         note = notifications.recv() => note,
+                        _ = due(rediscover) => {
+                            rediscover = None;
+                            if !inner.rediscover_after_change(&instance, &client).await {
+                                return;
+                            }
+                            continue;
+                        }
                     };
                     match note {
                         Ok(note) => {
-                            if !inner.on_announcement(&instance, &client, note).await {
-                                return;
+                            if inner.on_announcement(&instance, note) {
+                                rediscover.get_or_insert(tokio::time::Instant::now() + LIST_CHANGE_DEBOUNCE);
                             }
                         }
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            rediscover.get_or_insert(tokio::time::Instant::now() + LIST_CHANGE_DEBOUNCE);
+                        }
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                     }
                 }
@@ -125,20 +163,24 @@ impl Inner {
     }
 
     /// A notification the server sent outside any request: the instance's client sessions hear of list changes
-    /// and resource updates, and a changed tool list is discovered again. False once the instance is retired.
-    async fn on_announcement(self: &Arc<Self>, instance: &Arc<Instance>, client: &Arc<McpClient>, note: Value) -> bool {
+    /// and resource updates. True when it changes the catalog (a rediscovery is then due).
+    fn on_announcement(&self, instance: &Arc<Instance>, note: Value) -> bool {
         let method = note.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
         if ANNOUNCED.contains(&method.as_str()) {
             instance.announce(note);
-        } else if method == "notifications/tools/list_changed" {
-            instance.announce(note);
-            let _lifecycle = instance.lifecycle.lock().await;
-            if instance.retired.is_cancelled() {
-                return false;
-            }
-            info!("tool list changed upstream, rediscovering");
-            self.discover_into(instance, client, false).await;
         }
+        CHANGES_CATALOG.contains(&method.as_str())
+    }
+
+    /// Discover a running instance again after its lists changed; it keeps serving its current tools meanwhile.
+    /// False once the instance is retired.
+    async fn rediscover_after_change(self: &Arc<Self>, instance: &Arc<Instance>, client: &Arc<McpClient>) -> bool {
+        let _lifecycle = instance.lifecycle.lock().await;
+        if instance.retired.is_cancelled() {
+            return false;
+        }
+        info!("the server's lists changed, discovering it again");
+        self.discover_into(instance, client, false).await;
         true
     }
 

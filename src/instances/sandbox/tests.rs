@@ -47,6 +47,7 @@ fn spec(team: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> Insta
         secrets: SecretNames::default(),
         disabled_tools: Default::default(),
         deployment: None,
+        declared_tools: None,
     }
 }
 

@@ -1,0 +1,169 @@
+//! Servers that do not follow the spec (MCP Config Watcher's fallbacks), each a real demo-server process
+//! misbehaving on purpose: tools in another shape, a listing that stalls mid-way, a server that cannot list its
+//! tools at all. Each fallback keeps the tools usable, says so in the log, and shows on the debug route.
+
+use std::time::Duration;
+
+use satellite::model::{InstanceStatus, ProcessId};
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const TOKEN: &str = "discovery-test-token-0123";
+
+fn config() -> String {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let server = |slug: &str, args: &str, extra: &str| {
+        format!(
+            "[[servers]]\nslug = \"{slug}\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\", {args}]\n{extra}\
+             [[installations]]\nid = \"{slug}\"\nteam = \"t\"\nserver = \"{slug}\"\n"
+        )
+    };
+    let declared = "[[servers.tools]]\nname = \"echo\"\ndescription = \"Echo the given text back\"\n\
+                    inputSchema = { type = \"object\", properties = { text = { type = \"string\" } } }\n";
+    [
+        format!(
+            "[satellite]\ndebug_route = true\ncall_timeout_seconds = 2\ndiscovery_timeout_seconds = 20\nhandshake_timeout_seconds = 10\n\
+             [sandbox]\nallowed_commands = [{exe}]\n[[teams]]\nid = \"t\"\n\
+             [[users]]\nid = \"u\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n",
+            satellite::config::sha256_hex(TOKEN)
+        ),
+        server("arrayed", "\"--protocol\", \"legacy\", \"--tools-shape\", \"array\"", ""),
+        server("functions", "\"--tools-shape\", \"functions\"", ""),
+        server("stalled", "\"--page-size\", \"3\", \"--stall-after-page\", \"1\"", ""),
+        server("mute", "\"--fail-tools-list\"", declared),
+        server("mute-undeclared", "\"--fail-tools-list\"", ""),
+    ]
+    .concat()
+}
+
+fn process(slug: &str) -> ProcessId {
+    ProcessId::from(format!("{slug}-t-u-{slug}").as_str())
+}
+
+async fn settled(sat: &TestSatellite, slug: &str, status: InstanceStatus) {
+    let id = process(slug);
+    wait_until(DEADLINE, &format!("{slug} {status}"), || {
+        let now = sat.satellite.manager().get(&id).map(|i| i.status().status);
+        async move { (now == Some(status)).then_some(()) }
+    })
+    .await;
+}
+
+fn tool_names(sat: &TestSatellite, slug: &str) -> Vec<String> {
+    let instance = sat.satellite.manager().get(&process(slug)).expect("instance");
+    instance.catalog().map(|c| c.tools.iter().map(|t| t.name.clone()).collect()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn non_compliant_servers_keep_their_tools_with_the_fallback_shown() {
+    let sat = TestSatellite::start(&config()).await;
+    for slug in ["arrayed", "functions", "stalled", "mute"] {
+        settled(&sat, slug, InstanceStatus::Online).await;
+    }
+    settled(&sat, "mute-undeclared", InstanceStatus::Error).await;
+
+    // Another shape: every tool is taken.
+    assert_eq!(tool_names(&sat, "arrayed").len(), 7);
+    assert_eq!(tool_names(&sat, "functions").len(), 7);
+    // A listing that stalls on its second page keeps the first.
+    assert_eq!(tool_names(&sat, "stalled"), ["echo", "add", "slow"]);
+    // A server that cannot list its tools gets the config's list, and the declared tool runs for real.
+    assert_eq!(tool_names(&sat, "mute"), ["echo"]);
+    assert!(tool_names(&sat, "mute-undeclared").is_empty());
+
+    // Each fallback on the debug route, one sentence per departure.
+    let debug: Value = reqwest::get(format!("{}/api/status/debug", sat.base_url()))
+        .await
+        .expect("debug route")
+        .json()
+        .await
+        .expect("json");
+    let running = debug["servers_by_team"]["t"]["running"].as_array().cloned().unwrap_or_default();
+    let fallbacks = |slug: &str| -> String {
+        let found = running.iter().find(|s| s["process_id"] == process(slug).0.as_str() || s["server_slug"] == slug);
+        found.and_then(|s| s.get("discovery_fallbacks")).map(Value::to_string).unwrap_or_default()
+    };
+    assert!(fallbacks("arrayed").contains("bare array"), "{}", fallbacks("arrayed"));
+    assert!(fallbacks("functions").contains("\\\"functions\\\""), "{}", fallbacks("functions"));
+    assert!(fallbacks("stalled").contains("stopped after 3 item(s) on page 2"), "{}", fallbacks("stalled"));
+    assert!(fallbacks("mute").contains("tools from the config"), "{}", fallbacks("mute"));
+    assert_eq!(fallbacks("mute-undeclared"), "", "no fallback to show: it is in error");
+
+    // Through the router: found and run like any tool.
+    let caller = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;
+    let found = caller.tool("discover_mcp_tools", json!({"query": "echo text back"})).await.to_string();
+    for path in ["arrayed:echo", "functions:echo", "stalled:echo", "mute:echo"] {
+        assert!(found.contains(path), "{path} in {found}");
+    }
+    for path in ["arrayed:echo", "mute:echo"] {
+        let echoed = caller.execute(path, json!({"text": "still works"})).await;
+        assert!(echoed.to_string().contains("still works"), "{path}: {echoed}");
+    }
+    assert!(sat.satellite.shutdown().await);
+}
+
+#[tokio::test]
+async fn declared_tools_are_checked_like_the_rest_of_the_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("s.toml");
+    for (tools, needle) in [
+        ("[[servers.tools]]\ndescription = \"no name\"\n", "servers[0].tools[0]"),
+        ("[[servers.tools]]\nname = \"a\"\n[[servers.tools]]\nname = \"a\"\n", "duplicate tool \"a\""),
+    ] {
+        std::fs::write(&path, format!("[[servers]]\nslug = \"x\"\ntransport = \"stdio\"\ncommand = \"npx\"\n{tools}"))
+            .expect("write");
+        let output = tokio::process::Command::new(satellite_exe())
+            .args(["check-config", "--config", path.to_str().expect("utf-8")])
+            .output()
+            .await
+            .expect("run");
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_burst_of_list_changes_is_one_rediscovery_and_search_follows_it() {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let config = format!(
+        "[sandbox]\nallowed_commands = [{exe}]\n[[teams]]\nid = \"t\"\n\
+         [[users]]\nid = \"u\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n\
+         [[servers]]\nslug = \"live\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\", \"--mutable-tools\"]\n\
+         [[installations]]\nid = \"live\"\nteam = \"t\"\nserver = \"live\"\n",
+        satellite::config::sha256_hex(TOKEN)
+    );
+    let sat = TestSatellite::start(&config).await;
+    settled(&sat, "live", InstanceStatus::Online).await;
+    assert!(tool_names(&sat, "live").contains(&"add".to_owned()));
+    let discoveries = || async {
+        let events = sat.satellite.store().events(Some("mcp.tools.discovered"), 0, 1000).await.expect("events");
+        events.len()
+    };
+    assert_eq!(discoveries().await, 1);
+    let caller = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;
+
+    // Five announcements of one change: the tool goes, with one rediscovery.
+    let toggled = caller.execute("live:toggle_tool", json!({"name": "add", "announce": 5})).await;
+    assert!(toggled.to_string().contains("add is now hidden"), "{toggled}");
+    wait_until(DEADLINE, "add gone from the catalog", || {
+        let gone = !tool_names(&sat, "live").contains(&"add".to_owned());
+        async move { gone.then_some(()) }
+    })
+    .await;
+    let found = caller.tool("discover_mcp_tools", json!({"query": "add two numbers"})).await.to_string();
+    assert!(!found.contains("live:add"), "search follows the new catalog: {found}");
+    // Three more: it comes back, again with one rediscovery.
+    caller.execute("live:toggle_tool", json!({"name": "add", "announce": 3})).await;
+    wait_until(DEADLINE, "add back in the catalog", || {
+        let back = tool_names(&sat, "live").contains(&"add".to_owned());
+        async move { back.then_some(()) }
+    })
+    .await;
+    let found = caller.tool("discover_mcp_tools", json!({"query": "add two numbers"})).await.to_string();
+    assert!(found.contains("live:add"), "{found}");
+    assert_eq!(discoveries().await, 3, "one discovery at start and one per burst, not one per announcement");
+    assert!(sat.satellite.shutdown().await);
+}
