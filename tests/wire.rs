@@ -610,7 +610,11 @@ fn every_event_constructor_produces_data_its_schema_accepts() {
     let tool = ("search".to_owned(), "Search".to_owned(), json!({"type": "object"}), 12);
     events.push(Event::tools_discovered(&spec, &[tool]));
     events.push(Event::tools_discovered(&spec, &[]));
-    events.push(Event::tools_updated(&spec, &["search"], &[], 1));
+    let added = satellite::model::catalog_diff(
+        &[],
+        &[satellite::model::ToolDef::from_listing(&json!({"name": "search"})).unwrap()],
+    );
+    events.push(Event::tools_updated(&spec, &added, &[], 1));
     events.push(Event::server_logs(
         "i1",
         "t1",

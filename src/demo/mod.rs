@@ -67,6 +67,8 @@ pub struct Quirks {
 #[derive(Debug, Default)]
 pub struct Live {
     pub hidden: Mutex<std::collections::BTreeSet<String>>,
+    /// New descriptions of tools, by name (a tool that changes what it says it does).
+    pub descriptions: Mutex<std::collections::BTreeMap<String, String>>,
     /// The stdio writer, for notifications sent outside any request.
     pub notify: Mutex<Option<tokio::sync::mpsc::Sender<String>>>,
 }
@@ -115,9 +117,10 @@ impl DemoServer {
             let mut offer = (*self.offer).clone();
             offer.tools.push(json!({
                 "name": "toggle_tool",
-                "description": "Hide a tool of this server (or show it again) and announce the change `announce` times.",
+                "description": "Hide a tool of this server (or show it again), or give it a new `description`, and announce the change `announce` times.",
                 "inputSchema": {"type": "object", "properties": {
-                    "name": {"type": "string"}, "announce": {"type": "integer", "minimum": 0}}, "required": ["name"]},
+                    "name": {"type": "string"}, "description": {"type": "string"},
+                    "announce": {"type": "integer", "minimum": 0}}, "required": ["name"]},
             }));
             self.offer = Arc::new(offer);
         }
@@ -260,12 +263,24 @@ impl DemoServer {
 
     fn list_tools(&self, params: Option<&Value>) -> Result<Value, RpcError> {
         let hidden = self.live.hidden.lock().clone();
+        let described = self.live.descriptions.lock().clone();
         let visible: Vec<Value>;
-        let tools = if hidden.is_empty() {
+        let tools = if hidden.is_empty() && described.is_empty() {
             &self.offer.tools
         } else {
-            visible =
-                self.offer.tools.iter().filter(|t| !hidden.iter().any(|h| t["name"] == h.as_str())).cloned().collect();
+            visible = self
+                .offer
+                .tools
+                .iter()
+                .filter(|t| !hidden.iter().any(|h| t["name"] == h.as_str()))
+                .map(|t| {
+                    let mut tool = t.clone();
+                    if let Some(description) = t["name"].as_str().and_then(|n| described.get(n)) {
+                        tool["description"] = json!(description);
+                    }
+                    tool
+                })
+                .collect();
             &visible
         };
         let Some(size) = self.page_size else {
@@ -339,12 +354,19 @@ impl DemoServer {
             "show_ui" => Ok(text_result("open ui://demo/app.html to see the demo app".into())),
             "toggle_tool" if self.quirks.mutable => {
                 let tool = arg_str(&args, "name")?.to_owned();
-                let hidden = {
+                let now = if let Some(description) = args.get("description").and_then(Value::as_str) {
+                    self.live.descriptions.lock().insert(tool.clone(), description.to_owned());
+                    "described anew"
+                } else {
                     let mut hidden = self.live.hidden.lock();
                     if !hidden.remove(&tool) {
                         hidden.insert(tool.clone());
                     }
-                    hidden.contains(&tool)
+                    if hidden.contains(&tool) {
+                        "hidden"
+                    } else {
+                        "shown"
+                    }
                 };
                 let announce = args.get("announce").and_then(Value::as_u64).unwrap_or(1).min(100);
                 let notify = self.live.notify.lock().clone();
@@ -354,7 +376,7 @@ impl DemoServer {
                         let _ = notify.send(note.clone()).await;
                     }
                 }
-                Ok(text_result(format!("{tool} is now {}", if hidden { "hidden" } else { "shown" })))
+                Ok(text_result(format!("{tool} is now {now}")))
             }
             other => Err(RpcError::new(codes::INVALID_PARAMS, format!("Unknown tool: {other}"))),
         }

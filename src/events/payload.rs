@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{Event, EventKind};
-use crate::model::{iso, InstanceSpec, InstanceStatus};
+use crate::model::{iso, ChangeKind, InstanceSpec, InstanceStatus, ToolChange};
 
 impl Event {
     /// `mcp.server.status_changed` (BP §8.5-1), always with the user id.
@@ -66,8 +66,17 @@ impl Event {
         Event { timestamp: now, ..Self::new(EventKind::ToolsDiscovered, Some(spec), data) }
     }
 
-    /// `mcp.tools.updated` (BP §8.5-5): a re-discovery changed the instance's tool names.
-    pub fn tools_updated(spec: &InstanceSpec, added: &[&str], removed: &[&str], total_tools: usize) -> Self {
+    /// `mcp.tools.updated` (BP §8.5-5): a re-discovery changed the instance's tools. Besides the names added
+    /// and removed (all the backend reads), `updated_tools` names each changed tool with the parts that
+    /// changed, and `drifted_tools` those whose description or schema changed after a recent call (§8.2 allows
+    /// additional properties).
+    pub fn tools_updated(spec: &InstanceSpec, changes: &[ToolChange], drifted: &[&str], total_tools: usize) -> Self {
+        let named = |kind: ChangeKind| changes.iter().filter(|c| c.kind == kind).map(|c| c.name.as_str()).collect();
+        let updated = changes
+            .iter()
+            .filter(|c| c.kind == ChangeKind::Updated)
+            .map(|c| UpdatedTool { tool_name: &c.name, changed: &c.parts })
+            .collect();
         Self::new(
             EventKind::ToolsUpdated,
             Some(spec),
@@ -75,8 +84,10 @@ impl Event {
                 server_id: &spec.installation_id.0,
                 server_slug: &spec.server_slug,
                 team_id: &spec.team_id.0,
-                added_tools: added,
-                removed_tools: removed,
+                added_tools: named(ChangeKind::Added),
+                removed_tools: named(ChangeKind::Removed),
+                updated_tools: updated,
+                drifted_tools: drifted,
                 total_tools,
             },
         )
@@ -552,9 +563,17 @@ struct ToolsUpdated<'a> {
     server_id: &'a str,
     server_slug: &'a str,
     team_id: &'a str,
-    added_tools: &'a [&'a str],
-    removed_tools: &'a [&'a str],
+    added_tools: Vec<&'a str>,
+    removed_tools: Vec<&'a str>,
+    updated_tools: Vec<UpdatedTool<'a>>,
+    drifted_tools: &'a [&'a str],
     total_tools: usize,
+}
+
+#[derive(Serialize)]
+struct UpdatedTool<'a> {
+    tool_name: &'a str,
+    changed: &'a [String],
 }
 
 /// The identity fields the process events share (BP §8.5-6..11).

@@ -12,8 +12,8 @@ use url::Url;
 pub mod catalog;
 
 pub use catalog::{
-    namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path, shared_uri, tool_path,
-    Catalog, ResourceDef, TemplateDef, ToolDef,
+    catalog_diff, namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path,
+    shared_uri, tool_path, Catalog, ChangeKind, ResourceDef, TemplateDef, ToolChange, ToolDef,
 };
 
 /// ISO-8601 with milliseconds and `Z`, as the backend writes timestamps.

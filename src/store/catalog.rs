@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::Row;
 
 use super::{Store, StoreError};
-use crate::model::{Catalog, InstanceSpec, ProcessId, ResourceDef, TemplateDef, ToolDef};
+use crate::model::{Catalog, InstanceSpec, ProcessId, ResourceDef, TemplateDef, ToolChange, ToolDef};
 
 /// Whose catalog a row is.
 #[derive(Debug, Clone)]
@@ -137,5 +137,89 @@ impl Store {
             }
         }
         Ok(catalogs)
+    }
+
+    /// Keep the changes one re-discovery found (the instance's tool history); `drifted` names the tools whose
+    /// meaning changed after a recent call.
+    pub async fn record_tool_changes(
+        &self,
+        owner: &CatalogOwner,
+        changes: &[ToolChange],
+        drifted: &std::collections::HashSet<String>,
+    ) -> Result<(), StoreError> {
+        let at = crate::model::iso(Utc::now());
+        let mut tx = self.pool().begin().await?;
+        for change in changes {
+            sqlx::query(
+                "INSERT INTO tool_changes (at, process_id, team_id, installation_id, server_slug, tool_name, change,
+                 parts, old_hash, new_hash, drifted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(&at)
+            .bind(&owner.process_id)
+            .bind(&owner.team_id)
+            .bind(&owner.installation_id)
+            .bind(&owner.server_slug)
+            .bind(&change.name)
+            .bind(change.kind.as_str())
+            .bind(serde_json::to_string(&change.parts)?)
+            .bind(&change.old_hash)
+            .bind(&change.new_hash)
+            .bind(drifted.contains(&change.name))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// An instance's tool history, newest first: (at, tool, change, parts, drifted).
+    pub async fn tool_history(
+        &self,
+        process_id: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, String, String, Vec<String>, bool)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT at, tool_name, change, parts, drifted FROM tool_changes WHERE process_id = ?
+             ORDER BY id DESC LIMIT ?",
+        )
+        .bind(process_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        let mut history = Vec::with_capacity(rows.len());
+        for row in rows {
+            let parts: Vec<String> = serde_json::from_str(&row.try_get::<String, _>("parts")?).unwrap_or_default();
+            history.push((
+                row.try_get("at")?,
+                row.try_get("tool_name")?,
+                row.try_get("change")?,
+                parts,
+                row.try_get("drifted")?,
+            ));
+        }
+        Ok(history)
+    }
+
+    /// Which of `tools` the instance's users called since `since` (ISO time), from the analytics calls.
+    pub async fn called_since(
+        &self,
+        process_id: &str,
+        tools: &[&str],
+        since: &str,
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        let mut called = std::collections::HashSet::new();
+        for tool in tools {
+            let row =
+                sqlx::query("SELECT 1 FROM analytics_calls WHERE process_id = ? AND tool_name = ? AND at >= ? LIMIT 1")
+                    .bind(process_id)
+                    .bind(*tool)
+                    .bind(since)
+                    .fetch_optional(self.pool())
+                    .await?;
+            if row.is_some() {
+                called.insert((*tool).to_owned());
+            }
+        }
+        Ok(called)
     }
 }

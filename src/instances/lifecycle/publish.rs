@@ -17,6 +17,9 @@ use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
 use crate::search::ToolDoc;
 use crate::store::CatalogOwner;
 
+/// A tool called within this long before its description or schema changes raises a drift warning.
+pub(in crate::instances) const DRIFT_WINDOW: chrono::Duration = chrono::Duration::days(30);
+
 impl Inner {
     /// Run discovery on a connected instance and publish the result; true when it went online.
     /// With `announce` the instance passes through `discovering_tools`; a rediscovery of an online
@@ -109,19 +112,38 @@ impl Inner {
         self.emit(Event::tools_discovered(spec, &tools)).await;
     }
 
-    /// `mcp.tools.updated` when a remote instance's re-discovery changed its tool set (BP §8.5-5).
+    /// A re-discovery changed the instance's tools: `mcp.tools.updated` (BP §8.5-5) with what was added,
+    /// removed and updated (and which parts), the change kept in the tool history, and a drift warning for each
+    /// tool whose description or schema changed after a call within `DRIFT_WINDOW` (how tool poisoning arrives).
     pub(in crate::instances) async fn report_change(&self, spec: &InstanceSpec, previous: &Catalog, current: &Catalog) {
-        if matches!(spec.upstream, Upstream::Stdio { .. }) {
+        let changes = crate::model::catalog_diff(&previous.tools, &current.tools);
+        if changes.is_empty() {
             return;
         }
-        let before: std::collections::BTreeSet<&str> = previous.tools.iter().map(|t| t.name.as_str()).collect();
-        let after: std::collections::BTreeSet<&str> = current.tools.iter().map(|t| t.name.as_str()).collect();
-        if before == after {
-            return;
+        let meaning: Vec<&str> = changes.iter().filter(|c| c.changes_meaning()).map(|c| c.name.as_str()).collect();
+        let since = crate::model::iso(chrono::Utc::now() - DRIFT_WINDOW);
+        let drifted = match self.deps.store.called_since(&spec.process_id.0, &meaning, &since).await {
+            Ok(called) => called,
+            Err(err) => {
+                warn!(process_id = %spec.process_id, error = %err, "cannot tell which changed tools were called; drift not checked");
+                Default::default()
+            }
+        };
+        for change in changes.iter().filter(|c| drifted.contains(&c.name)) {
+            warn!(
+                tool = %crate::model::tool_path(&spec.server_slug, &change.name),
+                process_id = %spec.process_id,
+                changed = %change.parts.join(", "),
+                "a tool called recently changed its description or schema; review the change before trusting it (tool poisoning arrives this way)"
+            );
         }
-        let added: Vec<&str> = after.difference(&before).copied().collect();
-        let removed: Vec<&str> = before.difference(&after).copied().collect();
-        self.emit(Event::tools_updated(spec, &added, &removed, after.len())).await;
+        let owner = CatalogOwner::from(spec);
+        if let Err(err) = self.deps.store.record_tool_changes(&owner, &changes, &drifted).await {
+            warn!(process_id = %spec.process_id, error = %err, "recording the tool history failed");
+        }
+        let mut drifted: Vec<&str> = drifted.iter().map(String::as_str).collect();
+        drifted.sort_unstable();
+        self.emit(Event::tools_updated(spec, &changes, &drifted, current.tools.len())).await;
     }
 
     pub(in crate::instances) async fn index(&self, instance: &Instance, catalog: &Catalog) {
