@@ -246,6 +246,7 @@ mod tests {
             disabled_tools: Default::default(),
             deployment: None,
             declared_tools: None,
+            rediscover_every: None,
         }
     }
 

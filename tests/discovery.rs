@@ -236,3 +236,27 @@ async fn a_called_tool_that_changes_its_description_raises_a_drift_alert() {
     .await;
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A server that changes its tools without announcing it is discovered again on the schedule its config sets.
+#[tokio::test]
+async fn a_server_with_a_rediscovery_period_is_followed_without_notifications() {
+    let config = live_config().replace(
+        "args = [\"demo-server\", \"--mutable-tools\"]\n",
+        "args = [\"demo-server\", \"--mutable-tools\"]\nrediscover_seconds = 1\n",
+    );
+    assert!(config.contains("rediscover_seconds = 1"));
+    let sat = TestSatellite::start(&config).await;
+    settled(&sat, "live", InstanceStatus::Online).await;
+    let caller = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;
+    // Hidden without a word to the satellite: only the schedule can find out.
+    let hidden = caller.execute("live:toggle_tool", json!({"name": "add", "announce": 0})).await;
+    assert!(hidden.to_string().contains("add is now hidden"), "{hidden}");
+    wait_until(DEADLINE, "the periodic re-discovery dropped add", || {
+        let gone = !tool_names(&sat, "live").contains(&"add".to_owned());
+        async move { gone.then_some(()) }
+    })
+    .await;
+    let history = sat.satellite.store().tool_history(&process("live").0, 10).await.expect("history");
+    assert!(history.iter().any(|(_, tool, change, _, _)| tool == "add" && change == "removed"), "{history:?}");
+    assert!(sat.satellite.shutdown().await);
+}

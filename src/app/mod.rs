@@ -93,6 +93,9 @@ impl StartError {
     }
 }
 
+/// How often instances with `rediscover_seconds` are checked for a catalog older than that.
+const REDISCOVERY_CHECK_PERIOD: Duration = Duration::from_secs(5);
+
 /// A running satellite.
 pub struct Satellite {
     addr: SocketAddr,
@@ -329,6 +332,18 @@ impl Satellite {
                 }
             });
         }
+        // Servers that change their tools without announcing it, rediscovered as often as their config asks.
+        let stale_manager = manager.clone();
+        jobs.every("periodic-rediscovery", REDISCOVERY_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
+            let manager = stale_manager.clone();
+            async move {
+                let refreshed = manager.rediscover_stale().await;
+                if refreshed > 0 {
+                    tracing::debug!(refreshed, "instances discovered again on their schedule");
+                }
+                Ok::<(), std::convert::Infallible>(())
+            }
+        });
         let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
         jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
             let store = retention_store.clone();

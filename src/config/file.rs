@@ -176,6 +176,9 @@ pub struct RawServer {
     /// config on the debug route.
     #[serde(default)]
     pub tools: Vec<serde_json::Value>,
+    /// Discover the server again this often while it is online, for servers whose tools change without
+    /// announcing it (`notifications/tools/list_changed` is followed anyway). Unset or 0: never.
+    pub rediscover_seconds: Option<u64>,
 }
 
 /// The overrides one tier (team or user) adds to the template.

@@ -89,6 +89,9 @@ pub struct McpServerEntry {
     /// the backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared_tools: Option<Vec<Value>>,
+    /// How often to discover the instance again (the standalone file's `servers[].rediscover_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rediscover_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -236,6 +239,7 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
         secrets: SecretNames { env: secrets.env, headers: secrets.headers, query_params: secrets.query_params },
         disabled_tools: entry.disabled_tools.iter().flatten().cloned().collect(),
         deployment,
+        rediscover_every: entry.rediscover_seconds.filter(|s| *s > 0).map(Duration::from_secs),
         declared_tools: entry
             .declared_tools
             .as_ref()

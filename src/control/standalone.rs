@@ -210,6 +210,7 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<Standa
             secret_headers: vec![],
             secret_query: vec![],
             tools: vec![],
+            rediscover_seconds: None,
         }],
         installations: vec![RawInstallation {
             id: "demo".into(),
@@ -468,6 +469,7 @@ fn expand(
         settings: Some(EntrySettings { request_logging_enabled: Some(installation.request_logging) }),
         disabled_tools: (!installation.disabled_tools.is_empty()).then(|| installation.disabled_tools.clone()),
         declared_tools: (!server.tools.is_empty()).then(|| server.tools.clone()),
+        rediscover_seconds: server.rediscover_seconds,
         secret_metadata: Some(SecretMetadata {
             query_params: server.secret_query.clone(),
             headers: server.secret_headers.clone(),

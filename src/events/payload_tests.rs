@@ -25,6 +25,7 @@ fn spec() -> InstanceSpec {
         disabled_tools: Default::default(),
         deployment: None,
         declared_tools: None,
+        rediscover_every: None,
     }
 }
 

@@ -471,17 +471,23 @@ impl InstanceManager {
         Ok(targets)
     }
 
+    /// Discover again the online instances whose server asks for it periodically and whose catalog is older
+    /// than that period; returns how many.
+    pub async fn rediscover_stale(&self) -> usize {
+        self.inner.rediscover_stale().await
+    }
+
     /// Stop stdio instances idle past the timeout (SB §9.8); returns how many went dormant.
     pub async fn sweep_idle(&self) -> usize {
         self.inner.sweep_idle().await
     }
 
-    /// Live stdio children counted against the process caps.
     /// The satellite's metrics (the routers count discovers here too).
     pub fn metrics(&self) -> &crate::metrics::Metrics {
         &self.inner.deps.metrics
     }
 
+    /// Live stdio children counted against the process caps.
     pub fn processes(&self) -> usize {
         self.inner.slots.in_use()
     }

@@ -137,6 +137,9 @@ pub struct InstanceSpec {
     /// Tools the config declares for a server that cannot list its own (standalone `servers[].tools`): the
     /// catalog when `tools/list` fails or answers none. A JSON array, as text so the spec stays comparable.
     pub declared_tools: Option<String>,
+    /// Discover the instance again this often while it is online (standalone `servers[].rediscover_seconds`),
+    /// for servers whose tools change without a `list_changed` notification.
+    pub rediscover_every: Option<std::time::Duration>,
 }
 
 /// A stdio server built from a GitHub repository at a pinned commit (SB §9.9, BP §6.1.3).

@@ -175,13 +175,52 @@ impl Inner {
     /// Discover a running instance again after its lists changed; it keeps serving its current tools meanwhile.
     /// False once the instance is retired.
     async fn rediscover_after_change(self: &Arc<Self>, instance: &Arc<Instance>, client: &Arc<McpClient>) -> bool {
+        info!("the server's lists changed, discovering it again");
+        self.refresh_catalog(instance, client).await
+    }
+
+    /// Discover a connected instance again, serving its current tools meanwhile. False once it is retired.
+    pub(in crate::instances) async fn refresh_catalog(
+        self: &Arc<Self>,
+        instance: &Arc<Instance>,
+        client: &Arc<McpClient>,
+    ) -> bool {
         let _lifecycle = instance.lifecycle.lock().await;
         if instance.retired.is_cancelled() {
             return false;
         }
-        info!("the server's lists changed, discovering it again");
         self.discover_into(instance, client, false).await;
         true
+    }
+
+    /// Online instances whose server asks for periodic discovery (`rediscover_every`) and whose catalog is
+    /// older than that: discovered again, a few at a time. Returns how many.
+    pub(in crate::instances) async fn rediscover_stale(self: &Arc<Self>) -> usize {
+        use futures::StreamExt;
+        let now = chrono::Utc::now();
+        let due: Vec<(Arc<Instance>, Arc<McpClient>)> = self
+            .state
+            .read()
+            .live
+            .values()
+            .filter(|instance| instance.status().status == InstanceStatus::Online)
+            .filter_map(|instance| {
+                let every = chrono::Duration::from_std(instance.spec().rediscover_every?).ok()?;
+                let age = now - instance.catalog()?.discovered_at;
+                if age < every {
+                    return None;
+                }
+                Some((instance.clone(), instance.client()?))
+            })
+            .collect();
+        let count = due.len();
+        futures::stream::iter(due)
+            .for_each_concurrent(4, |(instance, client)| async move {
+                tracing::debug!(process_id = %instance.spec().process_id, "periodic re-discovery");
+                self.refresh_catalog(&instance, &client).await;
+            })
+            .await;
+        count
     }
 
     /// SB §9.7: count the crash, then restart after the backoff or give up on the fourth in five minutes.

@@ -48,6 +48,7 @@ fn spec(team: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> Insta
         disabled_tools: Default::default(),
         deployment: None,
         declared_tools: None,
+        rediscover_every: None,
     }
 }
 
