@@ -260,3 +260,55 @@ async fn a_server_with_a_rediscovery_period_is_followed_without_notifications() 
     assert!(history.iter().any(|(_, tool, change, _, _)| tool == "add" && change == "removed"), "{history:?}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// With `hold_drifted_tools`, a drifted tool leaves discover and calls until an admin accepts the change.
+#[tokio::test]
+async fn a_drifted_tool_is_held_until_an_admin_accepts_it() {
+    const ADMIN: &str = "discovery-admin-token-0123";
+    let config = format!(
+        "[satellite]\nhold_drifted_tools = true\n[auth]\nadmin_token_sha256 = [\"{}\"]\n{}",
+        satellite::config::sha256_hex(ADMIN),
+        live_config()
+    );
+    let sat = TestSatellite::start(&config).await;
+    settled(&sat, "live", InstanceStatus::Online).await;
+    let pid = process("live");
+    let caller = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;
+    caller.execute("live:echo", json!({"text": "before"})).await;
+    let store = sat.satellite.store().clone();
+    wait_until(DEADLINE, "the call in the analytics", || {
+        let (store, pid) = (store.clone(), pid.0.clone());
+        async move { store.called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
+    })
+    .await;
+    caller
+        .execute("live:toggle_tool", json!({"name": "echo", "description": "Echo, and mail the text elsewhere"}))
+        .await;
+    wait_until(DEADLINE, "echo held out of discover", || {
+        let found = caller.tool("discover_mcp_tools", json!({"query": "echo the given text"}));
+        async move { (!found.await.to_string().contains("live:echo")).then_some(()) }
+    })
+    .await;
+    let refused = caller.execute("live:echo", json!({"text": "held"})).await.to_string();
+    assert!(!refused.contains("\"held\""), "a held tool does not run: {refused}");
+    assert!(caller
+        .tool("discover_mcp_tools", json!({"query": "add two numbers"}))
+        .await
+        .to_string()
+        .contains("live:add"));
+
+    let accept = |token: &'static str| {
+        reqwest::Client::new()
+            .post(format!("{}/api/tools/accept", sat.base_url()))
+            .bearer_auth(token)
+            .json(&json!({"installation_id": "live", "tool_name": "echo"}))
+            .send()
+    };
+    assert_eq!(accept(TOKEN).await.expect("request").status(), 403, "a member cannot accept");
+    let accepted = accept(ADMIN).await.expect("request");
+    assert_eq!(accepted.status(), 200);
+    let found = caller.tool("discover_mcp_tools", json!({"query": "echo the given text"})).await.to_string();
+    assert!(found.contains("live:echo") && found.contains("mail the text elsewhere"), "{found}");
+    assert!(caller.execute("live:echo", json!({"text": "after"})).await.to_string().contains("after"));
+    assert!(sat.satellite.shutdown().await);
+}

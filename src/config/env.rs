@@ -47,6 +47,9 @@ pub const ALLOWED_HOSTS: &str = "SATELLITE_ALLOWED_HOSTS";
 pub const ALLOWED_ORIGINS: &str = "SATELLITE_ALLOWED_ORIGINS";
 /// `true`: meta-tool answers as 2-space indented JSON (the reference's form); compact otherwise.
 pub const PRETTY_RESULTS: &str = "SATELLITE_PRETTY_RESULTS";
+/// "true": a called tool whose description or schema changes is held out of discover and calls until an admin
+/// accepts the change.
+pub const HOLD_DRIFTED_TOOLS: &str = "SATELLITE_HOLD_DRIFTED_TOOLS";
 pub const BACKEND_URL: &str = "DEPLOYSTACK_BACKEND_URL";
 pub const SATELLITE_NAME: &str = "DEPLOYSTACK_SATELLITE_NAME";
 pub const REGISTRATION_TOKEN: &str = "DEPLOYSTACK_REGISTRATION_TOKEN";

@@ -38,6 +38,9 @@ pub struct RawSatellite {
     pub debug_route: Option<bool>,
     /// Meta-tool answers as 2-space indented JSON instead of compact JSON (default false).
     pub pretty_results: Option<bool>,
+    /// Hold a called tool whose description or schema changed out of discover and calls until an admin
+    /// accepts the change (default false: a warning and an event only).
+    pub hold_drifted_tools: Option<bool>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
     pub handshake_timeout_seconds: Option<u64>,

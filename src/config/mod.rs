@@ -81,6 +81,9 @@ pub struct UpstreamSettings {
     /// Instances reconciled at once (SB §8 recommends 4).
     pub reconcile_concurrency: usize,
     pub lifecycle: LifecycleSettings,
+    /// Hold a drifted tool (called recently, then its description or schema changed) out of discover and
+    /// calls until an admin accepts the change (`POST /api/tools/accept`).
+    pub hold_drifted_tools: bool,
 }
 
 /// Where the desired state comes from.
@@ -261,6 +264,10 @@ impl Config {
                 Ok(Duration::from_secs(value))
             };
         let upstream = UpstreamSettings {
+            hold_drifted_tools: match env::get(env, env::HOLD_DRIFTED_TOOLS) {
+                Some(v) => v == "true",
+                None => s.hold_drifted_tools.unwrap_or(false),
+            },
             handshake_timeout: seconds(
                 "satellite.handshake_timeout_seconds",
                 env::HANDSHAKE_TIMEOUT,

@@ -308,6 +308,7 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
 
 /// `/api/analytics/...` and `/admin`.
 pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    let accept_deps = deps.clone();
     let with = warp::any().map(move || deps.clone());
     let api = warp::path("api")
         .and(warp::path("analytics"))
@@ -325,7 +326,54 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
         .map(|| asset(PAGE_HTML, "text/html; charset=utf-8"));
     let js = warp::path!("admin" / "app.js").and(warp::get()).map(|| asset(PAGE_JS, "text/javascript; charset=utf-8"));
     let css = warp::path!("admin" / "app.css").and(warp::get()).map(|| asset(PAGE_CSS, "text/css; charset=utf-8"));
-    api.or(page).unify().or(js).unify().or(css).unify()
+    let accept = warp::path!("api" / "tools" / "accept")
+        .and(warp::post())
+        .and(warp::any().map(move || accept_deps.clone()))
+        .and(warp::header::optional::<String>("authorization"))
+        .and(warp::body::content_length_limit(16 * 1024))
+        .and(warp::body::json::<AcceptTool>())
+        .then(accept_tool);
+    api.or(page).unify().or(js).unify().or(css).unify().or(accept).unify()
+}
+
+/// `POST /api/tools/accept` body: a held tool (drifted, `hold_drifted_tools`) an admin has reviewed.
+#[derive(Debug, serde::Deserialize)]
+struct AcceptTool {
+    installation_id: String,
+    tool_name: String,
+}
+
+/// An admin accepts a held tool's change: it is back in discover and calls for the whole installation.
+/// A team admin may accept only their own team's tools.
+async fn accept_tool(deps: AnalyticsDeps, authorization: Option<String>, body: AcceptTool) -> Response {
+    let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
+        Ok(scope) => scope,
+        Err(err) => return ApiError::Auth(err).into_response(),
+    };
+    let installation = crate::model::InstallationId(body.installation_id.clone());
+    let team = deps
+        .manager
+        .of_installation(&installation, None)
+        .ok()
+        .and_then(|i| i.first().map(|i| i.spec().team_id.clone()));
+    let Some(team) = team else {
+        return ApiError::BadQuery(format!("no installation {:?} on this satellite", body.installation_id))
+            .into_response();
+    };
+    if let AdminScope::Team(own) = &scope {
+        if own != &team {
+            return ApiError::OtherTeam(own.0.clone()).into_response();
+        }
+    }
+    let instances = deps.manager.set_tool_status(&installation, &body.tool_name, false).await;
+    tracing::info!(installation_id = %body.installation_id, tool = %body.tool_name, "an admin accepted a changed tool");
+    warp::reply::json(&json!({
+        "accepted": true,
+        "installation_id": body.installation_id,
+        "tool_name": body.tool_name,
+        "instances": instances,
+    }))
+    .into_response()
 }
 
 #[cfg(test)]

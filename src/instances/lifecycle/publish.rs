@@ -137,6 +137,16 @@ impl Inner {
                 "a tool called recently changed its description or schema; review the change before trusting it (tool poisoning arrives this way)"
             );
         }
+        if self.deps.settings.hold_drifted_tools && !drifted.is_empty() {
+            // Held for the whole installation (the change is the server's) until an admin accepts it; the index
+            // built right after this leaves held tools out.
+            let mut overrides = self.overrides.write();
+            let held = overrides.entry(spec.installation_id.clone()).or_default();
+            for tool in &drifted {
+                held.insert(tool.clone(), true);
+            }
+            warn!(process_id = %spec.process_id, tools = %drifted.iter().cloned().collect::<Vec<_>>().join(", "), "drifted tools held out of discover and calls until an admin accepts them: POST /api/tools/accept");
+        }
         let owner = CatalogOwner::from(spec);
         if let Err(err) = self.deps.store.record_tool_changes(&owner, &changes, &drifted).await {
             warn!(process_id = %spec.process_id, error = %err, "recording the tool history failed");
