@@ -402,10 +402,7 @@ fn search(args: &SearchArgs) -> ExitCode {
                             .collect()
                     })
                     .unwrap_or_default();
-                if found.is_empty() {
-                    eprintln!("no tool matched {:?}", args.query);
-                }
-                print_out(&satellite::app::search::table(&found))
+                show_found(&found, &args.query)
             }
             Err(err) => {
                 eprintln!("error: {err}");
@@ -419,17 +416,20 @@ fn search(args: &SearchArgs) -> ExitCode {
     };
     match runtime.block_on(satellite::app::search::stored(&config, &args.query, limit, args.user.as_deref())) {
         Ok(found) if args.json => print_json(&serde_json::json!({"query": args.query, "tools": found})),
-        Ok(found) => {
-            if found.is_empty() {
-                eprintln!("no tool matched {:?}", args.query);
-            }
-            print_out(&satellite::app::search::table(&found))
-        }
+        Ok(found) => show_found(&found, &args.query),
         Err(err) => {
             eprintln!("error: {err}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Found tools as a table on stdout; none found is said on stderr (and is not a failure).
+fn show_found(found: &[satellite::app::search::Found], query: &str) -> ExitCode {
+    if found.is_empty() {
+        eprintln!("no tool matched {query:?}");
+    }
+    print_out(&satellite::app::search::table(found))
 }
 
 /// `satellite import`: 0 with a valid config written, 64 when the file is not a server list.

@@ -332,10 +332,7 @@ async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
     let echoed = caller.execute("demo:echo", json!({"text": "hello"})).await;
     assert!(echoed.to_string().contains("hello"), "{echoed}");
 
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
-    assert_eq!(status.code(), Some(0));
+    stop(child).await;
     let lines = log.await.unwrap();
     assert!(lines.iter().any(|l| l.contains("satellite listening")), "{lines:#?}");
     for line in &lines {
@@ -417,10 +414,7 @@ async fn editing_start_only_settings_in_a_running_file_is_warned_about_once_and_
     wait_for("config file change applied", &mut seen).await;
     assert_eq!(seen.iter().filter(|l| l.contains("read only at start")).count(), 1, "{seen:#?}");
     assert!(!seen.iter().any(|l| l.contains("\"DEBUG\"")), "log_level was not applied while running");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
-    assert_eq!(status.code(), Some(0));
+    stop(child).await;
 }
 
 /// `satellite serve` with a clean environment plus `env`, stderr discarded; killed when dropped.
