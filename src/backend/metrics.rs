@@ -76,21 +76,21 @@ mod tests {
     /// RSS and CPU time agree with what the kernel reports in its own units (kB, and `getrusage`), whatever
     /// the page size and clock tick of the machine.
     #[test]
-    fn rss_and_cpu_time_agree_with_the_kernels_own_units() {
-        let vm_rss_kb = || -> u64 {
-            let status = std::fs::read_to_string("/proc/self/status").unwrap();
-            status
+    fn rss_and_cpu_time_agree_with_the_kernels_own_units() -> Result<(), Box<dyn std::error::Error>> {
+        let vm_rss_kb = || -> Result<u64, Box<dyn std::error::Error>> {
+            let status = std::fs::read_to_string("/proc/self/status")?;
+            let kb = status
                 .lines()
                 .find_map(|l| l.strip_prefix("VmRSS:"))
                 .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap()
+                .and_then(|v| v.parse().ok());
+            Ok(kb.ok_or("no VmRSS line in /proc/self/status")?)
         };
         // Other tests of this binary allocate meanwhile: our reading must fall between the kernel's own
         // readings just before and just after it (with 10% slack), not equal one taken at another moment.
-        let before = vm_rss_kb();
-        let ours_kb = rss_bytes().unwrap() / 1024;
-        let after = vm_rss_kb();
+        let before = vm_rss_kb()?;
+        let ours_kb = rss_bytes().ok_or("no RSS from statm")? / 1024;
+        let after = vm_rss_kb()?;
         let (low, high) = (before.min(after), before.max(after));
         assert!(
             ours_kb * 10 >= low * 9 && ours_kb * 10 <= high * 11,
@@ -100,11 +100,12 @@ mod tests {
         while spin.elapsed() < Duration::from_millis(300) {
             std::hint::black_box(0u64.wrapping_add(1));
         }
-        let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF).unwrap();
+        let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)?;
         let rusage = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
         let kernel = rusage(usage.user_time()) + rusage(usage.system_time());
-        let ours = cpu_seconds().unwrap();
+        let ours = cpu_seconds().ok_or("no CPU time from stat")?;
         assert!((ours - kernel).abs() < 0.2 + kernel * 0.1, "stat {ours}s vs getrusage {kernel}s");
+        Ok(())
     }
 
     #[test]
