@@ -14,9 +14,6 @@ use serde_json::Value;
 use crate::config::{self, ConfigError};
 use crate::control::standalone;
 
-/// The commands the sandbox allows without configuration (`SandboxPolicy`'s defaults).
-const DEFAULT_ALLOWED: [&str; 5] = ["npx", "node", "uvx", "python", "python3"];
-
 /// Words that make an environment variable or header a secret (masked in logs and listings).
 const SECRET_WORDS: [&str; 7] = ["TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH"];
 
@@ -140,7 +137,9 @@ pub fn import(json: &str, options: &ImportOptions) -> Result<Imported, ImportErr
             None => continue,
         };
         if let Some(command) = &server.command {
-            if !DEFAULT_ALLOWED.contains(&command.as_str()) && !allowed.contains(command) {
+            if !crate::instances::sandbox::DEFAULT_ALLOWED_COMMANDS.contains(&command.as_str())
+                && !allowed.contains(command)
+            {
                 warnings.push(format!(
                     "{name}: `{command}` is not on the sandbox's default allow-list; added to [sandbox] allowed_commands"
                 ));

@@ -82,12 +82,13 @@ pub fn route_label(path: &str) -> &'static str {
     if let Some(exact) = EXACT.iter().find(|route| **route == path) {
         return exact;
     }
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match segments.as_slice() {
-        ["i", _, "mcp"] => "/i/{path}/mcp",
-        ["api", "analytics", ..] => "/api/analytics/*",
-        ["admin", ..] => "/admin/*",
-        [".well-known", ..] => "/.well-known/*",
+    // Per request: read the segments in place rather than collecting them.
+    let mut segments = path.trim_start_matches('/').split('/');
+    match (segments.next(), segments.next(), segments.next(), segments.next()) {
+        (Some("i"), Some(_), Some("mcp"), None) => "/i/{path}/mcp",
+        (Some("api"), Some("analytics"), ..) => "/api/analytics/*",
+        (Some("admin"), ..) => "/admin/*",
+        (Some(".well-known"), ..) => "/.well-known/*",
         _ => "other",
     }
 }
@@ -227,4 +228,20 @@ pub async fn serve<F>(
     drop(listener);
     draining.cancel();
     graceful.shutdown().await;
+}
+
+#[cfg(test)]
+mod route_label_tests {
+    use super::route_label;
+
+    #[test]
+    fn labels_are_templates_and_anything_else_is_other() {
+        assert_eq!(route_label("/mcp"), "/mcp");
+        assert_eq!(route_label("/i/alice-github/mcp"), "/i/{path}/mcp");
+        assert_eq!(route_label("/i/alice-github/mcp/extra"), "other", "only the exact template");
+        assert_eq!(route_label("/i/mcp"), "other");
+        assert_eq!(route_label("/api/analytics/summary"), "/api/analytics/*");
+        assert_eq!(route_label("/.well-known/oauth-protected-resource/mcp"), "/.well-known/*");
+        assert_eq!(route_label("/made/up/path-123"), "other");
+    }
 }
