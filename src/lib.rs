@@ -27,6 +27,7 @@ pub mod secrets;
 pub mod store;
 pub mod telemetry;
 pub mod tokens;
+pub mod toolsets;
 
 #[cfg(test)]
 mod layering_tests;

@@ -20,6 +20,7 @@ mod sandbox;
 mod secret_sweep;
 mod tenancy;
 mod tokens;
+mod toolsets;
 mod upstream_http;
 mod upstream_stdio;
 mod wire;

@@ -26,6 +26,7 @@ pub(super) struct FileWatch {
     pub(super) pending: Arc<parking_lot::Mutex<Option<[u8; 32]>>>,
     pub(super) manager: InstanceManager,
     pub(super) auth: Authenticator,
+    pub(super) toolsets: crate::toolsets::Toolsets,
     pub(super) refusals: Arc<AtomicU64>,
     pub(super) events: Emitter,
     /// `[satellite]` and `[sandbox]` as the running satellite read them at start.
@@ -70,6 +71,7 @@ impl FileWatch {
         match parsed {
             Ok(next) => {
                 self.auth.replace(next.directory.clone());
+                self.toolsets.set_configured(next.toolsets.clone());
                 let desired = next.desired_state();
                 let refresh = ConfigRefresh::new(
                     "file",

@@ -150,6 +150,7 @@ impl Satellite {
         let metrics = crate::metrics::Metrics::new().map_err(StartError::Metrics)?;
         let store = Store::open(&config.data_dir).await?;
         let search = SearchIndex::new()?;
+        let toolsets = crate::toolsets::Toolsets::load(store.clone(), first.toolsets.clone()).await?;
         let emitter = Emitter::new(store.clone());
         let logs = LogCapture::new(emitter.clone());
         // Managed mode: the backend client (no IO yet) and the OAuth tokens it serves to remote instances.
@@ -296,6 +297,7 @@ impl Satellite {
             events: emitter.clone(),
             tasks: tasks.clone(),
             audit: Arc::new(http::AuthAudit::new(emitter.clone())),
+            toolsets: toolsets.clone(),
         };
         let server = tokio::spawn(http::serve(
             listener,
@@ -382,6 +384,7 @@ impl Satellite {
                 path,
                 manager: manager.clone(),
                 auth,
+                toolsets: toolsets.clone(),
                 refusals: config_refusals.clone(),
                 events: emitter.clone(),
                 start_only: Arc::new(start_only),

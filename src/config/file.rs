@@ -26,6 +26,23 @@ pub struct RawFile {
     pub servers: Vec<RawServer>,
     #[serde(default)]
     pub installations: Vec<RawInstallation>,
+    /// Named subsets of tools a session can select (`/mcp?toolset=NAME`) or a user can make their default.
+    #[serde(default)]
+    pub toolsets: Vec<RawToolset>,
+}
+
+/// A toolset: patterns over `server:tool` (`github`, `github:create_issue`, `*:read_*`).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawToolset {
+    pub name: String,
+    pub description: Option<String>,
+    /// Patterns over tool paths: a server slug (all its tools), `server:tool`, or a glob in either part.
+    pub tools: Vec<String>,
+    /// The team it belongs to; unset: every team.
+    pub team: Option<String>,
+    /// A member's own toolset; unset: the whole team's.
+    pub user: Option<String>,
 }
 
 /// Process settings; each also has an environment variable that overrides it.
@@ -139,6 +156,8 @@ pub struct RawUser {
     pub tokens: Vec<RawToken>,
     /// `member` (the default) or `admin`: an admin also reads the analytics of the teams their tokens are for.
     pub role: Option<String>,
+    /// The toolset this user's sessions use when they select none (`?toolset=all` still selects every tool).
+    pub default_toolset: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -11,7 +11,8 @@ use url::Url;
 use super::snapshot::{set_query, DesiredState, EntrySettings, McpServerEntry, SecretMetadata};
 use crate::config::file::{RawFile, RawInstallation, RawServer, RawTeam, RawUser, RawUserInstance};
 use crate::config::{sha256_hex, ConfigError, EmbeddedDefault};
-use crate::model::{InstallationId, ProcessId, TeamId, UserId};
+use crate::model::toolset::{Configured, ConfiguredToolsets};
+use crate::model::{InstallationId, ProcessId, TeamId, Toolset, ToolsetScope, ToolsetSource, UserId};
 
 /// Who may connect: teams, users with their token hashes, and JWT settings.
 /// Used by the client-facing authentication.
@@ -74,6 +75,8 @@ pub struct StandaloneConfig {
     pub directory: Directory,
     /// `mcp_servers` entries keyed by process id, as the backend would send them.
     pub entries: BTreeMap<String, McpServerEntry>,
+    /// `[[toolsets]]` and the users' `default_toolset`.
+    pub toolsets: ConfiguredToolsets,
 }
 
 impl StandaloneConfig {
@@ -170,7 +173,75 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
         check_sha256(hash, &format!("auth.admin_token_sha256[{i}]"))?;
         admin_tokens.push(hash.to_ascii_lowercase());
     }
-    Ok(StandaloneConfig { directory: Directory { teams, users, jwt, authorization_server, admin_tokens }, entries })
+    let toolsets = toolsets(raw, &teams, &users)?;
+    Ok(StandaloneConfig {
+        directory: Directory { teams, users, jwt, authorization_server, admin_tokens },
+        entries,
+        toolsets,
+    })
+}
+
+/// `[[toolsets]]` validated (names, patterns, whom each is for) and every `default_toolset` resolved in each of
+/// its user's teams.
+fn toolsets(
+    raw: &RawFile,
+    teams: &BTreeMap<TeamId, Team>,
+    users: &BTreeMap<UserId, User>,
+) -> Result<ConfiguredToolsets, ConfigError> {
+    let mut out = ConfiguredToolsets::default();
+    let mut seen = BTreeSet::new();
+    for (i, toolset) in raw.toolsets.iter().enumerate() {
+        let key = format!("toolsets[{i}]");
+        let team = toolset.team.as_ref().map(|t| TeamId(t.clone()));
+        if let Some(team) = &team {
+            if !teams.contains_key(team) {
+                return Err(ConfigError::new(format!("{key}.team"), None, format!("unknown team {team:?}")));
+            }
+        }
+        let user = toolset.user.as_ref().map(|u| UserId(u.clone()));
+        if let Some(user) = &user {
+            let member = users.get(user).is_some_and(|u| team.as_ref().is_none_or(|t| u.teams.contains(t)));
+            if !member {
+                return Err(ConfigError::new(
+                    format!("{key}.user"),
+                    None,
+                    format!("unknown user {user:?}, or not a member of the toolset's team"),
+                ));
+            }
+        }
+        if !seen.insert((team.clone(), user.clone(), toolset.name.clone())) {
+            return Err(ConfigError::new(
+                format!("{key}.name"),
+                None,
+                format!("toolset {:?} is defined twice for the same team and user", toolset.name),
+            ));
+        }
+        let scope = if user.is_some() { ToolsetScope::User } else { ToolsetScope::Team };
+        let built = Toolset::new(
+            &toolset.name,
+            toolset.description.clone(),
+            toolset.tools.clone(),
+            scope,
+            ToolsetSource::Config,
+        )
+        .map_err(|err| ConfigError::new(key, None, err.to_string()))?;
+        out.toolsets.push(Configured { team, user, toolset: std::sync::Arc::new(built) });
+    }
+    for (i, user) in raw.users.iter().enumerate() {
+        let Some(name) = &user.default_toolset else { continue };
+        let id = UserId(user.id.clone());
+        for team in &user.teams {
+            if out.find(&TeamId(team.clone()), &id, name).is_none() {
+                return Err(ConfigError::new(
+                    format!("users[{i}].default_toolset"),
+                    None,
+                    format!("no toolset {name:?} in [[toolsets]] for this user in team {team:?}"),
+                ));
+            }
+        }
+        out.defaults.insert(id, name.clone());
+    }
+    Ok(out)
 }
 
 /// The built-in configuration: one team, the user `demo`, and the bundled demo server over stdio.
@@ -194,6 +265,7 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<Standa
             tokens: vec![],
             // The one user of the demo is its admin, so `/admin` opens with the demo token.
             role: Some("admin".into()),
+            default_toolset: None,
         }],
         servers: vec![RawServer {
             slug: "demo".into(),

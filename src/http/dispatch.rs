@@ -8,18 +8,25 @@ use serde_json::Value;
 use super::McpDeps;
 use crate::auth::Principal;
 use crate::instances::Instance;
+use crate::mcp::protocol::RpcError;
 use crate::mcp::transport::Relay;
+use crate::model::Toolset;
 use crate::router::RouteError;
+
+/// The toolset a hierarchical request uses (`None`: every tool), or why the one it selects cannot be used
+/// (every request but `ping` then gets that error, `initialize` included).
+pub type Selection = Result<Option<Arc<Toolset>>, RpcError>;
 
 /// The router behind an endpoint, with the identity it serves.
 #[derive(Clone)]
 pub enum Target {
-    /// `POST /mcp`: the four meta-tools, as this caller.
-    Hierarchical(Principal),
+    /// `POST /mcp`: the four meta-tools, as this caller, through a toolset.
+    Hierarchical(Principal, Selection),
     /// `POST /i/{path}/mcp`: one instance's own tools.
     Instance(Arc<Instance>),
-    /// `POST /message` of a legacy SSE stream: the hierarchical router, as the stream's owner.
-    LegacySse(Principal),
+    /// `POST /message` of a legacy SSE stream: the hierarchical router, as the stream's owner, through the
+    /// toolset the stream selected.
+    LegacySse(Principal, Selection),
 }
 
 impl Target {
@@ -35,17 +42,37 @@ impl Target {
         relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
         match self {
-            Target::Hierarchical(caller) | Target::LegacySse(caller) => {
-                deps.router.handle(caller, session, method, params, relay).await
-            }
+            Target::Hierarchical(caller, selection) | Target::LegacySse(caller, selection) => match selection {
+                Ok(toolset) => deps.router.handle(caller, toolset.as_ref(), session, method, params, relay).await,
+                Err(_) if method == "ping" => Ok(serde_json::json!({})),
+                Err(err) => Err(RouteError::Rpc(err.clone())),
+            },
             Target::Instance(instance) => deps.instance_router.handle(instance, session, method, params, relay).await,
+        }
+    }
+
+    /// Why the toolset this request selects cannot be used, if it cannot.
+    pub fn refused_selection(&self) -> Option<&RpcError> {
+        match self {
+            Target::Hierarchical(_, Err(err)) | Target::LegacySse(_, Err(err)) => Some(err),
+            _ => None,
+        }
+    }
+
+    /// The toolset this request uses, if any.
+    pub fn toolset(&self) -> Option<&Arc<Toolset>> {
+        match self {
+            Target::Hierarchical(_, Ok(toolset)) | Target::LegacySse(_, Ok(toolset)) => toolset.as_ref(),
+            _ => None,
         }
     }
 
     /// Who owns sessions made through this target: the caller's (user, team), or the instance.
     pub fn session_owner(&self) -> String {
         match self {
-            Target::Hierarchical(caller) | Target::LegacySse(caller) => format!("{}\u{0}{}", caller.user, caller.team),
+            Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
+                format!("{}\u{0}{}", caller.user, caller.team)
+            }
             Target::Instance(instance) => format!("instance:{}", instance.spec().process_id),
         }
     }

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use super::dispatch::Target;
 use super::McpDeps;
+use crate::model::Toolset;
 
 /// How long `initialize` on an instance endpoint waits for a dormant or starting server to connect.
 const WAKE_WAIT: Duration = Duration::from_secs(30);
@@ -38,9 +39,24 @@ impl Identity {
         }
     }
 
+    /// `/mcp` through a toolset: the instructions name it, so the agent knows its search is narrowed.
+    pub fn hierarchical_with(toolset: Option<&Toolset>) -> Self {
+        let mut identity = Self::hierarchical();
+        if let Some(toolset) = toolset {
+            let about = toolset.description.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
+            identity.instructions = Some(format!(
+                "{HIERARCHICAL_INSTRUCTIONS} This session uses the toolset '{}'{about}: discover_mcp_tools finds and execute_mcp_tool runs only its tools.",
+                toolset.name
+            ));
+        }
+        identity
+    }
+
     /// The identity of the endpoint a target names; for an instance, its server's (waking it if dormant).
     pub async fn of(deps: &McpDeps, target: &Target) -> Self {
-        let Target::Instance(instance) = target else { return Self::hierarchical() };
+        let Target::Instance(instance) = target else {
+            return Self::hierarchical_with(target.toolset().map(|t| t.as_ref()));
+        };
         if instance.client().is_none() {
             let _ = tokio::time::timeout(WAKE_WAIT, deps.manager.wake(instance)).await;
         }

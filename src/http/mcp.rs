@@ -16,7 +16,7 @@ use warp::reply::Response;
 use warp::{Filter, Reply};
 
 use super::audit::finish;
-use super::dispatch::Target;
+use super::dispatch::{Selection, Target};
 use super::error::{rpc_status, McpError};
 use super::exchange::{is_parked_state, response_message, Answer, Mode};
 use super::identity::Identity;
@@ -75,11 +75,14 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let body = warp::body::content_length_limit(MAX_BODY_BYTES).and(warp::body::bytes());
     let peer = warp::ext::optional::<PeerAddr>();
 
-    let hier = warp::path("mcp").and(warp::path::end());
+    // `?toolset=NAME` selects a toolset (docs/toolsets.md); any other query parameter is ignored.
+    let hier = warp::path("mcp")
+        .and(warp::path::end())
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify().map(|raw: String| toolset_param(&raw)));
     let hier_post =
         hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
-            |headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: McpDeps| async move {
-                let answer = match hierarchical_endpoint(&deps, &headers, Some(&body)).await {
+            |toolset: Option<String>, headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: McpDeps| async move {
+                let answer = match hierarchical_endpoint(&deps, &headers, Some(&body), toolset.as_deref()).await {
                     Ok(endpoint) => post(&deps, endpoint, &headers, &body).await,
                     Err(err) => Err(err),
                 };
@@ -87,14 +90,18 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             },
         );
     let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-        |headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
-            let answer = hierarchical_endpoint(&deps, &headers, None).await.and_then(|e| open_stream(e, &headers));
+        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
+            let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
+                .await
+                .and_then(|e| open_stream(e, &headers));
             with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
         },
     );
     let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-        |headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
-            let answer = hierarchical_endpoint(&deps, &headers, None).await.and_then(|e| delete(e, &headers));
+        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
+            let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
+                .await
+                .and_then(|e| delete(e, &headers));
             with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
         },
     );
@@ -167,13 +174,36 @@ fn with_link(mut response: Response, urls: &ResourceUrls) -> Response {
     response
 }
 
-async fn hierarchical_endpoint(deps: &McpDeps, headers: &HeaderMap, body: Option<&[u8]>) -> Result<Endpoint, McpError> {
+async fn hierarchical_endpoint(
+    deps: &McpDeps,
+    headers: &HeaderMap,
+    body: Option<&[u8]>,
+    toolset: Option<&str>,
+) -> Result<Endpoint, McpError> {
     let principal = deps.auth.authenticate_request(header(headers, "authorization")).await.map_err(McpError::Auth)?;
     if let Some(client) = &principal.client_id {
         let user_team = (principal.user.0.clone(), principal.team.0.clone());
         record_activity(deps, headers, body, &user_team, client, "oauth");
     }
-    Ok(Endpoint::new(Target::Hierarchical(principal), deps.sessions.clone()))
+    let selection = select_toolset(deps, &principal, toolset);
+    Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.clone()))
+}
+
+/// The `toolset` parameter of a query string, decoded.
+pub(super) fn toolset_param(raw: &str) -> Option<String> {
+    url::form_urlencoded::parse(raw.as_bytes()).find(|(key, _)| key == "toolset").map(|(_, value)| value.into_owned())
+}
+
+/// The toolset a request of `caller` uses, or the JSON-RPC error that says why the one it selects cannot be.
+pub(super) fn select_toolset(deps: &McpDeps, caller: &crate::auth::Principal, requested: Option<&str>) -> Selection {
+    deps.toolsets.resolve(caller, requested).map_err(|err| {
+        let name = match &err {
+            crate::toolsets::ToolsetError::Unknown { name, .. }
+            | crate::toolsets::ToolsetError::DanglingDefault { name } => Some(name.clone()),
+            _ => None,
+        };
+        RpcError::new(codes::INVALID_PARAMS, err.to_string()).with_data(json!({"toolset": name}))
+    })
 }
 
 fn instance_endpoint(
@@ -273,6 +303,11 @@ async fn post(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap, body: &By
             if endpoint.sessions.touch(id, &endpoint.owner) == Lookup::Known {
                 return Err(McpError::AlreadyInitialized);
             }
+        }
+        if let Some(err) = endpoint.target.refused_selection() {
+            // No session for a connection whose toolset cannot be used: the client shows why it failed.
+            let id = messages[0].get("id").cloned().and_then(|id| serde_json::from_value(id).ok());
+            return Ok(json_response(StatusCode::OK, &protocol::error_response(id, err.clone())));
         }
         let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
         let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
@@ -447,17 +482,20 @@ async fn stateless_post(
         };
         let outcome = match check_envelope(header_version, params.as_ref()) {
             Err(err) => Err(RouteError::Rpc(err)),
-            Ok(()) if method == "server/discover" => {
-                let mut discovered = json!({
-                    "supportedVersions": SUPPORTED_VERSIONS,
-                    "capabilities": identity.capabilities,
-                    "serverInfo": identity.server_info,
-                });
-                if let Some(instructions) = &identity.instructions {
-                    discovered["instructions"] = json!(instructions);
+            Ok(()) if method == "server/discover" => match endpoint.target.refused_selection() {
+                Some(err) => Err(RouteError::Rpc(err.clone())),
+                None => {
+                    let mut discovered = json!({
+                        "supportedVersions": SUPPORTED_VERSIONS,
+                        "capabilities": identity.capabilities,
+                        "serverInfo": identity.server_info,
+                    });
+                    if let Some(instructions) = &identity.instructions {
+                        discovered["instructions"] = json!(instructions);
+                    }
+                    Ok(discovered)
                 }
-                Ok(discovered)
-            }
+            },
             Ok(()) if REMOVED_IN_STATELESS.contains(&method.as_str()) => Err(RouteError::Rpc(RpcError::new(
                 codes::METHOD_NOT_FOUND,
                 format!("Method not found: {method} is not part of {MODERN_VERSION}"),

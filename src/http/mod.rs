@@ -32,6 +32,7 @@ pub mod session;
 pub mod sse;
 pub mod stack;
 mod status;
+mod toolsets;
 
 pub use audit::AuthAudit;
 pub use error::McpError;
@@ -58,6 +59,8 @@ pub struct McpDeps {
     pub tasks: tokio_util::task::TaskTracker,
     /// `security.auth.failed` for refused credentials, rate-limited per source.
     pub audit: Arc<audit::AuthAudit>,
+    /// Which toolset a request selects (`?toolset=`) or defaults to.
+    pub toolsets: crate::toolsets::Toolsets,
 }
 
 /// What the status routes read.
@@ -94,6 +97,11 @@ pub fn routes(
     .boxed();
     let oauth = oauth::routes(mcp.urls.clone(), mcp.auth.clone());
     let legacy = sse::routes(mcp.clone(), mcp.sse_sessions.clone());
+    let toolsets = toolsets::routes(toolsets::ToolsetDeps {
+        auth: mcp.auth.clone(),
+        toolsets: mcp.toolsets.clone(),
+        manager: mcp.manager.clone(),
+    });
     // Boxed: the full type of every route combined is too deep for the compiler. CORS opens the MCP and OAuth
     // routes to browser clients; the status routes (the debug route above all) are never readable by a page of
     // another origin.
@@ -107,7 +115,7 @@ pub fn routes(
         .map(Reply::into_response)
         .boxed();
     // The admin API is not opened to other origins either: its page is served from here.
-    let admin = analytics::routes(status.analytics.clone()).boxed();
+    let admin = analytics::routes(status.analytics.clone()).or(toolsets).unify().boxed();
     // Probes and the scrape are asked by infrastructure naming the pod's address: outside the Host guard.
     let open = status::probes(status.clone()).boxed().or(metrics).unify().boxed();
     let all = status::routes(status).boxed().or(admin).unify().or(served).unify().boxed();

@@ -38,6 +38,8 @@ pub const SSE_IDLE: Duration = Duration::from_secs(30 * 60);
 
 struct SseSession {
     principal: Principal,
+    /// The `?toolset=` the stream was opened with; resolved again on every message, so an edited toolset applies.
+    toolset: Option<String>,
     events: mpsc::Sender<warp::sse::Event>,
     last_seen: Instant,
     tool_calls: u64,
@@ -128,10 +130,18 @@ pub fn routes(
 ) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let with = warp::any().map(move || (deps.clone(), sessions.clone()));
     let peer = warp::ext::optional::<PeerAddr>();
-    let open =
-        warp::path!("sse").and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-            |headers: HeaderMap, peer: Option<PeerAddr>, (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
-                let answer = open(&deps, &sessions, &headers).await;
+    let open = warp::path!("sse")
+        .and(warp::get())
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
+        .and(warp::header::headers_cloned())
+        .and(peer)
+        .and(with.clone())
+        .then(
+            |query: String,
+             headers: HeaderMap,
+             peer: Option<PeerAddr>,
+             (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
+                let answer = open(&deps, &sessions, &headers, super::mcp::toolset_param(&query)).await;
                 finish(&deps, "sse", peer, &headers, None, answer).await
             },
         );
@@ -156,7 +166,12 @@ pub fn routes(
     open.or(message).unify()
 }
 
-async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) -> Result<Response, McpError> {
+async fn open(
+    deps: &McpDeps,
+    sessions: &Arc<SseSessions>,
+    headers: &HeaderMap,
+    toolset: Option<String>,
+) -> Result<Response, McpError> {
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     let principal = deps
         .auth
@@ -164,6 +179,8 @@ async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) 
         .await
         .and_then(|p| p.require(SCOPE_READ).map(|_| p))
         .map_err(McpError::Auth)?;
+    // A toolset that cannot be used refuses the stream, with the reason, rather than opening an empty one.
+    super::mcp::select_toolset(deps, &principal, toolset.as_deref()).map_err(McpError::Rpc)?;
     let mut raw = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut raw);
     let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
@@ -172,7 +189,7 @@ async fn open(deps: &McpDeps, sessions: &Arc<SseSessions>, headers: &HeaderMap) 
     sessions
         .sessions
         .lock()
-        .insert(id.clone(), SseSession { principal, events: tx, last_seen: Instant::now(), tool_calls: 0 });
+        .insert(id.clone(), SseSession { principal, toolset, events: tx, last_seen: Instant::now(), tool_calls: 0 });
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let user_agent = header_text("user-agent").unwrap_or_else(|| "unknown".into());
     let ip =
@@ -221,7 +238,7 @@ async fn message(
     // token revoked since the stream opened stops working at once. It must be the identity that opened the stream.
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     let caller = deps.auth.authenticate_request(authorization).await.map_err(McpError::Auth)?;
-    let (principal, events) = {
+    let (principal, toolset, events) = {
         let mut table = sessions.sessions.lock();
         let session = table.get_mut(id).ok_or(McpError::SseSessionNotFound)?;
         if caller.user != session.principal.user || caller.team != session.principal.team {
@@ -229,7 +246,7 @@ async fn message(
         }
         session.last_seen = Instant::now();
         session.tool_calls += u64::from(crate::activity::is_tool_call(body));
-        (caller.clone(), session.events.clone())
+        (caller.clone(), session.toolset.clone(), session.events.clone())
     };
     caller.require(SCOPE_READ).map_err(McpError::Auth)?;
     // Legacy SSE callers count as client activity too (SB §17): by OAuth client when the stream's token had one.
@@ -267,7 +284,8 @@ async fn message(
             let requested = params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str);
             let version =
                 requested.filter(|v| *v == "2024-11-05" || LEGACY_VERSIONS.contains(v)).unwrap_or("2024-11-05");
-            let identity = Identity::hierarchical();
+            let selection = super::mcp::select_toolset(deps, &principal, toolset.as_deref());
+            let identity = Identity::hierarchical_with(selection.ok().flatten().as_deref());
             protocol::response(
                 id,
                 json!({"protocolVersion": version, "capabilities": identity.capabilities,
@@ -276,7 +294,8 @@ async fn message(
         }
         Ok(Message::Request { id: request_id, method, params }) => {
             let call = RelayedCall { deps: deps.clone(), sessions: sessions.clone(), scope: id.to_owned(), events };
-            return call.run(principal, request_id, method, params).await;
+            let selection = super::mcp::select_toolset(deps, &principal, toolset.as_deref());
+            return call.run(principal, selection, request_id, method, params).await;
         }
     };
     let message_id = new_message_id();
@@ -315,6 +334,7 @@ impl RelayedCall {
     async fn run(
         self,
         principal: Principal,
+        selection: super::dispatch::Selection,
         request_id: protocol::RequestId,
         method: String,
         params: Option<Value>,
@@ -326,7 +346,7 @@ impl RelayedCall {
         let tracked = request_id.clone();
         let mut task = tokio::spawn(async move {
             let (relay, mut rx) = Relay::channel(true);
-            let target = Target::LegacySse(principal);
+            let target = Target::LegacySse(principal, selection);
             let call = target.dispatch(&self.deps, Some(&self.scope), &method, params, Some(&relay));
             tokio::pin!(call);
             let mut asked_tx = Some(asked_tx);

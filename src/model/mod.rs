@@ -10,11 +10,13 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use url::Url;
 
 pub mod catalog;
+pub mod toolset;
 
 pub use catalog::{
     catalog_diff, namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path,
     shared_uri, tool_path, Catalog, ChangeKind, ResourceDef, TemplateDef, ToolChange, ToolDef,
 };
+pub use toolset::{Toolset, ToolsetScope, ToolsetSource};
 
 /// ISO-8601 with milliseconds and `Z`, as the backend writes timestamps.
 pub fn iso(at: DateTime<Utc>) -> String {

@@ -21,7 +21,7 @@ use crate::mcp::protocol::{codes, RpcError};
 use crate::mcp::transport::Relay;
 use crate::model::{
     namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path, shared_uri, tool_path,
-    ResourceDef, ToolDef,
+    ResourceDef, ToolDef, Toolset,
 };
 use crate::search::{relevance_score, SearchIndex};
 
@@ -50,10 +50,12 @@ pub struct HierarchicalRouter {
 impl HierarchicalRouter {
     /// Handle one request method for an authenticated caller.
     /// `relay` carries what an upstream server says during an execution or read back to the client.
-    /// `session` is the client's MCP session id (handshake era), for the analytics.
+    /// `session` is the client's MCP session id (handshake era), for the analytics. `toolset`, when the
+    /// request uses one, limits what discover finds and execute runs.
     pub async fn handle(
         &self,
         caller: &Principal,
+        toolset: Option<&Arc<Toolset>>,
         session: Option<&str>,
         method: &str,
         params: Option<Value>,
@@ -82,7 +84,7 @@ impl HierarchicalRouter {
                 let uri = string_param(&params, "uri", "Invalid uri parameter - must be a non-empty string")?;
                 self.read(caller, uri, relay).await
             }
-            "tools/call" => self.call_meta_tool(caller, &who, &params, relay).await,
+            "tools/call" => self.call_meta_tool(caller, toolset, &who, &params, relay).await,
             other => Err(method_not_found(other)),
         }
     }
@@ -112,6 +114,7 @@ impl HierarchicalRouter {
     async fn call_meta_tool(
         &self,
         caller: &Principal,
+        toolset: Option<&Arc<Toolset>>,
         who: &Caller<'_>,
         params: &Value,
         relay: Option<&Relay>,
@@ -120,7 +123,7 @@ impl HierarchicalRouter {
         let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
         match name {
             meta::DISCOVER => {
-                let (result, tool_paths) = self.discover(caller, &args).await?;
+                let (result, tool_paths) = self.discover(caller, toolset, &args).await?;
                 let text =
                     result.pointer("/content/0/text").and_then(Value::as_str).map(str::to_owned).unwrap_or_default();
                 self.analytics.discover(who, text, tool_paths);
@@ -128,7 +131,7 @@ impl HierarchicalRouter {
             }
             meta::EXECUTE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
-                self.execute(caller, who, &args, params, relay).await
+                self.execute(caller, toolset, who, &args, params, relay).await
             }
             meta::LIST_RESOURCES => {
                 let resources = self.resource_entries(caller);
@@ -161,7 +164,7 @@ impl HierarchicalRouter {
 
     /// The caller's instances whose tools are visible now.
     pub(super) fn visible_instances(&self, caller: &Principal) -> Vec<Arc<Instance>> {
-        self.views.get(&self.manager, caller).instances.clone()
+        self.views.get(&self.manager, caller, None).instances.clone()
     }
 
     /// The caller's instance of a server slug; several installations of one slug resolve to the last (OQ-23).
@@ -183,7 +186,12 @@ impl HierarchicalRouter {
     }
 
     /// The discover answer and the tool paths it lists.
-    async fn discover(&self, caller: &Principal, args: &Value) -> Result<(Value, Vec<String>), RouteError> {
+    async fn discover(
+        &self,
+        caller: &Principal,
+        toolset: Option<&Arc<Toolset>>,
+        args: &Value,
+    ) -> Result<(Value, Vec<String>), RouteError> {
         let started = Instant::now();
         let query = args
             .get("query")
@@ -198,8 +206,14 @@ impl HierarchicalRouter {
             full_schemas: args.get("full_schemas").and_then(Value::as_bool).unwrap_or(false),
             explainer: explain.then(|| self.search.explainer(query)),
         };
-        let view = self.views.get(&self.manager, caller);
+        let view = self.views.get(&self.manager, caller, toolset);
+        if let (Some(toolset), Some(0)) = (toolset, view.toolset_tools) {
+            return Err(empty_toolset(toolset, &view.instances));
+        }
         let instances = &view.instances;
+        let in_toolset = |instance: &Instance, tool: &ToolDef| {
+            toolset.is_none_or(|t| t.matches(&instance.spec().server_slug, &tool.name))
+        };
         let mut document = Map::new();
         let mut entries = Vec::new();
         let mut seen = HashSet::new();
@@ -209,7 +223,7 @@ impl HierarchicalRouter {
                 .iter()
                 .filter_map(|i| i.catalog().map(|c| (i, c)))
                 .flat_map(|(i, c)| c.tools.clone().into_iter().map(move |t| (i, t)))
-                .filter(|(i, t)| !i.tool_disabled(&t.name))
+                .filter(|(i, t)| !i.tool_disabled(&t.name) && in_toolset(i, t))
                 .collect();
             for (instance, tool) in &all {
                 if entries.len() == WILDCARD_LIMIT {
@@ -276,6 +290,7 @@ impl HierarchicalRouter {
     async fn execute(
         &self,
         caller: &Principal,
+        toolset: Option<&Arc<Toolset>>,
         who: &Caller<'_>,
         args: &Value,
         outer: &Value,
@@ -291,6 +306,12 @@ impl HierarchicalRouter {
                 "Invalid tool_path format: {path}. Expected format: \"serverSlug:toolName\" (e.g., \"github:create_issue\")"
             ))
         })?;
+        if let Some(toolset) = toolset.filter(|t| !t.matches(slug, tool_name)) {
+            return Err(invalid(format!(
+                "Tool {path} is not in the toolset '{}' this session uses. Use discover_mcp_tools to find tools in it, or connect with ?toolset=all to reach every tool.",
+                toolset.name
+            )));
+        }
         let instance = self.instance_for(caller, slug)?;
         if instance.catalog().is_none() {
             // Never started (or never listed its tools): say why, not "Tool not found".
@@ -473,6 +494,26 @@ impl HierarchicalRouter {
         }
         out
     }
+}
+
+/// The error of a discover through a toolset that takes none of the caller's tools now: which patterns, and
+/// which servers are online, so the user can tell a wrong pattern from a server that is down.
+fn empty_toolset(toolset: &Toolset, online: &[Arc<Instance>]) -> RouteError {
+    let mut servers: Vec<&str> = online.iter().map(|i| i.spec().server_slug.as_str()).collect();
+    servers.sort_unstable();
+    servers.dedup();
+    let listed = if servers.is_empty() { "none".to_owned() } else { servers.join(", ") };
+    RouteError::Rpc(
+        RpcError::new(
+            codes::INVALID_PARAMS,
+            format!(
+                "Toolset '{}' has no tools available to you now: its patterns ({}) match none of the tools of your online servers ({listed}). Fix the toolset, wait for its servers to come online, or connect with ?toolset=all.",
+                toolset.name,
+                toolset.patterns.join(", ")
+            ),
+        )
+        .with_data(json!({"toolset": toolset.name, "patterns": toolset.patterns, "online_servers": servers})),
+    )
 }
 
 fn native_entry(definition: &Value, slug: &str, key: &str, namespaced: &str) -> Value {

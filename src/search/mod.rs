@@ -32,8 +32,8 @@ use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDo
 use tokio::sync::{mpsc, oneshot};
 
 use self::analysis::TOOL_TOKENIZER;
-pub use self::schema::Explainer;
 use self::schema::IndexSchema;
+pub use self::schema::{tool_key, Explainer};
 pub use self::visibility::Scope;
 use self::visibility::VisibleQuery;
 
@@ -214,7 +214,7 @@ fn search_blocking(
     let Some(text) = schema.query(query, is_indexed) else {
         return Ok(Vec::new());
     };
-    let visible = VisibleQuery(scope.filter(searcher, schema.fields.process_id)?);
+    let visible = VisibleQuery(scope.filter(searcher, schema.fields.process_id, schema.fields.tool_key)?);
     // Visibility is a required clause of the query itself, so the top `limit` are the best visible
     // tools, never best-overall tools filtered afterwards.
     let query = BooleanQuery::new(vec![(Occur::Must, Box::new(visible)), (Occur::Must, text)]);

@@ -3,6 +3,8 @@
 //! Fields:
 //! - `process_id`: untokenized, stored; the visibility filter and the delete key.
 //! - `tool_name`: stored only (returned in hits).
+//! - `tool_key`: untokenized [`tool_key`] (process id and tool name): the visibility filter of a toolset that
+//!   takes only some of an instance's tools.
 //! - `exact_name`: untokenized [`canonical_name`] of the tool name, and of "slug name"; a query
 //!   that canonicalises to one of them gets [`EXACT_NAME_SCORE`] on top of its BM25 score.
 //! - `name`: the tool name, analysed.
@@ -47,10 +49,17 @@ const MAX_EXACT_NAME_WORDS: usize = 8;
 /// JSON Schema nesting followed when collecting parameter names.
 const MAX_SCHEMA_DEPTH: usize = 16;
 
+/// One tool of one instance as a single term: the process id and the tool name, joined by a character
+/// neither contains in practice (a unit separator).
+pub fn tool_key(process_id: &str, tool_name: &str) -> String {
+    format!("{process_id}\u{1f}{tool_name}")
+}
+
 #[derive(Clone, Copy)]
 pub(crate) struct Fields {
     pub(crate) process_id: Field,
     pub(crate) tool_name: Field,
+    pub(crate) tool_key: Field,
     exact_name: Field,
     /// [`canonical_name`] of the server slug.
     pub(crate) server: Field,
@@ -75,6 +84,7 @@ impl IndexSchema {
         let fields = Fields {
             process_id: builder.add_text_field("process_id", STRING | STORED),
             tool_name: builder.add_text_field("tool_name", STORED),
+            tool_key: builder.add_text_field("tool_key", STRING),
             exact_name: builder.add_text_field("exact_name", STRING),
             server: builder.add_text_field("server", STRING),
             name: builder.add_text_field("name", analysed.clone()),
@@ -88,6 +98,7 @@ impl IndexSchema {
         let mut document = TantivyDocument::new();
         document.add_text(fields.process_id, &tool.process_id);
         document.add_text(fields.tool_name, &tool.tool_name);
+        document.add_text(fields.tool_key, tool_key(&tool.process_id, &tool.tool_name));
         for exact in exact_names(&tool.server_slug, &tool.tool_name) {
             document.add_text(fields.exact_name, exact);
         }

@@ -281,3 +281,16 @@ async fn implied_steps_and_file_formats_reach_their_tools() -> Result<(), Search
     assert_eq!(names(&hits)[0], ("xl", "excel_read_sheet"), "{hits:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_scope_of_single_tools_finds_exactly_those_tools_among_whole_instances() -> Result<(), SearchError> {
+    let index = two_instances().await;
+    // A toolset taking all of bob-git and only `read_file` of bob-fs: `readFileFast` (the best match) is out.
+    let scope = Arc::new(Scope::with_tools(vec!["bob-git".into()], vec![tool_key("bob-fs", "read_file")]));
+    assert_eq!(names(&index.search("read file fast", &scope, 10).await?), [("bob-fs", "read_file")]);
+    assert_eq!(names(&index.search("status", &scope, 10).await?), [("bob-git", "git_status")]);
+    let nothing = Arc::new(Scope::with_tools(vec![], vec![tool_key("bob-fs", "no_such_tool")]));
+    assert!(index.search("read", &nothing, 10).await?.is_empty());
+    assert!(Scope::with_tools(vec![], vec![]).is_empty());
+    Ok(())
+}

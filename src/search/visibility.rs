@@ -15,20 +15,28 @@ use tantivy::query::{ConstScorer, EmptyScorer, EnableScoring, Explanation, Query
 use tantivy::schema::{Field, IndexRecordOption};
 use tantivy::{DocId, DocSet, Score, Searcher, SegmentReader, TantivyError, Term, TERMINATED};
 
-/// The process ids one caller may see, with the filter built from them for the current index generation.
+/// The process ids one caller may see (every tool of each), and single tools of other instances (a toolset
+/// that takes only some of an instance's tools, as [`super::tool_key`]s), with the filter built from them for
+/// the current index generation.
 #[derive(Debug, Default)]
 pub struct Scope {
     ids: Vec<String>,
+    tools: Vec<String>,
     cache: Mutex<Option<Arc<Filter>>>,
 }
 
 impl Scope {
     pub fn new(ids: Vec<String>) -> Scope {
-        Scope { ids, cache: Mutex::new(None) }
+        Scope { ids, tools: Vec::new(), cache: Mutex::new(None) }
+    }
+
+    /// Every tool of the instances `ids`, and the single tools `tool_keys` ([`super::tool_key`]).
+    pub fn with_tools(ids: Vec<String>, tool_keys: Vec<String>) -> Scope {
+        Scope { ids, tools: tool_keys, cache: Mutex::new(None) }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.ids.is_empty() && self.tools.is_empty()
     }
 
     pub fn ids(&self) -> &[String] {
@@ -40,8 +48,14 @@ impl Scope {
         self.cache.lock().as_ref().filter(|f| f.generation == generation).map(|f| f.docs)
     }
 
-    /// The filter for `searcher`'s generation: cached, or built now from the `process_id` postings.
-    pub(crate) fn filter(&self, searcher: &Searcher, field: Field) -> Result<Arc<Filter>, TantivyError> {
+    /// The filter for `searcher`'s generation: cached, or built now from the `process_id` postings (`field`)
+    /// and the `tool_key` postings (`tool_field`).
+    pub(crate) fn filter(
+        &self,
+        searcher: &Searcher,
+        field: Field,
+        tool_field: Field,
+    ) -> Result<Arc<Filter>, TantivyError> {
         let generation = searcher.generation().generation_id();
         if let Some(filter) = self.cache.lock().as_ref().filter(|f| f.generation == generation) {
             return Ok(filter.clone());
@@ -51,16 +65,21 @@ impl Scope {
         for segment in searcher.segment_readers() {
             let max_doc = segment.max_doc();
             let mut words = vec![0u64; (max_doc as usize).div_ceil(64)];
-            let inverted = segment.inverted_index(field)?;
-            for id in &self.ids {
-                let term = Term::from_field_text(field, id);
-                let Some(mut postings) = inverted.read_postings(&term, IndexRecordOption::Basic)? else {
+            for (field, values) in [(field, &self.ids), (tool_field, &self.tools)] {
+                if values.is_empty() {
                     continue;
-                };
-                let mut doc = postings.doc();
-                while doc != TERMINATED {
-                    words[(doc / 64) as usize] |= 1 << (doc % 64);
-                    doc = postings.advance();
+                }
+                let inverted = segment.inverted_index(field)?;
+                for value in values {
+                    let term = Term::from_field_text(field, value);
+                    let Some(mut postings) = inverted.read_postings(&term, IndexRecordOption::Basic)? else {
+                        continue;
+                    };
+                    let mut doc = postings.doc();
+                    while doc != TERMINATED {
+                        words[(doc / 64) as usize] |= 1 << (doc % 64);
+                        doc = postings.advance();
+                    }
                 }
             }
             docs += words.iter().map(|w| u64::from(w.count_ones())).sum::<u64>();

@@ -12,6 +12,7 @@ pub mod analytics;
 mod catalog;
 mod events;
 mod status;
+pub mod toolsets;
 
 pub use catalog::CatalogOwner;
 pub use events::{NewEvent, OutboxSummary, StoredEvent};
