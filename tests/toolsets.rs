@@ -75,7 +75,7 @@ async fn found(caller: &Caller, query: &str) -> Result<Vec<String>, String> {
     Ok(paths)
 }
 
-/// A request to `/api/toolsets…` as `token`.
+/// A request to `/api/toolsets…` as `token`; every answer is checked against proto/toolsets.openapi.json.
 async fn api(
     sat: &TestSatellite,
     method: reqwest::Method,
@@ -83,13 +83,37 @@ async fn api(
     token: &str,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
-    let mut request = reqwest::Client::new().request(method, format!("{}{path}", sat.base_url())).bearer_auth(token);
+    let mut request =
+        reqwest::Client::new().request(method.clone(), format!("{}{path}", sat.base_url())).bearer_auth(token);
     if let Some(body) = body {
         request = request.json(&body);
     }
     let response = request.send().await.expect("api request");
     let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    conforms(&method, path, status, &body);
+    (status, body)
+}
+
+/// The answer matches the contract's schema for its route, method and status.
+fn conforms(method: &reqwest::Method, path: &str, status: StatusCode, body: &Value) {
+    let openapi: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_path("proto/toolsets.openapi.json")).expect("contract"))
+            .expect("contract JSON");
+    let path = path.split('?').next().unwrap_or_default();
+    let template = match path {
+        "/api/toolsets" | "/api/toolsets/default" => path.to_owned(),
+        _ => "/api/toolsets/{name}".to_owned(),
+    };
+    let method = method.as_str().to_ascii_lowercase();
+    let mut schema = openapi["paths"][&template][&method]["responses"][status.as_str()]["content"]["application/json"]
+        ["schema"]
+        .clone();
+    assert!(!schema.is_null(), "proto/toolsets.openapi.json has no {status} for {method} {template}");
+    schema["components"] = openapi["components"].clone();
+    let validator = jsonschema::validator_for(&schema).expect("valid schema");
+    let errors = crate::common::fake_backend::schema_errors(&validator, body);
+    assert!(errors.is_empty(), "{method} {path} {status} does not match the contract: {errors:?}\n{body}");
 }
 
 async fn session(sat: &TestSatellite, query: &str, token: &str) -> (Caller, Value) {

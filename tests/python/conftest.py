@@ -156,6 +156,12 @@ server = "everything"
 instance_path = "alice-everything"
 instance_token_sha256 = "{sha(i['alice'])}"
 
+[[toolsets]]
+name = "echoes"
+description = "Echo tools only"
+team = "acme"
+tools = ["*:echo"]
+
 [[installations]]
 id = "demo-globex"
 team = "globex"
