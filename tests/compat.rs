@@ -329,6 +329,15 @@ async fn every_event_type_reaches_the_backend() {
         )
     };
     backend.push_command(recovery("c-recover"));
+    // The satellite's own configure event: every running instance discovered again now.
+    backend.push_command(Command::new(
+        "c-tools-refresh",
+        Priority::Immediate,
+        CommandKind::Configure(ConfigurePayload {
+            common: CommonPayload { event: Some("mcp_tools_refresh".into()), ..Default::default() },
+            ..Default::default()
+        }),
+    ));
     // A config fetch that fails: config.error; one that works: config.refreshed.
     backend.fail_next(Endpoint::Config, 500, 1);
     backend.push_command(Command::new(
@@ -344,10 +353,14 @@ async fn every_event_type_reaches_the_backend() {
             common: CommonPayload { installation_id: Some("inst1".into()), ..Default::default() },
         }),
     ));
-    for id in ["c-recover", "c-refresh-fails", "c-kill"] {
+    for id in ["c-recover", "c-tools-refresh", "c-refresh-fails", "c-kill"] {
         wait_until(DEADLINE, &format!("a result for {id}"), || async { backend.results_for(id).into_iter().next() })
             .await;
     }
+    let refreshed = backend.results_for("c-tools-refresh").remove(0);
+    let answer = serde_json::to_value(&refreshed).unwrap_or_default();
+    assert_eq!(answer["status"], "completed", "{answer}");
+    assert!(answer["result"]["refreshed"].as_array().is_some_and(|r| !r.is_empty()), "{answer}");
 
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {

@@ -312,3 +312,123 @@ async fn a_drifted_tool_is_held_until_an_admin_accepts_it() {
     assert!(caller.execute("live:echo", json!({"text": "after"})).await.to_string().contains("after"));
     assert!(sat.satellite.shutdown().await);
 }
+
+/// An open session's GET stream, read until a notification with `method` arrives (or the deadline passes).
+struct Stream {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    seen: String,
+}
+
+impl Stream {
+    async fn open(url: String, token: Option<&str>, session: &str) -> Stream {
+        let mut request =
+            reqwest::Client::new().get(url).header("accept", "text/event-stream").header("mcp-session-id", session);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("GET stream");
+        assert_eq!(response.status(), reqwest::StatusCode::OK);
+        Stream { body: Box::pin(response.bytes_stream()), seen: String::new() }
+    }
+
+    /// Whether `method` arrived before `wait` passed (what arrived is kept for the next look).
+    async fn heard(&mut self, method: &str, wait: Duration) -> bool {
+        use futures::StreamExt;
+        let needle = format!("\"method\":\"{method}\"");
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(at) = self.seen.find(&needle) {
+                self.seen.drain(..at + needle.len());
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, self.body.next()).await {
+                Ok(Some(Ok(chunk))) => self.seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// `list_changed` reaches open sessions where their view changed, and only once the catalog has changed: a
+/// client that lists at once gets the new list. The instance endpoint hears tool changes; `/mcp` (whose four
+/// meta-tools never change) hears its resources and prompts change when an instance of the caller's goes or
+/// comes back.
+#[tokio::test]
+async fn open_sessions_hear_list_changed_once_their_view_changed() {
+    const INSTANCE_TOKEN: &str = "ds_inst_0123456789abcdef0123456789abcdef0123456789abcdef0123456789ab";
+    let config = format!(
+        "{}[installations.users.u]\ninstance_path = \"u-live\"\ninstance_token_sha256 = \"{}\"\n",
+        live_config(),
+        satellite::config::sha256_hex(INSTANCE_TOKEN)
+    );
+    let sat = TestSatellite::start(&config).await;
+    settled(&sat, "live", InstanceStatus::Online).await;
+    let direct_path = format!("/i/u-live/mcp?token={INSTANCE_TOKEN}");
+    let direct = Caller::connect(&sat, &direct_path, None).await;
+    let mut direct_stream =
+        Stream::open(format!("{}{direct_path}", sat.base_url()), None, direct.session.as_deref().expect("session"))
+            .await;
+    let hierarchical = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;
+    let mut hierarchical_stream =
+        Stream::open(format!("{}/mcp", sat.base_url()), Some(TOKEN), hierarchical.session.as_deref().expect("session"))
+            .await;
+
+    // A tool hidden (one announcement): the instance endpoint hears it after the rediscovery, and its list
+    // already lacks the tool.
+    let hidden = hierarchical.execute("live:toggle_tool", json!({"name": "add", "announce": 1})).await;
+    assert!(hidden.to_string().contains("add is now hidden"), "{hidden}");
+    assert!(direct_stream.heard("notifications/tools/list_changed", DEADLINE).await, "{}", direct_stream.seen);
+    let (_, listed) = direct.call("tools/list", json!({})).await;
+    let names: Vec<&str> =
+        listed["result"]["tools"].as_array().into_iter().flatten().filter_map(|t| t["name"].as_str()).collect();
+    assert!(!names.contains(&"add") && names.contains(&"echo"), "the list is already the new one: {names:?}");
+    // An announcement that changes nothing is not passed on.
+    hierarchical.execute("live:toggle_tool", json!({"name": "echo", "announce": 0})).await;
+    hierarchical.execute("live:toggle_tool", json!({"name": "echo", "announce": 1})).await;
+    assert!(!direct_stream.heard("notifications/tools/list_changed", Duration::from_secs(2)).await);
+    assert!(
+        !hierarchical_stream.heard("notifications/resources/list_changed", Duration::from_millis(100)).await,
+        "a tool change does not change /mcp's lists"
+    );
+
+    // The server crashes: the caller's /mcp lists lose its resources and prompts, and get them back.
+    let _ = hierarchical.execute("live:exit_process", json!({"code": 3})).await;
+    assert!(hierarchical_stream.heard("notifications/resources/list_changed", DEADLINE).await);
+    assert!(hierarchical_stream.heard("notifications/prompts/list_changed", DEADLINE).await);
+    settled(&sat, "live", InstanceStatus::Online).await;
+    assert!(hierarchical_stream.heard("notifications/resources/list_changed", DEADLINE).await);
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// An admin has tools discovered again now: a server that changed its tools without a word is followed at once,
+/// a member may not ask, and a team admin reaches only their team.
+#[tokio::test]
+async fn an_admin_refresh_discovers_instances_again_at_once() {
+    const ADMIN: &str = "discovery-refresh-admin-0123";
+    let config =
+        format!("[auth]\nadmin_token_sha256 = [\"{}\"]\n{}", satellite::config::sha256_hex(ADMIN), live_config());
+    let sat = TestSatellite::start(&config).await;
+    settled(&sat, "live", InstanceStatus::Online).await;
+    let caller = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;
+    let hidden = caller.execute("live:toggle_tool", json!({"name": "add", "announce": 0})).await;
+    assert!(hidden.to_string().contains("add is now hidden"), "{hidden}");
+    assert!(tool_names(&sat, "live").contains(&"add".to_owned()), "nothing told the satellite yet");
+
+    let refresh = |token: &'static str, body: Value| {
+        let url = format!("{}/api/tools/refresh", sat.base_url());
+        async move {
+            let answer = reqwest::Client::new().post(url).bearer_auth(token).json(&body).send().await.expect("refresh");
+            (answer.status(), answer.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    assert_eq!(refresh(TOKEN, json!({})).await.0, reqwest::StatusCode::FORBIDDEN, "members may not refresh");
+    let (status, body) = refresh(ADMIN, json!({"installation_id": "nope"})).await;
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = refresh(ADMIN, json!({"installation_id": "live"})).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert_eq!(body["refreshed"], json!([process("live").0]), "{body}");
+    assert!(!tool_names(&sat, "live").contains(&"add".to_owned()), "the catalog is new when the answer comes");
+    let history = sat.satellite.store().tool_history(&process("live").0, 10).await.expect("history");
+    assert!(history.iter().any(|(_, tool, change, _, _)| tool == "add" && change == "removed"), "{history:?}");
+    assert!(sat.satellite.shutdown().await);
+}

@@ -665,6 +665,9 @@ pub enum ConfigureIntent {
     Recovery,
     /// `event == "mcp_redeploy"` (§6.1.3).
     Redeploy,
+    /// `event == "mcp_tools_refresh"` (the satellite's extension, docs/decisions.md): discover the running
+    /// instances of `installation_id` (of `user_id`), or of every installation without one, again now.
+    RefreshTools,
     /// Anything else: fetch the config and reconcile; the event is informational.
     Refresh,
 }
@@ -677,6 +680,7 @@ impl ConfigurePayload {
         match self.common.event.as_deref() {
             Some("mcp_recovery") => ConfigureIntent::Recovery,
             Some("mcp_redeploy") => ConfigureIntent::Redeploy,
+            Some("mcp_tools_refresh") => ConfigureIntent::RefreshTools,
             _ => ConfigureIntent::Refresh,
         }
     }

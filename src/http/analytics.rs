@@ -309,6 +309,7 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
 /// `/api/analytics/...` and `/admin`.
 pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let accept_deps = deps.clone();
+    let refresh_deps = deps.clone();
     let with = warp::any().map(move || deps.clone());
     let api = warp::path("api")
         .and(warp::path("analytics"))
@@ -333,7 +334,49 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
         .and(warp::body::content_length_limit(16 * 1024))
         .and(warp::body::json::<AcceptTool>())
         .then(accept_tool);
-    api.or(page).unify().or(js).unify().or(css).unify().or(accept).unify()
+    let refresh = warp::path!("api" / "tools" / "refresh")
+        .and(warp::post())
+        .and(warp::any().map(move || refresh_deps.clone()))
+        .and(warp::header::optional::<String>("authorization"))
+        .and(warp::body::content_length_limit(16 * 1024))
+        .and(warp::body::json::<RefreshTools>())
+        .then(refresh_tools);
+    api.or(page).unify().or(js).unify().or(css).unify().or(accept).unify().or(refresh).unify()
+}
+
+/// `POST /api/tools/refresh` body: which instances to discover again; nothing named is every instance the
+/// admin may see.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RefreshTools {
+    installation_id: Option<String>,
+    user_id: Option<String>,
+}
+
+/// An admin has the satellite discover instances again now (one installation, one member's, or all of their
+/// scope): the answer says which were discovered again and which were not running.
+async fn refresh_tools(deps: AnalyticsDeps, authorization: Option<String>, body: RefreshTools) -> Response {
+    let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
+        Ok(scope) => scope,
+        Err(err) => return ApiError::Auth(err).into_response(),
+    };
+    let instances: Vec<_> = deps
+        .manager
+        .instances()
+        .into_iter()
+        .filter(|i| match &scope {
+            AdminScope::AllTeams => true,
+            AdminScope::Team(team) => &i.spec().team_id == team,
+        })
+        .filter(|i| body.installation_id.as_deref().is_none_or(|id| i.spec().installation_id.as_str() == id))
+        .filter(|i| body.user_id.as_deref().is_none_or(|id| i.spec().user_id.as_str() == id))
+        .collect();
+    if instances.is_empty() && (body.installation_id.is_some() || body.user_id.is_some()) {
+        return ApiError::BadQuery("no instance of yours matches installation_id/user_id".into()).into_response();
+    }
+    let report = deps.manager.refresh_tools(instances).await;
+    tracing::info!(refreshed = report.refreshed.len(), skipped = report.skipped.len(), "an admin refreshed tools");
+    json_reply(&report.to_json())
 }
 
 /// `POST /api/tools/accept` body: a held tool (drifted, `hold_drifted_tools`) an admin has reviewed.

@@ -30,8 +30,10 @@ impl Identity {
             server_info: satellite_info(),
             capabilities: json!({
                 "tools": {},
-                "resources": {},
-                "prompts": {},
+                // Sent on the session's GET stream when an instance of the caller's comes or goes, or its
+                // resources or prompts change.
+                "resources": {"listChanged": true},
+                "prompts": {"listChanged": true},
                 "completions": {},
                 "logging": {},
             }),
@@ -66,10 +68,13 @@ impl Identity {
                 if !capabilities.is_object() {
                     capabilities = json!({});
                 }
-                // The endpoint always answers tools/list (from the catalog), whatever the server declared.
-                if capabilities.get("tools").is_none() {
+                // The endpoint always answers tools/list (from the catalog), whatever the server declared, and
+                // announces a changed catalog once it has discovered it again (on the server's word, or on the
+                // server's `rediscover_seconds`).
+                if !capabilities.get("tools").is_some_and(Value::is_object) {
                     capabilities["tools"] = json!({});
                 }
+                capabilities["tools"]["listChanged"] = json!(true);
                 Identity {
                     server_info: client.server_info().clone(),
                     capabilities,

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use serde_json::{json, Value};
+use tokio_stream::wrappers::BroadcastStream;
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
@@ -93,7 +95,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
             let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
                 .await
-                .and_then(|e| open_stream(e, &headers));
+                .and_then(|e| open_stream(&deps, e, &headers));
             with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
         },
     );
@@ -137,7 +139,8 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
              headers: HeaderMap,
              peer: Option<PeerAddr>,
              deps: McpDeps| async move {
-                let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(e, &headers));
+                let answer =
+                    instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(&deps, e, &headers));
                 finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
             },
         );
@@ -604,7 +607,7 @@ fn check_envelope(header_version: Option<&str>, params: Option<&Value>) -> Resul
     protocol::check_stateless_envelope(header_version, params, &SUPPORTED_VERSIONS)
 }
 
-fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
+fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
     if header(headers, "mcp-protocol-version") == Some(MODERN_VERSION) {
         return Err(McpError::NoServerStream);
     }
@@ -620,39 +623,45 @@ fn open_stream(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpE
         StreamError::AlreadyOpen => McpError::StreamConflict,
     })?;
     // On an instance endpoint the stream carries what the server announces outside any request: list changes,
-    // and updates of the resources this session subscribed to. `/mcp` announces nothing (pings only).
-    let announcements = match &endpoint.target {
-        Target::Instance(instance) => Some(instance.announcements()),
-        _ => None,
-    };
-    let (sessions, session_id) = (endpoint.sessions.clone(), id.to_owned());
-    let events = futures::stream::unfold(announcements, move |announcements| {
-        let (token, sessions, session_id) = (token.clone(), sessions.clone(), session_id.clone());
-        async move {
-            let Some(mut announcements) = announcements else {
-                // Nothing to announce: the stream stays open (pings) until the session or the satellite ends.
-                token.cancelled().await;
-                return None;
-            };
-            loop {
-                let note = tokio::select! {
-                    _ = token.cancelled() => return None,
-                    note = announcements.recv() => note,
-                };
-                match note {
-                    Ok(note) if for_session(&note, &sessions, &session_id) => {
-                        let event = warp::sse::Event::default().event("message").data(note.to_string());
-                        return Some((Ok::<_, Infallible>(event), Some(announcements)));
-                    }
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                        token.cancelled().await;
-                        return None;
-                    }
-                }
-            }
+    // and updates of the resources this session subscribed to. On `/mcp` it carries the caller's own list
+    // changes (an instance of theirs came or went, its resources or prompts changed); the four meta-tools never
+    // change, and discover always searches the current catalogs.
+    let notes: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>> = match &endpoint.target {
+        Target::Instance(instance) => {
+            let (sessions, session_id) = (endpoint.sessions.clone(), id.to_owned());
+            let notes = BroadcastStream::new(instance.announcements()).filter_map(move |note| {
+                let keep = note.ok().filter(|note| for_session(note, &sessions, &session_id));
+                async move { keep }
+            });
+            Box::pin(notes)
         }
-    });
+        Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
+            let (team, user) = (caller.team.clone(), caller.user.clone());
+            let notes = BroadcastStream::new(deps.manager.view_changes())
+                .filter_map(move |change| {
+                    let notes = match change {
+                        Ok(change) if change.team == team && change.user == user => change.notifications(),
+                        Ok(_) => Vec::new(),
+                        // Fell behind: some of the missed changes may have been this caller's.
+                        Err(_) => crate::instances::ViewChange {
+                            team: team.clone(),
+                            user: user.clone(),
+                            resources: true,
+                            prompts: true,
+                        }
+                        .notifications(),
+                    };
+                    async move { (!notes.is_empty()).then(|| futures::stream::iter(notes)) }
+                })
+                .flatten();
+            Box::pin(notes)
+        }
+    };
+    // The stream ends with the session (or the satellite); until then pings keep it open.
+    let events = notes
+        .map(|note| Ok::<_, Infallible>(warp::sse::Event::default().event("message").data(note.to_string())))
+        .chain(futures::stream::pending())
+        .take_until(async move { token.cancelled().await });
     let stream = warp::sse::keep_alive().interval(PING_INTERVAL).text("ping").stream(events);
     let mut response = warp::sse::reply(stream).into_response();
     if let Ok(value) = HeaderValue::from_str(id) {

@@ -131,9 +131,66 @@ struct Inner {
     limit_events: crate::events::Throttle,
     /// Bumped whenever what some caller can see may have changed: the live set, a status, a catalog.
     visibility: std::sync::atomic::AtomicU64,
+    /// Which member's lists changed, for the hierarchical router's open sessions.
+    view_changes: tokio::sync::broadcast::Sender<ViewChange>,
 }
 
+/// What a tool refresh did: the instances discovered again (and the tools they have now), and those left as
+/// they were because they were not running.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RefreshReport {
+    pub refreshed: Vec<String>,
+    pub tools: usize,
+    pub skipped: Vec<(String, crate::model::InstanceStatus)>,
+}
+
+impl RefreshReport {
+    pub fn to_json(&self) -> Value {
+        let skipped: Vec<Value> = self
+            .skipped
+            .iter()
+            .map(|(id, status)| serde_json::json!({"process_id": id, "status": status.as_str()}))
+            .collect();
+        serde_json::json!({"refreshed": self.refreshed, "tools": self.tools, "skipped": skipped})
+    }
+}
+
+/// A member's lists (as `/mcp` shows them) changed: an instance of theirs came or went, or a re-discovery
+/// changed its resources, or its server announced new prompts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewChange {
+    pub team: TeamId,
+    pub user: UserId,
+    pub resources: bool,
+    pub prompts: bool,
+}
+
+impl ViewChange {
+    /// The notifications a session of this member is sent.
+    pub fn notifications(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        if self.resources {
+            out.push(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/resources/list_changed"}));
+        }
+        if self.prompts {
+            out.push(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/prompts/list_changed"}));
+        }
+        out
+    }
+}
+
+/// List changes kept for a session stream that is behind; one that falls further behind is told everything changed.
+const VIEW_CHANGES_BUFFER: usize = 1024;
+
 impl Inner {
+    /// Tell the owner's open `/mcp` sessions that their lists changed; nobody listening is fine.
+    pub(super) fn view_changed(&self, spec: &InstanceSpec, resources: bool, prompts: bool) {
+        if resources || prompts {
+            let change = ViewChange { team: spec.team_id.clone(), user: spec.user_id.clone(), resources, prompts };
+            let _ = self.view_changes.send(change);
+        }
+    }
+
     /// Invalidate every caller's cached view of their visible instances.
     pub(super) fn bump_visibility(&self) {
         self.visibility.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -174,6 +231,7 @@ impl InstanceManager {
                 shutdown: CancellationToken::new(),
                 limit_events: crate::events::Throttle::new(LIMIT_EVENT_WINDOW, 10_000),
                 visibility: std::sync::atomic::AtomicU64::new(0),
+                view_changes: tokio::sync::broadcast::channel(VIEW_CHANGES_BUFFER).0,
             }),
         })
     }
@@ -471,6 +529,12 @@ impl InstanceManager {
         Ok(targets)
     }
 
+    /// Discover `instances` again now, serving their current tools meanwhile; instances not running are
+    /// reported, not started.
+    pub async fn refresh_tools(&self, instances: Vec<Arc<Instance>>) -> RefreshReport {
+        self.inner.refresh_tools(instances).await
+    }
+
     /// Discover again the online instances whose server asks for it periodically and whose catalog is older
     /// than that period; returns how many.
     pub async fn rediscover_stale(&self) -> usize {
@@ -480,6 +544,11 @@ impl InstanceManager {
     /// Stop stdio instances idle past the timeout (SB §9.8); returns how many went dormant.
     pub async fn sweep_idle(&self) -> usize {
         self.inner.sweep_idle().await
+    }
+
+    /// Members' list changes as they happen (the hierarchical router's session streams follow them).
+    pub fn view_changes(&self) -> tokio::sync::broadcast::Receiver<ViewChange> {
+        self.inner.view_changes.subscribe()
     }
 
     /// The satellite's metrics (the routers count discovers here too).

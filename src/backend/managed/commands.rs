@@ -115,6 +115,24 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
                     Err(err) => CommandResult::failed(id, err.to_string(), None),
                 }
             }
+            ConfigureIntent::RefreshTools => {
+                let installation = payload.common.installation_id.as_deref().map(InstallationId::from);
+                let user = payload.common.user_id.as_deref().map(UserId::from);
+                let instances: Vec<_> = deps
+                    .manager
+                    .instances()
+                    .into_iter()
+                    .filter(|i| installation.as_ref().is_none_or(|id| &i.spec().installation_id == id))
+                    .filter(|i| user.as_ref().is_none_or(|id| &i.spec().user_id == id))
+                    .collect();
+                if instances.is_empty() && installation.is_some() {
+                    return CommandResult::completed(
+                        id,
+                        json!({"message": "Server not found on this satellite", "installation_id": payload.common.installation_id}),
+                    );
+                }
+                CommandResult::completed(id, deps.manager.refresh_tools(instances).await.to_json())
+            }
             // Anything else: a full refresh.
             _ => match Managed::refresh_config(deps).await {
                 Ok(result) => CommandResult::completed(id, result),

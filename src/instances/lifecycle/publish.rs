@@ -76,8 +76,12 @@ impl Inner {
                     self.report_change(instance.spec(), &previous, &catalog).await;
                 }
                 self.index(instance, &catalog).await;
-                instance.set_catalog(catalog);
+                let previous = instance.catalog();
+                instance.set_catalog(catalog.clone());
                 self.bump_visibility();
+                if let Some(previous) = previous {
+                    self.announce_list_changes(instance, &previous, &catalog);
+                }
                 if instance.status().status != InstanceStatus::Online {
                     self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into()))
                         .await;
@@ -95,6 +99,22 @@ impl Inner {
                 false
             }
         }
+    }
+
+    /// After a re-discovery, the lists that really changed are announced: `notifications/tools/list_changed` and
+    /// `…/resources/list_changed` to the instance endpoint's sessions (sent now, not when the server announced, so
+    /// a client that lists again gets the new catalog), and a resource change to the owner's `/mcp` sessions.
+    fn announce_list_changes(&self, instance: &Instance, previous: &Catalog, current: &Catalog) {
+        let tools = !crate::model::catalog_diff(&previous.tools, &current.tools).is_empty();
+        let resources = previous.resources != current.resources || previous.templates != current.templates;
+        for (changed, method) in
+            [(tools, "notifications/tools/list_changed"), (resources, "notifications/resources/list_changed")]
+        {
+            if changed {
+                instance.announce(serde_json::json!({"jsonrpc": "2.0", "method": method}));
+            }
+        }
+        self.view_changed(instance.spec(), resources, false);
     }
 
     /// `mcp.tools.discovered` with each tool's token count (SB §15), counted by [`count_into`].
@@ -197,9 +217,14 @@ impl Inner {
         message: Option<String>,
     ) {
         let spec = instance.spec();
+        let was_visible = instance.status().status.tools_visible();
         let entry = match instance.set_status(status, message) {
             Ok(entry) => {
                 self.bump_visibility();
+                if was_visible != status.tools_visible() {
+                    // An instance coming or going changes the owner's resources and prompts on `/mcp`.
+                    self.view_changed(spec, true, true);
+                }
                 entry
             }
             Err((from, to)) => {

@@ -12,7 +12,7 @@ use tracing::{error, info, warn, Instrument};
 use crate::events::{CrashReport, Event};
 use crate::instances::instance::{Instance, InstanceError};
 use crate::instances::policy::{self, CrashDecision};
-use crate::instances::Inner;
+use crate::instances::{Inner, RefreshReport};
 use crate::mcp::client::McpClient;
 use crate::mcp::transport::{ExitInfo, Transport};
 use crate::model::{InstanceStatus, Upstream};
@@ -20,13 +20,10 @@ use crate::model::{InstanceStatus, Upstream};
 use super::connect::process_pid;
 use super::start::Started;
 
-/// Notifications a server sends outside any request that its client sessions hear about.
-const ANNOUNCED: [&str; 4] = [
-    "notifications/tools/list_changed",
-    "notifications/resources/updated",
-    "notifications/resources/list_changed",
-    "notifications/prompts/list_changed",
-];
+/// Notifications a server sends outside any request that its client sessions hear about as it sends them. Tool
+/// and resource list changes are not among them: the catalog is discovered again first, and only a change it
+/// really finds is announced (`announce_list_changes`), so a client that lists at once sees the new list.
+const ANNOUNCED: [&str; 2] = ["notifications/resources/updated", "notifications/prompts/list_changed"];
 
 /// Notifications that change what the catalog holds, so the satellite discovers the instance again.
 const CHANGES_CATALOG: [&str; 2] = ["notifications/tools/list_changed", "notifications/resources/list_changed"];
@@ -166,6 +163,9 @@ impl Inner {
     /// and resource updates. True when it changes the catalog (a rediscovery is then due).
     fn on_announcement(&self, instance: &Arc<Instance>, note: Value) -> bool {
         let method = note.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
+        if method == "notifications/prompts/list_changed" {
+            self.view_changed(instance.spec(), false, true);
+        }
         if ANNOUNCED.contains(&method.as_str()) {
             instance.announce(note);
         }
@@ -221,6 +221,38 @@ impl Inner {
             })
             .await;
         count
+    }
+
+    /// Discover `instances` again now (the refresh command, `POST /api/tools/refresh`), a few at a time: each
+    /// online one keeps serving its current tools meanwhile; one that is not running (dormant, offline, in
+    /// error) is left as it is and reported with its status, since its catalog is discovered when it starts.
+    pub(in crate::instances) async fn refresh_tools(self: &Arc<Self>, instances: Vec<Arc<Instance>>) -> RefreshReport {
+        use futures::StreamExt;
+        let outcomes: Vec<(Arc<Instance>, bool)> = futures::stream::iter(instances)
+            .map(|instance| async move {
+                let client = instance.client().filter(|_| instance.status().status == InstanceStatus::Online);
+                let refreshed = match client {
+                    Some(client) => self.refresh_catalog(&instance, &client).await,
+                    None => false,
+                };
+                (instance, refreshed)
+            })
+            .buffer_unordered(4)
+            .collect()
+            .await;
+        let mut report = RefreshReport::default();
+        for (instance, refreshed) in outcomes {
+            let id = instance.spec().process_id.0.clone();
+            if refreshed {
+                report.tools += instance.catalog().map_or(0, |c| c.tools.len());
+                report.refreshed.push(id);
+            } else {
+                report.skipped.push((id, instance.status().status));
+            }
+        }
+        report.refreshed.sort();
+        report.skipped.sort_by(|a, b| a.0.cmp(&b.0));
+        report
     }
 
     /// SB §9.7: count the crash, then restart after the backoff or give up on the fourth in five minutes.
