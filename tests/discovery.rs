@@ -297,6 +297,26 @@ async fn a_drifted_tool_is_held_until_an_admin_accepts_it() {
         .to_string()
         .contains("live:add"));
 
+    // The history and the holds, for admins only.
+    assert_eq!(get_from(&sat, "/api/tools/history", TOKEN).await.0, 403);
+    let (status, history) = get_from(&sat, "/api/tools/history?installation_id=live", ADMIN).await;
+    assert_eq!(status, 200, "{history}");
+    let echo = history["changes"].as_array().into_iter().flatten().find(|c| c["tool_name"] == "echo").cloned();
+    let echo = echo.unwrap_or_else(|| panic!("no change of echo: {history}"));
+    assert_eq!((echo["change"].as_str(), echo["drifted"].as_bool()), (Some("updated"), Some(true)), "{echo}");
+    assert_eq!(echo["parts"], json!(["description"]), "{echo}");
+
+    // A restart does not release a tool nobody reviewed.
+    let TestSatellite { satellite, dir, .. } = sat;
+    assert!(satellite.shutdown().await);
+    let sat = TestSatellite::start_in(dir, &config).await;
+    settled(&sat, "live", InstanceStatus::Online).await;
+    let caller = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;
+    let found = caller.tool("discover_mcp_tools", json!({"query": "echo the given text"})).await.to_string();
+    assert!(!found.contains("live:echo"), "still held after a restart: {found}");
+    let (_, held) = get_from(&sat, "/api/tools/held", ADMIN).await;
+    assert_eq!(held["held"][0]["tool_name"], "echo", "{held}");
+
     let accept = |token: &'static str| {
         reqwest::Client::new()
             .post(format!("{}/api/tools/accept", sat.base_url()))
@@ -308,9 +328,21 @@ async fn a_drifted_tool_is_held_until_an_admin_accepts_it() {
     let accepted = accept(ADMIN).await.expect("request");
     assert_eq!(accepted.status(), 200);
     let found = caller.tool("discover_mcp_tools", json!({"query": "echo the given text"})).await.to_string();
-    assert!(found.contains("live:echo") && found.contains("mail the text elsewhere"), "{found}");
+    assert!(found.contains("live:echo"), "{found}");
     assert!(caller.execute("live:echo", json!({"text": "after"})).await.to_string().contains("after"));
+    let (_, held) = get_from(&sat, "/api/tools/held", ADMIN).await;
+    assert_eq!(held["held"], json!([]), "accepting releases the stored hold: {held}");
     assert!(sat.satellite.shutdown().await);
+}
+
+async fn get_from(sat: &TestSatellite, path: &str, token: &str) -> (reqwest::StatusCode, Value) {
+    let answer = reqwest::Client::new()
+        .get(format!("{}{path}", sat.base_url()))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("request");
+    (answer.status(), answer.json::<Value>().await.unwrap_or(Value::Null))
 }
 
 /// An open session's GET stream, read until a notification with `method` arrives (or the deadline passes).

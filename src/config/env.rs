@@ -50,6 +50,8 @@ pub const PRETTY_RESULTS: &str = "SATELLITE_PRETTY_RESULTS";
 /// "true": a called tool whose description or schema changes is held out of discover and calls until an admin
 /// accepts the change.
 pub const HOLD_DRIFTED_TOOLS: &str = "SATELLITE_HOLD_DRIFTED_TOOLS";
+/// Days: a tool called within this long before its description or schema changes has drifted (default 30).
+pub const DRIFT_WINDOW_DAYS: &str = "SATELLITE_DRIFT_WINDOW_DAYS";
 pub const BACKEND_URL: &str = "DEPLOYSTACK_BACKEND_URL";
 pub const SATELLITE_NAME: &str = "DEPLOYSTACK_SATELLITE_NAME";
 pub const REGISTRATION_TOKEN: &str = "DEPLOYSTACK_REGISTRATION_TOKEN";

@@ -58,6 +58,8 @@ pub struct RawSatellite {
     /// Hold a called tool whose description or schema changed out of discover and calls until an admin
     /// accepts the change (default false: a warning and an event only).
     pub hold_drifted_tools: Option<bool>,
+    /// Days: a tool called within this long before its description or schema changes has drifted (default 30).
+    pub drift_window_days: Option<u64>,
     pub log_level: Option<String>,
     pub log_format: Option<String>,
     pub handshake_timeout_seconds: Option<u64>,

@@ -84,6 +84,8 @@ pub struct UpstreamSettings {
     /// Hold a drifted tool (called recently, then its description or schema changed) out of discover and
     /// calls until an admin accepts the change (`POST /api/tools/accept`).
     pub hold_drifted_tools: bool,
+    /// A tool called within this long before its description or schema changes has drifted.
+    pub drift_window: Duration,
 }
 
 /// Where the desired state comes from.
@@ -267,6 +269,19 @@ impl Config {
             hold_drifted_tools: match env::get(env, env::HOLD_DRIFTED_TOOLS) {
                 Some(v) => v == "true",
                 None => s.hold_drifted_tools.unwrap_or(false),
+            },
+            drift_window: {
+                let (key, var) = ("satellite.drift_window_days", env::DRIFT_WINDOW_DAYS);
+                let days = match env::get(env, var) {
+                    Some(v) => v
+                        .parse::<u64>()
+                        .map_err(|_| ConfigError::new(key, Some(var), format!("{v:?} is not a whole number")))?,
+                    None => s.drift_window_days.unwrap_or(30),
+                };
+                if !(1..=3650).contains(&days) {
+                    return Err(ConfigError::new(key, Some(var), "must be from 1 to 3650 days"));
+                }
+                Duration::from_secs(days * 86_400)
             },
             handshake_timeout: seconds(
                 "satellite.handshake_timeout_seconds",

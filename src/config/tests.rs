@@ -94,3 +94,21 @@ fn managed_mode_needs_a_valid_name_and_excludes_a_file() {
     let err = build(&[("DEPLOYSTACK_BACKEND_URL", "http://b:3000")], Flags::default(), "[satellite]\n").unwrap_err();
     assert_eq!(err.key, "mode");
 }
+
+#[test]
+fn the_drift_window_is_days_from_the_file_or_the_environment_and_never_zero() -> Result<(), ConfigError> {
+    let day = Duration::from_secs(86_400);
+    assert_eq!(build(&[], Flags::default(), "")?.upstream.drift_window, day * 30);
+    assert_eq!(build(&[], Flags::default(), "[satellite]\ndrift_window_days = 7\n")?.upstream.drift_window, day * 7);
+    let env_wins =
+        build(&[("SATELLITE_DRIFT_WINDOW_DAYS", "2")], Flags::default(), "[satellite]\ndrift_window_days = 7\n")?;
+    assert_eq!(env_wins.upstream.drift_window, day * 2);
+    for bad in ["0", "x", "4000"] {
+        let err = build(&[("SATELLITE_DRIFT_WINDOW_DAYS", bad)], Flags::default(), "").err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("SATELLITE_DRIFT_WINDOW_DAYS/satellite.drift_window_days")),
+            "{bad}: {err:?}"
+        );
+    }
+    Ok(())
+}

@@ -310,6 +310,7 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
 pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let accept_deps = deps.clone();
     let refresh_deps = deps.clone();
+    let deps_for_tools = deps.clone();
     let with = warp::any().map(move || deps.clone());
     let api = warp::path("api")
         .and(warp::path("analytics"))
@@ -341,7 +342,74 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
         .and(warp::body::content_length_limit(16 * 1024))
         .and(warp::body::json::<RefreshTools>())
         .then(refresh_tools);
-    api.or(page).unify().or(js).unify().or(css).unify().or(accept).unify().or(refresh).unify()
+    let tools_deps = deps_for_tools;
+    let tools = warp::path!("api" / "tools" / String)
+        .and(warp::get())
+        .and(warp::any().map(move || tools_deps.clone()))
+        .and(warp::header::optional::<String>("authorization"))
+        .and(warp::query::<HashMap<String, String>>())
+        .then(tool_records);
+    api.or(page).unify().or(js).unify().or(css).unify().or(accept).unify().or(refresh).unify().or(tools).unify()
+}
+
+/// `GET /api/tools/history` (what re-discoveries found changed, newest first; `installation_id`, `limit`,
+/// `offset`) and `GET /api/tools/held` (drifted tools waiting for an admin): admins only, a team admin sees
+/// their own team's.
+async fn tool_records(
+    what: String,
+    deps: AnalyticsDeps,
+    authorization: Option<String>,
+    params: HashMap<String, String>,
+) -> Response {
+    let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
+        Ok(scope) => scope,
+        Err(err) => return ApiError::Auth(err).into_response(),
+    };
+    let team = match &scope {
+        AdminScope::AllTeams => None,
+        AdminScope::Team(team) => Some(team.as_str()),
+    };
+    let outcome = match what.as_str() {
+        "history" => tool_history(&deps, team, &params).await,
+        "held" => held_tools(&deps, team).await,
+        _ => Err(ApiError::BadQuery("unknown route: use /api/tools/history or /api/tools/held".into())),
+    };
+    match outcome {
+        Ok(body) => json_reply(&body),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn tool_history(
+    deps: &AnalyticsDeps,
+    team: Option<&str>,
+    params: &HashMap<String, String>,
+) -> Result<serde_json::Value, ApiError> {
+    let text = |name: &str| params.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let limit = text("limit").map(|v| parse_count("limit", v, MAX_LIMIT)).transpose()?.unwrap_or(DEFAULT_LIMIT).max(1);
+    let offset = text("offset").map(|v| parse_count("offset", v, u64::from(u32::MAX))).transpose()?.unwrap_or(0);
+    let changes = deps.store.tool_changes(team, text("installation_id"), limit, offset).await.map_err(store_failed)?;
+    Ok(json!({"changes": changes, "limit": limit, "offset": offset}))
+}
+
+async fn held_tools(deps: &AnalyticsDeps, team: Option<&str>) -> Result<serde_json::Value, ApiError> {
+    let held = deps.store.held_tools().await.map_err(store_failed)?;
+    let instances = deps.manager.instances();
+    let team_of = |installation: &str| {
+        instances.iter().find(|i| i.spec().installation_id.as_str() == installation).map(|i| i.spec().team_id.0.clone())
+    };
+    let held: Vec<serde_json::Value> = held
+        .into_iter()
+        .filter_map(|h| {
+            let owner = team_of(&h.installation_id);
+            if team.is_some_and(|t| owner.as_deref() != Some(t)) {
+                return None;
+            }
+            Some(json!({"installation_id": h.installation_id, "tool_name": h.tool_name, "process_id": h.process_id,
+                        "held_at": h.held_at, "team_id": owner}))
+        })
+        .collect();
+    Ok(json!({"held": held}))
 }
 
 /// `POST /api/tools/refresh` body: which instances to discover again; nothing named is every instance the

@@ -216,13 +216,18 @@ impl InstanceManager {
             lifecycle::publish::count_into(catalog).await;
         }
         let state = State { stored: stored.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(), ..State::default() };
+        // Drifted tools an admin has not accepted yet stay held across restarts.
+        let overrides = ToolOverrides::default();
+        for held in deps.store.held_tools().await? {
+            overrides.write().entry(InstallationId(held.installation_id)).or_default().insert(held.tool_name, true);
+        }
         let (ready_tx, _) = watch::channel(false);
         let lifecycle = &deps.settings.lifecycle;
         let slots = ProcessSlots::new(lifecycle.max_processes_per_user, lifecycle.max_processes);
         Ok(Self {
             inner: Arc::new(Inner {
                 slots,
-                overrides: ToolOverrides::default(),
+                overrides,
                 deps,
                 state: RwLock::new(state),
                 reconcile: tokio::sync::Mutex::new(()),
@@ -460,6 +465,12 @@ impl InstanceManager {
     /// follows at once. Returns the instances affected.
     pub async fn set_tool_status(&self, installation: &InstallationId, tool: &str, disabled: bool) -> usize {
         self.inner.overrides.write().entry(installation.clone()).or_default().insert(tool.to_owned(), disabled);
+        if !disabled {
+            // Enabled by an admin (accepted, or the backend's update_tool_status): a drift hold on it ends too.
+            if let Err(err) = self.inner.deps.store.release_hold(installation.as_str(), tool).await {
+                warn!(installation_id = %installation, tool, error = %err, "releasing a stored tool hold failed; it returns at the next start");
+            }
+        }
         let affected: Vec<Arc<Instance>> =
             self.instances().into_iter().filter(|i| &i.spec().installation_id == installation).collect();
         for instance in &affected {

@@ -223,3 +223,112 @@ impl Store {
         Ok(called)
     }
 }
+
+/// One row of an installation's tool history, for the admin API.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ToolChangeRow {
+    pub at: String,
+    pub process_id: String,
+    pub team_id: String,
+    pub installation_id: String,
+    pub server_slug: String,
+    pub tool_name: String,
+    pub change: String,
+    pub parts: Vec<String>,
+    pub drifted: bool,
+}
+
+/// A drifted tool held until an admin accepts it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct HeldTool {
+    pub installation_id: String,
+    pub tool_name: String,
+    pub process_id: String,
+    pub held_at: String,
+}
+
+impl Store {
+    /// Hold drifted tools of an installation (already held ones keep their first date).
+    pub async fn hold_tools(&self, installation_id: &str, process_id: &str, tools: &[&str]) -> Result<(), StoreError> {
+        let at = crate::model::iso(Utc::now());
+        let mut tx = self.pool().begin().await?;
+        for tool in tools {
+            sqlx::query(
+                "INSERT OR IGNORE INTO tool_holds (installation_id, tool_name, process_id, held_at) VALUES (?, ?, ?, ?)",
+            )
+            .bind(installation_id)
+            .bind(*tool)
+            .bind(process_id)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Release a held tool; whether it was held.
+    pub async fn release_hold(&self, installation_id: &str, tool: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM tool_holds WHERE installation_id = ? AND tool_name = ?")
+            .bind(installation_id)
+            .bind(tool)
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Every held tool, oldest first.
+    pub async fn held_tools(&self) -> Result<Vec<HeldTool>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT installation_id, tool_name, process_id, held_at FROM tool_holds ORDER BY held_at, tool_name",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(HeldTool {
+                    installation_id: row.try_get("installation_id")?,
+                    tool_name: row.try_get("tool_name")?,
+                    process_id: row.try_get("process_id")?,
+                    held_at: row.try_get("held_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The newest tool changes, optionally of one team and one installation, newest first.
+    pub async fn tool_changes(
+        &self,
+        team_id: Option<&str>,
+        installation_id: Option<&str>,
+        limit: u64,
+        offset: u64,
+    ) -> Result<Vec<ToolChangeRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT at, process_id, team_id, installation_id, server_slug, tool_name, change, parts, drifted
+             FROM tool_changes WHERE (?1 IS NULL OR team_id = ?1) AND (?2 IS NULL OR installation_id = ?2)
+             ORDER BY id DESC LIMIT ?3 OFFSET ?4",
+        )
+        .bind(team_id)
+        .bind(installation_id)
+        .bind(limit as i64)
+        .bind(offset as i64)
+        .fetch_all(self.pool())
+        .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(ToolChangeRow {
+                    at: row.try_get("at")?,
+                    process_id: row.try_get("process_id")?,
+                    team_id: row.try_get("team_id")?,
+                    installation_id: row.try_get("installation_id")?,
+                    server_slug: row.try_get("server_slug")?,
+                    tool_name: row.try_get("tool_name")?,
+                    change: row.try_get("change")?,
+                    parts: serde_json::from_str(&row.try_get::<String, _>("parts")?).unwrap_or_default(),
+                    drifted: row.try_get("drifted")?,
+                })
+            })
+            .collect()
+    }
+}

@@ -14,7 +14,7 @@ mod events;
 mod status;
 pub mod toolsets;
 
-pub use catalog::CatalogOwner;
+pub use catalog::{CatalogOwner, HeldTool, ToolChangeRow};
 pub use events::{NewEvent, OutboxSummary, StoredEvent};
 pub use status::StatusRecord;
 

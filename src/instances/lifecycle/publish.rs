@@ -17,9 +17,6 @@ use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
 use crate::search::ToolDoc;
 use crate::store::CatalogOwner;
 
-/// A tool called within this long before its description or schema changes raises a drift warning.
-pub(in crate::instances) const DRIFT_WINDOW: chrono::Duration = chrono::Duration::days(30);
-
 impl Inner {
     /// Run discovery on a connected instance and publish the result; true when it went online.
     /// With `announce` the instance passes through `discovering_tools`; a rediscovery of an online
@@ -134,14 +131,15 @@ impl Inner {
 
     /// A re-discovery changed the instance's tools: `mcp.tools.updated` (BP §8.5-5) with what was added,
     /// removed and updated (and which parts), the change kept in the tool history, and a drift warning for each
-    /// tool whose description or schema changed after a call within `DRIFT_WINDOW` (how tool poisoning arrives).
+    /// tool whose description or schema changed after a call within the drift window (how tool poisoning arrives).
     pub(in crate::instances) async fn report_change(&self, spec: &InstanceSpec, previous: &Catalog, current: &Catalog) {
         let changes = crate::model::catalog_diff(&previous.tools, &current.tools);
         if changes.is_empty() {
             return;
         }
         let meaning: Vec<&str> = changes.iter().filter(|c| c.changes_meaning()).map(|c| c.name.as_str()).collect();
-        let since = crate::model::iso(chrono::Utc::now() - DRIFT_WINDOW);
+        let window = chrono::Duration::from_std(self.deps.settings.drift_window).unwrap_or(chrono::Duration::days(30));
+        let since = crate::model::iso(chrono::Utc::now() - window);
         let drifted = match self.deps.store.called_since(&spec.process_id.0, &meaning, &since).await {
             Ok(called) => called,
             Err(err) => {
@@ -160,10 +158,17 @@ impl Inner {
         if self.deps.settings.hold_drifted_tools && !drifted.is_empty() {
             // Held for the whole installation (the change is the server's) until an admin accepts it; the index
             // built right after this leaves held tools out.
-            let mut overrides = self.overrides.write();
-            let held = overrides.entry(spec.installation_id.clone()).or_default();
-            for tool in &drifted {
-                held.insert(tool.clone(), true);
+            {
+                let mut overrides = self.overrides.write();
+                let held = overrides.entry(spec.installation_id.clone()).or_default();
+                for tool in &drifted {
+                    held.insert(tool.clone(), true);
+                }
+            }
+            // Kept across restarts: a restart must not release a tool nobody reviewed.
+            let tools: Vec<&str> = drifted.iter().map(String::as_str).collect();
+            if let Err(err) = self.deps.store.hold_tools(&spec.installation_id.0, &spec.process_id.0, &tools).await {
+                warn!(process_id = %spec.process_id, error = %err, "storing the hold of drifted tools failed; it lasts until a restart");
             }
             warn!(process_id = %spec.process_id, tools = %drifted.iter().cloned().collect::<Vec<_>>().join(", "), "drifted tools held out of discover and calls until an admin accepts them: POST /api/tools/accept");
         }
