@@ -7,12 +7,12 @@
 //! caller's default applies (their stored default, else the config file's); `?toolset=all` selects every tool.
 //! A name that does not resolve is an error the client sees, never an empty or a silently full view.
 //!
-//! Everything is kept in memory and read without touching the database; every write goes to the database
-//! first and is then reloaded whole (writes are rare), and bumps [`Toolsets::revision`] so cached views of
-//! who sees what are rebuilt.
+//! Everything is kept in memory and read without touching the database. Writes are serialised: each goes to
+//! the database first, then the stored toolsets are reloaded (writes are rare); a toolset whose row did not
+//! change keeps its `Arc`, so the router's cached views through it (compared by pointer) stay valid and one
+//! member's write never makes another team's views rebuild.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -26,6 +26,10 @@ use crate::store::{Store, StoreError};
 
 /// The name that selects no toolset (every tool), even over a default.
 pub const ALL: &str = "all";
+
+/// Toolsets one member may store, and one team: everything a client can make the satellite keep is bounded.
+pub const MAX_PER_USER: usize = 100;
+pub const MAX_PER_TEAM: usize = 500;
 
 /// Why a toolset could not be selected or changed.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +46,8 @@ pub enum ToolsetError {
     ConfigOwned(String),
     #[error("no {scope} toolset '{name}'")]
     NotFound { scope: &'static str, name: String },
+    #[error("at most {0} toolsets here; delete one first")]
+    TooMany(usize),
     #[error("the toolset store failed: {0}")]
     Store(#[from] StoreError),
 }
@@ -98,7 +104,9 @@ pub struct Toolsets {
 struct Inner {
     store: Store,
     state: RwLock<State>,
-    revision: AtomicU64,
+    /// Held from a write to the database until its reload is in memory, so two writers never swap in their
+    /// snapshots out of order (and the per-member limit is checked against the latest).
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl Toolsets {
@@ -108,32 +116,44 @@ impl Toolsets {
             inner: Arc::new(Inner {
                 store,
                 state: RwLock::new(State { configured, ..State::default() }),
-                revision: AtomicU64::new(0),
+                writing: tokio::sync::Mutex::new(()),
             }),
         };
         toolsets.reload().await?;
         Ok(toolsets)
     }
 
-    /// Moves whenever any toolset or default may have changed.
-    pub fn revision(&self) -> u64 {
-        self.inner.revision.load(Ordering::Acquire)
-    }
-
-    /// The config file was (re)loaded.
+    /// The config file was (re)loaded. A stored toolset whose name the file now also defines keeps existing and
+    /// is still found first (its owner can delete it, not change it), and that is said.
     pub fn set_configured(&self, configured: ConfiguredToolsets) {
-        self.inner.state.write().configured = configured;
-        self.inner.revision.fetch_add(1, Ordering::AcqRel);
+        let mut state = self.inner.state.write();
+        for ((team, owner), toolsets) in &state.stored {
+            for name in toolsets.keys().filter(|name| configured.names_in_team(team, owner.as_ref(), name)) {
+                tracing::warn!(team_id = %team, toolset = %name, "the config file now defines a toolset with the name of one stored through the API; the stored one is still found first and can only be deleted (DELETE /api/toolsets/NAME) to use the file's");
+            }
+        }
+        state.configured = configured;
     }
 
     async fn reload(&self) -> Result<(), StoreError> {
         let (rows, defaults) = self.inner.store.load_toolsets().await?;
+        let previous = self.inner.state.read().stored.clone();
         let mut stored: HashMap<StoredKey, BTreeMap<String, Stored>> = HashMap::new();
         for row in rows {
+            let key = (TeamId(row.team_id.clone()), row.owner.clone().map(UserId));
+            // Unchanged since the last load: the same `Arc`, so views built through it stay cached.
+            let same = previous.get(&key).and_then(|m| m.get(&row.name)).filter(|s| {
+                s.updated_at == row.updated_at
+                    && s.toolset.patterns == row.patterns
+                    && s.toolset.description == row.description
+            });
+            if let Some(same) = same {
+                stored.entry(key).or_default().insert(row.name, same.clone());
+                continue;
+            }
             let scope = if row.owner.is_some() { ToolsetScope::User } else { ToolsetScope::Team };
             match Toolset::new(&row.name, row.description, row.patterns, scope, ToolsetSource::Api) {
                 Ok(toolset) => {
-                    let key = (TeamId(row.team_id), row.owner.map(UserId));
                     let entry =
                         Stored { toolset: Arc::new(toolset), updated_at: row.updated_at, updated_by: row.updated_by };
                     stored.entry(key).or_default().insert(row.name, entry);
@@ -145,12 +165,9 @@ impl Toolsets {
             }
         }
         let defaults = defaults.into_iter().map(|d| ((TeamId(d.team_id), UserId(d.user_id)), d.name)).collect();
-        {
-            let mut state = self.inner.state.write();
-            state.stored = stored;
-            state.defaults = defaults;
-        }
-        self.inner.revision.fetch_add(1, Ordering::AcqRel);
+        let mut state = self.inner.state.write();
+        state.stored = stored;
+        state.defaults = defaults;
         Ok(())
     }
 
@@ -162,7 +179,8 @@ impl Toolsets {
         match requested {
             Some(name) if name.eq_ignore_ascii_case(ALL) => Ok(None),
             Some(name) => state.find(&caller.team, &caller.user, name).map(Some).ok_or_else(|| ToolsetError::Unknown {
-                name: name.to_owned(),
+                // Echoed in the error: a name no toolset can have is cut to what one may be.
+                name: name.chars().take(crate::model::toolset::MAX_NAME_LEN + 1).collect(),
                 available: state.names(&caller.team, &caller.user),
             }),
             None => match state.default_of(&caller.team, &caller.user) {
@@ -199,11 +217,20 @@ impl Toolsets {
         description: Option<String>,
         patterns: Vec<String>,
     ) -> Result<(Arc<Toolset>, bool), ToolsetError> {
-        self.may_write(caller, scope, name)?;
+        self.may_write(caller, scope, name, true)?;
         let toolset = Toolset::new(name, description, patterns, scope, ToolsetSource::Api)?;
+        let _writing = self.inner.writing.lock().await;
         let owner = (scope == ToolsetScope::User).then(|| caller.user.0.clone());
         let key = (caller.team.clone(), owner.clone().map(UserId));
-        let created = !self.inner.state.read().stored.get(&key).is_some_and(|m| m.contains_key(name));
+        let (created, held) = {
+            let state = self.inner.state.read();
+            let stored = state.stored.get(&key);
+            (!stored.is_some_and(|m| m.contains_key(name)), stored.map_or(0, BTreeMap::len))
+        };
+        let limit = if scope == ToolsetScope::User { MAX_PER_USER } else { MAX_PER_TEAM };
+        if created && held >= limit {
+            return Err(ToolsetError::TooMany(limit));
+        }
         let row = ToolsetRow {
             team_id: caller.team.0.clone(),
             owner,
@@ -220,7 +247,8 @@ impl Toolsets {
 
     /// Delete a stored toolset; defaults that named it and no longer resolve are cleared with it.
     pub async fn delete(&self, caller: &Principal, scope: ToolsetScope, name: &str) -> Result<(), ToolsetError> {
-        self.may_write(caller, scope, name)?;
+        self.may_write(caller, scope, name, false)?;
+        let _writing = self.inner.writing.lock().await;
         let owner = (scope == ToolsetScope::User).then_some(caller.user.as_str());
         if !self.inner.store.delete_toolset(caller.team.as_str(), owner, name).await? {
             return Err(ToolsetError::NotFound { scope: scope.as_str(), name: name.to_owned() });
@@ -231,6 +259,7 @@ impl Toolsets {
 
     /// Set (`Some`, a name the caller can select) or clear (`None`) the caller's default toolset.
     pub async fn set_default(&self, caller: &Principal, name: Option<&str>) -> Result<(), ToolsetError> {
+        let _writing = self.inner.writing.lock().await;
         if let Some(name) = name {
             let state = self.inner.state.read();
             if state.find(&caller.team, &caller.user, name).is_none() {
@@ -248,12 +277,21 @@ impl Toolsets {
         Ok(())
     }
 
-    fn may_write(&self, caller: &Principal, scope: ToolsetScope, name: &str) -> Result<(), ToolsetError> {
+    /// Whether the caller may write (`creating`: create or replace; else delete) a toolset of `scope`: team
+    /// toolsets are a team admin's, and a name the config file gives the caller (the team's, or their own) is
+    /// the file's to change; deleting a stored one the file came to share a name with is always allowed.
+    fn may_write(
+        &self,
+        caller: &Principal,
+        scope: ToolsetScope,
+        name: &str,
+        creating: bool,
+    ) -> Result<(), ToolsetError> {
         if scope == ToolsetScope::Team && caller.role != Role::TeamAdmin {
             return Err(ToolsetError::NotAdmin);
         }
         crate::model::toolset::check_name(name)?;
-        if self.inner.state.read().configured.names_in_team(&caller.team, name) {
+        if creating && self.inner.state.read().configured.names_in_team(&caller.team, Some(&caller.user), name) {
             return Err(ToolsetError::ConfigOwned(name.to_owned()));
         }
         Ok(())

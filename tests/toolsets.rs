@@ -15,6 +15,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const MEMBER: &str = "toolsets-member-token-0123";
 const ADMIN: &str = "toolsets-admin-token-0123";
 const STRANGER: &str = "toolsets-stranger-token-0123";
+const READ_ONLY: &str = "toolsets-read-only-token-0123";
 
 fn config() -> String {
     let exe = toml_str(&satellite_exe().to_string_lossy());
@@ -31,11 +32,13 @@ fn config() -> String {
              [[users]]\nid = \"u\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n\
              [[users]]\nid = \"v\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\nrole = \"admin\"\ndefault_toolset = \"math\"\n\
              [[users]]\nid = \"w\"\nteams = [\"other\"]\ntoken_sha256 = [\"{}\"]\n\
+             [[users]]\nid = \"r\"\nteams = [\"other\"]\n[[users.tokens]]\nsha256 = \"{}\"\nscopes = [\"mcp:read\"]\n\
              [[toolsets]]\nname = \"math\"\ndescription = \"Arithmetic only\"\nteam = \"t\"\ntools = [\"alpha:add\", \"beta:ad?\"]\n\
              [[toolsets]]\nname = \"ghost\"\nteam = \"t\"\ntools = [\"nowhere\"]\n",
             sha(MEMBER),
             sha(ADMIN),
-            sha(STRANGER)
+            sha(STRANGER),
+            sha(READ_ONLY)
         ),
         server("alpha", "t"),
         server("beta", "t"),
@@ -202,6 +205,7 @@ async fn toolsets_made_through_the_api_are_checked_stored_per_user_and_team_and_
         ),
         ("/api/toolsets/x", MEMBER, json!({"tool": ["alpha"]}), StatusCode::BAD_REQUEST, "unknown field"),
         ("/api/toolsets/x", "wrong-token", json!({"tools": ["alpha"]}), StatusCode::UNAUTHORIZED, ""),
+        ("/api/toolsets/x", READ_ONLY, json!({"tools": ["gamma"]}), StatusCode::FORBIDDEN, "mcp:tools:execute"),
     ] {
         let (status, body) = api(&sat, Method::PUT, path, token, Some(body)).await;
         assert_eq!(status, expected, "{path}: {body}");
@@ -250,6 +254,19 @@ async fn toolsets_made_through_the_api_are_checked_stored_per_user_and_team_and_
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _) = api(&sat, Method::DELETE, "/api/toolsets/shared?scope=team", ADMIN, None).await;
     assert_eq!(status, StatusCode::OK);
+
+    // What a member can make the satellite keep is bounded.
+    for i in 0..satellite::toolsets::MAX_PER_USER {
+        let (status, body) =
+            api(&sat, Method::PUT, &format!("/api/toolsets/t{i}"), MEMBER, Some(json!({"tools": ["alpha"]}))).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let (status, body) =
+        api(&sat, Method::PUT, "/api/toolsets/one-more", MEMBER, Some(json!({"tools": ["alpha"]}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["message"].as_str().unwrap_or_default().contains("at most 100"), "{body}");
+    let (status, _) = api(&sat, Method::PUT, "/api/toolsets/t0", MEMBER, Some(json!({"tools": ["beta"]}))).await;
+    assert_eq!(status, StatusCode::OK, "replacing one is still allowed");
     assert!(sat.satellite.shutdown().await);
 }
 

@@ -284,13 +284,22 @@ async fn message(
             let requested = params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str);
             let version =
                 requested.filter(|v| *v == "2024-11-05" || LEGACY_VERSIONS.contains(v)).unwrap_or("2024-11-05");
-            let selection = super::mcp::select_toolset(deps, &principal, toolset.as_deref());
-            let identity = Identity::hierarchical_with(selection.ok().flatten().as_deref());
-            protocol::response(
-                id,
-                json!({"protocolVersion": version, "capabilities": identity.capabilities,
-                       "serverInfo": identity.server_info, "instructions": identity.instructions}),
-            )
+            match super::mcp::select_toolset(deps, &principal, toolset.as_deref()) {
+                // The toolset the stream was opened with is gone since: say so, as `/mcp` does.
+                Err(err) => protocol::error_response(Some(id), err),
+                Ok(selected) => {
+                    let mut identity = Identity::hierarchical_with(selected.as_deref());
+                    // The legacy stream does not carry list changes: promise none.
+                    for list in ["resources", "prompts"] {
+                        identity.capabilities[list] = json!({});
+                    }
+                    protocol::response(
+                        id,
+                        json!({"protocolVersion": version, "capabilities": identity.capabilities,
+                               "serverInfo": identity.server_info, "instructions": identity.instructions}),
+                    )
+                }
+            }
         }
         Ok(Message::Request { id: request_id, method, params }) => {
             let call = RelayedCall { deps: deps.clone(), sessions: sessions.clone(), scope: id.to_owned(), events };

@@ -9,7 +9,7 @@ use warp::http::{header, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
-use crate::auth::{AuthError, Authenticator, Principal, SCOPE_READ};
+use crate::auth::{AuthError, Authenticator, Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::InstanceManager;
 use crate::model::{tool_path, Toolset, ToolsetScope};
 use crate::toolsets::{Listed, ToolsetError, Toolsets};
@@ -69,7 +69,7 @@ impl ApiError {
                     ToolsetError::DanglingDefault { .. } | ToolsetError::ConfigOwned(_) => {
                         (StatusCode::CONFLICT, "conflict")
                     }
-                    ToolsetError::Invalid(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+                    ToolsetError::Invalid(_) | ToolsetError::TooMany(_) => (StatusCode::BAD_REQUEST, "bad_request"),
                     ToolsetError::NotAdmin => (StatusCode::FORBIDDEN, "forbidden"),
                     ToolsetError::Store(err) => {
                         tracing::warn!(error = %err, "a toolset could not be stored");
@@ -119,7 +119,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
         .then(|deps: ToolsetDeps, authorization: Option<String>, body: bytes::Bytes| async move {
             respond(
                 async {
-                    let caller = caller(&deps, authorization).await?;
+                    let caller = writer(&deps, authorization).await?;
                     let body: PutDefault = parse(&body)?;
                     deps.toolsets.set_default(&caller, body.name.as_deref()).await?;
                     Ok((StatusCode::OK, json!({"default": body.name})))
@@ -152,7 +152,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
         .then(|name: String, deps: ToolsetDeps, authorization: Option<String>, body: bytes::Bytes| async move {
             respond(
                 async {
-                    let caller = caller(&deps, authorization).await?;
+                    let caller = writer(&deps, authorization).await?;
                     let body: PutToolset = parse(&body)?;
                     let scope = scope_of(body.scope.as_deref())?;
                     let (toolset, created) =
@@ -177,7 +177,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
              query: std::collections::HashMap<String, String>| async move {
                 respond(
                     async {
-                        let caller = caller(&deps, authorization).await?;
+                        let caller = writer(&deps, authorization).await?;
                         let scope = scope_of(query.get("scope").map(String::as_str))?;
                         deps.toolsets.delete(&caller, scope, &name).await?;
                         tracing::info!(team_id = %caller.team, user_id = %caller.user, toolset = %name, scope = scope.as_str(), "toolset deleted");
@@ -204,6 +204,13 @@ fn respond(outcome: Result<(StatusCode, Value), ApiError>) -> Response {
 async fn caller(deps: &ToolsetDeps, authorization: Option<String>) -> Result<Principal, ApiError> {
     let caller = deps.auth.authenticate_request(authorization.as_deref()).await.map_err(ApiError::Auth)?;
     caller.require(SCOPE_READ).map_err(ApiError::Auth)?;
+    Ok(caller)
+}
+
+/// A caller who may change toolsets: a token with the execute scope (a read-only token only reads).
+async fn writer(deps: &ToolsetDeps, authorization: Option<String>) -> Result<Principal, ApiError> {
+    let caller = caller(deps, authorization).await?;
+    caller.require(SCOPE_EXECUTE).map_err(ApiError::Auth)?;
     Ok(caller)
 }
 

@@ -336,6 +336,19 @@ impl InstanceManager {
         for id in changes.removed.iter().chain(&changes.modified) {
             inner.unindex(id).await;
         }
+        // Uninstalled: drift holds of the installation go with it (a reused id starts clean).
+        let gone: std::collections::BTreeSet<&InstallationId> = changes
+            .removed
+            .iter()
+            .filter_map(|id| current.get(id))
+            .map(|s| &s.installation_id)
+            .filter(|installation| !desired.instances.values().any(|d| &d.installation_id == *installation))
+            .collect();
+        for installation in gone {
+            if let Err(err) = inner.deps.store.release_holds_of(installation.as_str()).await {
+                warn!(installation_id = %installation, error = %err, "releasing the holds of an uninstalled installation failed");
+            }
+        }
 
         let starting: Vec<Arc<Instance>> = {
             let mut state = inner.state.write();
@@ -478,6 +491,8 @@ impl InstanceManager {
                 self.inner.index(instance, &catalog).await;
             }
         }
+        // Views narrowed to a toolset leave disabled tools out: they are rebuilt with the tool back (or gone).
+        self.inner.bump_visibility();
         affected.len()
     }
 

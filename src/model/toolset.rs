@@ -97,9 +97,15 @@ impl ConfiguredToolsets {
         own.or_else(|| self.toolsets.iter().filter(for_team).find(|c| c.user.is_none())).map(|c| &c.toolset)
     }
 
-    /// Whether any toolset of the file is called `name` for someone in `team` (API toolsets may not reuse it).
-    pub fn names_in_team(&self, team: &crate::model::TeamId, name: &str) -> bool {
-        self.toolsets.iter().any(|c| c.team.as_ref().is_none_or(|t| t == team) && c.toolset.name == name)
+    /// Whether the file has a toolset `name` that a member of `team` sees: the team's, and with `Some(user)`
+    /// that user's own too (another member's own does not count). A toolset stored through the API may not
+    /// take such a name.
+    pub fn names_in_team(&self, team: &crate::model::TeamId, user: Option<&crate::model::UserId>, name: &str) -> bool {
+        self.toolsets.iter().any(|c| {
+            c.team.as_ref().is_none_or(|t| t == team)
+                && c.toolset.name == name
+                && (c.user.is_none() || c.user.as_ref() == user)
+        })
     }
 }
 

@@ -262,6 +262,11 @@ impl HierarchicalRouter {
                 else {
                     continue;
                 };
+                // The index can run ahead of the view for a moment (a re-discovery indexes before it publishes):
+                // a hit is shown only if this session may use it now.
+                if instance.tool_disabled(&tool.name) || !in_toolset(instance, &tool) {
+                    continue;
+                }
                 let path = tool_path(&instance.spec().server_slug, &tool.name);
                 if seen.insert(path.clone()) {
                     entries.push(tool_entry(instance, &tool, relevance_score(hit.score, best), &mut shape));

@@ -277,6 +277,15 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
+    /// Release every hold of an installation (it was uninstalled).
+    pub async fn release_holds_of(&self, installation_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM tool_holds WHERE installation_id = ?")
+            .bind(installation_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
     /// Every held tool, oldest first.
     pub async fn held_tools(&self) -> Result<Vec<HeldTool>, StoreError> {
         let rows = sqlx::query(

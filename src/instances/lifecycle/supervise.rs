@@ -176,21 +176,21 @@ impl Inner {
     /// False once the instance is retired.
     async fn rediscover_after_change(self: &Arc<Self>, instance: &Arc<Instance>, client: &Arc<McpClient>) -> bool {
         info!("the server's lists changed, discovering it again");
-        self.refresh_catalog(instance, client).await
+        self.refresh_catalog(instance, client).await.is_some()
     }
 
-    /// Discover a connected instance again, serving its current tools meanwhile. False once it is retired.
+    /// Discover a connected instance again, serving its current tools meanwhile: whether it is online after
+    /// it, or `None` once the instance is retired.
     pub(in crate::instances) async fn refresh_catalog(
         self: &Arc<Self>,
         instance: &Arc<Instance>,
         client: &Arc<McpClient>,
-    ) -> bool {
+    ) -> Option<bool> {
         let _lifecycle = instance.lifecycle.lock().await;
         if instance.retired.is_cancelled() {
-            return false;
+            return None;
         }
-        self.discover_into(instance, client, false).await;
-        true
+        Some(self.discover_into(instance, client, false).await)
     }
 
     /// Online instances whose server asks for periodic discovery (`rediscover_every`) and whose catalog is
@@ -225,14 +225,15 @@ impl Inner {
 
     /// Discover `instances` again now (the refresh command, `POST /api/tools/refresh`), a few at a time: each
     /// online one keeps serving its current tools meanwhile; one that is not running (dormant, offline, in
-    /// error) is left as it is and reported with its status, since its catalog is discovered when it starts.
+    /// error) is left as it is and reported with its status, since its catalog is discovered when it starts; one
+    /// whose discovery fails is reported with the status that failure gave it.
     pub(in crate::instances) async fn refresh_tools(self: &Arc<Self>, instances: Vec<Arc<Instance>>) -> RefreshReport {
         use futures::StreamExt;
         let outcomes: Vec<(Arc<Instance>, bool)> = futures::stream::iter(instances)
             .map(|instance| async move {
                 let client = instance.client().filter(|_| instance.status().status == InstanceStatus::Online);
                 let refreshed = match client {
-                    Some(client) => self.refresh_catalog(&instance, &client).await,
+                    Some(client) => self.refresh_catalog(&instance, &client).await == Some(true),
                     None => false,
                 };
                 (instance, refreshed)
