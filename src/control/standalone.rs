@@ -24,6 +24,23 @@ pub struct Directory {
     pub authorization_server: Option<String>,
     /// Lowercase hex SHA-256 of the satellite-wide admin tokens (analytics of every team, nothing else).
     pub admin_tokens: Vec<String>,
+    /// Each grant's token hash → (user, index in their `tokens`): a token is checked in O(1) whatever the
+    /// number of users. Built by [`Directory::index_tokens`]; the first grant of a hash (in user order) wins.
+    pub token_index: std::collections::HashMap<String, (UserId, usize)>,
+}
+
+impl Directory {
+    /// Build `token_index` from the users' grants.
+    pub fn index_tokens(mut self) -> Directory {
+        let mut index = std::collections::HashMap::new();
+        for (user_id, user) in &self.users {
+            for (i, grant) in user.tokens.iter().enumerate() {
+                index.entry(grant.sha256.clone()).or_insert_with(|| (user_id.clone(), i));
+            }
+        }
+        self.token_index = index;
+        self
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -175,7 +192,8 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
     }
     let toolsets = toolsets(raw, &teams, &users)?;
     Ok(StandaloneConfig {
-        directory: Directory { teams, users, jwt, authorization_server, admin_tokens },
+        directory: Directory { teams, users, jwt, authorization_server, admin_tokens, token_index: Default::default() }
+            .index_tokens(),
         entries,
         toolsets,
     })
