@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 use crate::common::lifecycle::*;
 use crate::common::*;
 
+/// Alice's bearer token, where a test calls through `/mcp`.
+const ALICE_TOKEN: &str = "lifecycle-alice-token-0123";
+
 async fn events(sat: &TestSatellite, event_type: &str) -> Vec<StoredEvent> {
     sat.satellite.store().events(Some(event_type), 0, 100_000).await.expect("read events")
 }
@@ -464,10 +467,19 @@ async fn a_binary_missing_for_a_moment_is_retried_under_the_restart_policy() {
     let exe = toml_str(&satellite_exe().to_string_lossy());
     let config = config("")
         .replace(&exe, &toml_str(&copy.to_string_lossy()))
-        .replace("restart_backoff_ms = [10, 10, 10]", "restart_backoff_ms = [10, 2000, 2000]");
+        .replace("restart_backoff_ms = [10, 10, 10]", "restart_backoff_ms = [10, 2000, 2000]")
+        .replace(
+            "id = \"alice\"\nteams = [\"acme\"]\n",
+            &format!(
+                "id = \"alice\"\nteams = [\"acme\"]\ntoken_sha256 = [\"{}\"]\n",
+                satellite::config::sha256_hex(ALICE_TOKEN)
+            ),
+        );
+    assert!(config.contains("token_sha256"));
     let sat = TestSatellite::start(&config).await;
     sat.wait_ready().await;
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let caller = Caller::connect(&sat, "/mcp", Some(ALICE_TOKEN)).await;
 
     let away = dir.path().join("mcp-demo.upgrading");
     std::fs::rename(&copy, &away).unwrap();
@@ -479,6 +491,10 @@ async fn a_binary_missing_for_a_moment_is_retried_under_the_restart_policy() {
     })
     .await;
     assert!(waiting.contains("restart 2 of 3"), "{waiting}");
+    // A call meanwhile says why the server is down and that it comes back, not only its status.
+    let answer = caller.execute("demo:echo", json!({"text": "now?"})).await.to_string();
+    assert!(answer.contains("Failed to spawn") && answer.contains("restart 2 of 3"), "{answer}");
+    assert!(answer.contains("retry in a few seconds"), "{answer}");
     std::fs::rename(&away, &copy).unwrap();
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
     assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": "back"})).await.expect("call")), "back");

@@ -93,6 +93,22 @@ fn blocked_result(tool_path: &str, instance: &Instance) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
+/// Why a server cannot take a call now, and what happens next: a server waiting out its restart backoff says
+/// why it stopped and when it comes back, rather than only its status.
+fn not_running(instance: &Instance) -> String {
+    let status = instance.status();
+    let reason = status.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
+    let next = match status.status {
+        InstanceStatus::Offline | InstanceStatus::Connecting | InstanceStatus::DiscoveringTools => {
+            "It restarts on its own; retry in a few seconds."
+        }
+        InstanceStatus::PermanentlyFailed => "It was stopped after repeated crashes; an administrator must restart it.",
+        InstanceStatus::RequiresReauth => "Re-authorize this server in the dashboard, then retry.",
+        _ => "Retry later, or use discover_mcp_tools to find another tool.",
+    };
+    format!("MCP server not running: {} (status: {}{reason}). {next}", instance.spec().server_slug, status.status)
+}
+
 /// The `isError` result of a call to a tool the team administrator disabled (SB §10.5).
 fn disabled_result(tool_path: &str) -> Value {
     let text = format!(
@@ -168,14 +184,7 @@ async fn forward_once(
     match manager.call_relayed(instance, method, Some(params), timeout, relay).await {
         Ok(result) => Ok(result),
         Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
-        Err(InstanceError::NotConnected(_)) => {
-            let status = instance.status();
-            Err(internal(format!(
-                "MCP server not running: {} (status: {})",
-                instance.spec().server_slug,
-                status.status
-            )))
-        }
+        Err(InstanceError::NotConnected(_)) => Err(internal(not_running(instance))),
         Err(err @ (InstanceError::Busy { .. } | InstanceError::Respawn { .. })) => Err(internal(err.to_string())),
         Err(InstanceError::Upstream(err)) => {
             Err(internal(format!("MCP server error ({}): {err}", instance.spec().server_slug)))
