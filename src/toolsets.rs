@@ -92,7 +92,8 @@ type StoredKey = (TeamId, Option<UserId>);
 struct State {
     configured: ConfiguredToolsets,
     stored: HashMap<StoredKey, BTreeMap<String, Stored>>,
-    defaults: HashMap<(TeamId, UserId), String>,
+    /// Each member's stored default, by team then user (looked up on every request without cloning ids).
+    defaults: HashMap<TeamId, HashMap<UserId, String>>,
 }
 
 /// The registry; cheap to clone.
@@ -164,10 +165,13 @@ impl Toolsets {
                 }
             }
         }
-        let defaults = defaults.into_iter().map(|d| ((TeamId(d.team_id), UserId(d.user_id)), d.name)).collect();
+        let mut by_team: HashMap<TeamId, HashMap<UserId, String>> = HashMap::new();
+        for d in defaults {
+            by_team.entry(TeamId(d.team_id)).or_default().insert(UserId(d.user_id), d.name);
+        }
         let mut state = self.inner.state.write();
         state.stored = stored;
-        state.defaults = defaults;
+        state.defaults = by_team;
         Ok(())
     }
 
@@ -311,7 +315,8 @@ impl State {
 
     fn default_of(&self, team: &TeamId, user: &UserId) -> Option<&str> {
         self.defaults
-            .get(&(team.clone(), user.clone()))
+            .get(team)
+            .and_then(|users| users.get(user))
             .or_else(|| self.configured.defaults.get(user))
             .map(String::as_str)
     }

@@ -147,15 +147,20 @@ struct InstanceRow {
     tools: u64,
 }
 
+/// The caller's admin scope, or the refusal to send (401/403).
+async fn admin(deps: &AnalyticsDeps, authorization: Option<String>) -> Result<AdminScope, Response> {
+    deps.auth.authenticate_admin(authorization.as_deref()).await.map_err(|err| ApiError::Auth(err).into_response())
+}
+
 async fn answer(
     deps: AnalyticsDeps,
     route: String,
     authorization: Option<String>,
     params: HashMap<String, String>,
 ) -> Response {
-    let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
+    let scope = match admin(&deps, authorization).await {
         Ok(scope) => scope,
-        Err(err) => return ApiError::Auth(err).into_response(),
+        Err(refused) => return refused,
     };
     match route_answer(&deps, &route, scope, &params).await {
         Ok(response) => response,
@@ -361,9 +366,9 @@ async fn tool_records(
     authorization: Option<String>,
     params: HashMap<String, String>,
 ) -> Response {
-    let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
+    let scope = match admin(&deps, authorization).await {
         Ok(scope) => scope,
-        Err(err) => return ApiError::Auth(err).into_response(),
+        Err(refused) => return refused,
     };
     let team = match &scope {
         AdminScope::AllTeams => None,
@@ -424,9 +429,9 @@ struct RefreshTools {
 /// An admin has the satellite discover instances again now (one installation, one member's, or all of their
 /// scope): the answer says which were discovered again and which were not running.
 async fn refresh_tools(deps: AnalyticsDeps, authorization: Option<String>, body: RefreshTools) -> Response {
-    let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
+    let scope = match admin(&deps, authorization).await {
         Ok(scope) => scope,
-        Err(err) => return ApiError::Auth(err).into_response(),
+        Err(refused) => return refused,
     };
     let instances: Vec<_> = deps
         .manager
@@ -457,9 +462,9 @@ struct AcceptTool {
 /// An admin accepts a held tool's change: it is back in discover and calls for the whole installation.
 /// A team admin may accept only their own team's tools.
 async fn accept_tool(deps: AnalyticsDeps, authorization: Option<String>, body: AcceptTool) -> Response {
-    let scope = match deps.auth.authenticate_admin(authorization.as_deref()).await {
+    let scope = match admin(&deps, authorization).await {
         Ok(scope) => scope,
-        Err(err) => return ApiError::Auth(err).into_response(),
+        Err(refused) => return refused,
     };
     let installation = crate::model::InstallationId(body.installation_id.clone());
     let team = deps
