@@ -164,6 +164,18 @@ async fn a_session_reaches_only_its_toolset_and_an_unknown_or_empty_one_is_a_cle
         .unwrap_or_default()
         .contains("Unknown toolset 'math'"));
 
+    // The legacy SSE transport refuses to open a stream for an unknown toolset, with the reason.
+    let refused = reqwest::Client::new()
+        .get(format!("{}/sse?toolset=nope", sat.base_url()))
+        .bearer_auth(MEMBER)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("sse");
+    assert!(!refused.status().is_success(), "{}", refused.status());
+    let body = refused.text().await.unwrap_or_default();
+    assert!(body.contains("Unknown toolset 'nope'"), "{body}");
+
     // A toolset that matches none of the caller's tools says so instead of finding nothing.
     let (ghost, _) = session(&sat, "?toolset=ghost", MEMBER).await;
     let empty = found(&ghost, "echo").await.expect_err("an empty toolset is an error");
