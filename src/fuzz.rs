@@ -65,7 +65,7 @@ pub fn sse(data: &[u8]) {
         }
     }
 
-    let at_once = crate::mcp::transport::streamable_http::complete_values(body, true);
+    let at_once = crate::mcp::transport::http_wire::complete_values(body, true);
     let mut buffer = Vec::new();
     let mut values = Vec::new();
     let mut failed = false;
@@ -73,7 +73,7 @@ pub fn sse(data: &[u8]) {
     let count = pieces.len();
     for (index, piece) in pieces.into_iter().enumerate() {
         buffer.extend_from_slice(&piece);
-        match crate::mcp::transport::streamable_http::complete_values(&buffer, index + 1 == count) {
+        match crate::mcp::transport::http_wire::complete_values(&buffer, index + 1 == count) {
             Some((parsed, consumed)) => {
                 values.extend(parsed);
                 buffer.drain(..consumed);

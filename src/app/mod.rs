@@ -25,10 +25,10 @@ use crate::config::env::Env;
 use crate::config::{self, Config, ConfigError, Mode, StandaloneSource};
 use crate::control::standalone::{self, StandaloneConfig};
 use crate::control::standalone::{Directory, DEFAULT_SCOPES};
-use crate::events::{self, Emitter};
+use crate::events::Emitter;
 use crate::http::oauth::ResourceUrls;
-use crate::http::session::{SessionTable, SESSION_IDLE};
-use crate::http::sse::{SseSessions, SSE_IDLE};
+use crate::http::session::SessionTable;
+use crate::http::sse::SseSessions;
 use crate::http::{self, McpDeps, StatusDeps};
 use crate::instances::deploy::{DeploySettings, Deployer};
 use crate::instances::{self, InstanceManager, ManagerDeps, OAuthTokens};
@@ -42,26 +42,17 @@ use crate::store::{Store, StoreError};
 
 mod file_watch;
 pub mod import;
+mod maintenance;
 pub mod search;
+mod shutdown;
 pub mod tokens;
 
 use file_watch::{fingerprint, FileWatch};
 
-/// Deadlines of the shutdown steps.
-const JOBS_STOP_DEADLINE: Duration = Duration::from_secs(5);
-const INSTANCES_STOP_DEADLINE: Duration = Duration::from_secs(15);
-const EVENTS_FLUSH_DEADLINE: Duration = Duration::from_secs(5);
 /// Expired introspection results are removed on this period (SB §19).
 const INTROSPECTION_SWEEP: Duration = Duration::from_secs(300);
-/// Idle sessions are forgotten on this period (OQ-18).
-const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
-/// Standalone event history is trimmed on this period.
-const EVENT_RETENTION_PERIOD: Duration = Duration::from_secs(3600);
 /// `resources/read` budget (SB §9.5: 60 s).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
-/// The token encoder is released once no tools were counted for this long, checked this often.
-const ENCODER_IDLE: Duration = Duration::from_secs(60);
-const ENCODER_CHECK_PERIOD: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -92,9 +83,6 @@ impl StartError {
         }
     }
 }
-
-/// How often instances with `rediscover_seconds` are checked for a catalog older than that.
-const REDISCOVERY_CHECK_PERIOD: Duration = Duration::from_secs(5);
 
 /// A running satellite.
 pub struct Satellite {
@@ -257,20 +245,6 @@ impl Satellite {
             legacy.close_streams();
         });
         let activity = Arc::new(crate::activity::ActivityTracker::default());
-        let (activity_events, tracked) = (emitter.clone(), activity.clone());
-        jobs.every("client-activity", config.activity_interval, FirstRun::Immediately, move || {
-            let (records, emitter) = (tracked.take(), activity_events.clone());
-            async move {
-                for record in &records {
-                    emitter.emit(events::Event::client_activity(record)).await;
-                }
-                Ok::<(), std::convert::Infallible>(())
-            }
-        });
-        // The token encoder is most of an idle satellite's memory: let it go when no tools were counted lately.
-        jobs.every("token-encoder-release", ENCODER_CHECK_PERIOD, FirstRun::AfterOnePeriod, || async {
-            tokio::task::spawn_blocking(|| crate::tokens::release_idle(ENCODER_IDLE)).await.map(|_| ())
-        });
         let mcp = McpDeps {
             router: HierarchicalRouter {
                 manager: manager.clone(),
@@ -312,61 +286,15 @@ impl Satellite {
             http::guard::HostGuard::new(config.allowed_hosts.clone(), config.allowed_origins.clone()),
             async move { stop_http.cancelled().await },
         ));
-        jobs.every("session-expiry", SESSION_SWEEP_PERIOD, FirstRun::AfterOnePeriod, move || {
-            let swept: usize = [&sessions, &instance_sessions].iter().map(|t| t.sweep(SESSION_IDLE)).sum::<usize>()
-                + sse_sessions.sweep(SSE_IDLE);
-            if swept > 0 {
-                info!(swept, "idle mcp sessions expired");
-            }
-            std::future::ready(Ok::<(), std::convert::Infallible>(()))
-        });
-        let lifecycle = &config.upstream.lifecycle;
-        if lifecycle.idle_timeout.is_some() {
-            let idle_manager = manager.clone();
-            jobs.every("idle-process-cleanup", lifecycle.idle_check_interval, FirstRun::Immediately, move || {
-                let manager = idle_manager.clone();
-                async move {
-                    let slept = manager.sweep_idle().await;
-                    if slept > 0 {
-                        info!(slept, "idle instances made dormant");
-                    }
-                    Ok::<(), std::convert::Infallible>(())
-                }
-            });
-        }
-        // Servers that change their tools without announcing it, rediscovered as often as their config asks.
-        let stale_manager = manager.clone();
-        jobs.every("periodic-rediscovery", REDISCOVERY_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
-            let manager = stale_manager.clone();
-            async move {
-                let refreshed = manager.rediscover_stale().await;
-                if refreshed > 0 {
-                    tracing::debug!(refreshed, "instances discovered again on their schedule");
-                }
-                Ok::<(), std::convert::Infallible>(())
-            }
-        });
-        let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
-        jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
-            let store = retention_store.clone();
-            async move {
-                let pruned = store.prune_events(events::STANDALONE_RETENTION).await?;
-                if pruned > 0 {
-                    info!(pruned, kept = events::STANDALONE_RETENTION, "old events pruned from the standalone history");
-                }
-                // A retention too long to subtract from now keeps everything.
-                let cutoff = chrono::Duration::from_std(analytics_kept)
-                    .ok()
-                    .and_then(|kept| chrono::Utc::now().checked_sub_signed(kept));
-                let pruned = match cutoff {
-                    Some(cutoff) => store.prune_analytics(&crate::model::iso(cutoff)).await?,
-                    None => 0,
-                };
-                if pruned > 0 {
-                    info!(pruned, kept_days = analytics_kept.as_secs() / 86_400, "old analytics rows pruned");
-                }
-                Ok::<(), StoreError>(())
-            }
+        maintenance::schedule(maintenance::Maintenance {
+            jobs: &jobs,
+            config: &config,
+            manager: &manager,
+            store: &store,
+            events: &emitter,
+            activity: activity.clone(),
+            sessions: [sessions, instance_sessions],
+            sse_sessions,
         });
         info!(%addr, "satellite listening");
 
@@ -498,67 +426,6 @@ impl Satellite {
     /// Counters of the background jobs.
     pub fn jobs(&self) -> &Jobs {
         &self.jobs
-    }
-
-    /// Ordered shutdown (STYLE.md): stop accepting and let in-flight requests finish, stop the jobs, stop the
-    /// instances, flush events, close the database. Each step has its own deadline and is logged.
-    /// Returns false when a step missed its deadline.
-    pub async fn shutdown(self) -> bool {
-        let mut clean = true;
-        let began = Instant::now();
-        info!(deadline_s = self.drain.as_secs(), "shutdown 1/5: refusing new connections, draining requests");
-        self.cancel.cancel();
-        if tokio::time::timeout(self.drain, self.server).await.is_err() {
-            warn!(
-                deadline_s = self.drain.as_secs(),
-                "shutdown: http drain missed its deadline; requests still in flight are cut (raise SATELLITE_DRAIN_SECONDS for slow tools)"
-            );
-            clean = false;
-        }
-        info!(deadline_s = JOBS_STOP_DEADLINE.as_secs(), "shutdown 2/5: stopping pollers and background jobs");
-        self.pollers.cancel();
-        if !self.jobs.stop(JOBS_STOP_DEADLINE).await {
-            warn!(deadline_s = JOBS_STOP_DEADLINE.as_secs(), "shutdown: a job missed its deadline");
-            clean = false;
-        }
-        self.tasks.close();
-        info!(deadline_s = INSTANCES_STOP_DEADLINE.as_secs(), "shutdown 3/5: stopping instances");
-        let stopped = async {
-            self.manager.shutdown().await;
-            self.tasks.wait().await;
-        };
-        if tokio::time::timeout(INSTANCES_STOP_DEADLINE, stopped).await.is_err() {
-            warn!(deadline_s = INSTANCES_STOP_DEADLINE.as_secs(), "shutdown: stopping instances missed its deadline");
-            clean = false;
-        }
-        // Buffered log lines become events; events are in the outbox as they happen, so a standalone
-        // satellite has nothing left to send.
-        info!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown 4/5: flushing logs and events");
-        self.logs_stop.cancel();
-        if tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.logs_task).await.is_err() {
-            warn!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown: flushing logs missed its deadline");
-            clean = false;
-        }
-        self.uploads.cancel();
-        if let Some(upload) = self.upload_task {
-            // The uploader's own flush budget (EVENT_FLUSH_TIMEOUT_MS) plus a margin.
-            if tokio::time::timeout(EVENTS_FLUSH_DEADLINE + Duration::from_secs(1), upload).await.is_err() {
-                warn!("shutdown: the event uploader missed its deadline");
-                clean = false;
-            }
-        }
-        match tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.store.event_count()).await {
-            Ok(Ok(kept)) => info!(kept, "events are in the outbox"),
-            Ok(Err(err)) => warn!(error = %err, "shutdown: reading the event outbox failed"),
-            Err(_) => {
-                warn!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown: flushing events missed its deadline");
-                clean = false;
-            }
-        }
-        info!("shutdown 5/5: closing the database");
-        self.store.close().await;
-        info!(clean, took_ms = began.elapsed().as_millis() as u64, "shutdown complete");
-        clean
     }
 }
 

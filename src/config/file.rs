@@ -7,6 +7,67 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::{env, ConfigError};
+
+/// Read and parse a standalone file; a TOML error becomes one line with its position.
+pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
+    parse_file(&read_text(path)?)
+}
+
+/// The standalone file's text.
+pub fn read_text(path: &std::path::Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|err| {
+        ConfigError::new("config file", Some(env::CONFIG), format!("cannot read {}: {err}", path.display()))
+    })
+}
+
+/// The sections of the standalone file read once at start (`[satellite]`, `[sandbox]`), flattened to
+/// `section.key` → value; the rest (teams, users, auth, servers, installations) is applied while running.
+/// A file that is not TOML has none.
+pub fn start_only_settings(text: &str) -> std::collections::BTreeMap<String, toml::Value> {
+    start_only_settings_of(text).unwrap_or_default()
+}
+
+/// `start_only_settings`, or `None` when the text is not TOML (nothing can be said of its settings).
+pub fn start_only_settings_of(text: &str) -> Option<std::collections::BTreeMap<String, toml::Value>> {
+    let table = text.parse::<toml::Table>().ok()?;
+    let mut settings = std::collections::BTreeMap::new();
+    for section in START_ONLY_SECTIONS {
+        if let Some(toml::Value::Table(values)) = table.get(section) {
+            for (key, value) in values {
+                settings.insert(format!("{section}.{key}"), value.clone());
+            }
+        }
+    }
+    Some(settings)
+}
+
+/// The file's sections that take effect only when `serve` starts.
+pub const START_ONLY_SECTIONS: [&str; 2] = ["satellite", "sandbox"];
+
+/// The start-only settings whose value differs between two files (added, removed or changed), sorted.
+pub fn changed_start_only_settings(
+    running: &std::collections::BTreeMap<String, toml::Value>,
+    edited: &std::collections::BTreeMap<String, toml::Value>,
+) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = running.keys().chain(edited.keys()).collect();
+    keys.into_iter().filter(|key| running.get(*key) != edited.get(*key)).cloned().collect()
+}
+
+pub fn parse_file(text: &str) -> Result<RawFile, ConfigError> {
+    toml::from_str::<RawFile>(text).map_err(|err| {
+        let position = err
+            .span()
+            .map(|span| {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!(" (line {line})")
+            })
+            .unwrap_or_default();
+        let message = err.message().replace('\n', " ");
+        ConfigError::new("config file", Some(env::CONFIG), format!("{message}{position}"))
+    })
+}
+
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawFile {

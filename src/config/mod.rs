@@ -25,6 +25,18 @@ use lifecycle::{lifecycle, number};
 
 use env::Env;
 use file::RawFile;
+pub use file::{
+    changed_start_only_settings, parse_file, read_file, read_text, start_only_settings, start_only_settings_of,
+    START_ONLY_SECTIONS,
+};
+
+mod embedded;
+use embedded::embedded;
+pub use embedded::{is_instance_token, random_hex, sha256_hex, EmbeddedDefault};
+
+mod managed;
+use managed::managed;
+pub use managed::{ManagedSettings, BACKEND_AUDIENCE, GITHUB_TARBALL_BASE};
 pub use sandbox::{Isolation, SandboxSettings};
 
 /// Exit code for a bad configuration (EX_USAGE).
@@ -102,59 +114,6 @@ pub enum StandaloneSource {
     File { path: PathBuf, watch_interval: Duration },
     /// The built-in demo configuration.
     Embedded(EmbeddedDefault),
-}
-
-/// Tokens of the built-in demo user; generated when not given.
-#[derive(Debug, Clone)]
-pub struct EmbeddedDefault {
-    pub demo_token: SecretString,
-    pub demo_token_generated: bool,
-    pub instance_token: SecretString,
-    pub instance_token_generated: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct ManagedSettings {
-    pub backend_url: Url,
-    pub satellite_name: String,
-    pub registration_token: Option<SecretString>,
-    /// Where `backend.key.json` lives (`./persistent_data`, OQ-48).
-    pub persistent_dir: PathBuf,
-    /// `DEPLOYSTACK_SATELLITE_URL` as set, `""` when unset (sent once in the first heartbeat, BP §3.2).
-    pub satellite_url: String,
-    /// Idle ("slow") poll interval.
-    pub poll_idle: Duration,
-    pub heartbeat_interval: Duration,
-    pub event_interval: Duration,
-    pub event_flush_timeout: Duration,
-    /// Most events the outbox keeps while the backend is away.
-    pub outbox_max: i64,
-    /// Audiences accepted in introspection answers besides the built-in ones (`DEPLOYSTACK_TOKEN_AUDIENCES`,
-    /// comma-separated).
-    pub extra_audiences: Vec<String>,
-    /// Where GitHub repository tarballs come from: `{base}/{owner}/{repo}/tarball/{sha}`
-    /// (`DEPLOYSTACK_GITHUB_TARBALL_URL`, default the GitHub API).
-    pub github_tarball_base: Url,
-    /// Where GitHub-deployed servers are extracted, one directory per installation (`DEPLOYSTACK_DEPLOYMENTS_DIR`,
-    /// default `<data dir>/deployments`; `None` until the data dir is known).
-    pub deployments_dir: Option<PathBuf>,
-}
-
-/// GitHub's tarball endpoint: `{base}/{owner}/{repo}/tarball/{sha}`.
-pub const GITHUB_TARBALL_BASE: &str = "https://api.github.com/repos";
-
-/// The logical resource identifier DeployStack's authorization server puts in `aud` (BP §10, OQ-14).
-pub const BACKEND_AUDIENCE: &str = "deploystack:mcp:satellite";
-
-impl ManagedSettings {
-    /// Every audience an introspected token may carry (BP §10): the backend's identifier, `{SAT_URL}/mcp`,
-    /// `{SAT_URL}`, and what the operator adds; compared without a trailing `/`.
-    pub fn accepted_audiences(&self, public_url: &str) -> Vec<String> {
-        let base = public_url.trim_end_matches('/');
-        let mut audiences = vec![BACKEND_AUDIENCE.to_owned(), format!("{base}/mcp"), base.to_owned()];
-        audiences.extend(self.extra_audiences.iter().map(|a| a.trim_end_matches('/').to_owned()));
-        audiences
-    }
 }
 
 /// The validated configuration of one satellite process.
@@ -510,7 +469,6 @@ impl Config {
     }
 }
 
-/// Read and parse a standalone file; a TOML error becomes one line with its position.
 /// Half the process's open-file limit (the other half stays for server processes, the database and the config
 /// file), so strangers holding connections can never take the descriptors the satellite itself needs.
 fn default_max_connections() -> usize {
@@ -521,183 +479,8 @@ fn default_max_connections() -> usize {
     }
 }
 
-pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
-    parse_file(&read_text(path)?)
-}
-
-/// The standalone file's text.
-pub fn read_text(path: &std::path::Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|err| {
-        ConfigError::new("config file", Some(env::CONFIG), format!("cannot read {}: {err}", path.display()))
-    })
-}
-
-/// The sections of the standalone file read once at start (`[satellite]`, `[sandbox]`), flattened to
-/// `section.key` → value; the rest (teams, users, auth, servers, installations) is applied while running.
-/// A file that is not TOML has none.
-pub fn start_only_settings(text: &str) -> std::collections::BTreeMap<String, toml::Value> {
-    start_only_settings_of(text).unwrap_or_default()
-}
-
-/// `start_only_settings`, or `None` when the text is not TOML (nothing can be said of its settings).
-pub fn start_only_settings_of(text: &str) -> Option<std::collections::BTreeMap<String, toml::Value>> {
-    let table = text.parse::<toml::Table>().ok()?;
-    let mut settings = std::collections::BTreeMap::new();
-    for section in START_ONLY_SECTIONS {
-        if let Some(toml::Value::Table(values)) = table.get(section) {
-            for (key, value) in values {
-                settings.insert(format!("{section}.{key}"), value.clone());
-            }
-        }
-    }
-    Some(settings)
-}
-
-/// The file's sections that take effect only when `serve` starts.
-pub const START_ONLY_SECTIONS: [&str; 2] = ["satellite", "sandbox"];
-
-/// The start-only settings whose value differs between two files (added, removed or changed), sorted.
-pub fn changed_start_only_settings(
-    running: &std::collections::BTreeMap<String, toml::Value>,
-    edited: &std::collections::BTreeMap<String, toml::Value>,
-) -> Vec<String> {
-    let keys: std::collections::BTreeSet<&String> = running.keys().chain(edited.keys()).collect();
-    keys.into_iter().filter(|key| running.get(*key) != edited.get(*key)).cloned().collect()
-}
-
-pub fn parse_file(text: &str) -> Result<RawFile, ConfigError> {
-    toml::from_str::<RawFile>(text).map_err(|err| {
-        let position = err
-            .span()
-            .map(|span| {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                format!(" (line {line})")
-            })
-            .unwrap_or_default();
-        let message = err.message().replace('\n', " ");
-        ConfigError::new("config file", Some(env::CONFIG), format!("{message}{position}"))
-    })
-}
-
 fn parse_ip(value: &str, key: &str, var: Option<&'static str>) -> Result<IpAddr, ConfigError> {
     value.parse().map_err(|_| ConfigError::new(key, var, format!("{value:?} is not an ip address")))
-}
-
-fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigError> {
-    let backend_url = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
-        ConfigError::new("backend.url", Some(env::BACKEND_URL), format!("{url:?} is not an http(s) url"))
-    })?;
-    let name = env::get(env, env::SATELLITE_NAME).ok_or_else(|| {
-        ConfigError::new("backend.satellite_name", Some(env::SATELLITE_NAME), "required in managed mode")
-    })?;
-    let valid = (10..=32).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-    if !valid {
-        return Err(ConfigError::new(
-            "backend.satellite_name",
-            Some(env::SATELLITE_NAME),
-            "must be 10-32 characters of a-z, 0-9, '_' and '-'",
-        ));
-    }
-    let millis = |key: &str, var: &'static str, default: u64| -> Result<Duration, ConfigError> {
-        Ok(Duration::from_millis(number(env, key, var, None, default, false)?))
-    };
-    Ok(ManagedSettings {
-        backend_url,
-        satellite_name: name.to_owned(),
-        registration_token: env::get(env, env::REGISTRATION_TOKEN).map(|t| SecretString::from(t.to_owned())),
-        persistent_dir: env::get(env, env::PERSISTENT_DATA_DIR)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("./persistent_data")),
-        satellite_url: env::get(env, env::PUBLIC_URL).map(|u| u.trim_end_matches('/').to_owned()).unwrap_or_default(),
-        poll_idle: Duration::from_secs(number(
-            env,
-            "backend.polling_interval",
-            env::BACKEND_POLLING_INTERVAL,
-            None,
-            60,
-            false,
-        )?),
-        heartbeat_interval: millis("backend.heartbeat_interval_ms", env::HEARTBEAT_INTERVAL_MS, 30_000)?,
-        event_interval: millis("backend.event_batch_interval_ms", env::EVENT_BATCH_INTERVAL_MS, 3_000)?,
-        event_flush_timeout: millis("backend.event_flush_timeout_ms", env::EVENT_FLUSH_TIMEOUT_MS, 5_000)?,
-        outbox_max: number(env, "backend.event_outbox_max", env::EVENT_OUTBOX_MAX, None, 100_000i64, false)?,
-        extra_audiences: env::get(env, env::TOKEN_AUDIENCES)
-            .map(|list| list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect())
-            .unwrap_or_default(),
-        github_tarball_base: match env::get(env, env::GITHUB_TARBALL_URL) {
-            Some(raw) => Url::parse(raw.trim_end_matches('/'))
-                .ok()
-                .filter(|u| matches!(u.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "backend.github_tarball_url",
-                        Some(env::GITHUB_TARBALL_URL),
-                        format!("{raw:?} is not an http(s) url"),
-                    )
-                })?,
-            None => Url::parse(GITHUB_TARBALL_BASE).map_err(|err| {
-                ConfigError::new("backend.github_tarball_url", Some(env::GITHUB_TARBALL_URL), err.to_string())
-            })?,
-        },
-        deployments_dir: env::get(env, env::DEPLOYMENTS_DIR).map(PathBuf::from),
-    })
-}
-
-fn embedded(env: &Env) -> Result<EmbeddedDefault, ConfigError> {
-    let (demo_token, demo_token_generated) = match env::get(env, env::DEMO_TOKEN) {
-        Some(token) if token.len() >= 16 => (token.to_owned(), false),
-        Some(_) => {
-            return Err(ConfigError::new("demo.token", Some(env::DEMO_TOKEN), "must be at least 16 characters"));
-        }
-        None => (random_hex(32), true),
-    };
-    let (instance_token, instance_token_generated) = match env::get(env, env::DEMO_INSTANCE_TOKEN) {
-        Some(token) if is_instance_token(token) => (token.to_owned(), false),
-        Some(_) => {
-            return Err(ConfigError::new(
-                "demo.instance_token",
-                Some(env::DEMO_INSTANCE_TOKEN),
-                "must be ds_inst_ followed by 64 hex characters",
-            ));
-        }
-        None => (format!("ds_inst_{}", random_hex(32)), true),
-    };
-    Ok(EmbeddedDefault {
-        demo_token: SecretString::from(demo_token),
-        demo_token_generated,
-        instance_token: SecretString::from(instance_token),
-        instance_token_generated,
-    })
-}
-
-/// `ds_inst_` followed by 64 lowercase hex characters.
-pub fn is_instance_token(token: &str) -> bool {
-    token
-        .strip_prefix("ds_inst_")
-        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-}
-
-pub fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    rand::thread_rng().fill_bytes(&mut buf);
-    hex::encode(buf)
-}
-
-/// Lowercase hex SHA-256, the form in which tokens are stored.
-pub fn sha256_hex(secret: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
-}
-
-impl EmbeddedDefault {
-    pub fn demo_token_hash(&self) -> String {
-        sha256_hex(self.demo_token.expose_secret())
-    }
-
-    pub fn instance_token_hash(&self) -> String {
-        sha256_hex(self.instance_token.expose_secret())
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! (BP §7.3); `snapshot` validates it into `InstanceSpec`s and diffs it
 //! against the previous one. One reconciler applies either source.
 
+pub mod directory;
 pub mod snapshot;
 pub mod standalone;
 

@@ -5,86 +5,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use secrecy::SecretString;
 use url::Url;
 
+use super::directory::{check_id, check_sha256, jwt_settings, teams, users};
+pub use super::directory::{Directory, JwtAlgorithm, JwtSettings, Team, TokenGrant, User, DEFAULT_SCOPES};
 use super::snapshot::{set_query, DesiredState, EntrySettings, McpServerEntry, SecretMetadata};
 use crate::config::file::{RawFile, RawInstallation, RawServer, RawTeam, RawUser, RawUserInstance};
 use crate::config::{sha256_hex, ConfigError, EmbeddedDefault};
 use crate::model::toolset::{Configured, ConfiguredToolsets};
 use crate::model::{InstallationId, ProcessId, TeamId, Toolset, ToolsetScope, ToolsetSource, UserId};
-
-/// Who may connect: teams, users with their token hashes, and JWT settings.
-/// Used by the client-facing authentication.
-#[derive(Debug, Clone, Default)]
-pub struct Directory {
-    pub teams: BTreeMap<TeamId, Team>,
-    pub users: BTreeMap<UserId, User>,
-    pub jwt: Option<JwtSettings>,
-    pub authorization_server: Option<String>,
-    /// Lowercase hex SHA-256 of the satellite-wide admin tokens (analytics of every team, nothing else).
-    pub admin_tokens: Vec<String>,
-    /// Each grant's token hash → (user, index in their `tokens`): a token is checked in O(1) whatever the
-    /// number of users. Built by [`Directory::index_tokens`]; the first grant of a hash (in user order) wins.
-    pub token_index: std::collections::HashMap<String, (UserId, usize)>,
-}
-
-impl Directory {
-    /// Build `token_index` from the users' grants.
-    pub fn index_tokens(mut self) -> Directory {
-        let mut index = std::collections::HashMap::new();
-        for (user_id, user) in &self.users {
-            for (i, grant) in user.tokens.iter().enumerate() {
-                index.entry(grant.sha256.clone()).or_insert_with(|| (user_id.clone(), i));
-            }
-        }
-        self.token_index = index;
-        self
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Team {
-    pub slug: String,
-    pub name: String,
-}
-
-#[derive(Debug, Clone)]
-pub struct User {
-    pub teams: Vec<TeamId>,
-    pub tokens: Vec<TokenGrant>,
-    /// A team admin: reads the analytics of the team each of their tokens is for.
-    pub admin: bool,
-}
-
-/// A bearer token a user may present: for one team, with scopes.
-#[derive(Debug, Clone)]
-pub struct TokenGrant {
-    /// Lowercase hex SHA-256 of the token.
-    pub sha256: String,
-    pub team: TeamId,
-    pub scopes: Vec<String>,
-}
-
-/// Scopes a token has unless it says otherwise.
-pub const DEFAULT_SCOPES: [&str; 2] = ["mcp:read", "mcp:tools:execute"];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JwtAlgorithm {
-    Hs256,
-    Rs256,
-    Es256,
-}
-
-#[derive(Debug, Clone)]
-pub struct JwtSettings {
-    pub algorithm: JwtAlgorithm,
-    /// The HS256 secret, or the RS256/ES256 public key in PEM.
-    pub key: SecretString,
-    pub audience: Option<String>,
-    pub issuer: Option<String>,
-    pub team_claim: String,
-}
 
 /// A validated standalone file (empty in managed mode, where the backend is the source).
 #[derive(Debug, Clone, Default)]
@@ -322,129 +251,6 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<Standa
     from_file(&raw)
 }
 
-fn teams(raw: &[RawTeam]) -> Result<BTreeMap<TeamId, Team>, ConfigError> {
-    let mut teams = BTreeMap::new();
-    for (i, team) in raw.iter().enumerate() {
-        let key = format!("teams[{i}]");
-        check_id(&team.id, &format!("{key}.id"))?;
-        let slug = team.slug.clone().unwrap_or_else(|| team.id.clone());
-        check_id(&slug, &format!("{key}.slug"))?;
-        let entry = Team { slug, name: team.name.clone().unwrap_or_else(|| team.id.clone()) };
-        if teams.insert(TeamId(team.id.clone()), entry).is_some() {
-            return Err(ConfigError::new(format!("{key}.id"), None, format!("duplicate team id {:?}", team.id)));
-        }
-    }
-    Ok(teams)
-}
-
-fn users(raw: &[RawUser], teams: &BTreeMap<TeamId, Team>) -> Result<BTreeMap<UserId, User>, ConfigError> {
-    let mut users = BTreeMap::new();
-    for (i, user) in raw.iter().enumerate() {
-        let key = format!("users[{i}]");
-        check_id(&user.id, &format!("{key}.id"))?;
-        for team in &user.teams {
-            if !teams.contains_key(&TeamId(team.clone())) {
-                return Err(ConfigError::new(format!("{key}.teams"), None, format!("unknown team {team:?}")));
-            }
-        }
-        let mut tokens = Vec::new();
-        for hash in &user.token_sha256 {
-            check_sha256(hash, &format!("{key}.token_sha256"))?;
-            let [team] = user.teams.as_slice() else {
-                return Err(ConfigError::new(
-                    format!("{key}.token_sha256"),
-                    None,
-                    "the user belongs to several teams: give each token its team in [[users.tokens]]",
-                ));
-            };
-            tokens.push(TokenGrant {
-                sha256: hash.to_ascii_lowercase(),
-                team: TeamId(team.clone()),
-                scopes: default_scopes(),
-            });
-        }
-        for (j, token) in user.tokens.iter().enumerate() {
-            let token_key = format!("{key}.tokens[{j}]");
-            check_sha256(&token.sha256, &format!("{token_key}.sha256"))?;
-            let team = match (&token.team, user.teams.as_slice()) {
-                (Some(team), _) if user.teams.contains(team) => team.clone(),
-                (Some(team), _) => {
-                    return Err(ConfigError::new(
-                        format!("{token_key}.team"),
-                        None,
-                        format!("user is not in team {team:?}"),
-                    ))
-                }
-                (None, [only]) => only.clone(),
-                (None, _) => {
-                    return Err(ConfigError::new(
-                        format!("{token_key}.team"),
-                        None,
-                        "required: the user has several teams",
-                    ))
-                }
-            };
-            let scopes = token.scopes.clone().unwrap_or_else(default_scopes);
-            tokens.push(TokenGrant { sha256: token.sha256.to_ascii_lowercase(), team: TeamId(team), scopes });
-        }
-        let admin = match user.role.as_deref() {
-            None | Some("member") => false,
-            Some("admin") => true,
-            Some(other) => {
-                return Err(ConfigError::new(
-                    format!("{key}.role"),
-                    None,
-                    format!("unknown role {other:?}: use \"member\" or \"admin\""),
-                ))
-            }
-        };
-        let entry = User { teams: user.teams.iter().cloned().map(TeamId).collect(), tokens, admin };
-        if users.insert(UserId(user.id.clone()), entry).is_some() {
-            return Err(ConfigError::new(format!("{key}.id"), None, format!("duplicate user id {:?}", user.id)));
-        }
-    }
-    Ok(users)
-}
-
-fn default_scopes() -> Vec<String> {
-    DEFAULT_SCOPES.iter().map(|s| s.to_string()).collect()
-}
-
-fn jwt_settings(raw: &crate::config::file::RawJwt) -> Result<JwtSettings, ConfigError> {
-    let algorithm = match raw.algorithm.as_str() {
-        "HS256" => JwtAlgorithm::Hs256,
-        "RS256" => JwtAlgorithm::Rs256,
-        "ES256" => JwtAlgorithm::Es256,
-        other => {
-            return Err(ConfigError::new("auth.jwt.algorithm", None, format!("{other:?} is not HS256, RS256 or ES256")))
-        }
-    };
-    let key = match (algorithm, &raw.secret, &raw.public_key_pem) {
-        (JwtAlgorithm::Hs256, Some(secret), None) if secret.len() >= 32 => secret.clone(),
-        (JwtAlgorithm::Hs256, Some(_), None) => {
-            return Err(ConfigError::new("auth.jwt.secret", None, "an HS256 secret needs at least 32 characters"))
-        }
-        (JwtAlgorithm::Hs256, _, _) => {
-            return Err(ConfigError::new("auth.jwt.secret", None, "HS256 needs secret and no public_key_pem"))
-        }
-        (_, None, Some(pem)) if pem.contains("BEGIN") => pem.clone(),
-        (_, _, _) => {
-            return Err(ConfigError::new(
-                "auth.jwt.public_key_pem",
-                None,
-                "RS256/ES256 need a PEM public key and no secret",
-            ))
-        }
-    };
-    Ok(JwtSettings {
-        algorithm,
-        key: SecretString::from(key),
-        audience: raw.audience.clone(),
-        issuer: raw.issuer.clone(),
-        team_claim: raw.team_claim.clone().unwrap_or_else(|| "team".into()),
-    })
-}
-
 fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
     check_id(&server.slug, &format!("{key}.slug"))?;
     let mut declared = std::collections::HashSet::new();
@@ -482,26 +288,6 @@ fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
         return Err(ConfigError::new(format!("{key}.timeout_ms"), None, "must be greater than zero"));
     }
     Ok(())
-}
-
-/// Identifiers become part of process ids and URLs: keep them to a safe alphabet.
-fn check_id(value: &str, key: &str) -> Result<(), ConfigError> {
-    let ok = !value.is_empty()
-        && value.len() <= 64
-        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::new(key, None, format!("{value:?} must be 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.'")))
-    }
-}
-
-fn check_sha256(value: &str, key: &str) -> Result<(), ConfigError> {
-    if value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(())
-    } else {
-        Err(ConfigError::new(key, None, "must be a hex sha-256 (64 characters)"))
-    }
 }
 
 /// The three-tier merge of arguments (BP §7.4): `(value, order)` from each

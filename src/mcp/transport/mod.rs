@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 
 use crate::mcp::protocol::RpcError;
 
+pub(crate) mod http_wire;
 pub mod relay;
 pub mod sse;
 pub mod stderr;

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 use url::Url;
 
-use super::streamable_http::{classify_reqwest, header_map};
+use super::http_wire::{classify_reqwest, header_map};
 use super::{await_response, outcome, preview, Pending, UpstreamError};
 use crate::mcp::protocol::{self, Message, RequestId};
 

@@ -1,0 +1,114 @@
+//! The satellite's periodic upkeep, as named jobs (`/status` lists them): client activity events, releasing the
+//! idle token encoder, session expiry, idle instances made dormant, scheduled rediscovery, and retention of the
+//! standalone event history and analytics rows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::info;
+
+use crate::activity::ActivityTracker;
+use crate::config::Config;
+use crate::events::{self, Emitter};
+use crate::http::session::{SessionTable, SESSION_IDLE};
+use crate::http::sse::{SseSessions, SSE_IDLE};
+use crate::instances::InstanceManager;
+use crate::jobs::{FirstRun, Jobs};
+use crate::store::{Store, StoreError};
+
+/// Idle sessions are forgotten on this period (OQ-18).
+const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+/// Standalone event history is trimmed on this period.
+const EVENT_RETENTION_PERIOD: Duration = Duration::from_secs(3600);
+/// The token encoder is released once no tools were counted for this long, checked this often.
+const ENCODER_IDLE: Duration = Duration::from_secs(60);
+const ENCODER_CHECK_PERIOD: Duration = Duration::from_secs(20);
+/// How often instances with `rediscover_seconds` are checked for a catalog older than that.
+const REDISCOVERY_CHECK_PERIOD: Duration = Duration::from_secs(5);
+
+/// What the upkeep jobs work on.
+pub(super) struct Maintenance<'a> {
+    pub jobs: &'a Jobs,
+    pub config: &'a Config,
+    pub manager: &'a InstanceManager,
+    pub store: &'a Store,
+    pub events: &'a Emitter,
+    pub activity: Arc<ActivityTracker>,
+    /// The `/mcp` and instance-router session tables.
+    pub sessions: [Arc<SessionTable>; 2],
+    pub sse_sessions: Arc<SseSessions>,
+}
+
+/// Register every upkeep job on `jobs`.
+pub(super) fn schedule(m: Maintenance<'_>) {
+    let Maintenance { jobs, config, manager, store, events: emitter, activity, sessions, sse_sessions } = m;
+    let (activity_events, tracked) = (emitter.clone(), activity);
+    jobs.every("client-activity", config.activity_interval, FirstRun::Immediately, move || {
+        let (records, emitter) = (tracked.take(), activity_events.clone());
+        async move {
+            for record in &records {
+                emitter.emit(events::Event::client_activity(record)).await;
+            }
+            Ok::<(), std::convert::Infallible>(())
+        }
+    });
+    // The token encoder is most of an idle satellite's memory: let it go when no tools were counted lately.
+    jobs.every("token-encoder-release", ENCODER_CHECK_PERIOD, FirstRun::AfterOnePeriod, || async {
+        tokio::task::spawn_blocking(|| crate::tokens::release_idle(ENCODER_IDLE)).await.map(|_| ())
+    });
+    jobs.every("session-expiry", SESSION_SWEEP_PERIOD, FirstRun::AfterOnePeriod, move || {
+        let swept: usize = sessions.iter().map(|t| t.sweep(SESSION_IDLE)).sum::<usize>() + sse_sessions.sweep(SSE_IDLE);
+        if swept > 0 {
+            info!(swept, "idle mcp sessions expired");
+        }
+        std::future::ready(Ok::<(), std::convert::Infallible>(()))
+    });
+    let lifecycle = &config.upstream.lifecycle;
+    if lifecycle.idle_timeout.is_some() {
+        let idle_manager = manager.clone();
+        jobs.every("idle-process-cleanup", lifecycle.idle_check_interval, FirstRun::Immediately, move || {
+            let manager = idle_manager.clone();
+            async move {
+                let slept = manager.sweep_idle().await;
+                if slept > 0 {
+                    info!(slept, "idle instances made dormant");
+                }
+                Ok::<(), std::convert::Infallible>(())
+            }
+        });
+    }
+    // Servers that change their tools without announcing it, rediscovered as often as their config asks.
+    let stale_manager = manager.clone();
+    jobs.every("periodic-rediscovery", REDISCOVERY_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
+        let manager = stale_manager.clone();
+        async move {
+            let refreshed = manager.rediscover_stale().await;
+            if refreshed > 0 {
+                tracing::debug!(refreshed, "instances discovered again on their schedule");
+            }
+            Ok::<(), std::convert::Infallible>(())
+        }
+    });
+    let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
+    jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
+        let store = retention_store.clone();
+        async move {
+            let pruned = store.prune_events(events::STANDALONE_RETENTION).await?;
+            if pruned > 0 {
+                info!(pruned, kept = events::STANDALONE_RETENTION, "old events pruned from the standalone history");
+            }
+            // A retention too long to subtract from now keeps everything.
+            let cutoff = chrono::Duration::from_std(analytics_kept)
+                .ok()
+                .and_then(|kept| chrono::Utc::now().checked_sub_signed(kept));
+            let pruned = match cutoff {
+                Some(cutoff) => store.prune_analytics(&crate::model::iso(cutoff)).await?,
+                None => 0,
+            };
+            if pruned > 0 {
+                info!(pruned, kept_days = analytics_kept.as_secs() / 86_400, "old analytics rows pruned");
+            }
+            Ok::<(), StoreError>(())
+        }
+    });
+}

@@ -1,0 +1,108 @@
+//! Managed mode's settings: the backend, this satellite's name and cadences, read from the environment.
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub struct ManagedSettings {
+    pub backend_url: Url,
+    pub satellite_name: String,
+    pub registration_token: Option<SecretString>,
+    /// Where `backend.key.json` lives (`./persistent_data`, OQ-48).
+    pub persistent_dir: PathBuf,
+    /// `DEPLOYSTACK_SATELLITE_URL` as set, `""` when unset (sent once in the first heartbeat, BP §3.2).
+    pub satellite_url: String,
+    /// Idle ("slow") poll interval.
+    pub poll_idle: Duration,
+    pub heartbeat_interval: Duration,
+    pub event_interval: Duration,
+    pub event_flush_timeout: Duration,
+    /// Most events the outbox keeps while the backend is away.
+    pub outbox_max: i64,
+    /// Audiences accepted in introspection answers besides the built-in ones (`DEPLOYSTACK_TOKEN_AUDIENCES`,
+    /// comma-separated).
+    pub extra_audiences: Vec<String>,
+    /// Where GitHub repository tarballs come from: `{base}/{owner}/{repo}/tarball/{sha}`
+    /// (`DEPLOYSTACK_GITHUB_TARBALL_URL`, default the GitHub API).
+    pub github_tarball_base: Url,
+    /// Where GitHub-deployed servers are extracted, one directory per installation (`DEPLOYSTACK_DEPLOYMENTS_DIR`,
+    /// default `<data dir>/deployments`; `None` until the data dir is known).
+    pub deployments_dir: Option<PathBuf>,
+}
+
+/// GitHub's tarball endpoint: `{base}/{owner}/{repo}/tarball/{sha}`.
+pub const GITHUB_TARBALL_BASE: &str = "https://api.github.com/repos";
+
+/// The logical resource identifier DeployStack's authorization server puts in `aud` (BP §10, OQ-14).
+pub const BACKEND_AUDIENCE: &str = "deploystack:mcp:satellite";
+
+impl ManagedSettings {
+    /// Every audience an introspected token may carry (BP §10): the backend's identifier, `{SAT_URL}/mcp`,
+    /// `{SAT_URL}`, and what the operator adds; compared without a trailing `/`.
+    pub fn accepted_audiences(&self, public_url: &str) -> Vec<String> {
+        let base = public_url.trim_end_matches('/');
+        let mut audiences = vec![BACKEND_AUDIENCE.to_owned(), format!("{base}/mcp"), base.to_owned()];
+        audiences.extend(self.extra_audiences.iter().map(|a| a.trim_end_matches('/').to_owned()));
+        audiences
+    }
+}
+
+pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigError> {
+    let backend_url = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
+        ConfigError::new("backend.url", Some(env::BACKEND_URL), format!("{url:?} is not an http(s) url"))
+    })?;
+    let name = env::get(env, env::SATELLITE_NAME).ok_or_else(|| {
+        ConfigError::new("backend.satellite_name", Some(env::SATELLITE_NAME), "required in managed mode")
+    })?;
+    let valid = (10..=32).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !valid {
+        return Err(ConfigError::new(
+            "backend.satellite_name",
+            Some(env::SATELLITE_NAME),
+            "must be 10-32 characters of a-z, 0-9, '_' and '-'",
+        ));
+    }
+    let millis = |key: &str, var: &'static str, default: u64| -> Result<Duration, ConfigError> {
+        Ok(Duration::from_millis(number(env, key, var, None, default, false)?))
+    };
+    Ok(ManagedSettings {
+        backend_url,
+        satellite_name: name.to_owned(),
+        registration_token: env::get(env, env::REGISTRATION_TOKEN).map(|t| SecretString::from(t.to_owned())),
+        persistent_dir: env::get(env, env::PERSISTENT_DATA_DIR)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("./persistent_data")),
+        satellite_url: env::get(env, env::PUBLIC_URL).map(|u| u.trim_end_matches('/').to_owned()).unwrap_or_default(),
+        poll_idle: Duration::from_secs(number(
+            env,
+            "backend.polling_interval",
+            env::BACKEND_POLLING_INTERVAL,
+            None,
+            60,
+            false,
+        )?),
+        heartbeat_interval: millis("backend.heartbeat_interval_ms", env::HEARTBEAT_INTERVAL_MS, 30_000)?,
+        event_interval: millis("backend.event_batch_interval_ms", env::EVENT_BATCH_INTERVAL_MS, 3_000)?,
+        event_flush_timeout: millis("backend.event_flush_timeout_ms", env::EVENT_FLUSH_TIMEOUT_MS, 5_000)?,
+        outbox_max: number(env, "backend.event_outbox_max", env::EVENT_OUTBOX_MAX, None, 100_000i64, false)?,
+        extra_audiences: env::get(env, env::TOKEN_AUDIENCES)
+            .map(|list| list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect())
+            .unwrap_or_default(),
+        github_tarball_base: match env::get(env, env::GITHUB_TARBALL_URL) {
+            Some(raw) => Url::parse(raw.trim_end_matches('/'))
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "backend.github_tarball_url",
+                        Some(env::GITHUB_TARBALL_URL),
+                        format!("{raw:?} is not an http(s) url"),
+                    )
+                })?,
+            None => Url::parse(GITHUB_TARBALL_BASE).map_err(|err| {
+                ConfigError::new("backend.github_tarball_url", Some(env::GITHUB_TARBALL_URL), err.to_string())
+            })?,
+        },
+        deployments_dir: env::get(env, env::DEPLOYMENTS_DIR).map(PathBuf::from),
+    })
+}

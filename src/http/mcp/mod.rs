@@ -1,0 +1,303 @@
+//! The MCP endpoints over Streamable HTTP: `/mcp` (hierarchical router, bearer
+//! auth) and `/i/{instance_path}/mcp` (instance router, instance token). One
+//! handler serves both protocol eras on the same URL: handshake-era clients
+//! get a session at `initialize`; 2026-07-28 requests are stateless and carry
+//! their version in `_meta` and `MCP-Protocol-Version`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio_stream::wrappers::BroadcastStream;
+use warp::http::{HeaderMap, HeaderValue, StatusCode};
+use warp::reply::Response;
+use warp::{Filter, Reply};
+
+use super::audit::finish;
+use super::dispatch::{Selection, Target};
+use super::error::{rpc_status, McpError};
+use super::exchange::{is_parked_state, response_message, Answer, Mode};
+use super::identity::Identity;
+use super::oauth::ResourceUrls;
+use super::session::{self, Lookup, SessionTable, StreamError};
+use super::stack::PeerAddr;
+use super::{json_response, McpDeps, MAX_BODY_BYTES};
+use crate::auth;
+use crate::mcp::protocol::{self, codes, FrameError, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
+use crate::router::RouteError;
+
+mod stream;
+use stream::{delete, open_stream};
+
+mod stateless;
+use stateless::stateless_post;
+
+mod post;
+use post::post;
+
+/// Comment written on idle server streams.
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+/// Handshake versions accepted at `initialize` (oldest first); the last is answered when the client's is unknown.
+const HANDSHAKE_VERSIONS: [&str; 4] = ["2024-11-05", LEGACY_VERSIONS[0], LEGACY_VERSIONS[1], LEGACY_VERSIONS[2]];
+
+/// One authenticated caller on one endpoint: the router it reaches and the session table it uses.
+struct Endpoint {
+    target: Target,
+    sessions: Arc<SessionTable>,
+    owner: String,
+}
+
+impl Endpoint {
+    fn new(target: Target, sessions: Arc<SessionTable>) -> Self {
+        Self { owner: target.session_owner(), target, sessions }
+    }
+}
+
+/// Count one request of a tracked client (SB §17); `tools/call` anywhere in the body counts as a tool call.
+fn record_activity(
+    deps: &McpDeps,
+    headers: &HeaderMap,
+    body: Option<&[u8]>,
+    user_team: &(String, String),
+    client_id: &str,
+    auth_type: &str,
+) {
+    let tool_call = body.is_some_and(crate::activity::is_tool_call);
+    deps.activity.record(&crate::activity::Seen {
+        user_id: &user_team.0,
+        team_id: &user_team.1,
+        client_id,
+        auth_type,
+        client_name_header: header(headers, "x-mcp-client-name"),
+        user_agent: header(headers, "user-agent"),
+        session_id: header(headers, "mcp-session-id"),
+        forwarded_for: header(headers, "x-forwarded-for"),
+        real_ip: header(headers, "x-real-ip"),
+        tool_call,
+    });
+}
+
+pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    let with = warp::any().map(move || deps.clone());
+    let body = warp::body::content_length_limit(MAX_BODY_BYTES).and(warp::body::bytes());
+    let peer = warp::ext::optional::<PeerAddr>();
+
+    // `?toolset=NAME` selects a toolset (docs/toolsets.md); any other query parameter is ignored.
+    let hier = warp::path("mcp")
+        .and(warp::path::end())
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify().map(|raw: String| toolset_param(&raw)));
+    let hier_post =
+        hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
+            |toolset: Option<String>, headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: McpDeps| async move {
+                let answer = match hierarchical_endpoint(&deps, &headers, Some(&body), toolset.as_deref()).await {
+                    Ok(endpoint) => post(&deps, endpoint, &headers, &body).await,
+                    Err(err) => Err(err),
+                };
+                with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
+            },
+        );
+    let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
+            let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
+                .await
+                .and_then(|e| open_stream(&deps, e, &headers));
+            with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
+        },
+    );
+    let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
+            let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
+                .await
+                .and_then(|e| delete(e, &headers));
+            with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
+        },
+    );
+
+    let inst = warp::path!("i" / String / "mcp").and(warp::query::<HashMap<String, String>>());
+    let inst_post =
+        inst.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
+            |path: String,
+             query: HashMap<String, String>,
+             headers: HeaderMap,
+             body: Bytes,
+             peer: Option<PeerAddr>,
+             deps: McpDeps| async move {
+                let answer = match instance_endpoint(&deps, &path, &query, &headers) {
+                    Ok(endpoint) => {
+                        if let Target::Instance(instance) = &endpoint.target {
+                            let spec = instance.spec();
+                            let user_team = (spec.user_id.0.clone(), spec.team_id.0.clone());
+                            let client_id = format!("instance:{path}");
+                            record_activity(&deps, &headers, Some(&body), &user_team, &client_id, "instance_token");
+                        }
+                        post(&deps, endpoint, &headers, &body).await
+                    }
+                    Err(err) => Err(err),
+                };
+                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+            },
+        );
+    let inst_get =
+        inst.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+            |path: String,
+             query: HashMap<String, String>,
+             headers: HeaderMap,
+             peer: Option<PeerAddr>,
+             deps: McpDeps| async move {
+                let answer =
+                    instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(&deps, e, &headers));
+                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+            },
+        );
+    let inst_delete =
+        inst.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with).then(
+            |path: String,
+             query: HashMap<String, String>,
+             headers: HeaderMap,
+             peer: Option<PeerAddr>,
+             deps: McpDeps| async move {
+                let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| delete(e, &headers));
+                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+            },
+        );
+    hier_post
+        .or(hier_get)
+        .unify()
+        .or(hier_delete)
+        .unify()
+        .or(inst_post)
+        .unify()
+        .or(inst_get)
+        .unify()
+        .or(inst_delete)
+        .unify()
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn with_link(mut response: Response, urls: &ResourceUrls) -> Response {
+    response.headers_mut().insert("link", HeaderValue::from_static(urls.link_header()));
+    response
+}
+
+async fn hierarchical_endpoint(
+    deps: &McpDeps,
+    headers: &HeaderMap,
+    body: Option<&[u8]>,
+    toolset: Option<&str>,
+) -> Result<Endpoint, McpError> {
+    let principal = deps.auth.authenticate_request(header(headers, "authorization")).await.map_err(McpError::Auth)?;
+    if let Some(client) = &principal.client_id {
+        let user_team = (principal.user.0.clone(), principal.team.0.clone());
+        record_activity(deps, headers, body, &user_team, client, "oauth");
+    }
+    let selection = select_toolset(deps, &principal, toolset);
+    Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.clone()))
+}
+
+/// The `toolset` parameter of a query string, decoded.
+pub(super) fn toolset_param(raw: &str) -> Option<String> {
+    url::form_urlencoded::parse(raw.as_bytes()).find(|(key, _)| key == "toolset").map(|(_, value)| value.into_owned())
+}
+
+/// The toolset a request of `caller` uses, or the JSON-RPC error that says why the one it selects cannot be.
+pub(super) fn select_toolset(deps: &McpDeps, caller: &crate::auth::Principal, requested: Option<&str>) -> Selection {
+    deps.toolsets.resolve(caller, requested).map_err(|err| {
+        let name = match &err {
+            crate::toolsets::ToolsetError::Unknown { name, .. }
+            | crate::toolsets::ToolsetError::DanglingDefault { name } => Some(name.clone()),
+            _ => None,
+        };
+        RpcError::new(codes::INVALID_PARAMS, err.to_string()).with_data(json!({"toolset": name}))
+    })
+}
+
+fn instance_endpoint(
+    deps: &McpDeps,
+    path: &str,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Result<Endpoint, McpError> {
+    let token = query.get("token").map(String::as_str).or_else(|| auth::bearer(header(headers, "authorization")));
+    // An unknown path, an instance without a token configured and a wrong token answer alike (401 "Invalid
+    // token"), so the answers reveal nothing about which instance paths exist.
+    let instance = deps.manager.by_instance_path(path);
+    let checked = match &instance {
+        Some(instance) => auth::check_instance_token(instance.spec(), token),
+        None => auth::check_instance_token_format(token).and(Err(auth::InstanceAuthError::Invalid)),
+    };
+    let instance = match checked {
+        Ok(()) => instance.ok_or(McpError::InstanceAuth(auth::InstanceAuthError::Invalid))?,
+        Err(auth::InstanceAuthError::NotConfigured | auth::InstanceAuthError::NotFound) => {
+            return Err(McpError::InstanceAuth(auth::InstanceAuthError::Invalid))
+        }
+        Err(err) => return Err(McpError::InstanceAuth(err)),
+    };
+    if instance.is_dormant() {
+        // Any instance-router request (initialize first) wakes a dormant process ahead of the calls (SB §9.8).
+        let (manager, dormant) = (deps.manager.clone(), instance.clone());
+        deps.tasks.spawn(async move {
+            if let Err(err) = manager.wake(&dormant).await {
+                tracing::warn!(process_id = %dormant.spec().process_id, error = %err, "waking a dormant instance failed");
+            }
+        });
+    }
+    Ok(Endpoint::new(Target::Instance(instance), deps.instance_sessions.clone()))
+}
+
+fn accepts(headers: &HeaderMap, mime: &str) -> bool {
+    header(headers, "accept").is_some_and(|a| {
+        a.split(',').any(|part| {
+            let part = part.split(';').next().unwrap_or("").trim();
+            part.eq_ignore_ascii_case(mime) || part == "*/*"
+        })
+    })
+}
+
+fn initialize_result(requested: Option<&str>, identity: &Identity) -> (String, Value) {
+    let version = requested.filter(|v| HANDSHAKE_VERSIONS.contains(v)).unwrap_or(LEGACY_VERSIONS[2]).to_owned();
+    let mut result = json!({
+        "protocolVersion": version,
+        "capabilities": identity.capabilities,
+        "serverInfo": identity.server_info,
+    });
+    if let Some(instructions) = &identity.instructions {
+        result["instructions"] = json!(instructions);
+    }
+    (version, result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stateless::check_envelope;
+    use super::*;
+
+    #[test]
+    fn envelope_errors_follow_2026_07_28() {
+        let meta = |v: &str| json!({"_meta": {"io.modelcontextprotocol/protocolVersion": v, "io.modelcontextprotocol/clientCapabilities": {}}});
+        assert_eq!(check_envelope(Some(MODERN_VERSION), Some(&meta(MODERN_VERSION))), Ok(()));
+        assert_eq!(check_envelope(None, Some(&json!({}))).unwrap_err().code, codes::INVALID_PARAMS);
+        assert_eq!(
+            check_envelope(Some("2025-06-18"), Some(&meta(MODERN_VERSION))).unwrap_err().code,
+            codes::HEADER_MISMATCH
+        );
+        let unsupported = check_envelope(None, Some(&meta("1900-01-01"))).unwrap_err();
+        assert_eq!(unsupported.code, codes::UNSUPPORTED_PROTOCOL_VERSION);
+        assert_eq!(unsupported.data.unwrap()["requested"], "1900-01-01");
+    }
+
+    #[test]
+    fn initialize_echoes_supported_versions_only() {
+        let own = Identity::hierarchical();
+        assert_eq!(initialize_result(Some("2025-03-26"), &own).0, "2025-03-26");
+        assert_eq!(initialize_result(Some("2024-11-05"), &own).0, "2024-11-05");
+        assert_eq!(initialize_result(Some("1999-01-01"), &own).0, "2025-11-25");
+        assert_eq!(initialize_result(None, &own).0, "2025-11-25");
+    }
+}

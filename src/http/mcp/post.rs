@@ -1,0 +1,205 @@
+//! A POST to an MCP endpoint: framing checks, era choice, sessions, and the answer to each message.
+
+use super::*;
+
+pub(super) async fn post(
+    deps: &McpDeps,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, McpError> {
+    let content_type = header(headers, "content-type").unwrap_or("");
+    if !content_type.trim().to_ascii_lowercase().starts_with("application/json") {
+        return Err(McpError::UnsupportedMediaType);
+    }
+    if !(accepts(headers, "application/json") && accepts(headers, "text/event-stream")) {
+        return Err(McpError::NotAcceptable { stream_only: false });
+    }
+    let (messages, batch) = protocol::decode_frame(body).map_err(|err| match err {
+        FrameError::Json(err) => McpError::Parse(err),
+        FrameError::EmptyBatch => McpError::EmptyBatch,
+    })?;
+    let header_version = header(headers, "mcp-protocol-version").map(str::to_owned);
+    let stateless = header_version.as_deref() == Some(MODERN_VERSION)
+        || messages.iter().any(|m| {
+            m.get("method").and_then(Value::as_str) != Some("initialize")
+                && protocol::has_stateless_envelope(m.get("params"))
+        });
+    if stateless {
+        return stateless_post(deps, &endpoint, header_version.as_deref(), messages, batch).await;
+    }
+
+    let is_initialize = |m: &Value| m.get("method").and_then(Value::as_str) == Some("initialize");
+    let has_init = messages.iter().any(is_initialize);
+    if has_init && messages.len() > 1 {
+        return Err(McpError::InitializeInBatch);
+    }
+    if let Some(version) = header_version.as_deref().filter(|_| !has_init) {
+        if !HANDSHAKE_VERSIONS.contains(&version) {
+            return Err(McpError::UnsupportedVersion(version.to_owned()));
+        }
+    }
+    let supplied = header(headers, "mcp-session-id").map(str::to_owned);
+    if supplied.as_deref().is_some_and(|id| !session::well_formed(id)) {
+        return Err(McpError::MalformedSession);
+    }
+    let mut new_session: Option<(String, Value)> = None;
+    let session_id = if has_init {
+        if let Some(id) = &supplied {
+            if endpoint.sessions.touch(id, &endpoint.owner) == Lookup::Known {
+                return Err(McpError::AlreadyInitialized);
+            }
+        }
+        if let Some(err) = endpoint.target.refused_selection() {
+            // No session for a connection whose toolset cannot be used: the client shows why it failed.
+            let id = messages[0].get("id").cloned().and_then(|id| serde_json::from_value(id).ok());
+            return Ok(json_response(StatusCode::OK, &protocol::error_response(id, err.clone())));
+        }
+        let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
+        let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
+        let capabilities = messages[0].pointer("/params/capabilities").cloned().unwrap_or_default();
+        let id = endpoint.sessions.create_with(&endpoint.owner, &version, capabilities);
+        new_session = Some((id.clone(), result));
+        id
+    } else {
+        let id = supplied.ok_or(McpError::NoSessionId)?;
+        if endpoint.sessions.touch(&id, &endpoint.owner) == Lookup::Unknown {
+            // Expired, terminated, from before a restart, or someone else's: the client initializes again.
+            return Err(McpError::SessionNotFound);
+        }
+        id
+    };
+
+    if !batch {
+        if let Some(answer) = relayed(deps, &endpoint, &session_id, &messages[0]).await {
+            let mut response = answer?;
+            if let Ok(value) = HeaderValue::from_str(&session_id) {
+                response.headers_mut().insert("mcp-session-id", value);
+            }
+            return Ok(response);
+        }
+    }
+    let mut replies = Vec::new();
+    for message in messages {
+        let reply = match Message::from_value(message) {
+            Err(err) => Some(protocol::error_response(
+                None,
+                RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")),
+            )),
+            Ok(Message::Request { id, method, .. }) if method == "initialize" => {
+                let result = match &new_session {
+                    Some((_, result)) => result.clone(),
+                    None => initialize_result(None, &Identity::of(deps, &endpoint.target).await).1,
+                };
+                Some(protocol::response(id, result))
+            }
+            Ok(Message::Request { id, method, params }) => {
+                match endpoint.target.dispatch(deps, Some(&session_id), &method, params, None).await {
+                    Ok(mut result) => {
+                        protocol::shape_for_handshake(&mut result);
+                        Some(protocol::response(id, result))
+                    }
+                    Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
+                    Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
+                }
+            }
+            Ok(Message::Notification { method, params }) => {
+                client_notification(deps, &endpoint, &session_id, &method, params).await;
+                None
+            }
+            Ok(Message::Response { id, outcome }) => {
+                if !endpoint.sessions.exchange.deliver(&session_id, &id, outcome) {
+                    tracing::debug!(%id, "a response nothing waits for (late, or for another session)");
+                }
+                None
+            }
+        };
+        replies.extend(reply);
+    }
+    let mut response = if replies.is_empty() {
+        warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response()
+    } else if batch {
+        json_response(StatusCode::OK, &Value::Array(replies))
+    } else {
+        json_response(StatusCode::OK, &replies.remove(0))
+    };
+    if let Ok(value) = HeaderValue::from_str(&session_id) {
+        response.headers_mut().insert("mcp-session-id", value);
+    }
+    Ok(response)
+}
+
+/// A single handshake-era request runs with a relay, so what the server says meanwhile reaches the client on
+/// an SSE response; `None` for anything that is not such a request (initialize, notifications, responses).
+pub(super) async fn relayed(
+    deps: &McpDeps,
+    endpoint: &Endpoint,
+    session_id: &str,
+    message: &Value,
+) -> Option<Result<Response, McpError>> {
+    let method = message.get("method").and_then(Value::as_str)?;
+    if method == "initialize" {
+        return None;
+    }
+    let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
+    // A subscription the server accepts is this session's: its stream then carries that resource's updates.
+    let subscription = match method.as_str() {
+        "resources/subscribe" | "resources/unsubscribe" => {
+            params.as_ref().and_then(|p| p.get("uri")).and_then(Value::as_str).map(|uri| {
+                (uri.to_owned(), method == "resources/subscribe", endpoint.sessions.clone(), session_id.to_owned())
+            })
+        }
+        _ => None,
+    };
+    let (target, deps_owned, reply_id) = (endpoint.target.clone(), deps.clone(), id.clone());
+    let session = session_id.to_owned();
+    let answer = endpoint
+        .sessions
+        .exchange
+        .respond(
+            session_id.to_owned(),
+            id.clone(),
+            Mode::Handshake { capabilities: endpoint.sessions.capabilities(session_id) },
+            move |relay| async move {
+                let outcome = target.dispatch(&deps_owned, Some(&session), &method, params, Some(&relay)).await;
+                if let (Ok(_), Some((uri, subscribed, sessions, session))) = (&outcome, subscription) {
+                    sessions.set_subscription(&session, &uri, subscribed);
+                }
+                outcome
+            },
+            move |outcome| response_message(reply_id, outcome.map(handshake_shaped)),
+        )
+        .await;
+    Some(match answer {
+        Answer::Streamed(response) => Ok(response),
+        Answer::Done(Ok(result)) => {
+            Ok(json_response(StatusCode::OK, &protocol::response(id, handshake_shaped(result))))
+        }
+        Answer::Done(Err(RouteError::Rpc(err))) => {
+            Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err)))
+        }
+        Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
+    })
+}
+
+pub(super) fn handshake_shaped(mut result: Value) -> Value {
+    protocol::shape_for_handshake(&mut result);
+    result
+}
+
+/// A notification from the client: cancellation stops the named call; on an instance endpoint the rest (roots
+/// changes and the like) go to the server, which is the one they concern.
+pub(super) async fn client_notification(
+    deps: &McpDeps,
+    endpoint: &Endpoint,
+    scope: &str,
+    method: &str,
+    params: Option<Value>,
+) {
+    match (method, &endpoint.target) {
+        ("notifications/cancelled", _) => endpoint.sessions.exchange.cancel(scope, params.as_ref()),
+        ("notifications/initialized", _) => {}
+        (_, Target::Instance(instance)) => deps.manager.notify(instance, method, params).await,
+        _ => {}
+    }
+}

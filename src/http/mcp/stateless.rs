@@ -1,0 +1,156 @@
+//! 2026-07-28 requests: each stands alone, carrying its version in `_meta` and `MCP-Protocol-Version`; no session is created or read.
+
+use super::*;
+
+/// 2026-07-28: every request stands alone; no session is created or read.
+pub(super) async fn stateless_post(
+    deps: &McpDeps,
+    endpoint: &Endpoint,
+    header_version: Option<&str>,
+    messages: Vec<Value>,
+    batch: bool,
+) -> Result<Response, McpError> {
+    if let [single] = messages.as_slice() {
+        if let Some(response) = stateless_relayed(deps, endpoint, header_version, single).await {
+            return response;
+        }
+    }
+    let identity = Identity::of(deps, &endpoint.target).await;
+    let mut replies = Vec::new();
+    let mut status = StatusCode::OK;
+    for message in messages {
+        let (id, method, params) = match Message::from_value(message) {
+            Err(err) => {
+                replies.push(protocol::error_response(
+                    None,
+                    RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")),
+                ));
+                continue;
+            }
+            Ok(Message::Request { id, method, params }) => (id, method, params),
+            Ok(_) => continue,
+        };
+        let outcome = match check_envelope(header_version, params.as_ref()) {
+            Err(err) => Err(RouteError::Rpc(err)),
+            Ok(()) if method == "server/discover" => match endpoint.target.refused_selection() {
+                Some(err) => Err(RouteError::Rpc(err.clone())),
+                None => {
+                    let mut discovered = json!({
+                        "supportedVersions": SUPPORTED_VERSIONS,
+                        "capabilities": identity.capabilities,
+                        "serverInfo": identity.server_info,
+                    });
+                    if let Some(instructions) = &identity.instructions {
+                        discovered["instructions"] = json!(instructions);
+                    }
+                    Ok(discovered)
+                }
+            },
+            Ok(()) if REMOVED_IN_STATELESS.contains(&method.as_str()) => Err(RouteError::Rpc(RpcError::new(
+                codes::METHOD_NOT_FOUND,
+                format!("Method not found: {method} is not part of {MODERN_VERSION}"),
+            ))),
+            Ok(()) => endpoint.target.dispatch(deps, None, &method, params, None).await,
+        };
+        match outcome {
+            Ok(mut result) => {
+                protocol::stamp_stateless_result(&mut result, &method, identity.server_info.clone());
+                replies.push(protocol::response(id, result));
+            }
+            Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
+            Err(RouteError::Rpc(err)) => {
+                if !batch {
+                    status = rpc_status(err.code);
+                }
+                replies.push(protocol::error_response(Some(id), err));
+            }
+        }
+    }
+    Ok(match (replies.len(), batch) {
+        (0, _) => warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response(),
+        (_, true) => json_response(StatusCode::OK, &Value::Array(replies)),
+        (_, false) => json_response(status, &replies.remove(0)),
+    })
+}
+
+/// A single 2026-07-28 request that reaches an upstream server runs with a relay (which cannot carry server
+/// requests: this revision has none), so progress and log messages stream to the client; `None` for the
+/// methods the satellite answers itself.
+pub(super) async fn stateless_relayed(
+    deps: &McpDeps,
+    endpoint: &Endpoint,
+    header_version: Option<&str>,
+    message: &Value,
+) -> Option<Result<Response, McpError>> {
+    let method = message.get("method").and_then(Value::as_str)?;
+    let long_lived = method == "subscriptions/listen" && matches!(endpoint.target, Target::Instance(_));
+    if !(long_lived || matches!(method, "tools/call" | "resources/read" | "prompts/get" | "completion/complete"))
+        || check_envelope(header_version, message.get("params")).is_err()
+    {
+        return None;
+    }
+    let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
+    let capabilities = params
+        .as_ref()
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get(protocol::meta_keys::CLIENT_CAPABILITIES))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived };
+    let (target, deps_owned, reply_id, stamp_method) =
+        (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
+    let server_info = Identity::of(deps, &endpoint.target).await.server_info;
+    let stamp_info = server_info.clone();
+    let scope = format!("stateless:{}", uuid::Uuid::new_v4());
+    let finish = move |outcome: Result<Value, RouteError>| {
+        let result = outcome.map(|mut result| {
+            protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
+            protocol::retag_subscription(&mut result, &reply_id);
+            result
+        });
+        response_message(reply_id, result)
+    };
+    let exchange = &endpoint.sessions.exchange;
+    let state = params.as_ref().and_then(|p| p.get("requestState"));
+    let answer = if is_parked_state(state) {
+        // The retry of a call the satellite parked when its server asked the client something.
+        let state = state.and_then(Value::as_str).unwrap_or_default().to_owned();
+        let responses = params.as_ref().and_then(|p| p.get("inputResponses"));
+        exchange.resume(scope, id.clone(), mode, &state, responses, finish).await
+    } else {
+        exchange
+            .respond(
+                scope,
+                id.clone(),
+                mode,
+                move |relay| async move { target.dispatch(&deps_owned, None, &method, params, Some(&relay)).await },
+                finish,
+            )
+            .await
+    };
+    let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
+    Some(match answer {
+        Answer::Streamed(response) => Ok(response),
+        Answer::Done(Ok(mut result)) => {
+            protocol::stamp_stateless_result(&mut result, method, server_info);
+            Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
+        }
+        Answer::Done(Err(RouteError::Rpc(err))) => {
+            Ok(json_response(rpc_status(err.code), &protocol::error_response(Some(id), err)))
+        }
+        Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
+    })
+}
+
+/// Methods of the handshake era that 2026-07-28 removed: a stateless request for one is answered 404/-32601
+/// whatever the upstream speaks, so the client sees one revision, not a mix.
+pub(super) const REMOVED_IN_STATELESS: [&str; 5] =
+    ["initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"];
+
+/// Versions a 2026-07-28 client is told the satellite speaks.
+pub(super) const SUPPORTED_VERSIONS: [&str; 4] =
+    [MODERN_VERSION, LEGACY_VERSIONS[2], LEGACY_VERSIONS[1], LEGACY_VERSIONS[0]];
+
+pub(super) fn check_envelope(header_version: Option<&str>, params: Option<&Value>) -> Result<(), RpcError> {
+    protocol::check_stateless_envelope(header_version, params, &SUPPORTED_VERSIONS)
+}

@@ -1,0 +1,88 @@
+//! The server-to-client GET stream of a handshake-era session, and ending a session with DELETE.
+
+use super::*;
+
+pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
+    if header(headers, "mcp-protocol-version") == Some(MODERN_VERSION) {
+        return Err(McpError::NoServerStream);
+    }
+    let id = header(headers, "mcp-session-id").ok_or(McpError::InvalidSession)?;
+    if !session::well_formed(id) {
+        return Err(McpError::MalformedSession);
+    }
+    if !accepts(headers, "text/event-stream") {
+        return Err(McpError::NotAcceptable { stream_only: true });
+    }
+    let token = endpoint.sessions.open_stream(id, &endpoint.owner).map_err(|err| match err {
+        StreamError::NoSession => McpError::SessionNotFound,
+        StreamError::AlreadyOpen => McpError::StreamConflict,
+    })?;
+    // On an instance endpoint the stream carries what the server announces outside any request: list changes,
+    // and updates of the resources this session subscribed to. On `/mcp` it carries the caller's own list
+    // changes (an instance of theirs came or went, its resources or prompts changed); the four meta-tools never
+    // change, and discover always searches the current catalogs.
+    let notes: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>> = match &endpoint.target {
+        Target::Instance(instance) => {
+            let (sessions, session_id) = (endpoint.sessions.clone(), id.to_owned());
+            let notes = BroadcastStream::new(instance.announcements()).filter_map(move |note| {
+                let keep = note.ok().filter(|note| for_session(note, &sessions, &session_id));
+                async move { keep }
+            });
+            Box::pin(notes)
+        }
+        Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
+            let (team, user) = (caller.team.clone(), caller.user.clone());
+            let notes = BroadcastStream::new(deps.manager.view_changes())
+                .filter_map(move |change| {
+                    let notes = match change {
+                        Ok(change) if change.team == team && change.user == user => change.notifications(),
+                        Ok(_) => Vec::new(),
+                        // Fell behind: some of the missed changes may have been this caller's.
+                        Err(_) => crate::instances::ViewChange {
+                            team: team.clone(),
+                            user: user.clone(),
+                            resources: true,
+                            prompts: true,
+                        }
+                        .notifications(),
+                    };
+                    async move { (!notes.is_empty()).then(|| futures::stream::iter(notes)) }
+                })
+                .flatten();
+            Box::pin(notes)
+        }
+    };
+    // The stream ends with the session (or the satellite); until then pings keep it open.
+    let events = notes
+        .map(|note| Ok::<_, Infallible>(warp::sse::Event::default().event("message").data(note.to_string())))
+        .chain(futures::stream::pending())
+        .take_until(async move { token.cancelled().await });
+    let stream = warp::sse::keep_alive().interval(PING_INTERVAL).text("ping").stream(events);
+    let mut response = warp::sse::reply(stream).into_response();
+    if let Ok(value) = HeaderValue::from_str(id) {
+        response.headers_mut().insert("mcp-session-id", value);
+    }
+    Ok(response)
+}
+
+/// Whether a server announcement is for this session: a resource update only if it subscribed to that resource.
+pub(super) fn for_session(note: &Value, sessions: &SessionTable, session_id: &str) -> bool {
+    match note.get("method").and_then(Value::as_str) {
+        Some("notifications/resources/updated") => {
+            let uri = note.pointer("/params/uri").and_then(Value::as_str).unwrap_or_default();
+            sessions.subscribed(session_id, uri)
+        }
+        _ => true,
+    }
+}
+
+pub(super) fn delete(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
+    match header(headers, "mcp-session-id") {
+        None => Err(McpError::InvalidSession),
+        Some(id) if !session::well_formed(id) => Err(McpError::MalformedSession),
+        Some(id) if endpoint.sessions.remove(id, &endpoint.owner) => {
+            Ok(warp::reply::with_status(warp::reply(), StatusCode::OK).into_response())
+        }
+        Some(_) => Err(McpError::SessionNotFound),
+    }
+}

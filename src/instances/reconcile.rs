@@ -1,0 +1,141 @@
+//! The reconciler: one serialised pass that moves the live set of instances toward a desired state, stopping
+//! what was removed or changed and starting what was added or changed, with bounded parallelism.
+
+use super::*;
+
+/// What one reconcile did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReconcileReport {
+    pub added: usize,
+    pub removed: usize,
+    pub modified: usize,
+    pub unchanged: usize,
+    pub rejected: usize,
+}
+
+impl std::fmt::Display for ReconcileReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ReconcileReport { added, removed, modified, unchanged, rejected } = self;
+        write!(f, "{added} added, {removed} removed, {modified} modified, {unchanged} unchanged, {rejected} rejected")
+    }
+}
+
+impl ReconcileReport {
+    /// Whether any instance was added, removed or replaced.
+    pub fn changed(&self) -> bool {
+        self.added + self.removed + self.modified > 0
+    }
+}
+
+impl InstanceManager {
+    /// Move the live set to `desired`: stop what was removed or changed, start what was added or changed.
+    pub async fn apply(&self, desired: DesiredState) -> ReconcileReport {
+        let inner = &self.inner;
+        let _serial = inner.reconcile.lock().await;
+        let current = inner.state.read().desired.clone();
+        let changes: SnapshotDiff = diff(&current, &desired.instances);
+        let report = ReconcileReport {
+            added: changes.added.len(),
+            removed: changes.removed.len(),
+            modified: changes.modified.len(),
+            unchanged: changes.unchanged.len(),
+            rejected: desired.rejected.len(),
+        };
+        if !changes.is_empty() {
+            debug!(
+                added = report.added,
+                removed = report.removed,
+                modified = report.modified,
+                unchanged = report.unchanged,
+                "applying config"
+            );
+        }
+
+        let retiring: Vec<(Arc<Instance>, StopReason)> = {
+            let mut state = inner.state.write();
+            let removed =
+                changes.removed.iter().filter_map(|id| state.live.remove(id)).map(|i| (i, StopReason::Removed));
+            let removed: Vec<_> = removed.collect();
+            let replaced =
+                changes.modified.iter().filter_map(|id| state.live.remove(id)).map(|i| (i, StopReason::Replaced));
+            removed.into_iter().chain(replaced.collect::<Vec<_>>()).collect()
+        };
+        inner.bump_visibility();
+        let concurrency = inner.deps.settings.reconcile_concurrency;
+        futures::stream::iter(retiring)
+            .for_each_concurrent(concurrency, |(instance, reason)| async move { inner.stop(&instance, reason).await })
+            .await;
+        for id in &changes.removed {
+            if let Err(err) = inner.deps.store.delete_catalog(id).await {
+                warn!(process_id = %id, error = %err, "deleting stored catalog failed");
+            }
+        }
+        // Uninstall semantics (SB §9.9): a GitHub deployment goes with the last instance of its installation.
+        if let Some(deployer) = &inner.deps.deployer {
+            for spec in changes.removed.iter().filter_map(|id| current.get(id)).filter(|s| s.deployment.is_some()) {
+                let still_used = desired.instances.values().any(|d| d.installation_id == spec.installation_id);
+                if !still_used {
+                    deployer.remove(&spec.team_id, &spec.installation_id).await;
+                }
+            }
+        }
+        for id in changes.removed.iter().chain(&changes.modified) {
+            inner.unindex(id).await;
+        }
+        // Uninstalled: drift holds of the installation go with it (a reused id starts clean).
+        let gone: std::collections::BTreeSet<&InstallationId> = changes
+            .removed
+            .iter()
+            .filter_map(|id| current.get(id))
+            .map(|s| &s.installation_id)
+            .filter(|installation| !desired.instances.values().any(|d| &d.installation_id == *installation))
+            .collect();
+        for installation in gone {
+            if let Err(err) = inner.deps.store.release_holds_of(installation.as_str()).await {
+                warn!(installation_id = %installation, error = %err, "releasing the holds of an uninstalled installation failed");
+            }
+        }
+
+        let starting: Vec<Arc<Instance>> = {
+            let mut state = inner.state.write();
+            let mut starting = Vec::new();
+            for id in changes.added.iter().chain(&changes.modified) {
+                let spec = &desired.instances[id];
+                if !spec.enabled {
+                    continue;
+                }
+                // A changed instance starts from scratch; an added one may have tools from a previous run.
+                let stored = state.stored.remove(id).filter(|_| changes.added.contains(id));
+                let max_calls = inner.deps.settings.lifecycle.max_calls_per_instance;
+                let instance = Arc::new(Instance::new(spec.clone(), stored, max_calls, inner.overrides.clone()));
+                state.live.insert(id.clone(), instance.clone());
+                starting.push(instance);
+            }
+            state.desired = desired.instances.clone();
+            starting
+        };
+        inner.bump_visibility();
+        for instance in &starting {
+            // Tools from a previous run are searchable (when the instance is online) before rediscovery.
+            if let Some(catalog) = instance.catalog() {
+                inner.index(instance, &catalog).await;
+            }
+        }
+        futures::stream::iter(starting)
+            .for_each_concurrent(concurrency, |instance| async move { inner.start(&instance).await })
+            .await;
+
+        let first = !std::mem::replace(&mut inner.state.write().applied_once, true);
+        if first {
+            // Catalogs of instances that no longer exist would otherwise live forever.
+            let orphans: Vec<ProcessId> = inner.state.write().stored.drain().map(|(id, _)| id).collect();
+            for id in orphans.iter().filter(|id| !desired.instances.contains_key(*id)) {
+                if let Err(err) = inner.deps.store.delete_catalog(id).await {
+                    warn!(process_id = %id, error = %err, "deleting orphaned catalog failed");
+                }
+            }
+        }
+        inner.ready_tx.send_replace(true);
+        report
+    }
+}
