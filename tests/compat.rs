@@ -396,3 +396,107 @@ async fn every_event_type_reaches_the_backend() {
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The answers of the credential endpoints (BP §11 OAuth token status and retrieval, §12 GitHub installation
+/// tokens) are read alike in every style: a remote server that needs the user's OAuth token comes online with
+/// it, and a GitHub-deployed Python server is downloaded with the installation token and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_answers_are_read_alike_in_every_style() {
+    use crate::common::fake_backend::Endpoint;
+    use crate::common::lifecycle::{call, text_of};
+    use satellite::backend::wire::{Credential, OAuthToken, OAuthTokenRequest, OAuthTokenStatus};
+
+    const OAUTH: &str = "demo-acme-alice-oauth1";
+    const GITHUB: &str = "ghpy-acme-alice-gh2";
+    const SHA: &str = "1111111111111111111111111111111111111111";
+    let remote = HttpServer::demo(&[]).await;
+    let oauth_entry = McpServerEntry {
+        installation_id: "oauth1".into(),
+        team_id: "acme".into(),
+        team_slug: "acme".into(),
+        server_name: "Demo".into(),
+        server_slug: Some("demo".into()),
+        installation_name: "Demo".into(),
+        transport_type: Some("http".into()),
+        url: Some(remote.url("/mcp").to_string()),
+        enabled: Some(true),
+        requires_oauth: Some(true),
+        user_id: "alice".into(),
+        ..Default::default()
+    };
+    let github_entry = McpServerEntry {
+        installation_id: "gh2".into(),
+        team_id: "acme".into(),
+        team_slug: "acme".into(),
+        server_name: "ghpy".into(),
+        server_slug: Some("ghpy".into()),
+        installation_name: "ghpy".into(),
+        transport_type: Some("stdio".into()),
+        command: Some("npx".into()),
+        args: Some(vec!["-y".into(), "github:acme/gh-py-echo".into()]),
+        enabled: Some(true),
+        user_id: "alice".into(),
+        source: Some("github".into()),
+        repository_url: Some("https://github.com/acme/gh-py-echo".into()),
+        git_commit_sha: Some(SHA.into()),
+        git_branch: Some("main".into()),
+        runtime: Some("python".into()),
+        ..Default::default()
+    };
+    let tarball =
+        crate::github::tarball(&repo_path("tests/fixtures/github/python-server"), "acme-gh-py-echo-1111111", &[]);
+
+    let mut seen = Vec::new();
+    for style in [AnswerStyle::Real, AnswerStyle::Minimal, AnswerStyle::Full, AnswerStyle::Extra] {
+        let backend = FakeBackend::start().await;
+        backend.set_style(style);
+        backend.set_poll_hint(Some((PollingMode::Normal, 2)));
+        backend
+            .set_config(&ConfigResponse::from_entries([(OAUTH, oauth_entry.clone()), (GITHUB, github_entry.clone())]));
+        backend.add_oauth_token(
+            OAuthTokenRequest { installation_id: "oauth1".into(), user_id: "alice".into(), team_id: "acme".into() },
+            OAuthTokenStatus { exists: true, expired: Some(false), expires_at: None, can_refresh: Some(true) },
+            Some(OAuthToken {
+                access_token: Credential::new("ya29.alice"),
+                refresh_token: None,
+                token_type: Some("Bearer".into()),
+                expires_at: None,
+                scope: None,
+            }),
+        );
+        backend.add_github_installation("gh2");
+        backend.add_tarball("acme/gh-py-echo", SHA, tarball.clone());
+        let tarballs = backend.tarball_base();
+        let sat =
+            TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempfile::tempdir().unwrap(), {
+                move |c| {
+                    fast(c);
+                    c.upstream.discovery_timeout = Duration::from_secs(240);
+                    if let satellite::config::Mode::Managed(m) = &mut c.mode {
+                        m.github_tarball_base = url::Url::parse(&tarballs).unwrap();
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|err| panic!("{style:?}: the managed satellite starts: {err}"));
+        wait_status(&sat, OAUTH, InstanceStatus::Online).await;
+        let echoed = call(&sat, OAUTH, "echo", json!({"text": "with a token"})).await.expect("echo");
+        let long = Duration::from_secs(120);
+        wait_until(long, &format!("{style:?}: the github deployment online"), || async {
+            let id = satellite::model::ProcessId::from(GITHUB);
+            sat.satellite.manager().get(&id).is_some_and(|i| i.status().status == InstanceStatus::Online).then_some(())
+        })
+        .await;
+        let version = call(&sat, GITHUB, "py_version", json!({})).await.expect("py_version");
+        let asked = |endpoint| backend.calls(endpoint).len();
+        assert!(asked(Endpoint::TokenStatus) >= 1 && asked(Endpoint::TokenRetrieve) >= 1, "{style:?}: OAuth asked");
+        assert!(asked(Endpoint::GithubToken) >= 1, "{style:?}: the installation token was fetched");
+        backend.assert_no_violations();
+        assert!(sat.satellite.shutdown().await);
+        seen.push((style, text_of(&echoed).to_owned(), text_of(&version).contains("in_venv true")));
+    }
+    for (style, echoed, in_venv) in &seen {
+        assert_eq!(echoed, "with a token", "{style:?}");
+        assert!(in_venv, "{style:?}: the deployment runs in its own environment");
+    }
+}

@@ -25,7 +25,7 @@ const SHA1: &str = "1111111111111111111111111111111111111111";
 const SHA2: &str = "2222222222222222222222222222222222222222";
 
 /// A GitHub-style tarball of `dir`: gzipped, everything under `owner-repo-sha/`.
-fn tarball(dir: &Path, top: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn tarball(dir: &Path, top: &str, extra: &[(&str, &str)]) -> Vec<u8> {
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
     builder.append_dir_all(top, dir).expect("fixture directory");
     for (path, content) in extra {

@@ -758,6 +758,15 @@ async fn legacy_sse_connections_are_reported_when_opened_and_closed() {
     assert_eq!(connected.data["client_type"], "cursor");
     assert_eq!(connected.data["team_id"], "acme");
     assert_eq!(connected.data["transport"], "sse");
+    // The legacy SSE caller's requests count as client activity like any other (BP §8.5-14).
+    let activity = wait_until(DEADLINE, "mcp.client.activity for the SSE caller", || async {
+        backend.events().into_iter().find(|e| {
+            e.kind.as_str() == "mcp.client.activity" && e.data["user_id"] == "alice" && e.data["tool_call_count"] == 1
+        })
+    })
+    .await;
+    assert_eq!(activity.data["team_id"], "acme");
+    assert_eq!(activity.data["session_id"], connected.data["session_id"], "the stream's session, by reference");
     drop(body);
     let gone = wait_until(DEADLINE, "mcp.client.disconnected", || async {
         backend.events().into_iter().find(|e| e.kind.as_str() == "mcp.client.disconnected")
@@ -773,6 +782,54 @@ async fn legacy_sse_connections_are_reported_when_opened_and_closed() {
     }
     assert_eq!(gone.data["tool_execution_count"], 1);
     assert_eq!(gone.data["disconnect_reason"], "client_close");
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// `security.auth.failed` is rate-limited per source (BP §8.5-20): a burst of refusals from one address is one
+/// event, another address gets its own; neither carries the token, only its hash prefix.
+#[tokio::test]
+async fn refused_tokens_are_reported_once_per_source_without_the_token() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    const STOLEN: &str = "stolen-token-0123456789abcdef";
+    let from =
+        |ip: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(ip)).build().expect("client");
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"});
+    for (client, times) in [(from([127, 0, 0, 1]), 5), (from([127, 0, 0, 2]), 1)] {
+        for _ in 0..times {
+            let refused = client
+                .post(format!("{}/mcp", sat.base_url()))
+                .bearer_auth(STOLEN)
+                .header("accept", "application/json, text/event-stream")
+                .json(&ping)
+                .send()
+                .await
+                .expect("answered");
+            assert_eq!(refused.status(), 401);
+        }
+    }
+    // Events leave the outbox in order: once an event emitted after the refusals arrived, so did all of theirs.
+    backend.push_command(refresh("cmd-marker"));
+    wait_until(DEADLINE, "config.refreshed after the refusals", || async {
+        backend.events().into_iter().find(|e| e.kind.as_str() == "config.refreshed")
+    })
+    .await;
+    let failures: Vec<Value> = backend
+        .events()
+        .into_iter()
+        .filter(|e| e.kind.as_str() == "security.auth.failed")
+        .map(|e| Value::Object(e.data))
+        .collect();
+    let sources: Vec<&str> = failures.iter().filter_map(|f| f["ip_address"].as_str()).collect();
+    assert_eq!(sources, ["127.0.0.1", "127.0.0.2"], "one event per source: {failures:?}");
+    let prefix = &satellite::config::sha256_hex(STOLEN)[..8];
+    for failure in &failures {
+        assert_eq!(failure["token_sha256_prefix"], prefix);
+        assert!(!failure.to_string().contains(STOLEN), "never the token: {failure}");
+    }
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }

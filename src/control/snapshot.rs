@@ -257,11 +257,13 @@ fn github_deployment(entry: &McpServerEntry) -> Result<Deployment, String> {
     if !(7..=64).contains(&sha.len()) || !sha.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err("GitHub-deployed entry needs git_commit_sha (hex)".into());
     }
-    let runtime = match (entry.runtime.as_deref(), entry.language.as_deref()) {
-        (Some("node"), _) | (_, Some("typescript" | "javascript")) => Some(Runtime::Node),
-        (Some("python"), _) | (_, Some("python")) => Some(Runtime::Python),
+    // `runtime` selects (BP §7.3); `language` is only a hint for an entry without a runtime the satellite knows.
+    let by_name = |name: Option<&str>| match name {
+        Some("node" | "typescript" | "javascript") => Some(Runtime::Node),
+        Some("python") => Some(Runtime::Python),
         _ => None,
     };
+    let runtime = by_name(entry.runtime.as_deref()).or_else(|| by_name(entry.language.as_deref()));
     Ok(Deployment { repository, commit_sha: sha.to_ascii_lowercase(), branch: entry.git_branch.clone(), runtime })
 }
 
@@ -319,6 +321,23 @@ mod tests {
             "command": "npx", "args": ["-y", "x"], "env": {"K": "v"}, "enabled": true, "user_id": "u1",
             "instance_path": "bold-penguin", "instance_token_hash": "ABC", "language": "typescript"
         })
+    }
+
+    #[test]
+    fn a_github_entry_runs_on_its_runtime_whatever_its_language_says() {
+        let entry = |runtime: Option<&str>, language: Option<&str>| McpServerEntry {
+            repository_url: Some("https://github.com/acme/gh-py-echo".into()),
+            git_commit_sha: Some("1111111111111111111111111111111111111111".into()),
+            runtime: runtime.map(str::to_owned),
+            language: language.map(str::to_owned),
+            ..Default::default()
+        };
+        let runtime = |r, l| github_deployment(&entry(r, l)).map(|d| d.runtime);
+        assert_eq!(runtime(Some("python"), Some("typescript")), Ok(Some(Runtime::Python)), "found by the Full backend");
+        assert_eq!(runtime(Some("node"), Some("python")), Ok(Some(Runtime::Node)));
+        assert_eq!(runtime(None, Some("typescript")), Ok(Some(Runtime::Node)), "the language when no runtime");
+        assert_eq!(runtime(Some("cobol"), Some("python")), Ok(Some(Runtime::Python)), "an unknown runtime");
+        assert_eq!(runtime(None, None), Ok(None));
     }
 
     #[test]

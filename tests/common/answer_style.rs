@@ -61,22 +61,41 @@ fn real(endpoint: Endpoint, mut body: Value) -> Value {
     }
 }
 
-/// Config entry fields the satellite cannot work without, for the instances the tests run.
-const ENTRY_REQUIRED: [&str; 13] = [
+/// Config entry fields BP §7.3 marks required for every entry.
+const ENTRY_REQUIRED: [&str; 9] = [
     "installation_id",
-    "server_slug",
     "team_id",
-    "user_id",
+    "team_slug",
+    "server_name",
+    "server_slug",
+    "installation_name",
     "transport_type",
-    "command",
-    "args",
-    "env",
-    "url",
-    "headers",
-    "instance_path",
-    "instance_token_hash",
-    "requires_oauth",
+    "enabled",
+    "user_id",
 ];
+/// …and those required for one transport or source.
+const STDIO_REQUIRED: [&str; 3] = ["command", "args", "env"];
+const REMOTE_REQUIRED: [&str; 2] = ["url", "headers"];
+const GITHUB_REQUIRED: [&str; 5] = ["source", "git_commit_sha", "repository_url", "git_branch", "runtime"];
+
+/// A minimal config entry: the required fields, and an optional one only where its value turns a feature on
+/// that its absence would leave off (an OAuth server, the instance router); every other optional field is
+/// dropped, so its documented default applies.
+fn minimal_entry(entry: &Value) -> Value {
+    let mut fields: Vec<&str> = ENTRY_REQUIRED.to_vec();
+    match entry["transport_type"].as_str() {
+        Some("stdio") => fields.extend(STDIO_REQUIRED),
+        _ => fields.extend(REMOTE_REQUIRED),
+    }
+    if entry["source"] == "github" {
+        fields.extend(GITHUB_REQUIRED);
+    }
+    if entry["requires_oauth"] == true {
+        fields.push("requires_oauth");
+    }
+    fields.extend(["instance_path", "instance_token_hash"]);
+    keep(entry, &fields)
+}
 
 fn minimal(endpoint: Endpoint, body: Value) -> Value {
     match endpoint {
@@ -94,7 +113,7 @@ fn minimal(endpoint: Endpoint, body: Value) -> Value {
         Endpoint::Config => {
             let mut servers = Map::new();
             for (key, entry) in body["mcp_servers"].as_object().into_iter().flatten() {
-                servers.insert(key.clone(), keep(entry, &ENTRY_REQUIRED));
+                servers.insert(key.clone(), minimal_entry(entry));
             }
             json!({"mcp_servers": servers})
         }
@@ -103,6 +122,7 @@ fn minimal(endpoint: Endpoint, body: Value) -> Value {
         Endpoint::Introspect => json!({"active": false}),
         Endpoint::TokenStatus => keep(&body, &["exists"]),
         Endpoint::TokenRetrieve => keep(&body, &["access_token"]),
+        Endpoint::GithubToken => keep(&body, &["token"]),
         _ => body,
     }
 }
