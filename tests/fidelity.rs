@@ -88,3 +88,46 @@ async fn dns_rebinding_is_refused_by_host_and_origin() {
     assert_eq!(mcp.status(), StatusCode::FORBIDDEN);
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The operator's `allowed_hosts` and `allowed_origins` replace the loopback defaults: the named host and origin
+/// pass, other hosts and origins are refused, and `"*"` turns each check off.
+#[tokio::test]
+async fn host_and_origin_settings_replace_the_defaults() {
+    let narrowed = config("").replace(
+        "[satellite]\n",
+        "[satellite]\nallowed_hosts = [\"mcp.example.com\"]\nallowed_origins = [\"https://app.example.com\"]\n",
+    );
+    let sat = TestSatellite::start(&narrowed).await;
+    sat.wait_ready().await;
+    let port = sat.satellite.local_addr().port();
+    let http = reqwest::Client::new();
+    let status = |host: String, origin: Option<&'static str>| {
+        let mut request = http.get(format!("{}/", sat.base_url())).header("host", host);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        async move { request.send().await.expect("answered").status() }
+    };
+    assert_eq!(status(format!("mcp.example.com:{port}"), None).await, StatusCode::OK);
+    assert_eq!(status(format!("mcp.example.com:{port}"), Some("https://app.example.com")).await, StatusCode::OK);
+    assert_eq!(status(format!("localhost:{port}"), None).await, StatusCode::FORBIDDEN, "not named: refused");
+    assert_eq!(
+        status(format!("mcp.example.com:{port}"), Some("https://evil.example.com")).await,
+        StatusCode::FORBIDDEN
+    );
+    assert!(sat.satellite.shutdown().await);
+
+    let open = config("").replace("[satellite]\n", "[satellite]\nallowed_hosts = [\"*\"]\nallowed_origins = [\"*\"]\n");
+    let sat = TestSatellite::start(&open).await;
+    sat.wait_ready().await;
+    let http = reqwest::Client::new();
+    let anything = http
+        .get(format!("{}/", sat.base_url()))
+        .header("host", "evil.example.com")
+        .header("origin", "http://evil.example.com")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(anything.status(), StatusCode::OK, "\"*\" accepts any host and origin");
+    assert!(sat.satellite.shutdown().await);
+}

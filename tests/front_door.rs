@@ -325,6 +325,9 @@ async fn a_thousand_malformed_requests_each_get_a_clear_error() {
         (r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"discover_mcp_tools","arguments":{"query":""}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
         (r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"read_mcp_resource","arguments":{"uri":"|x"}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
         (r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":"demo:echo","arguments":[1]}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
+        // A tool /mcp does not have, and one no server of the caller's has: invalid params, as a server answers.
+        (r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"no_such_tool","arguments":{}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
+        (r#"{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":"nowhere:echo","arguments":{}}}}"#.into(), Some(ALICE), StatusCode::OK, Some(-32602)),
         (r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#.into(), Some("expired-or-wrong"), StatusCode::UNAUTHORIZED, Some(-32002)),
         (r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#.into(), None, StatusCode::UNAUTHORIZED, Some(-32001)),
         (r#"{"jsonrpc":"2.0","id":10,"method":"initialize","params":{}}"#.into(), Some(ALICE), StatusCode::BAD_REQUEST, Some(-32600)),
@@ -467,6 +470,39 @@ async fn a_cancelled_call_ends_at_once() {
     assert_eq!(reply["id"], "slow-1", "{reply}");
     assert!(reply["error"]["message"].as_str().unwrap_or_default().contains("cancelled"), "{reply}");
     let (_, echoed) = direct.call("tools/call", json!({"name": "echo", "arguments": {"text": "next"}})).await;
+    assert_eq!(echoed["result"]["content"][0]["text"], "next", "{echoed}");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// The same through the hierarchical router: cancelling an `execute_mcp_tool` call ends it at once, and the
+/// caller's next call goes through.
+#[tokio::test]
+async fn a_cancelled_execute_mcp_tool_call_ends_at_once() {
+    let sat = started().await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    let slow = json!({"jsonrpc":"2.0","id":"slow-2","method":"tools/call","params":{"name":"execute_mcp_tool",
+        "arguments":{"tool_path":"demo:slow","arguments":{"ms":60000}}}});
+    let cancel =
+        json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"slow-2","reason":"user"}});
+    let call = alice.post_raw(slow.to_string(), &[]);
+    tokio::pin!(call);
+    let (_, _, reply) = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            tokio::select! {
+                reply = &mut call => break reply,
+                (status, _, _) = alice.post_raw(cancel.to_string(), &[]) => {
+                    assert_eq!(status, StatusCode::ACCEPTED);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the cancelled call is answered");
+    assert_eq!(reply["id"], "slow-2", "{reply}");
+    assert!(reply["error"]["message"].as_str().unwrap_or_default().contains("cancelled"), "{reply}");
+    let echoed = alice.execute("demo:echo", json!({"text": "next"})).await;
     assert_eq!(echoed["result"]["content"][0]["text"], "next", "{echoed}");
     assert!(sat.satellite.shutdown().await);
 }

@@ -202,3 +202,69 @@ async fn remote_servers_announce_resource_updates() {
         client.close().await;
     }
 }
+
+/// A handshake-era request that ends unanswered is cancelled upstream, as a direct client would cancel it: on
+/// a timeout, and when the caller gives up (its future dropped), the server gets `notifications/cancelled`
+/// naming the request, on the session.
+#[tokio::test]
+async fn abandoned_requests_are_cancelled_upstream() {
+    use warp::{Filter, Reply};
+    let cancelled = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<(Value, Option<String>)>::new()));
+    let seen = cancelled.clone();
+    let post = warp::post().and(warp::header::optional::<String>("mcp-session-id")).and(warp::body::json()).map(
+        move |session: Option<String>, body: Value| match body["method"].as_str().unwrap_or_default() {
+            "initialize" => warp::http::Response::builder()
+                .header("content-type", "application/json")
+                .header("mcp-session-id", "s-1")
+                .body(
+                    json!({"jsonrpc": "2.0", "id": body["id"], "result": {
+                        "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "never-answers", "version": "1"}}})
+                    .to_string(),
+                )
+                .unwrap()
+                .into_response(),
+            // A reply stream that stays open and never carries the response.
+            "tools/call" => {
+                let events = futures::stream::pending::<Result<warp::sse::Event, std::convert::Infallible>>();
+                warp::sse::reply(events).into_response()
+            }
+            // Any other request (the client's `server/discover` probe first) is not known here.
+            _ if body.get("id").is_some() => warp::reply::json(&json!({"jsonrpc": "2.0", "id": body["id"],
+                "error": {"code": -32601, "message": "Method not found"}}))
+            .into_response(),
+            method => {
+                if method == "notifications/cancelled" {
+                    seen.lock().push((body["params"].clone(), session));
+                }
+                warp::http::Response::builder().status(202).body(String::new()).unwrap().into_response()
+            }
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(warp::path("mcp").and(post)).incoming(listener).run());
+    let client = connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await;
+    assert!(matches!(client.era(), Era::Handshake { .. }));
+
+    let call = Some(json!({"name": "slow", "arguments": {}}));
+    let timed_out = client.request("tools/call", call.clone(), Duration::from_millis(300)).await;
+    assert!(matches!(timed_out, Err(UpstreamError::Timeout { .. })), "{timed_out:?}");
+    let first = wait_until(Duration::from_secs(10), "a cancellation after the timeout", || async {
+        cancelled.lock().first().cloned()
+    })
+    .await;
+    assert_eq!(first.1.as_deref(), Some("s-1"), "sent on the session");
+    let first_id = first.0["requestId"].as_i64().expect("names the request by its id");
+
+    // The caller gives up: its request future is dropped while the server is still working.
+    let given_up = tokio::time::timeout(Duration::from_millis(300), client.request("tools/call", call, CALL)).await;
+    assert!(given_up.is_err(), "the request was still running");
+    let second = wait_until(Duration::from_secs(10), "a cancellation after the caller gave up", || async {
+        cancelled.lock().get(1).cloned()
+    })
+    .await;
+    let second_id = second.0["requestId"].as_i64().expect("names the request by its id");
+    assert!(second_id > first_id, "each cancellation names its own request: {first_id} then {second_id}");
+    assert_eq!(cancelled.lock().len(), 2, "initialize and answered requests are never cancelled");
+}

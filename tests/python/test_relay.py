@@ -68,6 +68,29 @@ async def test_sampling_request_is_answered_by_the_client(satellite, mode, upstr
     assert asked and "capital of France?" in asked[0], asked
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_two_sessions_sampling_at_once_each_get_their_own_answer(satellite, mode):
+    """Two sessions of one user call the same server instance at the same time; each server request goes to the
+    session whose call made it, and each call gets its own client's answer."""
+    results = {}
+
+    async def run(name):
+        async def sampling(ctx, params: types.CreateMessageRequestParams):
+            await anyio.sleep(0.3)  # both requests are outstanding at once
+            return types.CreateMessageResult(role="assistant", model="client-model", stop_reason="endTurn",
+                                             content=types.TextContent(type="text", text=f"answer of {name}"))
+
+        async with client_for(satellite, "alice", mode, sampling_callback=sampling) as client:
+            result = await execute(client, "trigger-sampling-request", {"prompt": f"from {name}", "maxTokens": 20})
+            results[name] = text(result)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run, "first")
+        group.start_soon(run, "second")
+    assert "answer of first" in results["first"] and "answer of second" not in results["first"], results
+    assert "answer of second" in results["second"] and "answer of first" not in results["second"], results
+
+
 @pytest.mark.parametrize("upstream", ["stdio", "http"])
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_elicitation_request_is_answered_by_the_client(satellite, mode, upstream):
@@ -169,6 +192,35 @@ async def test_the_instance_router_relays_sampling(satellite, mode, upstream):
     async with Client(everything_url(satellite, upstream), mode=mode, sampling_callback=sampling) as client:
         result = await client.call_tool("trigger-sampling-request", {"prompt": "hi"})
         assert "direct answer" in text(result), text(result)
+
+
+@BOTH_UPSTREAMS
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_instance_router_relays_elicitation(satellite, mode, upstream):
+    async def elicitation(ctx, params: types.ElicitRequestParams):
+        assert "provide inputs" in params.message
+        return types.ElicitResult(action="decline")
+
+    async with Client(everything_url(satellite, upstream), mode=mode, elicitation_callback=elicitation) as client:
+        result = await client.call_tool("trigger-elicitation-request", {})
+        assert "declined" in text(result), text(result)
+
+
+@BOTH_UPSTREAMS
+async def test_the_instance_router_relays_log_messages(satellite, upstream):
+    logs = []
+
+    async def logging_callback(params):
+        logs.append(params.level)
+
+    async with Client(everything_url(satellite, upstream), mode="legacy", logging_callback=logging_callback) as client:
+        await client.set_logging_level("debug")
+        started = await client.call_tool("toggle-simulated-logging", {})
+        try:
+            assert "started" in text(started).lower(), text(started)
+            assert logs, "the log message sent during the call reached the client"
+        finally:
+            await client.call_tool("toggle-simulated-logging", {})
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])

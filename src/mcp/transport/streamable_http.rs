@@ -35,6 +35,8 @@ const MAX_RESUMES: u32 = 5;
 const SERVER_STREAM_RETRY: Duration = Duration::from_secs(5);
 /// The longest `retry` the satellite honours before resuming a stream.
 const MAX_RESUME_WAIT: Duration = Duration::from_secs(10);
+/// How long a `notifications/cancelled` for an abandoned request may take.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
 pub struct StreamableHttpTransport {
@@ -244,37 +246,50 @@ impl StreamableHttpTransport {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let had_session = headers.modern.is_none() && self.session.lock().is_some();
         let body = protocol::request(RequestId::Number(id), method, params.clone());
-        let response = self.post(&body, headers).await?;
-        let status = response.status();
-        if status == StatusCode::NOT_FOUND && had_session && method != "initialize" {
-            return Err(SendError::SessionGone);
-        }
-        if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            // Modern servers put a JSON-RPC error in 4xx bodies; surface it as such.
-            if let Ok(value) = serde_json::from_str::<Value>(&text) {
-                if let Ok(Message::Response { outcome: Err(err), .. }) = Message::from_value(value) {
-                    return Err(UpstreamError::Rpc(err).into());
+        // A handshake-era request that ends unanswered is cancelled upstream, as a direct client would; on
+        // 2026-07-28 closing the request's stream is the cancellation. `initialize` is never cancelled.
+        let mut in_flight = InFlight {
+            transport: self,
+            id,
+            protocol_version: headers.protocol_version.clone(),
+            answered: headers.modern.is_some() || method == "initialize",
+        };
+        let outcome: Result<Value, SendError> = async {
+            let response = self.post(&body, headers).await?;
+            let status = response.status();
+            if status == StatusCode::NOT_FOUND && had_session && method != "initialize" {
+                return Err(SendError::SessionGone);
+            }
+            if !status.is_success() {
+                let text = response.text().await.unwrap_or_default();
+                // Modern servers put a JSON-RPC error in 4xx bodies; surface it as such.
+                if let Ok(value) = serde_json::from_str::<Value>(&text) {
+                    if let Ok(Message::Response { outcome: Err(err), .. }) = Message::from_value(value) {
+                        return Err(UpstreamError::Rpc(err).into());
+                    }
                 }
+                return Err(UpstreamError::HttpStatus {
+                    status: status.as_u16(),
+                    body: preview(&text, ERROR_BODY_PREVIEW),
+                }
+                .into());
             }
-            return Err(UpstreamError::HttpStatus {
-                status: status.as_u16(),
-                body: preview(&text, ERROR_BODY_PREVIEW),
+            if method == "initialize" {
+                if let Some(session) = response.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+                    *self.session.lock() = Some(session.to_owned());
+                }
+                *self.handshake.lock() = Some((params, headers.clone()));
             }
-            .into());
-        }
-        if method == "initialize" {
-            if let Some(session) = response.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
-                *self.session.lock() = Some(session.to_owned());
+            let content_type =
+                response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
+            if content_type.starts_with("text/event-stream") {
+                return self.read_sse_reply(response, id, headers, relay, timeout).await.map_err(SendError::from);
             }
-            *self.handshake.lock() = Some((params, headers.clone()));
+            self.read_json_reply(response, id, headers, relay, timeout).await.map_err(SendError::from)
         }
-        let content_type =
-            response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
-        if content_type.starts_with("text/event-stream") {
-            return self.read_sse_reply(response, id, headers, relay, timeout).await.map_err(SendError::from);
-        }
-        self.read_json_reply(response, id, headers, relay, timeout).await.map_err(SendError::from)
+        .await;
+        in_flight.answered |= !matches!(outcome, Err(SendError::Upstream(UpstreamError::Timeout { .. })));
+        outcome
     }
 
     /// A JSON reply, read as it arrives: normally one message (or a batch), but some servers stream several
@@ -434,6 +449,55 @@ impl StreamableHttpTransport {
             }
         }
         None
+    }
+}
+
+/// One handshake-era request the server has not answered. If it ends unanswered (it timed out, or the caller
+/// gave up and dropped it), the server is told to stop working on it with `notifications/cancelled`, sent on the
+/// session in the background and bounded by a short timeout.
+struct InFlight<'a> {
+    transport: &'a StreamableHttpTransport,
+    id: i64,
+    protocol_version: Option<String>,
+    answered: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let transport = self.transport;
+        let cancelled = protocol::notification(
+            "notifications/cancelled",
+            Some(serde_json::json!({"requestId": self.id, "reason": "the client gave up or the request timed out"})),
+        );
+        let mut request = transport
+            .client
+            .post(transport.url.clone())
+            .headers(transport.headers.clone())
+            .header(ACCEPT, "application/json, text/event-stream")
+            .header(CONTENT_TYPE, "application/json")
+            .timeout(CANCEL_TIMEOUT)
+            .json(&cancelled);
+        if let Some(version) = &self.protocol_version {
+            request = request.header(PROTOCOL_VERSION_HEADER, version);
+        }
+        if let Some(session) = transport.session.lock().clone() {
+            request = request.header(SESSION_HEADER, session);
+        }
+        let (stop, label, id) = (transport.stop.clone(), transport.label.clone(), self.id);
+        runtime.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                sent = request.send() => {
+                    if let Err(err) = sent {
+                        debug!(process_id = %label, request_id = id, error = %err, "cancelling an upstream request failed");
+                    }
+                }
+            }
+        });
     }
 }
 
