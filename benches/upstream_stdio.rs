@@ -43,14 +43,18 @@ struct BarePipe {
 
 impl BarePipe {
     async fn start() -> BarePipe {
-        let mut child = Command::new(demo_exe())
-            .args(["demo-server", "--protocol", "legacy"])
+        Self::start_command(&demo_exe(), &["demo-server", "--protocol", "legacy"]).await
+    }
+
+    async fn start_command(program: &std::path::Path, args: &[&str]) -> BarePipe {
+        let mut child = Command::new(program)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .expect("spawn demo server");
+            .unwrap_or_else(|err| panic!("spawn {}: {err}", program.display()));
         let stdin = child.stdin.take().expect("stdin");
         let stdout = child.stdout.take().expect("stdout");
         let waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
@@ -153,7 +157,56 @@ fn main() {
                 ours.p99_us - base.p99_us
             );
         }
+        reference_upstreams().await;
     });
+}
+
+/// The demo server as a reference upstream (issue 19): its calls per second over the same bare pipe as a Node
+/// SDK server's (`@modelcontextprotocol/server-everything`, installed by `scripts/test.sh` in tests/node), in
+/// the same run. Skipped with a note when the Node server is not installed.
+async fn reference_upstreams() {
+    let node = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/node/node_modules/.bin/mcp-server-everything");
+    if !node.exists() {
+        println!("(the Node reference row needs tests/node installed: npm ci --prefix tests/node)");
+        return;
+    }
+    println!();
+    println!("echo over a bare pipe: the demo server against a Node SDK server (server-everything)");
+    println!(
+        "{:<12} {:<22} {:>10} {:>10} {:>10} {:>14}",
+        "concurrency", "server", "calls/s", "p50 us", "p99 us", "vs Node"
+    );
+    for (concurrency, calls) in [(1usize, 5_000usize), (32, 32_000)] {
+        let pipe = Arc::new(BarePipe::start_command(&node, &["stdio"]).await);
+        let p = pipe.clone();
+        let nodejs = measure(WARMUP, calls, concurrency, move |i| {
+            let p = p.clone();
+            async move {
+                p.call("tools/call", json!({"name": "echo", "arguments": {"message": format!("call {i}")}})).await;
+            }
+        })
+        .await;
+        let pipe = Arc::new(BarePipe::start().await);
+        let p = pipe.clone();
+        let demo = measure(WARMUP, calls, concurrency, move |i| {
+            let p = p.clone();
+            async move {
+                p.call("tools/call", echo_params(i)).await;
+            }
+        })
+        .await;
+        for (name, f) in [("node server-everything", &nodejs), ("satellite demo-server", &demo)] {
+            println!(
+                "{:<12} {:<22} {:>10.0} {:>10.1} {:>10.1} {:>13.2}x",
+                concurrency,
+                name,
+                f.per_sec,
+                f.p50_us,
+                f.p99_us,
+                f.per_sec / nodejs.per_sec
+            );
+        }
+    }
 }
 
 fn num_cpus() -> usize {

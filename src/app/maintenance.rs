@@ -89,20 +89,30 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             Ok::<(), std::convert::Infallible>(())
         }
     });
+    // The local event history of a standalone satellite has no one to ship it to: it is kept by age and count.
+    // In managed mode the outbox is the queue to the backend, bounded by the uploader's quota, never pruned here.
+    let standalone = !matches!(config.mode, crate::config::Mode::Managed(_));
+    let (events_kept, events_max) = (config.event_retention, config.event_retention_max);
     let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
     jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
         let store = retention_store.clone();
         async move {
-            let pruned = store.prune_events(events::STANDALONE_RETENTION).await?;
-            if pruned > 0 {
-                info!(pruned, kept = events::STANDALONE_RETENTION, "old events pruned from the standalone history");
+            if standalone {
+                let mut pruned = store.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
+                if let Some(cutoff) = before(events_kept) {
+                    pruned += store.prune_events_before(&cutoff).await?;
+                }
+                if pruned > 0 {
+                    info!(
+                        pruned,
+                        kept_days = events_kept.as_secs() / 86_400,
+                        kept_max = events_max,
+                        "old events pruned from the standalone history"
+                    );
+                }
             }
-            // A retention too long to subtract from now keeps everything.
-            let cutoff = chrono::Duration::from_std(analytics_kept)
-                .ok()
-                .and_then(|kept| chrono::Utc::now().checked_sub_signed(kept));
-            let pruned = match cutoff {
-                Some(cutoff) => store.prune_analytics(&crate::model::iso(cutoff)).await?,
+            let pruned = match before(analytics_kept) {
+                Some(cutoff) => store.prune_analytics(&cutoff).await?,
                 None => 0,
             };
             if pruned > 0 {
@@ -111,4 +121,10 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             Ok::<(), StoreError>(())
         }
     });
+}
+
+/// The ISO time `kept` ago; `None` for a retention too long to subtract from now (which keeps everything).
+fn before(kept: Duration) -> Option<String> {
+    let kept = chrono::Duration::from_std(kept).ok()?;
+    chrono::Utc::now().checked_sub_signed(kept).map(crate::model::iso)
 }

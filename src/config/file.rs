@@ -134,6 +134,10 @@ pub struct RawSatellite {
     pub drain_seconds: Option<u64>,
     /// Days analytics rows are kept (default 90).
     pub analytics_retention_days: Option<u64>,
+    /// Standalone: days events are kept in the local history (default 7).
+    pub event_retention_days: Option<u64>,
+    /// Standalone: most events kept in the local history (default 100,000).
+    pub event_retention_max: Option<u64>,
     pub config_watch_interval_ms: Option<u64>,
     /// Public base URL clients use (no `/mcp`); default `http://localhost:{port}`.
     pub public_url: Option<String>,

@@ -141,6 +141,10 @@ pub struct Config {
     pub drain: Duration,
     /// How long analytics rows (listings, discovers, calls) are kept (default 90 days).
     pub analytics_retention: Duration,
+    /// Standalone: how long and how many events the local history keeps, pruned hourly (default 7 days and
+    /// 100,000). In managed mode the outbox is the queue to the backend and is bounded by its quota instead.
+    pub event_retention: Duration,
+    pub event_retention_max: u64,
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
     pub public_url: String,
     /// Host names requests may name, `None` for any (SATELLITE_ALLOWED_HOSTS; default: the loopback names and
@@ -368,6 +372,22 @@ impl Config {
             s.analytics_retention_days,
             90,
         )?;
+        let event_days = number(
+            env,
+            "satellite.event_retention_days",
+            env::EVENT_RETENTION_DAYS,
+            s.event_retention_days,
+            7u64,
+            false,
+        )?;
+        let event_retention_max = number(
+            env,
+            "satellite.event_retention_max",
+            env::EVENT_RETENTION_MAX,
+            s.event_retention_max,
+            100_000u64,
+            false,
+        )?;
         // The demo's tokens are printed to the terminal: fine on this machine, not on an address others reach
         // (a container listening on 0.0.0.0 with its log shipped somewhere). There, the operator names them.
         if let Mode::Standalone(StandaloneSource::Embedded(demo)) = &mode {
@@ -388,6 +408,8 @@ impl Config {
         Ok(Config {
             drain,
             analytics_retention: Duration::from_secs(retention_days.as_secs().saturating_mul(86_400)),
+            event_retention: Duration::from_secs(event_days.saturating_mul(86_400)),
+            event_retention_max,
             max_concurrent_requests,
             max_connections,
             http_timeout,
@@ -454,6 +476,8 @@ impl Config {
             "http_timeout_seconds": self.http_timeout.as_secs(),
             "drain_seconds": self.drain.as_secs(),
             "analytics_retention_days": self.analytics_retention.as_secs() / 86_400,
+            "event_retention_days": self.event_retention.as_secs() / 86_400,
+            "event_retention_max": self.event_retention_max,
             "mode": mode,
             "sandbox": {
                 "isolation": self.sandbox.isolation.as_str(),

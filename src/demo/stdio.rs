@@ -1,32 +1,49 @@
 //! The demo server over stdio: newline-delimited JSON-RPC, requests handled
 //! concurrently, one writer owning stdout.
+//!
+//! Reading and writing run on two plain threads with blocking IO, not on tokio's stdin/stdout (which hand every
+//! read and write to the blocking pool): the reader hands each line to the runtime, the writer writes every
+//! reply that is ready and flushes once per batch. The demo is the reference upstream of the benchmarks, so it
+//! must cost less than what it measures (issue 19: at least a Node SDK server's calls per second).
 
+use std::io::{BufRead, Write};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
 use super::{DemoServer, Reply, Session};
 use crate::mcp::protocol::{self, codes, RpcError};
 
+/// Lines waiting for the writer (replies and notifications).
+const OUTBOUND: usize = 1024;
+
 /// Serve until stdin closes.
 pub async fn serve(server: DemoServer) -> std::io::Result<()> {
-    let (out_tx, mut out_rx) = mpsc::channel::<String>(1024);
-    let writer = tokio::spawn(async move {
-        let mut stdout = tokio::io::stdout();
-        while let Some(mut line) = out_rx.recv().await {
-            line.push('\n');
-            if stdout.write_all(line.as_bytes()).await.is_err() || stdout.flush().await.is_err() {
+    let (out_tx, out_rx) = mpsc::channel::<String>(OUTBOUND);
+    let writer = std::thread::Builder::new().name("demo-stdout".into()).spawn(move || write_lines(out_rx))?;
+    let (in_tx, mut in_rx) = mpsc::channel::<std::io::Result<String>>(OUTBOUND);
+    // The reader blocks on stdin for as long as it is open; it ends with stdin (or when no one takes lines).
+    std::thread::Builder::new().name("demo-stdin".into()).spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let failed = line.is_err();
+            if in_tx.blocking_send(line).is_err() || failed {
                 break;
             }
         }
-    });
+    })?;
     *server.live.notify.lock() = Some(out_tx.clone());
     let session = Arc::new(Mutex::new(Session::default()));
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    while let Some(line) = lines.next_line().await? {
+    let mut outcome = Ok(());
+    while let Some(line) = in_rx.recv().await {
+        let line = match line {
+            Ok(line) => line,
+            Err(err) => {
+                outcome = Err(err);
+                break;
+            }
+        };
         if line.trim().is_empty() {
             continue;
         }
@@ -65,6 +82,25 @@ pub async fn serve(server: DemoServer) -> std::io::Result<()> {
     }
     drop(out_tx);
     server.live.notify.lock().take();
-    let _ = writer.await;
-    Ok(())
+    // The writer ends once every sender is gone: after the replies still being worked on are written.
+    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    outcome
+}
+
+/// Write each line as it comes, and every other line already waiting with it, then flush once.
+fn write_lines(mut lines: mpsc::Receiver<String>) {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, stdout.lock());
+    while let Some(line) = lines.blocking_recv() {
+        let mut next = Some(line);
+        while let Some(line) = next {
+            if out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")).is_err() {
+                return;
+            }
+            next = lines.try_recv().ok();
+        }
+        if out.flush().is_err() {
+            return;
+        }
+    }
 }

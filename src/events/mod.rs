@@ -12,7 +12,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Map, Value};
-use tracing::error;
+use tracing::{error, warn};
 
 use crate::model::{iso, InstanceSpec, InstanceStatus};
 use crate::store::{NewEvent, Store, StoreError};
@@ -25,9 +25,6 @@ pub use payload::{
     CrashReport, LimitExceeded, LimitedResource, RequestLogEntry, ServerLogEntry, StopReason, ToolExecution,
 };
 pub use throttle::Throttle;
-
-/// Events kept in standalone mode; older ones are pruned by the retention job.
-pub const STANDALONE_RETENTION: i64 = 100_000;
 
 macro_rules! event_kinds {
     ($($variant:ident = $wire:literal),+ $(,)?) => {
@@ -173,6 +170,24 @@ impl Emitter {
             let data = event.data.as_ref().map(|m| Value::Object(m.clone()).to_string()).unwrap_or_default();
             error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), data = %data,
                    error = %err, "event could not be recorded");
+        }
+    }
+
+    /// Write several events to the outbox in one transaction, each handled as `emit` handles one.
+    pub async fn emit_all(&self, events: Vec<Event>) {
+        for event in &events {
+            if let Err(reason) = &event.data {
+                error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), reason = %reason,
+                       "event payload could not be serialised; kept in the outbox as held, not sent");
+            }
+        }
+        let rows: Vec<NewEvent<'_>> = events.iter().map(Event::row).collect();
+        if let Err(err) = self.store.append_events(&rows).await {
+            // The batch is refused whole; each event is tried alone so one bad row loses nothing else.
+            warn!(error = %err, events = events.len(), "writing a batch of events failed; writing them one by one");
+            for event in events {
+                self.emit(event).await;
+            }
         }
     }
 

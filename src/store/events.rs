@@ -111,6 +111,13 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// Drop events emitted before `cutoff` (an ISO timestamp, compared as text in the one format `iso` writes).
+    pub async fn prune_events_before(&self, cutoff: &str) -> Result<u64, StoreError> {
+        let done =
+            sqlx::query("DELETE FROM event_outbox WHERE emitted_at < ?").bind(cutoff).execute(self.pool()).await?;
+        Ok(done.rows_affected())
+    }
+
     /// Remove the sendable events `first..=last` (a batch the backend accepted or rejected for good); held
     /// events in that range stay.
     pub async fn delete_events(&self, first: i64, last: i64) -> Result<u64, StoreError> {
@@ -162,4 +169,31 @@ fn stored(row: &sqlx::sqlite::SqliteRow) -> Result<StoredEvent, StoreError> {
         process_id: row.try_get("process_id")?,
         held: row.try_get("held")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_history_is_pruned_by_age_and_by_count() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path()).await?;
+        let at = |day: u32| format!("2026-11-{day:02}T00:00:00.000Z");
+        let rows: Vec<NewEvent<'_>> = (1..=9)
+            .map(|day| NewEvent {
+                event_type: "mcp.tool.executed",
+                emitted_at: at(day),
+                data: serde_json::json!({"day": day}),
+                process_id: None,
+                held: None,
+            })
+            .collect();
+        store.append_events(&rows).await?;
+        assert_eq!(store.prune_events_before(&at(4)).await?, 3, "days 1-3 are older than the cutoff");
+        assert_eq!(store.prune_events(4).await?, 2, "of days 4-9, the newest four stay");
+        let left: Vec<Value> = store.events(None, 0, 100).await?.into_iter().map(|e| e.data["day"].clone()).collect();
+        assert_eq!(left, [6, 7, 8, 9].map(Value::from));
+        Ok(())
+    }
 }

@@ -133,7 +133,8 @@ impl Inner {
             request_bytes: params.map_or(0, json_len),
             response_bytes: result.as_ref().map_or(0, |v| json_len(v)),
         };
-        self.emit(Event::tool_executed(spec, &execution)).await;
+        // Batched with the request logs: no database write on the call's path.
+        self.deps.logs.event(Event::tool_executed(spec, &execution));
         if !spec.request_logging_enabled {
             // Nothing is logged for this installation: skip copying arguments and results.
             return;
