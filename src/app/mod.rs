@@ -209,11 +209,7 @@ impl Satellite {
             }
             None => Authenticator::new(first.directory.clone()),
         };
-        let meta_cost = crate::router::meta::cost().await.unwrap_or_else(|err| {
-            warn!(error = %err, "the meta-tools could not be counted; the schema-only savings figure will be wrong");
-            crate::analytics::MetaCost::default()
-        });
-        let analytics = crate::analytics::Recorder::new(meta_cost);
+        let analytics = crate::analytics::Recorder::new(crate::router::meta::COST);
         let status = StatusDeps {
             jobs: jobs.clone(),
             manager: manager.clone(),

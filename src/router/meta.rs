@@ -58,6 +58,12 @@ pub fn definitions() -> Value {
     ])
 }
 
+/// What the four meta-tools cost a client's context, counted once by the `cost` below and kept here so that
+/// starting the satellite never builds the token encoder (~150 ms and most of an idle satellite's memory) just
+/// for them. `the_kept_meta_cost_is_what_counting_gives` fails when the definitions change without this.
+pub const COST: crate::analytics::MetaCost = crate::analytics::MetaCost { tools: 4, tokens: META_TOKENS };
+const META_TOKENS: u64 = 649;
+
 /// What the meta-tools cost a client's context, counted like any tool (SB §15) on the blocking pool.
 pub async fn cost() -> Result<crate::analytics::MetaCost, crate::tokens::TokenError> {
     let tools: Vec<crate::model::ToolDef> =
@@ -65,4 +71,13 @@ pub async fn cost() -> Result<crate::analytics::MetaCost, crate::tokens::TokenEr
     let count = tools.len() as u64;
     let tokens = crate::tokens::count_tools(tools).await?;
     Ok(crate::analytics::MetaCost { tools: count, tokens: tokens.iter().map(|n| *n as u64).sum() })
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn the_kept_meta_cost_is_what_counting_gives() {
+        let counted = super::cost().await.expect("the encoder counts");
+        assert_eq!(counted, super::COST, "update META_TOKENS (and the tool count) in src/router/meta.rs");
+    }
 }

@@ -71,7 +71,10 @@ async def test_sampling_request_is_answered_by_the_client(satellite, mode, upstr
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_two_sessions_sampling_at_once_each_get_their_own_answer(satellite, mode):
     """Two sessions of one user call the same server instance at the same time; each server request goes to the
-    session whose call made it, and each call gets its own client's answer."""
+    session whose call made it, and each call gets its own client's answer. The upstream is Streamable HTTP, where
+    a server request travels on the stream of the call that caused it; over stdio nothing links the two, and the
+    satellite can only pick the newest call (docs/decisions.md, "Known gaps")."""
+    user, server = CALLERS["http"]
     results = {}
 
     async def run(name):
@@ -80,8 +83,9 @@ async def test_two_sessions_sampling_at_once_each_get_their_own_answer(satellite
             return types.CreateMessageResult(role="assistant", model="client-model", stop_reason="endTurn",
                                              content=types.TextContent(type="text", text=f"answer of {name}"))
 
-        async with client_for(satellite, "alice", mode, sampling_callback=sampling) as client:
-            result = await execute(client, "trigger-sampling-request", {"prompt": f"from {name}", "maxTokens": 20})
+        async with client_for(satellite, user, mode, sampling_callback=sampling) as client:
+            result = await execute(client, "trigger-sampling-request", {"prompt": f"from {name}", "maxTokens": 20},
+                                   server=server)
             results[name] = text(result)
 
     async with anyio.create_task_group() as group:
@@ -204,23 +208,6 @@ async def test_the_instance_router_relays_elicitation(satellite, mode, upstream)
     async with Client(everything_url(satellite, upstream), mode=mode, elicitation_callback=elicitation) as client:
         result = await client.call_tool("trigger-elicitation-request", {})
         assert "declined" in text(result), text(result)
-
-
-@BOTH_UPSTREAMS
-async def test_the_instance_router_relays_log_messages(satellite, upstream):
-    logs = []
-
-    async def logging_callback(params):
-        logs.append(params.level)
-
-    async with Client(everything_url(satellite, upstream), mode="legacy", logging_callback=logging_callback) as client:
-        await client.set_logging_level("debug")
-        started = await client.call_tool("toggle-simulated-logging", {})
-        try:
-            assert "started" in text(started).lower(), text(started)
-            assert logs, "the log message sent during the call reached the client"
-        finally:
-            await client.call_tool("toggle-simulated-logging", {})
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
