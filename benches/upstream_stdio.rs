@@ -5,23 +5,18 @@
 //! The bare pipe is the least a client must do (write a line, read lines,
 //! match ids), so the difference is what the satellite's client adds.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 #[path = "common/mod.rs"]
 mod common;
 use common::measure;
+use common::pipe::BarePipe;
 
-use parking_lot::Mutex;
 use satellite::mcp::client::{ClientOptions, McpClient};
 use satellite::mcp::transport::{ResourceLimits, StdioLaunch, StdioTransport, Transport};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{ChildStdin, Command};
-use tokio::sync::oneshot;
 
 const WARMUP: usize = 500;
 
@@ -31,67 +26,6 @@ fn demo_exe() -> PathBuf {
 
 fn echo_params(i: usize) -> Value {
     json!({"name": "echo", "arguments": {"text": format!("call {i}")}})
-}
-
-/// The least a client can do: one writer, one reader matching ids.
-struct BarePipe {
-    stdin: tokio::sync::Mutex<ChildStdin>,
-    waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>,
-    next: std::sync::atomic::AtomicU64,
-    _child: tokio::process::Child,
-}
-
-impl BarePipe {
-    async fn start() -> BarePipe {
-        Self::start_command(&demo_exe(), &["demo-server", "--protocol", "legacy"]).await
-    }
-
-    async fn start_command(program: &std::path::Path, args: &[&str]) -> BarePipe {
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|err| panic!("spawn {}: {err}", program.display()));
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = child.stdout.take().expect("stdout");
-        let waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
-        let reader_waiters = waiters.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let Ok(value) = serde_json::from_str::<Value>(&line) else { continue };
-                if let Some(id) = value.get("id").and_then(Value::as_u64) {
-                    if let Some(tx) = reader_waiters.lock().remove(&id) {
-                        let _ = tx.send(value);
-                    }
-                }
-            }
-        });
-        let pipe = BarePipe { stdin: tokio::sync::Mutex::new(stdin), waiters, next: 1.into(), _child: child };
-        pipe.call("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bare", "version": "0"}}))
-            .await;
-        pipe.send_line(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
-        pipe
-    }
-
-    async fn send_line(&self, value: Value) {
-        let mut line = value.to_string();
-        line.push('\n');
-        let mut stdin = self.stdin.lock().await;
-        stdin.write_all(line.as_bytes()).await.expect("write");
-        stdin.flush().await.expect("flush");
-    }
-
-    async fn call(&self, method: &str, params: Value) -> Value {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.waiters.lock().insert(id, tx);
-        self.send_line(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
-        rx.await.expect("answer")
-    }
 }
 
 async fn satellite_client() -> McpClient {
@@ -120,7 +54,7 @@ fn main() {
             "concurrency", "client", "calls/s", "p50 us", "p99 us", "vs bare pipe"
         );
         for (concurrency, calls) in [(1usize, 5_000usize), (32, 32_000)] {
-            let bare = Arc::new(BarePipe::start().await);
+            let bare = Arc::new(BarePipe::start_demo().await);
             let b = bare.clone();
             let base = measure(WARMUP, calls, concurrency, move |i| {
                 let b = b.clone();
@@ -186,7 +120,7 @@ async fn reference_upstreams() {
             }
         })
         .await;
-        let pipe = Arc::new(BarePipe::start().await);
+        let pipe = Arc::new(BarePipe::start_demo().await);
         let p = pipe.clone();
         let demo = measure(WARMUP, calls, concurrency, move |i| {
             let p = p.clone();

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod pipe;
 pub mod process;
 
 use std::future::Future;

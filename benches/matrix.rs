@@ -1,0 +1,334 @@
+//! The performance matrix (issue 19), one run: for each upstream (the bundled demo server and the Node SDK's
+//! `@modelcontextprotocol/server-everything`, both over stdio) and each concurrency (1 and 32), `tools/call echo`
+//! over a bare pipe to the server (the floor), through the instance router (`/i/{path}/mcp`) and through
+//! `execute_mcp_tool` on `/mcp`; then `tools/list`, `initialize` and `discover_mcp_tools` on `/mcp`. Each row
+//! prints req/s, p50, p99, the satellite's own CPU per request (its process, not the server's nor this load
+//! generator's) and the ratio to the floor. The satellite is the release binary as operators run it, in its own
+//! process. Run with `cargo bench --bench matrix`; the last results are kept in docs/performance.md.
+//!
+//! Needs tests/node installed (`npm ci --prefix tests/node`) for server-everything; without it that upstream
+//! is skipped with a note.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::pipe::BarePipe;
+use common::{measure, Figures};
+use satellite::config::sha256_hex;
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+const TOKEN: &str = "matrix-bench-token-0123456789abcdef";
+const WARMUP: usize = 300;
+/// Requests per measurement at concurrency 1 and 32.
+const CALLS: [(usize, usize); 2] = [(1, 3_000), (32, 32_000)];
+
+/// One upstream server, as the satellite runs it and as a bare pipe reaches it.
+struct Upstream {
+    slug: &'static str,
+    command: PathBuf,
+    args: Vec<String>,
+    /// `tools/call` params of the echo tool with a per-call text.
+    echo: fn(usize) -> Value,
+}
+
+fn instance_token(slug: &str) -> String {
+    format!("ds_inst_{}", sha256_hex(slug))
+}
+
+fn upstreams() -> Vec<Upstream> {
+    let mut out = vec![Upstream {
+        slug: "demo",
+        command: PathBuf::from(env!("CARGO_BIN_EXE_satellite")),
+        args: vec!["demo-server".into(), "--protocol".into(), "legacy".into()],
+        echo: |i| json!({"name": "echo", "arguments": {"text": format!("call {i}")}}),
+    }];
+    let node = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/node/node_modules/.bin/mcp-server-everything");
+    if node.exists() {
+        out.push(Upstream {
+            slug: "everything",
+            command: node,
+            args: vec!["stdio".into()],
+            echo: |i| json!({"name": "echo", "arguments": {"message": format!("call {i}")}}),
+        });
+    } else {
+        println!("(server-everything skipped: npm ci --prefix tests/node installs it)");
+    }
+    out
+}
+
+fn toml_str(text: &str) -> String {
+    serde_json::to_string(text).expect("a string")
+}
+
+fn config(upstreams: &[Upstream]) -> String {
+    let commands: Vec<String> = upstreams.iter().map(|u| toml_str(&u.command.to_string_lossy())).collect();
+    let mut text = format!(
+        "[satellite]\ndebug_route = true\n\n[sandbox]\nallowed_commands = [{}]\n\n[[teams]]\nid = \"bench\"\n[[users]]\nid = \"bench\"\nteams = [\"bench\"]\ntoken_sha256 = [\"{}\"]\n",
+        commands.join(", "),
+        sha256_hex(TOKEN)
+    );
+    for (u, command) in upstreams.iter().zip(&commands) {
+        let args: Vec<String> = u.args.iter().map(|a| toml_str(a)).collect();
+        text.push_str(&format!(
+            "\n[[servers]]\nslug = \"{slug}\"\ntransport = \"stdio\"\ncommand = {command}\nargs = [{args}]\n\
+             [[installations]]\nid = \"i-{slug}\"\nteam = \"bench\"\nserver = \"{slug}\"\n\
+             [installations.users.bench]\ninstance_path = \"bench-{slug}\"\ninstance_token_sha256 = \"{hash}\"\n",
+            slug = u.slug,
+            args = args.join(", "),
+            hash = sha256_hex(&instance_token(u.slug)),
+        ));
+    }
+    text
+}
+
+/// The release satellite in its own process on `config`, once every instance is online.
+struct Served {
+    _child: Child,
+    pid: u32,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn serve(config: &str, instances: usize) -> Served {
+    let dir = tempfile::tempdir().expect("scratch directory");
+    let path = dir.path().join("satellite.toml");
+    std::fs::write(&path, config).expect("config written");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let log = std::fs::File::create(dir.path().join("satellite.log")).expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_satellite"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .current_dir(dir.path())
+        .env("PORT", port.to_string())
+        .env("SATELLITE_LOG_LEVEL", "warn")
+        .env_remove("DEPLOYSTACK_BACKEND_URL")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("satellite starts");
+    let pid = child.id().expect("pid");
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let online = match reqwest::get(format!("{base}/api/status/debug")).await {
+            Ok(answer) => {
+                answer.json::<Value>().await.ok().and_then(|d| d["server_status"]["stats"]["online"].as_u64())
+            }
+            Err(_) => None,
+        };
+        if online == Some(instances as u64) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(dir.path().join("satellite.log")).unwrap_or_default();
+            panic!("the satellite's {instances} instances did not come online; its log:\n{log}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Served { _child: child, pid, base, _dir: dir }
+}
+
+/// CPU time (user + system) a process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<u64> = rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+    // After the command: state is field 3, utime 14 and stime 15 (1-based over the whole line).
+    let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as u64;
+    Duration::from_micros(ticks * 1_000_000 / per_second.max(1))
+}
+
+/// A client of one MCP endpoint on the 2025-11-25 handshake (one session for the whole measurement).
+struct Endpoint {
+    client: reqwest::Client,
+    url: String,
+    token: String,
+    session: Option<String>,
+}
+
+impl Endpoint {
+    async fn open(url: String, token: String) -> Endpoint {
+        let mut endpoint = Endpoint { client: reqwest::Client::new(), url, token, session: None };
+        endpoint.session = endpoint.initialize().await;
+        endpoint
+    }
+
+    async fn initialize(&self) -> Option<String> {
+        let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+            "capabilities": {}, "clientInfo": {"name": "matrix", "version": "0"}}});
+        let response = self.request(&body, None).await;
+        response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned)
+    }
+
+    async fn request(&self, body: &Value, session: Option<&str>) -> reqwest::Response {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .header("accept", "application/json, text/event-stream")
+            .json(body);
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        let response = request.send().await.expect("answered");
+        assert!(response.status().is_success(), "{} answered {}", self.url, response.status());
+        response
+    }
+
+    async fn call(&self, method: &str, params: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let response = self.request(&body, self.session.as_deref()).await;
+        let streamed = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let text = response.text().await.expect("an answer");
+        // An SSE answer carries the response as its last `data:` event.
+        let json = if streamed {
+            text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).filter(|d| !d.is_empty()).last()
+        } else {
+            Some(text.as_str())
+        };
+        let reply: Value = json.and_then(|j| serde_json::from_str(j).ok()).unwrap_or(Value::Null);
+        assert!(reply.get("result").is_some(), "{method}: {reply}");
+        reply
+    }
+}
+
+/// One measured row: figures and the satellite's CPU per request over the same requests.
+struct Row {
+    figures: Figures,
+    cpu_us: Option<f64>,
+}
+
+async fn measured<F, Fut>(pid: Option<u32>, concurrency: usize, calls: usize, op: F) -> Row
+where
+    F: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let before = pid.map(cpu_time);
+    let figures = measure(WARMUP, calls, concurrency, op).await;
+    let cpu_us = pid.zip(before).map(|(pid, before)| {
+        let used = cpu_time(pid).saturating_sub(before);
+        used.as_secs_f64() * 1e6 / (WARMUP + calls) as f64
+    });
+    Row { figures, cpu_us }
+}
+
+fn print_row(upstream: &str, route: &str, concurrency: usize, row: &Row, floor: Option<&Figures>) {
+    let cpu = row.cpu_us.map_or("-".to_owned(), |c| format!("{c:.1}"));
+    let ratio = floor.map_or("-".to_owned(), |f| format!("{:.2}x", row.figures.per_sec / f.per_sec));
+    println!(
+        "{upstream:<11} {route:<26} {concurrency:>3} {:>9.0} {:>9.1} {:>9.1} {cpu:>10} {ratio:>9}",
+        row.figures.per_sec, row.figures.p50_us, row.figures.p99_us
+    );
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned()))
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} cores, {model}")
+}
+
+fn main() {
+    common::process::raise_own_nofile();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let upstreams = upstreams();
+        let served = serve(&config(&upstreams), upstreams.len()).await;
+        println!("performance matrix (release build, {}); CPU = the satellite process's own, per request", machine());
+        println!(
+            "{:<11} {:<26} {:>3} {:>9} {:>9} {:>9} {:>10} {:>9}",
+            "upstream", "route", "c", "req/s", "p50 us", "p99 us", "CPU us/req", "vs floor"
+        );
+        for upstream in &upstreams {
+            let args: Vec<&str> = upstream.args.iter().map(String::as_str).collect();
+            let pipe = Arc::new(BarePipe::start_command(&upstream.command, &args).await);
+            let instance = Arc::new(
+                Endpoint::open(format!("{}/i/bench-{}/mcp", served.base, upstream.slug), instance_token(upstream.slug))
+                    .await,
+            );
+            let hierarchical = Arc::new(Endpoint::open(format!("{}/mcp", served.base), TOKEN.to_owned()).await);
+            for (concurrency, calls) in CALLS {
+                let (p, echo) = (pipe.clone(), upstream.echo);
+                let floor = measured(None, concurrency, calls, move |i| {
+                    let p = p.clone();
+                    async move {
+                        p.call("tools/call", echo(i)).await;
+                    }
+                })
+                .await;
+                print_row(upstream.slug, "bare pipe (floor)", concurrency, &floor, Some(&floor.figures));
+                let e = instance.clone();
+                let row = measured(Some(served.pid), concurrency, calls, move |i| {
+                    let e = e.clone();
+                    async move {
+                        e.call("tools/call", echo(i)).await;
+                    }
+                })
+                .await;
+                print_row(upstream.slug, "instance router", concurrency, &row, Some(&floor.figures));
+                let (h, slug) = (hierarchical.clone(), upstream.slug);
+                let row = measured(Some(served.pid), concurrency, calls, move |i| {
+                    let h = h.clone();
+                    async move {
+                        let inner = echo(i);
+                        let arguments = json!({"tool_path": format!("{slug}:echo"), "arguments": inner["arguments"]});
+                        h.call("tools/call", json!({"name": "execute_mcp_tool", "arguments": arguments})).await;
+                    }
+                })
+                .await;
+                print_row(upstream.slug, "execute_mcp_tool", concurrency, &row, Some(&floor.figures));
+            }
+        }
+        for (concurrency, calls) in CALLS {
+            let hierarchical = Arc::new(Endpoint::open(format!("{}/mcp", served.base), TOKEN.to_owned()).await);
+            let h = hierarchical.clone();
+            let row = measured(Some(served.pid), concurrency, calls, move |_| {
+                let h = h.clone();
+                async move {
+                    h.call("tools/list", json!({})).await;
+                }
+            })
+            .await;
+            print_row("-", "/mcp tools/list", concurrency, &row, None);
+            let h = hierarchical.clone();
+            let row = measured(Some(served.pid), concurrency, calls, move |i| {
+                let h = h.clone();
+                let query = ["echo a message", "add two numbers", "sleep for a while", "read a resource"][i % 4];
+                async move {
+                    h.call("tools/call", json!({"name": "discover_mcp_tools", "arguments": {"query": query}})).await;
+                }
+            })
+            .await;
+            print_row("-", "/mcp discover_mcp_tools", concurrency, &row, None);
+            // Last: each makes a session, and enough of them push the measuring session out of a full table.
+            let h = hierarchical.clone();
+            let row = measured(Some(served.pid), concurrency, calls, move |_| {
+                let h = h.clone();
+                async move {
+                    assert!(h.initialize().await.is_some(), "initialize gives a session");
+                }
+            })
+            .await;
+            print_row("-", "/mcp initialize", concurrency, &row, None);
+        }
+        let held = common::process::held(served.pid);
+        println!("satellite after the run: {held}");
+    });
+}
