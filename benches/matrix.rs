@@ -194,7 +194,7 @@ impl Endpoint {
         let text = response.text().await.expect("an answer");
         // An SSE answer carries the response as its last `data:` event.
         let json = if streamed {
-            text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).filter(|d| !d.is_empty()).last()
+            text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).rfind(|d| !d.is_empty())
         } else {
             Some(text.as_str())
         };
