@@ -128,6 +128,8 @@ pub fn routes(
     deps: McpDeps,
     sessions: Arc<SseSessions>,
 ) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    // One pointer per request, not a copy of every dependency: warp runs this for each route it tries.
+    let deps = Arc::new(deps);
     let with = warp::any().map(move || (deps.clone(), sessions.clone()));
     let peer = warp::ext::optional::<PeerAddr>();
     let open = warp::path!("sse")
@@ -140,7 +142,7 @@ pub fn routes(
             |query: String,
              headers: HeaderMap,
              peer: Option<PeerAddr>,
-             (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
+             (deps, sessions): (Arc<McpDeps>, Arc<SseSessions>)| async move {
                 let answer = open(&deps, &sessions, &headers, super::mcp::toolset_param(&query)).await;
                 finish(&deps, "sse", peer, &headers, None, answer).await
             },
@@ -158,7 +160,7 @@ pub fn routes(
              headers: HeaderMap,
              body: bytes::Bytes,
              peer: Option<PeerAddr>,
-             (deps, sessions): (McpDeps, Arc<SseSessions>)| async move {
+             (deps, sessions): (Arc<McpDeps>, Arc<SseSessions>)| async move {
                 let answer = message(&deps, &sessions, &query, &headers, &body).await;
                 finish(&deps, "sse", peer, &headers, None, answer).await
             },

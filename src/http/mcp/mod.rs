@@ -82,6 +82,8 @@ fn record_activity(
 }
 
 pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    // One pointer per request, not a copy of every dependency: warp runs this for each route it tries.
+    let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
     let body = warp::body::content_length_limit(MAX_BODY_BYTES).and(warp::body::bytes());
     let peer = warp::ext::optional::<PeerAddr>();
@@ -92,7 +94,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         .and(warp::query::raw().or(warp::any().map(String::new)).unify().map(|raw: String| toolset_param(&raw)));
     let hier_post =
         hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
-            |toolset: Option<String>, headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: McpDeps| async move {
+            |toolset: Option<String>, headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
                 let answer = match hierarchical_endpoint(&deps, &headers, Some(&body), toolset.as_deref()).await {
                     Ok(endpoint) => post(&deps, endpoint, &headers, &body).await,
                     Err(err) => Err(err),
@@ -101,7 +103,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             },
         );
     let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
+        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
             let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
                 .await
                 .and_then(|e| open_stream(&deps, e, &headers));
@@ -109,7 +111,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         },
     );
     let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: McpDeps| async move {
+        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
             let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
                 .await
                 .and_then(|e| delete(e, &headers));
@@ -125,7 +127,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
              headers: HeaderMap,
              body: Bytes,
              peer: Option<PeerAddr>,
-             deps: McpDeps| async move {
+             deps: Arc<McpDeps>| async move {
                 let answer = match instance_endpoint(&deps, &path, &query, &headers) {
                     Ok(endpoint) => {
                         if let Target::Instance(instance) = &endpoint.target {
@@ -141,29 +143,27 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
                 finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
             },
         );
-    let inst_get =
-        inst.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-            |path: String,
-             query: HashMap<String, String>,
-             headers: HeaderMap,
-             peer: Option<PeerAddr>,
-             deps: McpDeps| async move {
-                let answer =
-                    instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(&deps, e, &headers));
-                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
-            },
-        );
-    let inst_delete =
-        inst.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with).then(
-            |path: String,
-             query: HashMap<String, String>,
-             headers: HeaderMap,
-             peer: Option<PeerAddr>,
-             deps: McpDeps| async move {
-                let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| delete(e, &headers));
-                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
-            },
-        );
+    let inst_get = inst.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+        |path: String,
+         query: HashMap<String, String>,
+         headers: HeaderMap,
+         peer: Option<PeerAddr>,
+         deps: Arc<McpDeps>| async move {
+            let answer =
+                instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(&deps, e, &headers));
+            finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+        },
+    );
+    let inst_delete = inst.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with).then(
+        |path: String,
+         query: HashMap<String, String>,
+         headers: HeaderMap,
+         peer: Option<PeerAddr>,
+         deps: Arc<McpDeps>| async move {
+            let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| delete(e, &headers));
+            finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+        },
+    );
     hier_post
         .or(hier_get)
         .unify()
