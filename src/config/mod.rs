@@ -145,6 +145,8 @@ pub struct Config {
     /// 100,000). In managed mode the outbox is the queue to the backend and is bounded by its quota instead.
     pub event_retention: Duration,
     pub event_retention_max: u64,
+    /// The sentence-embedding model of the semantic search stage; `None`: lexical search only.
+    pub semantic_model: Option<PathBuf>,
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
     pub public_url: String,
     /// Host names requests may name, `None` for any (SATELLITE_ALLOWED_HOSTS; default: the loopback names and
@@ -405,7 +407,19 @@ impl Config {
                 ));
             }
         }
+        let semantic_model = env::get(env, env::SEMANTIC_MODEL)
+            .or(s.semantic_model.as_deref())
+            .filter(|v| !v.trim().is_empty())
+            .map(PathBuf::from);
+        if semantic_model.is_some() && !cfg!(feature = "semantic") {
+            return Err(ConfigError::new(
+                "satellite.semantic_model",
+                Some(env::SEMANTIC_MODEL),
+                "this satellite was built without the `semantic` cargo feature; rebuild with it or unset the model",
+            ));
+        }
         Ok(Config {
+            semantic_model,
             drain,
             analytics_retention: Duration::from_secs(retention_days.as_secs().saturating_mul(86_400)),
             event_retention: Duration::from_secs(event_days.saturating_mul(86_400)),
@@ -478,6 +492,7 @@ impl Config {
             "analytics_retention_days": self.analytics_retention.as_secs() / 86_400,
             "event_retention_days": self.event_retention.as_secs() / 86_400,
             "event_retention_max": self.event_retention_max,
+            "semantic_model": self.semantic_model.as_ref().map(|p| p.display().to_string()),
             "mode": mode,
             "sandbox": {
                 "isolation": self.sandbox.isolation.as_str(),

@@ -16,6 +16,7 @@ mod analysis;
 #[doc(hidden)]
 pub mod eval;
 mod schema;
+pub mod semantic;
 mod visibility;
 
 #[cfg(test)]
@@ -34,6 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::analysis::TOOL_TOKENIZER;
 use self::schema::IndexSchema;
 pub use self::schema::{tool_key, Explainer};
+pub use self::semantic::{Semantic, SemanticError};
 pub use self::visibility::Scope;
 use self::visibility::VisibleQuery;
 
@@ -119,6 +121,7 @@ pub struct SearchIndex {
     commands: mpsc::Sender<Command>,
     reader: IndexReader,
     schema: Arc<IndexSchema>,
+    semantic: Option<Arc<Semantic>>,
 }
 
 /// Replace every document of `process_id` by `documents` (empty: remove the instance).
@@ -139,18 +142,43 @@ impl SearchIndex {
         let reader = index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into()?;
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE_CAPACITY);
         runtime.spawn(run_writer(writer, reader.clone(), schema.clone(), receiver));
-        Ok(SearchIndex { commands, reader, schema })
+        Ok(SearchIndex { commands, reader, schema, semantic: None })
+    }
+
+    /// The same index with the semantic stage re-ranking request-shaped queries.
+    pub fn with_semantic(mut self, semantic: Arc<Semantic>) -> SearchIndex {
+        self.semantic = Some(semantic);
+        self
+    }
+
+    /// The stages a search runs, for the start log.
+    pub fn describe_stages(&self) -> String {
+        match &self.semantic {
+            Some(semantic) => format!("lexical (BM25F, tantivy) + {}", semantic.describe()),
+            None => "lexical (BM25F, tantivy); semantic stage off (SATELLITE_SEMANTIC_MODEL not set)".to_owned(),
+        }
+    }
+
+    /// The semantic stage, when on.
+    pub fn semantic(&self) -> Option<&Arc<Semantic>> {
+        self.semantic.as_ref()
     }
 
     /// Replace every document of one instance (delete by process_id term, add docs, commit, reload
     /// reader). Resolves once searches see the change.
     pub async fn replace_instance(&self, process_id: &str, docs: Vec<ToolDoc>) -> Result<(), SearchError> {
         let documents = docs.iter().map(|tool| self.schema.document(tool)).collect();
+        if let Some(semantic) = &self.semantic {
+            semantic.set_instance(process_id, &docs);
+        }
         self.send(process_id, documents).await
     }
 
     /// Remove every document of one instance. Resolves once searches see the change.
     pub async fn remove_instance(&self, process_id: &str) -> Result<(), SearchError> {
+        if let Some(semantic) = &self.semantic {
+            semantic.set_instance(process_id, &[]);
+        }
         self.send(process_id, Vec::new()).await
     }
 
@@ -167,6 +195,24 @@ impl SearchIndex {
         if query.trim().is_empty() || scope.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
+        let weight = semantic::semantic_weight(query);
+        match &self.semantic {
+            Some(semantic) if weight < 1.0 => {
+                let lexical = self.lexical(query, scope, limit.max(semantic::CANDIDATES)).await?;
+                match semantic.rerank(query, weight, lexical.clone(), scope, limit).await {
+                    Ok(hits) => Ok(hits),
+                    Err(error) => {
+                        tracing::warn!(%error, "semantic stage failed; answering with the lexical ranking");
+                        Ok(lexical.into_iter().take(limit).collect())
+                    }
+                }
+            }
+            _ => self.lexical(query, scope, limit).await,
+        }
+    }
+
+    /// The lexical stage alone.
+    async fn lexical(&self, query: &str, scope: &Arc<Scope>, limit: usize) -> Result<Vec<SearchHit>, SearchError> {
         // Handing the work to the blocking pool costs about as much as a whole search of a few thousand
         // tools (a thread hop each way), so a scope whose filter is built and small runs here; a first search
         // at a new generation (the filter reads postings) or a large scope goes to the blocking pool.

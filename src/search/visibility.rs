@@ -43,6 +43,11 @@ impl Scope {
         &self.ids
     }
 
+    /// The single tools of other instances ([`super::tool_key`]s).
+    pub fn tool_keys(&self) -> &[String] {
+        &self.tools
+    }
+
     /// How many documents the cached filter holds, when it was built for `generation`.
     pub(crate) fn cached_docs(&self, generation: u64) -> Option<u64> {
         self.cache.lock().as_ref().filter(|f| f.generation == generation).map(|f| f.docs)

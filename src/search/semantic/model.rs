@@ -1,0 +1,77 @@
+//! The sentence encoder behind the semantic stage: a BERT model (all-MiniLM-L6-v2 and its kind) read from a
+//! local directory (`config.json`, `tokenizer.json`, `model.safetensors`), run on the CPU by candle, mean-pooled
+//! over the attention mask and L2-normalised, as sentence-transformers does. Nothing is downloaded.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use tokenizers::{PaddingParams, Tokenizer, TruncationParams};
+
+use super::SemanticError;
+
+pub(super) struct Encoder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    dimensions: usize,
+}
+
+impl Encoder {
+    /// Loads the model in `dir`; `max_tokens` truncates every text.
+    pub(super) fn load(dir: &Path, max_tokens: usize) -> Result<Encoder, SemanticError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read(&path).map_err(|source| SemanticError::Read { path: path.display().to_string(), source })
+        };
+        let config: Config = serde_json::from_slice(&read("config.json")?)
+            .map_err(|error| SemanticError::Model(format!("config.json: {error}")))?;
+        let dimensions = serde_json::from_slice::<serde_json::Value>(&read("config.json")?)
+            .ok()
+            .and_then(|c| c.get("hidden_size").and_then(serde_json::Value::as_u64))
+            .ok_or_else(|| SemanticError::Model("config.json has no hidden_size".into()))?
+            as usize;
+        let mut tokenizer = Tokenizer::from_bytes(read("tokenizer.json")?)
+            .map_err(|error| SemanticError::Model(format!("tokenizer.json: {error}")))?;
+        tokenizer
+            .with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
+            .map_err(|error| SemanticError::Model(format!("tokenizer truncation: {error}")))?;
+        tokenizer.with_padding(Some(PaddingParams::default()));
+        let weights = VarBuilder::from_buffered_safetensors(read("model.safetensors")?, DType::F32, &Device::Cpu)
+            .map_err(|error| SemanticError::Model(format!("model.safetensors: {error}")))?;
+        let model = BertModel::load(weights, &config).map_err(|error| SemanticError::Model(error.to_string()))?;
+        Ok(Encoder { model, tokenizer, dimensions })
+    }
+
+    pub(super) fn dimensions(&self) -> usize {
+        self.dimensions
+    }
+
+    /// One unit vector per text, in order.
+    pub(super) fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, SemanticError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|error| SemanticError::Model(format!("tokenizer: {error}")))?;
+        let model = |error: candle_core::Error| SemanticError::Model(error.to_string());
+        let rows = |f: fn(&tokenizers::Encoding) -> &[u32]| -> Result<Tensor, SemanticError> {
+            let rows = encodings.iter().map(|e| Tensor::new(f(e), &Device::Cpu)).collect::<Result<Vec<_>, _>>();
+            Tensor::stack(&rows.map_err(model)?, 0).map_err(model)
+        };
+        let ids = rows(tokenizers::Encoding::get_ids)?;
+        let types = rows(tokenizers::Encoding::get_type_ids)?;
+        let mask = rows(tokenizers::Encoding::get_attention_mask)?;
+        let output = self.model.forward(&ids, &types, Some(&mask)).map_err(model)?;
+        // Mean over the real tokens, then unit length.
+        let mask = mask.to_dtype(DType::F32).map_err(model)?.unsqueeze(2).map_err(model)?;
+        let summed = output.broadcast_mul(&mask).and_then(|m| m.sum(1)).map_err(model)?;
+        let counts = mask.sum(1).map_err(model)?;
+        let mean = summed.broadcast_div(&counts).map_err(model)?;
+        let norms = mean.sqr().and_then(|s| s.sum_keepdim(1)).and_then(|s| s.sqrt()).map_err(model)?;
+        let unit = mean.broadcast_div(&norms).map_err(model)?;
+        unit.to_vec2::<f32>().map_err(model)
+    }
+}
