@@ -3,7 +3,9 @@
 #   1. the demo server serves every corpus server over Streamable HTTP (/servers/{slug}/mcp);
 #   2. a satellite whose config installs every corpus server for one user (`bench`) connects to them.
 # Honours PORT (the satellite's, default 3001), CORPUS_PORT (the demo server's, default 3102),
-# SATELLITE_DEMO_TOKEN (the user's bearer token; generated when unset) and CORPUS (the corpus file).
+# SATELLITE_DEMO_TOKEN (the user's bearer token; generated when unset), CORPUS (the corpus file) and FEATURES
+# (cargo features of the satellite; `FEATURES=semantic` with SATELLITE_SEMANTIC_MODEL set measures the semantic
+# stage; the satellite is ready once every tool is indexed, its vectors may still be computing).
 # Prints the endpoint; stops both on SIGINT/SIGTERM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,7 @@ CORPUS="${CORPUS:-../shared/data/toolsearch/corpus.jsonl}"
 TOKEN="${SATELLITE_DEMO_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(32))')}"
 WORK="$(mktemp -d)"
 
-cargo build --release --quiet --bin satellite
+cargo build --release --quiet --bin satellite ${FEATURES:+--features "$FEATURES"}
 BIN=target/release/satellite
 
 pids=()

@@ -109,7 +109,7 @@ async fn exact_tool_names_rank_first_on_the_corpus() -> TestResult {
 
 /// The semantic stage's gate runs on part of the corpus: every server holding a dev answer and every fourth of
 /// the others (1,403 of the 4,500 tools). Embedding all 4,500 costs about three minutes of both cores, too much
-/// for every CI run; `cargo bench --bench search` measures the whole corpus.
+/// for every test run; `cargo bench --bench search` measures the whole corpus.
 #[cfg(feature = "semantic")]
 async fn semantic_corpus_index() -> Result<(SearchIndex, Arc<Scope>), Box<dyn std::error::Error>> {
     let queries = load_queries(&data_path("dev.jsonl"))?;
