@@ -199,7 +199,7 @@ impl SearchIndex {
         match &self.semantic {
             Some(semantic) if weight < 1.0 => {
                 let lexical = self.lexical(query, scope, limit.max(semantic::CANDIDATES)).await?;
-                match semantic.rerank(query, weight, lexical.clone(), scope, limit).await {
+                match semantic.rerank(query, weight, &lexical, scope, limit).await {
                     Ok(hits) => Ok(hits),
                     Err(error) => {
                         tracing::warn!(%error, "semantic stage failed; answering with the lexical ranking");

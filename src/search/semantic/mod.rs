@@ -5,6 +5,10 @@
 //!   in batches, off the request path; the vector is shared by every instance that has the same tool and kept
 //!   in an append-only cache file in the data directory, so a restart embeds nothing it has seen.
 //!   A cache cut short (a crash mid-write) keeps its whole records and drops the torn tail.
+//! - Memory holds the vectors of the tools some indexed instance has, nothing more: a tool that goes away
+//!   (an instance removed, dormant or changed) frees its vector, and one that comes back is read from the cache
+//!   file by offset, not embedded again. The file itself grows by one record per distinct tool text ever seen
+//!   (1.5 KiB at 384 dimensions); deleting it is safe (the referenced tools are embedded again).
 //! - A query in request shape (several words, see [`semantic_weight`]) is embedded (~10 ms on 2 cores), the
 //!   caller's visible tools are scored by cosine, and the best of both stages are fused:
 //!   `w * lexical / best_lexical + (1 - w) * min-max(cosine)` over the union of both candidate lists.
@@ -15,16 +19,21 @@
 mod model;
 #[cfg(not(feature = "semantic"))]
 mod model {
-    //! Built without the `semantic` feature: the stage cannot be switched on.
+    //! Built without the `semantic` feature: the stage cannot be switched on with a model.
     pub(super) struct Encoder;
     impl Encoder {
         pub(super) fn load(_: &std::path::Path, _: usize) -> Result<Encoder, super::SemanticError> {
             Err(super::SemanticError::NotCompiled)
         }
-        pub(super) fn dimensions(&self) -> usize {
+    }
+    impl super::Embedder for Encoder {
+        fn dimensions(&self) -> usize {
             0
         }
-        pub(super) fn embed(&self, _: &[String]) -> Result<Vec<Vec<f32>>, super::SemanticError> {
+        fn fingerprint(&self) -> &str {
+            ""
+        }
+        fn embed(&self, _: &[String]) -> Result<Vec<Vec<f32>>, super::SemanticError> {
             Err(super::SemanticError::NotCompiled)
         }
     }
@@ -34,7 +43,8 @@ mod model {
 pub(crate) mod tests;
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -74,56 +84,148 @@ pub enum SemanticError {
     Task(#[from] tokio::task::JoinError),
 }
 
+/// What turns texts into unit vectors: the model ([`Encoder`]), or a stand-in in tests.
+pub(crate) trait Embedder: Send + Sync + 'static {
+    fn dimensions(&self) -> usize;
+    /// Identifies the model: a cache written for one model is never read for another.
+    fn fingerprint(&self) -> &str;
+    /// One unit vector per text, in order.
+    fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, SemanticError>;
+}
+
 type Hash = [u8; 32];
 
-/// The semantic stage: the encoder, every tool's vector, and the task that embeds new tools.
+/// A visible tool's `(process_id, tool_name, cosine)`, borrowed from the stage's state.
+type Scored<'a> = (&'a str, &'a str, f32);
+
+/// The semantic stage: the encoder, the vectors of the indexed tools, and the task that embeds new tools.
 pub struct Semantic {
-    encoder: Arc<Encoder>,
-    model_dir: PathBuf,
+    embedder: Arc<dyn Embedder>,
+    model: String,
     state: Arc<RwLock<State>>,
+    cache: Option<Arc<Cache>>,
     queue: mpsc::UnboundedSender<Vec<(Hash, String)>>,
     /// Tools waiting for their vector.
     pending: Arc<AtomicUsize>,
-    cached: usize,
 }
 
 #[derive(Default)]
 struct State {
+    /// The vectors of the tools some instance has (`refs` > 0).
     vectors: HashMap<Hash, Arc<[f32]>>,
+    /// How many indexed tools (over all instances) have each text.
+    refs: HashMap<Hash, usize>,
     /// Per instance: each tool and the hash of its text.
     tools: HashMap<String, Vec<(String, Hash)>>,
-    /// Hashes queued or being embedded.
+    /// Hashes being read from the cache or embedded.
     queued: HashSet<Hash>,
+}
+
+impl State {
+    /// Replaces an instance's tools, keeps `refs` and drops the vectors no tool refers to any more; the hashes
+    /// that now need a vector (none yet, none on the way) are marked queued and returned.
+    fn replace(&mut self, process_id: &str, entries: Vec<(String, Hash)>) -> Vec<Hash> {
+        for (_, hash) in &entries {
+            *self.refs.entry(*hash).or_default() += 1;
+        }
+        let missing =
+            entries.iter().map(|(_, hash)| *hash).filter(|h| !self.vectors.contains_key(h) && self.queued.insert(*h));
+        let missing: Vec<Hash> = missing.collect();
+        let old = if entries.is_empty() {
+            self.tools.remove(process_id)
+        } else {
+            self.tools.insert(process_id.to_owned(), entries)
+        };
+        for (_, hash) in old.into_iter().flatten() {
+            if let Some(count) = self.refs.get_mut(&hash) {
+                *count -= 1;
+                if *count == 0 {
+                    self.refs.remove(&hash);
+                    self.vectors.remove(&hash);
+                }
+            }
+        }
+        missing
+    }
+
+    /// Stores a vector that arrived, if a tool still refers to it.
+    fn arrived(&mut self, hash: Hash, vector: Arc<[f32]>) {
+        if self.refs.contains_key(&hash) {
+            self.vectors.insert(hash, vector);
+        }
+    }
+
+    /// The cosine with `query` of every visible, embedded tool, and of each `lexical` hit (`None`: no vector).
+    fn cosines<'a>(
+        &'a self,
+        query: &[f32],
+        scope: &'a Scope,
+        lexical: &[SearchHit],
+    ) -> (Vec<Scored<'a>>, Vec<Option<f32>>) {
+        let dot = |hash: &Hash| self.vectors.get(hash).map(|v| v.iter().zip(query).map(|(a, b)| a * b).sum::<f32>());
+        let mut scored = Vec::new();
+        for id in scope.ids() {
+            for (tool, hash) in self.tools.get(id.as_str()).into_iter().flatten() {
+                if let Some(cosine) = dot(hash) {
+                    scored.push((id.as_str(), tool.as_str(), cosine));
+                }
+            }
+        }
+        for key in scope.tool_keys() {
+            let Some((id, name)) = key.split_once('\u{1f}') else { continue };
+            if let Some(cosine) = self.hash_of(id, name).and_then(dot) {
+                scored.push((id, name, cosine));
+            }
+        }
+        let lexical = lexical.iter().map(|hit| self.hash_of(&hit.process_id, &hit.tool_name).and_then(dot)).collect();
+        (scored, lexical)
+    }
+
+    fn hash_of(&self, process_id: &str, tool_name: &str) -> Option<&Hash> {
+        self.tools.get(process_id)?.iter().find(|(name, _)| name == tool_name).map(|(_, hash)| hash)
+    }
 }
 
 impl Semantic {
     /// Loads the model in `model_dir` and the cache under `cache_dir`, and starts the embedding task on the
-    /// current runtime. Fails when the model cannot be read (or the feature is not compiled in).
+    /// current runtime. Fails when the model cannot be read (or the feature is not compiled in); a cache that
+    /// cannot be opened is logged and the stage runs without it.
     pub fn load(model_dir: &Path, cache_dir: Option<&Path>) -> Result<Arc<Semantic>, SemanticError> {
-        let encoder = Arc::new(Encoder::load(model_dir, TOOL_MAX_TOKENS)?);
-        let cache = match cache_dir {
-            Some(dir) => Some(Cache::open(dir, &fingerprint(model_dir)?, encoder.dimensions())?),
-            None => None,
-        };
-        let mut state = State::default();
-        if let Some(cache) = &cache {
-            state.vectors = cache.read_all()?;
-        }
-        let cached = state.vectors.len();
-        let state = Arc::new(RwLock::new(state));
+        let encoder = Encoder::load(model_dir, TOOL_MAX_TOKENS)?;
+        Ok(Semantic::start(Arc::new(encoder), model_dir.display().to_string(), cache_dir))
+    }
+
+    /// The stage over any [`Embedder`]; `model` names it in the start log.
+    pub(crate) fn start(embedder: Arc<dyn Embedder>, model: String, cache_dir: Option<&Path>) -> Arc<Semantic> {
+        let cache = cache_dir.and_then(|dir| {
+            let fingerprint = fingerprint(embedder.as_ref());
+            match Cache::open(dir, &fingerprint, embedder.dimensions()) {
+                Ok(cache) => Some(Arc::new(cache)),
+                Err(error) => {
+                    tracing::warn!(%error, "the embedding cache cannot be used; vectors are kept in memory only");
+                    None
+                }
+            }
+        });
+        Semantic::with_cache(embedder, model, cache)
+    }
+
+    fn with_cache(embedder: Arc<dyn Embedder>, model: String, cache: Option<Arc<Cache>>) -> Arc<Semantic> {
+        let state = Arc::new(RwLock::new(State::default()));
         let pending = Arc::new(AtomicUsize::new(0));
         let (queue, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(embed_task(encoder.clone(), state.clone(), pending.clone(), cache, receiver));
-        Ok(Arc::new(Semantic { encoder, model_dir: model_dir.to_owned(), state, queue, pending, cached }))
+        let task = embed_task(embedder.clone(), state.clone(), pending.clone(), cache.clone(), receiver);
+        tokio::spawn(task);
+        Arc::new(Semantic { embedder, model, state, cache, queue, pending })
     }
 
     /// What the start log says about this stage.
     pub fn describe(&self) -> String {
         format!(
             "semantic ({} dimensions, model {}, {} tool vectors cached)",
-            self.encoder.dimensions(),
-            self.model_dir.display(),
-            self.cached
+            self.embedder.dimensions(),
+            self.model,
+            self.cache.as_ref().map_or(0, |cache| cache.records())
         )
     }
 
@@ -132,28 +234,44 @@ impl Semantic {
         self.pending.load(Ordering::Acquire)
     }
 
-    /// Records an instance's tools (none: removes it) and queues the ones never embedded.
+    /// Records an instance's tools (none: removes it): reads the new ones' vectors from the cache file and
+    /// queues the ones never embedded.
     pub(super) fn set_instance(&self, process_id: &str, tools: &[ToolDoc]) {
-        let mut state = self.state.write();
-        if tools.is_empty() {
-            state.tools.remove(process_id);
+        let mut texts = HashMap::new();
+        let entries = tools
+            .iter()
+            .map(|tool| {
+                let text = tool_text(tool);
+                let hash: Hash = Sha256::digest(text.as_bytes()).into();
+                texts.insert(hash, text);
+                (tool.tool_name.clone(), hash)
+            })
+            .collect();
+        let missing = self.state.write().replace(process_id, entries);
+        if missing.is_empty() {
             return;
         }
         let mut new = Vec::new();
-        let mut entries = Vec::with_capacity(tools.len());
-        for tool in tools {
-            let text = tool_text(tool);
-            let hash: Hash = Sha256::digest(text.as_bytes()).into();
-            if !state.vectors.contains_key(&hash) && state.queued.insert(hash) {
-                new.push((hash, text));
+        let mut found = Vec::new();
+        for hash in missing {
+            match self.cache.as_ref().and_then(|cache| cache.read(&hash)) {
+                Some(vector) => found.push((hash, vector)),
+                None => new.push((hash, texts.remove(&hash).unwrap_or_default())),
             }
-            entries.push((tool.tool_name.clone(), hash));
         }
-        state.tools.insert(process_id.to_owned(), entries);
+        if !found.is_empty() {
+            let mut state = self.state.write();
+            for (hash, vector) in found {
+                state.queued.remove(&hash);
+                state.arrived(hash, vector);
+            }
+        }
         if !new.is_empty() {
             self.pending.fetch_add(new.len(), Ordering::AcqRel);
+            let count = new.len();
             if self.queue.send(new).is_err() {
                 tracing::warn!("the embedding task has stopped; new tools are searched lexically only");
+                self.pending.fetch_sub(count, Ordering::AcqRel);
             }
         }
     }
@@ -164,42 +282,19 @@ impl Semantic {
         &self,
         query: &str,
         weight: f32,
-        lexical: Vec<SearchHit>,
+        lexical: &[SearchHit],
         scope: &Scope,
         limit: usize,
     ) -> Result<Vec<SearchHit>, SemanticError> {
-        let encoder = self.encoder.clone();
+        let embedder = self.embedder.clone();
         let text = vec![query.to_owned()];
-        let vector = tokio::task::spawn_blocking(move || encoder.embed(&text)).await??;
+        let vector = tokio::task::spawn_blocking(move || embedder.embed(&text)).await??;
         let Some(vector) = vector.into_iter().next() else {
-            return Ok(lexical);
+            return Ok(lexical.iter().take(limit).cloned().collect());
         };
-        let cosines = self.cosines(&vector, scope);
-        Ok(fuse(weight, lexical, cosines, limit))
-    }
-
-    /// Cosine of every visible, embedded tool with `query`: `((process_id, tool_name), cosine)`.
-    pub(super) fn cosines(&self, query: &[f32], scope: &Scope) -> Vec<((String, String), f32)> {
         let state = self.state.read();
-        let mut scored = Vec::new();
-        let mut score = |process_id: &str, tool: &str, hash: &Hash| {
-            if let Some(vector) = state.vectors.get(hash) {
-                let cosine = vector.iter().zip(query).map(|(a, b)| a * b).sum::<f32>();
-                scored.push(((process_id.to_owned(), tool.to_owned()), cosine));
-            }
-        };
-        for id in scope.ids() {
-            for (tool, hash) in state.tools.get(id).into_iter().flatten() {
-                score(id, tool, hash);
-            }
-        }
-        for key in scope.tool_keys() {
-            let Some((id, name)) = key.split_once('\u{1f}') else { continue };
-            if let Some((tool, hash)) = state.tools.get(id).and_then(|tools| tools.iter().find(|(t, _)| t == name)) {
-                score(id, tool, hash);
-            }
-        }
-        scored
+        let (cosines, lexical_cosines) = state.cosines(&vector, scope, lexical);
+        Ok(fuse(weight, lexical, &lexical_cosines, cosines, limit))
     }
 }
 
@@ -214,59 +309,63 @@ pub fn semantic_weight(query: &str) -> f32 {
     }
 }
 
-/// `w * lexical / best + (1 - w) * (cos - min) / (max - min)` over the union of both stages' best [`CANDIDATES`]
-/// (min and max over that union); the lexical stage's first hit stays first (an exact name, `server tool`, or
-/// the tool whose words the request shares most: measured on dev, moving it cost more than it won).
-pub(super) fn fuse(
+/// `w * lexical / best + (1 - w) * (cos - min) / (max - min)` over the union of the lexical hits and the best
+/// [`CANDIDATES`] of `cosines` (every visible tool's `(process_id, tool_name, cosine)`), min and max over that
+/// union; `lexical_cosines` are the lexical hits' cosines, in order (`None`: not embedded yet, counted as the
+/// least similar). The lexical stage's first hit stays first (an exact name, `server tool`, or the tool whose
+/// words the request shares most: measured on dev, moving it cost more than it won). Strings are copied only
+/// for the `limit` hits returned.
+pub(super) fn fuse<'a>(
     weight: f32,
-    lexical: Vec<SearchHit>,
-    mut cosines: Vec<((String, String), f32)>,
+    lexical: &'a [SearchHit],
+    lexical_cosines: &[Option<f32>],
+    mut cosines: Vec<(&'a str, &'a str, f32)>,
     limit: usize,
 ) -> Vec<SearchHit> {
-    let Some(first) = lexical.first().cloned() else {
-        cosines.sort_by(|a, b| b.1.total_cmp(&a.1));
-        return cosines
-            .into_iter()
-            .take(limit)
-            .map(|((process_id, tool_name), score)| SearchHit { process_id, tool_name, score })
-            .collect();
+    let by_cosine =
+        |a: &(&str, &str, f32), b: &(&str, &str, f32)| b.2.total_cmp(&a.2).then_with(|| (a.0, a.1).cmp(&(b.0, b.1)));
+    if cosines.len() > CANDIDATES {
+        cosines.select_nth_unstable_by(CANDIDATES - 1, by_cosine);
+        cosines.truncate(CANDIDATES);
+    }
+    let owned = |process_id: &str, tool_name: &str, score| SearchHit {
+        process_id: process_id.to_owned(),
+        tool_name: tool_name.to_owned(),
+        score,
+    };
+    let Some(first) = lexical.first() else {
+        cosines.sort_by(by_cosine);
+        return cosines.into_iter().take(limit).map(|(id, name, cosine)| owned(id, name, cosine)).collect();
     };
     let best = if first.score > 0.0 { first.score } else { 1.0 };
-    let all: HashMap<(String, String), f32> = cosines.iter().cloned().collect();
-    cosines.sort_by(|a, b| b.1.total_cmp(&a.1));
-    cosines.truncate(CANDIDATES);
-    let mut candidates: HashMap<(String, String), (f32, f32)> = HashMap::new();
-    for hit in &lexical {
-        let key = (hit.process_id.clone(), hit.tool_name.clone());
-        let cosine = all.get(&key).copied().unwrap_or(f32::NAN);
-        candidates.insert(key, (hit.score, cosine));
+    // (lexical score, cosine) per candidate.
+    let mut candidates: HashMap<(&str, &str), (f32, Option<f32>)> = HashMap::with_capacity(2 * CANDIDATES);
+    for (hit, cosine) in lexical.iter().zip(lexical_cosines.iter().chain(std::iter::repeat(&None))) {
+        candidates.insert((&hit.process_id, &hit.tool_name), (hit.score, *cosine));
     }
-    for (key, cosine) in cosines {
-        candidates.entry(key).or_insert((0.0, cosine));
+    for (id, name, cosine) in cosines {
+        candidates.entry((id, name)).or_insert((0.0, Some(cosine)));
     }
-    let (low, high) = candidates
-        .values()
-        .filter(|(_, c)| c.is_finite())
-        .fold((f32::MAX, f32::MIN), |(lo, hi), (_, c)| (lo.min(*c), hi.max(*c)));
+    let (low, high) =
+        candidates.values().filter_map(|(_, c)| *c).fold((f32::MAX, f32::MIN), |(lo, hi), c| (lo.min(c), hi.max(c)));
     let span = if high > low { high - low } else { 1.0 };
-    let first_key = (first.process_id.clone(), first.tool_name.clone());
-    let mut hits: Vec<SearchHit> = candidates
+    let first_key = (first.process_id.as_str(), first.tool_name.as_str());
+    let mut hits: Vec<((&str, &str), f32)> = candidates
         .into_iter()
         .filter(|(key, _)| *key != first_key)
-        .map(|((process_id, tool_name), (lexical, cosine))| {
-            // A tool not embedded yet counts as the least similar.
-            let semantic = if cosine.is_finite() { (cosine - low) / span } else { 0.0 };
-            SearchHit { process_id, tool_name, score: weight * lexical / best + (1.0 - weight) * semantic }
+        .map(|(key, (lexical, cosine))| {
+            let semantic = cosine.map_or(0.0, |c| (c - low) / span);
+            (key, weight * lexical / best + (1.0 - weight) * semantic)
         })
         .collect();
-    hits.sort_by(|a, b| {
-        b.score.total_cmp(&a.score).then_with(|| (&a.process_id, &a.tool_name).cmp(&(&b.process_id, &b.tool_name)))
-    });
+    hits.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     hits.truncate(limit.saturating_sub(1));
-    let top = hits.first().map_or(0.0, |h| h.score);
+    let top = hits.first().map_or(0.0, |h| h.1);
     // The kept first hit scores at least as much as the next, so relevance stays in order.
-    hits.insert(0, SearchHit { score: top.max(weight), ..first });
-    hits
+    let mut fused = Vec::with_capacity(hits.len() + 1);
+    fused.push(SearchHit { score: top.max(weight), ..first.clone() });
+    fused.extend(hits.into_iter().map(|((id, name), score)| owned(id, name, score)));
+    fused
 }
 
 /// The text embedded for a tool: its server, its name with `_`/`-` as spaces, and its description.
@@ -275,31 +374,22 @@ fn tool_text(tool: &ToolDoc) -> String {
     format!("{} {}: {}", words(&tool.server_slug), words(&tool.tool_name), tool.description)
 }
 
-/// Identifies a model and text format: a cache written for one is never read for another.
-fn fingerprint(model_dir: &Path) -> Result<String, SemanticError> {
+/// Names the cache file: the model, the text format and the truncation, so no cache is read for another.
+fn fingerprint(embedder: &dyn Embedder) -> String {
     let mut hasher = Sha256::new();
     hasher.update(TEXT_FORMAT);
     hasher.update(TOOL_MAX_TOKENS.to_le_bytes());
-    for name in ["config.json", "tokenizer.json"] {
-        let path = model_dir.join(name);
-        let bytes =
-            std::fs::read(&path).map_err(|source| SemanticError::Read { path: path.display().to_string(), source })?;
-        hasher.update(&bytes);
-    }
-    let weights = model_dir.join("model.safetensors");
-    let length = std::fs::metadata(&weights)
-        .map_err(|source| SemanticError::Read { path: weights.display().to_string(), source })?
-        .len();
-    hasher.update(length.to_le_bytes());
-    Ok(hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect())
+    hasher.update(embedder.fingerprint());
+    hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The background task: embeds queued tools in batches on the blocking pool, stores and caches the vectors.
+/// The background task: embeds queued tools in batches on the blocking pool, caches every vector and keeps
+/// the ones a tool still refers to.
 async fn embed_task(
-    encoder: Arc<Encoder>,
+    embedder: Arc<dyn Embedder>,
     state: Arc<RwLock<State>>,
     pending: Arc<AtomicUsize>,
-    cache: Option<Cache>,
+    cache: Option<Arc<Cache>>,
     mut receiver: mpsc::UnboundedReceiver<Vec<(Hash, String)>>,
 ) {
     while let Some(mut work) = receiver.recv().await {
@@ -310,8 +400,8 @@ async fn embed_task(
         work.sort_by_key(|(_, text)| text.len());
         for chunk in work.chunks(BATCH) {
             let (hashes, texts): (Vec<Hash>, Vec<String>) = chunk.iter().cloned().unzip();
-            let encoder = encoder.clone();
-            let vectors = match tokio::task::spawn_blocking(move || encoder.embed(&texts)).await {
+            let embedder = embedder.clone();
+            let vectors = match tokio::task::spawn_blocking(move || embedder.embed(&texts)).await {
                 Ok(Ok(vectors)) => vectors,
                 Ok(Err(error)) => {
                     tracing::warn!(%error, tools = hashes.len(), "embedding failed; these tools are searched lexically only");
@@ -322,18 +412,20 @@ async fn embed_task(
                     Vec::new()
                 }
             };
+            let vectors: Vec<(Hash, Arc<[f32]>)> =
+                hashes.iter().copied().zip(vectors.into_iter().map(Into::into)).collect();
             if let Some(cache) = &cache {
-                if let Err(error) = cache.append(hashes.iter().zip(&vectors)) {
+                if let Err(error) = cache.append(&vectors) {
                     tracing::warn!(%error, "the embedding cache could not be written; vectors are kept in memory");
                 }
             }
             {
                 let mut state = state.write();
-                for (hash, vector) in hashes.iter().zip(vectors) {
-                    state.vectors.insert(*hash, vector.into());
-                }
                 for hash in &hashes {
                     state.queued.remove(hash);
+                }
+                for (hash, vector) in vectors {
+                    state.arrived(hash, vector);
                 }
             }
             pending.fetch_sub(hashes.len(), Ordering::AcqRel);
@@ -341,59 +433,101 @@ async fn embed_task(
     }
 }
 
-/// The append-only vector cache: records of a 32-byte hash and `dimensions` little-endian f32s.
+/// The append-only vector cache: records of a 32-byte hash and `dimensions` little-endian f32s, and in memory
+/// only where each record starts.
 struct Cache {
     path: PathBuf,
-    file: Mutex<std::fs::File>,
+    file: Mutex<CacheFile>,
     dimensions: usize,
 }
 
+struct CacheFile {
+    file: std::fs::File,
+    /// Where each hash's vector starts.
+    offsets: HashMap<Hash, u64>,
+    /// The file's length: where the next record goes.
+    end: u64,
+    /// A write failed part-way: the file's end is unknown until the next start cuts the torn tail.
+    failed: bool,
+}
+
 impl Cache {
+    /// Opens (or creates) the cache and indexes its whole records; a torn tail is cut off so later appends
+    /// stay aligned.
     fn open(dir: &Path, fingerprint: &str, dimensions: usize) -> Result<Cache, SemanticError> {
         let path = dir.join(format!("embeddings-{fingerprint}.bin"));
         let error = |source| SemanticError::Cache { path: path.display().to_string(), source };
         std::fs::create_dir_all(dir).map_err(error)?;
-        let file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(error)?;
-        Ok(Cache { path, file: Mutex::new(file), dimensions })
-    }
-
-    fn record_len(&self) -> usize {
-        32 + 4 * self.dimensions
-    }
-
-    /// Every whole record; a torn tail is cut off so later appends stay aligned.
-    fn read_all(&self) -> Result<HashMap<Hash, Arc<[f32]>>, SemanticError> {
-        let error = |source| SemanticError::Cache { path: self.path.display().to_string(), source };
-        let bytes = std::fs::read(&self.path).map_err(error)?;
-        let record = self.record_len();
-        let whole = bytes.len() / record * record;
-        if whole != bytes.len() {
-            tracing::warn!(path = %self.path.display(), dropped = bytes.len() - whole, "embedding cache ends in a torn record; dropping it");
-            self.file.lock().set_len(whole as u64).map_err(error)?;
+        let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(error)?;
+        let record = 32 + 4 * dimensions as u64;
+        let length = file.metadata().map_err(error)?.len();
+        let end = length / record * record;
+        if end != length {
+            tracing::warn!(path = %path.display(), dropped = length - end, "embedding cache ends in a torn record; dropping it");
+            file.set_len(end).map_err(error)?;
         }
-        let mut vectors = HashMap::with_capacity(whole / record);
-        for chunk in bytes[..whole].chunks_exact(record) {
-            let (hash, values) = chunk.split_at(32);
-            let Ok(hash) = <Hash>::try_from(hash) else { continue };
-            let vector: Arc<[f32]> =
-                values.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            vectors.insert(hash, vector);
+        let mut offsets = HashMap::with_capacity((end / record) as usize);
+        let mut reader = std::io::BufReader::new(&mut file);
+        let mut hash = [0u8; 32];
+        let mut skip = vec![0u8; 4 * dimensions];
+        let mut offset = 0;
+        while offset < end {
+            reader.read_exact(&mut hash).map_err(error)?;
+            reader.read_exact(&mut skip).map_err(error)?;
+            offsets.insert(hash, offset + 32);
+            offset += record;
         }
-        Ok(vectors)
+        Ok(Cache { path, file: Mutex::new(CacheFile { file, offsets, end, failed: false }), dimensions })
     }
 
-    fn append<'a>(&self, records: impl Iterator<Item = (&'a Hash, &'a Vec<f32>)>) -> std::io::Result<()> {
+    fn records(&self) -> usize {
+        self.file.lock().offsets.len()
+    }
+
+    /// The vector cached for `hash`; `None` when there is none or it cannot be read (then it is embedded again).
+    fn read(&self, hash: &Hash) -> Option<Arc<[f32]>> {
+        let file = self.file.lock();
+        let offset = *file.offsets.get(hash)?;
+        let mut bytes = vec![0u8; 4 * self.dimensions];
+        if let Err(error) = file.file.read_exact_at(&mut bytes, offset) {
+            tracing::warn!(path = %self.path.display(), %error, "reading a cached vector failed; embedding it again");
+            return None;
+        }
+        Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
+    /// Appends the records in one write (a crash leaves at most one torn record at the end); vectors of the
+    /// wrong length are skipped.
+    fn append(&self, records: &[(Hash, Arc<[f32]>)]) -> std::io::Result<()> {
         let mut bytes = Vec::new();
+        let mut written = Vec::new();
+        let mut file = self.file.lock();
+        if file.failed {
+            return Err(std::io::Error::other(
+                "an earlier write failed; the cache takes no more records until restart",
+            ));
+        }
         for (hash, vector) in records {
-            if vector.len() != self.dimensions {
+            if vector.len() != self.dimensions || file.offsets.contains_key(hash) {
                 continue;
             }
+            written.push((*hash, file.end + bytes.len() as u64 + 32));
             bytes.extend_from_slice(hash);
-            for value in vector {
+            for value in vector.iter() {
                 bytes.extend_from_slice(&value.to_le_bytes());
             }
         }
-        // One write per batch: a crash leaves at most one torn record at the end.
-        self.file.lock().write_all(&bytes)
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if let Err(error) = file.file.write_all(&bytes) {
+            // What part of the write landed is unknown: the next start cuts a torn tail, and nothing after it
+            // is written here (offsets past the tail would be wrong).
+            file.failed = true;
+            return Err(error);
+        }
+        file.end += bytes.len() as u64;
+        file.offsets.extend(written);
+        Ok(())
     }
 }

@@ -9,12 +9,16 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
 use tokenizers::{PaddingParams, Tokenizer, TruncationParams};
 
-use super::SemanticError;
+use sha2::{Digest, Sha256};
+
+use super::{Embedder, SemanticError};
 
 pub(super) struct Encoder {
     model: BertModel,
     tokenizer: Tokenizer,
     dimensions: usize,
+    /// The SHA-256 of the configuration, the tokenizer, the weights' length and the truncation.
+    fingerprint: String,
 }
 
 impl Encoder {
@@ -24,31 +28,46 @@ impl Encoder {
             let path = dir.join(name);
             std::fs::read(&path).map_err(|source| SemanticError::Read { path: path.display().to_string(), source })
         };
-        let config: Config = serde_json::from_slice(&read("config.json")?)
+        let (config_bytes, tokenizer_bytes) = (read("config.json")?, read("tokenizer.json")?);
+        let config: serde_json::Value = serde_json::from_slice(&config_bytes)
             .map_err(|error| SemanticError::Model(format!("config.json: {error}")))?;
-        let dimensions = serde_json::from_slice::<serde_json::Value>(&read("config.json")?)
-            .ok()
-            .and_then(|c| c.get("hidden_size").and_then(serde_json::Value::as_u64))
+        let dimensions = config
+            .get("hidden_size")
+            .and_then(serde_json::Value::as_u64)
             .ok_or_else(|| SemanticError::Model("config.json has no hidden_size".into()))?
             as usize;
-        let mut tokenizer = Tokenizer::from_bytes(read("tokenizer.json")?)
+        let config: Config =
+            serde_json::from_value(config).map_err(|error| SemanticError::Model(format!("config.json: {error}")))?;
+        let weights = read("model.safetensors")?;
+        let mut hasher = Sha256::new();
+        hasher.update(&config_bytes);
+        hasher.update(&tokenizer_bytes);
+        hasher.update((weights.len() as u64).to_le_bytes());
+        hasher.update((max_tokens as u64).to_le_bytes());
+        let fingerprint = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let mut tokenizer = Tokenizer::from_bytes(tokenizer_bytes)
             .map_err(|error| SemanticError::Model(format!("tokenizer.json: {error}")))?;
         tokenizer
             .with_truncation(Some(TruncationParams { max_length: max_tokens, ..Default::default() }))
             .map_err(|error| SemanticError::Model(format!("tokenizer truncation: {error}")))?;
         tokenizer.with_padding(Some(PaddingParams::default()));
-        let weights = VarBuilder::from_buffered_safetensors(read("model.safetensors")?, DType::F32, &Device::Cpu)
+        let weights = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)
             .map_err(|error| SemanticError::Model(format!("model.safetensors: {error}")))?;
         let model = BertModel::load(weights, &config).map_err(|error| SemanticError::Model(error.to_string()))?;
-        Ok(Encoder { model, tokenizer, dimensions })
+        Ok(Encoder { model, tokenizer, dimensions, fingerprint })
     }
+}
 
-    pub(super) fn dimensions(&self) -> usize {
+impl Embedder for Encoder {
+    fn dimensions(&self) -> usize {
         self.dimensions
     }
 
-    /// One unit vector per text, in order.
-    pub(super) fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, SemanticError> {
+    fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, SemanticError> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }

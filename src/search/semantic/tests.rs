@@ -7,8 +7,17 @@ fn hit(process_id: &str, tool_name: &str, score: f32) -> SearchHit {
     SearchHit { process_id: process_id.into(), tool_name: tool_name.into(), score }
 }
 
-fn key(process_id: &str, tool_name: &str) -> (String, String) {
-    (process_id.into(), tool_name.into())
+/// `fuse` over owned test data: `cosines` holds every visible tool's cosine, the lexical hits' among them.
+fn fuse_owned(weight: f32, lexical: &[SearchHit], cosines: &[(&str, &str, f32)], limit: usize) -> Vec<SearchHit> {
+    let of = |hit: &SearchHit| {
+        cosines.iter().find(|(id, name, _)| *id == hit.process_id && *name == hit.tool_name).map(|c| c.2)
+    };
+    let lexical_cosines: Vec<Option<f32>> = lexical.iter().map(of).collect();
+    fuse(weight, lexical, &lexical_cosines, cosines.to_vec(), limit)
+}
+
+fn names(hits: &[SearchHit]) -> Vec<&str> {
+    hits.iter().map(|h| h.tool_name.as_str()).collect()
 }
 
 #[test]
@@ -22,17 +31,12 @@ fn keyword_queries_stay_lexical_and_requests_are_fused() {
 #[test]
 fn fusion_adds_what_only_the_semantic_stage_found_and_keeps_the_lexical_first() {
     let lexical = vec![hit("a", "lexical_best", 10.0), hit("a", "both", 5.0), hit("a", "lexical_only", 4.0)];
-    let cosines = vec![
-        (key("a", "both"), 0.9),
-        (key("a", "semantic_only"), 0.8),
-        (key("a", "lexical_best"), 0.1),
-        (key("a", "lexical_only"), 0.1),
-    ];
-    let fused = fuse(0.5, lexical, cosines, 3);
-    let names: Vec<&str> = fused.iter().map(|h| h.tool_name.as_str()).collect();
+    let cosines =
+        [("a", "both", 0.9), ("a", "semantic_only", 0.8), ("a", "lexical_best", 0.1), ("a", "lexical_only", 0.1)];
+    let fused = fuse_owned(0.5, &lexical, &cosines, 3);
     // The lexical first stays; then both: 0.5 * 0.5 + 0.5 * 1.0 = 0.75; semantic_only: 0.5 * 0.875 = 0.4375;
     // lexical_only: 0.5 * 0.4 + 0 = 0.2.
-    assert_eq!(names, ["lexical_best", "both", "semantic_only"]);
+    assert_eq!(names(&fused), ["lexical_best", "both", "semantic_only"]);
     assert!((fused[1].score - 0.75).abs() < 1e-6, "{fused:?}");
     assert!(fused[0].score >= fused[1].score);
 }
@@ -40,20 +44,30 @@ fn fusion_adds_what_only_the_semantic_stage_found_and_keeps_the_lexical_first() 
 #[test]
 fn fusion_with_weight_one_keeps_the_lexical_order() {
     let lexical = vec![hit("a", "x", 3.0), hit("a", "y", 2.0), hit("a", "z", 1.0)];
-    let cosines = vec![(key("a", "z"), 0.9), (key("a", "y"), 0.5), (key("a", "x"), 0.1)];
-    let fused = fuse(1.0, lexical, cosines, 3);
-    let names: Vec<&str> = fused.iter().map(|h| h.tool_name.as_str()).collect();
-    assert_eq!(names, ["x", "y", "z"]);
+    let fused = fuse_owned(1.0, &lexical, &[("a", "z", 0.9), ("a", "y", 0.5), ("a", "x", 0.1)], 3);
+    assert_eq!(names(&fused), ["x", "y", "z"]);
 }
 
 #[test]
 fn fusion_without_lexical_hits_ranks_by_cosine_and_unembedded_tools_rank_last() {
-    let fused = fuse(0.5, Vec::new(), vec![(key("a", "far"), 0.1), (key("a", "near"), 0.7)], 5);
-    assert_eq!(fused.iter().map(|h| h.tool_name.as_str()).collect::<Vec<_>>(), ["near", "far"]);
+    let fused = fuse_owned(0.5, &[], &[("a", "far", 0.1), ("a", "near", 0.7)], 5);
+    assert_eq!(names(&fused), ["near", "far"]);
     // "new" has no vector yet: it keeps its lexical share only.
     let lexical = vec![hit("a", "top", 4.0), hit("a", "new", 4.0), hit("a", "old", 4.0)];
-    let fused = fuse(0.5, lexical, vec![(key("a", "top"), 0.2), (key("a", "old"), 0.5)], 3);
-    assert_eq!(fused.iter().map(|h| h.tool_name.as_str()).collect::<Vec<_>>(), ["top", "old", "new"]);
+    let fused = fuse_owned(0.5, &lexical, &[("a", "top", 0.2), ("a", "old", 0.5)], 3);
+    assert_eq!(names(&fused), ["top", "old", "new"]);
+}
+
+#[test]
+fn fusion_proposes_only_the_best_candidates_of_the_semantic_stage() {
+    // 150 tools by cosine; only the best CANDIDATES may enter, so the 101st and later never appear.
+    let tools: Vec<String> = (0..150).map(|i| format!("t{i:03}")).collect();
+    let cosines: Vec<(&str, &str, f32)> =
+        tools.iter().enumerate().map(|(i, name)| ("a", name.as_str(), 1.0 - i as f32 / 1000.0)).collect();
+    let fused = fuse_owned(0.5, &[], &cosines, 200);
+    assert_eq!(fused.len(), CANDIDATES);
+    assert_eq!(fused[0].tool_name, "t000");
+    assert_eq!(fused[CANDIDATES - 1].tool_name, format!("t{:03}", CANDIDATES - 1));
 }
 
 #[test]
@@ -61,22 +75,205 @@ fn a_torn_cache_keeps_its_whole_records_and_stays_aligned() -> Result<(), Box<dy
     let dir = tempfile::tempdir()?;
     let cache = Cache::open(dir.path(), "test", 3)?;
     let (one, two) = ([1u8; 32], [2u8; 32]);
-    cache.append([(&one, &vec![1.0, 2.0, 3.0]), (&two, &vec![4.0, 5.0, 6.0])].into_iter())?;
+    cache.append(&[(one, vec![1.0, 2.0, 3.0].into()), (two, vec![4.0, 5.0, 6.0].into())])?;
     // A crash in the middle of the next write: half a record at the end.
     std::fs::OpenOptions::new().append(true).open(&cache.path)?.write_all(&[3u8; 40])?;
     drop(cache);
     let cache = Cache::open(dir.path(), "test", 3)?;
-    let read = cache.read_all()?;
-    assert_eq!(read.len(), 2);
-    assert_eq!(&*read[&two], &[4.0, 5.0, 6.0]);
+    assert_eq!(cache.records(), 2);
+    assert_eq!(cache.read(&two).as_deref(), Some(&[4.0, 5.0, 6.0][..]));
     // The torn tail is gone, so the next record lands where it should.
     let three = [3u8; 32];
-    cache.append([(&three, &vec![7.0, 8.0, 9.0])].into_iter())?;
-    let read = Cache::open(dir.path(), "test", 3)?.read_all()?;
-    assert_eq!(read.len(), 3);
-    assert_eq!(&*read[&three], &[7.0, 8.0, 9.0]);
+    cache.append(&[(three, vec![7.0, 8.0, 9.0].into())])?;
+    assert_eq!(cache.read(&three).as_deref(), Some(&[7.0, 8.0, 9.0][..]));
+    let cache = Cache::open(dir.path(), "test", 3)?;
+    assert_eq!(cache.records(), 3);
+    assert_eq!(cache.read(&three).as_deref(), Some(&[7.0, 8.0, 9.0][..]));
+    assert_eq!(cache.read(&one).as_deref(), Some(&[1.0, 2.0, 3.0][..]));
     // Another model's cache is another file.
-    assert!(Cache::open(dir.path(), "other", 3)?.read_all()?.is_empty());
+    assert_eq!(Cache::open(dir.path(), "other", 3)?.records(), 0);
+    Ok(())
+}
+
+/// A bag-of-words stand-in for the model: deterministic, counts what it embeds, fails on any text holding
+/// "FAIL", and waits while `gate` is held.
+#[derive(Default)]
+struct FakeEmbedder {
+    embedded: AtomicUsize,
+    gate: Mutex<()>,
+}
+
+const FAKE_DIMENSIONS: usize = 16;
+
+impl Embedder for FakeEmbedder {
+    fn dimensions(&self) -> usize {
+        FAKE_DIMENSIONS
+    }
+    fn fingerprint(&self) -> &str {
+        "fake"
+    }
+    fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, SemanticError> {
+        let _open = self.gate.lock();
+        if texts.iter().any(|t| t.contains("FAIL")) {
+            return Err(SemanticError::Model("this batch fails on purpose".into()));
+        }
+        self.embedded.fetch_add(texts.len(), Ordering::AcqRel);
+        Ok(texts.iter().map(|text| bag_of_words(text)).collect())
+    }
+}
+
+fn bag_of_words(text: &str) -> Vec<f32> {
+    let mut vector = [0.0f32; FAKE_DIMENSIONS];
+    for word in text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+        let slot = word.to_lowercase().bytes().fold(7usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        vector[slot % FAKE_DIMENSIONS] += 1.0;
+    }
+    let norm = vector.iter().map(|v| v * v).sum::<f32>().sqrt().max(f32::MIN_POSITIVE);
+    vector.iter().map(|v| v / norm).collect()
+}
+
+fn tool(process_id: &str, name: &str, description: &str) -> ToolDoc {
+    ToolDoc {
+        process_id: process_id.into(),
+        server_slug: "srv".into(),
+        tool_name: name.into(),
+        description: description.into(),
+        input_schema: serde_json::json!({"type": "object"}),
+    }
+}
+
+/// Polls until nothing is waiting for a vector (ten seconds at most).
+async fn settled(semantic: &Semantic) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while semantic.pending() > 0 {
+        assert!(std::time::Instant::now() < deadline, "{} tools still pending", semantic.pending());
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+fn vectors_held(semantic: &Semantic) -> usize {
+    semantic.state.read().vectors.len()
+}
+
+#[tokio::test]
+async fn memory_holds_only_referenced_vectors_and_a_returning_tool_is_read_back_from_the_file() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let fake = Arc::new(FakeEmbedder::default());
+    let semantic = Semantic::start(fake.clone(), "fake".into(), Some(dir.path()));
+    let (read, write) = (tool("a", "read", "read a file from disk"), tool("a", "write", "write a file to disk"));
+    semantic.set_instance("a", &[read.clone(), write.clone()]);
+    settled(&semantic).await;
+    assert_eq!((vectors_held(&semantic), fake.embedded.load(Ordering::Acquire)), (2, 2));
+    // A second instance with the same tool shares its vector; nothing is embedded again.
+    semantic.set_instance("b", &[tool("b", "read", "read a file from disk")]);
+    settled(&semantic).await;
+    assert_eq!((vectors_held(&semantic), fake.embedded.load(Ordering::Acquire)), (2, 2));
+    semantic.set_instance("a", &[]);
+    assert_eq!(vectors_held(&semantic), 1, "the tool only `a` had is freed, the shared one kept");
+    semantic.set_instance("b", &[]);
+    assert_eq!(vectors_held(&semantic), 0);
+    // Back again (an instance waking up): read from the cache file at once, not embedded.
+    semantic.set_instance("a", &[read.clone(), write]);
+    assert_eq!(semantic.pending(), 0);
+    assert_eq!((vectors_held(&semantic), fake.embedded.load(Ordering::Acquire)), (2, 2));
+    // A restart reads the same file.
+    let again = Arc::new(FakeEmbedder::default());
+    let restarted = Semantic::start(again.clone(), "fake".into(), Some(dir.path()));
+    assert!(restarted.describe().contains("2 tool vectors cached"), "{}", restarted.describe());
+    restarted.set_instance("a", &[read]);
+    assert_eq!((vectors_held(&restarted), again.embedded.load(Ordering::Acquire)), (1, 0));
+}
+
+#[tokio::test]
+async fn a_failed_batch_leaves_its_tools_lexical_and_pending_returns_to_zero() {
+    let fake = Arc::new(FakeEmbedder::default());
+    let semantic = Semantic::start(fake.clone(), "fake".into(), None);
+    semantic.set_instance("a", &[tool("a", "bad", "FAIL on purpose"), tool("a", "good", "fine words")]);
+    settled(&semantic).await;
+    assert_eq!(vectors_held(&semantic), 0, "both were in the failed batch");
+    let hits = semantic.rerank("find me a fine tool please", 0.5, &[], &Scope::new(vec!["a".into()]), 10).await;
+    assert!(hits.expect("the query embeds").is_empty(), "no vector, no semantic hit");
+    // Indexed again (the instance restarts): queued again, and the good one embeds alone this time.
+    semantic.set_instance("a", &[tool("a", "good", "fine words")]);
+    settled(&semantic).await;
+    assert_eq!(vectors_held(&semantic), 1);
+}
+
+#[tokio::test]
+async fn an_instance_removed_while_embedding_leaves_no_vector_in_memory_but_one_in_the_file() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let fake = Arc::new(FakeEmbedder::default());
+    let semantic = Semantic::start(fake.clone(), "fake".into(), Some(dir.path()));
+    let gate = fake.gate.lock();
+    semantic.set_instance("a", &[tool("a", "slow", "a tool removed before its vector arrives")]);
+    semantic.set_instance("a", &[]);
+    drop(gate);
+    settled(&semantic).await;
+    assert_eq!(vectors_held(&semantic), 0);
+    semantic.set_instance("a", &[tool("a", "slow", "a tool removed before its vector arrives")]);
+    assert_eq!((vectors_held(&semantic), fake.embedded.load(Ordering::Acquire)), (1, 1), "read from the file");
+}
+
+#[tokio::test]
+async fn an_unusable_cache_keeps_the_vectors_in_memory() -> Result<(), Box<dyn std::error::Error>> {
+    // A cache directory that cannot be created (a file is in the way): the stage runs without a cache.
+    let dir = tempfile::tempdir()?;
+    let blocked = dir.path().join("not-a-directory");
+    std::fs::write(&blocked, b"")?;
+    let semantic = Semantic::start(Arc::new(FakeEmbedder::default()), "fake".into(), Some(&blocked.join("search")));
+    semantic.set_instance("a", &[tool("a", "one", "first tool")]);
+    settled(&semantic).await;
+    assert_eq!(vectors_held(&semantic), 1);
+    // A cache whose writes fail (a full disk): the vectors still serve.
+    let full = std::fs::OpenOptions::new().read(true).append(true).open("/dev/full")?;
+    let file = Mutex::new(CacheFile { file: full, offsets: HashMap::new(), end: 0, failed: false });
+    let cache = Arc::new(Cache { path: "/dev/full".into(), file, dimensions: FAKE_DIMENSIONS });
+    let semantic = Semantic::with_cache(Arc::new(FakeEmbedder::default()), "fake".into(), Some(cache.clone()));
+    semantic.set_instance("a", &[tool("a", "one", "first tool"), tool("a", "two", "second tool")]);
+    settled(&semantic).await;
+    assert_eq!(vectors_held(&semantic), 2);
+    assert_eq!(cache.records(), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_toolset_scope_sees_only_its_instances_and_single_tools() -> Result<(), SemanticError> {
+    let semantic = Semantic::start(Arc::new(FakeEmbedder::default()), "fake".into(), None);
+    semantic.set_instance("a", &[tool("a", "t1", "weather forecast"), tool("a", "t2", "weather alerts")]);
+    semantic.set_instance("b", &[tool("b", "t3", "weather history"), tool("b", "t4", "weather radar")]);
+    settled(&semantic).await;
+    let query = "what will the weather be";
+    let scope = Scope::with_tools(Vec::new(), vec![crate::search::tool_key("b", "t3")]);
+    let hits = semantic.rerank(query, 0.5, &[], &scope, 10).await?;
+    assert_eq!(hits.iter().map(|h| (h.process_id.as_str(), h.tool_name.as_str())).collect::<Vec<_>>(), [("b", "t3")]);
+    let scope = Scope::with_tools(vec!["a".into()], vec![crate::search::tool_key("b", "t4")]);
+    let mut seen: Vec<String> =
+        semantic.rerank(query, 0.5, &[], &scope, 10).await?.into_iter().map(|h| h.tool_name).collect();
+    seen.sort();
+    assert_eq!(seen, ["t1", "t2", "t4"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_query_the_model_cannot_embed_is_answered_lexically() -> Result<(), Box<dyn std::error::Error>> {
+    let docs = vec![
+        tool("a", "get_forecast", "get the weather forecast for a city"),
+        tool("a", "send_mail", "send an email message"),
+        tool("a", "read_file", "read a file"),
+    ];
+    let plain = crate::search::SearchIndex::new()?;
+    plain.replace_instance("a", docs.clone()).await?;
+    let semantic = Semantic::start(Arc::new(FakeEmbedder::default()), "fake".into(), None);
+    let fused = crate::search::SearchIndex::new()?.with_semantic(semantic.clone());
+    fused.replace_instance("a", docs).await?;
+    settled(&semantic).await;
+    // A scope caches its filter per index, so each index gets its own.
+    let scope = || Arc::new(Scope::new(vec!["a".into()]));
+    let query = "FAIL: get the weather forecast and send mail";
+    let lexical = plain.search(query, &scope(), 2).await?;
+    let answered = fused.search(query, &scope(), 2).await?;
+    assert!(!lexical.is_empty());
+    assert_eq!(names(&answered), names(&lexical));
     Ok(())
 }
 
@@ -98,6 +295,7 @@ pub(crate) fn test_model() -> PathBuf {
 #[test]
 fn similar_sentences_are_closer_than_unrelated_ones() -> Result<(), Box<dyn std::error::Error>> {
     let encoder = Encoder::load(&test_model(), TOOL_MAX_TOKENS)?;
+    assert_eq!(encoder.fingerprint().len(), 64);
     let texts: Vec<String> = [
         "read the contents of a file from disk",
         "filesystem read file: Read the complete contents of a file",
