@@ -291,25 +291,17 @@ const EXPECTED_LINES: [&str; 8] = [
     "events are in the outbox",
 ];
 
-#[tokio::test]
-async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let token = "demo-token-0123456789abcdef";
-    let mut child = Command::new(satellite_exe())
-        .arg("serve")
-        .current_dir(dir.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("PORT", port.to_string())
-        .env("SATELLITE_DEMO_TOKEN", token)
-        .env("SATELLITE_LOG_FORMAT", "json")
-        .env("LOG_LEVEL", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+/// `satellite serve` in `dir` with only PATH and `env`; its stderr lines, collected until it exits.
+fn serve_collecting_stderr(
+    dir: &std::path::Path,
+    env: &[(&str, String)],
+) -> (tokio::process::Child, tokio::task::JoinHandle<Vec<String>>) {
+    let mut command = Command::new(satellite_exe());
+    command.arg("serve").current_dir(dir).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let log = tokio::spawn(async move {
         let mut lines = BufReader::new(stderr).lines();
@@ -319,6 +311,23 @@ async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
         }
         all
     });
+    (child, log)
+}
+
+#[tokio::test]
+async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let token = "demo-token-0123456789abcdef";
+    let (child, log) = serve_collecting_stderr(
+        dir.path(),
+        &[
+            ("PORT", port.to_string()),
+            ("SATELLITE_DEMO_TOKEN", token.into()),
+            ("SATELLITE_LOG_FORMAT", "json".into()),
+            ("LOG_LEVEL", "info".into()),
+        ],
+    );
     let base = format!("http://127.0.0.1:{port}");
     // /readyz answers 503 until the first configuration is applied: polled from the first moment on purpose.
     wait_until(Duration::from_secs(60), "ready", || {
@@ -650,28 +659,14 @@ async fn the_semantic_stage_is_named_at_start_and_finds_a_tool_by_meaning_throug
     let port = free_port();
     let token = "demo-token-0123456789abcdef";
     let model = semantic_model();
-    let mut child = Command::new(satellite_exe())
-        .arg("serve")
-        .current_dir(dir.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("PORT", port.to_string())
-        .env("SATELLITE_DEMO_TOKEN", token)
-        .env("SATELLITE_SEMANTIC_MODEL", &model)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let log = tokio::spawn(async move {
-        let mut lines = BufReader::new(stderr).lines();
-        let mut all = Vec::new();
-        while let Ok(Some(line)) = lines.next_line().await {
-            all.push(line);
-        }
-        all
-    });
+    let (child, log) = serve_collecting_stderr(
+        dir.path(),
+        &[
+            ("PORT", port.to_string()),
+            ("SATELLITE_DEMO_TOKEN", token.into()),
+            ("SATELLITE_SEMANTIC_MODEL", model.display().to_string()),
+        ],
+    );
     let base = format!("http://127.0.0.1:{port}");
     wait_until(Duration::from_secs(60), "ready", || {
         let url = format!("{base}/readyz");
