@@ -8,7 +8,13 @@ pub const EXECUTE: &str = "execute_mcp_tool";
 pub const LIST_RESOURCES: &str = "list_mcp_resources";
 pub const READ_RESOURCE: &str = "read_mcp_resource";
 
-pub fn definitions() -> Value {
+/// The four definitions, built once: `tools/list` on `/mcp` answers them on every call.
+pub fn definitions() -> &'static Value {
+    static DEFINITIONS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(build);
+    &DEFINITIONS
+}
+
+fn build() -> Value {
     json!([
         {
             "name": DISCOVER,

@@ -71,7 +71,7 @@ impl HierarchicalRouter {
             "ping" => Ok(json!({})),
             "tools/list" => {
                 self.record_listing(caller, &who);
-                Ok(json!({"tools": meta::definitions()}))
+                Ok(json!({"tools": meta::definitions().clone()}))
             }
             "prompts/list" => self.list_prompts(caller).await,
             "prompts/get" => {
