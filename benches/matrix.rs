@@ -1,5 +1,6 @@
-//! The performance matrix (issue 19), one run: for each upstream (the bundled demo server and the Node SDK's
-//! `@modelcontextprotocol/server-everything`, both over stdio) and each concurrency (1 and 32), `tools/call echo`
+//! The performance matrix (issue 19), one run: for each upstream (the bundled demo server, twice: with request
+//! logging on and off, and the Node SDK's `@modelcontextprotocol/server-everything`, all over stdio) and each
+//! concurrency (1 and 32), `tools/call echo`
 //! over a bare pipe to the server (the floor), through the instance router (`/i/{path}/mcp`) and through
 //! `execute_mcp_tool` on `/mcp`; then `tools/list`, `initialize` and `discover_mcp_tools` on `/mcp`. Each row
 //! prints req/s, p50, p99, the satellite's own CPU per request (its process, not the server's nor this load
@@ -35,6 +36,9 @@ struct Upstream {
     args: Vec<String>,
     /// `tools/call` params of the echo tool with a per-call text.
     echo: fn(usize) -> Value,
+    /// The installation's request logging (`mcp.request.logs`): the demo runs once with it, once without, so
+    /// the matrix shows what logging costs per call.
+    request_logging: bool,
 }
 
 fn instance_token(slug: &str) -> String {
@@ -42,12 +46,14 @@ fn instance_token(slug: &str) -> String {
 }
 
 fn upstreams() -> Vec<Upstream> {
-    let mut out = vec![Upstream {
-        slug: "demo",
+    let demo = |slug, request_logging| Upstream {
+        slug,
         command: PathBuf::from(env!("CARGO_BIN_EXE_satellite")),
         args: vec!["demo-server".into(), "--protocol".into(), "legacy".into()],
         echo: |i| json!({"name": "echo", "arguments": {"text": format!("call {i}")}}),
-    }];
+        request_logging,
+    };
+    let mut out = vec![demo("demo", true), demo("demo-nolog", false)];
     let node = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/node/node_modules/.bin/mcp-server-everything");
     if node.exists() {
         out.push(Upstream {
@@ -55,6 +61,7 @@ fn upstreams() -> Vec<Upstream> {
             command: node,
             args: vec!["stdio".into()],
             echo: |i| json!({"name": "echo", "arguments": {"message": format!("call {i}")}}),
+            request_logging: true,
         });
     } else {
         println!("(server-everything skipped: npm ci --prefix tests/node installs it)");
@@ -77,11 +84,12 @@ fn config(upstreams: &[Upstream]) -> String {
         let args: Vec<String> = u.args.iter().map(|a| toml_str(a)).collect();
         text.push_str(&format!(
             "\n[[servers]]\nslug = \"{slug}\"\ntransport = \"stdio\"\ncommand = {command}\nargs = [{args}]\n\
-             [[installations]]\nid = \"i-{slug}\"\nteam = \"bench\"\nserver = \"{slug}\"\n\
+             [[installations]]\nid = \"i-{slug}\"\nteam = \"bench\"\nserver = \"{slug}\"\nrequest_logging = {logging}\n\
              [installations.users.bench]\ninstance_path = \"bench-{slug}\"\ninstance_token_sha256 = \"{hash}\"\n",
             slug = u.slug,
             args = args.join(", "),
             hash = sha256_hex(&instance_token(u.slug)),
+            logging = u.request_logging,
         ));
     }
     text
