@@ -22,11 +22,14 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// free (they stay in RSS until the kernel needs them): the embedded default held 110 MiB once started and
 /// 62 MiB idle (glibc: 73 / 27). Committing on demand and returning freed pages at once gives 62 / 33 MiB at
 /// the same throughput (docs/performance.md). The options must be set before mimalloc reserves its first
-/// arena, which happens before `main`: hence a constructor. `MIMALLOC_*` environment variables still win.
+/// arena, which happens before `main`: hence a constructor (ELF targets; elsewhere mimalloc's defaults stay).
+/// `MIMALLOC_ARENA_EAGER_COMMIT` and `MIMALLOC_PURGE_DELAY`, spelled so, still win.
+#[cfg(target_os = "linux")]
 #[used]
 #[link_section = ".init_array"]
 static TUNE_ALLOCATOR: extern "C" fn() = tune_allocator;
 
+#[cfg(target_os = "linux")]
 extern "C" fn tune_allocator() {
     // Indices of `mi_option_e` in mimalloc v3's mimalloc.h (the version libmimalloc-sys builds by default).
     const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;

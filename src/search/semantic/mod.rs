@@ -7,8 +7,9 @@
 //!   A cache cut short (a crash mid-write) keeps its whole records and drops the torn tail.
 //! - Memory holds the vectors of the tools some indexed instance has, nothing more: a tool that goes away
 //!   (an instance removed, dormant or changed) frees its vector, and one that comes back is read from the cache
-//!   file by offset, not embedded again. The file itself grows by one record per distinct tool text ever seen
-//!   (1.5 KiB at 384 dimensions); deleting it is safe (the referenced tools are embedded again).
+//!   file by offset (on the blocking pool, the record's hash checked), not embedded again. The file grows by one
+//!   record per distinct tool text ever seen (1.5 KiB at 384 dimensions); deleting it is safe (the referenced
+//!   tools are embedded again), and caches of another model or text format are deleted when it is opened.
 //! - A query in request shape (several words, see [`semantic_weight`]) is embedded (~10 ms on 2 cores), the
 //!   caller's visible tools are scored by cosine, and the best of both stages are fused:
 //!   `w * lexical / best_lexical + (1 - w) * min-max(cosine)` over the union of both candidate lists.
@@ -95,6 +96,9 @@ pub(crate) trait Embedder: Send + Sync + 'static {
 
 type Hash = [u8; 32];
 
+/// A tool text's hash and its vector.
+type Vector = (Hash, Arc<[f32]>);
+
 /// A visible tool's `(process_id, tool_name, cosine)`, borrowed from the stage's state.
 type Scored<'a> = (&'a str, &'a str, f32);
 
@@ -162,7 +166,10 @@ impl State {
         scope: &'a Scope,
         lexical: &[SearchHit],
     ) -> (Vec<Scored<'a>>, Vec<Option<f32>>) {
-        let dot = |hash: &Hash| self.vectors.get(hash).map(|v| v.iter().zip(query).map(|(a, b)| a * b).sum::<f32>());
+        let dot = |hash: &Hash| {
+            let vector = self.vectors.get(hash)?;
+            Some(vector.iter().zip(query).map(|(a, b)| a * b).sum::<f32>()).filter(|cosine| cosine.is_finite())
+        };
         let mut scored = Vec::new();
         for id in scope.ids() {
             for (tool, hash) in self.tools.get(id.as_str()).into_iter().flatten() {
@@ -234,8 +241,9 @@ impl Semantic {
         self.pending.load(Ordering::Acquire)
     }
 
-    /// Records an instance's tools (none: removes it): reads the new ones' vectors from the cache file and
-    /// queues the ones never embedded.
+    /// Records an instance's tools (none: removes it). The new ones' vectors are read from the cache file on
+    /// the blocking pool, and the ones never embedded go to the embedding task; until then they count in
+    /// [`Semantic::pending`].
     pub(super) fn set_instance(&self, process_id: &str, tools: &[ToolDoc]) {
         let mut texts = HashMap::new();
         let entries = tools
@@ -251,29 +259,26 @@ impl Semantic {
         if missing.is_empty() {
             return;
         }
-        let mut new = Vec::new();
-        let mut found = Vec::new();
-        for hash in missing {
-            match self.cache.as_ref().and_then(|cache| cache.read(&hash)) {
-                Some(vector) => found.push((hash, vector)),
-                None => new.push((hash, texts.remove(&hash).unwrap_or_default())),
+        let work: Vec<(Hash, String)> =
+            missing.into_iter().map(|hash| (hash, texts.remove(&hash).unwrap_or_default())).collect();
+        self.pending.fetch_add(work.len(), Ordering::AcqRel);
+        let Some(cache) = self.cache.clone() else {
+            queue(&self.queue, &self.state, &self.pending, work);
+            return;
+        };
+        let (state, pending, sender) = (self.state.clone(), self.pending.clone(), self.queue.clone());
+        tokio::task::spawn_blocking(move || {
+            let (found, new) = cache.read_many(work);
+            if !found.is_empty() {
+                let mut state = state.write();
+                for (hash, vector) in found.iter() {
+                    state.queued.remove(hash);
+                    state.arrived(*hash, vector.clone());
+                }
+                pending.fetch_sub(found.len(), Ordering::AcqRel);
             }
-        }
-        if !found.is_empty() {
-            let mut state = self.state.write();
-            for (hash, vector) in found {
-                state.queued.remove(&hash);
-                state.arrived(hash, vector);
-            }
-        }
-        if !new.is_empty() {
-            self.pending.fetch_add(new.len(), Ordering::AcqRel);
-            let count = new.len();
-            if self.queue.send(new).is_err() {
-                tracing::warn!("the embedding task has stopped; new tools are searched lexically only");
-                self.pending.fetch_sub(count, Ordering::AcqRel);
-            }
-        }
+            queue(&sender, &state, &pending, new);
+        });
     }
 
     /// Fuses `lexical` (best first) with the cosine ranking of the tools `scope` may see, for `query` whose
@@ -383,6 +388,27 @@ fn fingerprint(embedder: &dyn Embedder) -> String {
     hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
+/// Hands `work` (already counted in `pending`) to the embedding task; if it has stopped, the tools stay
+/// lexical-only and are no longer waited for.
+fn queue(
+    sender: &mpsc::UnboundedSender<Vec<(Hash, String)>>,
+    state: &RwLock<State>,
+    pending: &AtomicUsize,
+    work: Vec<(Hash, String)>,
+) {
+    if work.is_empty() {
+        return;
+    }
+    if let Err(mpsc::error::SendError(work)) = sender.send(work) {
+        tracing::warn!("the embedding task has stopped; new tools are searched lexically only");
+        let mut state = state.write();
+        for (hash, _) in &work {
+            state.queued.remove(hash);
+        }
+        pending.fetch_sub(work.len(), Ordering::AcqRel);
+    }
+}
+
 /// The background task: embeds queued tools in batches on the blocking pool, caches every vector and keeps
 /// the ones a tool still refers to.
 async fn embed_task(
@@ -433,6 +459,26 @@ async fn embed_task(
     }
 }
 
+/// Deletes the caches of other models or text formats in `dir` (one satellite, one model): they are never read
+/// again and each holds 1.5 KiB per tool text.
+fn remove_other_caches(dir: &Path, keep: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("embeddings-") && name.ends_with(".bin") && name != keep {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(path = %entry.path().display(), "removed the embedding cache of another model or text format")
+                }
+                Err(error) => {
+                    tracing::warn!(path = %entry.path().display(), %error, "cannot remove an old embedding cache")
+                }
+            }
+        }
+    }
+}
+
 /// The append-only vector cache: records of a 32-byte hash and `dimensions` little-endian f32s, and in memory
 /// only where each record starts.
 struct Cache {
@@ -455,9 +501,11 @@ impl Cache {
     /// Opens (or creates) the cache and indexes its whole records; a torn tail is cut off so later appends
     /// stay aligned.
     fn open(dir: &Path, fingerprint: &str, dimensions: usize) -> Result<Cache, SemanticError> {
-        let path = dir.join(format!("embeddings-{fingerprint}.bin"));
+        let name = format!("embeddings-{fingerprint}.bin");
+        let path = dir.join(&name);
         let error = |source| SemanticError::Cache { path: path.display().to_string(), source };
         std::fs::create_dir_all(dir).map_err(error)?;
+        remove_other_caches(dir, &name);
         let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(error)?;
         let record = 32 + 4 * dimensions as u64;
         let length = file.metadata().map_err(error)?.len();
@@ -484,16 +532,30 @@ impl Cache {
         self.file.lock().offsets.len()
     }
 
-    /// The vector cached for `hash`; `None` when there is none or it cannot be read (then it is embedded again).
-    fn read(&self, hash: &Hash) -> Option<Arc<[f32]>> {
-        let file = self.file.lock();
-        let offset = *file.offsets.get(hash)?;
-        let mut bytes = vec![0u8; 4 * self.dimensions];
-        if let Err(error) = file.file.read_exact_at(&mut bytes, offset) {
-            tracing::warn!(path = %self.path.display(), %error, "reading a cached vector failed; embedding it again");
-            return None;
+    /// The cached vectors of `work` and the work left to embed. Each record is read whole and its hash checked:
+    /// a record that does not match (the file changed under this process) or cannot be read is forgotten and
+    /// embedded again.
+    fn read_many(&self, work: Vec<(Hash, String)>) -> (Vec<Vector>, Vec<(Hash, String)>) {
+        let mut file = self.file.lock();
+        let mut record = vec![0u8; 32 + 4 * self.dimensions];
+        let (mut found, mut new) = (Vec::new(), Vec::new());
+        for (hash, text) in work {
+            let Some(&offset) = file.offsets.get(&hash) else {
+                new.push((hash, text));
+                continue;
+            };
+            let read = file.file.read_exact_at(&mut record, offset - 32);
+            if read.is_err() || record[..32] != hash {
+                tracing::warn!(path = %self.path.display(), error = ?read.err(), "a cached vector is not where it was indexed; embedding it again");
+                file.offsets.remove(&hash);
+                new.push((hash, text));
+                continue;
+            }
+            let vector: Arc<[f32]> =
+                record[32..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            found.push((hash, vector));
         }
-        Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        (found, new)
     }
 
     /// Appends the records in one write (a crash leaves at most one torn record at the end); vectors of the
@@ -507,6 +569,7 @@ impl Cache {
                 "an earlier write failed; the cache takes no more records until restart",
             ));
         }
+        let planned_start = file.end;
         for (hash, vector) in records {
             if vector.len() != self.dimensions || file.offsets.contains_key(hash) {
                 continue;
@@ -526,8 +589,12 @@ impl Cache {
             file.failed = true;
             return Err(error);
         }
-        file.end += bytes.len() as u64;
-        file.offsets.extend(written);
+        // The write went to the file's end (append mode), wherever that was: offsets follow the real length, and
+        // each read checks the record's hash in case another writer interleaved.
+        let length = file.file.metadata()?.len();
+        let start = length.saturating_sub(bytes.len() as u64);
+        file.end = length;
+        file.offsets.extend(written.into_iter().map(|(hash, offset)| (hash, offset - planned_start + start)));
         Ok(())
     }
 }
