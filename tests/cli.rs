@@ -622,21 +622,23 @@ async fn every_verb_has_help_and_completions_name_them() {
     }
 }
 
+/// `satellite serve` with the semantic model `model` and data directory `data`, for a start expected to fail:
+/// its exit code and stderr.
+async fn serve_with_model(model: &str, data: &std::path::Path) -> (i32, String) {
+    let port = free_port().to_string();
+    let env =
+        [("PORT", port.as_str()), ("SATELLITE_SEMANTIC_MODEL", model), ("SATELLITE_DATA_DIR", data.to_str().unwrap())];
+    let (code, _, err) = run(&["serve"], &env).await;
+    (code, err)
+}
+
 /// Built without the `semantic` feature (the default): asking for the stage is a configuration error, not a
 /// silent lexical-only search.
 #[cfg(not(feature = "semantic"))]
 #[tokio::test]
 async fn a_semantic_model_without_the_feature_is_refused_with_exit_64() {
     let dir = tempfile::tempdir().unwrap();
-    let (code, _, err) = run(
-        &["serve"],
-        &[
-            ("PORT", &free_port().to_string()),
-            ("SATELLITE_SEMANTIC_MODEL", "/opt/models/all-MiniLM-L6-v2"),
-            ("SATELLITE_DATA_DIR", dir.path().to_str().unwrap()),
-        ],
-    )
-    .await;
+    let (code, err) = serve_with_model("/opt/models/all-MiniLM-L6-v2", dir.path()).await;
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("satellite.semantic_model") && err.contains("`semantic` cargo feature"), "{err}");
 }
@@ -712,15 +714,7 @@ async fn the_semantic_stage_is_named_at_start_and_finds_a_tool_by_meaning_throug
     assert!(std::fs::read_dir(dir.path().join("data/search")).unwrap().count() == 1);
 
     // A model directory that is not there: the start fails at once, naming the file it could not read.
-    let (code, _, err) = run(
-        &["serve"],
-        &[
-            ("PORT", &free_port().to_string()),
-            ("SATELLITE_SEMANTIC_MODEL", "/nonexistent/model"),
-            ("SATELLITE_DATA_DIR", dir.path().to_str().unwrap()),
-        ],
-    )
-    .await;
+    let (code, err) = serve_with_model("/nonexistent/model", dir.path()).await;
     assert_ne!(code, 0);
     assert!(err.contains("/nonexistent/model/config.json"), "{err}");
 }
