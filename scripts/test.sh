@@ -3,7 +3,9 @@
 # installs the published MCP servers the tests talk to (npm) and the
 # official MCP Python SDK (PyPI, in .venv), checks
 # formatting and lints, then runs every unit and integration test, the
-# SDK client tests and the MCP conformance suite.
+# SDK client tests and the MCP conformance suite. Starts a throwaway PostgreSQL
+# server on loopback (installing the Debian package when missing) for the tests
+# that run on both database engines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,6 +45,10 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 # tests/github.rs deploys a Python server with uv, found on PATH like an operator's.
 export PATH="$PWD/.venv/bin:$PATH"
+
+echo "==> PostgreSQL on loopback: the store, outbox and replica tests run on both engines (scripts/postgres.sh)"
+eval "$(bash scripts/postgres.sh start)"
+trap 'bash scripts/postgres.sh stop "$PGTEST_DIR"' EXIT
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -138,7 +138,8 @@ impl Satellite {
         let sandbox = instances::sandbox::SandboxPolicy::for_config(&config, env)?;
         info!("{}", sandbox.describe());
         let metrics = crate::metrics::Metrics::new().map_err(StartError::Metrics)?;
-        let store = Store::open(&config.data_dir).await?;
+        let store = Store::connect(&config.data_dir, &config.database).await?;
+        info!(database = %store.describe(), "store");
         let mut search = SearchIndex::new()?;
         if let Some(model) = &config.semantic_model {
             let cache = config.data_dir.join("search");

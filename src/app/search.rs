@@ -105,7 +105,7 @@ pub async fn stored(
     limit: usize,
     user: Option<&str>,
 ) -> Result<Vec<Found>, SearchCommandError> {
-    if !config.data_dir.join("satellite.db").exists() {
+    if config.database.url.is_none() && !config.data_dir.join("satellite.db").exists() {
         return Err(SearchCommandError::Config(format!(
             "no database in {}: run `satellite serve` with this configuration first (or pass --url and --token)",
             config.data_dir.display()
@@ -122,7 +122,7 @@ pub async fn stored(
             .collect(),
         Mode::Managed(_) => HashMap::new(),
     };
-    let store = Store::open(&config.data_dir).await?;
+    let store = Store::connect(&config.data_dir, &config.database).await?;
     let catalogs = store.load_catalogs().await?;
     store.close().await;
     let index = SearchIndex::new()?;

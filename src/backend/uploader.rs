@@ -8,6 +8,12 @@
 //! is not an object) is held in the outbox with the reason and logged with
 //! its sequence number: kept, never sent, never dropped silently.
 //!
+//! Replicas sharing one PostgreSQL database all upload (docs/scale-out.md):
+//! each batch is claimed for a lease (`Store::claim_events`) before it is
+//! sent, so two replicas never send the same events; a replica that dies
+//! mid-batch leaves a claim that lapses after `LEASE`, and another replica
+//! sends the batch then.
+//!
 //! Sending is injected (`SendBatch`), so the policy is tested without HTTP;
 //! the backend client supplies the real POST.
 
@@ -25,6 +31,9 @@ use crate::store::{Store, StoreError, StoredEvent};
 pub const MAX_BATCH: usize = 100;
 const BACKOFF_FIRST: Duration = Duration::from_secs(3);
 const BACKOFF_MAX: Duration = Duration::from_secs(48);
+/// How long a claimed batch is this replica's alone: well above the backend client's 10 s request timeout, so
+/// a live replica never loses a batch it is still sending.
+pub const LEASE: Duration = Duration::from_secs(60);
 
 /// How the backend answered one batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +65,9 @@ pub struct UploadStats {
 
 pub struct Uploader {
     store: Store,
+    /// This replica's name on its claims: random per process.
+    owner: String,
+    lease: Duration,
     send: SendBatch,
     batch: usize,
     /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
@@ -84,6 +96,8 @@ impl Uploader {
     pub fn new(store: Store, send: SendBatch, batch: usize, quota: i64) -> Self {
         Self {
             store,
+            owner: format!("{:016x}", rand::random::<u64>()),
+            lease: LEASE,
             send,
             batch: batch.clamp(1, MAX_BATCH),
             quota,
@@ -91,6 +105,17 @@ impl Uploader {
             stats: UploadStats::default(),
             quota_events: Throttle::new(Duration::from_secs(60), 1),
         }
+    }
+
+    /// A shorter lease (tests of a replica that dies mid-batch).
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// This replica's name on its claims.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
     pub fn stats(&self) -> UploadStats {
@@ -105,7 +130,9 @@ impl Uploader {
     /// Send the oldest batch, if any, and act on the answer.
     pub async fn tick(&mut self) -> Result<Tick, StoreError> {
         self.enforce_quota().await?;
-        let batch = self.store.sendable_events(self.batch as i64).await?;
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let until_ms = now_ms.saturating_add(i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX));
+        let batch = self.store.claim_events(&self.owner, self.batch as i64, now_ms, until_ms).await?;
         let (Some(first), Some(last)) = (batch.first().map(|e| e.seq), batch.last().map(|e| e.seq)) else {
             return Ok(Tick::Idle);
         };
@@ -130,14 +157,14 @@ impl Uploader {
                 for failure in &failures {
                     warn!(failure = %failure, "backend refused one event of an accepted batch");
                 }
-                self.store.delete_events(first, last).await?;
+                self.store.delete_claimed(&self.owner, first, last).await?;
                 self.stats.sent += n as u64;
                 self.backoff = None;
                 Ok(Tick::Sent(n))
             }
             BatchOutcome::Invalid(reason) => {
                 error!(events = n, first_seq = first, reason = %reason, "backend rejected a batch as invalid; dropping it");
-                self.store.delete_events(first, last).await?;
+                self.store.delete_claimed(&self.owner, first, last).await?;
                 self.stats.dropped_invalid += n as u64;
                 Ok(Tick::Dropped(n))
             }
@@ -171,6 +198,9 @@ impl Uploader {
                 Ok(Ok(_)) | Err(_) => break,
                 Ok(Err(err)) => return Err(err),
             }
+        }
+        if let Err(err) = self.store.release_claims(&self.owner).await {
+            warn!(error = %err, "could not release this replica's event claims; they lapse after the lease");
         }
         let left = self.store.event_count().await?;
         if left > 0 {

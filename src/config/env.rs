@@ -56,6 +56,11 @@ pub const PRETTY_RESULTS: &str = "SATELLITE_PRETTY_RESULTS";
 pub const HOLD_DRIFTED_TOOLS: &str = "SATELLITE_HOLD_DRIFTED_TOOLS";
 /// Days: a tool called within this long before its description or schema changes has drifted (default 30).
 pub const DRIFT_WINDOW_DAYS: &str = "SATELLITE_DRIFT_WINDOW_DAYS";
+/// `postgres://…`: the shared PostgreSQL database of a scale-out deployment (docs/scale-out.md); unset, the
+/// embedded SQLite database in the data directory.
+pub const DATABASE_URL: &str = "DATABASE_URL";
+/// Connections in the database pool (default 8 for PostgreSQL, 4 for SQLite).
+pub const DATABASE_MAX_CONNECTIONS: &str = "SATELLITE_DATABASE_MAX_CONNECTIONS";
 pub const BACKEND_URL: &str = "DEPLOYSTACK_BACKEND_URL";
 pub const SATELLITE_NAME: &str = "DEPLOYSTACK_SATELLITE_NAME";
 pub const REGISTRATION_TOKEN: &str = "DEPLOYSTACK_REGISTRATION_TOKEN";
@@ -81,7 +86,7 @@ pub const NSJAIL_RLIMIT_FSIZE: &str = "NSJAIL_RLIMIT_FSIZE";
 pub const NSJAIL_TMPFS_SIZE: &str = "NSJAIL_TMPFS_SIZE";
 
 /// Variables whose values are secrets: never logged, never passed to MCP server children.
-pub const SECRET_VARIABLES: [&str; 3] = [DEMO_TOKEN, DEMO_INSTANCE_TOKEN, REGISTRATION_TOKEN];
+pub const SECRET_VARIABLES: [&str; 4] = [DEMO_TOKEN, DEMO_INSTANCE_TOKEN, REGISTRATION_TOKEN, DATABASE_URL];
 
 /// Prefixes of the satellite's own settings (the sandbox's `NSJAIL_*` included); children never inherit them.
 pub const OWN_PREFIXES: [&str; 3] = ["SATELLITE_", "DEPLOYSTACK_", "NSJAIL_"];

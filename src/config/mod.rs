@@ -100,6 +100,39 @@ pub struct UpstreamSettings {
     pub drift_window: Duration,
 }
 
+/// The database the store opens (`DATABASE_URL`).
+#[derive(Clone)]
+pub struct Database {
+    /// A `postgres://` URL (a secret: it may hold the password); `None`: SQLite in the data directory.
+    pub url: Option<SecretString>,
+    /// Pool size; `None`: the engine's default.
+    pub max_connections: Option<u32>,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("url", &self.url.as_ref().map(|u| mask_url_password(u.expose_secret())))
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+/// A database URL with its password replaced by `***`, for logs.
+pub fn mask_url_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            if parsed.set_password(Some("***")).is_ok() {
+                parsed.to_string()
+            } else {
+                "[unparseable url]".into()
+            }
+        }
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => "[unparseable url]".into(),
+    }
+}
+
 /// Where the desired state comes from.
 #[derive(Debug, Clone)]
 pub enum Mode {
@@ -121,6 +154,8 @@ pub enum StandaloneSource {
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Which database holds the satellite's state: SQLite in `data_dir`, or a shared PostgreSQL.
+    pub database: Database,
     pub log_level: String,
     pub log_format: LogFormat,
     pub debug_route: bool,
@@ -418,7 +453,39 @@ impl Config {
                 "this satellite was built without the `semantic` cargo feature; rebuild with it or unset the model",
             ));
         }
+        let database = Database {
+            url: match env::get(env, env::DATABASE_URL).filter(|v| !v.trim().is_empty()) {
+                None => None,
+                Some(v) if v.starts_with("postgres://") || v.starts_with("postgresql://") => {
+                    if url::Url::parse(v).is_err() {
+                        return Err(ConfigError::new("database_url", Some(env::DATABASE_URL), "is not a URL"));
+                    }
+                    Some(SecretString::from(v.to_owned()))
+                }
+                Some(_) => {
+                    return Err(ConfigError::new(
+                        "database_url",
+                        Some(env::DATABASE_URL),
+                        "must be a postgres:// (or postgresql://) URL; unset it for the embedded SQLite database",
+                    ))
+                }
+            },
+            max_connections: match env::get(env, env::DATABASE_MAX_CONNECTIONS) {
+                None => None,
+                Some(v) => match v.parse::<u32>() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => {
+                        return Err(ConfigError::new(
+                            "database_max_connections",
+                            Some(env::DATABASE_MAX_CONNECTIONS),
+                            format!("{v:?} is not a whole number greater than zero"),
+                        ))
+                    }
+                },
+            },
+        };
         Ok(Config {
+            database,
             semantic_model,
             drain,
             analytics_retention: Duration::from_secs(retention_days.as_secs().saturating_mul(86_400)),
@@ -469,6 +536,11 @@ impl Config {
         json!({
             "listen": self.listen.to_string(),
             "data_dir": self.data_dir,
+            "database": match &self.database.url {
+                Some(url) => json!({"engine": "postgres", "url": mask_url_password(url.expose_secret()),
+                                    "max_connections": self.database.max_connections}),
+                None => json!({"engine": "sqlite", "max_connections": self.database.max_connections}),
+            },
             "log_level": self.log_level,
             "log_format": match self.log_format { LogFormat::Pretty => "pretty", LogFormat::Json => "json" },
             "debug_route": self.debug_route,

@@ -260,11 +260,42 @@ pub(super) fn check_config(args: &ServeArgs) -> ExitCode {
         }
         return exit(config::EXIT_CONFIG);
     }
+    // A shared database must answer now: a replica that cannot reach it would not start.
+    let database = match check_database(&config) {
+        Ok(version) => version,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return exit(config::EXIT_CONFIG);
+        }
+    };
     let instances: Vec<serde_json::Value> = state.instances.values().map(redacted_instance).collect();
     let mut effective = config.redacted();
+    if let Some(version) = database {
+        effective["database"]["server_version"] = serde_json::Value::String(version);
+    }
     effective["desired_state"] = serde_json::json!({"instances": instances, "rejected": state.rejected});
     effective["sandbox"]["summary"] = serde_json::Value::String(sandbox.describe());
     print_json(&effective)
+}
+
+/// Connect to the configured PostgreSQL database within 10 s; its server version, or `None` for SQLite.
+fn check_database(config: &satellite::config::Config) -> Result<Option<String>, String> {
+    if config.database.url.is_none() {
+        return Ok(None);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| format!("cannot start a runtime to check the database: {err}"))?;
+    runtime.block_on(async {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), satellite::store::Store::check(&config.database))
+            .await
+        {
+            Ok(Ok(version)) => Ok(version),
+            Ok(Err(err)) => Err(format!("{} (DATABASE_URL): {err}", satellite::config::env::DATABASE_URL)),
+            Err(_) => Err(format!("{}: no answer within 10 s", satellite::config::env::DATABASE_URL)),
+        }
+    })
 }
 
 pub(super) fn redacted_instance(spec: &satellite::model::InstanceSpec) -> serde_json::Value {

@@ -1,9 +1,10 @@
 //! Analytics rows (migration 0004) and the SQL that aggregates them. Rows are written in batches by
 //! `analytics::Recorder`; what the figures mean is `analytics`'s business, this file only sums.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::any::AnyRow;
+use sqlx::Row;
 
+use super::sql::{Bind, Sql};
 use super::{Store, StoreError};
 
 /// One row to append.
@@ -150,7 +151,7 @@ impl Store {
                     sqlx::query(
                         "INSERT INTO analytics_listings (at, team_id, user_id, session, router, process_id, installation_id,
                             tools_shown, shown_tokens, tools_visible, visible_tokens, proxy_tokens)
-                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                     )
                     .bind(&l.key.at)
                     .bind(&l.key.team_id)
@@ -170,7 +171,7 @@ impl Store {
                 AnalyticsRow::Discover(d) => {
                     sqlx::query(
                         "INSERT INTO analytics_discovers (key, at, team_id, user_id, session, results, result_tokens)
-                         VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         VALUES ($1, $2, $3, $4, $5, $6, $7)",
                     )
                     .bind(&d.discover_key)
                     .bind(&d.key.at)
@@ -186,7 +187,7 @@ impl Store {
                     sqlx::query(
                         "INSERT INTO analytics_calls (at, team_id, user_id, session, router, process_id, installation_id,
                             server_slug, tool_name, outcome, duration_ms, discover_key)
-                         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                     )
                     .bind(&c.key.at)
                     .bind(&c.key.team_id)
@@ -213,7 +214,7 @@ impl Store {
     pub async fn prune_analytics(&self, before: &str) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for table in ["analytics_listings", "analytics_discovers", "analytics_calls"] {
-            deleted += sqlx::query(&format!("DELETE FROM {table} WHERE at < ?"))
+            deleted += sqlx::query(&format!("DELETE FROM {table} WHERE at < $1"))
                 .bind(before)
                 .execute(self.pool())
                 .await?
@@ -233,10 +234,11 @@ impl Store {
         let group = match grouping {
             Grouping::Total => "'all'".to_owned(),
             Grouping::Session => "session".to_owned(),
-            Grouping::User => "team_id || char(31) || user_id".to_owned(),
+            // U+001F (unit separator) between the two ids, written in the literal: both engines take it.
+            Grouping::User => "team_id || '\u{1f}' || user_id".to_owned(),
             Grouping::TimePrefix(n) => format!("substr(at, 1, {n})"),
         };
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        let mut q = Sql::new(
             "WITH rows AS (
                SELECT session, team_id, user_id, at, 1 AS listings, shown_tokens, visible_tokens, proxy_tokens,
                       0 AS discovers, 0 AS discover_results, 0 AS discover_tokens, 0 AS hits,
@@ -247,32 +249,44 @@ impl Store {
         q.push(
             " UNION ALL
                SELECT session, team_id, user_id, at, 0, 0, 0, 0, 1, results, result_tokens,
-                      EXISTS (SELECT 1 FROM analytics_calls c WHERE c.discover_key = d.key), 0, 0, 0
+                      CASE WHEN EXISTS (SELECT 1 FROM analytics_calls c WHERE c.discover_key = d.key) THEN 1 ELSE 0 END,
+                      0, 0, 0
                FROM analytics_discovers d WHERE 1=1",
         );
         push_filter(&mut q, filter, false);
         q.push(
             " UNION ALL
                SELECT session, team_id, user_id, at, 0, 0, 0, 0, 0, 0, 0, 0, 1,
-                      outcome = 'error', outcome = 'tool_error'
+                      CASE WHEN outcome = 'error' THEN 1 ELSE 0 END, CASE WHEN outcome = 'tool_error' THEN 1 ELSE 0 END
                FROM analytics_calls c WHERE 1=1",
         );
         push_filter(&mut q, filter, true);
         q.push(format!(
             "), grouped AS (
                SELECT {group} AS grp, MIN(team_id) AS team_id, MIN(user_id) AS user_id, MIN(at) AS first_at,
-                      MAX(at) AS last_at, COUNT(DISTINCT session) AS sessions, SUM(listings) AS listings,
-                      SUM(shown_tokens) AS shown_tokens, SUM(visible_tokens) AS visible_tokens,
-                      SUM(proxy_tokens) AS proxy_tokens, SUM(discovers) AS discovers,
-                      SUM(discover_results) AS discover_results, SUM(discover_tokens) AS discover_tokens,
-                      SUM(hits) AS hits, SUM(calls) AS calls, SUM(call_errors) AS call_errors,
-                      SUM(tool_errors) AS tool_errors
+                      MAX(at) AS last_at, COUNT(DISTINCT session) AS sessions, {listings} AS listings,
+                      {shown_tokens} AS shown_tokens, {visible_tokens} AS visible_tokens,
+                      {proxy_tokens} AS proxy_tokens, {discovers} AS discovers,
+                      {discover_results} AS discover_results, {discover_tokens} AS discover_tokens,
+                      {hits} AS hits, {calls} AS calls, {call_errors} AS call_errors,
+                      {tool_errors} AS tool_errors
                FROM rows GROUP BY grp
              )
-             SELECT *, (SELECT COUNT(*) FROM grouped) AS total FROM grouped ORDER BY last_at DESC, grp LIMIT "
+             SELECT *, (SELECT COUNT(*) FROM grouped) AS total FROM grouped ORDER BY last_at DESC, grp LIMIT ",
+            listings = sum("listings"),
+            shown_tokens = sum("shown_tokens"),
+            visible_tokens = sum("visible_tokens"),
+            proxy_tokens = sum("proxy_tokens"),
+            discovers = sum("discovers"),
+            discover_results = sum("discover_results"),
+            discover_tokens = sum("discover_tokens"),
+            hits = sum("hits"),
+            calls = sum("calls"),
+            call_errors = sum("call_errors"),
+            tool_errors = sum("tool_errors"),
         ));
-        q.push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
-        let rows = q.build().fetch_all(self.pool()).await?;
+        q.push_bind(Bind::Int(limit as i64)).push(" OFFSET ").push_bind(Bind::Int(offset as i64));
+        let rows = q.query().fetch_all(self.pool()).await?;
         let total = match rows.first() {
             Some(row) => count(row, "total")?,
             None => 0,
@@ -311,21 +325,24 @@ impl Store {
         limit: u64,
         offset: u64,
     ) -> Result<(Vec<ToolSums>, u64), StoreError> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        let mut q = Sql::new(format!(
             "WITH grouped AS (
-               SELECT server_slug, tool_name, COUNT(*) AS calls, SUM(outcome = 'error') AS errors,
-                      SUM(outcome = 'tool_error') AS tool_errors, SUM(discover_key IS NOT NULL) AS from_discover,
-                      AVG(duration_ms) AS avg_duration_ms
+               SELECT server_slug, tool_name, COUNT(*) AS calls, {errors} AS errors,
+                      {tool_errors} AS tool_errors, {from_discover} AS from_discover,
+                      CAST(AVG(duration_ms) AS DOUBLE PRECISION) AS avg_duration_ms
                FROM analytics_calls WHERE 1=1",
-        );
+            errors = sum("CASE WHEN outcome = 'error' THEN 1 ELSE 0 END"),
+            tool_errors = sum("CASE WHEN outcome = 'tool_error' THEN 1 ELSE 0 END"),
+            from_discover = sum("CASE WHEN discover_key IS NOT NULL THEN 1 ELSE 0 END"),
+        ));
         push_filter(&mut q, filter, true);
         q.push(
             " GROUP BY server_slug, tool_name)
              SELECT *, (SELECT COUNT(*) FROM grouped) AS total FROM grouped
              ORDER BY calls DESC, server_slug, tool_name LIMIT ",
         );
-        q.push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
-        let rows = q.build().fetch_all(self.pool()).await?;
+        q.push_bind(Bind::Int(limit as i64)).push(" OFFSET ").push_bind(Bind::Int(offset as i64));
+        let rows = q.query().fetch_all(self.pool()).await?;
         let total = match rows.first() {
             Some(row) => count(row, "total")?,
             None => 0,
@@ -349,22 +366,24 @@ impl Store {
 
     /// Every stored catalog's tool count and token cost, filtered by team, user and installation.
     pub async fn catalog_costs(&self, filter: &RowFilter) -> Result<Vec<CatalogCost>, StoreError> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        let mut q = Sql::new(format!(
             "SELECT i.process_id, i.team_id, i.user_id, i.installation_id, i.server_slug,
-                    COUNT(t.name) AS tools, SUM(t.tokens) AS tokens, SUM(t.name IS NOT NULL AND t.tokens IS NULL) AS uncounted
+                    COUNT(t.name) AS tools, {tokens} AS tokens, {uncounted} AS uncounted
              FROM instance_catalog i LEFT JOIN catalog_tools t ON t.process_id = i.process_id WHERE 1=1",
-        );
+            tokens = sum("t.tokens"),
+            uncounted = sum("CASE WHEN t.name IS NOT NULL AND t.tokens IS NULL THEN 1 ELSE 0 END"),
+        ));
         if let Some(team) = &filter.team_id {
-            q.push(" AND i.team_id = ").push_bind(team.clone());
+            q.push(" AND i.team_id = ").push_bind(Bind::Text(team.clone()));
         }
         if let Some(user) = &filter.user_id {
-            q.push(" AND i.user_id = ").push_bind(user.clone());
+            q.push(" AND i.user_id = ").push_bind(Bind::Text(user.clone()));
         }
         if let Some(installation) = &filter.installation_id {
-            q.push(" AND i.installation_id = ").push_bind(installation.clone());
+            q.push(" AND i.installation_id = ").push_bind(Bind::Text(installation.clone()));
         }
         q.push(" GROUP BY i.process_id ORDER BY i.process_id");
-        let rows = q.build().fetch_all(self.pool()).await?;
+        let rows = q.query().fetch_all(self.pool()).await?;
         rows.iter()
             .map(|row| {
                 let uncounted = count(row, "uncounted")?;
@@ -388,7 +407,7 @@ impl Store {
         limit: u64,
         offset: u64,
     ) -> Result<(Vec<FailureRow>, u64), StoreError> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        let mut q = Sql::new(
             "WITH failures AS (
                SELECT at, 'call' AS kind, team_id, user_id, process_id, server_slug,
                       tool_name || ': ' || CASE outcome WHEN 'error' THEN 'no result' ELSE 'tool reported an error' END AS detail
@@ -403,23 +422,23 @@ impl Store {
                WHERE h.status IN ({FAILURE_STATUSES})"
         ));
         if let Some(team) = &filter.team_id {
-            q.push(" AND h.team_id = ").push_bind(team.clone());
+            q.push(" AND h.team_id = ").push_bind(Bind::Text(team.clone()));
         }
         if let Some(user) = &filter.user_id {
-            q.push(" AND h.user_id = ").push_bind(user.clone());
+            q.push(" AND h.user_id = ").push_bind(Bind::Text(user.clone()));
         }
         if let Some(installation) = &filter.installation_id {
-            q.push(" AND i.installation_id = ").push_bind(installation.clone());
+            q.push(" AND i.installation_id = ").push_bind(Bind::Text(installation.clone()));
         }
         if let Some(from) = &filter.from {
-            q.push(" AND h.at >= ").push_bind(from.clone());
+            q.push(" AND h.at >= ").push_bind(Bind::Text(from.clone()));
         }
         if let Some(to) = &filter.to {
-            q.push(" AND h.at < ").push_bind(to.clone());
+            q.push(" AND h.at < ").push_bind(Bind::Text(to.clone()));
         }
         q.push(") SELECT *, (SELECT COUNT(*) FROM failures) AS total FROM failures ORDER BY at DESC LIMIT ");
-        q.push_bind(limit as i64).push(" OFFSET ").push_bind(offset as i64);
-        let rows = q.build().fetch_all(self.pool()).await?;
+        q.push_bind(Bind::Int(limit as i64)).push(" OFFSET ").push_bind(Bind::Int(offset as i64));
+        let rows = q.query().fetch_all(self.pool()).await?;
         let total = match rows.first() {
             Some(row) => count(row, "total")?,
             None => 0,
@@ -445,30 +464,35 @@ impl Store {
 
 /// The filter's conditions on one analytics table; `has_installation` says whether the table has the column
 /// (discovers span installations and are left out when one is asked for).
-fn push_filter(q: &mut QueryBuilder<Sqlite>, filter: &RowFilter, has_installation: bool) {
+fn push_filter(q: &mut Sql, filter: &RowFilter, has_installation: bool) {
     if let Some(team) = &filter.team_id {
-        q.push(" AND team_id = ").push_bind(team.clone());
+        q.push(" AND team_id = ").push_bind(Bind::Text(team.clone()));
     }
     if let Some(user) = &filter.user_id {
-        q.push(" AND user_id = ").push_bind(user.clone());
+        q.push(" AND user_id = ").push_bind(Bind::Text(user.clone()));
     }
     if let Some(installation) = &filter.installation_id {
         if has_installation {
-            q.push(" AND installation_id = ").push_bind(installation.clone());
+            q.push(" AND installation_id = ").push_bind(Bind::Text(installation.clone()));
         } else {
-            q.push(" AND 0");
+            q.push(" AND 1 = 0");
         }
     }
     if let Some(from) = &filter.from {
-        q.push(" AND at >= ").push_bind(from.clone());
+        q.push(" AND at >= ").push_bind(Bind::Text(from.clone()));
     }
     if let Some(to) = &filter.to {
-        q.push(" AND at < ").push_bind(to.clone());
+        q.push(" AND at < ").push_bind(Bind::Text(to.clone()));
     }
 }
 
+/// `SUM(expr)` as a 64-bit integer on both engines (PostgreSQL sums `BIGINT` into `NUMERIC`).
+fn sum(expr: &str) -> String {
+    format!("CAST(SUM({expr}) AS BIGINT)")
+}
+
 /// A non-negative integer column (SUM over no rows is NULL: 0).
-fn count(row: &SqliteRow, column: &str) -> Result<u64, StoreError> {
+fn count(row: &AnyRow, column: &str) -> Result<u64, StoreError> {
     Ok(row.try_get::<Option<i64>, _>(column)?.unwrap_or(0).max(0) as u64)
 }
 

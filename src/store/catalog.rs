@@ -37,10 +37,13 @@ impl Store {
         let resources = Value::Array(catalog.resources.iter().map(|r| r.definition.clone()).collect()).to_string();
         let templates = Value::Array(catalog.templates.iter().map(|t| t.definition.clone()).collect()).to_string();
         let mut tx = self.pool().begin().await?;
-        sqlx::query("DELETE FROM catalog_tools WHERE process_id = ?").bind(&owner.process_id).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM catalog_tools WHERE process_id = $1")
+            .bind(&owner.process_id)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "INSERT INTO instance_catalog (process_id, team_id, user_id, installation_id, server_slug, discovered_at, resources, resource_templates)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (process_id) DO UPDATE SET team_id = excluded.team_id, user_id = excluded.user_id,
                 installation_id = excluded.installation_id, server_slug = excluded.server_slug,
                 discovered_at = excluded.discovered_at, resources = excluded.resources,
@@ -57,7 +60,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         for (position, tool) in catalog.tools.iter().enumerate() {
-            sqlx::query("INSERT INTO catalog_tools (process_id, position, name, definition, content_hash, tokens) VALUES (?, ?, ?, ?, ?, ?)")
+            sqlx::query("INSERT INTO catalog_tools (process_id, position, name, definition, content_hash, tokens) VALUES ($1, $2, $3, $4, $5, $6)")
                 .bind(&owner.process_id)
                 .bind(position as i64)
                 .bind(&tool.name)
@@ -73,11 +76,11 @@ impl Store {
 
     pub async fn delete_catalog(&self, process_id: &ProcessId) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
-        sqlx::query("DELETE FROM catalog_tools WHERE process_id = ?")
+        sqlx::query("DELETE FROM catalog_tools WHERE process_id = $1")
             .bind(process_id.as_str())
             .execute(&mut *tx)
             .await?;
-        sqlx::query("DELETE FROM instance_catalog WHERE process_id = ?")
+        sqlx::query("DELETE FROM instance_catalog WHERE process_id = $1")
             .bind(process_id.as_str())
             .execute(&mut *tx)
             .await?;
@@ -152,7 +155,7 @@ impl Store {
         for change in changes {
             sqlx::query(
                 "INSERT INTO tool_changes (at, process_id, team_id, installation_id, server_slug, tool_name, change,
-                 parts, old_hash, new_hash, drifted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 parts, old_hash, new_hash, drifted) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .bind(&at)
             .bind(&owner.process_id)
@@ -164,7 +167,7 @@ impl Store {
             .bind(serde_json::to_string(&change.parts)?)
             .bind(&change.old_hash)
             .bind(&change.new_hash)
-            .bind(drifted.contains(&change.name))
+            .bind(i64::from(drifted.contains(&change.name)))
             .execute(&mut *tx)
             .await?;
         }
@@ -179,11 +182,11 @@ impl Store {
         limit: u32,
     ) -> Result<Vec<(String, String, String, Vec<String>, bool)>, StoreError> {
         let rows = sqlx::query(
-            "SELECT at, tool_name, change, parts, drifted FROM tool_changes WHERE process_id = ?
-             ORDER BY id DESC LIMIT ?",
+            "SELECT at, tool_name, change, parts, drifted FROM tool_changes WHERE process_id = $1
+             ORDER BY id DESC LIMIT $2",
         )
         .bind(process_id)
-        .bind(limit)
+        .bind(i64::from(limit))
         .fetch_all(self.pool())
         .await?;
         let mut history = Vec::with_capacity(rows.len());
@@ -194,7 +197,7 @@ impl Store {
                 row.try_get("tool_name")?,
                 row.try_get("change")?,
                 parts,
-                row.try_get("drifted")?,
+                super::flag(&row, "drifted")?,
             ));
         }
         Ok(history)
@@ -209,13 +212,14 @@ impl Store {
     ) -> Result<std::collections::HashSet<String>, StoreError> {
         let mut called = std::collections::HashSet::new();
         for tool in tools {
-            let row =
-                sqlx::query("SELECT 1 FROM analytics_calls WHERE process_id = ? AND tool_name = ? AND at >= ? LIMIT 1")
-                    .bind(process_id)
-                    .bind(*tool)
-                    .bind(since)
-                    .fetch_optional(self.pool())
-                    .await?;
+            let row = sqlx::query(
+                "SELECT 1 FROM analytics_calls WHERE process_id = $1 AND tool_name = $2 AND at >= $3 LIMIT 1",
+            )
+            .bind(process_id)
+            .bind(*tool)
+            .bind(since)
+            .fetch_optional(self.pool())
+            .await?;
             if row.is_some() {
                 called.insert((*tool).to_owned());
             }
@@ -254,7 +258,8 @@ impl Store {
         let mut tx = self.pool().begin().await?;
         for tool in tools {
             sqlx::query(
-                "INSERT OR IGNORE INTO tool_holds (installation_id, tool_name, process_id, held_at) VALUES (?, ?, ?, ?)",
+                "INSERT INTO tool_holds (installation_id, tool_name, process_id, held_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (installation_id, tool_name) DO NOTHING",
             )
             .bind(installation_id)
             .bind(*tool)
@@ -269,7 +274,7 @@ impl Store {
 
     /// Release a held tool; whether it was held.
     pub async fn release_hold(&self, installation_id: &str, tool: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM tool_holds WHERE installation_id = ? AND tool_name = ?")
+        let done = sqlx::query("DELETE FROM tool_holds WHERE installation_id = $1 AND tool_name = $2")
             .bind(installation_id)
             .bind(tool)
             .execute(self.pool())
@@ -279,7 +284,7 @@ impl Store {
 
     /// Release every hold of an installation (it was uninstalled).
     pub async fn release_holds_of(&self, installation_id: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM tool_holds WHERE installation_id = ?")
+        sqlx::query("DELETE FROM tool_holds WHERE installation_id = $1")
             .bind(installation_id)
             .execute(self.pool())
             .await?;
@@ -315,8 +320,8 @@ impl Store {
     ) -> Result<Vec<ToolChangeRow>, StoreError> {
         let rows = sqlx::query(
             "SELECT at, process_id, team_id, installation_id, server_slug, tool_name, change, parts, drifted
-             FROM tool_changes WHERE (?1 IS NULL OR team_id = ?1) AND (?2 IS NULL OR installation_id = ?2)
-             ORDER BY id DESC LIMIT ?3 OFFSET ?4",
+             FROM tool_changes WHERE ($1 IS NULL OR team_id = $1) AND ($2 IS NULL OR installation_id = $2)
+             ORDER BY id DESC LIMIT $3 OFFSET $4",
         )
         .bind(team_id)
         .bind(installation_id)
@@ -335,7 +340,7 @@ impl Store {
                     tool_name: row.try_get("tool_name")?,
                     change: row.try_get("change")?,
                     parts: serde_json::from_str(&row.try_get::<String, _>("parts")?).unwrap_or_default(),
-                    drifted: row.try_get("drifted")?,
+                    drifted: super::flag(&row, "drifted")?,
                 })
             })
             .collect()

@@ -1,9 +1,10 @@
 //! The event outbox. Rows only: the event types and payloads are `events`' business.
 
 use serde_json::Value;
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::any::AnyRow;
+use sqlx::{Any, Row, Transaction};
 
-use super::{Store, StoreError};
+use super::{Engine, Store, StoreError};
 
 /// An event to append: its registry name, emission time (ISO-8601), payload and the instance it is about.
 /// `held` keeps it out of every batch with the reason.
@@ -36,15 +37,17 @@ pub struct OutboxSummary {
     pub oldest_emitted_at: Option<String>,
 }
 
-pub(super) async fn insert_event(tx: &mut Transaction<'_, Sqlite>, event: &NewEvent<'_>) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO event_outbox (event_type, emitted_at, data, process_id, held) VALUES (?, ?, ?, ?, ?)")
-        .bind(event.event_type)
-        .bind(&event.emitted_at)
-        .bind(event.data.to_string())
-        .bind(event.process_id)
-        .bind(event.held)
-        .execute(&mut **tx)
-        .await?;
+pub(super) async fn insert_event(tx: &mut Transaction<'_, Any>, event: &NewEvent<'_>) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO event_outbox (event_type, emitted_at, data, process_id, held) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(event.event_type)
+    .bind(&event.emitted_at)
+    .bind(event.data.to_string())
+    .bind(event.process_id)
+    .bind(event.held)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -68,7 +71,7 @@ impl Store {
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let rows = sqlx::query(
             "SELECT seq, event_type, emitted_at, data, process_id, held FROM event_outbox
-             WHERE seq > ?1 AND (?2 IS NULL OR event_type = ?2) ORDER BY seq LIMIT ?3",
+             WHERE seq > $1 AND ($2 IS NULL OR event_type = $2) ORDER BY seq LIMIT $3",
         )
         .bind(after_seq)
         .bind(event_type)
@@ -82,7 +85,7 @@ impl Store {
     pub async fn sendable_events(&self, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
         let rows = sqlx::query(
             "SELECT seq, event_type, emitted_at, data, process_id, held FROM event_outbox
-             WHERE held IS NULL ORDER BY seq LIMIT ?1",
+             WHERE held IS NULL ORDER BY seq LIMIT $1",
         )
         .bind(limit)
         .fetch_all(self.pool())
@@ -90,9 +93,65 @@ impl Store {
         rows.iter().map(stored).collect()
     }
 
+    /// Claim the oldest `limit` sendable events for the replica `owner` until `lease_until_ms` (milliseconds since
+    /// the epoch), in emission order. Events another replica holds under a live lease are passed over (on
+    /// PostgreSQL with `FOR UPDATE SKIP LOCKED`, so claimers never wait for each other); events whose lease ran
+    /// out (their claimer died mid-batch) and the owner's own claims are taken again.
+    pub async fn claim_events(
+        &self,
+        owner: &str,
+        limit: i64,
+        now_ms: i64,
+        lease_until_ms: i64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let lock = match self.engine() {
+            Engine::Postgres => "FOR UPDATE SKIP LOCKED",
+            // One writer at a time holds the whole file: nothing to skip.
+            Engine::Sqlite => "",
+        };
+        let rows = sqlx::query(&format!(
+            "UPDATE event_outbox SET claimed_by = $1, claimed_until = $2
+             WHERE seq IN (SELECT seq FROM event_outbox
+                           WHERE held IS NULL AND (claimed_until IS NULL OR claimed_until < $3 OR claimed_by = $1)
+                           ORDER BY seq LIMIT $4 {lock})
+             RETURNING seq, event_type, emitted_at, data, process_id, held"
+        ))
+        .bind(owner)
+        .bind(lease_until_ms)
+        .bind(now_ms)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        let mut events = rows.iter().map(stored).collect::<Result<Vec<_>, _>>()?;
+        events.sort_by_key(|e| e.seq);
+        Ok(events)
+    }
+
+    /// Remove the sendable events `first..=last` that `owner` claimed (a batch the backend accepted or rejected
+    /// for good); held events and other replicas' claims in that range stay.
+    pub async fn delete_claimed(&self, owner: &str, first: i64, last: i64) -> Result<u64, StoreError> {
+        let done =
+            sqlx::query("DELETE FROM event_outbox WHERE seq >= $1 AND seq <= $2 AND held IS NULL AND claimed_by = $3")
+                .bind(first)
+                .bind(last)
+                .bind(owner)
+                .execute(self.pool())
+                .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Give up `owner`'s claims (at shutdown), so another replica sends them without waiting for the lease.
+    pub async fn release_claims(&self, owner: &str) -> Result<u64, StoreError> {
+        let done = sqlx::query("UPDATE event_outbox SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1")
+            .bind(owner)
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Keep the event but never send it, for `reason`.
     pub async fn hold_event(&self, seq: i64, reason: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE event_outbox SET held = ? WHERE seq = ?")
+        sqlx::query("UPDATE event_outbox SET held = $1 WHERE seq = $2")
             .bind(reason)
             .bind(seq)
             .execute(self.pool())
@@ -103,7 +162,7 @@ impl Store {
     /// Keep the newest `keep` events; returns how many were removed.
     pub async fn prune_events(&self, keep: i64) -> Result<u64, StoreError> {
         let done = sqlx::query(
-            "DELETE FROM event_outbox WHERE seq <= (SELECT seq FROM event_outbox ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+            "DELETE FROM event_outbox WHERE seq <= (SELECT seq FROM event_outbox ORDER BY seq DESC LIMIT 1 OFFSET $1)",
         )
         .bind(keep)
         .execute(self.pool())
@@ -114,18 +173,7 @@ impl Store {
     /// Drop events emitted before `cutoff` (an ISO timestamp, compared as text in the one format `iso` writes).
     pub async fn prune_events_before(&self, cutoff: &str) -> Result<u64, StoreError> {
         let done =
-            sqlx::query("DELETE FROM event_outbox WHERE emitted_at < ?").bind(cutoff).execute(self.pool()).await?;
-        Ok(done.rows_affected())
-    }
-
-    /// Remove the sendable events `first..=last` (a batch the backend accepted or rejected for good); held
-    /// events in that range stay.
-    pub async fn delete_events(&self, first: i64, last: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query("DELETE FROM event_outbox WHERE seq >= ? AND seq <= ? AND held IS NULL")
-            .bind(first)
-            .bind(last)
-            .execute(self.pool())
-            .await?;
+            sqlx::query("DELETE FROM event_outbox WHERE emitted_at < $1").bind(cutoff).execute(self.pool()).await?;
         Ok(done.rows_affected())
     }
 
@@ -143,11 +191,16 @@ impl Store {
 
     /// The sequence number of the newest event ever appended (0 when none was): how many events were produced.
     pub async fn outbox_last_seq(&self) -> Result<i64, StoreError> {
-        let row = sqlx::query("SELECT seq FROM sqlite_sequence WHERE name = 'event_outbox'")
-            .fetch_optional(self.pool())
-            .await?;
+        let sql = match self.engine() {
+            Engine::Sqlite => "SELECT seq FROM sqlite_sequence WHERE name = 'event_outbox'",
+            // NULL until the sequence was first used.
+            Engine::Postgres => {
+                "SELECT pg_sequence_last_value(pg_get_serial_sequence('event_outbox', 'seq')::regclass) AS seq"
+            }
+        };
+        let row = sqlx::query(sql).fetch_optional(self.pool()).await?;
         Ok(match row {
-            Some(row) => row.try_get("seq")?,
+            Some(row) => row.try_get::<Option<i64>, _>("seq")?.unwrap_or(0),
             None => 0,
         })
     }
@@ -158,7 +211,7 @@ impl Store {
     }
 }
 
-fn stored(row: &sqlx::sqlite::SqliteRow) -> Result<StoredEvent, StoreError> {
+fn stored(row: &AnyRow) -> Result<StoredEvent, StoreError> {
     let data: String = row.try_get("data")?;
     Ok(StoredEvent {
         seq: row.try_get("seq")?,

@@ -1,16 +1,24 @@
-//! SQLite through sqlx: the pool, migrations, and the repositories. The only
-//! place SQL lives.
+//! The satellite's database through sqlx: the pool, migrations, and the repositories. The only place SQL
+//! lives. Two engines behind one API (sqlx's `Any` driver): the embedded SQLite database in the data directory
+//! (the default) or a PostgreSQL server shared by several replicas (`DATABASE_URL`, docs/scale-out.md). The SQL
+//! is written once in the dialect both accept (`$n` parameters, `ON CONFLICT`, `CAST(SUM(…) AS BIGINT)`);
+//! where the engines differ (`Engine`), the repository picks the statement.
 
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::SqlitePool;
+use secrecy::ExposeSecret;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+use sqlx::{AnyPool, ConnectOptions, Connection, Executor};
+
+use crate::config::{mask_url_password, Database};
 
 pub mod analytics;
 mod catalog;
 mod events;
+mod sql;
 mod status;
 pub mod toolsets;
 
@@ -33,34 +41,159 @@ pub enum StoreError {
     Json(#[from] serde_json::Error),
 }
 
+/// Which database engine a store talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
 /// Handle to the satellite's database; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: AnyPool,
+    engine: Engine,
+    /// The database, for logs: the SQLite file, or the PostgreSQL URL with its password masked.
+    described: String,
 }
 
 impl Store {
     /// Open (creating) `satellite.db` in `data_dir`, in WAL mode with a busy timeout, and migrate it.
     pub async fn open(data_dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(data_dir)
-            .map_err(|source| StoreError::DataDir { path: data_dir.display().to_string(), source })?;
-        let options = SqliteConnectOptions::from_str("sqlite://")?
-            .filename(data_dir.join("satellite.db"))
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(5))
-            .foreign_keys(true);
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool })
+        Self::connect(data_dir, &Database { url: None, max_connections: None }).await
+    }
+
+    /// Open the configured database (`DATABASE_URL`: PostgreSQL; else SQLite in `data_dir`) and migrate it.
+    /// Migrations run under sqlx's migration lock, so replicas starting together apply each one once.
+    pub async fn connect(data_dir: &Path, database: &Database) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        match &database.url {
+            Some(url) => {
+                let url = url.expose_secret();
+                let pool = AnyPoolOptions::new()
+                    .max_connections(database.max_connections.unwrap_or(8))
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect(url)
+                    .await?;
+                sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+                Ok(Store { pool, engine: Engine::Postgres, described: mask_url_password(url) })
+            }
+            None => {
+                std::fs::create_dir_all(data_dir)
+                    .map_err(|source| StoreError::DataDir { path: data_dir.display().to_string(), source })?;
+                let file = data_dir.join("satellite.db");
+                // WAL is a property of the file: set once on a connection of its own, it holds for every later one.
+                let first = SqliteConnectOptions::from_str("sqlite://")?
+                    .filename(&file)
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .connect()
+                    .await?;
+                first.close().await?;
+                let url = sqlite_url(&file);
+                let pool = AnyPoolOptions::new()
+                    .max_connections(database.max_connections.unwrap_or(4))
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute(
+                                "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000",
+                            )
+                            .await
+                            .map(|_| ())
+                        })
+                    })
+                    .connect(&url)
+                    .await?;
+                sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+                Ok(Store { pool, engine: Engine::Sqlite, described: file.display().to_string() })
+            }
+        }
+    }
+
+    /// Connect to a PostgreSQL database once, without migrating it, and return its server version (for
+    /// `check-config`); `None` for the embedded SQLite database, which needs no connection to check.
+    pub async fn check(database: &Database) -> Result<Option<String>, StoreError> {
+        let Some(url) = &database.url else { return Ok(None) };
+        sqlx::any::install_default_drivers();
+        let mut conn = sqlx::AnyConnection::connect(url.expose_secret()).await?;
+        let version: String = sqlx::Row::try_get(&conn.fetch_one("SELECT version() AS v").await?, "v")?;
+        conn.close().await?;
+        Ok(Some(version))
     }
 
     pub async fn close(&self) {
         self.pool.close().await;
     }
 
-    pub(crate) fn pool(&self) -> &SqlitePool {
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// `sqlite <file>` or `postgres <url without password>`, for the start-up log and `check-config`.
+    pub fn describe(&self) -> String {
+        match self.engine {
+            Engine::Sqlite => format!("sqlite {}", self.described),
+            Engine::Postgres => format!("postgres {}", self.described),
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
     }
 }
+
+/// A `sqlite://` URL for `file`, percent-encoding what a URL would misread (`?`, `#`, `%`, spaces).
+fn sqlite_url(file: &Path) -> String {
+    const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b' ').add(b'?').add(b'#').add(b'%');
+    let path = file.to_string_lossy();
+    format!("sqlite://{}?mode=rwc", percent_encoding::utf8_percent_encode(&path, ESCAPED))
+}
+
+/// Read a column as an `i64`-backed flag (both engines store flags as integers).
+pub(crate) fn flag(row: &AnyRow, column: &str) -> Result<bool, StoreError> {
+    use sqlx::Row;
+    Ok(row.try_get::<i64, _>(column)? != 0)
+}
+
+/// Stores for tests on both engines: SQLite in a temporary directory, and a fresh database on the PostgreSQL
+/// server named by `SATELLITE_TEST_POSTGRES_URL` (`scripts/postgres.sh` starts one; `scripts/test.sh` does).
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+
+    /// The variable naming the test PostgreSQL server (an admin URL: the tests create databases on it).
+    pub const POSTGRES_URL: &str = "SATELLITE_TEST_POSTGRES_URL";
+
+    /// A new, empty database on the test PostgreSQL server; its URL. Fails loudly when no server is named:
+    /// these tests must run on both engines, not pass by skipping one.
+    pub async fn fresh_postgres_url() -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+        let admin = std::env::var(POSTGRES_URL).map_err(|_| {
+            format!("{POSTGRES_URL} is not set: start a server with `eval \"$(bash scripts/postgres.sh start)\"`")
+        })?;
+        sqlx::any::install_default_drivers();
+        let name = format!("satellite_test_{:016x}", rand::random::<u64>());
+        let mut conn = sqlx::AnyConnection::connect(&admin).await?;
+        conn.execute(format!("CREATE DATABASE {name}").as_str()).await?;
+        conn.close().await?;
+        let mut url = url::Url::parse(&admin)?;
+        url.set_path(&format!("/{name}"));
+        Ok(url.to_string())
+    }
+
+    /// One store per engine: `[("sqlite", …), ("postgres", …)]`, and the temporary directory SQLite lives in.
+    pub async fn both_engines(
+    ) -> Result<(tempfile::TempDir, Vec<(&'static str, Store)>), Box<dyn std::error::Error + Send + Sync>> {
+        let dir = tempfile::tempdir()?;
+        let sqlite = Store::open(dir.path()).await?;
+        let postgres = Store::connect(
+            dir.path(),
+            &Database { url: Some(fresh_postgres_url().await?.into()), max_connections: Some(4) },
+        )
+        .await?;
+        Ok((dir, vec![("sqlite", sqlite), ("postgres", postgres)]))
+    }
+}
+
+#[cfg(test)]
+#[path = "engines_tests.rs"]
+mod engines_tests;

@@ -27,7 +27,7 @@ impl Store {
         if let Some(event) = event {
             super::events::insert_event(&mut tx, event).await?;
         }
-        sqlx::query("INSERT INTO instance_status_history (process_id, team_id, user_id, status, message, at) VALUES (?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO instance_status_history (process_id, team_id, user_id, status, message, at) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(spec.process_id.as_str())
             .bind(spec.team_id.as_str())
             .bind(spec.user_id.as_str())
@@ -37,8 +37,8 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         sqlx::query(
-            "DELETE FROM instance_status_history WHERE process_id = ?1 AND id NOT IN
-               (SELECT id FROM instance_status_history WHERE process_id = ?1 ORDER BY id DESC LIMIT ?2)",
+            "DELETE FROM instance_status_history WHERE process_id = $1 AND id NOT IN
+               (SELECT id FROM instance_status_history WHERE process_id = $1 ORDER BY id DESC LIMIT $2)",
         )
         .bind(spec.process_id.as_str())
         .bind(STATUS_HISTORY_KEPT)
@@ -51,7 +51,7 @@ impl Store {
     /// The instance's statuses, oldest first.
     pub async fn status_history(&self, process_id: &ProcessId) -> Result<Vec<StatusRecord>, StoreError> {
         let rows =
-            sqlx::query("SELECT status, message, at FROM instance_status_history WHERE process_id = ? ORDER BY id")
+            sqlx::query("SELECT status, message, at FROM instance_status_history WHERE process_id = $1 ORDER BY id")
                 .bind(process_id.as_str())
                 .fetch_all(self.pool())
                 .await?;

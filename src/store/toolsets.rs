@@ -66,7 +66,7 @@ impl Store {
     pub async fn put_toolset(&self, row: &ToolsetRow) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO toolsets (team_id, owner, name, description, patterns, updated_at, updated_by)
-             VALUES (?, ?, ?, ?, ?, ?, ?)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (team_id, owner, name) DO UPDATE SET description = excluded.description,
                patterns = excluded.patterns, updated_at = excluded.updated_at, updated_by = excluded.updated_by",
         )
@@ -87,7 +87,7 @@ impl Store {
     /// toolset of the same name still answers). Returns whether it existed.
     pub async fn delete_toolset(&self, team_id: &str, owner: Option<&str>, name: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let deleted = sqlx::query("DELETE FROM toolsets WHERE team_id = ? AND owner = ? AND name = ?")
+        let deleted = sqlx::query("DELETE FROM toolsets WHERE team_id = $1 AND owner = $2 AND name = $3")
             .bind(team_id)
             .bind(owner.unwrap_or(""))
             .bind(name)
@@ -95,8 +95,8 @@ impl Store {
             .await?
             .rows_affected();
         sqlx::query(
-            "DELETE FROM toolset_defaults WHERE team_id = ?1 AND name = ?2 AND (?3 = '' OR user_id = ?3)
-               AND NOT EXISTS (SELECT 1 FROM toolsets t WHERE t.team_id = ?1 AND t.name = ?2
+            "DELETE FROM toolset_defaults WHERE team_id = $1 AND name = $2 AND ($3 = '' OR user_id = $3)
+               AND NOT EXISTS (SELECT 1 FROM toolsets t WHERE t.team_id = $1 AND t.name = $2
                                AND (t.owner = '' OR t.owner = toolset_defaults.user_id))",
         )
         .bind(team_id)
@@ -119,7 +119,7 @@ impl Store {
         match name {
             Some(name) => {
                 sqlx::query(
-                    "INSERT INTO toolset_defaults (team_id, user_id, name, updated_at) VALUES (?, ?, ?, ?)
+                    "INSERT INTO toolset_defaults (team_id, user_id, name, updated_at) VALUES ($1, $2, $3, $4)
                      ON CONFLICT (team_id, user_id) DO UPDATE SET name = excluded.name, updated_at = excluded.updated_at",
                 )
                 .bind(team_id)
@@ -130,7 +130,7 @@ impl Store {
                 .await?;
             }
             None => {
-                sqlx::query("DELETE FROM toolset_defaults WHERE team_id = ? AND user_id = ?")
+                sqlx::query("DELETE FROM toolset_defaults WHERE team_id = $1 AND user_id = $2")
                     .bind(team_id)
                     .bind(user_id)
                     .execute(self.pool())

@@ -1,0 +1,331 @@
+//! Every repository function on both engines (issue 18): the same calls give the same answers on SQLite and on
+//! PostgreSQL, and the event outbox's claims keep replicas from sending an event twice.
+
+use std::collections::HashSet;
+
+use chrono::{TimeZone, Utc};
+use serde_json::json;
+
+use super::analytics::{AnalyticsRow, CallRow, DiscoverRow, Grouping, ListingRow, RowFilter, RowKey};
+use super::testing::both_engines;
+use super::toolsets::ToolsetRow;
+use super::*;
+use crate::model::{
+    Catalog, ChangeKind, InstallationId, InstanceSpec, InstanceStatus, ProcessId, TeamId, ToolChange, ToolDef,
+    Upstream, UserId,
+};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+fn spec() -> InstanceSpec {
+    InstanceSpec {
+        process_id: ProcessId("demo-acme-u1-i1".into()),
+        installation_id: InstallationId::from("i1"),
+        installation_name: "Demo".into(),
+        team_id: TeamId::from("t1"),
+        team_slug: "acme".into(),
+        user_id: UserId::from("u1"),
+        server_name: "demo".into(),
+        server_slug: "demo".into(),
+        upstream: Upstream::Stdio { command: "x".into(), args: vec![], env: Default::default() },
+        enabled: true,
+        instance_path: None,
+        instance_token_hash: None,
+        requires_oauth: false,
+        request_logging_enabled: true,
+        secrets: Default::default(),
+        disabled_tools: Default::default(),
+        deployment: None,
+        declared_tools: None,
+        rediscover_every: None,
+    }
+}
+
+fn catalog() -> Catalog {
+    let tools = ["echo", "add"]
+        .iter()
+        .filter_map(|name| {
+            ToolDef::from_listing(
+                &json!({"name": name, "description": format!("{name} it"), "inputSchema": {"type": "object"}}),
+            )
+        })
+        .collect();
+    Catalog {
+        tools,
+        resources: vec![],
+        templates: vec![],
+        discovered_at: Utc.with_ymd_and_hms(2026, 11, 20, 10, 0, 0).single().unwrap_or_default(),
+        tool_tokens: vec![12, 30],
+        fallbacks: vec![],
+    }
+}
+
+fn key(at: &str, user: &str) -> RowKey {
+    RowKey { at: at.into(), team_id: "t1".into(), user_id: user.into(), session: format!("s-{user}") }
+}
+
+/// Everything a store answers after the same writes, as one JSON document to compare across engines.
+async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
+    let spec = spec();
+    let owner = CatalogOwner::from(&spec);
+    store.save_catalog(&owner, &catalog()).await?;
+    store.save_catalog(&owner, &catalog()).await?; // replaced whole, not doubled
+    let catalogs = store.load_catalogs().await?;
+    let loaded = &catalogs[&spec.process_id];
+    let changes = [
+        ToolChange {
+            name: "echo".into(),
+            kind: ChangeKind::Updated,
+            parts: vec!["description".into()],
+            old_hash: Some("a".into()),
+            new_hash: Some("b".into()),
+        },
+        ToolChange {
+            name: "gone".into(),
+            kind: ChangeKind::Removed,
+            parts: vec![],
+            old_hash: Some("c".into()),
+            new_hash: None,
+        },
+    ];
+    store.record_tool_changes(&owner, &changes, &HashSet::from(["echo".to_owned()])).await?;
+    store.hold_tools("i1", "demo-acme-u1-i1", &["echo", "add"]).await?;
+    store.hold_tools("i1", "demo-acme-u1-i1", &["echo"]).await?; // already held: kept once
+    let released = store.release_hold("i1", "add").await?;
+    let released_again = store.release_hold("i1", "add").await?;
+    let at = |minute: u32| Utc.with_ymd_and_hms(2026, 11, 20, 10, minute, 0).single().unwrap_or_default();
+    for (minute, status) in [(1, InstanceStatus::Connecting), (2, InstanceStatus::Online), (3, InstanceStatus::Error)] {
+        store.record_status(&spec, status, Some("why"), at(minute), None).await?;
+    }
+    let row = |kind: ListingRow| AnalyticsRow::Listing(kind);
+    store
+        .insert_analytics(&[
+            row(ListingRow {
+                key: key("2026-11-20T10:00:00.000Z", "u1"),
+                router: "hierarchical",
+                process_id: None,
+                installation_id: None,
+                tools_shown: 4,
+                shown_tokens: 400,
+                tools_visible: 40,
+                visible_tokens: 4000,
+                proxy_tokens: 4000,
+            }),
+            AnalyticsRow::Discover(DiscoverRow {
+                key: key("2026-11-20T10:01:00.000Z", "u1"),
+                discover_key: "d1".into(),
+                results: 3,
+                result_tokens: 90,
+            }),
+            AnalyticsRow::Call(CallRow {
+                key: key("2026-11-20T10:02:00.000Z", "u1"),
+                router: "hierarchical",
+                process_id: "demo-acme-u1-i1".into(),
+                installation_id: "i1".into(),
+                server_slug: "demo".into(),
+                tool_name: "echo".into(),
+                outcome: "ok",
+                duration_ms: 4,
+                discover_key: Some("d1".into()),
+            }),
+            AnalyticsRow::Call(CallRow {
+                key: key("2026-11-21T10:02:00.000Z", "u2"),
+                router: "instance",
+                process_id: "demo-acme-u1-i1".into(),
+                installation_id: "i1".into(),
+                server_slug: "demo".into(),
+                tool_name: "add".into(),
+                outcome: "error",
+                duration_ms: 7,
+                discover_key: None,
+            }),
+        ])
+        .await?;
+    let all = RowFilter::default();
+    let (total, _) = store.activity(&all, Grouping::Total, 10, 0).await?;
+    let (by_user, users) = store.activity(&all, Grouping::User, 10, 0).await?;
+    let (by_day, days) = store.activity(&all, Grouping::TimePrefix(10), 10, 0).await?;
+    let one_install = RowFilter { installation_id: Some("i1".into()), ..RowFilter::default() };
+    let (installed, _) = store.activity(&one_install, Grouping::Session, 10, 0).await?;
+    let (tools, tool_count) = store.tool_calls(&all, 10, 0).await?;
+    let costs = store.catalog_costs(&all).await?;
+    let (failures, failure_count) = store.recent_failures(&all, 10, 0).await?;
+    let called = store.called_since("demo-acme-u1-i1", &["echo", "add", "none"], "2026-11-20T10:02:00.000Z").await?;
+    let mut called: Vec<String> = called.into_iter().collect();
+    called.sort();
+    store
+        .put_toolset(&ToolsetRow {
+            team_id: "t1".into(),
+            owner: None,
+            name: "web".into(),
+            description: Some("d".into()),
+            patterns: vec!["demo:*".into()],
+            updated_at: "2026-11-20T10:00:00.000Z".into(),
+            updated_by: "admin".into(),
+        })
+        .await?;
+    store.set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:00:00.000Z").await?;
+    store.set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:05:00.000Z").await?;
+    let (toolsets, defaults) = store.load_toolsets().await?;
+    let deleted = store.delete_toolset("t1", None, "web").await?;
+    let (_, defaults_after) = store.load_toolsets().await?;
+    let events: Vec<NewEvent<'_>> = (1..=5)
+        .map(|day| NewEvent {
+            event_type: "mcp.tool.executed",
+            emitted_at: format!("2026-11-{day:02}T00:00:00.000Z"),
+            data: json!({"day": day}),
+            process_id: Some("demo-acme-u1-i1"),
+            held: None,
+        })
+        .collect();
+    store.append_events(&events).await?;
+    store.hold_event(1, "test").await?;
+    let summary = store.outbox_summary().await?;
+    let last_seq = store.outbox_last_seq().await?;
+    let typed = store.events(Some("mcp.tool.executed"), 2, 10).await?.len();
+    let untyped = store.events(None, 0, 10).await?.len();
+    let pruned_before = store.prune_events_before("2026-11-02T00:00:00.000Z").await?;
+    let pruned = store.prune_events(2).await?;
+    let pruned_analytics = store.prune_analytics("2026-11-21T00:00:00.000Z").await?;
+    store.delete_catalog(&spec.process_id).await?;
+    Ok(json!({
+        "catalog": {"tools": loaded.tools.iter().map(|t| &t.name).collect::<Vec<_>>(), "tokens": loaded.tool_tokens,
+                    "discovered_at": loaded.discovered_at.to_rfc3339()},
+        // Without the times the satellite stamps (`now`).
+        "history": store.tool_history("demo-acme-u1-i1", 10).await?.into_iter()
+            .map(|(_, tool, change, parts, drifted)| json!([tool, change, parts, drifted])).collect::<Vec<_>>(),
+        "changes": store.tool_changes(Some("t1"), None, 10, 0).await?.into_iter()
+            .map(|c| json!([c.tool_name, c.change, c.parts, c.drifted, c.installation_id])).collect::<Vec<_>>(),
+        "no_changes": store.tool_changes(Some("t2"), None, 10, 0).await?.len(),
+        "held": store.held_tools().await?.iter().map(|h| (&h.installation_id, &h.tool_name)).collect::<Vec<_>>(),
+        "released": [released, released_again],
+        "statuses": store.status_history(&spec.process_id).await?.iter().map(|s| (&s.status, &s.message, &s.at)).collect::<Vec<_>>(),
+        "total": [total[0].listings, total[0].shown_tokens, total[0].proxy_tokens, total[0].discovers,
+                  total[0].discover_hits, total[0].calls, total[0].call_errors, total[0].sessions],
+        "by_user": [users, by_user.len() as u64], "user_groups": by_user.iter().map(|g| &g.group).collect::<Vec<_>>(),
+        "by_day": [days, by_day.len() as u64], "installed_sessions": installed.len(),
+        "tools": tools.iter().map(|t| (&t.tool_name, t.calls, t.errors, t.from_discover, t.avg_duration_ms)).collect::<Vec<_>>(),
+        "tool_count": tool_count,
+        "costs": costs.iter().map(|c| (&c.process_id, c.tools, c.tokens)).collect::<Vec<_>>(),
+        "failures": [failure_count, failures.len() as u64],
+        "failure_kinds": failures.iter().map(|f| f.kind).collect::<Vec<_>>(),
+        "called": called,
+        "toolsets": toolsets.iter().map(|t| (&t.name, &t.owner, &t.patterns)).collect::<Vec<_>>(),
+        "defaults": defaults.iter().map(|d| (&d.user_id, &d.name)).collect::<Vec<_>>(),
+        "deleted": deleted, "defaults_after": defaults_after.len(),
+        "outbox": [summary.count, summary.held, last_seq, typed as i64, untyped as i64, pruned_before as i64, pruned as i64],
+        "oldest": summary.oldest_emitted_at,
+        "pruned_analytics": pruned_analytics,
+        "catalogs_left": store.load_catalogs().await?.len(),
+    }))
+}
+
+#[tokio::test]
+async fn every_repository_call_answers_the_same_on_sqlite_and_postgres() -> TestResult {
+    let (_dir, stores) = both_engines().await?;
+    let mut answers = Vec::new();
+    for (engine, store) in &stores {
+        let answer = exercise(store).await.map_err(|err| format!("{engine}: {err}"))?;
+        answers.push((engine, answer));
+    }
+    let (_, sqlite) = &answers[0];
+    // What the calls mean, checked once (on SQLite) ...
+    assert_eq!(sqlite["catalog"]["tools"], json!(["echo", "add"]));
+    assert_eq!(sqlite["catalog"]["tokens"], json!([12, 30]));
+    assert_eq!(sqlite["held"], json!([["i1", "echo"]]));
+    assert_eq!(sqlite["released"], json!([true, false]));
+    assert_eq!(sqlite["total"], json!([1, 400, 4000, 1, 1, 2, 1, 2]));
+    assert_eq!(sqlite["user_groups"], json!(["t1\u{1f}u2", "t1\u{1f}u1"]));
+    assert_eq!(sqlite["tools"], json!([["add", 1, 1, 0, 7.0], ["echo", 1, 0, 1, 4.0]]));
+    assert_eq!(sqlite["costs"], json!([["demo-acme-u1-i1", 2, 42]]));
+    assert_eq!(sqlite["failures"], json!([2, 2]), "one failed call and one error status");
+    assert_eq!(sqlite["called"], json!(["add", "echo"]));
+    assert_eq!(sqlite["history"][1][3], json!(true), "echo drifted (newest first: gone, echo)");
+    assert_eq!(sqlite["outbox"], json!([5, 1, 5, 3, 5, 1, 2]));
+    assert_eq!(sqlite["deleted"], json!(true));
+    assert_eq!(sqlite["defaults_after"], json!(0), "the default naming the deleted toolset is cleared");
+    assert_eq!(sqlite["pruned_analytics"], json!(3));
+    assert_eq!(sqlite["catalogs_left"], json!(0));
+    // ... and PostgreSQL answers exactly the same.
+    for (engine, answer) in &answers[1..] {
+        assert_eq!(answer, sqlite, "{engine} differs from sqlite");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn claimed_events_go_to_one_replica_and_a_lapsed_claim_to_the_next() -> TestResult {
+    let (_dir, stores) = both_engines().await?;
+    for (engine, store) in &stores {
+        let events: Vec<NewEvent<'_>> = (0..10)
+            .map(|i| NewEvent {
+                event_type: "mcp.tool.executed",
+                emitted_at: "2026-11-20T00:00:00.000Z".into(),
+                data: json!({"i": i}),
+                process_id: None,
+                held: None,
+            })
+            .collect();
+        store.append_events(&events).await?;
+        let seqs = |events: &[StoredEvent]| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+        let a = store.claim_events("a", 4, 1_000, 61_000).await?;
+        let b = store.claim_events("b", 4, 1_000, 61_000).await?;
+        assert_eq!(seqs(&a), [1, 2, 3, 4], "{engine}: the oldest to the first claimer");
+        assert_eq!(seqs(&b), [5, 6, 7, 8], "{engine}: the next claimer passes over a live claim");
+        assert_eq!(store.delete_claimed("b", 1, 8).await?, 4, "{engine}: b deletes only its own claim");
+        // a dies; its lease lapses at 61 s; c finds a's batch then, not before.
+        let early = store.claim_events("c", 4, 30_000, 90_000).await?;
+        assert_eq!(seqs(&early), [9, 10], "{engine}: a's claim is live at 30 s");
+        let late = store.claim_events("c", 10, 62_000, 122_000).await?;
+        assert_eq!(seqs(&late), [1, 2, 3, 4, 9, 10], "{engine}: a lapsed claim is taken over, c's own kept");
+        assert_eq!(store.delete_claimed("a", 1, 10).await?, 0, "{engine}: a late a deletes nothing c holds");
+        assert_eq!(store.release_claims("c").await?, 6);
+        assert_eq!(seqs(&store.claim_events("d", 10, 62_000, 122_000).await?), [1, 2, 3, 4, 9, 10]);
+        store.close().await;
+    }
+    Ok(())
+}
+
+/// Eight claimers racing on PostgreSQL (`FOR UPDATE SKIP LOCKED`): every event is claimed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
+    let (_dir, stores) = both_engines().await?;
+    let Some((_, store)) = stores.into_iter().find(|(engine, _)| *engine == "postgres") else {
+        return Err("no postgres store".into());
+    };
+    let events: Vec<NewEvent<'_>> = (0..2_000)
+        .map(|i| NewEvent {
+            event_type: "mcp.tool.executed",
+            emitted_at: "2026-11-20T00:00:00.000Z".into(),
+            data: json!({"i": i}),
+            process_id: None,
+            held: None,
+        })
+        .collect();
+    store.append_events(&events).await?;
+    let mut claimers = Vec::new();
+    for n in 0..8 {
+        let store = store.clone();
+        claimers.push(tokio::spawn(async move {
+            let owner = format!("replica-{n}");
+            let mut mine = Vec::new();
+            loop {
+                let batch = store.claim_events(&owner, 25, 1_000, 61_000).await?;
+                let (Some(first), Some(last)) = (batch.first(), batch.last()) else { break };
+                let (first, last) = (first.seq, last.seq);
+                mine.extend(batch.iter().map(|e| e.seq));
+                store.delete_claimed(&owner, first, last).await?;
+            }
+            Ok::<_, StoreError>(mine)
+        }));
+    }
+    let mut seen = Vec::new();
+    for claimer in claimers {
+        seen.extend(claimer.await??);
+    }
+    let unique: HashSet<i64> = seen.iter().copied().collect();
+    assert_eq!(seen.len(), 2_000, "every event claimed");
+    assert_eq!(unique.len(), 2_000, "none claimed twice");
+    assert_eq!(store.event_count().await?, 0);
+    Ok(())
+}
