@@ -6,9 +6,21 @@
 #     in those schemas) against a strict hand-written schema of the fields used; the kustomization (every file
 #     listed, every listed file present) and, when kubectl is installed, `kubectl kustomize` and its output;
 #     cross-references (ConfigMap/Secret/PVC names, selectors, port names, probe paths, mount paths) and the
-#     production settings (one replica + Recreate, non-root, read-only root, grace period, resources).
+#     production settings (one replica + Recreate + a ReadWriteOnce claim, non-root, read-only root, grace
+#     period, resources).
+#   - deploy/kubernetes-scale-out (the PostgreSQL overlay of deploy/kubernetes): rendered by a built-in renderer of
+#     the kustomize features it uses (JSON patches, `$patch: delete`, labels, images) and, when kubectl is
+#     installed, compared with `kubectl kustomize`; every rendered object against the schemas; then its settings:
+#     RollingUpdate that keeps a replica up, no claim, the data directory an emptyDir within the ephemeral-storage
+#     limit, DATABASE_URL from a Secret key that exists (a postgres:// placeholder), the HPA (target, at least 2
+#     replicas, maxReplicas x (pool + 1) within PostgreSQL's default 100 connections, slow scale-down), the PDB
+#     consistent with the HPA's minimum, ClientIP affinity, the grace period covering the preStop pause.
 #   - deploy/compose.yaml: interpolated with its defaults, against the Compose Specification schema bundled in
 #     check-jsonschema, plus the settings (volume, config mount, healthcheck, stop_grace_period, ulimits).
+#   - deploy/compose.scale-out.yaml: the same per replica (none publishes a port, each has its own volume and
+#     waits for a healthy PostgreSQL, env files are git-ignored), PostgreSQL (pinned, pg_isready, password not
+#     inline, not published), and nginx.scale-out.conf (upstream = the replicas, hashed on the caller's token,
+#     SSE unbuffered, timeouts) with `nginx -t` when nginx is installed.
 #   - deploy/Dockerfile and .dockerignore: parsed; the build stage copies every path the release build reads
 #     (Cargo.toml targets, include_str!/include_bytes!, sqlx migrations) and .dockerignore keeps them in the
 #     context; the runtime stage is non-root, has HEALTHCHECK, STOPSIGNAL, tini, node/npm, python3, uv/uvx,
@@ -76,6 +88,7 @@ fi
 export VALIDATE_ROOT="$ROOT"
 exec "$VENV/bin/python" - "$@" <<'PY'
 import json
+import math
 import os
 import re
 import shlex
@@ -93,11 +106,13 @@ import yaml
 ROOT = Path(os.environ["VALIDATE_ROOT"])
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
+K8S_SCALE = DEPLOY / "kubernetes-scale-out"
 K8S_VERSIONS = os.environ.get("K8S_VERSIONS", "1.30 1.37").split()
 SATELLITE_BIN = os.environ.get("SATELLITE_BIN", "").strip()
 
 # Variables whose values are secrets; none may be baked into an image, a ConfigMap or compose.yaml.
-SECRET_VARS = ("SATELLITE_DEMO_TOKEN", "SATELLITE_DEMO_INSTANCE_TOKEN", "DEPLOYSTACK_REGISTRATION_TOKEN")
+# DATABASE_URL carries the PostgreSQL password.
+SECRET_VARS = ("SATELLITE_DEMO_TOKEN", "SATELLITE_DEMO_INSTANCE_TOKEN", "DEPLOYSTACK_REGISTRATION_TOKEN", "DATABASE_URL")
 # Shutdown: SATELLITE_DRAIN_SECONDS, then ~25 s to stop MCP servers and flush events.
 STOP_AFTER_DRAIN = 25
 DEFAULT_DRAIN = 10
@@ -180,7 +195,8 @@ def seconds(text):
 
 def is_placeholder(value):
     value = "" if value is None else str(value).strip()
-    return value == "" or value.startswith("<") or re.search(r"REPLACE|CHANGE[_-]?ME|PLACEHOLDER", value, re.I)
+    # "<password>" anywhere counts too (postgres://satellite:<password>@host/db).
+    return value == "" or re.search(r"<[^<>\s]+>", value) or re.search(r"REPLACE|CHANGE[_-]?ME|PLACEHOLDER", value, re.I)
 
 
 # Token-shaped strings that must never appear in deploy/ (real secrets): instance tokens, registration
@@ -660,6 +676,13 @@ KUSTOMIZATION = {
         "kind": {"const": "Kustomization"},
         "namespace": {"type": "string"},
         "resources": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        # JSON patches (a list of operations) with a target, or `$patch: delete` documents without one.
+        "patches": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["path"],
+            "properties": {"path": {"type": "string"}, "target": {
+                "type": "object", "additionalProperties": False, "required": ["kind", "name"],
+                "properties": {"group": {"type": "string"}, "version": {"type": "string"},
+                               "kind": {"type": "string"}, "name": {"type": "string"}}}}}},
         "labels": {"type": "array", "items": {
             "type": "object", "additionalProperties": False, "required": ["pairs"],
             "properties": {"pairs": LABELS, "includeSelectors": {"type": "boolean"},
@@ -705,53 +728,204 @@ def validate_objects(c, docs, where):
                 c.fail(f"{name}: {p}")
 
 
+# JSON patch (RFC 6902) and the subset of kustomize the overlays here use, so they are rendered and checked
+# without kubectl; where kubectl is installed its rendering must be the same.
+def _pointer(path):
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise ValueError(f"JSON pointer {path!r} does not start with /")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _walk(doc, parts):
+    for p in parts:
+        if isinstance(doc, list):
+            doc = doc[int(p)]
+        elif isinstance(doc, dict):
+            doc = doc[p]
+        else:
+            raise KeyError(p)
+    return doc
+
+
+def json_patch(doc, ops):
+    for op in ops:
+        kind, parts = op["op"], _pointer(op["path"])
+        parent, last = _walk(doc, parts[:-1]), parts[-1]
+        if kind == "test":
+            if _walk(doc, parts) != op["value"]:
+                raise ValueError(f"test {op['path']}: {_walk(doc, parts)!r} is not {op['value']!r}")
+        elif kind in ("add", "replace"):
+            value = json.loads(json.dumps(op["value"]))
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(value)
+                elif kind == "add":
+                    parent.insert(int(last), value)
+                else:
+                    parent[int(last)] = value
+            else:
+                if kind == "replace" and last not in parent:
+                    raise KeyError(f"replace {op['path']}: no such member")
+                parent[last] = value
+        elif kind == "remove":
+            if isinstance(parent, list):
+                del parent[int(last)]
+            else:
+                del parent[last]
+        else:
+            raise ValueError(f"op {kind} is not handled by the built-in renderer")
+    return doc
+
+
+def kustomize_builtin(directory):
+    """resources (files and directories), patches (JSON patch lists with a kind/name target, or `$patch: delete`),
+    labels (metadata only) and images: what this repository's kustomizations use."""
+    k = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    objs = []
+    for r in k.get("resources", []):
+        p = (directory / r).resolve()
+        objs += kustomize_builtin(p) if p.is_dir() else load_yaml_docs(p)
+    for patch in k.get("patches", []):
+        body = yaml.safe_load((directory / patch["path"]).read_text())
+        if isinstance(body, list):
+            t = patch.get("target", {})
+            hits = [o for o in objs if o["kind"] == t.get("kind") and o["metadata"]["name"] == t.get("name")]
+            if len(hits) != 1:
+                raise ValueError(f"patch {patch['path']}: target {t} matches {len(hits)} objects")
+            json_patch(hits[0], body)
+        elif isinstance(body, dict) and body.get("$patch") == "delete":
+            key = (body["kind"], body["metadata"]["name"])
+            before = len(objs)
+            objs = [o for o in objs if (o["kind"], o["metadata"]["name"]) != key]
+            if len(objs) != before - 1:
+                raise ValueError(f"patch {patch['path']}: deletes {key[0]}/{key[1]}, which is not there")
+        else:
+            raise ValueError(f"patch {patch['path']}: only JSON patches and `$patch: delete` are rendered here")
+    for label in k.get("labels", []):
+        if label.get("includeSelectors") or label.get("includeTemplates"):
+            raise ValueError("labels with includeSelectors/includeTemplates are not rendered here")
+        for o in objs:
+            o.setdefault("metadata", {}).setdefault("labels", {}).update(label["pairs"])
+    for image in k.get("images", []):
+        for o in objs:
+            for ctr in o.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+                name = re.split(r"[:@]", ctr["image"].rsplit("/", 1)[-1])[0]
+                prefix = ctr["image"].rsplit("/", 1)[0] + "/" if "/" in ctr["image"] else ""
+                if prefix + name != image["name"]:
+                    continue
+                ref = image.get("newName", image["name"])
+                ref += f"@{image['digest']}" if "digest" in image else f":{image['newTag']}" if "newTag" in image else ""
+                ctr["image"] = ref
+    return objs
+
+
+def quantity(text):
+    """A Kubernetes quantity (256Mi, 2Gi, 500M, 1) in bytes or units."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T|m)?", str(text))
+    if not m:
+        raise ValueError(f"not a quantity: {text!r}")
+    mult = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}[m.group(2)]
+    return float(m.group(1)) * mult
+
+
+def scaled(value, total, round_up):
+    """An int-or-percent field of a PDB or rolling update, resolved against `total` replicas."""
+    if isinstance(value, str) and value.endswith("%"):
+        share = int(value[:-1]) * total / 100
+        return math.ceil(share) if round_up else math.floor(share)
+    return int(value)
+
+
+def k8s_objects(c, docs, where):
+    """Validates and indexes objects by (kind, name); duplicates fail."""
+    validate_objects(c, docs, where)
+    objects = {}
+    for d in docs:
+        if isinstance(d, dict) and "kind" in d:
+            key = (d["kind"], d.get("metadata", {}).get("name"))
+            c.expect(key not in objects, f"{where}: duplicate {key[0]}/{key[1]}")
+            objects[key] = d
+    return objects
+
+
+def check_kustomization_file(c, directory, files):
+    kfile = directory / "kustomization.yaml"
+    k = yaml.safe_load(kfile.read_text())
+    for e in jsonschema.Draft202012Validator(KUSTOMIZATION).iter_errors(k):
+        c.fail(f"{rel(kfile)}: {'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}")
+    listed = set(k.get("resources", [])) | {p["path"] for p in k.get("patches", [])}
+    for r in listed:
+        c.expect((directory / r).exists(), f"{rel(kfile)} lists {r}, which does not exist")
+    for f in files:
+        c.expect(f.name in listed, f"{f.name} is not listed in {rel(kfile)}")
+    return k
+
+
 def check_kubernetes():
     files = sorted(p for p in K8S.glob("*.y*ml") if p.name != "kustomization.yaml")
-    objects = {}  # (kind, name) -> doc
+    objects = {}  # (kind, name) -> doc, the single-replica setup as rendered
     with Check("kubernetes manifests match the Kubernetes schemas (strict; " + ", ".join(K8S_VERSIONS) + ")") as c:
         c.expect(files, f"no manifests in {rel(K8S)}")
+        docs = []
         for f in files:
             try:
-                docs = load_yaml_docs(f)
+                docs += load_yaml_docs(f)
             except yaml.YAMLError as e:
                 c.fail(f"{rel(f)}: not YAML: {e}")
-                continue
-            validate_objects(c, docs, rel(f))
-            for d in docs:
-                if isinstance(d, dict) and "kind" in d:
-                    key = (d["kind"], d.get("metadata", {}).get("name"))
-                    c.expect(key not in objects, f"{rel(f)}: duplicate {key[0]}/{key[1]}")
-                    objects[key] = d
+        k8s_objects(c, docs, rel(K8S))
 
     with Check("kubernetes kustomization lists every manifest") as c:
-        kfile = K8S / "kustomization.yaml"
-        k = yaml.safe_load(kfile.read_text())
-        for e in jsonschema.Draft202012Validator(KUSTOMIZATION).iter_errors(k):
-            c.fail(f"kustomization.yaml: {'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}")
-        listed = set(k.get("resources", []))
-        for r in listed:
-            c.expect((K8S / r).is_file(), f"kustomization.yaml lists {r}, which does not exist")
-        for f in files:
-            c.expect(f.name in listed, f"{f.name} is not listed in kustomization.yaml")
+        k = check_kustomization_file(c, K8S, files)
         images = [i["name"] for i in k.get("images", [])]
-        for d in objects.values():
+        for d in docs:
             for ctr in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
                 c.expect(ctr["image"] in images or ":" in ctr["image"],
                          f"container {ctr['name']} image {ctr['image']} has neither a tag nor a kustomize images: entry")
 
-    with Check("kubernetes kustomize build renders valid objects") as c:
-        kubectl = shutil.which("kubectl")
-        if kubectl is None:
-            c.skip("kubectl not installed (optional)")
-        else:
-            r = subprocess.run([kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=120)
-            if c.expect(r.returncode == 0, f"kubectl kustomize failed: {r.stderr.strip()}"):
-                docs = [d for d in yaml.safe_load_all(r.stdout) if d]
-                c.expect(len(docs) == len(objects), f"rendered {len(docs)} objects, the files hold {len(objects)}")
-                validate_objects(c, docs, "kustomize output")
+    variants = [("kubernetes", K8S), ("kubernetes-scale-out", K8S_SCALE)]
+    rendered = {}
+    for name, directory in variants:
+        if name != "kubernetes":
+            extra = sorted(p for p in directory.glob("*.y*ml") if p.name != "kustomization.yaml")
+            with Check(f"{name} kustomization lists every file") as c:
+                check_kustomization_file(c, directory, extra)
+                for f in extra:
+                    for d in load_yaml_docs(f):
+                        if isinstance(d, dict) and d.get("$patch") != "delete" and "kind" in d:
+                            validate_objects(c, [d], rel(f))
+        with Check(f"{name} renders valid objects (built-in renderer; kubectl kustomize agrees where installed)") as c:
+            docs_ = kustomize_builtin(directory)
+            objs = k8s_objects(c, docs_, f"{name} rendered")
+            rendered[name] = objs
+            kubectl = shutil.which("kubectl")
+            if kubectl:
+                r = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+                if c.expect(r.returncode == 0, f"kubectl kustomize failed: {r.stderr.strip()}"):
+                    theirs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(r.stdout) if d}
+                    c.expect(set(theirs) == set(objs), f"kubectl renders {sorted(theirs)}, the built-in renderer "
+                                                       f"{sorted(objs)}")
+                    for key in set(theirs) & set(objs):
+                        c.expect(json.dumps(theirs[key], sort_keys=True) == json.dumps(objs[key], sort_keys=True),
+                                 f"{key[0]}/{key[1]}: kubectl kustomize renders it differently than the built-in "
+                                 "renderer (a kustomize feature it does not know?)")
+            else:
+                print("     (kubectl not installed: built-in renderer only)")
+    objects = rendered.get("kubernetes", {})
+    for name, _ in variants:
+        if name in rendered:
+            check_variant(name, rendered[name], scale_out=(name != "kubernetes"))
+    return objects
 
+
+def check_variant(name, objects, scale_out):
     dep = objects.get(("Deployment", "satellite"))
-    with Check("kubernetes Deployment is production-ready") as c:
+    hpas = [d for (k, _), d in objects.items() if k == "HorizontalPodAutoscaler"]
+    hpa = hpas[0] if hpas else None
+    with Check(f"{name} Deployment is production-ready" + (" (PostgreSQL, several replicas)" if scale_out
+                                                            else " (SQLite, one replica)")) as c:
         if not c.expect(dep is not None, "no Deployment/satellite"):
             return
         spec = dep["spec"]
@@ -768,14 +942,74 @@ def check_kubernetes():
                 c.expect(("Secret", ref["secretRef"]["name"]) in objects or ref["secretRef"].get("optional"),
                          f"envFrom Secret {ref['secretRef']['name']} is not defined")
         env.update({e["name"]: e.get("value") for e in ctr.get("env", []) if "value" in e})
+        from_secret = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in ctr.get("env", [])
+                       if "secretKeyRef" in e.get("valueFrom", {})}
+        for var, ref in from_secret.items():
+            secret = objects.get(("Secret", ref["name"]))
+            if ref.get("optional"):
+                continue
+            if c.expect(secret is not None, f"env {var}: Secret {ref['name']} is not defined"):
+                c.expect(ref["key"] in {**secret.get("data", {}), **secret.get("stringData", {})},
+                         f"env {var}: Secret {ref['name']} has no key {ref['key']}")
+        for (kind, cm_name), d in objects.items():
+            if kind == "ConfigMap":
+                c.expect("DATABASE_URL" not in d.get("data", {}),
+                         f"ConfigMap {cm_name} sets DATABASE_URL; it holds a password and goes in a Secret")
 
-        c.expect(spec.get("replicas") == 1, "replicas must be 1 (SQLite on a ReadWriteOnce volume)")
-        c.expect(spec.get("strategy", {}).get("type") == "Recreate",
-                 "strategy must be Recreate (two pods cannot share the SQLite volume during a rollout)")
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        mounts = {m["mountPath"]: m for m in ctr.get("volumeMounts", [])}
+        data_dir = env.get("SATELLITE_DATA_DIR", "/var/lib/satellite")
+        dm = mounts.get(data_dir)
+        data_volume = volumes.get(dm["name"], {}) if dm else {}
+        pre_stop = ctr.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+        if scale_out:
+            ref = from_secret.get("DATABASE_URL")
+            if c.expect(ref is not None and not ref.get("optional"),
+                        "DATABASE_URL is not taken from a Secret (env valueFrom.secretKeyRef, not optional): without "
+                        "it every replica would run on a SQLite file of its own"):
+                secret = objects.get(("Secret", ref["name"]), {})
+                url = {**secret.get("data", {}), **secret.get("stringData", {})}.get(ref["key"], "")
+                c.expect(str(url).startswith(("postgres://", "postgresql://")) and is_placeholder(url),
+                         f"Secret {ref['name']} {ref['key']} should be a postgres:// placeholder (with <password>)")
+            c.expect(hpa is not None, "no HorizontalPodAutoscaler")
+            floor = hpa["spec"].get("minReplicas", 1) if hpa else spec.get("replicas", 1)
+            if "replicas" in spec and hpa:
+                c.expect(hpa["spec"].get("minReplicas", 1) <= spec["replicas"] <= hpa["spec"]["maxReplicas"],
+                         f"replicas {spec['replicas']} is outside the HPA's range")
+            strategy = spec.get("strategy", {})
+            c.expect(strategy.get("type", "RollingUpdate") == "RollingUpdate", "strategy is not RollingUpdate")
+            ru = strategy.get("rollingUpdate", {})
+            c.expect(scaled(ru.get("maxUnavailable", "25%"), floor, False) < floor,
+                     "rollingUpdate.maxUnavailable would take every replica down at once")
+            c.expect(not [v for v in volumes.values() if "persistentVolumeClaim" in v],
+                     "a PersistentVolumeClaim volume: replicas share PostgreSQL, not a volume")
+            c.expect(not [k for (k, _) in objects if k == "PersistentVolumeClaim"], "a PersistentVolumeClaim is left")
+            if c.expect("emptyDir" in data_volume, f"SATELLITE_DATA_DIR {data_dir} is not an emptyDir (caches)"):
+                size = data_volume["emptyDir"].get("sizeLimit")
+                if c.expect(size, "the data emptyDir has no sizeLimit"):
+                    limit = ctr.get("resources", {}).get("limits", {}).get("ephemeral-storage")
+                    c.expect(limit and quantity(limit) > quantity(size),
+                             f"limits.ephemeral-storage {limit} does not leave room for the data emptyDir ({size})")
+        else:
+            c.expect(spec.get("replicas") == 1, "replicas must be 1 (SQLite on a ReadWriteOnce volume)")
+            c.expect(spec.get("strategy", {}).get("type") == "Recreate",
+                     "strategy must be Recreate (two pods cannot share the SQLite volume during a rollout)")
+            c.expect(hpa is None, "a HorizontalPodAutoscaler on a single SQLite replica")
+            c.expect(not env.get("DATABASE_URL") and "DATABASE_URL" not in from_secret,
+                     "DATABASE_URL is set: that is the scale-out setup (kubernetes-scale-out)")
+            c.expect("persistentVolumeClaim" in data_volume, f"SATELLITE_DATA_DIR {data_dir} is not a PVC mount")
+            for v in volumes.values():
+                if "persistentVolumeClaim" in v:
+                    claim = v["persistentVolumeClaim"]["claimName"]
+                    pvc = objects.get(("PersistentVolumeClaim", claim))
+                    if c.expect(pvc is not None, f"PVC {claim} is not defined"):
+                        c.expect(pvc["spec"].get("accessModes") in (["ReadWriteOnce"], ["ReadWriteOncePod"]),
+                                 f"PVC {claim} should be ReadWriteOnce(Pod): one SQLite writer")
         drain = int(env.get("SATELLITE_DRAIN_SECONDS", DEFAULT_DRAIN))
         grace = pod.get("terminationGracePeriodSeconds", 30)
-        c.expect(grace >= max(45, drain + STOP_AFTER_DRAIN + 10),
-                 f"terminationGracePeriodSeconds {grace} < max(45, drain {drain} + {STOP_AFTER_DRAIN} + 10)")
+        need = max(45, pre_stop + drain + STOP_AFTER_DRAIN + 10)
+        c.expect(grace >= need, f"terminationGracePeriodSeconds {grace} < max(45, preStop {pre_stop} + drain {drain} "
+                                f"+ {STOP_AFTER_DRAIN} + 10)")
         c.expect(pod.get("enableServiceLinks") is False,
                  "enableServiceLinks must be false (a Service named satellite injects SATELLITE_* variables)")
         psc, csc = pod.get("securityContext", {}), ctr.get("securityContext", {})
@@ -804,27 +1038,14 @@ def check_kubernetes():
         if "startupProbe" in ctr:
             probe("startupProbe", ["/healthz", "/readyz"])
 
-        volumes = {v["name"]: v for v in pod.get("volumes", [])}
-        mounts = {m["mountPath"]: m for m in ctr.get("volumeMounts", [])}
         for m in mounts.values():
             c.expect(m["name"] in volumes, f"volumeMount {m['name']} has no volume")
         for v in volumes.values():
-            if "persistentVolumeClaim" in v:
-                claim = v["persistentVolumeClaim"]["claimName"]
-                pvc = objects.get(("PersistentVolumeClaim", claim))
-                if c.expect(pvc is not None, f"PVC {claim} is not defined"):
-                    c.expect(pvc["spec"].get("accessModes") == ["ReadWriteOnce"] or
-                             pvc["spec"].get("accessModes") == ["ReadWriteOncePod"],
-                             f"PVC {claim} should be ReadWriteOnce(Pod): one SQLite writer")
             if "configMap" in v:
                 c.expect(("ConfigMap", v["configMap"]["name"]) in objects, f"ConfigMap {v['configMap']['name']} missing")
             if "secret" in v:
                 c.expect(("Secret", v["secret"]["secretName"]) in objects or v["secret"].get("optional"),
                          f"Secret {v['secret']['secretName']} missing")
-        data_dir = env.get("SATELLITE_DATA_DIR", "/var/lib/satellite")
-        dm = mounts.get(data_dir)
-        c.expect(dm is not None and "persistentVolumeClaim" in volumes.get(dm["name"], {}),
-                 f"SATELLITE_DATA_DIR {data_dir} is not a PVC mount")
         tm = mounts.get("/tmp")
         c.expect(tm is not None and "emptyDir" in volumes.get(tm["name"], {}), "/tmp is not an emptyDir")
         for k in ("HOME", "DEPLOYSTACK_PERSISTENT_DATA_DIR"):
@@ -833,7 +1054,7 @@ def check_kubernetes():
                          f"{k}={env[k]} is not on the data volume (read-only root)")
         c.expect(env.get("DEPLOYSTACK_STATUS_SHOW_MCP_DEBUG_ROUTE") == "false", "the debug route is not off")
         for var in SECRET_VARS:
-            c.expect(not env.get(var), f"{var} is set in a ConfigMap or the pod spec; secrets go in the Secret")
+            c.expect(not env.get(var), f"{var} is set in a ConfigMap or the pod spec; secrets go in a Secret")
         config = env.get("SATELLITE_CONFIG")
         c.expect(not (config and env.get("DEPLOYSTACK_BACKEND_URL")), "SATELLITE_CONFIG and DEPLOYSTACK_BACKEND_URL both set")
         if config:
@@ -848,10 +1069,41 @@ def check_kubernetes():
                 c.expect(os.path.basename(config) in {**obj.get("data", {}), **obj.get("stringData", {})},
                          f"{kind} {src} has no key {os.path.basename(config)}")
 
-    with Check("kubernetes Service, PodDisruptionBudget and ServiceMonitor select the pod") as c:
+    if scale_out:
+        with Check(f"{name} HorizontalPodAutoscaler fits the Deployment and the database") as c:
+            hs = hpa["spec"] if c.expect(len(hpas) == 1, f"{len(hpas)} HorizontalPodAutoscalers, want 1") else {}
+            if not hs:
+                hs = {"scaleTargetRef": {"kind": "?", "name": "?"}, "maxReplicas": 0}
+            ref = hs["scaleTargetRef"]
+            c.expect((ref.get("apiVersion"), ref["kind"], ref["name"]) == ("apps/v1", "Deployment", "satellite"),
+                     f"scaleTargetRef {ref} is not apps/v1 Deployment/satellite")
+            lo, hi = hs.get("minReplicas", 1), hs["maxReplicas"]
+            c.expect(lo >= 2, f"minReplicas {lo}: fewer than 2 leaves nothing serving when one replica fails")
+            c.expect(hi >= lo, f"maxReplicas {hi} < minReplicas {lo}")
+            metrics = hs.get("metrics", [])
+            c.expect(metrics, "no metrics (the default, 80% CPU, is implicit; say it)")
+            requests = ctr.get("resources", {}).get("requests", {})
+            for m in metrics:
+                if m["type"] == "Resource" and m["resource"]["target"]["type"] == "Utilization":
+                    c.expect(m["resource"]["name"] in requests,
+                             f"{m['resource']['name']} utilization without a request for it in the container")
+            down = hs.get("behavior", {}).get("scaleDown", {})
+            c.expect(down.get("stabilizationWindowSeconds", 300) >= 300,
+                     "scaleDown stabilization under 300 s: every scale-down ends a replica's sessions and servers")
+            pool = int(env.get("SATELLITE_DATABASE_MAX_CONNECTIONS", 8))
+            # PostgreSQL's default max_connections (100) less its 3 superuser_reserved_connections; +1 per replica
+            # for the leader lock's dedicated connection.
+            c.expect(hi * (pool + 1) <= 97, f"maxReplicas {hi} x (pool {pool} + 1) = {hi * (pool + 1)} connections "
+                                            "exceed PostgreSQL's default max_connections (100, 3 reserved)")
+
+    with Check(f"{name} Service, PodDisruptionBudget and ServiceMonitor select the pod") as c:
         pod_labels = dep["spec"]["template"]["metadata"].get("labels", {})
         sel = dep["spec"]["selector"].get("matchLabels", {})
         c.expect(all(pod_labels.get(k) == v for k, v in sel.items()), "the Deployment selector misses its own pods")
+        for tsc in dep["spec"]["template"]["spec"].get("topologySpreadConstraints", []):
+            ml = tsc.get("labelSelector", {}).get("matchLabels", {})
+            c.expect(ml and all(pod_labels.get(k) == v for k, v in ml.items()),
+                     "a topologySpreadConstraint selects other pods than the Deployment's")
         svc = objects.get(("Service", "satellite"))
         if c.expect(svc is not None, "no Service/satellite"):
             c.expect(svc["spec"]["selector"] and all(pod_labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
@@ -860,13 +1112,23 @@ def check_kubernetes():
             for p in svc["spec"]["ports"]:
                 c.expect(p.get("targetPort") in ctr_ports or isinstance(p.get("targetPort"), int),
                          f"Service targetPort {p.get('targetPort')} is not a container port name")
+            if scale_out:
+                c.expect(svc["spec"].get("sessionAffinity") == "ClientIP",
+                         "the Service has no ClientIP affinity: in-cluster clients' sessions would be spread")
+        floor = (hpa["spec"].get("minReplicas", 1) if hpa else dep["spec"].get("replicas", 1))
         pdbs = [d for (k, _), d in objects.items() if k == "PodDisruptionBudget"]
         c.expect(pdbs, "no PodDisruptionBudget")
         for pdb in pdbs:
             ml = pdb["spec"]["selector"].get("matchLabels", {})
             c.expect(ml and all(pod_labels.get(k) == v for k, v in ml.items()), "the PDB selector misses the pod")
-            c.expect(pdb["spec"].get("minAvailable") not in (1, "100%") or dep["spec"]["replicas"] > 1,
-                     "minAvailable 1 with one replica blocks every node drain (see poddisruptionbudget.yaml)")
+            if "minAvailable" in pdb["spec"]:
+                keep = scaled(pdb["spec"]["minAvailable"], floor, True)
+            else:
+                keep = floor - scaled(pdb["spec"].get("maxUnavailable", 1), floor, True)
+            c.expect(floor - keep >= 1, f"the PDB allows no disruption at {floor} replica(s): every node drain would "
+                                        "block (see poddisruptionbudget.yaml)")
+            if scale_out:
+                c.expect(keep >= 1, f"the PDB lets a drain take all {floor} replicas at once")
         sms = [d for (k, _), d in objects.items() if k == "ServiceMonitor"]
         c.expect(sms, "no ServiceMonitor")
         for sm in sms:
@@ -881,16 +1143,15 @@ def check_kubernetes():
                     if "interval" in ep and "scrapeTimeout" in ep:
                         c.expect(seconds(ep["scrapeTimeout"]) <= seconds(ep["interval"]), "scrapeTimeout > interval")
 
-    with Check("kubernetes Secret holds placeholders only; ConfigMap config has no known token hash") as c:
-        for (kind, name), d in objects.items():
+    with Check(f"{name} Secrets hold placeholders only; ConfigMap config has no known token hash") as c:
+        for (kind, obj_name), d in objects.items():
             if kind == "Secret":
                 for k, v in {**d.get("stringData", {}), **d.get("data", {})}.items():
-                    c.expect(is_placeholder(v), f"Secret {name} key {k} has a value; ship placeholders only")
+                    c.expect(is_placeholder(v), f"Secret {obj_name} key {k} has a value; ship placeholders only")
             if kind == "ConfigMap":
                 for k, v in d.get("data", {}).items():
                     if k.endswith(".toml"):
-                        check_toml_placeholders(c, v, f"ConfigMap {name} {k}")
-    return objects
+                        check_toml_placeholders(c, v, f"ConfigMap {obj_name} {k}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -922,79 +1183,255 @@ def interpolate(value, env):
     return re.sub(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)", sub, value)
 
 
+def compose_service_env(svc):
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(e.split("=", 1) if "=" in e else (e, None) for e in env)
+    return env
+
+
+def satellite_services(doc):
+    """The services that run the satellite image (built from deploy/Dockerfile)."""
+    out = {}
+    for name, svc in (doc.get("services") or {}).items():
+        build = svc.get("build", {})
+        if isinstance(build, dict) and str(build.get("dockerfile", "")).endswith("deploy/Dockerfile"):
+            out[name] = svc
+    return out
+
+
+def check_satellite_service(c, path, doc, svc, publishes):
+    env = compose_service_env(svc)
+    build = svc.get("build", {})
+    if isinstance(build, dict):
+        ctx = (path.parent / build.get("context", ".")).resolve()
+        c.expect(ctx == ROOT, f"build.context is {ctx}, not the repository root")
+        c.expect((ctx / build.get("dockerfile", "Dockerfile")).resolve() == (DEPLOY / "Dockerfile").resolve(),
+                 "build.dockerfile is not deploy/Dockerfile")
+    data_dir = env.get("SATELLITE_DATA_DIR", "/var/lib/satellite")
+    named = set((doc.get("volumes") or {}).keys())
+    targets = {}
+    for v in svc.get("volumes", []):
+        if isinstance(v, str):
+            parts = v.split(":")
+            v = {"type": "volume" if not parts[0].startswith((".", "/", "~")) else "bind",
+                 "source": parts[0], "target": parts[1], "read_only": len(parts) > 2 and "ro" in parts[2]}
+        targets[v["target"]] = v
+    dv = targets.get(data_dir)
+    c.expect(dv is not None and dv.get("type", "volume") == "volume" and dv["source"] in named,
+             f"{data_dir} is not a named volume declared under volumes:")
+    config = env.get("SATELLITE_CONFIG")
+    if config:
+        cv = targets.get(config)
+        if c.expect(cv is not None, f"SATELLITE_CONFIG {config} is not mounted"):
+            src = (path.parent / cv["source"]).resolve()
+            c.expect(src.is_file(), f"config mount source {cv['source']} (with defaults) does not exist")
+            c.expect(cv.get("read_only") is True, "the config mount is not read-only")
+    c.expect(not (config and env.get("DEPLOYSTACK_BACKEND_URL")), "SATELLITE_CONFIG and DEPLOYSTACK_BACKEND_URL both set")
+    c.expect(str(env.get("DEPLOYSTACK_STATUS_SHOW_MCP_DEBUG_ROUTE", "")).lower() == "false", "the debug route is not off")
+    for var in SECRET_VARS:
+        c.expect(var not in env, f"{var} is set in {path.name}; secrets go in an env file")
+    hc = svc.get("healthcheck", {})
+    test = hc.get("test", [])
+    test = " ".join(test) if isinstance(test, list) else str(test)
+    c.expect(re.search(r"/(readyz|healthz)\b", test), "healthcheck probes neither /readyz nor /healthz")
+    drain = float(env.get("SATELLITE_DRAIN_SECONDS", DEFAULT_DRAIN))
+    grace = seconds(svc.get("stop_grace_period", "10s"))
+    c.expect(grace > drain + STOP_AFTER_DRAIN, f"stop_grace_period {grace:g}s is not above drain {drain:g}s + {STOP_AFTER_DRAIN}s")
+    c.expect(svc.get("stop_signal", "SIGTERM") == "SIGTERM", "stop_signal is not SIGTERM")
+    for key in ("interval", "timeout", "start_period", "start_interval"):
+        if key in hc:
+            try:
+                seconds(hc[key])
+            except ValueError as e:
+                c.fail(f"healthcheck.{key}: {e}")
+    c.expect(str(hc.get("retries", 3)).isdigit(), f"healthcheck.retries {hc.get('retries')!r} is not a number")
+    nofile = svc.get("ulimits", {}).get("nofile")
+    soft = nofile.get("soft") if isinstance(nofile, dict) else nofile
+    c.expect(soft and int(soft) >= 4096, "ulimits.nofile is missing or below 4096")
+    ports = [str(p if not isinstance(p, dict) else p.get("target")) for p in svc.get("ports", [])]
+    if publishes:
+        c.expect(any(p.split(":")[-1].split("/")[0] == str(env.get("PORT", "3001")) for p in ports),
+                 "no published port reaches the container's PORT")
+    else:
+        c.expect(not ports, "a replica publishes a port; clients go through the proxy")
+    if svc.get("read_only"):
+        tmpfs = svc.get("tmpfs", [])
+        tmpfs = [tmpfs] if isinstance(tmpfs, str) else tmpfs
+        c.expect(any(t.split(":")[0] == "/tmp" for t in tmpfs), "read_only without a tmpfs on /tmp")
+    return env
+
+
+def load_compose(c, path):
+    raw = yaml.safe_load(path.read_text())
+    doc = interpolate(raw, {})
+    from importlib.resources import files
+    schema = json.loads(files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+        c.fail(f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}")
+    return doc
+
+
 def check_compose():
     path = DEPLOY / "compose.yaml"
     with Check("compose.yaml matches the Compose Specification schema") as c:
-        raw = yaml.safe_load(path.read_text())
-        doc = interpolate(raw, {})
-        from importlib.resources import files
-        schema = json.loads(files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text())
-        validator = jsonschema.validators.validator_for(schema)(schema)
-        for e in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
-            c.fail(f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}")
+        doc = load_compose(c, path)
+    if not c.problems:
+        with Check("compose.yaml satellite service is production-ready") as c:
+            svc = doc.get("services", {}).get("satellite")
+            if c.expect(svc is not None, "no services.satellite"):
+                env = check_satellite_service(c, path, doc, svc, publishes=True)
+                c.expect("DATABASE_URL" not in env, "compose.yaml is the SQLite setup; PostgreSQL is compose.scale-out.yaml")
+    check_compose_scale_out()
+
+
+def nginx_directives(text):
+    """(context path, directive, args) of an nginx config: comments dropped, blocks nested."""
+    out, stack = [], []
+    tokens = re.findall(r'"[^"]*"|\'[^\']*\'|[{};]|[^\s{};]+', re.sub(r"#[^\n]*", "", text))
+    current = []
+    for tok in tokens:
+        if tok == "{":
+            stack.append(" ".join(current))
+            current = []
+        elif tok == "}":
+            stack.pop()
+        elif tok == ";":
+            if current:
+                out.append((tuple(stack), current[0], current[1:]))
+            current = []
+        else:
+            current.append(tok)
+    return out
+
+
+def check_compose_scale_out():
+    path = DEPLOY / "compose.scale-out.yaml"
+    with Check("compose.scale-out.yaml matches the Compose Specification schema") as c:
+        doc = load_compose(c, path)
     if c.problems:
         return
-    with Check("compose.yaml satellite service is production-ready") as c:
-        svc = doc.get("services", {}).get("satellite")
-        if not c.expect(svc is not None, "no services.satellite"):
+    services = doc.get("services", {})
+    sats = satellite_services(doc)
+    ignored_here = []
+    gi = DEPLOY / ".gitignore"
+    if gi.exists():
+        ignored_here = [l.strip().lstrip("/") for l in gi.read_text().splitlines() if l.strip() and not l.startswith("#")]
+    with Check("compose.scale-out.yaml replicas are production-ready and share PostgreSQL") as c:
+        c.expect(len(sats) >= 2, f"{len(sats)} satellite service(s); the scale-out runs at least 2")
+        data_volumes = []
+        for name, svc in sats.items():
+            sub = Check(name)
+            env = check_satellite_service(sub, path, doc, svc, publishes=False)
+            for p in sub.problems:
+                c.fail(f"{name}: {p}")
+            c.expect(svc.get("depends_on", {}).get("postgres", {}).get("condition") == "service_healthy",
+                     f"{name} does not wait for postgres to be healthy")
+            env_files = [e if isinstance(e, dict) else {"path": e} for e in svc.get("env_file", [])]
+            required = [e["path"] for e in env_files if e.get("required", True)]
+            c.expect(required, f"{name}: no required env_file for DATABASE_URL")
+            for e in env_files:
+                c.expect(os.path.normpath(e["path"]) in ignored_here,
+                         f"{name}: env_file {e['path']} is not in deploy/.gitignore (it holds secrets)")
+            data_dir = env.get("SATELLITE_DATA_DIR", "/var/lib/satellite")
+            data_volumes += [v.get("source") if isinstance(v, dict) else v.split(":")[0]
+                             for v in svc.get("volumes", [])
+                             if (v.get("target") if isinstance(v, dict) else v.split(":")[1]) == data_dir]
+            pool = env.get("SATELLITE_DATABASE_MAX_CONNECTIONS")
+            c.expect(pool is None or str(pool).isdigit(), f"{name}: SATELLITE_DATABASE_MAX_CONNECTIONS {pool!r}")
+        c.expect(len(set(data_volumes)) == len(data_volumes), f"replicas share a data volume: {data_volumes}")
+
+    with Check("compose.scale-out.yaml PostgreSQL: pinned, health-checked, password from a file, not published") as c:
+        pg = services.get("postgres")
+        if c.expect(pg is not None, "no services.postgres"):
+            image = pg.get("image", "")
+            c.expect(re.fullmatch(r"(docker\.io/library/)?postgres:\d+(\.\d+)?(-alpine|-bookworm|-trixie)?(@sha256:[0-9a-f]{64})?",
+                                  image), f"postgres image {image!r} is not pinned to a major version")
+            env = compose_service_env(pg)
+            c.expect("POSTGRES_PASSWORD" not in env, "POSTGRES_PASSWORD is inline; it goes in postgres.env")
+            c.expect(env.get("POSTGRES_HOST_AUTH_METHOD", "scram-sha-256") not in ("trust", "password", "md5"),
+                     f"POSTGRES_HOST_AUTH_METHOD {env.get('POSTGRES_HOST_AUTH_METHOD')}")
+            c.expect(pg.get("env_file") or "POSTGRES_PASSWORD_FILE" in env, "no env_file or secret for the password")
+            for e in pg.get("env_file", []):
+                p = e["path"] if isinstance(e, dict) else e
+                c.expect(os.path.normpath(p) in ignored_here, f"env_file {p} is not in deploy/.gitignore")
+            test = pg.get("healthcheck", {}).get("test", [])
+            test = " ".join(test) if isinstance(test, list) else str(test)
+            c.expect("pg_isready" in test, "the healthcheck does not run pg_isready")
+            c.expect(not pg.get("ports"), "PostgreSQL is published; only the replicas need it")
+            c.expect(any(str(v.get("target") if isinstance(v, dict) else v.split(":")[1]).startswith("/var/lib/postgresql")
+                         for v in pg.get("volumes", [])), "PostgreSQL's data directory is not on a volume")
+
+    with Check("compose.scale-out.yaml proxy: nginx over every replica, affinity by caller, SSE passed through") as c:
+        proxies = {n: s for n, s in services.items() if str(s.get("image", "")).split(":")[0].endswith("nginx")}
+        if not c.expect(len(proxies) == 1, f"{len(proxies)} nginx services, want 1"):
             return
-        env = svc.get("environment", {})
-        if isinstance(env, list):
-            env = dict(e.split("=", 1) if "=" in e else (e, None) for e in env)
-        build = svc.get("build", {})
-        if isinstance(build, dict):
-            ctx = (path.parent / build.get("context", ".")).resolve()
-            c.expect(ctx == ROOT, f"build.context is {ctx}, not the repository root")
-            c.expect((ctx / build.get("dockerfile", "Dockerfile")).resolve() == (DEPLOY / "Dockerfile").resolve(),
-                     "build.dockerfile is not deploy/Dockerfile")
-        data_dir = env.get("SATELLITE_DATA_DIR", "/var/lib/satellite")
-        named = set((doc.get("volumes") or {}).keys())
-        targets = {}
-        for v in svc.get("volumes", []):
-            if isinstance(v, str):
-                parts = v.split(":")
-                v = {"type": "volume" if not parts[0].startswith((".", "/", "~")) else "bind",
-                     "source": parts[0], "target": parts[1], "read_only": len(parts) > 2 and "ro" in parts[2]}
-            targets[v["target"]] = v
-        dv = targets.get(data_dir)
-        c.expect(dv is not None and dv.get("type", "volume") == "volume" and dv["source"] in named,
-                 f"{data_dir} is not a named volume declared under volumes:")
-        config = env.get("SATELLITE_CONFIG")
-        if config:
-            cv = targets.get(config)
-            if c.expect(cv is not None, f"SATELLITE_CONFIG {config} is not mounted"):
-                src = (path.parent / cv["source"]).resolve()
-                c.expect(src.is_file(), f"config mount source {cv['source']} (with defaults) does not exist")
-                c.expect(cv.get("read_only") is True, "the config mount is not read-only")
-        c.expect(not (config and env.get("DEPLOYSTACK_BACKEND_URL")), "SATELLITE_CONFIG and DEPLOYSTACK_BACKEND_URL both set")
-        c.expect(str(env.get("DEPLOYSTACK_STATUS_SHOW_MCP_DEBUG_ROUTE", "")).lower() == "false", "the debug route is not off")
-        for var in SECRET_VARS:
-            c.expect(var not in env, f"{var} is set in compose.yaml; secrets go in satellite.env")
-        hc = svc.get("healthcheck", {})
-        test = hc.get("test", [])
-        test = " ".join(test) if isinstance(test, list) else str(test)
-        c.expect(re.search(r"/(readyz|healthz)\b", test), "healthcheck probes neither /readyz nor /healthz")
-        drain = float(env.get("SATELLITE_DRAIN_SECONDS", DEFAULT_DRAIN))
-        grace = seconds(svc.get("stop_grace_period", "10s"))
-        c.expect(grace > drain + STOP_AFTER_DRAIN, f"stop_grace_period {grace:g}s is not above drain {drain:g}s + {STOP_AFTER_DRAIN}s")
-        c.expect(svc.get("stop_signal", "SIGTERM") == "SIGTERM", "stop_signal is not SIGTERM")
-        for key in ("interval", "timeout", "start_period", "start_interval"):
-            if key in hc:
-                try:
-                    seconds(hc[key])
-                except ValueError as e:
-                    c.fail(f"healthcheck.{key}: {e}")
-        c.expect(str(hc.get("retries", 3)).isdigit(), f"healthcheck.retries {hc.get('retries')!r} is not a number")
-        nofile = svc.get("ulimits", {}).get("nofile")
-        soft = nofile.get("soft") if isinstance(nofile, dict) else nofile
-        c.expect(soft and int(soft) >= 4096, "ulimits.nofile is missing or below 4096")
-        ports = [str(p if not isinstance(p, dict) else p.get("target")) for p in svc.get("ports", [])]
-        c.expect(any(p.split(":")[-1].split("/")[0] == str(env.get("PORT", "3001")) for p in ports),
-                 "no published port reaches the container's PORT")
-        if svc.get("read_only"):
-            tmpfs = svc.get("tmpfs", [])
-            tmpfs = [tmpfs] if isinstance(tmpfs, str) else tmpfs
-            c.expect(any(t.split(":")[0] == "/tmp" for t in tmpfs), "read_only without a tmpfs on /tmp")
+        pname, proxy = next(iter(proxies.items()))
+        c.expect(re.fullmatch(r"nginx:\d+\.\d+(\.\d+)?(-alpine)?", proxy["image"]), f"{proxy['image']} is not pinned")
+        c.expect(proxy.get("ports"), "the proxy publishes no port")
+        deps = proxy.get("depends_on", {})
+        c.expect(set(sats) <= set(deps), f"the proxy does not depend on every replica ({sorted(sats)})")
+        mounts = [v for v in proxy.get("volumes", []) if isinstance(v, dict) and v.get("type") == "bind"]
+        conf = next((m for m in mounts if str(m["target"]).startswith("/etc/nginx/")), None)
+        if not c.expect(conf is not None and conf.get("read_only") is True, "no read-only nginx config mount"):
+            return
+        conf_path = (path.parent / conf["source"]).resolve()
+        if not c.expect(conf_path.is_file(), f"{conf['source']} does not exist"):
+            return
+        text = conf_path.read_text()
+        ds = nginx_directives(text)
+        upstreams = {ctx[-1].split()[1] for ctx, _, _ in ds if ctx and ctx[-1].startswith("upstream ")}
+        c.expect(len(upstreams) == 1, f"upstream blocks: {sorted(upstreams)}")
+        up = next(iter(upstreams), "")
+        in_up = [(d, a) for ctx, d, a in ds if ctx and ctx[-1] == f"upstream {up}"]
+        servers = {a[0] for d, a in in_up if d == "server"}
+        want = {f"{n}:{compose_service_env(s).get('PORT', '3001')}" for n, s in sats.items()}
+        c.expect(servers == want, f"upstream servers {sorted(servers)} are not the replicas {sorted(want)}")
+        hashes = [a for d, a in in_up if d == "hash"]
+        if c.expect(hashes, "no `hash ... consistent` in the upstream: a caller's sessions would be spread"):
+            key = hashes[0][0]
+            c.expect("consistent" in hashes[0][1:], "hash without `consistent`: a replica added or lost moves every caller")
+            c.expect(not re.search(r"mcp_session_id|arg_session", key, re.I),
+                     f"hash {key}: a session id is made up by the replica that answers initialize, so its hash "
+                     "picks a replica regardless of which one holds the session; hash a key every request of the "
+                     "session carries from the start ($http_authorization)")
+            c.expect(key in ("$http_authorization", "$remote_addr", "$binary_remote_addr"),
+                     f"hash {key} is not the caller's token or address")
+        ka = [a for d, a in in_up if d == "keepalive_timeout"]
+        if [a for d, a in in_up if d == "keepalive"]:
+            c.expect(ka and seconds(ka[0][0]) < 10,
+                     "upstream keepalive without keepalive_timeout under the satellite's 10 s idle close")
+        loc = {d: a for ctx, d, a in ds if ctx and ctx[-1].startswith("location")}
+        c.expect(loc.get("proxy_pass") == [f"http://{up}"], f"proxy_pass is {loc.get('proxy_pass')}, not http://{up}")
+        c.expect(loc.get("proxy_buffering") == ["off"], "proxy_buffering is not off (SSE answers would be held)")
+        c.expect(loc.get("proxy_http_version") == ["1.1"], "proxy_http_version is not 1.1")
+        c.expect(loc.get("proxy_read_timeout") and seconds(loc["proxy_read_timeout"][0]) >= 300,
+                 "proxy_read_timeout under 300 s would cut quiet SSE streams")
+        nu = loc.get("proxy_next_upstream", [])
+        c.expect("non_idempotent" not in nu, "proxy_next_upstream non_idempotent could send a tool call twice")
+        body = [a for ctx, d, a in ds if d == "client_max_body_size"]
+        c.expect(body and quantity(body[0][0].upper().replace("M", "Mi").replace("K", "Ki")) > 4 * 2**20,
+                 "client_max_body_size is not above the satellite's 4 MiB")
+
+    with Check("compose.scale-out.yaml nginx config passes nginx -t") as c:
+        nginx = shutil.which("nginx")
+        if nginx is None:
+            c.skip("nginx not installed (optional)")
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            # The replicas' names do not resolve here: the same config with 127.0.0.1 in their place.
+            conf_text = text
+            for n in sats:
+                conf_text = re.sub(rf"\b{re.escape(n)}:", "127.0.0.1:", conf_text)
+            (Path(tmp) / "default.conf").write_text(conf_text)
+            (Path(tmp) / "nginx.conf").write_text(
+                f"pid {tmp}/nginx.pid;\nerror_log stderr;\nevents {{}}\nhttp {{\n  access_log off;\n"
+                f"  client_body_temp_path {tmp}/body;\n  proxy_temp_path {tmp}/proxy;\n"
+                f"  include {tmp}/default.conf;\n}}\n")
+            r = subprocess.run([nginx, "-e", "stderr", "-t", "-q", "-p", tmp, "-c", f"{tmp}/nginx.conf"], capture_output=True,
+                               text=True, timeout=60)
+            c.expect(r.returncode == 0, f"nginx -t (exit {r.returncode}): {(r.stdout + r.stderr).strip()}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1096,7 +1533,15 @@ def check_configs(objects):
         for word in shlex.split(line):
             k, _, v = word.partition("=")
             unit_env[k] = v
+    try:
+        scale = interpolate(yaml.safe_load((DEPLOY / "compose.scale-out.yaml").read_text()), {})
+        scale_env = compose_service_env(next(iter(satellite_services(scale).values())))
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError, StopIteration):
+        scale_env = {}
+    # DATABASE_URL is in the replicas' env file, not here: check-config runs these on SQLite.
     cases = [("deploy/satellite.example.toml with compose.yaml's environment", example.read_text(), compose_env),
+             ("deploy/satellite.example.toml with compose.scale-out.yaml's replica environment", example.read_text(),
+              scale_env),
              ("deploy/satellite.example.toml with satellite.service's environment", example.read_text(), unit_env)]
     if cm_toml is not None:
         cases.append(("kubernetes ConfigMap satellite.toml with satellite-env", cm_toml, cm_env))

@@ -136,6 +136,12 @@ impl Toolsets {
         state.configured = configured;
     }
 
+    /// Read the stored toolsets again: what another replica on the same database wrote (docs/scale-out.md).
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        let _writing = self.inner.writing.lock().await;
+        self.reload().await
+    }
+
     async fn reload(&self) -> Result<(), StoreError> {
         let (rows, defaults) = self.inner.store.load_toolsets().await?;
         let previous = self.inner.state.read().stored.clone();

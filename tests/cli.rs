@@ -280,8 +280,9 @@ async fn tokens_reports_a_server_it_cannot_reach_and_refuses_no_target() {
 /// What a normal start, one discover, one call and a SIGTERM may say at info or above: the start-up summary,
 /// the listening address, the search stages, the first configuration, and the shutdown steps. Anything else (a library's internals,
 /// a 503 of `/readyz` while starting, an instance's every status change) is noise to an operator.
-const EXPECTED_LINES: [&str; 8] = [
+const EXPECTED_LINES: [&str; 9] = [
     "sandbox: ",
+    "store",
     "tool search",
     "satellite listening",
     "initial configuration applied",

@@ -16,6 +16,7 @@ mod lifecycle;
 mod managed;
 mod metrics;
 mod reconcile;
+mod replicas;
 mod sandbox;
 mod secret_sweep;
 mod tenancy;

@@ -21,7 +21,7 @@ const ALICE: &str = "plain-acme-alice-inst1";
 const BOB: &str = "plain-acme-bob-inst1";
 
 /// One stdio installation (an allow-listed `python3` running the fixture server) for alice and bob.
-fn config() -> ConfigResponse {
+pub(crate) fn config() -> ConfigResponse {
     let script = fixture("misbehaving_server.py").to_string_lossy().into_owned();
     let entry = |user: &str| McpServerEntry {
         installation_id: "inst1".into(),
@@ -41,7 +41,7 @@ fn config() -> ConfigResponse {
 }
 
 /// Fast cadences so tests wait seconds, not minutes.
-fn fast(config: &mut Config) {
+pub(crate) fn fast(config: &mut Config) {
     config.activity_interval = Duration::from_millis(300);
     if let satellite::config::Mode::Managed(m) = &mut config.mode {
         m.heartbeat_interval = Duration::from_millis(200);
@@ -55,7 +55,7 @@ async fn start(backend: &FakeBackend, dir: tempfile::TempDir, token: &str) -> Te
 }
 
 /// A `configure` that asks for a full refresh, as the backend sends after an installation changed.
-fn refresh(id: &str) -> Command {
+pub(crate) fn refresh(id: &str) -> Command {
     Command::new(
         id,
         Priority::Immediate,
@@ -465,7 +465,7 @@ async fn garbage_truncated_and_slow_answers_never_stop_serving() {
 }
 
 /// Live children of `parent` (from /proc).
-fn children_of(parent: u32) -> Vec<u32> {
+pub(crate) fn children_of(parent: u32) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -485,11 +485,22 @@ fn children_of(parent: u32) -> Vec<u32> {
 }
 
 fn spawn_managed_binary(backend: &FakeBackend, dir: &std::path::Path) -> tokio::process::Child {
+    spawn_managed_binary_with(backend, dir, free_port(), &[])
+}
+
+/// The satellite binary in managed mode in `dir` on `port`, with `extra` environment (a shared database, say).
+pub(crate) fn spawn_managed_binary_with(
+    backend: &FakeBackend,
+    dir: &std::path::Path,
+    port: u16,
+    extra: &[(&str, &str)],
+) -> tokio::process::Child {
     tokio::process::Command::new(satellite_exe())
+        .envs(extra.iter().copied())
         .arg("serve")
         .current_dir(dir)
         .env_remove("SATELLITE_CONFIG")
-        .env("PORT", free_port().to_string())
+        .env("PORT", port.to_string())
         .env("DEPLOYSTACK_BACKEND_URL", backend.url())
         .env("DEPLOYSTACK_SATELLITE_NAME", "kill-nine-satellite")
         .env("DEPLOYSTACK_REGISTRATION_TOKEN", FakeBackend::REGISTRATION_TOKEN)

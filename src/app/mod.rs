@@ -51,6 +51,8 @@ use file_watch::{fingerprint, FileWatch};
 
 /// Expired introspection results are removed on this period (SB §19).
 const INTROSPECTION_SWEEP: Duration = Duration::from_secs(300);
+/// Replicas on PostgreSQL: how often the toolsets stored through the API are read again.
+const TOOLSETS_SYNC: Duration = Duration::from_secs(5);
 /// `resources/read` budget (SB §9.5: 60 s).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -191,6 +193,7 @@ impl Satellite {
                     &settings.satellite_name,
                     settings.registration_token.as_ref(),
                     &settings.persistent_dir,
+                    (store.engine() == crate::store::Engine::Postgres).then_some(&store),
                     &mut metrics,
                 )
                 .await?;
@@ -324,6 +327,14 @@ impl Satellite {
             };
             jobs.every("config-file-watch", interval, FirstRun::AfterOnePeriod, move || watcher.clone().check());
         }
+        if store.engine() == crate::store::Engine::Postgres {
+            // Replicas share the database: toolsets another replica wrote reach this one within seconds.
+            let toolsets = toolsets.clone();
+            jobs.every("toolsets-sync", TOOLSETS_SYNC, FirstRun::AfterOnePeriod, move || {
+                let toolsets = toolsets.clone();
+                async move { toolsets.refresh().await }
+            });
+        }
         let pollers = CancellationToken::new();
         // Written until the requests have drained (shutdown step 2), then flushed before the database closes.
         analytics.spawn_writer(store.clone(), &tasks, pollers.clone());
@@ -353,8 +364,10 @@ impl Satellite {
                     idle_poll: settings.poll_idle,
                     heartbeat_every: settings.heartbeat_interval,
                     event_tick: settings.event_interval,
+                    replica_id: format!("{:016x}", rand::random::<u64>()),
                 };
-                let uploader = Managed::uploader(&deps, settings.outbox_max);
+                deps.monitor.set_replica_id(&deps.replica_id);
+                let uploader = Managed::uploader(&deps, settings.outbox_max, settings.event_lease);
                 upload_task = Some(tokio::spawn(
                     managed::upload_loop(
                         uploader,
@@ -368,6 +381,7 @@ impl Satellite {
                 let (loops, token) = (tasks.clone(), pollers.clone());
                 tasks.spawn(
                     async move {
+                        runtime.note_signals().await;
                         // BP §1 steps 9-10: the config once (a failure starts with no servers), then polling.
                         match Managed::refresh_config(&deps).await {
                             Ok(result) => info!(%result, "initial backend configuration applied"),

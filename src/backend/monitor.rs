@@ -71,17 +71,33 @@ struct State {
     config: Attempts,
     events: Attempts,
     health: Option<(Instant, Value)>,
+    role: Role,
+}
+
+/// What this satellite does among replicas on one database (docs/scale-out.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The only satellite on its (SQLite) database: it does everything.
+    #[default]
+    Single,
+    /// Holds the leader lock: heartbeats, command polling and results.
+    Leader,
+    /// Serves, uploads events and runs the leader's commands; waits for the lock.
+    Follower,
 }
 
 pub struct BackendMonitor {
     client: Arc<BackendClient>,
+    /// This process among replicas (`ManagedDeps::replica_id`), set once the runtime starts.
+    replica_id: Mutex<Option<String>>,
     store: Store,
     state: Mutex<State>,
 }
 
 impl BackendMonitor {
     pub fn new(client: Arc<BackendClient>, store: Store) -> Self {
-        Self { client, store, state: Mutex::new(State::default()) }
+        Self { client, store, state: Mutex::new(State::default()), replica_id: Mutex::new(None) }
     }
 
     /// Record one attempt; `Err` carries the error text (never a credential: `BackendError` has none).
@@ -94,6 +110,18 @@ impl BackendMonitor {
             Channel::Events => &mut state.events,
         };
         attempts.record(outcome);
+    }
+
+    pub fn set_replica_id(&self, id: &str) {
+        *self.replica_id.lock() = Some(id.to_owned());
+    }
+
+    pub fn set_role(&self, role: Role) {
+        self.state.lock().role = role;
+    }
+
+    pub fn role(&self) -> Role {
+        self.state.lock().role
     }
 
     /// The attempts on one channel so far.
@@ -124,6 +152,8 @@ impl BackendMonitor {
         let state = self.state.lock();
         let mut body = health;
         body["satellite_id"] = json!(self.client.satellite_id());
+        body["replica_role"] = json!(state.role);
+        body["replica_id"] = json!(*self.replica_id.lock());
         body["heartbeat"] = json!(state.heartbeat);
         body["poll"] = json!(state.poll);
         body["config"] = json!(state.config);

@@ -5,6 +5,7 @@
 //! credentials are secrets and never logged.
 
 use std::path::Path;
+use std::time::Duration;
 
 use chrono::Utc;
 use secrecy::{ExposeSecret, SecretString};
@@ -14,6 +15,10 @@ use super::client::{BackendClient, BackendError};
 use super::credentials::{CredentialStore, Credentials, CredentialsError};
 use super::metrics::ProcessMetrics;
 use super::wire::{HeartbeatRequest, RegisterRequest, SystemInfo, Transport};
+use crate::store::{SharedIdentity, Store};
+
+/// How long a replica waits for another one to finish registering (they take turns under a lock).
+const IDENTITY_LOCK_WAIT: Duration = Duration::from_secs(60);
 
 const TOKEN_PREFIXES: [&str; 2] = ["deploystack_satellite_global_", "deploystack_satellite_team_"];
 const PLACEHOLDER: &str = "your_registration_token_here";
@@ -30,6 +35,69 @@ pub enum IdentityError {
     NoToken,
     #[error("registration failed: {0}{1}")]
     Registration(Box<BackendError>, String),
+    #[error("the shared database cannot hold the satellite's identity: {0}")]
+    Shared(String),
+}
+
+/// The advisory-lock key of one purpose (`identity`, `leader`) for the satellite `name`: replicas of one
+/// satellite share it, two satellites on one database do not.
+pub fn lock_key(purpose: &str, name: &str) -> i64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(format!("satellite {purpose} {name}").as_bytes());
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(bytes)
+}
+
+/// Where the credentials live: `backend.key.json` (BP §2.4), or, for replicas on PostgreSQL, the shared
+/// database, so every replica uses the one registration (a registration mints a new key and kills the old).
+enum Home<'a> {
+    File(CredentialStore),
+    Shared { store: &'a Store, name: &'a str },
+}
+
+impl Home<'_> {
+    async fn load(&self) -> Result<Option<Credentials>, IdentityError> {
+        match self {
+            Home::File(file) => Ok(file.load()),
+            Home::Shared { store, name } => {
+                let shared = store.shared_identity(name).await.map_err(|e| IdentityError::Shared(e.to_string()))?;
+                let parse = |s: &str| chrono::DateTime::parse_from_rfc3339(s).map(|t| t.to_utc()).ok();
+                Ok(shared.map(|s| {
+                    let registered_at = parse(&s.registered_at).unwrap_or_else(Utc::now);
+                    Credentials {
+                        api_key: s.api_key,
+                        satellite_id: s.satellite_id,
+                        satellite_name: (*name).to_owned(),
+                        registered_at,
+                        last_verified: parse(&s.last_verified).unwrap_or(registered_at),
+                    }
+                }))
+            }
+        }
+    }
+
+    async fn save(&self, credentials: &Credentials) -> Result<(), String> {
+        match self {
+            Home::File(file) => file.save(credentials).map_err(|e| e.to_string()),
+            Home::Shared { store, name } => {
+                let identity = SharedIdentity {
+                    satellite_id: credentials.satellite_id.clone(),
+                    api_key: credentials.api_key.clone(),
+                    registered_at: crate::model::iso(credentials.registered_at),
+                    last_verified: crate::model::iso(credentials.last_verified),
+                };
+                store.save_shared_identity(name, &identity).await.map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    async fn clear(&self) -> Result<(), String> {
+        match self {
+            Home::File(file) => file.clear().map_err(|e| e.to_string()),
+            Home::Shared { store, name } => store.clear_shared_identity(name).await.map_err(|e| e.to_string()),
+        }
+    }
 }
 
 /// BP §1 step 2: a present token must look like one (OQ-1: an absent token is fine while stored credentials work).
@@ -49,19 +117,42 @@ pub fn check_token(token: Option<&SecretString>) -> Result<(), IdentityError> {
     }
 }
 
-/// Steps 4-7: the credentials this satellite runs with, set on `client`.
+/// Steps 4-7: the credentials this satellite runs with, set on `client`. With `shared` (replicas on one
+/// PostgreSQL database) the credentials live in the database and the replicas take turns under an advisory
+/// lock: the first registers, the others find its credentials and verify them.
 pub async fn identify(
     client: &BackendClient,
     name: &str,
     token: Option<&SecretString>,
     persistent_dir: &Path,
+    shared: Option<&Store>,
     metrics: &mut ProcessMetrics,
 ) -> Result<Credentials, IdentityError> {
     check_token(token)?;
-    let store = CredentialStore::open(persistent_dir)?;
+    let file = CredentialStore::open(persistent_dir)?;
     client.health().await.map_err(|e| IdentityError::Unreachable(Box::new(e)))?;
+    let Some(store) = shared else { return identify_in(client, name, token, &Home::File(file), metrics).await };
+    let lock = tokio::time::timeout(IDENTITY_LOCK_WAIT, store.advisory_lock(lock_key("identity", name), true))
+        .await
+        .map_err(|_| {
+            IdentityError::Shared(format!("another replica held the identity lock for {IDENTITY_LOCK_WAIT:?}"))
+        })?
+        .map_err(|e| IdentityError::Shared(e.to_string()))?;
+    let identified = identify_in(client, name, token, &Home::Shared { store, name }, metrics).await;
+    if let Some(lock) = lock {
+        lock.release().await;
+    }
+    identified
+}
 
-    if let Some(mut stored) = store.load() {
+async fn identify_in(
+    client: &BackendClient,
+    name: &str,
+    token: Option<&SecretString>,
+    store: &Home<'_>,
+    metrics: &mut ProcessMetrics,
+) -> Result<Credentials, IdentityError> {
+    if let Some(mut stored) = store.load().await? {
         client.set_credentials(&stored);
         let sample = metrics.sample();
         let beat =
@@ -69,7 +160,7 @@ pub async fn identify(
         match client.heartbeat(&beat).await {
             Ok(_) => {
                 stored.last_verified = Utc::now();
-                if let Err(err) = store.save(&stored) {
+                if let Err(err) = store.save(&stored).await {
                     warn!(error = %err, "could not record the verification time of the stored credentials");
                 }
                 info!(satellite_id = %stored.satellite_id, "stored backend credentials verified");
@@ -77,7 +168,7 @@ pub async fn identify(
             }
             Err(err) => {
                 warn!(error = %err, "stored backend credentials were refused; registering again");
-                if let Err(err) = store.clear() {
+                if let Err(err) = store.clear().await {
                     warn!(error = %err, "could not clear the stored credentials");
                 }
             }
@@ -113,7 +204,7 @@ pub async fn identify(
         last_verified: now,
     };
     client.set_credentials(&credentials);
-    if let Err(err) = store.save(&credentials) {
+    if let Err(err) = store.save(&credentials).await {
         warn!(error = %err, "registered, but the credentials could not be stored; the next start registers again");
     }
     info!(satellite_id = %credentials.satellite_id, status = registered.satellite.status.as_deref().unwrap_or("unknown"), "registered with the backend");

@@ -107,9 +107,15 @@ impl Uploader {
         }
     }
 
-    /// A shorter lease (tests of a replica that dies mid-batch).
+    /// How long a claimed batch stays this replica's (default `LEASE`).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// The name this replica claims batches under (default: random).
+    pub fn with_owner(mut self, owner: String) -> Self {
+        self.owner = owner;
         self
     }
 

@@ -70,6 +70,8 @@ pub const EVENT_BATCH_INTERVAL_MS: &str = "EVENT_BATCH_INTERVAL_MS";
 pub const EVENT_FLUSH_TIMEOUT_MS: &str = "EVENT_FLUSH_TIMEOUT_MS";
 pub const HEARTBEAT_INTERVAL_MS: &str = "SATELLITE_HEARTBEAT_INTERVAL_MS";
 pub const EVENT_OUTBOX_MAX: &str = "SATELLITE_EVENT_OUTBOX_MAX";
+/// Milliseconds a replica's claim on a batch of events lasts (docs/scale-out.md).
+pub const EVENT_LEASE_MS: &str = "SATELLITE_EVENT_LEASE_MS";
 pub const TOKEN_AUDIENCES: &str = "DEPLOYSTACK_TOKEN_AUDIENCES";
 pub const GITHUB_TARBALL_URL: &str = "DEPLOYSTACK_GITHUB_TARBALL_URL";
 pub const DEPLOYMENTS_DIR: &str = "DEPLOYSTACK_DEPLOYMENTS_DIR";

@@ -140,6 +140,16 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// The replicas holding claims on events now (lapsed ones included), in claim order.
+    pub async fn claims(&self) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT claimed_by FROM event_outbox WHERE claimed_by IS NOT NULL GROUP BY claimed_by ORDER BY MIN(seq)",
+        )
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(|row| Ok(row.try_get("claimed_by")?)).collect()
+    }
+
     /// Give up `owner`'s claims (at shutdown), so another replica sends them without waiting for the lease.
     pub async fn release_claims(&self, owner: &str) -> Result<u64, StoreError> {
         let done = sqlx::query("UPDATE event_outbox SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1")

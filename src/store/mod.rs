@@ -8,7 +8,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use secrecy::ExposeSecret;
+use secrecy::{ExposeSecret, SecretString};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{AnyPool, ConnectOptions, Connection, Executor};
@@ -18,12 +18,14 @@ use crate::config::{mask_url_password, Database};
 pub mod analytics;
 mod catalog;
 mod events;
+mod replicas;
 mod sql;
 mod status;
 pub mod toolsets;
 
 pub use catalog::{CatalogOwner, HeldTool, ToolChangeRow};
 pub use events::{NewEvent, OutboxSummary, StoredEvent};
+pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
 pub use status::StatusRecord;
 
 /// Status rows kept per instance.
@@ -55,6 +57,8 @@ pub struct Store {
     engine: Engine,
     /// The database, for logs: the SQLite file, or the PostgreSQL URL with its password masked.
     described: String,
+    /// PostgreSQL: the URL, for the connections advisory locks are held on (outside the pool).
+    url: Option<std::sync::Arc<SecretString>>,
 }
 
 impl Store {
@@ -76,7 +80,12 @@ impl Store {
                     .connect(url)
                     .await?;
                 sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-                Ok(Store { pool, engine: Engine::Postgres, described: mask_url_password(url) })
+                Ok(Store {
+                    pool,
+                    engine: Engine::Postgres,
+                    described: mask_url_password(url),
+                    url: Some(std::sync::Arc::new(SecretString::from(url.to_owned()))),
+                })
             }
             None => {
                 std::fs::create_dir_all(data_dir)
@@ -105,7 +114,7 @@ impl Store {
                     .connect(&url)
                     .await?;
                 sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
-                Ok(Store { pool, engine: Engine::Sqlite, described: file.display().to_string() })
+                Ok(Store { pool, engine: Engine::Sqlite, described: file.display().to_string(), url: None })
             }
         }
     }
@@ -155,9 +164,10 @@ pub(crate) fn flag(row: &AnyRow, column: &str) -> Result<bool, StoreError> {
     Ok(row.try_get::<i64, _>(column)? != 0)
 }
 
-/// Stores for tests on both engines: SQLite in a temporary directory, and a fresh database on the PostgreSQL
-/// server named by `SATELLITE_TEST_POSTGRES_URL` (`scripts/postgres.sh` starts one; `scripts/test.sh` does).
-#[cfg(test)]
+/// Databases for tests on both engines: a fresh database on the PostgreSQL server named by
+/// `SATELLITE_TEST_POSTGRES_URL` (`scripts/postgres.sh` starts one; `scripts/test.sh` does), and, in unit
+/// tests, one store per engine. Used by this crate's tests and by `tests/`.
+#[doc(hidden)]
 pub mod testing {
     use super::*;
 
@@ -181,6 +191,7 @@ pub mod testing {
     }
 
     /// One store per engine: `[("sqlite", …), ("postgres", …)]`, and the temporary directory SQLite lives in.
+    #[cfg(test)]
     pub async fn both_engines(
     ) -> Result<(tempfile::TempDir, Vec<(&'static str, Store)>), Box<dyn std::error::Error + Send + Sync>> {
         let dir = tempfile::tempdir()?;

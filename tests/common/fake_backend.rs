@@ -206,6 +206,17 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     schemas: HashMap<String, jsonschema::Validator>,
+    /// Requests being answered now (a dropped connection drops its request: it is not answered).
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts one request in flight until dropped.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The fake backend; dropping it stops the server.
@@ -249,7 +260,8 @@ impl FakeBackend {
         let addr = listener.local_addr().expect("local addr");
         let mut state = State { config: json!({"mcp_servers": {}}), ..State::default() };
         state.registration_tokens.insert(Self::REGISTRATION_TOKEN.into(), false);
-        let shared = Arc::new(Shared { state: Mutex::new(state), schemas: load_schemas() });
+        let shared =
+            Arc::new(Shared { state: Mutex::new(state), schemas: load_schemas(), in_flight: Default::default() });
         let server = tokio::spawn(serve(listener, shared.clone()));
         FakeBackend { shared, addr, server: Mutex::new(Some(server)) }
     }
@@ -415,6 +427,11 @@ impl FakeBackend {
 
     // --- what happened
 
+    /// Requests being answered right now (held by a latency, say).
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn calls(&self, endpoint: Endpoint) -> Vec<Call> {
         self.shared.state.lock().calls.iter().filter(|c| c.endpoint == endpoint).cloned().collect()
     }
@@ -540,6 +557,8 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    shared.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let _in_flight = InFlight(&shared.in_flight);
     let (endpoint, sid) = classify(&method, &path);
     let delay = {
         let state = shared.state.lock();

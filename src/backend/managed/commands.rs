@@ -30,7 +30,13 @@ pub(super) async fn worker(
         };
         let id = command.id.clone();
         let kind = command.kind.command_type().to_owned();
+        // Replicas on one database: the others run it too (`replicas::follow`).
+        let replicate =
+            (deps.store.engine() == crate::store::Engine::Postgres && replicated(&command)).then(|| command.clone());
         let result = run_command(&deps, command).await;
+        if let Some(command) = replicate {
+            signal(&deps, &command).await;
+        }
         match &result.error_message {
             Some(error) => {
                 warn!(command_id = %id, command_type = %kind, status = result.status.as_str(), error = %error, "backend command failed; its result is reported to the backend")
@@ -42,6 +48,34 @@ pub(super) async fn worker(
         stats.lock().commands_run += 1;
         post_result(&deps, &result).await;
         ledger.lock().finish(&id, serde_json::to_value(&result).unwrap_or(Value::Null));
+    }
+}
+
+/// Recorded commands are kept this long: a replica down longer starts afresh from the configuration anyway.
+const SIGNALS_KEPT: chrono::Duration = chrono::Duration::hours(1);
+
+/// Whether the other replicas must run `command` too: it changes the instances or the caches every replica
+/// keeps. Health checks only read, and unknown or malformed commands change nothing.
+fn replicated(command: &Command) -> bool {
+    matches!(
+        command.kind,
+        CommandKind::Configure(_)
+            | CommandKind::Spawn(_)
+            | CommandKind::Kill(_)
+            | CommandKind::Restart(_)
+            | CommandKind::InvalidateUserTokenCache(_)
+    )
+}
+
+/// Record a command this leader ran, for the other replicas. A failure is logged: the followers then catch up
+/// at the next configure.
+async fn signal(deps: &ManagedDeps, command: &Command) {
+    let Ok(json) = serde_json::to_value(command) else { return };
+    let now = chrono::Utc::now();
+    let at = crate::model::iso(now);
+    let keep_after = crate::model::iso(now - SIGNALS_KEPT);
+    if let Err(err) = deps.store.push_signal(&deps.replica_id, &json, &at, &keep_after).await {
+        warn!(command_id = %command.id, error = %err, "could not record a command for the other replicas");
     }
 }
 

@@ -30,6 +30,7 @@ use crate::store::Store;
 mod commands;
 mod heartbeat;
 mod poller;
+mod replicas;
 mod upload;
 
 pub use commands::run_command;
@@ -61,6 +62,8 @@ pub struct ManagedDeps {
     pub idle_poll: Duration,
     pub heartbeat_every: Duration,
     pub event_tick: Duration,
+    /// This process among replicas on one database (random per start): the origin of the commands it records.
+    pub replica_id: String,
 }
 
 /// Counters for the debug route and tests.
@@ -75,11 +78,14 @@ pub struct ManagedStats {
 }
 
 /// The running loops; stopped by cancelling their token.
+#[derive(Clone)]
 pub struct Managed {
     deps: ManagedDeps,
     stats: Arc<Mutex<ManagedStats>>,
     metrics: Arc<Mutex<ProcessMetrics>>,
     url_sent: Arc<std::sync::atomic::AtomicBool>,
+    /// Replicas: the newest recorded command before the first configuration fetch; later ones are followed.
+    signals_from: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Managed {
@@ -89,6 +95,19 @@ impl Managed {
             stats: Arc::default(),
             metrics: Arc::new(Mutex::new(metrics)),
             url_sent: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            signals_from: Arc::default(),
+        }
+    }
+
+    /// Replicas on PostgreSQL: note where the leader's recorded commands stand, before the first configuration
+    /// fetch, so a command recorded meanwhile is not missed. Nothing to note on SQLite.
+    pub async fn note_signals(&self) {
+        if self.deps.store.engine() != crate::store::Engine::Postgres {
+            return;
+        }
+        match self.deps.store.last_signal_id().await {
+            Ok(id) => self.signals_from.store(id, std::sync::atomic::Ordering::Relaxed),
+            Err(err) => warn!(error = %err, "could not read the leader's recorded commands; following from the start"),
         }
     }
 
@@ -145,8 +164,24 @@ impl Managed {
         )
     }
 
-    /// Start the heartbeat, poller, worker and uploader; they stop when `cancel` is.
+    /// Start the heartbeat, poller and worker; they stop when `cancel` is. Replicas on PostgreSQL run them
+    /// only while they lead, and follow the leader's commands meanwhile (`replicas`).
     pub fn spawn(&self, tracker: &tokio_util::task::TaskTracker, cancel: CancellationToken) {
+        if self.deps.store.engine() != crate::store::Engine::Postgres {
+            self.spawn_loops(tracker, cancel);
+            return;
+        }
+        tracker.spawn(
+            replicas::leadership(self.clone(), tracker.clone(), cancel.clone())
+                .instrument(tracing::info_span!("backend.leadership")),
+        );
+        let from = self.signals_from.load(std::sync::atomic::Ordering::Relaxed);
+        tracker
+            .spawn(replicas::follow(self.deps.clone(), from, cancel).instrument(tracing::info_span!("backend.follow")));
+    }
+
+    /// The leader's loops: heartbeat, poller and command worker.
+    fn spawn_loops(&self, tracker: &tokio_util::task::TaskTracker, cancel: CancellationToken) {
         let (tx, rx) = mpsc::channel::<Command>(COMMAND_QUEUE);
         let ledger = Arc::new(Mutex::new(CommandLedger::new(FINISHED_KEPT)));
         tracker.spawn(

@@ -15,7 +15,8 @@ use super::{Managed, ManagedDeps};
 
 impl Managed {
     /// The uploader over this client.
-    pub fn uploader(deps: &ManagedDeps, quota: i64) -> Uploader {
+    /// The uploader, claiming batches as this replica (`replica_id`) for `lease`.
+    pub fn uploader(deps: &ManagedDeps, quota: i64, lease: std::time::Duration) -> Uploader {
         let (client, monitor) = (deps.client.clone(), deps.monitor.clone());
         let send: SendBatch = Arc::new(move |events: Vec<EventEnvelope>| {
             let (client, monitor) = (client.clone(), monitor.clone());
@@ -30,6 +31,8 @@ impl Managed {
             })
         });
         Uploader::new(deps.store.clone(), send, wire::MAX_EVENT_BATCH, quota)
+            .with_lease(lease)
+            .with_owner(deps.replica_id.clone())
     }
 }
 
