@@ -59,6 +59,12 @@ cargo clippy --locked --all-targets -- -D warnings
 echo "==> cargo test"
 cargo test --locked --lib --bins --tests
 
+echo "==> the integration tests again, every test satellite on PostgreSQL (SATELLITE_TEST_ENGINE=postgres)"
+# Skipped here: tests that start no test satellite (cli, fuzz_regressions), that choose their databases
+# themselves (replicas), or that read the SQLite-only credentials file (managed mode keeps them in PostgreSQL).
+SATELLITE_TEST_ENGINE=postgres cargo test --locked --test integration -- --skip cli:: --skip fuzz_regressions:: \
+  --skip replicas:: --skip managed::stored_credentials --skip compat::every_event_type_reaches_the_backend
+
 echo "==> deploy/ validated offline: Kubernetes manifests, compose, Dockerfile, systemd unit (scripts/validate-deploy.sh)"
 SATELLITE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/satellite" bash scripts/validate-deploy.sh
 

@@ -719,3 +719,32 @@ async fn the_semantic_stage_is_named_at_start_and_finds_a_tool_by_meaning_throug
     assert_ne!(code, 0);
     assert!(err.contains("/nonexistent/model/config.json"), "{err}");
 }
+
+/// `check-config` connects to a PostgreSQL `DATABASE_URL` and reports it without its password; a database that
+/// does not answer, or a URL of another kind, is a config error (exit 64) naming the variable.
+#[tokio::test]
+async fn check_config_connects_to_the_database_url_and_masks_its_password() {
+    let url = satellite::store::testing::fresh_postgres_url().await.expect("a test PostgreSQL server");
+    let mut with_password = url::Url::parse(&url).unwrap();
+    with_password.set_password(Some("hunter2secret")).unwrap();
+    let demo = ("SATELLITE_DEMO_TOKEN", "demo-token-0123456789abcdef");
+    // Trust authentication on the test server: the password is accepted and ignored.
+    let (code, out, err) = run(&["check-config"], &[demo, ("DATABASE_URL", with_password.as_str())]).await;
+    assert_eq!(code, 0, "{err}");
+    let effective: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(effective["database"]["engine"], "postgres");
+    assert!(effective["database"]["server_version"].as_str().unwrap_or("").starts_with("PostgreSQL"), "{out}");
+    assert!(!out.contains("hunter2secret") && !err.contains("hunter2secret"), "the password is never shown");
+
+    let (_, out, _) = run(&["check-config"], &[demo]).await;
+    let effective: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(effective["database"]["engine"], "sqlite", "no DATABASE_URL: the embedded database");
+
+    let closed = format!("postgres://nobody:hunter2secret@127.0.0.1:{}/none", free_port());
+    let (code, _, err) = run(&["check-config"], &[demo, ("DATABASE_URL", closed.as_str())]).await;
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("DATABASE_URL") && !err.contains("hunter2secret"), "{err}");
+    let (code, _, err) = run(&["check-config"], &[demo, ("DATABASE_URL", "mysql://x@y/z")]).await;
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("postgres://"), "{err}");
+}

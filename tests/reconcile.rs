@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use satellite::model::{InstanceStatus, ProcessId};
-use satellite::store::Store;
 use serde_json::{json, Value};
 
 use crate::common::*;
@@ -209,7 +208,7 @@ async fn catalogs_and_status_history_outlive_a_restart() {
     let dir = sat.dir;
     assert!(sat.satellite.shutdown().await);
 
-    let store = Store::open(&dir.path().join("data")).await.unwrap();
+    let store = open_store(&dir.path().join("data")).await;
     let catalogs = store.load_catalogs().await.unwrap();
     let alice = &catalogs[&ProcessId::from("demo-acme-alice-i-demo")];
     assert_eq!(alice.tools.len(), 7);
@@ -232,7 +231,7 @@ async fn catalogs_and_status_history_outlive_a_restart() {
     assert!(sat.satellite.manager().get(&ProcessId::from("demo-acme-bob-i-demo")).is_none());
     let dir = sat.dir;
     assert!(sat.satellite.shutdown().await);
-    let store = Store::open(&dir.path().join("data")).await.unwrap();
+    let store = open_store(&dir.path().join("data")).await;
     let catalogs = store.load_catalogs().await.unwrap();
     assert_eq!(catalogs.keys().map(|k| k.0.as_str()).collect::<Vec<_>>(), ["demo-acme-alice-i-demo"]);
     store.close().await;

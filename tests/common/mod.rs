@@ -228,6 +228,7 @@ impl TestSatellite {
             data_dir: Some(dir.path().join("data")),
         };
         let mut config = Config::load(&env, &flags).expect("valid config");
+        engine_under_test(&mut config).await;
         tweak(&mut config);
         let satellite = Satellite::start(config, &env).await.expect("satellite starts");
         TestSatellite { satellite, dir, config_path }
@@ -249,6 +250,7 @@ impl TestSatellite {
         env.insert(env::PERSISTENT_DATA_DIR.into(), dir.path().join("persistent_data").to_string_lossy().into_owned());
         let flags = Flags { config: None, port: Some(0), host: None, data_dir: Some(dir.path().join("data")) };
         let mut config = Config::load(&env, &flags).expect("valid managed config");
+        engine_under_test(&mut config).await;
         tweak(&mut config);
         let satellite = Satellite::start(config, &env).await?;
         let config_path = dir.path().join("none");
@@ -276,6 +278,37 @@ impl TestSatellite {
 }
 
 /// TOML quoting for paths and strings.
+/// `SATELLITE_TEST_ENGINE=postgres`: each test satellite on a PostgreSQL database instead of SQLite, one per data
+/// directory, so a restart in the same directory finds what it stored (scripts/test.sh runs the modules that
+/// store state a second time so); a tweak may still choose its own.
+async fn engine_under_test(config: &mut Config) {
+    config.database = database_for(&config.data_dir).await;
+}
+
+/// The database a test satellite with this data directory uses (see `engine_under_test`).
+async fn database_for(data_dir: &Path) -> satellite::config::Database {
+    static DATABASES: std::sync::LazyLock<parking_lot::Mutex<std::collections::HashMap<PathBuf, String>>> =
+        std::sync::LazyLock::new(Default::default);
+    if std::env::var("SATELLITE_TEST_ENGINE").as_deref() != Ok("postgres") {
+        return satellite::config::Database { url: None, max_connections: None };
+    }
+    let known = DATABASES.lock().get(data_dir).cloned();
+    let url = match known {
+        Some(url) => url,
+        None => {
+            let url = satellite::store::testing::fresh_postgres_url().await.expect("a test PostgreSQL server");
+            DATABASES.lock().insert(data_dir.to_owned(), url.clone());
+            url
+        }
+    };
+    satellite::config::Database { url: Some(url.into()), max_connections: None }
+}
+
+/// The store a test satellite with this data directory wrote to, opened again (SQLite or PostgreSQL).
+pub async fn open_store(data_dir: &Path) -> satellite::store::Store {
+    satellite::store::Store::connect(data_dir, &database_for(data_dir).await).await.expect("open the test store")
+}
+
 pub fn toml_str(value: &str) -> String {
     format!("{value:?}")
 }
