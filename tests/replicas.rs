@@ -202,3 +202,42 @@ fn database(url: &str) -> satellite::config::Database {
 async fn claimed_by(store: &Store) -> Option<String> {
     store.claims().await.unwrap().into_iter().next()
 }
+
+/// The shared credentials are not thrown away when the backend merely fails a verification, and when a replica
+/// has to register again (the backend refused the key), the replicas already running adopt the new key.
+#[tokio::test]
+async fn shared_credentials_survive_a_failed_check_and_a_new_registration_reaches_running_replicas() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let url = fresh_postgres_url().await.expect("a test PostgreSQL server (SATELLITE_TEST_POSTGRES_URL)");
+    let token = FakeBackend::REGISTRATION_TOKEN;
+    let a = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
+    let satellite_id = backend_status(&a.base_url()).await["satellite_id"].as_str().unwrap_or("").to_owned();
+    assert!(a.satellite.shutdown().await);
+
+    // A 503 on the verification heartbeat: this start fails, and the credentials stay for the next one.
+    backend.fail_next(Endpoint::Heartbeat, 503, 1);
+    let failed = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await;
+    assert!(failed.is_err(), "a backend that fails the check stops this start");
+    let store = Store::connect(std::path::Path::new("/nonexistent"), &database(&url)).await.unwrap();
+    assert!(store.shared_identity("test-satellite-01").await.unwrap().is_some(), "the credentials are kept");
+    let b = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
+    assert_eq!(backend.calls(Endpoint::Register).len(), 1, "verified, not registered again");
+
+    // The backend revokes the key; the next replica to start is refused, registers again with a new token, and
+    // stops. The replica that kept running adopts the new key: as the only replica it leads, and its heartbeats
+    // are accepted again (with the revoked key every one would be refused).
+    backend.revoke_api_key(&satellite_id);
+    let second = "deploystack_satellite_global_second0registration0token";
+    backend.add_registration_token(second);
+    let c = TestSatellite::managed(&backend.url(), second, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
+    assert_eq!(backend.calls(Endpoint::Register).len(), 2);
+    assert!(c.satellite.shutdown().await);
+    let accepted = backend.heartbeats().len();
+    wait_until(DEADLINE, "the running replica's heartbeats accepted with the new key", || async {
+        (backend.heartbeats().len() > accepted + 2).then_some(())
+    })
+    .await;
+    backend.assert_no_violations();
+    assert!(b.satellite.shutdown().await);
+}

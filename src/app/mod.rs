@@ -51,6 +51,8 @@ use file_watch::{fingerprint, FileWatch};
 
 /// Expired introspection results are removed on this period (SB §19).
 const INTROSPECTION_SWEEP: Duration = Duration::from_secs(300);
+/// Replicas on PostgreSQL, managed: how often the shared credentials are compared with the ones in use.
+const IDENTITY_SYNC: Duration = Duration::from_secs(10);
 /// Replicas on PostgreSQL: how often the toolsets stored through the API are read again.
 const TOOLSETS_SYNC: Duration = Duration::from_secs(5);
 /// `resources/read` budget (SB §9.5: 60 s).
@@ -377,6 +379,14 @@ impl Satellite {
                     )
                     .instrument(tracing::info_span!("backend.events")),
                 ));
+                if store.engine() == crate::store::Engine::Postgres {
+                    // Another replica that had to register again revoked the key this one holds: adopt the new one.
+                    let (client, store, name) = (deps.client.clone(), store.clone(), settings.satellite_name.clone());
+                    jobs.every("shared-identity-sync", IDENTITY_SYNC, FirstRun::AfterOnePeriod, move || {
+                        let (client, store, name) = (client.clone(), store.clone(), name.clone());
+                        async move { startup::adopt_shared(&client, &store, &name).await }
+                    });
+                }
                 let runtime = Managed::new(deps.clone(), metrics);
                 let (loops, token) = (tasks.clone(), pollers.clone());
                 tasks.spawn(

@@ -124,6 +124,11 @@ impl BackendClient {
         self.session.read().as_ref().map(|s| s.satellite_id.clone())
     }
 
+    /// Whether `key` is the API key in use (compared, never returned).
+    pub fn uses_key(&self, key: &SecretString) -> bool {
+        self.session.read().as_ref().is_some_and(|s| s.api_key.expose_secret() == key.expose_secret())
+    }
+
     /// E1, no auth, 5 s.
     pub async fn health(&self) -> Result<HealthResponse, BackendError> {
         self.call(

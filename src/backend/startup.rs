@@ -11,7 +11,7 @@ use chrono::Utc;
 use secrecy::{ExposeSecret, SecretString};
 use tracing::{info, warn};
 
-use super::client::{BackendClient, BackendError};
+use super::client::{BackendClient, BackendError, Refusal};
 use super::credentials::{CredentialStore, Credentials, CredentialsError};
 use super::metrics::ProcessMetrics;
 use super::wire::{HeartbeatRequest, RegisterRequest, SystemInfo, Transport};
@@ -166,9 +166,16 @@ async fn identify_in(
                 info!(satellite_id = %stored.satellite_id, "stored backend credentials verified");
                 return Ok(stored);
             }
+            // Replicas share these credentials: only a refusal of them justifies a registration, which would
+            // revoke the key every running replica uses. Anything else (a timeout, a 5xx) fails this start and
+            // leaves them in place; the orchestrator starts the replica again.
+            Err(err) if matches!(store, Home::Shared { .. }) && !refused(&err) => {
+                return Err(IdentityError::Unreachable(Box::new(err)));
+            }
             Err(err) => {
                 warn!(error = %err, "stored backend credentials were refused; registering again");
-                if let Err(err) = store.clear().await {
+                // Shared: the row is replaced when the registration succeeds, and kept if it fails.
+                if let (Home::File(_), Err(err)) = (store, store.clear().await) {
                     warn!(error = %err, "could not clear the stored credentials");
                 }
             }
@@ -209,6 +216,24 @@ async fn identify_in(
     }
     info!(satellite_id = %credentials.satellite_id, status = registered.satellite.status.as_deref().unwrap_or("unknown"), "registered with the backend");
     Ok(credentials)
+}
+
+/// The backend refused the credentials themselves (not a network failure or a server error).
+fn refused(err: &BackendError) -> bool {
+    matches!(err, BackendError::Status { refusal: Refusal::Unauthorized | Refusal::Forbidden, .. })
+}
+
+/// Replicas: adopt the shared credentials when another replica registered again (its registration revoked the
+/// key this replica holds). Called periodically; a no-op while they are the same.
+pub async fn adopt_shared(client: &BackendClient, store: &Store, name: &str) -> Result<(), IdentityError> {
+    let home = Home::Shared { store, name };
+    if let Some(shared) = home.load().await? {
+        if client.satellite_id().as_deref() != Some(shared.satellite_id.as_str()) || !client.uses_key(&shared.api_key) {
+            client.set_credentials(&shared);
+            info!(satellite_id = %shared.satellite_id, "adopted the credentials another replica registered");
+        }
+    }
+    Ok(())
 }
 
 fn total_memory_mb() -> Option<u64> {

@@ -68,6 +68,8 @@ pub struct Uploader {
     /// This replica's name on its claims: random per process.
     owner: String,
     lease: Duration,
+    /// Whether the first tick ran (it releases a dead process's claims on SQLite).
+    started: bool,
     send: SendBatch,
     batch: usize,
     /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
@@ -98,6 +100,7 @@ impl Uploader {
             store,
             owner: format!("{:016x}", rand::random::<u64>()),
             lease: LEASE,
+            started: false,
             send,
             batch: batch.clamp(1, MAX_BATCH),
             quota,
@@ -136,12 +139,17 @@ impl Uploader {
     /// Send the oldest batch, if any, and act on the answer.
     pub async fn tick(&mut self) -> Result<Tick, StoreError> {
         self.enforce_quota().await?;
-        let now_ms = chrono::Utc::now().timestamp_millis();
-        let until_ms = now_ms.saturating_add(i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX));
-        let batch = self.store.claim_events(&self.owner, self.batch as i64, now_ms, until_ms).await?;
-        let (Some(first), Some(last)) = (batch.first().map(|e| e.seq), batch.last().map(|e| e.seq)) else {
-            return Ok(Tick::Idle);
-        };
+        if !self.started {
+            let released = self.store.release_stale_claims().await?;
+            if released > 0 {
+                info!(released, "event claims of a previous run released");
+            }
+            self.started = true;
+        }
+        let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
+        let batch = self.store.claim_events(&self.owner, self.batch as i64, lease_ms, None).await?;
+        let Some(first) = batch.first().map(|e| e.seq) else { return Ok(Tick::Idle) };
+        let seqs: Vec<i64> = batch.iter().map(|e| e.seq).collect();
         let mut envelopes = Vec::with_capacity(batch.len());
         for event in &batch {
             match envelope(event) {
@@ -163,14 +171,14 @@ impl Uploader {
                 for failure in &failures {
                     warn!(failure = %failure, "backend refused one event of an accepted batch");
                 }
-                self.store.delete_claimed(&self.owner, first, last).await?;
+                self.store.delete_claimed(&self.owner, &seqs).await?;
                 self.stats.sent += n as u64;
                 self.backoff = None;
                 Ok(Tick::Sent(n))
             }
             BatchOutcome::Invalid(reason) => {
                 error!(events = n, first_seq = first, reason = %reason, "backend rejected a batch as invalid; dropping it");
-                self.store.delete_claimed(&self.owner, first, last).await?;
+                self.store.delete_claimed(&self.owner, &seqs).await?;
                 self.stats.dropped_invalid += n as u64;
                 Ok(Tick::Dropped(n))
             }
@@ -197,16 +205,25 @@ impl Uploader {
     /// Send until the outbox is empty, a batch is kept, or `deadline` passes; returns the events left.
     pub async fn flush(&mut self, deadline: Duration) -> Result<i64, StoreError> {
         let until = tokio::time::Instant::now() + deadline;
+        // A send cut by the deadline may have reached the backend: its claim is kept (it lapses after the lease)
+        // rather than handed to another replica at once, which would send it again.
+        let mut cut = false;
         while tokio::time::Instant::now() < until {
             let tick = tokio::time::timeout_at(until, self.tick()).await;
             match tick {
                 Ok(Ok(Tick::Sent(_) | Tick::Dropped(_) | Tick::Held(_))) => continue,
-                Ok(Ok(_)) | Err(_) => break,
+                Ok(Ok(_)) => break,
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
                 Ok(Err(err)) => return Err(err),
             }
         }
-        if let Err(err) = self.store.release_claims(&self.owner).await {
-            warn!(error = %err, "could not release this replica's event claims; they lapse after the lease");
+        if !cut {
+            if let Err(err) = self.store.release_claims(&self.owner).await {
+                warn!(error = %err, "could not release this replica's event claims; they lapse after the lease");
+            }
         }
         let left = self.store.event_count().await?;
         if left > 0 {

@@ -118,19 +118,24 @@ impl std::fmt::Debug for Database {
     }
 }
 
-/// A database URL with its password replaced by `***`, for logs.
+/// A database URL with its passwords replaced by `***`, for logs: the userinfo one and the query's `password` and
+/// `sslpassword` (sqlx reads both places).
 pub fn mask_url_password(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            if parsed.set_password(Some("***")).is_ok() {
-                parsed.to_string()
-            } else {
-                "[unparseable url]".into()
-            }
-        }
-        Ok(parsed) => parsed.to_string(),
-        Err(_) => "[unparseable url]".into(),
+    let Ok(mut parsed) = url::Url::parse(url) else { return "[unparseable url]".into() };
+    if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
+        return "[unparseable url]".into();
     }
+    if parsed.query().is_some() {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(key, value)| {
+                let secret = matches!(key.as_ref(), "password" | "sslpassword");
+                (key.into_owned(), if secret { "***".to_owned() } else { value.into_owned() })
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
 }
 
 /// Where the desired state comes from.

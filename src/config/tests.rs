@@ -112,3 +112,13 @@ fn the_drift_window_is_days_from_the_file_or_the_environment_and_never_zero() ->
     }
     Ok(())
 }
+
+#[test]
+fn database_urls_are_shown_without_their_passwords() {
+    assert_eq!(mask_url_password("postgres://sat:s3cret@db:5432/sat"), "postgres://sat:***@db:5432/sat");
+    let query = mask_url_password("postgres://sat@db/sat?sslmode=require&password=s3cret&sslpassword=k3y");
+    assert!(!query.contains("s3cret") && !query.contains("k3y"), "{query}");
+    assert!(query.contains("sslmode=require"), "{query}");
+    assert_eq!(mask_url_password("postgres://sat@db/sat"), "postgres://sat@db/sat");
+    assert_eq!(mask_url_password("not a url s3cret"), "[unparseable url]");
+}

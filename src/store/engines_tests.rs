@@ -268,19 +268,36 @@ async fn claimed_events_go_to_one_replica_and_a_lapsed_claim_to_the_next() -> Te
             .collect();
         store.append_events(&events).await?;
         let seqs = |events: &[StoredEvent]| events.iter().map(|e| e.seq).collect::<Vec<_>>();
-        let a = store.claim_events("a", 4, 1_000, 61_000).await?;
-        let b = store.claim_events("b", 4, 1_000, 61_000).await?;
+        let a = store.claim_events("a", 4, 60_000, Some(1_000)).await?;
+        let b = store.claim_events("b", 4, 60_000, Some(1_000)).await?;
         assert_eq!(seqs(&a), [1, 2, 3, 4], "{engine}: the oldest to the first claimer");
         assert_eq!(seqs(&b), [5, 6, 7, 8], "{engine}: the next claimer passes over a live claim");
-        assert_eq!(store.delete_claimed("b", 1, 8).await?, 4, "{engine}: b deletes only its own claim");
+        assert_eq!(
+            store.delete_claimed("b", &[1, 2, 3, 4, 5, 6, 7, 8]).await?,
+            4,
+            "{engine}: b deletes only its own claim"
+        );
         // a dies; its lease lapses at 61 s; c finds a's batch then, not before.
-        let early = store.claim_events("c", 4, 30_000, 90_000).await?;
+        let early = store.claim_events("c", 4, 60_000, Some(30_000)).await?;
         assert_eq!(seqs(&early), [9, 10], "{engine}: a's claim is live at 30 s");
-        let late = store.claim_events("c", 10, 62_000, 122_000).await?;
+        let late = store.claim_events("c", 10, 60_000, Some(62_000)).await?;
         assert_eq!(seqs(&late), [1, 2, 3, 4, 9, 10], "{engine}: a lapsed claim is taken over, c's own kept");
-        assert_eq!(store.delete_claimed("a", 1, 10).await?, 0, "{engine}: a late a deletes nothing c holds");
+        assert_eq!(
+            store.delete_claimed("a", &[1, 2, 3, 4, 9, 10]).await?,
+            0,
+            "{engine}: a late a deletes nothing c holds"
+        );
         assert_eq!(store.release_claims("c").await?, 6);
-        assert_eq!(seqs(&store.claim_events("d", 10, 62_000, 122_000).await?), [1, 2, 3, 4, 9, 10]);
+        assert_eq!(seqs(&store.claim_events("d", 10, 60_000, Some(62_000)).await?), [1, 2, 3, 4, 9, 10]);
+        // On the database's own clock: a live lease of a minute is not taken, a lapsed one is.
+        store.release_claims("d").await?;
+        assert_eq!(store.claim_events("e", 10, 60_000, None).await?.len(), 6, "{engine}");
+        assert!(store.claim_events("f", 10, 60_000, None).await?.is_empty(), "{engine}: e's lease is live");
+        let far = chrono::Utc::now().timestamp_millis() + 120_000;
+        assert_eq!(store.claim_events("f", 10, 60_000, Some(far)).await?.len(), 6, "{engine}: lapsed by then");
+        // SQLite has one process: claims found at an uploader's start are a dead run's, released at once.
+        let released = store.release_stale_claims().await?;
+        assert_eq!(released, if *engine == "sqlite" { 6 } else { 0 }, "{engine}");
         store.close().await;
     }
     Ok(())
@@ -310,11 +327,13 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
             let owner = format!("replica-{n}");
             let mut mine = Vec::new();
             loop {
-                let batch = store.claim_events(&owner, 25, 1_000, 61_000).await?;
-                let (Some(first), Some(last)) = (batch.first(), batch.last()) else { break };
-                let (first, last) = (first.seq, last.seq);
-                mine.extend(batch.iter().map(|e| e.seq));
-                store.delete_claimed(&owner, first, last).await?;
+                let batch = store.claim_events(&owner, 25, 60_000, None).await?;
+                if batch.is_empty() {
+                    break;
+                }
+                let seqs: Vec<i64> = batch.iter().map(|e| e.seq).collect();
+                store.delete_claimed(&owner, &seqs).await?;
+                mine.extend(seqs);
             }
             Ok::<_, StoreError>(mine)
         }));

@@ -4,6 +4,7 @@ use serde_json::Value;
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
+use super::sql::{Bind, Sql};
 use super::{Engine, Store, StoreError};
 
 /// An event to append: its registry name, emission time (ISO-8601), payload and the instance it is about.
@@ -93,48 +94,77 @@ impl Store {
         rows.iter().map(stored).collect()
     }
 
-    /// Claim the oldest `limit` sendable events for the replica `owner` until `lease_until_ms` (milliseconds since
-    /// the epoch), in emission order. Events another replica holds under a live lease are passed over (on
-    /// PostgreSQL with `FOR UPDATE SKIP LOCKED`, so claimers never wait for each other); events whose lease ran
-    /// out (their claimer died mid-batch) and the owner's own claims are taken again.
+    /// Claim the oldest `limit` sendable events for the replica `owner` for `lease_ms`, in emission order. Events
+    /// another replica holds under a live lease are passed over (on PostgreSQL with `FOR UPDATE SKIP LOCKED`, so
+    /// claimers never wait for each other); events whose lease ran out (their claimer died mid-batch) and the
+    /// owner's own claims are taken again. Leases are read on the database's clock, so replicas' clocks need not
+    /// agree; `at_ms` stands in for that clock (tests).
     pub async fn claim_events(
         &self,
         owner: &str,
         limit: i64,
-        now_ms: i64,
-        lease_until_ms: i64,
+        lease_ms: i64,
+        at_ms: Option<i64>,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let lock = match self.engine() {
-            Engine::Postgres => "FOR UPDATE SKIP LOCKED",
+        let sql = match self.engine() {
+            // Materialized, so the locked pick is made once however the planner joins it.
+            Engine::Postgres => {
+                "WITH picked AS MATERIALIZED (
+                   SELECT seq FROM event_outbox
+                   WHERE held IS NULL AND (claimed_until IS NULL OR claimed_by = $1
+                         OR claimed_until < COALESCE($3, (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT))
+                   ORDER BY seq LIMIT $4 FOR UPDATE SKIP LOCKED)
+                 UPDATE event_outbox
+                 SET claimed_by = $1,
+                     claimed_until = COALESCE($3, (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT) + $2
+                 FROM picked WHERE event_outbox.seq = picked.seq
+                 RETURNING event_outbox.seq, event_outbox.event_type, event_outbox.emitted_at, event_outbox.data,
+                           event_outbox.process_id, event_outbox.held"
+            }
             // One writer at a time holds the whole file: nothing to skip.
-            Engine::Sqlite => "",
+            Engine::Sqlite => {
+                "UPDATE event_outbox
+                 SET claimed_by = $1,
+                     claimed_until = COALESCE($3, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)) + $2
+                 WHERE seq IN (SELECT seq FROM event_outbox
+                               WHERE held IS NULL AND (claimed_until IS NULL OR claimed_by = $1
+                                     OR claimed_until < COALESCE($3, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)))
+                               ORDER BY seq LIMIT $4)
+                 RETURNING seq, event_type, emitted_at, data, process_id, held"
+            }
         };
-        let rows = sqlx::query(&format!(
-            "UPDATE event_outbox SET claimed_by = $1, claimed_until = $2
-             WHERE seq IN (SELECT seq FROM event_outbox
-                           WHERE held IS NULL AND (claimed_until IS NULL OR claimed_until < $3 OR claimed_by = $1)
-                           ORDER BY seq LIMIT $4 {lock})
-             RETURNING seq, event_type, emitted_at, data, process_id, held"
-        ))
-        .bind(owner)
-        .bind(lease_until_ms)
-        .bind(now_ms)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
+        let rows = sqlx::query(sql).bind(owner).bind(lease_ms).bind(at_ms).bind(limit).fetch_all(self.pool()).await?;
         let mut events = rows.iter().map(stored).collect::<Result<Vec<_>, _>>()?;
         events.sort_by_key(|e| e.seq);
         Ok(events)
     }
 
-    /// Remove the sendable events `first..=last` that `owner` claimed (a batch the backend accepted or rejected
-    /// for good); held events and other replicas' claims in that range stay.
-    pub async fn delete_claimed(&self, owner: &str, first: i64, last: i64) -> Result<u64, StoreError> {
+    /// Remove the events `seqs` that `owner` still claims (a batch the backend accepted or rejected for good);
+    /// held events and what another replica took over stay.
+    pub async fn delete_claimed(&self, owner: &str, seqs: &[i64]) -> Result<u64, StoreError> {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let mut sql = Sql::new("DELETE FROM event_outbox WHERE held IS NULL AND claimed_by = ");
+        sql.push_bind(Bind::Text(owner.to_owned())).push(" AND seq IN (");
+        for (i, seq) in seqs.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.push_bind(Bind::Int(*seq));
+        }
+        sql.push(")");
+        Ok(sql.query().execute(self.pool()).await?.rows_affected())
+    }
+
+    /// A SQLite database has one satellite process: a claim found when its uploader starts is a dead process's,
+    /// released at once instead of after its lease. (On PostgreSQL other replicas' claims are live.)
+    pub async fn release_stale_claims(&self) -> Result<u64, StoreError> {
+        if self.engine() != Engine::Sqlite {
+            return Ok(0);
+        }
         let done =
-            sqlx::query("DELETE FROM event_outbox WHERE seq >= $1 AND seq <= $2 AND held IS NULL AND claimed_by = $3")
-                .bind(first)
-                .bind(last)
-                .bind(owner)
+            sqlx::query("UPDATE event_outbox SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by IS NOT NULL")
                 .execute(self.pool())
                 .await?;
         Ok(done.rows_affected())

@@ -99,7 +99,7 @@ impl Store {
                     .connect()
                     .await?;
                 first.close().await?;
-                let url = sqlite_url(&file);
+                let url = sqlite_url(&file)?;
                 let pool = AnyPoolOptions::new()
                     .max_connections(database.max_connections.unwrap_or(4))
                     .after_connect(|conn, _| {
@@ -151,11 +151,15 @@ impl Store {
     }
 }
 
-/// A `sqlite://` URL for `file`, percent-encoding what a URL would misread (`?`, `#`, `%`, spaces).
-fn sqlite_url(file: &Path) -> String {
+/// A `sqlite://` URL for `file`, percent-encoding what a URL would misread (`?`, `#`, `%`, spaces). A path that
+/// is not UTF-8 cannot be written in a URL and is refused rather than changed.
+fn sqlite_url(file: &Path) -> Result<String, StoreError> {
     const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b' ').add(b'?').add(b'#').add(b'%');
-    let path = file.to_string_lossy();
-    format!("sqlite://{}?mode=rwc", percent_encoding::utf8_percent_encode(&path, ESCAPED))
+    let path = file.to_str().ok_or_else(|| StoreError::DataDir {
+        path: file.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path is not UTF-8"),
+    })?;
+    Ok(format!("sqlite://{}?mode=rwc", percent_encoding::utf8_percent_encode(path, ESCAPED)))
 }
 
 /// Read a column as an `i64`-backed flag (both engines store flags as integers).

@@ -9,6 +9,9 @@ use sqlx::{AnyConnection, Connection, Executor, Row};
 
 use super::{Engine, Store, StoreError};
 
+/// How long opening a lock's own connection may take.
+const LOCK_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The managed satellite's credentials as the replicas share them.
 #[derive(Debug, Clone)]
 pub struct SharedIdentity {
@@ -134,7 +137,11 @@ impl Store {
     /// locks.
     pub async fn advisory_lock(&self, key: i64, wait: bool) -> Result<Option<AdvisoryLock>, StoreError> {
         let (Engine::Postgres, Some(url)) = (self.engine, &self.url) else { return Ok(None) };
-        let mut conn = AnyConnection::connect(url.expose_secret()).await?;
+        let mut conn = tokio::time::timeout(LOCK_CONNECT_TIMEOUT, AnyConnection::connect(url.expose_secret()))
+            .await
+            .map_err(|_| {
+            sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "no connection for the lock in 10 s"))
+        })??;
         if wait {
             conn.execute(sqlx::query("SELECT pg_advisory_lock($1)").bind(key)).await?;
             return Ok(Some(AdvisoryLock { conn }));

@@ -277,7 +277,6 @@ impl TestSatellite {
     }
 }
 
-/// TOML quoting for paths and strings.
 /// `SATELLITE_TEST_ENGINE=postgres`: each test satellite on a PostgreSQL database instead of SQLite, one per data
 /// directory, so a restart in the same directory finds what it stored (scripts/test.sh runs the modules that
 /// store state a second time so); a tweak may still choose its own.
@@ -309,6 +308,7 @@ pub async fn open_store(data_dir: &Path) -> satellite::store::Store {
     satellite::store::Store::connect(data_dir, &database_for(data_dir).await).await.expect("open the test store")
 }
 
+/// TOML quoting for paths and strings.
 pub fn toml_str(value: &str) -> String {
     format!("{value:?}")
 }

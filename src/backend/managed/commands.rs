@@ -34,6 +34,12 @@ pub(super) async fn worker(
         let replicate =
             (deps.store.engine() == crate::store::Engine::Postgres && replicated(&command)).then(|| command.clone());
         let result = run_command(&deps, command).await;
+        // Stepped down meanwhile (`replicas::leadership`): the backend delivers the command again to the new
+        // leader, which records and answers it; this replica does neither.
+        if cancel.is_cancelled() && deps.store.engine() == crate::store::Engine::Postgres {
+            info!(command_id = %id, "no longer the leader; the command's result is left to the next one");
+            return;
+        }
         if let Some(command) = replicate {
             signal(&deps, &command).await;
         }

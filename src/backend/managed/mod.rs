@@ -84,7 +84,8 @@ pub struct Managed {
     stats: Arc<Mutex<ManagedStats>>,
     metrics: Arc<Mutex<ProcessMetrics>>,
     url_sent: Arc<std::sync::atomic::AtomicBool>,
-    /// Replicas: the newest recorded command before the first configuration fetch; later ones are followed.
+    /// Replicas: the newest recorded command before the first configuration fetch; later ones are followed
+    /// (-1 until read).
     signals_from: Arc<std::sync::atomic::AtomicI64>,
 }
 
@@ -95,7 +96,7 @@ impl Managed {
             stats: Arc::default(),
             metrics: Arc::new(Mutex::new(metrics)),
             url_sent: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            signals_from: Arc::default(),
+            signals_from: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
         }
     }
 
@@ -107,7 +108,9 @@ impl Managed {
         }
         match self.deps.store.last_signal_id().await {
             Ok(id) => self.signals_from.store(id, std::sync::atomic::Ordering::Relaxed),
-            Err(err) => warn!(error = %err, "could not read the leader's recorded commands; following from the start"),
+            Err(err) => {
+                warn!(error = %err, "could not read where the leader's recorded commands stand; following from where they stand once readable")
+            }
         }
     }
 

@@ -66,8 +66,21 @@ pub(super) async fn leadership(managed: Managed, tracker: TaskTracker, cancel: C
     }
 }
 
-/// Run, in order, the commands other replicas' leaders recorded after `from`. Runs until `cancel`.
+/// Run, in order, the commands other replicas' leaders recorded after `from` (-1: after the newest one when it
+/// can first be read, never replaying what came before this replica started). Runs until `cancel`.
 pub(super) async fn follow(deps: ManagedDeps, mut from: i64, cancel: CancellationToken) {
+    while from < 0 {
+        match deps.store.last_signal_id().await {
+            Ok(id) => from = id,
+            Err(err) => warn!(error = %err, "could not read the leader's recorded commands; trying again"),
+        }
+        if from < 0 {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(FOLLOW_EVERY) => {}
+            }
+        }
+    }
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
