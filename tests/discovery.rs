@@ -469,3 +469,56 @@ async fn an_admin_refresh_discovers_instances_again_at_once() {
     assert!(history.iter().any(|(_, tool, change, _, _)| tool == "add" && change == "removed"), "{history:?}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Replicas on one PostgreSQL database (issue 18): a tool one replica holds after it drifted is held on the other
+/// too, and accepting it on one releases it on both.
+#[tokio::test]
+async fn replicas_hold_a_drifted_tool_together_and_release_it_together() {
+    const ADMIN: &str = "discovery-admin-token-0123";
+    let config = format!(
+        "[satellite]\nhold_drifted_tools = true\n[auth]\nadmin_token_sha256 = [\"{}\"]\n{}",
+        satellite::config::sha256_hex(ADMIN),
+        live_config()
+    );
+    let url = satellite::store::testing::fresh_postgres_url().await.expect("a test PostgreSQL server");
+    let on_url = |config: &mut satellite::config::Config| config.database.url = Some(url.clone().into());
+    let a = TestSatellite::start_with(tempfile::tempdir().unwrap(), &config, on_url).await;
+    let b = TestSatellite::start_with(tempfile::tempdir().unwrap(), &config, on_url).await;
+    settled(&a, "live", InstanceStatus::Online).await;
+    settled(&b, "live", InstanceStatus::Online).await;
+    let (on_a, on_b) = (Caller::connect(&a, "/mcp", Some(TOKEN)).await, Caller::connect(&b, "/mcp", Some(TOKEN)).await);
+    assert!(served(&on_b).await);
+
+    // echo drifts on a's server after a call: a holds it, and b, whose own server did not change, holds it too.
+    on_a.execute("live:echo", json!({"text": "before"})).await;
+    let store = a.satellite.store().clone();
+    wait_until(DEADLINE, "the call in the analytics", || {
+        let (store, pid) = (store.clone(), process("live").0);
+        async move { store.called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
+    })
+    .await;
+    on_a.execute("live:toggle_tool", json!({"name": "echo", "description": "Echo, and mail the text elsewhere"})).await;
+    for (caller, replica) in [(&on_a, "a"), (&on_b, "b")] {
+        wait_until(DEADLINE, &format!("echo held on {replica}"), || async { (!served(caller).await).then_some(()) })
+            .await;
+    }
+
+    // Accepted on a: served again on b within seconds.
+    let accepted = reqwest::Client::new()
+        .post(format!("{}/api/tools/accept", a.base_url()))
+        .bearer_auth(ADMIN)
+        .json(&json!({"installation_id": "live", "tool_name": "echo"}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(accepted.status(), 200);
+    wait_until(DEADLINE, "echo served again on b", || async { served(&on_b).await.then_some(()) }).await;
+    assert!(on_b.execute("live:echo", json!({"text": "after"})).await.to_string().contains("after"));
+    assert!(a.satellite.shutdown().await);
+    assert!(b.satellite.shutdown().await);
+}
+
+/// Whether discover offers `live:echo` to this caller.
+async fn served(caller: &Caller) -> bool {
+    caller.tool("discover_mcp_tools", json!({"query": "echo the given text"})).await.to_string().contains("live:echo")
+}

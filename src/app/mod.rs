@@ -53,7 +53,7 @@ use file_watch::{fingerprint, FileWatch};
 const INTROSPECTION_SWEEP: Duration = Duration::from_secs(300);
 /// Replicas on PostgreSQL, managed: how often the shared credentials are compared with the ones in use.
 const IDENTITY_SYNC: Duration = Duration::from_secs(10);
-/// Replicas on PostgreSQL: how often the toolsets stored through the API are read again.
+/// Replicas on PostgreSQL: how often the toolsets stored through the API and the drift holds are read again.
 const TOOLSETS_SYNC: Duration = Duration::from_secs(5);
 /// `resources/read` budget (SB §9.5: 60 s).
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -335,6 +335,12 @@ impl Satellite {
             jobs.every("toolsets-sync", TOOLSETS_SYNC, FirstRun::AfterOnePeriod, move || {
                 let toolsets = toolsets.clone();
                 async move { toolsets.refresh().await }
+            });
+            // ... and so do drift holds another replica made or an admin accepted on another replica.
+            let holds = manager.clone();
+            jobs.every("holds-sync", TOOLSETS_SYNC, FirstRun::AfterOnePeriod, move || {
+                let holds = holds.clone();
+                async move { holds.sync_holds().await.map(|_| ()) }
             });
         }
         let pollers = CancellationToken::new();

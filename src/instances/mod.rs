@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, warn, Instrument};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::config::UpstreamSettings;
 use crate::control::{diff, DesiredState, SnapshotDiff};
@@ -100,6 +100,9 @@ struct Inner {
     deps: ManagerDeps,
     slots: Arc<ProcessSlots>,
     overrides: ToolOverrides,
+    /// The drift holds among `overrides` (as stored in `tool_holds`): what `sync_holds` compares with the
+    /// database when replicas share one.
+    holds: RwLock<std::collections::HashSet<(InstallationId, String)>>,
     state: RwLock<State>,
     reconcile: tokio::sync::Mutex<()>,
     ready_tx: watch::Sender<bool>,
@@ -196,8 +199,11 @@ impl InstanceManager {
         let state = State { stored: stored.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(), ..State::default() };
         // Drifted tools an admin has not accepted yet stay held across restarts.
         let overrides = ToolOverrides::default();
+        let mut holds = std::collections::HashSet::new();
         for held in deps.store.held_tools().await? {
-            overrides.write().entry(InstallationId(held.installation_id)).or_default().insert(held.tool_name, true);
+            let installation = InstallationId(held.installation_id);
+            overrides.write().entry(installation.clone()).or_default().insert(held.tool_name.clone(), true);
+            holds.insert((installation, held.tool_name));
         }
         let (ready_tx, _) = watch::channel(false);
         let lifecycle = &deps.settings.lifecycle;
@@ -206,6 +212,7 @@ impl InstanceManager {
             inner: Arc::new(Inner {
                 slots,
                 overrides,
+                holds: RwLock::new(holds),
                 deps,
                 state: RwLock::new(state),
                 reconcile: tokio::sync::Mutex::new(()),
@@ -344,13 +351,15 @@ impl InstanceManager {
     /// BP §6.1.1 `update_tool_status`: switch one tool of an installation for every member; the search index
     /// follows at once. Returns the instances affected.
     pub async fn set_tool_status(&self, installation: &InstallationId, tool: &str, disabled: bool) -> usize {
-        self.inner.overrides.write().entry(installation.clone()).or_default().insert(tool.to_owned(), disabled);
         if !disabled {
-            // Enabled by an admin (accepted, or the backend's update_tool_status): a drift hold on it ends too.
+            // Enabled by an admin (accepted, or the backend's update_tool_status): a drift hold on it ends too,
+            // in the database first, so a replica's `sync_holds` never sees it released here but held there.
             if let Err(err) = self.inner.deps.store.release_hold(installation.as_str(), tool).await {
                 warn!(installation_id = %installation, tool, error = %err, "releasing a stored tool hold failed; it returns at the next start");
             }
+            self.inner.holds.write().remove(&(installation.clone(), tool.to_owned()));
         }
+        self.inner.overrides.write().entry(installation.clone()).or_default().insert(tool.to_owned(), disabled);
         let affected: Vec<Arc<Instance>> =
             self.instances().into_iter().filter(|i| &i.spec().installation_id == installation).collect();
         for instance in &affected {
@@ -361,6 +370,37 @@ impl InstanceManager {
         // Views narrowed to a toolset leave disabled tools out: they are rebuilt with the tool back (or gone).
         self.inner.bump_visibility();
         affected.len()
+    }
+
+    /// Replicas on one database: make this replica's drift holds what the database says, so a tool another
+    /// replica held is held here too, and one accepted on another replica (`POST /api/tools/accept`) is served
+    /// here again. Returns how many holds changed.
+    pub async fn sync_holds(&self) -> Result<usize, crate::store::StoreError> {
+        // This replica's holds first, then the database's: holds and releases are written to the database before
+        // memory, so what this replica holds and the database no longer does was released, never just made.
+        let here = self.inner.holds.read().clone();
+        let stored: std::collections::HashSet<(InstallationId, String)> = self
+            .inner
+            .deps
+            .store
+            .held_tools()
+            .await?
+            .into_iter()
+            .map(|h| (InstallationId(h.installation_id), h.tool_name))
+            .collect();
+        let mut changed = 0;
+        for (installation, tool) in here.difference(&stored) {
+            info!(installation_id = %installation, tool, "a held tool was accepted on another replica; served again");
+            self.set_tool_status(installation, tool, false).await;
+            changed += 1;
+        }
+        for (installation, tool) in stored.difference(&here) {
+            info!(installation_id = %installation, tool, "a tool another replica held is held here too");
+            self.inner.holds.write().insert((installation.clone(), tool.clone()));
+            self.set_tool_status(installation, tool, true).await;
+            changed += 1;
+        }
+        Ok(changed)
     }
 
     /// A credential check found the server refusing this user's credentials (BP §6.2).

@@ -91,6 +91,7 @@ impl InstanceManager {
             .filter(|installation| !desired.instances.values().any(|d| &d.installation_id == *installation))
             .collect();
         for installation in gone {
+            inner.holds.write().retain(|(held, _)| held != installation);
             if let Err(err) = inner.deps.store.release_holds_of(installation.as_str()).await {
                 warn!(installation_id = %installation, error = %err, "releasing the holds of an uninstalled installation failed");
             }

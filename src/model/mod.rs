@@ -287,6 +287,32 @@ impl fmt::Display for InstanceStatus {
     }
 }
 
+/// One stdio instance (`demo-acme-u1-i1`: user `u1` of team `t1`, installation `i1`), for unit tests.
+#[cfg(test)]
+pub(crate) fn sample_spec() -> InstanceSpec {
+    InstanceSpec {
+        process_id: ProcessId("demo-acme-u1-i1".into()),
+        installation_id: InstallationId::from("i1"),
+        installation_name: "Demo".into(),
+        team_id: TeamId::from("t1"),
+        team_slug: "acme".into(),
+        user_id: UserId::from("u1"),
+        server_name: "demo".into(),
+        server_slug: "demo".into(),
+        upstream: Upstream::Stdio { command: "x".into(), args: vec![], env: Default::default() },
+        enabled: true,
+        instance_path: None,
+        instance_token_hash: None,
+        requires_oauth: false,
+        request_logging_enabled: true,
+        secrets: Default::default(),
+        disabled_tools: Default::default(),
+        deployment: None,
+        declared_tools: None,
+        rediscover_every: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,36 +10,9 @@ use super::analytics::{AnalyticsRow, CallRow, DiscoverRow, Grouping, ListingRow,
 use super::testing::both_engines;
 use super::toolsets::ToolsetRow;
 use super::*;
-use crate::model::{
-    Catalog, ChangeKind, InstallationId, InstanceSpec, InstanceStatus, ProcessId, TeamId, ToolChange, ToolDef,
-    Upstream, UserId,
-};
+use crate::model::{Catalog, ChangeKind, InstanceStatus, ToolChange, ToolDef};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-
-fn spec() -> InstanceSpec {
-    InstanceSpec {
-        process_id: ProcessId("demo-acme-u1-i1".into()),
-        installation_id: InstallationId::from("i1"),
-        installation_name: "Demo".into(),
-        team_id: TeamId::from("t1"),
-        team_slug: "acme".into(),
-        user_id: UserId::from("u1"),
-        server_name: "demo".into(),
-        server_slug: "demo".into(),
-        upstream: Upstream::Stdio { command: "x".into(), args: vec![], env: Default::default() },
-        enabled: true,
-        instance_path: None,
-        instance_token_hash: None,
-        requires_oauth: false,
-        request_logging_enabled: true,
-        secrets: Default::default(),
-        disabled_tools: Default::default(),
-        deployment: None,
-        declared_tools: None,
-        rediscover_every: None,
-    }
-}
 
 fn catalog() -> Catalog {
     let tools = ["echo", "add"]
@@ -66,7 +39,7 @@ fn key(at: &str, user: &str) -> RowKey {
 
 /// Everything a store answers after the same writes, as one JSON document to compare across engines.
 async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
-    let spec = spec();
+    let spec = crate::model::sample_spec();
     let owner = CatalogOwner::from(&spec);
     store.save_catalog(&owner, &catalog()).await?;
     store.save_catalog(&owner, &catalog()).await?; // replaced whole, not doubled
@@ -253,20 +226,24 @@ async fn every_repository_call_answers_the_same_on_sqlite_and_postgres() -> Test
     Ok(())
 }
 
+/// `n` events numbered by their `data.i`.
+fn numbered(n: usize) -> Vec<NewEvent<'static>> {
+    (0..n)
+        .map(|i| NewEvent {
+            event_type: "mcp.tool.executed",
+            emitted_at: "2026-11-20T00:00:00.000Z".into(),
+            data: json!({"i": i}),
+            process_id: None,
+            held: None,
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn claimed_events_go_to_one_replica_and_a_lapsed_claim_to_the_next() -> TestResult {
     let (_dir, stores) = both_engines().await?;
     for (engine, store) in &stores {
-        let events: Vec<NewEvent<'_>> = (0..10)
-            .map(|i| NewEvent {
-                event_type: "mcp.tool.executed",
-                emitted_at: "2026-11-20T00:00:00.000Z".into(),
-                data: json!({"i": i}),
-                process_id: None,
-                held: None,
-            })
-            .collect();
-        store.append_events(&events).await?;
+        store.append_events(&numbered(10)).await?;
         let seqs = |events: &[StoredEvent]| events.iter().map(|e| e.seq).collect::<Vec<_>>();
         let a = store.claim_events("a", 4, 60_000, Some(1_000)).await?;
         let b = store.claim_events("b", 4, 60_000, Some(1_000)).await?;
@@ -310,16 +287,7 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
     let Some((_, store)) = stores.into_iter().find(|(engine, _)| *engine == "postgres") else {
         return Err("no postgres store".into());
     };
-    let events: Vec<NewEvent<'_>> = (0..2_000)
-        .map(|i| NewEvent {
-            event_type: "mcp.tool.executed",
-            emitted_at: "2026-11-20T00:00:00.000Z".into(),
-            data: json!({"i": i}),
-            process_id: None,
-            held: None,
-        })
-        .collect();
-    store.append_events(&events).await?;
+    store.append_events(&numbered(2_000)).await?;
     let mut claimers = Vec::new();
     for n in 0..8 {
         let store = store.clone();

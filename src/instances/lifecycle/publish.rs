@@ -157,18 +157,20 @@ impl Inner {
         }
         if self.deps.settings.hold_drifted_tools && !drifted.is_empty() {
             // Held for the whole installation (the change is the server's) until an admin accepts it; the index
-            // built right after this leaves held tools out.
-            {
-                let mut overrides = self.overrides.write();
-                let held = overrides.entry(spec.installation_id.clone()).or_default();
-                for tool in &drifted {
-                    held.insert(tool.clone(), true);
-                }
-            }
-            // Kept across restarts: a restart must not release a tool nobody reviewed.
+            // built right after this leaves held tools out. Stored first, so a restart does not release a tool
+            // nobody reviewed and replicas on the same database (`sync_holds`) hold it too.
             let tools: Vec<&str> = drifted.iter().map(String::as_str).collect();
             if let Err(err) = self.deps.store.hold_tools(&spec.installation_id.0, &spec.process_id.0, &tools).await {
                 warn!(process_id = %spec.process_id, error = %err, "storing the hold of drifted tools failed; it lasts until a restart");
+            }
+            {
+                let mut overrides = self.overrides.write();
+                let held = overrides.entry(spec.installation_id.clone()).or_default();
+                let mut holds = self.holds.write();
+                for tool in &drifted {
+                    held.insert(tool.clone(), true);
+                    holds.insert((spec.installation_id.clone(), tool.clone()));
+                }
             }
             warn!(process_id = %spec.process_id, tools = %drifted.iter().cloned().collect::<Vec<_>>().join(", "), "drifted tools held out of discover and calls until an admin accepts them: POST /api/tools/accept");
         }
