@@ -195,7 +195,7 @@ impl Satellite {
                     &settings.satellite_name,
                     settings.registration_token.as_ref(),
                     &settings.persistent_dir,
-                    (store.engine() == crate::store::Engine::Postgres).then_some(&store),
+                    store.shared().then_some(&store),
                     &mut metrics,
                 )
                 .await?;
@@ -329,7 +329,7 @@ impl Satellite {
             };
             jobs.every("config-file-watch", interval, FirstRun::AfterOnePeriod, move || watcher.clone().check());
         }
-        if store.engine() == crate::store::Engine::Postgres {
+        if store.shared() {
             // Replicas share the database: toolsets another replica wrote reach this one within seconds.
             let toolsets = toolsets.clone();
             jobs.every("toolsets-sync", TOOLSETS_SYNC, FirstRun::AfterOnePeriod, move || {
@@ -385,7 +385,7 @@ impl Satellite {
                     )
                     .instrument(tracing::info_span!("backend.events")),
                 ));
-                if store.engine() == crate::store::Engine::Postgres {
+                if store.shared() {
                     // Another replica that had to register again revoked the key this one holds: adopt the new one.
                     let (client, store, name) = (deps.client.clone(), store.clone(), settings.satellite_name.clone());
                     jobs.every("shared-identity-sync", IDENTITY_SYNC, FirstRun::AfterOnePeriod, move || {

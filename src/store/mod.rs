@@ -138,6 +138,12 @@ impl Store {
         self.engine
     }
 
+    /// Whether other satellites (replicas) may share this database: PostgreSQL. The replica machinery (shared
+    /// identity, leader lock, recorded commands, the toolsets and holds re-read) runs only then.
+    pub fn shared(&self) -> bool {
+        self.engine == Engine::Postgres
+    }
+
     /// `sqlite <file>` or `postgres <url without password>`, for the start-up log and `check-config`.
     pub fn describe(&self) -> String {
         match self.engine {

@@ -31,12 +31,11 @@ pub(super) async fn worker(
         let id = command.id.clone();
         let kind = command.kind.command_type().to_owned();
         // Replicas on one database: the others run it too (`replicas::follow`).
-        let replicate =
-            (deps.store.engine() == crate::store::Engine::Postgres && replicated(&command)).then(|| command.clone());
+        let replicate = (deps.store.shared() && replicated(&command)).then(|| command.clone());
         let result = run_command(&deps, command).await;
         // Stepped down meanwhile (`replicas::leadership`): the backend delivers the command again to the new
         // leader, which records and answers it; this replica does neither.
-        if cancel.is_cancelled() && deps.store.engine() == crate::store::Engine::Postgres {
+        if cancel.is_cancelled() && deps.store.shared() {
             info!(command_id = %id, "no longer the leader; the command's result is left to the next one");
             return;
         }

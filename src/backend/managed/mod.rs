@@ -103,7 +103,7 @@ impl Managed {
     /// Replicas on PostgreSQL: note where the leader's recorded commands stand, before the first configuration
     /// fetch, so a command recorded meanwhile is not missed. Nothing to note on SQLite.
     pub async fn note_signals(&self) {
-        if self.deps.store.engine() != crate::store::Engine::Postgres {
+        if !self.deps.store.shared() {
             return;
         }
         match self.deps.store.last_signal_id().await {
@@ -170,7 +170,7 @@ impl Managed {
     /// Start the heartbeat, poller and worker; they stop when `cancel` is. Replicas on PostgreSQL run them
     /// only while they lead, and follow the leader's commands meanwhile (`replicas`).
     pub fn spawn(&self, tracker: &tokio_util::task::TaskTracker, cancel: CancellationToken) {
-        if self.deps.store.engine() != crate::store::Engine::Postgres {
+        if !self.deps.store.shared() {
             self.spawn_loops(tracker, cancel);
             return;
         }
