@@ -241,3 +241,34 @@ async fn shared_credentials_survive_a_failed_check_and_a_new_registration_reache
     backend.assert_no_violations();
     assert!(b.satellite.shutdown().await);
 }
+
+/// The database ends the leader's lock session (an idle timeout, an administrator, a proxy restart): the leader
+/// notices, steps down, and the lead is taken again on a new session, never held by two replicas at once.
+#[tokio::test]
+async fn a_leader_whose_lock_session_is_cut_steps_down_and_one_replica_leads_again() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let url = fresh_postgres_url().await.expect("a test PostgreSQL server (SATELLITE_TEST_POSTGRES_URL)");
+    let token = FakeBackend::REGISTRATION_TOKEN;
+    let a = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
+    let b = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
+    let roles = || async {
+        let mut roles = [role(&a.base_url()).await, role(&b.base_url()).await];
+        roles.sort();
+        roles
+    };
+    wait_until(DEADLINE, "one leader", || async { (roles().await == ["follower", "leader"]).then_some(()) }).await;
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    let holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND database =
+                  (SELECT oid FROM pg_database WHERE datname = current_database())";
+    let before: Vec<(i32,)> = sqlx::query_as(holder).fetch_all(&admin).await.unwrap();
+    assert_eq!(before.len(), 1, "one lock held: {before:?}");
+    sqlx::query("SELECT pg_terminate_backend($1)").bind(before[0].0).execute(&admin).await.unwrap();
+    wait_until(DEADLINE, "the lead taken again on a new session, by one replica", || async {
+        let now: Vec<(i32,)> = sqlx::query_as(holder).fetch_all(&admin).await.ok()?;
+        (now.len() == 1 && now != before && roles().await == ["follower", "leader"]).then_some(())
+    })
+    .await;
+    assert!(a.satellite.shutdown().await);
+    assert!(b.satellite.shutdown().await);
+}

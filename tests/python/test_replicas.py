@@ -146,8 +146,9 @@ async def test_stateless_requests_are_served_by_both_replicas(replicas):
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(server.serve)
-        while not server.started:
-            await anyio.sleep(0.05)
+        with anyio.fail_after(30):
+            while not server.started:
+                await anyio.sleep(0.05)
         http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {replicas.token}"}, timeout=30)
         async with Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)) as client:
             assert client.protocol_version == "2026-07-28"
