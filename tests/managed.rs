@@ -803,8 +803,13 @@ async fn legacy_sse_connections_are_reported_when_opened_and_closed() {
 async fn refused_tokens_are_reported_once_per_source_without_the_token() {
     let backend = FakeBackend::start().await;
     backend.set_config(&config());
+    // The marker command below is picked up within 2 s, not at the idle 60 s.
+    backend.set_poll_hint(Some((PollingMode::Normal, 2)));
     let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    // The start-up configuration emits a `config.refreshed` of its own; the marker below is the next one.
+    let refreshed = || backend.events().into_iter().filter(|e| e.kind.as_str() == "config.refreshed").count();
+    wait_until(DEADLINE, "the start-up config.refreshed", || async { (refreshed() == 1).then_some(()) }).await;
     const STOLEN: &str = "stolen-token-0123456789abcdef";
     let from =
         |ip: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(ip)).build().expect("client");
@@ -824,10 +829,7 @@ async fn refused_tokens_are_reported_once_per_source_without_the_token() {
     }
     // Events leave the outbox in order: once an event emitted after the refusals arrived, so did all of theirs.
     backend.push_command(refresh("cmd-marker"));
-    wait_until(DEADLINE, "config.refreshed after the refusals", || async {
-        backend.events().into_iter().find(|e| e.kind.as_str() == "config.refreshed")
-    })
-    .await;
+    wait_until(DEADLINE, "config.refreshed after the refusals", || async { (refreshed() == 2).then_some(()) }).await;
     let failures: Vec<Value> = backend
         .events()
         .into_iter()
