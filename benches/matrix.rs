@@ -338,5 +338,91 @@ fn main() {
         }
         let held = common::process::held(served.pid);
         println!("satellite after the run: {held}");
+        drop(served);
+        start_to_ready(&upstreams[0]).await;
     });
+}
+
+/// Runs of each start measurement; the median is printed.
+const STARTS: usize = 7;
+
+/// Start to ready (issue 19, aim 6): from spawning the satellite to `/readyz` answering 200, with no upstream to
+/// spawn and with one stdio instance; and to that instance being online, against the floor of spawning the same
+/// server over a bare pipe and having its `initialize` answered, in the same run.
+async fn start_to_ready(upstream: &Upstream) {
+    let client = reqwest::Client::new();
+    let empty = config(&[]);
+    let one = config(std::slice::from_ref(upstream));
+    let (mut bare, mut empty_ready, mut one_ready, mut one_online) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..STARTS {
+        let args: Vec<&str> = upstream.args.iter().map(String::as_str).collect();
+        let began = Instant::now();
+        drop(BarePipe::start_command(&upstream.command, &args).await);
+        bare.push(began.elapsed());
+        let (ready, _) = time_start(&client, &empty, 0).await;
+        empty_ready.push(ready);
+        let (ready, online) = time_start(&client, &one, 1).await;
+        one_ready.push(ready);
+        one_online.push(online);
+    }
+    let median = |mut runs: Vec<Duration>| {
+        runs.sort();
+        runs[runs.len() / 2].as_secs_f64() * 1000.0
+    };
+    let floor = median(bare);
+    println!("start to ready (median of {STARTS} starts, ms):");
+    println!("  no upstream to spawn: /readyz 200 after {:.1}", median(empty_ready));
+    println!(
+        "  one {} stdio instance: /readyz 200 after {:.1}, instance online after {:.1}; its server alone \
+         (spawn + initialize over a bare pipe) {floor:.1}",
+        upstream.slug,
+        median(one_ready),
+        median(one_online)
+    );
+}
+
+/// One start of the release satellite on `config`: the time to `/readyz` 200 and to `instances` online,
+/// polled as fast as the satellite answers.
+async fn time_start(client: &reqwest::Client, config: &str, instances: u64) -> (Duration, Duration) {
+    let dir = tempfile::tempdir().expect("scratch directory");
+    let path = dir.path().join("satellite.toml");
+    std::fs::write(&path, config).expect("config written");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let base = format!("http://127.0.0.1:{port}");
+    let began = Instant::now();
+    let _child = Command::new(env!("CARGO_BIN_EXE_satellite"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .current_dir(dir.path())
+        .env("PORT", port.to_string())
+        .env("SATELLITE_LOG_LEVEL", "warn")
+        .env_remove("DEPLOYSTACK_BACKEND_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("satellite starts");
+    let deadline = began + Duration::from_secs(60);
+    let mut ready = None;
+    loop {
+        if ready.is_none() {
+            let answer = client.get(format!("{base}/readyz")).send().await;
+            if answer.is_ok_and(|a| a.status() == 200) {
+                ready = Some(began.elapsed());
+            }
+        }
+        if let Some(ready) = ready {
+            let online = match client.get(format!("{base}/api/status/debug")).send().await {
+                Ok(answer) => {
+                    answer.json::<Value>().await.ok().and_then(|d| d["server_status"]["stats"]["online"].as_u64())
+                }
+                Err(_) => None,
+            };
+            if online == Some(instances) {
+                return (ready, began.elapsed());
+            }
+        }
+        assert!(Instant::now() < deadline, "the satellite did not become ready with {instances} instances online");
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
 }

@@ -26,6 +26,11 @@ pub struct Identity {
 impl Identity {
     /// The satellite's own identity, as `/mcp` and the legacy SSE endpoint present it.
     pub fn hierarchical() -> Self {
+        static OWN: std::sync::LazyLock<Identity> = std::sync::LazyLock::new(Identity::build_hierarchical);
+        OWN.clone()
+    }
+
+    fn build_hierarchical() -> Self {
         Identity {
             server_info: satellite_info(),
             capabilities: json!({

@@ -53,6 +53,15 @@ pub enum RequestId {
     String(String),
 }
 
+impl From<RequestId> for Value {
+    fn from(id: RequestId) -> Value {
+        match id {
+            RequestId::Number(n) => Value::from(n),
+            RequestId::String(s) => Value::String(s),
+        }
+    }
+}
+
 impl std::fmt::Display for RequestId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -173,7 +182,7 @@ impl Message {
 pub fn request(id: RequestId, method: &str, params: Option<Value>) -> Value {
     let mut obj = Map::new();
     obj.insert("jsonrpc".into(), json!("2.0"));
-    obj.insert("id".into(), json!(id));
+    obj.insert("id".into(), id.into());
     obj.insert("method".into(), json!(method));
     if let Some(params) = params {
         obj.insert("params".into(), params);
@@ -192,12 +201,25 @@ pub fn notification(method: &str, params: Option<Value>) -> Value {
 }
 
 pub fn response(id: RequestId, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
+    object([("jsonrpc", Value::from("2.0")), ("id", id.into()), ("result", result)])
 }
 
 /// An error response; `id` is `None` (serialised as null) when the request id is unknown.
 pub fn error_response(id: Option<RequestId>, error: RpcError) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": error})
+    let error = serde_json::to_value(error)
+        .unwrap_or_else(|err| json!({"code": codes::INTERNAL_ERROR, "message": err.to_string()}));
+    object([("jsonrpc", Value::from("2.0")), ("id", id.map_or(Value::Null, Value::from)), ("error", error)])
+}
+
+/// A JSON object of `entries`, the values moved in. `json!` would serialise each interpolated `Value` into a
+/// copy of itself (`to_value`), which on a response carrying a tool's result or a tool list is most of the
+/// cost of answering.
+pub fn object<const N: usize>(entries: [(&str, Value); N]) -> Value {
+    let mut map = Map::with_capacity(N);
+    for (key, value) in entries {
+        map.insert(key.to_owned(), value);
+    }
+    Value::Object(map)
 }
 
 /// The `_meta` object the 2026-07-28 revision requires on every request.

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::instances::{Instance, InstanceError, InstanceManager};
-use crate::mcp::protocol::{codes, RpcError};
+use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
 
 /// The longest a `subscriptions/listen` stream is kept open upstream; the client re-subscribes after it ends.
@@ -75,39 +75,44 @@ impl InstanceRouter {
                         ),
                     },
                 );
-                Ok(json!({"tools": tools}))
+                Ok(protocol::object([("tools", Value::Array(tools))]))
             }
             "resources/list" => {
                 let resources: Vec<Value> =
                     catalog.iter().flat_map(|c| c.resources.iter().map(|r| r.definition.clone())).collect();
-                Ok(json!({"resources": resources}))
+                Ok(protocol::object([("resources", Value::Array(resources))]))
             }
             "resources/templates/list" => {
                 let templates: Vec<Value> =
                     catalog.iter().flat_map(|c| c.templates.iter().map(|t| t.definition.clone())).collect();
-                Ok(json!({"resourceTemplates": templates}))
+                Ok(protocol::object([("resourceTemplates", Value::Array(templates))]))
             }
             "tools/call" => {
                 let params = params.unwrap_or_else(|| json!({}));
-                let name = params.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()).ok_or_else(|| {
-                    RouteError::Rpc(RpcError::new(
-                        codes::INVALID_PARAMS,
-                        "Invalid params: name must be a non-empty string",
-                    ))
-                })?;
+                // Owned, so the request itself goes on to the server without a copy.
+                let name: String = params
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .ok_or_else(|| {
+                        RouteError::Rpc(RpcError::new(
+                            codes::INVALID_PARAMS,
+                            "Invalid params: name must be a non-empty string",
+                        ))
+                    })?;
                 if !callable(instance.status().status) {
-                    return Ok(blocked_result(name, instance));
+                    return Ok(blocked_result(&name, instance));
                 }
-                if instance.tool_disabled(name) {
-                    return Ok(disabled_result(name));
+                if instance.tool_disabled(&name) {
+                    return Ok(disabled_result(&name));
                 }
                 // A tool missing from the catalog goes on too: the server may have added it since it was listed,
                 // or serve tools it does not list; it answers for its own tools, as it would without us.
                 // The whole request goes on: arguments, `_meta` (progress token), and what a 2026-07-28 retry adds.
                 let started = std::time::Instant::now();
-                let result =
-                    forward(&self.manager, instance, "tools/call", params.clone(), self.call_timeout, relay).await;
-                self.analytics.call(&who, Router::Instance, spec, name, call_outcome(&result), started.elapsed());
+                let result = forward(&self.manager, instance, "tools/call", params, self.call_timeout, relay).await;
+                self.analytics.call(&who, Router::Instance, spec, &name, call_outcome(&result), started.elapsed());
                 Ok(normalise_call_result(result?))
             }
             "subscriptions/listen" => {

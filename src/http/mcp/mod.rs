@@ -262,13 +262,13 @@ fn accepts(headers: &HeaderMap, mime: &str) -> bool {
 
 fn initialize_result(requested: Option<&str>, identity: &Identity) -> (String, Value) {
     let version = requested.filter(|v| HANDSHAKE_VERSIONS.contains(v)).unwrap_or(LEGACY_VERSIONS[2]).to_owned();
-    let mut result = json!({
-        "protocolVersion": version,
-        "capabilities": identity.capabilities,
-        "serverInfo": identity.server_info,
-    });
+    let mut result = protocol::object([
+        ("protocolVersion", Value::from(version.as_str())),
+        ("capabilities", identity.capabilities.clone()),
+        ("serverInfo", identity.server_info.clone()),
+    ]);
     if let Some(instructions) = &identity.instructions {
-        result["instructions"] = json!(instructions);
+        result["instructions"] = Value::from(instructions.as_str());
     }
     (version, result)
 }

@@ -15,7 +15,7 @@ pub(super) async fn post(
     if !(accepts(headers, "application/json") && accepts(headers, "text/event-stream")) {
         return Err(McpError::NotAcceptable { stream_only: false });
     }
-    let (messages, batch) = protocol::decode_frame(body).map_err(|err| match err {
+    let (mut messages, batch) = protocol::decode_frame(body).map_err(|err| match err {
         FrameError::Json(err) => McpError::Parse(err),
         FrameError::EmptyBatch => McpError::EmptyBatch,
     })?;
@@ -71,12 +71,17 @@ pub(super) async fn post(
     };
 
     if !batch {
-        if let Some(answer) = relayed(deps, &endpoint, &session_id, &messages[0]).await {
-            let mut response = answer?;
-            if let Ok(value) = HeaderValue::from_str(&session_id) {
-                response.headers_mut().insert("mcp-session-id", value);
+        if let Some(message) = messages.pop() {
+            match relayed(deps, &endpoint, &session_id, message).await {
+                Ok(answer) => {
+                    let mut response = answer?;
+                    if let Ok(value) = HeaderValue::from_str(&session_id) {
+                        response.headers_mut().insert("mcp-session-id", value);
+                    }
+                    return Ok(response);
+                }
+                Err(message) => messages.push(message),
             }
-            return Ok(response);
         }
     }
     let mut replies = Vec::new();
@@ -129,19 +134,36 @@ pub(super) async fn post(
     Ok(response)
 }
 
+/// Methods both routers answer at once from what the satellite keeps (its meta-tools, the catalogs): no server
+/// can speak during them, so they need no relay and no task of their own.
+fn answered_locally(method: &str) -> bool {
+    matches!(method, "ping" | "tools/list" | "resources/list" | "resources/templates/list")
+}
+
 /// A single handshake-era request runs with a relay, so what the server says meanwhile reaches the client on
-/// an SSE response; `None` for anything that is not such a request (initialize, notifications, responses).
+/// an SSE response. Anything that is not such a request (initialize, notifications, responses, what the
+/// satellite answers itself) is handed back, for the plain path.
 pub(super) async fn relayed(
     deps: &McpDeps,
     endpoint: &Endpoint,
     session_id: &str,
-    message: &Value,
-) -> Option<Result<Response, McpError>> {
-    let method = message.get("method").and_then(Value::as_str)?;
-    if method == "initialize" {
-        return None;
+    message: Value,
+) -> Result<Result<Response, McpError>, Value> {
+    let relayable =
+        message.get("method").and_then(Value::as_str).is_some_and(|m| m != "initialize" && !answered_locally(m))
+            && message.get("id").is_some_and(|id| !id.is_null());
+    if !relayable {
+        return Err(message);
     }
-    let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
+    let (id, method, params) = match Message::from_value(message) {
+        Ok(Message::Request { id, method, params }) => (id, method, params),
+        // A method and an id make a request or nothing: this answers what the plain path would.
+        other => {
+            let reason = other.err().map_or_else(|| "not a request".to_owned(), |err| err.to_string());
+            let error = RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {reason}"));
+            return Ok(Ok(json_response(StatusCode::OK, &protocol::error_response(None, error))));
+        }
+    };
     // A subscription the server accepts is this session's: its stream then carries that resource's updates.
     let subscription = match method.as_str() {
         "resources/subscribe" | "resources/unsubscribe" => {
@@ -170,7 +192,7 @@ pub(super) async fn relayed(
             move |outcome| response_message(reply_id, outcome.map(handshake_shaped)),
         )
         .await;
-    Some(match answer {
+    Ok(match answer {
         Answer::Streamed(response) => Ok(response),
         Answer::Done(Ok(result)) => {
             Ok(json_response(StatusCode::OK, &protocol::response(id, handshake_shaped(result))))

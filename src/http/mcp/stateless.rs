@@ -7,12 +7,15 @@ pub(super) async fn stateless_post(
     deps: &McpDeps,
     endpoint: &Endpoint,
     header_version: Option<&str>,
-    messages: Vec<Value>,
+    mut messages: Vec<Value>,
     batch: bool,
 ) -> Result<Response, McpError> {
-    if let [single] = messages.as_slice() {
-        if let Some(response) = stateless_relayed(deps, endpoint, header_version, single).await {
-            return response;
+    if messages.len() == 1 {
+        if let Some(single) = messages.pop() {
+            match stateless_relayed(deps, endpoint, header_version, single).await {
+                Ok(response) => return response,
+                Err(single) => messages.push(single),
+            }
         }
     }
     let identity = Identity::of(deps, &endpoint.target).await;
@@ -35,13 +38,13 @@ pub(super) async fn stateless_post(
             Ok(()) if method == "server/discover" => match endpoint.target.refused_selection() {
                 Some(err) => Err(RouteError::Rpc(err.clone())),
                 None => {
-                    let mut discovered = json!({
-                        "supportedVersions": SUPPORTED_VERSIONS,
-                        "capabilities": identity.capabilities,
-                        "serverInfo": identity.server_info,
-                    });
+                    let mut discovered = protocol::object([
+                        ("supportedVersions", json!(SUPPORTED_VERSIONS)),
+                        ("capabilities", identity.capabilities.clone()),
+                        ("serverInfo", identity.server_info.clone()),
+                    ]);
                     if let Some(instructions) = &identity.instructions {
-                        discovered["instructions"] = json!(instructions);
+                        discovered["instructions"] = Value::from(instructions.as_str());
                     }
                     Ok(discovered)
                 }
@@ -75,21 +78,31 @@ pub(super) async fn stateless_post(
 
 /// A single 2026-07-28 request that reaches an upstream server runs with a relay (which cannot carry server
 /// requests: this revision has none), so progress and log messages stream to the client; `None` for the
-/// methods the satellite answers itself.
+/// methods the satellite answers itself, whose message is handed back.
 pub(super) async fn stateless_relayed(
     deps: &McpDeps,
     endpoint: &Endpoint,
     header_version: Option<&str>,
-    message: &Value,
-) -> Option<Result<Response, McpError>> {
-    let method = message.get("method").and_then(Value::as_str)?;
+    message: Value,
+) -> Result<Result<Response, McpError>, Value> {
+    let Some(method) = message.get("method").and_then(Value::as_str) else { return Err(message) };
     let long_lived = method == "subscriptions/listen" && matches!(endpoint.target, Target::Instance(_));
-    if !(long_lived || matches!(method, "tools/call" | "resources/read" | "prompts/get" | "completion/complete"))
-        || check_envelope(header_version, message.get("params")).is_err()
-    {
-        return None;
+    let relayable = (long_lived
+        || matches!(method, "tools/call" | "resources/read" | "prompts/get" | "completion/complete"))
+        && message.get("id").is_some_and(|id| !id.is_null())
+        && check_envelope(header_version, message.get("params")).is_ok();
+    if !relayable {
+        return Err(message);
     }
-    let Ok(Message::Request { id, method, params }) = Message::from_value(message.clone()) else { return None };
+    let (id, method, params) = match Message::from_value(message) {
+        Ok(Message::Request { id, method, params }) => (id, method, params),
+        // A method and an id make a request or nothing: this answers what the plain path would.
+        other => {
+            let reason = other.err().map_or_else(|| "not a request".to_owned(), |err| err.to_string());
+            let error = RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {reason}"));
+            return Ok(Ok(json_response(StatusCode::OK, &protocol::error_response(None, error))));
+        }
+    };
     let capabilities = params
         .as_ref()
         .and_then(|p| p.get("_meta"))
@@ -97,6 +110,7 @@ pub(super) async fn stateless_relayed(
         .cloned()
         .unwrap_or_else(|| json!({}));
     let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived };
+    let answered_method = method.clone();
     let (target, deps_owned, reply_id, stamp_method) =
         (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
     let server_info = Identity::of(deps, &endpoint.target).await.server_info;
@@ -128,11 +142,10 @@ pub(super) async fn stateless_relayed(
             )
             .await
     };
-    let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
-    Some(match answer {
+    Ok(match answer {
         Answer::Streamed(response) => Ok(response),
         Answer::Done(Ok(mut result)) => {
-            protocol::stamp_stateless_result(&mut result, method, server_info);
+            protocol::stamp_stateless_result(&mut result, &answered_method, server_info);
             Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
         }
         Answer::Done(Err(RouteError::Rpc(err))) => {

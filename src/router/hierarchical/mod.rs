@@ -17,7 +17,7 @@ use super::{
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
-use crate::mcp::protocol::{codes, RpcError};
+use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::Relay;
 use crate::model::{
     namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path, shared_uri, tool_path,
@@ -71,7 +71,7 @@ impl HierarchicalRouter {
             "ping" => Ok(json!({})),
             "tools/list" => {
                 self.record_listing(caller, &who);
-                Ok(json!({"tools": meta::definitions().clone()}))
+                Ok(protocol::object([("tools", meta::definitions().clone())]))
             }
             "prompts/list" => self.list_prompts(caller).await,
             "prompts/get" => {
@@ -80,8 +80,10 @@ impl HierarchicalRouter {
             }
             "completion/complete" => self.complete(caller, params, relay).await,
             "logging/setLevel" => self.set_log_level(caller, params).await,
-            "resources/list" => Ok(json!({"resources": self.native_resources(caller)})),
-            "resources/templates/list" => Ok(json!({"resourceTemplates": self.native_templates(caller)})),
+            "resources/list" => Ok(protocol::object([("resources", Value::Array(self.native_resources(caller)))])),
+            "resources/templates/list" => {
+                Ok(protocol::object([("resourceTemplates", Value::Array(self.native_templates(caller)))]))
+            }
             "resources/read" => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 let uri = string_param(&params, "uri", "Invalid uri parameter - must be a non-empty string")?;
@@ -342,7 +344,7 @@ impl HierarchicalRouter {
                 return Err(RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, "arguments must be an object")))
             }
         };
-        let mut inner = json!({"name": tool_name, "arguments": arguments});
+        let mut inner = protocol::object([("name", Value::from(tool_name)), ("arguments", arguments)]);
         for key in ["_meta", "inputResponses", "requestState"] {
             if let Some(value) = outer.get(key).filter(|v| !v.is_null()) {
                 inner[key] = value.clone();
