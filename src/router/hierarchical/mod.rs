@@ -125,10 +125,11 @@ impl HierarchicalRouter {
         relay: Option<&Relay>,
     ) -> Result<Value, RouteError> {
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
-        let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+        static NO_ARGUMENTS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!({}));
+        let args = params.get("arguments").unwrap_or(&NO_ARGUMENTS);
         match name {
             meta::DISCOVER => {
-                let (result, tool_paths) = self.discover(caller, toolset, &args).await?;
+                let (result, tool_paths) = self.discover(caller, toolset, args).await?;
                 let text =
                     result.pointer("/content/0/text").and_then(Value::as_str).map(str::to_owned).unwrap_or_default();
                 self.analytics.discover(who, text, tool_paths);
@@ -136,7 +137,7 @@ impl HierarchicalRouter {
             }
             meta::EXECUTE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
-                self.execute(caller, toolset, who, &args, params, relay).await
+                self.execute(caller, toolset, who, args, params, relay).await
             }
             meta::LIST_RESOURCES => {
                 let resources = self.resource_entries(caller);
@@ -153,7 +154,7 @@ impl HierarchicalRouter {
             }
             meta::READ_RESOURCE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
-                let uri = string_param(&args, "uri", "Invalid uri parameter - must be a non-empty string")?;
+                let uri = string_param(args, "uri", "Invalid uri parameter - must be a non-empty string")?;
                 let result = self.read(caller, uri, relay).await?;
                 Ok(json!({"content": [{"type": "text", "text": join_contents(&result)}]}))
             }
