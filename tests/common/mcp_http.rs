@@ -53,7 +53,12 @@ impl Caller {
         let status = response.status();
         let headers = response.headers().clone();
         let text = response.text().await.unwrap_or_default();
-        (status, headers, serde_json::from_str(&text).unwrap_or(Value::Null))
+        let sse = headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        let reply = if sse { sse_response(&text) } else { serde_json::from_str(&text).unwrap_or(Value::Null) };
+        (status, headers, reply)
     }
 
     pub async fn initialize(&mut self) {
@@ -91,4 +96,14 @@ impl Caller {
     pub async fn tool(&self, name: &str, arguments: Value) -> Value {
         self.call("tools/call", json!({"name": name, "arguments": arguments})).await.1
     }
+}
+
+/// The JSON-RPC response an SSE answer ends with: a server may speak first (a log message, progress), and the
+/// satellite then streams the answer, as the transport allows; what came before the response is skipped.
+fn sse_response(body: &str) -> Value {
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .rfind(|message| message.get("result").is_some() || message.get("error").is_some())
+        .unwrap_or(Value::Null)
 }
