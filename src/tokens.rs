@@ -138,6 +138,11 @@ pub fn counter() -> Result<Arc<Counter>, TokenError> {
     }
 }
 
+/// Whether the shared encoder is built now (counting is then a matter of microseconds, not ~130 ms).
+pub fn is_built() -> bool {
+    shared().counter.lock().is_some()
+}
+
 /// Let the shared encoder go when nothing asked for it for `idle`, and give the freed memory back to the
 /// operating system. True when it was released. Blocking (the heap trim takes a few milliseconds).
 pub fn release_idle(idle: Duration) -> bool {

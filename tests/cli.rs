@@ -158,6 +158,18 @@ async fn embedded_default_serves_the_demo_and_exits_cleanly_on_sigterm() {
     let pid = demo["pid"].as_u64().expect("pid") as u32;
     assert!(process_exists(pid));
     assert!(dir.path().join("data/satellite.db").exists(), "data lives in ./data");
+    // This process had no token encoder yet, so the instance went online before its tools were counted; the
+    // counts, and the discovery event that carries them, follow.
+    let store = satellite::store::Store::open(&dir.path().join("data")).await.expect("the satellite's database");
+    let discovered = wait_until(Duration::from_secs(30), "mcp.tools.discovered", || {
+        let store = store.clone();
+        async move { store.events(Some("mcp.tools.discovered"), 0, 10).await.ok()?.into_iter().next() }
+    })
+    .await;
+    let tools = discovered.data["tools"].as_array().expect("tools");
+    assert_eq!(tools.len(), 7, "{}", discovered.data);
+    assert!(tools.iter().all(|t| t["token_count"].as_u64().is_some_and(|n| n > 0)), "{}", discovered.data);
+    drop(store);
 
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
         .unwrap();

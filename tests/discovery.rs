@@ -142,7 +142,8 @@ async fn a_burst_of_list_changes_is_one_rediscovery_and_search_follows_it() {
         let events = sat.satellite.store().events(Some("mcp.tools.discovered"), 0, 1000).await.expect("events");
         events.len()
     };
-    assert_eq!(discoveries().await, 1);
+    // Reported with its token counts, which may follow the instance's going online (`count_and_report`).
+    wait_until(DEADLINE, "the first discovery's event", || async { (discoveries().await == 1).then_some(()) }).await;
     let caller = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;
 
     // Five announcements of one change: the tool goes, with one rediscovery.

@@ -170,6 +170,17 @@ impl Instance {
         *self.catalog.lock() = Some(catalog);
     }
 
+    /// Put `catalog` in place of `expected` only while `expected` is still the instance's catalog (a newer
+    /// discovery may have replaced it meanwhile); true when it did.
+    pub(super) fn replace_catalog(&self, expected: &Arc<Catalog>, catalog: Arc<Catalog>) -> bool {
+        let mut slot = self.catalog.lock();
+        if slot.as_ref().is_some_and(|current| Arc::ptr_eq(current, expected)) {
+            *slot = Some(catalog);
+            return true;
+        }
+        false
+    }
+
     pub fn client(&self) -> Option<Arc<McpClient>> {
         self.connection.lock().as_ref().map(|c| c.client.clone())
     }

@@ -22,7 +22,7 @@ impl Inner {
     /// With `announce` the instance passes through `discovering_tools`; a rediscovery of an online
     /// instance (tool list changed) keeps serving its current tools until the new ones are in.
     pub(in crate::instances) async fn discover_into(
-        &self,
+        self: &Arc<Self>,
         instance: &Arc<Instance>,
         client: &Arc<McpClient>,
         announce: bool,
@@ -62,13 +62,18 @@ impl Inner {
         };
         match discovered {
             Ok(Ok(mut catalog)) => {
-                count_into(&mut catalog).await;
-                let catalog = Arc::new(catalog);
-                if let Err(err) = self.deps.store.save_catalog(&CatalogOwner::from(instance.spec()), &catalog).await {
-                    warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
+                // Building the token encoder takes ~130 ms, once per process (and again after it was released
+                // when idle): a first instance does not wait for it to serve its tools. Its counts, the saved
+                // catalog and `mcp.tools.discovered` follow as soon as they are counted.
+                let count_later = !crate::tokens::is_built() && catalog.tool_tokens.len() != catalog.tools.len();
+                if !count_later {
+                    count_into(&mut catalog).await;
                 }
-                debug!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), "tools discovered");
-                self.report_discovery(instance.spec(), &catalog).await;
+                let catalog = Arc::new(catalog);
+                debug!(process_id = %instance.spec().process_id, tools = catalog.tools.len(), resources = catalog.resources.len(), count_later, "tools discovered");
+                if !count_later {
+                    self.save_and_report(instance, &catalog).await;
+                }
                 if let Some(previous) = instance.catalog() {
                     self.report_change(instance.spec(), &previous, &catalog).await;
                 }
@@ -83,6 +88,10 @@ impl Inner {
                     self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into()))
                         .await;
                 }
+                if count_later {
+                    let (inner, instance) = (self.clone(), instance.clone());
+                    self.tasks.spawn(async move { inner.count_and_report(&instance, catalog).await });
+                }
                 true
             }
             Ok(Err(err)) => {
@@ -95,6 +104,25 @@ impl Inner {
                 self.set_status(instance, InstanceStatus::Offline, Some(message)).await;
                 false
             }
+        }
+    }
+
+    /// The catalog with its token counts into the store, and `mcp.tools.discovered`.
+    async fn save_and_report(&self, instance: &Instance, catalog: &Catalog) {
+        if let Err(err) = self.deps.store.save_catalog(&CatalogOwner::from(instance.spec()), catalog).await {
+            warn!(process_id = %instance.spec().process_id, error = %err, "saving catalog failed");
+        }
+        self.report_discovery(instance.spec(), catalog).await;
+    }
+
+    /// Count the tokens of a catalog published without them, put the counted catalog in its place (unless a
+    /// newer discovery replaced it meanwhile, which reports its own), then save and report it.
+    async fn count_and_report(&self, instance: &Instance, published: Arc<Catalog>) {
+        let mut counted = (*published).clone();
+        count_into(&mut counted).await;
+        let counted = Arc::new(counted);
+        if instance.replace_catalog(&published, counted.clone()) {
+            self.save_and_report(instance, &counted).await;
         }
     }
 
