@@ -6,6 +6,8 @@
 //! prints req/s, p50, p99, the satellite's own CPU per request (its process, not the server's nor this load
 //! generator's) and the ratio to the floor. The satellite is the release binary as operators run it, in its own
 //! process. Run with `cargo bench --bench matrix`; the last results are kept in docs/performance.md.
+//! Last, start to ready: spawn to `/readyz` 200, with no upstream and with one stdio instance (and that instance
+//! online), against spawning its server over a bare pipe. `MATRIX_ONLY=start` runs that part alone.
 //!
 //! Needs tests/node installed (`npm ci --prefix tests/node`) for server-everything; without it that upstream
 //! is skipped with a note.
@@ -258,6 +260,10 @@ fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
         let upstreams = upstreams();
+        if std::env::var("MATRIX_ONLY").as_deref() == Ok("start") {
+            start_to_ready(&upstreams[0]).await;
+            return;
+        }
         let served = serve(&config(&upstreams), upstreams.len()).await;
         println!("performance matrix (release build, {}); CPU = the satellite process's own, per request", machine());
         println!(
