@@ -90,6 +90,10 @@ pub struct Listing {
     pub visible_tokens: u64,
     /// Identifies the visible tool set: a plain proxy re-sends the list when it changes.
     pub fingerprint: u64,
+    /// Visible tools whose tokens were not counted yet (a first discovery publishes before counting): the
+    /// writer counts them and adds them to `visible_tokens`, and to `shown_tokens` on the instance router,
+    /// which shows what is visible.
+    pub uncounted: Vec<crate::model::ToolDef>,
 }
 
 #[derive(Debug)]
@@ -345,6 +349,28 @@ async fn writer(mut rx: mpsc::Receiver<Fact>, store: Store, shutdown: Cancellati
     flush(&mut ledger, &store, &mut batch).await;
 }
 
+/// Add the tokens of listed tools that had no count yet to their listings (on the blocking pool; the encoder they
+/// waited for is being built or is built).
+async fn count_uncounted(facts: &mut [Fact]) {
+    for fact in facts.iter_mut() {
+        let Fact::Listing { listing, .. } = fact else { continue };
+        if listing.uncounted.is_empty() {
+            continue;
+        }
+        let tools = std::mem::take(&mut listing.uncounted);
+        match crate::tokens::count_tools(tools).await {
+            Ok(counts) => {
+                let tokens: u64 = counts.iter().map(|n| *n as u64).sum();
+                listing.visible_tokens += tokens;
+                if listing.router == Router::Instance {
+                    listing.shown_tokens += tokens;
+                }
+            }
+            Err(err) => warn!(error = %err, "counting listed tools' tokens failed; they count as 0"),
+        }
+    }
+}
+
 async fn flush(ledger: &mut Ledger, store: &Store, batch: &mut Vec<Fact>) {
     if batch.is_empty() {
         return;
@@ -376,6 +402,8 @@ async fn flush(ledger: &mut Ledger, store: &Store, batch: &mut Vec<Fact>) {
             }
         }
     };
+    let mut facts = facts;
+    count_uncounted(&mut facts).await;
     let rows = ledger.rows(facts, &counted);
     let written = rows.len();
     if let Err(err) = store.insert_analytics(&rows).await {
@@ -407,7 +435,35 @@ mod tests {
             tools_visible: 10,
             visible_tokens: 1000,
             fingerprint,
+            uncounted: Vec::new(),
         }
+    }
+
+    /// A listing made before its tools were counted gets their tokens in the writer: visible on both routers,
+    /// shown too on the instance router, which shows the tools themselves.
+    #[tokio::test]
+    async fn tools_listed_before_they_were_counted_are_counted_by_the_writer() {
+        let tool = crate::model::ToolDef::from_listing(&serde_json::json!({"name": "echo", "description": "Echo it"}))
+            .expect("a tool");
+        let tokens = crate::tokens::count_tools(vec![tool.clone()]).await.expect("counted")[0] as u64;
+        assert!(tokens > 0);
+        let fact = |router: Router| Fact::Listing {
+            key: key("a"),
+            stateless: true,
+            listing: Listing { router, uncounted: vec![tool.clone()], ..listing(1) },
+        };
+        let mut facts = vec![fact(Router::Hierarchical), fact(Router::Instance)];
+        count_uncounted(&mut facts).await;
+        let figures: Vec<(u64, u64, usize)> = facts
+            .iter()
+            .map(|f| match f {
+                Fact::Listing { listing, .. } => {
+                    (listing.shown_tokens, listing.visible_tokens, listing.uncounted.len())
+                }
+                _ => (0, 0, 0),
+            })
+            .collect();
+        assert_eq!(figures, vec![(400, 1000 + tokens, 0), (400 + tokens, 1000 + tokens, 0)]);
     }
 
     fn proxy(row: &AnalyticsRow) -> u64 {

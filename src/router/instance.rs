@@ -46,6 +46,7 @@ impl InstanceRouter {
             "ping" => Ok(json!({})),
             "tools/list" => {
                 let mut tokens = 0u64;
+                let mut uncounted = Vec::new();
                 let tools: Vec<Value> = catalog
                     .iter()
                     .flat_map(|c| {
@@ -54,7 +55,10 @@ impl InstanceRouter {
                             .zip(c.tool_tokens.iter().map(Some).chain(std::iter::repeat(None)))
                             .filter(|(t, _)| !instance.tool_disabled(&t.name))
                             .map(|(t, n)| {
-                                tokens += n.map(|n| u64::from(*n)).unwrap_or(0);
+                                match n {
+                                    Some(n) => tokens += u64::from(*n),
+                                    None => uncounted.push(t.clone()),
+                                }
                                 t.definition.clone()
                             })
                             .collect::<Vec<_>>()
@@ -73,6 +77,7 @@ impl InstanceRouter {
                         fingerprint: analytics::fingerprint(
                             catalog.iter().map(|c| (spec.process_id.as_str(), c.discovered_at.timestamp_millis())),
                         ),
+                        uncounted,
                     },
                 );
                 Ok(protocol::object([("tools", Value::Array(tools))]))

@@ -112,6 +112,11 @@ impl HierarchicalRouter {
                 tools_visible: catalogs.iter().map(|(_, c)| c.tools.len() as u64).sum(),
                 visible_tokens: catalogs.iter().filter_map(|(_, c)| c.tokens_total()).sum(),
                 fingerprint,
+                uncounted: catalogs
+                    .iter()
+                    .filter(|(_, c)| c.tokens_total().is_none())
+                    .flat_map(|(_, c)| c.tools.iter().cloned())
+                    .collect(),
             },
         );
     }
