@@ -251,6 +251,22 @@ fn instance_endpoint(
     Ok(Endpoint::new(Target::Instance(instance), deps.instance_sessions.clone()))
 }
 
+/// A message with a method and an id, taken apart as a request; anything else it turns out to be is the error
+/// the plain path would answer it with (`Invalid Request`, sent with id null: `invalid_request`).
+fn as_request(message: Value) -> Result<(protocol::RequestId, String, Option<Value>), RpcError> {
+    match Message::from_value(message) {
+        Ok(Message::Request { id, method, params }) => Ok((id, method, params)),
+        other => {
+            let reason = other.err().map_or_else(|| "not a request".to_owned(), |err| err.to_string());
+            Err(RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {reason}")))
+        }
+    }
+}
+
+fn invalid_request(error: RpcError) -> Response {
+    json_response(StatusCode::OK, &protocol::error_response(None, error))
+}
+
 fn accepts(headers: &HeaderMap, mime: &str) -> bool {
     header(headers, "accept").is_some_and(|a| {
         a.split(',').any(|part| {

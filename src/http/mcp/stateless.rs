@@ -94,14 +94,9 @@ pub(super) async fn stateless_relayed(
     if !relayable {
         return Err(message);
     }
-    let (id, method, params) = match Message::from_value(message) {
-        Ok(Message::Request { id, method, params }) => (id, method, params),
-        // A method and an id make a request or nothing: this answers what the plain path would.
-        other => {
-            let reason = other.err().map_or_else(|| "not a request".to_owned(), |err| err.to_string());
-            let error = RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {reason}"));
-            return Ok(Ok(json_response(StatusCode::OK, &protocol::error_response(None, error))));
-        }
+    let (id, method, params) = match as_request(message) {
+        Ok(parts) => parts,
+        Err(error) => return Ok(Ok(invalid_request(error))),
     };
     let capabilities = params
         .as_ref()
