@@ -112,7 +112,12 @@ impl Catalog {
 
     /// Tokens of every tool, once counted.
     pub fn tokens_total(&self) -> Option<u64> {
-        (self.tool_tokens.len() == self.tools.len()).then(|| self.tool_tokens.iter().map(|n| u64::from(*n)).sum())
+        self.is_counted().then(|| self.tool_tokens.iter().map(|n| u64::from(*n)).sum())
+    }
+
+    /// Every tool has its token count (a first discovery may publish before counting).
+    pub fn is_counted(&self) -> bool {
+        self.tool_tokens.len() == self.tools.len()
     }
 }
 

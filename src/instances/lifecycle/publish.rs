@@ -65,7 +65,7 @@ impl Inner {
                 // Building the token encoder takes ~130 ms, once per process (and again after it was released
                 // when idle): a first instance does not wait for it to serve its tools. Its counts, the saved
                 // catalog and `mcp.tools.discovered` follow as soon as they are counted.
-                let count_later = !crate::tokens::is_built() && catalog.tool_tokens.len() != catalog.tools.len();
+                let count_later = !crate::tokens::is_built() && !catalog.is_counted();
                 if !count_later {
                     count_into(&mut catalog).await;
                 }
@@ -144,7 +144,7 @@ impl Inner {
 
     /// `mcp.tools.discovered` with each tool's token count (SB §15), counted by [`count_into`].
     pub(in crate::instances) async fn report_discovery(&self, spec: &InstanceSpec, catalog: &Catalog) {
-        if catalog.tool_tokens.len() != catalog.tools.len() {
+        if !catalog.is_counted() {
             warn!(process_id = %spec.process_id, "tool tokens were not counted; no discovery event");
             return;
         }
@@ -293,7 +293,7 @@ impl Inner {
 /// Count each tool's tokens (SB §15) on the blocking pool into `catalog.tool_tokens`; left empty (and logged)
 /// when the encoder fails, so nothing reports a wrong count.
 pub(in crate::instances) async fn count_into(catalog: &mut Catalog) {
-    if catalog.tool_tokens.len() == catalog.tools.len() {
+    if catalog.is_counted() {
         return;
     }
     match crate::tokens::count_tools(catalog.tools.clone()).await {

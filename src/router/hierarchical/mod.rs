@@ -114,7 +114,7 @@ impl HierarchicalRouter {
                 fingerprint,
                 uncounted: catalogs
                     .iter()
-                    .filter(|(_, c)| c.tokens_total().is_none())
+                    .filter(|(_, c)| !c.is_counted())
                     .flat_map(|(_, c)| c.tools.iter().cloned())
                     .collect(),
             },
