@@ -267,3 +267,24 @@ impl Instance {
         self.recovering.store(false, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A count that finishes after a newer discovery replaced the catalog it counted must not put the old tools
+    /// back: only the catalog it started from is replaced.
+    #[test]
+    fn a_late_count_replaces_only_the_catalog_it_counted() {
+        let published = Arc::new(Catalog::empty());
+        let instance = Instance::new(crate::model::sample_spec(), Some(published.clone()), 1, ToolOverrides::default());
+        let counted = Arc::new(Catalog::empty());
+        assert!(instance.replace_catalog(&published, counted.clone()));
+        assert!(instance.catalog().is_some_and(|c| Arc::ptr_eq(&c, &counted)));
+
+        let newer = Arc::new(Catalog::empty());
+        instance.set_catalog(newer.clone());
+        assert!(!instance.replace_catalog(&counted, Arc::new(Catalog::empty())), "a newer catalog stays");
+        assert!(instance.catalog().is_some_and(|c| Arc::ptr_eq(&c, &newer)));
+    }
+}
