@@ -203,13 +203,19 @@ async fn claimed_by(store: &Store) -> Option<String> {
     store.claims().await.unwrap().into_iter().next()
 }
 
+/// A backend with the test configuration, and a fresh PostgreSQL database for the replicas to share.
+async fn backend_and_database() -> (FakeBackend, String) {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let url = fresh_postgres_url().await.expect("a test PostgreSQL server (SATELLITE_TEST_POSTGRES_URL)");
+    (backend, url)
+}
+
 /// The shared credentials are not thrown away when the backend merely fails a verification, and when a replica
 /// has to register again (the backend refused the key), the replicas already running adopt the new key.
 #[tokio::test]
 async fn shared_credentials_survive_a_failed_check_and_a_new_registration_reaches_running_replicas() {
-    let backend = FakeBackend::start().await;
-    backend.set_config(&config());
-    let url = fresh_postgres_url().await.expect("a test PostgreSQL server (SATELLITE_TEST_POSTGRES_URL)");
+    let (backend, url) = backend_and_database().await;
     let token = FakeBackend::REGISTRATION_TOKEN;
     let a = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
     let satellite_id = backend_status(&a.base_url()).await["satellite_id"].as_str().unwrap_or("").to_owned();
@@ -246,9 +252,7 @@ async fn shared_credentials_survive_a_failed_check_and_a_new_registration_reache
 /// notices, steps down, and the lead is taken again on a new session, never held by two replicas at once.
 #[tokio::test]
 async fn a_leader_whose_lock_session_is_cut_steps_down_and_one_replica_leads_again() {
-    let backend = FakeBackend::start().await;
-    backend.set_config(&config());
-    let url = fresh_postgres_url().await.expect("a test PostgreSQL server (SATELLITE_TEST_POSTGRES_URL)");
+    let (backend, url) = backend_and_database().await;
     let token = FakeBackend::REGISTRATION_TOKEN;
     let a = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
     let b = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
