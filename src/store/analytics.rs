@@ -142,71 +142,57 @@ pub struct FailureRow {
 const FAILURE_STATUSES: &str = "'error','permanently_failed','requires_reauth','offline'";
 
 impl Store {
-    /// Append a batch of rows in one transaction.
+    /// Append a batch of rows atomically: a few multi-row statements per table (`Sql::inserts`).
     pub async fn insert_analytics(&self, rows: &[AnalyticsRow]) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let text = |s: &str| Bind::Text(s.to_owned());
+        let int = |n: u64| Bind::Int(n as i64);
+        let key = |k: &RowKey| [text(&k.at), text(&k.team_id), text(&k.user_id), text(&k.session)];
+        let (mut listings, mut discovers, mut calls) = (Vec::new(), Vec::new(), Vec::new());
         for row in rows {
             match row {
-                AnalyticsRow::Listing(l) => {
-                    sqlx::query(
-                        "INSERT INTO analytics_listings (at, team_id, user_id, session, router, process_id, installation_id,
-                            tools_shown, shown_tokens, tools_visible, visible_tokens, proxy_tokens)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                    )
-                    .bind(&l.key.at)
-                    .bind(&l.key.team_id)
-                    .bind(&l.key.user_id)
-                    .bind(&l.key.session)
-                    .bind(l.router)
-                    .bind(&l.process_id)
-                    .bind(&l.installation_id)
-                    .bind(l.tools_shown as i64)
-                    .bind(l.shown_tokens as i64)
-                    .bind(l.tools_visible as i64)
-                    .bind(l.visible_tokens as i64)
-                    .bind(l.proxy_tokens as i64)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                AnalyticsRow::Discover(d) => {
-                    sqlx::query(
-                        "INSERT INTO analytics_discovers (key, at, team_id, user_id, session, results, result_tokens)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                    )
-                    .bind(&d.discover_key)
-                    .bind(&d.key.at)
-                    .bind(&d.key.team_id)
-                    .bind(&d.key.user_id)
-                    .bind(&d.key.session)
-                    .bind(d.results as i64)
-                    .bind(d.result_tokens as i64)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                AnalyticsRow::Call(c) => {
-                    sqlx::query(
-                        "INSERT INTO analytics_calls (at, team_id, user_id, session, router, process_id, installation_id,
-                            server_slug, tool_name, outcome, duration_ms, discover_key)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                    )
-                    .bind(&c.key.at)
-                    .bind(&c.key.team_id)
-                    .bind(&c.key.user_id)
-                    .bind(&c.key.session)
-                    .bind(c.router)
-                    .bind(&c.process_id)
-                    .bind(&c.installation_id)
-                    .bind(&c.server_slug)
-                    .bind(&c.tool_name)
-                    .bind(c.outcome)
-                    .bind(c.duration_ms as i64)
-                    .bind(&c.discover_key)
-                    .execute(&mut *tx)
-                    .await?;
-                }
+                AnalyticsRow::Listing(l) => listings.push(l),
+                AnalyticsRow::Discover(d) => discovers.push(d),
+                AnalyticsRow::Call(c) => calls.push(c),
             }
         }
-        tx.commit().await?;
+        let mut statements = Sql::inserts(
+            self.engine(),
+            "INSERT INTO analytics_listings (at, team_id, user_id, session, router, process_id, installation_id,
+                tools_shown, shown_tokens, tools_visible, visible_tokens, proxy_tokens)",
+            &listings,
+            |l| {
+                let mut values = Vec::from(key(&l.key));
+                values.extend([text(l.router), l.process_id.as_deref().into(), l.installation_id.as_deref().into()]);
+                values.extend([int(l.tools_shown), int(l.shown_tokens), int(l.tools_visible), int(l.visible_tokens)]);
+                values.push(int(l.proxy_tokens));
+                values
+            },
+        );
+        statements.extend(Sql::inserts(
+            self.engine(),
+            "INSERT INTO analytics_discovers (key, at, team_id, user_id, session, results, result_tokens)",
+            &discovers,
+            |d| {
+                let mut values = vec![text(&d.discover_key)];
+                values.extend(key(&d.key));
+                values.extend([int(d.results), int(d.result_tokens)]);
+                values
+            },
+        ));
+        statements.extend(Sql::inserts(
+            self.engine(),
+            "INSERT INTO analytics_calls (at, team_id, user_id, session, router, process_id, installation_id,
+                server_slug, tool_name, outcome, duration_ms, discover_key)",
+            &calls,
+            |c| {
+                let mut values = Vec::from(key(&c.key));
+                values.extend([text(c.router), text(&c.process_id), text(&c.installation_id), text(&c.server_slug)]);
+                values.extend([text(&c.tool_name), text(c.outcome), int(c.duration_ms)]);
+                values.push(c.discover_key.as_deref().into());
+                values
+            },
+        ));
+        super::sql::execute_all(self.pool(), &statements).await?;
         Ok(())
     }
 

@@ -38,28 +38,36 @@ pub struct OutboxSummary {
     pub oldest_emitted_at: Option<String>,
 }
 
-pub(super) async fn insert_event(tx: &mut Transaction<'_, Any>, event: &NewEvent<'_>) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO event_outbox (event_type, emitted_at, data, process_id, held) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(event.event_type)
-    .bind(&event.emitted_at)
-    .bind(event.data.to_string())
-    .bind(event.process_id)
-    .bind(event.held)
-    .execute(&mut **tx)
-    .await?;
+const INSERT_EVENTS: &str = "INSERT INTO event_outbox (event_type, emitted_at, data, process_id, held)";
+
+fn event_values(event: &NewEvent<'_>) -> Vec<Bind> {
+    vec![
+        Bind::Text(event.event_type.to_owned()),
+        Bind::Text(event.emitted_at.clone()),
+        Bind::Text(event.data.to_string()),
+        event.process_id.into(),
+        event.held.into(),
+    ]
+}
+
+/// One event, inside a caller's transaction (a status change and its event are written together).
+pub(super) async fn insert_event(
+    engine: Engine,
+    tx: &mut Transaction<'_, Any>,
+    event: &NewEvent<'_>,
+) -> Result<(), StoreError> {
+    for statement in Sql::inserts(engine, INSERT_EVENTS, std::slice::from_ref(event), event_values) {
+        statement.query().execute(&mut **tx).await?;
+    }
     Ok(())
 }
 
 impl Store {
-    /// Append events in one transaction, in order.
+    /// Append events atomically, in order: a few multi-row statements (`Sql::inserts`), not one per event (each
+    /// statement is a round trip to the connection's worker thread).
     pub async fn append_events(&self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        for event in events {
-            insert_event(&mut tx, event).await?;
-        }
-        tx.commit().await?;
+        let statements = Sql::inserts(self.engine(), INSERT_EVENTS, events, event_values);
+        super::sql::execute_all(self.pool(), &statements).await?;
         Ok(())
     }
 

@@ -25,7 +25,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
         if let Some(event) = event {
-            super::events::insert_event(&mut tx, event).await?;
+            super::events::insert_event(self.engine(), &mut tx, event).await?;
         }
         sqlx::query("INSERT INTO instance_status_history (process_id, team_id, user_id, status, message, at) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(spec.process_id.as_str())
