@@ -130,13 +130,21 @@ impl LogCapture {
     }
 
     fn push(&self, add: impl FnOnce(&mut Buffers)) {
-        {
+        let wake = {
             let mut buffers = self.inner.buffers.lock();
             add(&mut buffers);
+            let first = buffers.first_at.is_none();
             buffers.first_at.get_or_insert_with(Instant::now);
+            first
+                || buffers.server.len() == FLUSH_AT
+                || buffers.requests.len() == FLUSH_AT
+                || buffers.events.len() == EVENTS_FLUSH_AT
+        };
+        // The runner re-reads the buffers only when that changes what it waits for: the first entry starts the
+        // 3 s clock, a buffer that just filled goes at once. Waking it on every call cost a task switch per call.
+        if wake {
+            self.inner.wake.notify_one();
         }
-        // The runner re-reads the buffers: the first entry starts the 3 s clock, a full buffer goes at once.
-        self.inner.wake.notify_one();
     }
 
     /// Turn everything buffered into events now.
@@ -216,14 +224,9 @@ pub fn mask_secrets(spec: &InstanceSpec, text: &str) -> String {
     secrets::hide(text, &secrets::secret_values(spec))
 }
 
-/// A JSON value with the instance's secret values masked in every string (a tool's answer, say).
-pub fn mask_json(spec: &InstanceSpec, value: Value) -> Value {
-    let values = secrets::secret_values(spec);
-    if values.is_empty() {
-        return value;
-    }
-    let text = secrets::hide(&value.to_string(), &values);
-    serde_json::from_str(&text).unwrap_or(Value::String(text))
+/// A copy of a JSON value with the instance's secret values masked in every string (a tool's answer, say).
+pub fn mask_json(spec: &InstanceSpec, value: &Value) -> Value {
+    secrets::hide_json(value, &secrets::secret_values(spec))
 }
 
 #[cfg(test)]

@@ -5,12 +5,12 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
@@ -129,8 +129,12 @@ pub struct Recorder {
 }
 
 struct RecorderInner {
-    tx: mpsc::Sender<Fact>,
-    rx: parking_lot::Mutex<Option<mpsc::Receiver<Fact>>>,
+    /// Facts the writer has not taken yet (at most [`QUEUE`]).
+    queue: parking_lot::Mutex<Vec<Fact>>,
+    /// Rung when the queue holds a whole batch; otherwise the writer comes every [`FLUSH_EVERY`]. A wake-up per
+    /// fact (a channel's receive) cost a task switch per call.
+    full: Notify,
+    writer_started: AtomicBool,
     dropped: AtomicU64,
     meta: MetaCost,
 }
@@ -138,11 +142,11 @@ struct RecorderInner {
 impl Recorder {
     /// A recorder whose facts wait until [`Recorder::spawn_writer`] starts writing them.
     pub fn new(meta: MetaCost) -> Self {
-        let (tx, rx) = mpsc::channel(QUEUE);
         Self {
             inner: Arc::new(RecorderInner {
-                tx,
-                rx: parking_lot::Mutex::new(Some(rx)),
+                queue: parking_lot::Mutex::new(Vec::new()),
+                full: Notify::new(),
+                writer_started: AtomicBool::new(false),
                 dropped: AtomicU64::new(0),
                 meta,
             }),
@@ -161,10 +165,10 @@ impl Recorder {
 
     /// Start the one writer (a second call does nothing). It writes until `shutdown`, then drains the queue.
     pub fn spawn_writer(&self, store: Store, tasks: &TaskTracker, shutdown: CancellationToken) {
-        let Some(rx) = self.inner.rx.lock().take() else {
+        if self.inner.writer_started.swap(true, Ordering::Relaxed) {
             return;
-        };
-        tasks.spawn(writer(rx, store, shutdown));
+        }
+        tasks.spawn(writer(self.inner.clone(), store, shutdown));
     }
 
     pub fn listing(&self, caller: &Caller<'_>, listing: Listing) {
@@ -199,10 +203,23 @@ impl Recorder {
     }
 
     fn send(&self, fact: Fact) {
-        if let Err(err) = self.inner.tx.try_send(fact) {
-            let dropped = self.inner.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if dropped.is_power_of_two() {
-                warn!(dropped, reason = %err, "analytics facts dropped: the writer is behind or stopped; figures will undercount");
+        let queued = {
+            let mut queue = self.inner.queue.lock();
+            if queue.len() < QUEUE {
+                queue.push(fact);
+                Some(queue.len())
+            } else {
+                None
+            }
+        };
+        match queued {
+            Some(BATCH) => self.inner.full.notify_one(),
+            Some(_) => {}
+            None => {
+                let dropped = self.inner.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                if dropped.is_power_of_two() {
+                    warn!(dropped, "analytics facts dropped: the writer is behind or stopped; figures will undercount");
+                }
             }
         }
     }
@@ -320,33 +337,32 @@ impl Ledger {
     }
 }
 
-async fn writer(mut rx: mpsc::Receiver<Fact>, store: Store, shutdown: CancellationToken) {
+async fn writer(recorder: Arc<RecorderInner>, store: Store, shutdown: CancellationToken) {
     let mut ledger = Ledger { sessions: HashMap::new() };
-    let mut batch: Vec<Fact> = Vec::new();
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            fact = rx.recv() => match fact {
-                Some(fact) => {
-                    batch.push(fact);
-                    if batch.len() >= BATCH {
-                        flush(&mut ledger, &store, &mut batch).await;
-                    }
-                }
-                None => break,
-            },
-            _ = tick.tick() => flush(&mut ledger, &store, &mut batch).await,
+            _ = recorder.full.notified() => {}
+            _ = tick.tick() => {}
             _ = shutdown.cancelled() => break,
         }
+        drain(&recorder, &mut ledger, &store).await;
     }
-    while let Ok(fact) = rx.try_recv() {
-        batch.push(fact);
-        if batch.len() >= BATCH {
-            flush(&mut ledger, &store, &mut batch).await;
+    drain(&recorder, &mut ledger, &store).await;
+}
+
+/// Write every queued fact, [`BATCH`] at a time.
+async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &Store) {
+    let facts = std::mem::take(&mut *recorder.queue.lock());
+    let mut facts = facts.into_iter();
+    loop {
+        let mut batch: Vec<Fact> = facts.by_ref().take(BATCH).collect();
+        if batch.is_empty() {
+            break;
         }
+        flush(ledger, store, &mut batch).await;
     }
-    flush(&mut ledger, &store, &mut batch).await;
 }
 
 /// Add the tokens of listed tools that had no count yet to their listings (on the blocking pool; the encoder they
