@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
 use url::Url;
 
 use crate::model::{InstanceSpec, SecretNames, Upstream};
@@ -94,6 +95,36 @@ pub fn hide(text: &str, values: &[String]) -> String {
         return text.to_owned();
     }
     Hider::new(values).hide(text)
+}
+
+/// `value` copied with every occurrence of each of `values` masked in its strings, object keys and numbers, as
+/// [`hide`] would mask its JSON text but without writing the text and reading it back (which cost two passes
+/// over every tool call's arguments and answer); a string is searched only if it holds one of the values.
+pub fn hide_json(value: &Value, values: &[String]) -> Value {
+    let long: Vec<&str> = values.iter().map(String::as_str).filter(|v| v.chars().count() >= MIN_HIDDEN_CHARS).collect();
+    if long.is_empty() {
+        return value.clone();
+    }
+    let numeric = long.iter().any(|v| v.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)));
+    let hider = std::cell::OnceCell::new();
+    let hide = |text: &str| -> Option<String> {
+        long.iter().any(|v| text.contains(v)).then(|| hider.get_or_init(|| Hider::new(values)).hide(text))
+    };
+    copy_hidden(value, numeric, &hide)
+}
+
+fn copy_hidden(value: &Value, numeric: bool, hide: &dyn Fn(&str) -> Option<String>) -> Value {
+    match value {
+        Value::String(text) => Value::String(hide(text).unwrap_or_else(|| text.clone())),
+        Value::Number(n) if numeric => hide(&n.to_string()).map_or_else(|| value.clone(), Value::String),
+        Value::Array(items) => Value::Array(items.iter().map(|item| copy_hidden(item, numeric, hide)).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(key, item)| (hide(key).unwrap_or_else(|| key.clone()), copy_hidden(item, numeric, hide)))
+                .collect(),
+        ),
+        Value::Number(_) | Value::Bool(_) | Value::Null => value.clone(),
+    }
 }
 
 /// The search for a set of secret values, built once and used on many texts.
@@ -204,6 +235,30 @@ pub fn masked_upstream(spec: &InstanceSpec) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn json_is_masked_in_strings_keys_and_numbers_and_copied_unchanged_elsewhere() {
+        let values = vec!["sk-live-abcdef".to_owned(), "12345678".to_owned(), "abc".to_owned()];
+        let value = serde_json::json!({
+            "text": "key sk-live-abcdef here",
+            "sk-live-abcdef": 1,
+            "nested": [{"n": 9912345678u64, "m": 7, "short": "abc", "quote": "a\"sk-live-abcdef\"b"}],
+            "flag": true,
+            "none": null
+        });
+        let hidden = hide_json(&value, &values);
+        let text = hidden.to_string();
+        assert!(!text.contains("sk-live-abcdef") && !text.contains("12345678"), "{text}");
+        assert_eq!(hidden["text"], serde_json::json!(hide("key sk-live-abcdef here", &values)));
+        assert_eq!(hidden["nested"][0]["n"], serde_json::json!(hide("9912345678", &values)));
+        assert_eq!(hidden["nested"][0]["m"], serde_json::json!(7));
+        assert_eq!(hidden["nested"][0]["short"], serde_json::json!("abc"), "values under 4 characters stay");
+        assert_eq!(hidden["flag"], serde_json::json!(true));
+        assert_eq!(hidden.as_object().map(|o| o.len()), Some(5));
+        let plain = serde_json::json!({"a": ["b", 1, {"c": "d"}]});
+        assert_eq!(hide_json(&plain, &values), plain);
+        assert_eq!(hide_json(&value, &[]), value);
+    }
     use super::*;
 
     #[test]

@@ -141,9 +141,9 @@ impl Inner {
         }
         // A server may echo its own secret in an answer: the request log keeps nothing the config holds secret.
         let arguments =
-            crate::logcapture::mask_json(spec, params.and_then(|p| p.get("arguments")).cloned().unwrap_or(Value::Null));
+            params.and_then(|p| p.get("arguments")).map_or(Value::Null, |a| crate::logcapture::mask_json(spec, a));
         let response = match (&result, outcome) {
-            (Ok(value), CallOutcome::Success) => Some(crate::logcapture::mask_json(spec, (*value).clone())),
+            (Ok(value), CallOutcome::Success) => Some(crate::logcapture::mask_json(spec, value)),
             _ => None,
         };
         self.deps
