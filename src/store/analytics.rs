@@ -161,11 +161,21 @@ impl Store {
                 tools_shown, shown_tokens, tools_visible, visible_tokens, proxy_tokens)",
             &listings,
             |l| {
-                let mut values = Vec::from(key(&l.key));
-                values.extend([text(l.router), l.process_id.as_deref().into(), l.installation_id.as_deref().into()]);
-                values.extend([int(l.tools_shown), int(l.shown_tokens), int(l.tools_visible), int(l.visible_tokens)]);
-                values.push(int(l.proxy_tokens));
-                values
+                let [at, team_id, user_id, session] = key(&l.key);
+                vec![
+                    at,
+                    team_id,
+                    user_id,
+                    session,
+                    text(l.router),
+                    l.process_id.as_deref().into(),
+                    l.installation_id.as_deref().into(),
+                    int(l.tools_shown),
+                    int(l.shown_tokens),
+                    int(l.tools_visible),
+                    int(l.visible_tokens),
+                    int(l.proxy_tokens),
+                ]
             },
         );
         statements.extend(Sql::inserts(
@@ -173,10 +183,8 @@ impl Store {
             "INSERT INTO analytics_discovers (key, at, team_id, user_id, session, results, result_tokens)",
             &discovers,
             |d| {
-                let mut values = vec![text(&d.discover_key)];
-                values.extend(key(&d.key));
-                values.extend([int(d.results), int(d.result_tokens)]);
-                values
+                let [at, team_id, user_id, session] = key(&d.key);
+                vec![text(&d.discover_key), at, team_id, user_id, session, int(d.results), int(d.result_tokens)]
             },
         ));
         statements.extend(Sql::inserts(
@@ -185,11 +193,21 @@ impl Store {
                 server_slug, tool_name, outcome, duration_ms, discover_key)",
             &calls,
             |c| {
-                let mut values = Vec::from(key(&c.key));
-                values.extend([text(c.router), text(&c.process_id), text(&c.installation_id), text(&c.server_slug)]);
-                values.extend([text(&c.tool_name), text(c.outcome), int(c.duration_ms)]);
-                values.push(c.discover_key.as_deref().into());
-                values
+                let [at, team_id, user_id, session] = key(&c.key);
+                vec![
+                    at,
+                    team_id,
+                    user_id,
+                    session,
+                    text(c.router),
+                    text(&c.process_id),
+                    text(&c.installation_id),
+                    text(&c.server_slug),
+                    text(&c.tool_name),
+                    text(c.outcome),
+                    int(c.duration_ms),
+                    c.discover_key.as_deref().into(),
+                ]
             },
         ));
         super::sql::execute_all(self.pool(), &statements).await?;
