@@ -224,11 +224,6 @@ pub fn mask_secrets(spec: &InstanceSpec, text: &str) -> String {
     secrets::hide(text, &secrets::secret_values(spec))
 }
 
-/// A copy of a JSON value with the instance's secret values masked in every string (a tool's answer, say).
-pub fn mask_json(spec: &InstanceSpec, value: &Value) -> Value {
-    secrets::hide_json(value, &secrets::secret_values(spec))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

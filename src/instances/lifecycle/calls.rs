@@ -140,10 +140,11 @@ impl Inner {
             return;
         }
         // A server may echo its own secret in an answer: the request log keeps nothing the config holds secret.
+        let secrets = crate::secrets::secret_values(spec);
         let arguments =
-            params.and_then(|p| p.get("arguments")).map_or(Value::Null, |a| crate::logcapture::mask_json(spec, a));
+            params.and_then(|p| p.get("arguments")).map_or(Value::Null, |a| crate::secrets::hide_json(a, &secrets));
         let response = match (&result, outcome) {
-            (Ok(value), CallOutcome::Success) => Some(crate::logcapture::mask_json(spec, value)),
+            (Ok(value), CallOutcome::Success) => Some(crate::secrets::hide_json(value, &secrets)),
             _ => None,
         };
         self.deps
