@@ -316,3 +316,28 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
     assert_eq!(store.event_count().await?, 0);
     Ok(())
 }
+
+/// A batch written as several statements is all or nothing: when its second statement fails, the rows the first
+/// one wrote are gone too, on both engines (a half-written batch would be retried and its first rows doubled).
+#[tokio::test]
+async fn a_batch_whose_second_statement_fails_leaves_no_row() -> TestResult {
+    let (_dir, stores) = both_engines().await?;
+    for (engine, store) in &stores {
+        sqlx::query("CREATE TABLE batch_probe (n BIGINT PRIMARY KEY)").execute(&store.pool).await?;
+        let head = "INSERT INTO batch_probe (n)";
+        let mut statements = sql::Sql::inserts(store.engine, head, &[1_i64, 2], |n| vec![sql::Bind::Int(*n)]);
+        statements.extend(sql::Sql::inserts(store.engine, head, &[3_i64, 1], |n| vec![sql::Bind::Int(*n)]));
+        assert_eq!(statements.len(), 2, "{engine}: two statements");
+        let failed = sql::execute_all(&store.pool, &statements).await;
+        assert!(failed.is_err(), "{engine}: the second statement repeats a key and fails");
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(&store.pool).await?;
+        assert_eq!(rows, 0, "{engine}: the first statement's rows are rolled back with it");
+        // The same batch without the repeat lands whole.
+        let good = sql::Sql::inserts(store.engine, head, &[1_i64, 2, 3], |n| vec![sql::Bind::Int(*n)]);
+        sql::execute_all(&store.pool, &good).await?;
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(&store.pool).await?;
+        assert_eq!(rows, 3, "{engine}");
+        store.close().await;
+    }
+    Ok(())
+}
