@@ -235,6 +235,7 @@ pub fn masked_upstream(spec: &InstanceSpec) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn json_is_masked_in_strings_keys_and_numbers_and_copied_unchanged_elsewhere() {
@@ -259,7 +260,6 @@ mod tests {
         assert_eq!(hide_json(&plain, &values), plain);
         assert_eq!(hide_json(&value, &[]), value);
     }
-    use super::*;
 
     #[test]
     fn secret_flags_are_found_in_both_forms_and_masked() {
