@@ -6,6 +6,7 @@
 //! Errors are `{"error", "message"}` with the status that says why.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -153,7 +154,7 @@ async fn admin(deps: &AnalyticsDeps, authorization: Option<String>) -> Result<Ad
 }
 
 async fn answer(
-    deps: AnalyticsDeps,
+    deps: Arc<AnalyticsDeps>,
     route: String,
     authorization: Option<String>,
     params: HashMap<String, String>,
@@ -313,6 +314,8 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
 
 /// `/api/analytics/...` and `/admin`.
 pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    // One pointer: warp clones a route's filters (and so what they capture) for every request it tries it on.
+    let deps = Arc::new(deps);
     let accept_deps = deps.clone();
     let refresh_deps = deps.clone();
     let deps_for_tools = deps.clone();
@@ -324,7 +327,7 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
         .and(with)
         .and(warp::header::optional::<String>("authorization"))
         .and(warp::query::<HashMap<String, String>>())
-        .then(|tail: warp::path::Tail, deps: AnalyticsDeps, authorization: Option<String>, params| {
+        .then(|tail: warp::path::Tail, deps: Arc<AnalyticsDeps>, authorization: Option<String>, params| {
             answer(deps, tail.as_str().trim_end_matches('/').to_owned(), authorization, params)
         });
     let page = warp::path("admin")
@@ -362,7 +365,7 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
 /// their own team's.
 async fn tool_records(
     what: String,
-    deps: AnalyticsDeps,
+    deps: Arc<AnalyticsDeps>,
     authorization: Option<String>,
     params: HashMap<String, String>,
 ) -> Response {
@@ -428,7 +431,7 @@ struct RefreshTools {
 
 /// An admin has the satellite discover instances again now (one installation, one member's, or all of their
 /// scope): the answer says which were discovered again and which were not running.
-async fn refresh_tools(deps: AnalyticsDeps, authorization: Option<String>, body: RefreshTools) -> Response {
+async fn refresh_tools(deps: Arc<AnalyticsDeps>, authorization: Option<String>, body: RefreshTools) -> Response {
     let scope = match admin(&deps, authorization).await {
         Ok(scope) => scope,
         Err(refused) => return refused,
@@ -461,7 +464,7 @@ struct AcceptTool {
 
 /// An admin accepts a held tool's change: it is back in discover and calls for the whole installation.
 /// A team admin may accept only their own team's tools.
-async fn accept_tool(deps: AnalyticsDeps, authorization: Option<String>, body: AcceptTool) -> Response {
+async fn accept_tool(deps: Arc<AnalyticsDeps>, authorization: Option<String>, body: AcceptTool) -> Response {
     let scope = match admin(&deps, authorization).await {
         Ok(scope) => scope,
         Err(refused) => return refused,

@@ -47,9 +47,11 @@ impl HostGuard {
 
     /// A filter that passes or rejects with `Refused`.
     pub fn filter(self) -> impl Filter<Extract = (), Error = warp::Rejection> + Clone {
+        // One pointer: warp clones the filter, and so this guard's sets, for every request.
+        let guard = std::sync::Arc::new(self);
         warp::header::headers_cloned()
             .and_then(move |headers: HeaderMap| {
-                let verdict = self.check(&headers);
+                let verdict = guard.check(&headers);
                 async move { verdict.map_err(|reason| warp::reject::custom(Refused(reason))) }
             })
             .untuple_one()

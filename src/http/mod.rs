@@ -105,11 +105,13 @@ pub fn routes(
     // Boxed: the full type of every route combined is too deep for the compiler. CORS opens the MCP and OAuth
     // routes to browser clients; the status routes (the debug route above all) are never readable by a page of
     // another origin.
-    let served = oauth
+    // The MCP routes come first (then the rest in order of traffic): warp tries each route in turn, and every
+    // try costs a filter future and clones of what the route captures.
+    let served = mcp::routes(mcp)
         .boxed()
-        .or(legacy.boxed())
+        .or(oauth.boxed())
         .unify()
-        .or(mcp::routes(mcp).boxed())
+        .or(legacy.boxed())
         .unify()
         .with(cors())
         .map(Reply::into_response)
@@ -118,7 +120,7 @@ pub fn routes(
     let admin = analytics::routes(status.analytics.clone()).or(toolsets).unify().boxed();
     // Probes and the scrape are asked by infrastructure naming the pod's address: outside the Host guard.
     let open = status::probes(status.clone()).boxed().or(metrics).unify().boxed();
-    let all = status::routes(status).boxed().or(admin).unify().or(served).unify().boxed();
+    let all = served.or(status::routes(status).boxed()).unify().or(admin).unify().boxed();
     open.or(guard.filter().and(all)).unify().recover(recover).unify()
 }
 

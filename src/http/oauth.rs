@@ -80,8 +80,9 @@ pub fn routes(
     urls: ResourceUrls,
     auth: Authenticator,
 ) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    // One pointer each: warp clones a route's filters (and so what they capture) for every request it tries.
+    let (urls, auth) = (std::sync::Arc::new(urls), std::sync::Arc::new(auth));
     let resource = {
-        let urls = urls.clone();
         let auth = auth.clone();
         warp::path!(".well-known" / "oauth-protected-resource" / ..).and(warp::get()).map(move || {
             let servers: Vec<String> = auth.directory().authorization_server.clone().into_iter().collect();

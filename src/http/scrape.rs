@@ -31,15 +31,17 @@ pub struct ScrapeDeps {
 }
 
 pub fn routes(deps: ScrapeDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    // One pointer: warp clones a route's filters (and so what they capture) for every request it tries it on.
+    let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
     warp::path!("metrics")
         .and(warp::get())
         .and(warp::header::optional::<String>("authorization"))
         .and(with)
-        .then(|authorization: Option<String>, deps: ScrapeDeps| async move { scrape(deps, authorization).await })
+        .then(|authorization: Option<String>, deps: Arc<ScrapeDeps>| async move { scrape(&deps, authorization).await })
 }
 
-async fn scrape(deps: ScrapeDeps, authorization: Option<String>) -> Response {
+async fn scrape(deps: &ScrapeDeps, authorization: Option<String>) -> Response {
     if let Some(token) = &deps.token {
         let given = crate::auth::bearer(authorization.as_deref()).unwrap_or_default();
         let expected = token.expose_secret();
@@ -51,7 +53,7 @@ async fn scrape(deps: ScrapeDeps, authorization: Option<String>) -> Response {
             return warp::reply::with_header(reply, "www-authenticate", "Bearer").into_response();
         }
     }
-    let snapshot = snapshot(&deps).await;
+    let snapshot = snapshot(deps).await;
     match deps.status.manager.metrics().render(&snapshot) {
         Ok(text) => {
             warp::reply::with_header(text, "content-type", "text/plain; version=0.0.4; charset=utf-8").into_response()

@@ -1,6 +1,7 @@
 //! `GET /`, `/healthz`, `/readyz` and `/api/status/debug` (SB §18).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use chrono::{SecondsFormat, Utc};
 use serde_json::{json, Map, Value};
@@ -13,6 +14,8 @@ use crate::model::{tool_path, InstanceSpec, InstanceStatus};
 use crate::secrets;
 
 pub fn routes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    // One pointer: warp clones a route's filters (and so what they capture) for every request it tries it on.
+    let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
     let root = warp::path::end().and(warp::get()).and(with.clone()).map(root);
     let debug = warp::path!("api" / "status" / "debug").and(warp::get()).and(with.clone()).map(debug);
@@ -23,6 +26,7 @@ pub fn routes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = wa
 /// `/healthz` and `/readyz`: asked by kubelets, load balancers and container health checks, which name the pod
 /// or `127.0.0.1` in `Host`, so they are served outside the Host/Origin guard (they say nothing a page could use).
 pub fn probes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
     let healthz =
         warp::path!("healthz").and(warp::get()).map(|| warp::reply::json(&json!({"status": "ok"})).into_response());
@@ -34,7 +38,7 @@ fn now() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-fn root(deps: StatusDeps) -> Response {
+fn root(deps: Arc<StatusDeps>) -> Response {
     let mut body = json!({"service": "satellite", "status": "healthy", "timestamp": now(), "mode": deps.mode});
     if deps.show_version {
         body["version"] = json!(env!("CARGO_PKG_VERSION"));
@@ -49,7 +53,7 @@ fn root(deps: StatusDeps) -> Response {
 /// SB §18.2: the backend connection (a live health check, cached for a few seconds), the satellite id, what the
 /// heartbeat, poller, config fetch and uploader last did, and the outbox. Never a key. A standalone satellite has
 /// no backend and says so.
-async fn backend(deps: StatusDeps) -> Response {
+async fn backend(deps: Arc<StatusDeps>) -> Response {
     match &deps.backend {
         Some(monitor) => warp::reply::json(&monitor.report().await).into_response(),
         None => {
@@ -58,7 +62,7 @@ async fn backend(deps: StatusDeps) -> Response {
     }
 }
 
-fn readyz(deps: StatusDeps) -> Response {
+fn readyz(deps: Arc<StatusDeps>) -> Response {
     if *deps.manager.ready().borrow() {
         warp::reply::json(&json!({"status": "ready"})).into_response()
     } else {
@@ -67,7 +71,7 @@ fn readyz(deps: StatusDeps) -> Response {
     }
 }
 
-fn debug(deps: StatusDeps) -> Response {
+fn debug(deps: Arc<StatusDeps>) -> Response {
     if !deps.debug_route {
         let body = json!({
             "error": "Access Denied",

@@ -3,6 +3,8 @@
 //! team's. Every route authenticates like `/mcp` (a member's bearer token) and reaches only the caller's team.
 //! Errors are `{"error", "message"}` with the status that says why.
 
+use std::sync::Arc;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use warp::http::{header, StatusCode};
@@ -101,11 +103,13 @@ impl From<ToolsetError> for ApiError {
 
 /// The routes under `/api/toolsets`.
 pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    // One pointer: warp clones a route's filters (and so what they capture) for every request it tries it on.
+    let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
     let auth = warp::header::optional::<String>("authorization");
     let base = warp::path("api").and(warp::path("toolsets"));
     let list = base.and(warp::path::end()).and(warp::get()).and(with.clone()).and(auth).then(
-        |deps: ToolsetDeps, authorization: Option<String>| async move {
+        |deps: Arc<ToolsetDeps>, authorization: Option<String>| async move {
             respond(async { list(&deps, &caller(&deps, authorization).await?) }.await)
         },
     );
@@ -116,7 +120,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
         .and(auth)
         .and(warp::body::content_length_limit(MAX_BODY))
         .and(warp::body::bytes())
-        .then(|deps: ToolsetDeps, authorization: Option<String>, body: bytes::Bytes| async move {
+        .then(|deps: Arc<ToolsetDeps>, authorization: Option<String>, body: bytes::Bytes| async move {
             respond(
                 async {
                     let caller = writer(&deps, authorization).await?;
@@ -128,7 +132,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
             )
         });
     let get_one = base.and(warp::path!(String)).and(warp::get()).and(with.clone()).and(auth).then(
-        |name: String, deps: ToolsetDeps, authorization: Option<String>| async move {
+        |name: String, deps: Arc<ToolsetDeps>, authorization: Option<String>| async move {
             respond(
                 async {
                     let caller = caller(&deps, authorization).await?;
@@ -149,7 +153,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
         .and(auth)
         .and(warp::body::content_length_limit(MAX_BODY))
         .and(warp::body::bytes())
-        .then(|name: String, deps: ToolsetDeps, authorization: Option<String>, body: bytes::Bytes| async move {
+        .then(|name: String, deps: Arc<ToolsetDeps>, authorization: Option<String>, body: bytes::Bytes| async move {
             respond(
                 async {
                     let caller = writer(&deps, authorization).await?;
@@ -172,7 +176,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
         .and(warp::query::<std::collections::HashMap<String, String>>())
         .then(
             |name: String,
-             deps: ToolsetDeps,
+             deps: Arc<ToolsetDeps>,
              authorization: Option<String>,
              query: std::collections::HashMap<String, String>| async move {
                 respond(
