@@ -240,6 +240,48 @@ async fn framing_sessions_and_both_eras() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A lone `tools/list` on `/mcp` is answered from JSON text written once; whatever its id, the answer must be the
+/// one the general path gives the same request inside a batch.
+#[tokio::test]
+async fn a_lone_tools_list_answers_what_the_general_path_answers() {
+    let sat = started().await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    let ids = [
+        json!(0),
+        json!(-7),
+        json!(i64::MAX),
+        json!(u64::MAX),
+        json!(1.5),
+        json!(""),
+        json!("a\"b\\c\u{2028}\u{0}ü</script>"),
+        json!(true),
+        json!({"nested": 1}),
+    ];
+    for id in ids {
+        for request in [
+            json!({"jsonrpc":"2.0","id":id,"method":"tools/list"}),
+            json!({"jsonrpc":"2.0","id":id,"method":"tools/list","params":{"cursor":"x"}}),
+            json!({"id":id,"method":"tools/list"}),
+            json!({"jsonrpc":"1.0","id":id,"method":"tools/list"}),
+        ] {
+            let (status, headers, lone) = alice.post_raw(request.to_string(), &[]).await;
+            let (batch_status, _, batch) = alice.post_raw(json!([request]).to_string(), &[]).await;
+            assert_eq!((status, batch_status), (StatusCode::OK, StatusCode::OK), "{request}");
+            assert_eq!(lone, batch[0], "{request}");
+            assert_eq!(headers.get("content-type").and_then(|v| v.to_str().ok()), Some("application/json"));
+            assert_eq!(headers.get("mcp-session-id").and_then(|v| v.to_str().ok()), alice.session.as_deref());
+        }
+    }
+    // The fixed answer is the four meta-tools, for a read-only token too.
+    let mut reader = Caller::new(&sat, "/mcp", Some(READER));
+    reader.initialize().await;
+    let (status, reply) = reader.call("tools/list", json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(reply["id"], 7);
+    assert_eq!(reply["result"]["tools"].as_array().map(Vec::len), Some(4), "{reply}");
+}
+
 #[tokio::test]
 async fn users_reach_only_their_own_instances() {
     let sat = started().await;

@@ -51,6 +51,17 @@ impl Target {
         }
     }
 
+    /// `tools/list` as JSON text when this endpoint's answer is the same for every caller (the hierarchical
+    /// router's meta-tools); `None` for an instance, whose listing is its catalog's, and for a refused toolset.
+    pub fn fixed_listing(&self, deps: &McpDeps, session: Option<&str>) -> Option<Result<&'static str, RouteError>> {
+        match self {
+            Target::Hierarchical(caller, Ok(_)) | Target::LegacySse(caller, Ok(_)) => {
+                Some(deps.router.list_tools_json(caller, session))
+            }
+            _ => None,
+        }
+    }
+
     /// Why the toolset this request selects cannot be used, if it cannot.
     pub fn refused_selection(&self) -> Option<&RpcError> {
         match self {

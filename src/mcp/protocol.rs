@@ -204,6 +204,15 @@ pub fn response(id: RequestId, result: Value) -> Value {
     object([("jsonrpc", Value::from("2.0")), ("id", id.into()), ("result", result)])
 }
 
+/// A response as JSON text, around a result already written as JSON text (one JSON value).
+pub fn response_text(id: &RequestId, result_json: &str) -> String {
+    let id = match id {
+        RequestId::Number(n) => n.to_string(),
+        RequestId::String(s) => Value::from(s.as_str()).to_string(),
+    };
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result_json}}}"#)
+}
+
 /// An error response; `id` is `None` (serialised as null) when the request id is unknown.
 pub fn error_response(id: Option<RequestId>, error: RpcError) -> Value {
     let error = serde_json::to_value(error)

@@ -14,6 +14,13 @@ pub fn definitions() -> &'static Value {
     &DEFINITIONS
 }
 
+/// The whole `tools/list` result (`{"tools": [...]}`) as JSON text, written once: the handshake endpoint sends
+/// it as is instead of copying and writing the definitions on every listing.
+pub fn listing_json() -> &'static str {
+    static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| json!({"tools": definitions()}).to_string());
+    &TEXT
+}
+
 fn build() -> Value {
     json!([
         {

@@ -80,7 +80,16 @@ pub(super) async fn post(
                     }
                     return Ok(response);
                 }
-                Err(message) => messages.push(message),
+                Err(message) => match fixed_listing(deps, &endpoint, &session_id, message) {
+                    Ok(answer) => {
+                        let mut response = answer?;
+                        if let Ok(value) = HeaderValue::from_str(&session_id) {
+                            response.headers_mut().insert("mcp-session-id", value);
+                        }
+                        return Ok(response);
+                    }
+                    Err(message) => messages.push(message),
+                },
             }
         }
     }
@@ -132,6 +141,37 @@ pub(super) async fn post(
         response.headers_mut().insert("mcp-session-id", value);
     }
     Ok(response)
+}
+
+/// A lone `tools/list` request whose answer is fixed (the meta-tools) is answered with the JSON text written
+/// once. Anything else is handed back, for the plain path.
+fn fixed_listing(
+    deps: &McpDeps,
+    endpoint: &Endpoint,
+    session_id: &str,
+    message: Value,
+) -> Result<Result<Response, McpError>, Value> {
+    let listing = message.get("method").and_then(Value::as_str) == Some("tools/list")
+        && message.get("jsonrpc").and_then(Value::as_str) == Some("2.0");
+    let id = match message.get("id") {
+        Some(Value::Number(n)) if listing => n.as_i64().map(protocol::RequestId::Number),
+        Some(Value::String(s)) if listing => Some(protocol::RequestId::String(s.clone())),
+        _ => None,
+    };
+    let Some(id) = id else { return Err(message) };
+    Ok(match endpoint.target.fixed_listing(deps, Some(session_id)) {
+        None => return Err(message),
+        Some(Ok(text)) => Ok(raw_json_response(protocol::response_text(&id, text))),
+        Some(Err(RouteError::Rpc(err))) => Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err))),
+        Some(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
+    })
+}
+
+/// A 200 with a JSON body already written.
+fn raw_json_response(body: String) -> Response {
+    let mut response = Response::new(body.into());
+    response.headers_mut().insert(warp::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 /// Methods both routers answer at once from what the satellite keeps (its meta-tools, the catalogs): no server

@@ -94,6 +94,14 @@ impl HierarchicalRouter {
         }
     }
 
+    /// `tools/list` as JSON text (`{"tools": [...]}`): the same four meta-tools for every caller, so it is
+    /// written once, not built and serialized per request. Recorded for the analytics like `handle`'s.
+    pub fn list_tools_json(&self, caller: &Principal, session: Option<&str>) -> Result<&'static str, RouteError> {
+        caller.require(SCOPE_READ).map_err(RouteError::Forbidden)?;
+        self.record_listing(caller, &Caller { team: caller.team.as_str(), user: caller.user.as_str(), session });
+        Ok(meta::listing_json())
+    }
+
     /// What this `tools/list` showed (the meta-tools) against every tool the caller can see now.
     fn record_listing(&self, caller: &Principal, who: &Caller<'_>) {
         let meta = self.analytics.meta();
