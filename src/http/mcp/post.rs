@@ -43,7 +43,8 @@ pub(super) async fn post(
     if supplied.as_deref().is_some_and(|id| !session::well_formed(id)) {
         return Err(McpError::MalformedSession);
     }
-    let mut new_session: Option<(String, Value)> = None;
+    // The answer to this request's `initialize`, built with its session.
+    let mut new_session: Option<Value> = None;
     let session_id = if has_init {
         if let Some(id) = &supplied {
             if endpoint.sessions.touch(id, &endpoint.owner) == Lookup::Known {
@@ -59,7 +60,7 @@ pub(super) async fn post(
         let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
         let capabilities = messages[0].pointer("/params/capabilities").cloned().unwrap_or_default();
         let id = endpoint.sessions.create_with(&endpoint.owner, &version, capabilities);
-        new_session = Some((id.clone(), result));
+        new_session = Some(result);
         id
     } else {
         let id = supplied.ok_or(McpError::NoSessionId)?;
@@ -101,8 +102,8 @@ pub(super) async fn post(
                 RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")),
             )),
             Ok(Message::Request { id, method, .. }) if method == "initialize" => {
-                let result = match &new_session {
-                    Some((_, result)) => result.clone(),
+                let result = match new_session.take() {
+                    Some(result) => result,
                     None => initialize_result(None, &Identity::of(deps, &endpoint.target).await).1,
                 };
                 Some(protocol::response(id, result))
