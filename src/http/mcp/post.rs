@@ -73,24 +73,13 @@ pub(super) async fn post(
 
     if !batch {
         if let Some(message) = messages.pop() {
-            match relayed(deps, &endpoint, &session_id, message).await {
-                Ok(answer) => {
-                    let mut response = answer?;
-                    if let Ok(value) = HeaderValue::from_str(&session_id) {
-                        response.headers_mut().insert("mcp-session-id", value);
-                    }
-                    return Ok(response);
-                }
-                Err(message) => match fixed_listing(deps, &endpoint, &session_id, message) {
-                    Ok(answer) => {
-                        let mut response = answer?;
-                        if let Ok(value) = HeaderValue::from_str(&session_id) {
-                            response.headers_mut().insert("mcp-session-id", value);
-                        }
-                        return Ok(response);
-                    }
-                    Err(message) => messages.push(message),
-                },
+            let answer = match relayed(deps, &endpoint, &session_id, message).await {
+                Err(message) => fixed_listing(deps, &endpoint, &session_id, message),
+                relayed => relayed,
+            };
+            match answer {
+                Ok(answer) => return Ok(with_session(answer?, &session_id)),
+                Err(message) => messages.push(message),
             }
         }
     }
@@ -131,17 +120,22 @@ pub(super) async fn post(
         };
         replies.extend(reply);
     }
-    let mut response = if replies.is_empty() {
+    let response = if replies.is_empty() {
         warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response()
     } else if batch {
         json_response(StatusCode::OK, &Value::Array(replies))
     } else {
         json_response(StatusCode::OK, &replies.remove(0))
     };
-    if let Ok(value) = HeaderValue::from_str(&session_id) {
+    Ok(with_session(response, &session_id))
+}
+
+/// The answer, carrying the session it belongs to.
+fn with_session(mut response: Response, session_id: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(session_id) {
         response.headers_mut().insert("mcp-session-id", value);
     }
-    Ok(response)
+    response
 }
 
 /// A lone `tools/list` request whose answer is fixed (the meta-tools) is answered with the JSON text written
