@@ -16,6 +16,7 @@ const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-0123456789";
 const READER: &str = "reader-token-0123456789";
 const CAROL: &str = "carol-token-0123456789";
+const RUNNER: &str = "runner-token-0123456789";
 
 fn instance_token(user: &str) -> String {
     format!("ds_inst_{}", sha256_hex(user))
@@ -44,6 +45,9 @@ sha256 = "{bob}"
 [[users.tokens]]
 sha256 = "{reader}"
 scopes = ["mcp:read"]
+[[users.tokens]]
+sha256 = "{runner}"
+scopes = ["mcp:execute"]
 [[users]]
 id = "carol"
 teams = ["globex"]
@@ -73,6 +77,7 @@ instance_path = "carol-demo"
         alice = sha256_hex(ALICE),
         bob = sha256_hex(BOB),
         reader = sha256_hex(READER),
+        runner = sha256_hex(RUNNER),
         carol = sha256_hex(CAROL),
         alice_inst = sha256_hex(&instance_token("alice")),
         bob_inst = sha256_hex(&instance_token("bob")),
@@ -280,6 +285,44 @@ async fn a_lone_tools_list_answers_what_the_general_path_answers() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(reply["id"], 7);
     assert_eq!(reply["result"]["tools"].as_array().map(Vec::len), Some(4), "{reply}");
+    // A token without mcp:read is refused the listing alike on both paths.
+    let mut runner = Caller::new(&sat, "/mcp", Some(RUNNER));
+    runner.initialize().await;
+    let request = json!({"jsonrpc":"2.0","id":3,"method":"tools/list"});
+    let (status, headers, lone) = runner.post_raw(request.to_string(), &[]).await;
+    let (batch_status, batch_headers, batch) = runner.post_raw(json!([request]).to_string(), &[]).await;
+    assert_eq!((status, batch_status), (StatusCode::FORBIDDEN, StatusCode::FORBIDDEN), "{lone}");
+    assert_eq!(lone, batch);
+    assert_eq!(headers.get("www-authenticate"), batch_headers.get("www-authenticate"));
+}
+
+/// The MCP routes are tried before the others: a request no route serves still gets the status that says why.
+#[tokio::test]
+async fn requests_no_route_serves_get_the_status_that_says_why() {
+    let sat = started().await;
+    let http = Client::new();
+    for (method, path, expected) in [
+        ("PUT", "/mcp", StatusCode::METHOD_NOT_ALLOWED),
+        ("PUT", "/i/alice-demo/mcp", StatusCode::METHOD_NOT_ALLOWED),
+        ("PATCH", "/api/status/debug", StatusCode::METHOD_NOT_ALLOWED),
+        ("DELETE", "/healthz", StatusCode::METHOD_NOT_ALLOWED),
+        ("GET", "/nope", StatusCode::NOT_FOUND),
+        ("GET", "/mcp/extra", StatusCode::NOT_FOUND),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let answer = http
+            .request(method.clone(), format!("{}{path}", sat.base_url()))
+            .bearer_auth(ALICE)
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(answer.status(), expected, "{method} {path}");
+        let body: Value = answer.json().await.expect("a JSON error body");
+        assert!(body["error"]["message"].is_string(), "{method} {path}: {body}");
+    }
+    let metadata =
+        http.get(format!("{}/.well-known/oauth-protected-resource", sat.base_url())).send().await.expect("answer");
+    assert_eq!(metadata.status(), StatusCode::OK);
 }
 
 #[tokio::test]
