@@ -34,6 +34,7 @@ pub mod deploy;
 mod instance;
 mod lifecycle;
 pub mod limits;
+mod live;
 pub mod policy;
 mod reconcile;
 pub mod sandbox;
@@ -183,7 +184,7 @@ struct State {
     /// The last applied desired state, enabled and disabled entries alike.
     desired: BTreeMap<ProcessId, InstanceSpec>,
     /// Enabled instances.
-    live: HashMap<ProcessId, Arc<Instance>>,
+    live: live::Live,
     /// Catalogs from the database, handed to instances as they are created.
     stored: HashMap<ProcessId, Arc<Catalog>>,
     applied_once: bool,
@@ -243,16 +244,11 @@ impl InstanceManager {
 
     /// The enabled instances of one user in one team (SB §7.2).
     pub fn instances_for(&self, user: &UserId, team: &TeamId) -> Vec<Arc<Instance>> {
-        let state = self.inner.state.read();
-        let mut found: Vec<Arc<Instance>> =
-            state.live.values().filter(|i| &i.spec().user_id == user && &i.spec().team_id == team).cloned().collect();
-        found.sort_by(|a, b| a.spec().process_id.cmp(&b.spec().process_id));
-        found
+        self.inner.state.read().live.of_owner(user, team).to_vec()
     }
 
     pub fn by_instance_path(&self, path: &str) -> Option<Arc<Instance>> {
-        let state = self.inner.state.read();
-        state.live.values().find(|i| i.spec().instance_path.as_deref() == Some(path)).cloned()
+        self.inner.state.read().live.by_path(path).cloned()
     }
 
     /// Every enabled instance, ordered by process id.
@@ -498,7 +494,7 @@ impl InstanceManager {
     pub async fn shutdown(&self) {
         let inner = &self.inner;
         inner.shutdown.cancel();
-        let all: Vec<Arc<Instance>> = inner.state.write().live.drain().map(|(_, i)| i).collect();
+        let all: Vec<Arc<Instance>> = inner.state.write().live.drain();
         futures::stream::iter(all)
             .for_each_concurrent(32, |instance| async move { inner.stop(&instance, StopReason::Shutdown).await })
             .await;

@@ -109,7 +109,7 @@ impl InstanceManager {
                 let stored = state.stored.remove(id).filter(|_| changes.added.contains(id));
                 let max_calls = inner.deps.settings.lifecycle.max_calls_per_instance;
                 let instance = Arc::new(Instance::new(spec.clone(), stored, max_calls, inner.overrides.clone()));
-                state.live.insert(id.clone(), instance.clone());
+                state.live.insert(instance.clone());
                 starting.push(instance);
             }
             state.desired = desired.instances.clone();
