@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use warp::http::HeaderMap;
+use warp::http::{HeaderMap, HeaderValue};
 use warp::Filter;
 
 /// Which hosts and origins are accepted; `None` accepts any.
@@ -29,15 +29,20 @@ impl HostGuard {
 
     /// `Err(reason)` when the request must be refused.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), String> {
+        self.check_values(text(headers.get("host")), text(headers.get("origin")))
+    }
+
+    /// `check` on the two headers it reads: `None` for a header the request does not have.
+    fn check_values(&self, host: Option<&str>, origin: Option<&str>) -> Result<(), String> {
         if let Some(hosts) = &self.hosts {
-            let host = headers.get("host").and_then(|v| v.to_str().ok()).unwrap_or("");
+            let host = host.unwrap_or("");
             let name = host_name(host);
             if !hosts.contains(&name) {
                 return Err(format!("Invalid Host: {}", printable(host)));
             }
         }
-        if let (Some(origins), Some(origin)) = (&self.origins, headers.get("origin")) {
-            let origin = origin.to_str().unwrap_or("").trim_end_matches('/').to_ascii_lowercase();
+        if let (Some(origins), Some(origin)) = (&self.origins, origin) {
+            let origin = origin.trim_end_matches('/').to_ascii_lowercase();
             if !(origins.contains(&origin) || is_localhost_origin(&origin)) {
                 return Err(format!("Invalid Origin: {}", printable(&origin)));
             }
@@ -47,15 +52,23 @@ impl HostGuard {
 
     /// A filter that passes or rejects with `Refused`.
     pub fn filter(self) -> impl Filter<Extract = (), Error = warp::Rejection> + Clone {
-        // One pointer: warp clones the filter, and so this guard's sets, for every request.
+        // One pointer: warp clones the filter, and so this guard's sets, for every request. The two headers
+        // are read alone: copying the whole header map cost every request more than the check itself.
         let guard = std::sync::Arc::new(self);
-        warp::header::headers_cloned()
-            .and_then(move |headers: HeaderMap| {
-                let verdict = guard.check(&headers);
+        let value = |name| warp::header::value(name).map(Some).or(warp::any().map(|| None)).unify();
+        value("host")
+            .and(value("origin"))
+            .and_then(move |host: Option<HeaderValue>, origin: Option<HeaderValue>| {
+                let verdict = guard.check_values(text(host.as_ref()), text(origin.as_ref()));
                 async move { verdict.map_err(|reason| warp::reject::custom(Refused(reason))) }
             })
             .untuple_one()
     }
+}
+
+/// A header's text; one that is not visible ASCII reads as empty (and so matches no allowed name).
+fn text(value: Option<&HeaderValue>) -> Option<&str> {
+    value.map(|v| v.to_str().unwrap_or(""))
 }
 
 /// The host part of a `Host` header, lowercase, without port or IPv6 brackets.
