@@ -280,7 +280,7 @@ mod tests {
         NewEvent {
             event_type: "mcp.server.status_changed",
             emitted_at: crate::model::iso(chrono::Utc::now()),
-            data: json!({"n": i}),
+            data: json!({"n": i}).to_string().into(),
             process_id: Some(process_id),
             held: None,
         }

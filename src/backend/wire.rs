@@ -907,7 +907,8 @@ pub struct EventEnvelope {
 impl EventEnvelope {
     /// The envelope of an event whose payload serialised; the reason otherwise.
     pub fn of(event: &Event) -> Result<Self, String> {
-        let data = event.data.clone()?;
+        let text = event.data.as_deref().map_err(Clone::clone)?;
+        let data = serde_json::from_str(text).map_err(|err| format!("payload is not a JSON object: {err}"))?;
         Ok(Self { kind: event.kind, timestamp: iso(event.timestamp), data })
     }
 }

@@ -104,8 +104,9 @@ impl<'de> serde::Deserialize<'de> for EventKind {
 pub struct Event {
     pub kind: EventKind,
     pub timestamp: DateTime<Utc>,
-    /// The payload as a JSON object, or why it could not be serialised into one.
-    pub data: Result<Map<String, Value>, String>,
+    /// The payload as the JSON text of an object, or why it could not be serialised into one. Text, not a
+    /// `Value`: an event is written once, and a request-log batch carries twenty calls' arguments and results.
+    pub data: Result<String, String>,
     /// The instance the event is about; the uploader keeps order per instance.
     pub process_id: Option<String>,
 }
@@ -114,12 +115,17 @@ impl Event {
     /// An event of `kind` now, with `data` serialised; a payload that is not a JSON object is an error kept
     /// with the event.
     pub(crate) fn new(kind: EventKind, spec: Option<&InstanceSpec>, data: impl Serialize) -> Event {
-        let data = match serde_json::to_value(data) {
-            Ok(Value::Object(map)) => Ok(map),
-            Ok(other) => Err(format!("payload is not a JSON object but {}", json_type(&other))),
+        let data = match serde_json::to_string(&data) {
+            Ok(text) if text.starts_with('{') => Ok(text),
+            Ok(text) => Err(format!("payload is not a JSON object but {}", json_type(&text))),
             Err(err) => Err(format!("payload could not be serialised: {err}")),
         };
         Event { kind, timestamp: Utc::now(), data, process_id: spec.map(|s| s.process_id.0.clone()) }
+    }
+
+    /// The payload as a map, read back from its text (tests and diagnostics; the outbox stores the text).
+    pub fn payload(&self) -> Option<Map<String, Value>> {
+        serde_json::from_str(self.data.as_deref().ok()?).ok()
     }
 
     /// The row the outbox stores for this event.
@@ -127,24 +133,22 @@ impl Event {
         NewEvent {
             event_type: self.kind.as_str(),
             emitted_at: iso(self.timestamp),
-            data: match &self.data {
-                Ok(map) => Value::Object(map.clone()),
-                Err(_) => Value::Null,
-            },
+            data: std::borrow::Cow::Borrowed(self.data.as_deref().unwrap_or("null")),
             process_id: self.process_id.as_deref(),
             held: self.data.as_ref().err().map(String::as_str),
         }
     }
 }
 
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+/// What a JSON text holds, by its first character (the text is serde_json's own output).
+fn json_type(text: &str) -> &'static str {
+    match text.as_bytes().first() {
+        Some(b'n') => "null",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'"') => "a string",
+        Some(b'[') => "an array",
+        Some(b'{') => "an object",
+        _ => "a number",
     }
 }
 
@@ -167,7 +171,7 @@ impl Emitter {
                    "event payload could not be serialised; kept in the outbox as held, not sent");
         }
         if let Err(err) = self.store.append_events(&[event.row()]).await {
-            let data = event.data.as_ref().map(|m| Value::Object(m.clone()).to_string()).unwrap_or_default();
+            let data = event.data.as_deref().unwrap_or_default();
             error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), data = %data,
                    error = %err, "event could not be recorded");
         }

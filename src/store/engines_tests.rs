@@ -146,7 +146,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
         .map(|day| NewEvent {
             event_type: "mcp.tool.executed",
             emitted_at: format!("2026-11-{day:02}T00:00:00.000Z"),
-            data: json!({"day": day}),
+            data: json!({"day": day}).to_string().into(),
             process_id: Some("demo-acme-u1-i1"),
             held: None,
         })
@@ -232,7 +232,7 @@ fn numbered(n: usize) -> Vec<NewEvent<'static>> {
         .map(|i| NewEvent {
             event_type: "mcp.tool.executed",
             emitted_at: "2026-11-20T00:00:00.000Z".into(),
-            data: json!({"i": i}),
+            data: json!({"i": i}).to_string().into(),
             process_id: None,
             held: None,
         })

@@ -13,7 +13,8 @@ use super::{Engine, Store, StoreError};
 pub struct NewEvent<'a> {
     pub event_type: &'a str,
     pub emitted_at: String,
-    pub data: Value,
+    /// The payload as JSON text.
+    pub data: std::borrow::Cow<'a, str>,
     pub process_id: Option<&'a str>,
     pub held: Option<&'a str>,
 }
@@ -44,7 +45,7 @@ fn event_values(event: &NewEvent<'_>) -> Vec<Bind> {
     vec![
         Bind::Text(event.event_type.to_owned()),
         Bind::Text(event.emitted_at.clone()),
-        Bind::Text(event.data.to_string()),
+        Bind::Text(event.data.clone().into_owned()),
         event.process_id.into(),
         event.held.into(),
     ]
@@ -285,7 +286,7 @@ mod tests {
             .map(|day| NewEvent {
                 event_type: "mcp.tool.executed",
                 emitted_at: at(day),
-                data: serde_json::json!({"day": day}),
+                data: serde_json::json!({"day": day}).to_string().into(),
                 process_id: None,
                 held: None,
             })

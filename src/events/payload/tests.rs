@@ -14,7 +14,7 @@ fn payloads_have_the_backend_field_names() {
     let at = DateTime::parse_from_rfc3339("2025-01-15T10:30:00Z").unwrap().with_timezone(&Utc);
     let e = Event::status_changed(&spec(), InstanceStatus::Online, Some("ready"), at);
     assert_eq!(
-        Value::Object(e.data.clone().unwrap()),
+        Value::Object(e.payload().unwrap()),
         json!({"installation_id": "i1", "team_id": "t1", "user_id": "u1", "status": "online",
                "status_message": "ready", "timestamp": "2025-01-15T10:30:00.000Z"})
     );
@@ -29,14 +29,14 @@ fn payloads_have_the_backend_field_names() {
     let e = Event::crashed(&spec(), &crash);
     assert_eq!(e.kind, EventKind::ServerCrashed);
     assert_eq!(
-        Value::Object(e.data.clone().unwrap()),
+        Value::Object(e.payload().unwrap()),
         json!({"server_id": "i1", "server_slug": "demo-acme-u1-i1", "team_id": "t1", "user_id": "u1",
                "process_id": 42, "exit_code": 0, "signal": "SIGKILL", "uptime_seconds": 3,
                "crash_count": 2, "will_restart": true})
     );
     let e = Event::permanently_failed(&spec(), &CrashReport { exit_code: Some(3), signal: None, ..crash });
-    assert_eq!(e.data.as_ref().unwrap()["last_error"], "Exit code: 3, signal: none");
-    assert_eq!(e.data.as_ref().unwrap()["total_crashes"], 2);
+    assert_eq!(e.payload().unwrap()["last_error"], "Exit code: 3, signal: none");
+    assert_eq!(e.payload().unwrap()["total_crashes"], 2);
 }
 
 #[test]
@@ -49,7 +49,7 @@ fn tools_discovered_has_the_backend_shape() {
     assert_eq!(e.kind, EventKind::ToolsDiscovered);
     assert_eq!(e.process_id.as_deref(), Some("demo-acme-u1-i1"));
     assert_eq!(
-        Value::Object(e.data.clone().unwrap()),
+        Value::Object(e.payload().unwrap()),
         json!({"installation_id": "i1", "installation_name": "demo-acme-u1-i1", "team_id": "t1",
                "server_slug": "demo", "tool_count": 2, "total_tokens": 172,
                "tools": [
@@ -59,7 +59,8 @@ fn tools_discovered_has_the_backend_shape() {
                "discovered_at": iso(e.timestamp)})
     );
     // Field order as BP §8.5-4 lists it.
-    let keys: Vec<&str> = e.data.as_ref().unwrap().keys().map(String::as_str).collect();
+    let payload = e.payload().unwrap();
+    let keys: Vec<&str> = payload.keys().map(String::as_str).collect();
     assert_eq!(
         keys,
         [
@@ -75,8 +76,8 @@ fn tools_discovered_has_the_backend_shape() {
     );
 
     let empty = Event::tools_discovered(&InstanceSpec { installation_id: InstallationId::from(""), ..spec() }, &[]);
-    assert_eq!(empty.data.as_ref().unwrap()["installation_id"], "demo-acme-u1-i1");
-    assert_eq!(empty.data.as_ref().unwrap()["tool_count"], 0);
-    assert_eq!(empty.data.as_ref().unwrap()["total_tokens"], 0);
-    assert_eq!(empty.data.as_ref().unwrap()["tools"], json!([]));
+    assert_eq!(empty.payload().unwrap()["installation_id"], "demo-acme-u1-i1");
+    assert_eq!(empty.payload().unwrap()["tool_count"], 0);
+    assert_eq!(empty.payload().unwrap()["total_tokens"], 0);
+    assert_eq!(empty.payload().unwrap()["tools"], json!([]));
 }
