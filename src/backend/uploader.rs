@@ -381,7 +381,7 @@ mod tests {
         let mut bad = row(2, "p2");
         bad.event_type = "mcp.from.a.newer.version";
         let mut not_object = row(3, "p3");
-        not_object.data = json!([1, 2]);
+        not_object.data = json!([1, 2]).to_string().into();
         store.append_events(&[bad, not_object, row(4, "p4")]).await.unwrap();
         let (send, received) = scripted(vec![]);
         let mut up = Uploader::new(store.clone(), send, 100, 10_000);
