@@ -61,6 +61,18 @@ async fn dns_rebinding_is_refused_by_host_and_origin() {
     assert_eq!(get(format!("evil.example.com:{port}"), None).await.unwrap().status(), StatusCode::FORBIDDEN);
     let foreign = get(format!("localhost:{port}"), Some("http://evil.example.com")).await.unwrap();
     assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
+    // A Host or Origin that is not visible ASCII (obs-text bytes) matches no allowed name: 403, not a 400.
+    let obs_text = reqwest::header::HeaderValue::from_bytes(b"\xe9vil.example.com").unwrap();
+    let garbled_host = http.get(format!("{}/", sat.base_url())).header("host", obs_text.clone()).send().await.unwrap();
+    assert_eq!(garbled_host.status(), StatusCode::FORBIDDEN);
+    let garbled_origin = http
+        .get(format!("{}/", sat.base_url()))
+        .header("host", format!("localhost:{port}"))
+        .header("origin", obs_text)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(garbled_origin.status(), StatusCode::FORBIDDEN);
     for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
         assert_eq!(get(host.clone(), None).await.unwrap().status(), StatusCode::OK, "{host}");
     }

@@ -98,6 +98,30 @@ async fn hundred_concurrent_calls_get_their_own_answers() {
     client.close().await;
 }
 
+/// What is queued for stdin goes out in batches of up to 32 KiB: messages larger than a batch, and bursts that
+/// cross its limit, still reach the server whole, once and in order, each answered to its own caller.
+#[tokio::test]
+async fn bursts_larger_than_one_write_reach_the_server_whole() {
+    let client = connect_demo_stdio("both").await;
+    let calls = (0..60).map(|i| {
+        let client = &client;
+        // Every seventh message is 100 KB (three batches' worth), the rest a few hundred bytes to 20 KB.
+        let size = if i % 7 == 0 { 100_000 } else { 300 + (i * 331) % 20_000 };
+        let payload: String = format!("call-{i}-").chars().cycle().take(size).collect();
+        async move {
+            let arguments = json!({"text": payload});
+            let result =
+                client.request("tools/call", Some(json!({"name": "echo", "arguments": arguments})), CALL).await;
+            (payload, result.expect("call answered"))
+        }
+    });
+    for (payload, result) in futures::future::join_all(calls).await {
+        assert_eq!(text(&result).len(), payload.len());
+        assert!(text(&result) == payload, "an answer that is not its call's echo");
+    }
+    client.close().await;
+}
+
 #[tokio::test]
 async fn a_dying_server_fails_every_waiter_at_once() {
     let client = connect_demo_stdio("both").await;
