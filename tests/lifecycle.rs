@@ -500,3 +500,26 @@ async fn a_binary_missing_for_a_moment_is_retried_under_the_restart_policy() {
     assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": "back"})).await.expect("call")), "back");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A standalone satellite keeps `event_retention_max` events. Every call writes one, so a burst must not leave
+/// the history far past its bound until the hourly age check: it is held to its count within seconds, and what
+/// stays is the newest.
+#[tokio::test]
+async fn a_burst_of_calls_leaves_the_standalone_history_at_its_bound() {
+    let file = config("").replace("[satellite]\n", "[satellite]\nevent_retention_max = 20\n");
+    let sat = TestSatellite::start(&file).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    for i in 0..150 {
+        let answer = call(&sat, ALICE, "echo", json!({"text": format!("call-{i}")})).await.expect("call");
+        assert_eq!(text_of(&answer), format!("call-{i}"));
+    }
+    let store = sat.satellite.store();
+    // Held to 20, and the newest kept: the last call's request log (written with the last flush) is among them.
+    wait_until(DEADLINE, "the history held to 20 events, the last call's request log among them", || async {
+        let events = store.events(None, 0, 100_000).await.ok()?;
+        let last_call = |e: &StoredEvent| e.event_type == "mcp.request.logs" && e.data.to_string().contains("call-149");
+        (events.len() <= 20 && events.iter().any(last_call)).then_some(())
+    })
+    .await;
+    assert!(sat.satellite.shutdown().await);
+}

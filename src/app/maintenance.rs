@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::activity::ActivityTracker;
 use crate::config::Config;
@@ -18,8 +18,12 @@ use crate::store::{Store, StoreError};
 
 /// Idle sessions are forgotten on this period (OQ-18).
 const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
-/// Standalone event history is trimmed on this period.
+/// Standalone event history is trimmed by age (and analytics rows) on this period.
 const EVENT_RETENTION_PERIOD: Duration = Duration::from_secs(3600);
+/// Standalone event history is held to its count on this period: a busy satellite writes a row per call, tens
+/// of thousands a second, so an hourly trim let the history outgrow its bound by orders of magnitude (and the disk
+/// with it). One trim walks the newest `event_retention_max` rows of the primary key: milliseconds.
+const EVENT_CAP_PERIOD: Duration = Duration::from_secs(10);
 /// The token encoder is released once no tools were counted for this long, checked this often.
 const ENCODER_IDLE: Duration = Duration::from_secs(60);
 const ENCODER_CHECK_PERIOD: Duration = Duration::from_secs(20);
@@ -94,19 +98,31 @@ pub(super) fn schedule(m: Maintenance<'_>) {
     let standalone = !matches!(config.mode, crate::config::Mode::Managed(_));
     let (events_kept, events_max) = (config.event_retention, config.event_retention_max);
     let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
+    if standalone {
+        let cap_store = store.clone();
+        jobs.every("event-history-cap", EVENT_CAP_PERIOD, FirstRun::Immediately, move || {
+            let store = cap_store.clone();
+            async move {
+                let pruned = store.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
+                if pruned > 0 {
+                    debug!(pruned, kept_max = events_max, "the standalone history held to its count");
+                }
+                Ok::<(), StoreError>(())
+            }
+        });
+    }
     jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
         let store = retention_store.clone();
         async move {
             if standalone {
-                let mut pruned = store.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
-                if let Some(cutoff) = before(events_kept) {
-                    pruned += store.prune_events_before(&cutoff).await?;
-                }
+                let pruned = match before(events_kept) {
+                    Some(cutoff) => store.prune_events_before(&cutoff).await?,
+                    None => 0,
+                };
                 if pruned > 0 {
                     info!(
                         pruned,
                         kept_days = events_kept.as_secs() / 86_400,
-                        kept_max = events_max,
                         "old events pruned from the standalone history"
                     );
                 }
