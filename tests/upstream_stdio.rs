@@ -122,6 +122,26 @@ async fn bursts_larger_than_one_write_reach_the_server_whole() {
     client.close().await;
 }
 
+/// A server that stops reading its stdin (hung, or busy forever) while large requests are queued for it: the
+/// satellite's write to the full pipe must not keep it from stopping that server.
+#[tokio::test]
+async fn a_server_that_never_reads_stdin_can_still_be_stopped() {
+    let launch = stdio_launch("python3", &["-c", "import time; time.sleep(600)"]);
+    let transport = StdioTransport::spawn(launch).expect("spawn");
+    // Three 100 KB requests: more than the pipe holds, so the write to stdin blocks.
+    let big = "x".repeat(100_000);
+    let calls = (0..3).map(|_| {
+        transport.request("tools/call", Some(json!({"name": "echo", "arguments": {"text": big}})), CALL, None)
+    });
+    let calls = futures::future::join_all(calls);
+    let outcome = tokio::time::timeout(Duration::from_millis(300), calls).await;
+    assert!(outcome.is_err(), "nothing can answer: the server never reads");
+    tokio::time::timeout(Duration::from_secs(10), transport.close())
+        .await
+        .expect("closing returns while a write to the server is stuck");
+    assert!(!transport.is_alive());
+}
+
 #[tokio::test]
 async fn a_dying_server_fails_every_waiter_at_once() {
     let client = connect_demo_stdio("both").await;

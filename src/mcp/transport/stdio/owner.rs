@@ -152,13 +152,18 @@ impl Owner {
             batch.push(b'\n');
         }
         let Some(stdin) = self.stdin.as_mut() else { return };
-        let result = async {
+        let write = async {
             stdin.write_all(&batch).await?;
             stdin.flush().await
-        }
-        .await;
+        };
+        // A child that stops reading leaves this write waiting on a full pipe: stopping it must still work.
+        let result = tokio::select! {
+            result = write => result,
+            _ = self.stop.cancelled() => Err(std::io::Error::other("stopped while the child was not reading stdin")),
+        };
         if let Err(err) = result {
-            // The child is going away; its exit fails the waiters.
+            // The child is going away (its exit fails the waiters), or is being stopped: a write cut short leaves
+            // half a message in the pipe, so nothing more is written.
             debug!(process_id = %self.label, error = %err, "writing to stdin failed");
             self.stdin = None;
         }
