@@ -11,7 +11,6 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::{Map, Value};
 use tracing::{error, warn};
 
 use crate::model::{iso, InstanceSpec, InstanceStatus};
@@ -123,8 +122,9 @@ impl Event {
         Event { kind, timestamp: Utc::now(), data, process_id: spec.map(|s| s.process_id.0.clone()) }
     }
 
-    /// The payload as a map, read back from its text (tests and diagnostics; the outbox stores the text).
-    pub fn payload(&self) -> Option<Map<String, Value>> {
+    /// The payload as a map, read back from its text (the outbox stores the text).
+    #[cfg(test)]
+    pub(crate) fn payload(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
         serde_json::from_str(self.data.as_deref().ok()?).ok()
     }
 
