@@ -1,6 +1,10 @@
 //! The sentence encoder behind the semantic stage: a BERT model (all-MiniLM-L6-v2 and its kind) read from a
 //! local directory (`config.json`, `tokenizer.json`, `model.safetensors`), run on the CPU by candle, mean-pooled
 //! over the attention mask and L2-normalised, as sentence-transformers does. Nothing is downloaded.
+//!
+//! A model trained with prompts (the E5 family: "query: " and "passage: ") names them where sentence-transformers
+//! keeps them, `config_sentence_transformers.json` (`prompts.query`, and `prompts.passage` or `prompts.document`);
+//! each text is embedded with its role's prompt. Without that file texts are embedded as they are.
 
 use std::path::Path;
 
@@ -11,12 +15,14 @@ use tokenizers::{PaddingParams, Tokenizer, TruncationParams};
 
 use sha2::{Digest, Sha256};
 
-use super::{Embedder, SemanticError};
+use super::{Embedder, Role, SemanticError};
 
 pub(super) struct Encoder {
     model: BertModel,
     tokenizer: Tokenizer,
     dimensions: usize,
+    /// What is put before a query and before a tool's text.
+    prompts: Prompts,
     /// The SHA-256 of the configuration, the tokenizer, the weights' length and the truncation.
     fingerprint: String,
 }
@@ -39,9 +45,14 @@ impl Encoder {
         let config: Config =
             serde_json::from_value(config).map_err(|error| SemanticError::Model(format!("config.json: {error}")))?;
         let weights = read("model.safetensors")?;
+        let prompts = Prompts::read(dir)?;
         let mut hasher = Sha256::new();
         hasher.update(&config_bytes);
         hasher.update(&tokenizer_bytes);
+        if !(prompts.query.is_empty() && prompts.tool.is_empty()) {
+            // Only then: a model without prompts keeps the caches it wrote before prompts were read.
+            hasher.update(format!("{}\0{}\0", prompts.query, prompts.tool));
+        }
         hasher.update((weights.len() as u64).to_le_bytes());
         hasher.update((max_tokens as u64).to_le_bytes());
         let fingerprint = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
@@ -54,7 +65,45 @@ impl Encoder {
         let weights = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)
             .map_err(|error| SemanticError::Model(format!("model.safetensors: {error}")))?;
         let model = BertModel::load(weights, &config).map_err(|error| SemanticError::Model(error.to_string()))?;
-        Ok(Encoder { model, tokenizer, dimensions, fingerprint })
+        Ok(Encoder { model, tokenizer, dimensions, prompts, fingerprint })
+    }
+}
+
+/// The prompts a model was trained with, by role.
+#[derive(Default)]
+struct Prompts {
+    query: String,
+    tool: String,
+}
+
+impl Prompts {
+    /// Reads `config_sentence_transformers.json` in `dir`, if there is one. Only the prompts are read; the file's
+    /// other settings (versions, similarity function) do not change how texts are embedded here.
+    fn read(dir: &Path) -> Result<Prompts, SemanticError> {
+        const FILE: &str = "config_sentence_transformers.json";
+        let path = dir.join(FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Prompts::default()),
+            Err(source) => return Err(SemanticError::Read { path: path.display().to_string(), source }),
+        };
+        let config: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|error| SemanticError::Model(format!("{FILE}: {error}")))?;
+        let prompt = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|name| config.pointer(&format!("/prompts/{name}")).and_then(serde_json::Value::as_str))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Ok(Prompts { query: prompt(&["query"]), tool: prompt(&["passage", "document"]) })
+    }
+
+    fn of(&self, role: Role) -> &str {
+        match role {
+            Role::Query => &self.query,
+            Role::Tool => &self.tool,
+        }
     }
 }
 
@@ -67,13 +116,15 @@ impl Embedder for Encoder {
         &self.fingerprint
     }
 
-    fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, SemanticError> {
+    fn embed(&self, texts: &[String], role: Role) -> Result<Vec<Vec<f32>>, SemanticError> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
+        let prompt = self.prompts.of(role);
+        let texts: Vec<String> = texts.iter().map(|text| format!("{prompt}{text}")).collect();
         let encodings = self
             .tokenizer
-            .encode_batch(texts.to_vec(), true)
+            .encode_batch(texts, true)
             .map_err(|error| SemanticError::Model(format!("tokenizer: {error}")))?;
         let model = |error: candle_core::Error| SemanticError::Model(error.to_string());
         let rows = |f: fn(&tokenizers::Encoding) -> &[u32]| -> Result<Tensor, SemanticError> {
