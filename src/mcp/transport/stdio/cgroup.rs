@@ -3,8 +3,14 @@
 //! `RLIMIT_CPU`, which is a lifetime budget.
 //!
 //! The group is made before the spawn, under the satellite's own cgroup (`satellite-<pid>/<n>`), and the child
-//! joins it itself between `fork` and `exec` (writing its pid to the pre-opened `cgroup.procs`), so everything it
-//! starts is limited with it. The group is removed when the child's owner ends. Where no CPU controller is
+//! joins it itself between `fork` and `exec` (writing `0`, "the writer", to a pre-opened membership file), so
+//! everything it starts is limited with it.
+//!
+//! On v1 that file is `tasks`, not `cgroup.procs`. Moving a whole process write-locks the kernel's global
+//! threadgroup semaphore, which waits for an RCU grace period: 6-27 ms per spawn measured on Linux 6.18, during
+//! which the child cannot exec and its server cannot answer. A thread that moves only itself skips that lock, and
+//! between fork and exec the child is one thread, so `tasks` moves the whole child in about 0.1 ms. v2 has no such
+//! file for a domain group (`cgroup.threads` is for threaded groups) and keeps `cgroup.procs`. The group is removed when the child's owner ends. Where no CPU controller is
 //! writable (no cgroup mount, not permitted, cgroup v2 without `cpu` delegated), children run without the limit
 //! and the satellite says so once at info level: the limit is best effort, never a reason a server fails to start.
 
@@ -36,11 +42,11 @@ struct Controller {
 static CONTROLLER: OnceLock<Option<Controller>> = OnceLock::new();
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
-/// One child's group, made and configured, with its `cgroup.procs` open for the child to join.
+/// One child's group, made and configured, with its membership file open for the child to join.
 #[derive(Debug)]
 pub struct CpuGroup {
     dir: PathBuf,
-    procs: Option<File>,
+    join: Option<File>,
 }
 
 impl CpuGroup {
@@ -49,7 +55,7 @@ impl CpuGroup {
         let controller = CONTROLLER.get_or_init(detect).as_ref()?;
         let dir = controller.parent.join(NEXT.fetch_add(1, Ordering::Relaxed).to_string());
         match make_group(controller.flavor, &dir, percent) {
-            Ok(procs) => Some(CpuGroup { dir, procs: Some(procs) }),
+            Ok(join) => Some(CpuGroup { dir, join: Some(join) }),
             Err(err) => {
                 warn!(dir = %dir.display(), error = %err, "cannot make a cpu cgroup; this server runs without the cpu limit");
                 let _ = std::fs::remove_dir(&dir);
@@ -59,13 +65,13 @@ impl CpuGroup {
     }
 
     /// The descriptor the child writes its pid to (open until [`CpuGroup::spawned`]).
-    pub fn procs_fd(&self) -> Option<RawFd> {
-        self.procs.as_ref().map(AsRawFd::as_raw_fd)
+    pub fn join_fd(&self) -> Option<RawFd> {
+        self.join.as_ref().map(AsRawFd::as_raw_fd)
     }
 
     /// The child exists (and has joined): the parent's copy of the descriptor is no longer needed.
     pub fn spawned(&mut self) {
-        self.procs = None;
+        self.join = None;
     }
 }
 
@@ -79,22 +85,12 @@ impl Drop for CpuGroup {
     }
 }
 
-/// Runs in the forked child: joins the group by writing the child's own pid. Async-signal-safe: getpid, write,
-/// digits formatted on the stack.
+/// Runs in the forked child, still a single thread: joins the group by writing `0`, which the kernel reads as
+/// the writing thread (on v2's `cgroup.procs`, its process). Async-signal-safe: one write of a constant.
 pub(super) fn join_in_child(fd: RawFd) -> std::io::Result<()> {
-    let mut pid = nix::unistd::getpid().as_raw() as u32;
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (pid % 10) as u8;
-        pid /= 10;
-        if pid == 0 {
-            break;
-        }
-    }
-    // SAFETY: `fd` is the open `cgroup.procs` of the group (CLOEXEC, so exec closes it); write is async-signal-safe.
-    let written = unsafe { nix::libc::write(fd, digits[at..].as_ptr().cast(), digits.len() - at) };
+    // SAFETY: `fd` is the open membership file of the group (CLOEXEC, so exec closes it); write is
+    // async-signal-safe and reads one byte of a static.
+    let written = unsafe { nix::libc::write(fd, b"0".as_ptr().cast(), 1) };
     if written < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -111,7 +107,15 @@ fn make_group(flavor: Flavor, dir: &Path, percent: u32) -> std::io::Result<File>
             write(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
         }
     }
-    OpenOptions::new().write(true).open(dir.join("cgroup.procs"))
+    OpenOptions::new().write(true).open(dir.join(membership_file(flavor)))
+}
+
+/// The file a single-threaded child joins through (see the module's doc for why v1 uses `tasks`).
+fn membership_file(flavor: Flavor) -> &'static str {
+    match flavor {
+        Flavor::V1 => "tasks",
+        Flavor::V2 => "cgroup.procs",
+    }
 }
 
 fn write(path: &Path, value: &str) -> std::io::Result<()> {
@@ -221,11 +225,13 @@ mod tests {
     }
 
     #[test]
-    fn a_child_joins_by_writing_its_pid() {
+    fn a_child_joins_as_the_writer() {
         let tmp = tempfile::tempdir().unwrap();
-        let file = tmp.path().join("cgroup.procs");
+        let file = tmp.path().join("tasks");
         let handle = File::create(&file).unwrap();
         join_in_child(handle.as_raw_fd()).unwrap();
-        assert_eq!(std::fs::read_to_string(&file).unwrap(), std::process::id().to_string());
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "0", "0 names the writer, whatever its pid");
+        assert_eq!(membership_file(Flavor::V1), "tasks", "v1: the thread moves itself, no global lock");
+        assert_eq!(membership_file(Flavor::V2), "cgroup.procs", "v2 domain groups have no per-thread file");
     }
 }

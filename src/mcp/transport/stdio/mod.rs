@@ -211,7 +211,7 @@ impl StdioTransport {
         let parent = getpid();
         let limits = launch.limits;
         let mut cpu_group = limits.cpu_percent.and_then(cgroup::CpuGroup::create);
-        let join_fd = cpu_group.as_ref().and_then(cgroup::CpuGroup::procs_fd);
+        let join_fd = cpu_group.as_ref().and_then(cgroup::CpuGroup::join_fd);
         // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe functions may be
         // called. `in_child` makes only raw system calls (prctl, getppid, getrlimit, setrlimit, _exit) through
         // nix, which neither allocate nor lock; `parent` and `limits` are Copy values captured before the fork,
