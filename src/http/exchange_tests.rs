@@ -98,3 +98,133 @@ async fn a_2026_client_without_the_capability_is_not_asked() {
     .unwrap();
     assert!(result["answer"].as_str().unwrap().contains("cannot take sampling/createMessage"), "{result}");
 }
+
+/// A call that answers at once, holding its relay as a route does.
+async fn holds_relay(relay: Relay) -> Result<Value, RouteError> {
+    let _relay = relay;
+    Ok(json!({"ok": true}))
+}
+
+fn handshake() -> Mode {
+    Mode::Handshake { capabilities: json!({}) }
+}
+
+/// Signals when dropped: a call's future was let go (finished or stopped).
+struct Dropped(Option<oneshot::Sender<()>>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+type CallFuture = std::pin::Pin<Box<dyn Future<Output = Result<Value, RouteError>> + Send>>;
+
+/// A call that waits for `go`, then reports `finished`; `dropped` fires when its future goes, either way.
+fn waits_for(
+    go: oneshot::Receiver<()>,
+    finished: oneshot::Sender<()>,
+    dropped: oneshot::Sender<()>,
+) -> impl FnOnce(Relay) -> CallFuture {
+    move |relay| {
+        // Made before the first poll: a call stopped before it ever ran is dropped too.
+        let dropped = Dropped(Some(dropped));
+        Box::pin(async move {
+            // Held, as a route holds them, until the call ends.
+            let (_relay, _dropped) = (relay, dropped);
+            let _ = go.await;
+            let _ = finished.send(());
+            Ok(json!({"done": true}))
+        })
+    }
+}
+
+/// Polls `respond` until it is waiting on its call, then drops it, as hyper does when the client goes away.
+async fn respond_then_disconnect(exchange: &Arc<Exchange>, mode: Mode, run: impl FnOnce(Relay) -> CallFuture) {
+    let answer = exchange.respond("s".into(), RequestId::Number(7), mode, run, echo_finish);
+    tokio::pin!(answer);
+    assert!(futures::poll!(answer.as_mut()).is_pending(), "the call is still running");
+}
+
+#[tokio::test]
+async fn a_call_cancelled_while_the_client_waits_is_answered_as_cancelled() {
+    let exchange = Arc::new(Exchange::default());
+    let (_go, go_rx) = oneshot::channel();
+    let (finished_tx, _finished) = oneshot::channel();
+    let (dropped_tx, dropped) = oneshot::channel();
+    let answer = exchange.respond(
+        "s".into(),
+        RequestId::String("slow".into()),
+        handshake(),
+        waits_for(go_rx, finished_tx, dropped_tx),
+        echo_finish,
+    );
+    let cancel = async {
+        // Repeated until the call is tracked: the cancellation may come before the call.
+        loop {
+            exchange.cancel("s", Some(&json!({"requestId": "slow"})));
+            tokio::task::yield_now().await;
+        }
+    };
+    let answer = tokio::select! { answer = answer => answer, () = cancel => unreachable!() };
+    let err = done(answer).unwrap_err();
+    assert!(matches!(err, RouteError::Rpc(ref e) if e.message == "request cancelled"), "{err:?}");
+    tokio::time::timeout(Duration::from_secs(5), dropped).await.expect("the call stopped").unwrap();
+}
+
+#[tokio::test]
+async fn a_handshake_call_outlives_its_client_and_can_still_be_cancelled() {
+    // The client goes; the call goes on and finishes.
+    let exchange = Arc::new(Exchange::default());
+    let (go, go_rx) = oneshot::channel();
+    let (finished_tx, finished) = oneshot::channel();
+    let (dropped_tx, _dropped) = oneshot::channel();
+    respond_then_disconnect(&exchange, handshake(), waits_for(go_rx, finished_tx, dropped_tx)).await;
+    go.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), finished).await.expect("the call went on").unwrap();
+
+    // The client goes, then sends `notifications/cancelled`: the call stops without finishing.
+    let (_go, go_rx) = oneshot::channel();
+    let (finished_tx, finished) = oneshot::channel();
+    let (dropped_tx, dropped) = oneshot::channel();
+    respond_then_disconnect(&exchange, handshake(), waits_for(go_rx, finished_tx, dropped_tx)).await;
+    assert_eq!(exchange.calls.lock().len(), 1, "still cancellable");
+    exchange.cancel("s", Some(&json!({"requestId": 7})));
+    tokio::time::timeout(Duration::from_secs(5), dropped).await.expect("the call stopped").unwrap();
+    assert!(finished.await.is_err(), "it never finished");
+}
+
+#[tokio::test]
+async fn a_2026_call_stops_with_its_client() {
+    let exchange = Arc::new(Exchange::default());
+    let (_go, go_rx) = oneshot::channel();
+    let (finished_tx, finished) = oneshot::channel();
+    let (dropped_tx, dropped) = oneshot::channel();
+    respond_then_disconnect(&exchange, stateless(json!({}), "alice"), waits_for(go_rx, finished_tx, dropped_tx)).await;
+    tokio::time::timeout(Duration::from_secs(5), dropped).await.expect("the call stopped").unwrap();
+    assert!(finished.await.is_err(), "it never finished");
+}
+
+#[tokio::test]
+async fn a_call_that_panics_is_an_internal_error_and_the_exchange_goes_on() {
+    let exchange = Arc::new(Exchange::default());
+    let panics = |relay: Relay| async move {
+        let _relay = relay;
+        if std::hint::black_box(true) {
+            panic!("a bug in a route");
+        }
+        Ok(json!({}))
+    };
+    // The relay goes first as the call unwinds, so the error may come as plain JSON or on an event stream.
+    match exchange.respond("s".into(), RequestId::Number(1), handshake(), panics, echo_finish).await {
+        Answer::Done(outcome) => {
+            let err = outcome.unwrap_err();
+            assert!(matches!(err, RouteError::Rpc(ref e) if e.code == codes::INTERNAL_ERROR), "{err:?}");
+        }
+        Answer::Streamed(response) => assert_eq!(response.headers()["content-type"], "text/event-stream"),
+    }
+    let answer = exchange.respond("s".into(), RequestId::Number(2), handshake(), holds_relay, echo_finish).await;
+    assert_eq!(done(answer).unwrap()["ok"], true);
+}
