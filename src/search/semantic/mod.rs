@@ -113,6 +113,38 @@ type Scored<'a> = (&'a str, &'a str, f32);
 /// Visible tools as `(process_id, tool_name)`, borrowed from the stage's state.
 type Keys<'a> = HashSet<(&'a str, &'a str)>;
 
+/// Which tools the lexical stage cannot score for a query, because their descriptions and the query are written
+/// in different scripts (see [`written_apart`]): a missing lexical score is weak evidence against them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Blind {
+    /// None: the query and the tools share a script, or nothing is written apart.
+    Nothing,
+    /// An English (Latin-script) query: the tools written apart.
+    ToApart,
+    /// A query written apart: the tools that are not.
+    ToTheRest,
+}
+
+impl Blind {
+    /// For `query`, with `apart_indexed` saying whether any indexed tool is written apart.
+    pub(super) fn for_query(query: &str, apart_indexed: bool) -> Blind {
+        match (written_apart(query), apart_indexed) {
+            (true, _) => Blind::ToTheRest,
+            (false, true) => Blind::ToApart,
+            (false, false) => Blind::Nothing,
+        }
+    }
+
+    /// Whether the tool `key` is one the lexical stage is blind to, `apart` being the visible tools written apart.
+    fn unscored(self, apart: &Keys<'_>, key: &(&str, &str)) -> bool {
+        match self {
+            Blind::Nothing => false,
+            Blind::ToApart => apart.contains(key),
+            Blind::ToTheRest => !apart.contains(key),
+        }
+    }
+}
+
 /// The semantic stage: the encoder, the vectors of the indexed tools, and the task that embeds new tools.
 pub struct Semantic {
     embedder: Arc<dyn Embedder>,
@@ -175,11 +207,11 @@ impl State {
     }
 
     /// The cosine with `query` of every visible, embedded tool, and of each `lexical` hit (`None`: no vector);
-    /// with `blind`, the visible tools written apart from the query, which the lexical stage cannot score.
+    /// and, unless `blind` is [`Blind::Nothing`], the visible tools written apart (few: only those are collected).
     fn cosines<'a>(
         &'a self,
         query: &[f32],
-        blind: bool,
+        blind: Blind,
         scope: &'a Scope,
         lexical: &[SearchHit],
     ) -> (Vec<Scored<'a>>, Vec<Option<f32>>, Keys<'a>) {
@@ -187,12 +219,13 @@ impl State {
             let vector = self.vectors.get(hash)?;
             Some(vector.iter().zip(query).map(|(a, b)| a * b).sum::<f32>()).filter(|cosine| cosine.is_finite())
         };
-        let (mut scored, mut unscored) = (Vec::new(), HashSet::new());
+        let (mut scored, mut apart) = (Vec::new(), HashSet::new());
+        let look = blind != Blind::Nothing && !self.apart.is_empty();
         let mut add = |id: &'a str, name: &'a str, hash: &Hash| {
             if let Some(cosine) = dot(hash) {
                 scored.push((id, name, cosine));
-                if blind && self.apart.contains(hash) {
-                    unscored.insert((id, name));
+                if look && self.apart.contains(hash) {
+                    apart.insert((id, name));
                 }
             }
         };
@@ -208,7 +241,7 @@ impl State {
             }
         }
         let lexical = lexical.iter().map(|hit| self.hash_of(&hit.process_id, &hit.tool_name).and_then(dot)).collect();
-        (scored, lexical, unscored)
+        (scored, lexical, apart)
     }
 
     fn hash_of(&self, process_id: &str, tool_name: &str) -> Option<&Hash> {
@@ -324,19 +357,24 @@ impl Semantic {
             return Ok(lexical.iter().take(limit).cloned().collect());
         };
         let state = self.state.read();
-        // Only an English (Latin-script) request is blind to tools written apart; with none indexed, nothing is
-        // looked up per tool.
-        let blind = !state.apart.is_empty() && !written_apart(query);
-        let (cosines, lexical_cosines, unscored) = state.cosines(&vector, blind, scope, lexical);
-        Ok(fuse(weight, lexical, &lexical_cosines, cosines, &unscored, limit))
+        // With no tool written apart, an English request needs no per-tool look-up.
+        let blind = Blind::for_query(query, !state.apart.is_empty());
+        let (cosines, lexical_cosines, apart) = state.cosines(&vector, blind, scope, lexical);
+        Ok(fuse(weight, lexical, &lexical_cosines, cosines, blind, &apart, limit))
     }
 }
 
 /// The lexical stage's weight for a query, by its shape: 1 (lexical only) for keyword queries of up to three
 /// words, where the exact and lexical matches are what is asked for; `REQUEST_LEXICAL_WEIGHT` for requests.
+/// Chinese and Japanese put no spaces between words: a query written apart counts at least one word per two such
+/// characters (a Chinese word is one to three characters, most often two), not one per run without spaces.
 pub fn semantic_weight(query: &str) -> f32 {
     const REQUEST_LEXICAL_WEIGHT: f32 = 0.5;
-    if query.split_whitespace().count() <= 3 {
+    let mut words = query.split_whitespace().count();
+    if written_apart(query) {
+        words = words.max(query.chars().filter(|c| is_apart(*c)).count().div_ceil(2));
+    }
+    if words <= 3 {
         1.0
     } else {
         REQUEST_LEXICAL_WEIGHT
@@ -344,9 +382,9 @@ pub fn semantic_weight(query: &str) -> f32 {
 }
 
 /// How much of the lexical weight a tool keeps whose description the query's words cannot match (see
-/// [`written_apart`]). Measured with multilingual-e5-small on 4,500 tools: 1.0 (no exception) finds 5 of the 9
-/// requests of `english_requests_find_tools_described_in_chinese` in the top 5, 0.5 finds 7, 0.0 finds 8; dev R@5
-/// is 0.714, 0.711 and 0.704 (all-MiniLM-L6-v2, which cannot read Chinese: 0.724, 0.721, 0.699).
+/// [`written_apart`] and [`Blind`]). Measured with multilingual-e5-small on 4,500 tools: 1.0 (no exception) finds 5
+/// of the 9 requests of `english_requests_find_tools_described_in_chinese` in the top 5, 0.5 finds 7, 0.0 finds 8;
+/// dev R@5 is 0.714, 0.711 and 0.704 (all-MiniLM-L6-v2, which cannot read Chinese: 0.724, 0.721, 0.699).
 const APART_LEXICAL_SHARE: f32 = 0.5;
 
 /// `w * lexical / best + (1 - w) * (cos - min) / (max - min)` over the union of the lexical hits and the best
@@ -354,16 +392,16 @@ const APART_LEXICAL_SHARE: f32 = 0.5;
 /// union; `lexical_cosines` are the lexical hits' cosines, in order (`None`: not embedded yet, counted as the
 /// least similar). The lexical stage's first hit stays first (an exact name, `server tool`, or the tool whose
 /// words the request shares most: measured on dev, moving it cost more than it won). Strings are copied only
-/// for the `limit` hits returned. For a tool in `unscored` (its description written apart, in Chinese, Japanese or
-/// Korean, and the request not, so the lexical stage saw only its name) the lexical share counts
-/// [`APART_LEXICAL_SHARE`] as much. The other way round (a request written apart, tools in English) is not
-/// adjusted: no such request was measured.
+/// for the `limit` hits returned. For a tool the lexical stage is `blind` to (its description written in Chinese,
+/// Japanese or Korean and the request not, or the other way round, so the lexical stage saw at most its name;
+/// `apart`: the visible tools written apart) the lexical share counts [`APART_LEXICAL_SHARE`] as much.
 pub(super) fn fuse<'a>(
     weight: f32,
     lexical: &'a [SearchHit],
     lexical_cosines: &[Option<f32>],
     mut cosines: Vec<(&'a str, &'a str, f32)>,
-    unscored: &Keys<'a>,
+    blind: Blind,
+    apart: &Keys<'a>,
     limit: usize,
 ) -> Vec<SearchHit> {
     let by_cosine =
@@ -399,7 +437,7 @@ pub(super) fn fuse<'a>(
         .filter(|(key, _)| *key != first_key)
         .map(|(key, (lexical, cosine))| {
             let semantic = cosine.map_or(0.0, |c| (c - low) / span);
-            let weight = if unscored.contains(&key) { weight * APART_LEXICAL_SHARE } else { weight };
+            let weight = if blind.unscored(apart, &key) { weight * APART_LEXICAL_SHARE } else { weight };
             (key, weight * lexical / best + (1.0 - weight) * semantic)
         })
         .collect();
@@ -418,15 +456,18 @@ pub(super) fn fuse<'a>(
 pub(super) fn written_apart(text: &str) -> bool {
     let (mut apart, mut latin) = (0usize, 0usize);
     for c in text.chars() {
-        match c {
-            'a'..='z' | 'A'..='Z' => latin += 1,
-            '\u{3040}'..='\u{30ff}' | '\u{3400}'..='\u{4dbf}' | '\u{4e00}'..='\u{9fff}' | '\u{ac00}'..='\u{d7af}' => {
-                apart += 1
-            }
-            _ => {}
+        if c.is_ascii_alphabetic() {
+            latin += 1;
+        } else if is_apart(c) {
+            apart += 1;
         }
     }
     apart > 0 && apart * 3 > latin
+}
+
+/// Kana, CJK ideographs (with extension A) and Hangul syllables.
+fn is_apart(c: char) -> bool {
+    matches!(c, '\u{3040}'..='\u{30ff}' | '\u{3400}'..='\u{4dbf}' | '\u{4e00}'..='\u{9fff}' | '\u{ac00}'..='\u{d7af}')
 }
 
 /// The text embedded for a tool: its server, its name with `_`/`-` as spaces, and its description.
