@@ -74,8 +74,9 @@ pub struct Instance {
     /// Cancelled when the instance is removed or replaced.
     pub(super) retired: CancellationToken,
     /// What the server announces outside any request (resource updates, list changes), for the client
-    /// sessions on its endpoint; lives as long as the instance, across reconnections.
-    announcements: tokio::sync::broadcast::Sender<serde_json::Value>,
+    /// sessions on its endpoint; lives as long as the instance, across reconnections. Made when the first session
+    /// listens: its buffer is allocated whole (about 6 KiB), and most instances never have a listener.
+    announcements: std::sync::OnceLock<tokio::sync::broadcast::Sender<serde_json::Value>>,
 }
 
 /// Announcements queued per listening session before the slowest one starts to miss some.
@@ -116,18 +117,21 @@ impl Instance {
             overrides,
             lifecycle: tokio::sync::Mutex::new(()),
             retired: CancellationToken::new(),
-            announcements: tokio::sync::broadcast::channel(ANNOUNCEMENT_BACKLOG).0,
+            announcements: std::sync::OnceLock::new(),
         }
     }
 
     /// Listen to what the server announces outside any request (notification messages, as JSON-RPC).
     pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<serde_json::Value> {
-        self.announcements.subscribe()
+        self.announcements.get_or_init(|| tokio::sync::broadcast::channel(ANNOUNCEMENT_BACKLOG).0).subscribe()
     }
 
-    /// Pass on a notification the server sent outside any request; nobody listening is fine.
+    /// Pass on a notification the server sent outside any request; nobody listening is fine (a channel nobody
+    /// ever listened to does not exist, and one whose listeners left drops it).
     pub(super) fn announce(&self, notification: serde_json::Value) {
-        let _ = self.announcements.send(notification);
+        if let Some(announcements) = self.announcements.get() {
+            let _ = announcements.send(notification);
+        }
     }
 
     pub fn spec(&self) -> &InstanceSpec {
