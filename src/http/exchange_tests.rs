@@ -122,7 +122,30 @@ impl Drop for Dropped {
 
 type CallFuture = std::pin::Pin<Box<dyn Future<Output = Result<Value, RouteError>> + Send>>;
 
+/// What a test holds of a call made by [`waiting_call`].
+struct Ends {
+    /// Lets the call finish.
+    go: oneshot::Sender<()>,
+    /// Fires when the call finished.
+    finished: oneshot::Receiver<()>,
+    /// Fires when the call's future went, finished or stopped.
+    dropped: oneshot::Receiver<()>,
+}
+
 /// A call that waits for `go`, then reports `finished`; `dropped` fires when its future goes, either way.
+fn waiting_call() -> (Ends, impl FnOnce(Relay) -> CallFuture) {
+    let (go, go_rx) = oneshot::channel();
+    let (finished_tx, finished) = oneshot::channel();
+    let (dropped_tx, dropped) = oneshot::channel();
+    (Ends { go, finished, dropped }, waits_for(go_rx, finished_tx, dropped_tx))
+}
+
+/// Waits (at most 5 s) for `signal`, which must fire.
+async fn fires(signal: oneshot::Receiver<()>, what: &str) {
+    let fired = tokio::time::timeout(Duration::from_secs(5), signal).await;
+    assert!(matches!(fired, Ok(Ok(()))), "{what}: {fired:?}");
+}
+
 fn waits_for(
     go: oneshot::Receiver<()>,
     finished: oneshot::Sender<()>,
@@ -151,16 +174,8 @@ async fn respond_then_disconnect(exchange: &Arc<Exchange>, mode: Mode, run: impl
 #[tokio::test]
 async fn a_call_cancelled_while_the_client_waits_is_answered_as_cancelled() {
     let exchange = Arc::new(Exchange::default());
-    let (_go, go_rx) = oneshot::channel();
-    let (finished_tx, _finished) = oneshot::channel();
-    let (dropped_tx, dropped) = oneshot::channel();
-    let answer = exchange.respond(
-        "s".into(),
-        RequestId::String("slow".into()),
-        handshake(),
-        waits_for(go_rx, finished_tx, dropped_tx),
-        echo_finish,
-    );
+    let (ends, call) = waiting_call();
+    let answer = exchange.respond("s".into(), RequestId::String("slow".into()), handshake(), call, echo_finish);
     let cancel = async {
         // Repeated until the call is tracked: the cancellation may come before the call.
         loop {
@@ -171,40 +186,34 @@ async fn a_call_cancelled_while_the_client_waits_is_answered_as_cancelled() {
     let answer = tokio::select! { answer = answer => answer, () = cancel => unreachable!() };
     let err = done(answer).unwrap_err();
     assert!(matches!(err, RouteError::Rpc(ref e) if e.message == "request cancelled"), "{err:?}");
-    tokio::time::timeout(Duration::from_secs(5), dropped).await.expect("the call stopped").unwrap();
+    fires(ends.dropped, "the call stopped").await;
 }
 
 #[tokio::test]
 async fn a_handshake_call_outlives_its_client_and_can_still_be_cancelled() {
     // The client goes; the call goes on and finishes.
     let exchange = Arc::new(Exchange::default());
-    let (go, go_rx) = oneshot::channel();
-    let (finished_tx, finished) = oneshot::channel();
-    let (dropped_tx, _dropped) = oneshot::channel();
-    respond_then_disconnect(&exchange, handshake(), waits_for(go_rx, finished_tx, dropped_tx)).await;
-    go.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), finished).await.expect("the call went on").unwrap();
+    let (ends, call) = waiting_call();
+    respond_then_disconnect(&exchange, handshake(), call).await;
+    ends.go.send(()).unwrap();
+    fires(ends.finished, "the call went on").await;
 
     // The client goes, then sends `notifications/cancelled`: the call stops without finishing.
-    let (_go, go_rx) = oneshot::channel();
-    let (finished_tx, finished) = oneshot::channel();
-    let (dropped_tx, dropped) = oneshot::channel();
-    respond_then_disconnect(&exchange, handshake(), waits_for(go_rx, finished_tx, dropped_tx)).await;
+    let (ends, call) = waiting_call();
+    respond_then_disconnect(&exchange, handshake(), call).await;
     assert_eq!(exchange.calls.lock().len(), 1, "still cancellable");
     exchange.cancel("s", Some(&json!({"requestId": 7})));
-    tokio::time::timeout(Duration::from_secs(5), dropped).await.expect("the call stopped").unwrap();
-    assert!(finished.await.is_err(), "it never finished");
+    fires(ends.dropped, "the call stopped").await;
+    assert!(ends.finished.await.is_err(), "it never finished");
 }
 
 #[tokio::test]
 async fn a_2026_call_stops_with_its_client() {
     let exchange = Arc::new(Exchange::default());
-    let (_go, go_rx) = oneshot::channel();
-    let (finished_tx, finished) = oneshot::channel();
-    let (dropped_tx, dropped) = oneshot::channel();
-    respond_then_disconnect(&exchange, stateless(json!({}), "alice"), waits_for(go_rx, finished_tx, dropped_tx)).await;
-    tokio::time::timeout(Duration::from_secs(5), dropped).await.expect("the call stopped").unwrap();
-    assert!(finished.await.is_err(), "it never finished");
+    let (ends, call) = waiting_call();
+    respond_then_disconnect(&exchange, stateless(json!({}), "alice"), call).await;
+    fires(ends.dropped, "the call stopped").await;
+    assert!(ends.finished.await.is_err(), "it never finished");
 }
 
 #[tokio::test]

@@ -513,20 +513,8 @@ async fn english_requests_find_tools_described_in_chinese() -> Result<(), Box<dy
         ("remove a slide from a PowerPoint presentation", "tool_08"),
         ("what are the best-selling books this week", "tool_09"),
     ];
-    let semantic = Semantic::load(&multilingual_model(), None)?;
-    let plain = crate::search::SearchIndex::new()?;
-    let fused = crate::search::SearchIndex::new()?.with_semantic(semantic.clone());
-    plain.replace_instance("a", docs.clone()).await?;
-    fused.replace_instance("a", docs).await?;
-    for (slug, tools) in &english {
-        plain.replace_instance(slug, (*tools).clone()).await?;
-        fused.replace_instance(slug, (*tools).clone()).await?;
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
-    while semantic.pending() > 0 {
-        assert!(std::time::Instant::now() < deadline, "{} tools still not embedded after 300 s", semantic.pending());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let instances = std::iter::once(("a", &docs)).chain(english.iter().map(|(slug, tools)| (slug.as_str(), *tools)));
+    let (plain, fused) = indexed_with_the_multilingual_model(instances).await?;
     let visible: Vec<String> =
         std::iter::once("a".to_owned()).chain(english.iter().map(|(slug, _)| (*slug).clone())).collect();
     let scope = || Arc::new(Scope::new(visible.clone()));
@@ -547,6 +535,26 @@ async fn english_requests_find_tools_described_in_chinese() -> Result<(), Box<dy
         "lexical search alone found {found_lexically} of 9: the test no longer needs the model"
     );
     Ok(())
+}
+
+/// Two indexes of the same `instances`, lexical alone and with multilingual-e5-small, once every tool is embedded.
+#[cfg(feature = "semantic")]
+async fn indexed_with_the_multilingual_model<'a>(
+    instances: impl Iterator<Item = (&'a str, &'a Vec<ToolDoc>)>,
+) -> Result<(crate::search::SearchIndex, crate::search::SearchIndex), Box<dyn std::error::Error>> {
+    let semantic = Semantic::load(&multilingual_model(), None)?;
+    let plain = crate::search::SearchIndex::new()?;
+    let fused = crate::search::SearchIndex::new()?.with_semantic(semantic.clone());
+    for (slug, tools) in instances {
+        plain.replace_instance(slug, tools.clone()).await?;
+        fused.replace_instance(slug, tools.clone()).await?;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while semantic.pending() > 0 {
+        assert!(std::time::Instant::now() < deadline, "{} tools still not embedded after 300 s", semantic.pending());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok((plain, fused))
 }
 
 /// The other way round: requests written in Chinese, for English tools. Beside every tenth English corpus server
@@ -584,18 +592,8 @@ async fn chinese_requests_find_tools_described_in_english() -> Result<(), Box<dy
         ("在网上商店里搜索我想买的商品", "siliconvalleyinsight-amazon-product-search", "find_products_to_buy"),
         ("按关键词搜索可以用在设计里的图标", "icons8community-icons8mpc", "search_icons"),
     ];
-    let semantic = Semantic::load(&multilingual_model(), None)?;
-    let plain = crate::search::SearchIndex::new()?;
-    let fused = crate::search::SearchIndex::new()?.with_semantic(semantic.clone());
-    for (slug, tools) in &chosen {
-        plain.replace_instance(slug, (*tools).clone()).await?;
-        fused.replace_instance(slug, (*tools).clone()).await?;
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
-    while semantic.pending() > 0 {
-        assert!(std::time::Instant::now() < deadline, "{} tools still not embedded after 300 s", semantic.pending());
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let (plain, fused) =
+        indexed_with_the_multilingual_model(chosen.iter().map(|(slug, tools)| (slug.as_str(), *tools))).await?;
     let visible: Vec<String> = chosen.iter().map(|(slug, _)| (*slug).clone()).collect();
     let scope = || Arc::new(Scope::new(visible.clone()));
     let (mut found, mut found_lexically) = (Vec::new(), 0);

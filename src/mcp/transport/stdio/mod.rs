@@ -262,7 +262,11 @@ impl StdioTransport {
             child,
             stdin: Some(stdin),
             stdout: FramedRead::with_capacity(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES), STDOUT_BUFFER),
-            stderr: FramedRead::with_capacity(stderr, LinesCodec::new_with_max_length(STDERR_READ_MAX_BYTES), STDERR_BUFFER),
+            stderr: FramedRead::with_capacity(
+                stderr,
+                LinesCodec::new_with_max_length(STDERR_READ_MAX_BYTES),
+                STDERR_BUFFER,
+            ),
             limiter: StderrLimiter::new(launch.stderr.clone()),
             stderr_sink: launch.stderr_sink.clone(),
             stderr_warnings: stderr_warnings.clone(),
