@@ -10,9 +10,11 @@
 //! threadgroup semaphore, which waits for an RCU grace period: 6-27 ms per spawn measured on Linux 6.18, during
 //! which the child cannot exec and its server cannot answer. A thread that moves only itself skips that lock, and
 //! between fork and exec the child is one thread, so `tasks` moves the whole child in about 0.1 ms. v2 has no such
-//! file for a domain group (`cgroup.threads` is for threaded groups) and keeps `cgroup.procs`. The group is removed when the child's owner ends. Where no CPU controller is
-//! writable (no cgroup mount, not permitted, cgroup v2 without `cpu` delegated), children run without the limit
-//! and the satellite says so once at info level: the limit is best effort, never a reason a server fails to start.
+//! file for a domain group (`cgroup.threads` is for threaded groups) and keeps `cgroup.procs`.
+//!
+//! The group is removed when the child's owner ends. Where no CPU controller is writable (no cgroup mount, not
+//! permitted, cgroup v2 without `cpu` delegated), children run without the limit and the satellite says so once
+//! at info level: the limit is best effort, never a reason a server fails to start.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -64,7 +66,7 @@ impl CpuGroup {
         }
     }
 
-    /// The descriptor the child writes its pid to (open until [`CpuGroup::spawned`]).
+    /// The descriptor the child joins through (open until [`CpuGroup::spawned`]).
     pub fn join_fd(&self) -> Option<RawFd> {
         self.join.as_ref().map(AsRawFd::as_raw_fd)
     }
