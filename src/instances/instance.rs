@@ -291,4 +291,22 @@ mod tests {
         assert!(!instance.replace_catalog(&counted, Arc::new(Catalog::empty())), "a newer catalog stays");
         assert!(instance.catalog().is_some_and(|c| Arc::ptr_eq(&c, &newer)));
     }
+
+    /// The announcement channel exists only once a session listens: what came before is gone (as with a channel
+    /// nobody listened to), what comes after reaches every listener, and a listener that left does not stop it.
+    #[test]
+    fn announcements_reach_those_listening_when_they_are_made() {
+        let instance = Instance::new(crate::model::sample_spec(), None, 1, ToolOverrides::default());
+        instance.announce(serde_json::json!({"n": 0}));
+        let mut first = instance.announcements();
+        let gone = instance.announcements();
+        drop(gone);
+        instance.announce(serde_json::json!({"n": 1}));
+        let mut second = instance.announcements();
+        instance.announce(serde_json::json!({"n": 2}));
+        assert_eq!(first.try_recv().ok(), Some(serde_json::json!({"n": 1})), "nothing from before anyone listened");
+        assert_eq!(first.try_recv().ok(), Some(serde_json::json!({"n": 2})));
+        assert_eq!(second.try_recv().ok(), Some(serde_json::json!({"n": 2})), "one channel for every listener");
+        assert!(first.try_recv().is_err() && second.try_recv().is_err());
+    }
 }

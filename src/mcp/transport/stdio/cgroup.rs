@@ -236,4 +236,16 @@ mod tests {
         assert_eq!(membership_file(Flavor::V1), "tasks", "v1: the thread moves itself, no global lock");
         assert_eq!(membership_file(Flavor::V2), "cgroup.procs", "v2 domain groups have no per-thread file");
     }
+
+    /// A group the child cannot join (its file went read-only, or the group vanished) is an error the spawn
+    /// passes over: the server runs unlimited rather than not at all.
+    #[test]
+    fn a_join_that_cannot_be_written_is_an_error_not_a_panic() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("tasks");
+        std::fs::write(&file, "").unwrap();
+        let read_only = File::open(&file).unwrap();
+        assert!(join_in_child(read_only.as_raw_fd()).is_err());
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "", "nothing written");
+    }
 }
