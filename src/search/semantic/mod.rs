@@ -371,8 +371,9 @@ impl Semantic {
 pub fn semantic_weight(query: &str) -> f32 {
     const REQUEST_LEXICAL_WEIGHT: f32 = 0.5;
     let mut words = query.split_whitespace().count();
-    if written_apart(query) {
-        words = words.max(query.chars().filter(|c| is_apart(*c)).count().div_ceil(2));
+    let (apart, latin) = letters(query);
+    if is_written_apart(apart, latin) {
+        words = words.max(apart.div_ceil(2));
     }
     if words <= 3 {
         1.0
@@ -454,6 +455,16 @@ pub(super) fn fuse<'a>(
 /// Whether `text` is written mostly in a script without spaces between words (Chinese, Japanese; Korean), whose
 /// words an English query never shares: three Latin letters count as much as one such character.
 pub(super) fn written_apart(text: &str) -> bool {
+    let (apart, latin) = letters(text);
+    is_written_apart(apart, latin)
+}
+
+fn is_written_apart(apart: usize, latin: usize) -> bool {
+    apart > 0 && apart * 3 > latin
+}
+
+/// How many characters of `text` are written apart ([`is_apart`]) and how many are Latin letters.
+fn letters(text: &str) -> (usize, usize) {
     let (mut apart, mut latin) = (0usize, 0usize);
     for c in text.chars() {
         if c.is_ascii_alphabetic() {
@@ -462,7 +473,7 @@ pub(super) fn written_apart(text: &str) -> bool {
             apart += 1;
         }
     }
-    apart > 0 && apart * 3 > latin
+    (apart, latin)
 }
 
 /// Kana, CJK ideographs (with extension A) and Hangul syllables.

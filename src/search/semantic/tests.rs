@@ -31,6 +31,9 @@ fn keyword_queries_stay_lexical_and_requests_are_fused() {
     assert!(semantic_weight("帮我查一下明天北京的天气") < 1.0);
     // Korean has spaces, and at least as many words as they show are counted.
     assert!(semantic_weight("서울 내일 날씨 알려 주세요") < 1.0);
+    // A Chinese name inside English keywords leaves them keywords; a few characters alone stay a keyword.
+    assert_eq!(semantic_weight("weibo 微博热搜"), 1.0);
+    assert_eq!(semantic_weight("北京"), 1.0);
 }
 
 #[test]
