@@ -498,13 +498,13 @@ async fn english_requests_find_tools_described_in_chinese() -> Result<(), Box<dy
         .map(|(i, description)| tool("a", &format!("tool_{:02}", i + 1), description))
         .collect();
     // Beside them, the English catalogs of every tenth corpus server (about 450 tools).
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl");
-    let servers = crate::search::eval::load_corpus(&corpus)?;
-    let cjk = |tools: &Vec<ToolDoc>| {
-        tools.iter().any(|t| t.description.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)))
-    };
-    let english: Vec<(&String, &Vec<ToolDoc>)> =
-        servers.iter().enumerate().filter(|(i, (_, tools))| i % 10 == 0 && !cjk(tools)).map(|(_, s)| s).collect();
+    let servers = corpus_servers()?;
+    let english: Vec<(&String, &Vec<ToolDoc>)> = servers
+        .iter()
+        .enumerate()
+        .filter(|(i, (_, tools))| i % 10 == 0 && !has_chinese(tools))
+        .map(|(_, s)| s)
+        .collect();
     let requests = [
         ("which topics are trending on chinese social media right now", "tool_01"),
         ("suggest some dishes I could cook for three people", "tool_02"),
@@ -540,6 +540,19 @@ async fn english_requests_find_tools_described_in_chinese() -> Result<(), Box<dy
     Ok(())
 }
 
+/// The shared corpus's servers and their tools.
+#[cfg(feature = "semantic")]
+fn corpus_servers() -> Result<std::collections::BTreeMap<String, Vec<ToolDoc>>, Box<dyn std::error::Error>> {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl");
+    Ok(crate::search::eval::load_corpus(&corpus)?)
+}
+
+/// Whether any of a server's tools is described with Chinese characters.
+#[cfg(feature = "semantic")]
+fn has_chinese(tools: &[ToolDoc]) -> bool {
+    tools.iter().any(|t| t.description.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)))
+}
+
 /// Two indexes of the same `instances`, lexical alone and with multilingual-e5-small, once every tool is embedded.
 #[cfg(feature = "semantic")]
 async fn indexed_with_the_multilingual_model<'a>(
@@ -572,13 +585,13 @@ async fn indexed_with_the_multilingual_model<'a>(
 #[cfg(feature = "semantic")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chinese_requests_find_tools_described_in_english() -> Result<(), Box<dyn std::error::Error>> {
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl");
-    let servers = crate::search::eval::load_corpus(&corpus)?;
-    let cjk = |tools: &Vec<ToolDoc>| {
-        tools.iter().any(|t| t.description.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)))
-    };
-    let chosen: Vec<(&String, &Vec<ToolDoc>)> =
-        servers.iter().enumerate().filter(|(i, (_, tools))| cjk(tools) || i % 10 == 0).map(|(_, s)| s).collect();
+    let servers = corpus_servers()?;
+    let chosen: Vec<(&String, &Vec<ToolDoc>)> = servers
+        .iter()
+        .enumerate()
+        .filter(|(i, (_, tools))| has_chinese(tools) || i % 10 == 0)
+        .map(|(_, s)| s)
+        .collect();
     let requests = [
         (
             "帮我下载一个推特语音空间的录音，并自动转成文字稿",
