@@ -146,7 +146,7 @@ pub async fn stored(
                     server_slug: slug.clone(),
                     tool_name: tool.name.clone(),
                     description: tool.description.clone(),
-                    input_schema: tool.input_schema().clone(),
+                    input_schema: tool.input_schema(),
                 }
             })
             .collect();

@@ -2,6 +2,7 @@
 //! and the two naming schemes that expose them through the hierarchical router.
 
 use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -12,9 +13,10 @@ pub const URI_SEPARATOR: char = '|';
 
 /// One tool as the server described it, under its original name.
 ///
-/// The definition is kept once: the input schema is read from it rather than copied (a parsed schema costs
-/// several kilobytes, and a catalog of thousands of tools is most of a loaded satellite's memory).
-#[derive(Debug, Clone, PartialEq)]
+/// The definition is kept once, as its compact JSON text: a parsed `Value` tree of the same tool takes five to
+/// seven times the bytes, and a catalog of thousands of tools is most of a loaded satellite's memory. What needs
+/// a part of it (the input schema for a discover result or a token count) parses that part when it needs it.
+#[derive(Debug, Clone)]
 pub struct ToolDef {
     pub name: String,
     /// Missing descriptions become "".
@@ -22,9 +24,19 @@ pub struct ToolDef {
     pub meta: Option<Value>,
     /// The whole definition (title, annotations, outputSchema…), normalised: a string `description` and an
     /// object `inputSchema` are always there.
-    pub definition: Value,
+    definition: Box<RawValue>,
     /// SHA-256 of the definition's JSON text: tells whether a tool changed between discoveries.
     pub content_hash: String,
+}
+
+impl PartialEq for ToolDef {
+    fn eq(&self, other: &Self) -> bool {
+        self.content_hash == other.content_hash
+            && self.name == other.name
+            && self.description == other.description
+            && self.meta == other.meta
+            && self.definition.get() == other.definition.get()
+    }
 }
 
 impl ToolDef {
@@ -39,18 +51,38 @@ impl ToolDef {
         }
         let meta = definition.get("_meta").filter(|m| m.is_object()).cloned();
         let definition = Value::Object(definition);
-        Some(Self::from_parts(name, description, meta, definition))
+        Some(Self::from_parts(name, description, meta, &definition))
     }
 
-    pub fn from_parts(name: String, description: String, meta: Option<Value>, definition: Value) -> Self {
-        let content_hash = hex::encode(Sha256::digest(definition.to_string().as_bytes()));
+    pub fn from_parts(name: String, description: String, meta: Option<Value>, definition: &Value) -> Self {
+        let text = definition.to_string();
+        let content_hash = hex::encode(Sha256::digest(text.as_bytes()));
+        // A `Value` always prints as valid JSON, so this cannot fail; `null` keeps the type total all the same.
+        let definition = RawValue::from_string(text).unwrap_or_default();
         Self { name, description, meta, definition, content_hash }
     }
 
-    /// The tool's input schema (`{}` when the server gave none).
-    pub fn input_schema(&self) -> &Value {
-        static EMPTY: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| Value::Object(Map::new()));
-        self.definition.get("inputSchema").unwrap_or(&EMPTY)
+    /// The whole definition as compact JSON text, written out as is.
+    pub fn definition(&self) -> &RawValue {
+        &self.definition
+    }
+
+    /// The whole definition, parsed.
+    pub fn definition_value(&self) -> Value {
+        serde_json::from_str(self.definition.get()).unwrap_or(Value::Null)
+    }
+
+    /// The tool's input schema (`{}` when the server gave none), parsed from the definition alone.
+    pub fn input_schema(&self) -> Value {
+        #[derive(serde::Deserialize)]
+        struct SchemaOnly {
+            #[serde(rename = "inputSchema")]
+            input_schema: Option<Value>,
+        }
+        serde_json::from_str::<SchemaOnly>(self.definition.get())
+            .ok()
+            .and_then(|d| d.input_schema)
+            .unwrap_or_else(|| Value::Object(Map::new()))
     }
 }
 
@@ -209,11 +241,39 @@ mod tests {
     fn listings_are_normalised() {
         let tool = ToolDef::from_listing(&json!({"name": "t"})).unwrap();
         assert_eq!(tool.description, "");
-        assert_eq!(*tool.input_schema(), json!({}));
-        assert_eq!(tool.definition, json!({"name": "t", "description": "", "inputSchema": {}}));
+        assert_eq!(tool.input_schema(), json!({}));
+        assert_eq!(tool.definition_value(), json!({"name": "t", "description": "", "inputSchema": {}}));
+        assert_eq!(tool.definition().get(), r#"{"name":"t","description":"","inputSchema":{}}"#);
         assert!(ToolDef::from_listing(&json!({"description": "no name"})).is_none());
         let a = ToolDef::from_listing(&json!({"name": "t", "description": "x"})).unwrap();
         assert_ne!(a.content_hash, tool.content_hash);
+    }
+
+    #[test]
+    fn a_definition_kept_as_text_reads_back_as_the_server_wrote_it() {
+        // Key order, floats, integers beyond f64, escapes and non-ASCII text all survive the compact text.
+        let listed = json!({
+            "name": "t",
+            "title": "Tëst \"quoted\"\n",
+            "inputSchema": {
+                "type": "object",
+                "properties": {"z": {"type": "number", "minimum": 0.1, "maximum": 1.0e300}, "a": {"default": 18446744073709551615u64}},
+                "required": ["z"]
+            },
+            "annotations": {"readOnlyHint": true},
+            "_meta": {"ui": {"resourceUri": "ui://t"}}
+        });
+        let tool = ToolDef::from_listing(&listed).unwrap();
+        let mut expected = listed.clone();
+        expected["description"] = json!("");
+        assert_eq!(tool.definition_value(), expected);
+        assert_eq!(tool.input_schema(), listed["inputSchema"]);
+        let keys: Vec<String> = tool.input_schema()["properties"].as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["z", "a"], "the server's key order is kept");
+        assert_eq!(tool.meta, Some(listed["_meta"].clone()));
+        // The hash is over the same text the store keeps and a listing writes.
+        assert_eq!(tool.content_hash, hex::encode(Sha256::digest(tool.definition().get().as_bytes())));
+        assert_eq!(ToolDef::from_listing(&tool.definition_value()).unwrap(), tool);
     }
 }
 
@@ -286,9 +346,10 @@ pub fn catalog_diff(before: &[ToolDef], after: &[ToolDef]) -> Vec<ToolChange> {
                 new_hash: Some(tool.content_hash.clone()),
             }),
             Some(previous) if previous.content_hash != tool.content_hash => {
+                let (old_definition, new_definition) = (previous.definition_value(), tool.definition_value());
                 let empty = Map::new();
                 let (a, b) =
-                    (previous.definition.as_object().unwrap_or(&empty), tool.definition.as_object().unwrap_or(&empty));
+                    (old_definition.as_object().unwrap_or(&empty), new_definition.as_object().unwrap_or(&empty));
                 let mut parts: Vec<String> =
                     a.keys().chain(b.keys()).filter(|k| a.get(*k) != b.get(*k)).cloned().collect();
                 parts.sort();
@@ -323,7 +384,7 @@ mod diff_tests {
 
     fn tool(definition: Value) -> ToolDef {
         ToolDef::from_listing(&definition)
-            .unwrap_or_else(|| ToolDef::from_parts(String::new(), String::new(), None, definition))
+            .unwrap_or_else(|| ToolDef::from_parts(String::new(), String::new(), None, &definition))
     }
 
     #[test]

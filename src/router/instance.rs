@@ -59,7 +59,7 @@ impl InstanceRouter {
                                     Some(n) => tokens += u64::from(*n),
                                     None => uncounted.push(t.clone()),
                                 }
-                                t.definition.clone()
+                                t.definition_value()
                             })
                             .collect::<Vec<_>>()
                     })

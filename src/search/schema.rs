@@ -206,7 +206,7 @@ impl Explainer {
     /// Which of the request's terms each part of the tool holds, and whether the request is its exact name.
     pub fn explain(&mut self, server_slug: &str, tool: &crate::model::catalog::ToolDef) -> super::Matched {
         let mut parameters = Vec::new();
-        collect_parameter_names(tool.input_schema(), 0, &mut parameters);
+        collect_parameter_names(&tool.input_schema(), 0, &mut parameters);
         let (analyzer, terms) = (&mut self.analyzer, &self.terms);
         let mut found = |part: &str| -> Vec<String> {
             let held: HashSet<String> = analyze(analyzer, part).into_iter().collect();

@@ -64,7 +64,7 @@ impl Store {
                 .bind(&owner.process_id)
                 .bind(position as i64)
                 .bind(&tool.name)
-                .bind(tool.definition.to_string())
+                .bind(tool.definition().get())
                 .bind(&tool.content_hash)
                 .bind(catalog.tool_tokens.get(position).map(|n| i64::from(*n)))
                 .execute(&mut *tx)

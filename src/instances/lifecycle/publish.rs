@@ -152,7 +152,7 @@ impl Inner {
             .tools
             .iter()
             .zip(&catalog.tool_tokens)
-            .map(|(t, n)| (t.name.clone(), t.description.clone(), t.input_schema().clone(), *n as usize))
+            .map(|(t, n)| (t.name.clone(), t.description.clone(), t.input_schema(), *n as usize))
             .collect();
         self.emit(Event::tools_discovered(spec, &tools)).await;
     }
@@ -222,7 +222,7 @@ impl Inner {
                 server_slug: spec.server_slug.clone(),
                 tool_name: tool.name.clone(),
                 description: tool.description.clone(),
-                input_schema: tool.input_schema().clone(),
+                input_schema: tool.input_schema(),
             })
             .collect();
         if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {

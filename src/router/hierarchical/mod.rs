@@ -410,7 +410,8 @@ fn tool_entry(instance: &Instance, tool: &ToolDef, relevance: f64, shape: &mut S
         "stdio" => "stdio",
         _ => "http",
     };
-    let schema = if shape.full_schemas { tool.input_schema().clone() } else { trim_schema(tool.input_schema()) };
+    let schema = tool.input_schema();
+    let schema = if shape.full_schemas { schema } else { trim_schema(&schema) };
     let mut entry = json!({
         "tool_path": tool_path(&spec.server_slug, &tool.name),
         "description": tool.description,
