@@ -84,13 +84,13 @@ impl Inner {
                             if let Some(last) = stdio.stderr_tail().last() {
                                 detail.push_str(&format!("; last stderr line: {last}"));
                             }
-                            inner.on_crash(instance, report, detail, generation).await;
+                            Box::pin(inner.on_crash(instance, report, detail, generation)).await;
                             return;
                         }
                         dropped = stdio.stderr_dropped() => {
                             let lifecycle = &inner.deps.settings.lifecycle;
                             let window = lifecycle.log_rate_warning_interval.as_secs().max(1);
-                            inner.emit(Event::log_rate_limited(instance.spec(), dropped, window, lifecycle.log_rate_limit)).await;
+                            Box::pin(inner.emit(Event::log_rate_limited(instance.spec(), dropped, window, lifecycle.log_rate_limit))).await;
                         }
                         note = notifications.recv() => match note {
                             Ok(note) => {
@@ -109,7 +109,7 @@ impl Inner {
                         },
                         _ = due(rediscover) => {
                             rediscover = None;
-                            if !inner.rediscover_after_change(&instance, &client).await {
+                            if !Box::pin(inner.rediscover_after_change(&instance, &client)).await {
                                 return;
                             }
                         }
@@ -136,7 +136,7 @@ impl Inner {
                         note = notifications.recv() => note,
                         _ = due(rediscover) => {
                             rediscover = None;
-                            if !inner.rediscover_after_change(&instance, &client).await {
+                            if !Box::pin(inner.rediscover_after_change(&instance, &client)).await {
                                 return;
                             }
                             continue;
