@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::limits::ProcessSlot;
 use super::policy::CrashWindow;
 use crate::mcp::client::McpClient;
-use crate::mcp::transport::{Transport, UpstreamError};
+use crate::mcp::transport::{Announcement, Transport, UpstreamError};
 use crate::model::{Catalog, InstallationId, InstanceSpec, InstanceStatus};
 
 /// Per installation, tool name → disabled, as switched at run time (not persisted, OQ-7).
@@ -76,7 +76,7 @@ pub struct Instance {
     /// What the server announces outside any request (resource updates, list changes), for the client
     /// sessions on its endpoint; lives as long as the instance, across reconnections. Made when the first session
     /// listens: its buffer is allocated whole (about 6 KiB), and most instances never have a listener.
-    announcements: std::sync::OnceLock<tokio::sync::broadcast::Sender<serde_json::Value>>,
+    announcements: std::sync::OnceLock<tokio::sync::broadcast::Sender<Announcement>>,
 }
 
 /// Announcements queued per listening session before the slowest one starts to miss some.
@@ -122,13 +122,13 @@ impl Instance {
     }
 
     /// Listen to what the server announces outside any request (notification messages, as JSON-RPC).
-    pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<serde_json::Value> {
+    pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<Announcement> {
         self.announcements.get_or_init(|| tokio::sync::broadcast::channel(ANNOUNCEMENT_BACKLOG).0).subscribe()
     }
 
     /// Pass on a notification the server sent outside any request; nobody listening is fine (a channel nobody
     /// ever listened to does not exist, and one whose listeners left drops it).
-    pub(super) fn announce(&self, notification: serde_json::Value) {
+    pub(super) fn announce(&self, notification: Announcement) {
         if let Some(announcements) = self.announcements.get() {
             let _ = announcements.send(notification);
         }
@@ -296,17 +296,18 @@ mod tests {
     /// nobody listened to), what comes after reaches every listener, and a listener that left does not stop it.
     #[test]
     fn announcements_reach_those_listening_when_they_are_made() {
+        let note = |n: u32| Arc::new(serde_json::json!({"n": n}));
         let instance = Instance::new(crate::model::sample_spec(), None, 1, ToolOverrides::default());
-        instance.announce(serde_json::json!({"n": 0}));
+        instance.announce(note(0));
         let mut first = instance.announcements();
         let gone = instance.announcements();
         drop(gone);
-        instance.announce(serde_json::json!({"n": 1}));
+        instance.announce(note(1));
         let mut second = instance.announcements();
-        instance.announce(serde_json::json!({"n": 2}));
-        assert_eq!(first.try_recv().ok(), Some(serde_json::json!({"n": 1})), "nothing from before anyone listened");
-        assert_eq!(first.try_recv().ok(), Some(serde_json::json!({"n": 2})));
-        assert_eq!(second.try_recv().ok(), Some(serde_json::json!({"n": 2})), "one channel for every listener");
+        instance.announce(note(2));
+        assert_eq!(first.try_recv().ok(), Some(note(1)), "nothing from before anyone listened");
+        assert_eq!(first.try_recv().ok(), Some(note(2)));
+        assert_eq!(second.try_recv().ok(), Some(note(2)), "one channel for every listener");
         assert!(first.try_recv().is_err() && second.try_recv().is_err());
     }
 }

@@ -25,7 +25,7 @@ pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMa
         Target::Instance(instance) => {
             let (sessions, session_id) = (endpoint.sessions.clone(), id.to_owned());
             let notes = BroadcastStream::new(instance.announcements()).filter_map(move |note| {
-                let keep = note.ok().filter(|note| for_session(note, &sessions, &session_id));
+                let keep = note.ok().filter(|note| for_session(note, &sessions, &session_id)).map(Arc::unwrap_or_clone);
                 async move { keep }
             });
             Box::pin(notes)

@@ -14,7 +14,7 @@ use crate::instances::instance::{Instance, InstanceError};
 use crate::instances::policy::{self, CrashDecision};
 use crate::instances::{Inner, RefreshReport};
 use crate::mcp::client::McpClient;
-use crate::mcp::transport::{ExitInfo, Transport};
+use crate::mcp::transport::{Announcement, ExitInfo, Transport};
 use crate::model::{InstanceStatus, Upstream};
 
 use super::connect::process_pid;
@@ -161,7 +161,7 @@ impl Inner {
 
     /// A notification the server sent outside any request: the instance's client sessions hear of list changes
     /// and resource updates. True when it changes the catalog (a rediscovery is then due).
-    fn on_announcement(&self, instance: &Arc<Instance>, note: Value) -> bool {
+    fn on_announcement(&self, instance: &Arc<Instance>, note: Announcement) -> bool {
         let method = note.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
         if method == "notifications/prompts/list_changed" {
             self.view_changed(instance.spec(), false, true);

@@ -24,6 +24,11 @@ pub use relay::{Inbound, Relay};
 
 /// Server notifications queued per listener before the slowest one starts to miss some.
 pub(crate) const ANNOUNCEMENT_BACKLOG: usize = 64;
+
+/// A notification a server sent outside any request. Shared, not copied: a channel slot holds a pointer rather
+/// than a whole `Value` (16 bytes against 80 for each of a channel's slots, allocated when it is made), and
+/// each listener gets the same message.
+pub type Announcement = std::sync::Arc<Value>;
 pub use sse::SseTransport;
 pub use stdio::{ExitInfo, ResourceLimits, StderrSink, StderrTail, StdioLaunch, StdioTransport};
 pub use streamable_http::StreamableHttpTransport;
@@ -160,7 +165,7 @@ impl Transport {
 
     /// What the server sends outside any request of ours (list changes, resource updates), as JSON-RPC
     /// notifications; the channel closes with the transport.
-    pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<Value> {
+    pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<Announcement> {
         match self {
             Transport::Stdio(t) => t.subscribe(),
             Transport::StreamableHttp(t) => t.subscribe(),

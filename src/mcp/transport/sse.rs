@@ -31,7 +31,7 @@ pub struct SseTransport {
     pending: Arc<Pending>,
     stop: CancellationToken,
     /// Notifications the server sends on the stream (list changes, resource updates).
-    notifications: broadcast::Sender<Value>,
+    notifications: broadcast::Sender<super::Announcement>,
 }
 
 impl SseTransport {
@@ -85,7 +85,7 @@ impl SseTransport {
     }
 
     /// Notifications the server sends (list changes, resource updates).
-    pub fn subscribe(&self) -> broadcast::Receiver<Value> {
+    pub fn subscribe(&self) -> broadcast::Receiver<super::Announcement> {
         self.notifications.subscribe()
     }
 
@@ -150,7 +150,7 @@ struct Reader {
     base: Url,
     pending: Arc<Pending>,
     endpoint_tx: Option<oneshot::Sender<Url>>,
-    notifications: broadcast::Sender<Value>,
+    notifications: broadcast::Sender<super::Announcement>,
 }
 
 impl Reader {
@@ -190,7 +190,7 @@ impl Reader {
                 self.pending.resolve(id, outcome(result));
             }
             Ok(Message::Notification { method, params }) => {
-                let _ = self.notifications.send(protocol::notification(&method, params));
+                let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
             }
             Ok(other) => debug!(process_id = %self.label, message = ?other, "sse message ignored"),
             Err(err) => warn!(process_id = %self.label, error = %err, "malformed json-rpc message on sse stream"),

@@ -49,7 +49,7 @@ pub struct StreamableHttpTransport {
     /// The initialize request body and the headers it was sent with, replayed when the server forgets the session.
     handshake: Mutex<Option<(Option<Value>, RequestHeaders)>>,
     /// Notifications the server sends outside our requests, on the GET stream of a handshake-era session.
-    notifications: broadcast::Sender<Value>,
+    notifications: broadcast::Sender<super::Announcement>,
     /// Ends the GET stream with the transport.
     stop: CancellationToken,
 }
@@ -82,7 +82,7 @@ impl StreamableHttpTransport {
     }
 
     /// Notifications the server sends outside our requests (list changes, resource updates).
-    pub fn subscribe(&self) -> broadcast::Receiver<Value> {
+    pub fn subscribe(&self) -> broadcast::Receiver<super::Announcement> {
         self.notifications.subscribe()
     }
 
@@ -113,7 +113,8 @@ impl StreamableHttpTransport {
                             let Some(Ok(event)) = event else { break };
                             let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
                             if let Ok(Message::Notification { method, params }) = Message::from_value(value) {
-                                let _ = notifications.send(protocol::notification(&method, params));
+                                let _ =
+                                    notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
                             }
                         }
                     }

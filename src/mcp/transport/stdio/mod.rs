@@ -189,7 +189,7 @@ pub struct StdioTransport {
     pending: Arc<Pending>,
     outbound: mpsc::Sender<String>,
     stderr: Arc<Mutex<VecDeque<String>>>,
-    notifications: broadcast::Sender<Value>,
+    notifications: broadcast::Sender<crate::mcp::transport::Announcement>,
     stderr_warnings: Arc<DropReport>,
     exit_rx: watch::Receiver<Option<ExitInfo>>,
     stop: CancellationToken,
@@ -337,7 +337,7 @@ impl StdioTransport {
     }
 
     /// Notifications the child sends (list changes, logs, progress).
-    pub fn subscribe(&self) -> broadcast::Receiver<Value> {
+    pub fn subscribe(&self) -> broadcast::Receiver<crate::mcp::transport::Announcement> {
         self.notifications.subscribe()
     }
 

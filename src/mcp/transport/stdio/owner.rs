@@ -54,7 +54,7 @@ pub(super) struct Owner {
     pub(super) limiter: StderrLimiter,
     pub(super) stderr_warnings: Arc<DropReport>,
     pub(super) stderr_sink: Option<StderrSink>,
-    pub(super) notifications: broadcast::Sender<Value>,
+    pub(super) notifications: broadcast::Sender<crate::mcp::transport::Announcement>,
     pub(super) exit_tx: watch::Sender<Option<ExitInfo>>,
     pub(super) stop: CancellationToken,
     pub(super) close_grace: Duration,
@@ -244,7 +244,7 @@ impl Owner {
                     }
                     _ => {}
                 }
-                let _ = self.notifications.send(protocol::notification(&method, params));
+                let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
             }
         }
     }
