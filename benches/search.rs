@@ -348,6 +348,14 @@ async fn until_ready(base: &str, tools: usize) -> bool {
     false
 }
 
+/// What `pid` holds once its token encoder has surely been released: the satellite lets it go after a minute
+/// without counting, checked every 20 s, so 90 s after the last count. (Waiting for the RSS to drop by some
+/// amount stopped at the first drop, which a purge of the queries' garbage alone could make.)
+async fn after_encoder_release(pid: u32) -> common::process::Held {
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    common::process::held(pid)
+}
+
 /// 5: the live figures.
 async fn live(servers: &BTreeMap<String, Vec<ToolDoc>>, queries: &[EvalQuery]) {
     let dir = tempfile::tempdir().expect("scratch directory");
@@ -355,13 +363,7 @@ async fn live(servers: &BTreeMap<String, Vec<ToolDoc>>, queries: &[EvalQuery]) {
 
     let idle = common::process::serve(1024, &[]).await;
     let started_held = common::process::settled(idle.pid).await;
-    // The token encoder is released after a minute without counting: wait for that (or two minutes).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut idle_held = started_held;
-    while Instant::now() < deadline && idle_held.rss_kib + 10 * 1024 > started_held.rss_kib {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        idle_held = common::process::held(idle.pid);
-    }
+    let idle_held = after_encoder_release(idle.pid).await;
     drop(idle);
 
     let corpus = data("corpus.jsonl");
@@ -434,12 +436,7 @@ async fn live(servers: &BTreeMap<String, Vec<ToolDoc>>, queries: &[EvalQuery]) {
         loaded.rss_kib as f64 / 1024.0,
         after.rss_kib as f64 / 1024.0
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut rested = after;
-    while Instant::now() < deadline && rested.rss_kib + 10 * 1024 > after.rss_kib {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        rested = common::process::held(pid);
-    }
+    let rested = after_encoder_release(pid).await;
     println!("corpus satellite idle again (encoder released): {:.1} MiB", rested.rss_kib as f64 / 1024.0);
     let added = (rested.rss_kib as f64 - base_kib).max(0.0) * 1024.0;
     println!(
