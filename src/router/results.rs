@@ -1,7 +1,7 @@
 //! How meta-tool answers are written for an agent's context: compact JSON unless the operator chose the
 //! reference's pretty form, and tool schemas trimmed of what a caller does not need to call the tool.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 /// Schema keywords an agent does not need to build a call: documentation for humans and tooling.
 const DROPPED_KEYWORDS: &[&str] = &["$schema", "$id", "$comment", "title"];
@@ -31,50 +31,51 @@ pub(super) fn text_document(document: &Value, pretty: bool) -> Value {
 
 /// `schema` without titles, `$schema`/`$id`/`$comment`, and `default`s its own description already states
 /// (`"default": 10` next to "… (default 10)"). Property names are never touched, whatever they are called.
-pub(super) fn trim_schema(schema: &Value) -> Value {
+/// The schema is trimmed in place: it was parsed for this answer alone.
+pub(super) fn trim_schema(schema: Value) -> Value {
     trim(schema, 0)
 }
 
-fn trim(schema: &Value, depth: usize) -> Value {
-    let Value::Object(map) = schema else {
-        return schema.clone();
+fn trim(schema: Value, depth: usize) -> Value {
+    let Value::Object(mut map) = schema else {
+        return schema;
     };
     if depth > MAX_DEPTH {
-        return schema.clone();
+        return Value::Object(map);
     }
-    let description = map.get("description").and_then(Value::as_str).unwrap_or_default();
-    let mut out = Map::with_capacity(map.len());
-    for (key, value) in map {
+    // Read before the map changes; copied only when there is a default to compare it with.
+    let description = match map.get("default") {
+        Some(_) => map.get("description").and_then(Value::as_str).unwrap_or_default().to_owned(),
+        None => String::new(),
+    };
+    map.retain(|key, value| {
         let key = key.as_str();
-        if DROPPED_KEYWORDS.contains(&key) && !matches!(value, Value::Object(_) | Value::Array(_)) {
-            continue;
-        }
-        if key == "default" && default_is_stated(value, description) {
-            continue;
-        }
-        let trimmed = if SCHEMA_MAPS.contains(&key) {
-            match value {
-                Value::Object(members) => {
-                    Value::Object(members.iter().map(|(name, s)| (name.clone(), trim(s, depth + 1))).collect())
-                }
-                other => other.clone(),
+        let documentation = DROPPED_KEYWORDS.contains(&key) && !matches!(value, Value::Object(_) | Value::Array(_));
+        let stated_default = key == "default" && default_is_stated(value, &description);
+        !(documentation || stated_default)
+    });
+    for (key, value) in map.iter_mut() {
+        let key = key.as_str();
+        if SCHEMA_MAPS.contains(&key) {
+            if let Value::Object(members) = value {
+                members.values_mut().for_each(|s| trim_slot(s, depth + 1));
             }
         } else if SCHEMA_VALUES.contains(&key) {
             match value {
-                Value::Array(list) => Value::Array(list.iter().map(|s| trim(s, depth + 1)).collect()),
-                other => trim(other, depth + 1),
+                Value::Array(list) => list.iter_mut().for_each(|s| trim_slot(s, depth + 1)),
+                other => trim_slot(other, depth + 1),
             }
         } else if SCHEMA_LISTS.contains(&key) {
-            match value {
-                Value::Array(list) => Value::Array(list.iter().map(|s| trim(s, depth + 1)).collect()),
-                other => other.clone(),
+            if let Value::Array(list) = value {
+                list.iter_mut().for_each(|s| trim_slot(s, depth + 1));
             }
-        } else {
-            value.clone()
-        };
-        out.insert(key.to_owned(), trimmed);
+        }
     }
-    Value::Object(out)
+    Value::Object(map)
+}
+
+fn trim_slot(slot: &mut Value, depth: usize) {
+    *slot = trim(std::mem::take(slot), depth);
 }
 
 /// Whether `description` already says what the default is: "default 10", "default: 10", "defaults to 10",
@@ -116,7 +117,7 @@ mod tests {
             "$defs": {"Thing": {"title": "Thing", "type": "object"}},
             "required": ["title"]
         });
-        let trimmed = trim_schema(&schema);
+        let trimmed = trim_schema(schema.clone());
         assert_eq!(
             trimmed,
             json!({
@@ -147,14 +148,14 @@ mod tests {
             "title": {"an": "object, not a title"},
             "default": 3
         });
-        assert_eq!(trim_schema(&odd), odd);
-        assert_eq!(trim_schema(&json!(true)), json!(true));
-        assert_eq!(trim_schema(&json!(null)), json!(null));
+        assert_eq!(trim_schema(odd.clone()), odd);
+        assert_eq!(trim_schema(json!(true)), json!(true));
+        assert_eq!(trim_schema(json!(null)), json!(null));
         let mut deep = json!({"type": "string", "title": "leaf"});
         for _ in 0..200 {
             deep = json!({"type": "object", "properties": {"p": deep}});
         }
-        let trimmed = trim_schema(&deep);
+        let trimmed = trim_schema(deep.clone());
         assert_eq!(trimmed.to_string().matches("\"title\"").count(), 1, "the leaf past the depth limit stays as it is");
     }
 

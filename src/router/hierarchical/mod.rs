@@ -411,7 +411,7 @@ fn tool_entry(instance: &Instance, tool: &ToolDef, relevance: f64, shape: &mut S
         _ => "http",
     };
     let schema = tool.input_schema();
-    let schema = if shape.full_schemas { schema } else { trim_schema(&schema) };
+    let schema = if shape.full_schemas { schema } else { trim_schema(schema) };
     let mut entry = json!({
         "tool_path": tool_path(&spec.server_slug, &tool.name),
         "description": tool.description,
