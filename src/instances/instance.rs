@@ -77,7 +77,14 @@ pub struct Instance {
     /// sessions on its endpoint; lives as long as the instance, across reconnections. Made when the first session
     /// listens: its buffer is allocated whole (about 6 KiB), and most instances never have a listener.
     announcements: std::sync::OnceLock<tokio::sync::broadcast::Sender<Announcement>>,
+    /// Every tool definition of one published catalog, parsed, for clients that list this instance directly (the
+    /// catalog keeps them as text). Made on the first listing of that catalog; the `Weak` tells which catalog
+    /// it was made from, and a newer catalog makes it again.
+    listing: Mutex<Option<ParsedListing>>,
 }
+
+/// A catalog's tool definitions parsed, and the catalog they were parsed from.
+type ParsedListing = (std::sync::Weak<Catalog>, Arc<[serde_json::Value]>);
 
 /// Announcements queued per listening session before the slowest one starts to miss some.
 const ANNOUNCEMENT_BACKLOG: usize = 64;
@@ -118,6 +125,7 @@ impl Instance {
             lifecycle: tokio::sync::Mutex::new(()),
             retired: CancellationToken::new(),
             announcements: std::sync::OnceLock::new(),
+            listing: Mutex::new(None),
         }
     }
 
@@ -166,6 +174,20 @@ impl Instance {
     }
 
     /// The tools, resources and templates of the last successful discovery.
+    /// `catalog`'s tool definitions parsed, in its order: parsed once per catalog, not once per listing.
+    pub fn tool_listing(&self, catalog: &Arc<Catalog>) -> Arc<[serde_json::Value]> {
+        let mut listing = self.listing.lock();
+        if let Some((made_from, tools)) = listing.as_ref() {
+            // The `Weak` keeps the catalog's allocation, so a catalog made later never has the same address.
+            if std::ptr::eq(made_from.as_ptr(), Arc::as_ptr(catalog)) {
+                return tools.clone();
+            }
+        }
+        let tools: Arc<[serde_json::Value]> = catalog.tools.iter().map(|t| t.definition_value()).collect();
+        *listing = Some((Arc::downgrade(catalog), tools.clone()));
+        tools
+    }
+
     pub fn catalog(&self) -> Option<Arc<Catalog>> {
         self.catalog.lock().clone()
     }
@@ -290,6 +312,37 @@ mod tests {
         instance.set_catalog(newer.clone());
         assert!(!instance.replace_catalog(&counted, Arc::new(Catalog::empty())), "a newer catalog stays");
         assert!(instance.catalog().is_some_and(|c| Arc::ptr_eq(&c, &newer)));
+    }
+
+    /// The parsed listing is made once per catalog, and a new catalog is never served the old one's tools.
+    #[test]
+    fn a_listing_follows_the_catalog_it_was_parsed_from() {
+        let with = |names: &[&str]| {
+            let mut catalog = Catalog::empty();
+            catalog.tools = names
+                .iter()
+                .filter_map(|n| crate::model::ToolDef::from_listing(&serde_json::json!({"name": n, "annotations": {}})))
+                .collect();
+            Arc::new(catalog)
+        };
+        let names = |tools: &[serde_json::Value]| -> Vec<String> {
+            tools.iter().filter_map(|t| t["name"].as_str().map(str::to_owned)).collect()
+        };
+        let instance = Instance::new(crate::model::sample_spec(), None, 1, ToolOverrides::default());
+        let first = with(&["a", "b"]);
+        let listed = instance.tool_listing(&first);
+        assert_eq!(names(&listed), ["a", "b"]);
+        assert_eq!(
+            listed[0],
+            serde_json::json!({"name": "a", "annotations": {}, "description": "", "inputSchema": {}})
+        );
+        assert!(Arc::ptr_eq(&listed, &instance.tool_listing(&first)), "parsed once per catalog");
+        let second = with(&["c"]);
+        assert_eq!(names(&instance.tool_listing(&second)), ["c"]);
+        // The first catalog let go and a third made: whatever its address, it gets its own tools.
+        drop(first);
+        let third = with(&["d", "e"]);
+        assert_eq!(names(&instance.tool_listing(&third)), ["d", "e"]);
     }
 
     /// The announcement channel exists only once a session listens: what came before is gone (as with a channel

@@ -50,16 +50,18 @@ impl InstanceRouter {
                 let tools: Vec<Value> = catalog
                     .iter()
                     .flat_map(|c| {
+                        let parsed = instance.tool_listing(c);
                         c.tools
                             .iter()
+                            .zip(parsed.iter())
                             .zip(c.tool_tokens.iter().map(Some).chain(std::iter::repeat(None)))
-                            .filter(|(t, _)| !instance.tool_disabled(&t.name))
-                            .map(|(t, n)| {
+                            .filter(|((t, _), _)| !instance.tool_disabled(&t.name))
+                            .map(|((t, definition), n)| {
                                 match n {
                                     Some(n) => tokens += u64::from(*n),
                                     None => uncounted.push(t.clone()),
                                 }
-                                t.definition_value()
+                                definition.clone()
                             })
                             .collect::<Vec<_>>()
                     })
