@@ -39,7 +39,17 @@ pub enum TokenError {
 /// An `o200k_base` encoder. Build it once: [`counter`] shares one per process.
 pub struct Counter {
     bpe: CoreBPE,
+    /// Token counts of the chunks [`Counter::count_answer`] saw, by a hash of their text.
+    chunks: Mutex<HashMap<u64, u32>>,
 }
+
+/// Keys before which a discover answer's text is cut into chunks: each result's `tool_path` (so a result's name,
+/// description and server are one chunk), its `relevance_score` (alone, as it varies per query) and its
+/// `input_schema` (with the closing brackets after it).
+const ANSWER_KEYS: [&str; 3] = ["\"tool_path\":", "\"relevance_score\":", "\"input_schema\":"];
+
+/// Chunk counts kept at most; the memo starts over when full (a few hundred KB at most).
+const MAX_CHUNKS: usize = 8192;
 
 impl std::fmt::Debug for Counter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -51,12 +61,54 @@ impl Counter {
     /// Build a new encoder (tens of milliseconds in release builds). Prefer [`counter`].
     pub fn o200k_base() -> Result<Counter, TokenError> {
         let bpe = tiktoken_rs::o200k_base().map_err(|e| TokenError::Encoder(e.to_string()))?;
-        Ok(Counter { bpe })
+        Ok(Counter { bpe, chunks: Mutex::new(HashMap::new()) })
     }
 
     /// Tokens of `text`, special-token look-alikes counted as ordinary text.
     pub fn count_text(&self, text: &str) -> usize {
         self.bpe.encode_ordinary(text).len()
+    }
+
+    /// Tokens of a discover answer's text, the same as [`Counter::count_text`] of it, for a fraction of the
+    /// work when its results were in earlier answers.
+    ///
+    /// The text is cut right after the opening quote of each [`ANSWER_KEYS`] key, and each chunk is counted once
+    /// per distinct text (remembered by a 64-bit hash). Cutting there is exact: the `o200k_base` split pattern
+    /// has no look-behind, and at such a cut the text before ends in a run of punctuation (`{"`, `,"`, `  "` in
+    /// the pretty form) that the pattern's punctuation branch takes whole, stopping at the key's first letter, so
+    /// a piece always starts at the cut, in the whole text and in the chunk alone. A key of the same name inside
+    /// a schema is cut the same way; one inside a string value is escaped (`\"`) and never matches.
+    pub fn count_answer(&self, text: &str) -> usize {
+        let mut cuts: Vec<usize> =
+            ANSWER_KEYS.iter().flat_map(|key| text.match_indices(key).map(|(at, _)| at + 1)).collect();
+        cuts.sort_unstable();
+        let mut total = 0;
+        let mut start = 0;
+        for end in cuts.into_iter().chain(std::iter::once(text.len())) {
+            if end > start {
+                total += self.count_chunk(&text[start..end]);
+            }
+            start = end;
+        }
+        total
+    }
+
+    fn count_chunk(&self, chunk: &str) -> usize {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        static HASHER: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+        let mut hasher = HASHER.get_or_init(Default::default).build_hasher();
+        chunk.hash(&mut hasher);
+        let key = hasher.finish();
+        if let Some(n) = self.chunks.lock().get(&key) {
+            return *n as usize;
+        }
+        let n = self.count_text(chunk);
+        let mut chunks = self.chunks.lock();
+        if chunks.len() >= MAX_CHUNKS {
+            chunks.clear();
+        }
+        chunks.insert(key, u32::try_from(n).unwrap_or(u32::MAX));
+        n
     }
 
     /// Tokens of one tool (SB §15.1).
@@ -452,6 +504,72 @@ mod tests {
             .filter_map(|l| l.trim().split_once("\": ").map(|(k, _)| k.trim_start_matches('"').to_owned()))
             .collect();
         assert_eq!(keys, ["0", "2", "10", "b", "01", "-1", "4294967295"]);
+    }
+
+    /// A discover answer's text as the hierarchical router writes it, compact or pretty.
+    fn answer(tools: &[Value], query: &str, pretty: bool) -> String {
+        let entries: Vec<Value> = tools
+            .iter()
+            .enumerate()
+            .map(|(i, tool)| {
+                json!({
+                    "tool_path": format!("server-{i}:{}", tool["name"].as_str().unwrap_or("tool")),
+                    "description": tool["description"],
+                    "server_name": format!("server-{i}"),
+                    "transport": "http",
+                    "relevance_score": i as f64 * 0.137,
+                    "input_schema": tool["inputSchema"],
+                })
+            })
+            .collect();
+        let document = json!({"total_found": tools.len(), "tools": entries, "search_time_ms": 0, "query": query});
+        if pretty {
+            serde_json::to_string_pretty(&document).unwrap()
+        } else {
+            document.to_string()
+        }
+    }
+
+    #[test]
+    fn an_answer_counted_in_chunks_counts_what_the_whole_text_does() {
+        let counter = Counter::o200k_base().unwrap();
+        // Texts that could make a piece cross a cut: the keys inside schemas and inside strings, spaces and
+        // punctuation before a quote, non-ASCII next to quotes, numbers next to keys.
+        let hostile = vec![
+            json!({"name": "a", "description": "says \"tool_path\": and \"input_schema\":{", "inputSchema": {}}),
+            json!({"name": "b", "description": "ends in spaces   ", "inputSchema": {"type": "object",
+                "properties": {"tool_path": {"type": "string"}, "input_schema": {"default": "\"relevance_score\":"},
+                "relevance_score": {"type": "number", "default": 12345678}}}}),
+            json!({"name": "c", "description": "数据 «引号»\"", "inputSchema": {"properties": {"x": {"enum": ["'s", " ", "\n"]}}}}),
+            json!({"name": "d", "description": "", "inputSchema": {"properties": {"q'tool_path": {}, "99tool_path": 1}}}),
+        ];
+        let mut answers = vec![String::new(), "{}".into(), answer(&[], "nothing", false)];
+        for pretty in [false, true] {
+            answers.push(answer(&hostile, "a \"quoted\" query   ", pretty));
+            for n in 1..=hostile.len() {
+                answers.push(answer(&hostile[..n], "x", pretty));
+            }
+        }
+        // Real tools: every 7th group of ten from the corpus, both forms.
+        let corpus = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl"),
+        )
+        .unwrap();
+        let tools: Vec<Value> = corpus.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        assert!(tools.len() > 1000, "the corpus is there");
+        for (n, group) in tools.chunks(10).enumerate().filter(|(n, _)| n % 7 == 0) {
+            answers.push(answer(group, "find the latest news and save it to /tmp/a.txt", n % 2 == 1));
+        }
+        for text in &answers {
+            assert_eq!(counter.count_answer(text), counter.count_text(text), "{text}");
+        }
+        // Counted again, the chunks come from the memo, with the same totals.
+        let remembered = counter.chunks.lock().len();
+        assert!(remembered > answers.len(), "{remembered} chunks remembered");
+        for text in &answers {
+            assert_eq!(counter.count_answer(text), counter.count_text(text));
+        }
+        assert_eq!(counter.chunks.lock().len(), remembered, "nothing counted twice");
     }
 
     #[test]

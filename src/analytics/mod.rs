@@ -403,7 +403,7 @@ async fn flush(ledger: &mut Ledger, store: &Store, batch: &mut Vec<Fact>) {
         Vec::new()
     } else {
         match tokio::task::spawn_blocking(move || {
-            crate::tokens::counter().map(|c| texts.iter().map(|t| c.count_text(t) as u64).collect::<Vec<_>>())
+            crate::tokens::counter().map(|c| texts.iter().map(|t| c.count_answer(t) as u64).collect::<Vec<_>>())
         })
         .await
         {

@@ -341,3 +341,22 @@ async fn a_batch_whose_second_statement_fails_leaves_no_row() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn every_sqlite_connection_keeps_a_small_page_cache_and_enforces_foreign_keys() -> TestResult {
+    use sqlx::{Executor as _, Row as _};
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(dir.path()).await?;
+    // All four of the pool's connections at once, so none is checked twice.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(store.pool().acquire().await?);
+    }
+    for conn in &mut held {
+        let cache: i64 = conn.fetch_one("PRAGMA cache_size").await?.try_get(0)?;
+        assert_eq!(cache, -256, "a 256 KiB page cache, not the 2 MiB default");
+        let foreign_keys: i64 = conn.fetch_one("PRAGMA foreign_keys").await?.try_get(0)?;
+        assert_eq!(foreign_keys, 1);
+    }
+    Ok(())
+}
