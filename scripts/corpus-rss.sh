@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Idle memory of a satellite serving the search corpus: the first N corpus servers (default: all 422) installed
+# for one user over Streamable HTTP, as scripts/corpus.sh does, and /proc/{pid}/status read 90 s after /readyz
+# (the token encoder is released after a minute idle). Prints one line: RssAnon, RssFile, threads, tools.
+#   bash scripts/corpus-rss.sh [BIN] [N]      BIN defaults to target/release/satellite (built if missing)
+# Compare two builds by alternating them: host noise between runs of one binary is several MiB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN="${1:-target/release/satellite}"
+N="${2:-100000}"
+CORPUS="${CORPUS:-../shared/data/toolsearch/corpus.jsonl}"
+WAIT="${WAIT:-90}"
+[ -x "$BIN" ] || cargo build --release --quiet --bin satellite
+WORK="$(mktemp -d)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+CORPUS_PORT="$(free_port)"
+PORT="$(free_port)"
+"$BIN" demo-server --http "127.0.0.1:$CORPUS_PORT" --corpus "$CORPUS" > "$WORK/demo.out" &
+pids+=($!)
+python3 - "$CORPUS" "$CORPUS_PORT" "$N" > "$WORK/satellite.toml" <<'PY'
+import hashlib, json, sys
+corpus, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+slugs = []
+with open(corpus) as f:
+    for line in f:
+        if line.strip():
+            slug = json.loads(line)["server"]
+            if slug not in slugs:
+                slugs.append(slug)
+print('[satellite]\nreconcile_concurrency = 16\n\n[[teams]]\nid = "corpus"\n')
+print('[[users]]\nid = "bench"\nteams = ["corpus"]\ntoken_sha256 = ["%s"]\n' % hashlib.sha256(b"unused").hexdigest())
+for i, slug in enumerate(slugs[:n]):
+    print('[[servers]]\nslug = %s\ntransport = "http"\nurl = "http://127.0.0.1:%s/servers/%s/mcp"\n' % (json.dumps(slug), port, slug))
+    print('[[installations]]\nid = "c%d"\nteam = "corpus"\nserver = %s\n' % (i, json.dumps(slug)))
+PY
+for _ in $(seq 1 100); do grep -q listening "$WORK/demo.out" 2>/dev/null && break; sleep 0.1; done
+
+SATELLITE_DATA_DIR="$WORK/data" RUST_LOG=warn "$BIN" serve --config "$WORK/satellite.toml" --port "$PORT" > "$WORK/satellite.out" 2>&1 &
+pid=$!
+pids+=($pid)
+for _ in $(seq 1 900); do
+  curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+sleep "$WAIT"
+status() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$pid/status"; }
+echo "RssAnon $(status RssAnon) kB, RssFile $(status RssFile) kB, threads $(status Threads), $(grep -c '^\[\[installations\]\]' "$WORK/satellite.toml") servers, ${WAIT} s after ready"
