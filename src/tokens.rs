@@ -94,11 +94,9 @@ impl Counter {
     }
 
     fn count_chunk(&self, chunk: &str) -> usize {
-        use std::hash::{BuildHasher, Hash, Hasher};
+        use std::hash::BuildHasher;
         static HASHER: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
-        let mut hasher = HASHER.get_or_init(Default::default).build_hasher();
-        chunk.hash(&mut hasher);
-        let key = hasher.finish();
+        let key = HASHER.get_or_init(Default::default).hash_one(chunk);
         if let Some(n) = self.chunks.lock().get(&key) {
             return *n as usize;
         }
