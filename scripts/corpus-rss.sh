@@ -15,7 +15,8 @@ WAIT="${WAIT:-90}"
 WORK="$(mktemp -d)"
 pids=()
 cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  # The satellite first: the demo server would log each connection it still held as cancelled.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$WORK"
 }
@@ -24,7 +25,7 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 CORPUS_PORT="$(free_port)"
 PORT="$(free_port)"
-"$BIN" demo-server --http "127.0.0.1:$CORPUS_PORT" --corpus "$CORPUS" > "$WORK/demo.out" &
+"$BIN" demo-server --http "127.0.0.1:$CORPUS_PORT" --corpus "$CORPUS" > "$WORK/demo.out" 2>&1 &
 pids+=($!)
 python3 - "$CORPUS" "$CORPUS_PORT" "$N" > "$WORK/satellite.toml" <<'PY'
 import hashlib, json, sys

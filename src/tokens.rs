@@ -505,7 +505,7 @@ mod tests {
     }
 
     /// A discover answer's text as the hierarchical router writes it, compact or pretty.
-    fn answer(tools: &[Value], query: &str, pretty: bool) -> String {
+    fn answer(tools: &[Value], query: &str, pretty: bool) -> Result<String, serde_json::Error> {
         let entries: Vec<Value> = tools
             .iter()
             .enumerate()
@@ -522,15 +522,15 @@ mod tests {
             .collect();
         let document = json!({"total_found": tools.len(), "tools": entries, "search_time_ms": 0, "query": query});
         if pretty {
-            serde_json::to_string_pretty(&document).unwrap()
+            serde_json::to_string_pretty(&document)
         } else {
-            document.to_string()
+            serde_json::to_string(&document)
         }
     }
 
     #[test]
-    fn an_answer_counted_in_chunks_counts_what_the_whole_text_does() {
-        let counter = Counter::o200k_base().unwrap();
+    fn an_answer_counted_in_chunks_counts_what_the_whole_text_does() -> Result<(), Box<dyn std::error::Error>> {
+        let counter = Counter::o200k_base()?;
         // Texts that could make a piece cross a cut: the keys inside schemas and inside strings, spaces and
         // punctuation before a quote, non-ASCII next to quotes, numbers next to keys.
         let hostile = vec![
@@ -541,22 +541,21 @@ mod tests {
             json!({"name": "c", "description": "数据 «引号»\"", "inputSchema": {"properties": {"x": {"enum": ["'s", " ", "\n"]}}}}),
             json!({"name": "d", "description": "", "inputSchema": {"properties": {"q'tool_path": {}, "99tool_path": 1}}}),
         ];
-        let mut answers = vec![String::new(), "{}".into(), answer(&[], "nothing", false)];
+        let mut answers = vec![String::new(), "{}".into(), answer(&[], "nothing", false)?];
         for pretty in [false, true] {
-            answers.push(answer(&hostile, "a \"quoted\" query   ", pretty));
+            answers.push(answer(&hostile, "a \"quoted\" query   ", pretty)?);
             for n in 1..=hostile.len() {
-                answers.push(answer(&hostile[..n], "x", pretty));
+                answers.push(answer(&hostile[..n], "x", pretty)?);
             }
         }
         // Real tools: every 7th group of ten from the corpus, both forms.
         let corpus = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl"),
-        )
-        .unwrap();
+        )?;
         let tools: Vec<Value> = corpus.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
         assert!(tools.len() > 1000, "the corpus is there");
         for (n, group) in tools.chunks(10).enumerate().filter(|(n, _)| n % 7 == 0) {
-            answers.push(answer(group, "find the latest news and save it to /tmp/a.txt", n % 2 == 1));
+            answers.push(answer(group, "find the latest news and save it to /tmp/a.txt", n % 2 == 1)?);
         }
         for text in &answers {
             assert_eq!(counter.count_answer(text), counter.count_text(text), "{text}");
@@ -568,6 +567,7 @@ mod tests {
             assert_eq!(counter.count_answer(text), counter.count_text(text));
         }
         assert_eq!(counter.chunks.lock().len(), remembered, "nothing counted twice");
+        Ok(())
     }
 
     #[test]
