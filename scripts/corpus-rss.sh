@@ -27,22 +27,9 @@ CORPUS_PORT="$(free_port)"
 PORT="$(free_port)"
 "$BIN" demo-server --http "127.0.0.1:$CORPUS_PORT" --corpus "$CORPUS" > "$WORK/demo.out" 2>&1 &
 pids+=($!)
-python3 - "$CORPUS" "$CORPUS_PORT" "$N" > "$WORK/satellite.toml" <<'PY'
-import hashlib, json, sys
-corpus, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-slugs = []
-with open(corpus) as f:
-    for line in f:
-        if line.strip():
-            slug = json.loads(line)["server"]
-            if slug not in slugs:
-                slugs.append(slug)
-print('[satellite]\nreconcile_concurrency = 16\n\n[[teams]]\nid = "corpus"\n')
-print('[[users]]\nid = "bench"\nteams = ["corpus"]\ntoken_sha256 = ["%s"]\n' % hashlib.sha256(b"unused").hexdigest())
-for i, slug in enumerate(slugs[:n]):
-    print('[[servers]]\nslug = %s\ntransport = "http"\nurl = "http://127.0.0.1:%s/servers/%s/mcp"\n' % (json.dumps(slug), port, slug))
-    print('[[installations]]\nid = "c%d"\nteam = "corpus"\nserver = %s\n' % (i, json.dumps(slug)))
-PY
+# The user's token is never used: nothing is asked of this satellite but its memory.
+python3 scripts/corpus_config.py "$CORPUS" "$CORPUS_PORT" "$(printf unused | sha256sum | cut -d" " -f1)" "$N" \
+  > "$WORK/satellite.toml"
 for _ in $(seq 1 100); do grep -q listening "$WORK/demo.out" 2>/dev/null && break; sleep 0.1; done
 
 SATELLITE_DATA_DIR="$WORK/data" RUST_LOG=warn "$BIN" serve --config "$WORK/satellite.toml" --port "$PORT" > "$WORK/satellite.out" 2>&1 &

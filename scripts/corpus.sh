@@ -32,23 +32,9 @@ trap 'exit 143' TERM
 "$BIN" demo-server --http "127.0.0.1:$CORPUS_PORT" --corpus "$CORPUS" > "$WORK/demo.out" &
 pids+=($!)
 
-python3 - "$CORPUS" "$CORPUS_PORT" "$TOKEN" > "$WORK/satellite.toml" <<'PY'
-import hashlib, json, sys
-corpus, port, token = sys.argv[1], sys.argv[2], sys.argv[3]
-slugs = []
-with open(corpus) as f:
-    for line in f:
-        if line.strip():
-            slug = json.loads(line)["server"]
-            if slug not in slugs:
-                slugs.append(slug)
-print('[satellite]\ndebug_route = true\nreconcile_concurrency = 16\n')
-print('[[teams]]\nid = "corpus"\n')
-print('[[users]]\nid = "bench"\nteams = ["corpus"]\ntoken_sha256 = ["%s"]\n' % hashlib.sha256(token.encode()).hexdigest())
-for i, slug in enumerate(slugs):
-    print('[[servers]]\nslug = %s\ntransport = "http"\nurl = "http://127.0.0.1:%s/servers/%s/mcp"\n' % (json.dumps(slug), port, slug))
-    print('[[installations]]\nid = "c%d"\nteam = "corpus"\nserver = %s\n' % (i, json.dumps(slug)))
-PY
+python3 scripts/corpus_config.py "$CORPUS" "$CORPUS_PORT" \
+  "$(python3 -c 'import hashlib, sys; print(hashlib.sha256(sys.argv[1].encode()).hexdigest())' "$TOKEN")" \
+  > "$WORK/satellite.toml"
 
 for _ in $(seq 1 100); do grep -q listening "$WORK/demo.out" 2>/dev/null && break; sleep 0.1; done
 
