@@ -173,7 +173,6 @@ impl Instance {
         Ok(current.clone())
     }
 
-    /// The tools, resources and templates of the last successful discovery.
     /// `catalog`'s tool definitions parsed, in its order: parsed once per catalog, not once per listing.
     pub fn tool_listing(&self, catalog: &Arc<Catalog>) -> Arc<[serde_json::Value]> {
         let mut listing = self.listing.lock();
@@ -188,6 +187,7 @@ impl Instance {
         tools
     }
 
+    /// The tools, resources and templates of the last successful discovery.
     pub fn catalog(&self) -> Option<Arc<Catalog>> {
         self.catalog.lock().clone()
     }
