@@ -570,6 +570,22 @@ mod tests {
         Ok(())
     }
 
+    /// Past its bound the memo starts over: it never holds more than `MAX_CHUNKS` counts, and what is counted
+    /// after it started over is still exact.
+    #[test]
+    fn the_chunk_memo_stays_bounded_and_exact_when_full() -> Result<(), TokenError> {
+        let counter = Counter::o200k_base()?;
+        for n in 0..MAX_CHUNKS + 10 {
+            counter.count_answer(&format!("{n} word{n}"));
+            assert!(counter.chunks.lock().len() <= MAX_CHUNKS);
+        }
+        assert!(counter.chunks.lock().len() < MAX_CHUNKS, "it started over");
+        let text = r#"{"tools":[{"tool_path":"s:t","relevance_score":0.5,"input_schema":{}}]}"#;
+        assert_eq!(counter.count_answer(text), counter.count_text(text));
+        assert_eq!(counter.count_answer(text), counter.count_text(text), "from the memo");
+        Ok(())
+    }
+
     #[test]
     fn counts_with_o200k_base_and_special_tokens_as_text() {
         let counter = counter().unwrap();
