@@ -904,6 +904,7 @@ async fn discover_answers_are_compact_trimmed_and_explained_on_request() -> Resu
         alice.call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query":"sleep milliseconds"}})).await;
     let text = reply["result"]["content"][0]["text"].as_str().unwrap_or_default();
     assert!(text.contains("\n  \"tools\": ["), "the reference's 2-space form: {text}");
+    assert!(text.contains("\"input_schema\": {\n"), "schemas are indented like the rest: {text}");
     assert!(sat.satellite.shutdown().await);
     Ok(())
 }

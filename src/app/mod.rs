@@ -262,6 +262,7 @@ impl Satellite {
                 read_timeout: READ_TIMEOUT,
                 analytics: analytics.clone(),
                 views: Default::default(),
+                schemas: Default::default(),
                 pretty: config.pretty_results,
             },
             instance_router: InstanceRouter {

@@ -72,6 +72,17 @@ impl ToolDef {
         serde_json::from_str(self.definition.get()).unwrap_or(Value::Null)
     }
 
+    /// The tool's input schema as it is written in the definition, not parsed (`None` only for a definition
+    /// that is not an object, which `from_parts` never makes).
+    pub fn input_schema_text(&self) -> Option<&RawValue> {
+        #[derive(serde::Deserialize)]
+        struct SchemaText<'a> {
+            #[serde(rename = "inputSchema", borrow)]
+            input_schema: Option<&'a RawValue>,
+        }
+        serde_json::from_str::<SchemaText>(self.definition.get()).ok().and_then(|d| d.input_schema)
+    }
+
     /// The tool's input schema (`{}` when the server gave none), parsed from the definition alone.
     pub fn input_schema(&self) -> Value {
         #[derive(serde::Deserialize)]

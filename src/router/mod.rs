@@ -23,6 +23,7 @@ mod views;
 
 pub use hierarchical::HierarchicalRouter;
 pub use instance::InstanceRouter;
+pub use results::TrimmedSchemas;
 pub use views::CallerViews;
 
 /// A request the router refused: a JSON-RPC error, or a missing scope (HTTP 403).

@@ -1,7 +1,14 @@
 //! How meta-tool answers are written for an agent's context: compact JSON unless the operator chose the
 //! reference's pretty form, and tool schemas trimmed of what a caller does not need to call the tool.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
+
+use crate::model::ToolDef;
 
 /// Schema keywords an agent does not need to build a call: documentation for humans and tooling.
 const DROPPED_KEYWORDS: &[&str] = &["$schema", "$id", "$comment", "title"];
@@ -26,7 +33,44 @@ pub(super) fn text_document(document: &Value, pretty: bool) -> Value {
     } else {
         document.to_string()
     };
+    text_result(text)
+}
+
+/// A tool result of one text item.
+pub(super) fn text_result(text: String) -> Value {
     json!({"content": [{"type": "text", "text": text}]})
+}
+
+/// Trimmed input schemas as compact JSON, remembered by the tool's content hash: a discover result then costs
+/// a lookup instead of parsing, trimming and writing its schema again, and one tool installed for many users
+/// is one entry. At most `MAX_TRIMMED` are kept; a full memo starts over.
+#[derive(Clone, Default)]
+pub struct TrimmedSchemas {
+    memo: Arc<Mutex<HashMap<String, Arc<Box<RawValue>>>>>,
+}
+
+const MAX_TRIMMED: usize = 2048;
+
+impl TrimmedSchemas {
+    /// `tool`'s input schema, trimmed (`trim_schema`), as compact JSON text.
+    pub(super) fn get(&self, tool: &ToolDef) -> Arc<Box<RawValue>> {
+        if let Some(known) = self.memo.lock().get(&tool.content_hash) {
+            return known.clone();
+        }
+        // A `Value` always writes as JSON; `null` keeps this total all the same.
+        let trimmed = Arc::new(serde_json::value::to_raw_value(&trim_schema(tool.input_schema())).unwrap_or_default());
+        let mut memo = self.memo.lock();
+        if memo.len() >= MAX_TRIMMED {
+            memo.clear();
+        }
+        memo.insert(tool.content_hash.clone(), trimmed.clone());
+        trimmed
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.memo.lock().len()
+    }
 }
 
 /// `schema` without titles, `$schema`/`$id`/`$comment`, and `default`s its own description already states
@@ -180,5 +224,36 @@ mod tests {
         let parsed: Value = serde_json::from_str(&text(&compact)).unwrap_or_default();
         assert_eq!(parsed, document);
         assert!(text(&pretty).contains("\n  \"tools\""), "pretty is the reference's 2-space form");
+    }
+
+    #[test]
+    fn a_remembered_schema_is_the_trimmed_one_written_once_per_content() -> Result<(), serde_json::Error> {
+        let listing = |name: &str, title: &str| {
+            json!({"name": name, "description": "d", "inputSchema": {"type": "object", "title": title,
+                "properties": {"n": {"type": "integer", "description": "Count (default 3)", "default": 3}}}})
+        };
+        let tool =
+            |name: &str, title: &str| ToolDef::from_listing(&listing(name, title)).unwrap_or_else(|| panic!("{name}"));
+        let schemas = TrimmedSchemas::default();
+        let first = tool("a", "A");
+        let remembered = schemas.get(&first);
+        assert_eq!(remembered.get(), trim_schema(first.input_schema()).to_string());
+        assert_eq!(
+            serde_json::from_str::<Value>(remembered.get())?,
+            json!({"type": "object", "properties": {"n": {"type": "integer", "description": "Count (default 3)"}}})
+        );
+        assert!(Arc::ptr_eq(&remembered, &schemas.get(&first)), "asked again, it is not written again");
+        // Another tool with another definition has its own entry, and the first one's is kept.
+        let other = tool("b", "B");
+        assert!(!Arc::ptr_eq(&remembered, &schemas.get(&other)));
+        assert_eq!(schemas.len(), 2);
+        // Bounded: past MAX_TRIMMED it starts over, and what it answers stays right.
+        for n in 0..MAX_TRIMMED + 10 {
+            let many = tool(&format!("t{n}"), "T");
+            assert_eq!(schemas.get(&many).get(), trim_schema(many.input_schema()).to_string());
+            assert!(schemas.len() <= MAX_TRIMMED);
+        }
+        assert!(schemas.len() < MAX_TRIMMED, "it started over");
+        Ok(())
     }
 }

@@ -6,10 +6,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 use tracing::warn;
 
-use super::results::{text_document, trim_schema};
+use super::results::{text_document, text_result, trim_schema, TrimmedSchemas};
 use super::{
     blocked_result, call_outcome, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
     normalise_call_result, RouteError,
@@ -21,7 +23,7 @@ use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::Relay;
 use crate::model::{
     namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path, shared_uri, tool_path,
-    ResourceDef, ToolDef, Toolset,
+    Catalog, ResourceDef, ToolDef, Toolset,
 };
 use crate::search::{relevance_score, SearchIndex};
 
@@ -46,6 +48,8 @@ pub struct HierarchicalRouter {
     pub analytics: Recorder,
     /// Each caller's visible instances and search scope, per visibility version.
     pub views: super::CallerViews,
+    /// Discover results' trimmed schemas, remembered.
+    pub schemas: TrimmedSchemas,
     /// Meta-tool answers as 2-space indented JSON (the reference's form) instead of compact JSON.
     pub pretty: bool,
 }
@@ -223,6 +227,8 @@ impl HierarchicalRouter {
         let explain = args.get("explain").and_then(Value::as_bool).unwrap_or(false);
         let mut shape = Shape {
             full_schemas: args.get("full_schemas").and_then(Value::as_bool).unwrap_or(false),
+            pretty: self.pretty,
+            schemas: &self.schemas,
             explainer: explain.then(|| self.search.explainer(query)),
         };
         let view = self.views.get(&self.manager, caller, toolset);
@@ -233,36 +239,30 @@ impl HierarchicalRouter {
         let in_toolset = |instance: &Instance, tool: &ToolDef| {
             toolset.is_none_or(|t| t.matches(&instance.spec().server_slug, &tool.name))
         };
-        let mut document = Map::new();
-        let mut entries = Vec::new();
+        // The results, as (instance, its catalog, the tool's position there, relevance): the answer borrows the
+        // tools from the catalogs instead of copying them.
+        let mut picked: Vec<(&Arc<Instance>, Arc<Catalog>, usize, f64)> = Vec::new();
         let mut seen = HashSet::new();
-        let mut paths = Vec::new();
+        let mut answer = Answer { query, ..Answer::default() };
         if query == "*" {
-            let all: Vec<(&Arc<Instance>, ToolDef)> = instances
-                .iter()
-                .filter_map(|i| i.catalog().map(|c| (i, c)))
-                .flat_map(|(i, c)| c.tools.clone().into_iter().map(move |t| (i, t)))
-                .filter(|(i, t)| !i.tool_disabled(&t.name) && in_toolset(i, t))
-                .collect();
-            for (instance, tool) in &all {
-                if entries.len() == WILDCARD_LIMIT {
-                    break;
-                }
-                let path = tool_path(&instance.spec().server_slug, &tool.name);
-                if seen.insert(path.clone()) {
-                    entries.push(tool_entry(instance, tool, 0.0, &mut shape));
-                    paths.push(path);
+            let mut available = 0;
+            for (instance, catalog) in instances.iter().filter_map(|i| i.catalog().map(|c| (i, c))) {
+                for (at, tool) in catalog.tools.iter().enumerate() {
+                    if instance.tool_disabled(&tool.name) || !in_toolset(instance, tool) {
+                        continue;
+                    }
+                    available += 1;
+                    if picked.len() < WILDCARD_LIMIT && seen.insert(tool_path(&instance.spec().server_slug, &tool.name))
+                    {
+                        picked.push((instance, catalog.clone(), at, 0.0));
+                    }
                 }
             }
-            if all.len() > WILDCARD_LIMIT {
-                document.insert(
-                    "notice".into(),
-                    json!(format!(
-                        "Showing {WILDCARD_LIMIT} of {} available tools. Use specific keywords to find others.",
-                        all.len()
-                    )),
-                );
-                document.insert("total_available".into(), json!(all.len()));
+            if available > WILDCARD_LIMIT {
+                answer.notice = Some(format!(
+                    "Showing {WILDCARD_LIMIT} of {available} available tools. Use specific keywords to find others."
+                ));
+                answer.total_available = Some(available);
             }
         } else {
             let hits = self
@@ -276,35 +276,35 @@ impl HierarchicalRouter {
                 let Some(instance) = found.ok().map(|at| &instances[at]) else {
                     continue;
                 };
-                let Some(tool) =
-                    instance.catalog().and_then(|c| c.tools.iter().find(|t| t.name == hit.tool_name).cloned())
+                let Some((catalog, at)) = instance
+                    .catalog()
+                    .and_then(|c| c.tools.iter().position(|t| t.name == hit.tool_name).map(|at| (c, at)))
                 else {
                     continue;
                 };
+                let tool = &catalog.tools[at];
                 // The index can run ahead of the view for a moment (a re-discovery indexes before it publishes):
                 // a hit is shown only if this session may use it now.
-                if instance.tool_disabled(&tool.name) || !in_toolset(instance, &tool) {
+                if instance.tool_disabled(&tool.name) || !in_toolset(instance, tool) {
                     continue;
                 }
-                let path = tool_path(&instance.spec().server_slug, &tool.name);
-                if seen.insert(path.clone()) {
-                    entries.push(tool_entry(instance, &tool, relevance_score(hit.score, best), &mut shape));
-                    paths.push(path);
+                if seen.insert(tool_path(&instance.spec().server_slug, &tool.name)) {
+                    picked.push((instance, catalog.clone(), at, relevance_score(hit.score, best)));
                 }
             }
-            if entries.is_empty() {
-                document.insert(
-                    "hint".into(),
-                    json!("No tool matched. Try one or two different keywords (a product name, a verb like \"create\" or \"search\"), or \"*\" to list tools."),
-                );
+            if picked.is_empty() {
+                answer.hint = Some(NO_MATCH_HINT);
             }
         }
-        self.manager.metrics().discover(started.elapsed(), !entries.is_empty());
-        document.insert("total_found".into(), json!(entries.len()));
-        document.insert("tools".into(), Value::Array(entries));
-        document.insert("search_time_ms".into(), json!(started.elapsed().as_millis() as u64));
-        document.insert("query".into(), json!(query));
-        Ok((text_document(&Value::Object(document), self.pretty), paths))
+        answer.tools =
+            picked.iter().map(|(i, c, at, relevance)| tool_entry(i, &c.tools[*at], *relevance, &mut shape)).collect();
+        let paths = answer.tools.iter().map(|entry| entry.tool_path.clone()).collect();
+        self.manager.metrics().discover(started.elapsed(), !answer.tools.is_empty());
+        answer.total_found = answer.tools.len();
+        answer.search_time_ms = started.elapsed().as_millis() as u64;
+        let text = if self.pretty { serde_json::to_string_pretty(&answer) } else { serde_json::to_string(&answer) }
+            .map_err(|err| internal(format!("could not write the discover answer: {err}")))?;
+        Ok((text_result(text), paths))
     }
 
     /// Run a tool on the caller's instance. What the outer call carries for the server goes with the inner call:
@@ -399,37 +399,153 @@ fn empty_toolset(toolset: &Toolset, online: &[Arc<Instance>]) -> RouteError {
 }
 
 /// How discover results are written: trimmed schemas unless `full_schemas`; with an explainer, why each matched.
-struct Shape {
+struct Shape<'a> {
     full_schemas: bool,
+    /// The reference's indented form: schemas are parsed so that they are indented too.
+    pretty: bool,
+    schemas: &'a TrimmedSchemas,
     explainer: Option<crate::search::Explainer>,
 }
 
-fn tool_entry(instance: &Instance, tool: &ToolDef, relevance: f64, shape: &mut Shape) -> Value {
+const NO_MATCH_HINT: &str = "No tool matched. Try one or two different keywords (a product name, a verb like \"create\" or \"search\"), or \"*\" to list tools.";
+
+/// The discover answer, in the order an agent reads it.
+#[derive(Default, Serialize)]
+struct Answer<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    notice: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total_available: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hint: Option<&'static str>,
+    total_found: usize,
+    tools: Vec<Entry<'a>>,
+    search_time_ms: u64,
+    query: &'a str,
+}
+
+/// One discover result. The key order is part of the answer: the token counter cuts answers right after
+/// `"tool_path":`, `"relevance_score":` and `"input_schema":` (`tokens::Counter::count_answer`).
+#[derive(Serialize)]
+struct Entry<'a> {
+    tool_path: String,
+    description: &'a str,
+    server_name: &'a str,
+    transport: &'static str,
+    relevance_score: f64,
+    input_schema: Schema<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    matched: Option<crate::search::Matched>,
+    #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+    meta: Option<Value>,
+}
+
+/// A result's input schema: as the server wrote it, trimmed and remembered, or parsed (the pretty form).
+enum Schema<'a> {
+    Text(&'a RawValue),
+    Trimmed(Arc<Box<RawValue>>),
+    Parsed(Value),
+}
+
+impl Serialize for Schema<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Schema::Text(text) => text.serialize(serializer),
+            Schema::Trimmed(text) => text.serialize(serializer),
+            Schema::Parsed(value) => value.serialize(serializer),
+        }
+    }
+}
+
+fn tool_entry<'a>(instance: &'a Instance, tool: &'a ToolDef, relevance: f64, shape: &mut Shape<'_>) -> Entry<'a> {
     let spec = instance.spec();
     let transport = match spec.upstream.transport_name() {
         "stdio" => "stdio",
         _ => "http",
     };
-    let schema = tool.input_schema();
-    let schema = if shape.full_schemas { schema } else { trim_schema(schema) };
-    let mut entry = json!({
-        "tool_path": tool_path(&spec.server_slug, &tool.name),
-        "description": tool.description,
-        "server_name": spec.server_slug,
-        "transport": transport,
+    let input_schema = match (shape.full_schemas, shape.pretty) {
+        (true, false) => tool.input_schema_text().map_or_else(|| Schema::Parsed(tool.input_schema()), Schema::Text),
+        (true, true) => Schema::Parsed(tool.input_schema()),
+        (false, false) => Schema::Trimmed(shape.schemas.get(tool)),
+        (false, true) => Schema::Parsed(trim_schema(tool.input_schema())),
+    };
+    Entry {
+        tool_path: tool_path(&spec.server_slug, &tool.name),
+        description: &tool.description,
+        server_name: &spec.server_slug,
+        transport,
         // Three decimals tell results apart; more digits only cost the agent tokens.
-        "relevance_score": (relevance * 1000.0).round() / 1000.0,
-        "input_schema": schema,
-    });
-    if let Some(explainer) = shape.explainer.as_mut() {
-        entry["matched"] = json!(explainer.explain(&spec.server_slug, tool));
+        relevance_score: (relevance * 1000.0).round() / 1000.0,
+        input_schema,
+        matched: shape.explainer.as_mut().map(|explainer| explainer.explain(&spec.server_slug, tool)),
+        meta: tool.meta.as_ref().map(|meta| namespace_ui_meta(meta, &spec.server_slug)),
     }
-    if let Some(meta) = &tool.meta {
-        entry["_meta"] = namespace_ui_meta(meta, &spec.server_slug);
-    }
-    entry
 }
-
 fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a str, RouteError> {
     params.get(name).and_then(Value::as_str).filter(|s| !s.trim().is_empty()).ok_or_else(|| invalid(message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer is written from borrowed parts; it must read exactly as the `json!` document it replaced,
+    /// key order included (the token counter cuts answers at some of its keys).
+    #[test]
+    fn a_discover_answer_is_written_as_the_json_document_it_stands_for() -> Result<(), serde_json::Error> {
+        let schema =
+            serde_json::value::to_raw_value(&json!({"type": "object", "properties": {"q": {"type": "string"}}}))?;
+        let matched = crate::search::Matched { exact_name: true, ..Default::default() };
+        let entry = |meta: Option<Value>, matched: Option<crate::search::Matched>| Entry {
+            tool_path: "web:search".into(),
+            description: "Search the \"web\"",
+            server_name: "web",
+            transport: "http",
+            relevance_score: 0.25,
+            input_schema: Schema::Text(&schema),
+            matched,
+            meta,
+        };
+        let answer = Answer {
+            hint: None,
+            total_found: 2,
+            tools: vec![
+                entry(None, None),
+                entry(Some(json!({"ui": {"resourceUri": "web|ui://x"}})), Some(matched.clone())),
+            ],
+            search_time_ms: 3,
+            query: "find \"this\"",
+            ..Answer::default()
+        };
+        let plain = json!({
+            "tool_path": "web:search", "description": "Search the \"web\"", "server_name": "web", "transport": "http",
+            "relevance_score": 0.25, "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+        });
+        let mut full = plain.clone();
+        full["matched"] = json!(matched);
+        full["_meta"] = json!({"ui": {"resourceUri": "web|ui://x"}});
+        let document = json!({"total_found": 2, "tools": [plain, full], "search_time_ms": 3, "query": "find \"this\""});
+        assert_eq!(serde_json::to_string(&answer)?, document.to_string());
+        // The pretty form parses schemas, so that they are indented like the rest.
+        let mut pretty = answer;
+        for entry in &mut pretty.tools {
+            entry.input_schema = Schema::Parsed(serde_json::from_str(schema.get())?);
+        }
+        assert_eq!(serde_json::to_string_pretty(&pretty)?, serde_json::to_string_pretty(&document)?);
+
+        let wildcard = Answer {
+            notice: Some("Showing 20 of 31 available tools.".into()),
+            total_available: Some(31),
+            query: "*",
+            ..Answer::default()
+        };
+        let document = json!({"notice": "Showing 20 of 31 available tools.", "total_available": 31,
+            "total_found": 0, "tools": [], "search_time_ms": 0, "query": "*"});
+        assert_eq!(serde_json::to_string(&wildcard)?, document.to_string());
+        let empty = Answer { hint: Some(NO_MATCH_HINT), query: "zzz", ..Answer::default() };
+        let document =
+            json!({"hint": NO_MATCH_HINT, "total_found": 0, "tools": [], "search_time_ms": 0, "query": "zzz"});
+        assert_eq!(serde_json::to_string(&empty)?, document.to_string());
+        Ok(())
+    }
 }
