@@ -2,7 +2,9 @@
 //! 4,500-tool corpus with process_id = server slug, every dev query with every server visible, scored
 //! by `eval` as shared/tools/toolsearch_eval.py scores. The floors sit a little under the measured
 //! figures (`cargo bench --bench search` prints them), so a regression fails CI. Set
-//! `TOOLSEARCH_RANKINGS_OUT` to a file path to also write the rankings in the scorer's format.
+//! `TOOLSEARCH_RANKINGS_OUT` to a file path to also write the rankings in the scorer's format, and
+//! `TOOLSEARCH_LIMIT` to rank deeper than 10, to see where the answers a search misses sit (the metrics read
+//! the first 10 only).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,10 +60,11 @@ async fn corpus_index_with(
 async fn dev_set_quality_meets_the_floors() -> TestResult {
     let (index, scope) = corpus_index().await?;
     let queries = load_queries(&data_path("dev.jsonl"))?;
+    let limit = std::env::var("TOOLSEARCH_LIMIT").ok().and_then(|l| l.parse().ok()).unwrap_or(10);
     let mut report = Report::default();
     let mut rankings = String::new();
     for query in &queries {
-        let hits = index.search(&query.query, &scope, 10).await?;
+        let hits = index.search(&query.query, &scope, limit).await?;
         let ranking: Vec<String> = hits.iter().map(|hit| format!("{}:{}", hit.process_id, hit.tool_name)).collect();
         report.add(query, &ranking);
         rankings.push_str(&serde_json::json!({"id": query.id, "query": query.query, "results": ranking}).to_string());
