@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idle memory of a satellite serving the search corpus: the first N corpus servers (default: all 422) installed
 # for one user over Streamable HTTP, as scripts/corpus.sh does, and /proc/{pid}/status read 90 s after /readyz
-# (the token encoder is released after a minute idle). Prints one line: RssAnon, RssFile, threads, tools.
+# (the token encoder is released after a minute idle). Prints one line: RssAnon, RssFile, threads, instances.
 #   bash scripts/corpus-rss.sh [BIN] [N]      BIN defaults to target/release/satellite (built if missing)
+# USERS=U installs every server for U team members (U x N instances of N servers: what one more member costs).
 # Compare two builds by alternating them: host noise between runs of one binary is several MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ PORT="$(free_port)"
 pids+=($!)
 # The user's token is never used: nothing is asked of this satellite but its memory.
 python3 scripts/corpus_config.py "$CORPUS" "$CORPUS_PORT" "$(printf unused | sha256sum | cut -d" " -f1)" "$N" \
-  > "$WORK/satellite.toml"
+  "${USERS:-1}" > "$WORK/satellite.toml"
 for _ in $(seq 1 100); do grep -q listening "$WORK/demo.out" 2>/dev/null && break; sleep 0.1; done
 
 SATELLITE_DATA_DIR="$WORK/data" RUST_LOG=warn "$BIN" serve --config "$WORK/satellite.toml" --port "$PORT" > "$WORK/satellite.out" 2>&1 &
@@ -41,4 +42,6 @@ for _ in $(seq 1 900); do
 done
 sleep "$WAIT"
 status() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$pid/status"; }
-echo "RssAnon $(status RssAnon) kB, RssFile $(status RssFile) kB, threads $(status Threads), $(grep -c '^\[\[installations\]\]' "$WORK/satellite.toml") servers, ${WAIT} s after ready"
+servers=$(grep -c '^\[\[installations\]\]' "$WORK/satellite.toml")
+online=$(curl -fs "http://127.0.0.1:$PORT/api/status/debug" | python3 -c 'import json,sys; print(json.load(sys.stdin)["server_status"]["stats"]["online"])' 2>/dev/null || echo "?")
+echo "RssAnon $(status RssAnon) kB, RssFile $(status RssFile) kB, threads $(status Threads), $servers servers x ${USERS:-1} users, $online instances online, ${WAIT} s after ready"

@@ -1,7 +1,11 @@
 //! What one instance offers: its tools, resources and resource templates,
 //! and the two naming schemes that expose them through the hierarchical router.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Weak};
+
 use chrono::{DateTime, Utc};
+use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -16,8 +20,15 @@ pub const URI_SEPARATOR: char = '|';
 /// The definition is kept once, as its compact JSON text: a parsed `Value` tree of the same tool takes five to
 /// seven times the bytes, and a catalog of thousands of tools is most of a loaded satellite's memory. What needs
 /// a part of it (the input schema for a discover result or a token count) parses that part when it needs it.
+///
+/// A `ToolDef` is a shared handle: every instance of one server (one per team member) lists the same tools, and
+/// all of them hold one copy of each identical definition (see [`Interner`]). Cloning it is a reference count.
 #[derive(Debug, Clone)]
-pub struct ToolDef {
+pub struct ToolDef(Arc<ToolBody>);
+
+/// What a [`ToolDef`] holds; read through the handle (`tool.name`, `tool.input_schema()`).
+#[derive(Debug)]
+pub struct ToolBody {
     pub name: String,
     /// Missing descriptions become "".
     pub description: String,
@@ -29,13 +40,63 @@ pub struct ToolDef {
     pub content_hash: String,
 }
 
+impl std::ops::Deref for ToolDef {
+    type Target = ToolBody;
+
+    fn deref(&self) -> &ToolBody {
+        &self.0
+    }
+}
+
 impl PartialEq for ToolDef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+    }
+}
+
+impl PartialEq for ToolBody {
     fn eq(&self, other: &Self) -> bool {
         self.content_hash == other.content_hash
             && self.name == other.name
             && self.description == other.description
             && self.meta == other.meta
             && self.definition.get() == other.definition.get()
+    }
+}
+
+/// Every live tool body by content hash, so that identical definitions are held once however many instances
+/// list them. Entries are weak: a body goes when the last catalog holding it does, and dead entries are swept
+/// whenever the table has doubled since the last sweep (so it holds at most about twice the live bodies).
+struct Interner {
+    bodies: HashMap<String, Weak<ToolBody>>,
+    swept_at: usize,
+}
+
+static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(|| Mutex::new(Interner::default()));
+
+/// Below this many entries the table is never swept.
+const SWEEP_FLOOR: usize = 512;
+
+impl Default for Interner {
+    fn default() -> Self {
+        Interner { bodies: HashMap::new(), swept_at: 0 }
+    }
+}
+
+impl Interner {
+    /// The live body equal to `body` if there is one, else `body` itself, remembered for the next.
+    fn intern(&mut self, body: ToolBody) -> Arc<ToolBody> {
+        if let Some(live) = self.bodies.get(&body.content_hash).and_then(Weak::upgrade) {
+            // The hash covers the definition; the name, description and meta given beside it must match too.
+            return if *live == body { live } else { Arc::new(body) };
+        }
+        if self.bodies.len() >= 2 * self.swept_at.max(SWEEP_FLOOR) {
+            self.bodies.retain(|_, body| body.strong_count() > 0);
+            self.swept_at = self.bodies.len();
+        }
+        let body = Arc::new(body);
+        self.bodies.insert(body.content_hash.clone(), Arc::downgrade(&body));
+        body
     }
 }
 
@@ -55,11 +116,22 @@ impl ToolDef {
     }
 
     pub fn from_parts(name: String, description: String, meta: Option<Value>, definition: &Value) -> Self {
+        Self(INTERNER.lock().intern(ToolBody::new(name, description, meta, definition)))
+    }
+
+    /// Whether two handles hold the very same body.
+    pub fn shares_body(&self, other: &ToolDef) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl ToolBody {
+    fn new(name: String, description: String, meta: Option<Value>, definition: &Value) -> Self {
         let text = definition.to_string();
         let content_hash = hex::encode(Sha256::digest(text.as_bytes()));
         // A `Value` always prints as valid JSON, so this cannot fail; `null` keeps the type total all the same.
         let definition = RawValue::from_string(text).unwrap_or_default();
-        Self { name, description, meta, definition, content_hash }
+        ToolBody { name, description, meta, definition, content_hash }
     }
 
     /// The whole definition as compact JSON text, written out as is.
@@ -392,6 +464,41 @@ pub fn catalog_diff(before: &[ToolDef], after: &[ToolDef]) -> Vec<ToolChange> {
 mod diff_tests {
     use super::*;
     use serde_json::json;
+
+    /// Every member's instance of one server lists the same tools: they are held once. A tool that differs in
+    /// anything is its own, and so is one whose given name does not match its definition's hash's owner.
+    #[test]
+    fn identical_definitions_are_held_once_and_go_with_their_last_holder() {
+        let listing = json!({"name": "interned_probe", "description": "Held once", "inputSchema": {"type": "object"}});
+        let first = tool(listing.clone());
+        let second = tool(listing.clone());
+        assert!(first.shares_body(&second), "the same definition from a second instance");
+        assert_eq!(first, second);
+        let changed =
+            tool(json!({"name": "interned_probe", "description": "Held twice", "inputSchema": {"type": "object"}}));
+        assert!(!first.shares_body(&changed));
+        let renamed = ToolDef::from_parts("other".into(), "Held once".into(), None, &listing);
+        assert!(!first.shares_body(&renamed), "same definition text, another name given beside it");
+        assert_eq!(renamed.name, "other");
+
+        let gone = Arc::downgrade(&first.0);
+        drop((first, second));
+        assert!(gone.upgrade().is_none(), "the interner holds no body alive");
+    }
+
+    /// The table of weak entries stays within about twice its live bodies, whatever passes through it.
+    #[test]
+    fn the_interner_sweeps_what_no_catalog_holds() {
+        let mut interner = Interner::default();
+        let body = |n: usize| ToolBody::new(format!("t{n}"), String::new(), None, &json!({"name": format!("t{n}")}));
+        let kept: Vec<Arc<ToolBody>> = (0..100).map(|n| interner.intern(body(n))).collect();
+        for n in 100..10_000 {
+            drop(interner.intern(body(n)));
+            assert!(interner.bodies.len() <= 2 * SWEEP_FLOOR, "{} entries at {n}", interner.bodies.len());
+        }
+        assert!(kept.iter().all(|body| interner.bodies.get(&body.content_hash).is_some_and(|w| w.strong_count() > 0)));
+        assert!(Arc::ptr_eq(&kept[7], &interner.intern(body(7))), "a live body is still found after sweeps");
+    }
 
     fn tool(definition: Value) -> ToolDef {
         ToolDef::from_listing(&definition)
