@@ -67,6 +67,7 @@ impl PartialEq for ToolBody {
 /// Every live tool body by content hash, so that identical definitions are held once however many instances
 /// list them. Entries are weak: a body goes when the last catalog holding it does, and dead entries are swept
 /// whenever the table has doubled since the last sweep (so it holds at most about twice the live bodies).
+#[derive(Default)]
 struct Interner {
     bodies: HashMap<String, Weak<ToolBody>>,
     swept_at: usize,
@@ -76,12 +77,6 @@ static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(|| Mutex::new(Interne
 
 /// Below this many entries the table is never swept.
 const SWEEP_FLOOR: usize = 512;
-
-impl Default for Interner {
-    fn default() -> Self {
-        Interner { bodies: HashMap::new(), swept_at: 0 }
-    }
-}
 
 impl Interner {
     /// The live body equal to `body` if there is one, else `body` itself, remembered for the next.
