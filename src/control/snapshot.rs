@@ -296,12 +296,17 @@ impl SnapshotDiff {
     }
 }
 
-pub fn diff(current: &BTreeMap<ProcessId, InstanceSpec>, next: &BTreeMap<ProcessId, InstanceSpec>) -> SnapshotDiff {
+/// What moves from `current` to `next`: either side may hold its specs shared (`Arc`) or owned.
+pub fn diff<A, B>(current: &BTreeMap<ProcessId, A>, next: &BTreeMap<ProcessId, B>) -> SnapshotDiff
+where
+    A: std::borrow::Borrow<InstanceSpec>,
+    B: std::borrow::Borrow<InstanceSpec>,
+{
     let mut out = SnapshotDiff::default();
     for (id, spec) in next {
         match current.get(id) {
             None => out.added.push(id.clone()),
-            Some(old) if old != spec => out.modified.push(id.clone()),
+            Some(old) if old.borrow() != spec.borrow() => out.modified.push(id.clone()),
             Some(_) => out.unchanged.push(id.clone()),
         }
     }

@@ -53,7 +53,7 @@ impl InstanceError {
 /// A live instance. Replaced by a new one when its spec changes, so `spec` never changes.
 #[derive(Debug)]
 pub struct Instance {
-    spec: InstanceSpec,
+    spec: Arc<InstanceSpec>,
     status: Mutex<StatusEntry>,
     connection: Mutex<Option<Connection>>,
     catalog: Mutex<Option<Arc<Catalog>>>,
@@ -100,7 +100,7 @@ pub(super) struct Connection {
 
 impl Instance {
     pub(super) fn new(
-        spec: InstanceSpec,
+        spec: Arc<InstanceSpec>,
         catalog: Option<Arc<Catalog>>,
         max_calls: usize,
         overrides: ToolOverrides,
@@ -303,7 +303,8 @@ mod tests {
     #[test]
     fn a_late_count_replaces_only_the_catalog_it_counted() {
         let published = Arc::new(Catalog::empty());
-        let instance = Instance::new(crate::model::sample_spec(), Some(published.clone()), 1, ToolOverrides::default());
+        let instance =
+            Instance::new(Arc::new(crate::model::sample_spec()), Some(published.clone()), 1, ToolOverrides::default());
         let counted = Arc::new(Catalog::empty());
         assert!(instance.replace_catalog(&published, counted.clone()));
         assert!(instance.catalog().is_some_and(|c| Arc::ptr_eq(&c, &counted)));
@@ -328,7 +329,7 @@ mod tests {
         let names = |tools: &[serde_json::Value]| -> Vec<String> {
             tools.iter().filter_map(|t| t["name"].as_str().map(str::to_owned)).collect()
         };
-        let instance = Instance::new(crate::model::sample_spec(), None, 1, ToolOverrides::default());
+        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
         let first = with(&["a", "b"]);
         let listed = instance.tool_listing(&first);
         assert_eq!(names(&listed), ["a", "b"]);
@@ -350,7 +351,7 @@ mod tests {
     #[test]
     fn announcements_reach_those_listening_when_they_are_made() {
         let note = |n: u32| Arc::new(serde_json::json!({"n": n}));
-        let instance = Instance::new(crate::model::sample_spec(), None, 1, ToolOverrides::default());
+        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
         instance.announce(note(0));
         let mut first = instance.announcements();
         let gone = instance.announcements();

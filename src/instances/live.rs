@@ -94,7 +94,7 @@ mod tests {
         spec.user_id = UserId::from(user);
         spec.team_id = TeamId::from(team);
         spec.instance_path = path.map(str::to_owned);
-        Arc::new(Instance::new(spec, None, 1, ToolOverrides::default()))
+        Arc::new(Instance::new(Arc::new(spec), None, 1, ToolOverrides::default()))
     }
 
     fn ids(list: &[Arc<Instance>]) -> Vec<&str> {

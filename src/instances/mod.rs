@@ -182,7 +182,8 @@ impl Inner {
 #[derive(Default)]
 struct State {
     /// The last applied desired state, enabled and disabled entries alike.
-    desired: BTreeMap<ProcessId, InstanceSpec>,
+    /// Shared with the live instances: one copy of each spec.
+    desired: BTreeMap<ProcessId, Arc<InstanceSpec>>,
     /// Enabled instances.
     live: live::Live,
     /// Catalogs from the database, handed to instances as they are created.
@@ -260,7 +261,7 @@ impl InstanceManager {
 
     /// Every configured entry, enabled or not.
     pub fn desired(&self) -> Vec<InstanceSpec> {
-        self.inner.state.read().desired.values().cloned().collect()
+        self.inner.state.read().desired.values().map(|spec| InstanceSpec::clone(spec)).collect()
     }
 
     /// Send a request to an instance: wait for a call slot, wake it from dormancy, forward (retrying

@@ -97,6 +97,7 @@ impl InstanceManager {
             }
         }
 
+        let specs = kept_specs(&current, &desired.instances);
         let starting: Vec<Arc<Instance>> = {
             let mut state = inner.state.write();
             let mut starting = Vec::new();
@@ -108,11 +109,11 @@ impl InstanceManager {
                 // A changed instance starts from scratch; an added one may have tools from a previous run.
                 let stored = state.stored.remove(id).filter(|_| changes.added.contains(id));
                 let max_calls = inner.deps.settings.lifecycle.max_calls_per_instance;
-                let instance = Arc::new(Instance::new(spec.clone(), stored, max_calls, inner.overrides.clone()));
+                let instance = Arc::new(Instance::new(specs[id].clone(), stored, max_calls, inner.overrides.clone()));
                 state.live.insert(instance.clone());
                 starting.push(instance);
             }
-            state.desired = desired.instances.clone();
+            state.desired = specs;
             starting
         };
         inner.bump_visibility();
@@ -138,5 +139,46 @@ impl InstanceManager {
         }
         inner.ready_tx.send_replace(true);
         report
+    }
+}
+
+/// The specs kept once `next` is applied over `current`: an unchanged one stays the very `Arc` its live instance
+/// holds, so each spec is held once however often the same state is applied.
+fn kept_specs(
+    current: &BTreeMap<ProcessId, Arc<InstanceSpec>>,
+    next: &BTreeMap<ProcessId, InstanceSpec>,
+) -> BTreeMap<ProcessId, Arc<InstanceSpec>> {
+    next.iter()
+        .map(|(id, spec)| {
+            let kept = current.get(id).filter(|old| ***old == *spec).cloned();
+            (id.clone(), kept.unwrap_or_else(|| Arc::new(spec.clone())))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unchanged_spec_stays_the_one_its_instance_holds() {
+        let spec = |id: &str, enabled: bool| {
+            let mut spec = crate::model::sample_spec();
+            spec.process_id = ProcessId::from(id);
+            spec.enabled = enabled;
+            spec
+        };
+        let first: BTreeMap<ProcessId, InstanceSpec> =
+            [("a", true), ("b", true), ("gone", true)].map(|(id, on)| (ProcessId::from(id), spec(id, on))).into();
+        let current = kept_specs(&BTreeMap::new(), &first);
+        let next: BTreeMap<ProcessId, InstanceSpec> =
+            [("a", true), ("b", false), ("new", true)].map(|(id, on)| (ProcessId::from(id), spec(id, on))).into();
+        let kept = kept_specs(&current, &next);
+        let id = |id: &str| ProcessId::from(id);
+        assert!(Arc::ptr_eq(&kept[&id("a")], &current[&id("a")]), "unchanged: the same Arc");
+        assert!(!Arc::ptr_eq(&kept[&id("b")], &current[&id("b")]), "changed: its own");
+        assert!(!kept[&id("b")].enabled);
+        assert!(kept.contains_key(&id("new")) && !kept.contains_key(&id("gone")));
+        assert_eq!(kept.len(), 3);
     }
 }
