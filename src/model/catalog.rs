@@ -67,9 +67,10 @@ impl PartialEq for ToolBody {
 /// Every live tool body by content hash, so that identical definitions are held once however many instances
 /// list them. Entries are weak: a body goes when the last catalog holding it does, and dead entries are swept
 /// whenever the table has doubled since the last sweep (so it holds at most about twice the live bodies).
+/// Keyed by the hash's first 64 bits (the body holds the whole hash); a body is shared only when it equals.
 #[derive(Default)]
 struct Interner {
-    bodies: HashMap<String, Weak<ToolBody>>,
+    bodies: HashMap<u64, Weak<ToolBody>>,
     swept_at: usize,
 }
 
@@ -81,8 +82,9 @@ const SWEEP_FLOOR: usize = 512;
 impl Interner {
     /// The live body equal to `body` if there is one, else `body` itself, remembered for the next.
     fn intern(&mut self, body: ToolBody) -> Arc<ToolBody> {
-        if let Some(live) = self.bodies.get(&body.content_hash).and_then(Weak::upgrade) {
-            // The hash covers the definition; the name, description and meta given beside it must match too.
+        let key = body.content_hash.get(..16).and_then(|head| u64::from_str_radix(head, 16).ok()).unwrap_or_default();
+        if let Some(live) = self.bodies.get(&key).and_then(Weak::upgrade) {
+            // Equal hashes mean equal definitions; the name, description and meta given beside it must match too.
             return if *live == body { live } else { Arc::new(body) };
         }
         if self.bodies.len() >= 2 * self.swept_at.max(SWEEP_FLOOR) {
@@ -90,7 +92,7 @@ impl Interner {
             self.swept_at = self.bodies.len();
         }
         let body = Arc::new(body);
-        self.bodies.insert(body.content_hash.clone(), Arc::downgrade(&body));
+        self.bodies.insert(key, Arc::downgrade(&body));
         body
     }
 }
@@ -491,7 +493,9 @@ mod diff_tests {
             drop(interner.intern(body(n)));
             assert!(interner.bodies.len() <= 2 * SWEEP_FLOOR, "{} entries at {n}", interner.bodies.len());
         }
-        assert!(kept.iter().all(|body| interner.bodies.get(&body.content_hash).is_some_and(|w| w.strong_count() > 0)));
+        assert!(kept
+            .iter()
+            .all(|body| interner.bodies.values().any(|w| w.upgrade().is_some_and(|w| Arc::ptr_eq(&w, body)))));
         assert!(Arc::ptr_eq(&kept[7], &interner.intern(body(7))), "a live body is still found after sweeps");
     }
 
