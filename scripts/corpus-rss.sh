@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idle memory of a satellite serving the search corpus: the first N corpus servers (default: all 422) installed
-# for one user over Streamable HTTP, as scripts/corpus.sh does, and /proc/{pid}/status read 90 s after /readyz
-# (the token encoder is released after a minute idle). Prints one line: RssAnon, RssFile, threads, instances.
+# for one user over Streamable HTTP, as scripts/corpus.sh does, and /proc/{pid}/status read 90 s after every
+# instance is online (the token encoder is released after a minute idle). Prints one line: RssAnon, RssFile, threads, instances.
 #   bash scripts/corpus-rss.sh [BIN] [N]      BIN defaults to target/release/satellite (built if missing)
 # USERS=U installs every server for U team members (U x N instances of N servers: what one more member costs).
 # Compare two builds by alternating them: host noise between runs of one binary is several MiB.
@@ -36,12 +36,15 @@ for _ in $(seq 1 100); do grep -q listening "$WORK/demo.out" 2>/dev/null && brea
 SATELLITE_DATA_DIR="$WORK/data" RUST_LOG=warn "$BIN" serve --config "$WORK/satellite.toml" --port "$PORT" > "$WORK/satellite.out" 2>&1 &
 pid=$!
 pids+=($pid)
-for _ in $(seq 1 900); do
-  curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
-  sleep 0.2
-done
+servers=$(grep -c '^\[\[installations\]\]' "$WORK/satellite.toml")
+instances=$((servers * ${USERS:-1}))
+online() { curl -fs "http://127.0.0.1:$PORT/api/status/debug" 2>/dev/null |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["server_status"]["stats"]["online"])' 2>/dev/null || echo 0; }
+# The wait starts once every instance is online: their token counts come last, and the encoder is released a
+# minute after the last one.
+started=$SECONDS
+until [ "$(online)" = "$instances" ] || [ $((SECONDS - started)) -gt 600 ]; do sleep 0.5; done
+settled=$((SECONDS - started))
 sleep "$WAIT"
 status() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$pid/status"; }
-servers=$(grep -c '^\[\[installations\]\]' "$WORK/satellite.toml")
-online=$(curl -fs "http://127.0.0.1:$PORT/api/status/debug" | python3 -c 'import json,sys; print(json.load(sys.stdin)["server_status"]["stats"]["online"])' 2>/dev/null || echo "?")
-echo "RssAnon $(status RssAnon) kB, RssFile $(status RssFile) kB, threads $(status Threads), $servers servers x ${USERS:-1} users, $online instances online, ${WAIT} s after ready"
+echo "RssAnon $(status RssAnon) kB, RssFile $(status RssFile) kB, threads $(status Threads), $servers servers x ${USERS:-1} users, $(online) of $instances instances online (all after ${settled} s), read ${WAIT} s later"
