@@ -909,6 +909,38 @@ async fn discover_answers_are_compact_trimmed_and_explained_on_request() -> Resu
     Ok(())
 }
 
+/// Two installations of one server give a member two instances under one slug: discover still shows each tool
+/// path once, in a search and in the wildcard listing.
+#[tokio::test]
+async fn discover_shows_a_tool_path_once_when_two_instances_share_a_slug() -> Result<(), Box<dyn std::error::Error>> {
+    let second = "\n[[installations]]\nid = \"d-acme-2\"\nteam = \"acme\"\nserver = \"demo\"\n";
+    let sat = started_with(&format!("{}{second}", config())).await;
+    let pid = ProcessId::from("demo-acme-alice-d-acme-2");
+    wait_until(DEADLINE, "the second instance online", || {
+        let online = sat.satellite.manager().get(&pid).is_some_and(|i| i.status().status == InstanceStatus::Online);
+        async move { online.then_some(()) }
+    })
+    .await;
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    for query in ["sleep milliseconds", "*"] {
+        let (_, reply) = alice
+            .call("tools/call", json!({"name":"discover_mcp_tools","arguments":{"query": query, "limit": 50}}))
+            .await;
+        let text = reply["result"]["content"][0]["text"].as_str().unwrap_or_default();
+        let document: Value = serde_json::from_str(text)?;
+        let paths: Vec<&str> =
+            document["tools"].as_array().into_iter().flatten().filter_map(|t| t["tool_path"].as_str()).collect();
+        assert!(paths.contains(&"demo:slow"), "{query}: {text}");
+        let mut unique = paths.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), paths.len(), "{query}: each path once: {paths:?}");
+        assert_eq!(document["total_found"], paths.len(), "{query}");
+    }
+    assert!(sat.satellite.shutdown().await);
+    Ok(())
+}
+
 /// Discover follows a remote server that vanishes and comes back with different tools: each caller's cached
 /// view of what they can see moves with every status and catalog change, never serving a stale world.
 #[tokio::test]

@@ -2,7 +2,7 @@
 //! discovery searches the caller's visible tools, execution and resource reads
 //! go to the caller's own instance of the named server.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -242,7 +242,13 @@ impl HierarchicalRouter {
         // The results, as (instance, its catalog, the tool's position there, relevance): the answer borrows the
         // tools from the catalogs instead of copying them.
         let mut picked: Vec<(&Arc<Instance>, Arc<Catalog>, usize, f64)> = Vec::new();
-        let mut seen = HashSet::new();
+        // Several installations of one server slug would list one tool path twice: the first is shown. At most
+        // MAX_LIMIT results, so a scan costs less than a set of allocated paths.
+        let is_new = |picked: &[(&Arc<Instance>, Arc<Catalog>, usize, f64)], instance: &Instance, tool: &ToolDef| {
+            !picked.iter().any(|(i, c, at, _)| {
+                c.tools[*at].name == tool.name && i.spec().server_slug == instance.spec().server_slug
+            })
+        };
         let mut answer = Answer { query, ..Answer::default() };
         if query == "*" {
             let mut available = 0;
@@ -252,8 +258,7 @@ impl HierarchicalRouter {
                         continue;
                     }
                     available += 1;
-                    if picked.len() < WILDCARD_LIMIT && seen.insert(tool_path(&instance.spec().server_slug, &tool.name))
-                    {
+                    if picked.len() < WILDCARD_LIMIT && is_new(&picked, instance, tool) {
                         picked.push((instance, catalog.clone(), at, 0.0));
                     }
                 }
@@ -288,7 +293,7 @@ impl HierarchicalRouter {
                 if instance.tool_disabled(&tool.name) || !in_toolset(instance, tool) {
                     continue;
                 }
-                if seen.insert(tool_path(&instance.spec().server_slug, &tool.name)) {
+                if is_new(&picked, instance, tool) {
                     picked.push((instance, catalog.clone(), at, relevance_score(hit.score, best)));
                 }
             }
