@@ -91,14 +91,19 @@ async fn started() -> TestSatellite {
 async fn started_with(config: &str) -> TestSatellite {
     let sat = TestSatellite::start(config).await;
     for id in ["demo-acme-alice-d-acme", "demo-acme-bob-d-acme", "demo-globex-carol-d-globex"] {
-        let pid = ProcessId::from(id);
-        wait_until(DEADLINE, id, || {
-            let online = sat.satellite.manager().get(&pid).is_some_and(|i| i.status().status == InstanceStatus::Online);
-            async move { online.then_some(()) }
-        })
-        .await;
+        wait_online(&sat, id).await;
     }
     sat
+}
+
+/// Waits (with the deadline) until the instance `id` is online.
+async fn wait_online(sat: &TestSatellite, id: &str) {
+    let pid = ProcessId::from(id);
+    wait_until(DEADLINE, id, || {
+        let online = sat.satellite.manager().get(&pid).is_some_and(|i| i.status().status == InstanceStatus::Online);
+        async move { online.then_some(()) }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -451,12 +456,7 @@ async fn a_thousand_malformed_requests_each_get_a_clear_error() {
 async fn requests_carry_an_id_and_overload_is_shed() {
     let config = config().replacen("[[teams]]", "[satellite]\nmax_concurrent_requests = 1\n\n[[teams]]", 1);
     let sat = TestSatellite::start(&config).await;
-    let pid = ProcessId::from("demo-acme-alice-d-acme");
-    wait_until(DEADLINE, "alice online", || {
-        let online = sat.satellite.manager().get(&pid).is_some_and(|i| i.status().status == InstanceStatus::Online);
-        async move { online.then_some(()) }
-    })
-    .await;
+    wait_online(&sat, "demo-acme-alice-d-acme").await;
     let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
     alice.initialize().await;
     let (_, headers, _) = alice
@@ -603,12 +603,7 @@ async fn resource_uris_on_mcp_are_valid_and_unambiguous() {
         config()
     );
     let sat = started_with(&twin).await;
-    let twin_id = ProcessId::from("twin-acme-alice-t-acme");
-    wait_until(DEADLINE, "twin online", || {
-        let online = sat.satellite.manager().get(&twin_id).is_some_and(|i| i.status().status == InstanceStatus::Online);
-        async move { online.then_some(()) }
-    })
-    .await;
+    wait_online(&sat, "twin-acme-alice-t-acme").await;
     let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
     let (_, listing) = alice.call("resources/list", json!({})).await;
     let uris: Vec<&str> =
@@ -915,12 +910,7 @@ async fn discover_answers_are_compact_trimmed_and_explained_on_request() -> Resu
 async fn discover_shows_a_tool_path_once_when_two_instances_share_a_slug() -> Result<(), Box<dyn std::error::Error>> {
     let second = "\n[[installations]]\nid = \"d-acme-2\"\nteam = \"acme\"\nserver = \"demo\"\n";
     let sat = started_with(&format!("{}{second}", config())).await;
-    let pid = ProcessId::from("demo-acme-alice-d-acme-2");
-    wait_until(DEADLINE, "the second instance online", || {
-        let online = sat.satellite.manager().get(&pid).is_some_and(|i| i.status().status == InstanceStatus::Online);
-        async move { online.then_some(()) }
-    })
-    .await;
+    wait_online(&sat, "demo-acme-alice-d-acme-2").await;
     let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
     for query in ["sleep milliseconds", "*"] {
         let (_, reply) = alice
