@@ -142,13 +142,19 @@ impl Satellite {
         let sandbox = instances::sandbox::SandboxPolicy::for_config(&config, env)?;
         info!("{}", sandbox.describe());
         let metrics = crate::metrics::Metrics::new().map_err(StartError::Metrics)?;
+        // The index (its writer threads, the semantic model when on) is built while the store opens and migrates:
+        // neither needs the other, and both stand between the start and the first instance.
+        let (model, cache) = (config.semantic_model.clone(), config.data_dir.join("search"));
+        let search = tokio::task::spawn_blocking(move || -> Result<SearchIndex, StartError> {
+            let search = SearchIndex::new()?;
+            Ok(match &model {
+                Some(model) => search.with_semantic(crate::search::Semantic::load(model, Some(&cache))?),
+                None => search,
+            })
+        });
         let store = Store::connect(&config.data_dir, &config.database).await?;
         info!(database = %store.describe(), "store");
-        let mut search = SearchIndex::new()?;
-        if let Some(model) = &config.semantic_model {
-            let cache = config.data_dir.join("search");
-            search = search.with_semantic(crate::search::Semantic::load(model, Some(&cache))?);
-        }
+        let search = search.await.map_err(|err| StartError::Search(SearchError::TaskFailed(err)))??;
         info!(stages = %search.describe_stages(), "tool search");
         let toolsets = crate::toolsets::Toolsets::load(store.clone(), first.toolsets.clone()).await?;
         let emitter = Emitter::new(store.clone());

@@ -28,7 +28,7 @@ fn data_path(file: &str) -> PathBuf {
 /// Indexes the corpus, one instance per server; the scope sees every server.
 async fn corpus_index() -> Result<(SearchIndex, Arc<Scope>), Box<dyn std::error::Error>> {
     let (index, scope) = corpus_index_with(None, |_, _| true).await?;
-    assert_eq!(index.num_docs(), 4500);
+    assert_eq!(index.num_docs().await, 4500);
     Ok((index, scope))
 }
 
@@ -52,7 +52,7 @@ async fn corpus_index_with(
     for result in futures::future::join_all(writes).await {
         result?;
     }
-    println!("indexed {} tools on {} servers in {:?}", index.num_docs(), servers.len(), started.elapsed());
+    println!("indexed {} tools on {} servers in {:?}", index.num_docs().await, servers.len(), started.elapsed());
     Ok((index, Arc::new(Scope::new(servers.into_keys().collect()))))
 }
 
@@ -132,7 +132,7 @@ async fn semantic_corpus_index() -> Result<(SearchIndex, Arc<Scope>), Box<dyn st
     let (index, scope) =
         corpus_index_with(Some(semantic.clone()), |position, slug| answering.contains(slug) || position % 4 == 0)
             .await?;
-    assert_eq!(index.num_docs(), 1403);
+    assert_eq!(index.num_docs().await, 1403);
     let started = Instant::now();
     let deadline = started + std::time::Duration::from_secs(900);
     while semantic.pending() > 0 {

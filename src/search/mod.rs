@@ -1,11 +1,14 @@
 //! Tool search: owns the in-RAM tantivy index of every instance's tools, its single writer task,
 //! and the keyword query API the router uses for `discover_mcp_tools`.
 //!
-//! - Writes: [`SearchIndex::replace_instance`] / [`SearchIndex::remove_instance`] send a command on
-//!   a bounded channel ([`COMMAND_QUEUE_CAPACITY`]; a full queue makes the caller wait) to the one
-//!   task that owns the `IndexWriter`. The task applies every queued command, commits once on the
-//!   blocking pool, reloads the reader, and only then answers each command's oneshot, so a resolved
-//!   write is visible to the next search. The task ends when the last handle is dropped.
+//! - Writes: [`SearchIndex::replace_instance`] / [`SearchIndex::remove_instance`] number a command and
+//!   send it on a bounded channel ([`COMMAND_QUEUE_CAPACITY`]; a full queue makes the caller wait) to the
+//!   one task that owns the `IndexWriter`, and return without waiting for the commit. The task applies
+//!   every queued command, commits once on the blocking pool, reloads the reader, and then publishes the
+//!   number of the last command applied. The task ends when the last handle is dropped.
+//! - A search first waits until every command sent before it has been applied (no wait when none is
+//!   pending), so a write that has returned is visible to every later search, while the writer's caller (an
+//!   instance coming online) does not wait for the commit.
 //! - Reads: [`SearchIndex::search`] builds one query (analysis in `analysis`, shape in `schema`) with
 //!   the caller's [`Scope`] as a required clause (a doc-id bitset per segment, cached per scope and
 //!   index generation: `visibility`), and runs it on the blocking pool against the reader
@@ -26,11 +29,13 @@ mod tests;
 
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, Occur};
 use tantivy::schema::Value as _;
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, TantivyError, Term};
-use tokio::sync::{mpsc, oneshot};
+
+use tokio::sync::{mpsc, watch};
 
 use self::analysis::TOOL_TOKENIZER;
 use self::schema::IndexSchema;
@@ -115,10 +120,22 @@ pub enum SearchError {
     MissingField(tantivy::DocAddress, &'static str),
 }
 
+/// How far the writer has come: commands are numbered as they are sent, in the order the writer receives
+/// them, and the writer publishes the number of the last one it applied (committed, or failed and rolled back).
+struct Progress {
+    /// Serialises numbering and sending, so numbers reach the writer in order.
+    order: tokio::sync::Mutex<()>,
+    /// The number of the last command sent.
+    sent: AtomicU64,
+    /// The number of the last command applied.
+    applied: watch::Receiver<u64>,
+}
+
 /// Cheap, cloneable handle on the index: a command sender and the shared reader.
 #[derive(Clone)]
 pub struct SearchIndex {
     commands: mpsc::Sender<Command>,
+    progress: Arc<Progress>,
     reader: IndexReader,
     schema: Arc<IndexSchema>,
     semantic: Option<Arc<Semantic>>,
@@ -126,9 +143,10 @@ pub struct SearchIndex {
 
 /// Replace every document of `process_id` by `documents` (empty: remove the instance).
 struct Command {
+    /// Its place in the order of commands ([`Progress`]).
+    number: u64,
     process_id: String,
     documents: Vec<TantivyDocument>,
-    done: oneshot::Sender<Result<(), SearchError>>,
 }
 
 impl SearchIndex {
@@ -141,8 +159,10 @@ impl SearchIndex {
         let writer: IndexWriter = index.writer_with_num_threads(1, WRITER_MEMORY_BYTES)?;
         let reader = index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into()?;
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE_CAPACITY);
-        runtime.spawn(run_writer(writer, reader.clone(), schema.clone(), receiver));
-        Ok(SearchIndex { commands, reader, schema, semantic: None })
+        let (applied_tx, applied) = watch::channel(0);
+        runtime.spawn(run_writer(writer, reader.clone(), schema.clone(), receiver, applied_tx));
+        let progress = Arc::new(Progress { order: tokio::sync::Mutex::new(()), sent: AtomicU64::new(0), applied });
+        Ok(SearchIndex { commands, progress, reader, schema, semantic: None })
     }
 
     /// The same index with the semantic stage re-ranking request-shaped queries.
@@ -165,7 +185,7 @@ impl SearchIndex {
     }
 
     /// Replace every document of one instance (delete by process_id term, add docs, commit, reload
-    /// reader). Resolves once searches see the change.
+    /// reader). Resolves once the change is queued: every search that starts after it sees the change.
     pub async fn replace_instance(&self, process_id: &str, docs: Vec<ToolDoc>) -> Result<(), SearchError> {
         let documents = docs.iter().map(|tool| self.schema.document(tool)).collect();
         if let Some(semantic) = &self.semantic {
@@ -174,7 +194,7 @@ impl SearchIndex {
         self.send(process_id, documents).await
     }
 
-    /// Remove every document of one instance. Resolves once searches see the change.
+    /// Remove every document of one instance. Resolves once the change is queued, as `replace_instance`.
     pub async fn remove_instance(&self, process_id: &str) -> Result<(), SearchError> {
         if let Some(semantic) = &self.semantic {
             semantic.set_instance(process_id, &[]);
@@ -183,10 +203,23 @@ impl SearchIndex {
     }
 
     async fn send(&self, process_id: &str, documents: Vec<TantivyDocument>) -> Result<(), SearchError> {
-        let (done, finished) = oneshot::channel();
-        let command = Command { process_id: process_id.to_owned(), documents, done };
+        let _order = self.progress.order.lock().await;
+        let number = self.progress.sent.load(Ordering::Acquire) + 1;
+        let command = Command { number, process_id: process_id.to_owned(), documents };
         self.commands.send(command).await.map_err(|_| SearchError::WriterGone)?;
-        finished.await.map_err(|_| SearchError::WriterGone)?
+        self.progress.sent.store(number, Ordering::Release);
+        Ok(())
+    }
+
+    /// Wait until every command sent so far has been applied (at once when none is pending). A writer that
+    /// has stopped applies nothing more: searches then read what it left.
+    pub async fn settled(&self) {
+        let sent = self.progress.sent.load(Ordering::Acquire);
+        let mut applied = self.progress.applied.clone();
+        if *applied.borrow() >= sent {
+            return;
+        }
+        let _ = applied.wait_for(|applied| *applied >= sent).await;
     }
 
     /// Best `limit` tools among documents whose process_id is in `scope`, best first. Runs on
@@ -195,6 +228,7 @@ impl SearchIndex {
         if query.trim().is_empty() || scope.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
+        self.settled().await;
         let weight = semantic::semantic_weight(query);
         match &self.semantic {
             Some(semantic) if weight < 1.0 => {
@@ -233,8 +267,9 @@ impl SearchIndex {
         Explainer::new(&self.schema, query)
     }
 
-    /// Number of indexed documents (for the debug route).
-    pub fn num_docs(&self) -> u64 {
+    /// Number of indexed documents, every write sent so far applied.
+    pub async fn num_docs(&self) -> u64 {
+        self.settled().await;
         self.reader.searcher().num_docs()
     }
 
@@ -293,6 +328,7 @@ async fn run_writer(
     reader: IndexReader,
     schema: Arc<IndexSchema>,
     mut commands: mpsc::Receiver<Command>,
+    applied: watch::Sender<u64>,
 ) {
     let process_id_field = schema.fields.process_id;
     let mut unmerged = false;
@@ -327,25 +363,24 @@ async fn run_writer(
                 Err(_) => break,
             }
         }
-        let mut waiters = Vec::with_capacity(batch.len());
+        let last = batch.iter().map(|command| command.number).max().unwrap_or_default();
         let mut changes = Vec::with_capacity(batch.len());
-        for Command { process_id, documents, done } in batch {
-            waiters.push(done);
+        let mut instances = Vec::with_capacity(batch.len());
+        for Command { process_id, documents, .. } in batch {
             changes.push((Term::from_field_text(process_id_field, &process_id), documents));
+            instances.push(process_id);
         }
         let reader = reader.clone();
-        // On a panic, dropping the waiters answers them with WriterGone.
+        // On a panic the task ends, dropping `applied`: waiting searches go on with what the index holds.
         let Some((returned, result)) = on_blocking_pool(writer, move |w| apply(w, &reader, changes)).await else {
             return;
         };
         writer = returned;
         if let Err(error) = &result {
-            tracing::warn!(%error, commands = waiters.len(), "search index commit failed");
+            tracing::warn!(%error, instances = ?instances, "search index commit failed; these instances' tools are not searchable until they are indexed again");
         }
         unmerged = true;
-        for waiter in waiters {
-            let _ = waiter.send(result.clone().map_err(SearchError::Tantivy));
-        }
+        applied.send_replace(last);
     }
 }
 

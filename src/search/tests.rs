@@ -76,23 +76,43 @@ async fn results_stay_inside_the_visible_set_even_when_a_hidden_tool_matches_bes
 #[tokio::test]
 async fn replace_instance_replaces_and_remove_instance_removes() -> Result<(), SearchError> {
     let index = two_instances().await;
-    assert_eq!(index.num_docs(), 5);
+    assert_eq!(index.num_docs().await, 5);
     let bob = visible(&["bob-fs"]);
     assert_eq!(index.search("read", &bob, 10).await?.len(), 2, "the scope's filter is now cached");
 
     index.replace_instance("bob-fs", vec![tool("bob-fs", "filesystem", "write_file", "Write a file")]).await?;
-    assert_eq!(index.num_docs(), 4);
+    assert_eq!(index.num_docs().await, 4);
     assert!(index.search("read", &bob, 10).await?.is_empty(), "old tools are gone");
     assert_eq!(names(&index.search("write", &bob, 10).await?), [("bob-fs", "write_file")]);
     // Other instances are untouched.
     assert_eq!(index.search("read", &visible(&["alice-fs"]), 10).await?.len(), 1);
 
     index.remove_instance("bob-fs").await?;
-    assert_eq!(index.num_docs(), 3);
+    assert_eq!(index.num_docs().await, 3);
     assert!(index.search("write file", &bob, 10).await?.is_empty());
     index.remove_instance("never-indexed").await?;
-    assert_eq!(index.num_docs(), 3);
+    assert_eq!(index.num_docs().await, 3);
     Ok(())
+}
+
+/// A write returns once it is queued (an instance goes online without waiting for the commit), and a search
+/// that starts after it waits for the commit: it never misses tools whose write has returned.
+#[tokio::test]
+async fn a_search_after_a_returned_write_sees_it_though_the_write_did_not_wait_for_the_commit() {
+    let index = SearchIndex::new().unwrap();
+    for round in 0..3 {
+        let id = format!("big-{round}");
+        let tools =
+            (0..2_000).map(|n| tool(&id, "bulk", &format!("tool_{n}"), &format!("bulk operation {round}"))).collect();
+        index.replace_instance(&id, tools).await.unwrap();
+        assert_eq!(index.progress.sent.load(Ordering::Acquire), round + 1, "each write is numbered once");
+        let hits = index.search(&format!("bulk operation {round}"), &visible(&[id.as_str()]), 5).await.unwrap();
+        assert_eq!(hits.len(), 5, "round {round}: the search ran before the commit it had to wait for");
+        assert!(*index.progress.applied.borrow() >= round + 1);
+    }
+    index.remove_instance("big-0").await.unwrap();
+    assert!(index.search("bulk operation 0", &visible(&["big-0"]), 5).await.unwrap().is_empty());
+    assert_eq!(index.num_docs().await, 4_000);
 }
 
 #[tokio::test]
@@ -108,7 +128,7 @@ async fn concurrent_writes_are_all_applied() {
     for result in futures::future::join_all(writes).await {
         result.unwrap();
     }
-    assert_eq!(index.num_docs(), 40);
+    assert_eq!(index.num_docs().await, 40);
     let all = Arc::new(Scope::new((0..40).map(|n| format!("p{n}")).collect()));
     assert_eq!(index.search("things", &all, 50).await.unwrap().len(), 40);
 }
@@ -233,7 +253,7 @@ async fn segments_are_merged_into_one_once_writes_stop_and_searches_still_agree(
         assert!(std::time::Instant::now() < deadline, "still {} segments", index.num_segments());
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_eq!(index.num_docs(), 6);
+    assert_eq!(index.num_docs().await, 6);
     assert_eq!(index.search("things", &scope, 10).await?.len(), 6, "the cached filter follows the merge");
     index.remove_instance("p3").await?;
     assert_eq!(index.search("things", &scope, 10).await?.len(), 5);
