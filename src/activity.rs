@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::events::ClientActivity;
 use crate::model::iso;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 
 /// What the HTTP layer knows about one authenticated request.
@@ -34,23 +34,16 @@ struct Record {
     client_name: String,
     user_agent: String,
     ip_address: String,
+    /// The last session id seen as it came (in memory only): it becomes its reference when taken.
     session_id: Option<String>,
     request_count: u64,
     tool_call_count: u64,
-    last_activity_at: String,
+    last_activity_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Default)]
-pub struct ActivityTracker {
-    records: Mutex<HashMap<String, Record>>,
-}
-
-impl ActivityTracker {
-    pub fn record(&self, seen: &Seen<'_>) {
-        let key = format!("{}:{}:{}", seen.user_id, seen.team_id, seen.client_id);
-        let now = iso(Utc::now());
-        let mut records = self.records.lock();
-        let record = records.entry(key).or_insert_with(|| Record {
+impl Record {
+    fn first(seen: &Seen<'_>, now: DateTime<Utc>) -> Record {
+        Record {
             user_id: seen.user_id.to_owned(),
             team_id: seen.team_id.to_owned(),
             client_id: seen.client_id.to_owned(),
@@ -61,15 +54,45 @@ impl ActivityTracker {
             session_id: None,
             request_count: 0,
             tool_call_count: 0,
-            last_activity_at: now.clone(),
-        });
-        record.request_count += 1;
-        record.tool_call_count += u64::from(seen.tool_call);
-        record.last_activity_at = now;
-        if let Some(session) = seen.session_id {
-            // Never the id itself: whoever reads the events must not be able to use the session.
-            record.session_id = Some(crate::secrets::session_reference(session));
+            last_activity_at: now,
         }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct ActivityTracker {
+    records: Mutex<HashMap<String, Record>>,
+}
+
+impl ActivityTracker {
+    /// Count one request. Called on every authenticated request: a client already known costs no allocation.
+    pub fn record(&self, seen: &Seen<'_>) {
+        thread_local! {
+            static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        let now = Utc::now();
+        KEY.with_borrow_mut(|key| {
+            key.clear();
+            for (n, part) in [seen.user_id, seen.team_id, seen.client_id].into_iter().enumerate() {
+                if n > 0 {
+                    key.push(':');
+                }
+                key.push_str(part);
+            }
+            let mut records = self.records.lock();
+            if !records.contains_key(key.as_str()) {
+                records.insert(key.clone(), Record::first(seen, now));
+            }
+            let Some(record) = records.get_mut(key.as_str()) else { return };
+            record.request_count += 1;
+            record.tool_call_count += u64::from(seen.tool_call);
+            record.last_activity_at = now;
+            if let Some(session) = seen.session_id {
+                if record.session_id.as_deref() != Some(session) {
+                    record.session_id = Some(session.to_owned());
+                }
+            }
+        });
     }
 
     /// Every record as an `mcp.client.activity` payload (BP §8.5-14), and start over.
@@ -88,8 +111,9 @@ impl ActivityTracker {
                 ip_address: r.ip_address,
                 request_count: r.request_count,
                 tool_call_count: r.tool_call_count,
-                last_activity_at: r.last_activity_at,
-                session_id: r.session_id,
+                last_activity_at: iso(r.last_activity_at),
+                // Never the id itself: whoever reads the events must not be able to use the session.
+                session_id: r.session_id.as_deref().map(crate::secrets::session_reference),
             })
             .collect()
     }
@@ -127,9 +151,9 @@ pub fn client_name(header: Option<&str>, has_session: bool, user_agent: Option<&
 /// Whether a JSON-RPC body (one message or a batch) calls `tools/call`; reads only the `method` fields.
 pub fn is_tool_call(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
-    struct Method {
-        #[serde(default)]
-        method: Option<String>,
+    struct Method<'a> {
+        #[serde(default, borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
     }
     let is_call = |m: &Method| m.method.as_deref() == Some("tools/call");
     match serde_json::from_slice::<Method>(body) {
@@ -175,6 +199,24 @@ mod tests {
         assert_eq!(client_name(None, false, Some("vscode/1.9")), "VS Code");
         assert_eq!(client_name(None, false, Some("mcp-remote")), "MCP Client");
         assert_eq!(client_name(None, false, None), "Unknown Client");
+    }
+
+    #[test]
+    fn a_record_reports_the_last_session_seen_as_its_reference_and_the_last_time() {
+        let tracker = ActivityTracker::default();
+        let seen =
+            Seen { user_id: "alice", team_id: "acme", client_id: "c", session_id: Some("s-1"), ..Seen::default() };
+        tracker.record(&seen);
+        let first = tracker.take();
+        tracker.record(&seen);
+        tracker.record(&Seen { session_id: Some("s-2"), ..seen.clone() });
+        tracker.record(&Seen { session_id: None, ..seen.clone() });
+        let taken = tracker.take();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].request_count, 3);
+        assert_eq!(taken[0].session_id.as_deref(), Some(crate::secrets::session_reference("s-2").as_str()));
+        assert!(taken[0].last_activity_at >= first[0].last_activity_at, "an ISO time, later or equal");
+        assert!(chrono::DateTime::parse_from_rfc3339(&taken[0].last_activity_at).is_ok());
     }
 
     #[test]

@@ -12,8 +12,9 @@ use crate::model::{InstanceSpec, SecretNames, Upstream};
 pub fn session_reference(id: &str) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(id.as_bytes());
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("session-{hex}")
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    format!("session-{:016x}", u64::from_be_bytes(first))
 }
 
 /// Keep the first 3 characters and append `*****`; values of 3 characters or fewer become `***` (SB §22 keeps 3
@@ -236,6 +237,13 @@ pub fn masked_upstream(spec: &InstanceSpec) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_reference_is_the_first_eight_bytes_of_the_ids_sha256() {
+        // sha256("s-1") starts 6a840baf5d8c3ff2 (Python's hashlib).
+        assert_eq!(session_reference("s-1"), "session-6a840baf5d8c3ff2");
+        assert_eq!(session_reference("s-1").len(), "session-".len() + 16);
+    }
 
     #[test]
     fn json_is_masked_in_strings_keys_and_numbers_and_copied_unchanged_elsewhere() {

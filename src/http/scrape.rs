@@ -73,7 +73,7 @@ async fn snapshot(deps: &ScrapeDeps) -> Snapshot {
     let mut connections: Vec<(&'static str, u64)> = vec![("stdio", 0), ("http", 0), ("sse", 0)];
     let mut dormant = 0;
     for instance in &instances {
-        let status = instance.status().status.as_str();
+        let status = instance.state().as_str();
         if let Some(slot) = by_status.iter_mut().find(|(s, _)| *s == status) {
             slot.1 += 1;
         }

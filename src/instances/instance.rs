@@ -159,6 +159,11 @@ impl Instance {
         self.status.lock().clone()
     }
 
+    /// The status alone, without copying its message: what every call and listing asks.
+    pub fn state(&self) -> InstanceStatus {
+        self.status.lock().status
+    }
+
     /// Move to `status` if the transition function allows it; the refused move is returned as an error.
     pub(super) fn set_status(
         &self,

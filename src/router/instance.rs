@@ -108,7 +108,7 @@ impl InstanceRouter {
                             "Invalid params: name must be a non-empty string",
                         ))
                     })?;
-                if !callable(instance.status().status) {
+                if !callable(instance.state()) {
                     return Ok(blocked_result(&name, instance));
                 }
                 if instance.tool_disabled(&name) {
@@ -137,8 +137,8 @@ impl InstanceRouter {
                 }
             }
             other => {
-                if !callable(instance.status().status) {
-                    let status = instance.status().status;
+                if !callable(instance.state()) {
+                    let status = instance.state();
                     return Err(RouteError::Rpc(RpcError::new(
                         codes::INTERNAL_ERROR,
                         format!("MCP server is unavailable (status: {status})"),

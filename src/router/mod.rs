@@ -55,7 +55,7 @@ fn method_not_found(method: &str) -> RouteError {
 
 /// Tools of an instance are visible only while it is online (SB §10.2).
 fn visible(instance: &Instance) -> bool {
-    instance.status().status.tools_visible()
+    instance.state().tools_visible()
 }
 
 /// Statuses in which a call may go through (`offline`/`error` act as a recovery probe, SB §10.1).

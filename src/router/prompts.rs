@@ -26,7 +26,7 @@ impl HierarchicalRouter {
         let instances: Vec<Arc<Instance>> = self
             .visible_instances(caller)
             .into_iter()
-            .filter(|i| callable(i.status().status) && declares(i, "prompts"))
+            .filter(|i| callable(i.state()) && declares(i, "prompts"))
             .collect();
         let listings = join_all(instances.iter().map(|instance| async move {
             let listed = forward(&self.manager, instance, "prompts/list", json!({}), self.read_timeout, None).await;
@@ -100,7 +100,7 @@ impl HierarchicalRouter {
         let instances: Vec<Arc<Instance>> = self
             .visible_instances(caller)
             .into_iter()
-            .filter(|i| callable(i.status().status) && declares(i, "logging"))
+            .filter(|i| callable(i.state()) && declares(i, "logging"))
             .collect();
         join_all(instances.iter().map(|instance| {
             let params = params.clone();

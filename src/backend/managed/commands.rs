@@ -137,9 +137,9 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
                         let failed: Vec<Value> = instances
                             .iter()
                             .flatten()
-                            .filter(|i| i.status().status != InstanceStatus::Online)
+                            .filter(|i| i.state() != InstanceStatus::Online)
                             .map(|i| {
-                                json!({"instance": i.spec().process_id.0, "status": i.status().status.as_str(),
+                                json!({"instance": i.spec().process_id.0, "status": i.state().as_str(),
                                             "message": i.status().message})
                             })
                             .collect();
@@ -244,7 +244,7 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
                 let answer = deps.manager.call(instance, "tools/list", Some(json!({})), Duration::from_secs(15)).await;
                 results.push(json!({
                     "server_name": instance.spec().process_id.0,
-                    "status": instance.status().status.as_str(),
+                    "status": instance.state().as_str(),
                     "health_status": if answer.is_ok() { "healthy" } else { "unhealthy" },
                     "response_time_ms": began.elapsed().as_millis() as u64,
                 }));
@@ -295,7 +295,7 @@ async fn validate_credentials(deps: &ManagedDeps, installation: &str) -> Value {
                 let text = err.to_string();
                 if err.upstream().is_some_and(policy::refuses_credentials) {
                     needs_reauth = true;
-                    if instance.status().status != InstanceStatus::RequiresReauth {
+                    if instance.state() != InstanceStatus::RequiresReauth {
                         deps.manager.require_reauth(instance, text.clone()).await;
                     }
                 }
@@ -336,7 +336,9 @@ async fn recover(deps: &ManagedDeps, id: String, installation: InstallationId) -
         if deps.manager.rediscover(instance).await {
             tools += instance.catalog().map_or(0, |c| c.tools.len());
         } else {
-            failed.push(json!({"server_name": instance.spec().process_id.0, "resulting_status": instance.status().status.as_str()}));
+            failed.push(
+                json!({"server_name": instance.spec().process_id.0, "resulting_status": instance.state().as_str()}),
+            );
         }
     }
     let result = json!({"installation_id": installation.0, "server_name": remote[0].spec().server_slug,

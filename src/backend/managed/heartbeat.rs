@@ -82,7 +82,7 @@ pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: b
     let mut dormant = 0;
     for instance in &instances {
         let spec = instance.spec();
-        let status = instance.status().status;
+        let status = instance.state();
         match status {
             InstanceStatus::Online => counts.online += 1,
             InstanceStatus::Offline => counts.offline += 1,

@@ -158,7 +158,7 @@ impl Managed {
             .await;
         // A user who re-authorised an OAuth server is announced by a configure: connect again with the new token.
         for instance in deps.manager.instances() {
-            if instance.spec().requires_oauth && instance.status().status == InstanceStatus::RequiresReauth {
+            if instance.spec().requires_oauth && instance.state() == InstanceStatus::RequiresReauth {
                 let _ = deps.manager.restart(&instance.spec().process_id).await;
             }
         }

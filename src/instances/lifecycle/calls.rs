@@ -47,21 +47,26 @@ impl Inner {
         };
         instance.touch();
         let began = Instant::now();
-        let logged = method == "tools/call";
+        // What the call's log needs of its request, taken now: the request itself goes to the server.
+        let sent = (method == "tools/call").then(|| SentCall::of(instance.spec(), params.as_ref()));
         let client = match self.ensure_connected(instance).await {
             Ok(client) => client,
             Err(err) => {
-                if logged {
-                    self.record_call(instance, params.as_ref(), Err(err.to_string()), began).await;
+                if let Some(sent) = sent {
+                    self.record_call(instance, sent, Err(err.to_string()), began).await;
                 }
                 return Err(err);
             }
         };
-        let before = instance.status().status;
+        let before = instance.state();
         let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
+        let mut params = params;
         let mut attempt = 0;
         let result = loop {
-            let result = client.request_relayed(method, params.clone(), timeout, relay).await;
+            // A copy only while a retry may still need the request again.
+            let retry_left = remote && attempt < policy::REMOTE_RETRY_WAITS.len();
+            let request = if retry_left { params.clone() } else { params.take() };
+            let result = client.request_relayed(method, request, timeout, relay).await;
             match &result {
                 Err(err)
                     if remote
@@ -75,8 +80,8 @@ impl Inner {
             }
         };
         instance.touch();
-        if logged {
-            self.record_call(instance, params.as_ref(), result.as_ref().map_err(ToString::to_string), began).await;
+        if let Some(sent) = sent {
+            self.record_call(instance, sent, result.as_ref().map_err(ToString::to_string), began).await;
         }
         match &result {
             Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {
@@ -104,13 +109,12 @@ impl Inner {
     pub(in crate::instances) async fn record_call(
         &self,
         instance: &Instance,
-        params: Option<&Value>,
+        sent: SentCall,
         result: Result<&Value, String>,
         began: Instant,
     ) {
         let spec = instance.spec();
-        let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
-        let tool_path = crate::model::tool_path(&spec.server_slug, name);
+        let tool_path = crate::model::tool_path(&spec.server_slug, &sent.name);
         let (outcome, error) = match &result {
             Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => {
                 let text = value.pointer("/content/0/text").and_then(Value::as_str).unwrap_or("tool returned an error");
@@ -130,19 +134,14 @@ impl Inner {
             duration_ms: began.elapsed().as_millis() as u64,
             outcome,
             error_message: error.as_deref().map(|e| crate::logcapture::mask_secrets(spec, e)),
-            request_bytes: params.map_or(0, json_len),
+            request_bytes: sent.request_bytes,
             response_bytes: result.as_ref().map_or(0, |v| json_len(v)),
         };
         // Batched with the request logs: no database write on the call's path.
         self.deps.logs.event(Event::tool_executed(spec, &execution));
-        if !spec.request_logging_enabled {
-            // Nothing is logged for this installation: skip copying arguments and results.
-            return;
-        }
+        // Nothing is logged for this installation: the arguments were not copied either.
+        let Some((arguments, secrets)) = sent.arguments else { return };
         // A server may echo its own secret in an answer: the request log keeps nothing the config holds secret.
-        let secrets = crate::secrets::secret_values(spec);
-        let arguments =
-            params.and_then(|p| p.get("arguments")).map_or(Value::Null, |a| crate::secrets::hide_json(a, &secrets));
         let response = match (&result, outcome) {
             (Ok(value), CallOutcome::Success) => Some(crate::secrets::hide_json(value, &secrets)),
             _ => None,
@@ -187,7 +186,7 @@ impl Inner {
             {
                 let _lifecycle = instance.lifecycle.lock().await;
                 if !instance.retired.is_cancelled()
-                    && matches!(instance.status().status, InstanceStatus::Offline | InstanceStatus::Error)
+                    && matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error)
                 {
                     let message = "Server recovered, re-discovering tools".to_owned();
                     inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
@@ -204,7 +203,7 @@ impl Inner {
     /// until the server answers again (SB §11.2). One probe per instance at a time.
     pub(in crate::instances) fn maybe_probe(self: &Arc<Self>, instance: &Arc<Instance>) {
         let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
-        let probing = matches!(instance.status().status, InstanceStatus::Offline | InstanceStatus::Error);
+        let probing = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
         if !remote || !probing || !instance.try_begin_recovery() {
             return;
         }
@@ -221,7 +220,7 @@ impl Inner {
                         _ = tokio::time::sleep(policy::probe_wait(attempt)) => {}
                     }
                     attempt += 1;
-                    if !matches!(instance.status().status, InstanceStatus::Offline | InstanceStatus::Error) {
+                    if !matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error) {
                         break;
                     }
                     let connected = tokio::select! {
@@ -254,6 +253,28 @@ impl Inner {
 }
 
 /// The length of a value as JSON, without building the string.
+/// What a `tools/call`'s log and event need of its request, taken before the request goes to the server.
+pub(in crate::instances) struct SentCall {
+    name: String,
+    request_bytes: usize,
+    /// The arguments with the instance's secrets hidden, and those secrets (for the answer), when its
+    /// installation logs requests.
+    arguments: Option<(Value, Vec<String>)>,
+}
+
+impl SentCall {
+    fn of(spec: &InstanceSpec, params: Option<&Value>) -> SentCall {
+        let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let arguments = spec.request_logging_enabled.then(|| {
+            let secrets = crate::secrets::secret_values(spec);
+            let arguments =
+                params.and_then(|p| p.get("arguments")).map_or(Value::Null, |a| crate::secrets::hide_json(a, &secrets));
+            (arguments, secrets)
+        });
+        SentCall { name, request_bytes: params.map_or(0, json_len), arguments }
+    }
+}
+
 fn json_len(value: &Value) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {

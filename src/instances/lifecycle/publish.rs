@@ -27,7 +27,7 @@ impl Inner {
         client: &Arc<McpClient>,
         announce: bool,
     ) -> bool {
-        let online = instance.status().status == InstanceStatus::Online;
+        let online = instance.state() == InstanceStatus::Online;
         if announce || !online {
             self.set_status(
                 instance,
@@ -84,7 +84,7 @@ impl Inner {
                 if let Some(previous) = previous {
                     self.announce_list_changes(instance, &previous, &catalog);
                 }
-                if instance.status().status != InstanceStatus::Online {
+                if instance.state() != InstanceStatus::Online {
                     self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into()))
                         .await;
                 }
@@ -252,7 +252,7 @@ impl Inner {
         message: Option<String>,
     ) {
         let spec = instance.spec();
-        let was_visible = instance.status().status.tools_visible();
+        let was_visible = instance.state().tools_visible();
         let entry = match instance.set_status(status, message) {
             Ok(entry) => {
                 self.bump_visibility();

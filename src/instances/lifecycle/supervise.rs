@@ -203,7 +203,7 @@ impl Inner {
             .read()
             .live
             .values()
-            .filter(|instance| instance.status().status == InstanceStatus::Online)
+            .filter(|instance| instance.state() == InstanceStatus::Online)
             .filter_map(|instance| {
                 let every = chrono::Duration::from_std(instance.spec().rediscover_every?).ok()?;
                 let age = now - instance.catalog()?.discovered_at;
@@ -231,7 +231,7 @@ impl Inner {
         use futures::StreamExt;
         let outcomes: Vec<(Arc<Instance>, bool)> = futures::stream::iter(instances)
             .map(|instance| async move {
-                let client = instance.client().filter(|_| instance.status().status == InstanceStatus::Online);
+                let client = instance.client().filter(|_| instance.state() == InstanceStatus::Online);
                 let refreshed = match client {
                     Some(client) => self.refresh_catalog(&instance, &client).await == Some(true),
                     None => false,
@@ -248,7 +248,7 @@ impl Inner {
                 report.tools += instance.catalog().map_or(0, |c| c.tools.len());
                 report.refreshed.push(id);
             } else {
-                report.skipped.push((id, instance.status().status));
+                report.skipped.push((id, instance.state()));
             }
         }
         report.refreshed.sort();
@@ -349,7 +349,7 @@ impl Inner {
         let mut slept = 0;
         for instance in candidates {
             let idle = |i: &Instance| {
-                i.status().status == InstanceStatus::Online
+                i.state() == InstanceStatus::Online
                     && i.uptime().is_some_and(|up| up >= lifecycle.spawn_grace)
                     && i.idle().0 >= timeout
             };

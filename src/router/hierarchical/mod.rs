@@ -350,7 +350,7 @@ impl HierarchicalRouter {
         if !known {
             return Err(invalid(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));
         }
-        if !callable(instance.status().status) {
+        if !callable(instance.state()) {
             return Ok(blocked_result(path, &instance));
         }
         if instance.tool_disabled(tool_name) {

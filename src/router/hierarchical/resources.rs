@@ -7,8 +7,8 @@ impl HierarchicalRouter {
     pub(super) async fn read(&self, caller: &Principal, uri: &str, relay: Option<&Relay>) -> Result<Value, RouteError> {
         let (instance, original) = self.resolve_resource(caller, uri)?;
         let slug = instance.spec().server_slug.clone();
-        if !callable(instance.status().status) {
-            return Err(internal(format!("MCP server '{slug}' is unavailable (status: {})", instance.status().status)));
+        if !callable(instance.state()) {
+            return Err(internal(format!("MCP server '{slug}' is unavailable (status: {})", instance.state())));
         }
         forward(&self.manager, &instance, "resources/read", json!({"uri": original}), self.read_timeout, relay).await
     }
