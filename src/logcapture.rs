@@ -2,7 +2,7 @@
 //! `mcp.server.logs` events, tool calls become `mcp.request.logs` events.
 //! Two buffers, turned into events of at most 20 entries each (BP §9), written
 //! to the outbox 3 s after the first buffered entry, as soon as ten events'
-//! worth (200 entries) wait, and on shutdown. Server logs are grouped by
+//! worth (200 entries) or [`WRITE_BYTES`] of entries wait, and on shutdown. Server logs are grouped by
 //! (installation, user), request logs by (installation, team). Secret values of the
 //! instance (its secret env, header and query values, and any env value
 //! whose name looks secret) are masked in every captured line.
@@ -30,6 +30,12 @@ pub const FLUSH_AT: usize = 20;
 pub const WRITE_AT: usize = 10 * FLUSH_AT;
 /// Longest an entry waits in a buffer.
 pub const FLUSH_AFTER: Duration = Duration::from_secs(3);
+/// Bytes of buffered entries (arguments, results, lines, event payloads; counted as their JSON text) that are
+/// written at once, however few the entries: calls with large results are not held in memory by the megabyte
+/// for 3 s, nor written as one huge transaction.
+pub const WRITE_BYTES: usize = 512 * 1024;
+/// What an entry costs beyond its variable text (ids, level, timestamp, keys), counted toward [`WRITE_BYTES`].
+const ENTRY_OVERHEAD_BYTES: usize = 160;
 /// Per-call events (`mcp.tool.executed`) that trigger an immediate flush: at thousands of calls a second, one
 /// write of a few hundred rows instead of one write per call.
 pub const EVENTS_FLUSH_AT: usize = 256;
@@ -57,6 +63,18 @@ struct Buffers {
     events: Vec<Event>,
     /// When the oldest buffered entry (of any kind) arrived.
     first_at: Option<Instant>,
+    /// The buffered entries' size, as counted for [`WRITE_BYTES`].
+    bytes: usize,
+}
+
+impl Buffers {
+    /// Whether the buffers are to be written now rather than when their 3 s are up.
+    fn full(&self) -> bool {
+        self.server.len() >= WRITE_AT
+            || self.requests.len() >= WRITE_AT
+            || self.events.len() >= EVENTS_FLUSH_AT
+            || self.bytes >= WRITE_BYTES
+    }
 }
 
 /// The capture; cheap to clone.
@@ -82,6 +100,8 @@ pub struct RequestRecord {
     pub response: Option<Value>,
     pub error: Option<String>,
     pub duration: Duration,
+    /// The size of `params` and `response` as JSON text, as the caller measured them (for the byte bound).
+    pub bytes: usize,
 }
 
 impl LogCapture {
@@ -105,7 +125,8 @@ impl LogCapture {
             user_id: spec.user_id.0.clone(),
             entry: ServerLogEntry { level: level.to_owned(), message: masked, timestamp: iso(Utc::now()) },
         };
-        self.push(|b| b.server.push(line));
+        let bytes = ENTRY_OVERHEAD_BYTES + line.entry.message.len();
+        self.push(bytes, |b| b.server.push(line));
     }
 
     /// A tool call that reached an instance; nothing when the installation turned request logging off.
@@ -113,6 +134,7 @@ impl LogCapture {
         if !spec.request_logging_enabled {
             return;
         }
+        let bytes = ENTRY_OVERHEAD_BYTES + record.bytes + record.error.as_ref().map_or(0, String::len);
         let entry = RequestLogEntry {
             user_id: spec.user_id.0.clone(),
             tool_name: record.tool_path,
@@ -125,25 +147,25 @@ impl LogCapture {
         };
         let line =
             RequestLine { installation_id: spec.installation_id.0.clone(), team_id: spec.team_id.0.clone(), entry };
-        self.push(|b| b.requests.push(line));
+        self.push(bytes, |b| b.requests.push(line));
     }
 
     /// An event that happens on every call (`mcp.tool.executed`): written with the next flush, in one
     /// transaction with the others, instead of one database write on the call's own path.
     pub fn event(&self, event: Event) {
-        self.push(|b| b.events.push(event));
+        let bytes = ENTRY_OVERHEAD_BYTES + event.data.as_ref().map_or_else(String::len, String::len);
+        self.push(bytes, |b| b.events.push(event));
     }
 
-    fn push(&self, add: impl FnOnce(&mut Buffers)) {
+    fn push(&self, bytes: usize, add: impl FnOnce(&mut Buffers)) {
         let wake = {
             let mut buffers = self.inner.buffers.lock();
+            let was_full = buffers.full();
             add(&mut buffers);
+            buffers.bytes = buffers.bytes.saturating_add(bytes);
             let first = buffers.first_at.is_none();
             buffers.first_at.get_or_insert_with(Instant::now);
-            first
-                || buffers.server.len() == WRITE_AT
-                || buffers.requests.len() == WRITE_AT
-                || buffers.events.len() == EVENTS_FLUSH_AT
+            first || (!was_full && buffers.full())
         };
         // The runner re-reads the buffers only when that changes what it waits for: the first entry starts the
         // 3 s clock, a buffer that just filled goes at once. Waking it on every call cost a task switch per call.
@@ -197,15 +219,13 @@ impl LogCapture {
         self.inner.emitted.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Flush at 200 log entries, 256 events or 3 s after the first, until cancelled; then flush what is left.
+    /// Flush at 200 log entries, 256 events, [`WRITE_BYTES`] or 3 s after the first, until cancelled; then flush
+    /// what is left.
     pub async fn run(self, cancel: CancellationToken) {
         loop {
             let (due, full) = {
                 let buffers = self.inner.buffers.lock();
-                let full = buffers.server.len() >= WRITE_AT
-                    || buffers.requests.len() >= WRITE_AT
-                    || buffers.events.len() >= EVENTS_FLUSH_AT;
-                (buffers.first_at.map(|t| t + FLUSH_AFTER), full)
+                (buffers.first_at.map(|t| t + FLUSH_AFTER), buffers.full())
             };
             if full {
                 self.flush().await;
@@ -317,6 +337,7 @@ mod tests {
             response: Some(json!({"content": []})),
             error: None,
             duration: Duration::from_millis(12),
+            bytes: 40,
         };
         capture.request(&spec("alice", true), ok.clone());
         capture.request(
@@ -399,5 +420,68 @@ mod tests {
             .collect();
         let expected: Vec<String> = (0..WRITE_AT).map(|i| format!("burst {i}")).collect();
         assert_eq!(burst, expected, "entries keep their order across events");
+    }
+
+    fn call(i: usize, response: Value) -> RequestRecord {
+        let bytes = response.to_string().len() + 20;
+        RequestRecord {
+            tool_path: "github:get_file".into(),
+            params: json!({"call": i}),
+            response: Some(response),
+            error: None,
+            duration: Duration::from_millis(3),
+            bytes,
+        }
+    }
+
+    /// A few calls with large results are written as soon as they add up to [`WRITE_BYTES`], not held for 3 s
+    /// (paused time, as above); a flush of many calls of one installation goes as events of twenty, in order.
+    #[tokio::test]
+    async fn large_results_are_written_at_the_byte_bound_and_request_logs_go_as_events_of_twenty() {
+        let (_dir, store, capture) = capture().await;
+        tokio::time::pause();
+        let cancel = CancellationToken::new();
+        let runner = tokio::spawn(capture.clone().run(cancel.clone()));
+        let alice = spec("alice", true);
+        let big = json!({"content": [{"type": "text", "text": "x".repeat(WRITE_BYTES / 4)}]});
+        let started = Instant::now();
+        for i in 0..3 {
+            capture.request(&alice, call(i, big.clone()));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(capture.buffered(), 3, "three quarters of the byte bound wait for their 3 s");
+        capture.request(&alice, call(3, big.clone()));
+        // The virtual clock stands still while this spins; a real deadline ends the wait if nothing is written.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while capture.emitted() < 1 && std::time::Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(capture.emitted(), 1, "the byte bound did not write the buffer");
+        assert!(started.elapsed() < FLUSH_AFTER, "the byte bound writes at once, not after {:?}", started.elapsed());
+        assert_eq!(capture.buffered(), 0);
+
+        // Past the bound the count starts again: small calls wait for the clock.
+        for i in 0..2 * FLUSH_AT + 5 {
+            capture.request(&alice, call(100 + i, json!({"content": []})));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(capture.buffered(), 2 * FLUSH_AT + 5, "a written buffer's bytes are not counted again");
+        tokio::time::resume();
+        cancel.cancel();
+        runner.await.unwrap();
+        let events = store.events(Some("mcp.request.logs"), 0, 20).await.unwrap();
+        let calls: Vec<Vec<i64>> = events
+            .iter()
+            .map(|e| {
+                let requests = e.data["requests"].as_array().cloned().unwrap_or_default();
+                requests.iter().filter_map(|r| r["tool_params"]["call"].as_i64()).collect()
+            })
+            .collect();
+        let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [4, 20, 20, 5], "one event for the large calls, then events of at most twenty");
+        let small: Vec<i64> = calls[1..].concat();
+        assert_eq!(small, (100..100 + 2 * FLUSH_AT as i64 + 5).collect::<Vec<_>>(), "in the order they were made");
+        let text = events[0].data["requests"][3]["tool_response"]["content"][0]["text"].as_str().map(str::len);
+        assert_eq!(text, Some(WRITE_BYTES / 4), "results are kept whole");
     }
 }

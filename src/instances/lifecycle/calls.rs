@@ -68,11 +68,8 @@ impl Inner {
             let request = if retry_left { params.clone() } else { params.take() };
             let result = client.request_relayed(method, request, timeout, relay).await;
             match &result {
-                Err(err)
-                    if remote
-                        && policy::blame(err) == Blame::Unreachable
-                        && attempt < policy::REMOTE_RETRY_WAITS.len() =>
-                {
+                // The same condition that kept a copy of the request above.
+                Err(err) if retry_left && policy::blame(err) == Blame::Unreachable => {
                     tokio::time::sleep(policy::REMOTE_RETRY_WAITS[attempt]).await;
                     attempt += 1;
                 }
@@ -129,13 +126,14 @@ impl Inner {
             CallOutcome::Failed => crate::metrics::CallOutcome::Failed,
         };
         self.deps.metrics.tool_call(&spec.server_slug, counted, began.elapsed());
+        let response_bytes = result.as_ref().map_or(0, |v| json_len(v));
         let execution = ToolExecution {
             tool_path: tool_path.clone(),
             duration_ms: began.elapsed().as_millis() as u64,
             outcome,
             error_message: error.as_deref().map(|e| crate::logcapture::mask_secrets(spec, e)),
             request_bytes: sent.request_bytes,
-            response_bytes: result.as_ref().map_or(0, |v| json_len(v)),
+            response_bytes,
         };
         // Batched with the request logs: no database write on the call's path.
         self.deps.logs.event(Event::tool_executed(spec, &execution));
@@ -146,9 +144,15 @@ impl Inner {
             (Ok(value), CallOutcome::Success) => Some(crate::secrets::hide_json(value, &secrets)),
             _ => None,
         };
-        self.deps
-            .logs
-            .request(spec, RequestRecord { tool_path, params: arguments, response, error, duration: began.elapsed() });
+        let record = RequestRecord {
+            tool_path,
+            params: arguments,
+            response,
+            error,
+            duration: began.elapsed(),
+            bytes: sent.request_bytes + response_bytes,
+        };
+        self.deps.logs.request(spec, record);
     }
 
     /// A cap refused work: `resource.limit.exceeded`, at most one a minute per (team, resource, instance).
