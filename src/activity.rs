@@ -25,7 +25,7 @@ pub struct Seen<'a> {
     pub tool_call: bool,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct Record {
     user_id: String,
     team_id: String,
@@ -39,6 +39,23 @@ struct Record {
     request_count: u64,
     tool_call_count: u64,
     last_activity_at: DateTime<Utc>,
+}
+
+/// Everything but the raw session id, which is a bearer of the session (only its reference leaves memory).
+impl std::fmt::Debug for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Record")
+            .field("user_id", &self.user_id)
+            .field("team_id", &self.team_id)
+            .field("client_id", &self.client_id)
+            .field("auth_type", &self.auth_type)
+            .field("client_name", &self.client_name)
+            .field("session_id", &self.session_id.as_ref().map(|_| "[hidden]"))
+            .field("request_count", &self.request_count)
+            .field("tool_call_count", &self.tool_call_count)
+            .field("last_activity_at", &self.last_activity_at)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Record {
@@ -217,6 +234,23 @@ mod tests {
         assert_eq!(taken[0].session_id.as_deref(), Some(crate::secrets::session_reference("s-2").as_str()));
         assert!(taken[0].last_activity_at >= first[0].last_activity_at, "an ISO time, later or equal");
         assert!(chrono::DateTime::parse_from_rfc3339(&taken[0].last_activity_at).is_ok());
+    }
+
+    /// The tracker holds live session ids until it reports their references: printing it shows none of them.
+    #[test]
+    fn the_tracker_printed_for_debugging_shows_no_session_id() {
+        let tracker = ActivityTracker::default();
+        let session = "8e0f6c1a-live-session-id";
+        tracker.record(&Seen {
+            user_id: "alice",
+            team_id: "acme",
+            client_id: "c",
+            session_id: Some(session),
+            ..Seen::default()
+        });
+        let printed = format!("{tracker:?}");
+        assert!(printed.contains("alice") && printed.contains("[hidden]"), "{printed}");
+        assert!(!printed.contains(session), "{printed}");
     }
 
     #[test]
