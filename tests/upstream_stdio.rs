@@ -202,6 +202,18 @@ async fn a_server_exiting_during_the_handshake_is_reported() {
     assert!(err.to_string().contains("exit code 2"), "{err}");
 }
 
+/// The server answers none of its listings until all three have arrived: a client that lists tools, then
+/// resources, then templates, one round trip each, times out on the first.
+#[tokio::test]
+async fn the_listings_of_a_discovery_go_out_together() {
+    let client = misbehaving("listings-together", ClientOptions::default()).await.expect("connect");
+    let catalog = discovery::discover(&client, Duration::from_secs(5)).await.expect("discover");
+    assert_eq!(catalog.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["ok"]);
+    assert_eq!(catalog.resources.len(), 1, "{:?}", catalog.resources);
+    assert_eq!(catalog.templates.len(), 1, "{:?}", catalog.templates);
+    assert!(catalog.fallbacks.is_empty(), "{:?}", catalog.fallbacks);
+}
+
 #[tokio::test]
 async fn endless_pagination_is_cut_off() {
     let client = misbehaving("endless-pages", fast_options()).await.unwrap();

@@ -1,6 +1,7 @@
 //! Ask one connected MCP server what it offers: tools (required), resources
 //! and resource templates (optional), every listing paginated.
 
+use futures::FutureExt as _;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -52,8 +53,33 @@ pub async fn discover_until(
     request_timeout: Duration,
     deadline: Instant,
 ) -> Result<Catalog, DiscoveryError> {
+    let offers_resources = match client.capabilities() {
+        Value::Object(caps) if !caps.is_empty() => caps.contains_key("resources"),
+        _ => true,
+    };
+    // The three listings go out together: an instance comes online one round trip after its handshake instead
+    // of three. Optional listings: whatever they say of themselves is not a fallback of the tool catalog.
     let mut fallbacks = Vec::new();
-    let tools = list_all(client, "tools/list", "tools", request_timeout, deadline, &mut fallbacks).await?;
+    let (mut quiet, mut quiet_templates) = (Vec::new(), Vec::new());
+    let tools = list_all(client, "tools/list", "tools", request_timeout, deadline, &mut fallbacks);
+    let resources = async {
+        if !offers_resources {
+            return (Vec::new(), Vec::new());
+        }
+        let resources = list_all(client, "resources/list", "resources", request_timeout, deadline, &mut quiet);
+        let templates = list_all(
+            client,
+            "resources/templates/list",
+            "resourceTemplates",
+            request_timeout,
+            deadline,
+            &mut quiet_templates,
+        );
+        let (resources, templates) = tokio::join!(resources, templates);
+        (optional(resources), optional(templates))
+    };
+    // A failed tool listing fails the discovery at once: the optional listings are not waited for.
+    let (tools, (resources, templates)) = futures::future::try_join(tools, resources.map(Ok)).await?;
     let mut seen = HashSet::new();
     let mut tool_defs = Vec::with_capacity(tools.len());
     for raw in &tools {
@@ -63,27 +89,8 @@ pub async fn discover_until(
             None => warn!(tool = %crate::mcp::transport::preview_value(raw), "tool without a name skipped"),
         }
     }
-
-    let offers_resources = match client.capabilities() {
-        Value::Object(caps) if !caps.is_empty() => caps.contains_key("resources"),
-        _ => true,
-    };
-    let (resources, templates) = if offers_resources {
-        // Optional listings: whatever they say of themselves is not a fallback of the tool catalog.
-        let mut quiet = Vec::new();
-        let resources =
-            optional(list_all(client, "resources/list", "resources", request_timeout, deadline, &mut quiet).await);
-        let templates = optional(
-            list_all(client, "resources/templates/list", "resourceTemplates", request_timeout, deadline, &mut quiet)
-                .await,
-        );
-        (
-            resources.iter().filter_map(ResourceDef::from_listing).collect(),
-            templates.iter().filter_map(TemplateDef::from_listing).collect(),
-        )
-    } else {
-        (Vec::new(), Vec::new())
-    };
+    let resources = resources.iter().filter_map(ResourceDef::from_listing).collect();
+    let templates = templates.iter().filter_map(TemplateDef::from_listing).collect();
     Ok(Catalog {
         tools: tool_defs,
         resources,
