@@ -144,8 +144,13 @@ impl Satellite {
         let metrics = crate::metrics::Metrics::new().map_err(StartError::Metrics)?;
         // The index (its writer threads, the semantic model when on) is built while the store opens and migrates:
         // neither needs the other, and both stand between the start and the first instance.
+        // So is the stdio servers' CPU cgroup, which the first spawn would otherwise wait for.
         let (model, cache) = (config.semantic_model.clone(), config.data_dir.join("search"));
+        let cpu_limits = config.sandbox.cpu_limit_percent > 0;
         let search = tokio::task::spawn_blocking(move || -> Result<SearchIndex, StartError> {
+            if cpu_limits {
+                crate::mcp::transport::stdio::prepare_cpu_limits();
+            }
             let search = SearchIndex::new()?;
             Ok(match &model {
                 Some(model) => search.with_semantic(crate::search::Semantic::load(model, Some(&cache))?),

@@ -51,6 +51,12 @@ pub struct CpuGroup {
     join: Option<File>,
 }
 
+/// Find the CPU controller and make the satellite's parent group now, so that the first spawn does not: the
+/// start calls it on the blocking pool while the store opens. Later calls return at once.
+pub fn prepare() {
+    CONTROLLER.get_or_init(detect);
+}
+
 impl CpuGroup {
     /// A new group limited to `percent` of one core, or `None` where the limit cannot be applied.
     pub fn create(percent: u32) -> Option<CpuGroup> {
