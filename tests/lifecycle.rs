@@ -378,14 +378,23 @@ async fn an_unreachable_remote_server_goes_offline_and_a_probe_brings_it_back() 
     let schema = crate::common::fake_backend::proto_validator("event.mcp.tools.updated");
     assert_eq!(crate::common::fake_backend::schema_errors(&schema, &mine.data), Vec::<String>::new());
     assert_eq!(text_of(&call(&sat, id, "echo", json!({"text": "again"})).await.expect("call")), "again");
-    let statuses: Vec<(String, String)> = events(&sat, "mcp.server.status_changed")
-        .await
-        .into_iter()
-        .filter(|e| e.process_id.as_deref() == Some(id))
-        .map(|e| {
-            (e.data["status"].as_str().unwrap().to_owned(), e.data["status_message"].as_str().unwrap_or("").to_owned())
-        })
-        .collect();
+    // The status is set in memory before its event is written: the last event may land just after.
+    let statuses = || async {
+        let statuses: Vec<(String, String)> = events(&sat, "mcp.server.status_changed")
+            .await
+            .into_iter()
+            .filter(|e| e.process_id.as_deref() == Some(id))
+            .map(|e| {
+                let message = e.data["status_message"].as_str().unwrap_or("").to_owned();
+                (e.data["status"].as_str().unwrap_or("").to_owned(), message)
+            })
+            .collect();
+        statuses
+    };
+    let online_again = "the status_changed event of the instance online again";
+    wait_until(DEADLINE, online_again, || async { statuses().await.last().filter(|(s, _)| s == "online").map(|_| ()) })
+        .await;
+    let statuses = statuses().await;
     let tail: Vec<&str> = statuses.iter().rev().take(4).rev().map(|(s, _)| s.as_str()).collect();
     assert_eq!(tail, ["offline", "connecting", "discovering_tools", "online"], "{statuses:?}");
     assert!(statuses.iter().any(|(_, m)| m == "Server recovered, re-discovering tools"));
