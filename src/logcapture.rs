@@ -358,23 +358,29 @@ mod tests {
         assert!(requests[1].get("tool_response").is_none());
     }
 
-    /// On paused time: the clock moves only when every task waits, so the 3 s are virtual and exact. While a
-    /// flush writes to SQLite the test spins (`yield_now`), so the clock stands still until the write is done.
+    /// The capture's runner on paused time: the clock moves only when every task waits, so the 3 s are virtual
+    /// and exact.
+    fn paused_runner(capture: &LogCapture) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+        tokio::time::pause();
+        let cancel = CancellationToken::new();
+        (cancel.clone(), tokio::spawn(capture.clone().run(cancel)))
+    }
+
+    /// Wait until `n` events were written. It spins (`yield_now`) so that the paused clock stands still while a
+    /// flush writes to SQLite; a real deadline ends the wait if nothing comes.
+    async fn wait_emitted(capture: &LogCapture, n: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while capture.emitted() < n && std::time::Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+        assert!(capture.emitted() >= n, "{} events written, {n} expected", capture.emitted());
+    }
+
     #[tokio::test]
     async fn a_buffer_goes_as_events_of_twenty_at_two_hundred_entries_or_three_seconds_after_the_first() {
         let (_dir, store, capture) = capture().await;
-        tokio::time::pause();
-        let cancel = CancellationToken::new();
-        let runner = tokio::spawn(capture.clone().run(cancel.clone()));
+        let (cancel, runner) = paused_runner(&capture);
         let alice = spec("alice", true);
-        let emitted = |n: u64| {
-            let capture = capture.clone();
-            async move {
-                while capture.emitted() < n {
-                    tokio::task::yield_now().await;
-                }
-            }
-        };
         let started = Instant::now();
         capture.server_line(&alice, "info", "one");
         tokio::time::sleep(FLUSH_AFTER - Duration::from_millis(10)).await;
@@ -383,7 +389,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert!(started.elapsed() >= FLUSH_AFTER, "flushed {:?} after the first entry", started.elapsed());
-        emitted(1).await;
+        wait_emitted(&capture, 1).await;
 
         // 25 entries of one group: two events (20 and 5), 3 s after the first.
         let started = Instant::now();
@@ -396,14 +402,14 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert!(started.elapsed() >= FLUSH_AFTER);
-        emitted(3).await;
+        wait_emitted(&capture, 3).await;
 
         // 200 entries go at once, as ten events of twenty, in order.
         let started = Instant::now();
         for i in 0..WRITE_AT {
             capture.server_line(&alice, "info", &format!("burst {i}"));
         }
-        emitted(13).await;
+        wait_emitted(&capture, 13).await;
         assert!(started.elapsed() < FLUSH_AFTER, "two hundred entries go at once, not after {:?}", started.elapsed());
         capture.server_line(&alice, "info", "last");
         tokio::time::resume();
@@ -434,14 +440,12 @@ mod tests {
         }
     }
 
-    /// A few calls with large results are written as soon as they add up to [`WRITE_BYTES`], not held for 3 s
-    /// (paused time, as above); a flush of many calls of one installation goes as events of twenty, in order.
+    /// A few calls with large results are written as soon as they add up to [`WRITE_BYTES`], not held for 3 s;
+    /// a flush of many calls of one installation goes as events of twenty, in order.
     #[tokio::test]
     async fn large_results_are_written_at_the_byte_bound_and_request_logs_go_as_events_of_twenty() {
         let (_dir, store, capture) = capture().await;
-        tokio::time::pause();
-        let cancel = CancellationToken::new();
-        let runner = tokio::spawn(capture.clone().run(cancel.clone()));
+        let (cancel, runner) = paused_runner(&capture);
         let alice = spec("alice", true);
         let big = json!({"content": [{"type": "text", "text": "x".repeat(WRITE_BYTES / 4)}]});
         let started = Instant::now();
@@ -451,12 +455,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(capture.buffered(), 3, "three quarters of the byte bound wait for their 3 s");
         capture.request(&alice, call(3, big.clone()));
-        // The virtual clock stands still while this spins; a real deadline ends the wait if nothing is written.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while capture.emitted() < 1 && std::time::Instant::now() < deadline {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(capture.emitted(), 1, "the byte bound did not write the buffer");
+        wait_emitted(&capture, 1).await;
+        assert_eq!(capture.emitted(), 1, "one event for the four large calls");
         assert!(started.elapsed() < FLUSH_AFTER, "the byte bound writes at once, not after {:?}", started.elapsed());
         assert_eq!(capture.buffered(), 0);
 
