@@ -146,7 +146,7 @@ impl Satellite {
         // neither needs the other, and both stand between the start and the first instance.
         // So is the stdio servers' CPU cgroup, which the first spawn would otherwise wait for.
         let (model, cache) = (config.semantic_model.clone(), config.data_dir.join("search"));
-        let cpu_limits = config.sandbox.cpu_limit_percent > 0;
+        let cpu_limits = sandbox.limits().cpu_percent.is_some();
         let search = tokio::task::spawn_blocking(move || -> Result<SearchIndex, StartError> {
             if cpu_limits {
                 crate::mcp::transport::stdio::prepare_cpu_limits();
