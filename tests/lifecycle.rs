@@ -392,9 +392,11 @@ async fn an_unreachable_remote_server_goes_offline_and_a_probe_brings_it_back() 
         statuses
     };
     let online_again = "the status_changed event of the instance online again";
-    wait_until(DEADLINE, online_again, || async { statuses().await.last().filter(|(s, _)| s == "online").map(|_| ()) })
-        .await;
-    let statuses = statuses().await;
+    let statuses = wait_until(DEADLINE, online_again, || async {
+        let statuses = statuses().await;
+        statuses.last().is_some_and(|(s, _)| s == "online").then_some(statuses)
+    })
+    .await;
     let tail: Vec<&str> = statuses.iter().rev().take(4).rev().map(|(s, _)| s.as_str()).collect();
     assert_eq!(tail, ["offline", "connecting", "discovering_tools", "online"], "{statuses:?}");
     assert!(statuses.iter().any(|(_, m)| m == "Server recovered, re-discovering tools"));
