@@ -214,6 +214,17 @@ async fn the_listings_of_a_discovery_go_out_together() {
     assert!(catalog.fallbacks.is_empty(), "{:?}", catalog.fallbacks);
 }
 
+/// A server that refuses its tool listing fails the discovery at once, though it never answers the resource
+/// listings sent with it: they are optional, and not waited for (each would wait its whole timeout).
+#[tokio::test]
+async fn a_refused_tool_listing_fails_the_discovery_without_waiting_for_the_other_listings() {
+    let client = misbehaving("tools-fail", ClientOptions::default()).await.expect("connect");
+    let discovery = discovery::discover(&client, Duration::from_secs(600));
+    let outcome = tokio::time::timeout(Duration::from_secs(30), discovery).await;
+    let err = outcome.expect("the discovery ends with its tool listing").expect_err("no tools, no catalog");
+    assert!(err.to_string().contains("tools unavailable"), "{err}");
+}
+
 #[tokio::test]
 async fn endless_pagination_is_cut_off() {
     let client = misbehaving("endless-pages", fast_options()).await.unwrap();
