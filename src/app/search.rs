@@ -153,6 +153,8 @@ pub async fn stored(
         index.replace_instance(&process_id.0, docs).await?;
         scope.push(process_id.0.clone());
     }
+    // A write the index lost would show as tools that match nothing: say so instead.
+    index.written().await?;
     scope.sort();
     let hits = index.search(query, &Arc::new(Scope::new(scope)), limit).await?;
     let best = hits.first().map_or(0.0, |h| h.score);

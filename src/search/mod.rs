@@ -118,6 +118,8 @@ pub enum SearchError {
     TaskFailed(#[source] tokio::task::JoinError),
     #[error("stored document {0:?} has no {1}")]
     MissingField(tantivy::DocAddress, &'static str),
+    #[error("a search index commit failed (write {through} and those applied with it were rolled back): {error}")]
+    CommitFailed { through: u64, error: Arc<str> },
 }
 
 /// How far the writer has come: commands are numbered as they are sent, in the order the writer receives
@@ -127,8 +129,18 @@ struct Progress {
     order: tokio::sync::Mutex<()>,
     /// The number of the last command sent.
     sent: AtomicU64,
+    /// What the writer has applied.
+    applied: watch::Receiver<Applied>,
+}
+
+/// What the writer publishes after each commit.
+#[derive(Clone, Default)]
+struct Applied {
     /// The number of the last command applied.
-    applied: watch::Receiver<u64>,
+    through: u64,
+    /// The last commit that failed: the number of its last command and the error. Kept, so that
+    /// [`SearchIndex::written`] can tell a caller that a write it sent earlier was lost.
+    failed: Option<(u64, Arc<str>)>,
 }
 
 /// Cheap, cloneable handle on the index: a command sender and the shared reader.
@@ -159,7 +171,7 @@ impl SearchIndex {
         let writer: IndexWriter = index.writer_with_num_threads(1, WRITER_MEMORY_BYTES)?;
         let reader = index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into()?;
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE_CAPACITY);
-        let (applied_tx, applied) = watch::channel(0);
+        let (applied_tx, applied) = watch::channel(Applied::default());
         runtime.spawn(run_writer(writer, reader.clone(), schema.clone(), receiver, applied_tx));
         let progress = Arc::new(Progress { order: tokio::sync::Mutex::new(()), sent: AtomicU64::new(0), applied });
         Ok(SearchIndex { commands, progress, reader, schema, semantic: None })
@@ -216,10 +228,22 @@ impl SearchIndex {
     pub async fn settled(&self) {
         let sent = self.progress.sent.load(Ordering::Acquire);
         let mut applied = self.progress.applied.clone();
-        if *applied.borrow() >= sent {
+        if applied.borrow().through >= sent {
             return;
         }
-        let _ = applied.wait_for(|applied| *applied >= sent).await;
+        let _ = applied.wait_for(|applied| applied.through >= sent).await;
+    }
+
+    /// Wait, as [`settled`](Self::settled), then say whether every write this index was sent has been
+    /// committed: the last failed commit's error otherwise. For a caller that builds an index and then relies
+    /// on all of it, as the offline `satellite search` does; the serving satellite's writes are logged by the
+    /// writer when they fail, and the instance is indexed again when its tools next change.
+    pub async fn written(&self) -> Result<(), SearchError> {
+        self.settled().await;
+        match &self.progress.applied.borrow().failed {
+            Some((through, error)) => Err(SearchError::CommitFailed { through: *through, error: error.clone() }),
+            None => Ok(()),
+        }
     }
 
     /// Best `limit` tools among documents whose process_id is in `scope`, best first. Runs on
@@ -328,7 +352,7 @@ async fn run_writer(
     reader: IndexReader,
     schema: Arc<IndexSchema>,
     mut commands: mpsc::Receiver<Command>,
-    applied: watch::Sender<u64>,
+    applied: watch::Sender<Applied>,
 ) {
     let process_id_field = schema.fields.process_id;
     let mut unmerged = false;
@@ -376,11 +400,20 @@ async fn run_writer(
             return;
         };
         writer = returned;
-        if let Err(error) = &result {
-            tracing::warn!(%error, instances = ?instances, "search index commit failed; these instances' tools are not searchable until they are indexed again");
-        }
+        let failed = match result {
+            Ok(()) => None,
+            Err(error) => {
+                tracing::warn!(%error, instances = ?instances, "search index commit failed; these instances' tools are not searchable until they are indexed again");
+                Some((last, Arc::from(error.to_string())))
+            }
+        };
         unmerged = true;
-        applied.send_replace(last);
+        applied.send_modify(|applied| {
+            applied.through = last;
+            if failed.is_some() {
+                applied.failed = failed;
+            }
+        });
     }
 }
 
@@ -431,6 +464,10 @@ fn apply(
 
 fn write_and_commit(writer: &mut IndexWriter, changes: Vec<(Term, Vec<TantivyDocument>)>) -> Result<(), TantivyError> {
     for (process_id, documents) in changes {
+        #[cfg(test)]
+        if process_id.value().as_str() == Some(tests::FAILS_TO_INDEX) {
+            return Err(TantivyError::InternalError("this process id fails to index (a test's fault)".into()));
+        }
         writer.delete_term(process_id);
         for document in documents {
             writer.add_document(document)?;

@@ -108,11 +108,37 @@ async fn a_search_after_a_returned_write_sees_it_though_the_write_did_not_wait_f
         assert_eq!(index.progress.sent.load(Ordering::Acquire), round + 1, "each write is numbered once");
         let hits = index.search(&format!("bulk operation {round}"), &visible(&[id.as_str()]), 5).await.unwrap();
         assert_eq!(hits.len(), 5, "round {round}: the search ran before the commit it had to wait for");
-        assert!(*index.progress.applied.borrow() > round, "the commit it waited for is the one applied");
+        assert!(index.progress.applied.borrow().through > round, "the commit it waited for is the one applied");
     }
     index.remove_instance("big-0").await.unwrap();
     assert!(index.search("bulk operation 0", &visible(&["big-0"]), 5).await.unwrap().is_empty());
     assert_eq!(index.num_docs().await, 4_000);
+}
+
+/// Indexing the tools of this process id fails, as a commit that tantivy refuses would (`write_and_commit`).
+pub(super) const FAILS_TO_INDEX: &str = "fails-to-index";
+
+#[tokio::test]
+async fn a_failed_commit_is_told_to_whoever_waits_for_the_writes_and_the_index_goes_on() -> Result<(), SearchError> {
+    let index = SearchIndex::new()?;
+    index.replace_instance("good", vec![tool("good", "fs", "read_file", "Read a file")]).await?;
+    index.written().await?;
+    index.replace_instance(FAILS_TO_INDEX, vec![tool(FAILS_TO_INDEX, "git", "git_status", "Show the status")]).await?;
+    match index.written().await {
+        Err(SearchError::CommitFailed { through, error }) => {
+            assert_eq!(through, 2, "the failed write is the second one sent");
+            assert!(error.contains("fails to index"), "the commit's own error is told: {error}");
+        }
+        other => panic!("a lost write must be told to the caller waiting for it, got {other:?}"),
+    }
+    // The failed commit was rolled back: the index still answers with what it held, and takes later writes.
+    let scope = visible(&["good", FAILS_TO_INDEX, "later"]);
+    assert_eq!(names(&index.search("read", &scope, 5).await?), vec![("good", "read_file")]);
+    assert!(index.search("status", &scope, 5).await?.is_empty());
+    index.replace_instance("later", vec![tool("later", "fs", "write_file", "Write a file")]).await?;
+    assert_eq!(names(&index.search("write", &scope, 5).await?), vec![("later", "write_file")]);
+    assert!(index.written().await.is_err(), "a lost write stays told: the index never held it");
+    Ok(())
 }
 
 #[tokio::test]
