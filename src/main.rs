@@ -340,6 +340,9 @@ fn raise_open_file_limit() -> Option<(u64, u64)> {
     Some((soft, target))
 }
 
+/// How long a failed start waits for its unfinished background work before the process exits.
+const FAILED_START_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 fn serve(args: &ServeArgs) -> ExitCode {
     let raised = raise_open_file_limit();
     let (config, env) = match load(args) {
@@ -362,26 +365,33 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let code = runtime.block_on(async {
+    let served = runtime.block_on(async {
         let satellite = match Satellite::start(config.clone(), &env).await {
             Ok(satellite) => satellite,
             Err(err) => {
                 eprintln!("error: {err}");
-                return exit(err.exit_code());
+                return Err(exit(err.exit_code()));
             }
         };
         if let Mode::Standalone(StandaloneSource::Embedded(demo)) = &config.mode {
             print_demo_banner(satellite.local_addr(), demo);
         }
         shutdown_signal().await;
-        if satellite.shutdown().await {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        }
+        Ok(if satellite.shutdown().await { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     });
     // The exporter blocks while it sends the last spans: after the runtime is gone.
-    drop(runtime);
+    let code = match served {
+        Ok(code) => {
+            drop(runtime);
+            code
+        }
+        // A failed start may leave work on the blocking pool that nothing waits for any more (the semantic
+        // model still loading while the store failed to open): dropping the runtime would wait for it.
+        Err(code) => {
+            runtime.shutdown_timeout(FAILED_START_GRACE);
+            code
+        }
+    };
     telemetry.shutdown();
     code
 }
