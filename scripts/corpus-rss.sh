@@ -4,6 +4,8 @@
 # instance is online (the token encoder is released after a minute idle). Prints one line: RssAnon, RssFile, threads, instances.
 #   bash scripts/corpus-rss.sh [BIN] [N]      BIN defaults to target/release/satellite (built if missing)
 # USERS=U installs every server for U team members (U x N instances of N servers: what one more member costs).
+# ONE_SERVER=1 serves the first N tools (default: all 4,500) as one server's listing (each name prefixed with its
+# own server's slug), so one instance holds them all: the cost of a tool without the cost of an instance.
 # Compare two builds by alternating them: host noise between runs of one binary is several MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,21 @@ WAIT="${WAIT:-90}"
 [ -x "$BIN" ] || cargo build --release --quiet --bin satellite
 WORK="$(mktemp -d)"
 pids=()
+if [ "${ONE_SERVER:-0}" = 1 ]; then
+  python3 - "$CORPUS" "$N" > "$WORK/one-server.jsonl" <<'PY'
+import json, sys
+corpus, limit = sys.argv[1], int(sys.argv[2])
+with open(corpus) as lines:
+    for number, line in enumerate(lines):
+        if number >= limit:
+            break
+        tool = json.loads(line)
+        tool["name"], tool["server"] = (tool["server"] + "__" + tool["name"])[:128], "all"
+        print(json.dumps(tool))
+PY
+  CORPUS="$WORK/one-server.jsonl"
+  N=1
+fi
 cleanup() {
   # The satellite first: the demo server would log each connection it still held as cancelled.
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
