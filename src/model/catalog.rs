@@ -100,7 +100,13 @@ impl Interner {
 impl ToolDef {
     /// Normalise a `tools/list` entry; `None` when it has no string name.
     pub fn from_listing(raw: &Value) -> Option<Self> {
-        let mut definition = raw.as_object()?.clone();
+        Self::from_owned_listing(raw.clone())
+    }
+
+    /// [`from_listing`](Self::from_listing), taking the entry: discovery hands each entry over and frees it as
+    /// soon as its definition is made, instead of copying it while the whole listing is held.
+    pub fn from_owned_listing(raw: Value) -> Option<Self> {
+        let Value::Object(mut definition) = raw else { return None };
         let name = definition.get("name")?.as_str()?.to_owned();
         let description = definition.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
         definition.insert("description".into(), Value::String(description.clone()));
