@@ -84,14 +84,10 @@ pub async fn discover_until(
     let mut tool_defs = Vec::with_capacity(tools.len());
     // Each entry is handed over and freed once its definition is made: a large listing is never held twice.
     for raw in tools {
-        if !raw.get("name").is_some_and(Value::is_string) {
-            warn!(tool = %crate::mcp::transport::preview_value(&raw), "tool without a name skipped");
-            continue;
-        }
         match ToolDef::from_owned_listing(raw) {
-            Some(tool) if seen.insert(tool.name.clone()) => tool_defs.push(tool),
-            Some(tool) => warn!(tool = %tool.name, "duplicate tool name in tools/list, later one skipped"),
-            None => {}
+            Ok(tool) if seen.insert(tool.name.clone()) => tool_defs.push(tool),
+            Ok(tool) => warn!(tool = %tool.name, "duplicate tool name in tools/list, later one skipped"),
+            Err(raw) => warn!(tool = %crate::mcp::transport::preview_value(&raw), "tool without a name skipped"),
         }
     }
     let resources = resources.iter().filter_map(ResourceDef::from_listing).collect();

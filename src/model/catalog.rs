@@ -100,14 +100,18 @@ impl Interner {
 impl ToolDef {
     /// Normalise a `tools/list` entry; `None` when it has no string name.
     pub fn from_listing(raw: &Value) -> Option<Self> {
-        Self::from_owned_listing(raw.clone())
+        Self::from_owned_listing(raw.clone()).ok()
     }
 
     /// [`from_listing`](Self::from_listing), taking the entry: discovery hands each entry over and frees it as
-    /// soon as its definition is made, instead of copying it while the whole listing is held.
-    pub fn from_owned_listing(raw: Value) -> Option<Self> {
-        let Value::Object(mut definition) = raw else { return None };
-        let name = definition.get("name")?.as_str()?.to_owned();
+    /// soon as its definition is made, instead of copying it while the whole listing is held. An entry with no
+    /// string name is handed back.
+    pub fn from_owned_listing(raw: Value) -> Result<Self, Value> {
+        let name = match raw.get("name").and_then(Value::as_str) {
+            Some(name) => name.to_owned(),
+            None => return Err(raw),
+        };
+        let Value::Object(mut definition) = raw else { return Err(raw) };
         let description = definition.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
         definition.insert("description".into(), Value::String(description.clone()));
         if !definition.get("inputSchema").is_some_and(Value::is_object) {
@@ -115,7 +119,7 @@ impl ToolDef {
         }
         let meta = definition.get("_meta").filter(|m| m.is_object()).cloned();
         let definition = Value::Object(definition);
-        Some(Self::from_parts(name, description, meta, &definition))
+        Ok(Self::from_parts(name, description, meta, &definition))
     }
 
     pub fn from_parts(name: String, description: String, meta: Option<Value>, definition: &Value) -> Self {
