@@ -335,6 +335,10 @@ mod tests {
         assert_eq!(tool.definition_value(), json!({"name": "t", "description": "", "inputSchema": {}}));
         assert_eq!(tool.definition().get(), r#"{"name":"t","description":"","inputSchema":{}}"#);
         assert!(ToolDef::from_listing(&json!({"description": "no name"})).is_none());
+        // An entry that cannot be a tool comes back whole, for the warning that shows it.
+        for unusable in [json!({"name": 7, "description": "numeric name"}), json!(["t"]), json!("t"), Value::Null] {
+            assert_eq!(ToolDef::from_owned_listing(unusable.clone()).err(), Some(unusable));
+        }
         let a = ToolDef::from_listing(&json!({"name": "t", "description": "x"})).unwrap();
         assert_ne!(a.content_hash, tool.content_hash);
     }
