@@ -255,9 +255,13 @@ impl SearchIndex {
     /// on all of it, as the offline `satellite search` does; the serving satellite's writes are logged by the
     /// writer when they fail, and the instance is indexed again when its tools next change.
     pub async fn written(&self) -> Result<(), SearchError> {
+        let sent = self.progress.sent.load(Ordering::Acquire);
         self.settled().await;
-        match &self.progress.applied.borrow().failed {
+        let applied = self.progress.applied.borrow();
+        match &applied.failed {
             Some((through, error)) => Err(SearchError::CommitFailed { through: *through, error: error.clone() }),
+            // `settled` also returns when the writer has stopped (it panicked) with writes still queued.
+            None if applied.through < sent => Err(SearchError::WriterGone),
             None => Ok(()),
         }
     }
@@ -481,8 +485,12 @@ fn apply(
 fn write_and_commit(writer: &mut Writer, changes: Vec<(Term, Vec<TantivyDocument>)>) -> Result<(), TantivyError> {
     for (process_id, documents) in changes {
         #[cfg(test)]
-        if process_id.value().as_str() == Some(tests::FAILS_TO_INDEX) {
-            return Err(TantivyError::InternalError("this process id fails to index (a test's fault)".into()));
+        match process_id.value().as_str() {
+            Some(tests::FAILS_TO_INDEX) => {
+                return Err(TantivyError::InternalError("this process id fails to index (a test's fault)".into()))
+            }
+            Some(tests::STOPS_THE_WRITER) => panic!("this process id stops the writer (a test's fault)"),
+            _ => {}
         }
         writer.delete_term(process_id);
         for document in documents {

@@ -141,6 +141,24 @@ async fn a_failed_commit_is_told_to_whoever_waits_for_the_writes_and_the_index_g
     Ok(())
 }
 
+/// Indexing the tools of this process id panics, which ends the writer task (`on_blocking_pool`).
+pub(super) const STOPS_THE_WRITER: &str = "stops-the-writer";
+
+#[tokio::test]
+async fn writes_a_stopped_writer_never_applied_are_told_as_lost() -> Result<(), SearchError> {
+    let index = SearchIndex::new()?;
+    index.replace_instance("good", vec![tool("good", "fs", "read_file", "Read a file")]).await?;
+    index.written().await?;
+    index.replace_instance(STOPS_THE_WRITER, vec![tool(STOPS_THE_WRITER, "git", "git_status", "Status")]).await?;
+    match index.written().await {
+        Err(SearchError::WriterGone) => {}
+        other => panic!("a write the stopped writer never applied must not read as written, got {other:?}"),
+    }
+    // Searches go on with what the index held.
+    assert_eq!(names(&index.search("read", &visible(&["good"]), 5).await?), vec![("good", "read_file")]);
+    Ok(())
+}
+
 #[tokio::test]
 async fn concurrent_writes_are_all_applied() {
     let index = SearchIndex::new().unwrap();
