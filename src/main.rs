@@ -379,7 +379,6 @@ fn serve(args: &ServeArgs) -> ExitCode {
         shutdown_signal().await;
         Ok(if satellite.shutdown().await { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     });
-    // The exporter blocks while it sends the last spans: after the runtime is gone.
     let code = match served {
         Ok(code) => {
             drop(runtime);
@@ -392,6 +391,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
             code
         }
     };
+    // The exporter blocks while it sends the last spans: after the runtime is gone.
     telemetry.shutdown();
     code
 }
