@@ -143,3 +143,48 @@ async fn host_and_origin_settings_replace_the_defaults() {
     assert_eq!(anything.status(), StatusCode::OK, "\"*\" accepts any host and origin");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The result the `verbatim` mode of tests/fixtures/misbehaving_server.py writes, byte for byte.
+const VERBATIM_RESULT: &str = r#"{ "content" : [ {"type": "text", "text": "caf\u00e9 \ud83d\ude00"} ], "structuredContent": {"z": 1, "big": 123456789012345678901234567890, "exact": 1.10, "tiny": 1e-400, "a": [ ]} }"#;
+
+/// A client gets a result as the server wrote it: a number beyond a double's precision, `1.10`, `1e-400`,
+/// escapes, member order and spacing all come through as they were sent. (Before, the satellite parsed each
+/// result into a tree and wrote it out again, turning the number into 1.2345678901234568e29 and `1e-400` into
+/// 0.0.) The call's event counts the bytes the server sent.
+#[tokio::test]
+async fn a_result_reaches_the_client_byte_for_byte_as_the_server_wrote_it() {
+    const TOKEN: &str = "ds_inst_fidelity_verbatim_0123456789abcdef";
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "[[servers]]\nslug = \"verbatim\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"verbatim\"]\n\
+         [[installations]]\nid = \"i-verbatim\"\nteam = \"acme\"\nserver = \"verbatim\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-verbatim\"\ninstance_token_sha256 = \"{}\"\n",
+        satellite::config::sha256_hex(TOKEN)
+    );
+    let sat = TestSatellite::start(&config(&extra)).await;
+    wait_status(&sat, "verbatim-acme-alice-i-verbatim", InstanceStatus::Online).await;
+    let caller = Caller::connect(&sat, &format!("/i/alice-verbatim/mcp?token={TOKEN}"), None).await;
+    let body =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "verbatim", "arguments": {}}});
+    let response = caller
+        .http
+        .post(&caller.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", caller.session.as_deref().expect("a session"))
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the call is answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.text().await.expect("a body");
+    assert_eq!(text, format!(r#"{{"jsonrpc":"2.0","id":7,"result":{VERBATIM_RESULT}}}"#));
+
+    let executed = wait_until(Duration::from_secs(60), "the call's mcp.tool.executed event", || async {
+        let events = sat.satellite.store().events(Some("mcp.tool.executed"), 0, 100).await.ok()?;
+        events.into_iter().find(|e| e.data["tool_name"] == "verbatim:verbatim")
+    })
+    .await;
+    assert_eq!(executed.data["response_bytes"], VERBATIM_RESULT.len(), "{}", executed.data);
+    assert!(sat.satellite.shutdown().await);
+}

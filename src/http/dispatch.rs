@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::McpDeps;
 use crate::auth::Principal;
 use crate::instances::Instance;
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::RpcError;
 use crate::mcp::transport::Relay;
 use crate::model::Toolset;
@@ -40,11 +41,11 @@ impl Target {
         method: &str,
         params: Option<Value>,
         relay: Option<&Relay>,
-    ) -> Result<Value, RouteError> {
+    ) -> Result<Payload, RouteError> {
         match self {
             Target::Hierarchical(caller, selection) | Target::LegacySse(caller, selection) => match selection {
                 Ok(toolset) => deps.router.handle(caller, toolset.as_ref(), session, method, params, relay).await,
-                Err(_) if method == "ping" => Ok(serde_json::json!({})),
+                Err(_) if method == "ping" => Ok(serde_json::json!({}).into()),
                 Err(err) => Err(RouteError::Rpc(err.clone())),
             },
             Target::Instance(instance) => deps.instance_router.handle(instance, session, method, params, relay).await,

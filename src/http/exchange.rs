@@ -20,6 +20,7 @@ use tokio::task::{AbortHandle, JoinHandle};
 use warp::reply::Response;
 use warp::Reply;
 
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RequestId, RpcError};
 use crate::mcp::transport::relay::local_answer;
 use crate::mcp::transport::{Inbound, Relay};
@@ -62,7 +63,7 @@ pub enum Mode {
 #[derive(Debug)]
 struct Parked {
     owner: String,
-    call: JoinHandle<Result<Value, RouteError>>,
+    call: JoinHandle<Result<Payload, RouteError>>,
     rx: mpsc::Receiver<Inbound>,
     /// The server's requests, by the key the client answers under.
     waiting: Vec<(String, Asked)>,
@@ -168,14 +169,14 @@ impl Exchange {
         finish: Fin,
     ) -> Answer
     where
-        Fut: Future<Output = Result<Value, RouteError>> + Send + 'static,
-        Fin: FnOnce(Result<Value, RouteError>) -> Value + Send + Sync + 'static,
+        Fut: Future<Output = Result<Payload, RouteError>> + Send + 'static,
+        Fin: FnOnce(Result<Payload, RouteError>) -> Value + Send + Sync + 'static,
     {
         let (relay, rx) = match &mode {
             Mode::Handshake { capabilities } => Relay::for_client(capabilities.clone()),
             Mode::Stateless { .. } => Relay::stateless_channel(),
         };
-        let call: JoinHandle<Result<Value, RouteError>> = tokio::spawn(run(relay));
+        let call: JoinHandle<Result<Payload, RouteError>> = tokio::spawn(run(relay));
         self.drive(scope, id, mode, call, rx, finish).await
     }
 
@@ -192,7 +193,7 @@ impl Exchange {
         finish: Fin,
     ) -> Answer
     where
-        Fin: FnOnce(Result<Value, RouteError>) -> Value + Send + Sync + 'static,
+        Fin: FnOnce(Result<Payload, RouteError>) -> Value + Send + Sync + 'static,
     {
         let owner = match &mode {
             Mode::Stateless { owner, .. } => owner.clone(),
@@ -223,7 +224,7 @@ impl Exchange {
             }
         }
         if !unanswered.is_empty() {
-            return Answer::Done(Ok(self.park(owner, call, rx, unanswered)));
+            return Answer::Done(Ok(self.park(owner, call, rx, unanswered).into()));
         }
         self.drive(scope, id, mode, call, rx, finish).await
     }
@@ -233,12 +234,12 @@ impl Exchange {
         scope: String,
         id: RequestId,
         mode: Mode,
-        mut call: JoinHandle<Result<Value, RouteError>>,
+        mut call: JoinHandle<Result<Payload, RouteError>>,
         mut rx: mpsc::Receiver<Inbound>,
         finish: Fin,
     ) -> Answer
     where
-        Fin: FnOnce(Result<Value, RouteError>) -> Value + Send + Sync + 'static,
+        Fin: FnOnce(Result<Payload, RouteError>) -> Value + Send + Sync + 'static,
     {
         self.track(&scope, &id, call.abort_handle());
         let stateless = matches!(mode, Mode::Stateless { .. });
@@ -256,7 +257,7 @@ impl Exchange {
                 Taken::Answered => continue,
                 Taken::Park(asked) => {
                     waiting.disarm();
-                    return Answer::Done(Ok(self.park(owner_of(&mode), call, rx, vec![asked])));
+                    return Answer::Done(Ok(self.park(owner_of(&mode), call, rx, vec![asked]).into()));
                 }
             }
         };
@@ -311,7 +312,7 @@ impl Exchange {
     fn park(
         &self,
         owner: String,
-        call: JoinHandle<Result<Value, RouteError>>,
+        call: JoinHandle<Result<Payload, RouteError>>,
         rx: mpsc::Receiver<Inbound>,
         asked: Vec<Asked>,
     ) -> Value {
@@ -357,7 +358,7 @@ fn owner_of(mode: &Mode) -> String {
 /// What running a relayed request came to.
 pub enum Answer {
     /// Finished before the server said anything: answer as usual.
-    Done(Result<Value, RouteError>),
+    Done(Result<Payload, RouteError>),
     /// The server spoke first: this SSE response carries its messages and then the answer.
     Streamed(Response),
 }
@@ -368,7 +369,7 @@ const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(15);
 struct Streaming<Fin> {
     queue: VecDeque<Value>,
     rx: Option<mpsc::Receiver<Inbound>>,
-    call: Option<JoinHandle<Result<Value, RouteError>>>,
+    call: Option<JoinHandle<Result<Payload, RouteError>>>,
     finish: Option<Fin>,
     exchange: Arc<Exchange>,
     scope: String,
@@ -403,7 +404,7 @@ impl Drop for AbortOnDrop {
     }
 }
 
-impl<Fin: FnOnce(Result<Value, RouteError>) -> Value> Streaming<Fin> {
+impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
     /// The next message for the client: queued ones, then whatever the server sends, then the answer (or, when
     /// the server asks a 2026-07-28 client something, an `input_required` result, the call parked).
     async fn next(&mut self) -> Option<Value> {
@@ -423,7 +424,7 @@ impl<Fin: FnOnce(Result<Value, RouteError>) -> Value> Streaming<Fin> {
                         self.call = None;
                         self.rx = None;
                         let finish = self.finish.take()?;
-                        return Some(finish(Ok(json!({}))));
+                        return Some(finish(Ok(json!({}).into())));
                     }
                     next = rx.recv() => match next {
                         Some(inbound) => (Some(inbound), None),
@@ -469,7 +470,7 @@ impl<Fin: FnOnce(Result<Value, RouteError>) -> Value> Streaming<Fin> {
 }
 
 /// A call that panicked or was cancelled still has an outcome.
-fn outcome(done: Result<Result<Value, RouteError>, tokio::task::JoinError>) -> Result<Value, RouteError> {
+fn outcome(done: Result<Result<Payload, RouteError>, tokio::task::JoinError>) -> Result<Payload, RouteError> {
     done.unwrap_or_else(|err| {
         let reason = if err.is_cancelled() { "request cancelled" } else { "internal error while handling the request" };
         Err(RouteError::Rpc(RpcError::new(codes::INTERNAL_ERROR, reason)))
@@ -477,9 +478,10 @@ fn outcome(done: Result<Result<Value, RouteError>, tokio::task::JoinError>) -> R
 }
 
 /// The JSON-RPC response for a relayed call's outcome; a scope refusal that surfaces mid-stream is an error object.
-pub fn response_message(id: RequestId, outcome: Result<Value, RouteError>) -> Value {
+pub fn response_message(id: RequestId, outcome: Result<Payload, RouteError>) -> Value {
     match outcome {
-        Ok(result) => protocol::response(id, result),
+        // A result goes out as a message of a stream here, which is a value.
+        Ok(result) => protocol::response(id, result.into_value_or_null()),
         Err(RouteError::Rpc(err)) => protocol::error_response(Some(id), err),
         Err(RouteError::Forbidden(err)) => {
             protocol::error_response(Some(id), RpcError::new(codes::INVALID_REQUEST, err.to_string()))

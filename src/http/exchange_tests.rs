@@ -26,18 +26,18 @@ fn stateless(capabilities: Value, owner: &str) -> Mode {
 
 fn done(answer: Answer) -> Result<Value, RouteError> {
     match answer {
-        Answer::Done(outcome) => outcome,
+        Answer::Done(outcome) => outcome.map(Payload::into_value_or_null),
         Answer::Streamed(_) => panic!("expected a plain answer"),
     }
 }
 
 /// A server that asks its client and returns the answer.
-async fn asks(relay: Relay) -> Result<Value, RouteError> {
+async fn asks(relay: Relay) -> Result<Payload, RouteError> {
     let answer = relay.ask("sampling/createMessage", Some(json!({"maxTokens": 5})), Duration::from_secs(5)).await;
-    Ok(json!({"answer": answer.map_err(|e| e.message).unwrap_or_else(|e| json!(e))}))
+    Ok(json!({"answer": answer.map_err(|e| e.message).unwrap_or_else(|e| json!(e))}).into())
 }
 
-fn echo_finish(outcome: Result<Value, RouteError>) -> Value {
+fn echo_finish(outcome: Result<Payload, RouteError>) -> Value {
     response_message(RequestId::Number(0), outcome)
 }
 
@@ -114,9 +114,9 @@ async fn sse_messages(response: Response) -> Vec<Value> {
 }
 
 /// A call that answers at once, holding its relay as a route does.
-async fn holds_relay(relay: Relay) -> Result<Value, RouteError> {
+async fn holds_relay(relay: Relay) -> Result<Payload, RouteError> {
     let _relay = relay;
-    Ok(json!({"ok": true}))
+    Ok(json!({"ok": true}).into())
 }
 
 fn handshake() -> Mode {
@@ -134,7 +134,7 @@ impl Drop for Dropped {
     }
 }
 
-type CallFuture = std::pin::Pin<Box<dyn Future<Output = Result<Value, RouteError>> + Send>>;
+type CallFuture = std::pin::Pin<Box<dyn Future<Output = Result<Payload, RouteError>> + Send>>;
 
 /// What a test holds of a call made by [`waiting_call`].
 struct Ends {
@@ -173,7 +173,7 @@ fn waits_for(
             let (_relay, _dropped) = (relay, dropped);
             let _ = go.await;
             let _ = finished.send(());
-            Ok(json!({"done": true}))
+            Ok(json!({"done": true}).into())
         })
     }
 }
@@ -242,7 +242,7 @@ async fn a_call_that_panics_is_an_internal_error_and_the_exchange_goes_on() {
         if std::hint::black_box(true) {
             panic!("a bug in a route");
         }
-        Ok(json!({}))
+        Ok(json!({}).into())
     };
     // The relay goes first as the call unwinds, so the error may come as plain JSON or end an event stream.
     let error = match exchange.respond("s".into(), RequestId::Number(1), handshake(), panics, echo_finish).await {

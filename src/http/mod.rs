@@ -12,8 +12,6 @@ use warp::http::StatusCode;
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
-use serde_json::Value;
-
 use crate::auth::Authenticator;
 use crate::instances::InstanceManager;
 use crate::router::{HierarchicalRouter, InstanceRouter};
@@ -184,6 +182,6 @@ async fn recover(rejection: warp::Rejection) -> Result<Response, Infallible> {
 }
 
 /// A JSON body with a status.
-pub fn json_response(status: StatusCode, body: &Value) -> Response {
+pub fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response {
     warp::reply::with_status(warp::reply::json(body), status).into_response()
 }

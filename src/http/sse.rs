@@ -384,13 +384,7 @@ impl RelayedCall {
             if let (Err(RouteError::Forbidden(err)), Some(_)) = (&outcome, &asked_tx) {
                 return Ended::Refused(err.clone());
             }
-            let reply = response_message(
-                request_id,
-                outcome.map(|mut result| {
-                    protocol::shape_for_handshake(&mut result);
-                    result
-                }),
-            );
+            let reply = response_message(request_id, outcome.map(protocol::payload_for_handshake));
             let event = warp::sse::Event::default().id(final_id).event("message").data(reply.to_string());
             if self.events.try_send(event).is_err() {
                 self.sessions.sessions.lock().remove(&self.scope);

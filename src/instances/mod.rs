@@ -273,7 +273,9 @@ impl InstanceManager {
         params: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, InstanceError> {
-        self.inner.call(instance, method, params, timeout, None).instrument(upstream_span(instance, method)).await
+        let result = self.inner.call(instance, method, params, timeout, None);
+        let payload = result.instrument(upstream_span(instance, method)).await?;
+        crate::mcp::transport::read_payload(payload).map_err(InstanceError::Upstream)
     }
 
     /// A call whose progress, log messages and requests to the client (sampling, elicitation, roots) go to
@@ -285,7 +287,7 @@ impl InstanceManager {
         params: Option<Value>,
         timeout: Duration,
         relay: Option<&crate::mcp::transport::Relay>,
-    ) -> Result<Value, InstanceError> {
+    ) -> Result<crate::mcp::payload::Payload, InstanceError> {
         self.inner.call(instance, method, params, timeout, relay).instrument(upstream_span(instance, method)).await
     }
 
@@ -299,7 +301,7 @@ impl InstanceManager {
         params: Option<Value>,
         limit: Duration,
         relay: &crate::mcp::transport::Relay,
-    ) -> Result<Value, InstanceError> {
+    ) -> Result<crate::mcp::payload::Payload, InstanceError> {
         let client = self.inner.ensure_connected(instance).await?;
         instance.touch();
         let result = client.request_relayed(method, params, limit, Some(relay)).await;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tracing::debug;
 
+use super::payload::Payload;
 use super::protocol::{self, codes, HANDSHAKE_REQUEST_VERSION, MODERN_VERSION};
 use super::transport::{ModernHeaders, Relay, RequestHeaders, Transport, UpstreamError};
 
@@ -113,7 +114,7 @@ impl McpClient {
         params: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, UpstreamError> {
-        self.request_relayed(method, params, timeout, None).await
+        self.request_relayed(method, params, timeout, None).await.and_then(crate::mcp::transport::read_payload)
     }
 
     /// A request whose notifications and requests to the client go to `relay` while it runs.
@@ -123,7 +124,7 @@ impl McpClient {
         params: Option<Value>,
         timeout: Duration,
         relay: Option<&Relay>,
-    ) -> Result<Value, UpstreamError> {
+    ) -> Result<Payload, UpstreamError> {
         let (params, headers) = self.stamp(method, params);
         self.transport.request_relayed(method, params, &headers, timeout, relay).await
     }

@@ -2,5 +2,6 @@
 //! (`transport`) and the negotiating client built on them (`client`).
 
 pub mod client;
+pub mod payload;
 pub mod protocol;
 pub mod transport;

@@ -5,7 +5,10 @@
 //! (`_meta`, new result fields) pass through untouched.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+
+use crate::mcp::payload::{Payload, ResultType};
 
 /// Handshake-era protocol versions, oldest first.
 pub const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
@@ -135,6 +138,32 @@ pub fn decode_frame(bytes: &[u8]) -> Result<(Vec<Value>, bool), FrameError> {
     }
 }
 
+/// The commonest line a server writes, read without building a tree: a response carrying a result, to one of
+/// the satellite's numeric ids. The result stays the server's text ([`crate::mcp::payload::Payload::Text`]).
+/// Anything else, or anything unusual about this (a batch, a repeated member, an id that is not an integer),
+/// is `None`, for [`decode_frame`] and [`Message::from_value`], which decide about it as before.
+pub fn result_response(text: &str) -> Option<(i64, &RawValue)> {
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        jsonrpc: Option<&'a RawValue>,
+        #[serde(borrow)]
+        id: Option<&'a RawValue>,
+        #[serde(borrow)]
+        method: Option<&'a RawValue>,
+        #[serde(borrow)]
+        error: Option<&'a RawValue>,
+        #[serde(borrow)]
+        result: Option<&'a RawValue>,
+    }
+    let envelope: Envelope = serde_json::from_str(text).ok()?;
+    if envelope.jsonrpc?.get() != "\"2.0\"" || envelope.method.is_some() || envelope.error.is_some() {
+        return None;
+    }
+    let id = envelope.id?.get().parse::<i64>().ok()?;
+    Some((id, envelope.result?))
+}
+
 impl Message {
     /// Classify a parsed JSON value as a request, notification or response.
     pub fn from_value(value: Value) -> Result<Message, MessageError> {
@@ -213,6 +242,20 @@ pub fn response_text(id: &RequestId, result_json: &str) -> String {
     format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result_json}}}"#)
 }
 
+/// A response around a result that may still be the server's own text, written as [`response`] writes one.
+#[derive(Serialize)]
+pub struct ResultResponse<'a> {
+    jsonrpc: &'static str,
+    id: &'a RequestId,
+    result: &'a Payload,
+}
+
+impl<'a> ResultResponse<'a> {
+    pub fn new(id: &'a RequestId, result: &'a Payload) -> Self {
+        ResultResponse { jsonrpc: "2.0", id, result }
+    }
+}
+
 /// An error response; `id` is `None` (serialised as null) when the request id is unknown.
 pub fn error_response(id: Option<RequestId>, error: RpcError) -> Value {
     let error = serde_json::to_value(error)
@@ -277,6 +320,22 @@ pub fn stamp_stateless_result(result: &mut Value, method: &str, server_info: Val
 /// Shape a result for a handshake-era client: what only 2026-07-28 has (a `complete` result type, cache hints, the
 /// server info stamped into `_meta`) goes, so each client sees the shapes of the revision it negotiated.
 /// An `input_required` result is left whole: there is nothing to turn it into without losing it.
+/// A server's text is read only when there is something to take out.
+pub fn payload_for_handshake(result: Payload) -> Payload {
+    if result.shape().result_type != Some(ResultType::Complete) {
+        return result;
+    }
+    match result.to_value() {
+        Ok(mut value) => {
+            shape_for_handshake(&mut value);
+            Payload::Value(value)
+        }
+        // Too deeply nested to read: passed on as it came.
+        Err(_) => result,
+    }
+}
+
+/// [`payload_for_handshake`] of a value.
 pub fn shape_for_handshake(result: &mut Value) {
     let Value::Object(obj) = result else { return };
     if obj.get("resultType").and_then(Value::as_str) != Some("complete") {
@@ -350,6 +409,32 @@ mod tests {
         let err =
             Message::from_value(json!({"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"nope"}})).unwrap();
         assert!(matches!(err, Message::Response { outcome: Err(RpcError { code: -32601, .. }), .. }));
+    }
+
+    /// The fast path takes only what the general path would read as a result to a numeric id, and the same
+    /// result; everything else is left to the general path.
+    #[test]
+    fn a_result_line_is_read_without_a_tree_and_anything_else_is_left_alone() {
+        let (id, result) = result_response(r#"{"result": {"a" : 1.10}, "jsonrpc":"2.0", "id": 12}"#).expect("a result");
+        assert_eq!((id, result.get()), (12, r#"{"a" : 1.10}"#));
+        assert!(result_response(r#"{"jsonrpc":"2.0","id":-3,"result":null}"#).is_none(), "a null result");
+        for other in [
+            r#"{"jsonrpc":"2.0","id":"a","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1e2,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":null,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","result":{}}"#,
+            r#"{"jsonrpc":"1.0","id":1,"result":{}}"#,
+            r#"{"id":1,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"},"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{},"result":{"b":2}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{}"#,
+            "not json",
+        ] {
+            assert!(result_response(other).is_none(), "{other}");
+        }
     }
 
     #[test]

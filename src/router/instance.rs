@@ -11,6 +11,7 @@ use super::{
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::instances::{Instance, InstanceError, InstanceManager};
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
 
@@ -38,12 +39,12 @@ impl InstanceRouter {
         method: &str,
         params: Option<Value>,
         relay: Option<&Relay>,
-    ) -> Result<Value, RouteError> {
+    ) -> Result<Payload, RouteError> {
         let catalog = instance.catalog().filter(|_| visible(instance));
         let spec = instance.spec();
         let who = Caller { team: spec.team_id.as_str(), user: spec.user_id.as_str(), session };
         match method {
-            "ping" => Ok(json!({})),
+            "ping" => Ok(json!({}).into()),
             "tools/list" => {
                 let mut tokens = 0u64;
                 let mut uncounted = Vec::new();
@@ -82,17 +83,17 @@ impl InstanceRouter {
                         uncounted,
                     },
                 );
-                Ok(protocol::object([("tools", Value::Array(tools))]))
+                Ok(protocol::object([("tools", Value::Array(tools))]).into())
             }
             "resources/list" => {
                 let resources: Vec<Value> =
                     catalog.iter().flat_map(|c| c.resources.iter().map(|r| r.definition.clone())).collect();
-                Ok(protocol::object([("resources", Value::Array(resources))]))
+                Ok(protocol::object([("resources", Value::Array(resources))]).into())
             }
             "resources/templates/list" => {
                 let templates: Vec<Value> =
                     catalog.iter().flat_map(|c| c.templates.iter().map(|t| t.definition.clone())).collect();
-                Ok(protocol::object([("resourceTemplates", Value::Array(templates))]))
+                Ok(protocol::object([("resourceTemplates", Value::Array(templates))]).into())
             }
             "tools/call" => {
                 let params = params.unwrap_or_else(|| json!({}));
@@ -109,10 +110,10 @@ impl InstanceRouter {
                         ))
                     })?;
                 if !callable(instance.state()) {
-                    return Ok(blocked_result(&name, instance));
+                    return Ok(blocked_result(&name, instance).into());
                 }
                 if instance.tool_disabled(&name) {
-                    return Ok(disabled_result(&name));
+                    return Ok(disabled_result(&name).into());
                 }
                 // A tool missing from the catalog goes on too: the server may have added it since it was listed,
                 // or serve tools it does not list; it answers for its own tools, as it would without us.

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::auth::AuthError;
 use crate::instances::{Instance, InstanceError, InstanceManager};
+use crate::mcp::payload::{Payload, ResultType};
 use crate::mcp::protocol::{codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::InstanceStatus;
@@ -129,7 +130,7 @@ async fn forward(
     params: Value,
     timeout: Duration,
     relay: Option<&Relay>,
-) -> Result<Value, RouteError> {
+) -> Result<Payload, RouteError> {
     let mut params = params;
     // A 2026-07-28 server asks only for what the client declared: declare a handshake-era client's own
     // capabilities on its behalf (a 2026-07-28 client's envelope already carries its own).
@@ -142,15 +143,20 @@ async fn forward(
             meta.entry(crate::mcp::protocol::meta_keys::CLIENT_CAPABILITIES).or_insert_with(|| capabilities.clone());
         }
     }
+    // A 2026-07-28 server asks through `input_required`; a handshake-era client cannot read that, so the
+    // satellite asks it the server's questions (as requests on its stream) and retries with the answers. Only
+    // then is the request needed again: every other call sends it on without a copy.
+    let answers_for = relay.filter(|r| stateless_server && r.takes_requests());
     let mut rounds = 0;
     loop {
-        let result = forward_once(manager, instance, method, params.clone(), timeout, relay).await?;
-        // A 2026-07-28 server asks through `input_required`; a handshake-era client cannot read that, so the
-        // satellite asks it the server's questions (as requests on its stream) and retries with the answers.
-        let asks = result.get("resultType").and_then(Value::as_str) == Some("input_required");
-        let Some(relay) = relay.filter(|r| asks && r.takes_requests() && rounds < MAX_INPUT_ROUNDS) else {
+        let retry_left = answers_for.is_some() && rounds < MAX_INPUT_ROUNDS;
+        let sent = if retry_left { params.clone() } else { std::mem::take(&mut params) };
+        let result = forward_once(manager, instance, method, sent, timeout, relay).await?;
+        let asks = result.shape().result_type == Some(ResultType::InputRequired);
+        let Some(relay) = answers_for.filter(|_| asks && retry_left) else {
             return Ok(result);
         };
+        let result = result.into_value().map_err(unreadable)?;
         rounds += 1;
         let mut responses = serde_json::Map::new();
         if let Some(requests) = result.get("inputRequests").and_then(Value::as_object) {
@@ -181,7 +187,7 @@ async fn forward_once(
     params: Value,
     timeout: Duration,
     relay: Option<&Relay>,
-) -> Result<Value, RouteError> {
+) -> Result<Payload, RouteError> {
     match manager.call_relayed(instance, method, Some(params), timeout, relay).await {
         Ok(result) => Ok(result),
         Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
@@ -195,21 +201,30 @@ async fn forward_once(
 
 /// A `CallToolResult` forwarded unchanged; wrapped only when it has no `content` (SB §16.3). A 2026-07-28
 /// `input_required` result (no content, by design) passes through intact.
-fn normalise_call_result(result: Value) -> Value {
-    let input_required = result.get("resultType").and_then(Value::as_str) == Some("input_required");
-    if input_required || result.get("content").is_some_and(Value::is_array) {
+fn normalise_call_result(result: Payload) -> Payload {
+    let shape = result.shape();
+    if shape.result_type == Some(ResultType::InputRequired) || shape.content_is_array {
         result
     } else {
-        json!({"content": [{"type": "text", "text": result.to_string()}]})
+        // The text as the satellite writes JSON (compact), whatever spacing the server used.
+        let text = match result {
+            Payload::Text { text, .. } => serde_json::from_str::<Value>(text.get())
+                .map_or_else(|_| text.get().to_owned(), |value| value.to_string()),
+            Payload::Value(value) => value.to_string(),
+        };
+        Payload::Value(json!({"content": [{"type": "text", "text": text}]}))
     }
 }
 
+/// A result too deeply nested to read, where the satellite must read it.
+pub(crate) fn unreadable(err: serde_json::Error) -> RouteError {
+    internal(format!("MCP server error: its result could not be read: {err}"))
+}
+
 /// How a forwarded call ended, for the analytics.
-pub(crate) fn call_outcome(result: &Result<Value, RouteError>) -> crate::analytics::Outcome {
+pub(crate) fn call_outcome(result: &Result<Payload, RouteError>) -> crate::analytics::Outcome {
     match result {
-        Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => {
-            crate::analytics::Outcome::ToolError
-        }
+        Ok(payload) if payload.shape().is_error => crate::analytics::Outcome::ToolError,
         Ok(_) => crate::analytics::Outcome::Ok,
         Err(_) => crate::analytics::Outcome::Error,
     }

@@ -11,6 +11,7 @@ use super::hierarchical::HierarchicalRouter;
 use super::{callable, forward, invalid, RouteError};
 use crate::auth::Principal;
 use crate::instances::Instance;
+use crate::mcp::payload::Payload;
 use crate::mcp::transport::Relay;
 use crate::model::{parse_tool_path, tool_path};
 
@@ -38,6 +39,7 @@ impl HierarchicalRouter {
             let slug = &instance.spec().server_slug;
             match listed {
                 Ok(listing) => {
+                    let listing = listing.into_value_or_null();
                     for prompt in listing.get("prompts").and_then(Value::as_array).into_iter().flatten() {
                         let Some(name) = prompt.get("name").and_then(Value::as_str) else { continue };
                         let mut entry = prompt.clone();
@@ -57,7 +59,7 @@ impl HierarchicalRouter {
         caller: &Principal,
         mut params: Value,
         relay: Option<&Relay>,
-    ) -> Result<Value, RouteError> {
+    ) -> Result<Payload, RouteError> {
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
         let (slug, prompt) = parse_tool_path(&name).ok_or_else(|| {
             invalid(format!("Invalid prompt name: {name}. Expected \"serverSlug:promptName\" from prompts/list"))
@@ -73,7 +75,7 @@ impl HierarchicalRouter {
         caller: &Principal,
         mut params: Value,
         relay: Option<&Relay>,
-    ) -> Result<Value, RouteError> {
+    ) -> Result<Payload, RouteError> {
         let reference = params.get("ref").cloned().unwrap_or(Value::Null);
         let (instance, rewritten) = match reference.get("type").and_then(Value::as_str) {
             Some("ref/prompt") => {

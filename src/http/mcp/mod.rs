@@ -27,6 +27,7 @@ use super::session::{self, Lookup, SessionTable, StreamError};
 use super::stack::PeerAddr;
 use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth;
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, FrameError, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
 use crate::router::RouteError;
 

@@ -99,8 +99,8 @@ pub(super) async fn post(
             }
             Ok(Message::Request { id, method, params }) => {
                 match endpoint.target.dispatch(deps, Some(&session_id), &method, params, None).await {
-                    Ok(mut result) => {
-                        protocol::shape_for_handshake(&mut result);
+                    Ok(result) => {
+                        let result = protocol::payload_for_handshake(result).into_value_or_null();
                         Some(protocol::response(id, result))
                     }
                     Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
@@ -225,7 +225,9 @@ pub(super) async fn relayed(
     Ok(match answer {
         Answer::Streamed(response) => Ok(response),
         Answer::Done(Ok(result)) => {
-            Ok(json_response(StatusCode::OK, &protocol::response(id, handshake_shaped(result))))
+            // The server's text goes out as it came, inside the client's own envelope.
+            let result = handshake_shaped(result);
+            Ok(json_response(StatusCode::OK, &protocol::ResultResponse::new(&id, &result)))
         }
         Answer::Done(Err(RouteError::Rpc(err))) => {
             Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err)))
@@ -234,9 +236,8 @@ pub(super) async fn relayed(
     })
 }
 
-pub(super) fn handshake_shaped(mut result: Value) -> Value {
-    protocol::shape_for_handshake(&mut result);
-    result
+pub(super) fn handshake_shaped(result: Payload) -> Payload {
+    protocol::payload_for_handshake(result)
 }
 
 /// A notification from the client: cancellation stops the named call; on an instance endpoint the rest (roots

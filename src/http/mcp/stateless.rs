@@ -46,7 +46,7 @@ pub(super) async fn stateless_post(
                     if let Some(instructions) = &identity.instructions {
                         discovered["instructions"] = Value::from(instructions.as_str());
                     }
-                    Ok(discovered)
+                    Ok(discovered.into())
                 }
             },
             Ok(()) if REMOVED_IN_STATELESS.contains(&method.as_str()) => Err(RouteError::Rpc(RpcError::new(
@@ -56,7 +56,8 @@ pub(super) async fn stateless_post(
             Ok(()) => endpoint.target.dispatch(deps, None, &method, params, None).await,
         };
         match outcome {
-            Ok(mut result) => {
+            Ok(result) => {
+                let mut result = result.into_value_or_null();
                 protocol::stamp_stateless_result(&mut result, &method, identity.server_info.clone());
                 replies.push(protocol::response(id, result));
             }
@@ -111,11 +112,12 @@ pub(super) async fn stateless_relayed(
     let server_info = Identity::of(deps, &endpoint.target).await.server_info;
     let stamp_info = server_info.clone();
     let scope = format!("stateless:{}", uuid::Uuid::new_v4());
-    let finish = move |outcome: Result<Value, RouteError>| {
-        let result = outcome.map(|mut result| {
+    let finish = move |outcome: Result<Payload, RouteError>| {
+        let result = outcome.map(|result| {
+            let mut result = result.into_value_or_null();
             protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
             protocol::retag_subscription(&mut result, &reply_id);
-            result
+            Payload::Value(result)
         });
         response_message(reply_id, result)
     };
@@ -139,7 +141,8 @@ pub(super) async fn stateless_relayed(
     };
     Ok(match answer {
         Answer::Streamed(response) => Ok(response),
-        Answer::Done(Ok(mut result)) => {
+        Answer::Done(Ok(result)) => {
+            let mut result = result.into_value_or_null();
             protocol::stamp_stateless_result(&mut result, &answered_method, server_info);
             Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
         }

@@ -14,6 +14,7 @@ use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
 use crate::logcapture::RequestRecord;
 use crate::mcp::client::McpClient;
+use crate::mcp::payload::Payload;
 use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::{InstanceSpec, InstanceStatus, Upstream};
 
@@ -25,7 +26,7 @@ impl Inner {
         params: Option<Value>,
         timeout: Duration,
         relay: Option<&Relay>,
-    ) -> Result<Value, InstanceError> {
+    ) -> Result<Payload, InstanceError> {
         let queue = self.deps.settings.lifecycle.call_queue_timeout;
         let _permit = match tokio::time::timeout(queue, instance.calls.acquire()).await {
             Ok(Ok(permit)) => permit,
@@ -107,13 +108,15 @@ impl Inner {
         &self,
         instance: &Instance,
         sent: SentCall,
-        result: Result<&Value, String>,
+        result: Result<&Payload, String>,
         began: Instant,
     ) {
         let spec = instance.spec();
         let tool_path = crate::model::tool_path(&spec.server_slug, &sent.name);
         let (outcome, error) = match &result {
-            Ok(value) if value.get("isError").and_then(Value::as_bool) == Some(true) => {
+            Ok(payload) if payload.shape().is_error => {
+                // Rare enough to read the result for its message.
+                let value = payload.to_value().unwrap_or_default();
                 let text = value.pointer("/content/0/text").and_then(Value::as_str).unwrap_or("tool returned an error");
                 (CallOutcome::ToolError, Some(text.to_owned()))
             }
@@ -126,7 +129,7 @@ impl Inner {
             CallOutcome::Failed => crate::metrics::CallOutcome::Failed,
         };
         self.deps.metrics.tool_call(&spec.server_slug, counted, began.elapsed());
-        let response_bytes = result.as_ref().map_or(0, |v| json_len(v));
+        let response_bytes = result.as_ref().map_or(0, |p| p.json_len());
         let execution = ToolExecution {
             tool_path: tool_path.clone(),
             duration_ms: began.elapsed().as_millis() as u64,
@@ -141,7 +144,10 @@ impl Inner {
         let Some((arguments, secrets)) = sent.arguments else { return };
         // A server may echo its own secret in an answer: the request log keeps nothing the config holds secret.
         let response = match (&result, outcome) {
-            (Ok(value), CallOutcome::Success) => Some(crate::secrets::hide_json(value, &secrets)),
+            (Ok(payload), CallOutcome::Success) => {
+                let value = payload.to_value().unwrap_or_default();
+                Some(crate::secrets::hide_json(&value, &secrets))
+            }
             _ => None,
         };
         let record = RequestRecord {
@@ -256,7 +262,6 @@ impl Inner {
     }
 }
 
-/// The length of a value as JSON, without building the string.
 /// What a `tools/call`'s log and event need of its request, taken before the request goes to the server.
 pub(in crate::instances) struct SentCall {
     name: String,
@@ -275,24 +280,6 @@ impl SentCall {
                 params.and_then(|p| p.get("arguments")).map_or(Value::Null, |a| crate::secrets::hide_json(a, &secrets));
             (arguments, secrets)
         });
-        SentCall { name, request_bytes: params.map_or(0, json_len), arguments }
-    }
-}
-
-fn json_len(value: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    match serde_json::to_writer(&mut count, value) {
-        Ok(()) => count.0,
-        Err(_) => 0,
+        SentCall { name, request_bytes: params.map_or(0, crate::mcp::payload::json_len), arguments }
     }
 }

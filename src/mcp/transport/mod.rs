@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::RpcError;
 
 pub(crate) mod http_wire;
@@ -130,7 +131,7 @@ impl Transport {
         headers: &RequestHeaders,
         timeout: Duration,
     ) -> Result<Value, UpstreamError> {
-        self.request_relayed(method, params, headers, timeout, None).await
+        self.request_relayed(method, params, headers, timeout, None).await.and_then(read_payload)
     }
 
     /// A request whose notifications and server-to-client requests go to `relay` (its client) while it runs.
@@ -142,7 +143,7 @@ impl Transport {
         headers: &RequestHeaders,
         timeout: Duration,
         relay: Option<&Relay>,
-    ) -> Result<Value, UpstreamError> {
+    ) -> Result<Payload, UpstreamError> {
         match self {
             Transport::Stdio(t) => t.request(method, params, timeout, relay).await,
             Transport::StreamableHttp(t) => t.request(method, params, headers, timeout, relay).await,
@@ -197,7 +198,7 @@ impl Transport {
     }
 }
 
-type Waiter = oneshot::Sender<Result<Value, UpstreamError>>;
+type Waiter = oneshot::Sender<Result<Payload, UpstreamError>>;
 
 /// Requests waiting for their response, by numeric id. Once closed, every
 /// waiter is failed and new registrations fail at once.
@@ -213,7 +214,7 @@ struct PendingState {
 }
 
 impl Pending {
-    pub(crate) fn register(&self, id: i64) -> Result<oneshot::Receiver<Result<Value, UpstreamError>>, UpstreamError> {
+    pub(crate) fn register(&self, id: i64) -> Result<oneshot::Receiver<Result<Payload, UpstreamError>>, UpstreamError> {
         let mut state = self.state.lock();
         if let Some(err) = &state.closed {
             return Err(err.clone());
@@ -228,7 +229,7 @@ impl Pending {
     }
 
     /// Deliver a response; returns false when no one waits for this id.
-    pub(crate) fn resolve(&self, id: i64, outcome: Result<Value, UpstreamError>) -> bool {
+    pub(crate) fn resolve(&self, id: i64, outcome: Result<Payload, UpstreamError>) -> bool {
         let waiter = self.state.lock().waiters.remove(&id);
         match waiter {
             Some(tx) => {
@@ -260,10 +261,10 @@ impl Pending {
 pub(crate) async fn await_response(
     pending: &Pending,
     id: i64,
-    rx: oneshot::Receiver<Result<Value, UpstreamError>>,
+    rx: oneshot::Receiver<Result<Payload, UpstreamError>>,
     method: &str,
     timeout: Duration,
-) -> Result<Value, UpstreamError> {
+) -> Result<Payload, UpstreamError> {
     match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(_)) => Err(UpstreamError::Closed("connection closed before the response arrived".into())),
@@ -275,8 +276,13 @@ pub(crate) async fn await_response(
 }
 
 /// Map a response outcome from the wire into the transport's result.
-pub(crate) fn outcome(outcome: Result<Value, RpcError>) -> Result<Value, UpstreamError> {
-    outcome.map_err(UpstreamError::Rpc)
+pub(crate) fn outcome(outcome: Result<Value, RpcError>) -> Result<Payload, UpstreamError> {
+    outcome.map(Payload::Value).map_err(UpstreamError::Rpc)
+}
+
+/// A result read as a value, for the satellite's own requests (handshakes, listings) that look inside it.
+pub(crate) fn read_payload(payload: Payload) -> Result<Value, UpstreamError> {
+    payload.into_value().map_err(|err| UpstreamError::Protocol(format!("result is not readable JSON: {err}")))
 }
 
 /// A short, single-line preview of untrusted text for logs and errors.
@@ -336,6 +342,6 @@ mod tests {
         let err = await_response(&pending, 9, rx, "tools/list", Duration::from_millis(5)).await.unwrap_err();
         assert!(matches!(err, UpstreamError::Timeout { .. }));
         assert_eq!(pending.len(), 0);
-        assert!(!pending.resolve(9, Ok(Value::Null)));
+        assert!(!pending.resolve(9, Ok(Payload::Value(Value::Null))));
     }
 }

@@ -19,6 +19,7 @@ use url::Url;
 
 use super::http_wire::{classify_reqwest, header_map};
 use super::{await_response, outcome, preview, Pending, UpstreamError};
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, Message, RequestId};
 
 #[derive(Debug)]
@@ -98,7 +99,7 @@ impl SseTransport {
         method: &str,
         params: Option<Value>,
         timeout: Duration,
-    ) -> Result<Value, UpstreamError> {
+    ) -> Result<Payload, UpstreamError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = self.pending.register(id)?;
         let body = protocol::request(RequestId::Number(id), method, params);

@@ -24,6 +24,7 @@ use url::Url;
 use super::http_wire::{classify_reqwest, complete_values, encode_header_value, header_map};
 use super::relay::local_answer;
 use super::{outcome, preview, Relay, RequestHeaders, UpstreamError};
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, Message, RequestId};
 
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -145,7 +146,7 @@ impl StreamableHttpTransport {
         headers: &RequestHeaders,
         timeout: Duration,
         relay: Option<&Relay>,
-    ) -> Result<Value, UpstreamError> {
+    ) -> Result<Payload, UpstreamError> {
         let work = async {
             let first = self.request_once(method, params.clone(), headers, relay, timeout).await;
             match first {
@@ -243,7 +244,7 @@ impl StreamableHttpTransport {
         headers: &RequestHeaders,
         relay: Option<&Relay>,
         timeout: Duration,
-    ) -> Result<Value, SendError> {
+    ) -> Result<Payload, SendError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let had_session = headers.modern.is_none() && self.session.lock().is_some();
         let body = protocol::request(RequestId::Number(id), method, params.clone());
@@ -255,7 +256,7 @@ impl StreamableHttpTransport {
             protocol_version: headers.protocol_version.clone(),
             answered: headers.modern.is_some() || method == "initialize",
         };
-        let outcome: Result<Value, SendError> = async {
+        let outcome: Result<Payload, SendError> = async {
             let response = self.post(&body, headers).await?;
             let status = response.status();
             if status == StatusCode::NOT_FOUND && had_session && method != "initialize" {
@@ -303,7 +304,7 @@ impl StreamableHttpTransport {
         headers: &RequestHeaders,
         relay: Option<&Relay>,
         timeout: Duration,
-    ) -> Result<Value, UpstreamError> {
+    ) -> Result<Payload, UpstreamError> {
         let mut body = response.bytes_stream();
         let mut buffer: Vec<u8> = Vec::new();
         loop {
@@ -338,7 +339,7 @@ impl StreamableHttpTransport {
         headers: &RequestHeaders,
         relay: Option<&Relay>,
         timeout: Duration,
-    ) -> Result<Value, UpstreamError> {
+    ) -> Result<Payload, UpstreamError> {
         let mut events = response.bytes_stream().eventsource().boxed();
         let mut last_event_id: Option<String> = None;
         let mut retry = Duration::ZERO;
@@ -417,7 +418,7 @@ impl StreamableHttpTransport {
         headers: &RequestHeaders,
         relay: Option<&Relay>,
         timeout: Duration,
-    ) -> Option<Result<Value, UpstreamError>> {
+    ) -> Option<Result<Payload, UpstreamError>> {
         let items = match value {
             Value::Array(items) => items,
             single => vec![single],

@@ -14,11 +14,12 @@ use tracing::warn;
 use super::results::{text_document, text_result, trim_schema, TrimmedSchemas};
 use super::{
     blocked_result, call_outcome, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
-    normalise_call_result, RouteError,
+    normalise_call_result, unreadable, RouteError,
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
 use crate::instances::{Instance, InstanceManager};
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::Relay;
 use crate::model::{
@@ -67,33 +68,48 @@ impl HierarchicalRouter {
         method: &str,
         params: Option<Value>,
         relay: Option<&Relay>,
-    ) -> Result<Value, RouteError> {
+    ) -> Result<Payload, RouteError> {
         caller.require(SCOPE_READ).map_err(RouteError::Forbidden)?;
         let params = params.unwrap_or_else(|| json!({}));
         let who = Caller { team: caller.team.as_str(), user: caller.user.as_str(), session };
+        // What a server answers goes on as it came; what the satellite answers itself is a value.
+        let answer = match method {
+            "prompts/get" => {
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                return self.get_prompt(caller, params, relay).await;
+            }
+            "completion/complete" => return self.complete(caller, params, relay).await,
+            "resources/read" => {
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                let uri = string_param(&params, "uri", "Invalid uri parameter - must be a non-empty string")?;
+                return self.read(caller, uri, relay).await;
+            }
+            "tools/call" => return self.call_meta_tool(caller, toolset, &who, &params, relay).await,
+            other => self.answer(caller, &who, other, params).await,
+        };
+        answer.map(Payload::from)
+    }
+
+    /// The requests of `/mcp` the satellite answers itself.
+    async fn answer(
+        &self,
+        caller: &Principal,
+        who: &Caller<'_>,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, RouteError> {
         match method {
             "ping" => Ok(json!({})),
             "tools/list" => {
-                self.record_listing(caller, &who);
+                self.record_listing(caller, who);
                 Ok(protocol::object([("tools", meta::definitions().clone())]))
             }
             "prompts/list" => self.list_prompts(caller).await,
-            "prompts/get" => {
-                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
-                self.get_prompt(caller, params, relay).await
-            }
-            "completion/complete" => self.complete(caller, params, relay).await,
             "logging/setLevel" => self.set_log_level(caller, params).await,
             "resources/list" => Ok(protocol::object([("resources", Value::Array(self.native_resources(caller)))])),
             "resources/templates/list" => {
                 Ok(protocol::object([("resourceTemplates", Value::Array(self.native_templates(caller)))]))
             }
-            "resources/read" => {
-                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
-                let uri = string_param(&params, "uri", "Invalid uri parameter - must be a non-empty string")?;
-                self.read(caller, uri, relay).await
-            }
-            "tools/call" => self.call_meta_tool(caller, toolset, &who, &params, relay).await,
             other => Err(method_not_found(other)),
         }
     }
@@ -140,7 +156,7 @@ impl HierarchicalRouter {
         who: &Caller<'_>,
         params: &Value,
         relay: Option<&Relay>,
-    ) -> Result<Value, RouteError> {
+    ) -> Result<Payload, RouteError> {
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
         static NO_ARGUMENTS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!({}));
         let args = params.get("arguments").unwrap_or(&NO_ARGUMENTS);
@@ -150,7 +166,7 @@ impl HierarchicalRouter {
                 let text =
                     result.pointer("/content/0/text").and_then(Value::as_str).map(str::to_owned).unwrap_or_default();
                 self.analytics.discover(who, text, tool_paths);
-                Ok(result)
+                Ok(result.into())
             }
             meta::EXECUTE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
@@ -159,7 +175,7 @@ impl HierarchicalRouter {
             meta::LIST_RESOURCES => {
                 let resources = self.resource_entries(caller);
                 let templates = self.template_entries(caller);
-                Ok(text_document(
+                Ok(Payload::from(text_document(
                     &json!({
                         "total_resources": resources.len(),
                         "total_templates": templates.len(),
@@ -167,13 +183,13 @@ impl HierarchicalRouter {
                         "resource_templates": templates,
                     }),
                     self.pretty,
-                ))
+                )))
             }
             meta::READ_RESOURCE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 let uri = string_param(args, "uri", "Invalid uri parameter - must be a non-empty string")?;
-                let result = self.read(caller, uri, relay).await?;
-                Ok(json!({"content": [{"type": "text", "text": join_contents(&result)}]}))
+                let result = self.read(caller, uri, relay).await?.into_value().map_err(unreadable)?;
+                Ok(Payload::from(json!({"content": [{"type": "text", "text": join_contents(&result)}]})))
             }
             other => Err(invalid(format!(
                 "Unknown meta-tool: {other}. Available tools: {}, {}, {}, {}",
@@ -324,7 +340,7 @@ impl HierarchicalRouter {
         args: &Value,
         outer: &Value,
         relay: Option<&Relay>,
-    ) -> Result<Value, RouteError> {
+    ) -> Result<Payload, RouteError> {
         let path = string_param(
             args,
             "tool_path",
@@ -344,17 +360,17 @@ impl HierarchicalRouter {
         let instance = self.instance_for(caller, slug)?;
         if instance.catalog().is_none() {
             // Never started (or never listed its tools): say why, not "Tool not found".
-            return Ok(blocked_result(path, &instance));
+            return Ok(blocked_result(path, &instance).into());
         }
         let known = instance.catalog().is_some_and(|c| c.tools.iter().any(|t| t.name == tool_name));
         if !known {
             return Err(invalid(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));
         }
         if !callable(instance.state()) {
-            return Ok(blocked_result(path, &instance));
+            return Ok(blocked_result(path, &instance).into());
         }
         if instance.tool_disabled(tool_name) {
-            return Ok(disabled_result(path));
+            return Ok(disabled_result(path).into());
         }
         let arguments = match args.get("arguments") {
             None | Some(Value::Null) => json!({}),

@@ -4,7 +4,12 @@
 use super::*;
 
 impl HierarchicalRouter {
-    pub(super) async fn read(&self, caller: &Principal, uri: &str, relay: Option<&Relay>) -> Result<Value, RouteError> {
+    pub(super) async fn read(
+        &self,
+        caller: &Principal,
+        uri: &str,
+        relay: Option<&Relay>,
+    ) -> Result<Payload, RouteError> {
         let (instance, original) = self.resolve_resource(caller, uri)?;
         let slug = instance.spec().server_slug.clone();
         if !callable(instance.state()) {

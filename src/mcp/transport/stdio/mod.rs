@@ -34,6 +34,7 @@ mod relays;
 
 use super::stderr::{StderrLimiter, StderrSettings};
 use super::{await_response, Pending, Relay, UpstreamError};
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, RequestId};
 use owner::Owner;
 
@@ -368,7 +369,7 @@ impl StdioTransport {
         params: Option<Value>,
         timeout: Duration,
         relay: Option<&Relay>,
-    ) -> Result<Value, UpstreamError> {
+    ) -> Result<Payload, UpstreamError> {
         if let Some(info) = self.exit_info() {
             return Err(UpstreamError::Exited { label: self.label.clone(), exit: info, detail: None });
         }

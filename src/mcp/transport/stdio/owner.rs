@@ -26,6 +26,7 @@ const WRITE_BATCH_BYTES: usize = 32 * 1024;
 /// Longest a child's request waits for its client's answer (the call's own timeout usually ends it first).
 const ASK_TIMEOUT: Duration = Duration::from_secs(300);
 use super::relays::{with_token, Relays};
+use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
 use crate::mcp::transport::relay::local_answer;
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
@@ -172,6 +173,14 @@ impl Owner {
     async fn on_stdout_line(&mut self, line: &str) {
         let line = line.trim();
         if line.is_empty() {
+            return;
+        }
+        // Most lines answer a call: their result goes on as the server wrote it, without a tree built and
+        // written out again.
+        if let Some((id, result)) = protocol::result_response(line) {
+            if !self.pending.resolve(id, Ok(Payload::text(result.to_owned()))) {
+                debug!(process_id = %self.label, id, "response for no pending request");
+            }
             return;
         }
         let messages = match protocol::decode_frame(line.as_bytes()) {
