@@ -4,7 +4,10 @@
 //!   front of an ordered map, where the old table scanned every session for the oldest;
 //! - a static bearer token check with 10 to 10,000 users: one lookup of the token's SHA-256, where the old check
 //!   compared it with every grant of every user;
-//! - a request id (UUID v4): from uuid's thread-local generator, where each id was a `getrandom` system call.
+//! - a request id (UUID v4): from uuid's thread-local generator, where each id was a `getrandom` system call;
+//! - relaying a server's result (a stdio line to the client's response body): read as its envelope and passed on
+//!   as the server's text, where it was parsed into a tree, measured (written once to count its bytes) and
+//!   written out again.
 //!
 //! Prints ns per operation and the ratio old/new. Run with `cargo bench --bench hot_paths`.
 
@@ -108,7 +111,49 @@ fn request_ids() {
     );
 }
 
+/// One stdio response line, from the satellite reading it to the client's response body, with what the call's
+/// record reads of it (isError, content an array, the result's size in bytes).
+fn results() {
+    use satellite::mcp::payload::{json_len, Payload, Shape};
+    use satellite::mcp::protocol::{self, Message, RequestId, ResultResponse};
+    let echo = r#"{"jsonrpc":"2.0","id":41,"result":{"content":[{"type":"text","text":"hi"}]}}"#.to_owned();
+    let page = format!(
+        r#"{{"jsonrpc":"2.0","id":41,"result":{{"content":[{{"type":"text","text":"{}"}}],"structuredContent":{{"rows":[{}]}}}}}}"#,
+        "lorem ipsum dolor sit amet, ".repeat(400),
+        (0..200)
+            .map(|i| format!(r#"{{"id":{i},"name":"row {i}","score":{i}.5,"tags":["a","b"]}}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for (name, line) in [("echo result", &echo), ("page of rows", &page)] {
+        let client_id = RequestId::Number(7);
+        let tree = time_per_call(Duration::from_secs(2), || {
+            let Ok((mut messages, _)) = protocol::decode_frame(line.as_bytes()) else { return };
+            let Some(Ok(Message::Response { outcome: Ok(result), .. })) = messages.pop().map(Message::from_value)
+            else {
+                return;
+            };
+            black_box((Shape::of_value(&result), json_len(&result)));
+            black_box(serde_json::to_vec(&protocol::response(client_id.clone(), result)).ok());
+        });
+        let text = time_per_call(Duration::from_secs(2), || {
+            let Some((_, result)) = protocol::result_response(line) else { return };
+            let result = Payload::text(result.to_owned());
+            black_box((result.shape(), result.json_len()));
+            black_box(serde_json::to_vec(&ResultResponse::new(&client_id, &result)).ok());
+        });
+        println!(
+            "relay {name:<15} ({:>5} B):      {:>9} ns   as a tree: {:>8} ns   old/new {:.1}x",
+            line.len(),
+            text.as_nanos(),
+            tree.as_nanos(),
+            tree.as_secs_f64() / text.as_secs_f64()
+        );
+    }
+}
+
 fn main() {
+    results();
     request_ids();
     sessions();
     for users in [10, 1_000, 10_000] {

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# What one proxied call costs the satellite, binary against binary in one run: for each satellite binary given,
+# a standalone config with one stdio instance of the bundled demo server (`demo-server --protocol legacy`) behind
+# the instance router (/i/bench-demo/mcp), then `tools/call echo` with wrk on one handshake-era session. Prints
+# req/s and the satellite's own CPU per call (utime + stime from /proc/{pid}/stat over the requests wrk counted;
+# the demo server's and wrk's time are not counted). Rounds alternate the binaries, so a host that changes speed
+# during the run shows in every binary alike.
+#
+#   bash scripts/bench-call.sh OLD_BINARY NEW_BINARY
+#
+# Needs wrk (apt-get install wrk), curl and bc. ROUNDS (3), SECS (6), C (32: connections), LOGGING (false: the
+# installation's request logging), TEXT_BYTES (2: the size of the text echoed, so of the result), PORT (3977).
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: $0 SATELLITE_BINARY..." >&2; exit 64; }
+command -v wrk >/dev/null || { echo "error: wrk is required (apt-get install wrk)" >&2; exit 1; }
+ROUNDS=${ROUNDS:-3} SECS=${SECS:-6} C=${C:-32} LOGGING=${LOGGING:-false} PORT=${PORT:-3977} TEXT_BYTES=${TEXT_BYTES:-2}
+TEXT=$(head -c "$TEXT_BYTES" /dev/zero | tr '\0' 'x')
+sha() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
+TOKEN=ab-token-0123456789 ITOK="ds_inst_$(sha demo)"
+work=$(mktemp -d); pids=()
+trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null||true; done; rm -rf $work' EXIT
+measure() {
+  local bin=$1 data; data=$(mktemp -d -p $work)
+  cat > $data/s.toml <<T
+[satellite]
+port = $PORT
+[sandbox]
+allowed_commands = ["$bin"]
+[[teams]]
+id = "bench"
+[[users]]
+id = "bench"
+teams = ["bench"]
+token_sha256 = ["$(sha $TOKEN)"]
+[[servers]]
+slug = "demo"
+transport = "stdio"
+command = "$bin"
+args = ["demo-server", "--protocol", "legacy"]
+[[installations]]
+id = "i-demo"
+team = "bench"
+server = "demo"
+request_logging = $LOGGING
+[installations.users.bench]
+instance_path = "bench-demo"
+instance_token_sha256 = "$(sha $ITOK)"
+T
+  (cd $data && SATELLITE_LOG_LEVEL=warn exec "$bin" serve --config $data/s.toml --data-dir $data > $data/log 2>&1) & local pid=$!
+  pids+=($pid)
+  local url=http://127.0.0.1:$PORT/i/bench-demo/mcp
+  post() { curl -si $url -H "authorization: Bearer $ITOK" -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' ${1:+-H "mcp-session-id: $1"} -d "$2"; }
+  for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$PORT/readyz >/dev/null && break; sleep 0.1; done
+  local INIT='{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"wrk","version":"1"}}}'
+  local CALL='{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"'$TEXT'"}}}'
+  local session=""
+  for _ in $(seq 1 300); do session=$(post "" "$INIT" | tr -d '\r' | awk 'tolower($1) == "mcp-session-id:" {print $2}'); [ -n "$session" ] && break; sleep 0.1; done
+  for _ in $(seq 1 300); do post "$session" "$CALL" | grep -q "\"text\":\"$TEXT\"" && break; sleep 0.1; done
+  cat > $data/call.lua <<LUA
+wrk.method = "POST"
+wrk.body = '$CALL'
+wrk.headers["content-type"] = "application/json"
+wrk.headers["accept"] = "application/json, text/event-stream"
+wrk.headers["authorization"] = "Bearer $ITOK"
+wrk.headers["mcp-session-id"] = "$session"
+LUA
+  wrk -t1 -c$C -d2s -s $data/call.lua $url >/dev/null
+  local before after out requests
+  before=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  out=$(wrk -t1 -c$C -d${SECS}s -s $data/call.lua $url)
+  after=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  requests=$(echo "$out" | awk '/requests in/ {print $1}')
+  printf '%-16s c=%-3s text=%-6s logging=%-5s req/s=%-10s CPU us/call=%s %s\n' "$(basename $bin)" $C $TEXT_BYTES $LOGGING "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
+    "$(echo "($after - $before) * 1000000 / $(getconf CLK_TCK) / $requests" | bc -l | xargs printf '%.1f')" "$(echo "$out" | grep -i 'non-2xx' || true)"
+  kill $pid; wait $pid 2>/dev/null || true
+}
+for r in $(seq 1 $ROUNDS); do for b in "$@"; do measure $b; done; done
