@@ -268,3 +268,43 @@ async fn abandoned_requests_are_cancelled_upstream() {
     assert!(second_id > first_id, "each cancellation names its own request: {first_id} then {second_id}");
     assert_eq!(cancelled.lock().len(), 2, "initialize and answered requests are never cancelled");
 }
+
+/// A remote server's answer reaches the satellite's client as the server wrote it, whether it comes as a JSON
+/// body or as an event of an SSE reply: a number beyond a double's precision, `1.10`, escapes, spacing and
+/// member order are not rewritten (before, each answer was parsed into a tree and written again).
+#[tokio::test]
+async fn a_remote_answer_is_passed_on_as_the_server_wrote_it() {
+    use warp::Filter;
+    const RESULT: &str = r#"{ "content": [{"type": "text", "text": "caf\u00e9"}], "z": 1, "big": 123456789012345678901234567890, "exact": 1.10 }"#;
+    let post = warp::post().and(warp::body::json()).map(|body: Value| {
+        let reply = |content_type: &str, text: String| {
+            warp::http::Response::builder()
+                .header("content-type", content_type)
+                .header("mcp-session-id", "s-1")
+                .body(text)
+                .unwrap()
+        };
+        let answer = |result: &str| format!(r#"{{"result": {result}, "jsonrpc": "2.0", "id": {}}}"#, body["id"]);
+        match (body["method"].as_str().unwrap_or_default(), body["params"]["name"].as_str()) {
+            ("initialize", _) => reply(
+                "application/json",
+                answer(r#"{"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "verbatim", "version": "1"}}"#),
+            ),
+            ("tools/call", Some("json")) => reply("application/json", answer(RESULT)),
+            ("tools/call", Some("sse")) => reply("text/event-stream", format!("id: e-1\ndata: {}\n\n", answer(RESULT))),
+            ("notifications/initialized", _) => warp::http::Response::builder().status(202).body(String::new()).unwrap(),
+            _ => warp::http::Response::builder().status(400).body(String::new()).unwrap(),
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(warp::path("mcp").and(post)).incoming(listener).run());
+
+    let client = connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await;
+    for reply in ["json", "sse"] {
+        let params = json!({"name": reply, "arguments": {}});
+        let result = client.request_relayed("tools/call", Some(params), CALL, None).await.expect("answered");
+        assert_eq!(serde_json::to_string(&result).unwrap(), RESULT, "{reply}");
+        assert_eq!(result.json_len(), RESULT.len(), "{reply}");
+    }
+}

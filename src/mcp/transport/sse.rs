@@ -182,6 +182,11 @@ impl Reader {
     }
 
     fn on_message(&self, data: &str) {
+        // An answer goes on as the server wrote it (mcp::payload).
+        if let Some((id, result)) = protocol::result_response(data) {
+            self.pending.resolve(id, Ok(Payload::text(result.to_owned())));
+            return;
+        }
         let Ok(value) = serde_json::from_str::<Value>(data) else {
             warn!(process_id = %self.label, data = %preview(data, 200), "invalid json in sse message, skipped");
             return;

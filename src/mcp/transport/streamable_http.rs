@@ -313,6 +313,15 @@ impl StreamableHttpTransport {
             if let Some(chunk) = chunk {
                 buffer.extend_from_slice(&chunk.map_err(|err| UpstreamError::Io(err.to_string()))?);
             }
+            // The usual body, one response with the answer, goes on as the server wrote it (mcp::payload). Tried
+            // only when the bytes so far may end an object, so a body that comes in many chunks is not rescanned
+            // at every one.
+            if buffer.trim_ascii_end().ends_with(b"}") {
+                let answer = std::str::from_utf8(&buffer).ok().and_then(protocol::result_response);
+                if let Some((_, result)) = answer.filter(|(n, _)| *n == id) {
+                    return Ok(Payload::text(result.to_owned()));
+                }
+            }
             let Some((parsed, consumed)) = complete_values(&buffer, ended) else {
                 let text = String::from_utf8_lossy(&buffer);
                 return Err(UpstreamError::Protocol(format!(
@@ -355,6 +364,10 @@ impl StreamableHttpTransport {
                 }
                 if !(event.event.is_empty() || event.event == "message") || event.data.trim().is_empty() {
                     continue;
+                }
+                // The answer itself goes on as the server wrote it (mcp::payload).
+                if let Some((_, result)) = protocol::result_response(&event.data).filter(|(n, _)| *n == id) {
+                    return Ok(Payload::text(result.to_owned()));
                 }
                 let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
                     debug!(process_id = %self.label, data = %preview(&event.data, 200), "invalid json in sse event, skipped");
