@@ -417,6 +417,10 @@ mod tests {
     fn a_result_line_is_read_without_a_tree_and_anything_else_is_left_alone() {
         let (id, result) = result_response(r#"{"result": {"a" : 1.10}, "jsonrpc":"2.0", "id": 12}"#).expect("a result");
         assert_eq!((id, result.get()), (12, r#"{"a" : 1.10}"#));
+        // Members it does not know (a peer's extensions) do not keep it off the fast path.
+        let (_, result) = result_response(r#"{"jsonrpc":"2.0","id":3,"result":[],"_meta":{"x":1},"trace":"t"}"#)
+            .expect("a result with unknown members");
+        assert_eq!(result.get(), "[]");
         assert!(result_response(r#"{"jsonrpc":"2.0","id":-3,"result":null}"#).is_none(), "a null result");
         for other in [
             r#"{"jsonrpc":"2.0","id":"a","result":{}}"#,

@@ -219,14 +219,14 @@ pub(super) async fn relayed(
                 }
                 outcome
             },
-            move |outcome| response_message(reply_id, outcome.map(handshake_shaped)),
+            move |outcome| response_message(reply_id, outcome.map(protocol::payload_for_handshake)),
         )
         .await;
     Ok(match answer {
         Answer::Streamed(response) => Ok(response),
         Answer::Done(Ok(result)) => {
             // The server's text goes out as it came, inside the client's own envelope.
-            let result = handshake_shaped(result);
+            let result = protocol::payload_for_handshake(result);
             Ok(json_response(StatusCode::OK, &protocol::ResultResponse::new(&id, &result)))
         }
         Answer::Done(Err(RouteError::Rpc(err))) => {
@@ -234,10 +234,6 @@ pub(super) async fn relayed(
         }
         Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
     })
-}
-
-pub(super) fn handshake_shaped(result: Payload) -> Payload {
-    protocol::payload_for_handshake(result)
 }
 
 /// A notification from the client: cancellation stops the named call; on an instance endpoint the rest (roots
