@@ -308,3 +308,127 @@ async fn a_remote_answer_is_passed_on_as_the_server_wrote_it() {
         assert_eq!(result.json_len(), RESULT.len(), "{reply}");
     }
 }
+
+/// A JSON body may arrive in pieces, and a piece may end at a `}` inside the object (here the end of the first
+/// content item). The fast path must take only a whole response: the answer is the server's text, complete.
+#[tokio::test]
+async fn a_json_answer_cut_at_an_inner_brace_is_read_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const HEAD: &str = r#"{"jsonrpc": "2.0", "id": ID, "result": {"content": [{"type": "text", "text": "first"}"#;
+    const TAIL: &str = r#", {"type": "text", "text": "second"}], "n": 1.10}}"#;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // One request per connection (`connection: close`): head, then the body its length names.
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                let head_end = loop {
+                    let n = socket.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                    if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while raw.len() < head_end + length {
+                    let n = socket.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                }
+                let body: Value = serde_json::from_slice(&raw[head_end..head_end + length]).unwrap_or_default();
+                let chunk = |text: &str| format!("{:x}\r\n{text}\r\n", text.len());
+                let start = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: s-1\r\n\
+                             connection: close\r\ntransfer-encoding: chunked\r\n\r\n";
+                let pieces: Vec<String> = match body["method"].as_str().unwrap_or_default() {
+                    "initialize" => vec![json!({"jsonrpc": "2.0", "id": body["id"], "result": {
+                        "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "pieces", "version": "1"}}})
+                    .to_string()],
+                    "tools/call" => vec![HEAD.replace("ID", &body["id"].to_string()), TAIL.to_owned()],
+                    // A notification is accepted; any other request (`server/discover`) is not served here.
+                    _ => {
+                        let status = if body.get("id").is_some() { "400 Bad Request" } else { "202 Accepted" };
+                        let head = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                        let _ = socket.write_all(head.as_bytes()).await;
+                        return;
+                    }
+                };
+                let _ = socket.write_all(start.as_bytes()).await;
+                for (i, piece) in pieces.iter().enumerate() {
+                    if i > 0 {
+                        // Let the first piece reach the client on its own (a delay of delivery, not a wait for
+                        // an outcome: the test holds whether or not the pieces arrive apart).
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    let _ = socket.write_all(chunk(piece).as_bytes()).await;
+                    let _ = socket.flush().await;
+                }
+                let _ = socket.write_all(b"0\r\n\r\n").await;
+            });
+        }
+    });
+
+    let client = connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await;
+    let result = client.request_relayed("tools/call", Some(json!({"name": "x"})), CALL, None).await.expect("answered");
+    let expected = r#"{"content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}], "n": 1.10}"#;
+    assert_eq!(serde_json::to_string(&result).unwrap(), expected);
+}
+
+/// Over the legacy SSE transport too, a result reaches the satellite's caller as the server wrote it.
+#[tokio::test]
+async fn a_legacy_sse_answer_is_passed_on_as_the_server_wrote_it() {
+    use futures::StreamExt;
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use warp::sse::Event;
+    use warp::Filter;
+    const RESULT: &str = r#"{ "content": [{"type": "text", "text": "caf\u00e9"}], "big": 123456789012345678901234567890, "exact": 1.10 }"#;
+    type Stream = tokio::sync::mpsc::UnboundedSender<Event>;
+    let stream: Arc<parking_lot::Mutex<Option<Stream>>> = Arc::default();
+    let opened = stream.clone();
+    let sse = warp::path("sse").and(warp::get()).map(move || {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let _ = tx.send(Event::default().event("endpoint").data("/messages?session=1"));
+        *opened.lock() = Some(tx);
+        let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
+        warp::sse::reply(events)
+    });
+    let messages = warp::path("messages").and(warp::post()).and(warp::body::json()).map(move |body: Value| {
+        let answer = |result: &str| format!(r#"{{"result": {result}, "jsonrpc": "2.0", "id": {}}}"#, body["id"]);
+        let message = match body["method"].as_str().unwrap_or_default() {
+            "initialize" => Some(answer(
+                r#"{"protocolVersion": "2024-11-05", "capabilities": {"tools": {}}, "serverInfo": {"name": "verbatim", "version": "1"}}"#,
+            )),
+            "tools/call" => Some(answer(RESULT)),
+            _ => None,
+        };
+        if let (Some(message), Some(tx)) = (message, stream.lock().as_ref()) {
+            let _ = tx.send(Event::default().event("message").data(message));
+        }
+        warp::http::StatusCode::ACCEPTED
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(sse.or(messages)).incoming(listener).run());
+
+    let url = url::Url::parse(&format!("http://{addr}/sse")).unwrap();
+    let transport = SseTransport::connect("test".into(), reqwest::Client::new(), url, &BTreeMap::new(), CALL)
+        .await
+        .expect("connect");
+    let client = McpClient::connect(Transport::Sse(transport), &fast_options()).await.expect("initialize");
+    let result = client.request_relayed("tools/call", Some(json!({"name": "x"})), CALL, None).await.expect("answered");
+    assert_eq!(serde_json::to_string(&result).unwrap(), RESULT);
+    assert_eq!(result.json_len(), RESULT.len());
+}
