@@ -118,7 +118,8 @@ fn spawn_satellite(config: &str) -> (tempfile::TempDir, Child, String) {
         .arg(&path)
         .current_dir(dir.path())
         .env("PORT", port.to_string())
-        .env("SATELLITE_LOG_LEVEL", "warn")
+        // At the default log level (info), as the satellite runs unless told otherwise.
+        .env_remove("LOG_LEVEL")
         .env_remove("DEPLOYSTACK_BACKEND_URL")
         .stdout(Stdio::null())
         .stderr(log)

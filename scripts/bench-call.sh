@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # What one proxied call costs the satellite, binary against binary in one run: for each satellite binary given,
 # a standalone config with one stdio instance of the bundled demo server (`demo-server --protocol legacy`) behind
-# the instance router (/i/bench-demo/mcp), then `tools/call echo` with wrk on one handshake-era session. Prints
-# req/s and the satellite's own CPU per call (utime + stime from /proc/{pid}/stat over the requests wrk counted;
-# the demo server's and wrk's time are not counted). Rounds alternate the binaries, so a host that changes speed
-# during the run shows in every binary alike.
+# the instance router (/i/bench-demo/mcp), then `tools/call echo` with wrk on one handshake-era session, at the
+# default log level (info). Prints req/s and the satellite's own CPU per call (utime + stime from /proc/{pid}/stat
+# over the requests wrk counted; the demo server's and wrk's time are not counted). Rounds alternate the binaries,
+# so a host that changes speed during the run shows in every binary alike.
 #
 #   bash scripts/bench-call.sh OLD_BINARY NEW_BINARY
 #
@@ -46,7 +46,7 @@ request_logging = $LOGGING
 instance_path = "bench-demo"
 instance_token_sha256 = "$(sha $ITOK)"
 T
-  (cd $data && SATELLITE_LOG_LEVEL=warn exec "$bin" serve --config $data/s.toml --data-dir $data > $data/log 2>&1) & local pid=$!
+  (cd $data && exec env -u LOG_LEVEL "$bin" serve --config $data/s.toml --data-dir $data > $data/log 2>&1) & local pid=$!
   pids+=($pid)
   local url=http://127.0.0.1:$PORT/i/bench-demo/mcp
   post() { curl -si $url -H "authorization: Bearer $ITOK" -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' ${1:+-H "mcp-session-id: $1"} -d "$2"; }

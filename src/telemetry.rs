@@ -5,9 +5,10 @@
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::LogFormat;
 
@@ -36,24 +37,12 @@ impl Telemetry {
 /// Install the global subscriber. `RUST_LOG` refines `level` when set. `traces`: export spans when an OTLP
 /// endpoint is configured. Call before the async runtime starts.
 pub fn init(level: &str, format: LogFormat, traces: bool) -> Telemetry {
-    let level = if level == "fatal" { "error" } else { level };
-    let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new(default_directives(level)));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let fmt = match format {
-        LogFormat::Pretty => fmt.boxed(),
-        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
-    };
     let (traces, problem) = match if traces { trace_provider() } else { Ok(None) } {
         Ok(provider) => (provider, None),
         Err(problem) => (None, Some(problem)),
     };
-    // Spans are exported whatever the log level: the satellite's own at info and above.
-    let otel = traces.as_ref().map(|provider| {
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer("satellite"))
-            .with_filter(tracing_subscriber::filter::Targets::new().with_target("satellite", tracing::Level::INFO))
-    });
-    let _ = tracing_subscriber::registry().with(fmt.with_filter(filter)).with(otel).try_init();
+    let tracer = traces.as_ref().map(|provider| provider.tracer("satellite"));
+    let _ = subscriber(level, format, tracer).try_init();
     if let Some(problem) = problem {
         tracing::warn!(error = %problem, "OpenTelemetry traces are off: the OTLP exporter could not be set up; check OTEL_EXPORTER_OTLP_ENDPOINT");
     } else if traces.is_some() {
@@ -61,6 +50,36 @@ pub fn init(level: &str, format: LogFormat, traces: bool) -> Telemetry {
         tracing::info!("OpenTelemetry traces are exported over OTLP/HTTP");
     }
     Telemetry { traces }
+}
+
+/// The log lines at `level`; with a `tracer`, spans exported too (the satellite's own at info and above,
+/// whatever the log level). Only the layers in use are installed: an absent layer would still say it wants
+/// every span and event, and every request would then build spans nobody reads.
+fn subscriber(
+    level: &str,
+    format: LogFormat,
+    tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+) -> impl tracing::Subscriber + Send + Sync {
+    let level = if level == "fatal" { "error" } else { level };
+    let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new(default_directives(level)));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Pretty => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
+    };
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![fmt.with_filter(filter).boxed()];
+    if let Some(tracer) = tracer {
+        layers.push(tracing_opentelemetry::layer().with_tracer(tracer).with_filter(filter_fn(exported)).boxed());
+    }
+    tracing_subscriber::registry().with(layers)
+}
+
+/// What the trace exporter takes: the satellite's own spans at `debug` and above (a request to an upstream server
+/// is a `debug` span, so that at the default log level a request builds one span, not two, when nothing is
+/// exported) and its events at `info` and above.
+fn exported(meta: &tracing::Metadata<'_>) -> bool {
+    let floor = if meta.is_span() { tracing::Level::DEBUG } else { tracing::Level::INFO };
+    (meta.target() == "satellite" || meta.target().starts_with("satellite::")) && *meta.level() <= floor
 }
 
 /// The OTLP trace pipeline when an endpoint is configured (the SDK reads the standard `OTEL_*` variables:
@@ -94,4 +113,56 @@ fn default_directives(level: &str) -> String {
         _ => "warn",
     };
     format!("{others},satellite={level}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Below the log level and with no trace export, a request's spans are not built at all.
+    #[test]
+    fn spans_below_the_level_are_not_built_without_traces() {
+        tracing::subscriber::with_default(subscriber("warn", LogFormat::Pretty, None), || {
+            assert!(tracing::info_span!("http", request_id = "r-1").is_disabled());
+            assert!(!tracing::warn_span!("kept").is_disabled());
+        });
+        tracing::subscriber::with_default(subscriber("info", LogFormat::Json, None), || {
+            assert!(!tracing::info_span!("http", request_id = "r-2").is_disabled());
+            assert!(tracing::debug_span!("inner").is_disabled());
+        });
+    }
+
+    /// The exporter takes the satellite's spans down to `debug` (the upstream request's span) and its events
+    /// down to `info`; other crates' nothing.
+    #[test]
+    fn the_exporter_takes_the_satellites_debug_spans_and_info_events() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Seen(Arc<Mutex<Vec<String>>>);
+        impl<S: tracing::Subscriber> Layer<S> for Seen {
+            fn on_new_span(
+                &self,
+                attrs: &tracing::span::Attributes<'_>,
+                _: &tracing::span::Id,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                self.0.lock().map(|mut seen| seen.push(attrs.metadata().name().to_owned())).ok();
+            }
+            fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+                self.0.lock().map(|mut seen| seen.push(format!("event {}", event.metadata().level()))).ok();
+            }
+        }
+        let seen = Seen::default();
+        let subscriber = tracing_subscriber::registry().with(seen.clone().with_filter(filter_fn(exported)));
+        tracing::subscriber::with_default(subscriber, || {
+            let _upstream = tracing::debug_span!("mcp.upstream");
+            let _finer = tracing::trace_span!("finer");
+            let _theirs = tracing::info_span!(target: "hyper::proto", "theirs");
+            tracing::info!("kept");
+            tracing::debug!("not kept");
+            tracing::warn!(target: "tantivy", "not ours");
+        });
+        let seen = seen.0.lock().map(|seen| seen.clone()).unwrap_or_default();
+        assert_eq!(seen, ["mcp.upstream", "event INFO"]);
+    }
 }

@@ -516,10 +516,12 @@ pub fn remote_http_client() -> Result<reqwest::Client, reqwest::Error> {
 }
 
 /// One request to an upstream server, as a span (a child of the client's request span; exported as a trace
-/// span when OpenTelemetry is on). Never the arguments: only which server and which method.
+/// span when OpenTelemetry is on). Never the arguments: only which server and which method. At `debug`: the
+/// satellite's info and warn lines about an instance name it already, and a span built on every call for log
+/// lines alone cost about 3% of a call's CPU (docs/performance.md, 2026-11-27 10:50).
 fn upstream_span(instance: &Instance, method: &str) -> tracing::Span {
     let spec = instance.spec();
-    tracing::info_span!(
+    tracing::debug_span!(
         "mcp.upstream",
         server = %spec.server_slug,
         method = %method,
