@@ -130,11 +130,13 @@ mod tests {
             assert!(!tracing::info_span!("http", request_id = "r-2").is_disabled());
             assert!(tracing::debug_span!("inner").is_disabled());
         });
+        // In the same test: a callsite's interest is global, so two tests with their own dispatchers running at
+        // once would see each other's.
+        the_exporter_takes_the_satellites_debug_spans_and_info_events();
     }
 
     /// The exporter takes the satellite's spans down to `debug` (the upstream request's span) and its events
     /// down to `info`; other crates' nothing.
-    #[test]
     fn the_exporter_takes_the_satellites_debug_spans_and_info_events() {
         use parking_lot::Mutex;
         use std::sync::Arc;
