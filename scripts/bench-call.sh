@@ -74,4 +74,23 @@ LUA
     "$(echo "($after - $before) * 1000000 / $(getconf CLK_TCK) / $requests" | bc -l | xargs printf '%.1f')" "$(echo "$out" | grep -i 'non-2xx' || true)"
   kill $pid; wait $pid 2>/dev/null || true
 }
-for r in $(seq 1 $ROUNDS); do for b in "$@"; do measure $b; done; done
+for r in $(seq 1 $ROUNDS); do for b in "$@"; do measure $b; done; done | tee $work/rounds
+# Per binary: the median over its rounds, and against the first binary the ratio of medians and the median of the
+# rounds' own ratios (each round's binaries ran minutes apart at most, so that one is the less noisy).
+echo "summary over $ROUNDS rounds (CPU us/call; ratio < 1 is less CPU than $(basename $1)):"
+awk -v n=$# '
+  { cpu[NR] = $NF + 0; for (i = 1; i <= NF; i++) if ($i ~ /^us\/call=/) cpu[NR] = substr($i, 9) + 0; name[(NR - 1) % n] = $1 }
+  function median(a, k,   i, j, t) {
+    for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+    return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
+  }
+  END {
+    rounds = NR / n
+    for (b = 0; b < n; b++) {
+      delete own; delete ratio
+      for (r = 0; r < rounds; r++) { own[r + 1] = cpu[r * n + b + 1]; ratio[r + 1] = cpu[r * n + b + 1] / cpu[r * n + 1] }
+      m[b] = median(own, rounds)
+      if (b == 0) printf "  %-16s median %.1f\n", name[b], m[b]
+      else printf "  %-16s median %.1f  ratio of medians %.3f  median of round ratios %.3f\n", name[b], m[b], m[b] / m[0], median(ratio, rounds)
+    }
+  }' $work/rounds
