@@ -79,7 +79,7 @@ for r in $(seq 1 $ROUNDS); do for b in "$@"; do measure $b; done; done | tee $wo
 # rounds' own ratios (each round's binaries ran minutes apart at most, so that one is the less noisy).
 echo "summary over $ROUNDS rounds (CPU us/call; ratio < 1 is less CPU than $(basename $1)):"
 awk -v n=$# '
-  { cpu[NR] = $NF + 0; for (i = 1; i <= NF; i++) if ($i ~ /^us\/call=/) cpu[NR] = substr($i, 9) + 0; name[(NR - 1) % n] = $1 }
+  { for (i = 1; i <= NF; i++) if ($i ~ /^us\/call=/) cpu[NR] = substr($i, 9) + 0; name[(NR - 1) % n] = $1 }
   function median(a, k,   i, j, t) {
     for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
     return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2

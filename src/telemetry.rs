@@ -52,9 +52,8 @@ pub fn init(level: &str, format: LogFormat, traces: bool) -> Telemetry {
     Telemetry { traces }
 }
 
-/// The log lines at `level`; with a `tracer`, spans exported too (the satellite's own at info and above,
-/// whatever the log level). Only the layers in use are installed: an absent layer would still say it wants
-/// every span and event, and every request would then build spans nobody reads.
+/// The log lines at `level`; with a `tracer`, spans exported too (what `exported` takes, whatever the log
+/// level). A span neither layer wants is not built at all.
 fn subscriber(
     level: &str,
     format: LogFormat,
@@ -119,16 +118,17 @@ fn default_directives(level: &str) -> String {
 mod tests {
     use super::*;
 
-    /// Below the log level and with no trace export, a request's spans are not built at all.
+    /// With no trace export, a span below the log level is not built: at `info` the request's span is, the
+    /// upstream request's (`debug`) is not.
     #[test]
-    fn spans_below_the_level_are_not_built_without_traces() {
+    fn only_spans_at_the_log_level_or_exported_are_built() {
         tracing::subscriber::with_default(subscriber("warn", LogFormat::Pretty, None), || {
             assert!(tracing::info_span!("http", request_id = "r-1").is_disabled());
             assert!(!tracing::warn_span!("kept").is_disabled());
         });
         tracing::subscriber::with_default(subscriber("info", LogFormat::Json, None), || {
             assert!(!tracing::info_span!("http", request_id = "r-2").is_disabled());
-            assert!(tracing::debug_span!("inner").is_disabled());
+            assert!(tracing::debug_span!("mcp.upstream").is_disabled());
         });
         // In the same test: a callsite's interest is global, so two tests with their own dispatchers running at
         // once would see each other's.
