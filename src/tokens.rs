@@ -127,7 +127,7 @@ impl Counter {
         tools
             .iter()
             .map(|t| {
-                let text = tool_text(&t.name, Some(&t.description), &t.input_schema());
+                let text = tool_text(t.name(), Some(t.description()), &t.input_schema());
                 text.split_inclusive('\n')
                     .map(|line| match seen.get(line) {
                         Some(n) => *n,
@@ -608,7 +608,7 @@ mod tests {
             .collect();
         let expected: Vec<usize> = tools
             .iter()
-            .map(|t| count_tool(&t.name, Some(&t.description), &t.input_schema()))
+            .map(|t| count_tool(t.name(), Some(t.description()), &t.input_schema()))
             .collect::<Result<_, _>>()?;
         assert_eq!(count_tools(tools).await?, expected);
         assert!(expected[1] > expected[0]);

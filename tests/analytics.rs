@@ -74,7 +74,7 @@ fn tool_tokens(bpe: &tiktoken_rs::CoreBPE, name: &str, description: &str, schema
 }
 
 fn catalog_tokens(bpe: &tiktoken_rs::CoreBPE, catalog: &Catalog) -> u64 {
-    catalog.tools.iter().map(|t| tool_tokens(bpe, &t.name, &t.description, &t.input_schema())).sum()
+    catalog.tools.iter().map(|t| tool_tokens(bpe, t.name(), t.description(), &t.input_schema())).sum()
 }
 
 struct Api {

@@ -188,8 +188,8 @@ fn counted(tools: &[satellite::model::ToolDef]) -> Vec<(String, u64)> {
     tools
         .iter()
         .map(|t| {
-            let text = satellite::tokens::tool_text(&t.name, Some(&t.description), &t.input_schema());
-            (t.name.clone(), bpe.encode_ordinary(&text).len() as u64)
+            let text = satellite::tokens::tool_text(t.name(), Some(t.description()), &t.input_schema());
+            (t.name().to_owned(), bpe.encode_ordinary(&text).len() as u64)
         })
         .collect()
 }

@@ -53,7 +53,7 @@ async fn settled(sat: &TestSatellite, slug: &str, status: InstanceStatus) {
 
 fn tool_names(sat: &TestSatellite, slug: &str) -> Vec<String> {
     let instance = sat.satellite.manager().get(&process(slug)).expect("instance");
-    instance.catalog().map(|c| c.tools.iter().map(|t| t.name.clone()).collect()).unwrap_or_default()
+    instance.catalog().map(|c| c.tools.iter().map(|t| t.name().to_owned()).collect()).unwrap_or_default()
 }
 
 #[tokio::test]

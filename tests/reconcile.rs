@@ -212,7 +212,7 @@ async fn catalogs_and_status_history_outlive_a_restart() {
     let catalogs = store.load_catalogs().await.unwrap();
     let alice = &catalogs[&ProcessId::from("demo-acme-alice-i-demo")];
     assert_eq!(alice.tools.len(), 7);
-    assert!(alice.tools.iter().all(|t| t.content_hash.len() == 64));
+    assert!(alice.tools.iter().all(|t| t.content_hash().len() == 64));
     assert_eq!(alice.resources.len(), 2);
     let history: Vec<String> = store
         .status_history(&ProcessId::from("demo-acme-alice-i-demo"))

@@ -76,7 +76,7 @@ async fn server_everything_over_streamable_http() {
     let server = HttpServer::everything("streamableHttp").await;
     let client = connect_http(server.url("/mcp")).await;
     let catalog = discovery::discover(&client, CALL).await.unwrap();
-    assert!(catalog.tools.iter().any(|t| t.name == "echo"));
+    assert!(catalog.tools.iter().any(|t| t.name() == "echo"));
     let echoed = client
         .request("tools/call", Some(json!({"name": "echo", "arguments": {"message": "streamed"}})), CALL)
         .await
@@ -95,7 +95,7 @@ async fn server_everything_over_legacy_sse() {
     let client = McpClient::connect(Transport::Sse(transport), &fast_options()).await.unwrap();
     assert!(matches!(client.era(), Era::Handshake { .. }));
     let catalog = discovery::discover(&client, CALL).await.unwrap();
-    assert!(catalog.tools.iter().any(|t| t.name == "echo"));
+    assert!(catalog.tools.iter().any(|t| t.name() == "echo"));
     let echoed = client
         .request("tools/call", Some(json!({"name": "echo", "arguments": {"message": "over sse"}})), CALL)
         .await

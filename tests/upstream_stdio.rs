@@ -36,12 +36,12 @@ async fn demo_server_negotiates_each_protocol_era() {
         }
         assert_eq!(client.server_info()["name"], "satellite-demo", "{protocol}");
         let catalog = discovery::discover(&client, CALL).await.expect("discover");
-        let names: Vec<&str> = catalog.tools.iter().map(|t| t.name.as_str()).collect();
+        let names: Vec<&str> = catalog.tools.iter().map(|t| t.name()).collect();
         assert_eq!(names, ["echo", "add", "slow", "fail", "exit_process", "with_meta", "show_ui"], "{protocol}");
         assert_eq!(catalog.resources.len(), 2, "{protocol}");
         assert_eq!(catalog.templates[0].uri_template, "demo://items/{id}");
-        let show_ui = catalog.tools.iter().find(|t| t.name == "show_ui").unwrap();
-        assert_eq!(show_ui.meta.as_ref().unwrap()["ui"]["resourceUri"], "ui://demo/app.html");
+        let show_ui = catalog.tools.iter().find(|t| t.name() == "show_ui").unwrap();
+        assert_eq!(show_ui.meta().as_ref().unwrap()["ui"]["resourceUri"], "ui://demo/app.html");
 
         let echoed = client
             .request("tools/call", Some(json!({"name": "echo", "arguments": {"text": "hi"}})), CALL)
@@ -178,7 +178,7 @@ async fn garbage_on_stdout_is_skipped() {
     let client = misbehaving("garbage", fast_options()).await.expect("connects despite garbage");
     assert!(matches!(client.era(), Era::Handshake { .. }));
     let catalog = discovery::discover(&client, CALL).await.unwrap();
-    assert_eq!(catalog.tools[0].name, "ok");
+    assert_eq!(catalog.tools[0].name(), "ok");
     let Transport::Stdio(stdio) = client.transport() else { unreachable!() };
     assert!(stdio.stderr_tail().iter().any(|l| l.contains("tools/list")), "stderr kept: {:?}", stdio.stderr_tail());
     client.close().await;
@@ -208,7 +208,7 @@ async fn a_server_exiting_during_the_handshake_is_reported() {
 async fn the_listings_of_a_discovery_go_out_together() {
     let client = misbehaving("listings-together", ClientOptions::default()).await.expect("connect");
     let catalog = discovery::discover(&client, Duration::from_secs(5)).await.expect("discover");
-    assert_eq!(catalog.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["ok"]);
+    assert_eq!(catalog.tools.iter().map(|t| t.name()).collect::<Vec<_>>(), ["ok"]);
     assert_eq!(catalog.resources.len(), 1, "{:?}", catalog.resources);
     assert_eq!(catalog.templates.len(), 1, "{:?}", catalog.templates);
     assert!(catalog.fallbacks.is_empty(), "{:?}", catalog.fallbacks);
@@ -249,9 +249,9 @@ async fn server_everything_over_stdio() {
     let client = connect_stdio(stdio_launch(node_bin("mcp-server-everything").to_string_lossy(), &["stdio"])).await;
     let catalog = discovery::discover(&client, CALL).await.unwrap();
     assert!(
-        catalog.tools.iter().any(|t| t.name == "echo"),
+        catalog.tools.iter().any(|t| t.name() == "echo"),
         "tools: {:?}",
-        catalog.tools.iter().map(|t| &t.name).collect::<Vec<_>>()
+        catalog.tools.iter().map(|t| t.name()).collect::<Vec<_>>()
     );
     assert!(!catalog.resources.is_empty());
     let echoed = client
@@ -266,6 +266,6 @@ async fn server_everything_over_stdio() {
 async fn server_memory_over_stdio() {
     let client = connect_stdio(stdio_launch(node_bin("mcp-server-memory").to_string_lossy(), &[])).await;
     let catalog = discovery::discover(&client, CALL).await.unwrap();
-    assert!(catalog.tools.iter().any(|t| t.name == "create_entities"));
+    assert!(catalog.tools.iter().any(|t| t.name() == "create_entities"));
     client.close().await;
 }

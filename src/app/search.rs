@@ -138,14 +138,14 @@ pub async fn stored(
             .iter()
             .map(|tool| {
                 descriptions.insert(
-                    (process_id.0.clone(), tool.name.clone()),
-                    (slug.clone(), owner.clone(), tool.description.clone()),
+                    (process_id.0.clone(), tool.name().to_owned()),
+                    (slug.clone(), owner.clone(), tool.description().to_owned()),
                 );
                 ToolDoc {
                     process_id: process_id.0.clone(),
                     server_slug: slug.clone(),
-                    tool_name: tool.name.clone(),
-                    description: tool.description.clone(),
+                    tool_name: tool.name().to_owned(),
+                    description: tool.description().to_owned(),
                     input_schema: tool.input_schema(),
                 }
             })

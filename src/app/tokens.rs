@@ -180,7 +180,7 @@ pub async fn measure(
                     .tools
                     .iter()
                     .zip(counts)
-                    .map(|(t, n)| ToolCount { name: t.name.clone(), tokens: n as u64 })
+                    .map(|(t, n)| ToolCount { name: t.name().to_owned(), tokens: n as u64 })
                     .collect();
                 ServerCount {
                     server: target.name.clone(),

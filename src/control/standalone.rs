@@ -255,7 +255,8 @@ fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
     check_id(&server.slug, &format!("{key}.slug"))?;
     let mut declared = std::collections::HashSet::new();
     for (i, tool) in server.tools.iter().enumerate() {
-        let name = crate::model::ToolDef::from_listing(tool).map(|t| t.name.clone()).filter(|n| !n.trim().is_empty());
+        let name =
+            crate::model::ToolDef::from_listing(tool).map(|t| t.name().to_owned()).filter(|n| !n.trim().is_empty());
         let Some(name) = name else {
             return Err(ConfigError::new(format!("{key}.tools[{i}]"), None, "must be a table with a `name`"));
         };

@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 
 use crate::mcp::client::McpClient;
 use crate::mcp::transport::UpstreamError;
-use crate::model::{Catalog, ResourceDef, TemplateDef, ToolDef};
+use crate::model::{Catalog, ListingBuilder, PreparedTool, ResourceDef, TemplateDef};
 
 /// Pages followed per listing before giving up (OQ-56).
 pub const MAX_PAGES: usize = 10;
@@ -81,15 +81,17 @@ pub async fn discover_until(
     // A failed tool listing fails the discovery at once: the optional listings are not waited for.
     let (tools, (resources, templates)) = futures::future::try_join(tools, resources.map(Ok)).await?;
     let mut seen = HashSet::new();
-    let mut tool_defs = Vec::with_capacity(tools.len());
-    // Each entry is handed over and freed once its definition is made: a large listing is never held twice.
+    let mut listing = ListingBuilder::with_capacity(tools.len());
+    // Each entry is handed over and freed once its definition's text is made: a large listing is never held
+    // twice. The texts become one listing at the end (`ListingBuilder::finish`).
     for raw in tools {
-        match ToolDef::from_owned_listing(raw) {
-            Ok(tool) if seen.insert(tool.name.clone()) => tool_defs.push(tool),
-            Ok(tool) => warn!(tool = %tool.name, "duplicate tool name in tools/list, later one skipped"),
+        match PreparedTool::new(raw) {
+            Ok(tool) if seen.insert(tool.name().to_owned()) => listing.push(tool),
+            Ok(tool) => warn!(tool = %tool.name(), "duplicate tool name in tools/list, later one skipped"),
             Err(raw) => warn!(tool = %crate::mcp::transport::preview_value(&raw), "tool without a name skipped"),
         }
     }
+    let tool_defs = listing.finish();
     let resources = resources.iter().filter_map(ResourceDef::from_listing).collect();
     let templates = templates.iter().filter_map(TemplateDef::from_listing).collect();
     Ok(Catalog {

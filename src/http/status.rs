@@ -150,14 +150,14 @@ fn debug_body(deps: &StatusDeps) -> Value {
             tools_by_server.insert(spec.process_id.0.clone(), json!(catalog.tools.len()));
             for tool in &catalog.tools {
                 all_tools.push(json!({
-                    "namespaced_name": tool_path(&spec.server_slug, &tool.name),
-                    "original_name": tool.name,
+                    "namespaced_name": tool_path(&spec.server_slug, tool.name()),
+                    "original_name": tool.name(),
                     "server_name": spec.process_id.0,
                     "server_slug": spec.server_slug,
                     "user_id": spec.user_id.0,
                     "transport": transport,
-                    "description": tool.description,
-                    "content_hash": tool.content_hash,
+                    "description": tool.description(),
+                    "content_hash": tool.content_hash(),
                     "discovered_at": catalog.discovered_at.to_rfc3339_opts(SecondsFormat::Millis, true),
                 }));
             }

@@ -263,8 +263,8 @@ fn preview(deps: &ToolsetDeps, caller: &Principal, toolset: &Toolset) -> Value {
         let spec = instance.spec();
         servers.push(json!({"server": spec.server_slug, "status": instance.state().as_str()}));
         for tool in instance.catalog().iter().flat_map(|c| c.tools.iter()) {
-            if toolset.matches(&spec.server_slug, &tool.name) {
-                matched.push(tool_path(&spec.server_slug, &tool.name));
+            if toolset.matches(&spec.server_slug, tool.name()) {
+                matched.push(tool_path(&spec.server_slug, tool.name()));
             }
         }
     }

@@ -17,96 +17,97 @@ pub const URI_SEPARATOR: char = '|';
 
 /// One tool as the server described it, under its original name.
 ///
-/// The definition is kept once, as its compact JSON text: a parsed `Value` tree of the same tool takes five to
-/// seven times the bytes, and a catalog of thousands of tools is most of a loaded satellite's memory. What needs
-/// a part of it (the input schema for a discover result or a token count) parses that part when it needs it.
+/// The definition is kept as its compact JSON text: a parsed `Value` tree of the same tool takes five to seven
+/// times the bytes, and a catalog of thousands of tools is most of a loaded satellite's memory. What needs a part
+/// of it (the input schema for a discover result or a token count) parses that part when it needs it.
 ///
-/// A `ToolDef` is a shared handle: every instance of one server (one per team member) lists the same tools, and
-/// all of them hold one copy of each identical definition (see [`Interner`]). Cloning it is a reference count.
-#[derive(Debug, Clone)]
-pub struct ToolDef(Arc<ToolBody>);
-
-/// What a [`ToolDef`] holds; read through the handle (`tool.name`, `tool.input_schema()`).
-#[derive(Debug)]
-pub struct ToolBody {
-    pub name: String,
-    /// Missing descriptions become "".
-    pub description: String,
-    pub meta: Option<Value>,
-    /// The whole definition (title, annotations, outputSchema…), normalised: a string `description` and an
-    /// object `inputSchema` are always there.
-    definition: Box<RawValue>,
-    /// SHA-256 of the definition's JSON text: tells whether a tool changed between discoveries.
-    pub content_hash: String,
+/// The tools of one listing are held together, in one text and one table (a `Listing`), not as a handful of
+/// allocations each: the allocator keeps a page of small blocks as long as one block in it lives, and thousands
+/// of small definitions made while their listing was being read left pages a third to a half full (about 2 KiB
+/// of resident memory per tool on top of its 1.3 KB; docs/performance.md). A `ToolDef` is a handle to its
+/// listing and its place in it; cloning it is a reference count. Every instance of one server (one per team
+/// member) lists the same tools, and all of them hold one copy of an identical listing (see [`Interner`]).
+#[derive(Clone)]
+pub struct ToolDef {
+    listing: Arc<Listing>,
+    index: u32,
 }
 
-impl std::ops::Deref for ToolDef {
-    type Target = ToolBody;
+/// The tools of one listing: every definition's compact JSON text one after another (followed by the names and
+/// descriptions that do not appear verbatim in their definition), and where each tool's parts are in it.
+struct Listing {
+    text: Box<str>,
+    tools: Box<[Entry]>,
+}
 
-    fn deref(&self) -> &ToolBody {
-        &self.0
+/// A part of a listing's text, by byte offset.
+#[derive(Debug, Clone, Copy, Default)]
+struct Span {
+    start: u32,
+    len: u32,
+}
+
+impl Span {
+    fn range(self) -> std::ops::Range<usize> {
+        let start = self.start as usize;
+        start..start + self.len as usize
+    }
+}
+
+/// Where one tool's parts are in its listing's text.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    /// The whole definition (title, annotations, outputSchema…), normalised: a string `description` and an
+    /// object `inputSchema` are always there.
+    definition: Span,
+    name: Span,
+    /// Missing descriptions are "".
+    description: Span,
+    /// SHA-256 of the definition's JSON text: tells whether a tool changed between discoveries.
+    content_hash: [u8; 32],
+    /// The definition has a `_meta` object (read from the text when asked for).
+    has_meta: bool,
+}
+
+/// What a handle whose entry is missing reads (never made: every handle is made with its entry).
+const NO_ENTRY: Entry = Entry {
+    definition: Span { start: 0, len: 0 },
+    name: Span { start: 0, len: 0 },
+    description: Span { start: 0, len: 0 },
+    content_hash: [0; 32],
+    has_meta: false,
+};
+
+impl std::fmt::Debug for ToolDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolDef").field("name", &self.name()).field("definition", &self.definition_text()).finish()
     }
 }
 
 impl PartialEq for ToolDef {
+    /// Equal definitions: the name and description are read from the definition, so they are equal too.
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+        self.shares_body(other)
+            || (self.entry().content_hash == other.entry().content_hash
+                && self.definition_text() == other.definition_text())
     }
 }
 
-impl PartialEq for ToolBody {
-    fn eq(&self, other: &Self) -> bool {
-        self.content_hash == other.content_hash
-            && self.name == other.name
-            && self.description == other.description
-            && self.meta == other.meta
-            && self.definition.get() == other.definition.get()
-    }
+/// One `tools/list` entry, normalised into its definition's compact text: what a [`ListingBuilder`] takes.
+#[derive(Debug)]
+pub struct PreparedTool {
+    name: String,
+    description: String,
+    definition: String,
+    content_hash: [u8; 32],
+    has_meta: bool,
 }
 
-/// Every live tool body by content hash, so that identical definitions are held once however many instances
-/// list them. Entries are weak: a body goes when the last catalog holding it does, and dead entries are swept
-/// whenever the table has doubled since the last sweep (so it holds at most about twice the live bodies).
-/// Keyed by the hash's first 64 bits (the body holds the whole hash); a body is shared only when it equals.
-#[derive(Default)]
-struct Interner {
-    bodies: HashMap<u64, Weak<ToolBody>>,
-    swept_at: usize,
-}
-
-static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(|| Mutex::new(Interner::default()));
-
-/// Below this many entries the table is never swept.
-const SWEEP_FLOOR: usize = 512;
-
-impl Interner {
-    /// The live body equal to `body` if there is one, else `body` itself, remembered for the next.
-    fn intern(&mut self, body: ToolBody) -> Arc<ToolBody> {
-        let key = body.content_hash.get(..16).and_then(|head| u64::from_str_radix(head, 16).ok()).unwrap_or_default();
-        if let Some(live) = self.bodies.get(&key).and_then(Weak::upgrade) {
-            // Equal hashes mean equal definitions; the name, description and meta given beside it must match too.
-            return if *live == body { live } else { Arc::new(body) };
-        }
-        if self.bodies.len() >= 2 * self.swept_at.max(SWEEP_FLOOR) {
-            self.bodies.retain(|_, body| body.strong_count() > 0);
-            self.swept_at = self.bodies.len();
-        }
-        let body = Arc::new(body);
-        self.bodies.insert(key, Arc::downgrade(&body));
-        body
-    }
-}
-
-impl ToolDef {
-    /// Normalise a `tools/list` entry; `None` when it has no string name.
-    pub fn from_listing(raw: &Value) -> Option<Self> {
-        Self::from_owned_listing(raw.clone()).ok()
-    }
-
-    /// [`from_listing`](Self::from_listing), taking the entry: discovery hands each entry over and frees it as
-    /// soon as its definition is made, instead of copying it while the whole listing is held. An entry with no
-    /// string name is handed back.
-    pub fn from_owned_listing(raw: Value) -> Result<Self, Value> {
+impl PreparedTool {
+    /// Normalise a `tools/list` entry: a string `description` (`""` when missing) and an object `inputSchema`
+    /// (`{}` when missing), the rest as the server wrote it. An entry with no string name, or that is not an
+    /// object, is handed back whole (for the warning that shows it).
+    pub fn new(raw: Value) -> Result<Self, Value> {
         let name = match raw.get("name").and_then(Value::as_str) {
             Some(name) => name.to_owned(),
             None => return Err(raw),
@@ -117,49 +118,247 @@ impl ToolDef {
         if !definition.get("inputSchema").is_some_and(Value::is_object) {
             definition.insert("inputSchema".into(), Value::Object(Map::new()));
         }
-        let meta = definition.get("_meta").filter(|m| m.is_object()).cloned();
-        let definition = Value::Object(definition);
-        Ok(Self::from_parts(name, description, meta, &definition))
+        let has_meta = definition.get("_meta").is_some_and(Value::is_object);
+        let definition = Value::Object(definition).to_string();
+        let content_hash = Sha256::digest(definition.as_bytes()).into();
+        Ok(PreparedTool { name, description, definition, content_hash, has_meta })
     }
 
-    pub fn from_parts(name: String, description: String, meta: Option<Value>, definition: &Value) -> Self {
-        Self(INTERNER.lock().intern(ToolBody::new(name, description, meta, definition)))
-    }
-
-    /// Whether two handles hold the very same body.
-    pub fn shares_body(&self, other: &ToolDef) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+    pub fn name(&self) -> &str {
+        &self.name
     }
 }
 
-impl ToolBody {
-    fn new(name: String, description: String, meta: Option<Value>, definition: &Value) -> Self {
-        let text = definition.to_string();
-        let content_hash = hex::encode(Sha256::digest(text.as_bytes()));
-        // A `Value` always prints as valid JSON, so this cannot fail; `null` keeps the type total all the same.
-        let definition = RawValue::from_string(text).unwrap_or_default();
-        ToolBody { name, description, meta, definition, content_hash }
+/// The tools of one listing being read, made into one shared listing by [`finish`](Self::finish).
+#[derive(Debug, Default)]
+pub struct ListingBuilder {
+    tools: Vec<PreparedTool>,
+}
+
+/// A listing's text is addressed with 32-bit offsets; a larger one (no real server lists 4 GiB of tools) is
+/// held as several listings.
+const MAX_LISTING_TEXT: usize = u32::MAX as usize;
+
+impl ListingBuilder {
+    pub fn with_capacity(tools: usize) -> Self {
+        ListingBuilder { tools: Vec::with_capacity(tools) }
     }
 
-    /// The whole definition as compact JSON text, written out as is.
-    pub fn definition(&self) -> &RawValue {
-        &self.definition
+    pub fn push(&mut self, tool: PreparedTool) {
+        self.tools.push(tool);
+    }
+
+    /// Every tool pushed, in order, as handles to one listing: an identical listing already held (another
+    /// instance of the same server) is shared instead of made again.
+    pub fn finish(self) -> Vec<ToolDef> {
+        let mut handles = Vec::with_capacity(self.tools.len());
+        let mut part = Vec::new();
+        let mut part_text = 0;
+        for tool in self.tools {
+            let size = 2 * tool.definition.len() + tool.name.len() + tool.description.len();
+            if !part.is_empty() && part_text + size > MAX_LISTING_TEXT {
+                push_handles(&mut handles, std::mem::take(&mut part));
+                part_text = 0;
+            }
+            part_text += size;
+            part.push(tool);
+        }
+        if !part.is_empty() {
+            push_handles(&mut handles, part);
+        }
+        handles
+    }
+}
+
+fn push_handles(handles: &mut Vec<ToolDef>, tools: Vec<PreparedTool>) {
+    let count = tools.len();
+    let listing = INTERNER.lock().intern(tools);
+    handles.extend((0..count).map(|index| ToolDef { listing: listing.clone(), index: index as u32 }));
+}
+
+impl Listing {
+    /// One text, allocated once at its size: each definition, then each name or description not found verbatim
+    /// in its definition (one with characters JSON escapes).
+    fn new(tools: Vec<PreparedTool>) -> Listing {
+        let verbatim = |definition: &str, part: &str| definition.find(part);
+        let mut size = 0;
+        for tool in &tools {
+            size += tool.definition.len();
+            for part in [&tool.name, &tool.description] {
+                if verbatim(&tool.definition, part).is_none() {
+                    size += part.len();
+                }
+            }
+        }
+        let mut text = String::with_capacity(size);
+        let mut entries = Vec::with_capacity(tools.len());
+        let mut appended = Vec::new();
+        for (index, tool) in tools.iter().enumerate() {
+            let definition = span(text.len(), tool.definition.len());
+            text.push_str(&tool.definition);
+            let mut place = |part: &str, which: usize| match verbatim(&tool.definition, part) {
+                Some(at) => span(definition.start as usize + at, part.len()),
+                None => {
+                    appended.push((index, which));
+                    Span::default()
+                }
+            };
+            let (name, description) = (place(&tool.name, 0), place(&tool.description, 1));
+            entries.push(Entry {
+                definition,
+                name,
+                description,
+                content_hash: tool.content_hash,
+                has_meta: tool.has_meta,
+            });
+        }
+        for (index, which) in appended {
+            let (tool, entry) = (&tools[index], &mut entries[index]);
+            let part = if which == 0 { &tool.name } else { &tool.description };
+            let placed = span(text.len(), part.len());
+            text.push_str(part);
+            if which == 0 {
+                entry.name = placed;
+            } else {
+                entry.description = placed;
+            }
+        }
+        Listing { text: text.into_boxed_str(), tools: entries.into_boxed_slice() }
+    }
+
+    fn same_as(&self, tools: &[PreparedTool]) -> bool {
+        self.tools.len() == tools.len()
+            && self.tools.iter().zip(tools).all(|(entry, tool)| {
+                entry.content_hash == tool.content_hash
+                    && self.text.get(entry.definition.range()) == Some(tool.definition.as_str())
+            })
+    }
+}
+
+/// A span of `len` bytes at `start`; `ListingBuilder::finish` keeps every listing's text under 4 GiB.
+fn span(start: usize, len: usize) -> Span {
+    Span { start: u32::try_from(start).unwrap_or(u32::MAX), len: u32::try_from(len).unwrap_or(0) }
+}
+
+/// Every live listing by its content, so that identical listings (every member's instance of one server) are
+/// held once however many instances list them. Entries are weak: a listing goes when the last catalog holding
+/// it does, and dead entries are swept whenever the table has doubled since the last sweep (so it holds at
+/// most about twice the live listings). Keyed by 64 bits of a hash over the tools' content hashes; a listing
+/// is shared only when every definition equals.
+#[derive(Default)]
+struct Interner {
+    listings: HashMap<u64, Weak<Listing>>,
+    swept_at: usize,
+}
+
+static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(|| Mutex::new(Interner::default()));
+
+/// Below this many entries the table is never swept.
+const SWEEP_FLOOR: usize = 512;
+
+impl Interner {
+    /// The live listing equal to `tools` if there is one, else a new one, remembered for the next.
+    fn intern(&mut self, tools: Vec<PreparedTool>) -> Arc<Listing> {
+        let mut hasher = Sha256::new();
+        for tool in &tools {
+            hasher.update(tool.content_hash);
+        }
+        let digest = hasher.finalize();
+        let key = digest.iter().take(8).fold(0u64, |key, byte| (key << 8) | u64::from(*byte));
+        if let Some(live) = self.listings.get(&key).and_then(Weak::upgrade) {
+            if live.same_as(&tools) {
+                return live;
+            }
+            return Arc::new(Listing::new(tools));
+        }
+        if self.listings.len() >= 2 * self.swept_at.max(SWEEP_FLOOR) {
+            self.listings.retain(|_, listing| listing.strong_count() > 0);
+            self.swept_at = self.listings.len();
+        }
+        let listing = Arc::new(Listing::new(tools));
+        self.listings.insert(key, Arc::downgrade(&listing));
+        listing
+    }
+}
+
+impl ToolDef {
+    /// Normalise one `tools/list` entry (see [`PreparedTool::new`]); `None` when it has no string name.
+    pub fn from_listing(raw: &Value) -> Option<Self> {
+        Self::listing([raw.clone()]).pop()
+    }
+
+    /// The usable entries of a listing, in order, held as one listing; entries that cannot be a tool are
+    /// skipped (discovery, which warns about them, uses a [`ListingBuilder`]).
+    pub fn listing(entries: impl IntoIterator<Item = Value>) -> Vec<Self> {
+        let mut builder = ListingBuilder::default();
+        entries.into_iter().filter_map(|raw| PreparedTool::new(raw).ok()).for_each(|tool| builder.push(tool));
+        builder.finish()
+    }
+
+    /// Whether two handles hold the very same definition (not only an equal one).
+    pub fn shares_body(&self, other: &ToolDef) -> bool {
+        Arc::ptr_eq(&self.listing, &other.listing) && self.index == other.index
+    }
+
+    fn entry(&self) -> &Entry {
+        self.listing.tools.get(self.index as usize).unwrap_or(&NO_ENTRY)
+    }
+
+    fn part(&self, span: Span) -> &str {
+        self.listing.text.get(span.range()).unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &str {
+        self.part(self.entry().name)
+    }
+
+    /// The description (`""` when the server gave none).
+    pub fn description(&self) -> &str {
+        self.part(self.entry().description)
+    }
+
+    /// SHA-256 of the definition's JSON text, as 64 hex digits: tells whether a tool changed between discoveries.
+    pub fn content_hash(&self) -> String {
+        hex::encode(self.entry().content_hash)
+    }
+
+    /// [`content_hash`](Self::content_hash) as bytes.
+    pub fn content_hash_bytes(&self) -> &[u8; 32] {
+        &self.entry().content_hash
+    }
+
+    /// The whole definition as compact JSON text, to be written out as is.
+    pub fn definition_text(&self) -> &str {
+        self.part(self.entry().definition)
     }
 
     /// The whole definition, parsed.
     pub fn definition_value(&self) -> Value {
-        serde_json::from_str(self.definition.get()).unwrap_or(Value::Null)
+        serde_json::from_str(self.definition_text()).unwrap_or(Value::Null)
+    }
+
+    /// The definition's `_meta` object, if it has one.
+    pub fn meta(&self) -> Option<Value> {
+        #[derive(serde::Deserialize)]
+        struct MetaOnly {
+            #[serde(rename = "_meta")]
+            meta: Option<Value>,
+        }
+        if !self.entry().has_meta {
+            return None;
+        }
+        serde_json::from_str::<MetaOnly>(self.definition_text()).ok().and_then(|d| d.meta).filter(Value::is_object)
     }
 
     /// The tool's input schema as it is written in the definition, not parsed (`None` only for a definition
-    /// that is not an object, which `from_parts` never makes).
+    /// that is not an object, which a listing never holds).
     pub fn input_schema_text(&self) -> Option<&RawValue> {
         #[derive(serde::Deserialize)]
         struct SchemaText<'a> {
             #[serde(rename = "inputSchema", borrow)]
             input_schema: Option<&'a RawValue>,
         }
-        serde_json::from_str::<SchemaText>(self.definition.get()).ok().and_then(|d| d.input_schema)
+        serde_json::from_str::<SchemaText>(self.definition_text()).ok().and_then(|d| d.input_schema)
     }
 
     /// The tool's input schema (`{}` when the server gave none), parsed from the definition alone.
@@ -169,7 +368,7 @@ impl ToolBody {
             #[serde(rename = "inputSchema")]
             input_schema: Option<Value>,
         }
-        serde_json::from_str::<SchemaOnly>(self.definition.get())
+        serde_json::from_str::<SchemaOnly>(self.definition_text())
             .ok()
             .and_then(|d| d.input_schema)
             .unwrap_or_else(|| Value::Object(Map::new()))
@@ -330,17 +529,17 @@ mod tests {
     #[test]
     fn listings_are_normalised() {
         let tool = ToolDef::from_listing(&json!({"name": "t"})).unwrap();
-        assert_eq!(tool.description, "");
+        assert_eq!(tool.description(), "");
         assert_eq!(tool.input_schema(), json!({}));
         assert_eq!(tool.definition_value(), json!({"name": "t", "description": "", "inputSchema": {}}));
-        assert_eq!(tool.definition().get(), r#"{"name":"t","description":"","inputSchema":{}}"#);
+        assert_eq!(tool.definition_text(), r#"{"name":"t","description":"","inputSchema":{}}"#);
         assert!(ToolDef::from_listing(&json!({"description": "no name"})).is_none());
         // An entry that cannot be a tool comes back whole, for the warning that shows it.
         for unusable in [json!({"name": 7, "description": "numeric name"}), json!(["t"]), json!("t"), Value::Null] {
-            assert_eq!(ToolDef::from_owned_listing(unusable.clone()).err(), Some(unusable));
+            assert_eq!(PreparedTool::new(unusable.clone()).err(), Some(unusable));
         }
         let a = ToolDef::from_listing(&json!({"name": "t", "description": "x"})).unwrap();
-        assert_ne!(a.content_hash, tool.content_hash);
+        assert_ne!(a.content_hash(), tool.content_hash());
     }
 
     #[test]
@@ -364,9 +563,9 @@ mod tests {
         assert_eq!(tool.input_schema(), listed["inputSchema"]);
         let keys: Vec<String> = tool.input_schema()["properties"].as_object().unwrap().keys().cloned().collect();
         assert_eq!(keys, ["z", "a"], "the server's key order is kept");
-        assert_eq!(tool.meta, Some(listed["_meta"].clone()));
+        assert_eq!(tool.meta(), Some(listed["_meta"].clone()));
         // The hash is over the same text the store keeps and a listing writes.
-        assert_eq!(tool.content_hash, hex::encode(Sha256::digest(tool.definition().get().as_bytes())));
+        assert_eq!(tool.content_hash(), hex::encode(Sha256::digest(tool.definition_text().as_bytes())));
         assert_eq!(ToolDef::from_listing(&tool.definition_value()).unwrap(), tool);
     }
 }
@@ -427,19 +626,19 @@ impl ToolChange {
 /// The tools added, removed and updated (by content hash, with the parts that changed) from `before` to
 /// `after`, in the order of `after` then `before`.
 pub fn catalog_diff(before: &[ToolDef], after: &[ToolDef]) -> Vec<ToolChange> {
-    let old: std::collections::HashMap<&str, &ToolDef> = before.iter().map(|t| (t.name.as_str(), t)).collect();
-    let new: std::collections::HashSet<&str> = after.iter().map(|t| t.name.as_str()).collect();
+    let old: std::collections::HashMap<&str, &ToolDef> = before.iter().map(|t| (t.name(), t)).collect();
+    let new: std::collections::HashSet<&str> = after.iter().map(|t| t.name()).collect();
     let mut changes = Vec::new();
     for tool in after {
-        match old.get(tool.name.as_str()) {
+        match old.get(tool.name()) {
             None => changes.push(ToolChange {
-                name: tool.name.clone(),
+                name: tool.name().to_owned(),
                 kind: ChangeKind::Added,
                 parts: Vec::new(),
                 old_hash: None,
-                new_hash: Some(tool.content_hash.clone()),
+                new_hash: Some(tool.content_hash()),
             }),
-            Some(previous) if previous.content_hash != tool.content_hash => {
+            Some(previous) if previous.content_hash_bytes() != tool.content_hash_bytes() => {
                 let (old_definition, new_definition) = (previous.definition_value(), tool.definition_value());
                 let empty = Map::new();
                 let (a, b) =
@@ -449,22 +648,22 @@ pub fn catalog_diff(before: &[ToolDef], after: &[ToolDef]) -> Vec<ToolChange> {
                 parts.sort();
                 parts.dedup();
                 changes.push(ToolChange {
-                    name: tool.name.clone(),
+                    name: tool.name().to_owned(),
                     kind: ChangeKind::Updated,
                     parts,
-                    old_hash: Some(previous.content_hash.clone()),
-                    new_hash: Some(tool.content_hash.clone()),
+                    old_hash: Some(previous.content_hash()),
+                    new_hash: Some(tool.content_hash()),
                 });
             }
             Some(_) => {}
         }
     }
-    for tool in before.iter().filter(|t| !new.contains(t.name.as_str())) {
+    for tool in before.iter().filter(|t| !new.contains(t.name())) {
         changes.push(ToolChange {
-            name: tool.name.clone(),
+            name: tool.name().to_owned(),
             kind: ChangeKind::Removed,
             parts: Vec::new(),
-            old_hash: Some(tool.content_hash.clone()),
+            old_hash: Some(tool.content_hash()),
             new_hash: None,
         });
     }
@@ -476,46 +675,70 @@ mod diff_tests {
     use super::*;
     use serde_json::json;
 
-    /// Every member's instance of one server lists the same tools: they are held once. A tool that differs in
-    /// anything is its own, and so is one whose given name does not match its definition's hash's owner.
+    /// Every member's instance of one server lists the same tools: the listing is held once. A listing that
+    /// differs in any tool is its own.
     #[test]
-    fn identical_definitions_are_held_once_and_go_with_their_last_holder() {
-        let listing = json!({"name": "interned_probe", "description": "Held once", "inputSchema": {"type": "object"}});
-        let first = tool(listing.clone());
-        let second = tool(listing.clone());
-        assert!(first.shares_body(&second), "the same definition from a second instance");
+    fn identical_listings_are_held_once_and_go_with_their_last_holder() {
+        let entry = |description: &str| json!({"name": "interned_probe", "description": description, "inputSchema": {"type": "object"}});
+        let listing = || vec![entry("Held once"), json!({"name": "second"})];
+        let first = ToolDef::listing(listing());
+        let second = ToolDef::listing(listing());
+        assert!(first[0].shares_body(&second[0]) && first[1].shares_body(&second[1]), "a second instance's listing");
+        assert!(!first[0].shares_body(&first[1]));
         assert_eq!(first, second);
-        let changed =
-            tool(json!({"name": "interned_probe", "description": "Held twice", "inputSchema": {"type": "object"}}));
-        assert!(!first.shares_body(&changed));
-        let renamed = ToolDef::from_parts("other".into(), "Held once".into(), None, &listing);
-        assert!(!first.shares_body(&renamed), "same definition text, another name given beside it");
-        assert_eq!(renamed.name, "other");
+        let changed = ToolDef::listing(vec![entry("Held twice"), json!({"name": "second"})]);
+        assert!(!first[1].shares_body(&changed[1]), "one tool changed: a listing of its own");
+        assert_eq!(first[1], changed[1], "its unchanged tool still equals");
+        assert_ne!(first[0], changed[0]);
 
-        let gone = Arc::downgrade(&first.0);
+        let gone = Arc::downgrade(&first[0].listing);
         drop((first, second));
-        assert!(gone.upgrade().is_none(), "the interner holds no body alive");
+        assert!(gone.upgrade().is_none(), "the interner holds no listing alive");
     }
 
-    /// The table of weak entries stays within about twice its live bodies, whatever passes through it.
+    /// The table of weak entries stays within about twice its live listings, whatever passes through it.
     #[test]
     fn the_interner_sweeps_what_no_catalog_holds() {
         let mut interner = Interner::default();
-        let body = |n: usize| ToolBody::new(format!("t{n}"), String::new(), None, &json!({"name": format!("t{n}")}));
-        let kept: Vec<Arc<ToolBody>> = (0..100).map(|n| interner.intern(body(n))).collect();
+        let listing = |n: usize| vec![PreparedTool::new(json!({"name": format!("t{n}")})).expect("named")];
+        let kept: Vec<Arc<Listing>> = (0..100).map(|n| interner.intern(listing(n))).collect();
         for n in 100..10_000 {
-            drop(interner.intern(body(n)));
-            assert!(interner.bodies.len() <= 2 * SWEEP_FLOOR, "{} entries at {n}", interner.bodies.len());
+            drop(interner.intern(listing(n)));
+            assert!(interner.listings.len() <= 2 * SWEEP_FLOOR, "{} entries at {n}", interner.listings.len());
         }
         assert!(kept
             .iter()
-            .all(|body| interner.bodies.values().any(|w| w.upgrade().is_some_and(|w| Arc::ptr_eq(&w, body)))));
-        assert!(Arc::ptr_eq(&kept[7], &interner.intern(body(7))), "a live body is still found after sweeps");
+            .all(|listing| interner.listings.values().any(|w| w.upgrade().is_some_and(|w| Arc::ptr_eq(&w, listing)))));
+        assert!(Arc::ptr_eq(&kept[7], &interner.intern(listing(7))), "a live listing is still found after sweeps");
+    }
+
+    /// Names and descriptions are read from the definition's text where they appear in it as they are, and
+    /// kept beside it where JSON escapes them; either way they read back as the server wrote them.
+    #[test]
+    fn names_and_descriptions_read_back_whether_or_not_json_escapes_them() {
+        let tools = ToolDef::listing(vec![
+            json!({"name": "plain", "description": "Read a file", "inputSchema": {"type": "object"}}),
+            json!({"name": "quo\"ted", "description": "Line one\nline \"two\" \\ \u{1}", "inputSchema": {}}),
+            json!({"name": "t", "description": "t"}),
+            json!({"name": "ünï", "description": ""}),
+            json!({"description": "no name, skipped"}),
+        ]);
+        let read: Vec<(&str, &str)> = tools.iter().map(|t| (t.name(), t.description())).collect();
+        assert_eq!(
+            read,
+            [("plain", "Read a file"), ("quo\"ted", "Line one\nline \"two\" \\ \u{1}"), ("t", "t"), ("ünï", ""),]
+        );
+        for tool in &tools {
+            let definition = tool.definition_value();
+            assert_eq!(definition["name"], tool.name());
+            assert_eq!(definition["description"], tool.description());
+            assert_eq!(ToolDef::from_listing(&definition).as_ref(), Some(tool));
+        }
+        assert_eq!(tools[0].meta(), None);
     }
 
     fn tool(definition: Value) -> ToolDef {
-        ToolDef::from_listing(&definition)
-            .unwrap_or_else(|| ToolDef::from_parts(String::new(), String::new(), None, &definition))
+        ToolDef::from_listing(&definition).expect("a named tool")
     }
 
     #[test]

@@ -14,7 +14,8 @@ pub mod toolset;
 
 pub use catalog::{
     catalog_diff, namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path,
-    shared_uri, tool_path, Catalog, ChangeKind, ResourceDef, TemplateDef, ToolChange, ToolDef,
+    shared_uri, tool_path, Catalog, ChangeKind, ListingBuilder, PreparedTool, ResourceDef, TemplateDef, ToolChange,
+    ToolDef,
 };
 pub use toolset::{Toolset, ToolsetScope, ToolsetSource};
 

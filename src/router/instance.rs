@@ -56,7 +56,7 @@ impl InstanceRouter {
                             .iter()
                             .zip(parsed.iter())
                             .zip(c.tool_tokens.iter().map(Some).chain(std::iter::repeat(None)))
-                            .filter(|((t, _), _)| !instance.tool_disabled(&t.name))
+                            .filter(|((t, _), _)| !instance.tool_disabled(t.name()))
                             .map(|((t, definition), n)| {
                                 match n {
                                     Some(n) => tokens += u64::from(*n),

@@ -79,8 +79,7 @@ const META_TOKENS: u64 = 649;
 
 /// What the meta-tools cost a client's context, counted like any tool (SB §15) on the blocking pool.
 pub async fn cost() -> Result<crate::analytics::MetaCost, crate::tokens::TokenError> {
-    let tools: Vec<crate::model::ToolDef> =
-        definitions().as_array().into_iter().flatten().filter_map(crate::model::ToolDef::from_listing).collect();
+    let tools = crate::model::ToolDef::listing(definitions().as_array().into_iter().flatten().cloned());
     let count = tools.len() as u64;
     let tokens = crate::tokens::count_tools(tools).await?;
     Ok(crate::analytics::MetaCost { tools: count, tokens: tokens.iter().map(|n| *n as u64).sum() })

@@ -46,15 +46,18 @@ pub(super) fn text_result(text: String) -> Value {
 /// is one entry. At most `MAX_TRIMMED` are kept; a full memo starts over.
 #[derive(Clone, Default)]
 pub struct TrimmedSchemas {
-    memo: Arc<Mutex<HashMap<String, Arc<Box<RawValue>>>>>,
+    memo: Arc<Mutex<HashMap<ContentHash, Arc<Box<RawValue>>>>>,
 }
 
 const MAX_TRIMMED: usize = 2048;
 
+/// A tool's SHA-256 content hash ([`ToolDef::content_hash_bytes`]).
+type ContentHash = [u8; 32];
+
 impl TrimmedSchemas {
     /// `tool`'s input schema, trimmed (`trim_schema`), as compact JSON text.
     pub(super) fn get(&self, tool: &ToolDef) -> Arc<Box<RawValue>> {
-        if let Some(known) = self.memo.lock().get(&tool.content_hash) {
+        if let Some(known) = self.memo.lock().get(tool.content_hash_bytes()) {
             return known.clone();
         }
         // A `Value` always writes as JSON; `null` keeps this total all the same.
@@ -63,7 +66,7 @@ impl TrimmedSchemas {
         if memo.len() >= MAX_TRIMMED {
             memo.clear();
         }
-        memo.insert(tool.content_hash.clone(), trimmed.clone());
+        memo.insert(*tool.content_hash_bytes(), trimmed.clone());
         trimmed
     }
 

@@ -90,8 +90,8 @@ fn narrowed(instances: &[Arc<Instance>], toolset: &Toolset) -> (Scope, Option<us
         let taken: Vec<&str> = catalog
             .tools
             .iter()
-            .filter(|t| toolset.matches(&spec.server_slug, &t.name) && !instance.tool_disabled(&t.name))
-            .map(|t| t.name.as_str())
+            .filter(|t| toolset.matches(&spec.server_slug, t.name()) && !instance.tool_disabled(t.name()))
+            .map(|t| t.name())
             .collect();
         count += taken.len();
         if !taken.is_empty() && taken.len() == catalog.tools.len() {

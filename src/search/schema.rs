@@ -213,10 +213,10 @@ impl Explainer {
             terms.iter().filter(|t| held.contains(*t)).cloned().collect()
         };
         super::Matched {
-            exact_name: !self.exact.is_empty() && exact_names(server_slug, &tool.name).contains(&self.exact),
+            exact_name: !self.exact.is_empty() && exact_names(server_slug, tool.name()).contains(&self.exact),
             server: found(server_slug),
-            name: found(&tool.name),
-            description: found(&tool.description),
+            name: found(tool.name()),
+            description: found(tool.description()),
             parameters: found(&parameters.join(" ")),
         }
     }

@@ -7,7 +7,9 @@ use serde_json::Value;
 use sqlx::Row;
 
 use super::{Store, StoreError};
-use crate::model::{Catalog, InstanceSpec, ProcessId, ResourceDef, TemplateDef, ToolChange, ToolDef};
+use crate::model::{
+    Catalog, InstanceSpec, ListingBuilder, PreparedTool, ProcessId, ResourceDef, TemplateDef, ToolChange,
+};
 
 /// Whose catalog a row is.
 #[derive(Debug, Clone)]
@@ -63,9 +65,9 @@ impl Store {
             sqlx::query("INSERT INTO catalog_tools (process_id, position, name, definition, content_hash, tokens) VALUES ($1, $2, $3, $4, $5, $6)")
                 .bind(&owner.process_id)
                 .bind(position as i64)
-                .bind(&tool.name)
-                .bind(tool.definition().get())
-                .bind(&tool.content_hash)
+                .bind(tool.name())
+                .bind(tool.definition_text())
+                .bind(tool.content_hash())
                 .bind(catalog.tool_tokens.get(position).map(|n| i64::from(*n)))
                 .execute(&mut *tx)
                 .await?;
@@ -119,18 +121,25 @@ impl Store {
                 .fetch_all(self.pool())
                 .await?;
         let mut uncounted = std::collections::HashSet::new();
+        // Each catalog's tools are made into one listing once all of its rows are read.
+        let mut listings: HashMap<ProcessId, ListingBuilder> = HashMap::new();
         for row in tools {
             let process_id = ProcessId(row.try_get("process_id")?);
             let definition: Value = serde_json::from_str(&row.try_get::<String, _>("definition")?)?;
             let tokens: Option<i64> = row.try_get("tokens")?;
-            if let (Some(catalog), Some(tool)) = (catalogs.get_mut(&process_id), ToolDef::from_listing(&definition)) {
-                catalog.tools.push(tool);
+            if let (Some(catalog), Ok(tool)) = (catalogs.get_mut(&process_id), PreparedTool::new(definition)) {
+                listings.entry(process_id.clone()).or_default().push(tool);
                 match tokens.and_then(|n| u32::try_from(n).ok()) {
                     Some(n) => catalog.tool_tokens.push(n),
                     None => {
                         uncounted.insert(process_id.clone());
                     }
                 }
+            }
+        }
+        for (process_id, listing) in listings {
+            if let Some(catalog) = catalogs.get_mut(&process_id) {
+                catalog.tools = listing.finish();
             }
         }
         // Rows saved before token counts were stored: the whole catalog is counted again by its owner.

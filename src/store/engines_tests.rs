@@ -162,7 +162,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
     let pruned_analytics = store.prune_analytics("2026-11-21T00:00:00.000Z").await?;
     store.delete_catalog(&spec.process_id).await?;
     Ok(json!({
-        "catalog": {"tools": loaded.tools.iter().map(|t| &t.name).collect::<Vec<_>>(), "tokens": loaded.tool_tokens,
+        "catalog": {"tools": loaded.tools.iter().map(|t| t.name()).collect::<Vec<_>>(), "tokens": loaded.tool_tokens,
                     "discovered_at": loaded.discovered_at.to_rfc3339()},
         // Without the times the satellite stamps (`now`).
         "history": store.tool_history("demo-acme-u1-i1", 10).await?.into_iter()

@@ -100,9 +100,9 @@ pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: b
         };
         if status.tools_visible() {
             for tool in instance.catalog().iter().flat_map(|c| c.tools.iter()) {
-                if !instance.tool_disabled(&tool.name) {
+                if !instance.tool_disabled(tool.name()) {
                     tool_names.push(ToolName {
-                        namespaced_name: tool_path(&spec.server_slug, &tool.name),
+                        namespaced_name: tool_path(&spec.server_slug, tool.name()),
                         server_slug: spec.server_slug.clone(),
                         transport,
                     });

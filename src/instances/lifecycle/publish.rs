@@ -152,7 +152,7 @@ impl Inner {
             .tools
             .iter()
             .zip(&catalog.tool_tokens)
-            .map(|(t, n)| (t.name.clone(), t.description.clone(), t.input_schema(), *n as usize))
+            .map(|(t, n)| (t.name().to_owned(), t.description().to_owned(), t.input_schema(), *n as usize))
             .collect();
         self.emit(Event::tools_discovered(spec, &tools)).await;
     }
@@ -216,12 +216,12 @@ impl Inner {
         let docs = catalog
             .tools
             .iter()
-            .filter(|tool| !instance.tool_disabled(&tool.name))
+            .filter(|tool| !instance.tool_disabled(tool.name()))
             .map(|tool| ToolDoc {
                 process_id: spec.process_id.0.clone(),
                 server_slug: spec.server_slug.clone(),
-                tool_name: tool.name.clone(),
-                description: tool.description.clone(),
+                tool_name: tool.name().to_owned(),
+                description: tool.description().to_owned(),
                 input_schema: tool.input_schema(),
             })
             .collect();
@@ -308,7 +308,7 @@ pub(in crate::instances) async fn count_into(catalog: &mut Catalog) {
 /// the config declares none.
 fn declared_catalog(spec: &InstanceSpec, why: &str, mut base: Catalog) -> Option<Catalog> {
     let declared: Vec<Value> = serde_json::from_str(spec.declared_tools.as_deref()?).ok()?;
-    base.tools = declared.iter().filter_map(crate::model::ToolDef::from_listing).collect();
+    base.tools = crate::model::ToolDef::listing(declared);
     let note = format!("tools from the config ({} declared): {why}", base.tools.len());
     warn!(process_id = %spec.process_id, reason = %why, tools = base.tools.len(), "using the tool list declared in the config");
     base.fallbacks.push(note);

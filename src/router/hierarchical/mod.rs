@@ -253,7 +253,7 @@ impl HierarchicalRouter {
         }
         let instances = &view.instances;
         let in_toolset = |instance: &Instance, tool: &ToolDef| {
-            toolset.is_none_or(|t| t.matches(&instance.spec().server_slug, &tool.name))
+            toolset.is_none_or(|t| t.matches(&instance.spec().server_slug, tool.name()))
         };
         // The results, as (instance, its catalog, the tool's position there, relevance): the answer borrows the
         // tools from the catalogs instead of copying them.
@@ -262,7 +262,7 @@ impl HierarchicalRouter {
         // MAX_LIMIT results, so a scan costs less than a set of allocated paths.
         let is_new = |picked: &[(&Arc<Instance>, Arc<Catalog>, usize, f64)], instance: &Instance, tool: &ToolDef| {
             !picked.iter().any(|(i, c, at, _)| {
-                c.tools[*at].name == tool.name && i.spec().server_slug == instance.spec().server_slug
+                c.tools[*at].name() == tool.name() && i.spec().server_slug == instance.spec().server_slug
             })
         };
         let mut answer = Answer { query, ..Answer::default() };
@@ -270,7 +270,7 @@ impl HierarchicalRouter {
             let mut available = 0;
             for (instance, catalog) in instances.iter().filter_map(|i| i.catalog().map(|c| (i, c))) {
                 for (at, tool) in catalog.tools.iter().enumerate() {
-                    if instance.tool_disabled(&tool.name) || !in_toolset(instance, tool) {
+                    if instance.tool_disabled(tool.name()) || !in_toolset(instance, tool) {
                         continue;
                     }
                     available += 1;
@@ -299,14 +299,14 @@ impl HierarchicalRouter {
                 };
                 let Some((catalog, at)) = instance
                     .catalog()
-                    .and_then(|c| c.tools.iter().position(|t| t.name == hit.tool_name).map(|at| (c, at)))
+                    .and_then(|c| c.tools.iter().position(|t| t.name() == hit.tool_name).map(|at| (c, at)))
                 else {
                     continue;
                 };
                 let tool = &catalog.tools[at];
                 // The index can run ahead of the view for a moment (a re-discovery indexes before it publishes):
                 // a hit is shown only if this session may use it now.
-                if instance.tool_disabled(&tool.name) || !in_toolset(instance, tool) {
+                if instance.tool_disabled(tool.name()) || !in_toolset(instance, tool) {
                     continue;
                 }
                 if is_new(&picked, instance, tool) {
@@ -362,7 +362,7 @@ impl HierarchicalRouter {
             // Never started (or never listed its tools): say why, not "Tool not found".
             return Ok(blocked_result(path, &instance).into());
         }
-        let known = instance.catalog().is_some_and(|c| c.tools.iter().any(|t| t.name == tool_name));
+        let known = instance.catalog().is_some_and(|c| c.tools.iter().any(|t| t.name() == tool_name));
         if !known {
             return Err(invalid(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));
         }
@@ -491,15 +491,15 @@ fn tool_entry<'a>(instance: &'a Instance, tool: &'a ToolDef, relevance: f64, sha
         (false, true) => Schema::Parsed(trim_schema(tool.input_schema())),
     };
     Entry {
-        tool_path: tool_path(&spec.server_slug, &tool.name),
-        description: &tool.description,
+        tool_path: tool_path(&spec.server_slug, tool.name()),
+        description: tool.description(),
         server_name: &spec.server_slug,
         transport,
         // Three decimals tell results apart; more digits only cost the agent tokens.
         relevance_score: (relevance * 1000.0).round() / 1000.0,
         input_schema,
         matched: shape.explainer.as_mut().map(|explainer| explainer.explain(&spec.server_slug, tool)),
-        meta: tool.meta.as_ref().map(|meta| namespace_ui_meta(meta, &spec.server_slug)),
+        meta: tool.meta().map(|meta| namespace_ui_meta(&meta, &spec.server_slug)),
     }
 }
 fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a str, RouteError> {
