@@ -111,21 +111,22 @@ fn optional(listing: Result<Vec<Value>, DiscoveryError>) -> Vec<Value> {
     })
 }
 
-/// The items of one page: under `field` as the spec says, else (with a note) a bare array, `functions`, or
-/// the one key holding an array of named objects.
-fn page_items<'a>(result: &'a Value, field: &str) -> Option<(&'a Vec<Value>, Option<String>)> {
-    if let Some(items) = result.get(field).and_then(Value::as_array) {
-        return Some((items, None));
+/// The items of one page, taken out of it: under `field` as the spec says, else (with a note) a bare array,
+/// `functions`, or the one key holding an array of named objects. Taken, not copied: a listing of thousands of
+/// tools is a large tree, and every page of it made twice would leave its mark on the process's memory long after
+/// (pages of the allocator that a few long-lived blocks keep).
+fn page_items(result: &mut Value, field: &str) -> Option<(Vec<Value>, Option<String>)> {
+    if let Some(items) = result.get_mut(field).and_then(Value::as_array_mut) {
+        return Some((std::mem::take(items), None));
     }
-    if let Some(items) = result.as_array() {
-        return Some((items, Some(format!("the result is a bare array, not {{\"{field}\": [...]}}"))));
+    if let Some(items) = result.as_array_mut() {
+        return Some((std::mem::take(items), Some(format!("the result is a bare array, not {{\"{field}\": [...]}}"))));
     }
-    let object = result.as_object()?;
+    let object = result.as_object_mut()?;
     let named =
         |items: &Vec<Value>| !items.is_empty() && items.iter().all(|i| i.get("name").is_some_and(Value::is_string));
-    let mut candidates =
-        object.iter().filter_map(|(key, value)| Some((key, value.as_array()?))).filter(|(_, items)| named(items));
-    let (key, items) = candidates.next()?;
+    let key = object.iter().find(|(_, value)| value.as_array().is_some_and(named)).map(|(key, _)| key.clone())?;
+    let items = object.get_mut(&key).and_then(Value::as_array_mut).map(std::mem::take)?;
     Some((items, Some(format!("the items are under \"{key}\", not \"{field}\""))))
 }
 
@@ -151,7 +152,7 @@ async fn list_all(
         } else {
             client.request(method, params, timeout.min(left)).await
         };
-        let result = match answer {
+        let mut result = match answer {
             Ok(result) => result,
             Err(source) if page > 0 => {
                 let note = format!("{method} stopped after {} item(s) on page {}: {source}", items.len(), page + 1);
@@ -161,14 +162,14 @@ async fn list_all(
             }
             Err(source) => return Err(DiscoveryError::Request { method, source }),
         };
-        let (page_items, note) = page_items(&result, field)
+        let (page_items, note) = page_items(&mut result, field)
             .ok_or_else(|| DiscoveryError::Malformed { method, detail: format!("missing {field} array") })?;
         if let (Some(note), false) = (note, shape_noted) {
             warn!(method, shape = %note, "non-standard listing accepted");
             fallbacks.push(format!("{method}: {note}"));
             shape_noted = true;
         }
-        items.extend(page_items.iter().cloned());
+        items.extend(page_items);
         match result.get("nextCursor").and_then(Value::as_str).filter(|c| !c.is_empty()) {
             None => return Ok(items),
             Some(next) => {
