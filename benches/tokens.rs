@@ -41,7 +41,7 @@ fn main() {
     let total_tokens: usize = texts.iter().map(|t| counter.count_text(t)).sum();
 
     // The corpus as catalogs, one per server, as discovery produces them.
-    let mut catalogs: Vec<Vec<ToolDef>> = Vec::new();
+    let mut catalogs: Vec<Vec<Value>> = Vec::new();
     let mut last_server = String::new();
     for line in corpus_text.lines().filter(|l| !l.trim().is_empty()) {
         let v: Value = serde_json::from_str(line).expect("corpus line");
@@ -51,9 +51,11 @@ fn main() {
             last_server = server;
         }
         if let Some(catalog) = catalogs.last_mut() {
-            catalog.push(ToolDef::from_listing(&v).expect("tool"));
+            catalog.push(v);
         }
     }
+    // One listing per server, as discovery makes them.
+    let catalogs: Vec<Vec<ToolDef>> = catalogs.into_iter().map(ToolDef::listing).collect();
 
     let per_catalog = passes(|| catalogs.iter().map(|c| counter.count_catalog(c).iter().sum::<usize>()).sum());
     let count_only = passes(|| texts.iter().map(|t| counter.count_text(t)).sum::<usize>());

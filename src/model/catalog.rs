@@ -172,31 +172,44 @@ impl ListingBuilder {
 
 fn push_handles(handles: &mut Vec<ToolDef>, tools: Vec<PreparedTool>) {
     let count = tools.len();
-    let listing = INTERNER.lock().intern(tools);
+    let listing = intern(tools);
     handles.extend((0..count).map(|index| ToolDef { listing: listing.clone(), index: index as u32 }));
+}
+
+/// The live listing equal to `tools` if there is one, else a new one, remembered for the next. The process-wide
+/// lock is held only to look up and to insert: comparing and copying a listing of thousands of tools happens
+/// outside it, so concurrent discoveries do not wait on one another.
+fn intern(tools: Vec<PreparedTool>) -> Arc<Listing> {
+    let key = Interner::key(&tools);
+    let live = INTERNER.lock().listings.get(&key).and_then(Weak::upgrade);
+    if let Some(live) = live {
+        // An equal key with other content (a 64-bit collision) gets a listing of its own, not remembered.
+        return if live.same_as(&tools) { live } else { Arc::new(Listing::new(tools)) };
+    }
+    let made = Arc::new(Listing::new(tools));
+    INTERNER.lock().insert(key, made)
 }
 
 impl Listing {
     /// One text, allocated once at its size: each definition, then each name or description not found verbatim
     /// in its definition (one with characters JSON escapes).
     fn new(tools: Vec<PreparedTool>) -> Listing {
-        let verbatim = |definition: &str, part: &str| definition.find(part);
+        // Where each name and description is in its definition, found once; `None` is kept after the definitions.
+        let found: Vec<[Option<usize>; 2]> =
+            tools.iter().map(|t| [t.definition.find(&t.name), t.definition.find(&t.description)]).collect();
         let mut size = 0;
-        for tool in &tools {
+        for (tool, [name, description]) in tools.iter().zip(&found) {
             size += tool.definition.len();
-            for part in [&tool.name, &tool.description] {
-                if verbatim(&tool.definition, part).is_none() {
-                    size += part.len();
-                }
-            }
+            size += if name.is_none() { tool.name.len() } else { 0 };
+            size += if description.is_none() { tool.description.len() } else { 0 };
         }
         let mut text = String::with_capacity(size);
         let mut entries = Vec::with_capacity(tools.len());
         let mut appended = Vec::new();
-        for (index, tool) in tools.iter().enumerate() {
+        for (index, (tool, places)) in tools.iter().zip(&found).enumerate() {
             let definition = span(text.len(), tool.definition.len());
             text.push_str(&tool.definition);
-            let mut place = |part: &str, which: usize| match verbatim(&tool.definition, part) {
+            let mut place = |part: &str, which: usize| match places[which] {
                 Some(at) => span(definition.start as usize + at, part.len()),
                 None => {
                     appended.push((index, which));
@@ -226,6 +239,14 @@ impl Listing {
         Listing { text: text.into_boxed_str(), tools: entries.into_boxed_slice() }
     }
 
+    fn same_listing(&self, other: &Listing) -> bool {
+        self.tools.len() == other.tools.len()
+            && self.tools.iter().zip(other.tools.iter()).all(|(a, b)| {
+                a.content_hash == b.content_hash
+                    && self.text.get(a.definition.range()) == other.text.get(b.definition.range())
+            })
+    }
+
     fn same_as(&self, tools: &[PreparedTool]) -> bool {
         self.tools.len() == tools.len()
             && self.tools.iter().zip(tools).all(|(entry, tool)| {
@@ -235,7 +256,8 @@ impl Listing {
     }
 }
 
-/// A span of `len` bytes at `start`; `ListingBuilder::finish` keeps every listing's text under 4 GiB.
+/// A span of `len` bytes at `start`. `ListingBuilder::finish` keeps a listing's text under 4 GiB unless one tool is
+/// larger (no transport delivers one: a stdio line is capped at 16 MiB); such a tool would read as empty.
 fn span(start: usize, len: usize) -> Span {
     Span { start: u32::try_from(start).unwrap_or(u32::MAX), len: u32::try_from(len).unwrap_or(0) }
 }
@@ -257,27 +279,41 @@ static INTERNER: LazyLock<Mutex<Interner>> = LazyLock::new(|| Mutex::new(Interne
 const SWEEP_FLOOR: usize = 512;
 
 impl Interner {
-    /// The live listing equal to `tools` if there is one, else a new one, remembered for the next.
-    fn intern(&mut self, tools: Vec<PreparedTool>) -> Arc<Listing> {
+    /// 64 bits of a SHA-256 over the tools' content hashes, in order.
+    fn key(tools: &[PreparedTool]) -> u64 {
         let mut hasher = Sha256::new();
-        for tool in &tools {
+        for tool in tools {
             hasher.update(tool.content_hash);
         }
-        let digest = hasher.finalize();
-        let key = digest.iter().take(8).fold(0u64, |key, byte| (key << 8) | u64::from(*byte));
+        hasher.finalize().iter().take(8).fold(0u64, |key, byte| (key << 8) | u64::from(*byte))
+    }
+
+    /// Remember `made` under `key`, unless an equal listing was made meanwhile (another discovery of the same
+    /// server, between the look-up and now): that one is kept and handed back.
+    fn insert(&mut self, key: u64, made: Arc<Listing>) -> Arc<Listing> {
         if let Some(live) = self.listings.get(&key).and_then(Weak::upgrade) {
-            if live.same_as(&tools) {
+            if live.same_listing(&made) {
                 return live;
             }
-            return Arc::new(Listing::new(tools));
+            return made;
         }
         if self.listings.len() >= 2 * self.swept_at.max(SWEEP_FLOOR) {
             self.listings.retain(|_, listing| listing.strong_count() > 0);
             self.swept_at = self.listings.len();
         }
-        let listing = Arc::new(Listing::new(tools));
-        self.listings.insert(key, Arc::downgrade(&listing));
-        listing
+        self.listings.insert(key, Arc::downgrade(&made));
+        made
+    }
+
+    #[cfg(test)]
+    fn intern(&mut self, tools: Vec<PreparedTool>) -> Arc<Listing> {
+        let key = Self::key(&tools);
+        if let Some(live) = self.listings.get(&key).and_then(Weak::upgrade) {
+            if live.same_as(&tools) {
+                return live;
+            }
+        }
+        self.insert(key, Arc::new(Listing::new(tools)))
     }
 }
 
@@ -710,6 +746,22 @@ mod diff_tests {
             .iter()
             .all(|listing| interner.listings.values().any(|w| w.upgrade().is_some_and(|w| Arc::ptr_eq(&w, listing)))));
         assert!(Arc::ptr_eq(&kept[7], &interner.intern(listing(7))), "a live listing is still found after sweeps");
+    }
+
+    /// Two discoveries of one server made their listings at once (the look-up and the insert are apart, so that
+    /// neither waits on the other): the second to insert gets the first's listing, and the copy is dropped.
+    #[test]
+    fn a_listing_made_meanwhile_by_another_discovery_is_the_one_kept() {
+        let mut interner = Interner::default();
+        let tools = || vec![PreparedTool::new(json!({"name": "raced", "description": "made twice"})).expect("named")];
+        let key = Interner::key(&tools());
+        let first = interner.insert(key, Arc::new(Listing::new(tools())));
+        let second = interner.insert(key, Arc::new(Listing::new(tools())));
+        assert!(Arc::ptr_eq(&first, &second), "the equal listing inserted first is handed back");
+        let other = vec![PreparedTool::new(json!({"name": "other"})).expect("named")];
+        let colliding = interner.insert(key, Arc::new(Listing::new(other)));
+        assert!(!Arc::ptr_eq(&first, &colliding), "other content under the same key is not shared");
+        assert_eq!(colliding.tools.len(), 1);
     }
 
     /// Names and descriptions are read from the definition's text where they appear in it as they are, and

@@ -121,14 +121,24 @@ impl Store {
                 .fetch_all(self.pool())
                 .await?;
         let mut uncounted = std::collections::HashSet::new();
-        // Each catalog's tools are made into one listing once all of its rows are read.
-        let mut listings: HashMap<ProcessId, ListingBuilder> = HashMap::new();
+        // Each catalog's tools are made into one listing as soon as its rows (ordered by process id) are read.
+        let mut reading: Option<(ProcessId, ListingBuilder)> = None;
+        let finish = |reading: Option<(ProcessId, ListingBuilder)>, catalogs: &mut HashMap<ProcessId, Catalog>| {
+            if let Some((process_id, listing)) = reading {
+                if let Some(catalog) = catalogs.get_mut(&process_id) {
+                    catalog.tools = listing.finish();
+                }
+            }
+        };
         for row in tools {
             let process_id = ProcessId(row.try_get("process_id")?);
             let definition: Value = serde_json::from_str(&row.try_get::<String, _>("definition")?)?;
             let tokens: Option<i64> = row.try_get("tokens")?;
+            if reading.as_ref().is_some_and(|(id, _)| *id != process_id) {
+                finish(reading.take(), &mut catalogs);
+            }
             if let (Some(catalog), Ok(tool)) = (catalogs.get_mut(&process_id), PreparedTool::new(definition)) {
-                listings.entry(process_id.clone()).or_default().push(tool);
+                reading.get_or_insert_with(|| (process_id.clone(), ListingBuilder::default())).1.push(tool);
                 match tokens.and_then(|n| u32::try_from(n).ok()) {
                     Some(n) => catalog.tool_tokens.push(n),
                     None => {
@@ -137,11 +147,7 @@ impl Store {
                 }
             }
         }
-        for (process_id, listing) in listings {
-            if let Some(catalog) = catalogs.get_mut(&process_id) {
-                catalog.tools = listing.finish();
-            }
-        }
+        finish(reading.take(), &mut catalogs);
         // Rows saved before token counts were stored: the whole catalog is counted again by its owner.
         for id in uncounted {
             if let Some(catalog) = catalogs.get_mut(&id) {
