@@ -180,14 +180,18 @@ fn push_handles(handles: &mut Vec<ToolDef>, tools: Vec<PreparedTool>) {
 /// lock is held only to look up and to insert: comparing and copying a listing of thousands of tools happens
 /// outside it, so concurrent discoveries do not wait on one another.
 fn intern(tools: Vec<PreparedTool>) -> Arc<Listing> {
+    intern_in(&INTERNER, tools)
+}
+
+fn intern_in(interner: &Mutex<Interner>, tools: Vec<PreparedTool>) -> Arc<Listing> {
     let key = Interner::key(&tools);
-    let live = INTERNER.lock().listings.get(&key).and_then(Weak::upgrade);
+    let live = interner.lock().listings.get(&key).and_then(Weak::upgrade);
     if let Some(live) = live {
         // An equal key with other content (a 64-bit collision) gets a listing of its own, not remembered.
         return if live.same_as(&tools) { live } else { Arc::new(Listing::new(tools)) };
     }
     let made = Arc::new(Listing::new(tools));
-    INTERNER.lock().insert(key, made)
+    interner.lock().insert(key, made)
 }
 
 impl Listing {
@@ -239,20 +243,24 @@ impl Listing {
         Listing { text: text.into_boxed_str(), tools: entries.into_boxed_slice() }
     }
 
+    /// Each tool's content hash and definition text, in order.
+    fn definitions(&self) -> impl ExactSizeIterator<Item = (&[u8; 32], &str)> {
+        self.tools
+            .iter()
+            .map(|entry| (&entry.content_hash, self.text.get(entry.definition.range()).unwrap_or_default()))
+    }
+
+    /// The same definitions in the same order (hashes first, the texts to be sure).
+    fn same_definitions<'a>(&self, others: impl ExactSizeIterator<Item = (&'a [u8; 32], &'a str)>) -> bool {
+        self.tools.len() == others.len() && self.definitions().zip(others).all(|(mine, theirs)| mine == theirs)
+    }
+
     fn same_listing(&self, other: &Listing) -> bool {
-        self.tools.len() == other.tools.len()
-            && self.tools.iter().zip(other.tools.iter()).all(|(a, b)| {
-                a.content_hash == b.content_hash
-                    && self.text.get(a.definition.range()) == other.text.get(b.definition.range())
-            })
+        self.same_definitions(other.definitions())
     }
 
     fn same_as(&self, tools: &[PreparedTool]) -> bool {
-        self.tools.len() == tools.len()
-            && self.tools.iter().zip(tools).all(|(entry, tool)| {
-                entry.content_hash == tool.content_hash
-                    && self.text.get(entry.definition.range()) == Some(tool.definition.as_str())
-            })
+        self.same_definitions(tools.iter().map(|tool| (&tool.content_hash, tool.definition.as_str())))
     }
 }
 
@@ -303,17 +311,6 @@ impl Interner {
         }
         self.listings.insert(key, Arc::downgrade(&made));
         made
-    }
-
-    #[cfg(test)]
-    fn intern(&mut self, tools: Vec<PreparedTool>) -> Arc<Listing> {
-        let key = Self::key(&tools);
-        if let Some(live) = self.listings.get(&key).and_then(Weak::upgrade) {
-            if live.same_as(&tools) {
-                return live;
-            }
-        }
-        self.insert(key, Arc::new(Listing::new(tools)))
     }
 }
 
@@ -735,17 +732,20 @@ mod diff_tests {
     /// The table of weak entries stays within about twice its live listings, whatever passes through it.
     #[test]
     fn the_interner_sweeps_what_no_catalog_holds() {
-        let mut interner = Interner::default();
+        let interner = Mutex::new(Interner::default());
         let listing = |n: usize| vec![PreparedTool::new(json!({"name": format!("t{n}")})).expect("named")];
-        let kept: Vec<Arc<Listing>> = (0..100).map(|n| interner.intern(listing(n))).collect();
+        let kept: Vec<Arc<Listing>> = (0..100).map(|n| intern_in(&interner, listing(n))).collect();
         for n in 100..10_000 {
-            drop(interner.intern(listing(n)));
-            assert!(interner.listings.len() <= 2 * SWEEP_FLOOR, "{} entries at {n}", interner.listings.len());
+            drop(intern_in(&interner, listing(n)));
+            let entries = interner.lock().listings.len();
+            assert!(entries <= 2 * SWEEP_FLOOR, "{entries} entries at {n}");
         }
-        assert!(kept
-            .iter()
-            .all(|listing| interner.listings.values().any(|w| w.upgrade().is_some_and(|w| Arc::ptr_eq(&w, listing)))));
-        assert!(Arc::ptr_eq(&kept[7], &interner.intern(listing(7))), "a live listing is still found after sweeps");
+        assert!(kept.iter().all(|listing| interner
+            .lock()
+            .listings
+            .values()
+            .any(|w| w.upgrade().is_some_and(|w| Arc::ptr_eq(&w, listing)))));
+        assert!(Arc::ptr_eq(&kept[7], &intern_in(&interner, listing(7))), "a live listing is still found after sweeps");
     }
 
     /// Two discoveries of one server made their listings at once (the look-up and the insert are apart, so that
