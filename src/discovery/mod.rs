@@ -2,14 +2,16 @@
 //! and resource templates (optional), every listing paginated.
 
 use futures::FutureExt as _;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tracing::{debug, warn};
 
 use crate::mcp::client::McpClient;
+use crate::mcp::payload::Payload;
 use crate::mcp::transport::UpstreamError;
 use crate::model::{Catalog, ListingBuilder, PreparedTool, ResourceDef, TemplateDef};
 
@@ -61,41 +63,42 @@ pub async fn discover_until(
     // of three. Optional listings: whatever they say of themselves is not a fallback of the tool catalog.
     let mut fallbacks = Vec::new();
     let (mut quiet, mut quiet_templates) = (Vec::new(), Vec::new());
-    let tools = list_all(client, "tools/list", "tools", request_timeout, deadline, &mut fallbacks);
+    // Each tool is made into its definition's text as it is read from its page, and the listing grows by it:
+    // neither the whole listing's tree nor thousands of tools waiting for its end are ever held.
+    let mut listing = ListingBuilder::default();
+    let mut each_tool = |raw: Value| match PreparedTool::new(raw) {
+        Ok(tool) => {
+            if let Err(tool) = listing.push_new(tool) {
+                warn!(tool = %tool.name(), "duplicate tool name in tools/list, later one skipped");
+            }
+        }
+        Err(raw) => warn!(tool = %crate::mcp::transport::preview_value(&raw), "tool without a name skipped"),
+    };
+    let tools = list_all(client, "tools/list", "tools", request_timeout, deadline, &mut fallbacks, &mut each_tool);
     let resources = async {
         if !offers_resources {
             return (Vec::new(), Vec::new());
         }
-        let resources = list_all(client, "resources/list", "resources", request_timeout, deadline, &mut quiet);
-        let templates = list_all(
+        let (mut resources, mut templates) = (Vec::new(), Vec::new());
+        let listed = list_all(client, "resources/list", "resources", request_timeout, deadline, &mut quiet, |raw| {
+            resources.extend(ResourceDef::from_listing(&raw))
+        });
+        let templates_listed = list_all(
             client,
             "resources/templates/list",
             "resourceTemplates",
             request_timeout,
             deadline,
             &mut quiet_templates,
+            |raw| templates.extend(TemplateDef::from_listing(&raw)),
         );
-        let (resources, templates) = tokio::join!(resources, templates);
-        (optional(resources), optional(templates))
+        let (listed, templates_listed) = tokio::join!(listed, templates_listed);
+        (optional(listed, resources), optional(templates_listed, templates))
     };
     // A failed tool listing fails the discovery at once: the optional listings are not waited for.
-    let (tools, (resources, templates)) = futures::future::try_join(tools, resources.map(Ok)).await?;
-    let mut seen = HashSet::new();
-    let mut listing = ListingBuilder::with_capacity(tools.len());
-    // Each entry is handed over and freed once its definition's text is made: a large listing is never held
-    // twice. The texts become one listing at the end (`ListingBuilder::finish`).
-    for raw in tools {
-        match PreparedTool::new(raw) {
-            Ok(tool) if seen.insert(tool.name().to_owned()) => listing.push(tool),
-            Ok(tool) => warn!(tool = %tool.name(), "duplicate tool name in tools/list, later one skipped"),
-            Err(raw) => warn!(tool = %crate::mcp::transport::preview_value(&raw), "tool without a name skipped"),
-        }
-    }
-    let tool_defs = listing.finish();
-    let resources = resources.iter().filter_map(ResourceDef::from_listing).collect();
-    let templates = templates.iter().filter_map(TemplateDef::from_listing).collect();
+    let ((), (resources, templates)) = futures::future::try_join(tools, resources.map(Ok)).await?;
     Ok(Catalog {
-        tools: tool_defs,
+        tools: listing.finish(),
         resources,
         templates,
         discovered_at: Utc::now(),
@@ -104,11 +107,14 @@ pub async fn discover_until(
     })
 }
 
-fn optional(listing: Result<Vec<Value>, DiscoveryError>) -> Vec<Value> {
-    listing.unwrap_or_else(|err| {
-        debug!(error = %err, "optional listing unavailable");
-        Vec::new()
-    })
+fn optional<T>(listed: Result<(), DiscoveryError>, items: Vec<T>) -> Vec<T> {
+    match listed {
+        Ok(()) => items,
+        Err(err) => {
+            debug!(error = %err, "optional listing unavailable");
+            Vec::new()
+        }
+    }
 }
 
 /// The items of one page, taken out of it: under `field` as the spec says, else (with a note) a bare array,
@@ -130,8 +136,68 @@ fn page_items(result: &mut Value, field: &str) -> Option<(Vec<Value>, Option<Str
     Some((items, Some(format!("the items are under \"{key}\", not \"{field}\""))))
 }
 
-/// Follow `nextCursor` until it is absent, at most `MAX_PAGES` pages. A listing cut off after its first page
-/// keeps what arrived, with a note in `fallbacks`.
+/// One page of a listing as the server wrote it: the items' texts, borrowed from the page's text, and the
+/// cursor of the next page. `None` unless the items are under `field` as the spec says.
+fn standard_page<'a>(text: &'a str, field: &str) -> Option<(Vec<&'a RawValue>, Option<String>)> {
+    // Of repeated members the last counts, as in a `Value`.
+    let members: BTreeMap<String, &'a RawValue> = serde_json::from_str(text).ok()?;
+    let items = serde_json::from_str(members.get(field)?.get()).ok()?;
+    // A cursor that is not a string ends the listing; a string that cannot be read (a lone surrogate escape) is
+    // left to the parsed page, which fails as a whole.
+    let next = match members.get("nextCursor").map(|cursor| cursor.get()) {
+        Some(cursor) if cursor.starts_with('"') => Some(serde_json::from_str::<String>(cursor).ok()?),
+        _ => None,
+    };
+    Some((items, next))
+}
+
+/// Hand each item of one answered page to `each`; the number of items handed and the next cursor. A page in the
+/// spec's shape is read one item at a time from its text (a listing of thousands of tools is never one tree);
+/// any other is parsed whole and read leniently ([`page_items`]), with a note of its shape.
+fn read_page(answer: Payload, field: &str, each: &mut impl FnMut(Value)) -> Result<Page, ReadError> {
+    if let Payload::Text { text, .. } = &answer {
+        if let Some((items, next)) = standard_page(text.get(), field) {
+            let (mut handed, mut skipped) = (0, 0);
+            for item in items {
+                match serde_json::from_str(item.get()) {
+                    Ok(item) => {
+                        each(item);
+                        handed += 1;
+                    }
+                    Err(err) => {
+                        warn!(error = %err, item = %crate::mcp::transport::preview(item.get(), 200), "a listing item that cannot be read skipped");
+                        skipped += 1;
+                    }
+                }
+            }
+            return Ok(Page { items: handed, skipped, next, shape: None });
+        }
+    }
+    let mut result = crate::mcp::transport::read_payload(answer).map_err(ReadError::Unreadable)?;
+    let (items, note) = page_items(&mut result, field).ok_or(ReadError::NoItems)?;
+    let count = items.len();
+    items.into_iter().for_each(&mut *each);
+    let next = result.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
+    Ok(Page { items: count, skipped: 0, next, shape: note })
+}
+
+struct Page {
+    /// Items handed on.
+    items: usize,
+    /// Items that could not be read (nested deeper than the parser follows, a number out of range).
+    skipped: usize,
+    next: Option<String>,
+    /// How a page not in the spec's shape was read.
+    shape: Option<String>,
+}
+
+enum ReadError {
+    Unreadable(UpstreamError),
+    NoItems,
+}
+
+/// Follow `nextCursor` until it is absent, at most `MAX_PAGES` pages, handing each item to `each` as its page
+/// arrives. A listing cut off after its first page keeps what arrived, with a note in `fallbacks`.
 async fn list_all(
     client: &McpClient,
     method: &'static str,
@@ -139,8 +205,9 @@ async fn list_all(
     timeout: Duration,
     deadline: Instant,
     fallbacks: &mut Vec<String>,
-) -> Result<Vec<Value>, DiscoveryError> {
-    let mut items = Vec::new();
+    mut each: impl FnMut(Value),
+) -> Result<(), DiscoveryError> {
+    let mut kept = 0;
     let mut cursor: Option<String> = None;
     let mut cursors = HashSet::new();
     let mut shape_noted = false;
@@ -150,35 +217,105 @@ async fn list_all(
         let answer = if left.is_zero() {
             Err(UpstreamError::Timeout { method: method.to_owned(), after: Duration::ZERO })
         } else {
-            client.request(method, params, timeout.min(left)).await
+            client.request_relayed(method, params, timeout.min(left), None).await
         };
-        let mut result = match answer {
-            Ok(result) => result,
-            Err(source) if page > 0 => {
-                let note = format!("{method} stopped after {} item(s) on page {}: {source}", items.len(), page + 1);
-                warn!(method, kept = items.len(), error = %source, "listing cut off; the items that arrived are kept");
+        let read = answer.map_err(ReadError::Unreadable).and_then(|answer| read_page(answer, field, &mut each));
+        let read = match read {
+            Ok(read) => read,
+            Err(ReadError::Unreadable(source)) if page > 0 => {
+                let note = format!("{method} stopped after {kept} item(s) on page {}: {source}", page + 1);
+                warn!(method, kept, error = %source, "listing cut off; the items that arrived are kept");
                 fallbacks.push(note);
-                return Ok(items);
+                return Ok(());
             }
-            Err(source) => return Err(DiscoveryError::Request { method, source }),
+            Err(ReadError::Unreadable(source)) => return Err(DiscoveryError::Request { method, source }),
+            Err(ReadError::NoItems) => {
+                return Err(DiscoveryError::Malformed { method, detail: format!("missing {field} array") })
+            }
         };
-        let (page_items, note) = page_items(&mut result, field)
-            .ok_or_else(|| DiscoveryError::Malformed { method, detail: format!("missing {field} array") })?;
-        if let (Some(note), false) = (note, shape_noted) {
+        kept += read.items;
+        if let (Some(note), false) = (read.shape, shape_noted) {
             warn!(method, shape = %note, "non-standard listing accepted");
             fallbacks.push(format!("{method}: {note}"));
             shape_noted = true;
         }
-        items.extend(page_items);
-        match result.get("nextCursor").and_then(Value::as_str).filter(|c| !c.is_empty()) {
-            None => return Ok(items),
+        if read.skipped > 0 {
+            fallbacks.push(format!("{method}: {} unreadable item(s) skipped on page {}", read.skipped, page + 1));
+        }
+        match read.next.filter(|c| !c.is_empty()) {
+            None => return Ok(()),
             Some(next) => {
-                if !cursors.insert(next.to_owned()) {
-                    return Err(DiscoveryError::CursorLoop { method, cursor: next.to_owned() });
+                if !cursors.insert(next.clone()) {
+                    return Err(DiscoveryError::CursorLoop { method, cursor: next });
                 }
-                cursor = Some(next.to_owned());
+                cursor = Some(next);
             }
         }
     }
     Err(DiscoveryError::TooManyPages { method })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(page: &str) -> Payload {
+        Payload::text(RawValue::from_string(page.to_owned()).expect("valid JSON"))
+    }
+
+    fn names(answer: Payload, field: &str) -> Result<(Vec<String>, Page), ReadError> {
+        let mut names = Vec::new();
+        let page = read_page(answer, field, &mut |item: Value| {
+            names.push(item.get("name").and_then(Value::as_str).unwrap_or("?").to_owned())
+        })?;
+        Ok((names, page))
+    }
+
+    /// One tool nested deeper than a parser will follow (a hostile or broken server) costs that tool, not the
+    /// listing: the page is read one item at a time.
+    #[test]
+    fn a_tool_too_deep_to_read_is_skipped_and_the_rest_kept() {
+        let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+        let page = format!(
+            r#"{{"tools":[{{"name":"first"}},{{"name":"deep","inputSchema":{{"default":{deep}}}}},{{"name":"last"}}],"nextCursor":"2"}}"#
+        );
+        let Ok((names, page)) = names(text(&page), "tools") else { panic!("the page is read") };
+        assert_eq!(names, ["first", "last"]);
+        assert_eq!((page.items, page.skipped, page.next.as_deref(), page.shape), (2, 1, Some("2"), None));
+    }
+
+    /// The spec's shape read from the text gives what reading the parsed page gives: repeated members count
+    /// last, a cursor that is not a string ends the listing, and items of any kind are handed on as they are.
+    #[test]
+    fn a_page_read_from_its_text_reads_as_its_parsed_value() {
+        let pages = [
+            r#"{"tools":[{"name":"gone"}],"tools":[{"name":"a"},{"name":"b"}],"nextCursor":"c1"}"#,
+            r#"{"tools":[{"name":"a"}, 7, "x", {"noname":true}],"nextCursor":5,"_meta":{"k":[1,2]}}"#,
+            r#"{"tools":[],"nextCursor":"\u0063"}"#,
+        ];
+        for page in pages {
+            assert!(standard_page(page, "tools").is_some(), "read from its text: {page}");
+            let Ok((from_text, read)) = names(text(page), "tools") else { panic!("{page}") };
+            let value: Value = serde_json::from_str(page).expect("valid");
+            let Ok((from_value, parsed)) = names(Payload::Value(value), "tools") else { panic!("{page}") };
+            assert_eq!(from_text, from_value, "{page}");
+            assert_eq!((read.items, read.next), (parsed.items, parsed.next), "{page}");
+        }
+    }
+
+    /// Another shape falls back to the parsed page, with a note; no items at all is an error.
+    #[test]
+    fn other_shapes_are_read_from_the_parsed_page() {
+        let Ok((names_of, page)) = names(text(r#"[{"name":"a"}]"#), "tools") else { panic!("a bare array") };
+        assert_eq!(names_of, ["a"]);
+        assert!(page.shape.is_some_and(|note| note.contains("bare array")));
+        let Ok((names_of, _)) = names(text(r#"{"tools":"none","functions":[{"name":"f"}]}"#), "tools") else {
+            panic!("items under another key")
+        };
+        assert_eq!(names_of, ["f"]);
+        assert!(matches!(names(text(r#"{"tools":{}}"#), "tools"), Err(ReadError::NoItems)));
+        // A cursor that cannot be read does not end the listing as if it were complete: the page fails.
+        let lone_surrogate = text(r#"{"tools":[{"name":"a"}],"nextCursor":"\ud800"}"#);
+        assert!(matches!(names(lone_surrogate, "tools"), Err(ReadError::Unreadable(_))));
+    }
 }

@@ -2,6 +2,7 @@
 //! and the two naming schemes that expose them through the hierarchical router.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher as _;
 use std::sync::{Arc, LazyLock, Weak};
 
 use chrono::{DateTime, Utc};
@@ -130,9 +131,48 @@ impl PreparedTool {
 }
 
 /// The tools of one listing being read, made into one shared listing by [`finish`](Self::finish).
-#[derive(Debug, Default)]
+///
+/// Each tool's definition is copied into the listing's text as it is pushed, and the tool's own strings are
+/// freed at once: a listing being read holds one growing text, not thousands of small blocks that live until
+/// its end (those are what kept the allocator's pages of small blocks resident; see [`ToolDef`]).
 pub struct ListingBuilder {
-    tools: Vec<PreparedTool>,
+    /// The most text one listing holds ([`MAX_LISTING_TEXT`]; less in tests).
+    max_text: usize,
+    /// Listings already made, when the tools pushed outgrow one listing's text.
+    sealed: Vec<Listing>,
+    /// The definitions pushed since the last seal, one after another.
+    text: String,
+    /// Each name or description not found verbatim in its definition (one JSON escapes), until the seal puts
+    /// them after the definitions.
+    appended: String,
+    /// The parts held in `appended` (their spans are offsets into it), in push order.
+    moved: Vec<(u32, Part)>,
+    tools: Vec<Entry>,
+    /// Where the first tool of each name is (listing, index), by a hash of the name.
+    names: HashMap<u64, (u32, u32)>,
+    hasher: std::hash::RandomState,
+}
+
+impl Default for ListingBuilder {
+    fn default() -> Self {
+        ListingBuilder {
+            max_text: MAX_LISTING_TEXT,
+            sealed: Vec::new(),
+            text: String::new(),
+            appended: String::new(),
+            moved: Vec::new(),
+            tools: Vec::new(),
+            names: HashMap::new(),
+            hasher: std::hash::RandomState::new(),
+        }
+    }
+}
+
+/// The two parts of a tool that are spans of the listing's text besides its definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Part {
+    Name,
+    Description,
 }
 
 /// A listing's text is addressed with 32-bit offsets; a larger one (no real server lists 4 GiB of tools) is
@@ -140,127 +180,142 @@ pub struct ListingBuilder {
 const MAX_LISTING_TEXT: usize = u32::MAX as usize;
 
 impl ListingBuilder {
-    pub fn with_capacity(tools: usize) -> Self {
-        ListingBuilder { tools: Vec::with_capacity(tools) }
+    /// Add a tool at the end of the listing.
+    pub fn push(&mut self, tool: PreparedTool) {
+        let hash = self.hasher.hash_one(&tool.name);
+        self.push_hashed(tool, hash);
     }
 
-    pub fn push(&mut self, tool: PreparedTool) {
-        self.tools.push(tool);
+    /// [`push`](Self::push) unless a tool of the same name was pushed already (handed back).
+    pub fn push_new(&mut self, tool: PreparedTool) -> Result<(), PreparedTool> {
+        let hash = self.hasher.hash_one(&tool.name);
+        let taken = match self.names.get(&hash) {
+            None => false,
+            Some(&at) if self.name_at(at) == Some(tool.name.as_str()) => true,
+            // Another name with the same 64-bit hash: every name is read.
+            Some(_) => self.every_name().any(|name| name == tool.name),
+        };
+        if taken {
+            return Err(tool);
+        }
+        self.push_hashed(tool, hash);
+        Ok(())
+    }
+
+    fn push_hashed(&mut self, tool: PreparedTool, hash: u64) {
+        let size = tool.definition.len() + tool.name.len() + tool.description.len();
+        if !self.tools.is_empty() && self.text.len() + self.appended.len() + size > self.max_text {
+            self.seal();
+        }
+        let index = self.tools.len() as u32;
+        // The first tool of a name is the one a duplicate is compared with.
+        self.names.entry(hash).or_insert((self.sealed.len() as u32, index));
+        let definition = span(self.text.len(), tool.definition.len());
+        let mut place = |part: &str, which: Part| match tool.definition.find(part) {
+            Some(at) => span(definition.start as usize + at, part.len()),
+            None => {
+                self.moved.push((index, which));
+                let placed = span(self.appended.len(), part.len());
+                self.appended.push_str(part);
+                placed
+            }
+        };
+        let name = place(&tool.name, Part::Name);
+        let description = place(&tool.description, Part::Description);
+        self.text.push_str(&tool.definition);
+        self.tools.push(Entry {
+            definition,
+            name,
+            description,
+            content_hash: tool.content_hash,
+            has_meta: tool.has_meta,
+        });
+    }
+
+    /// The name of the tool at (listing, index), sealed or not.
+    fn name_at(&self, (listing, index): (u32, u32)) -> Option<&str> {
+        if let Some(sealed) = self.sealed.get(listing as usize) {
+            return sealed.tools.get(index as usize).map(|entry| sealed.part(entry.name));
+        }
+        let entry = self.tools.get(index as usize)?;
+        let moved = self.moved.binary_search(&(index, Part::Name)).is_ok();
+        let source = if moved { &self.appended } else { &self.text };
+        source.get(entry.name.range())
+    }
+
+    fn every_name(&self) -> impl Iterator<Item = &str> {
+        let sealed = self.sealed.iter().flat_map(|listing| listing.tools.iter().map(|entry| listing.part(entry.name)));
+        let open = (0..self.tools.len() as u32).filter_map(|index| self.name_at((self.sealed.len() as u32, index)));
+        sealed.chain(open)
+    }
+
+    /// Make the tools pushed since the last seal one listing: the moved parts go after the definitions. The
+    /// listing is copied into allocations of its exact size (the texts grew by doubling).
+    fn seal(&mut self) {
+        let (definitions, appended) = (std::mem::take(&mut self.text), std::mem::take(&mut self.appended));
+        let base = definitions.len();
+        let mut text = String::with_capacity(base + appended.len());
+        text.push_str(&definitions);
+        text.push_str(&appended);
+        drop((definitions, appended));
+        let mut tools = std::mem::take(&mut self.tools);
+        for (index, which) in self.moved.drain(..) {
+            if let Some(entry) = tools.get_mut(index as usize) {
+                let part = if which == Part::Name { &mut entry.name } else { &mut entry.description };
+                *part = span(base + part.start as usize, part.len as usize);
+            }
+        }
+        let tools: Box<[Entry]> = tools.as_slice().into();
+        self.sealed.push(Listing { text: text.into_boxed_str(), tools });
     }
 
     /// Every tool pushed, in order, as handles to one listing: an identical listing already held (another
     /// instance of the same server) is shared instead of made again.
-    pub fn finish(self) -> Vec<ToolDef> {
-        let mut handles = Vec::with_capacity(self.tools.len());
-        let mut part = Vec::new();
-        let mut part_text = 0;
-        for tool in self.tools {
-            let size = 2 * tool.definition.len() + tool.name.len() + tool.description.len();
-            if !part.is_empty() && part_text + size > MAX_LISTING_TEXT {
-                push_handles(&mut handles, std::mem::take(&mut part));
-                part_text = 0;
-            }
-            part_text += size;
-            part.push(tool);
+    pub fn finish(mut self) -> Vec<ToolDef> {
+        if !self.tools.is_empty() {
+            self.seal();
         }
-        if !part.is_empty() {
-            push_handles(&mut handles, part);
+        let count = self.sealed.iter().map(|listing| listing.tools.len()).sum();
+        let mut handles = Vec::with_capacity(count);
+        for listing in self.sealed {
+            let tools = listing.tools.len();
+            let listing = intern(listing);
+            handles.extend((0..tools).map(|index| ToolDef { listing: listing.clone(), index: index as u32 }));
         }
         handles
     }
 }
 
-fn push_handles(handles: &mut Vec<ToolDef>, tools: Vec<PreparedTool>) {
-    let count = tools.len();
-    let listing = intern(tools);
-    handles.extend((0..count).map(|index| ToolDef { listing: listing.clone(), index: index as u32 }));
+/// The live listing equal to `made` if there is one, else `made`, remembered for the next. The process-wide
+/// lock is held only to look up and to insert: comparing listings of thousands of tools happens outside it, so
+/// concurrent discoveries do not wait on one another.
+fn intern(made: Listing) -> Arc<Listing> {
+    intern_in(&INTERNER, made)
 }
 
-/// The live listing equal to `tools` if there is one, else a new one, remembered for the next. The process-wide
-/// lock is held only to look up and to insert: comparing and copying a listing of thousands of tools happens
-/// outside it, so concurrent discoveries do not wait on one another.
-fn intern(tools: Vec<PreparedTool>) -> Arc<Listing> {
-    intern_in(&INTERNER, tools)
-}
-
-fn intern_in(interner: &Mutex<Interner>, tools: Vec<PreparedTool>) -> Arc<Listing> {
-    let key = Interner::key(&tools);
+fn intern_in(interner: &Mutex<Interner>, made: Listing) -> Arc<Listing> {
+    let key = Interner::key(&made);
     let live = interner.lock().listings.get(&key).and_then(Weak::upgrade);
     if let Some(live) = live {
-        // An equal key with other content (a 64-bit collision) gets a listing of its own, not remembered.
-        return if live.same_as(&tools) { live } else { Arc::new(Listing::new(tools)) };
+        // An equal key with other content (a 64-bit collision) keeps a listing of its own, not remembered.
+        return if live.same_listing(&made) { live } else { Arc::new(made) };
     }
-    let made = Arc::new(Listing::new(tools));
-    interner.lock().insert(key, made)
+    interner.lock().insert(key, Arc::new(made))
 }
 
 impl Listing {
-    /// One text, allocated once at its size: each definition, then each name or description not found verbatim
-    /// in its definition (one with characters JSON escapes).
-    fn new(tools: Vec<PreparedTool>) -> Listing {
-        // Where each name and description is in its definition, found once; `None` is kept after the definitions.
-        let found: Vec<[Option<usize>; 2]> =
-            tools.iter().map(|t| [t.definition.find(&t.name), t.definition.find(&t.description)]).collect();
-        let mut size = 0;
-        for (tool, [name, description]) in tools.iter().zip(&found) {
-            size += tool.definition.len();
-            size += if name.is_none() { tool.name.len() } else { 0 };
-            size += if description.is_none() { tool.description.len() } else { 0 };
-        }
-        let mut text = String::with_capacity(size);
-        let mut entries = Vec::with_capacity(tools.len());
-        let mut appended = Vec::new();
-        for (index, (tool, places)) in tools.iter().zip(&found).enumerate() {
-            let definition = span(text.len(), tool.definition.len());
-            text.push_str(&tool.definition);
-            let mut place = |part: &str, which: usize| match places[which] {
-                Some(at) => span(definition.start as usize + at, part.len()),
-                None => {
-                    appended.push((index, which));
-                    Span::default()
-                }
-            };
-            let (name, description) = (place(&tool.name, 0), place(&tool.description, 1));
-            entries.push(Entry {
-                definition,
-                name,
-                description,
-                content_hash: tool.content_hash,
-                has_meta: tool.has_meta,
-            });
-        }
-        for (index, which) in appended {
-            let (tool, entry) = (&tools[index], &mut entries[index]);
-            let part = if which == 0 { &tool.name } else { &tool.description };
-            let placed = span(text.len(), part.len());
-            text.push_str(part);
-            if which == 0 {
-                entry.name = placed;
-            } else {
-                entry.description = placed;
-            }
-        }
-        Listing { text: text.into_boxed_str(), tools: entries.into_boxed_slice() }
+    fn part(&self, span: Span) -> &str {
+        self.text.get(span.range()).unwrap_or_default()
     }
 
     /// Each tool's content hash and definition text, in order.
     fn definitions(&self) -> impl ExactSizeIterator<Item = (&[u8; 32], &str)> {
-        self.tools
-            .iter()
-            .map(|entry| (&entry.content_hash, self.text.get(entry.definition.range()).unwrap_or_default()))
+        self.tools.iter().map(|entry| (&entry.content_hash, self.part(entry.definition)))
     }
 
     /// The same definitions in the same order (hashes first, the texts to be sure).
-    fn same_definitions<'a>(&self, others: impl ExactSizeIterator<Item = (&'a [u8; 32], &'a str)>) -> bool {
-        self.tools.len() == others.len() && self.definitions().zip(others).all(|(mine, theirs)| mine == theirs)
-    }
-
     fn same_listing(&self, other: &Listing) -> bool {
-        self.same_definitions(other.definitions())
-    }
-
-    fn same_as(&self, tools: &[PreparedTool]) -> bool {
-        self.same_definitions(tools.iter().map(|tool| (&tool.content_hash, tool.definition.as_str())))
+        self.tools.len() == other.tools.len() && self.definitions().zip(other.definitions()).all(|(a, b)| a == b)
     }
 }
 
@@ -288,10 +343,10 @@ const SWEEP_FLOOR: usize = 512;
 
 impl Interner {
     /// 64 bits of a SHA-256 over the tools' content hashes, in order.
-    fn key(tools: &[PreparedTool]) -> u64 {
+    fn key(listing: &Listing) -> u64 {
         let mut hasher = Sha256::new();
-        for tool in tools {
-            hasher.update(tool.content_hash);
+        for entry in &listing.tools {
+            hasher.update(entry.content_hash);
         }
         hasher.finalize().iter().take(8).fold(0u64, |key, byte| (key << 8) | u64::from(*byte))
     }
@@ -338,7 +393,7 @@ impl ToolDef {
     }
 
     fn part(&self, span: Span) -> &str {
-        self.listing.text.get(span.range()).unwrap_or_default()
+        self.listing.part(span)
     }
 
     pub fn name(&self) -> &str {
@@ -729,11 +784,19 @@ mod diff_tests {
         assert!(gone.upgrade().is_none(), "the interner holds no listing alive");
     }
 
+    /// One listing of `entries`, made but not interned.
+    fn made(entries: Vec<Value>) -> Listing {
+        let mut builder = ListingBuilder::default();
+        entries.into_iter().for_each(|entry| builder.push(PreparedTool::new(entry).expect("a named tool")));
+        builder.seal();
+        builder.sealed.pop().expect("one listing")
+    }
+
     /// The table of weak entries stays within about twice its live listings, whatever passes through it.
     #[test]
     fn the_interner_sweeps_what_no_catalog_holds() {
         let interner = Mutex::new(Interner::default());
-        let listing = |n: usize| vec![PreparedTool::new(json!({"name": format!("t{n}")})).expect("named")];
+        let listing = |n: usize| made(vec![json!({"name": format!("t{n}")})]);
         let kept: Vec<Arc<Listing>> = (0..100).map(|n| intern_in(&interner, listing(n))).collect();
         for n in 100..10_000 {
             drop(intern_in(&interner, listing(n)));
@@ -748,18 +811,64 @@ mod diff_tests {
         assert!(Arc::ptr_eq(&kept[7], &intern_in(&interner, listing(7))), "a live listing is still found after sweeps");
     }
 
+    /// A listing that outgrows one text is held as several; every tool still reads back whole, its escaped
+    /// parts too, and a name is known as taken whichever of them holds it.
+    #[test]
+    fn a_listing_larger_than_one_text_is_held_as_several() {
+        let entries: Vec<Value> = (0..40)
+            .map(|n| json!({"name": format!("tool_{n}"), "description": format!("Line {n}\n\"quoted\""), "inputSchema": {}}))
+            .collect();
+        let mut builder = ListingBuilder { max_text: 300, ..Default::default() };
+        for entry in &entries {
+            builder.push_new(PreparedTool::new(entry.clone()).expect("named")).expect("a new name");
+        }
+        let again = PreparedTool::new(json!({"name": "tool_0"})).expect("named");
+        assert!(builder.push_new(again).is_err(), "a name in a sealed listing is taken");
+        let last = PreparedTool::new(json!({"name": "tool_39"})).expect("named");
+        assert!(builder.push_new(last).is_err(), "a name in the listing being read is taken");
+        let tools = builder.finish();
+        assert_eq!(tools.len(), 40);
+        assert!(!tools[0].listing.tools.is_empty() && !Arc::ptr_eq(&tools[0].listing, &tools[39].listing));
+        for (tool, entry) in tools.iter().zip(&entries) {
+            assert_eq!(tool.name(), entry["name"]);
+            assert_eq!(tool.description(), entry["description"]);
+            assert_eq!(tool.definition_value(), *entry);
+        }
+    }
+
+    /// A name is refused only when the very same name was pushed: found through its hash, read back from the
+    /// text (escaped names too), and a different name under the same hash is told apart by reading every name.
+    #[test]
+    fn only_the_same_name_is_refused() {
+        let tool = |name: &str| PreparedTool::new(json!({"name": name})).expect("named");
+        let mut builder = ListingBuilder::default();
+        for name in ["a", "quo\"ted", "b"] {
+            builder.push_new(tool(name)).expect("new");
+        }
+        for name in ["quo\"ted", "a"] {
+            assert!(builder.push_new(tool(name)).is_err(), "{name}");
+        }
+        // "quo" made to collide with "a": its hash now leads to "a", and it is still new.
+        let colliding = builder.hasher.hash_one("quo");
+        builder.names.insert(colliding, (0, 0));
+        assert!(builder.push_new(tool("quo")).is_ok(), "a colliding name that was not pushed");
+        let colliding = builder.hasher.hash_one("b");
+        builder.names.insert(colliding, (0, 0));
+        assert!(builder.push_new(tool("b")).is_err(), "a colliding name that was pushed");
+        assert_eq!(builder.finish().iter().map(ToolDef::name).collect::<Vec<_>>(), ["a", "quo\"ted", "b", "quo"]);
+    }
+
     /// Two discoveries of one server made their listings at once (the look-up and the insert are apart, so that
     /// neither waits on the other): the second to insert gets the first's listing, and the copy is dropped.
     #[test]
     fn a_listing_made_meanwhile_by_another_discovery_is_the_one_kept() {
         let mut interner = Interner::default();
-        let tools = || vec![PreparedTool::new(json!({"name": "raced", "description": "made twice"})).expect("named")];
+        let tools = || made(vec![json!({"name": "raced", "description": "made twice"})]);
         let key = Interner::key(&tools());
-        let first = interner.insert(key, Arc::new(Listing::new(tools())));
-        let second = interner.insert(key, Arc::new(Listing::new(tools())));
+        let first = interner.insert(key, Arc::new(tools()));
+        let second = interner.insert(key, Arc::new(tools()));
         assert!(Arc::ptr_eq(&first, &second), "the equal listing inserted first is handed back");
-        let other = vec![PreparedTool::new(json!({"name": "other"})).expect("named")];
-        let colliding = interner.insert(key, Arc::new(Listing::new(other)));
+        let colliding = interner.insert(key, Arc::new(made(vec![json!({"name": "other"})])));
         assert!(!Arc::ptr_eq(&first, &colliding), "other content under the same key is not shared");
         assert_eq!(colliding.tools.len(), 1);
     }
