@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idle memory of a satellite serving the search corpus: the first N corpus servers (default: all 422) installed
 # for one user over Streamable HTTP, as scripts/corpus.sh does, and /proc/{pid}/status read 90 s after every
-# instance is online (the token encoder is released after a minute idle). Prints one line: RssAnon, RssFile, threads, instances.
+# instance is online (the token encoder is released after a minute idle). Prints one line: RssAnon, RssFile, the peak
+# RSS so far (VmHWM), threads, instances.
 #   bash scripts/corpus-rss.sh [BIN] [N]      BIN defaults to target/release/satellite (built if missing)
 # USERS=U installs every server for U team members (U x N instances of N servers: what one more member costs).
 # ONE_SERVER=1 serves the first N tools (default: all 4,500) as one server's listing (each name prefixed with its
@@ -64,4 +65,4 @@ until [ "$(online)" = "$instances" ] || [ $((SECONDS - started)) -gt 600 ]; do s
 settled=$((SECONDS - started))
 sleep "$WAIT"
 status() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$pid/status"; }
-echo "RssAnon $(status RssAnon) kB, RssFile $(status RssFile) kB, threads $(status Threads), $servers servers x ${USERS:-1} users, $(online) of $instances instances online (all after ${settled} s), read ${WAIT} s later"
+echo "RssAnon $(status RssAnon) kB, RssFile $(status RssFile) kB, peak RSS $(status VmHWM) kB, threads $(status Threads), $servers servers x ${USERS:-1} users, $(online) of $instances instances online (all after ${settled} s), read ${WAIT} s later"
