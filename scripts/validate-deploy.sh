@@ -365,6 +365,8 @@ def ignored(relpath, pats):
 def build_inputs():
     """Repository paths `cargo build --release --locked --bin satellite` reads."""
     needed = {"Cargo.toml", "Cargo.lock"}
+    if (ROOT / ".cargo" / "config.toml").exists():
+        needed.add(".cargo/config.toml")
     manifest = tomllib.loads((ROOT / "Cargo.toml").read_text())
     if (ROOT / "build.rs").exists() or manifest.get("package", {}).get("build"):
         needed.add(manifest.get("package", {}).get("build") or "build.rs")
