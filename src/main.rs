@@ -230,6 +230,9 @@ struct DemoArgs {
     /// Answer tools/list with an error: a server that cannot list its tools.
     #[arg(long)]
     fail_tools_list: bool,
+    /// Also list a tool nested deeper than a JSON parser follows: one entry a gateway cannot read.
+    #[arg(long)]
+    deep_tool: bool,
     /// Offer `toggle_tool`: hide or show a tool at run time and send notifications/tools/list_changed (stdio).
     #[arg(long)]
     mutable_tools: bool,
@@ -244,6 +247,7 @@ impl DemoArgs {
                 shape: self.tools_shape.clone(),
                 stall_after_page: self.stall_after_page,
                 fail_listing: self.fail_tools_list,
+                deep_tool: self.deep_tool,
                 mutable: self.mutable_tools,
             })
     }

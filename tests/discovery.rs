@@ -34,6 +34,7 @@ fn config() -> String {
         server("stalled", "\"--page-size\", \"3\", \"--stall-after-page\", \"1\"", ""),
         server("mute", "\"--fail-tools-list\"", declared),
         server("mute-undeclared", "\"--fail-tools-list\"", ""),
+        server("deep", "\"--deep-tool\"", ""),
     ]
     .concat()
 }
@@ -59,7 +60,7 @@ fn tool_names(sat: &TestSatellite, slug: &str) -> Vec<String> {
 #[tokio::test]
 async fn non_compliant_servers_keep_their_tools_with_the_fallback_shown() {
     let sat = TestSatellite::start(&config()).await;
-    for slug in ["arrayed", "functions", "stalled", "mute"] {
+    for slug in ["arrayed", "functions", "stalled", "mute", "deep"] {
         settled(&sat, slug, InstanceStatus::Online).await;
     }
     settled(&sat, "mute-undeclared", InstanceStatus::Error).await;
@@ -72,6 +73,9 @@ async fn non_compliant_servers_keep_their_tools_with_the_fallback_shown() {
     // A server that cannot list its tools gets the config's list, and the declared tool runs for real.
     assert_eq!(tool_names(&sat, "mute"), ["echo"]);
     assert!(tool_names(&sat, "mute-undeclared").is_empty());
+    // One tool nested deeper than the parser follows costs that tool, not the listing.
+    assert_eq!(tool_names(&sat, "deep").len(), 7);
+    assert!(!tool_names(&sat, "deep").iter().any(|name| name == "too_deep"));
 
     // Each fallback on the debug route, one sentence per departure.
     let debug: Value = reqwest::get(format!("{}/api/status/debug", sat.base_url()))
@@ -90,6 +94,7 @@ async fn non_compliant_servers_keep_their_tools_with_the_fallback_shown() {
     assert!(fallbacks("stalled").contains("stopped after 3 item(s) on page 2"), "{}", fallbacks("stalled"));
     assert!(fallbacks("mute").contains("tools from the config"), "{}", fallbacks("mute"));
     assert_eq!(fallbacks("mute-undeclared"), "", "no fallback to show: it is in error");
+    assert!(fallbacks("deep").contains("1 unreadable item(s) skipped on page 1"), "{}", fallbacks("deep"));
 
     // Through the router: found and run like any tool.
     let caller = Caller::connect(&sat, "/mcp", Some(TOKEN)).await;

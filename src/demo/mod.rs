@@ -50,7 +50,7 @@ pub struct Offer {
 }
 
 /// How the demo server misbehaves when listing its tools, to test a gateway's tolerance (`--tools-shape`,
-/// `--stall-after-page`, `--fail-tools-list`).
+/// `--stall-after-page`, `--fail-tools-list`, `--deep-tool`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Quirks {
     /// `tools/list` answers the tools as a bare array (`array`), under `functions`, or under another key.
@@ -59,6 +59,8 @@ pub struct Quirks {
     pub stall_after_page: Option<usize>,
     /// `tools/list` answers a JSON-RPC error.
     pub fail_listing: bool,
+    /// `tools/list` also lists `too_deep`, whose input schema nests deeper than a JSON parser follows by default.
+    pub deep_tool: bool,
     /// Offer `toggle_tool`, which hides or shows a tool at run time and announces the change (stdio).
     pub mutable: bool,
 }
@@ -247,6 +249,9 @@ impl DemoServer {
             std::future::pending::<()>().await;
         }
         let mut result = self.list_tools(params)?;
+        if let (true, Some(tools)) = (quirks.deep_tool, result.get_mut("tools").and_then(Value::as_array_mut)) {
+            tools.push(too_deep_tool());
+        }
         match quirks.shape.as_deref() {
             None | Some("standard") => {}
             Some("array") => result = result["tools"].take(),
@@ -424,6 +429,15 @@ fn demo_offer() -> Offer {
                "_meta": {"ui": {"resourceUri": UI_RESOURCE_URI}}}),
     ];
     Offer { name: "satellite-demo".into(), tools, with_resources: true, corpus_slug: None, label: None }
+}
+
+/// A tool whose input schema nests 200 objects deep: serde_json, like most parsers, stops at 128.
+fn too_deep_tool() -> Value {
+    let mut schema = json!({"type": "string"});
+    for _ in 0..200 {
+        schema = json!({"type": "object", "properties": {"inner": schema}});
+    }
+    json!({"name": "too_deep", "description": "Nested deeper than a parser follows", "inputSchema": schema})
 }
 
 fn demo_resources() -> Value {
