@@ -5,7 +5,9 @@
 //!   send it on a bounded channel ([`COMMAND_QUEUE_CAPACITY`]; a full queue makes the caller wait) to the
 //!   one task that owns the `IndexWriter`, and return without waiting for the commit. The task applies
 //!   every queued command, commits once on the blocking pool, reloads the reader, and then publishes the
-//!   number of the last command applied. The task ends when the last handle is dropped.
+//!   number of the last command applied. The task ends when the last handle is dropped. Once the index is
+//!   merged and idle, the task drops its writer (tantivy's queue of 10,000 slots and the writer's threads)
+//!   and opens one again at the next write.
 //! - A search first waits until every command sent before it has been applied (no wait when none is
 //!   pending), so a write that has returned is visible to every later search, while the writer's caller (an
 //!   instance coming online) does not wait for the commit.
@@ -33,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tantivy::collector::TopDocs;
 use tantivy::query::{BooleanQuery, Occur};
 use tantivy::schema::Value as _;
+use tantivy::indexer::IndexWriterOptions;
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, TantivyError, Term};
 
 use tokio::sync::{mpsc, watch};
@@ -184,11 +187,12 @@ impl SearchIndex {
         let schema = Arc::new(IndexSchema::new());
         let index = Index::create_in_ram(schema.schema.clone());
         index.tokenizers().register(TOOL_TOKENIZER, schema.analyzer.clone());
-        let writer: Writer = index.writer_with_num_threads(1, WRITER_MEMORY_BYTES)?;
+        // Opened now so that an index that cannot be written fails here, at start.
+        let writer = open_writer(&index)?;
         let reader = index.reader_builder().reload_policy(ReloadPolicy::Manual).try_into()?;
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE_CAPACITY);
         let (applied_tx, applied) = watch::channel(Applied::default());
-        runtime.spawn(run_writer(writer, reader.clone(), schema.clone(), receiver, applied_tx));
+        runtime.spawn(run_writer(index, writer, reader.clone(), schema.clone(), receiver, applied_tx));
         let progress = Arc::new(Progress { order: tokio::sync::Mutex::new(()), sent: AtomicU64::new(0), applied });
         Ok(SearchIndex { commands, progress, reader, schema, semantic: None })
     }
@@ -363,18 +367,35 @@ fn search_blocking(
     Ok(hits)
 }
 
+/// The index's writer: one indexing thread, one merge thread (a merge of a few thousand tools takes
+/// milliseconds), the minimum indexing memory.
+fn open_writer(index: &Index) -> Result<Writer, TantivyError> {
+    let options = IndexWriterOptions::builder()
+        .num_worker_threads(1)
+        .num_merge_threads(1)
+        .memory_budget_per_thread(WRITER_MEMORY_BYTES)
+        .build();
+    index.writer_with_options(options)
+}
+
 /// The writer task: the only owner of the `IndexWriter`. Once no command has come for [`MERGE_WHEN_IDLE`]
 /// after a commit, it merges every segment into one: each query pays a setup per (term, segment), so a
 /// few large segments answer several times faster than the many small ones that one commit per
 /// instance change leaves behind, while a burst of changes is never held up by merges.
+///
+/// Once merged, the writer is dropped until the next command: it holds tantivy's document queue (10,000
+/// slots, 0.8 MB, allocated whole and made again at every commit) and three threads, while an idle index
+/// needs none of them. Opening a writer again costs well under a millisecond, against a commit's several.
 async fn run_writer(
-    mut writer: Writer,
+    index: Index,
+    writer: Writer,
     reader: IndexReader,
     schema: Arc<IndexSchema>,
     mut commands: mpsc::Receiver<Command>,
     applied: watch::Sender<Applied>,
 ) {
     let process_id_field = schema.fields.process_id;
+    let mut writer = Some(writer);
     let mut unmerged = false;
     loop {
         // `None`: no write came for MERGE_WHEN_IDLE after a commit, so it is time to merge.
@@ -387,16 +408,29 @@ async fn run_writer(
             Some(Some(command)) => command,
             Some(None) => return,
             None => {
-                let reader = reader.clone();
-                let Some((returned, result)) = on_blocking_pool(writer, move |w| merge_all(w, &reader)).await else {
-                    return;
+                let Some(open) = writer.take() else {
+                    unmerged = false;
+                    continue;
                 };
-                writer = returned;
-                // A failure is typically a segment tantivy's own merge policy is merging now: try again later.
-                if let Err(error) = &result {
-                    tracing::debug!(%error, "search index merge postponed");
+                let reader = reader.clone();
+                // Merged, the writer is dropped there (its drop joins its indexing thread); kept on a failure,
+                // which is typically a segment tantivy's own merge policy is merging now: tried again later.
+                let merged = tokio::task::spawn_blocking(move || {
+                    let mut open = open;
+                    merge_all(&mut open, &reader).err().map(|error| (open, error))
+                })
+                .await;
+                match merged {
+                    Ok(None) => unmerged = false,
+                    Ok(Some((kept, error))) => {
+                        tracing::debug!(%error, "search index merge postponed");
+                        writer = Some(kept);
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "search index writer panicked; the index is now read-only");
+                        return;
+                    }
                 }
-                unmerged = result.is_err();
                 continue;
             }
         };
@@ -416,7 +450,9 @@ async fn run_writer(
         }
         let reader = reader.clone();
         // On a panic the task ends, dropping `applied`: waiting searches go on with what the index holds.
-        let Some((returned, result)) = on_blocking_pool(writer, move |w| apply(w, &reader, changes)).await else {
+        let Some((returned, result)) =
+            on_blocking_pool(writer.take(), index.clone(), move |w| apply(w, &reader, changes)).await
+        else {
             return;
         };
         writer = returned;
@@ -437,15 +473,24 @@ async fn run_writer(
     }
 }
 
-/// Runs `work` on the writer on the blocking pool and hands the writer back; `None` (logged) when it
-/// panicked, after which the index stays read-only.
-async fn on_blocking_pool<T: Send + 'static>(
-    mut writer: Writer,
-    work: impl FnOnce(&mut Writer) -> T + Send + 'static,
-) -> Option<(Writer, T)> {
+/// Runs `work` on the writer on the blocking pool, opening one first if there is none, and hands the writer
+/// back (none if it could not be opened: the next command tries again); `None` (logged) when it panicked,
+/// after which the index stays read-only.
+async fn on_blocking_pool(
+    writer: Option<Writer>,
+    index: Index,
+    work: impl FnOnce(&mut Writer) -> Result<(), TantivyError> + Send + 'static,
+) -> Option<(Option<Writer>, Result<(), TantivyError>)> {
     match tokio::task::spawn_blocking(move || {
+        let mut writer = match writer {
+            Some(writer) => writer,
+            None => match open_writer(&index) {
+                Ok(writer) => writer,
+                Err(error) => return (None, Err(error)),
+            },
+        };
         let result = work(&mut writer);
-        (writer, result)
+        (Some(writer), result)
     })
     .await
     {

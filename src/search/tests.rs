@@ -305,6 +305,32 @@ async fn segments_are_merged_into_one_once_writes_stop_and_searches_still_agree(
 }
 
 #[tokio::test]
+async fn an_idle_index_lets_go_of_its_writer_and_opens_one_again_at_the_next_write() -> Result<(), SearchError> {
+    let index = two_instances().await;
+    // tantivy holds a lock for as long as a writer is open: another can be opened only once it is dropped.
+    let shared = index.reader.searcher().index().clone();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match shared.writer_with_num_threads::<TantivyDocument>(1, WRITER_MEMORY_BYTES) {
+            Ok(probe) => break drop(probe),
+            Err(TantivyError::LockFailure(..)) => {
+                assert!(std::time::Instant::now() < deadline, "the idle index still holds its writer");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(other) => return Err(other.into()),
+        }
+    }
+    assert_eq!(index.num_segments(), 1, "released once merged");
+    index.replace_instance("carol-db", vec![tool("carol-db", "db", "run_query", "Query the database")]).await?;
+    index.written().await?;
+    assert_eq!(names(&index.search("query database", &visible(&["carol-db"]), 10).await?), [("carol-db", "run_query")]);
+    index.remove_instance("bob-git").await?;
+    assert!(index.search("working tree status", &visible(&["bob-git"]), 10).await?.is_empty());
+    assert_eq!(index.num_docs().await, 5);
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_server_named_in_the_request_boosts_its_tools() -> Result<(), SearchError> {
     let index = SearchIndex::new()?;
     let issue = |id: &str, slug: &str| tool(id, slug, "create_issue", "Create a new issue in a project");
