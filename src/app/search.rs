@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::config::{Config, Mode};
-use crate::search::{relevance_score, Scope, SearchIndex, ToolDoc};
+use crate::search::{parameter_names, relevance_score, Scope, SearchIndex, ToolDoc};
 use crate::store::Store;
 
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +146,7 @@ pub async fn stored(
                     server_slug: slug.clone(),
                     tool_name: tool.name().to_owned(),
                     description: tool.description().to_owned(),
-                    input_schema: tool.input_schema(),
+                    parameters: parameter_names(&tool.input_schema()),
                 }
             })
             .collect();

@@ -45,7 +45,7 @@ pub fn load_corpus(path: &Path) -> Result<BTreeMap<String, Vec<ToolDoc>>, EvalEr
             server_slug: slug,
             tool_name: text(&line, "name"),
             description: text(&line, "description"),
-            input_schema: line.get("inputSchema").cloned().unwrap_or(Value::Null),
+            parameters: super::parameter_names(line.get("inputSchema").unwrap_or(&Value::Null)),
         });
     }
     Ok(servers)

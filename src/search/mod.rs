@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, watch};
 
 use self::analysis::TOOL_TOKENIZER;
 use self::schema::IndexSchema;
-pub use self::schema::{tool_key, Explainer};
+pub use self::schema::{parameter_names, tool_key, Explainer};
 pub use self::semantic::{Semantic, SemanticError};
 pub use self::visibility::Scope;
 use self::visibility::VisibleQuery;
@@ -82,7 +82,10 @@ pub struct ToolDoc {
     pub server_slug: String,
     pub tool_name: String,
     pub description: String,
-    pub input_schema: serde_json::Value,
+    /// The names of the tool's parameters, space-separated ([`parameter_names`] of its input schema): all the
+    /// index needs of a schema. Text, not the parsed schema: a listing is indexed whole, and its thousands of
+    /// schema trees alive at once left the allocator's pages stretched long after they were freed.
+    pub parameters: String,
 }
 
 /// Why a tool matched a query: the query's terms, after the search's own analysis (stemming, splitting of

@@ -107,10 +107,8 @@ impl IndexSchema {
         document.add_text(fields.text, &tool.server_slug);
         document.add_text(fields.text, &tool.tool_name);
         document.add_text(fields.text, &tool.description);
-        let mut parameters = Vec::new();
-        collect_parameter_names(&tool.input_schema, 0, &mut parameters);
-        if !parameters.is_empty() {
-            document.add_text(fields.text, parameters.join(" "));
+        if !tool.parameters.is_empty() {
+            document.add_text(fields.text, &tool.parameters);
         }
         document
     }
@@ -205,8 +203,7 @@ impl Explainer {
 
     /// Which of the request's terms each part of the tool holds, and whether the request is its exact name.
     pub fn explain(&mut self, server_slug: &str, tool: &crate::model::catalog::ToolDef) -> super::Matched {
-        let mut parameters = Vec::new();
-        collect_parameter_names(&tool.input_schema(), 0, &mut parameters);
+        let parameters = parameter_names(&tool.input_schema());
         let (analyzer, terms) = (&mut self.analyzer, &self.terms);
         let mut found = |part: &str| -> Vec<String> {
             let held: HashSet<String> = analyze(analyzer, part).into_iter().collect();
@@ -217,13 +214,19 @@ impl Explainer {
             server: found(server_slug),
             name: found(tool.name()),
             description: found(tool.description()),
-            parameters: found(&parameters.join(" ")),
+            parameters: found(&parameters),
         }
     }
 }
 
-/// Appends the names of every property declared anywhere in `schema`: nested `properties`,
-/// `items`, `anyOf`/`oneOf`/`allOf`, `$defs`… (every object and array is walked).
+/// The names of every property declared anywhere in `schema`, space-separated, in the order written: nested
+/// `properties`, `items`, `anyOf`/`oneOf`/`allOf`, `$defs`… (every object and array is walked).
+pub fn parameter_names(schema: &Value) -> String {
+    let mut names = Vec::new();
+    collect_parameter_names(schema, 0, &mut names);
+    names.join(" ")
+}
+
 fn collect_parameter_names(schema: &Value, depth: usize, names: &mut Vec<String>) {
     if depth > MAX_SCHEMA_DEPTH {
         return;

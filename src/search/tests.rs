@@ -10,7 +10,7 @@ fn tool(process_id: &str, slug: &str, name: &str, description: &str) -> ToolDoc 
         server_slug: slug.to_owned(),
         tool_name: name.to_owned(),
         description: description.to_owned(),
-        input_schema: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        parameters: parameter_names(&json!({"type": "object", "properties": {"path": {"type": "string"}}})),
     }
 }
 

@@ -14,7 +14,7 @@ use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
 use crate::mcp::client::McpClient;
 use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
-use crate::search::ToolDoc;
+use crate::search::{parameter_names, ToolDoc};
 use crate::store::CatalogOwner;
 
 impl Inner {
@@ -222,7 +222,7 @@ impl Inner {
                 server_slug: spec.server_slug.clone(),
                 tool_name: tool.name().to_owned(),
                 description: tool.description().to_owned(),
-                input_schema: tool.input_schema(),
+                parameters: parameter_names(&tool.input_schema()),
             })
             .collect();
         if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {

@@ -229,7 +229,7 @@ fn tool(process_id: &str, name: &str, description: &str) -> ToolDoc {
         server_slug: "srv".into(),
         tool_name: name.into(),
         description: description.into(),
-        input_schema: serde_json::json!({"type": "object"}),
+        parameters: String::new(),
     }
 }
 
