@@ -122,21 +122,19 @@ impl Counter {
     /// break of [`tool_text`] ends a token piece of the `o200k_base` split pattern: strings escape raw line
     /// breaks, a line never ends in whitespace, the next starts with a space, `}` or `]`, and the pattern has
     /// no look-behind, so no piece crosses a line end and each line splits alone as it does in place.
+    ///
+    /// Lines are remembered by a 64-bit hash, not by a copy: a large catalog has tens of thousands of distinct
+    /// lines, and as many small copies alive at once left the allocator's pages stretched after they were freed.
     pub fn count_catalog(&self, tools: &[ToolDef]) -> Vec<usize> {
-        let mut seen: HashMap<String, usize> = HashMap::new();
+        use std::hash::BuildHasher;
+        let hasher = std::collections::hash_map::RandomState::new();
+        let mut seen: HashMap<u64, usize> = HashMap::new();
         tools
             .iter()
             .map(|t| {
                 let text = tool_text(t.name(), Some(t.description()), &t.input_schema());
                 text.split_inclusive('\n')
-                    .map(|line| match seen.get(line) {
-                        Some(n) => *n,
-                        None => {
-                            let n = self.count_text(line);
-                            seen.insert(line.to_owned(), n);
-                            n
-                        }
-                    })
+                    .map(|line| *seen.entry(hasher.hash_one(line)).or_insert_with(|| self.count_text(line)))
                     .sum()
             })
             .collect()

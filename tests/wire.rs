@@ -607,9 +607,11 @@ fn every_event_constructor_produces_data_its_schema_accepts() {
     for status in InstanceStatus::ALL {
         events.push(Event::status_changed(&spec, status, Some("why"), at));
     }
-    let tool = ("search".to_owned(), "Search".to_owned(), json!({"type": "object"}), 12);
-    events.push(Event::tools_discovered(&spec, &[tool]));
-    events.push(Event::tools_discovered(&spec, &[]));
+    let tool = satellite::model::ToolDef::listing([
+        json!({"name": "search", "description": "Search", "inputSchema": {"type": "object"}}),
+    ]);
+    events.push(Event::tools_discovered(&spec, &tool, &[12]));
+    events.push(Event::tools_discovered(&spec, &[], &[]));
     let added = satellite::model::catalog_diff(
         &[],
         &[satellite::model::ToolDef::from_listing(&json!({"name": "search"})).unwrap()],

@@ -6,13 +6,13 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{Event, EventKind};
-use crate::model::{iso, ChangeKind, InstanceSpec, InstanceStatus, ToolChange};
+use crate::model::{iso, ChangeKind, InstanceSpec, InstanceStatus, ToolChange, ToolDef};
 
 mod wire;
 use wire::{
     ConfigError, Crashed, DiscoveredTool, Dormant, InstanceIds, LogRateLimited, PermanentlyFailed, RequestLogs,
-    Respawned, Restarted, ServerIds, ServerLogs, ServerStopped, Started, StatusChanged, ToolExecuted, ToolsDiscovered,
-    ToolsUpdated, UpdatedTool,
+    Respawned, Restarted, SchemaText, ServerIds, ServerLogs, ServerStopped, Started, StatusChanged, ToolExecuted,
+    ToolsDiscovered, ToolsUpdated, UpdatedTool,
 };
 
 mod inputs;
@@ -51,10 +51,12 @@ impl Event {
         Self::new(EventKind::RequestLogs, None, RequestLogs { installation_id, team_id, requests })
     }
 
-    /// `mcp.tools.discovered` (BP §8.5-4) after a successful discovery: one entry per tool as
-    /// `(original name, description, input schema, token count)`. Descriptions are passed as stored: raw for
-    /// every transport, `""` when the server gave none (OQ-10 drops the reference's `[slug] ` decoration).
-    pub fn tools_discovered(spec: &InstanceSpec, tools: &[(String, String, Value, usize)]) -> Self {
+    /// `mcp.tools.discovered` (BP §8.5-4) after a successful discovery: one entry per tool, with its count in
+    /// `tokens` (the same order). Descriptions are passed as stored: raw for every transport, `""` when the server
+    /// gave none (OQ-10 drops the reference's `[slug] ` decoration). Input schemas are written as the server wrote
+    /// them (`{}` when it gave none), straight from the definitions' text: a large listing's schemas are never
+    /// all parsed at once.
+    pub fn tools_discovered(spec: &InstanceSpec, tools: &[ToolDef], tokens: &[u32]) -> Self {
         let installation_id =
             if spec.installation_id.0.is_empty() { &spec.process_id.0 } else { &spec.installation_id.0 };
         let now = Utc::now();
@@ -64,13 +66,14 @@ impl Event {
             team_id: &spec.team_id.0,
             server_slug: &spec.server_slug,
             tool_count: tools.len(),
-            total_tokens: tools.iter().map(|t| t.3).sum(),
+            total_tokens: tokens.iter().map(|n| u64::from(*n)).sum(),
             tools: tools
                 .iter()
-                .map(|(name, description, input_schema, token_count)| DiscoveredTool {
-                    tool_name: name,
-                    description,
-                    input_schema,
+                .zip(tokens)
+                .map(|(tool, token_count)| DiscoveredTool {
+                    tool_name: tool.name(),
+                    description: tool.description(),
+                    input_schema: SchemaText(tool.input_schema_text()),
                     token_count: *token_count,
                 })
                 .collect(),

@@ -46,11 +46,12 @@ fn payloads_have_the_backend_field_names() {
 
 #[test]
 fn tools_discovered_has_the_backend_shape() {
-    let tools = vec![
-        ("create_issue".to_owned(), "Create an issue".to_owned(), json!({"type": "object", "required": ["repo"]}), 142),
-        ("ping".to_owned(), String::new(), json!({}), 30),
-    ];
-    let e = Event::tools_discovered(&spec(), &tools);
+    let tools = ToolDef::listing([
+        json!({"name": "create_issue", "description": "Create an issue",
+               "inputSchema": {"type": "object", "required": ["repo"], "properties": {"n": {"maximum": 1e3}}}}),
+        json!({"name": "ping"}),
+    ]);
+    let e = Event::tools_discovered(&spec(), &tools, &[142, 30]);
     assert_eq!(e.kind, EventKind::ToolsDiscovered);
     assert_eq!(e.process_id.as_deref(), Some("demo-acme-u1-i1"));
     assert_eq!(
@@ -59,7 +60,8 @@ fn tools_discovered_has_the_backend_shape() {
                "server_slug": "demo", "tool_count": 2, "total_tokens": 172,
                "tools": [
                    {"tool_name": "create_issue", "description": "Create an issue",
-                    "input_schema": {"type": "object", "required": ["repo"]}, "token_count": 142},
+                    "input_schema": {"type": "object", "required": ["repo"], "properties": {"n": {"maximum": 1e3}}},
+                    "token_count": 142},
                    {"tool_name": "ping", "description": "", "input_schema": {}, "token_count": 30}],
                "discovered_at": iso(e.timestamp)})
     );
@@ -80,7 +82,8 @@ fn tools_discovered_has_the_backend_shape() {
         ]
     );
 
-    let empty = Event::tools_discovered(&InstanceSpec { installation_id: InstallationId::from(""), ..spec() }, &[]);
+    let empty =
+        Event::tools_discovered(&InstanceSpec { installation_id: InstallationId::from(""), ..spec() }, &[], &[]);
     assert_eq!(data(&empty)["installation_id"], "demo-acme-u1-i1");
     assert_eq!(data(&empty)["tool_count"], 0);
     assert_eq!(data(&empty)["total_tokens"], 0);

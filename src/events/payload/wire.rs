@@ -48,7 +48,7 @@ pub(super) struct ToolsDiscovered<'a> {
     pub(super) team_id: &'a str,
     pub(super) server_slug: &'a str,
     pub(super) tool_count: usize,
-    pub(super) total_tokens: usize,
+    pub(super) total_tokens: u64,
     pub(super) tools: Vec<DiscoveredTool<'a>>,
     pub(super) discovered_at: String,
 }
@@ -57,8 +57,21 @@ pub(super) struct ToolsDiscovered<'a> {
 pub(super) struct DiscoveredTool<'a> {
     pub(super) tool_name: &'a str,
     pub(super) description: &'a str,
-    pub(super) input_schema: &'a Value,
-    pub(super) token_count: usize,
+    pub(super) input_schema: SchemaText<'a>,
+    pub(super) token_count: u32,
+}
+
+/// An input schema as its definition writes it; `{}` when there is none.
+pub(super) struct SchemaText<'a>(pub(super) Option<&'a serde_json::value::RawValue>);
+
+impl Serialize for SchemaText<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        match self.0 {
+            Some(text) => text.serialize(serializer),
+            None => serializer.serialize_map(Some(0))?.end(),
+        }
+    }
 }
 
 #[derive(Serialize)]

@@ -148,13 +148,7 @@ impl Inner {
             warn!(process_id = %spec.process_id, "tool tokens were not counted; no discovery event");
             return;
         }
-        let tools: Vec<(String, String, Value, usize)> = catalog
-            .tools
-            .iter()
-            .zip(&catalog.tool_tokens)
-            .map(|(t, n)| (t.name().to_owned(), t.description().to_owned(), t.input_schema(), *n as usize))
-            .collect();
-        self.emit(Event::tools_discovered(spec, &tools)).await;
+        self.emit(Event::tools_discovered(spec, &catalog.tools, &catalog.tool_tokens)).await;
     }
 
     /// A re-discovery changed the instance's tools: `mcp.tools.updated` (BP §8.5-5) with what was added,
