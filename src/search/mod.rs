@@ -33,9 +33,9 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use tantivy::collector::TopDocs;
+use tantivy::indexer::IndexWriterOptions;
 use tantivy::query::{BooleanQuery, Occur};
 use tantivy::schema::Value as _;
-use tantivy::indexer::IndexWriterOptions;
 use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, TantivyError, Term};
 
 use tokio::sync::{mpsc, watch};
