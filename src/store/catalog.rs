@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
+use futures::TryStreamExt as _;
 use serde_json::Value;
 use sqlx::Row;
 
@@ -116,10 +117,10 @@ impl Store {
                 },
             );
         }
-        let tools =
+        // Read row by row: every stored tool's row alive at once would be the whole store's definitions twice over.
+        let mut tools =
             sqlx::query("SELECT process_id, definition, tokens FROM catalog_tools ORDER BY process_id, position")
-                .fetch_all(self.pool())
-                .await?;
+                .fetch(self.pool());
         let mut uncounted = std::collections::HashSet::new();
         // Each catalog's tools are made into one listing as soon as its rows (ordered by process id) are read.
         let mut reading: Option<(ProcessId, ListingBuilder)> = None;
@@ -130,7 +131,7 @@ impl Store {
                 }
             }
         };
-        for row in tools {
+        while let Some(row) = tools.try_next().await? {
             let process_id = ProcessId(row.try_get("process_id")?);
             let definition: Value = serde_json::from_str(&row.try_get::<String, _>("definition")?)?;
             let tokens: Option<i64> = row.try_get("tokens")?;
