@@ -53,9 +53,9 @@ impl Event {
 
     /// `mcp.tools.discovered` (BP §8.5-4) after a successful discovery: one entry per tool, with its count in
     /// `tokens` (the same order). Descriptions are passed as stored: raw for every transport, `""` when the server
-    /// gave none (OQ-10 drops the reference's `[slug] ` decoration). Input schemas are written as the server wrote
-    /// them (`{}` when it gave none), straight from the definitions' text: a large listing's schemas are never
-    /// all parsed at once.
+    /// gave none (OQ-10 drops the reference's `[slug] ` decoration). Input schemas are copied from the definitions'
+    /// compact text (`{}` when the server gave none), never parsed: a large listing's schemas are not all
+    /// turned into trees at once.
     pub fn tools_discovered(spec: &InstanceSpec, tools: &[ToolDef], tokens: &[u32]) -> Self {
         let installation_id =
             if spec.installation_id.0.is_empty() { &spec.process_id.0 } else { &spec.installation_id.0 };
