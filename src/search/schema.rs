@@ -93,22 +93,33 @@ impl IndexSchema {
         IndexSchema { schema: builder.build(), fields, analyzer: tool_analyzer() }
     }
 
+    ///
+    /// The document's buffer is sized to its values: tantivy's default (1 KiB, doubled as it fills) made a
+    /// listing's thousands of documents, alive together until indexed, about twice their size.
     pub(crate) fn document(&self, tool: &ToolDoc) -> TantivyDocument {
         let fields = &self.fields;
-        let mut document = TantivyDocument::new();
-        document.add_text(fields.process_id, &tool.process_id);
-        document.add_text(fields.tool_name, &tool.tool_name);
-        document.add_text(fields.tool_key, tool_key(&tool.process_id, &tool.tool_name));
-        for exact in exact_names(&tool.server_slug, &tool.tool_name) {
-            document.add_text(fields.exact_name, exact);
-        }
-        document.add_text(fields.server, canonical_name(&tool.server_slug));
-        document.add_text(fields.name, &tool.tool_name);
-        document.add_text(fields.text, &tool.server_slug);
-        document.add_text(fields.text, &tool.tool_name);
-        document.add_text(fields.text, &tool.description);
-        if !tool.parameters.is_empty() {
-            document.add_text(fields.text, &tool.parameters);
+        let key = tool_key(&tool.process_id, &tool.tool_name);
+        let [exact, exact_with_server] = exact_names(&tool.server_slug, &tool.tool_name);
+        let server = canonical_name(&tool.server_slug);
+        let values = [
+            (fields.process_id, tool.process_id.as_str()),
+            (fields.tool_name, &tool.tool_name),
+            (fields.tool_key, &key),
+            (fields.exact_name, &exact),
+            (fields.exact_name, &exact_with_server),
+            (fields.server, &server),
+            (fields.name, &tool.tool_name),
+            (fields.text, &tool.server_slug),
+            (fields.text, &tool.tool_name),
+            (fields.text, &tool.description),
+            (fields.text, &tool.parameters),
+        ];
+        // The parameters (last) only when there are some.
+        let values = if tool.parameters.is_empty() { &values[..values.len() - 1] } else { &values[..] };
+        // Each text is stored after its length as a varint of at most 5 bytes.
+        let mut document = TantivyDocument::with_capacity(values.iter().map(|(_, text)| text.len() + 5).sum());
+        for (field, text) in values {
+            document.add_text(*field, text);
         }
         document
     }
@@ -276,6 +287,25 @@ mod tests {
         collect_parameter_names(&schema, 0, &mut names);
         names.sort();
         assert_eq!(names, ["cellValue", "filter", "rows", "startDate", "target", "thingId", "url"]);
+    }
+
+    #[test]
+    fn a_document_is_allocated_once_at_its_size() {
+        let schema = IndexSchema::new();
+        let tool = ToolDoc {
+            process_id: "team-user-github".to_owned(),
+            server_slug: "github".to_owned(),
+            tool_name: "createIssue".to_owned(),
+            description: "Create an issue. ".repeat(200),
+            parameters: "owner repo title body".to_owned(),
+        };
+        let document = schema.document(&tool);
+        let (used, held) = (document.node_data.len(), document.node_data.capacity());
+        assert!(used > tool.description.len(), "{used} bytes");
+        assert!(held - used <= 11 * 4, "{held} bytes held for {used}");
+        assert_eq!(document.field_values().count(), 11);
+        let without = schema.document(&ToolDoc { parameters: String::new(), ..tool });
+        assert_eq!(without.field_values().count(), 10, "no parameters, no value");
     }
 
     #[test]
