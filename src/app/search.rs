@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::config::{Config, Mode};
-use crate::search::{parameter_names, relevance_score, Scope, SearchIndex, ToolDoc};
+use crate::search::{relevance_score, Scope, SearchIndex, ToolDoc};
 use crate::store::Store;
 
 #[derive(Debug, thiserror::Error)]
@@ -141,13 +141,7 @@ pub async fn stored(
                     (process_id.0.clone(), tool.name().to_owned()),
                     (slug.clone(), owner.clone(), tool.description().to_owned()),
                 );
-                ToolDoc {
-                    process_id: process_id.0.clone(),
-                    server_slug: slug.clone(),
-                    tool_name: tool.name().to_owned(),
-                    description: tool.description().to_owned(),
-                    parameters: parameter_names(&tool.input_schema()),
-                }
+                ToolDoc::of(&process_id.0, &slug, tool)
             })
             .collect();
         index.replace_instance(&process_id.0, docs).await?;

@@ -88,6 +88,19 @@ pub struct ToolDoc {
     pub parameters: String,
 }
 
+impl ToolDoc {
+    /// One tool of a catalog, as the instance `process_id` of server `server_slug` lists it.
+    pub fn of(process_id: &str, server_slug: &str, tool: &crate::model::catalog::ToolDef) -> ToolDoc {
+        ToolDoc {
+            process_id: process_id.to_owned(),
+            server_slug: server_slug.to_owned(),
+            tool_name: tool.name().to_owned(),
+            description: tool.description().to_owned(),
+            parameters: parameter_names(&tool.input_schema()),
+        }
+    }
+}
+
 /// Why a tool matched a query: the query's terms, after the search's own analysis (stemming, splitting of
 /// `snake_case` and `camelCase`), found in each part of the tool.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]

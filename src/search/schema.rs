@@ -93,8 +93,7 @@ impl IndexSchema {
         IndexSchema { schema: builder.build(), fields, analyzer: tool_analyzer() }
     }
 
-    ///
-    /// The document's buffer is sized to its values: tantivy's default (1 KiB, doubled as it fills) made a
+    /// The tool's document. Its buffer is sized to its values: tantivy's default (1 KiB, doubled as it fills) made a
     /// listing's thousands of documents, alive together until indexed, about twice their size.
     pub(crate) fn document(&self, tool: &ToolDoc) -> TantivyDocument {
         let fields = &self.fields;

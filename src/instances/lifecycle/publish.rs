@@ -14,7 +14,7 @@ use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
 use crate::mcp::client::McpClient;
 use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
-use crate::search::{parameter_names, ToolDoc};
+use crate::search::ToolDoc;
 use crate::store::CatalogOwner;
 
 impl Inner {
@@ -211,13 +211,7 @@ impl Inner {
             .tools
             .iter()
             .filter(|tool| !instance.tool_disabled(tool.name()))
-            .map(|tool| ToolDoc {
-                process_id: spec.process_id.0.clone(),
-                server_slug: spec.server_slug.clone(),
-                tool_name: tool.name().to_owned(),
-                description: tool.description().to_owned(),
-                parameters: parameter_names(&tool.input_schema()),
-            })
+            .map(|tool| ToolDoc::of(&spec.process_id.0, &spec.server_slug, tool))
             .collect();
         if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {
             warn!(process_id = %spec.process_id, error = %err, "indexing tools failed");
