@@ -60,23 +60,25 @@ impl Event {
         let installation_id =
             if spec.installation_id.0.is_empty() { &spec.process_id.0 } else { &spec.installation_id.0 };
         let now = Utc::now();
+        let listed: Vec<DiscoveredTool> = tools
+            .iter()
+            .zip(tokens)
+            .map(|(tool, token_count)| DiscoveredTool {
+                tool_name: tool.name(),
+                description: tool.description(),
+                input_schema: SchemaText(tool.input_schema_text()),
+                token_count: *token_count,
+            })
+            .collect();
         let data = ToolsDiscovered {
             installation_id,
             installation_name: &spec.process_id.0,
             team_id: &spec.team_id.0,
             server_slug: &spec.server_slug,
-            tool_count: tools.len(),
-            total_tokens: tokens.iter().map(|n| u64::from(*n)).sum(),
-            tools: tools
-                .iter()
-                .zip(tokens)
-                .map(|(tool, token_count)| DiscoveredTool {
-                    tool_name: tool.name(),
-                    description: tool.description(),
-                    input_schema: SchemaText(tool.input_schema_text()),
-                    token_count: *token_count,
-                })
-                .collect(),
+            // Counted from what is listed: a tool without a count is neither listed nor counted.
+            tool_count: listed.len(),
+            total_tokens: listed.iter().map(|tool| u64::from(tool.token_count)).sum(),
+            tools: listed,
             discovered_at: iso(now),
         };
         Event { timestamp: now, ..Self::new(EventKind::ToolsDiscovered, Some(spec), data) }

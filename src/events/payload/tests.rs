@@ -82,6 +82,15 @@ fn tools_discovered_has_the_backend_shape() {
         ]
     );
 
+    // A schema given as null reads as none; a tool without a count is neither listed nor counted.
+    let lenient = ToolDef::listing([json!({"name": "a", "inputSchema": null}), json!({"name": "b"})]);
+    let short = Event::tools_discovered(&spec(), &lenient, &[7]);
+    assert_eq!(
+        data(&short)["tools"],
+        json!([{"tool_name": "a", "description": "", "input_schema": {}, "token_count": 7}])
+    );
+    assert_eq!((data(&short)["tool_count"].clone(), data(&short)["total_tokens"].clone()), (json!(1), json!(7)));
+
     let empty =
         Event::tools_discovered(&InstanceSpec { installation_id: InstallationId::from(""), ..spec() }, &[], &[]);
     assert_eq!(data(&empty)["installation_id"], "demo-acme-u1-i1");
