@@ -304,15 +304,14 @@ async fn segments_are_merged_into_one_once_writes_stop_and_searches_still_agree(
     Ok(())
 }
 
-#[tokio::test]
-async fn an_idle_index_lets_go_of_its_writer_and_opens_one_again_at_the_next_write() -> Result<(), SearchError> {
-    let index = two_instances().await;
-    // tantivy holds a lock for as long as a writer is open: another can be opened only once it is dropped.
+/// A writer of `index`'s own tantivy index, opened as soon as the index's writer task has let go of its own
+/// (tantivy holds a lock for as long as a writer is open); it holds the lock in turn until dropped.
+async fn writer_once_released(index: &SearchIndex) -> Result<Writer, SearchError> {
     let shared = index.reader.searcher().index().clone();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        match shared.writer_with_num_threads::<TantivyDocument>(1, WRITER_MEMORY_BYTES) {
-            Ok(probe) => break drop(probe),
+        match open_writer(&shared) {
+            Ok(writer) => return Ok(writer),
             Err(TantivyError::LockFailure(..)) => {
                 assert!(std::time::Instant::now() < deadline, "the idle index still holds its writer");
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -320,6 +319,12 @@ async fn an_idle_index_lets_go_of_its_writer_and_opens_one_again_at_the_next_wri
             Err(other) => return Err(other.into()),
         }
     }
+}
+
+#[tokio::test]
+async fn an_idle_index_lets_go_of_its_writer_and_opens_one_again_at_the_next_write() -> Result<(), SearchError> {
+    let index = two_instances().await;
+    drop(writer_once_released(&index).await?);
     assert_eq!(index.num_segments(), 1, "released once merged");
     index.replace_instance("carol-db", vec![tool("carol-db", "db", "run_query", "Query the database")]).await?;
     index.written().await?;
@@ -327,6 +332,20 @@ async fn an_idle_index_lets_go_of_its_writer_and_opens_one_again_at_the_next_wri
     index.remove_instance("bob-git").await?;
     assert!(index.search("working tree status", &visible(&["bob-git"]), 10).await?.is_empty());
     assert_eq!(index.num_docs().await, 5);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_writer_that_cannot_be_opened_fails_that_write_and_the_next_write_opens_one() -> Result<(), SearchError> {
+    let index = two_instances().await;
+    let held = writer_once_released(&index).await?;
+    index.replace_instance("carol-db", vec![tool("carol-db", "db", "run_query", "Query the database")]).await?;
+    assert!(matches!(index.written().await, Err(SearchError::CommitFailed { .. })), "the lost write is told");
+    assert!(index.search("query database", &visible(&["carol-db"]), 10).await?.is_empty());
+    drop(held);
+    index.replace_instance("dave-db", vec![tool("dave-db", "db", "run_query", "Query the database")]).await?;
+    assert_eq!(names(&index.search("query database", &visible(&["dave-db"]), 10).await?), [("dave-db", "run_query")]);
+    assert_eq!(index.num_docs().await, 6, "the index before, and the write after");
     Ok(())
 }
 
