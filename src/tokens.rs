@@ -94,9 +94,7 @@ impl Counter {
     }
 
     fn count_chunk(&self, chunk: &str) -> usize {
-        use std::hash::BuildHasher;
-        static HASHER: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
-        let key = HASHER.get_or_init(Default::default).hash_one(chunk);
+        let key = text_hash(chunk);
         if let Some(n) = self.chunks.lock().get(&key) {
             return *n as usize;
         }
@@ -126,19 +124,24 @@ impl Counter {
     /// Lines are remembered by a 64-bit hash, not by a copy: a large catalog has tens of thousands of distinct
     /// lines, and as many small copies alive at once left the allocator's pages stretched after they were freed.
     pub fn count_catalog(&self, tools: &[ToolDef]) -> Vec<usize> {
-        use std::hash::BuildHasher;
-        let hasher = std::collections::hash_map::RandomState::new();
         let mut seen: HashMap<u64, usize> = HashMap::new();
         tools
             .iter()
             .map(|t| {
                 let text = tool_text(t.name(), Some(t.description()), &t.input_schema());
                 text.split_inclusive('\n')
-                    .map(|line| *seen.entry(hasher.hash_one(line)).or_insert_with(|| self.count_text(line)))
+                    .map(|line| *seen.entry(text_hash(line)).or_insert_with(|| self.count_text(line)))
                     .sum()
             })
             .collect()
     }
+}
+
+/// The 64-bit hash a text is remembered by (a discover answer's chunks, a catalog's lines), keyed per process.
+fn text_hash(text: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static HASHER: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    HASHER.get_or_init(Default::default).hash_one(text)
 }
 
 /// The process's shared encoder and when it was last handed out.
