@@ -3,7 +3,8 @@
 //!
 //! - Writes: [`SearchIndex::replace_instance`] / [`SearchIndex::remove_instance`] number a command and
 //!   send it on a bounded channel ([`COMMAND_QUEUE_CAPACITY`]; a full queue makes the caller wait) to the
-//!   one task that owns the `IndexWriter`, and return without waiting for the commit. The task applies
+//!   one task that owns the `IndexWriter`, and return without waiting for the commit. A command carries the
+//!   tools as an iterator: the writer makes each into a document as it adds it, on its own thread. The task applies
 //!   every queued command, commits once on the blocking pool, reloads the reader, and then publishes the
 //!   number of the last command applied. The task ends when the last handle is dropped. Once the index is
 //!   merged and idle, the task drops its writer (tantivy's queue of 10,000 slots and the writer's threads)
@@ -172,13 +173,18 @@ pub struct SearchIndex {
     semantic: Option<Arc<Semantic>>,
 }
 
-/// Replace every document of `process_id` by `documents` (empty: remove the instance).
+/// Replace every document of `process_id` by `tools` (none: remove the instance).
 struct Command {
     /// Its place in the order of commands ([`Progress`]).
     number: u64,
     process_id: String,
-    documents: Vec<TantivyDocument>,
+    tools: Tools,
 }
+
+/// The tools of one write, made into documents on the writer's thread one at a time as they are added. An
+/// instance's listing of thousands of tools is then never held as thousands of strings and documents at once
+/// on the caller's thread, where they left the allocator's pages stretched long after they were freed.
+type Tools = Box<dyn Iterator<Item = ToolDoc> + Send>;
 
 /// A document as the writer's queue holds it: boxed. tantivy's queue is a channel of 10,000 slots
 /// (`PIPELINE_MAX_SIZE_IN_DOCS`), allocated and written whole when the writer is made and again at every
@@ -234,12 +240,21 @@ impl SearchIndex {
 
     /// Replace every document of one instance (delete by process_id term, add docs, commit, reload
     /// reader). Resolves once the change is queued: every search that starts after it sees the change.
-    pub async fn replace_instance(&self, process_id: &str, docs: Vec<ToolDoc>) -> Result<(), SearchError> {
-        let documents = docs.iter().map(|tool| self.schema.document(tool)).collect();
-        if let Some(semantic) = &self.semantic {
-            semantic.set_instance(process_id, &docs);
-        }
-        self.send(process_id, documents).await
+    /// `docs` is read by the writer, as it adds them (see [`Tools`]).
+    pub async fn replace_instance<D>(&self, process_id: &str, docs: D) -> Result<(), SearchError>
+    where
+        D: IntoIterator<Item = ToolDoc>,
+        D::IntoIter: Send + 'static,
+    {
+        let tools: Tools = match &self.semantic {
+            Some(semantic) => {
+                let docs: Vec<ToolDoc> = docs.into_iter().collect();
+                semantic.set_instance(process_id, &docs);
+                Box::new(docs.into_iter())
+            }
+            None => Box::new(docs.into_iter()),
+        };
+        self.send(process_id, tools).await
     }
 
     /// Remove every document of one instance. Resolves once the change is queued, as `replace_instance`.
@@ -247,13 +262,13 @@ impl SearchIndex {
         if let Some(semantic) = &self.semantic {
             semantic.set_instance(process_id, &[]);
         }
-        self.send(process_id, Vec::new()).await
+        self.send(process_id, Box::new(std::iter::empty())).await
     }
 
-    async fn send(&self, process_id: &str, documents: Vec<TantivyDocument>) -> Result<(), SearchError> {
+    async fn send(&self, process_id: &str, tools: Tools) -> Result<(), SearchError> {
         let _order = self.progress.order.lock().await;
         let number = self.progress.sent.load(Ordering::Acquire) + 1;
-        let command = Command { number, process_id: process_id.to_owned(), documents };
+        let command = Command { number, process_id: process_id.to_owned(), tools };
         self.commands.send(command).await.map_err(|_| SearchError::WriterGone)?;
         self.progress.sent.store(number, Ordering::Release);
         Ok(())
@@ -460,14 +475,14 @@ async fn run_writer(
         let last = batch.iter().map(|command| command.number).max().unwrap_or_default();
         let mut changes = Vec::with_capacity(batch.len());
         let mut instances = Vec::with_capacity(batch.len());
-        for Command { process_id, documents, .. } in batch {
-            changes.push((Term::from_field_text(process_id_field, &process_id), documents));
+        for Command { process_id, tools, .. } in batch {
+            changes.push((Term::from_field_text(process_id_field, &process_id), tools));
             instances.push(process_id);
         }
-        let reader = reader.clone();
+        let (reader, schema) = (reader.clone(), schema.clone());
         // On a panic the task ends, dropping `applied`: waiting searches go on with what the index holds.
         let Some((returned, result)) =
-            on_blocking_pool(writer.take(), index.clone(), move |w| apply(w, &reader, changes)).await
+            on_blocking_pool(writer.take(), index.clone(), move |w| apply(w, &reader, &schema, changes)).await
         else {
             return;
         };
@@ -532,9 +547,10 @@ fn merge_all(writer: &mut Writer, reader: &IndexReader) -> Result<(), TantivyErr
 fn apply(
     writer: &mut Writer,
     reader: &IndexReader,
-    changes: Vec<(Term, Vec<TantivyDocument>)>,
+    schema: &IndexSchema,
+    changes: Vec<(Term, Tools)>,
 ) -> Result<(), TantivyError> {
-    if let Err(error) = write_and_commit(writer, changes) {
+    if let Err(error) = write_and_commit(writer, schema, changes) {
         if let Err(rollback_error) = writer.rollback() {
             tracing::warn!(%rollback_error, "search index rollback failed");
         }
@@ -543,8 +559,12 @@ fn apply(
     reader.reload()
 }
 
-fn write_and_commit(writer: &mut Writer, changes: Vec<(Term, Vec<TantivyDocument>)>) -> Result<(), TantivyError> {
-    for (process_id, documents) in changes {
+fn write_and_commit(
+    writer: &mut Writer,
+    schema: &IndexSchema,
+    changes: Vec<(Term, Tools)>,
+) -> Result<(), TantivyError> {
+    for (process_id, tools) in changes {
         #[cfg(test)]
         match process_id.value().as_str() {
             Some(tests::FAILS_TO_INDEX) => {
@@ -554,8 +574,8 @@ fn write_and_commit(writer: &mut Writer, changes: Vec<(Term, Vec<TantivyDocument
             _ => {}
         }
         writer.delete_term(process_id);
-        for document in documents {
-            writer.add_document(QueuedDocument(Box::new(document)))?;
+        for tool in tools {
+            writer.add_document(QueuedDocument(Box::new(schema.document(&tool))))?;
         }
     }
     writer.commit()?;

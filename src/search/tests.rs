@@ -102,7 +102,7 @@ async fn a_search_after_a_returned_write_sees_it_though_the_write_did_not_wait_f
     let index = SearchIndex::new().unwrap();
     for round in 0..3 {
         let id = format!("big-{round}");
-        let tools =
+        let tools: Vec<ToolDoc> =
             (0..2_000).map(|n| tool(&id, "bulk", &format!("tool_{n}"), &format!("bulk operation {round}"))).collect();
         index.replace_instance(&id, tools).await.unwrap();
         assert_eq!(index.progress.sent.load(Ordering::Acquire), round + 1, "each write is numbered once");
@@ -401,5 +401,26 @@ async fn a_scope_of_single_tools_finds_exactly_those_tools_among_whole_instances
     let nothing = Arc::new(Scope::with_tools(vec![], vec![tool_key("bob-fs", "no_such_tool")]));
     assert!(index.search("read", &nothing, 10).await?.is_empty());
     assert!(Scope::with_tools(vec![], vec![]).is_empty());
+    Ok(())
+}
+
+/// The writer reads an instance's tools as it indexes them, on its own thread: a caller hands over handles and
+/// goes on, and never holds a whole listing's documents (see `Tools`).
+#[tokio::test]
+async fn an_instances_tools_are_read_by_the_writer_not_by_the_caller() -> Result<(), SearchError> {
+    let index = SearchIndex::new()?;
+    let caller = std::thread::current().id();
+    let readers = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let seen = readers.clone();
+    let tools = (0..3).map(move |n| {
+        seen.lock().push(std::thread::current().id());
+        tool("lazy", "lazy", &format!("lazy_tool_{n}"), "made when the writer asks for it")
+    });
+    index.replace_instance("lazy", tools).await?;
+    index.written().await?;
+    let readers = readers.lock().clone();
+    assert_eq!(readers.len(), 3, "every tool is read once");
+    assert!(readers.iter().all(|thread| *thread != caller), "the caller read a tool: {readers:?}");
+    assert_eq!(names(&index.search("lazy_tool_2", &visible(&["lazy"]), 1).await?), [("lazy", "lazy_tool_2")]);
     Ok(())
 }

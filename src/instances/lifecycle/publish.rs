@@ -13,7 +13,7 @@ use crate::instances::instance::Instance;
 use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
 use crate::mcp::client::McpClient;
-use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, Upstream};
+use crate::model::{Catalog, InstanceSpec, InstanceStatus, ProcessId, ToolDef, Upstream};
 use crate::search::ToolDoc;
 use crate::store::CatalogOwner;
 
@@ -207,12 +207,11 @@ impl Inner {
 
     pub(in crate::instances) async fn index(&self, instance: &Instance, catalog: &Catalog) {
         let spec = instance.spec();
-        let docs = catalog
-            .tools
-            .iter()
-            .filter(|tool| !instance.tool_disabled(tool.name()))
-            .map(|tool| ToolDoc::of(&spec.process_id.0, &spec.server_slug, tool))
-            .collect();
+        // Handles on the catalog's tools; the index's writer makes each into a document as it adds it.
+        let tools: Vec<ToolDef> =
+            catalog.tools.iter().filter(|tool| !instance.tool_disabled(tool.name())).cloned().collect();
+        let (process_id, server_slug) = (spec.process_id.0.clone(), spec.server_slug.clone());
+        let docs = tools.into_iter().map(move |tool| ToolDoc::of(&process_id, &server_slug, &tool));
         if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {
             warn!(process_id = %spec.process_id, error = %err, "indexing tools failed");
         }
