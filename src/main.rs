@@ -47,6 +47,28 @@ extern "C" fn tune_allocator() {
     }
 }
 
+/// How often [`spawn_allocator_collector`]'s task runs.
+const ALLOCATOR_COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// mimalloc gives freed pages back to the OS only from inside an allocation or a free, once their purge delay
+/// ([`tune_allocator`]) has passed. A satellite that falls idle right after a burst (a discovery of thousands of
+/// tools) kept what the burst freed in its last milliseconds resident for good: about 2 MiB after one server of
+/// 4,500 tools, a fifth of what its tools cost (docs/performance.md, 2026-11-27 23:30). A task lets mimalloc purge
+/// what is due every two seconds. Under load the allocator's own calls purge as often; the task matters once the
+/// satellite is idle, and then costs one wake-up every two seconds.
+fn spawn_allocator_collector(runtime: &tokio::runtime::Runtime) {
+    runtime.spawn(async {
+        let mut tick = tokio::time::interval(ALLOCATOR_COLLECT_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            // SAFETY: mi_collect takes no argument to trust; it returns to the OS only memory mimalloc holds
+            // unused, and may be called from any thread at any time.
+            unsafe { libmimalloc_sys::mi_collect(false) };
+        }
+    });
+}
+
 #[path = "main/commands.rs"]
 mod commands;
 use commands::{check_config, import, search, token_new, tokens};
@@ -369,6 +391,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    spawn_allocator_collector(&runtime);
     let served = runtime.block_on(async {
         let satellite = match Satellite::start(config.clone(), &env).await {
             Ok(satellite) => satellite,
