@@ -33,40 +33,13 @@ static TUNE_ALLOCATOR: extern "C" fn() = tune_allocator;
 
 #[cfg(target_os = "linux")]
 extern "C" fn tune_allocator() {
-    // Indices of `mi_option_e` in mimalloc v3's mimalloc.h (the version libmimalloc-sys builds by default).
-    const ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    for (option, variable, value) in
-        [(ARENA_EAGER_COMMIT, "MIMALLOC_ARENA_EAGER_COMMIT", 0), (PURGE_DELAY, "MIMALLOC_PURGE_DELAY", 10)]
-    {
+    for (option, variable, value) in satellite::memory::ALLOCATOR_OPTIONS {
         if std::env::var_os(variable).is_none() {
             // SAFETY: mi_option_set only stores the value in mimalloc's option table; any option index below
             // _mi_option_last is valid.
             unsafe { libmimalloc_sys::mi_option_set(option, value) };
         }
     }
-}
-
-/// How often [`spawn_allocator_collector`]'s task runs.
-const ALLOCATOR_COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// mimalloc gives freed pages back to the OS only from inside an allocation or a free, once their purge delay
-/// ([`tune_allocator`]) has passed. A satellite that falls idle right after a burst (a discovery of thousands of
-/// tools) kept what the burst freed in its last milliseconds resident for good: about 2 MiB after one server of
-/// 4,500 tools, a fifth of what its tools cost (docs/performance.md, 2026-11-27 23:30). A task lets mimalloc purge
-/// what is due every two seconds. Under load the allocator's own calls purge as often; the task matters once the
-/// satellite is idle, and then costs one wake-up every two seconds.
-fn spawn_allocator_collector(runtime: &tokio::runtime::Runtime) {
-    runtime.spawn(async {
-        let mut tick = tokio::time::interval(ALLOCATOR_COLLECT_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            // SAFETY: mi_collect takes no argument to trust; it returns to the OS only memory mimalloc holds
-            // unused, and may be called from any thread at any time.
-            unsafe { libmimalloc_sys::mi_collect(false) };
-        }
-    });
 }
 
 #[path = "main/commands.rs"]
@@ -391,7 +364,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    spawn_allocator_collector(&runtime);
+    runtime.spawn(satellite::memory::purge_periodically(satellite::memory::PURGE_EVERY));
     let served = runtime.block_on(async {
         let satellite = match Satellite::start(config.clone(), &env).await {
             Ok(satellite) => satellite,
