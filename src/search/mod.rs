@@ -4,9 +4,9 @@
 //! - Writes: [`SearchIndex::replace_instance`] / [`SearchIndex::remove_instance`] number a command and
 //!   send it on a bounded channel ([`COMMAND_QUEUE_CAPACITY`]; a full queue makes the caller wait) to the
 //!   one task that owns the `IndexWriter`, and return without waiting for the commit. A command carries the
-//!   tools as an iterator: the writer makes each into a document as it adds it, on its own thread. The task applies
-//!   every queued command, commits once on the blocking pool, reloads the reader, and then publishes the
-//!   number of the last command applied. The task ends when the last handle is dropped. Once the index is
+//!   tools as an iterator: the writer makes each into a document as it adds it, on its own thread. The task
+//!   applies every queued command, commits once on the blocking pool, reloads the reader, and then publishes
+//!   the number of the last command applied. The task ends when the last handle is dropped. Once the index is
 //!   merged and idle, the task drops its writer (tantivy's queue of 10,000 slots and the writer's threads)
 //!   and opens one again at the next write.
 //! - A search first waits until every command sent before it has been applied (no wait when none is
