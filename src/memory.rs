@@ -55,6 +55,7 @@ pub fn purge_due_memory() {
 #[cfg(test)]
 mod tests {
     /// The process's anonymous resident memory, in bytes.
+    #[cfg(target_os = "linux")]
     fn resident() -> usize {
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         let kib = status
@@ -65,12 +66,15 @@ mod tests {
     }
 
     /// Set in the process [`memory_a_burst_freed_goes_back_once_due_with_nothing_else_allocating`] runs itself in.
+    #[cfg(target_os = "linux")]
     const BURST_CHILD: &str = "SATELLITE_TEST_MEMORY_BURST_CHILD";
 
     /// Memory a finished burst freed is given back by [`super::purge_due_memory`] once its purge delay is over,
     /// with no other allocation to do it: what an idle satellite relies on. Without it the pages stay resident.
     /// It runs again in a process of its own with the satellite's allocator options: a test binary starts mimalloc
-    /// with its defaults, and its other tests allocate beside this one.
+    /// with its defaults, and its other tests allocate beside this one. Linux only: the options are set there
+    /// (src/main.rs), and resident memory is read from /proc.
+    #[cfg(target_os = "linux")]
     #[test]
     fn memory_a_burst_freed_goes_back_once_due_with_nothing_else_allocating() {
         if std::env::var_os(BURST_CHILD).is_none() {
