@@ -240,7 +240,7 @@ impl SearchIndex {
 
     /// Replace every document of one instance (delete by process_id term, add docs, commit, reload
     /// reader). Resolves once the change is queued: every search that starts after it sees the change.
-    /// `docs` is read by the writer, on the blocking pool, as it adds them (see [`Tools`]): it should only make
+    /// `docs` is read by the writer, on the blocking pool, as it adds them (see `Tools`): it should only make
     /// documents from what it holds, never wait on anything, and never panic (a panic there leaves the index
     /// read-only, as any panic of the writer does).
     pub async fn replace_instance<D>(&self, process_id: &str, docs: D) -> Result<(), SearchError>
