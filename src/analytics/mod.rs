@@ -103,16 +103,52 @@ enum Fact {
     Call(Box<CallFact>),
 }
 
+/// Successful calls of one session to one tool, made one after another with no discover between them: one row
+/// with their count and total duration (issue 19: a row per call cost more than the rest of the call's records).
 #[derive(Debug)]
 struct CallFact {
     key: RowKey,
+    /// The caller's MCP session id as sent, to tell apart calls whose hashes collide (not stored).
+    session: Option<Box<str>>,
     router: Router,
     process_id: String,
     installation_id: String,
     server_slug: String,
     tool_name: String,
     outcome: Outcome,
+    /// Calls this fact stands for (1 unless like successful calls were merged into it).
+    calls: u64,
+    /// Their durations added up.
     duration_ms: u64,
+}
+
+impl CallFact {
+    /// Whether a call by `caller` to `tool` of `spec` through `router` goes in this fact's row.
+    fn is_like(&self, caller: &Caller<'_>, router: Router, spec: &InstanceSpec, tool: &str) -> bool {
+        self.outcome == Outcome::Ok
+            && self.router == router
+            && self.session.as_deref() == caller.session
+            && self.key.team_id == caller.team
+            && self.key.user_id == caller.user
+            && self.process_id == spec.process_id.0
+            && self.tool_name == tool
+    }
+}
+
+/// Facts the writer has not taken yet.
+#[derive(Default)]
+struct Queue {
+    facts: Vec<Fact>,
+    /// Successful call facts that like calls still join, by [`call_hash`]: their place in `facts`. Emptied by every
+    /// discover (a call after it may be a hit of it, a call before may not) and when the writer takes the facts.
+    open_calls: HashMap<u64, usize>,
+}
+
+/// What a successful call is merged by: the caller (team, user, session), the router, the instance and the tool.
+fn call_hash(caller: &Caller<'_>, router: Router, spec: &InstanceSpec, tool: &str) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (caller.team, caller.user, caller.session, router as u8, spec.process_id.as_str(), tool).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// What the four meta-tools cost, counted like any tool (SB §15) when the satellite starts.
@@ -130,7 +166,7 @@ pub struct Recorder {
 
 struct RecorderInner {
     /// Facts the writer has not taken yet (at most [`QUEUE`]).
-    queue: parking_lot::Mutex<Vec<Fact>>,
+    queue: parking_lot::Mutex<Queue>,
     /// Rung when the queue holds a whole batch; otherwise the writer comes every [`FLUSH_EVERY`]. A wake-up per
     /// fact (a channel's receive) cost a task switch per call.
     full: Notify,
@@ -144,7 +180,7 @@ impl Recorder {
     pub fn new(meta: MetaCost) -> Self {
         Self {
             inner: Arc::new(RecorderInner {
-                queue: parking_lot::Mutex::new(Vec::new()),
+                queue: parking_lot::Mutex::new(Queue::default()),
                 full: Notify::new(),
                 writer_started: AtomicBool::new(false),
                 dropped: AtomicU64::new(0),
@@ -181,6 +217,9 @@ impl Recorder {
         self.send(Fact::Discover { key: row_key(caller), text, tool_paths });
     }
 
+    /// A call forwarded to `spec`'s instance. A successful one joins the row of the like calls before it, if no
+    /// discover came between (the figures count calls, not rows): under load one session calls one tool many times
+    /// per writer cycle.
     pub fn call(
         &self,
         caller: &Caller<'_>,
@@ -190,24 +229,52 @@ impl Recorder {
         outcome: Outcome,
         took: Duration,
     ) {
-        self.send(Fact::Call(Box::new(CallFact {
+        let duration_ms = took.as_millis() as u64;
+        let hash = (outcome == Outcome::Ok).then(|| call_hash(caller, router, spec, tool));
+        if let Some(hash) = hash {
+            let mut queue = self.inner.queue.lock();
+            let Queue { facts, open_calls } = &mut *queue;
+            if let Some(Fact::Call(fact)) = open_calls.get(&hash).and_then(|at| facts.get_mut(*at)) {
+                if fact.is_like(caller, router, spec, tool) {
+                    fact.calls += 1;
+                    fact.duration_ms += duration_ms;
+                    return;
+                }
+            }
+        }
+        let fact = Fact::Call(Box::new(CallFact {
             key: row_key(caller),
+            session: caller.session.map(Box::from),
             router,
             process_id: spec.process_id.0.clone(),
             installation_id: spec.installation_id.0.clone(),
             server_slug: spec.server_slug.clone(),
             tool_name: tool.to_owned(),
             outcome,
-            duration_ms: took.as_millis() as u64,
-        })));
+            calls: 1,
+            duration_ms,
+        }));
+        self.push(fact, hash);
     }
 
     fn send(&self, fact: Fact) {
+        self.push(fact, None);
+    }
+
+    /// Queue `fact`; `open_as`: the hash under which like calls join it.
+    fn push(&self, fact: Fact, open_as: Option<u64>) {
         let queued = {
             let mut queue = self.inner.queue.lock();
-            if queue.len() < QUEUE {
-                queue.push(fact);
-                Some(queue.len())
+            if queue.facts.len() < QUEUE {
+                if matches!(fact, Fact::Discover { .. }) {
+                    queue.open_calls.clear();
+                }
+                if let Some(hash) = open_as {
+                    let at = queue.facts.len();
+                    queue.open_calls.insert(hash, at);
+                }
+                queue.facts.push(fact);
+                Some(queue.facts.len())
             } else {
                 None
             }
@@ -328,6 +395,7 @@ impl Ledger {
                         server_slug: call.server_slug,
                         tool_name: call.tool_name,
                         outcome: call.outcome.as_str(),
+                        calls: call.calls,
                         duration_ms: call.duration_ms,
                         discover_key,
                     })
@@ -354,7 +422,11 @@ async fn writer(recorder: Arc<RecorderInner>, store: Store, shutdown: Cancellati
 
 /// Write every queued fact, [`BATCH`] at a time.
 async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &Store) {
-    let facts = std::mem::take(&mut *recorder.queue.lock());
+    let facts = {
+        let mut queue = recorder.queue.lock();
+        queue.open_calls.clear();
+        std::mem::take(&mut queue.facts)
+    };
     let mut facts = facts.into_iter();
     loop {
         let mut batch: Vec<Fact> = facts.by_ref().take(BATCH).collect();
@@ -516,18 +588,85 @@ mod tests {
         assert_eq!(proxied, vec![1000, 0, 1000, 1000, 1000, 1000]);
     }
 
+    /// Under load one session calls one tool many times between two writer cycles: those calls are one row that
+    /// counts them, unless a discover came between (a call after it may be a hit of it) or the call failed (each
+    /// failure is listed on its own).
+    #[test]
+    fn like_successful_calls_are_one_row_until_a_discover_and_failures_stay_one_row_each() {
+        let recorder = Recorder::new(MetaCost::default());
+        let spec = crate::model::sample_spec();
+        let a = Caller { team: "t", user: "u", session: Some("s1") };
+        let b = Caller { session: Some("s2"), ..a.clone() };
+        let call = |caller: &Caller<'_>, router, tool, outcome, ms| {
+            recorder.call(caller, router, &spec, tool, outcome, Duration::from_millis(ms));
+        };
+        for ms in [1, 2, 3] {
+            call(&a, Router::Hierarchical, "echo", Outcome::Ok, ms);
+        }
+        call(&a, Router::Hierarchical, "add", Outcome::Ok, 1);
+        call(&b, Router::Hierarchical, "echo", Outcome::Ok, 1);
+        call(&a, Router::Instance, "echo", Outcome::Ok, 1);
+        call(&a, Router::Hierarchical, "echo", Outcome::Error, 5);
+        call(&a, Router::Hierarchical, "echo", Outcome::Error, 5);
+        recorder.discover(&a, "x".into(), vec![crate::model::tool_path(&spec.server_slug, "echo")]);
+        for ms in [4, 6] {
+            call(&a, Router::Hierarchical, "echo", Outcome::Ok, ms);
+        }
+        let facts = std::mem::take(&mut recorder.inner.queue.lock().facts);
+        let rows = Ledger { sessions: HashMap::new() }.rows(facts, &[7]);
+        let AnalyticsRow::Discover(discover) = &rows[6] else { panic!("not a discover: {:?}", rows[6]) };
+        let sessions: Vec<&str> = rows
+            .iter()
+            .map(|r| match r {
+                AnalyticsRow::Listing(l) => l.key.session.as_str(),
+                AnalyticsRow::Discover(d) => d.key.session.as_str(),
+                AnalyticsRow::Call(c) => c.key.session.as_str(),
+            })
+            .collect();
+        let calls: Vec<_> = rows
+            .iter()
+            .filter_map(|r| match r {
+                AnalyticsRow::Call(c) => Some((
+                    c.tool_name.as_str(),
+                    c.router,
+                    c.outcome,
+                    c.calls,
+                    c.duration_ms,
+                    c.discover_key.as_deref() == Some(discover.discover_key.as_str()),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            vec![
+                ("echo", "hierarchical", "ok", 3, 6, false),
+                ("add", "hierarchical", "ok", 1, 1, false),
+                ("echo", "hierarchical", "ok", 1, 1, false),
+                ("echo", "instance", "ok", 1, 1, false),
+                ("echo", "hierarchical", "error", 1, 5, false),
+                ("echo", "hierarchical", "error", 1, 5, false),
+                ("echo", "hierarchical", "ok", 2, 10, true),
+            ]
+        );
+        assert_ne!(sessions[0], sessions[2], "the third row is the other session's");
+        assert_eq!(rows.len(), 8);
+    }
+
     #[test]
     fn a_call_of_a_tool_the_sessions_recent_discover_listed_is_a_hit_and_another_sessions_is_not() {
         let mut ledger = Ledger { sessions: HashMap::new() };
         let spec_call = |session: &str, tool: &str| {
             Fact::Call(Box::new(CallFact {
                 key: key(session),
+                session: Some(session.into()),
                 router: Router::Hierarchical,
                 process_id: "p".into(),
                 installation_id: "i".into(),
                 server_slug: "demo".into(),
                 tool_name: tool.into(),
                 outcome: Outcome::Ok,
+                calls: 1,
                 duration_ms: 1,
             }))
         };

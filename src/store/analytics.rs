@@ -55,6 +55,9 @@ pub struct CallRow {
     pub server_slug: String,
     pub tool_name: String,
     pub outcome: &'static str,
+    /// Calls the row stands for: like successful calls of one session are merged (`analytics::Recorder::call`).
+    pub calls: u64,
+    /// The calls' durations added up.
     pub duration_ms: u64,
     pub discover_key: Option<String>,
 }
@@ -190,7 +193,7 @@ impl Store {
         statements.extend(Sql::inserts(
             self.engine(),
             "INSERT INTO analytics_calls (at, team_id, user_id, session, router, process_id, installation_id,
-                server_slug, tool_name, outcome, duration_ms, discover_key)",
+                server_slug, tool_name, outcome, calls, duration_ms, discover_key)",
             &calls,
             |c| {
                 let [at, team_id, user_id, session] = key(&c.key);
@@ -205,6 +208,7 @@ impl Store {
                     text(&c.server_slug),
                     text(&c.tool_name),
                     text(c.outcome),
+                    int(c.calls),
                     int(c.duration_ms),
                     c.discover_key.as_deref().into(),
                 ]
@@ -260,8 +264,9 @@ impl Store {
         push_filter(&mut q, filter, false);
         q.push(
             " UNION ALL
-               SELECT session, team_id, user_id, at, 0, 0, 0, 0, 0, 0, 0, 0, 1,
-                      CASE WHEN outcome = 'error' THEN 1 ELSE 0 END, CASE WHEN outcome = 'tool_error' THEN 1 ELSE 0 END
+               SELECT session, team_id, user_id, at, 0, 0, 0, 0, 0, 0, 0, 0, calls,
+                      CASE WHEN outcome = 'error' THEN calls ELSE 0 END,
+                      CASE WHEN outcome = 'tool_error' THEN calls ELSE 0 END
                FROM analytics_calls c WHERE 1=1",
         );
         push_filter(&mut q, filter, true);
@@ -331,13 +336,14 @@ impl Store {
     ) -> Result<(Vec<ToolSums>, u64), StoreError> {
         let mut q = Sql::new(format!(
             "WITH grouped AS (
-               SELECT server_slug, tool_name, COUNT(*) AS calls, {errors} AS errors,
+               SELECT server_slug, tool_name, {calls} AS calls, {errors} AS errors,
                       {tool_errors} AS tool_errors, {from_discover} AS from_discover,
-                      CAST(AVG(duration_ms) AS DOUBLE PRECISION) AS avg_duration_ms
+                      CAST(SUM(duration_ms) AS DOUBLE PRECISION) / SUM(calls) AS avg_duration_ms
                FROM analytics_calls WHERE 1=1",
-            errors = sum("CASE WHEN outcome = 'error' THEN 1 ELSE 0 END"),
-            tool_errors = sum("CASE WHEN outcome = 'tool_error' THEN 1 ELSE 0 END"),
-            from_discover = sum("CASE WHEN discover_key IS NOT NULL THEN 1 ELSE 0 END"),
+            calls = sum("calls"),
+            errors = sum("CASE WHEN outcome = 'error' THEN calls ELSE 0 END"),
+            tool_errors = sum("CASE WHEN outcome = 'tool_error' THEN calls ELSE 0 END"),
+            from_discover = sum("CASE WHEN discover_key IS NOT NULL THEN calls ELSE 0 END"),
         ));
         push_filter(&mut q, filter, true);
         q.push(

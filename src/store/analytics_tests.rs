@@ -13,6 +13,7 @@ fn call(at: &str, user: &str, outcome: &'static str) -> AnalyticsRow {
         server_slug: "demo".into(),
         tool_name: "echo".into(),
         outcome,
+        calls: 1,
         duration_ms: 3,
         discover_key: None,
     })

@@ -98,7 +98,9 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
                 server_slug: "demo".into(),
                 tool_name: "echo".into(),
                 outcome: "ok",
-                duration_ms: 4,
+                // Three like calls merged (analytics::Recorder::call): they count three, averaging 4 ms.
+                calls: 3,
+                duration_ms: 12,
                 discover_key: Some("d1".into()),
             }),
             AnalyticsRow::Call(CallRow {
@@ -109,6 +111,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
                 server_slug: "demo".into(),
                 tool_name: "add".into(),
                 outcome: "error",
+                calls: 1,
                 duration_ms: 7,
                 discover_key: None,
             }),
@@ -207,9 +210,9 @@ async fn every_repository_call_answers_the_same_on_sqlite_and_postgres() -> Test
     assert_eq!(sqlite["catalog"]["tokens"], json!([12, 30]));
     assert_eq!(sqlite["held"], json!([["i1", "echo"]]));
     assert_eq!(sqlite["released"], json!([true, false]));
-    assert_eq!(sqlite["total"], json!([1, 400, 4000, 1, 1, 2, 1, 2]));
+    assert_eq!(sqlite["total"], json!([1, 400, 4000, 1, 1, 4, 1, 2]));
     assert_eq!(sqlite["user_groups"], json!(["t1\u{1f}u2", "t1\u{1f}u1"]));
-    assert_eq!(sqlite["tools"], json!([["add", 1, 1, 0, 7.0], ["echo", 1, 0, 1, 4.0]]));
+    assert_eq!(sqlite["tools"], json!([["echo", 3, 0, 3, 4.0], ["add", 1, 1, 0, 7.0]]));
     assert_eq!(sqlite["costs"], json!([["demo-acme-u1-i1", 2, 42]]));
     assert_eq!(sqlite["failures"], json!([2, 2]), "one failed call and one error status");
     assert_eq!(sqlite["called"], json!(["add", "echo"]));
