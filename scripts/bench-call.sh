@@ -9,12 +9,18 @@
 #   bash scripts/bench-call.sh OLD_BINARY NEW_BINARY
 #
 # Needs wrk (apt-get install wrk), curl and bc. ROUNDS (3), SECS (6), C (32: connections), LOGGING (false: the
-# installation's request logging), TEXT_BYTES (2: the size of the text echoed, so of the result), PORT (3977).
+# installation's request logging), TEXT_BYTES (2: the size of the text echoed, so of the result), PORT (3977),
+# SYSCALLS (0; 1 adds system calls and context switches per call, read with perf).
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 SATELLITE_BINARY..." >&2; exit 64; }
 command -v wrk >/dev/null || { echo "error: wrk is required (apt-get install wrk)" >&2; exit 1; }
 ROUNDS=${ROUNDS:-3} SECS=${SECS:-6} C=${C:-32} LOGGING=${LOGGING:-false} PORT=${PORT:-3977} TEXT_BYTES=${TEXT_BYTES:-2}
 TEXT=$(head -c "$TEXT_BYTES" /dev/zero | tr '\0' 'x')
+# SYSCALLS=1 also counts, per call, the satellite's system calls that move data and its context switches (perf
+# tracepoints: root, or kernel.perf_event_paranoid = -1). Counts do not drift with the host's speed as times do.
+SYSCALLS=${SYSCALLS:-0}
+SYSCALL_EVENTS=syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,context-switches
+per_call() { [ -s "$1" ] && awk -F, -v n=$2 '/sys_enter|context/ { sub("syscalls:sys_enter_", "", $3); printf " %s=%.2f", $3, $1 / n }' "$1" || true; }
 sha() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
 TOKEN=ab-token-0123456789 ITOK="ds_inst_$(sha demo)"
 work=$(mktemp -d); pids=()
@@ -67,11 +73,16 @@ LUA
   wrk -t1 -c$C -d2s -s $data/call.lua $url >/dev/null
   local before after out requests
   before=$(awk '{print $14 + $15}' /proc/$pid/stat)
+  local counter=""
+  if [ "$SYSCALLS" = 1 ]; then
+    perf stat -x, -e "$SYSCALL_EVENTS" -p $pid -o $data/syscalls & counter=$!
+  fi
   out=$(wrk -t1 -c$C -d${SECS}s -s $data/call.lua $url)
+  if [ -n "$counter" ]; then kill -INT $counter; wait $counter || true; fi
   after=$(awk '{print $14 + $15}' /proc/$pid/stat)
   requests=$(echo "$out" | awk '/requests in/ {print $1}')
   printf '%-16s c=%-3s text=%-6s logging=%-5s req/s=%-10s CPU us/call=%s %s\n' "$(basename $bin)" $C $TEXT_BYTES $LOGGING "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
-    "$(echo "($after - $before) * 1000000 / $(getconf CLK_TCK) / $requests" | bc -l | xargs printf '%.1f')" "$(echo "$out" | grep -i 'non-2xx' || true)"
+    "$(echo "($after - $before) * 1000000 / $(getconf CLK_TCK) / $requests" | bc -l | xargs printf '%.1f')" "$(echo "$out" | grep -i 'non-2xx' || true)$(per_call $data/syscalls $requests)"
   kill $pid; wait $pid 2>/dev/null || true
 }
 for r in $(seq 1 $ROUNDS); do for b in "$@"; do measure $b; done; done | tee $work/rounds
