@@ -572,6 +572,64 @@ mod tests {
         assert_eq!(recorder.dropped(), 3);
     }
 
+    /// A stalled writer (the database busy) lets the queue fill: a successful call like the open row before it
+    /// still counts there, since it needs no room; any other call is dropped and counted.
+    #[tokio::test]
+    async fn with_the_queue_full_like_calls_still_count_in_their_open_row_and_others_are_dropped() {
+        let recorder = Recorder::new(MetaCost::default());
+        let spec = crate::model::sample_spec();
+        let a = Caller { team: "t", user: "u", session: Some("s1") };
+        let other = Caller { session: Some("s2"), ..a.clone() };
+        let ms = Duration::from_millis(1);
+        recorder.call(&a, Router::Hierarchical, &spec, "echo", Outcome::Ok, ms);
+        for _ in 1..QUEUE {
+            recorder.listing(&other, listing(1));
+        }
+        for _ in 0..5 {
+            recorder.call(&a, Router::Hierarchical, &spec, "echo", Outcome::Ok, ms);
+        }
+        recorder.call(&a, Router::Hierarchical, &spec, "add", Outcome::Ok, ms);
+        recorder.call(&a, Router::Hierarchical, &spec, "echo", Outcome::Error, ms);
+        assert_eq!(recorder.dropped(), 2, "the other tool's call and the failure found no room");
+        let queue = recorder.inner.queue.lock();
+        let Some(Fact::Call(open)) = queue.facts.first() else { panic!("the first fact is not the call") };
+        assert_eq!((open.calls, open.duration_ms), (6, 6));
+    }
+
+    /// Calls whose hashes collide are still told apart: a row takes only calls equal in every part of its key.
+    #[test]
+    fn a_call_joins_a_row_only_if_every_part_of_its_key_is_equal() {
+        let spec = crate::model::sample_spec();
+        let a = Caller { team: "t", user: "u", session: Some("s1") };
+        let fact = CallFact {
+            key: row_key(&a),
+            session: Some("s1".into()),
+            router: Router::Hierarchical,
+            process_id: spec.process_id.0.clone(),
+            installation_id: spec.installation_id.0.clone(),
+            server_slug: spec.server_slug.clone(),
+            tool_name: "echo".into(),
+            outcome: Outcome::Ok,
+            calls: 1,
+            duration_ms: 1,
+        };
+        let other_instance = InstanceSpec { process_id: crate::model::ProcessId::from("another"), ..spec.clone() };
+        assert!(fact.is_like(&a, Router::Hierarchical, &spec, "echo"));
+        for (caller, router, spec, tool) in [
+            (Caller { session: Some("s2"), ..a.clone() }, Router::Hierarchical, &spec, "echo"),
+            (Caller { session: None, ..a.clone() }, Router::Hierarchical, &spec, "echo"),
+            (Caller { team: "t2", ..a.clone() }, Router::Hierarchical, &spec, "echo"),
+            (Caller { user: "u2", ..a.clone() }, Router::Hierarchical, &spec, "echo"),
+            (a.clone(), Router::Instance, &spec, "echo"),
+            (a.clone(), Router::Hierarchical, &other_instance, "echo"),
+            (a.clone(), Router::Hierarchical, &spec, "add"),
+        ] {
+            assert!(!fact.is_like(&caller, router, spec, tool), "{caller:?} {router:?} {tool} joined the row");
+        }
+        let failed = CallFact { outcome: Outcome::Error, ..fact };
+        assert!(!failed.is_like(&a, Router::Hierarchical, &spec, "echo"), "a failure's row takes no other call");
+    }
+
     #[test]
     fn a_plain_proxy_resends_the_list_only_when_it_changed_or_the_client_is_stateless() {
         let mut ledger = Ledger { sessions: HashMap::new() };
