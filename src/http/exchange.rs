@@ -176,7 +176,9 @@ impl Exchange {
             Mode::Handshake { capabilities } => Relay::for_client(capabilities.clone()),
             Mode::Stateless { .. } => Relay::stateless_channel(),
         };
-        let call: JoinHandle<Result<Payload, RouteError>> = tokio::spawn(run(relay));
+        // Boxed: the call's future is large, and tokio moves a future it holds inline each time the task's stage
+        // changes (profiled: ~2.5% of a proxied call's CPU in those copies).
+        let call: JoinHandle<Result<Payload, RouteError>> = tokio::spawn(Box::pin(run(relay)));
         self.drive(scope, id, mode, call, rx, finish).await
     }
 

@@ -288,7 +288,11 @@ impl InstanceManager {
         timeout: Duration,
         relay: Option<&crate::mcp::transport::Relay>,
     ) -> Result<crate::mcp::payload::Payload, InstanceError> {
-        self.inner.call(instance, method, params, timeout, relay).instrument(upstream_span(instance, method)).await
+        // Boxed: this future is ~7 KB, and the router's futures around it grew by twice that (`forward_once`'s was
+        // 14 KB): every proxied call's task, copied whole when spawned, carried it (see the routers' future tests).
+        Box::pin(self.inner.call(instance, method, params, timeout, relay))
+            .instrument(upstream_span(instance, method))
+            .await
     }
 
     /// A long-lived request (2026-07-28 `subscriptions/listen`): sent to the instance with everything it says

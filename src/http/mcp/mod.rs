@@ -97,7 +97,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
             |toolset: Option<String>, headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
                 let answer = match hierarchical_endpoint(&deps, &headers, Some(&body), toolset.as_deref()).await {
-                    Ok(endpoint) => post(&deps, endpoint, &headers, &body).await,
+                    Ok(endpoint) => Box::pin(post(&deps, endpoint, &headers, &body)).await,
                     Err(err) => Err(err),
                 };
                 with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
@@ -137,7 +137,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
                             let client_id = format!("instance:{path}");
                             record_activity(&deps, &headers, Some(&body), &user_team, &client_id, "instance_token");
                         }
-                        post(&deps, endpoint, &headers, &body).await
+                        Box::pin(post(&deps, endpoint, &headers, &body)).await
                     }
                     Err(err) => Err(err),
                 };
