@@ -10,7 +10,8 @@
 #
 # Needs wrk (apt-get install wrk), curl and bc. ROUNDS (3), SECS (6), C (32: connections), LOGGING (false: the
 # installation's request logging), TEXT_BYTES (2: the size of the text echoed, so of the result), PORT (3977),
-# SYSCALLS (0; 1 adds system calls and context switches per call, read with perf).
+# SYSCALLS (0; 1 adds system calls and context switches per call, read with perf), INSTRUCTIONS (0; 1 runs the
+# satellite under valgrind's callgrind and adds the instructions it executed per call, counted only while wrk runs).
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 SATELLITE_BINARY..." >&2; exit 64; }
 command -v wrk >/dev/null || { echo "error: wrk is required (apt-get install wrk)" >&2; exit 1; }
@@ -19,6 +20,10 @@ TEXT=$(head -c "$TEXT_BYTES" /dev/zero | tr '\0' 'x')
 # SYSCALLS=1 also counts, per call, the satellite's system calls that move data and its context switches (perf
 # tracepoints: root, or kernel.perf_event_paranoid = -1). Counts do not drift with the host's speed as times do.
 SYSCALLS=${SYSCALLS:-0}
+# INSTRUCTIONS=1 counts what no host's speed changes: the satellite's instructions per call (valgrind; the demo server
+# runs outside it). Under valgrind the satellite is ~50x slower and its threads take turns, so req/s and CPU read
+# nothing then; and a `rep movsb` copy counts once per byte, so copying memory weighs more there than it costs.
+INSTRUCTIONS=${INSTRUCTIONS:-0}
 SYSCALL_EVENTS=syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,context-switches
 per_call() { [ -s "$1" ] && awk -F, -v n=$2 '/sys_enter|context/ { sub("syscalls:sys_enter_", "", $3); printf " %s=%.2f", $3, $1 / n }' "$1" || true; }
 sha() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
@@ -52,11 +57,16 @@ request_logging = $LOGGING
 instance_path = "bench-demo"
 instance_token_sha256 = "$(sha $ITOK)"
 T
-  (cd $data && exec env -u LOG_LEVEL "$bin" serve --config $data/s.toml --data-dir $data > $data/log 2>&1) & local pid=$!
+  local under=()
+  if [ "$INSTRUCTIONS" = 1 ]; then
+    command -v valgrind >/dev/null || { echo "error: INSTRUCTIONS=1 needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+    under=(valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$data/callgrind.out)
+  fi
+  (cd $data && exec env -u LOG_LEVEL "${under[@]}" "$bin" serve --config $data/s.toml --data-dir $data > $data/log 2>&1) & local pid=$!
   pids+=($pid)
   local url=http://127.0.0.1:$PORT/i/bench-demo/mcp
   post() { curl -si $url -H "authorization: Bearer $ITOK" -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' ${1:+-H "mcp-session-id: $1"} -d "$2"; }
-  for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$PORT/readyz >/dev/null && break; sleep 0.1; done
+  for _ in $(seq 1 1200); do curl -sf http://127.0.0.1:$PORT/readyz >/dev/null && break; sleep 0.1; done
   local INIT='{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"wrk","version":"1"}}}'
   local CALL='{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"'$TEXT'"}}}'
   local session=""
@@ -77,13 +87,20 @@ LUA
   if [ "$SYSCALLS" = 1 ]; then
     perf stat -x, -e "$SYSCALL_EVENTS" -p $pid -o $data/syscalls & counter=$!
   fi
+  if [ "$INSTRUCTIONS" = 1 ]; then callgrind_control -i on $pid >/dev/null 2>&1; fi
   out=$(wrk -t1 -c$C -d${SECS}s -s $data/call.lua $url)
+  if [ "$INSTRUCTIONS" = 1 ]; then callgrind_control -i off $pid >/dev/null 2>&1; fi
   if [ -n "$counter" ]; then kill -INT $counter; wait $counter || true; fi
   after=$(awk '{print $14 + $15}' /proc/$pid/stat)
   requests=$(echo "$out" | awk '/requests in/ {print $1}')
-  printf '%-16s c=%-3s text=%-6s logging=%-5s req/s=%-10s CPU us/call=%s %s\n' "$(basename $bin)" $C $TEXT_BYTES $LOGGING "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
-    "$(echo "($after - $before) * 1000000 / $(getconf CLK_TCK) / $requests" | bc -l | xargs printf '%.1f')" "$(echo "$out" | grep -i 'non-2xx' || true)$(per_call $data/syscalls $requests)"
   kill $pid; wait $pid 2>/dev/null || true
+  local instructions=""
+  if [ "$INSTRUCTIONS" = 1 ]; then
+    # callgrind writes its counts when the satellite exits; `totals` is what it counted while switched on.
+    instructions=$(awk -v n=$requests '/^totals:/ { printf " instructions/call=%.0f", $2 / n; exit }' $data/callgrind.out)
+  fi
+  printf '%-16s c=%-3s text=%-6s logging=%-5s req/s=%-10s CPU us/call=%s %s\n' "$(basename $bin)" $C $TEXT_BYTES $LOGGING "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
+    "$(echo "($after - $before) * 1000000 / $(getconf CLK_TCK) / $requests" | bc -l | xargs printf '%.1f')" "$(echo "$out" | grep -i 'non-2xx' || true)$(per_call $data/syscalls $requests)$instructions"
 }
 for r in $(seq 1 $ROUNDS); do for b in "$@"; do measure $b; done; done | tee $work/rounds
 # Per binary: the median over its rounds, and against the first binary the ratio of medians and the median of the
