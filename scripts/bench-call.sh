@@ -24,6 +24,10 @@ SYSCALLS=${SYSCALLS:-0}
 # runs outside it). Under valgrind the satellite is ~50x slower and its threads take turns, so req/s and CPU read
 # nothing then; and a `rep movsb` copy counts once per byte, so copying memory weighs more there than it costs.
 INSTRUCTIONS=${INSTRUCTIONS:-0}
+# valgrind refuses a child's setrlimit(RLIMIT_NOFILE) that changes the hard limit (EPERM), which is how the sandbox caps
+# the demo server's open files; under valgrind the cap is off (0), or the server would never start.
+NOFILE_LINE=""
+[ "$INSTRUCTIONS" = 1 ] && NOFILE_LINE="rlimit_nofile = 0"
 SYSCALL_EVENTS=syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,context-switches
 per_call() { [ -s "$1" ] && awk -F, -v n=$2 '/sys_enter|context/ { sub("syscalls:sys_enter_", "", $3); printf " %s=%.2f", $3, $1 / n }' "$1" || true; }
 sha() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
@@ -37,6 +41,7 @@ measure() {
 port = $PORT
 [sandbox]
 allowed_commands = ["$bin"]
+$NOFILE_LINE
 [[teams]]
 id = "bench"
 [[users]]
@@ -71,7 +76,18 @@ T
   local CALL='{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"'$TEXT'"}}}'
   local session=""
   for _ in $(seq 1 300); do session=$(post "" "$INIT" | tr -d '\r' | awk 'tolower($1) == "mcp-session-id:" {print $2}'); [ -n "$session" ] && break; sleep 0.1; done
-  for _ in $(seq 1 300); do post "$session" "$CALL" | grep -q "\"text\":\"$TEXT\"" && break; sleep 0.1; done
+  local answered=""
+  for _ in $(seq 1 300); do post "$session" "$CALL" | grep -q "\"text\":\"$TEXT\"" && answered=1 && break; sleep 0.1; done
+  # Measuring anything else (a call refused because the server never started) would be measuring the wrong path.
+  [ -n "$answered" ] || { echo "error: $(basename $bin) never answered the call; its log: $data/log" >&2; tail -5 $data/log >&2; exit 1; }
+  # What the start leaves running in the background (discovery, counting the tools' tokens, indexing) is not a
+  # call's cost: wait until the satellite has been idle for a second (under valgrind that takes tens of seconds).
+  local ticks idle=""
+  for _ in $(seq 1 300); do
+    ticks=$(awk '{print $14 + $15}' /proc/$pid/stat); sleep 1
+    [ $(( $(awk '{print $14 + $15}' /proc/$pid/stat) - ticks )) -le 2 ] && idle=1 && break
+  done
+  [ -n "$idle" ] || { echo "error: $(basename $bin) never fell idle after its start" >&2; exit 1; }
   cat > $data/call.lua <<LUA
 wrk.method = "POST"
 wrk.body = '$CALL'
