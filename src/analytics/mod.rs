@@ -596,6 +596,43 @@ mod tests {
         assert_eq!((open.calls, open.duration_ms), (6, 6));
     }
 
+    /// The writer takes the queue with its open rows: the index of open rows is emptied with it (it would otherwise
+    /// grow with every session that ever called, and point into a queue that no longer holds those rows), and a
+    /// like call after that starts a row of its own. What reaches the database still counts every call.
+    #[tokio::test]
+    async fn the_writer_takes_the_open_rows_and_a_like_call_after_it_starts_its_own(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path()).await?;
+        let recorder = Recorder::new(MetaCost::default());
+        let spec = crate::model::sample_spec();
+        let ms = Duration::from_millis(2);
+        let sessions: Vec<String> = (0..50).map(|n| format!("s{n}")).collect();
+        for session in &sessions {
+            let caller = Caller { team: "t", user: "u", session: Some(session) };
+            recorder.call(&caller, Router::Instance, &spec, "echo", Outcome::Ok, ms);
+            recorder.call(&caller, Router::Instance, &spec, "echo", Outcome::Ok, ms);
+        }
+        assert_eq!(recorder.inner.queue.lock().open_calls.len(), 50);
+        let mut ledger = Ledger { sessions: HashMap::new() };
+        drain(&recorder.inner, &mut ledger, &store).await;
+        assert!(recorder.inner.queue.lock().open_calls.is_empty(), "the index outlived the rows it pointed to");
+        let first = Caller { team: "t", user: "u", session: Some(&sessions[0]) };
+        recorder.call(&first, Router::Instance, &spec, "echo", Outcome::Ok, ms);
+        {
+            let queue = recorder.inner.queue.lock();
+            let Some(Fact::Call(row)) = queue.facts.first() else { panic!("the call after the drain has no row") };
+            assert_eq!((queue.facts.len(), row.calls), (1, 1));
+        }
+        drain(&recorder.inner, &mut ledger, &store).await;
+        let filter = crate::store::analytics::RowFilter::default();
+        let (total, _) = store.activity(&filter, crate::store::analytics::Grouping::Total, 1, 0).await?;
+        assert_eq!(total[0].calls, 101);
+        let (tools, _) = store.tool_calls(&filter, 10, 0).await?;
+        assert_eq!((tools[0].calls, tools[0].avg_duration_ms), (101, 2.0));
+        Ok(())
+    }
+
     /// Calls whose hashes collide are still told apart: a row takes only calls equal in every part of its key.
     #[test]
     fn a_call_joins_a_row_only_if_every_part_of_its_key_is_equal() {
