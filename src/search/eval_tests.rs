@@ -4,7 +4,7 @@
 //! figures (`cargo bench --bench search` prints them), so a regression fails CI. Set
 //! `TOOLSEARCH_RANKINGS_OUT` to a file path to also write the rankings in the scorer's format, and
 //! `TOOLSEARCH_LIMIT` to rank deeper than 10, to see where the answers a search misses sit (the metrics read
-//! the first 10 only).
+//! the first 10 only); each line also carries the hits' lexical scores, for fusion experiments outside Rust.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -67,7 +67,9 @@ async fn dev_set_quality_meets_the_floors() -> TestResult {
         let hits = index.search(&query.query, &scope, limit).await?;
         let ranking: Vec<String> = hits.iter().map(|hit| format!("{}:{}", hit.process_id, hit.tool_name)).collect();
         report.add(query, &ranking);
-        rankings.push_str(&serde_json::json!({"id": query.id, "query": query.query, "results": ranking}).to_string());
+        let scores: Vec<f32> = hits.iter().map(|hit| hit.score).collect();
+        let line = serde_json::json!({"id": query.id, "query": query.query, "results": ranking, "scores": scores});
+        rankings.push_str(&line.to_string());
         rankings.push('\n');
     }
     if let Ok(path) = std::env::var("TOOLSEARCH_RANKINGS_OUT") {
