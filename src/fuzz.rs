@@ -31,9 +31,11 @@ pub const TARGETS: &[(&str, Target)] = &[
 /// The JSON-RPC decoder of the front door and of a stdio server's stdout: framing, classification, the error
 /// answer for a refused body, and a round trip of every message it accepts.
 pub fn jsonrpc(data: &[u8]) {
-    let _ = crate::activity::is_tool_call(data);
     let messages = match protocol::decode_frame(data) {
-        Ok((messages, _)) => messages,
+        Ok((messages, _)) => {
+            let _ = crate::activity::calls_a_tool(&messages);
+            messages
+        }
         Err(err) => {
             let answer = match err {
                 FrameError::Json(err) => crate::http::error::McpError::Parse(err),

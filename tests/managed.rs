@@ -846,3 +846,45 @@ async fn refused_tokens_are_reported_once_per_source_without_the_token() {
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+#[tokio::test]
+async fn instance_token_callers_are_reported_with_their_requests_and_tool_calls() {
+    const TOKEN: &str = "ds_inst_a11ce0123456789abcdef0123456789abcdef0123456789abcdef01234567";
+    let backend = FakeBackend::start().await;
+    let mut config = config();
+    let alice = config.mcp_servers.get_mut(ALICE).expect("alice's entry");
+    alice["instance_path"] = json!("alice-plain");
+    alice["instance_token_hash"] = json!(satellite::config::sha256_hex(TOKEN));
+    backend.set_config(&config);
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+
+    let alice = Caller::connect(&sat, &format!("/i/alice-plain/mcp?token={TOKEN}"), None).await;
+    let called = alice.tool("ok", json!({})).await;
+    assert!(called["result"].is_object(), "{called}");
+    let (status, listed) = alice.call("tools/list", json!({})).await;
+    assert_eq!(status, 200, "{listed}");
+    // Neither of these calls a tool: a body that is not JSON, and "tools/call" only as a parameter's value.
+    let (status, _, unreadable) = alice.post_raw("{\"method\":\"tools/call\"".to_owned(), &[]).await;
+    assert_eq!(status, 400, "{unreadable}");
+    let (_, decoy) = alice.call("ping", json!({"method": "tools/call"})).await;
+    assert!(decoy.get("result").is_some() || decoy.get("error").is_some(), "{decoy}");
+
+    let activity = wait_until(DEADLINE, "the instance token caller's activity", || async {
+        let seen: Vec<Value> = backend
+            .events()
+            .into_iter()
+            .filter(|e| e.kind.as_str() == "mcp.client.activity" && e.data["auth_type"] == "instance_token")
+            .map(|e| Value::Object(e.data))
+            .collect();
+        let requests: u64 = seen.iter().filter_map(|d| d["request_count"].as_u64()).sum();
+        (requests >= 5).then_some(seen)
+    })
+    .await;
+    let requests: u64 = activity.iter().filter_map(|d| d["request_count"].as_u64()).sum();
+    let calls: u64 = activity.iter().filter_map(|d| d["tool_call_count"].as_u64()).sum();
+    assert_eq!((requests, calls), (5, 1), "initialize, a tool call, a listing, two that call nothing: {activity:?}");
+    assert!(activity.iter().all(|d| d["user_id"] == "alice" && d["team_id"] == "acme"), "{activity:?}");
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

@@ -240,6 +240,13 @@ async fn message(
     // token revoked since the stream opened stops working at once. It must be the identity that opened the stream.
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     let caller = deps.auth.authenticate_request(authorization).await.map_err(McpError::Auth)?;
+    // Read once, after authentication: counted for activity here, answered below (or refused as unreadable there).
+    let parsed = serde_json::from_slice::<Value>(body);
+    let tool_call = match &parsed {
+        Ok(Value::Array(messages)) => crate::activity::calls_a_tool(messages),
+        Ok(message) => crate::activity::calls_a_tool(std::slice::from_ref(message)),
+        Err(_) => false,
+    };
     let (principal, toolset, events) = {
         let mut table = sessions.sessions.lock();
         let session = table.get_mut(id).ok_or(McpError::SseSessionNotFound)?;
@@ -247,7 +254,7 @@ async fn message(
             return Err(McpError::SseSessionOfAnother);
         }
         session.last_seen = Instant::now();
-        session.tool_calls += u64::from(crate::activity::is_tool_call(body));
+        session.tool_calls += u64::from(tool_call);
         (caller.clone(), session.toolset.clone(), session.events.clone())
     };
     caller.require(SCOPE_READ).map_err(McpError::Auth)?;
@@ -265,9 +272,9 @@ async fn message(
         session_id: Some(id),
         forwarded_for: header_text("x-forwarded-for"),
         real_ip: header_text("x-real-ip"),
-        tool_call: crate::activity::is_tool_call(body),
+        tool_call,
     });
-    let value: Value = serde_json::from_slice(body).map_err(|err| McpError::Parse(err.to_string()))?;
+    let value = parsed.map_err(|err| McpError::Parse(err.to_string()))?;
     let reply = match Message::from_value(value) {
         Err(err) => {
             protocol::error_response(None, RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")))

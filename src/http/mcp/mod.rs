@@ -58,16 +58,24 @@ impl Endpoint {
     }
 }
 
-/// Count one request of a tracked client (SB §17); `tools/call` anywhere in the body counts as a tool call.
+/// One POST body decoded once, as it came: its messages and whether they came as a batch, or why it cannot be read.
+/// It is decoded after the caller is authenticated, and counted for activity and answered from the same messages.
+type Frame = Result<(Vec<Value>, bool), FrameError>;
+
+/// Whether a frame calls `tools/call` (SB §17 counts tool calls); a body that cannot be read calls nothing.
+fn frame_calls_a_tool(frame: &Frame) -> bool {
+    frame.as_ref().is_ok_and(|(messages, _)| crate::activity::calls_a_tool(messages))
+}
+
+/// Count one request of a tracked client (SB §17); `tool_call`: the request calls `tools/call`.
 fn record_activity(
     deps: &McpDeps,
     headers: &HeaderMap,
-    body: Option<&[u8]>,
+    tool_call: bool,
     user_team: &(String, String),
     client_id: &str,
     auth_type: &str,
 ) {
-    let tool_call = body.is_some_and(crate::activity::is_tool_call);
     deps.activity.record(&crate::activity::Seen {
         user_id: &user_team.0,
         team_id: &user_team.1,
@@ -80,6 +88,16 @@ fn record_activity(
         real_ip: header(headers, "x-real-ip"),
         tool_call,
     });
+}
+
+/// Count one request on `/mcp` of a caller who came through an OAuth client (SB §17).
+fn record_oauth_activity(deps: &McpDeps, headers: &HeaderMap, endpoint: &Endpoint, tool_call: bool) {
+    if let Target::Hierarchical(principal, _) = &endpoint.target {
+        if let Some(client) = &principal.client_id {
+            let user_team = (principal.user.0.clone(), principal.team.0.clone());
+            record_activity(deps, headers, tool_call, &user_team, client, "oauth");
+        }
+    }
 }
 
 pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
@@ -96,8 +114,12 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let hier_post =
         hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
             |toolset: Option<String>, headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
-                let answer = match hierarchical_endpoint(&deps, &headers, Some(&body), toolset.as_deref()).await {
-                    Ok(endpoint) => Box::pin(post(&deps, endpoint, &headers, &body)).await,
+                let answer = match hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await {
+                    Ok(endpoint) => {
+                        let frame = protocol::decode_frame(&body);
+                        record_oauth_activity(&deps, &headers, &endpoint, frame_calls_a_tool(&frame));
+                        Box::pin(post(&deps, endpoint, &headers, frame)).await
+                    }
                     Err(err) => Err(err),
                 };
                 with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
@@ -105,17 +127,19 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         );
     let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
         |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
-            let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
-                .await
-                .and_then(|e| open_stream(&deps, e, &headers));
+            let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
+                record_oauth_activity(&deps, &headers, &e, false);
+                open_stream(&deps, e, &headers)
+            });
             with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
         },
     );
     let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
         |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
-            let answer = hierarchical_endpoint(&deps, &headers, None, toolset.as_deref())
-                .await
-                .and_then(|e| delete(e, &headers));
+            let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
+                record_oauth_activity(&deps, &headers, &e, false);
+                delete(e, &headers)
+            });
             with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
         },
     );
@@ -131,13 +155,15 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
              deps: Arc<McpDeps>| async move {
                 let answer = match instance_endpoint(&deps, &path, &query, &headers) {
                     Ok(endpoint) => {
+                        let frame = protocol::decode_frame(&body);
                         if let Target::Instance(instance) = &endpoint.target {
                             let spec = instance.spec();
                             let user_team = (spec.user_id.0.clone(), spec.team_id.0.clone());
                             let client_id = format!("instance:{path}");
-                            record_activity(&deps, &headers, Some(&body), &user_team, &client_id, "instance_token");
+                            let tool_call = frame_calls_a_tool(&frame);
+                            record_activity(&deps, &headers, tool_call, &user_team, &client_id, "instance_token");
                         }
-                        Box::pin(post(&deps, endpoint, &headers, &body)).await
+                        Box::pin(post(&deps, endpoint, &headers, frame)).await
                     }
                     Err(err) => Err(err),
                 };
@@ -190,14 +216,9 @@ fn with_link(mut response: Response, urls: &ResourceUrls) -> Response {
 async fn hierarchical_endpoint(
     deps: &McpDeps,
     headers: &HeaderMap,
-    body: Option<&[u8]>,
     toolset: Option<&str>,
 ) -> Result<Endpoint, McpError> {
     let principal = deps.auth.authenticate_request(header(headers, "authorization")).await.map_err(McpError::Auth)?;
-    if let Some(client) = &principal.client_id {
-        let user_team = (principal.user.0.clone(), principal.team.0.clone());
-        record_activity(deps, headers, body, &user_team, client, "oauth");
-    }
     let selection = select_toolset(deps, &principal, toolset);
     Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.clone()))
 }

@@ -6,7 +6,7 @@ pub(super) async fn post(
     deps: &McpDeps,
     endpoint: Endpoint,
     headers: &HeaderMap,
-    body: &Bytes,
+    frame: Frame,
 ) -> Result<Response, McpError> {
     let content_type = header(headers, "content-type").unwrap_or("");
     if !content_type.trim().to_ascii_lowercase().starts_with("application/json") {
@@ -15,7 +15,7 @@ pub(super) async fn post(
     if !(accepts(headers, "application/json") && accepts(headers, "text/event-stream")) {
         return Err(McpError::NotAcceptable { stream_only: false });
     }
-    let (mut messages, batch) = protocol::decode_frame(body).map_err(|err| match err {
+    let (mut messages, batch) = frame.map_err(|err| match err {
         FrameError::Json(err) => McpError::Parse(err),
         FrameError::EmptyBatch => McpError::EmptyBatch,
     })?;
