@@ -229,12 +229,12 @@ impl KindDescription for jsonwebtoken::errors::Error {
     }
 }
 
-/// Check an instance token against the instance's stored hash (SB §6.1), in constant time.
 /// Whether `token` has the form of an instance token at all (`ds_inst_…`).
 pub fn check_instance_token_format(token: Option<&str>) -> Result<(), InstanceAuthError> {
     token.filter(|t| t.starts_with("ds_inst_")).map(|_| ()).ok_or(InstanceAuthError::BadFormat)
 }
 
+/// Check an instance token against the instance's stored hash (SB §6.1), in constant time.
 pub fn check_instance_token(spec: &InstanceSpec, token: Option<&str>) -> Result<(), InstanceAuthError> {
     check_instance_token_format(token)?;
     let token = token.unwrap_or_default();
