@@ -67,6 +67,24 @@ pub(crate) fn refresh(id: &str) -> Command {
 }
 
 /// The first result the backend recorded for a command, once there is one.
+/// The `mcp.client.activity` reports whose `field` is `value`, once they count at least `requests` requests; with the
+/// requests and tool calls they count.
+async fn client_activity(backend: &FakeBackend, field: &str, value: &str, requests: u64) -> (Vec<Value>, u64, u64) {
+    let sum = |seen: &[Value], counter: &str| seen.iter().filter_map(|d| d[counter].as_u64()).sum::<u64>();
+    let seen = wait_until(DEADLINE, &format!("client activity of {field} {value}"), || async {
+        let seen: Vec<Value> = backend
+            .events()
+            .into_iter()
+            .filter(|e| e.kind.as_str() == "mcp.client.activity" && e.data[field] == value)
+            .map(|e| Value::Object(e.data))
+            .collect();
+        (sum(&seen, "request_count") >= requests).then_some(seen)
+    })
+    .await;
+    let (requests, calls) = (sum(&seen, "request_count"), sum(&seen, "tool_call_count"));
+    (seen, requests, calls)
+}
+
 async fn first_result(backend: &FakeBackend, id: &str) -> satellite::backend::wire::CommandResult {
     wait_until(DEADLINE, &format!("a result for {id}"), || async { backend.results_for(id).into_iter().next() }).await
 }
@@ -359,19 +377,8 @@ async fn clients_authenticate_by_introspection_with_one_call_for_concurrent_firs
     assert_eq!(refused.2["error"]["code"], -32002);
 
     // Alice's client shows up in the activity report (SB §17), with every request counted once.
-    let activity = wait_until(DEADLINE, "alice's client activity", || async {
-        let seen: Vec<Value> = backend
-            .events()
-            .into_iter()
-            .filter(|e| e.kind.as_str() == "mcp.client.activity" && e.data["user_id"] == "alice")
-            .map(|e| Value::Object(e.data))
-            .collect();
-        let requests: u64 = seen.iter().filter_map(|d| d["request_count"].as_u64()).sum();
-        (requests >= 51).then_some(seen)
-    })
-    .await;
+    let (activity, _, calls) = client_activity(&backend, "user_id", "alice", 51).await;
     assert!(activity.iter().all(|d| d["team_id"] == "acme" && d["auth_type"] == "oauth"));
-    let calls: u64 = activity.iter().filter_map(|d| d["tool_call_count"].as_u64()).sum();
     assert_eq!(calls, 1, "one discover call");
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
@@ -870,19 +877,7 @@ async fn instance_token_callers_are_reported_with_their_requests_and_tool_calls(
     let (_, decoy) = alice.call("ping", json!({"method": "tools/call"})).await;
     assert!(decoy.get("result").is_some() || decoy.get("error").is_some(), "{decoy}");
 
-    let activity = wait_until(DEADLINE, "the instance token caller's activity", || async {
-        let seen: Vec<Value> = backend
-            .events()
-            .into_iter()
-            .filter(|e| e.kind.as_str() == "mcp.client.activity" && e.data["auth_type"] == "instance_token")
-            .map(|e| Value::Object(e.data))
-            .collect();
-        let requests: u64 = seen.iter().filter_map(|d| d["request_count"].as_u64()).sum();
-        (requests >= 5).then_some(seen)
-    })
-    .await;
-    let requests: u64 = activity.iter().filter_map(|d| d["request_count"].as_u64()).sum();
-    let calls: u64 = activity.iter().filter_map(|d| d["tool_call_count"].as_u64()).sum();
+    let (activity, requests, calls) = client_activity(&backend, "auth_type", "instance_token", 5).await;
     assert_eq!((requests, calls), (5, 1), "initialize, a tool call, a listing, two that call nothing: {activity:?}");
     assert!(activity.iter().all(|d| d["user_id"] == "alice" && d["team_id"] == "acme"), "{activity:?}");
     backend.assert_no_violations();
