@@ -128,9 +128,12 @@ pub enum FrameError {
     EmptyBatch,
 }
 
+/// One HTTP body or stdio line, decoded: its messages and whether they came as a batch, or why it cannot be read.
+pub type Frame = Result<(Vec<Value>, bool), FrameError>;
+
 /// The messages of one HTTP body or stdio line, and whether they came as a batch: a JSON array is a batch (which
 /// must not be empty), any other JSON value is one message (classified later by [`Message::from_value`]).
-pub fn decode_frame(bytes: &[u8]) -> Result<(Vec<Value>, bool), FrameError> {
+pub fn decode_frame(bytes: &[u8]) -> Frame {
     match serde_json::from_slice::<Value>(bytes).map_err(|err| FrameError::Json(err.to_string()))? {
         Value::Array(items) if items.is_empty() => Err(FrameError::EmptyBatch),
         Value::Array(items) => Ok((items, true)),

@@ -28,7 +28,7 @@ use super::stack::PeerAddr;
 use super::{json_response, McpDeps, MAX_BODY_BYTES};
 use crate::auth;
 use crate::mcp::payload::Payload;
-use crate::mcp::protocol::{self, codes, FrameError, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
+use crate::mcp::protocol::{self, codes, Frame, FrameError, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
 use crate::router::RouteError;
 
 mod stream;
@@ -58,11 +58,8 @@ impl Endpoint {
     }
 }
 
-/// One POST body decoded once, as it came: its messages and whether they came as a batch, or why it cannot be read.
-/// It is decoded after the caller is authenticated, and counted for activity and answered from the same messages.
-type Frame = Result<(Vec<Value>, bool), FrameError>;
-
-/// Whether a frame calls `tools/call` (SB §17 counts tool calls); a body that cannot be read calls nothing.
+/// Whether a POST body's frame calls `tools/call` (SB §17 counts tool calls); a body that cannot be read calls
+/// nothing. The body is decoded once, after the caller is authenticated: counted here and answered by `post`.
 fn frame_calls_a_tool(frame: &Frame) -> bool {
     frame.as_ref().is_ok_and(|(messages, _)| crate::activity::calls_a_tool(messages))
 }
@@ -72,13 +69,13 @@ fn record_activity(
     deps: &McpDeps,
     headers: &HeaderMap,
     tool_call: bool,
-    user_team: &(String, String),
+    (user_id, team_id): (&str, &str),
     client_id: &str,
     auth_type: &str,
 ) {
     deps.activity.record(&crate::activity::Seen {
-        user_id: &user_team.0,
-        team_id: &user_team.1,
+        user_id,
+        team_id,
         client_id,
         auth_type,
         client_name_header: header(headers, "x-mcp-client-name"),
@@ -94,8 +91,8 @@ fn record_activity(
 fn record_oauth_activity(deps: &McpDeps, headers: &HeaderMap, endpoint: &Endpoint, tool_call: bool) {
     if let Target::Hierarchical(principal, _) = &endpoint.target {
         if let Some(client) = &principal.client_id {
-            let user_team = (principal.user.0.clone(), principal.team.0.clone());
-            record_activity(deps, headers, tool_call, &user_team, client, "oauth");
+            let user_team = (principal.user.0.as_str(), principal.team.0.as_str());
+            record_activity(deps, headers, tool_call, user_team, client, "oauth");
         }
     }
 }
@@ -158,10 +155,10 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
                         let frame = protocol::decode_frame(&body);
                         if let Target::Instance(instance) = &endpoint.target {
                             let spec = instance.spec();
-                            let user_team = (spec.user_id.0.clone(), spec.team_id.0.clone());
+                            let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
                             let client_id = format!("instance:{path}");
                             let tool_call = frame_calls_a_tool(&frame);
-                            record_activity(&deps, &headers, tool_call, &user_team, &client_id, "instance_token");
+                            record_activity(&deps, &headers, tool_call, user_team, &client_id, "instance_token");
                         }
                         Box::pin(post(&deps, endpoint, &headers, frame)).await
                     }
