@@ -764,6 +764,17 @@ async fn legacy_sse_connections_are_reported_when_opened_and_closed() {
         text.push_str(&String::from_utf8_lossy(&body.next().await.expect("endpoint event").unwrap()));
     }
     let path = text.split("data:").nth(1).unwrap().lines().next().unwrap().trim().to_owned();
+    // Neither calls a tool: a body cut off mid-message, and "tools/call" only as a parameter's value.
+    let message = |body: String| {
+        http.post(format!("{}{path}", sat.base_url()))
+            .bearer_auth("alice-token")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    assert_eq!(message("{\"jsonrpc\":\"2.0\",\"method\":\"tools/call\"".into()).await.unwrap().status(), 400);
+    let decoy = json!({"jsonrpc": "2.0", "id": 2, "method": "ping", "params": {"method": "tools/call"}});
+    assert!(message(decoy.to_string()).await.unwrap().status().is_success());
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                       "params": {"name": "execute_mcp_tool", "arguments": {"tool_path": "plain:ok", "arguments": {}}}});
     let posted =
