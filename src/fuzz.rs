@@ -175,6 +175,20 @@ pub fn masking(data: &[u8]) {
     let mut values: Vec<String> = parts.filter(|v| v.chars().count() >= 4).map(str::to_owned).collect();
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     values.dedup();
+    // A JSON body: its text, masked without parsing when no value can be in it, says what its parsed value masked
+    // says.
+    if let Ok(raw) = serde_json::from_str::<Box<serde_json::value::RawValue>>(body) {
+        if let (Ok(value), Some(text)) =
+            (serde_json::from_str::<Value>(body), crate::secrets::hide_json_text(&raw, &values))
+        {
+            let read: Option<Value> = serde_json::from_str(text.get()).ok();
+            assert_eq!(
+                read,
+                Some(crate::secrets::hide_json(&value, &values)),
+                "the text path masked {body:?} differently"
+            );
+        }
+    }
     let hidden = crate::secrets::hide(body, &values);
     for value in &values {
         // A value made of mask characters can be spelled by a mask; every other one must be gone.

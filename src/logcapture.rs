@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -92,12 +92,12 @@ struct Inner {
     emitted: std::sync::atomic::AtomicU64,
 }
 
-/// What one captured tool call was.
+/// What one captured tool call was: its arguments and answer as JSON text, with the instance's secrets masked.
 #[derive(Debug, Clone)]
 pub struct RequestRecord {
     pub tool_path: String,
-    pub params: Value,
-    pub response: Option<Value>,
+    pub params: Option<Box<RawValue>>,
+    pub response: Option<Box<RawValue>>,
     pub error: Option<String>,
     pub duration: Duration,
     /// The size of `params` and `response` as JSON text, as the caller measured them (for the byte bound).
@@ -138,7 +138,7 @@ impl LogCapture {
         let entry = RequestLogEntry {
             user_id: spec.user_id.0.clone(),
             tool_name: record.tool_path,
-            tool_params: if record.params.is_object() { record.params } else { json!({}) },
+            tool_params: record.params.filter(|params| params.get().starts_with('{')),
             response_time_ms: record.duration.as_millis() as u64,
             success: record.error.is_none(),
             timestamp: iso(Utc::now()),
@@ -269,6 +269,11 @@ pub fn mask_secrets(spec: &InstanceSpec, text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
+
+    fn text(value: Value) -> Box<RawValue> {
+        serde_json::value::to_raw_value(&value).unwrap()
+    }
     use crate::model::Upstream;
     use crate::model::{InstallationId, ProcessId, SecretNames, TeamId, UserId};
     use crate::store::Store;
@@ -333,8 +338,8 @@ mod tests {
         let (_dir, store, capture) = capture().await;
         let ok = RequestRecord {
             tool_path: "github:list_repos".into(),
-            params: json!({"owner": "x"}),
-            response: Some(json!({"content": []})),
+            params: Some(text(json!({"owner": "x"}))),
+            response: Some(text(json!({"content": []}))),
             error: None,
             duration: Duration::from_millis(12),
             bytes: 40,
@@ -432,8 +437,8 @@ mod tests {
         let bytes = response.to_string().len() + 20;
         RequestRecord {
             tool_path: "github:get_file".into(),
-            params: json!({"call": i}),
-            response: Some(response),
+            params: Some(text(json!({"call": i}))),
+            response: Some(text(response)),
             error: None,
             duration: Duration::from_millis(3),
             bytes,

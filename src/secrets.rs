@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::value::{to_raw_value, RawValue};
 use serde_json::Value;
 use url::Url;
 
@@ -106,12 +107,48 @@ pub fn hide_json(value: &Value, values: &[String]) -> Value {
     if long.is_empty() {
         return value.clone();
     }
-    let numeric = long.iter().any(|v| v.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b)));
+    let numeric = long.iter().any(|v| looks_numeric(v));
     let hider = std::cell::OnceCell::new();
     let hide = |text: &str| -> Option<String> {
         long.iter().any(|v| text.contains(v)).then(|| hider.get_or_init(|| Hider::new(values)).hide(text))
     };
     copy_hidden(value, numeric, &hide)
+}
+
+/// A value [`hide_json`] also looks for in numbers (it writes each number as text to search it).
+fn looks_numeric(value: &str) -> bool {
+    value.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b))
+}
+
+/// Whether JSON `text` holds none of `values` where [`hide_json`] would find one, read off the text without
+/// parsing it. In a text without a backslash every string and key is written as its own characters, so a value
+/// inside one is a value inside the text; numbers are searched as [`hide_json`] writes them, not as the text
+/// spells them, so a value that looks numeric always sends the text to be parsed.
+fn json_text_is_clear(text: &str, values: &[String]) -> bool {
+    let mut long = values.iter().filter(|v| v.chars().count() >= MIN_HIDDEN_CHARS).peekable();
+    long.peek().is_none() || (!text.contains('\\') && long.all(|v| !looks_numeric(v) && !text.contains(v.as_str())))
+}
+
+/// A JSON text with `values` masked as [`hide_json`] masks the value it holds, as text again: the text itself
+/// when none of them can be in it, which is read off the text without parsing it. A tool call's answer is
+/// logged this way: most answers hold no secret, and parsing one into a tree to copy it and write it out again
+/// was most of what logging a call cost. `None` when the text is nested deeper than the parser reads.
+pub fn hide_json_text(text: &RawValue, values: &[String]) -> Option<Box<RawValue>> {
+    if json_text_is_clear(text.get(), values) {
+        return Some(text.to_owned());
+    }
+    let value: Value = serde_json::from_str(text.get()).ok()?;
+    to_raw_value(&hide_json(&value, values)).ok()
+}
+
+/// `value` with `values` masked as [`hide_json`] masks it, written as JSON text: written straight from `value`
+/// (no copy of the tree) when none of them is in it.
+pub fn hide_json_written(value: &Value, values: &[String]) -> Option<Box<RawValue>> {
+    let text = to_raw_value(value).ok()?;
+    if json_text_is_clear(text.get(), values) {
+        return Some(text);
+    }
+    to_raw_value(&hide_json(value, values)).ok()
 }
 
 fn copy_hidden(value: &Value, numeric: bool, hide: &dyn Fn(&str) -> Option<String>) -> Value {
@@ -267,6 +304,48 @@ mod tests {
         let plain = serde_json::json!({"a": ["b", 1, {"c": "d"}]});
         assert_eq!(hide_json(&plain, &values), plain);
         assert_eq!(hide_json(&value, &[]), value);
+    }
+
+    /// The text path masks what the value path masks: a secret spelled with escapes, in a key, in a number, or
+    /// split by an escaped character is found, and a text that holds none comes back as it was written.
+    #[test]
+    fn json_text_is_masked_like_its_value_and_kept_as_written_when_clear() {
+        let values = vec!["sk-live-abcdef".to_owned(), "a/b\"cdef".to_owned()];
+        let masked = |text: &str| {
+            let raw: Box<RawValue> = serde_json::from_str(text).unwrap();
+            let hidden = hide_json_text(&raw, &values).unwrap();
+            let value: Value = serde_json::from_str(text).unwrap();
+            let expected = hide_json(&value, &values);
+            assert_eq!(serde_json::from_str::<Value>(hidden.get()).unwrap(), expected, "{text}");
+            hidden.get().to_owned()
+        };
+        // Clear: the very text, spacing and all, with no tree built.
+        let clear = "{\"content\": [ {\"type\":\"text\", \"text\":\"sk-live\"} ], \"n\": 1e3}";
+        assert_eq!(masked(clear), clear);
+        for hiding in [
+            r#"{"text": "key sk-live-abcdef here"}"#,
+            r#"{"sk-live-abcdef": 1}"#,
+            r#"{"text": "\u0073k-live-abcdef"}"#,
+            r#"{"text": "sk-live-\u0061bcdef"}"#,
+            r#"{"text": "a\/b\"cdef"}"#,
+            r#"{"text": "a/b\"cdef"}"#,
+        ] {
+            let hidden = masked(hiding);
+            assert!(!hidden.contains("sk-live-abcdef") && !hidden.contains("live-\\u0061"), "{hidden}");
+            assert!(hidden.contains("*****"), "{hiding} was masked: {hidden}");
+        }
+        // Numbers are searched as the value path writes them (1e3 is 1000.0 there), so a numeric secret parses.
+        let numeric = vec!["1000.0".to_owned()];
+        let raw: Box<RawValue> = serde_json::from_str(r#"{"n": 1e3}"#).unwrap();
+        assert_eq!(hide_json_text(&raw, &numeric).unwrap().get(), r#"{"n":"100*****"}"#);
+        // No secret long enough to hide: the text whatever it holds.
+        let raw: Box<RawValue> = serde_json::from_str(r#"{"t": "\u0061bc"}"#).unwrap();
+        assert_eq!(hide_json_text(&raw, &["abc".to_owned()]).unwrap().get(), r#"{"t": "\u0061bc"}"#);
+        let value = serde_json::json!({"text": "key sk-live-abcdef", "plain": [1, "x"]});
+        let written = hide_json_written(&value, &values).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(written.get()).unwrap(), hide_json(&value, &values));
+        let plain = serde_json::json!({"plain": [1, "x"]});
+        assert_eq!(hide_json_written(&plain, &values).unwrap().get(), r#"{"plain":[1,"x"]}"#);
     }
 
     #[test]

@@ -626,15 +626,20 @@ fn every_event_constructor_produces_data_its_schema_accepts() {
     let call = RequestLogEntry {
         user_id: "u1".into(),
         tool_name: "github:search".into(),
-        tool_params: json!({"q": "x"}),
+        tool_params: Some(serde_json::value::to_raw_value(&json!({"q": "x"})).unwrap()),
         response_time_ms: 12,
         success: true,
         timestamp: TS.into(),
-        tool_response: Some(json!({"content": []})),
+        tool_response: Some(serde_json::value::to_raw_value(&json!({"content": []})).unwrap()),
         error_message: None,
     };
-    let failed =
-        RequestLogEntry { success: false, tool_response: None, error_message: Some("no".into()), ..call.clone() };
+    let failed = RequestLogEntry {
+        success: false,
+        tool_params: None,
+        tool_response: None,
+        error_message: Some("no".into()),
+        ..call.clone()
+    };
     events.push(Event::request_logs("i1", "t1", vec![call, failed]));
     let activity = ClientActivity {
         user_id: "u1".into(),

@@ -81,6 +81,9 @@ pub struct Instance {
     /// catalog keeps them as text). Made on the first listing of that catalog; the `Weak` tells which catalog
     /// it was made from, and a newer catalog makes it again.
     listing: Mutex<Option<ParsedListing>>,
+    /// The secret values of the spec (`secrets::secret_values`), found once, on the first call that logs or
+    /// masks: finding them reads every env or header name.
+    secrets: std::sync::OnceLock<Box<[String]>>,
 }
 
 /// A catalog's tool definitions parsed, and the catalog they were parsed from.
@@ -126,6 +129,7 @@ impl Instance {
             retired: CancellationToken::new(),
             announcements: std::sync::OnceLock::new(),
             listing: Mutex::new(None),
+            secrets: std::sync::OnceLock::new(),
         }
     }
 
@@ -144,6 +148,11 @@ impl Instance {
 
     pub fn spec(&self) -> &InstanceSpec {
         &self.spec
+    }
+
+    /// What is masked in this instance's logs: its spec's secret values, longest first.
+    pub(super) fn secret_values(&self) -> &[String] {
+        self.secrets.get_or_init(|| crate::secrets::secret_values(&self.spec).into_boxed_slice())
     }
 
     /// Whether the team administrator disabled this tool: a run-time switch of the installation

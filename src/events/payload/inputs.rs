@@ -162,19 +162,29 @@ pub struct ServerLogEntry {
     pub timestamp: String,
 }
 
-/// One captured tool call (BP §9.2).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One captured tool call (BP §9.2). The arguments and the answer are JSON text (masked), written into the event
+/// as they are.
+#[derive(Debug, Clone, Serialize)]
 pub struct RequestLogEntry {
     pub user_id: String,
     pub tool_name: String,
-    pub tool_params: Value,
+    /// An object; `{}` when the call had no arguments as an object (`None`).
+    #[serde(serialize_with = "object_or_empty")]
+    pub tool_params: Option<Box<RawValue>>,
     pub response_time_ms: u64,
     pub success: bool,
     pub timestamp: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_response: Option<Value>,
+    pub tool_response: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_message: Option<String>,
+}
+
+fn object_or_empty<S: serde::Serializer>(object: &Option<Box<RawValue>>, serializer: S) -> Result<S::Ok, S::Error> {
+    match object {
+        Some(object) => object.serialize(serializer),
+        None => serde::ser::SerializeMap::end(serializer.serialize_map(Some(0))?),
+    }
 }
 
 /// One client's activity since the last report (BP §8.5-14, SB §17).

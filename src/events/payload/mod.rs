@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::{Event, EventKind};
 use crate::model::{iso, ChangeKind, InstanceSpec, InstanceStatus, ToolChange, ToolDef};

@@ -3,7 +3,7 @@
 use super::*;
 use crate::model::InstallationId;
 use chrono::DateTime;
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn spec() -> InstanceSpec {
     crate::model::sample_spec()

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tracing::{info, warn, Instrument};
 
@@ -49,7 +50,7 @@ impl Inner {
         instance.touch();
         let began = Instant::now();
         // What the call's log needs of its request, taken now: the request itself goes to the server.
-        let sent = (method == "tools/call").then(|| SentCall::of(instance.spec(), params.as_ref()));
+        let sent = (method == "tools/call").then(|| SentCall::of(instance, params.as_ref()));
         let client = match self.ensure_connected(instance).await {
             Ok(client) => client,
             Err(err) => {
@@ -134,20 +135,19 @@ impl Inner {
             tool_path: tool_path.clone(),
             duration_ms: began.elapsed().as_millis() as u64,
             outcome,
-            error_message: error.as_deref().map(|e| crate::logcapture::mask_secrets(spec, e)),
+            error_message: error.as_deref().map(|e| crate::secrets::hide(e, instance.secret_values())),
             request_bytes: sent.request_bytes,
             response_bytes,
         };
         // Batched with the request logs: no database write on the call's path.
         self.deps.logs.event(Event::tool_executed(spec, &execution));
         // Nothing is logged for this installation: the arguments were not copied either.
-        let Some((arguments, secrets)) = sent.arguments else { return };
+        let Some(arguments) = sent.arguments else { return };
         // A server may echo its own secret in an answer: the request log keeps nothing the config holds secret.
+        let secrets = instance.secret_values();
         let response = match (&result, outcome) {
-            (Ok(payload), CallOutcome::Success) => {
-                let value = payload.to_value().unwrap_or_default();
-                Some(crate::secrets::hide_json(&value, &secrets))
-            }
+            (Ok(Payload::Text { text, .. }), CallOutcome::Success) => crate::secrets::hide_json_text(text, secrets),
+            (Ok(Payload::Value(value)), CallOutcome::Success) => crate::secrets::hide_json_written(value, secrets),
             _ => None,
         };
         let record = RequestRecord {
@@ -266,19 +266,17 @@ impl Inner {
 pub(in crate::instances) struct SentCall {
     name: String,
     request_bytes: usize,
-    /// The arguments with the instance's secrets hidden, and those secrets (for the answer), when its
-    /// installation logs requests.
-    arguments: Option<(Value, Vec<String>)>,
+    /// `Some` when the installation logs requests: the arguments as JSON text with the instance's secrets
+    /// hidden (`null` when there were none; `None` inside when they could not be written).
+    arguments: Option<Option<Box<RawValue>>>,
 }
 
 impl SentCall {
-    fn of(spec: &InstanceSpec, params: Option<&Value>) -> SentCall {
+    fn of(instance: &Instance, params: Option<&Value>) -> SentCall {
         let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default().to_owned();
-        let arguments = spec.request_logging_enabled.then(|| {
-            let secrets = crate::secrets::secret_values(spec);
-            let arguments =
-                params.and_then(|p| p.get("arguments")).map_or(Value::Null, |a| crate::secrets::hide_json(a, &secrets));
-            (arguments, secrets)
+        let arguments = instance.spec().request_logging_enabled.then(|| {
+            let arguments = params.and_then(|p| p.get("arguments")).unwrap_or(&Value::Null);
+            crate::secrets::hide_json_written(arguments, instance.secret_values())
         });
         SentCall { name, request_bytes: params.map_or(0, crate::mcp::payload::json_len), arguments }
     }
