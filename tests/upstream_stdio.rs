@@ -122,6 +122,36 @@ async fn bursts_larger_than_one_write_reach_the_server_whole() {
     client.close().await;
 }
 
+/// Calls made one at a time do not wake the runtime's other worker thread. The stdin writer lets the other ready
+/// tasks queue their calls first (a yield) only when calls come together: a yielding task makes the scheduler
+/// wake a parked worker to share its queue, and when every call yielded, a lone call's worker woke the other one
+/// for nothing, a futex wake and a context switch per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_made_one_at_a_time_do_not_wake_the_other_worker() {
+    const CALLS: u64 = 300;
+    let client = std::sync::Arc::new(connect_demo_stdio("legacy").await);
+    let echo = |text: String| Some(json!({"name": "echo", "arguments": {"text": text}}));
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let parks = move || (0..metrics.num_workers()).map(|worker| metrics.worker_park_count(worker)).sum::<u64>();
+    // On a worker, as a connection's task is: each call wakes the writer on the same worker.
+    let caller = client.clone();
+    let parked = tokio::spawn(async move {
+        caller.request("tools/call", echo("warm".into()), CALL).await.expect("answered");
+        let before = parks();
+        for i in 0..CALLS {
+            let result = caller.request("tools/call", echo(format!("call-{i}")), CALL).await.expect("answered");
+            assert_eq!(text(&result), format!("call-{i}"));
+        }
+        parks() - before
+    })
+    .await
+    .expect("the calls ran");
+    // Each call parks the worker that waits for the server's answer once; a second worker woken and parked again
+    // on every call made it two per call.
+    assert!(parked < CALLS * 3 / 2, "{parked} parks for {CALLS} calls made one at a time");
+    client.close().await;
+}
+
 /// A server that stops reading its stdin (hung, or busy forever) while large requests are queued for it: the
 /// satellite's write to the full pipe must not keep it from stopping that server.
 #[tokio::test]

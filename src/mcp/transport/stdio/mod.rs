@@ -284,6 +284,7 @@ impl StdioTransport {
             close_grace: launch.close_grace,
             secrets: launch.secrets,
             _cpu_group: cpu_group,
+            last_batch: 0,
         };
         tokio::spawn(owner.run());
 

@@ -59,6 +59,8 @@ pub(super) struct Owner {
     pub(super) exit_tx: watch::Sender<Option<ExitInfo>>,
     pub(super) stop: CancellationToken,
     pub(super) close_grace: Duration,
+    /// Messages the last write to stdin carried: more than one says calls arrive together.
+    pub(super) last_batch: usize,
 }
 
 impl Owner {
@@ -150,14 +152,23 @@ impl Owner {
     /// requests, read in the same wake-up, waited behind it. At concurrency 32 that was 0.67 writes to stdin per
     /// call, and each woke the child; with it, 0.14 (docs/performance.md, 2026-11-28). With nothing else ready
     /// the owner runs again at once.
+    ///
+    /// It yields only when calls come together (another request in flight, or the last write carried several):
+    /// a lone call has nothing to wait for, and a yield is not free. The scheduler wakes a parked worker thread
+    /// to share a yielding task's queue, so each call made one at a time woke the other worker for nothing (a
+    /// futex wake and a context switch per call at concurrency 1; docs/performance.md, 2026-11-28 11:30).
     async fn write_queued(&mut self, first: String) {
-        tokio::task::yield_now().await;
+        if self.last_batch > 1 || self.pending.len() > 1 {
+            tokio::task::yield_now().await;
+        }
         let mut batch = first.into_bytes();
         batch.push(b'\n');
+        self.last_batch = 1;
         while batch.len() < WRITE_BATCH_BYTES {
             let Ok(line) = self.outbound.try_recv() else { break };
             batch.extend_from_slice(line.as_bytes());
             batch.push(b'\n');
+            self.last_batch += 1;
         }
         let Some(stdin) = self.stdin.as_mut() else { return };
         let write = async {
