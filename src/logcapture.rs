@@ -138,11 +138,11 @@ impl LogCapture {
         let entry = RequestLogEntry {
             user_id: spec.user_id.0.clone(),
             tool_name: record.tool_path,
-            tool_params: record.params.filter(|params| params.get().starts_with('{')),
+            tool_params: record.params.filter(|params| params.get().starts_with('{') && reads_back(params.get())),
             response_time_ms: record.duration.as_millis() as u64,
             success: record.error.is_none(),
             timestamp: iso(Utc::now()),
-            tool_response: record.response,
+            tool_response: record.response.filter(|response| reads_back(response.get())),
             error_message: record.error.map(|error| mask_secrets(spec, &error)),
         };
         let line =
@@ -262,6 +262,53 @@ async fn sleep_until(due: Option<Instant>) {
 }
 
 /// Replace the instance's secret values in `text` by their masked form.
+/// How deep arguments or an answer may be nested and still be read back inside a request log event: the outbox
+/// reads every event as a value, whose parser stops at 128 levels, and the event puts three around each entry's
+/// (its data, the `requests` array, the entry); a few more are kept spare.
+const MAX_LOGGED_DEPTH: usize = 120;
+
+/// Whether JSON `text` reads back as a value inside a request log event: nested at most [`MAX_LOGGED_DEPTH`]
+/// deep, and no number out of `f64`'s range (`1e400`, hundreds of digits), which the value parser refuses. A
+/// server's answer is logged as the text it wrote, read without building a value and so without either check;
+/// one the outbox could not read would hold back the whole event, every other call of it included.
+fn reads_back(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > MAX_LOGGED_DEPTH {
+                    return false;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while bytes.get(i + 1).is_some_and(|b| matches!(b, b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')) {
+                    i += 1;
+                }
+                let number = &text[start..=i];
+                // Only an exponent or a run of over 300 digits can leave f64's range.
+                let may_overflow = number.len() > 300 || number.contains(['e', 'E']);
+                if may_overflow && !number.parse::<f64>().is_ok_and(f64::is_finite) {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    true
+}
+
 pub fn mask_secrets(spec: &InstanceSpec, text: &str) -> String {
     secrets::hide(text, &secrets::secret_values(spec))
 }
@@ -431,6 +478,41 @@ mod tests {
             .collect();
         let expected: Vec<String> = (0..WRITE_AT).map(|i| format!("burst {i}")).collect();
         assert_eq!(burst, expected, "entries keep their order across events");
+    }
+
+    /// Arguments or an answer that the outbox could not read back inside the event (nested past the value
+    /// parser's limit, a number out of range) are left out of their entry; the event and its other calls go.
+    #[tokio::test]
+    async fn an_answer_the_outbox_could_not_read_back_is_left_out_and_the_event_still_goes() {
+        let (_dir, store, capture) = capture().await;
+        let raw = |text: String| -> Box<RawValue> { serde_json::from_str(&text).unwrap() };
+        let deep = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
+        let record = |params: String, response: String| RequestRecord {
+            tool_path: "github:get".into(),
+            params: Some(raw(params)),
+            response: Some(raw(response)),
+            error: None,
+            duration: Duration::from_millis(1),
+            bytes: 10,
+        };
+        let alice = spec("alice", true);
+        capture.request(&alice, record(r#"{"n": 1}"#.into(), r#"{"x": 1e400}"#.into()));
+        capture.request(&alice, record(format!(r#"{{"a": {}}}"#, deep(126)), format!(r#"{{"b": {}}}"#, deep(126))));
+        capture
+            .request(&alice, record(r#"{"n": "-1e999 \"]]"}"#.into(), format!(r#"{{"x": 1e-7, "y": {}}}"#, deep(100))));
+        capture.request(&alice, record(r#"{"n": 2}"#.into(), format!(r#"{{"big": {}}}"#, "9".repeat(400))));
+        capture.flush().await;
+        let events = store.events(Some("mcp.request.logs"), 0, 10).await.unwrap();
+        assert_eq!(events.len(), 1);
+        let requests = events[0].data["requests"].as_array().cloned().unwrap_or_default();
+        assert_eq!(requests.len(), 4, "the event reads back whole: {:?}", events[0].data);
+        assert_eq!(requests[0]["tool_params"], json!({"n": 1}));
+        assert!(requests[0].get("tool_response").is_none(), "1e400 is out of range");
+        assert_eq!(requests[1]["tool_params"], json!({}), "nested too deep");
+        assert!(requests[1].get("tool_response").is_none(), "nested too deep");
+        assert_eq!(requests[2]["tool_params"], json!({"n": "-1e999 \"]]"}), "a string is not a number");
+        assert_eq!(requests[2]["tool_response"]["x"], json!(1e-7), "small numbers and 100 levels are kept");
+        assert!(requests[3].get("tool_response").is_none(), "400 digits are out of range");
     }
 
     fn call(i: usize, response: Value) -> RequestRecord {

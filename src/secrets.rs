@@ -132,7 +132,8 @@ fn json_text_is_clear(text: &str, values: &[String]) -> bool {
 /// A JSON text with `values` masked as [`hide_json`] masks the value it holds, as text again: the text itself
 /// when none of them can be in it, which is read off the text without parsing it. A tool call's answer is
 /// logged this way: most answers hold no secret, and parsing one into a tree to copy it and write it out again
-/// was most of what logging a call cost. `None` when the text is nested deeper than the parser reads.
+/// was most of what logging a call cost. `None` when the text had to be parsed and is nested deeper than the
+/// parser reads; a text kept as it is was not read that far (the request log checks what it keeps).
 pub fn hide_json_text(text: &RawValue, values: &[String]) -> Option<Box<RawValue>> {
     if json_text_is_clear(text.get(), values) {
         return Some(text.to_owned());
