@@ -277,12 +277,20 @@ fn reads_back(text: &str) -> bool {
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'"' => {
-                i += 1;
-                while i < bytes.len() && bytes[i] != b'"' {
-                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+            // To the closing quote, past escaped characters: most of an answer's bytes are in strings.
+            b'"' => loop {
+                match memchr::memchr2(b'"', b'\\', bytes.get(i + 1..).unwrap_or_default()) {
+                    Some(at) if bytes[i + 1 + at] == b'\\' => i += at + 2,
+                    Some(at) => {
+                        i += at + 1;
+                        break;
+                    }
+                    None => {
+                        i = bytes.len();
+                        break;
+                    }
                 }
-            }
+            },
             b'{' | b'[' => {
                 depth += 1;
                 if depth > MAX_LOGGED_DEPTH {
@@ -478,6 +486,17 @@ mod tests {
             .collect();
         let expected: Vec<String> = (0..WRITE_AT).map(|i| format!("burst {i}")).collect();
         assert_eq!(burst, expected, "entries keep their order across events");
+    }
+
+    #[test]
+    fn reading_back_skips_strings_whole_and_counts_depth_and_numbers_outside_them() {
+        let nested = |levels: usize| format!("{}{}", "[".repeat(levels), "]".repeat(levels));
+        assert!(reads_back(&nested(MAX_LOGGED_DEPTH)));
+        assert!(!reads_back(&nested(MAX_LOGGED_DEPTH + 1)));
+        assert!(reads_back(&format!(r#"{{"a": "{}"}}"#, "[".repeat(500))), "brackets in a string are text");
+        assert!(reads_back(r#"{"a": "\"1e400\" \\", "b": [1e-400, -2.5E+300, 12345678901234567890]}"#));
+        assert!(!reads_back(r#"{"a": "x\\", "b": [1e400]}"#), "an escaped backslash ends no string early");
+        assert!(!reads_back(&format!("[{}]", "7".repeat(400))));
     }
 
     /// Arguments or an answer that the outbox could not read back inside the event (nested past the value
