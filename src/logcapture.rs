@@ -96,7 +96,7 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct RequestRecord {
     pub tool_path: String,
-    pub params: Option<Box<RawValue>>,
+    pub params: Box<RawValue>,
     pub response: Option<Box<RawValue>>,
     pub error: Option<String>,
     pub duration: Duration,
@@ -138,7 +138,7 @@ impl LogCapture {
         let entry = RequestLogEntry {
             user_id: spec.user_id.0.clone(),
             tool_name: record.tool_path,
-            tool_params: record.params.filter(|params| params.get().starts_with('{') && reads_back(params.get())),
+            tool_params: Some(record.params).filter(|params| params.get().starts_with('{') && reads_back(params.get())),
             response_time_ms: record.duration.as_millis() as u64,
             success: record.error.is_none(),
             timestamp: iso(Utc::now()),
@@ -393,7 +393,7 @@ mod tests {
         let (_dir, store, capture) = capture().await;
         let ok = RequestRecord {
             tool_path: "github:list_repos".into(),
-            params: Some(text(json!({"owner": "x"}))),
+            params: text(json!({"owner": "x"})),
             response: Some(text(json!({"content": []}))),
             error: None,
             duration: Duration::from_millis(12),
@@ -508,7 +508,7 @@ mod tests {
         let deep = |levels: usize| format!("{}1{}", "[".repeat(levels), "]".repeat(levels));
         let record = |params: String, response: String| RequestRecord {
             tool_path: "github:get".into(),
-            params: Some(raw(params)),
+            params: raw(params),
             response: Some(raw(response)),
             error: None,
             duration: Duration::from_millis(1),
@@ -534,11 +534,35 @@ mod tests {
         assert!(requests[3].get("tool_response").is_none(), "400 digits are out of range");
     }
 
+    /// Arguments a client sent as something other than an object (or none: `null`) are logged as `{}`, which the
+    /// backend's schema requires; the answer is kept as it came.
+    #[tokio::test]
+    async fn arguments_that_are_not_an_object_are_logged_as_an_empty_one() {
+        let (_dir, store, capture) = capture().await;
+        for params in ["[1, 2]", "null", "\"text\"", " {\"spaced\": 1}"] {
+            let record = RequestRecord {
+                tool_path: "github:get".into(),
+                params: serde_json::from_str(params).unwrap(),
+                response: Some(text(json!([]))),
+                error: None,
+                duration: Duration::from_millis(1),
+                bytes: 10,
+            };
+            capture.request(&spec("alice", true), record);
+        }
+        capture.flush().await;
+        let events = store.events(Some("mcp.request.logs"), 0, 10).await.unwrap();
+        let requests = events[0].data["requests"].as_array().cloned().unwrap_or_default();
+        let params: Vec<&Value> = requests.iter().map(|r| &r["tool_params"]).collect();
+        assert_eq!(params, [&json!({}), &json!({}), &json!({}), &json!({"spaced": 1})]);
+        assert!(requests.iter().all(|r| r["tool_response"] == json!([])));
+    }
+
     fn call(i: usize, response: Value) -> RequestRecord {
         let bytes = response.to_string().len() + 20;
         RequestRecord {
             tool_path: "github:get_file".into(),
-            params: Some(text(json!({"call": i}))),
+            params: text(json!({"call": i})),
             response: Some(text(response)),
             error: None,
             duration: Duration::from_millis(3),

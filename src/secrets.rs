@@ -143,13 +143,15 @@ pub fn hide_json_text(text: &RawValue, values: &[String]) -> Option<Box<RawValue
 }
 
 /// `value` with `values` masked as [`hide_json`] masks it, written as JSON text: written straight from `value`
-/// (no copy of the tree) when none of them is in it.
-pub fn hide_json_written(value: &Value, values: &[String]) -> Option<Box<RawValue>> {
-    let text = to_raw_value(value).ok()?;
+/// (no copy of the tree) when none of them is in it. Writing a value cannot fail (its keys are strings, its
+/// numbers finite); `null` stands in should it ever.
+pub fn hide_json_written(value: &Value, values: &[String]) -> Box<RawValue> {
+    let write = |value: &Value| to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned());
+    let text = write(value);
     if json_text_is_clear(text.get(), values) {
-        return Some(text);
+        return text;
     }
-    to_raw_value(&hide_json(value, values)).ok()
+    write(&hide_json(value, values))
 }
 
 fn copy_hidden(value: &Value, numeric: bool, hide: &dyn Fn(&str) -> Option<String>) -> Value {
@@ -343,10 +345,10 @@ mod tests {
         let raw: Box<RawValue> = serde_json::from_str(r#"{"t": "\u0061bc"}"#).unwrap();
         assert_eq!(hide_json_text(&raw, &["abc".to_owned()]).unwrap().get(), r#"{"t": "\u0061bc"}"#);
         let value = serde_json::json!({"text": "key sk-live-abcdef", "plain": [1, "x"]});
-        let written = hide_json_written(&value, &values).unwrap();
+        let written = hide_json_written(&value, &values);
         assert_eq!(serde_json::from_str::<Value>(written.get()).unwrap(), hide_json(&value, &values));
         let plain = serde_json::json!({"plain": [1, "x"]});
-        assert_eq!(hide_json_written(&plain, &values).unwrap().get(), r#"{"plain":[1,"x"]}"#);
+        assert_eq!(hide_json_written(&plain, &values).get(), r#"{"plain":[1,"x"]}"#);
     }
 
     #[test]

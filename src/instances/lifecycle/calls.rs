@@ -147,7 +147,9 @@ impl Inner {
         let secrets = instance.secret_values();
         let response = match (&result, outcome) {
             (Ok(Payload::Text { text, .. }), CallOutcome::Success) => crate::secrets::hide_json_text(text, secrets),
-            (Ok(Payload::Value(value)), CallOutcome::Success) => crate::secrets::hide_json_written(value, secrets),
+            (Ok(Payload::Value(value)), CallOutcome::Success) => {
+                Some(crate::secrets::hide_json_written(value, secrets))
+            }
             _ => None,
         };
         let record = RequestRecord {
@@ -267,8 +269,8 @@ pub(in crate::instances) struct SentCall {
     name: String,
     request_bytes: usize,
     /// `Some` when the installation logs requests: the arguments as JSON text with the instance's secrets
-    /// hidden (`null` when there were none; `None` inside when they could not be written).
-    arguments: Option<Option<Box<RawValue>>>,
+    /// hidden (`null` when there were none).
+    arguments: Option<Box<RawValue>>,
 }
 
 impl SentCall {
