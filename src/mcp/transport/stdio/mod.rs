@@ -382,7 +382,7 @@ impl StdioTransport {
             self.relays.add(id, relay.clone(), token);
         }
         let mut in_flight = InFlight { id, transport: self, answered: false };
-        let line = protocol::request(RequestId::Number(id), method, params).to_string();
+        let line = protocol::request_line(&RequestId::Number(id), method, params.as_ref());
         if self.outbound.send(line).await.is_err() {
             in_flight.answered = true;
             self.pending.forget(id);
@@ -394,7 +394,7 @@ impl StdioTransport {
     }
 
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), UpstreamError> {
-        let line = protocol::notification(method, params).to_string();
+        let line = protocol::notification_line(method, params.as_ref());
         self.outbound
             .send(line)
             .await
