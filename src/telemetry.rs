@@ -59,9 +59,32 @@ fn subscriber(
     format: LogFormat,
     tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
 ) -> impl tracing::Subscriber + Send + Sync {
+    use std::io::IsTerminal as _;
+    let ansi = colours(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR"));
+    layered(level, format, tracer, std::io::stderr, ansi)
+}
+
+/// Colours only for a person at a terminal (and not when `NO_COLOR` is set, per no-color.org). A file, journald
+/// or a container's log collector gets plain text: escape codes there are noise to every reader and grep, and
+/// painting each span field cost ~5k instructions of every proxied call (docs/performance.md, 2026-11-28 14:30).
+fn colours(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
+/// [`subscriber`], writing its lines to `writer`.
+fn layered<W>(
+    level: &str,
+    format: LogFormat,
+    tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+    writer: W,
+    ansi: bool,
+) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let level = if level == "fatal" { "error" } else { level };
     let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new(default_directives(level)));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
     let fmt = match format {
         LogFormat::Pretty => fmt.boxed(),
         LogFormat::Json => fmt.json().flatten_event(true).boxed(),
@@ -118,6 +141,46 @@ fn default_directives(level: &str) -> String {
 mod tests {
     use super::*;
 
+    /// Lines written to memory, for reading back.
+    #[derive(Clone, Default)]
+    struct Lines(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Written to a file or a collector, a log line is plain text, its request span's fields included; colours
+    /// only at a terminal, and never with `NO_COLOR` set. (Run from the test above: see there.)
+    fn log_lines_are_plain_text_unless_a_person_reads_them_at_a_terminal() {
+        assert!(!colours(false, None));
+        assert!(colours(true, None));
+        assert!(!colours(true, Some("1".into())));
+        assert!(colours(true, Some("".into())), "an empty NO_COLOR does not count (no-color.org)");
+
+        let written = |ansi: bool| {
+            let lines = Lines::default();
+            let writer = lines.clone();
+            let subscriber = layered("info", LogFormat::Pretty, None, move || writer.clone(), ansi);
+            tracing::subscriber::with_default(subscriber, || {
+                let _request = tracing::info_span!("http", method = "POST", path = "/mcp").entered();
+                tracing::info!(tool = "echo", "the plain line");
+            });
+            let bytes = lines.0.lock().clone();
+            String::from_utf8(bytes).unwrap()
+        };
+        let plain = written(false);
+        assert!(plain.contains(r#"http{method="POST" path="/mcp"}: "#), "{plain}");
+        assert!(plain.contains("the plain line tool=\"echo\""), "{plain}");
+        assert!(!plain.contains('\x1b'), "escape codes in a plain line: {plain:?}");
+        assert!(written(true).contains('\x1b'), "a terminal gets its colours");
+    }
+
     /// With no trace export, a span below the log level is not built: at `info` the request's span is, the
     /// upstream request's (`debug`) is not.
     #[test]
@@ -133,6 +196,7 @@ mod tests {
         // In the same test: a callsite's interest is global, so two tests with their own dispatchers running at
         // once would see each other's.
         the_exporter_takes_the_satellites_debug_spans_and_info_events();
+        log_lines_are_plain_text_unless_a_person_reads_them_at_a_terminal();
     }
 
     /// The exporter takes the satellite's spans down to `debug` (the upstream request's span) and its events
