@@ -65,7 +65,9 @@ impl Identity {
             return Self::hierarchical_with(target.toolset().map(|t| t.as_ref()));
         };
         if instance.client().is_none() {
-            let _ = tokio::time::timeout(WAKE_WAIT, deps.manager.wake(instance)).await;
+            // Boxed: waking a dormant instance is a ~6 KB future, and held inline it made every POST's future
+            // (boxed per request) 8.7 KB for a branch only an `initialize` takes.
+            let _ = tokio::time::timeout(WAKE_WAIT, Box::pin(deps.manager.wake(instance))).await;
         }
         match instance.client() {
             Some(client) => {

@@ -384,13 +384,19 @@ impl Inner {
         self: &Arc<Self>,
         instance: &Arc<Instance>,
     ) -> Result<Arc<McpClient>, InstanceError> {
-        let slug = || instance.spec().server_slug.clone();
         if let Some(client) = instance.client() {
             return Ok(client);
         }
         if !instance.is_dormant() {
             return Err(InstanceError::NotConnected(instance.spec().process_id.0.clone()));
         }
+        // Boxed: respawning is a ~6 KB future, and every call's future (boxed per call) carried it inline.
+        Box::pin(self.respawn(instance)).await
+    }
+
+    /// [`Self::ensure_connected`] for a dormant instance: start its process again.
+    async fn respawn(self: &Arc<Self>, instance: &Arc<Instance>) -> Result<Arc<McpClient>, InstanceError> {
+        let slug = || instance.spec().server_slug.clone();
         let _lifecycle = instance.lifecycle.lock().await;
         if let Some(client) = instance.client() {
             return Ok(client);

@@ -144,10 +144,13 @@ impl Transport {
         timeout: Duration,
         relay: Option<&Relay>,
     ) -> Result<Payload, UpstreamError> {
+        // The HTTP transports' futures are boxed: held inline, the ~3 KB of a Streamable HTTP request made every
+        // call's future that size, a stdio call's too, and every proxied call copies its call future into a box
+        // (`InstanceManager::call_relayed`). A remote call pays one small allocation instead.
         match self {
             Transport::Stdio(t) => t.request(method, params, timeout, relay).await,
-            Transport::StreamableHttp(t) => t.request(method, params, headers, timeout, relay).await,
-            Transport::Sse(t) => t.request(method, params, timeout).await,
+            Transport::StreamableHttp(t) => Box::pin(t.request(method, params, headers, timeout, relay)).await,
+            Transport::Sse(t) => Box::pin(t.request(method, params, timeout)).await,
         }
     }
 
