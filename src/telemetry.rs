@@ -66,7 +66,7 @@ fn subscriber(
 
 /// Colours only for a person at a terminal (and not when `NO_COLOR` is set, per no-color.org). A file, journald
 /// or a container's log collector gets plain text: escape codes there are noise to every reader and grep, and
-/// painting each span field cost ~5k instructions of every proxied call (docs/performance.md, 2026-11-28 14:30).
+/// painting the request span's fields cost 2.4k instructions of every proxied call (docs/performance.md, 2026-11-28 14:30).
 fn colours(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
     stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
