@@ -177,6 +177,11 @@ impl Inner {
                 "a tool called recently changed its description or schema; review the change before trusting it (tool poisoning arrives this way)"
             );
         }
+        // The history first: from the moment a tool is held out of discover, the admin's history says why.
+        let owner = CatalogOwner::from(spec);
+        if let Err(err) = self.deps.store.record_tool_changes(&owner, &changes, &drifted).await {
+            warn!(process_id = %spec.process_id, error = %err, "recording the tool history failed");
+        }
         if self.deps.settings.hold_drifted_tools && !drifted.is_empty() {
             // Held for the whole installation (the change is the server's) until an admin accepts it; the index
             // built right after this leaves held tools out. Stored first, so a restart does not release a tool
@@ -195,10 +200,6 @@ impl Inner {
                 }
             }
             warn!(process_id = %spec.process_id, tools = %drifted.iter().cloned().collect::<Vec<_>>().join(", "), "drifted tools held out of discover and calls until an admin accepts them: POST /api/tools/accept");
-        }
-        let owner = CatalogOwner::from(spec);
-        if let Err(err) = self.deps.store.record_tool_changes(&owner, &changes, &drifted).await {
-            warn!(process_id = %spec.process_id, error = %err, "recording the tool history failed");
         }
         let mut drifted: Vec<&str> = drifted.iter().map(String::as_str).collect();
         drifted.sort_unstable();
