@@ -2,6 +2,19 @@
 //!
 //! See ARCHITECTURE.md for the map of modules and how a request flows.
 
+/// The size of the future an `async fn` returns, read from its signature without calling it (tests that keep a
+/// hot path's future small): `future_size!(f, <'a> (&'a A, B))`, the arguments' types with their one lifetime.
+#[cfg(test)]
+macro_rules! future_size {
+    ($f:expr, <$lt:lifetime> ($($arg:ty),* $(,)?)) => {{
+        #[allow(clippy::type_complexity)]
+        fn size<$lt, Fut>(_: fn($($arg),*) -> Fut) -> usize {
+            std::mem::size_of::<Fut>()
+        }
+        size($f)
+    }};
+}
+
 pub mod activity;
 pub mod analytics;
 pub mod app;

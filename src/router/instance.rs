@@ -159,21 +159,13 @@ impl InstanceRouter {
 mod tests {
     use super::*;
 
-    /// The size of the future an `async fn` returns, read from its signature without calling it.
-    #[allow(clippy::type_complexity)]
-    fn future_size<'a, Fut>(
-        _: fn(&'a InstanceRouter, &'a Arc<Instance>, Option<&'a str>, &'a str, Option<Value>, Option<&'a Relay>) -> Fut,
-    ) -> usize {
-        std::mem::size_of::<Fut>()
-    }
-
     /// Every proxied call's task holds this future, and a task's future is copied whole when it is spawned: a rare
     /// branch held inline (a `subscriptions/listen`, ~6 KB) and the upstream call held unboxed (its callers' futures
     /// grew by twice its ~7 KB) made every `tools/call` pay for their size. Boxed, this future is ~1.4 KB in a debug
     /// build (7.9 KB before); the bound leaves room for growth, not for another large branch.
     #[test]
     fn the_instance_routers_future_stays_small() {
-        let size = future_size(InstanceRouter::handle);
+        let size = future_size!(InstanceRouter::handle, <'a> (&'a InstanceRouter, &'a Arc<Instance>, Option<&'a str>, &'a str, Option<Value>, Option<&'a Relay>));
         assert!(size <= 3 * 1024, "InstanceRouter::handle's future is {size} bytes: box the large branch");
     }
 }

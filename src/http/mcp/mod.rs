@@ -313,17 +313,12 @@ mod tests {
     use super::stateless::check_envelope;
     use super::*;
 
-    /// The size of the future an `async fn` returns, read from its signature without calling it.
-    fn future_size<'a, Fut>(_: fn(&'a McpDeps, Endpoint, &'a HeaderMap, Frame) -> Fut) -> usize {
-        std::mem::size_of::<Fut>()
-    }
-
     /// Every POST's future is boxed (the route's closure), so copied whole into the heap once per request. Waking a
     /// dormant instance for an `initialize` (~6 KB) held inline made it 8.7 KB in a release build, for a branch a
     /// tool call never takes; boxed there, it is 4.1 KB (the bound leaves room for growth, not for another large branch).
     #[test]
     fn a_posts_future_stays_small() {
-        let size = future_size(post::post);
+        let size = future_size!(post::post, <'a> (&'a McpDeps, Endpoint, &'a HeaderMap, Frame));
         assert!(size <= 5 * 1024, "post's future is {size} bytes: box the large branch");
     }
 

@@ -288,20 +288,12 @@ impl SentCall {
 mod tests {
     use super::*;
 
-    /// The size of the future an `async fn` returns, read from its signature without calling it.
-    #[allow(clippy::type_complexity)]
-    fn future_size<'a, Fut>(
-        _: fn(&'a Arc<Inner>, &'a Arc<Instance>, &'a str, Option<Value>, Duration, Option<&'a Relay>) -> Fut,
-    ) -> usize {
-        std::mem::size_of::<Fut>()
-    }
-
     /// A call's future is boxed once per proxied call (`InstanceManager::call_relayed`), so copied whole: respawning
     /// a dormant instance (~6 KB) and the HTTP transports' requests (~3 KB) held inline made a stdio call's 6.9 KB
     /// in a release build. Boxed where they are taken, it is 3.0 KB.
     #[test]
     fn a_calls_future_stays_small() {
-        let size = future_size(Inner::call);
+        let size = future_size!(Inner::call, <'a> (&'a Arc<Inner>, &'a Arc<Instance>, &'a str, Option<Value>, Duration, Option<&'a Relay>));
         assert!(size <= 4 * 1024, "a call's future is {size} bytes: box the large branch");
     }
 }

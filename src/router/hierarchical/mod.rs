@@ -510,28 +510,23 @@ fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a 
 mod tests {
     use super::*;
 
-    /// The size of the future an `async fn` returns, read from its signature without calling it.
-    #[allow(clippy::type_complexity)]
-    fn future_size<'a, Fut>(
-        _: fn(
-            &'a HierarchicalRouter,
-            &'a Principal,
-            Option<&'a Arc<Toolset>>,
-            Option<&'a str>,
-            &'a str,
-            Option<Value>,
-            Option<&'a Relay>,
-        ) -> Fut,
-    ) -> usize {
-        std::mem::size_of::<Fut>()
-    }
-
     /// `execute_mcp_tool`'s task holds this future, copied whole when the task is spawned (as the instance
     /// router's test says): ~1.6 KB in a debug build, 8.1 KB before the upstream call was boxed; a large branch
     /// held inline would make every call carry it.
     #[test]
     fn the_hierarchical_routers_future_stays_small() {
-        let size = future_size(HierarchicalRouter::handle);
+        let size = future_size!(
+            HierarchicalRouter::handle,
+            <'a> (
+                &'a HierarchicalRouter,
+                &'a Principal,
+                Option<&'a Arc<Toolset>>,
+                Option<&'a str>,
+                &'a str,
+                Option<Value>,
+                Option<&'a Relay>,
+            )
+        );
         assert!(size <= 4 * 1024, "HierarchicalRouter::handle's future is {size} bytes: box the large branch");
     }
 
