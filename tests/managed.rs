@@ -199,7 +199,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
             std::fs::create_dir_all(&target).unwrap();
             copy_dir(&entry.path(), &target);
         } else {
-            std::fs::copy(entry.path(), &target).unwrap();
+            std::fs::copy(entry.path(), &target).unwrap_or_else(|e| panic!("copy {}: {e}", entry.path().display()));
         }
     }
 }

@@ -363,3 +363,38 @@ async fn every_sqlite_connection_keeps_a_small_page_cache_and_enforces_foreign_k
     }
     Ok(())
 }
+
+/// Shutdown's last step closes the database, and a data directory copied after it (a backup, a move to another
+/// host, the restart tests) must hold everything in `satellite.db`. A connection still on its way back to the
+/// pool when the close begins (its release ping in flight: the last query of shutdown does exactly this) must be
+/// closed too: sqlx 0.8's `Pool::close` returns once the permits are back and can leave it idle, its WAL
+/// un-checkpointed until the last handle drops.
+#[tokio::test]
+async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(dir.path()).await?;
+    store
+        .append_events(&[NewEvent {
+            event_type: "mcp.server.status_changed",
+            emitted_at: "2026-11-28T00:00:00Z".into(),
+            data: r#"{"n":1}"#.into(),
+            process_id: None,
+            held: None,
+        }])
+        .await?;
+    assert_eq!(store.event_count().await?, 1);
+    // Dropping the connection spawned its return; let that task run up to its ping before closing.
+    tokio::task::yield_now().await;
+    store.close().await;
+    assert_eq!(store.pool.size(), 0, "every connection closed");
+    for leftover in ["satellite.db-wal", "satellite.db-shm"] {
+        assert!(!dir.path().join(leftover).exists(), "{leftover} is left: the last connection is not closed");
+    }
+    // The database file alone has the event.
+    let copy = tempfile::tempdir()?;
+    std::fs::copy(dir.path().join("satellite.db"), copy.path().join("satellite.db"))?;
+    let reopened = Store::open(copy.path()).await?;
+    assert_eq!(reopened.event_count().await?, 1);
+    reopened.close().await;
+    Ok(())
+}

@@ -13,6 +13,8 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{AnyPool, ConnectOptions, Connection, Executor};
 
+use tracing::warn;
+
 use crate::config::{mask_url_password, Database};
 
 pub mod analytics;
@@ -27,6 +29,10 @@ pub use catalog::{CatalogOwner, HeldTool, ToolChangeRow};
 pub use events::{NewEvent, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
 pub use status::StatusRecord;
+
+/// How long `Store::close` waits for connections still in use, and how often it looks.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
+const CLOSE_POLL: Duration = Duration::from_millis(2);
 
 /// Status rows kept per instance.
 pub const STATUS_HISTORY_KEPT: i64 = 200;
@@ -135,8 +141,28 @@ impl Store {
         Ok(Some(version))
     }
 
+    /// Close every connection: after this SQLite's WAL is checkpointed into `satellite.db` and its `-wal`/`-shm`
+    /// files are gone, so the data directory can be copied or backed up as it is.
+    ///
+    /// sqlx 0.8's `Pool::close` can return while a connection is still on its way back to the pool (its release
+    /// ping in flight; shutdown's last query leaves one so): closing an idle connection hands back a permit that
+    /// connection no longer held, so the wait for "all permits back" ends early, and the returning connection then
+    /// goes idle in the closed pool and stays open until the last handle drops. So the close is repeated, a few
+    /// milliseconds apart, until no connection is left or the deadline passes.
     pub async fn close(&self) {
-        self.pool.close().await;
+        let deadline = tokio::time::Instant::now() + CLOSE_DEADLINE;
+        loop {
+            self.pool.close().await;
+            let open = self.pool.size();
+            if open == 0 {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                warn!(open, deadline_s = CLOSE_DEADLINE.as_secs(), "database: connections still in use after closing");
+                return;
+            }
+            tokio::time::sleep(CLOSE_POLL).await;
+        }
     }
 
     pub fn engine(&self) -> Engine {
