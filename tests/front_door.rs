@@ -989,3 +989,95 @@ async fn a_silent_connection_does_not_hold_the_drain() {
     assert!(sat.satellite.shutdown().await, "the drain finished within its 2 s deadline");
     drop(silent);
 }
+
+/// Requests made one at a time do not wake the runtime's other worker. hyper hands a request's body to the
+/// service through a channel, inside the poll of the connection's own task, and that wake made tokio treat the
+/// task as yielding: it woke a parked worker to share its queue, which found nothing and parked again, a futex
+/// wake and a context switch or two per request (docs/performance.md, 2026-11-28 17:10). The client is a plain
+/// blocking socket on a thread of its own, so every park counted is the satellite's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_made_one_at_a_time_do_not_wake_the_other_worker() {
+    const CALLS: u64 = 200;
+    let sat = started().await;
+    let addr = sat.base_url().trim_start_matches("http://").to_owned();
+    let token = instance_token("alice");
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let parks = move || (0..metrics.num_workers()).map(|worker| metrics.worker_park_count(worker)).sum::<u64>();
+    let client = std::thread::spawn(move || {
+        let mut conn = RawHttp::connect(&addr);
+        let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",
+            "capabilities":{},"clientInfo":{"name":"raw","version":"1"}}});
+        let (head, _) = conn.post("/i/alice-demo/mcp", &token, None, &init.to_string());
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        // A session when the route keeps one (the handshake era).
+        let session = head
+            .lines()
+            .find_map(|line| line.to_ascii_lowercase().strip_prefix("mcp-session-id:").map(|v| v.trim().to_owned()));
+        let session = session.as_deref();
+        let call = |i: u64| {
+            json!({"jsonrpc":"2.0","id":i + 2,"method":"tools/call",
+                "params":{"name":"echo","arguments":{"text":format!("call-{i}")}}})
+            .to_string()
+        };
+        let (_, warm) = conn.post("/i/alice-demo/mcp", &token, session, &call(CALLS));
+        assert!(warm.contains(&format!("call-{CALLS}")), "{warm}");
+        let before = parks();
+        for i in 0..CALLS {
+            let (head, body) = conn.post("/i/alice-demo/mcp", &token, session, &call(i));
+            assert!(head.starts_with("HTTP/1.1 200") && body.contains(&format!("\"call-{i}\"")), "{head}{body}");
+        }
+        parks() - before
+    });
+    let parked = tokio::task::spawn_blocking(move || client.join().expect("the client thread")).await.expect("joined");
+    // Per request a worker parks twice: waiting for the server's answer, then for the next request. The other
+    // worker woken and parked again on every request made it three.
+    assert!(parked < CALLS * 5 / 2, "{parked} parks for {CALLS} requests made one at a time");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// HTTP/1.1 over a blocking socket, one request at a time: only what the test above needs, so that no async client
+/// shares the satellite's runtime.
+struct RawHttp {
+    stream: std::io::BufReader<std::net::TcpStream>,
+    host: String,
+}
+
+impl RawHttp {
+    fn connect(addr: &str) -> RawHttp {
+        let stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
+        RawHttp { stream: std::io::BufReader::new(stream), host: addr.to_owned() }
+    }
+
+    /// POSTs `body` and returns the answer's head and body (a `content-length` answer).
+    fn post(&mut self, path: &str, token: &str, session: Option<&str>, body: &str) -> (String, String) {
+        use std::io::{BufRead, Read, Write};
+        let session = session.map(|s| format!("mcp-session-id: {s}\r\n")).unwrap_or_default();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {token}\r\n\
+             content-type: application/json\r\naccept: application/json, text/event-stream\r\n{session}\
+             content-length: {}\r\n\r\n{body}",
+            body.len(),
+            host = self.host
+        );
+        self.stream.get_mut().write_all(request.as_bytes()).expect("write");
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            assert!(self.stream.read_line(&mut line).expect("read") > 0, "closed after {head}");
+            if line == "\r\n" {
+                break;
+            }
+            head.push_str(&line);
+        }
+        let length = head
+            .lines()
+            .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("a content-length answer: {head}"));
+        let mut answer = vec![0; length];
+        self.stream.read_exact(&mut answer).expect("body");
+        (head, String::from_utf8(answer).expect("utf-8"))
+    }
+}

@@ -31,6 +31,7 @@ pub mod sse;
 pub mod stack;
 mod status;
 mod toolsets;
+mod wakes;
 
 pub use audit::AuthAudit;
 pub use error::McpError;

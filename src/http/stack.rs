@@ -226,7 +226,9 @@ pub async fn serve<F>(
                 .keep_alive_interval(Some(Duration::from_secs(30)))
                 .keep_alive_timeout(header_read_timeout);
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service);
-            if let Err(err) = watcher.watch(connection.into_owned()).await {
+            // Its wakes of itself fold into its poll (wakes.rs): a request made alone no longer wakes the
+            // runtime's other worker for nothing.
+            if let Err(err) = super::wakes::Coalesced::new(watcher.watch(connection.into_owned())).await {
                 debug!(error = %err, "connection ended with an error");
             }
         });
