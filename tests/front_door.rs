@@ -1050,7 +1050,7 @@ impl RawHttp {
         RawHttp { stream: std::io::BufReader::new(stream), host: addr.to_owned() }
     }
 
-    /// POSTs `body` and returns the answer's head and body (a `content-length` answer).
+    /// POSTs `body` and returns the answer's head and body (with a `content-length`, or chunked).
     fn post(&mut self, path: &str, token: &str, session: Option<&str>, body: &str) -> (String, String) {
         use std::io::{BufRead, Read, Write};
         let session = session.map(|s| format!("mcp-session-id: {s}\r\n")).unwrap_or_default();
@@ -1071,13 +1071,31 @@ impl RawHttp {
             }
             head.push_str(&line);
         }
-        let length = head
-            .lines()
-            .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or_else(|| panic!("a content-length answer: {head}"));
-        let mut answer = vec![0; length];
-        self.stream.read_exact(&mut answer).expect("body");
+        let header = |name: &str| {
+            head.lines().find_map(|line| {
+                let (key, value) = line.split_once(':')?;
+                key.eq_ignore_ascii_case(name).then(|| value.trim().to_ascii_lowercase())
+            })
+        };
+        let mut answer = Vec::new();
+        if let Some(length) = header("content-length") {
+            answer.resize(length.parse::<usize>().expect("a length"), 0);
+            self.stream.read_exact(&mut answer).expect("body");
+        } else {
+            // A slow answer comes as an event stream, chunked.
+            assert_eq!(header("transfer-encoding").as_deref(), Some("chunked"), "{head}");
+            loop {
+                let mut size = String::new();
+                self.stream.read_line(&mut size).expect("chunk size");
+                let size = usize::from_str_radix(size.trim(), 16).expect("a hex chunk size");
+                let mut chunk = vec![0; size + 2];
+                self.stream.read_exact(&mut chunk).expect("chunk");
+                if size == 0 {
+                    break;
+                }
+                answer.extend_from_slice(&chunk[..size]);
+            }
+        }
         (head, String::from_utf8(answer).expect("utf-8"))
     }
 }
