@@ -398,3 +398,22 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
     reopened.close().await;
     Ok(())
 }
+
+/// Connections a stuck task never gives back do not hang the close (and so the stop): it is left open after
+/// the deadline, and the close returns.
+#[tokio::test]
+async fn closing_the_store_gives_up_on_a_connection_that_is_never_returned() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(dir.path()).await?;
+    // All four of the pool's connections, so none is idle: sqlx's close then waits for them all.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(store.pool().acquire().await?);
+    }
+    tokio::time::timeout(Duration::from_secs(30), store.close_within(Duration::from_millis(100)))
+        .await
+        .map_err(|_| "the close waited for connections that are never returned")?;
+    assert_eq!(store.pool.size(), 4, "the held connections are the ones left");
+    drop(held);
+    Ok(())
+}

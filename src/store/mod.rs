@@ -142,23 +142,28 @@ impl Store {
     }
 
     /// Close every connection: after this SQLite's WAL is checkpointed into `satellite.db` and its `-wal`/`-shm`
-    /// files are gone, so the data directory can be copied or backed up as it is.
+    /// files are gone, so the data directory can be copied or backed up as it is. A connection a stuck task still
+    /// holds is given up on after `CLOSE_DEADLINE` (a warning), so a stop cannot hang here.
     ///
     /// sqlx 0.8's `Pool::close` can return while a connection is still on its way back to the pool (its release
     /// ping in flight; shutdown's last query leaves one so): closing an idle connection hands back a permit that
     /// connection no longer held, so the wait for "all permits back" ends early, and the returning connection then
     /// goes idle in the closed pool and stays open until the last handle drops. So the close is repeated, a few
-    /// milliseconds apart, until no connection is left or the deadline passes.
+    /// milliseconds apart, until no connection is left.
     pub async fn close(&self) {
-        let deadline = tokio::time::Instant::now() + CLOSE_DEADLINE;
+        self.close_within(CLOSE_DEADLINE).await;
+    }
+
+    async fn close_within(&self, deadline: Duration) {
+        let deadline = tokio::time::Instant::now() + deadline;
         loop {
-            self.pool.close().await;
+            let closed = tokio::time::timeout_at(deadline, self.pool.close()).await.is_ok();
             let open = self.pool.size();
             if open == 0 {
                 return;
             }
-            if tokio::time::Instant::now() >= deadline {
-                warn!(open, deadline_s = CLOSE_DEADLINE.as_secs(), "database: connections still in use after closing");
+            if !closed || tokio::time::Instant::now() >= deadline {
+                warn!(open, "database: connections still in use when closing, left open");
                 return;
             }
             tokio::time::sleep(CLOSE_POLL).await;
