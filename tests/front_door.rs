@@ -1001,18 +1001,10 @@ async fn requests_made_one_at_a_time_do_not_wake_the_other_worker() {
     let sat = started().await;
     let addr = sat.base_url().trim_start_matches("http://").to_owned();
     let token = instance_token("alice");
-    let metrics = tokio::runtime::Handle::current().metrics();
-    let parks = move || (0..metrics.num_workers()).map(|worker| metrics.worker_park_count(worker)).sum::<u64>();
+    let parks = parks_counter();
     let client = std::thread::spawn(move || {
         let mut conn = RawHttp::connect(&addr);
-        let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",
-            "capabilities":{},"clientInfo":{"name":"raw","version":"1"}}});
-        let (head, _) = conn.post("/i/alice-demo/mcp", &token, None, &init.to_string());
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        // A session when the route keeps one (the handshake era).
-        let session = head
-            .lines()
-            .find_map(|line| line.to_ascii_lowercase().strip_prefix("mcp-session-id:").map(|v| v.trim().to_owned()));
+        let session = conn.initialize("/i/alice-demo/mcp", &token);
         let session = session.as_deref();
         let call = |i: u64| {
             json!({"jsonrpc":"2.0","id":i + 2,"method":"tools/call",
@@ -1035,7 +1027,40 @@ async fn requests_made_one_at_a_time_do_not_wake_the_other_worker() {
     assert!(sat.satellite.shutdown().await);
 }
 
-/// HTTP/1.1 over a blocking socket, one request at a time: only what the test above needs, so that no async client
+/// A body that comes after its head, once the satellite has read the head and gone idle (a slow client, a body
+/// cut across packets), is still read and answered: the wake it brings comes between the connection's polls and
+/// must reach its task, not be folded away like the wakes during a poll (`http::wakes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_comes_after_its_head_is_still_answered() {
+    let sat = started().await;
+    let addr = sat.base_url().trim_start_matches("http://").to_owned();
+    let token = instance_token("alice");
+    let parks = parks_counter();
+    let client = std::thread::spawn(move || {
+        let mut conn = RawHttp::connect(&addr);
+        let session = conn.initialize("/i/alice-demo/mcp", &token);
+        let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+            "params":{"name":"echo","arguments":{"text":"late body"}}});
+        let request = conn.request("/i/alice-demo/mcp", &token, session.as_deref(), &call.to_string());
+        let cut = request.find("\r\n\r\n").expect("a head") + 4 + 10;
+        let before = parks();
+        conn.send(&request.as_bytes()[..cut]);
+        // The satellite has read the head and a piece of the body, and gone idle waiting for the rest.
+        let deadline = std::time::Instant::now() + DEADLINE;
+        while parks() == before {
+            assert!(std::time::Instant::now() < deadline, "the satellite never read the head");
+            std::thread::yield_now();
+        }
+        conn.send(&request.as_bytes()[cut..]);
+        conn.answer()
+    });
+    let (head, body) =
+        tokio::task::spawn_blocking(move || client.join().expect("the client thread")).await.expect("joined");
+    assert!(head.starts_with("HTTP/1.1 200") && body.contains("late body"), "{head}{body}");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// HTTP/1.1 over a blocking socket, one request at a time: only what the tests above need, so that no async client
 /// shares the satellite's runtime.
 struct RawHttp {
     stream: std::io::BufReader<std::net::TcpStream>,
@@ -1050,18 +1075,42 @@ impl RawHttp {
         RawHttp { stream: std::io::BufReader::new(stream), host: addr.to_owned() }
     }
 
-    /// POSTs `body` and returns the answer's head and body (with a `content-length`, or chunked).
+    /// A handshake-era `initialize` on `path`; the session, when the route keeps one.
+    fn initialize(&mut self, path: &str, token: &str) -> Option<String> {
+        let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",
+            "capabilities":{},"clientInfo":{"name":"raw","version":"1"}}});
+        let (head, _) = self.post(path, token, None, &init.to_string());
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        header(&head, "mcp-session-id")
+    }
+
+    /// POSTs `body` and returns the answer's head and body.
     fn post(&mut self, path: &str, token: &str, session: Option<&str>, body: &str) -> (String, String) {
-        use std::io::{BufRead, Read, Write};
+        let request = self.request(path, token, session, body);
+        self.send(request.as_bytes());
+        self.answer()
+    }
+
+    /// The bytes of a POST of `body`.
+    fn request(&self, path: &str, token: &str, session: Option<&str>, body: &str) -> String {
         let session = session.map(|s| format!("mcp-session-id: {s}\r\n")).unwrap_or_default();
-        let request = format!(
+        format!(
             "POST {path} HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {token}\r\n\
              content-type: application/json\r\naccept: application/json, text/event-stream\r\n{session}\
              content-length: {}\r\n\r\n{body}",
             body.len(),
             host = self.host
-        );
-        self.stream.get_mut().write_all(request.as_bytes()).expect("write");
+        )
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.stream.get_mut().write_all(bytes).expect("write");
+    }
+
+    /// The next answer's head and body (with a `content-length`, or chunked).
+    fn answer(&mut self) -> (String, String) {
+        use std::io::{BufRead, Read};
         let mut head = String::new();
         loop {
             let mut line = String::new();
@@ -1071,19 +1120,14 @@ impl RawHttp {
             }
             head.push_str(&line);
         }
-        let header = |name: &str| {
-            head.lines().find_map(|line| {
-                let (key, value) = line.split_once(':')?;
-                key.eq_ignore_ascii_case(name).then(|| value.trim().to_ascii_lowercase())
-            })
-        };
         let mut answer = Vec::new();
-        if let Some(length) = header("content-length") {
+        if let Some(length) = header(&head, "content-length") {
             answer.resize(length.parse::<usize>().expect("a length"), 0);
             self.stream.read_exact(&mut answer).expect("body");
         } else {
             // A slow answer comes as an event stream, chunked.
-            assert_eq!(header("transfer-encoding").as_deref(), Some("chunked"), "{head}");
+            let chunked = header(&head, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+            assert!(chunked, "neither a length nor chunks: {head}");
             loop {
                 let mut size = String::new();
                 self.stream.read_line(&mut size).expect("chunk size");
@@ -1098,4 +1142,18 @@ impl RawHttp {
         }
         (head, String::from_utf8(answer).expect("utf-8"))
     }
+}
+
+/// How many times this runtime's workers have parked so far (each park follows a wake-up).
+fn parks_counter() -> impl Fn() -> u64 + Send + 'static {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    move || (0..metrics.num_workers()).map(|worker| metrics.worker_park_count(worker)).sum::<u64>()
+}
+
+/// The value of header `name` in an answer's head.
+fn header(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim().eq_ignore_ascii_case(name).then(|| value.trim().to_owned())
+    })
 }
