@@ -124,7 +124,7 @@ pub async fn stored(
     };
     let store = Store::connect(&config.data_dir, &config.database).await?;
     let catalogs = store.load_catalogs().await?;
-    store.close().await;
+    let _ = store.close().await;
     let index = SearchIndex::new()?;
     let mut scope = Vec::new();
     let mut descriptions = HashMap::new();

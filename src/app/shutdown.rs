@@ -67,8 +67,14 @@ impl Satellite {
                 clean = false;
             }
         }
-        info!("shutdown 5/5: closing the database");
-        self.store.close().await;
+        info!(deadline_s = crate::store::CLOSE_DEADLINE.as_secs(), "shutdown 5/5: closing the database");
+        if !self.store.close().await {
+            warn!(
+                deadline_s = crate::store::CLOSE_DEADLINE.as_secs(),
+                "shutdown: closing the database missed its deadline"
+            );
+            clean = false;
+        }
         info!(clean, took_ms = began.elapsed().as_millis() as u64, "shutdown complete");
         clean
     }

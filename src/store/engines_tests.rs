@@ -385,8 +385,8 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
     assert_eq!(store.event_count().await?, 1);
     // Dropping the connection spawned its return; let that task run up to its ping before closing.
     tokio::task::yield_now().await;
-    store.close().await;
-    assert_eq!(store.pool.size(), 0, "every connection closed");
+    assert!(store.close().await, "every connection closed");
+    assert_eq!(store.pool.size(), 0);
     for leftover in ["satellite.db-wal", "satellite.db-shm"] {
         assert!(!dir.path().join(leftover).exists(), "{leftover} is left: the last connection is not closed");
     }
@@ -410,9 +410,10 @@ async fn closing_the_store_gives_up_on_a_connection_that_is_never_returned() -> 
     for _ in 0..4 {
         held.push(store.pool().acquire().await?);
     }
-    tokio::time::timeout(Duration::from_secs(30), store.close_within(Duration::from_millis(100)))
+    let closed = tokio::time::timeout(Duration::from_secs(30), store.close_within(Duration::from_millis(100)))
         .await
         .map_err(|_| "the close waited for connections that are never returned")?;
+    assert!(!closed, "the close says what it left open");
     assert_eq!(store.pool.size(), 4, "the held connections are the ones left");
     drop(held);
     Ok(())

@@ -31,7 +31,7 @@ pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
 pub use status::StatusRecord;
 
 /// How long `Store::close` waits for connections still in use, and how often it looks.
-const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
+pub const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
 const CLOSE_POLL: Duration = Duration::from_millis(2);
 
 /// Status rows kept per instance.
@@ -143,28 +143,29 @@ impl Store {
 
     /// Close every connection: after this SQLite's WAL is checkpointed into `satellite.db` and its `-wal`/`-shm`
     /// files are gone, so the data directory can be copied or backed up as it is. A connection a stuck task still
-    /// holds is given up on after `CLOSE_DEADLINE` (a warning), so a stop cannot hang here.
+    /// holds is given up on after `CLOSE_DEADLINE` (a warning), so a stop cannot hang here. Returns whether every
+    /// connection was closed.
     ///
     /// sqlx 0.8's `Pool::close` can return while a connection is still on its way back to the pool (its release
     /// ping in flight; shutdown's last query leaves one so): closing an idle connection hands back a permit that
     /// connection no longer held, so the wait for "all permits back" ends early, and the returning connection then
     /// goes idle in the closed pool and stays open until the last handle drops. So the close is repeated, a few
     /// milliseconds apart, until no connection is left.
-    pub async fn close(&self) {
-        self.close_within(CLOSE_DEADLINE).await;
+    pub async fn close(&self) -> bool {
+        self.close_within(CLOSE_DEADLINE).await
     }
 
-    async fn close_within(&self, deadline: Duration) {
+    async fn close_within(&self, deadline: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + deadline;
         loop {
             let closed = tokio::time::timeout_at(deadline, self.pool.close()).await.is_ok();
             let open = self.pool.size();
             if open == 0 {
-                return;
+                return true;
             }
             if !closed || tokio::time::Instant::now() >= deadline {
                 warn!(open, "database: connections still in use when closing, left open");
-                return;
+                return false;
             }
             tokio::time::sleep(CLOSE_POLL).await;
         }
