@@ -18,6 +18,9 @@ const READER: &str = "reader-token-0123456789";
 const CAROL: &str = "carol-token-0123456789";
 const RUNNER: &str = "runner-token-0123456789";
 
+/// Alice's instance token (`instance_token("alice")`).
+static ALICE_INSTANCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| instance_token("alice"));
+
 fn instance_token(user: &str) -> String {
     format!("ds_inst_{}", sha256_hex(user))
 }
@@ -999,28 +1002,22 @@ async fn a_silent_connection_does_not_hold_the_drain() {
 async fn requests_made_one_at_a_time_do_not_wake_the_other_worker() {
     const CALLS: u64 = 200;
     let sat = started().await;
-    let addr = sat.base_url().trim_start_matches("http://").to_owned();
-    let token = instance_token("alice");
-    let parks = parks_counter();
-    let client = std::thread::spawn(move || {
-        let mut conn = RawHttp::connect(&addr);
-        let session = conn.initialize("/i/alice-demo/mcp", &token);
-        let session = session.as_deref();
+    let parked = as_alice_on_a_thread(&sat, move |conn, session, parks| {
         let call = |i: u64| {
             json!({"jsonrpc":"2.0","id":i + 2,"method":"tools/call",
                 "params":{"name":"echo","arguments":{"text":format!("call-{i}")}}})
             .to_string()
         };
-        let (_, warm) = conn.post("/i/alice-demo/mcp", &token, session, &call(CALLS));
+        let (_, warm) = conn.post("/i/alice-demo/mcp", &ALICE_INSTANCE, session, &call(CALLS));
         assert!(warm.contains(&format!("call-{CALLS}")), "{warm}");
         let before = parks();
         for i in 0..CALLS {
-            let (head, body) = conn.post("/i/alice-demo/mcp", &token, session, &call(i));
+            let (head, body) = conn.post("/i/alice-demo/mcp", &ALICE_INSTANCE, session, &call(i));
             assert!(head.starts_with("HTTP/1.1 200") && body.contains(&format!("\"call-{i}\"")), "{head}{body}");
         }
         parks() - before
-    });
-    let parked = tokio::task::spawn_blocking(move || client.join().expect("the client thread")).await.expect("joined");
+    })
+    .await;
     // Per request a worker parks twice: waiting for the server's answer, then for the next request. The other
     // worker woken and parked again on every request made it three.
     assert!(parked < CALLS * 5 / 2, "{parked} parks for {CALLS} requests made one at a time");
@@ -1033,15 +1030,10 @@ async fn requests_made_one_at_a_time_do_not_wake_the_other_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_comes_after_its_head_is_still_answered() {
     let sat = started().await;
-    let addr = sat.base_url().trim_start_matches("http://").to_owned();
-    let token = instance_token("alice");
-    let parks = parks_counter();
-    let client = std::thread::spawn(move || {
-        let mut conn = RawHttp::connect(&addr);
-        let session = conn.initialize("/i/alice-demo/mcp", &token);
+    let (head, body) = as_alice_on_a_thread(&sat, |conn, session, parks| {
         let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
             "params":{"name":"echo","arguments":{"text":"late body"}}});
-        let request = conn.request("/i/alice-demo/mcp", &token, session.as_deref(), &call.to_string());
+        let request = conn.request("/i/alice-demo/mcp", &ALICE_INSTANCE, session, &call.to_string());
         let cut = request.find("\r\n\r\n").expect("a head") + 4 + 10;
         let before = parks();
         conn.send(&request.as_bytes()[..cut]);
@@ -1053,11 +1045,26 @@ async fn a_body_that_comes_after_its_head_is_still_answered() {
         }
         conn.send(&request.as_bytes()[cut..]);
         conn.answer()
-    });
-    let (head, body) =
-        tokio::task::spawn_blocking(move || client.join().expect("the client thread")).await.expect("joined");
+    })
+    .await;
     assert!(head.starts_with("HTTP/1.1 200") && body.contains("late body"), "{head}{body}");
     assert!(sat.satellite.shutdown().await);
+}
+
+/// Runs `client` on a thread of its own with a raw connection to Alice's demo instance, initialized (its session,
+/// if any), and a counter of the satellite runtime's parks; what `client` returns.
+async fn as_alice_on_a_thread<T: Send + 'static>(
+    sat: &TestSatellite,
+    client: impl FnOnce(&mut RawHttp, Option<&str>, &dyn Fn() -> u64) -> T + Send + 'static,
+) -> T {
+    let addr = sat.base_url().trim_start_matches("http://").to_owned();
+    let parks = parks_counter();
+    let thread = std::thread::spawn(move || {
+        let mut conn = RawHttp::connect(&addr);
+        let session = conn.initialize("/i/alice-demo/mcp", &ALICE_INSTANCE);
+        client(&mut conn, session.as_deref(), &parks)
+    });
+    tokio::task::spawn_blocking(move || thread.join().expect("the client thread")).await.expect("joined")
 }
 
 /// HTTP/1.1 over a blocking socket, one request at a time: only what the tests above need, so that no async client
