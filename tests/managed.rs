@@ -894,3 +894,50 @@ async fn instance_token_callers_are_reported_with_their_requests_and_tool_calls(
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+/// One event bigger than the backend takes (its 1 MiB body limit answers 413) must not stop the events after it:
+/// the satellite holds that event (kept in the outbox with the reason, never sent) and sends the rest.
+#[tokio::test]
+async fn an_event_too_large_for_the_backend_is_held_and_later_events_still_arrive() {
+    const TOKEN: &str = "ds_inst_b16b10b0123456789abcdef0123456789abcdef0123456789abcdef0123456";
+    let backend = FakeBackend::start().await;
+    let mut config = config();
+    let alice = config.mcp_servers.get_mut(ALICE).expect("alice's entry");
+    alice["instance_path"] = json!("alice-plain");
+    alice["instance_token_hash"] = json!(satellite::config::sha256_hex(TOKEN));
+    backend.set_config(&config);
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let alice = Caller::connect(&sat, &format!("/i/alice-plain/mcp?token={TOKEN}"), None).await;
+    // Request logging is on by default: the call's arguments go into an `mcp.request.logs` event.
+    let blob = "x".repeat(crate::common::fake_backend::BODY_LIMIT + 64 * 1024);
+    let called = alice.tool("ok", json!({"blob": blob})).await;
+    assert!(called["result"].is_object(), "{called}");
+    let held = wait_until(DEADLINE, "the oversized request log held in the outbox", || async {
+        let events = sat.satellite.store().events(None, 0, 1_000).await.unwrap();
+        events.into_iter().find(|e| e.held.as_deref().is_some_and(|why| why.contains("too large")))
+    })
+    .await;
+    assert_eq!(held.event_type, "mcp.request.logs");
+    assert!(backend.calls(Endpoint::Events).iter().any(|c| c.status == 413), "the backend did refuse it");
+
+    let called = alice.tool("ok", json!({"marker": "after-the-big-one"})).await;
+    assert!(called["result"].is_object(), "{called}");
+    wait_until(DEADLINE, "the next call's request log delivered", || async {
+        backend
+            .events()
+            .iter()
+            .any(|e| {
+                e.kind.as_str() == "mcp.request.logs"
+                    && Value::Object(e.data.clone()).to_string().contains("after-the-big-one")
+            })
+            .then_some(())
+    })
+    .await;
+    assert!(
+        !backend.events().iter().any(|e| Value::Object(e.data.clone()).to_string().contains(&blob[..4096])),
+        "never half-sent"
+    );
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

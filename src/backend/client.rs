@@ -65,6 +65,8 @@ pub enum Refusal {
     RateLimited,
     /// 5xx: the backend failed; the request may succeed later.
     Server,
+    /// 413: the body is more than the backend takes; the same request never succeeds.
+    TooLarge,
     Other,
 }
 
@@ -80,6 +82,7 @@ impl Refusal {
             403 => Refusal::Forbidden,
             404 => Refusal::NotFound,
             429 => Refusal::RateLimited,
+            413 => Refusal::TooLarge,
             _ if text.contains("validation") => Refusal::Invalid,
             _ if text.contains("unauthorized") => Refusal::Unauthorized,
             _ if text.contains("rate limit") => Refusal::RateLimited,

@@ -29,6 +29,10 @@ use crate::store::{Store, StoreError, StoredEvent};
 
 /// The backend refuses bigger batches (BP §8.1).
 pub const MAX_BATCH: usize = 100;
+/// Most bytes of envelopes in one batch (BP §8.3 is silent on size; the reference backend's HTTP server refuses
+/// bodies over 1 MiB with 413). A batch stops before the event that would pass this; an event bigger than it by
+/// itself is still tried alone, and held if the backend refuses it as too large (docs/decisions.md).
+pub const MAX_BATCH_BYTES: usize = 512 * 1024;
 const BACKOFF_FIRST: Duration = Duration::from_secs(3);
 const BACKOFF_MAX: Duration = Duration::from_secs(48);
 /// How long a claimed batch is this replica's alone: well above the backend client's 10 s request timeout, so
@@ -48,6 +52,9 @@ pub enum BatchOutcome {
     RateLimited,
     /// 5xx, timeout, network: keep and retry next tick.
     Failed(String),
+    /// 413: the body was too large for the backend. Fewer events are sent next; one event alone that is
+    /// refused so is held (kept, never sent), or it would block every later event for good.
+    TooLarge(String),
 }
 
 /// POST one batch of envelopes to the backend.
@@ -72,6 +79,8 @@ pub struct Uploader {
     started: bool,
     send: SendBatch,
     batch: usize,
+    /// Events per batch now: `batch`, halved after each 413 and doubled back after each accepted batch.
+    cap: usize,
     /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
     quota: i64,
     backoff: Option<Duration>,
@@ -92,6 +101,18 @@ pub enum Tick {
     Dropped(usize),
     /// Every event of the batch was held (none sendable); the next tick reads on.
     Held(usize),
+    /// The backend refused a batch of `from` events as too large: the next tick sends at most `to`.
+    Shrunk {
+        from: usize,
+        to: usize,
+    },
+}
+
+impl Tick {
+    /// Whether the outbox may have more to send right away (the uploader reads on without waiting a tick).
+    pub fn reads_on(&self) -> bool {
+        matches!(self, Tick::Sent(_) | Tick::Dropped(_) | Tick::Held(_) | Tick::Shrunk { .. })
+    }
 }
 
 impl Uploader {
@@ -103,6 +124,7 @@ impl Uploader {
             started: false,
             send,
             batch: batch.clamp(1, MAX_BATCH),
+            cap: batch.clamp(1, MAX_BATCH),
             quota,
             backoff: None,
             stats: UploadStats::default(),
@@ -147,13 +169,23 @@ impl Uploader {
             self.started = true;
         }
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
-        let batch = self.store.claim_events(&self.owner, self.batch as i64, lease_ms, None).await?;
+        let batch = self.store.claim_events(&self.owner, self.cap as i64, lease_ms, None).await?;
         let Some(first) = batch.first().map(|e| e.seq) else { return Ok(Tick::Idle) };
-        let seqs: Vec<i64> = batch.iter().map(|e| e.seq).collect();
         let mut envelopes = Vec::with_capacity(batch.len());
+        let mut seqs = Vec::with_capacity(batch.len());
+        let mut bytes = 0;
         for event in &batch {
             match envelope(event) {
-                Ok(envelope) => envelopes.push(envelope),
+                Ok(envelope) => {
+                    // Events left out stay claimed by this replica; the next tick claims them again first.
+                    let size = json_len(&envelope);
+                    if !envelopes.is_empty() && bytes + size > MAX_BATCH_BYTES {
+                        break;
+                    }
+                    bytes += size;
+                    envelopes.push(envelope);
+                    seqs.push(event.seq);
+                }
                 Err(reason) => {
                     error!(seq = event.seq, event_type = %event.event_type, reason = %reason,
                            "stored event makes no envelope; held in the outbox, not sent");
@@ -174,6 +206,7 @@ impl Uploader {
                 self.store.delete_claimed(&self.owner, &seqs).await?;
                 self.stats.sent += n as u64;
                 self.backoff = None;
+                self.cap = (self.cap * 2).min(self.batch);
                 Ok(Tick::Sent(n))
             }
             BatchOutcome::Invalid(reason) => {
@@ -181,6 +214,21 @@ impl Uploader {
                 self.store.delete_claimed(&self.owner, &seqs).await?;
                 self.stats.dropped_invalid += n as u64;
                 Ok(Tick::Dropped(n))
+            }
+            BatchOutcome::TooLarge(reason) if n > 1 => {
+                self.cap = n / 2;
+                self.stats.failed_batches += 1;
+                warn!(events = n, bytes, next = self.cap, reason = %reason,
+                      "backend refused a batch of events as too large; sending fewer at a time");
+                Ok(Tick::Shrunk { from: n, to: self.cap })
+            }
+            BatchOutcome::TooLarge(reason) => {
+                let held = format!("the backend refuses this event as too large ({bytes} bytes): {reason}");
+                error!(seq = first, bytes, reason = %reason,
+                       "backend refused one event as too large; held in the outbox, not sent");
+                self.store.hold_event(first, &held).await?;
+                self.stats.held += 1;
+                Ok(Tick::Held(1))
             }
             BatchOutcome::RateLimited => {
                 let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
@@ -211,7 +259,7 @@ impl Uploader {
         while tokio::time::Instant::now() < until {
             let tick = tokio::time::timeout_at(until, self.tick()).await;
             match tick {
-                Ok(Ok(Tick::Sent(_) | Tick::Dropped(_) | Tick::Held(_))) => continue,
+                Ok(Ok(tick)) if tick.reads_on() => continue,
                 Ok(Ok(_)) => break,
                 Err(_) => {
                     cut = true;
@@ -256,6 +304,24 @@ impl Uploader {
         }
         Ok(())
     }
+}
+
+/// The bytes `value` takes as JSON, counted without writing them anywhere.
+fn json_len(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter fails only if the value cannot be serialised; then it counts as what was written.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// The BP §8.1 envelope of a stored event, or why it makes none.
@@ -425,5 +491,70 @@ mod tests {
         let (send, _) = scripted(vec![BatchOutcome::Failed("x".into()); 100]);
         let mut up = Uploader::new(store, send, 100, 10_000);
         assert_eq!(up.flush(Duration::from_secs(5)).await.unwrap(), 7);
+    }
+
+    fn too_large() -> BatchOutcome {
+        BatchOutcome::TooLarge("backend answered 413 Payload Too Large".into())
+    }
+
+    /// A 413 would come back for the same batch for ever, and every later event would wait behind it: the
+    /// batch is sent in halves, and an event the backend refuses even alone is held, so the rest still go.
+    #[tokio::test]
+    async fn a_batch_refused_as_too_large_is_sent_in_halves_and_an_event_too_large_alone_is_held() {
+        let (_dir, store) = store_with(8).await;
+        let (send, received) = scripted(vec![too_large()]);
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        assert_eq!(up.tick().await.unwrap(), Tick::Shrunk { from: 8, to: 4 });
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(4));
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(4), "an accepted batch lets the next one grow back");
+        assert_eq!(up.tick().await.unwrap(), Tick::Idle);
+        assert_eq!(numbers(&received.lock()), [(0..8).collect::<Vec<_>>(), (0..8).collect()].concat());
+        assert_eq!(store.event_count().await.unwrap(), 0);
+
+        let (_dir, store) = store_with(3).await;
+        let (send, received) = scripted(vec![too_large(), too_large()]);
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        assert_eq!(up.tick().await.unwrap(), Tick::Shrunk { from: 3, to: 1 });
+        assert_eq!(up.tick().await.unwrap(), Tick::Held(1), "one event refused alone is held");
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(1));
+        assert_eq!(up.tick().await.unwrap(), Tick::Sent(1));
+        assert_eq!(up.tick().await.unwrap(), Tick::Idle);
+        assert_eq!(numbers(&received.lock()), [0, 1, 2, 0, 1, 2]);
+        assert_eq!(up.stats().held, 1);
+        let kept = store.events(None, 0, 10).await.unwrap();
+        assert_eq!(kept.len(), 1, "the held event is kept, not dropped");
+        assert_eq!(kept[0].data["n"], 0);
+        assert!(kept[0].held.as_deref().is_some_and(|why| why.contains("too large")), "{:?}", kept[0].held);
+    }
+
+    /// No batch passes MAX_BATCH_BYTES of envelopes (so no 413 is needed to find the backend's limit), yet an
+    /// event bigger than that by itself is still sent, alone.
+    #[tokio::test]
+    async fn a_batch_stops_before_the_event_that_would_pass_its_byte_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let sizes = [200 * 1024, 200 * 1024, 200 * 1024, 2 * MAX_BATCH_BYTES, 10, 10];
+        let texts: Vec<String> =
+            sizes.iter().enumerate().map(|(i, size)| json!({"n": i, "pad": "x".repeat(*size)}).to_string()).collect();
+        let rows: Vec<NewEvent<'_>> =
+            texts.iter().map(|text| NewEvent { data: text.as_str().into(), ..row(0, "p0") }).collect();
+        store.append_events(&rows).await.unwrap();
+        let (send, received) = scripted(vec![]);
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        let mut ticks = Vec::new();
+        loop {
+            match up.tick().await.unwrap() {
+                Tick::Idle => break,
+                tick => ticks.push(tick),
+            }
+        }
+        assert_eq!(ticks, [Tick::Sent(2), Tick::Sent(1), Tick::Sent(1), Tick::Sent(2)]);
+        let batches = received.lock().clone();
+        for batch in &batches {
+            let bytes: usize = batch.iter().map(|e| e.to_string().len()).sum();
+            assert!(batch.len() == 1 || bytes <= MAX_BATCH_BYTES, "{} events in {bytes} bytes", batch.len());
+        }
+        assert_eq!(numbers(&batches), (0..6).collect::<Vec<_>>(), "in order, each once");
+        assert_eq!(store.event_count().await.unwrap(), 0);
     }
 }

@@ -549,6 +549,9 @@ impl Answer {
     }
 }
 
+/// Fastify's default `bodyLimit` (1 MiB), which the real backend keeps.
+pub const BODY_LIMIT: usize = 1024 * 1024;
+
 async fn handle(
     shared: Arc<Shared>,
     method: Method,
@@ -580,6 +583,12 @@ async fn handle(
 
     let fault = shared.state.lock().faults.get_mut(&endpoint).and_then(VecDeque::pop_front);
     let answer = match fault {
+        // The real backend is a Fastify server with its default body limit: a bigger body is refused, unread.
+        _ if body.len() > BODY_LIMIT => Answer::json(
+            413,
+            json!({"statusCode": 413, "code": "FST_ERR_CTP_BODY_TOO_LARGE", "error": "Payload Too Large",
+                   "message": "Request body is too large"}),
+        ),
         Some(Fault::Status(status)) => Answer::error(status, &format!("scripted failure {status}")),
         Some(Fault::Garbage) => Answer { status: 200, body: Body::Raw("<html>502 Bad Gateway</html>".into()) },
         Some(Fault::Truncated) => {

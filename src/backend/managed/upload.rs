@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use crate::backend::client::{BackendClient, BackendError, Refusal};
 use crate::backend::monitor::Channel;
-use crate::backend::uploader::{BatchOutcome, SendBatch, Tick, Uploader};
+use crate::backend::uploader::{BatchOutcome, SendBatch, Uploader};
 use crate::backend::wire::{self, EventEnvelope, EventsRequest};
 
 use super::{Managed, ManagedDeps};
@@ -55,6 +55,7 @@ fn batch_outcome(err: BackendError) -> BatchOutcome {
         BackendError::Status { refusal: Refusal::Invalid, .. } => BatchOutcome::Invalid(err.to_string()),
         BackendError::Status { refusal: Refusal::Unauthorized, .. } => BatchOutcome::Unauthorized,
         BackendError::Status { refusal: Refusal::RateLimited, .. } => BatchOutcome::RateLimited,
+        BackendError::Status { refusal: Refusal::TooLarge, .. } => BatchOutcome::TooLarge(err.to_string()),
         BackendError::Status { .. }
         | BackendError::Network { .. }
         | BackendError::Decode { .. }
@@ -73,7 +74,7 @@ pub async fn upload_loop(mut uploader: Uploader, tick: Duration, flush_deadline:
         // Drain what is there now, one batch in flight at a time.
         loop {
             match uploader.tick().await {
-                Ok(Tick::Sent(_)) | Ok(Tick::Dropped(_)) if !cancel.is_cancelled() => continue,
+                Ok(tick) if tick.reads_on() && !cancel.is_cancelled() => continue,
                 Ok(_) => break,
                 Err(err) => {
                     warn!(error = %err, "reading the event outbox failed");
@@ -112,6 +113,7 @@ mod tests {
         assert_eq!(batch_outcome(refused(503, "Unauthorized")), BatchOutcome::Unauthorized);
         assert_eq!(batch_outcome(refused(429, "slow down")), BatchOutcome::RateLimited);
         assert_eq!(batch_outcome(refused(500, "Rate limit exceeded")), BatchOutcome::RateLimited);
+        assert!(matches!(batch_outcome(refused(413, "Payload Too Large")), BatchOutcome::TooLarge(_)));
         assert!(matches!(batch_outcome(refused(500, "database down")), BatchOutcome::Failed(_)));
         let network =
             BackendError::Network { endpoint: "events", reason: "validation of the TLS certificate failed".into() };
