@@ -84,6 +84,31 @@ instance_token_sha256 = "{instance_hash}"
 id = "i-remote"
 team = "acme"
 server = "remote"
+
+# Failures whose error text would carry a secret into a status message, an event and a log line: a remote server
+# nothing answers at (reqwest's error names the URL, query included), and one that refuses the handshake with
+# an error echoing its key.
+[[servers]]
+slug = "gone"
+transport = "http"
+url = "http://127.0.0.1:9/mcp?api_key={QUERY_SECRET}"
+
+[[servers]]
+slug = "refusing"
+transport = "stdio"
+command = "python3"
+args = [{script}, "leaky-refuses", "--api-key", "{ARG_SECRET}"]
+env = {{ API_KEY = "{ENV_SECRET}" }}
+
+[[installations]]
+id = "i-gone"
+team = "acme"
+server = "gone"
+
+[[installations]]
+id = "i-refusing"
+team = "acme"
+server = "refusing"
 "#,
         user_hash = sha256_hex(USER_TOKEN),
         instance_hash = sha256_hex(INSTANCE_TOKEN),
@@ -176,6 +201,24 @@ async fn no_planted_secret_reaches_a_log_line_a_stored_byte_or_an_answer_about_t
         async move {
             let debug: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
             (debug["server_status"]["stats"]["online"] == 2).then_some(())
+        }
+    })
+    .await;
+
+    wait_until(DEADLINE, "the unreachable and the refusing server failed with a message", || {
+        let url = debug_url.clone();
+        async move {
+            let debug: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+            let failed = |slug: &str| {
+                debug["servers_by_team"]["acme"].as_object().into_iter().flat_map(|t| t.values()).any(|list| {
+                    list.as_array().into_iter().flatten().any(|s| {
+                        s["server_slug"] == slug
+                            && s["instance_status"] != "online"
+                            && s["message"].as_str().is_some_and(|m| !m.is_empty())
+                    })
+                })
+            };
+            (failed("gone") && failed("refusing")).then_some(())
         }
     })
     .await;

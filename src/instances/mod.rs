@@ -317,7 +317,8 @@ impl InstanceManager {
     pub async fn notify(&self, instance: &Arc<Instance>, method: &str, params: Option<Value>) {
         if let Some(client) = instance.client() {
             if let Err(err) = client.notify(method, params).await {
-                warn!(process_id = %instance.spec().process_id, method, error = %err, "forwarding a notification failed");
+                let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
+                warn!(process_id = %instance.spec().process_id, method, error = %error, "forwarding a notification failed");
             }
         }
     }

@@ -94,7 +94,8 @@ impl Inner {
             {
                 let spec = instance.spec();
                 let (status, message) = self.oauth_aware(spec, err, status_for(&spec.upstream, &Failure::Call(err)));
-                warn!(process_id = %instance.spec().process_id, error = %err, status = %status, "call failed, marking instance");
+                let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
+                warn!(process_id = %instance.spec().process_id, error = %error, status = %status, "call failed, marking instance");
                 self.set_status(instance, status, Some(message)).await;
                 self.maybe_probe(instance);
             }

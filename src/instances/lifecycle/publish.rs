@@ -241,6 +241,9 @@ impl Inner {
     ) {
         let spec = instance.spec();
         let was_visible = instance.state().tools_visible();
+        // A message is often an upstream's own error text, which may echo a key the config holds secret; it is
+        // kept, shown on the debug route and sent in `mcp.server.status_changed` (SB §22).
+        let message = message.map(|text| crate::secrets::hide(&text, instance.secret_values()));
         let entry = match instance.set_status(status, message) {
             Ok(entry) => {
                 self.bump_visibility();

@@ -131,11 +131,12 @@ impl Inner {
             Ok(connected) => connected,
             Err(err) => {
                 if let (true, Some((exit_code, signal))) = (stdio, policy::handshake_crash(&err)) {
+                    let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
                     let detail = match &err {
                         UpstreamError::Spawn { .. } => status_for(&spec.upstream, &Failure::Connect(&err)).1,
-                        _ => err.to_string(),
+                        _ => error.clone(),
                     };
-                    warn!(process_id = %spec.process_id, error = %err, "mcp server process failed to start or died during the handshake; retrying under the restart policy");
+                    warn!(process_id = %spec.process_id, error = %error, "mcp server process failed to start or died during the handshake; retrying under the restart policy");
                     let report = CrashReport {
                         pid: None,
                         exit_code,

@@ -73,10 +73,26 @@ pub(crate) fn classify_reqwest(err: &reqwest::Error) -> UpstreamError {
     let dropped = ["connection reset", "connection closed", "connection aborted", "broken pipe", "incomplete message"]
         .iter()
         .any(|p| lower.contains(p));
+    let shown = without_secrets_of_url(err);
     if err.is_connect() || dropped {
-        return UpstreamError::Connect(format!("{err}: {cause}"));
+        return UpstreamError::Connect(format!("{shown}: {cause}"));
     }
-    UpstreamError::Io(format!("{err}: {cause}"))
+    UpstreamError::Io(format!("{shown}: {cause}"))
+}
+
+/// reqwest's text of `err`, whose "for url (…)" would show the URL whole: its query (where a remote server's key
+/// may be, `?api_key=…`) and its user info are left out. The error text becomes a status message, an event and a
+/// log line (SB §22).
+fn without_secrets_of_url(err: &reqwest::Error) -> String {
+    let text = err.to_string();
+    let Some(url) = err.url() else { return text };
+    let mut shown = url.clone();
+    shown.set_query(None);
+    shown.set_fragment(None);
+    // Only fails for URLs that cannot have user info (no host); those have none to hide.
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    text.replace(url.as_str(), shown.as_str())
 }
 
 fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
@@ -91,6 +107,20 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A remote server's key in its URL's query must not reach the status message, events and logs an
+    /// unreachable server's error becomes.
+    #[tokio::test]
+    async fn an_unreachable_servers_error_does_not_show_its_urls_query_or_user_info() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("http://user:hunter2-password@127.0.0.1:{port}/mcp?workspace=w1&api_key=SECRET-0123456789");
+        let err = reqwest::Client::new().post(&url).send().await.expect_err("nothing listens there");
+        assert!(err.to_string().contains("SECRET-0123456789"), "reqwest shows the URL whole: {err}");
+        let classified = classify_reqwest(&err).to_string();
+        assert!(matches!(classify_reqwest(&err), UpstreamError::Connect(_)), "{classified}");
+        assert!(!classified.contains("SECRET") && !classified.contains("hunter2"), "{classified}");
+        assert!(classified.contains(&format!("127.0.0.1:{port}/mcp")), "the server is still named: {classified}");
+    }
 
     #[test]
     fn json_replies_may_be_one_document_or_a_stream_of_them() {
