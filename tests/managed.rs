@@ -941,3 +941,57 @@ async fn an_event_too_large_for_the_backend_is_held_and_later_events_still_arriv
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The backend failing for a moment on the token endpoints (5xx, 429, a timeout) says nothing about the user's
+/// token: the instance is retried like an unreachable server and comes online, and nobody is asked to
+/// re-authorise (SB §11.3). Only "no token" means re-authorise.
+#[tokio::test]
+async fn a_backend_failing_for_a_moment_on_the_token_endpoints_does_not_ask_for_reauthorisation() {
+    use satellite::backend::wire::{Credential, OAuthToken, OAuthTokenRequest, OAuthTokenStatus};
+    let http = HttpServer::demo(&[]).await;
+    let backend = FakeBackend::start().await;
+    let entry = McpServerEntry {
+        installation_id: "oauth1".into(),
+        team_id: "acme".into(),
+        team_slug: "acme".into(),
+        server_name: "Demo".into(),
+        server_slug: Some("demo".into()),
+        installation_name: "Demo".into(),
+        transport_type: Some("http".into()),
+        url: Some(http.url("/mcp").to_string()),
+        enabled: Some(true),
+        requires_oauth: Some(true),
+        user_id: "alice".into(),
+        ..Default::default()
+    };
+    backend.set_config(&ConfigResponse::from_entries([("demo-acme-alice-oauth1", entry)]));
+    let key = OAuthTokenRequest { installation_id: "oauth1".into(), user_id: "alice".into(), team_id: "acme".into() };
+    let status = OAuthTokenStatus { exists: true, expired: Some(false), expires_at: None, can_refresh: Some(true) };
+    let token = OAuthToken {
+        access_token: Credential::new("ya29.alice"),
+        refresh_token: None,
+        token_type: Some("Bearer".into()),
+        expires_at: None,
+        scope: None,
+    };
+    backend.add_oauth_token(key, status, Some(token));
+    backend.fail_next(Endpoint::TokenStatus, 503, 1);
+    backend.fail_next(Endpoint::TokenRetrieve, 429, 1);
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, "demo-acme-alice-oauth1", InstanceStatus::Online).await;
+    // Every status it went through, as recorded (in the same transaction as the events that report them).
+    let process = satellite::model::ProcessId::from("demo-acme-alice-oauth1");
+    let history = sat.satellite.store().status_history(&process).await.unwrap();
+    let statuses: Vec<&str> = history.iter().map(|r| r.status.as_str()).collect();
+    assert!(statuses.contains(&"error"), "the failed connect was recorded: {statuses:?}");
+    assert!(!statuses.contains(&"requires_reauth"), "{statuses:?}");
+    let failed: Vec<u16> = [Endpoint::TokenStatus, Endpoint::TokenRetrieve]
+        .into_iter()
+        .flat_map(|endpoint| backend.calls(endpoint))
+        .map(|c| c.status)
+        .filter(|s| *s != 200)
+        .collect();
+    assert_eq!(failed, [503, 429], "both endpoints failed once and were asked again");
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

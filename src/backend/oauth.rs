@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::client::{BackendClient, BackendError};
 use super::wire::OAuthTokenRequest;
-use crate::instances::OAuthTokens;
+use crate::instances::{NoToken, OAuthTokens};
 use crate::model::{InstanceSpec, UserId};
 
 pub const CACHE_TTL: Duration = Duration::from_secs(5 * 60);
@@ -43,19 +43,19 @@ impl BackendOAuth {
         }
     }
 
-    async fn fetch(&self, spec: &InstanceSpec) -> Result<String, String> {
+    async fn fetch(&self, spec: &InstanceSpec) -> Result<String, NoToken> {
         let key = Self::key(spec);
         if key.installation_id.is_empty() || key.user_id.is_empty() || key.team_id.is_empty() {
-            return Err(format!("OAuth required but missing context for {}", spec.process_id));
+            return Err(NoToken::Required(format!("OAuth required but missing context for {}", spec.process_id)));
         }
         if let Some(hit) = self.cache.lock().get(&key).filter(|c| c.until > Instant::now()) {
             return Ok(hit.access_token.clone());
         }
         let required = || {
-            format!(
+            NoToken::Required(format!(
                 "OAuth authorization required for {}. Please visit the dashboard to authorize this MCP server.",
                 spec.server_name
-            )
+            ))
         };
         match self.client.token_status(&key).await {
             Ok(status) if !status.exists => return Err(required()),
@@ -64,12 +64,13 @@ impl BackendOAuth {
             }
             Ok(_) => {}
             Err(BackendError::Status { status: 404, .. }) => return Err(required()),
-            Err(err) => return Err(format!("OAuth token status unavailable: {err}")),
+            // Only "no token" (above) asks the user to act; the backend failing now is retried.
+            Err(err) => return Err(NoToken::Unavailable(format!("OAuth token status unavailable: {err}"))),
         }
         let token = match self.client.token_retrieve(&key).await {
             Ok(token) => token,
             Err(BackendError::Status { status: 404, .. }) => return Err(required()),
-            Err(err) => return Err(format!("OAuth token unavailable: {err}")),
+            Err(err) => return Err(NoToken::Unavailable(format!("OAuth token unavailable: {err}"))),
         };
         let mut until = Instant::now() + CACHE_TTL;
         if let Some(expires) = token.expires_at.as_deref().and_then(|t| DateTime::parse_from_rfc3339(t).ok()) {
@@ -91,7 +92,7 @@ impl BackendOAuth {
 }
 
 impl OAuthTokens for BackendOAuth {
-    fn bearer<'a>(&'a self, spec: &'a InstanceSpec) -> BoxFuture<'a, Result<String, String>> {
+    fn bearer<'a>(&'a self, spec: &'a InstanceSpec) -> BoxFuture<'a, Result<String, NoToken>> {
         Box::pin(self.fetch(spec))
     }
 

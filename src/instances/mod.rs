@@ -77,10 +77,20 @@ pub struct ManagerDeps {
 
 /// Where a remote instance's OAuth bearer token comes from (the backend, in managed mode).
 pub trait OAuthTokens: Send + Sync {
-    /// The access token for this instance's user, or why there is none (a message for the user).
-    fn bearer<'a>(&'a self, spec: &'a InstanceSpec) -> futures::future::BoxFuture<'a, Result<String, String>>;
+    /// The access token for this instance's user, or why there is none.
+    fn bearer<'a>(&'a self, spec: &'a InstanceSpec) -> futures::future::BoxFuture<'a, Result<String, NoToken>>;
     /// The server refused the token: forget it.
     fn invalidate(&self, spec: &InstanceSpec);
+}
+
+/// Why an instance has no OAuth token to connect with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoToken {
+    /// The user must authorise (again): the backend holds no token for them. A message for the user.
+    Required(String),
+    /// The backend could not be asked now (5xx, 429, a timeout): the token may well exist, so the instance is
+    /// retried like an unreachable server, not sent to re-authorisation (SB §11.3).
+    Unavailable(String),
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -108,14 +108,19 @@ impl Inner {
     }
 
     /// The configured headers, plus the user's OAuth bearer token when the server requires one (BP §11: it
-    /// overrides any configured `Authorization`). No token is `UpstreamError::OAuth`: `requires_reauth`.
+    /// overrides any configured `Authorization`). No token is `UpstreamError::OAuth`: `requires_reauth`; a backend
+    /// that cannot say now is an error the recovery probe retries.
     pub(in crate::instances) async fn remote_headers(
         &self,
         spec: &InstanceSpec,
         headers: &std::collections::BTreeMap<String, String>,
     ) -> Result<std::collections::BTreeMap<String, String>, UpstreamError> {
         let (true, Some(oauth)) = (spec.requires_oauth, self.deps.oauth.as_ref()) else { return Ok(headers.clone()) };
-        let token = oauth.bearer(spec).await.map_err(UpstreamError::OAuth)?;
+        let token = oauth.bearer(spec).await.map_err(|missing| match missing {
+            crate::instances::NoToken::Required(reason) => UpstreamError::OAuth(reason),
+            // An error, so the recovery probe tries again (`maybe_probe`); not `requires_reauth`.
+            crate::instances::NoToken::Unavailable(reason) => UpstreamError::Io(reason),
+        })?;
         Ok(with_bearer(headers, &token))
     }
 
