@@ -995,3 +995,19 @@ async fn a_backend_failing_for_a_moment_on_the_token_endpoints_does_not_ask_for_
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A first config fetch that fails (BP §1.9: the satellite starts with no servers) is asked again until it
+/// succeeds, without waiting for a command that only an installation change would bring.
+#[tokio::test]
+async fn a_first_config_fetch_that_fails_is_retried_until_the_servers_run() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    backend.fail_next(Endpoint::Config, 503, 2);
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let fetched: Vec<u16> = backend.calls(Endpoint::Config).into_iter().map(|c| c.status).collect();
+    assert_eq!(fetched[..3], [503, 503, 200], "asked again after each failure: {fetched:?}");
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

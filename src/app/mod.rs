@@ -414,8 +414,13 @@ impl Satellite {
                         match Managed::refresh_config(&deps).await {
                             Ok(result) => info!(%result, "initial backend configuration applied"),
                             Err(err) => {
-                                warn!(error = %err, "initial config fetch failed; starting with no servers");
-                                deps.manager.apply(crate::control::DesiredState::default()).await;
+                                warn!(error = %err, "initial config fetch failed; serving no servers until a retry succeeds");
+                                // Not an empty config applied: that would sweep every catalog the last run stored.
+                                deps.manager.ready_before_config();
+                                loops.spawn(
+                                    retry_first_config(deps.clone(), token.clone())
+                                        .instrument(tracing::info_span!("backend.config_retry")),
+                                );
                             }
                         }
                         runtime.spawn(&loops, token);
@@ -513,4 +518,29 @@ fn introspector(client: Arc<BackendClient>) -> Introspect {
             }
         })
     })
+}
+
+/// After a failed first config fetch (BP §1.9 starts with no servers then), ask again: 2 s, doubling to 60 s,
+/// until a config is applied, by this loop or by a `configure` command meanwhile.
+async fn retry_first_config(deps: managed::ManagedDeps, cancel: CancellationToken) {
+    let mut wait = Duration::from_secs(2);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        if deps.manager.has_applied() {
+            return;
+        }
+        match Managed::refresh_config(&deps).await {
+            Ok(result) => {
+                info!(%result, "backend configuration applied after a failed first fetch");
+                return;
+            }
+            Err(err) => {
+                wait = (wait * 2).min(Duration::from_secs(60));
+                warn!(error = %err, retry_in_s = wait.as_secs(), "config fetch failed again; still serving no servers");
+            }
+        }
+    }
 }

@@ -243,6 +243,18 @@ impl InstanceManager {
         self.inner.ready_tx.subscribe()
     }
 
+    /// Ready with no desired state applied yet: a managed satellite whose first config fetch failed serves (with
+    /// no servers) while it asks again. Nothing stored by a previous run is swept as orphaned until a config
+    /// says what exists.
+    pub fn ready_before_config(&self) {
+        self.inner.ready_tx.send_replace(true);
+    }
+
+    /// Whether a desired state was applied (by the first config fetch, a retry of it, or a command).
+    pub fn has_applied(&self) -> bool {
+        self.inner.state.read().applied_once
+    }
+
     /// Changes whenever the instances some caller can see, their statuses or their catalogs may have
     /// changed; a view of [`InstanceManager::instances_for`] taken at one value is good until it moves.
     pub fn visibility_version(&self) -> u64 {
