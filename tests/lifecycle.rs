@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use satellite::instances::InstanceError;
-use satellite::model::{InstanceStatus, ProcessId};
+use satellite::model::{InstallationId, InstanceStatus, ProcessId};
 use satellite::store::StoredEvent;
 use serde_json::{json, Value};
 
@@ -347,6 +347,33 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
     assert_eq!(status.code(), Some(0), "a clean shutdown exits 0");
     assert!(!process_exists(demo_pid), "no child remains");
+}
+
+/// BP §6.3: nothing restarts a killed instance on its own. A probe already running for an unreachable server
+/// (it reconnects as soon as the server answers) stops at the kill instead of bringing the instance back.
+#[tokio::test]
+async fn a_kill_stops_the_probe_of_an_unreachable_remote_server() {
+    let (mut server, addr, extra) = HttpServer::remote_for_acme().await;
+    let sat = TestSatellite::start(&config(&extra)).await;
+    sat.wait_ready().await;
+    let id = "remote-acme-alice-i-remote";
+    wait_status(&sat, id, InstanceStatus::Online).await;
+    server.child.kill().await.expect("stop the remote server");
+    call(&sat, id, "echo", json!({"text": "down"})).await.expect_err("the server is gone");
+    wait_status(&sat, id, InstanceStatus::Offline).await;
+    let alice = instance(&sat, id);
+    wait_until(DEADLINE, "the probe running", || async { alice.recovering().then_some(()) }).await;
+
+    let user = satellite::model::UserId::from("alice");
+    let stopped = sat.satellite.manager().stop_installation(&InstallationId::from("i-remote"), Some(&user)).await;
+    assert_eq!(stopped.expect("stopped"), 1);
+    wait_until(DEADLINE, "the probe ended by the kill", || async { (!alice.recovering()).then_some(()) }).await;
+    let _server = HttpServer::demo_on(&addr, &["--without-tool", "slow"]).await;
+    let status = alice.status();
+    assert_eq!((status.status, status.message.as_deref()), (InstanceStatus::Offline, Some("Stopped by command")));
+    // A restart is what brings it back.
+    sat.satellite.manager().restart(&ProcessId::from(id)).await.expect("restart");
+    wait_status(&sat, id, InstanceStatus::Online).await;
 }
 
 #[tokio::test]

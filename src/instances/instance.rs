@@ -65,6 +65,8 @@ pub struct Instance {
     pub(super) max_calls: usize,
     /// Set while a recovery (probe or re-discovery) runs, so there is one at a time.
     pub(super) recovering: AtomicBool,
+    /// Stopped by a `kill` command: nothing brings it back on its own (BP §6.3) until it is started again.
+    halted: AtomicBool,
     /// Bumped by every start attempt (under the lifecycle lock): a crash of an older attempt is stale.
     pub(super) generation: AtomicU64,
     /// Tool switches the backend sent at run time (BP §6.1.1), shared by every instance.
@@ -123,6 +125,7 @@ impl Instance {
             calls: Semaphore::new(max_calls),
             max_calls,
             recovering: AtomicBool::new(false),
+            halted: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             overrides,
             lifecycle: tokio::sync::Mutex::new(()),
@@ -297,6 +300,20 @@ impl Instance {
 
     pub(super) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// Mark the instance stopped by a `kill` (true) or started again (false).
+    pub(super) fn set_halted(&self, halted: bool) {
+        self.halted.store(halted, Ordering::Release);
+    }
+
+    pub(super) fn is_halted(&self) -> bool {
+        self.halted.load(Ordering::Acquire)
+    }
+
+    /// Whether a recovery (the probe of an unreachable server, or a re-discovery) is running now.
+    pub fn recovering(&self) -> bool {
+        self.recovering.load(Ordering::Acquire)
     }
 
     pub(super) fn try_begin_recovery(&self) -> bool {

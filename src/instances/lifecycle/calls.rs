@@ -217,7 +217,7 @@ impl Inner {
     pub(in crate::instances) fn maybe_probe(self: &Arc<Self>, instance: &Arc<Instance>) {
         let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
         let probing = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
-        if !remote || !probing || !instance.try_begin_recovery() {
+        if !remote || !probing || instance.is_halted() || !instance.try_begin_recovery() {
             return;
         }
         let inner = self.clone();
@@ -233,7 +233,10 @@ impl Inner {
                         _ = tokio::time::sleep(policy::probe_wait(attempt)) => {}
                     }
                     attempt += 1;
-                    if !matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error) {
+                    // A `kill` meanwhile stops the probe: nothing restarts a killed instance (BP §6.3).
+                    if !matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error)
+                        || instance.is_halted()
+                    {
                         break;
                     }
                     let connected = tokio::select! {
@@ -242,7 +245,8 @@ impl Inner {
                     };
                     let Ok((client, slot)) = connected else { continue };
                     let _lifecycle = instance.lifecycle.lock().await;
-                    if instance.retired.is_cancelled() {
+                    if instance.retired.is_cancelled() || instance.is_halted() {
+                        client.close().await;
                         break;
                     }
                     info!(attempt, "server answers again, re-discovering tools");

@@ -71,6 +71,7 @@ impl Inner {
     pub(in crate::instances) async fn halt(&self, instance: &Arc<Instance>, reason: &str) {
         let _lifecycle = instance.lifecycle.lock().await;
         instance.next_generation();
+        instance.set_halted(true);
         instance.clear_dormant();
         if let Some(client) = instance.take_client() {
             client.close().await;
@@ -119,6 +120,7 @@ impl Inner {
         let spec = instance.spec();
         let stdio = matches!(spec.upstream, Upstream::Stdio { .. });
         let generation = instance.next_generation();
+        instance.set_halted(false);
         let connecting = if stdio { "Connecting to MCP server process" } else { "Connecting to MCP server" };
         self.set_status(instance, InstanceStatus::Connecting, Some(connecting.into())).await;
         let began = Instant::now();
