@@ -661,13 +661,9 @@ async fn two_teams_of_three_with_stdio_and_http_instances_then_modified_and_remo
     assert!(sat.satellite.shutdown().await);
 }
 
-#[tokio::test]
-async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_brings_them_back() {
-    use satellite::backend::wire::{Credential, OAuthToken, OAuthTokenRequest, OAuthTokenStatus};
-    let http = HttpServer::demo(&[]).await;
-    let backend = FakeBackend::start().await;
-    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
-    let entry = |user: &str| McpServerEntry {
+/// The `oauth1` installation of a remote server at `url` that needs each user's OAuth token, for `user`.
+fn oauth_entry(url: &str, user: &str) -> McpServerEntry {
+    McpServerEntry {
         installation_id: "oauth1".into(),
         team_id: "acme".into(),
         team_slug: "acme".into(),
@@ -675,31 +671,50 @@ async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_b
         server_slug: Some("demo".into()),
         installation_name: "Demo".into(),
         transport_type: Some("http".into()),
-        url: Some(http.url("/mcp").to_string()),
+        url: Some(url.to_owned()),
         timeout: Some(45000.0),
         enabled: Some(true),
         requires_oauth: Some(true),
         user_id: user.into(),
         ..Default::default()
-    };
+    }
+}
+
+/// `user`'s token for `oauth1`, as the backend's token endpoints hold it: its key, a valid status, the token.
+fn oauth_grant(
+    user: &str,
+    access: &str,
+) -> (
+    satellite::backend::wire::OAuthTokenRequest,
+    satellite::backend::wire::OAuthTokenStatus,
+    satellite::backend::wire::OAuthToken,
+) {
+    use satellite::backend::wire::{Credential, OAuthToken, OAuthTokenRequest, OAuthTokenStatus};
+    (
+        OAuthTokenRequest { installation_id: "oauth1".into(), user_id: user.into(), team_id: "acme".into() },
+        OAuthTokenStatus { exists: true, expired: Some(false), expires_at: None, can_refresh: Some(true) },
+        OAuthToken {
+            access_token: Credential::new(access),
+            refresh_token: None,
+            token_type: Some("Bearer".into()),
+            expires_at: None,
+            scope: None,
+        },
+    )
+}
+
+#[tokio::test]
+async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_brings_them_back() {
+    let http = HttpServer::demo(&[]).await;
+    let backend = FakeBackend::start().await;
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let url = http.url("/mcp").to_string();
     backend.set_config(&ConfigResponse::from_entries([
-        ("demo-acme-alice-oauth1", entry("alice")),
-        ("demo-acme-bob-oauth1", entry("bob")),
+        ("demo-acme-alice-oauth1", oauth_entry(&url, "alice")),
+        ("demo-acme-bob-oauth1", oauth_entry(&url, "bob")),
     ]));
-    let key = |user: &str| OAuthTokenRequest {
-        installation_id: "oauth1".into(),
-        user_id: user.into(),
-        team_id: "acme".into(),
-    };
-    let status = OAuthTokenStatus { exists: true, expired: Some(false), expires_at: None, can_refresh: Some(true) };
-    let token = |t: &str| OAuthToken {
-        access_token: Credential::new(t),
-        refresh_token: None,
-        token_type: Some("Bearer".into()),
-        expires_at: None,
-        scope: None,
-    };
-    backend.add_oauth_token(key("alice"), status.clone(), Some(token("ya29.alice")));
+    let (key, status, token) = oauth_grant("alice", "ya29.alice");
+    backend.add_oauth_token(key, status, Some(token));
     let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
     wait_status(&sat, "demo-acme-alice-oauth1", InstanceStatus::Online).await;
     let bob = wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::RequiresReauth).await;
@@ -711,7 +726,8 @@ async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_b
     assert_eq!(backend.calls(Endpoint::TokenRetrieve).iter().filter(|c| c.body["user_id"] == "alice").count(), 1);
 
     // Bob authorises in the dashboard; the backend announces it with a configure.
-    backend.add_oauth_token(key("bob"), status, Some(token("ya29.bob")));
+    let (key, status, token) = oauth_grant("bob", "ya29.bob");
+    backend.add_oauth_token(key, status, Some(token));
     backend.push_command(refresh("cmd-reauth"));
     wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::Online).await;
 
@@ -865,8 +881,9 @@ async fn refused_tokens_are_reported_once_per_source_without_the_token() {
     assert!(sat.satellite.shutdown().await);
 }
 
-#[tokio::test]
-async fn instance_token_callers_are_reported_with_their_requests_and_tool_calls() {
+/// A managed satellite whose config gives alice's instance a path and an instance token, online, and alice
+/// connected to it by that token (`?token=`).
+async fn alice_by_instance_token() -> (FakeBackend, TestSatellite, Caller) {
     const TOKEN: &str = "ds_inst_a11ce0123456789abcdef0123456789abcdef0123456789abcdef01234567";
     let backend = FakeBackend::start().await;
     let mut config = config();
@@ -876,8 +893,13 @@ async fn instance_token_callers_are_reported_with_their_requests_and_tool_calls(
     backend.set_config(&config);
     let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
-
     let alice = Caller::connect(&sat, &format!("/i/alice-plain/mcp?token={TOKEN}"), None).await;
+    (backend, sat, alice)
+}
+
+#[tokio::test]
+async fn instance_token_callers_are_reported_with_their_requests_and_tool_calls() {
+    let (backend, sat, alice) = alice_by_instance_token().await;
     let called = alice.tool("ok", json!({})).await;
     assert!(called["result"].is_object(), "{called}");
     let (status, listed) = alice.call("tools/list", json!({})).await;
@@ -899,16 +921,7 @@ async fn instance_token_callers_are_reported_with_their_requests_and_tool_calls(
 /// the satellite holds that event (kept in the outbox with the reason, never sent) and sends the rest.
 #[tokio::test]
 async fn an_event_too_large_for_the_backend_is_held_and_later_events_still_arrive() {
-    const TOKEN: &str = "ds_inst_b16b10b0123456789abcdef0123456789abcdef0123456789abcdef0123456";
-    let backend = FakeBackend::start().await;
-    let mut config = config();
-    let alice = config.mcp_servers.get_mut(ALICE).expect("alice's entry");
-    alice["instance_path"] = json!("alice-plain");
-    alice["instance_token_hash"] = json!(satellite::config::sha256_hex(TOKEN));
-    backend.set_config(&config);
-    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
-    wait_status(&sat, ALICE, InstanceStatus::Online).await;
-    let alice = Caller::connect(&sat, &format!("/i/alice-plain/mcp?token={TOKEN}"), None).await;
+    let (backend, sat, alice) = alice_by_instance_token().await;
     // Request logging is on by default: the call's arguments go into an `mcp.request.logs` event.
     let blob = "x".repeat(crate::common::fake_backend::BODY_LIMIT + 64 * 1024);
     let called = alice.tool("ok", json!({"blob": blob})).await;
@@ -947,33 +960,11 @@ async fn an_event_too_large_for_the_backend_is_held_and_later_events_still_arriv
 /// re-authorise (SB §11.3). Only "no token" means re-authorise.
 #[tokio::test]
 async fn a_backend_failing_for_a_moment_on_the_token_endpoints_does_not_ask_for_reauthorisation() {
-    use satellite::backend::wire::{Credential, OAuthToken, OAuthTokenRequest, OAuthTokenStatus};
     let http = HttpServer::demo(&[]).await;
     let backend = FakeBackend::start().await;
-    let entry = McpServerEntry {
-        installation_id: "oauth1".into(),
-        team_id: "acme".into(),
-        team_slug: "acme".into(),
-        server_name: "Demo".into(),
-        server_slug: Some("demo".into()),
-        installation_name: "Demo".into(),
-        transport_type: Some("http".into()),
-        url: Some(http.url("/mcp").to_string()),
-        enabled: Some(true),
-        requires_oauth: Some(true),
-        user_id: "alice".into(),
-        ..Default::default()
-    };
+    let entry = oauth_entry(http.url("/mcp").as_str(), "alice");
     backend.set_config(&ConfigResponse::from_entries([("demo-acme-alice-oauth1", entry)]));
-    let key = OAuthTokenRequest { installation_id: "oauth1".into(), user_id: "alice".into(), team_id: "acme".into() };
-    let status = OAuthTokenStatus { exists: true, expired: Some(false), expires_at: None, can_refresh: Some(true) };
-    let token = OAuthToken {
-        access_token: Credential::new("ya29.alice"),
-        refresh_token: None,
-        token_type: Some("Bearer".into()),
-        expires_at: None,
-        scope: None,
-    };
+    let (key, status, token) = oauth_grant("alice", "ya29.alice");
     backend.add_oauth_token(key, status, Some(token));
     backend.fail_next(Endpoint::TokenStatus, 503, 1);
     backend.fail_next(Endpoint::TokenRetrieve, 429, 1);

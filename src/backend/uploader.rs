@@ -178,7 +178,7 @@ impl Uploader {
             match envelope(event) {
                 Ok(envelope) => {
                     // Events left out stay claimed by this replica; the next tick claims them again first.
-                    let size = json_len(&envelope);
+                    let size = crate::mcp::payload::json_len(&envelope);
                     if !envelopes.is_empty() && bytes + size > MAX_BATCH_BYTES {
                         break;
                     }
@@ -304,24 +304,6 @@ impl Uploader {
         }
         Ok(())
     }
-}
-
-/// The bytes `value` takes as JSON, counted without writing them anywhere.
-fn json_len(value: &impl serde::Serialize) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing to a counter fails only if the value cannot be serialised; then it counts as what was written.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
 }
 
 /// The BP §8.1 envelope of a stored event, or why it makes none.

@@ -141,7 +141,7 @@ impl Serialize for Payload {
 }
 
 /// The size of a value as compact JSON text, counted without writing it anywhere.
-pub fn json_len(value: &Value) -> usize {
+pub fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
