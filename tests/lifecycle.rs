@@ -135,6 +135,33 @@ async fn a_server_that_crashes_at_start_is_permanently_failed_after_four_tries()
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A server that says nothing within the handshake timeout the first time (an `npx` still fetching its package)
+/// is stopped and started again under the restart policy; the second start answers and the instance comes
+/// online. Before, the timeout left it offline until someone restarted it by hand.
+#[tokio::test]
+async fn a_server_silent_past_the_handshake_timeout_is_started_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let marker = toml_str(&dir.path().join("fetched").to_string_lossy());
+    let extra = format!(
+        "[[servers]]\nslug = \"slow\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
+         args = [{script}, \"silent-first\", \"--marker\", {marker}]\n\
+         [[installations]]\nid = \"i-slow\"\nteam = \"acme\"\nserver = \"slow\"\n"
+    );
+    let config = config(&extra).replace("handshake_timeout_seconds = 5", "handshake_timeout_seconds = 1");
+    let sat = TestSatellite::start_with(dir, &config, |_| {}).await;
+    sat.wait_ready().await;
+    // alice and bob each run it; whichever starts first finds no marker and stays silent.
+    for id in ["slow-acme-alice-i-slow", "slow-acme-bob-i-slow"] {
+        wait_status(&sat, id, InstanceStatus::Online).await;
+        assert_eq!(text_of(&call(&sat, id, "ok", json!({})).await.expect("call")), "ok");
+    }
+    let crashed = events(&sat, "mcp.server.crashed").await;
+    let timed_out = crashed.iter().find(|e| e.data["server_id"] == "i-slow");
+    assert!(timed_out.is_some_and(|e| e.data["will_restart"] == true), "the silent start is a crash: {crashed:?}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 #[tokio::test]
 async fn idle_instances_go_dormant_keep_their_tools_and_fifty_calls_respawn_one_process() {
     // The idle job runs every 50 ms; a process younger than the 1 s grace is left alone, so the respawned one

@@ -93,16 +93,21 @@ pub fn blame(err: &UpstreamError) -> Blame {
         | UpstreamError::Closed(_)
         | UpstreamError::Spawn { .. }
         | UpstreamError::Refused(_)
+        | UpstreamError::AtCapacity(_)
         | UpstreamError::Deployment { .. }
         | UpstreamError::OAuth(_)
         | UpstreamError::Io(_) => Blame::Instance,
     }
 }
 
-/// A stdio child that could not be spawned or died before its handshake finished is a crash, with its exit code
-/// and signal when the transport saw them; any other connect failure is not.
+/// A stdio child that could not be spawned, died before its handshake finished or never answered `initialize`
+/// is a crash, with its exit code and signal when the transport saw them; any other connect failure is not.
 pub fn handshake_crash(err: &UpstreamError) -> Option<(Option<i32>, Option<i32>)> {
     match err {
+        // A child that stays silent (an `npx` fetching its package past the handshake timeout on a first start, a
+        // server waiting on something that comes later) was terminated when the timeout struck: retried under the
+        // restart policy like a crash, not left offline until someone restarts it.
+        UpstreamError::Timeout { method, .. } if method == "initialize" => Some((None, None)),
         UpstreamError::Exited { exit: ExitInfo::Exited { code, signal }, .. } => Some((*code, *signal)),
         UpstreamError::Exited { exit: ExitInfo::Stopped, .. } | UpstreamError::Closed(_) => Some((None, None)),
         // A spawn that failed (the binary missing for a moment during an upgrade, no descriptors left) is a
@@ -228,6 +233,10 @@ mod tests {
             detail: None,
         };
         assert_eq!(handshake_crash(&missing), Some((None, None)), "a failed spawn is retried like a crash");
+        let silent = UpstreamError::Timeout { method: "initialize".into(), after: Duration::from_secs(30) };
+        assert_eq!(handshake_crash(&silent), Some((None, None)), "a silent child is retried like a crash");
+        let slow_call = UpstreamError::Timeout { method: "tools/list".into(), after: Duration::from_secs(30) };
+        assert_eq!(handshake_crash(&slow_call), None);
     }
 
     /// Credential refusals are recognised by variant; for a server's own JSON-RPC error the reference's word
