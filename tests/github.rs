@@ -1,7 +1,8 @@
 //! GitHub-deployed servers end to end (SB §9.9, BP §6.1.3, §12): the FakeBackend hands out installation tokens
 //! and serves repository tarballs of a small Node server and a small Python server (tests/fixtures/github); the
 //! satellite downloads, extracts, installs, builds, resolves the entry point and runs them; a redeploy replaces
-//! the deployment; a failure at a step is the instance's `error` status with the step named in its server log.
+//! the deployment; a failure at a step is the instance's `error` status with the step named in its server log,
+//! and a token or tarball that cannot be had for the moment (a 503) is asked for again until it comes.
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use satellite::events::EventKind;
 use satellite::model::InstanceStatus;
 use serde_json::json;
 
-use crate::common::fake_backend::FakeBackend;
+use crate::common::fake_backend::{Endpoint, FakeBackend};
 use crate::common::lifecycle::{call, text_of, wait_status, DEADLINE};
 use crate::common::*;
 
@@ -93,6 +94,10 @@ async fn github_servers_are_downloaded_built_run_and_redeployed() {
         SHA1,
         tarball(&fixtures.join("python-server"), "acme-gh-py-echo-1111111", &[]),
     );
+    // GitHub and the backend fail for a moment: every first download, and one token request. The deployments
+    // that met them are tried again; before, each stayed in `error` until someone restarted it.
+    backend.fail_next(Endpoint::Tarball, 503, 3);
+    backend.fail_next(Endpoint::GithubToken, 503, 1);
     backend.set_config(&config(SHA1));
     let tarballs = backend.tarball_base();
     let dir = tempfile::tempdir().unwrap();
@@ -125,9 +130,14 @@ async fn github_servers_are_downloaded_built_run_and_redeployed() {
     assert!(text_of(&version).contains("acme/gh2/.venv"), "{version}");
 
     // A repository that cannot be downloaded: error, with the step in the status and the server log.
-    let gone = wait_status(&sat, MISSING, InstanceStatus::Error).await;
-    let message = gone.message.unwrap_or_default();
+    // (Its first try may have met a 503 and be waiting for the next.)
+    let message = wait_until(DEADLINE, "the missing repository's 404", || async {
+        let status = wait_status(&sat, MISSING, InstanceStatus::Error).await;
+        status.message.filter(|m| m.contains("404"))
+    })
+    .await;
     assert!(message.contains("GitHub deployment failed at download"), "{message}");
+    assert!(!message.contains("tried again"), "a repository that is not there is not asked for again: {message}");
     wait_until(DEADLINE, "the failure in the server log", || async {
         backend
             .events()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use satellite::instances::InstanceError;
-use satellite::model::{InstallationId, InstanceStatus, ProcessId};
+use satellite::model::{InstallationId, InstanceStatus, ProcessId, UserId};
 use satellite::store::StoredEvent;
 use serde_json::{json, Value};
 
@@ -253,6 +253,19 @@ async fn the_process_cap_per_user_refuses_more_children_with_a_clear_status() {
         let message = instance(&sat, refused[0]).status().message.unwrap();
         assert!(message.contains("process limit reached") && message.contains(user), "{message}");
     }
+    assert_eq!(sat.satellite.manager().processes(), 2);
+
+    // When alice's running process stops (a kill here), her refused instance takes its slot and starts; bob's
+    // stays refused, his cap still full.
+    let alice = UserId::from("alice");
+    let (running, waiting) = match instance(&sat, ALICE).status().status {
+        InstanceStatus::Online => ("i-demo", "second-acme-alice-i-second"),
+        _ => ("i-second", ALICE),
+    };
+    let manager = sat.satellite.manager();
+    assert_eq!(manager.stop_installation(&InstallationId::from(running), Some(&alice)).await.expect("kill"), 1);
+    wait_status(&sat, waiting, InstanceStatus::Online).await;
+    assert_eq!(text_of(&call(&sat, waiting, "echo", json!({"text": "in"})).await.expect("call")), "in");
     assert_eq!(sat.satellite.manager().processes(), 2);
     assert!(sat.satellite.shutdown().await);
 }

@@ -50,6 +50,15 @@ impl BackendError {
             _ => None,
         }
     }
+
+    /// Whether the same request may succeed later: the backend unreachable, failing (5xx) or busy (429).
+    pub fn transient(&self) -> bool {
+        match self {
+            BackendError::Network { .. } => true,
+            BackendError::Status { refusal, .. } => matches!(refusal, Refusal::Server | Refusal::RateLimited),
+            _ => false,
+        }
+    }
 }
 
 /// What a non-2xx backend answer means to the caller (BP §8.3 outcome table).

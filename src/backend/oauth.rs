@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use super::client::{BackendClient, BackendError};
 use super::wire::OAuthTokenRequest;
+use crate::instances::deploy::NoGithubToken;
 use crate::instances::{NoToken, OAuthTokens};
 use crate::model::{InstanceSpec, UserId};
 
@@ -107,11 +108,17 @@ impl OAuthTokens for BackendOAuth {
 pub struct BackendGithub(pub Arc<BackendClient>);
 
 impl crate::instances::deploy::GithubTokens for BackendGithub {
-    fn token<'a>(&'a self, installation: &'a crate::model::InstallationId) -> BoxFuture<'a, Result<String, String>> {
+    fn token<'a>(
+        &'a self,
+        installation: &'a crate::model::InstallationId,
+    ) -> BoxFuture<'a, Result<String, NoGithubToken>> {
         Box::pin(async move {
             match self.0.github_token(&installation.0).await {
                 Ok(answer) => Ok(answer.token.expose().to_owned()),
-                Err(err) => Err(format!("installation token unavailable: {err}")),
+                Err(err) => Err(NoGithubToken {
+                    reason: format!("installation token unavailable: {err}"),
+                    transient: err.transient(),
+                }),
             }
         })
     }

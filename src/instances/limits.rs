@@ -1,6 +1,7 @@
 //! Caps on stdio processes per user and in total (issue: limits). A slot is
 //! taken before a spawn and given back when the connection holding it is
-//! dropped, so the count is the number of live children.
+//! dropped, so the count is the number of live children. Every slot given back
+//! is announced, so a start the cap refused can be tried again then.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,6 +32,8 @@ pub struct ProcessSlots {
     per_user: usize,
     total: usize,
     counts: Mutex<Counts>,
+    /// Changed each time a slot is given back.
+    released: tokio::sync::watch::Sender<()>,
 }
 
 #[derive(Debug, Default)]
@@ -48,7 +51,20 @@ pub struct ProcessSlot {
 
 impl ProcessSlots {
     pub fn new(per_user: usize, total: usize) -> Arc<Self> {
-        Arc::new(Self { per_user, total, counts: Mutex::new(Counts::default()) })
+        let (released, _) = tokio::sync::watch::channel(());
+        Arc::new(Self { per_user, total, counts: Mutex::new(Counts::default()), released })
+    }
+
+    /// Whether `user` could take a slot now.
+    pub fn has_room(&self, user: &UserId) -> bool {
+        let counts = self.counts.lock();
+        counts.total < self.total && counts.by_user.get(user).copied().unwrap_or(0) < self.per_user
+    }
+
+    /// Told of every slot given back from now on: subscribe, then check [`Self::has_room`], and no release
+    /// in between is missed.
+    pub fn releases(&self) -> tokio::sync::watch::Receiver<()> {
+        self.released.subscribe()
     }
 
     pub fn acquire(self: &Arc<Self>, user: &UserId) -> Result<ProcessSlot, LimitError> {
@@ -80,6 +96,8 @@ impl Drop for ProcessSlot {
                 counts.by_user.remove(&self.user);
             }
         }
+        drop(counts);
+        self.slots.released.send_modify(|_| {});
     }
 }
 
@@ -100,5 +118,19 @@ mod tests {
         assert_eq!(slots.in_use(), 2);
         assert!(slots.acquire(&bob).is_ok());
         assert!(LimitError::Total { limit: 3 }.to_string().contains("process limit reached"));
+    }
+
+    #[test]
+    fn a_slot_given_back_is_announced_and_makes_room() {
+        let slots = ProcessSlots::new(1, 10);
+        let alice = UserId::from("alice");
+        let held = slots.acquire(&alice).unwrap();
+        assert!(!slots.has_room(&alice));
+        assert!(slots.has_room(&UserId::from("bob")));
+        let releases = slots.releases();
+        assert!(!releases.has_changed().unwrap());
+        drop(held);
+        assert!(releases.has_changed().unwrap(), "the release is announced");
+        assert!(slots.has_room(&alice));
     }
 }

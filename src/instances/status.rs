@@ -33,8 +33,15 @@ pub fn status_for(upstream: &Upstream, failure: &Failure<'_>) -> (InstanceStatus
         Some(UpstreamError::Refused(reason)) => {
             return (InstanceStatus::Error, format!("Failed to spawn MCP server: {reason}"));
         }
+        Some(UpstreamError::AtCapacity(reason)) => {
+            let message = format!("Failed to spawn MCP server: {reason}; it starts as soon as one of them stops");
+            return (InstanceStatus::Error, message);
+        }
         Some(UpstreamError::OAuth(reason)) => return (InstanceStatus::RequiresReauth, reason.clone()),
-        Some(err @ UpstreamError::Deployment { .. }) => return (InstanceStatus::Error, err.to_string()),
+        Some(err @ UpstreamError::Deployment { transient, .. }) => {
+            let again = if *transient { "; it is tried again shortly" } else { "" };
+            return (InstanceStatus::Error, format!("{err}{again}"));
+        }
         _ => {}
     }
     match upstream {

@@ -19,6 +19,8 @@ pub(super) async fn download(
     let base = settings.tarball_base.as_str().trim_end_matches('/');
     let url = format!("{base}/{}/tarball/{}", deployment.repository, deployment.commit_sha);
     let fail = |reason: String| DeployError::at(Step::Download, reason);
+    // The network, a timeout, GitHub failing or limiting: the same download may work later.
+    let for_now = |reason: String| DeployError::for_now(Step::Download, reason);
     let response = settings
         .http
         .get(&url)
@@ -27,14 +29,17 @@ pub(super) async fn download(
         .timeout(DOWNLOAD_TIMEOUT)
         .send()
         .await
-        .map_err(|e| fail(format!("{url}: {e}")))?;
-    if !response.status().is_success() {
-        return Err(fail(format!("{url}: HTTP {}", response.status().as_u16())));
+        .map_err(|e| for_now(format!("{url}: {e}")))?;
+    let status = response.status();
+    if !status.is_success() {
+        let again = status.is_server_error() || matches!(status.as_u16(), 408 | 429);
+        let reason = format!("{url}: HTTP {}", status.as_u16());
+        return Err(if again { for_now(reason) } else { fail(reason) });
     }
     let mut body = Vec::new();
     let mut stream = response.bytes_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| fail(format!("{url}: {e}")))?;
+        let chunk = chunk.map_err(|e| for_now(format!("{url}: {e}")))?;
         if body.len() as u64 + chunk.len() as u64 > MAX_TARBALL_BYTES {
             return Err(fail(format!("tarball larger than {MAX_TARBALL_BYTES} bytes")));
         }

@@ -61,17 +61,32 @@ impl Step {
 pub struct DeployError {
     pub step: Step,
     pub reason: String,
+    /// The same deployment may succeed later: the token or the tarball could not be had for now (the network,
+    /// a 5xx, a 429), as opposed to a repository that is not there or a build that fails.
+    pub transient: bool,
 }
 
 impl DeployError {
     fn at(step: Step, reason: impl Into<String>) -> Self {
-        Self { step, reason: reason.into() }
+        Self { step, reason: reason.into(), transient: false }
     }
+
+    fn for_now(step: Step, reason: impl Into<String>) -> Self {
+        Self { step, reason: reason.into(), transient: true }
+    }
+}
+
+/// Why no installation token came.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NoGithubToken {
+    pub reason: String,
+    /// Asking again later may work (the backend unreachable, failing or busy).
+    pub transient: bool,
 }
 
 /// Where the installation token comes from (the backend, BP §12).
 pub trait GithubTokens: Send + Sync {
-    fn token<'a>(&'a self, installation: &'a InstallationId) -> BoxFuture<'a, Result<String, String>>;
+    fn token<'a>(&'a self, installation: &'a InstallationId) -> BoxFuture<'a, Result<String, NoGithubToken>>;
 }
 
 /// What a finished deployment runs: written as the marker, read back on the next start.
@@ -178,8 +193,11 @@ impl Deployer {
             .map_err(|e| DeployError::at(Step::Extract, format!("{}: {e}", parent.display())))?;
         let staging = parent.join(format!(".{}.{}", safe(&spec.installation_id.0), uuid::Uuid::new_v4().simple()));
         let result = async {
-            let token =
-                self.settings.tokens.token(&spec.installation_id).await.map_err(|e| DeployError::at(Step::Token, e))?;
+            let token = self.settings.tokens.token(&spec.installation_id).await.map_err(|no| DeployError {
+                step: Step::Token,
+                reason: no.reason,
+                transient: no.transient,
+            })?;
             let tarball = fetch::download(&self.settings, deployment, &token).await?;
             fetch::extract(&tarball, &staging)?;
             let runtime = deployment.runtime.or_else(|| build::detect(&staging)).ok_or_else(|| {

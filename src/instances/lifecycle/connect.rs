@@ -34,10 +34,13 @@ impl Inner {
                         })?;
                         let (logs, owner) = (self.deps.logs.clone(), spec.clone());
                         let log = move |level: &str, line: &str| logs.server_line(&owner, level, line);
-                        let (launch, dir) = deployer
-                            .launch_spec(spec, deployment, &log)
-                            .await
-                            .map_err(|err| UpstreamError::Deployment { step: err.step.as_str(), reason: err.reason })?;
+                        let (launch, dir) = deployer.launch_spec(spec, deployment, &log).await.map_err(|err| {
+                            UpstreamError::Deployment {
+                                step: err.step.as_str(),
+                                reason: err.reason,
+                                transient: err.transient,
+                            }
+                        })?;
                         Some((launch, dir))
                     }
                 };
@@ -50,7 +53,7 @@ impl Inner {
                     Err(err) => {
                         let limit = err.limit() as u64;
                         self.limit_exceeded(spec, LimitedResource::Processes, limit, limit, err.to_string()).await;
-                        return Err(UpstreamError::Refused(err.to_string()));
+                        return Err(UpstreamError::AtCapacity(err.to_string()));
                     }
                 };
                 let prepared =

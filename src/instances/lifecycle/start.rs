@@ -27,7 +27,21 @@ pub(in crate::instances) enum Started {
         detail: String,
         generation: u64,
     },
+    /// A process cap refused the spawn: started again when a slot frees (`retry_start`).
+    AtCapacity,
+    /// The GitHub deployment could not get its token or tarball for now: started again after a wait
+    /// (`retry_start`).
+    DeployUnavailable,
     Cancelled,
+}
+
+/// What a start that could not happen yet waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// A process slot given back.
+    Slot,
+    /// Time: the backend or GitHub may answer later ([`policy::probe_wait`]).
+    Deployment,
 }
 
 impl Inner {
@@ -111,8 +125,64 @@ impl Inner {
                 self.on_crash(instance.clone(), report, detail, generation).await
             }
             Started::Failed => self.maybe_probe(instance),
+            Started::AtCapacity => self.retry_start(instance, Retry::Slot),
+            Started::DeployUnavailable => self.retry_start(instance, Retry::Deployment),
             Started::Online | Started::Cancelled => {}
         }
+    }
+
+    /// A start that could not happen yet is tried again: one a process cap refused each time a process slot is
+    /// given back (a process of the user's, or of anyone's for the satellite-wide cap, stopped, went dormant or
+    /// crashed); a GitHub deployment that could not get its token or tarball after a wait. Until it starts, fails
+    /// for another reason, or something else starts, stops or kills the instance. One at a time per instance.
+    fn retry_start(self: &Arc<Self>, instance: &Arc<Instance>, mut why: Retry) {
+        if !instance.try_begin_recovery() {
+            return;
+        }
+        let (inner, instance) = (self.clone(), instance.clone());
+        let span = tracing::info_span!("instance.retry_start", process_id = %instance.spec().process_id);
+        self.tasks.spawn(
+            async move {
+                let mut releases = inner.slots.releases();
+                let mut attempt = 0;
+                let outcome = loop {
+                    match why {
+                        Retry::Slot if inner.slots.has_room(&instance.spec().user_id) => {}
+                        Retry::Slot => {
+                            tokio::select! {
+                                _ = instance.retired.cancelled() => break None,
+                                _ = inner.shutdown.cancelled() => break None,
+                                _ = releases.changed() => continue,
+                            }
+                        }
+                        Retry::Deployment => {
+                            tokio::select! {
+                                _ = instance.retired.cancelled() => break None,
+                                _ = inner.shutdown.cancelled() => break None,
+                                _ = tokio::time::sleep(policy::probe_wait(attempt)) => attempt += 1,
+                            }
+                        }
+                    }
+                    let _lifecycle = instance.lifecycle.lock().await;
+                    // Started, restarted, stopped or killed meanwhile: no longer this task's to start.
+                    let waiting = instance.state() == InstanceStatus::Error && instance.client().is_none();
+                    if instance.retired.is_cancelled() || instance.is_halted() || !waiting {
+                        break None;
+                    }
+                    info!(?why, attempt, "starting the instance again");
+                    match inner.start_locked(&instance).await {
+                        Started::AtCapacity => why = Retry::Slot,
+                        Started::DeployUnavailable => why = Retry::Deployment,
+                        outcome => break Some(outcome),
+                    }
+                };
+                instance.end_recovery();
+                if let Some(outcome) = outcome {
+                    inner.after_start(&instance, outcome).await;
+                }
+            }
+            .instrument(span),
+        );
     }
 
     /// Connect, handshake and discover; the caller holds the lifecycle lock.
@@ -138,7 +208,7 @@ impl Inner {
                         UpstreamError::Spawn { .. } => status_for(&spec.upstream, &Failure::Connect(&err)).1,
                         _ => error.clone(),
                     };
-                    warn!(process_id = %spec.process_id, error = %error, "mcp server process failed to start or died during the handshake; retrying under the restart policy");
+                    warn!(process_id = %spec.process_id, error = %error, "mcp server process failed to start, died or stayed silent during the handshake; retrying under the restart policy");
                     let report = CrashReport {
                         pid: None,
                         exit_code,
@@ -152,7 +222,11 @@ impl Inner {
                 let (status, message) =
                     self.oauth_aware(spec, &err, status_for(&spec.upstream, &Failure::Connect(&err)));
                 self.set_status(instance, status, Some(message)).await;
-                return Started::Failed;
+                return match err {
+                    UpstreamError::AtCapacity(_) => Started::AtCapacity,
+                    UpstreamError::Deployment { transient: true, .. } => Started::DeployUnavailable,
+                    _ => Started::Failed,
+                };
             }
         };
         let client = Arc::new(client);

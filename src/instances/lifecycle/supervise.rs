@@ -325,6 +325,9 @@ impl Inner {
                             Started::Crashed { report, detail, generation } => {
                                 worker.on_crash(instance, report, detail, generation).await
                             }
+                            outcome @ (Started::AtCapacity | Started::DeployUnavailable) => {
+                                worker.after_start(&instance, outcome).await
+                            }
                             _ => {}
                         }
                     });

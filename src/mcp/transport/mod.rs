@@ -52,16 +52,19 @@ pub enum UpstreamError {
     /// The operating system could not start the program.
     #[error("failed to spawn mcp server: {program}: {message}{}", suffix(.detail))]
     Spawn { program: String, kind: std::io::ErrorKind, message: String, detail: Option<String> },
-    /// Not started at all: the sandbox refused the command or a process cap was reached.
+    /// Not started at all: the sandbox refused the command.
     #[error("failed to spawn mcp server: {0}")]
     Refused(String),
+    /// Not started yet: a cap on processes (the user's or the satellite's) was reached.
+    #[error("failed to spawn mcp server: {0}")]
+    AtCapacity(String),
     #[error("connection failed: {0}")]
     Connect(String),
     #[error("http status {status}: {body}")]
     HttpStatus { status: u16, body: String },
     /// A GitHub-deployed server could not be deployed: the step that failed, and why.
     #[error("GitHub deployment failed at {step}: {reason}")]
-    Deployment { step: &'static str, reason: String },
+    Deployment { step: &'static str, reason: String, transient: bool },
     /// The user has no usable OAuth token for this server; the text says what to do.
     #[error("{0}")]
     OAuth(String),
