@@ -312,17 +312,21 @@ async fn a_remote_answer_is_passed_on_as_the_server_wrote_it() {
 /// A JSON body may arrive in pieces (here two HTTP chunks), and a piece may end at a `}` inside the object (here
 /// the end of the first content item). The fast path must take only a whole response: the answer is the server's
 /// text, complete.
-#[tokio::test]
-async fn a_json_answer_cut_at_an_inner_brace_is_read_whole() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const HEAD: &str = r#"{"jsonrpc": "2.0", "id": ID, "result": {"content": [{"type": "text", "text": "first"}"#;
-    const TAIL: &str = r#", {"type": "text", "text": "second"}], "n": 1.10}}"#;
+/// A raw HTTP/1.1 server on loopback, for answers no well-behaved server library writes: each connection's one
+/// request (its head, then the body its length names) goes to `serve` with the path, the body as JSON and the
+/// socket to answer on (`connection: close`).
+async fn raw_server<F, Fut>(serve: F) -> std::net::SocketAddr
+where
+    F: Fn(String, Value, tokio::net::TcpStream) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use tokio::io::AsyncReadExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
+            let serve = serve.clone();
             tokio::spawn(async move {
-                // One request per connection (`connection: close`): head, then the body its length names.
                 let mut raw = Vec::new();
                 let mut buf = [0u8; 4096];
                 let head_end = loop {
@@ -336,6 +340,7 @@ async fn a_json_answer_cut_at_an_inner_brace_is_read_whole() {
                     }
                 };
                 let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+                let path = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
                 let length: usize = head
                     .lines()
                     .find_map(|l| l.strip_prefix("content-length:"))
@@ -349,37 +354,118 @@ async fn a_json_answer_cut_at_an_inner_brace_is_read_whole() {
                     raw.extend_from_slice(&buf[..n]);
                 }
                 let body: Value = serde_json::from_slice(&raw[head_end..head_end + length]).unwrap_or_default();
-                let chunk = |text: &str| format!("{:x}\r\n{text}\r\n", text.len());
-                let start = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: s-1\r\n\
-                             connection: close\r\ntransfer-encoding: chunked\r\n\r\n";
-                let pieces: Vec<String> = match body["method"].as_str().unwrap_or_default() {
-                    "initialize" => vec![json!({"jsonrpc": "2.0", "id": body["id"], "result": {
-                        "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
-                        "serverInfo": {"name": "pieces", "version": "1"}}})
-                    .to_string()],
-                    "tools/call" => vec![HEAD.replace("ID", &body["id"].to_string()), TAIL.to_owned()],
-                    // A notification is accepted; any other request (`server/discover`) is not served here.
-                    _ => {
-                        let status = if body.get("id").is_some() { "400 Bad Request" } else { "202 Accepted" };
-                        let head = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-                        let _ = socket.write_all(head.as_bytes()).await;
-                        return;
-                    }
-                };
-                let _ = socket.write_all(start.as_bytes()).await;
-                // Each HTTP chunk reaches the reader as a piece of its own, however the TCP segments fall.
-                for piece in &pieces {
-                    let _ = socket.write_all(chunk(piece).as_bytes()).await;
-                }
-                let _ = socket.write_all(b"0\r\n\r\n").await;
+                serve(path, body, socket).await;
             });
         }
     });
+    addr
+}
+
+/// The raw server's answers to the handshake: `initialize` answered (handshake era, with a session), a
+/// notification accepted, any other request but `tools/call` (`server/discover`) refused. `None` for `tools/call`.
+async fn answer_handshake(body: &Value, socket: &mut tokio::net::TcpStream) -> Option<()> {
+    use tokio::io::AsyncWriteExt;
+    let answer = match body["method"].as_str().unwrap_or_default() {
+        "tools/call" => return None,
+        "initialize" => {
+            let init = json!({"jsonrpc": "2.0", "id": body["id"], "result": {
+                "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                "serverInfo": {"name": "raw", "version": "1"}}})
+            .to_string();
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: s-1\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{init}",
+                init.len()
+            )
+        }
+        _ => {
+            let status = if body.get("id").is_some() { "400 Bad Request" } else { "202 Accepted" };
+            format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        }
+    };
+    let _ = socket.write_all(answer.as_bytes()).await;
+    Some(())
+}
+
+fn chunk(text: &str) -> String {
+    format!("{:x}\r\n{text}\r\n", text.len())
+}
+
+#[tokio::test]
+async fn a_json_answer_cut_at_an_inner_brace_is_read_whole() {
+    use tokio::io::AsyncWriteExt;
+    const HEAD: &str = r#"{"jsonrpc": "2.0", "id": ID, "result": {"content": [{"type": "text", "text": "first"}"#;
+    const TAIL: &str = r#", {"type": "text", "text": "second"}], "n": 1.10}}"#;
+    let addr = raw_server(|_, body, mut socket| async move {
+        if answer_handshake(&body, &mut socket).await.is_some() {
+            return;
+        }
+        let start = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: s-1\r\n\
+                     connection: close\r\ntransfer-encoding: chunked\r\n\r\n";
+        let _ = socket.write_all(start.as_bytes()).await;
+        // Each HTTP chunk reaches the reader as a piece of its own, however the TCP segments fall.
+        for piece in [HEAD.replace("ID", &body["id"].to_string()), TAIL.to_owned()] {
+            let _ = socket.write_all(chunk(&piece).as_bytes()).await;
+        }
+        let _ = socket.write_all(b"0\r\n\r\n").await;
+    })
+    .await;
 
     let client = connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await;
     let result = client.request_relayed("tools/call", Some(json!({"name": "x"})), CALL, None).await.expect("answered");
     let expected = r#"{"content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}], "n": 1.10}"#;
     assert_eq!(serde_json::to_string(&result).unwrap(), expected);
+}
+
+/// A server that answers a call with a body that does not end (an error page, a JSON value, one SSE event) is cut
+/// off at the bound on one message, with an error that says so, instead of being read into memory until the call
+/// times out. Here each body stops growing at 40 MiB and then stalls, so the satellite before the bound read
+/// 40 MiB and waited for the call's timeout.
+#[tokio::test]
+async fn an_answer_that_never_ends_is_cut_off_at_the_message_bound() {
+    use tokio::io::AsyncWriteExt;
+    let addr = raw_server(|path, body, mut socket| async move {
+        if answer_handshake(&body, &mut socket).await.is_some() {
+            return;
+        }
+        let (status, kind, start) = match path.as_str() {
+            "/error/mcp" => ("500 Internal Server Error", "text/plain", String::new()),
+            "/json/mcp" => {
+                ("200 OK", "application/json", format!(r#"{{"jsonrpc":"2.0","id":{},"result":{{"text":""#, body["id"]))
+            }
+            _ => ("200 OK", "text/event-stream", "data: ".to_owned()),
+        };
+        let head = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\nmcp-session-id: s-1\r\nconnection: close\r\n\
+             transfer-encoding: chunked\r\n\r\n{}",
+            chunk(&start)
+        );
+        if socket.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let piece = chunk(&"x".repeat(64 * 1024));
+        for _ in 0..640 {
+            if socket.write_all(piece.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        // Stalled, not closed.
+        std::future::pending::<()>().await;
+    })
+    .await;
+
+    for (path, expected) in
+        [("/error/mcp", "http status 500"), ("/json/mcp", "longer than"), ("/sse/mcp", "longer than")]
+    {
+        let client = connect_http(url::Url::parse(&format!("http://{addr}{path}")).unwrap()).await;
+        let call = client.request_relayed("tools/call", Some(json!({"name": "x"})), Duration::from_secs(60), None);
+        let err = tokio::time::timeout(Duration::from_secs(50), call)
+            .await
+            .unwrap_or_else(|_| panic!("{path}: still reading when the call's time was nearly up"))
+            .expect_err("no answer");
+        assert!(!matches!(err, UpstreamError::Timeout { .. }), "{path}: {err}");
+        assert!(err.to_string().contains(expected), "{path}: {err}");
+    }
 }
 
 /// Over the legacy SSE transport too, a result reaches the satellite's caller as the server wrote it.

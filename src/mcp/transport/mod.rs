@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::RpcError;
 
+pub(crate) mod bounded;
 pub(crate) mod http_wire;
 pub mod relay;
 pub mod sse;

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use reqwest::header::{HeaderMap, ACCEPT};
 use reqwest::Client;
@@ -17,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 use url::Url;
 
+use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, header_map};
 use super::{await_response, outcome, preview, Pending, UpstreamError};
 use crate::mcp::payload::Payload;
@@ -54,7 +54,7 @@ impl SseTransport {
         .map_err(|err| classify_reqwest(&err))?;
         let status = response.status();
         if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
+            let body = bounded::head(response, ERROR_BODY_BYTES).await;
             return Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&body, 300) });
         }
 
@@ -135,7 +135,7 @@ impl SseTransport {
         if status.is_success() {
             return Ok(());
         }
-        let text = response.text().await.unwrap_or_default();
+        let text = bounded::head(response, ERROR_BODY_BYTES).await;
         Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&text, 300) })
     }
 }
@@ -156,7 +156,7 @@ struct Reader {
 
 impl Reader {
     async fn run(mut self, response: reqwest::Response, stop: CancellationToken) {
-        let mut events = response.bytes_stream().eventsource();
+        let mut events = Events::of(response, MAX_MESSAGE_BYTES);
         let reason = loop {
             let event = tokio::select! {
                 _ = stop.cancelled() => break "closed".to_owned(),

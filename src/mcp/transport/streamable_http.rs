@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
@@ -21,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 use url::Url;
 
+use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, complete_values, encode_header_value, header_map};
 use super::relay::local_answer;
 use super::{outcome, preview, Relay, RequestHeaders, UpstreamError};
@@ -105,7 +105,7 @@ impl StreamableHttpTransport {
                 };
                 match response {
                     Ok(response) if response.status().is_success() => {
-                        let mut events = response.bytes_stream().eventsource();
+                        let mut events = Events::of(response, MAX_MESSAGE_BYTES);
                         loop {
                             let event = tokio::select! {
                                 _ = stop.cancelled() => return,
@@ -184,7 +184,7 @@ impl StreamableHttpTransport {
             }
             return Ok(());
         }
-        let text = response.text().await.unwrap_or_default();
+        let text = bounded::head(response, ERROR_BODY_BYTES).await;
         Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&text, ERROR_BODY_PREVIEW) })
     }
 
@@ -263,7 +263,7 @@ impl StreamableHttpTransport {
                 return Err(SendError::SessionGone);
             }
             if !status.is_success() {
-                let text = response.text().await.unwrap_or_default();
+                let text = bounded::head(response, ERROR_BODY_BYTES).await;
                 // Modern servers put a JSON-RPC error in 4xx bodies; surface it as such.
                 if let Ok(value) = serde_json::from_str::<Value>(&text) {
                     if let Ok(Message::Response { outcome: Err(err), .. }) = Message::from_value(value) {
@@ -313,6 +313,10 @@ impl StreamableHttpTransport {
             if let Some(chunk) = chunk {
                 buffer.extend_from_slice(&chunk.map_err(|err| UpstreamError::Io(err.to_string()))?);
             }
+            // What is left after the whole values is one value still coming: bounded like one stdio line.
+            if buffer.len() > MAX_MESSAGE_BYTES {
+                return Err(UpstreamError::Protocol(format!("a reply longer than {MAX_MESSAGE_BYTES} bytes")));
+            }
             // The usual body, one response with the answer, goes on as the server wrote it (mcp::payload). Tried
             // only when the bytes so far may end an object, so a body that comes in many chunks is not rescanned
             // at every one.
@@ -349,7 +353,7 @@ impl StreamableHttpTransport {
         relay: Option<&Relay>,
         timeout: Duration,
     ) -> Result<Payload, UpstreamError> {
-        let mut events = response.bytes_stream().eventsource().boxed();
+        let mut events = Events::of(response, MAX_MESSAGE_BYTES);
         let mut last_event_id: Option<String> = None;
         let mut retry = Duration::ZERO;
         let mut resumed = 0;
@@ -386,7 +390,7 @@ impl StreamableHttpTransport {
             resumed += 1;
             tokio::time::sleep(retry).await;
             debug!(process_id = %self.label, last_event_id = %event_id, "resuming the reply stream");
-            events = self.resume(&event_id, headers).await?.bytes_stream().eventsource().boxed();
+            events = Events::of(self.resume(&event_id, headers).await?, MAX_MESSAGE_BYTES);
         }
     }
 
@@ -413,7 +417,7 @@ impl StreamableHttpTransport {
         let response = request.send().await.map_err(|err| classify_reqwest(&err))?;
         let status = response.status();
         if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
+            let text = bounded::head(response, ERROR_BODY_BYTES).await;
             return Err(UpstreamError::HttpStatus {
                 status: status.as_u16(),
                 body: preview(&text, ERROR_BODY_PREVIEW),

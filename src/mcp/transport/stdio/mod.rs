@@ -39,7 +39,7 @@ use crate::mcp::protocol::{self, RequestId};
 use owner::Owner;
 
 /// Longest stdout line accepted (a large `tools/list` result fits easily).
-const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// Lines queued for the child's stdin before senders wait.
 const OUTBOUND_CAPACITY: usize = 256;
 /// stderr lines kept per instance for the debug route and error messages.
