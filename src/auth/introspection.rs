@@ -97,17 +97,9 @@ impl TokenIntrospection {
         let flight = {
             let mut flights = self.inner.flights.lock();
             // A finished flight may still be listed for a moment; a cache hit above covers the common case.
-            flights
-                .entry(key.clone())
-                .or_insert_with(|| {
-                    self.inner.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    (self.inner.introspect)(token.to_owned()).boxed().shared()
-                })
-                .clone()
+            flights.entry(key.clone()).or_insert_with(|| self.take_off(token, &key)).clone()
         };
-        let verdict = flight.await;
-        self.inner.flights.lock().remove(&key);
-        match verdict {
+        match flight.await {
             Verdict::Active(found) => {
                 if !self.audience_ok(&found.audience) {
                     return Err(AuthError::Invalid("Token audience does not include this satellite".into()));
@@ -124,6 +116,22 @@ impl TokenIntrospection {
                 Err(AuthError::Invalid("Token validation failed".into()))
             }
         }
+    }
+
+    /// One introspection call, run as a task of its own that lists itself under `key` until it lands: every
+    /// caller may give up waiting (a client that hung up, a request timeout) and the call still ends and leaves
+    /// the list, instead of staying there, half-run, for the next request with the same token to resume.
+    fn take_off(&self, token: &str, key: &str) -> Flight {
+        self.inner.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (inner, token, key) = (self.inner.clone(), token.to_owned(), key.to_owned());
+        let call = tokio::spawn(async move {
+            let verdict = (inner.introspect)(token).await;
+            inner.flights.lock().remove(&key);
+            verdict
+        });
+        async move { call.await.unwrap_or_else(|err| Verdict::Unavailable(format!("introspection task: {err}"))) }
+            .boxed()
+            .shared()
     }
 
     fn cached(&self, key: &str) -> Option<Introspected> {
@@ -287,6 +295,26 @@ mod tests {
         assert_eq!(auth.invalidate_user(&UserId::from("alice")), 2);
         auth.authenticate("one").await.unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    /// Callers that give up before the backend answers (clients hanging up with random tokens) leave nothing
+    /// behind: each call ends on its own and leaves the list of calls in flight. Before, an abandoned call stayed
+    /// listed for ever, half-run, and the next request with that token resumed it.
+    #[tokio::test]
+    async fn abandoned_calls_do_not_stay_in_flight() {
+        let (introspect, calls) = backend(alice(&[]), Duration::from_millis(50));
+        let auth = TokenIntrospection::new(introspect, sat(), CACHE_TTL);
+        for i in 0..100 {
+            let gave_up = tokio::time::timeout(Duration::from_millis(1), auth.authenticate(&format!("tok-{i}"))).await;
+            assert!(gave_up.is_err(), "the caller gives up before the answer");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 100);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !auth.inner.flights.lock().is_empty() {
+            assert!(Instant::now() < deadline, "abandoned calls still in flight");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        auth.authenticate("tok-0").await.expect("a fresh call answers");
     }
 
     #[test]

@@ -191,6 +191,11 @@ fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<P
     }
     let data = decode::<Claims>(token, &key, &validation).map_err(|err| invalid(&err.kind_description()))?;
     let claims = data.claims;
+    // With no audience configured, a token that names one must name the satellite (SB §5.5, OQ-14): one the
+    // same issuer minted for another service is not a key to this one. No `aud` at all is accepted.
+    if jwt.audience.is_none() && !names_the_satellite(claims.rest.get("aud")) {
+        return Err(invalid("wrong audience (set [auth.jwt] audience to the one this token names)"));
+    }
     let team = claims
         .rest
         .get(&jwt.team_claim)
@@ -207,6 +212,18 @@ fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<P
     };
     let role = Role::from_team_role(claims.rest.get("team_role").and_then(|v| v.as_str()));
     Ok(Principal { user: UserId(claims.sub), team, scopes, client_id: None, role })
+}
+
+/// Whether a JWT's `aud` (absent, a string or an array) admits it here when no audience is configured: absent, or
+/// naming `deploystack:mcp:satellite`.
+fn names_the_satellite(aud: Option<&serde_json::Value>) -> bool {
+    use serde_json::Value;
+    let ours = |v: &Value| v.as_str() == Some(crate::config::BACKEND_AUDIENCE);
+    match aud {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(values)) => values.iter().any(ours),
+        Some(value) => ours(value),
+    }
 }
 
 trait KindDescription {
@@ -259,12 +276,17 @@ mod tests {
     const SECRET: &str = "0123456789abcdef0123456789abcdef-secret";
 
     fn authenticator() -> Authenticator {
+        authenticator_with("audience = \"http://localhost:3001/mcp\"")
+    }
+
+    /// The test directory, with `audience_line` in its `[auth.jwt]`.
+    fn authenticator_with(audience_line: &str) -> Authenticator {
         let file = format!(
             r#"
 [auth.jwt]
 algorithm = "HS256"
 secret = "{SECRET}"
-audience = "http://localhost:3001/mcp"
+{audience_line}
 [[teams]]
 id = "acme"
 [[teams]]
@@ -355,5 +377,29 @@ team = "acme"
         assert!(
             matches!(auth.authenticate(Some(&format!("Bearer {forged}"))), Err(AuthError::Invalid(m)) if m.contains("bad signature"))
         );
+    }
+
+    /// With no audience configured, a JWT that names another service is refused (SB §5.5, OQ-14); one naming
+    /// none, or naming the satellite among others, is accepted. Before, any `aud` passed.
+    #[test]
+    fn without_a_configured_audience_a_jwt_for_another_service_is_refused() {
+        let auth = authenticator_with("");
+        let bearer = |aud: Option<serde_json::Value>| {
+            let mut claims = json!({"sub": "carol", "team": "acme", "exp": now() + 60});
+            if let Some(aud) = aud {
+                claims["aud"] = aud;
+            }
+            format!("Bearer {}", jwt(claims))
+        };
+        assert!(auth.authenticate(Some(&bearer(None))).is_ok(), "no aud");
+        let both = json!(["https://other.example", crate::config::BACKEND_AUDIENCE]);
+        assert!(auth.authenticate(Some(&bearer(Some(both)))).is_ok(), "names the satellite among others");
+        for other in [json!("https://other.example"), json!(["https://other.example"])] {
+            let refused = auth.authenticate(Some(&bearer(Some(other.clone()))));
+            assert!(
+                matches!(&refused, Err(AuthError::Invalid(m)) if m.contains("wrong audience")),
+                "{other}: {refused:?}"
+            );
+        }
     }
 }
