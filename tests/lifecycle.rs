@@ -389,15 +389,21 @@ async fn sigterm_lets_in_flight_calls_finish_then_exits_zero_with_no_child_left(
     assert!(!process_exists(demo_pid), "no child remains");
 }
 
-/// BP §6.3: nothing restarts a killed instance on its own. A probe already running for an unreachable server
-/// (it reconnects as soon as the server answers) stops at the kill instead of bringing the instance back.
-#[tokio::test]
-async fn a_kill_stops_the_probe_of_an_unreachable_remote_server() {
-    let (mut server, addr, extra) = HttpServer::remote_for_acme().await;
+/// The demo server over HTTP for acme, and a satellite with alice's instance of it online.
+async fn remote_online() -> (HttpServer, String, TestSatellite, &'static str) {
+    let (server, addr, extra) = HttpServer::remote_for_acme().await;
     let sat = TestSatellite::start(&config(&extra)).await;
     sat.wait_ready().await;
     let id = "remote-acme-alice-i-remote";
     wait_status(&sat, id, InstanceStatus::Online).await;
+    (server, addr, sat, id)
+}
+
+/// BP §6.3: nothing restarts a killed instance on its own. A probe already running for an unreachable server
+/// (it reconnects as soon as the server answers) stops at the kill instead of bringing the instance back.
+#[tokio::test]
+async fn a_kill_stops_the_probe_of_an_unreachable_remote_server() {
+    let (mut server, addr, sat, id) = remote_online().await;
     server.child.kill().await.expect("stop the remote server");
     call(&sat, id, "echo", json!({"text": "down"})).await.expect_err("the server is gone");
     wait_status(&sat, id, InstanceStatus::Offline).await;
@@ -418,11 +424,7 @@ async fn a_kill_stops_the_probe_of_an_unreachable_remote_server() {
 
 #[tokio::test]
 async fn an_unreachable_remote_server_goes_offline_and_a_probe_brings_it_back() {
-    let (mut server, addr, extra) = HttpServer::remote_for_acme().await;
-    let sat = TestSatellite::start(&config(&extra)).await;
-    sat.wait_ready().await;
-    let id = "remote-acme-alice-i-remote";
-    wait_status(&sat, id, InstanceStatus::Online).await;
+    let (mut server, addr, sat, id) = remote_online().await;
     assert_eq!(text_of(&call(&sat, id, "echo", json!({"text": "up"})).await.expect("call")), "up");
 
     server.child.kill().await.expect("stop the remote server");
