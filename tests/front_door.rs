@@ -789,6 +789,51 @@ async fn half_sent_requests_are_closed_and_connections_are_capped() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A stranger's request is answered (401) on its head: its body is not waited for. Before, the body was read
+/// first and held one of the `max_concurrent_requests` places until the request timeout, so a few sockets
+/// trickling bodies with no token at all shut every user out (503).
+#[tokio::test]
+async fn a_stranger_trickling_a_body_holds_no_place() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = config().replacen("[[teams]]", "[satellite]\nmax_concurrent_requests = 3\n\n[[teams]]", 1);
+    let sat = started_with(&config).await;
+    let addr = sat.satellite.local_addr();
+    let session = "s".repeat(43);
+    let mut strangers = Vec::new();
+    for path in ["/mcp".to_owned(), "/i/alice-demo/mcp".to_owned(), format!("/message?sessionId={session}")] {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Length: 100000\r\n\r\n{{\"jsonrpc\""
+        );
+        stream.write_all(head.as_bytes()).await.expect("a head and the start of a body");
+        // Answered while the body is still to come.
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        let head_read = tokio::time::timeout(DEADLINE, async {
+            while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(head_read.is_ok() && answer.starts_with("HTTP/1.1 401"), "{path}: {answer}");
+        strangers.push(stream);
+    }
+    // With the strangers' sockets still open, every place is free for Alice.
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    for _ in 0..3 {
+        let (status, body) = alice.call("tools/list", json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    drop(strangers);
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A GET stream on `/mcp` stays open for the session (it carries pings, and nothing else there), and ends when
 /// the session does.
 #[tokio::test]

@@ -18,6 +18,7 @@ use crate::router::{HierarchicalRouter, InstanceRouter};
 
 pub mod analytics;
 mod audit;
+mod body;
 mod dispatch;
 pub mod error;
 pub mod exchange;

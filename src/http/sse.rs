@@ -20,12 +20,13 @@ use warp::reply::Response;
 use warp::{Filter, Reply};
 
 use super::audit::finish;
+use super::body::Unread;
 use super::dispatch::Target;
 use super::error::McpError;
 use super::exchange::{response_message, Exchange};
 use super::identity::Identity;
 use super::stack::PeerAddr;
-use super::{json_response, McpDeps, MAX_BODY_BYTES};
+use super::{json_response, McpDeps};
 use crate::auth::{Principal, SCOPE_READ};
 use crate::events::{ClientConnected, ClientDisconnected, Event};
 use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS};
@@ -151,17 +152,16 @@ pub fn routes(
         .and(warp::post())
         .and(warp::query::<HashMap<String, String>>())
         .and(warp::header::headers_cloned())
-        .and(warp::body::content_length_limit(MAX_BODY_BYTES))
-        .and(warp::body::bytes())
+        .and(super::body::unread())
         .and(peer)
         .and(with)
         .then(
             |query: HashMap<String, String>,
              headers: HeaderMap,
-             body: bytes::Bytes,
+             body: Unread,
              peer: Option<PeerAddr>,
              (deps, sessions): (Arc<McpDeps>, Arc<SseSessions>)| async move {
-                let answer = message(&deps, &sessions, &query, &headers, &body).await;
+                let answer = message(&deps, &sessions, &query, &headers, body).await;
                 finish(&deps, "sse", peer, &headers, None, answer).await
             },
         );
@@ -229,7 +229,7 @@ async fn message(
     sessions: &Arc<SseSessions>,
     query: &HashMap<String, String>,
     headers: &HeaderMap,
-    body: &[u8],
+    body: Unread,
 ) -> Result<Response, McpError> {
     let id = query.get("session").or_else(|| query.get("sessionId")).map(String::as_str).unwrap_or("");
     let well_formed = id.len() >= 32 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
@@ -241,7 +241,8 @@ async fn message(
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     let caller = deps.auth.authenticate_request(authorization).await.map_err(McpError::Auth)?;
     // Read once, after authentication: counted for activity here, answered below (or refused as unreadable there).
-    let parsed = serde_json::from_slice::<Value>(body);
+    let body = body.read().await?;
+    let parsed = serde_json::from_slice::<Value>(&body);
     let tool_call = match &parsed {
         Ok(Value::Array(messages)) => crate::activity::calls_a_tool(messages),
         Ok(message) => crate::activity::calls_a_tool(std::slice::from_ref(message)),

@@ -9,7 +9,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_stream::wrappers::BroadcastStream;
@@ -18,6 +17,7 @@ use warp::reply::Response;
 use warp::{Filter, Reply};
 
 use super::audit::finish;
+use super::body::Unread;
 use super::dispatch::{Selection, Target};
 use super::error::{rpc_status, McpError};
 use super::exchange::{is_parked_state, response_message, Answer, Mode};
@@ -25,7 +25,7 @@ use super::identity::Identity;
 use super::oauth::ResourceUrls;
 use super::session::{self, Lookup, SessionTable, StreamError};
 use super::stack::PeerAddr;
-use super::{json_response, McpDeps, MAX_BODY_BYTES};
+use super::{json_response, McpDeps};
 use crate::auth;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Frame, FrameError, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
@@ -101,7 +101,8 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     // One pointer per request, not a copy of every dependency: warp runs this for each route it tries.
     let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
-    let body = warp::body::content_length_limit(MAX_BODY_BYTES).and(warp::body::bytes());
+    // Read once the caller is known (`body`): a stranger's answer does not wait for its body.
+    let body = super::body::unread();
     let peer = warp::ext::optional::<PeerAddr>();
 
     // `?toolset=NAME` selects a toolset (docs/toolsets.md); any other query parameter is ignored.
@@ -110,15 +111,14 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         .and(warp::query::raw().or(warp::any().map(String::new)).unify().map(|raw: String| toolset_param(&raw)));
     let hier_post =
         hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
-            |toolset: Option<String>, headers: HeaderMap, body: Bytes, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
-                let answer = match hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await {
-                    Ok(endpoint) => {
-                        let frame = protocol::decode_frame(&body);
-                        record_oauth_activity(&deps, &headers, &endpoint, frame_calls_a_tool(&frame));
-                        Box::pin(post(&deps, endpoint, &headers, frame)).await
-                    }
-                    Err(err) => Err(err),
-                };
+            |toolset: Option<String>, headers: HeaderMap, body: Unread, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
+                let answer = async {
+                    let endpoint = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await?;
+                    let frame = protocol::decode_frame(&body.read().await?);
+                    record_oauth_activity(&deps, &headers, &endpoint, frame_calls_a_tool(&frame));
+                    Box::pin(post(&deps, endpoint, &headers, frame)).await
+                }
+                .await;
                 with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
             },
         );
@@ -147,23 +147,22 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             |path: String,
              query: HashMap<String, String>,
              headers: HeaderMap,
-             body: Bytes,
+             body: Unread,
              peer: Option<PeerAddr>,
              deps: Arc<McpDeps>| async move {
-                let answer = match instance_endpoint(&deps, &path, &query, &headers) {
-                    Ok(endpoint) => {
-                        let frame = protocol::decode_frame(&body);
-                        if let Target::Instance(instance) = &endpoint.target {
-                            let spec = instance.spec();
-                            let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
-                            let client_id = format!("instance:{path}");
-                            let tool_call = frame_calls_a_tool(&frame);
-                            record_activity(&deps, &headers, tool_call, user_team, &client_id, "instance_token");
-                        }
-                        Box::pin(post(&deps, endpoint, &headers, frame)).await
+                let answer = async {
+                    let endpoint = instance_endpoint(&deps, &path, &query, &headers)?;
+                    let frame = protocol::decode_frame(&body.read().await?);
+                    if let Target::Instance(instance) = &endpoint.target {
+                        let spec = instance.spec();
+                        let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
+                        let client_id = format!("instance:{path}");
+                        let tool_call = frame_calls_a_tool(&frame);
+                        record_activity(&deps, &headers, tool_call, user_team, &client_id, "instance_token");
                     }
-                    Err(err) => Err(err),
-                };
+                    Box::pin(post(&deps, endpoint, &headers, frame)).await
+                }
+                .await;
                 finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
             },
         );
