@@ -35,11 +35,15 @@ fn time_per_call(budget: Duration, mut op: impl FnMut()) -> Duration {
 
 fn sessions() {
     let table = SessionTable::default();
-    for _ in 0..MAX_SESSIONS {
-        table.create("owner", "2025-06-18");
+    // Twenty owners, each under its own cap: the table's cap is what evicts.
+    let owners: Vec<String> = (0..20).map(|n| format!("owner-{n}")).collect();
+    for n in 0..MAX_SESSIONS {
+        table.create(&owners[n % owners.len()], "2025-06-18");
     }
+    let mut n = 0;
     let new = time_per_call(Duration::from_secs(2), || {
-        black_box(table.create("owner", "2025-06-18"));
+        n += 1;
+        black_box(table.create(&owners[n % owners.len()], "2025-06-18"));
     });
     // The replaced eviction: a scan of every session for the smallest last-seen time.
     let mut old: HashMap<String, Instant> =

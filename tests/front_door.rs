@@ -176,6 +176,13 @@ async fn framing_sessions_and_both_eras() {
     );
     let (status, _, _) = alice.post_raw(list.clone(), &[("accept", "application/json")]).await;
     assert_eq!(status, StatusCode::NOT_ACCEPTABLE, "only json accepted");
+    // What a client declares is kept for the session's life, so it is bounded: a clear error, no session.
+    let boasting = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",
+        "clientInfo":{"name":"boaster","version":"1"},"capabilities":{"experimental":{"x":"y".repeat(20_000)}}}});
+    let (status, headers, body) = alice.post_raw(boasting.to_string(), &[]).await;
+    assert_eq!((status, body["error"]["code"].as_i64()), (StatusCode::OK, Some(-32602)), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("capabilities larger than 16 KiB"), "{body}");
+    assert!(headers.get("mcp-session-id").is_none());
     alice.initialize().await;
     let (status, _, body) = alice.post_raw(list.clone(), &[]).await;
     assert_eq!(status, StatusCode::OK);

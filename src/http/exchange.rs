@@ -45,7 +45,7 @@ pub struct Exchange {
 pub enum Mode {
     /// A handshake-era session: server requests go out on the response stream and the client POSTs the
     /// answers; a disconnected client does not cancel the call. `capabilities`: what it declared at `initialize`.
-    Handshake { capabilities: Value },
+    Handshake { capabilities: std::sync::Arc<Value> },
     /// A 2026-07-28 request, which has no server requests: one the client declared the capability for ends the
     /// response with an `input_required` result, and the call waits, parked, for the client's retry with the
     /// answers (`resume`). Closing the response stream cancels the call.
@@ -173,7 +173,7 @@ impl Exchange {
         Fin: FnOnce(Result<Payload, RouteError>) -> Value + Send + Sync + 'static,
     {
         let (relay, rx) = match &mode {
-            Mode::Handshake { capabilities } => Relay::for_client(capabilities.clone()),
+            Mode::Handshake { capabilities } => Relay::for_client(std::sync::Arc::clone(capabilities)),
             Mode::Stateless { .. } => Relay::stateless_channel(),
         };
         // Boxed: the call's future is large, and tokio moves a future it holds inline each time the task's stage

@@ -120,7 +120,7 @@ async fn holds_relay(relay: Relay) -> Result<Payload, RouteError> {
 }
 
 fn handshake() -> Mode {
-    Mode::Handshake { capabilities: json!({}) }
+    Mode::Handshake { capabilities: std::sync::Arc::new(json!({})) }
 }
 
 /// Signals when dropped: a call's future was let go (finished or stopped).

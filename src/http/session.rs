@@ -4,11 +4,11 @@
 //! (MCP 2025-11-25 transport; docs/decisions.md). Ids are checked for form
 //! before anything is looked up or stored.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hashlink::LinkedHashMap;
+use hashlink::{LinkedHashMap, LinkedHashSet};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -16,8 +16,14 @@ use super::exchange::Exchange;
 
 /// Idle time after which a session is forgotten.
 pub const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
-/// Upper bound on live sessions per table; the oldest idle one is evicted past it.
+/// Upper bound on live sessions per table; the least recently used one is evicted past it.
 pub const MAX_SESSIONS: usize = 10_000;
+/// Upper bound on one owner's live sessions (a user in a team, or an instance): past it the owner's own least
+/// recently used session goes, so one caller opening sessions without end never evicts another's.
+pub const MAX_SESSIONS_PER_OWNER: usize = 1_000;
+/// Largest `capabilities` object a client may declare at `initialize` (as compact JSON): it is kept for the
+/// session's life. Clients declare well under 1 KiB.
+pub const MAX_CAPABILITIES_BYTES: usize = 16 * 1024;
 /// Longest session id accepted from a client (ours are 36 characters).
 pub const MAX_SESSION_ID: usize = 128;
 
@@ -34,8 +40,8 @@ struct Session {
     last_seen: Instant,
     /// Cancelled when the session ends; set while a GET stream is open.
     stream: Option<CancellationToken>,
-    /// The capabilities the client declared at `initialize`.
-    capabilities: serde_json::Value,
+    /// The capabilities the client declared at `initialize` (shared with each relayed request, not copied).
+    capabilities: Arc<serde_json::Value>,
     /// Resource URIs the client subscribed to (`resources/subscribe` on an instance endpoint), whose update
     /// notifications its stream receives.
     subscriptions: HashSet<String>,
@@ -56,11 +62,76 @@ pub enum StreamError {
     AlreadyOpen,
 }
 
+/// The sessions in two orders, least recently used first: all of them, and each owner's. A request moves its
+/// session to the back of both, so eviction takes a front in O(1) (a scan for the oldest cost 30% of CPU under
+/// `initialize` load with the table full).
+#[derive(Debug, Default)]
+struct Sessions {
+    all: LinkedHashMap<String, Session>,
+    by_owner: HashMap<String, LinkedHashSet<String>>,
+}
+
+impl Sessions {
+    fn get(&self, id: &str) -> Option<&Session> {
+        self.all.get(id)
+    }
+
+    fn get_mut(&mut self, id: &str) -> Option<&mut Session> {
+        self.all.get_mut(id)
+    }
+
+    fn len(&self) -> usize {
+        self.all.len()
+    }
+
+    /// Move session `id` of `owner` to the back of both orders.
+    fn used(&mut self, id: &str, owner: &str) {
+        self.all.to_back(id);
+        if let Some(ids) = self.by_owner.get_mut(owner) {
+            ids.to_back(id);
+        }
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Session> {
+        let session = self.all.remove(id)?;
+        if let Some(ids) = self.by_owner.get_mut(&session.owner) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.by_owner.remove(&session.owner);
+            }
+        }
+        Some(session)
+    }
+
+    /// Add a session, making room first: the owner's least recently used when the owner is at its cap, else the
+    /// table's when the table is full. An evicted session's open stream ends.
+    fn insert(&mut self, id: String, session: Session) {
+        if let Some(old) = self.remove(&id) {
+            end_stream(old);
+        }
+        let oldest_own = self.by_owner.get(&session.owner).filter(|ids| ids.len() >= MAX_SESSIONS_PER_OWNER);
+        let evicted = match oldest_own.and_then(|ids| ids.front().cloned()) {
+            Some(own) => Some(own),
+            None if self.all.len() >= MAX_SESSIONS => self.all.front().map(|(oldest, _)| oldest.clone()),
+            None => None,
+        };
+        if let Some(old) = evicted.and_then(|evicted| self.remove(&evicted)) {
+            end_stream(old);
+        }
+        self.by_owner.entry(session.owner.clone()).or_default().insert(id.clone());
+        self.all.insert(id, session);
+    }
+}
+
+fn end_stream(session: Session) {
+    if let Some(stream) = session.stream {
+        stream.cancel();
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct SessionTable {
-    /// Least recently used first: a request moves its session to the back, so eviction takes the front in O(1)
-    /// (a scan for the oldest cost 30% of CPU under `initialize` load with the table full).
-    sessions: Mutex<LinkedHashMap<String, Session>>,
+    sessions: Mutex<Sessions>,
     /// Server requests awaiting the client's answer and calls the client may cancel, per session.
     pub exchange: Arc<Exchange>,
     /// Cancelled at shutdown: every open GET stream ends (an open stream must not hold the drain).
@@ -81,31 +152,20 @@ impl SessionTable {
     }
 
     /// What the client of session `id` declared it can do (null when unknown).
-    pub fn capabilities(&self, id: &str) -> serde_json::Value {
+    pub fn capabilities(&self, id: &str) -> Arc<serde_json::Value> {
         self.sessions.lock().get(id).map(|s| s.capabilities.clone()).unwrap_or_default()
     }
 
     fn insert(&self, id: String, owner: &str, version: &str, capabilities: serde_json::Value) {
-        let mut sessions = self.sessions.lock();
-        if sessions.len() >= MAX_SESSIONS {
-            if let Some(stream) = sessions.pop_front().and_then(|(_, session)| session.stream) {
-                stream.cancel();
-            }
-        }
-        let old = sessions.insert(
-            id,
-            Session {
-                owner: owner.to_owned(),
-                version: version.to_owned(),
-                last_seen: Instant::now(),
-                stream: None,
-                capabilities,
-                subscriptions: HashSet::new(),
-            },
-        );
-        if let Some(stream) = old.and_then(|s| s.stream) {
-            stream.cancel();
-        }
+        let session = Session {
+            owner: owner.to_owned(),
+            version: version.to_owned(),
+            last_seen: Instant::now(),
+            stream: None,
+            capabilities: Arc::new(capabilities),
+            subscriptions: HashSet::new(),
+        };
+        self.sessions.lock().insert(id, session);
     }
 
     /// Look a session up for `owner`, refreshing it when known.
@@ -114,7 +174,7 @@ impl SessionTable {
         match sessions.get_mut(id) {
             Some(session) if session.owner == owner && session.last_seen.elapsed() < SESSION_IDLE => {
                 session.last_seen = Instant::now();
-                sessions.to_back(id);
+                sessions.used(id, owner);
                 Lookup::Known
             }
             _ => Lookup::Unknown,
@@ -129,8 +189,8 @@ impl SessionTable {
     pub fn remove(&self, id: &str, owner: &str) -> bool {
         let mut sessions = self.sessions.lock();
         if sessions.get(id).is_some_and(|s| s.owner == owner) {
-            if let Some(stream) = sessions.remove(id).and_then(|s| s.stream) {
-                stream.cancel();
+            if let Some(session) = sessions.remove(id) {
+                end_stream(session);
             }
             true
         } else {
@@ -148,7 +208,7 @@ impl SessionTable {
         let token = self.closing.child_token();
         session.stream = Some(token.clone());
         session.last_seen = Instant::now();
-        sessions.to_back(id);
+        sessions.used(id, owner);
         Ok(token)
     }
 
@@ -179,19 +239,19 @@ impl SessionTable {
     /// Drop sessions idle longer than `idle`; returns how many.
     pub fn sweep(&self, idle: Duration) -> usize {
         let mut sessions = self.sessions.lock();
-        let before = sessions.len();
-        sessions.retain(|_, s| {
+        let idle: Vec<String> = sessions
+            .all
+            .iter()
             // An open stream keeps a session alive.
-            let streaming = s.stream.as_ref().is_some_and(|t| !t.is_cancelled());
-            let keep = streaming || s.last_seen.elapsed() < idle;
-            if !keep {
-                if let Some(stream) = &s.stream {
-                    stream.cancel();
-                }
+            .filter(|(_, s)| s.stream.as_ref().is_none_or(|t| t.is_cancelled()) && s.last_seen.elapsed() >= idle)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &idle {
+            if let Some(session) = sessions.remove(id) {
+                end_stream(session);
             }
-            keep
-        });
-        before - sessions.len()
+        }
+        idle.len()
     }
 
     pub fn len(&self) -> usize {
@@ -234,25 +294,52 @@ mod tests {
     #[test]
     fn a_full_table_evicts_the_least_recently_used_session() {
         let table = SessionTable::default();
-        let ids: Vec<String> = (0..MAX_SESSIONS).map(|_| table.create("a", "v")).collect();
-        let stream = table.open_stream(&ids[1], "a").map_err(|e| format!("{e:?}"));
-        assert_eq!(table.touch(&ids[0], "a"), Lookup::Known, "used again: now the most recent");
-        table.create("a", "v");
+        // Many owners, each under its own cap: the table's cap is what evicts.
+        let owner = |n: usize| format!("owner-{}", n % 20);
+        let ids: Vec<String> = (0..MAX_SESSIONS).map(|n| table.create(&owner(n), "v")).collect();
+        let stream = table.open_stream(&ids[1], &owner(1)).map_err(|e| format!("{e:?}"));
+        assert_eq!(table.touch(&ids[0], &owner(0)), Lookup::Known, "used again: now the most recent");
+        table.create("newcomer", "v");
         assert_eq!(table.len(), MAX_SESSIONS);
-        assert_eq!(table.touch(&ids[0], "a"), Lookup::Known);
-        assert_eq!(table.touch(&ids[1], "a"), Lookup::Known, "its stream opened after ids[2] was made");
-        assert_eq!(table.touch(&ids[2], "a"), Lookup::Unknown, "the least recently used went");
-        table.create("a", "v");
-        assert_eq!(table.touch(&ids[3], "a"), Lookup::Unknown);
+        assert_eq!(table.touch(&ids[0], &owner(0)), Lookup::Known);
+        assert_eq!(table.touch(&ids[1], &owner(1)), Lookup::Known, "its stream opened after ids[2] was made");
+        assert_eq!(table.touch(&ids[2], &owner(2)), Lookup::Unknown, "the least recently used went");
+        table.create("newcomer", "v");
+        assert_eq!(table.touch(&ids[3], &owner(3)), Lookup::Unknown);
         assert_eq!(stream.map(|s| s.is_cancelled()), Ok(false));
+    }
+
+    #[test]
+    fn one_owner_opening_sessions_without_end_evicts_only_its_own() {
+        let table = SessionTable::default();
+        let alice = table.create("alice", "v");
+        let carol = table.create("carol", "v");
+        let stream = table.open_stream(&carol, "carol").map_err(|e| format!("{e:?}"));
+        let mallory: Vec<String> = (0..MAX_SESSIONS + 10).map(|_| table.create("mallory", "v")).collect();
+        assert_eq!(table.touch(&alice, "alice"), Lookup::Known, "the least recently used, yet not evicted");
+        assert_eq!(table.touch(&carol, "carol"), Lookup::Known);
+        assert_eq!(stream.map(|s| s.is_cancelled()), Ok(false));
+        assert_eq!(table.len(), MAX_SESSIONS_PER_OWNER + 2);
+        assert_eq!(table.touch(&mallory[0], "mallory"), Lookup::Unknown, "its own oldest went");
+        assert_eq!(table.touch(mallory.last().map_or("", String::as_str), "mallory"), Lookup::Known);
+        // Used again, an owner's session moves to the back of its own order too.
+        let kept = &mallory[mallory.len() - MAX_SESSIONS_PER_OWNER];
+        assert_eq!(table.touch(kept, "mallory"), Lookup::Known);
+        table.create("mallory", "v");
+        assert_eq!(table.touch(kept, "mallory"), Lookup::Known);
+        assert_eq!(table.touch(&mallory[mallory.len() - MAX_SESSIONS_PER_OWNER + 1], "mallory"), Lookup::Unknown);
     }
 
     #[test]
     fn idle_sessions_are_swept() {
         let table = SessionTable::default();
         table.create("a", "v");
+        let streaming = table.create("a", "v");
+        let _stream = table.open_stream(&streaming, "a");
         assert_eq!(table.sweep(Duration::from_secs(60)), 0);
-        assert_eq!(table.sweep(Duration::ZERO), 1);
-        assert!(table.is_empty());
+        assert_eq!(table.sweep(Duration::ZERO), 1, "an open stream keeps its session");
+        assert_eq!(table.len(), 1);
+        assert!(table.remove(&streaming, "a"));
+        assert!(table.is_empty() && table.sessions.lock().by_owner.is_empty(), "no owner left behind");
     }
 }

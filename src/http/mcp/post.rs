@@ -51,14 +51,22 @@ pub(super) async fn post(
                 return Err(McpError::AlreadyInitialized);
             }
         }
-        if let Some(err) = endpoint.target.refused_selection() {
-            // No session for a connection whose toolset cannot be used: the client shows why it failed.
+        let capabilities = messages[0].pointer("/params/capabilities").cloned().unwrap_or_default();
+        // The declared capabilities are kept for the session's life: bounded like everything a client can make
+        // the satellite keep.
+        let oversized = (crate::mcp::payload::json_len(&capabilities) > session::MAX_CAPABILITIES_BYTES).then(|| {
+            RpcError::new(
+                codes::INVALID_PARAMS,
+                format!("capabilities larger than {} KiB", session::MAX_CAPABILITIES_BYTES / 1024),
+            )
+        });
+        // No session for a connection whose toolset cannot be used: the client shows why it failed.
+        if let Some(err) = oversized.as_ref().or(endpoint.target.refused_selection()) {
             let id = messages[0].get("id").cloned().and_then(|id| serde_json::from_value(id).ok());
             return Ok(json_response(StatusCode::OK, &protocol::error_response(id, err.clone())));
         }
         let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
         let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
-        let capabilities = messages[0].pointer("/params/capabilities").cloned().unwrap_or_default();
         let id = endpoint.sessions.create_with(&endpoint.owner, &version, capabilities);
         new_session = Some(result);
         id

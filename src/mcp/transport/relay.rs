@@ -30,7 +30,7 @@ pub struct Relay {
     /// client instead gets `input_required` results, which it answers by retrying.
     handshake: bool,
     /// What a handshake-era client declared at `initialize`, declared on its behalf to a 2026-07-28 server.
-    capabilities: Option<Value>,
+    capabilities: Option<std::sync::Arc<Value>>,
 }
 
 impl Relay {
@@ -42,15 +42,15 @@ impl Relay {
     }
 
     /// A relay for a handshake-era client that declared `capabilities` at `initialize`.
-    pub fn for_client(capabilities: Value) -> (Relay, mpsc::Receiver<Inbound>) {
+    pub fn for_client(capabilities: std::sync::Arc<Value>) -> (Relay, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(CAPACITY);
-        let capabilities = Some(capabilities).filter(Value::is_object);
+        let capabilities = Some(capabilities).filter(|c| c.is_object());
         (Relay { tx, answers: true, handshake: true, capabilities }, rx)
     }
 
     /// The capabilities of a handshake-era client, when known.
     pub fn client_capabilities(&self) -> Option<&Value> {
-        self.capabilities.as_ref()
+        self.capabilities.as_deref()
     }
 
     /// A relay for a 2026-07-28 request: requests reach the receiving end, which turns them into
