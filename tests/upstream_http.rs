@@ -514,3 +514,81 @@ async fn a_legacy_sse_answer_is_passed_on_as_the_server_wrote_it() {
     assert_eq!(serde_json::to_string(&result).unwrap(), RESULT);
     assert_eq!(result.json_len(), RESULT.len());
 }
+
+/// A loopback listener that only counts the connections made to it (each is closed at once): where a server must
+/// not send the satellite.
+async fn elsewhere() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = reached.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(socket);
+        }
+    });
+    (addr, reached)
+}
+
+/// The headers of a remote server (here its `X-API-Key`) go to its origin only: a redirect to another origin is
+/// not followed (reqwest strips `Authorization` there, but not a custom header), while one within the origin still
+/// is. Before, the satellite followed the server anywhere with its key.
+#[tokio::test]
+async fn a_redirect_to_another_origin_is_not_followed() {
+    use tokio::io::AsyncWriteExt;
+    let (other, reached) = elsewhere().await;
+    let addr = raw_server(move |path, body, mut socket| async move {
+        let location = match path.as_str() {
+            "/mcp" => return answer_handshake(&body, &mut socket).await.unwrap_or(()),
+            "/moved/mcp" => "/mcp".to_owned(),
+            _ => format!("http://{other}/mcp"),
+        };
+        let answer = format!("HTTP/1.1 307 Temporary Redirect\r\nlocation: {location}\r\ncontent-length: 0\r\n\r\n");
+        let _ = socket.write_all(answer.as_bytes()).await;
+    })
+    .await;
+    let headers = BTreeMap::from([("X-API-Key".to_owned(), "sk-remote-key".to_owned())]);
+    let connect = |path: &str| {
+        let url = url::Url::parse(&format!("http://{addr}{path}")).unwrap();
+        let http = satellite::instances::remote_http_client().unwrap();
+        let transport = StreamableHttpTransport::new("test".into(), http, url, &headers).unwrap();
+        async move { McpClient::connect(Transport::StreamableHttp(transport), &fast_options()).await }
+    };
+    let err = connect("/away/mcp").await.expect_err("not followed");
+    assert!(err.to_string().contains("redirected to another origin"), "{err}");
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was sent to the other origin");
+    connect("/moved/mcp").await.expect("a redirect within the origin is followed");
+}
+
+/// A legacy SSE server's `endpoint` event must name its own origin: messages carry its headers and every call.
+/// Before, the satellite posted them wherever the event pointed.
+#[tokio::test]
+async fn a_legacy_sse_endpoint_of_another_origin_is_refused() {
+    use futures::StreamExt;
+    use std::convert::Infallible;
+    use warp::sse::Event;
+    use warp::Filter;
+    let (other, reached) = elsewhere().await;
+    let sse = warp::path("sse").and(warp::get()).map(move || {
+        let endpoint = Event::default().event("endpoint").data(format!("http://{other}/messages?session=1"));
+        let events = futures::stream::iter([Ok::<_, Infallible>(endpoint)]).chain(futures::stream::pending());
+        warp::sse::reply(events)
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(sse).incoming(listener).run());
+
+    let url = url::Url::parse(&format!("http://{addr}/sse")).unwrap();
+    let headers = BTreeMap::from([("X-API-Key".to_owned(), "sk-remote-key".to_owned())]);
+    let connected = SseTransport::connect("test".into(), reqwest::Client::new(), url, &headers, CALL).await;
+    let err = match connected {
+        Ok(transport) => {
+            let client = McpClient::connect(Transport::Sse(transport), &fast_options()).await;
+            panic!("the endpoint was taken (handshake: {:?})", client.err())
+        }
+        Err(err) => err,
+    };
+    assert!(err.to_string().contains("another origin"), "{err}");
+    assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
+}

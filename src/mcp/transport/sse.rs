@@ -72,7 +72,11 @@ impl SseTransport {
         tokio::spawn(reader.run(response, stop.clone()));
 
         let endpoint = match tokio::time::timeout(timeout, endpoint_rx).await {
-            Ok(Ok(endpoint)) => endpoint,
+            Ok(Ok(Ok(endpoint))) => endpoint,
+            Ok(Ok(Err(refused))) => {
+                stop.cancel();
+                return Err(UpstreamError::Protocol(refused));
+            }
             Ok(Err(_)) => {
                 stop.cancel();
                 return Err(UpstreamError::Protocol("sse stream ended before the endpoint event".into()));
@@ -150,7 +154,8 @@ struct Reader {
     label: String,
     base: Url,
     pending: Arc<Pending>,
-    endpoint_tx: Option<oneshot::Sender<Url>>,
+    /// The first `endpoint` event's URL, or why it cannot be used.
+    endpoint_tx: Option<oneshot::Sender<Result<Url, String>>>,
     notifications: broadcast::Sender<super::Announcement>,
 }
 
@@ -165,13 +170,18 @@ impl Reader {
             match event {
                 None => break "sse stream ended".to_owned(),
                 Some(Err(err)) => break format!("sse stream failed: {err}"),
-                Some(Ok(event)) if event.event == "endpoint" => match self.base.join(event.data.trim()) {
+                Some(Ok(event)) if event.event == "endpoint" => match self.endpoint(event.data.trim()) {
                     Ok(endpoint) => {
                         if let Some(tx) = self.endpoint_tx.take() {
-                            let _ = tx.send(endpoint);
+                            let _ = tx.send(Ok(endpoint));
                         }
                     }
-                    Err(err) => warn!(process_id = %self.label, error = %err, "invalid sse endpoint event"),
+                    Err(err) => {
+                        warn!(process_id = %self.label, error = %err, "invalid sse endpoint event");
+                        if let Some(tx) = self.endpoint_tx.take() {
+                            let _ = tx.send(Err(err));
+                        }
+                    }
                 },
                 Some(Ok(event)) if event.event.is_empty() || event.event == "message" => self.on_message(&event.data),
                 Some(Ok(event)) => debug!(process_id = %self.label, event = %event.event, "sse event ignored"),
@@ -179,6 +189,21 @@ impl Reader {
         };
         stop.cancel();
         self.pending.close(UpstreamError::Closed(format!("sse connection {}: {reason}", self.label)));
+    }
+
+    /// The URL an `endpoint` event names, resolved against the stream's. It must be of the stream's origin, as
+    /// the TypeScript SDK requires too: messages carry the server's headers, and a server must not be able to
+    /// send them, and every call, to another host.
+    fn endpoint(&self, data: &str) -> Result<Url, String> {
+        let endpoint = self.base.join(data).map_err(|err| format!("the sse endpoint event is not a URL: {err}"))?;
+        if endpoint.origin() != self.base.origin() {
+            return Err(format!(
+                "the sse endpoint event names another origin ({}) than the stream's ({})",
+                endpoint.origin().ascii_serialization(),
+                self.base.origin().ascii_serialization()
+            ));
+        }
+        Ok(endpoint)
     }
 
     fn on_message(&self, data: &str) {
