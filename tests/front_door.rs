@@ -841,6 +841,67 @@ async fn a_stranger_trickling_a_body_holds_no_place() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// `/mcp` passes prompts, reads and completions on whole, as a client would get them from the server directly:
+/// every page of a server's prompts (before, only the first), the read's `_meta` with its progress token, so the
+/// server's progress reaches the client (before, dropped), and completions only for a token that may execute, as
+/// `prompts/get` (before, any read-only token).
+#[tokio::test]
+async fn prompts_reads_and_completions_on_mcp_reach_the_server_whole() {
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "\n[[servers]]\nslug = \"paged\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"paged\"]\n\
+         [[installations]]\nid = \"i-paged\"\nteam = \"acme\"\nserver = \"paged\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-paged\"\n[installations.users.bob]\ninstance_path = \"bob-paged\"\n"
+    );
+    let sat = started_with(&(config() + &extra)).await;
+    wait_online(&sat, "paged-acme-alice-i-paged").await;
+    wait_online(&sat, "paged-acme-bob-i-paged").await;
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+
+    let (status, listed) = alice.call("prompts/list", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let names: Vec<&str> = listed["result"]["prompts"]
+        .as_array()
+        .map(|prompts| prompts.iter().filter_map(|p| p["name"].as_str()).filter(|n| n.starts_with("paged:")).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["paged:p1", "paged:p2", "paged:p3", "paged:p4", "paged:p5"], "{listed}");
+    assert!(listed["result"].get("nextCursor").is_none(), "the listing is whole: {listed}");
+
+    let read = json!({"jsonrpc":"2.0","id":3,"method":"resources/read",
+        "params":{"uri":"paged://report","_meta":{"progressToken":"tok-1"}}});
+    let (status, _, _) = alice.post_raw(read.to_string(), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let answer = alice
+        .http
+        .post(&alice.url)
+        .bearer_auth(ALICE)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", alice.session.as_deref().expect("a session"))
+        .body(read.to_string())
+        .send()
+        .await
+        .expect("answered")
+        .text()
+        .await
+        .expect("a body");
+    assert!(answer.contains("progress token: yes"), "the server got the progress token: {answer}");
+    let progress = answer
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .find(|message| message["method"] == "notifications/progress");
+    assert_eq!(progress.map(|p| p["params"]["progressToken"].clone()), Some(json!("tok-1")), "{answer}");
+
+    let complete = json!({"ref":{"type":"ref/prompt","name":"paged:p1"},"argument":{"name":"city","value":"pa"}});
+    let (status, completed) = alice.call("completion/complete", complete.clone()).await;
+    assert_eq!((status, completed["result"]["completion"]["values"].clone()), (StatusCode::OK, json!(["paris"])));
+    let reader = Caller::connect(&sat, "/mcp", Some(READER)).await;
+    let (status, refused) = reader.call("completion/complete", complete).await;
+    assert_eq!((status, refused["error"]["code"].as_i64()), (StatusCode::FORBIDDEN, Some(-32004)), "{refused}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A GET stream on `/mcp` stays open for the session (it carries pings, and nothing else there), and ends when
 /// the session does.
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! What `/mcp` serves beyond the meta-tools: the caller's prompts from all their instances, namespaced like tools
 //! (`slug:prompt`), their completions, and the logging level passed to the caller's servers.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::future::join_all;
@@ -21,8 +22,9 @@ fn declares(instance: &Instance, capability: &str) -> bool {
 }
 
 impl HierarchicalRouter {
-    /// `prompts/list`: every prompt of the caller's live instances, named `slug:prompt`. A server that does not
-    /// answer in time is left out of this listing rather than failing it.
+    /// `prompts/list`: every prompt of the caller's live instances, named `slug:prompt`, each server's listing
+    /// followed through its `nextCursor` pages, so the answer is whole and has no cursor of its own. A server that
+    /// does not answer in time is left out of this listing rather than failing it.
     pub(super) async fn list_prompts(&self, caller: &Principal) -> Result<Value, RouteError> {
         let instances: Vec<Arc<Instance>> = self
             .visible_instances(caller)
@@ -30,7 +32,7 @@ impl HierarchicalRouter {
             .filter(|i| callable(i.state()) && declares(i, "prompts"))
             .collect();
         let listings = join_all(instances.iter().map(|instance| async move {
-            let listed = forward(&self.manager, instance, "prompts/list", json!({}), self.read_timeout, None).await;
+            let listed = self.prompts_of(instance).await;
             (instance, listed)
         }))
         .await;
@@ -38,19 +40,45 @@ impl HierarchicalRouter {
         for (instance, listed) in listings {
             let slug = &instance.spec().server_slug;
             match listed {
-                Ok(listing) => {
-                    let listing = listing.into_value_or_null();
-                    for prompt in listing.get("prompts").and_then(Value::as_array).into_iter().flatten() {
+                Ok(listed) => {
+                    for mut prompt in listed {
                         let Some(name) = prompt.get("name").and_then(Value::as_str) else { continue };
-                        let mut entry = prompt.clone();
-                        entry["name"] = json!(tool_path(slug, name));
-                        prompts.push(entry);
+                        prompt["name"] = json!(tool_path(slug, name));
+                        prompts.push(prompt);
                     }
                 }
                 Err(err) => debug!(server = %slug, error = ?err, "prompts/list failed; left out of the listing"),
             }
         }
         Ok(json!({"prompts": prompts}))
+    }
+
+    /// Every prompt of one instance: at most `discovery::MAX_PAGES` pages, ending early at a cursor seen before;
+    /// a page that fails after the first keeps the prompts already listed.
+    async fn prompts_of(&self, instance: &Arc<Instance>) -> Result<Vec<Value>, RouteError> {
+        let mut prompts = Vec::new();
+        let mut cursors = HashSet::new();
+        let mut params = json!({});
+        for page in 0..crate::discovery::MAX_PAGES {
+            let mut listing =
+                match forward(&self.manager, instance, "prompts/list", params, self.read_timeout, None).await {
+                    Ok(listing) => listing.into_value_or_null(),
+                    Err(err) if page > 0 => {
+                        let slug = &instance.spec().server_slug;
+                        debug!(server = %slug, page, error = ?err, "prompts/list stopped; the prompts listed are kept");
+                        break;
+                    }
+                    Err(err) => return Err(err),
+                };
+            if let Some(listed) = listing.get_mut("prompts").and_then(Value::as_array_mut) {
+                prompts.append(listed);
+            }
+            match listing.get("nextCursor").and_then(Value::as_str).filter(|c| !c.is_empty()) {
+                Some(next) if cursors.insert(next.to_owned()) => params = json!({"cursor": next}),
+                _ => break,
+            }
+        }
+        Ok(prompts)
     }
 
     /// `prompts/get` for `slug:prompt`, on the caller's instance of that server.

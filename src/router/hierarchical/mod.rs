@@ -78,11 +78,15 @@ impl HierarchicalRouter {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 return self.get_prompt(caller, params, relay).await;
             }
-            "completion/complete" => return self.complete(caller, params, relay).await,
+            "completion/complete" => {
+                // It runs the server's code, as `prompts/get` does.
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                return self.complete(caller, params, relay).await;
+            }
             "resources/read" => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 let uri = string_param(&params, "uri", "Invalid uri parameter - must be a non-empty string")?;
-                return self.read(caller, uri, relay).await;
+                return self.read(caller, uri, &params, relay).await;
             }
             "tools/call" => return self.call_meta_tool(caller, toolset, &who, &params, relay).await,
             other => self.answer(caller, &who, other, params).await,
@@ -188,7 +192,7 @@ impl HierarchicalRouter {
             meta::READ_RESOURCE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 let uri = string_param(args, "uri", "Invalid uri parameter - must be a non-empty string")?;
-                let result = self.read(caller, uri, relay).await?.into_value().map_err(unreadable)?;
+                let result = self.read(caller, uri, params, relay).await?.into_value().map_err(unreadable)?;
                 Ok(Payload::from(json!({"content": [{"type": "text", "text": join_contents(&result)}]})))
             }
             other => Err(invalid(format!(

@@ -4,10 +4,14 @@
 use super::*;
 
 impl HierarchicalRouter {
+    /// Read `uri` on the caller's instance that has it. `outer`: the request that asks (`resources/read`, or the
+    /// `tools/call` of `read_mcp_resource`), whose `_meta` goes with the read: its progress token above all, so
+    /// the server's progress reaches the client that asked.
     pub(super) async fn read(
         &self,
         caller: &Principal,
         uri: &str,
+        outer: &Value,
         relay: Option<&Relay>,
     ) -> Result<Payload, RouteError> {
         let (instance, original) = self.resolve_resource(caller, uri)?;
@@ -15,7 +19,11 @@ impl HierarchicalRouter {
         if !callable(instance.state()) {
             return Err(internal(format!("MCP server '{slug}' is unavailable (status: {})", instance.state())));
         }
-        forward(&self.manager, &instance, "resources/read", json!({"uri": original}), self.read_timeout, relay).await
+        let mut params = protocol::object([("uri", Value::from(original))]);
+        if let Some(meta) = outer.get("_meta").filter(|m| !m.is_null()) {
+            params["_meta"] = meta.clone();
+        }
+        forward(&self.manager, &instance, "resources/read", params, self.read_timeout, relay).await
     }
 
     /// The caller's instance and original URI a resource URI names, in any of its public forms: the original
