@@ -709,6 +709,36 @@ async fn legacy_messages_authenticate_as_the_streams_owner() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A client opening and closing legacy SSE streams in a loop gets every stream, but its connections are reported
+/// (`mcp.client.connected`, then `disconnected`) only up to a budget per minute: before, each one wrote two events
+/// to the outbox, without bound, pushing out the events that matter.
+#[tokio::test]
+async fn legacy_streams_opened_in_a_loop_do_not_flood_the_outbox() {
+    use futures::StreamExt;
+    const STREAMS: usize = 80;
+    let sat = started().await;
+    let http = reqwest::Client::new();
+    for n in 0..STREAMS {
+        let stream = http.get(format!("{}/sse", sat.base_url())).bearer_auth(ALICE).send().await.unwrap();
+        assert!(stream.status().is_success(), "stream {n}");
+        let mut body = stream.bytes_stream();
+        let first = tokio::time::timeout(DEADLINE, body.next()).await.expect("the endpoint event").expect("open");
+        assert!(String::from_utf8_lossy(&first.unwrap()).contains("/message?session="), "stream {n}");
+    }
+    let store = sat.satellite.store();
+    let count = |kind: &'static str| async move {
+        store.events(Some(kind), 0, 1_000).await.map(|events| events.len()).unwrap_or_default()
+    };
+    let (connected, disconnected) = wait_until(DEADLINE, "every reported connection's end", || async {
+        let (connected, disconnected) = (count("mcp.client.connected").await, count("mcp.client.disconnected").await);
+        (connected > 0 && connected == disconnected).then_some((connected, disconnected))
+    })
+    .await;
+    // One budget of 30 a minute, two if the loop straddled a minute.
+    assert!(connected <= 60, "{connected} connections of {STREAMS} reported, {disconnected} ends");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A session id is not a credential on Streamable HTTP either: another user presenting alice's session id can
 /// neither take over her GET stream, end her session nor cancel on it, and her stream stays open and hers.
 #[tokio::test]

@@ -15,6 +15,7 @@ use rand::RngCore;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tracing::info;
 use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
@@ -46,11 +47,33 @@ struct SseSession {
     tool_calls: u64,
 }
 
-#[derive(Default)]
+/// `mcp.client.connected` events of one user (in one team) reported per minute; the streams past it open alike
+/// but are reported neither connected nor disconnected, so a client opening and closing streams in a loop cannot
+/// flood the outbox (and push out other events). Real clients open a few a minute.
+const CONNECTION_EVENTS_PER_MINUTE: u32 = 30;
+/// Users whose connection events are counted at once.
+const COUNTED_USERS: usize = 10_000;
+
 pub struct SseSessions {
     sessions: Mutex<HashMap<String, SseSession>>,
     /// Server requests awaiting the client's answer and calls it may cancel, per stream.
     exchange: Arc<Exchange>,
+    /// Connection events reported per user.
+    reported: crate::events::Throttle,
+}
+
+impl Default for SseSessions {
+    fn default() -> Self {
+        Self {
+            sessions: Mutex::default(),
+            exchange: Arc::default(),
+            reported: crate::events::Throttle::with_burst(
+                Duration::from_secs(60),
+                CONNECTION_EVENTS_PER_MINUTE,
+                COUNTED_USERS,
+            ),
+        }
+    }
 }
 
 impl SseSessions {
@@ -85,11 +108,16 @@ struct Unregister {
     tasks: tokio_util::task::TaskTracker,
     team_id: String,
     opened: Instant,
+    /// Whether the connection was reported; only then is its end.
+    reported: bool,
 }
 
 impl Drop for Unregister {
     fn drop(&mut self) {
         let removed = self.sessions.sessions.lock().remove(&self.id);
+        if !self.reported {
+            return;
+        }
         // A session the idle sweep already forgot timed out; otherwise the client went away.
         let (reason, tool_calls) = match &removed {
             Some(session) => ("client_close", session.tool_calls),
@@ -188,6 +216,7 @@ async fn open(
     let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let team_id = principal.team.0.clone();
+    let connected_user = principal.user.clone();
     sessions
         .sessions
         .lock()
@@ -204,7 +233,17 @@ async fn open(
         transport: "sse",
         ip_address: ip,
     };
-    deps.events.emit(Event::client_connected(&connected)).await;
+    let user_key = format!("{}\u{0}{}", connected_user.0, team_id);
+    let reported = match sessions.reported.allow(&user_key, Instant::now()) {
+        Some(held) => {
+            if held > 0 {
+                info!(user = %connected_user, team = %team_id, held, "legacy SSE streams opened past the reporting budget were not reported as connections");
+            }
+            deps.events.emit(Event::client_connected(&connected)).await;
+            true
+        }
+        None => false,
+    };
     let endpoint = warp::sse::Event::default().event("endpoint").data(format!("/message?session={id}"));
     let guard = Unregister {
         id,
@@ -213,6 +252,7 @@ async fn open(
         tasks: deps.tasks.clone(),
         team_id,
         opened: Instant::now(),
+        reported,
     };
     let events = futures::stream::once(async move { endpoint }).chain(ReceiverStream::new(rx)).map(move |event| {
         let _keep = &guard;
