@@ -871,21 +871,81 @@ async fn a_stranger_trickling_a_body_holds_no_place() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// The satellite of `config()` plus the fixture's `paged` server for alice (instance path `alice-paged`, token
+/// `instance_token("alice-paged")`) and bob, both online.
+async fn with_paged() -> TestSatellite {
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "\n[[servers]]\nslug = \"paged\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"paged\"]\n\
+         [[installations]]\nid = \"i-paged\"\nteam = \"acme\"\nserver = \"paged\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-paged\"\ninstance_token_sha256 = \"{}\"\n\
+         [installations.users.bob]\ninstance_path = \"bob-paged\"\n",
+        sha256_hex(&instance_token("alice-paged"))
+    );
+    let sat = started_with(&(config() + &extra)).await;
+    wait_online(&sat, "paged-acme-alice-i-paged").await;
+    wait_online(&sat, "paged-acme-bob-i-paged").await;
+    sat
+}
+
+/// A stdio server's log messages reach an instance's client as they would directly, each once: one sent during a
+/// call on that call's answer only, one sent outside any call on the session's GET stream. Before, the second was
+/// dropped, and the first would have gone on both streams had the GET stream carried log messages at all.
+#[tokio::test]
+async fn log_messages_reach_the_client_once_on_the_stream_they_belong_to() {
+    use futures::StreamExt;
+    let sat = with_paged().await;
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let session = direct.session.clone().expect("a session");
+    let stream = reqwest::Client::new()
+        .get(format!("{}{path}", sat.base_url()))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .expect("a GET stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut stream = stream.bytes_stream();
+    let post = |message: Value| {
+        direct
+            .http
+            .post(&direct.url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &session)
+            .body(message.to_string())
+            .send()
+    };
+    let call = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"log","arguments":{}}});
+    let answer = post(call).await.expect("answered").text().await.expect("a body");
+    assert!(answer.contains("during the call") && answer.contains("logged"), "on the call's answer: {answer}");
+    // The server logs once more, with no call running, when the client says its roots changed.
+    let told = post(json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"})).await.expect("accepted");
+    assert_eq!(told.status(), StatusCode::ACCEPTED);
+    let mut heard = String::new();
+    let logged = tokio::time::timeout(DEADLINE, async {
+        while !heard.contains("outside any call") {
+            match stream.next().await {
+                Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return false,
+            }
+        }
+        true
+    })
+    .await;
+    assert_eq!(logged, Ok(true), "a log message outside any call reaches the GET stream: {heard}");
+    assert!(!heard.contains("during the call"), "the call's log message came twice: {heard}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// `/mcp` passes prompts, reads and completions on whole, as a client would get them from the server directly:
 /// every page of a server's prompts (before, only the first), the read's `_meta` with its progress token, so the
 /// server's progress reaches the client (before, dropped), and completions only for a token that may execute, as
 /// `prompts/get` (before, any read-only token).
 #[tokio::test]
 async fn prompts_reads_and_completions_on_mcp_reach_the_server_whole() {
-    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
-    let extra = format!(
-        "\n[[servers]]\nslug = \"paged\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"paged\"]\n\
-         [[installations]]\nid = \"i-paged\"\nteam = \"acme\"\nserver = \"paged\"\n\
-         [installations.users.alice]\ninstance_path = \"alice-paged\"\n[installations.users.bob]\ninstance_path = \"bob-paged\"\n"
-    );
-    let sat = started_with(&(config() + &extra)).await;
-    wait_online(&sat, "paged-acme-alice-i-paged").await;
-    wait_online(&sat, "paged-acme-bob-i-paged").await;
+    let sat = with_paged().await;
     let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
 
     let (status, listed) = alice.call("prompts/list", json!({})).await;

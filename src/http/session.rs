@@ -47,6 +47,13 @@ struct Session {
     subscriptions: HashSet<String>,
 }
 
+impl Session {
+    /// Whether its GET stream is open.
+    fn streaming(&self) -> bool {
+        self.stream.as_ref().is_some_and(|t| !t.is_cancelled())
+    }
+}
+
 /// What a request's session header resolved to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Lookup {
@@ -172,7 +179,10 @@ impl SessionTable {
     pub fn touch(&self, id: &str, owner: &str) -> Lookup {
         let mut sessions = self.sessions.lock();
         match sessions.get_mut(id) {
-            Some(session) if session.owner == owner && session.last_seen.elapsed() < SESSION_IDLE => {
+            // An open GET stream keeps a session alive, as it does in `sweep`.
+            Some(session)
+                if session.owner == owner && (session.last_seen.elapsed() < SESSION_IDLE || session.streaming()) =>
+            {
                 session.last_seen = Instant::now();
                 sessions.used(id, owner);
                 Lookup::Known
@@ -243,7 +253,7 @@ impl SessionTable {
             .all
             .iter()
             // An open stream keeps a session alive.
-            .filter(|(_, s)| s.stream.as_ref().is_none_or(|t| t.is_cancelled()) && s.last_seen.elapsed() >= idle)
+            .filter(|(_, s)| !s.streaming() && s.last_seen.elapsed() >= idle)
             .map(|(id, _)| id.clone())
             .collect();
         for id in &idle {
@@ -328,6 +338,23 @@ mod tests {
         table.create("mallory", "v");
         assert_eq!(table.touch(kept, "mallory"), Lookup::Known);
         assert_eq!(table.touch(&mallory[mallory.len() - MAX_SESSIONS_PER_OWNER + 1], "mallory"), Lookup::Unknown);
+    }
+
+    #[test]
+    fn a_session_whose_stream_is_open_is_not_idle() {
+        let table = SessionTable::default();
+        let quiet = table.create("a", "v");
+        let listening = table.create("a", "v");
+        let stream = table.open_stream(&listening, "a").map_err(|e| format!("{e:?}"));
+        let long_ago = Instant::now().checked_sub(SESSION_IDLE + Duration::from_secs(60));
+        for id in [&quiet, &listening] {
+            if let (Some(session), Some(at)) = (table.sessions.lock().get_mut(id), long_ago) {
+                session.last_seen = at;
+            }
+        }
+        assert_eq!(table.touch(&quiet, "a"), Lookup::Unknown, "idle past SESSION_IDLE");
+        assert_eq!(table.touch(&listening, "a"), Lookup::Known, "its GET stream has been open all along");
+        assert_eq!(stream.map(|s| s.is_cancelled()), Ok(false));
     }
 
     #[test]

@@ -265,8 +265,15 @@ impl Owner {
                         }
                     }
                     "notifications/message" => {
-                        for relay in self.relays.all() {
-                            relay.notify(&method, params.clone());
+                        // A log line cannot say which call it is about: it goes to every call in flight, and only
+                        // when there is none to the instance's announcements (its sessions' GET streams). Both
+                        // would give a client the same message twice, where MCP sends each on one stream.
+                        let relays = self.relays.all();
+                        if !relays.is_empty() {
+                            for relay in relays {
+                                relay.notify(&method, params.clone());
+                            }
+                            return;
                         }
                     }
                     _ => {}
