@@ -1002,3 +1002,40 @@ async fn a_first_config_fetch_that_fails_is_retried_until_the_servers_run() {
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A 2xx is the whole answer of health, the heartbeat and events (BP §1.5, §3.4, §8.3): one whose body the
+/// satellite cannot read (not JSON, cut short) is still accepted. Before, a cut events answer re-sent a batch the
+/// backend had already processed (each event twice on the dashboard), a cut verification heartbeat threw the
+/// working credentials away and registered again, and a health answer that is not JSON stopped the start.
+#[tokio::test]
+async fn a_2xx_answer_that_cannot_be_read_is_still_a_2xx() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let TestSatellite { satellite, dir: first, .. } =
+        start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    assert!(satellite.shutdown().await);
+    let before = backend.events().len();
+
+    backend.fault_next(Endpoint::Health, Fault::Garbage, 1);
+    backend.fault_next(Endpoint::Heartbeat, Fault::Truncated, 1);
+    backend.fault_next(Endpoint::Events, Fault::Truncated, 1);
+    let sat = TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempdir_at(first.path()), fast)
+        .await
+        .expect("starts: the health answer that is not JSON and the cut heartbeat are 2xx");
+    assert_eq!(backend.calls(Endpoint::Register).len(), 1, "the stored credentials were kept");
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_until(DEADLINE, "the outbox drained after a cut events answer", || async {
+        let drained = sat.satellite.store().event_count().await.ok() == Some(0);
+        (drained && backend.events().len() > before).then_some(())
+    })
+    .await;
+    let mut seen = std::collections::HashMap::new();
+    for event in &backend.events()[before..] {
+        let key = (event.kind.as_str().to_owned(), event.timestamp.clone(), Value::Object(event.data.clone()));
+        *seen.entry(key).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).map(|(k, n)| (&k.0, *n)).collect();
+    assert!(twice.is_empty(), "events that arrived more than once: {twice:?}");
+    assert!(sat.satellite.shutdown().await);
+    backend.take_violations();
+}

@@ -12,6 +12,7 @@ use reqwest::{Method, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tracing::warn;
 use url::Url;
 
 use super::credentials::Credentials;
@@ -143,7 +144,7 @@ impl BackendClient {
 
     /// E1, no auth, 5 s.
     pub async fn health(&self) -> Result<HealthResponse, BackendError> {
-        self.call(
+        self.call_acknowledged(
             "health",
             Method::GET,
             path::HEALTH.to_owned(),
@@ -177,7 +178,7 @@ impl BackendClient {
     /// E3, 10 s.
     pub async fn heartbeat(&self, body: &HeartbeatRequest) -> Result<Ack, BackendError> {
         let (id, key) = self.session("heartbeat")?;
-        self.call(
+        self.call_acknowledged(
             "heartbeat",
             Method::POST,
             path::heartbeat(&id),
@@ -204,7 +205,7 @@ impl BackendClient {
     /// E5, 10 s.
     pub async fn post_result(&self, body: &CommandResult) -> Result<Ack, BackendError> {
         let (id, key) = self.session("command-result")?;
-        self.call(
+        self.call_acknowledged(
             "command-result",
             Method::POST,
             path::command_result(&id),
@@ -234,7 +235,7 @@ impl BackendClient {
     /// E7, 10 s.
     pub async fn post_events(&self, body: &EventsRequest) -> Result<EventsResponse, BackendError> {
         let (id, key) = self.session("events")?;
-        self.call(
+        self.call_acknowledged(
             "events",
             Method::POST,
             path::events(&id),
@@ -313,6 +314,7 @@ impl BackendClient {
         Ok((session.satellite_id.clone(), session.api_key.expose_secret().to_owned()))
     }
 
+    /// One request whose answer the satellite reads: a 2xx body that does not read as `T` is an error.
     #[allow(clippy::too_many_arguments)]
     async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
@@ -324,6 +326,48 @@ impl BackendClient {
         timeout: Duration,
         max_bytes: usize,
     ) -> Result<T, BackendError> {
+        let (status, bytes) = self.exchange(endpoint, method, path, bearer, body, timeout, max_bytes).await?;
+        let bytes: &[u8] = if status == StatusCode::NO_CONTENT { b"{}" } else { &bytes };
+        serde_json::from_slice(bytes).map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() })
+    }
+
+    /// One request whose 2xx is the whole answer (health, heartbeat, command result, events: BP §0, §1.5, §3.4,
+    /// §8.3): a body that does not read as `T` (empty, cut short, a field of another shape) is still that 2xx,
+    /// read as `T::default()` with a warning, never a failure that would re-send, re-register or stop a start.
+    #[allow(clippy::too_many_arguments)]
+    async fn call_acknowledged<B: Serialize, T: DeserializeOwned + Default>(
+        &self,
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        bearer: Option<String>,
+        body: Option<&B>,
+        timeout: Duration,
+        max_bytes: usize,
+    ) -> Result<T, BackendError> {
+        let (status, bytes) = self.exchange(endpoint, method, path, bearer, body, timeout, max_bytes).await?;
+        if status == StatusCode::NO_CONTENT {
+            return Ok(T::default());
+        }
+        Ok(serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+            warn!(endpoint, status = status.as_u16(), error = %err, "a 2xx answer of the backend could not be read; taken as accepted");
+            T::default()
+        }))
+    }
+
+    /// Send one request; its 2xx status and body, or the error (a non-2xx answer, the network, a body past
+    /// `max_bytes`).
+    #[allow(clippy::too_many_arguments)]
+    async fn exchange<B: Serialize>(
+        &self,
+        endpoint: &'static str,
+        method: Method,
+        path: String,
+        bearer: Option<String>,
+        body: Option<&B>,
+        timeout: Duration,
+        max_bytes: usize,
+    ) -> Result<(StatusCode, Vec<u8>), BackendError> {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -366,10 +410,7 @@ impl BackendClient {
             let refusal = Refusal::of(status.as_u16(), body.as_ref());
             return Err(BackendError::Status { endpoint, status: status.as_u16(), refusal, message, body });
         }
-        if status == StatusCode::NO_CONTENT {
-            return serde_json::from_slice(b"{}").map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() });
-        }
-        serde_json::from_slice(&bytes).map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() })
+        Ok((status, bytes))
     }
 }
 

@@ -179,7 +179,7 @@ impl BackendError {
 
 /// `{success:true, message}`: the 200 answer of a heartbeat (BP §3.6) and of a command result (BP §5)
 /// (`ack-response.schema.json`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Ack {
     #[serde(default)]
     pub success: bool,
