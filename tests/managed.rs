@@ -1039,3 +1039,31 @@ async fn a_2xx_answer_that_cannot_be_read_is_still_a_2xx() {
     assert!(sat.satellite.shutdown().await);
     backend.take_violations();
 }
+
+/// Commands of odd shapes (BP §0, §4.3, §6.5): one whose `command_type` is null or whose id is a number gets its
+/// `failed` result, one that is not an object at all is passed over, and the commands after them run. Before, one
+/// such command failed every poll, and, redelivered at the head of the queue, stopped every command after it
+/// (installs, removals, revocations) until the backend gave up on it.
+#[tokio::test]
+async fn an_odd_command_is_answered_or_passed_over_and_the_ones_after_it_run() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    backend.push_raw_command(json!(null));
+    backend
+        .push_raw_command(json!({"id": "c-null-type", "command_type": null, "priority": "immediate", "payload": {}}));
+    backend.push_raw_command(json!({"id": 42, "command_type": "noop", "priority": 7, "payload": "x"}));
+    backend.push_command(refresh("c-after"));
+    for id in ["c-null-type", "42", "c-after"] {
+        let result = wait_until(DEADLINE, &format!("a result for {id}"), || async {
+            backend.results_for(id).into_iter().next()
+        })
+        .await;
+        let expected = if id == "c-after" { ResultStatus::Completed } else { ResultStatus::Failed };
+        assert_eq!(result.status, expected, "{id}: {result:?}");
+    }
+    assert!(sat.satellite.shutdown().await);
+    backend.take_violations();
+}

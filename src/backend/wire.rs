@@ -459,7 +459,8 @@ pub struct ServerStatusCounts {
 /// client falls back to the mode table of BP §4.4.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CommandsResponse {
-    #[serde(default)]
+    /// `null` is none; an element that is not an object cannot be answered (no id) and is left out.
+    #[serde(default, deserialize_with = "objects_only")]
     pub commands: Vec<Command>,
     #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub polling_mode: Option<PollingMode>,
@@ -570,11 +571,13 @@ impl CommandKind {
     }
 }
 
+/// A command as it is on the wire. Every field reads whatever its shape, so one odd command never fails a poll:
+/// a numeric id is its text, a `command_type` that is not a string is unknown (answered `failed`).
 #[derive(Serialize, Deserialize)]
 struct RawCommand {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "text_or_number")]
     id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "text_or_number")]
     command_type: String,
     #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     priority: Option<Priority>,
@@ -582,6 +585,33 @@ struct RawCommand {
     payload: Value,
     #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     correlation_id: Option<String>,
+}
+
+/// A string, or a number as its text; anything else (null, an object) is empty.
+fn text_or_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    Ok(match Option::<Value>::deserialize(deserializer)? {
+        Some(Value::String(text)) => text,
+        Some(Value::Number(number)) => number.to_string(),
+        _ => String::new(),
+    })
+}
+
+/// The elements of a list that are objects, read as `T`; `null` or a non-list is empty, and an element that is not
+/// an object or does not read is left out with a warning.
+fn objects_only<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    let Some(Value::Array(items)) = Option::<Value>::deserialize(deserializer)? else { return Ok(Vec::new()) };
+    Ok(items
+        .into_iter()
+        .filter_map(|item| {
+            let read = if item.is_object() { serde_json::from_value(item) } else { Err(serde::de::Error::custom("not an object")) };
+            read.map_err(|err: serde_json::Error| tracing::warn!(error = %err, "a list element of the backend's answer that cannot be read was left out"))
+                .ok()
+        })
+        .collect())
 }
 
 impl From<RawCommand> for Command {

@@ -24,8 +24,8 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use satellite::backend::wire::{
-    Command, CommandResult, ConfigResponse, EventEnvelope, OAuthToken, OAuthTokenRequest, OAuthTokenStatus,
-    PollingMode, Priority,
+    Command, CommandKind, CommandResult, ConfigResponse, EventEnvelope, OAuthToken, OAuthTokenRequest,
+    OAuthTokenStatus, PollingMode, Priority,
 };
 use satellite::events::EventKind;
 use serde_json::{json, Value};
@@ -169,6 +169,8 @@ struct RegisteredSatellite {
 struct Issued {
     command: Command,
     results: Vec<CommandResult>,
+    /// Delivered as it is instead of `command` (a malformed command; `command` then holds only its id).
+    raw: Option<Value>,
 }
 
 struct OAuthGrant {
@@ -334,7 +336,21 @@ impl FakeBackend {
     }
 
     pub fn push_command(&self, command: Command) {
-        self.shared.state.lock().commands.push(Issued { command, results: Vec::new() });
+        self.shared.state.lock().commands.push(Issued { command, results: Vec::new(), raw: None });
+    }
+
+    /// A command delivered exactly as given, however malformed (a `null` type, a numeric id, not an object at
+    /// all), until a result names its `id` (as text); one without an id is delivered for ever.
+    pub fn push_raw_command(&self, raw: Value) {
+        let id = match &raw["id"] {
+            Value::String(id) => id.clone(),
+            Value::Number(id) => id.to_string(),
+            _ => String::new(),
+        };
+        let kind = CommandKind::Unknown { command_type: String::new(), payload: Value::Null };
+        let priority = serde_json::from_value(raw["priority"].clone()).ok();
+        let command = Command { id, priority, correlation_id: None, kind };
+        self.shared.state.lock().commands.push(Issued { command, results: Vec::new(), raw: Some(raw) });
     }
 
     /// Answer every poll with this mode and interval instead of deriving them (BP §4.2); `None` derives again.
@@ -922,12 +938,13 @@ fn poll(state: &mut State, me: &str, query: &str, body: &Value) -> Answer {
         });
     }
     let active = state.satellites.iter().any(|s| s.id == me && s.active);
-    let commands: Vec<&Command> = if active {
-        state.commands.iter().filter(|c| c.results.is_empty()).map(|c| &c.command).take(limit).collect()
-    } else {
-        Vec::new()
-    };
-    let has = |p: Priority| commands.iter().any(|c| c.priority.as_ref() == Some(&p));
+    let issued: Vec<&Issued> =
+        if active { state.commands.iter().filter(|c| c.results.is_empty()).take(limit).collect() } else { Vec::new() };
+    let has = |p: Priority| issued.iter().any(|c| c.command.priority.as_ref() == Some(&p));
+    let commands: Vec<Value> = issued
+        .iter()
+        .map(|c| c.raw.clone().unwrap_or_else(|| serde_json::to_value(&c.command).unwrap_or_default()))
+        .collect();
     let (mode, interval) = if let Some((mode, interval)) = &state.poll_hint {
         (mode.clone(), *interval)
     } else if has(Priority::Immediate) {
