@@ -26,27 +26,32 @@ pub struct McpServerEntry {
     #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
     pub team_id: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default, deserialize_with = "null_as_empty", skip_serializing_if = "String::is_empty")]
     pub team_slug: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default, deserialize_with = "null_as_empty", skip_serializing_if = "String::is_empty")]
     pub server_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_slug: Option<String>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default, deserialize_with = "null_as_empty", skip_serializing_if = "String::is_empty")]
     pub installation_name: String,
-    #[serde(default, alias = "type", skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport_type: Option<String>,
+    /// The older payloads' name of `transport_type` (BP §7.3), used when `transport_type` is absent. A field of its
+    /// own, not a serde alias: an entry carrying both (a backend during the rename) would be refused as having a
+    /// duplicate field.
+    #[serde(default, rename = "type", deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    pub legacy_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, deserialize_with = "null_as_empty", skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url_query_params: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, deserialize_with = "null_as_empty", skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<f64>,
@@ -92,6 +97,15 @@ pub struct McpServerEntry {
     /// How often to discover the instance again (the standalone file's `servers[].rediscover_seconds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rediscover_seconds: Option<u64>,
+}
+
+/// A field whose `null` means what its absence means: empty (BP §0; serde reads `null` as a value otherwise).
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -165,7 +179,7 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
         Some(ms) if ms.is_finite() && ms > 0.0 => Duration::from_millis(ms as u64),
         Some(_) => return Err("timeout must be a positive number of milliseconds".into()),
     };
-    let transport = entry.transport_type.as_deref().unwrap_or("");
+    let transport = entry.transport_type.as_deref().or(entry.legacy_type.as_deref()).unwrap_or("");
     let upstream = match transport {
         // A disabled entry may come without command or url (BP §7.5); it is kept as disabled, never started.
         _ if !enabled => Upstream::Stdio { command: String::new(), args: Vec::new(), env: BTreeMap::new() },
@@ -326,6 +340,27 @@ mod tests {
             "command": "npx", "args": ["-y", "x"], "env": {"K": "v"}, "enabled": true, "user_id": "u1",
             "instance_path": "bold-penguin", "instance_token_hash": "ABC", "language": "typescript"
         })
+    }
+
+    /// BP §0 and §7.3: an entry of a backend in the middle of renaming `type` to `transport_type` (both keys), or
+    /// one writing absent names and maps as `null`, is the same entry. Before, serde refused the first as a
+    /// duplicate field and the second as "invalid type: null", and the instance was stopped as removed.
+    #[test]
+    fn both_transport_keys_and_null_names_and_maps_are_read() {
+        let mut both = stdio_entry();
+        both["type"] = json!("stdio");
+        let mut legacy = stdio_entry();
+        legacy.as_object_mut().map(|e| e.remove("transport_type"));
+        legacy["type"] = json!("stdio");
+        let mut nulls = stdio_entry();
+        for key in ["team_slug", "server_name", "installation_name", "env"] {
+            nulls[key] = Value::Null;
+        }
+        for (what, raw) in [("both keys", both), ("legacy type", legacy), ("nulls", nulls)] {
+            let entry = serde_json::from_value::<McpServerEntry>(raw).unwrap_or_else(|err| panic!("{what}: {err}"));
+            let spec = validate("github-acme-u1-inst1", &entry).unwrap_or_else(|err| panic!("{what}: {err}"));
+            assert!(matches!(spec.upstream, Upstream::Stdio { .. }), "{what}");
+        }
     }
 
     #[test]
