@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use satellite::backend::wire::{
     Command, CommandKind, CommonPayload, ConfigResponse, ConfigurePayload, PollingMode, Priority, RestartPayload,
-    ResultStatus,
+    ResultStatus, TargetPayload,
 };
 use satellite::config::Config;
 use satellite::control::McpServerEntry;
@@ -1064,6 +1064,50 @@ async fn an_odd_command_is_answered_or_passed_over_and_the_ones_after_it_run() {
         let expected = if id == "c-after" { ResultStatus::Completed } else { ResultStatus::Failed };
         assert_eq!(result.status, expected, "{id}: {result:?}");
     }
+    assert!(sat.satellite.shutdown().await);
+    backend.take_violations();
+}
+
+/// A legacy `kill` names its server by `server_name` (BP §6.3): the config key names one user's instance, a
+/// server's name or slug its installation. Before, only `installation_id` was read and such a kill was failed
+/// ("installation_id is required"), leaving the server running.
+#[tokio::test]
+async fn a_legacy_kill_by_server_name_stops_what_it_names() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let kill = |id: &str, name: &str| {
+        let common = CommonPayload { server_name: Some(name.into()), ..Default::default() };
+        Command::new(id, Priority::Immediate, CommandKind::Kill(TargetPayload { common }))
+    };
+    backend.push_command(kill("c-kill-alice", ALICE));
+    backend.push_command(kill("c-kill-nothing", "no-such-server"));
+    let killed = first_result(&backend, "c-kill-alice").await;
+    assert_eq!(killed.status, ResultStatus::Completed, "{killed:?}");
+    let unknown = first_result(&backend, "c-kill-nothing").await;
+    assert_eq!(unknown.status, ResultStatus::Failed);
+    assert!(unknown.error_message.as_deref().unwrap_or("").contains("no server named no-such-server"), "{unknown:?}");
+    let alice = satellite::model::ProcessId::from(ALICE);
+    wait_until(DEADLINE, "alice's instance stopped", || {
+        let running = sat.satellite.manager().get(&alice).is_some_and(|i| i.status().status == InstanceStatus::Online);
+        async move { (!running).then_some(()) }
+    })
+    .await;
+    let bob = sat.satellite.manager().get(&satellite::model::ProcessId::from(BOB)).map(|i| i.status().status);
+    assert_eq!(bob, Some(InstanceStatus::Online), "bob's instance of the same installation is not touched");
+
+    // The server's slug names the installation: every member's instance of it.
+    backend.push_command(kill("c-kill-plain", "plain"));
+    assert_eq!(first_result(&backend, "c-kill-plain").await.status, ResultStatus::Completed);
+    wait_until(DEADLINE, "bob's instance stopped", || {
+        let bob = satellite::model::ProcessId::from(BOB);
+        let running = sat.satellite.manager().get(&bob).is_some_and(|i| i.status().status == InstanceStatus::Online);
+        async move { (!running).then_some(()) }
+    })
+    .await;
     assert!(sat.satellite.shutdown().await);
     backend.take_violations();
 }

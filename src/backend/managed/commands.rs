@@ -179,27 +179,27 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
             },
         },
         CommandKind::Restart(payload) => {
-            let Some(installation) = payload.common.installation_id.clone() else {
-                return CommandResult::failed(id, "installation_id is required for restart", None);
+            let (installation, user, named) = match named_installation(deps, &payload.common, "restart") {
+                Ok(target) => target,
+                Err(reason) => return CommandResult::failed(id, reason, None),
             };
-            let user = payload.common.user_id.as_deref().map(UserId::from);
-            match deps.manager.restart_installation(&InstallationId::from(installation.as_str()), user.as_ref()).await {
+            match deps.manager.restart_installation(&installation, user.as_ref()).await {
                 Ok(n) => CommandResult::completed(
                     id,
-                    json!({"process_id": installation, "server_name": installation, "server_url": "", "restart_time_ms": 0, "instances": n}),
+                    json!({"process_id": installation.0, "server_name": named, "server_url": "", "restart_time_ms": 0, "instances": n}),
                 ),
                 Err(err) => CommandResult::failed(id, err.to_string(), None),
             }
         }
         CommandKind::Kill(payload) => {
-            let Some(installation) = payload.common.installation_id.clone() else {
-                return CommandResult::failed(id, "installation_id is required for kill", None);
+            let (installation, user, named) = match named_installation(deps, &payload.common, "kill") {
+                Ok(target) => target,
+                Err(reason) => return CommandResult::failed(id, reason, None),
             };
-            let user = payload.common.user_id.as_deref().map(UserId::from);
-            match deps.manager.stop_installation(&InstallationId::from(installation.as_str()), user.as_ref()).await {
+            match deps.manager.stop_installation(&installation, user.as_ref()).await {
                 Ok(n) => CommandResult::completed(
                     id,
-                    json!({"process_id": installation, "server_name": installation, "shutdown_time_ms": 0, "instances": n}),
+                    json!({"process_id": installation.0, "server_name": named, "shutdown_time_ms": 0, "instances": n}),
                 ),
                 Err(err) => CommandResult::failed(id, err.to_string(), None),
             }
@@ -347,5 +347,45 @@ async fn recover(deps: &ManagedDeps, id: String, installation: InstallationId) -
         CommandResult::completed(id, result)
     } else {
         CommandResult::failed(id, "re-discovery failed for some instances", Some(result))
+    }
+}
+
+/// The installation (and user) a `kill` or `restart` names (BP §6.3), with the name to report: its
+/// `installation_id`, or the legacy `server_name`, read as an instance's process id (the config key, one user's
+/// instance) or as a server's name or slug (within `team_id` when the payload gives one). A `user_id` narrows
+/// either; a name that fits instances of several installations is refused, so nothing unmeant is stopped.
+fn named_installation(
+    deps: &ManagedDeps,
+    common: &wire::CommonPayload,
+    verb: &str,
+) -> Result<(InstallationId, Option<UserId>, String), String> {
+    let user = common.user_id.as_deref().map(UserId::from);
+    if let Some(installation) = &common.installation_id {
+        return Ok((InstallationId::from(installation.as_str()), user, installation.clone()));
+    }
+    let Some(name) = common.server_name.as_deref().filter(|n| !n.is_empty()) else {
+        return Err(format!("installation_id (or the legacy server_name) is required for {verb}"));
+    };
+    let instances = deps.manager.instances();
+    if let Some(instance) = instances.iter().find(|i| i.spec().process_id.as_str() == name) {
+        let spec = instance.spec();
+        return Ok((spec.installation_id.clone(), user.or_else(|| Some(spec.user_id.clone())), name.to_owned()));
+    }
+    let team = common.team_id.as_deref().or(common.team_context.as_ref().and_then(|t| t.team_id.as_deref()));
+    let mut installations: Vec<InstallationId> = instances
+        .iter()
+        .map(|i| i.spec())
+        .filter(|spec| spec.server_name == name || spec.server_slug == name)
+        .filter(|spec| team.is_none_or(|team| spec.team_id.as_str() == team))
+        .map(|spec| spec.installation_id.clone())
+        .collect();
+    installations.sort();
+    installations.dedup();
+    match installations.as_slice() {
+        [] => Err(format!("no server named {name} on this satellite")),
+        [installation] => Ok((installation.clone(), user, name.to_owned())),
+        several => {
+            Err(format!("server_name {name} names {} installations; send installation_id for {verb}", several.len()))
+        }
     }
 }
