@@ -336,6 +336,7 @@ mod tests {
     fn spec(user: &str, logging: bool) -> InstanceSpec {
         InstanceSpec {
             process_id: ProcessId(format!("gh-acme-{user}-i1")),
+            instance_id: None,
             installation_id: InstallationId::from("i1"),
             installation_name: "GitHub".into(),
             team_id: TeamId::from("t1"),

@@ -1111,3 +1111,30 @@ async fn a_legacy_kill_by_server_name_stops_what_it_names() {
     assert!(sat.satellite.shutdown().await);
     backend.take_violations();
 }
+
+/// The heartbeat's running instances carry the backend's instance row id (BP §3.3, the `instance_id` of the
+/// config entry), "unknown" when it sent none. Before, the process id went there, which matches no row.
+#[tokio::test]
+async fn the_heartbeat_names_instances_by_the_backends_instance_id() {
+    let backend = FakeBackend::start().await;
+    let mut config = config();
+    if let Some(entry) = config.mcp_servers.get_mut(ALICE) {
+        entry["instance_id"] = json!("inst_8f2kA1");
+    }
+    backend.set_config(&config);
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let reported = wait_until(DEADLINE, "a heartbeat with both running instances", || async {
+        backend.heartbeats().into_iter().rev().find_map(|beat| {
+            let instances = beat.pointer("/mcp_status/instances")?.as_array()?.clone();
+            let by_user =
+                |user: &str| instances.iter().find(|i| i["user_id"] == user).map(|i| i["instance_id"].clone());
+            Some((by_user("alice")?, by_user("bob")?))
+        })
+    })
+    .await;
+    assert_eq!(reported, (json!("inst_8f2kA1"), json!("unknown")));
+    assert!(sat.satellite.shutdown().await);
+    backend.assert_no_violations();
+}

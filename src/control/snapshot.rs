@@ -235,6 +235,7 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
     let secrets = entry.secret_metadata.clone().unwrap_or_default();
     Ok(InstanceSpec {
         process_id: ProcessId(key.to_owned()),
+        instance_id: entry.instance_id.clone().filter(|id| !id.is_empty()),
         installation_id: InstallationId(entry.installation_id.clone()),
         installation_name: Some(entry.installation_name.clone())
             .filter(|s| !s.is_empty())

@@ -117,6 +117,9 @@ pub struct SecretNames {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceSpec {
     pub process_id: ProcessId,
+    /// The backend's row id of this per-user instance (BP §7.3 `instance_id`), reported in the heartbeat; none
+    /// in standalone mode or from a backend that does not send it.
+    pub instance_id: Option<String>,
     pub installation_id: InstallationId,
     pub installation_name: String,
     pub team_id: TeamId,
@@ -293,6 +296,7 @@ impl fmt::Display for InstanceStatus {
 pub(crate) fn sample_spec() -> InstanceSpec {
     InstanceSpec {
         process_id: ProcessId("demo-acme-u1-i1".into()),
+        instance_id: None,
         installation_id: InstallationId::from("i1"),
         installation_name: "Demo".into(),
         team_id: TeamId::from("t1"),

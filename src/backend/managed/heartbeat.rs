@@ -126,7 +126,8 @@ pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: b
         running.push(McpInstanceStatus {
             installation_id: spec.installation_id.0.clone(),
             installation_name: spec.process_id.0.clone(),
-            instance_id: spec.process_id.0.clone(),
+            // BP §3.3: the backend's instance row id, "unknown" when it sent none.
+            instance_id: spec.instance_id.clone().unwrap_or_else(|| "unknown".to_owned()),
             user_id: spec.user_id.0.clone(),
             team_id: spec.team_id.0.clone(),
             status: ProcessStatus::Running,

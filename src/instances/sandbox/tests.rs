@@ -27,6 +27,7 @@ fn policy(dir: &Path, settings: SandboxSettings, extra: &[PathBuf]) -> SandboxPo
 fn spec(team: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> InstanceSpec {
     InstanceSpec {
         process_id: ProcessId("p".into()),
+        instance_id: None,
         installation_id: InstallationId("i".into()),
         installation_name: "i".into(),
         team_id: TeamId(team.into()),
