@@ -74,6 +74,8 @@ struct Observed {
     remote_answer: String,
     results: Vec<(String, ResultStatus)>,
     foreign_audience: (u16, i64),
+    /// `aud: []`: present, naming nothing (OQ-14: refused).
+    empty_audience: (u16, i64),
     no_audience_ok: bool,
 }
 
@@ -88,6 +90,7 @@ async fn run(style: AnswerStyle) -> (Observed, BTreeSet<String>) {
     backend.add_token(ALICE_TOKEN, TokenInfo::new("alice", "acme"));
     backend.add_token("foreign-token-0123456789", TokenInfo::new("alice", "acme").with_aud(&["https://elsewhere/mcp"]));
     backend.add_token("no-aud-token-0123456789", TokenInfo::new("alice", "acme").without_aud());
+    backend.add_token("empty-aud-token-0123456789", TokenInfo::new("alice", "acme").with_aud(&[]));
     let sat =
         TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempfile::tempdir().unwrap(), fast)
             .await
@@ -162,6 +165,9 @@ async fn run(style: AnswerStyle) -> (Observed, BTreeSet<String>) {
     let (status, reply) =
         Caller::new(&sat, "/mcp", Some("foreign-token-0123456789")).call("tools/list", json!({})).await;
     let foreign_audience = (status.as_u16(), reply["error"]["code"].as_i64().unwrap_or_default());
+    let (status, reply) =
+        Caller::new(&sat, "/mcp", Some("empty-aud-token-0123456789")).call("tools/list", json!({})).await;
+    let empty_audience = (status.as_u16(), reply["error"]["code"].as_i64().unwrap_or_default());
     let mut no_audience = Caller::new(&sat, "/mcp", Some("no-aud-token-0123456789"));
     no_audience.initialize().await;
     let (status, _) = no_audience.call("ping", json!({})).await;
@@ -187,7 +193,8 @@ async fn run(style: AnswerStyle) -> (Observed, BTreeSet<String>) {
     .await;
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
-    let observed = Observed { tool_paths, stdio_answer, remote_answer, results, foreign_audience, no_audience_ok };
+    let observed =
+        Observed { tool_paths, stdio_answer, remote_answer, results, foreign_audience, empty_audience, no_audience_ok };
     (observed, kinds)
 }
 
@@ -207,6 +214,7 @@ async fn the_satellite_behaves_alike_against_minimal_real_full_and_extended_back
         ]
     );
     assert_eq!(real.foreign_audience, (401, -32002), "a foreign audience is an invalid token");
+    assert_eq!(real.empty_audience, (401, -32002), "an audience naming nothing is not this satellite");
     assert!(real.no_audience_ok);
     for style in [AnswerStyle::Minimal, AnswerStyle::Full, AnswerStyle::Extra] {
         let (observed, events) = run(style).await;

@@ -20,7 +20,6 @@ use crate::backend::metrics::ProcessMetrics;
 use crate::backend::monitor::BackendMonitor;
 use crate::backend::oauth::{BackendGithub, BackendOAuth};
 use crate::backend::startup::{self, IdentityError};
-use crate::backend::wire::Audience;
 use crate::config::env::Env;
 use crate::config::{self, Config, ConfigError, Mode, StandaloneSource};
 use crate::control::standalone::{self, StandaloneConfig};
@@ -503,11 +502,10 @@ fn introspector(client: Arc<BackendClient>) -> Introspect {
                                 client_id: client_id.clone(),
                                 role: crate::auth::Role::from_team_role(answer.team_role.as_deref()),
                             },
-                            audience: match answer.aud {
-                                Some(Audience::One(one)) => vec![one],
-                                Some(Audience::Many(many)) => many,
-                                None => Vec::new(),
-                            },
+                            audience: answer
+                                .aud
+                                .as_ref()
+                                .map(|aud| aud.names().into_iter().map(str::to_owned).collect()),
                             client_id,
                         })
                     }

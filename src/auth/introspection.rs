@@ -25,8 +25,8 @@ pub const CACHE_TTL: Duration = Duration::from_secs(5 * 60);
 #[derive(Debug, Clone, PartialEq)]
 pub struct Introspected {
     pub principal: Principal,
-    /// `aud` of the response; empty when absent.
-    pub audience: Vec<String>,
+    /// `aud` of the response: `None` when absent, else the audiences it names (maybe none).
+    pub audience: Option<Vec<String>>,
     pub client_id: Option<String>,
 }
 
@@ -101,7 +101,7 @@ impl TokenIntrospection {
         };
         match flight.await {
             Verdict::Active(found) => {
-                if !self.audience_ok(&found.audience) {
+                if !self.audience_ok(found.audience.as_deref()) {
                     return Err(AuthError::Invalid("Token audience does not include this satellite".into()));
                 }
                 let expires = Instant::now() + self.inner.ttl;
@@ -146,10 +146,12 @@ impl TokenIntrospection {
         }
     }
 
-    /// BP §10, SB §5.5: an `aud` that names none of the accepted audiences is refused; no `aud` is accepted.
-    fn audience_ok(&self, audience: &[String]) -> bool {
-        audience.is_empty()
-            || audience.iter().any(|a| self.inner.audiences.iter().any(|ok| a.trim_end_matches('/') == ok))
+    /// BP §10, SB §5.5, OQ-14: an `aud` that names none of the accepted audiences is refused (an empty one or one
+    /// of another shape too); no `aud` is accepted.
+    fn audience_ok(&self, audience: Option<&[String]>) -> bool {
+        audience.is_none_or(|audience| {
+            audience.iter().any(|a| self.inner.audiences.iter().any(|ok| a.trim_end_matches('/') == ok))
+        })
     }
 
     /// Drop every cached token of `user`; returns how many.
@@ -191,7 +193,13 @@ mod tests {
     use crate::model::TeamId;
     use std::sync::atomic::{AtomicU32, Ordering};
 
+    /// Alice's active token; `audience` empty is no `aud` at all.
     fn alice(audience: &[&str]) -> Verdict {
+        alice_for((!audience.is_empty()).then(|| audience.to_vec()))
+    }
+
+    /// Alice's active token with `aud` as given (`None`: absent).
+    fn alice_for(audience: Option<Vec<&str>>) -> Verdict {
         Verdict::Active(Introspected {
             principal: Principal {
                 user: UserId::from("alice"),
@@ -200,7 +208,7 @@ mod tests {
                 client_id: Some("dyn_1".into()),
                 role: crate::auth::Role::Member,
             },
-            audience: audience.iter().map(|a| a.to_string()).collect(),
+            audience: audience.map(|names| names.iter().map(|a| a.to_string()).collect()),
             client_id: Some("dyn_1".into()),
         })
     }
@@ -269,16 +277,18 @@ mod tests {
     #[tokio::test]
     async fn audience_must_name_this_satellite_when_present() {
         for (aud, ok) in [
-            (vec![], true),
-            (vec!["http://sat:3001/mcp"], true),
-            (vec!["http://sat:3001/"], true),
-            (vec!["https://other.example/mcp", "http://sat:3001"], true),
-            (vec!["https://other.example/mcp"], false),
-            (vec!["deploystack:mcp:satellite"], true),
-            (vec!["deploystack:mcp:other"], false),
-            (vec!["https://proxy.example/mcp/"], true),
+            (None, true),
+            // Present but naming nothing (`[]`, or another shape): not this satellite (OQ-14).
+            (Some(vec![]), false),
+            (Some(vec!["http://sat:3001/mcp"]), true),
+            (Some(vec!["http://sat:3001/"]), true),
+            (Some(vec!["https://other.example/mcp", "http://sat:3001"]), true),
+            (Some(vec!["https://other.example/mcp"]), false),
+            (Some(vec!["deploystack:mcp:satellite"]), true),
+            (Some(vec!["deploystack:mcp:other"]), false),
+            (Some(vec!["https://proxy.example/mcp/"]), true),
         ] {
-            let (introspect, _) = backend(alice(&aud), Duration::ZERO);
+            let (introspect, _) = backend(alice_for(aud.clone()), Duration::ZERO);
             let auth = TokenIntrospection::new(introspect, sat(), CACHE_TTL);
             assert_eq!(auth.authenticate("tok").await.is_ok(), ok, "{aud:?}");
             assert_eq!(auth.cached_tokens(), usize::from(ok), "a refused audience is not cached");

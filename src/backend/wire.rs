@@ -996,7 +996,8 @@ pub struct IntrospectResponse {
     /// Space-separated scopes.
     #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
-    #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
+    /// Not read leniently: an `aud` of another shape is still an audience, one that names nothing (OQ-14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub aud: Option<Audience>,
     #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Option::is_none")]
     pub iss: Option<String>,
@@ -1035,20 +1036,30 @@ impl IntrospectResponse {
 
     /// Every audience value, none when `aud` is absent.
     pub fn audiences(&self) -> Vec<&str> {
-        match &self.aud {
-            None => Vec::new(),
-            Some(Audience::One(one)) => vec![one.as_str()],
-            Some(Audience::Many(many)) => many.iter().map(String::as_str).collect(),
-        }
+        self.aud.as_ref().map(Audience::names).unwrap_or_default()
     }
 }
 
-/// `aud` is a string or an array of strings.
+/// `aud` is a string or an array of strings; anything else (an array holding other values, an object) is kept
+/// as it came and names only the strings it holds at its top level.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Audience {
     One(String),
     Many(Vec<String>),
+    Other(Value),
+}
+
+impl Audience {
+    /// The audiences it names (maybe none).
+    pub fn names(&self) -> Vec<&str> {
+        match self {
+            Audience::One(one) => vec![one.as_str()],
+            Audience::Many(many) => many.iter().map(String::as_str).collect(),
+            Audience::Other(Value::Array(items)) => items.iter().filter_map(Value::as_str).collect(),
+            Audience::Other(_) => Vec::new(),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1103,6 +1114,19 @@ pub struct GithubToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// OQ-14: an `aud` that is present names what it holds, maybe nothing; only an absent one (or `null`) is none.
+    #[test]
+    fn an_audience_of_any_shape_is_present() {
+        let aud = |raw: Value| serde_json::from_value::<IntrospectResponse>(json!({"active": true, "aud": raw}));
+        let names = |raw: Value| aud(raw).map(|r| r.aud.map(|a| a.names().join(","))).map_err(|e| e.to_string());
+        assert_eq!(names(json!("a")), Ok(Some("a".into())));
+        assert_eq!(names(json!(["a", "b"])), Ok(Some("a,b".into())));
+        assert_eq!(names(json!([])), Ok(Some(String::new())));
+        assert_eq!(names(json!(["a", 7])), Ok(Some("a".into())));
+        assert_eq!(names(json!({"x": 1})), Ok(Some(String::new())));
+        assert_eq!(names(Value::Null), Ok(None));
+    }
     use serde_json::json;
 
     #[test]
