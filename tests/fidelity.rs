@@ -166,18 +166,8 @@ async fn a_result_reaches_the_client_byte_for_byte_as_the_server_wrote_it() {
     let caller = Caller::connect(&sat, &format!("/i/alice-verbatim/mcp?token={TOKEN}"), None).await;
     let body =
         json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "verbatim", "arguments": {}}});
-    let response = caller
-        .http
-        .post(&caller.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-session-id", caller.session.as_deref().expect("a session"))
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("the call is answered");
-    assert_eq!(response.status(), StatusCode::OK);
-    let text = response.text().await.expect("a body");
+    let (status, text) = caller.post_text(&body).await;
+    assert_eq!(status, StatusCode::OK);
     assert_eq!(text, format!(r#"{{"jsonrpc":"2.0","id":7,"result":{VERBATIM_RESULT}}}"#));
 
     let executed = wait_until(Duration::from_secs(60), "the call's mcp.tool.executed event", || async {

@@ -907,22 +907,12 @@ async fn log_messages_reach_the_client_once_on_the_stream_they_belong_to() {
         .expect("a GET stream");
     assert_eq!(stream.status(), StatusCode::OK);
     let mut stream = stream.bytes_stream();
-    let post = |message: Value| {
-        direct
-            .http
-            .post(&direct.url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-session-id", &session)
-            .body(message.to_string())
-            .send()
-    };
     let call = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"log","arguments":{}}});
-    let answer = post(call).await.expect("answered").text().await.expect("a body");
+    let (_, answer) = direct.post_text(&call).await;
     assert!(answer.contains("during the call") && answer.contains("logged"), "on the call's answer: {answer}");
     // The server logs once more, with no call running, when the client says its roots changed.
-    let told = post(json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"})).await.expect("accepted");
-    assert_eq!(told.status(), StatusCode::ACCEPTED);
+    let (told, _) = direct.post_text(&json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"})).await;
+    assert_eq!(told, StatusCode::ACCEPTED);
     let mut heard = String::new();
     let logged = tokio::time::timeout(DEADLINE, async {
         while !heard.contains("outside any call") {
@@ -959,22 +949,8 @@ async fn prompts_reads_and_completions_on_mcp_reach_the_server_whole() {
 
     let read = json!({"jsonrpc":"2.0","id":3,"method":"resources/read",
         "params":{"uri":"paged://report","_meta":{"progressToken":"tok-1"}}});
-    let (status, _, _) = alice.post_raw(read.to_string(), &[]).await;
+    let (status, answer) = alice.post_text(&read).await;
     assert_eq!(status, StatusCode::OK);
-    let answer = alice
-        .http
-        .post(&alice.url)
-        .bearer_auth(ALICE)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-session-id", alice.session.as_deref().expect("a session"))
-        .body(read.to_string())
-        .send()
-        .await
-        .expect("answered")
-        .text()
-        .await
-        .expect("a body");
     assert!(answer.contains("progress token: yes"), "the server got the progress token: {answer}");
     let progress = answer
         .lines()

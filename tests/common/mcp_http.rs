@@ -33,6 +33,28 @@ impl Caller {
         body: String,
         extra: &[(&str, &str)],
     ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let response = self.send(body, extra).await;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap_or_default();
+        let sse = headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        let reply = if sse { sse_response(&text) } else { serde_json::from_str(&text).unwrap_or(Value::Null) };
+        (status, headers, reply)
+    }
+
+    /// POST `body` on the caller's session; the status and the answer's text as it came (a JSON body, or an SSE
+    /// stream with whatever the server said before its response).
+    pub async fn post_text(&self, body: &Value) -> (StatusCode, String) {
+        let response = self.send(body.to_string(), &[]).await;
+        (response.status(), response.text().await.unwrap_or_default())
+    }
+
+    /// POST `body` with the caller's token and session, the default content type and accept unless `extra` sets
+    /// them, and `extra`.
+    async fn send(&self, body: String, extra: &[(&str, &str)]) -> reqwest::Response {
         let mut request = self.http.post(&self.url).body(body);
         for (name, default) in [("content-type", "application/json"), ("accept", "application/json, text/event-stream")]
         {
@@ -49,16 +71,7 @@ impl Caller {
         for (k, v) in extra {
             request = request.header(*k, *v);
         }
-        let response = request.send().await.expect("request");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap_or_default();
-        let sse = headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|t| t.starts_with("text/event-stream"));
-        let reply = if sse { sse_response(&text) } else { serde_json::from_str(&text).unwrap_or(Value::Null) };
-        (status, headers, reply)
+        request.send().await.expect("request")
     }
 
     pub async fn initialize(&mut self) {
