@@ -60,7 +60,8 @@ async fn run(
                 *errors.entry("not online after restart").or_insert(0) += 1;
             }
         } else {
-            let slept = within(|| async { manager.sweep_idle().await > 0 || instance(sat, ALICE).is_dormant() }).await;
+            let slept =
+                within(|| async { manager.sweep_idle(|_| false).await > 0 || instance(sat, ALICE).is_dormant() }).await;
             if !slept {
                 *errors.entry("never went dormant").or_insert(0) += 1;
             }

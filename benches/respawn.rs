@@ -88,7 +88,7 @@ fn main() {
         let mut respawn = Vec::with_capacity(ROUNDS);
         for round in 0..WARMUP + ROUNDS {
             let cold = cold_call_direct().await;
-            while manager.sweep_idle().await == 0 {
+            while manager.sweep_idle(|_| false).await == 0 {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             assert!(instance.is_dormant());

@@ -874,6 +874,11 @@ async fn a_stranger_trickling_a_body_holds_no_place() {
 /// The satellite of `config()` plus the fixture's `paged` server for alice (instance path `alice-paged`, token
 /// `instance_token("alice-paged")`) and bob, both online.
 async fn with_paged() -> TestSatellite {
+    with_paged_and(|_| {}).await
+}
+
+/// `with_paged`, its configuration changed by `adjust` first.
+async fn with_paged_and(adjust: impl FnOnce(&mut satellite::config::Config)) -> TestSatellite {
     let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
     let extra = format!(
         "\n[[servers]]\nslug = \"paged\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"paged\"]\n\
@@ -882,7 +887,8 @@ async fn with_paged() -> TestSatellite {
          [installations.users.bob]\ninstance_path = \"bob-paged\"\n",
         sha256_hex(&instance_token("alice-paged"))
     );
-    let sat = started_with(&(config() + &extra)).await;
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &(config() + &extra), adjust).await;
+    sat.wait_ready().await;
     wait_online(&sat, "paged-acme-alice-i-paged").await;
     wait_online(&sat, "paged-acme-bob-i-paged").await;
     sat
@@ -926,6 +932,37 @@ async fn log_messages_reach_the_client_once_on_the_stream_they_belong_to() {
     .await;
     assert_eq!(logged, Ok(true), "a log message outside any call reaches the GET stream: {heard}");
     assert!(!heard.contains("during the call"), "the call's log message came twice: {heard}");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// An instance whose client subscribed to one of its resources stays up while idle: put to sleep, its server
+/// would forget the subscription and the client would never hear of an update. Bob's instance of the same server,
+/// with no subscription, sleeps meanwhile (the idle job ran); once Alice unsubscribes hers sleeps too.
+#[tokio::test]
+async fn a_subscribed_instance_is_not_put_to_sleep() {
+    let sat = with_paged_and(crate::common::lifecycle::fast_idle).await;
+    let dormant = |id: &'static str| {
+        let instance = sat.satellite.manager().get(&ProcessId::from(id));
+        async move { instance.is_some_and(|i| i.is_dormant()).then_some(()) }
+    };
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let subscribe = |method: &str| json!({"jsonrpc":"2.0","id":9,"method":method,"params":{"uri":"paged://report"}});
+    let (status, answer) = direct.post_text(&subscribe("resources/subscribe")).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer.contains("\"result\""), "{answer}");
+    assert!(dormant("paged-acme-alice-i-paged").await.is_none(), "awake after the subscription's call");
+
+    // Bob's instance is woken and sleeps again: the idle job has run since Alice subscribed.
+    let bob = Caller::connect(&sat, "/mcp", Some(BOB)).await;
+    let ran = bob.execute("paged:ok", json!({})).await;
+    assert_eq!(ran["result"]["content"][0]["text"], "ok", "{ran}");
+    wait_until(DEADLINE, "bob's idle instance asleep", || dormant("paged-acme-bob-i-paged")).await;
+    assert!(dormant("paged-acme-alice-i-paged").await.is_none(), "the subscribed instance stays up");
+
+    let (status, _) = direct.post_text(&subscribe("resources/unsubscribe")).await;
+    assert_eq!(status, StatusCode::OK);
+    wait_until(DEADLINE, "alice's instance asleep once unsubscribed", || dormant("paged-acme-alice-i-paged")).await;
     assert!(sat.satellite.shutdown().await);
 }
 

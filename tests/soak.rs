@@ -102,7 +102,9 @@ async fn a_thousand_spawn_crash_and_idle_cycles_leak_no_descriptor_or_process() 
                 // Idle: put it to sleep.
                 wait_until(DEADLINE, "alice dormant", || {
                     let manager = manager.clone();
-                    async move { (manager.sweep_idle().await > 0 || instance(sat, ALICE).is_dormant()).then_some(()) }
+                    async move {
+                        (manager.sweep_idle(|_| false).await > 0 || instance(sat, ALICE).is_dormant()).then_some(())
+                    }
                 })
                 .await;
             }

@@ -10,7 +10,7 @@ use tracing::{debug, info};
 use crate::activity::ActivityTracker;
 use crate::config::Config;
 use crate::events::{self, Emitter};
-use crate::http::session::{SessionTable, SESSION_IDLE};
+use crate::http::session::{self, SessionTable, SESSION_IDLE};
 use crate::http::sse::{SseSessions, SSE_IDLE};
 use crate::instances::InstanceManager;
 use crate::jobs::{FirstRun, Jobs};
@@ -60,6 +60,8 @@ pub(super) fn schedule(m: Maintenance<'_>) {
     jobs.every("token-encoder-release", ENCODER_CHECK_PERIOD, FirstRun::AfterOnePeriod, || async {
         tokio::task::spawn_blocking(|| crate::tokens::release_idle(ENCODER_IDLE)).await.map(|_| ())
     });
+    // A session on an instance's own endpoint subscribed to its resources keeps that instance awake.
+    let subscribers = sessions[1].clone();
     jobs.every("session-expiry", SESSION_SWEEP_PERIOD, FirstRun::AfterOnePeriod, move || {
         let swept: usize = sessions.iter().map(|t| t.sweep(SESSION_IDLE)).sum::<usize>() + sse_sessions.sweep(SSE_IDLE);
         if swept > 0 {
@@ -71,9 +73,12 @@ pub(super) fn schedule(m: Maintenance<'_>) {
     if lifecycle.idle_timeout.is_some() {
         let idle_manager = manager.clone();
         jobs.every("idle-process-cleanup", lifecycle.idle_check_interval, FirstRun::Immediately, move || {
-            let manager = idle_manager.clone();
+            let (manager, subscribers) = (idle_manager.clone(), subscribers.clone());
             async move {
-                let slept = manager.sweep_idle().await;
+                let subscribed = |instance: &crate::instances::Instance| {
+                    subscribers.has_subscriptions(&session::instance_owner(&instance.spec().process_id))
+                };
+                let slept = manager.sweep_idle(subscribed).await;
                 if slept > 0 {
                     info!(slept, "idle instances made dormant");
                 }

@@ -85,7 +85,7 @@ impl Target {
             Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
                 format!("{}\u{0}{}", caller.user, caller.team)
             }
-            Target::Instance(instance) => format!("instance:{}", instance.spec().process_id),
+            Target::Instance(instance) => super::session::instance_owner(&instance.spec().process_id),
         }
     }
 }

@@ -27,6 +27,11 @@ pub const MAX_CAPABILITIES_BYTES: usize = 16 * 1024;
 /// Longest session id accepted from a client (ours are 36 characters).
 pub const MAX_SESSION_ID: usize = 128;
 
+/// The owner of the sessions on an instance's own endpoint (`/i/{path}/mcp`): the instance, whoever connects.
+pub fn instance_owner(process_id: &crate::model::ProcessId) -> String {
+    format!("instance:{process_id}")
+}
+
 /// Whether a client-supplied session id has the form the transport allows: 1 to 128 visible ASCII characters
 /// (0x21-0x7E, MCP 2025-11-25).
 pub fn well_formed(id: &str) -> bool {
@@ -233,6 +238,14 @@ impl SessionTable {
                 session.subscriptions.insert(uri.to_owned());
             }
         }
+    }
+
+    /// Whether any live session of `owner` holds a resource subscription (the server must stay up to send its
+    /// updates: such an instance is not put to sleep).
+    pub fn has_subscriptions(&self, owner: &str) -> bool {
+        let sessions = self.sessions.lock();
+        let Some(ids) = sessions.by_owner.get(owner) else { return false };
+        ids.iter().any(|id| sessions.get(id).is_some_and(|s| !s.subscriptions.is_empty()))
     }
 
     /// Whether session `id` subscribed to `uri`.

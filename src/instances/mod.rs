@@ -500,9 +500,10 @@ impl InstanceManager {
         self.inner.rediscover_stale().await
     }
 
-    /// Stop stdio instances idle past the timeout (SB §9.8); returns how many went dormant.
-    pub async fn sweep_idle(&self) -> usize {
-        self.inner.sweep_idle().await
+    /// Stop stdio instances idle past the timeout (SB §9.8), except those `keep_awake` names (a client still
+    /// subscribed to what the server announces); returns how many went dormant.
+    pub async fn sweep_idle(&self, keep_awake: impl Fn(&Instance) -> bool + Sync) -> usize {
+        self.inner.sweep_idle(&keep_awake).await
     }
 
     /// Members' list changes as they happen (the hierarchical router's session streams follow them).

@@ -338,8 +338,9 @@ impl Inner {
         .boxed()
     }
 
-    /// Stop stdio instances that are online, past the spawn grace, with no call running and idle too long.
-    pub(in crate::instances) async fn sweep_idle(&self) -> usize {
+    /// Stop stdio instances that are online, past the spawn grace, with no call running, idle too long and not
+    /// kept awake by `keep_awake`.
+    pub(in crate::instances) async fn sweep_idle(&self, keep_awake: &(dyn Fn(&Instance) -> bool + Sync)) -> usize {
         let lifecycle = &self.deps.settings.lifecycle;
         let Some(timeout) = lifecycle.idle_timeout else { return 0 };
         let candidates: Vec<Arc<Instance>> = self
@@ -357,7 +358,7 @@ impl Inner {
                     && i.uptime().is_some_and(|up| up >= lifecycle.spawn_grace)
                     && i.idle().0 >= timeout
             };
-            if !idle(&instance) || instance.in_flight() > 0 {
+            if !idle(&instance) || instance.in_flight() > 0 || keep_awake(&instance) {
                 continue;
             }
             // Busy with a start, restart or rediscovery: try next round.
