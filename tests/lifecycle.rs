@@ -229,6 +229,40 @@ async fn calls_past_the_per_instance_limit_wait_then_get_a_clear_error() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// Two dormant instances of alice's with room for one process: called at once, one respawns and the other waits
+/// for the slot the first gives back when it falls asleep again, then respawns; both calls succeed. Before, the
+/// second call failed at once with "process limit reached".
+#[tokio::test]
+async fn a_respawn_the_process_cap_refuses_waits_for_a_slot() {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let extra = format!(
+        "[[servers]]\nslug = \"second\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\"]\n\
+         [[installations]]\nid = \"i-second\"\nteam = \"acme\"\nserver = \"second\"\n"
+    );
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &config(&extra), |c| {
+        fast_idle(c);
+        c.upstream.lifecycle.max_processes_per_user = 1;
+    })
+    .await;
+    sat.wait_ready().await;
+    let second = "second-acme-alice-i-second";
+    // With room for one, the two start in turn, each falling asleep to let the other start.
+    for id in [ALICE, second] {
+        wait_until(DEADLINE, &format!("{id} started and asleep"), || {
+            let i = instance(&sat, id);
+            async move { (i.status().status == InstanceStatus::Online && i.is_dormant()).then_some(()) }
+        })
+        .await;
+    }
+    let (first, other) = tokio::join!(
+        call(&sat, ALICE, "echo", json!({"text": "one"})),
+        call(&sat, second, "echo", json!({"text": "two"}))
+    );
+    assert_eq!(text_of(&first.expect("the first call")), "one");
+    assert_eq!(text_of(&other.expect("the second call waits for the slot")), "two");
+    assert!(sat.satellite.shutdown().await);
+}
+
 #[tokio::test]
 async fn the_process_cap_per_user_refuses_more_children_with_a_clear_status() {
     let exe = toml_str(&satellite_exe().to_string_lossy());

@@ -399,6 +399,22 @@ impl Inner {
         Box::pin(self.respawn(instance)).await
     }
 
+    /// A respawn that the process cap would refuse waits for a slot to be given back (another of the user's
+    /// processes going dormant or ending), as a call waits for a call slot: up to `call_queue_timeout`, then the
+    /// start is tried and refused with the reason.
+    async fn wait_for_process_slot(&self, instance: &Instance) {
+        let user = &instance.spec().user_id;
+        let mut releases = self.slots.releases();
+        let room = async {
+            while !self.slots.has_room(user) {
+                if releases.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(self.deps.settings.lifecycle.call_queue_timeout, room).await;
+    }
+
     /// [`Self::ensure_connected`] for a dormant instance: start its process again.
     async fn respawn(self: &Arc<Self>, instance: &Arc<Instance>) -> Result<Arc<McpClient>, InstanceError> {
         let slug = || instance.spec().server_slug.clone();
@@ -410,6 +426,7 @@ impl Inner {
             return Err(InstanceError::NotConnected(instance.spec().process_id.0.clone()));
         }
         let began = Instant::now();
+        self.wait_for_process_slot(instance).await;
         let (client, slot) =
             self.connect(instance.spec()).await.map_err(|source| InstanceError::Respawn { slug: slug(), source })?;
         let client = Arc::new(client);
