@@ -175,7 +175,7 @@ impl Satellite {
             (Mode::Managed(settings), Some(client)) => Some(Arc::new(Deployer::new(DeploySettings {
                 root: settings.deployments_dir.clone().unwrap_or_else(|| config.data_dir.join("deployments")),
                 tarball_base: settings.github_tarball_base.clone(),
-                http: remote_http.clone(),
+                http: instances::download_http_client()?,
                 tokens: Arc::new(BackendGithub(client.clone())),
                 search: instances::sandbox::search_dirs(env),
             }))),

@@ -545,6 +545,17 @@ pub fn remote_http_client() -> Result<reqwest::Client, reqwest::Error> {
         .build()
 }
 
+/// The client for downloads (GitHub tarballs): reqwest's own redirect policy, since GitHub answers a download
+/// with a redirect to another origin (`codeload.github.com`); reqwest drops the `Authorization` header there, and
+/// the request carries no other credential.
+pub fn download_http_client() -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .user_agent(REMOTE_USER_AGENT)
+        .connect_timeout(Duration::from_secs(10))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+}
+
 /// Most redirects followed in one request.
 const MAX_REDIRECTS: usize = 10;
 

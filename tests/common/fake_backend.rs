@@ -180,6 +180,8 @@ struct OAuthGrant {
 
 #[derive(Default)]
 struct State {
+    /// The port the fake listens on (its tarball downloads redirect to `localhost` on it: another origin).
+    port: u16,
     /// Registration token → consumed.
     registration_tokens: HashMap<String, bool>,
     registration_errors: VecDeque<(u16, String)>,
@@ -260,7 +262,7 @@ impl FakeBackend {
     pub async fn start() -> FakeBackend {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake backend");
         let addr = listener.local_addr().expect("local addr");
-        let mut state = State { config: json!({"mcp_servers": {}}), ..State::default() };
+        let mut state = State { config: json!({"mcp_servers": {}}), port: addr.port(), ..State::default() };
         state.registration_tokens.insert(Self::REGISTRATION_TOKEN.into(), false);
         let shared =
             Arc::new(Shared { state: Mutex::new(state), schemas: load_schemas(), in_flight: Default::default() });
@@ -549,6 +551,8 @@ enum Body {
     Json(Value),
     Raw(String),
     Bytes(Vec<u8>),
+    /// A redirect to this URL.
+    Redirect(String),
 }
 
 struct Answer {
@@ -613,6 +617,7 @@ async fn handle(
                 Body::Json(value) => value.to_string(),
                 Body::Raw(text) => text,
                 Body::Bytes(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                Body::Redirect(url) => url,
             };
             let cut: String = text.chars().take(text.chars().count() / 2).collect();
             Answer { status: 200, body: Body::Raw(cut) }
@@ -675,6 +680,9 @@ async fn handle(
         Body::Bytes(bytes) => {
             warp::reply::with_status(warp::reply::with_header(bytes, "content-type", "application/x-gzip"), status)
                 .into_response()
+        }
+        Body::Redirect(url) => {
+            warp::reply::with_status(warp::reply::with_header(warp::reply(), "location", url), status).into_response()
         }
     }
 }
@@ -759,11 +767,24 @@ fn dispatch(
         Endpoint::Tarball => {
             let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
             let (repo, sha) = (format!("{}/{}", segments[1], segments[2]), segments[4].to_owned());
+            // As GitHub: the API answers a download with a redirect to another origin (codeload.github.com), whose
+            // URL carries its own short-lived grant and which needs no token (the client drops it there).
+            if query.contains("codeload=") {
+                return match state.tarballs.get(&(repo, sha)) {
+                    Some(bytes) if query.contains(&format!("codeload={}", state.port)) => {
+                        Answer { status: 200, body: Body::Bytes(bytes.clone()) }
+                    }
+                    _ => Answer::error(404, "Not Found"),
+                };
+            }
             if !bearer.is_some_and(|b| state.github.values().any(|t| t == b)) {
                 return Answer::error(401, "Bad credentials");
             }
             match state.tarballs.get(&(repo, sha)) {
-                Some(bytes) => Answer { status: 200, body: Body::Bytes(bytes.clone()) },
+                Some(_) => Answer {
+                    status: 302,
+                    body: Body::Redirect(format!("http://localhost:{port}{path}?codeload={port}", port = state.port)),
+                },
                 None => Answer::error(404, "Not Found"),
             }
         }
