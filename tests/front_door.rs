@@ -1039,6 +1039,33 @@ async fn the_get_stream_stays_open_until_the_session_ends() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A client that drops its GET stream may open it again (before: 409, the session still counted as streaming,
+/// which also kept it from ever expiring).
+#[tokio::test]
+async fn a_dropped_get_stream_can_be_opened_again() {
+    let sat = started().await;
+    let caller = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let session = caller.session.clone().expect("session");
+    let http = reqwest::Client::new();
+    let open = || {
+        http.get(format!("{}/mcp", sat.base_url()))
+            .bearer_auth(ALICE)
+            .header("accept", "text/event-stream")
+            .header("mcp-session-id", &session)
+            .send()
+    };
+    let first = open().await.expect("a stream");
+    assert_eq!(first.status(), StatusCode::OK);
+    drop(first);
+    let again = wait_until(DEADLINE, "the stream opened again", || async {
+        let response = open().await.ok()?;
+        (response.status() == StatusCode::OK).then_some(response)
+    })
+    .await;
+    drop(again);
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// Browser pages may use the MCP routes (CORS), but the status routes, the debug route above all, are never
 /// readable by a page of another origin: they carry no `Access-Control-Allow-Origin`.
 #[tokio::test]

@@ -52,9 +52,15 @@ pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMa
             Box::pin(notes)
         }
     };
-    // The stream ends with the session (or the satellite); until then pings keep it open.
+    // The stream ends with the session (or the satellite); until then pings keep it open. A client that drops it
+    // ends it too (the guard goes with the stream): the session is then no longer streaming, so it can expire
+    // and open a stream again.
+    let gone = token.clone().drop_guard();
     let events = notes
-        .map(|note| Ok::<_, Infallible>(warp::sse::Event::default().event("message").data(note.to_string())))
+        .map(move |note| {
+            let _gone = &gone;
+            Ok::<_, Infallible>(warp::sse::Event::default().event("message").data(note.to_string()))
+        })
         .chain(futures::stream::pending())
         .take_until(async move { token.cancelled().await });
     let stream = warp::sse::keep_alive().interval(PING_INTERVAL).text("ping").stream(events);

@@ -401,7 +401,8 @@ impl Inner {
 
     /// A respawn that the process cap would refuse waits for a slot to be given back (another of the user's
     /// processes going dormant or ending), as a call waits for a call slot: up to `call_queue_timeout`, then the
-    /// start is tried and refused with the reason.
+    /// start is tried and refused with the reason. The wait ends early when the instance is removed or the
+    /// satellite stops (the respawn then finds it so and starts nothing).
     async fn wait_for_process_slot(&self, instance: &Instance) {
         let user = &instance.spec().user_id;
         let mut releases = self.slots.releases();
@@ -412,21 +413,27 @@ impl Inner {
                 }
             }
         };
-        let _ = tokio::time::timeout(self.deps.settings.lifecycle.call_queue_timeout, room).await;
+        tokio::select! {
+            _ = tokio::time::timeout(self.deps.settings.lifecycle.call_queue_timeout, room) => {}
+            _ = instance.retired.cancelled() => {}
+            _ = self.shutdown.cancelled() => {}
+        }
     }
 
     /// [`Self::ensure_connected`] for a dormant instance: start its process again.
     async fn respawn(self: &Arc<Self>, instance: &Arc<Instance>) -> Result<Arc<McpClient>, InstanceError> {
         let slug = || instance.spec().server_slug.clone();
+        // Before the lifecycle lock: the calls queued behind it wait for the same slot at once, not one after
+        // another, and a stop, kill or restart is not held up by the wait.
+        self.wait_for_process_slot(instance).await;
         let _lifecycle = instance.lifecycle.lock().await;
         if let Some(client) = instance.client() {
             return Ok(client);
         }
-        if !instance.is_dormant() || instance.retired.is_cancelled() {
+        if !instance.is_dormant() || instance.retired.is_cancelled() || self.shutdown.is_cancelled() {
             return Err(InstanceError::NotConnected(instance.spec().process_id.0.clone()));
         }
         let began = Instant::now();
-        self.wait_for_process_slot(instance).await;
         let (client, slot) =
             self.connect(instance.spec()).await.map_err(|source| InstanceError::Respawn { slug: slug(), source })?;
         let client = Arc::new(client);

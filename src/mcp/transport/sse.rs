@@ -64,7 +64,9 @@ impl SseTransport {
         let notifications = broadcast::channel(super::ANNOUNCEMENT_BACKLOG).0;
         let reader = Reader {
             label: label.clone(),
-            base: url,
+            // Where the stream was answered: the configured URL, or its https upgrade (the only redirect of another
+            // origin the client follows), which the endpoint event is resolved against and must match.
+            base: response.url().clone(),
             pending: pending.clone(),
             endpoint_tx: Some(endpoint_tx),
             notifications: notifications.clone(),
