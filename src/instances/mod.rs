@@ -537,23 +537,22 @@ impl InstanceManager {
 /// The shared reqwest client for remote MCP servers: pooled, with the satellite's user agent, following
 /// redirects only within the server's origin (`same_origin_redirects`).
 pub fn remote_http_client() -> Result<reqwest::Client, reqwest::Error> {
+    outbound_http().redirect(reqwest::redirect::Policy::custom(same_origin_redirects)).build()
+}
+
+/// What every outbound client of the satellite shares: its user agent, connect timeout and pool.
+fn outbound_http() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .user_agent(REMOTE_USER_AGENT)
-        .redirect(reqwest::redirect::Policy::custom(same_origin_redirects))
         .connect_timeout(Duration::from_secs(10))
         .pool_idle_timeout(Duration::from_secs(90))
-        .build()
 }
 
 /// The client for downloads (GitHub tarballs): reqwest's own redirect policy, since GitHub answers a download
 /// with a redirect to another origin (`codeload.github.com`); reqwest drops the `Authorization` header there, and
 /// the request carries no other credential.
 pub fn download_http_client() -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder()
-        .user_agent(REMOTE_USER_AGENT)
-        .connect_timeout(Duration::from_secs(10))
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build()
+    outbound_http().build()
 }
 
 /// Most redirects followed in one request.
