@@ -966,6 +966,79 @@ async fn a_subscribed_instance_is_not_put_to_sleep() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A server that crashes and is restarted has forgotten what its client subscribed to, while the client's session
+/// outlives it: the satellite asks the new process to watch the same resources again and tells the client each
+/// may have changed meanwhile. Before, the restarted server held no subscription and the client heard of no update
+/// again.
+#[tokio::test]
+async fn a_restarted_server_watches_what_its_client_subscribed_to_again() {
+    let sat = with_paged_and(|config| {
+        config.upstream.lifecycle.restart_backoff = vec![Duration::from_millis(10); 3];
+    })
+    .await;
+    let id = ProcessId::from("paged-acme-alice-i-paged");
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let session = direct.session.clone().expect("a session");
+    let stream = reqwest::Client::new()
+        .get(format!("{}{path}", sat.base_url()))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .expect("a GET stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut stream = stream.bytes_stream();
+    let mut heard = String::new();
+    let call = |name: &str| json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":name,"arguments":{}}});
+
+    let subscribe = json!({"jsonrpc":"2.0","id":6,"method":"resources/subscribe","params":{"uri":"paged://report"}});
+    let (status, answer) = direct.post_text(&subscribe).await;
+    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+    let (_, touched) = direct.post_text(&call("touch")).await;
+    assert!(touched.contains("subscribed: paged://report"), "{touched}");
+    hear_updates(&mut stream, &mut heard, 1).await;
+
+    let before = sat.satellite.manager().get(&id).and_then(|i| i.pid()).expect("a running server");
+    let (_, died) = direct.post_text(&call("exit")).await;
+    assert!(died.contains("error"), "the server died during the call: {died}");
+    wait_until(DEADLINE, "the server restarted", || {
+        let instance = sat.satellite.manager().get(&id);
+        async move {
+            let instance = instance?;
+            (instance.state() == InstanceStatus::Online && instance.pid().is_some_and(|pid| pid != before))
+                .then_some(())
+        }
+    })
+    .await;
+    // The restart itself is announced: what changed while the server was down was never sent.
+    hear_updates(&mut stream, &mut heard, 2).await;
+    let (_, touched) = direct.post_text(&call("touch")).await;
+    assert!(touched.contains("subscribed: paged://report"), "the new process watches the resource: {touched}");
+    hear_updates(&mut stream, &mut heard, 3).await;
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// Read a GET stream until `wanted` resource updates in all have come on it.
+async fn hear_updates(
+    stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    heard: &mut String,
+    wanted: usize,
+) {
+    use futures::StreamExt;
+    let updates = |heard: &str| heard.matches("notifications/resources/updated").count();
+    let _ = tokio::time::timeout(DEADLINE, async {
+        while updates(heard) < wanted {
+            match stream.next().await {
+                Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return,
+            }
+        }
+    })
+    .await;
+    assert!(updates(heard) >= wanted, "{wanted} updates on the GET stream: {heard}");
+}
+
 /// `/mcp` passes prompts, reads and completions on whole, as a client would get them from the server directly:
 /// every page of a server's prompts (before, only the first), the read's `_meta` with its progress token, so the
 /// server's progress reaches the client (before, dropped), and completions only for a token that may execute, as

@@ -86,7 +86,14 @@ pub struct Instance {
     /// The secret values of the spec (`secrets::secret_values`), found once, on the first call that logs or
     /// masks: finding them reads every env or header name.
     secrets: std::sync::OnceLock<Box<[String]>>,
+    /// The resources the server was asked to watch (`resources/subscribe` answered, no `resources/unsubscribe`
+    /// answered since), asked again of a server that starts anew: a restarted process has forgotten them.
+    subscriptions: Mutex<std::collections::BTreeSet<String>>,
 }
+
+/// Resources watched per instance at most, as per client session (`http::session`): past it a subscription
+/// still reaches the server, it is only not asked again after a restart.
+const MAX_SUBSCRIPTIONS: usize = 1_000;
 
 /// A catalog's tool definitions parsed, and the catalog they were parsed from.
 type ParsedListing = (std::sync::Weak<Catalog>, Arc<[serde_json::Value]>);
@@ -133,7 +140,23 @@ impl Instance {
             announcements: std::sync::OnceLock::new(),
             listing: Mutex::new(None),
             secrets: std::sync::OnceLock::new(),
+            subscriptions: Mutex::new(std::collections::BTreeSet::new()),
         }
+    }
+
+    /// Note that the server accepted a `resources/subscribe` (true) or `resources/unsubscribe` (false) of `uri`.
+    pub(super) fn note_subscription(&self, uri: &str, subscribed: bool) {
+        let mut subscriptions = self.subscriptions.lock();
+        if !subscribed {
+            subscriptions.remove(uri);
+        } else if subscriptions.len() < MAX_SUBSCRIPTIONS {
+            subscriptions.insert(uri.to_owned());
+        }
+    }
+
+    /// The resources the server was asked to watch, in order.
+    pub(super) fn subscriptions(&self) -> Vec<String> {
+        self.subscriptions.lock().iter().cloned().collect()
     }
 
     /// Listen to what the server announces outside any request (notification messages, as JSON-RPC).
@@ -375,6 +398,23 @@ mod tests {
         drop(first);
         let third = with(&["d", "e"]);
         assert_eq!(names(&instance.tool_listing(&third)), ["d", "e"]);
+    }
+
+    /// What the server was asked to watch follows its answers, within the bound.
+    #[test]
+    fn subscriptions_follow_what_the_server_accepted() {
+        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
+        instance.note_subscription("file:///b", true);
+        instance.note_subscription("file:///a", true);
+        instance.note_subscription("file:///a", true);
+        assert_eq!(instance.subscriptions(), ["file:///a", "file:///b"]);
+        instance.note_subscription("file:///a", false);
+        instance.note_subscription("file:///never", false);
+        assert_eq!(instance.subscriptions(), ["file:///b"]);
+        for n in 0..MAX_SUBSCRIPTIONS + 5 {
+            instance.note_subscription(&format!("file:///{n}"), true);
+        }
+        assert_eq!(instance.subscriptions().len(), MAX_SUBSCRIPTIONS);
     }
 
     /// The announcement channel exists only once a session listens: what came before is gone (as with a channel

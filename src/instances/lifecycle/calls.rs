@@ -19,6 +19,17 @@ use crate::mcp::payload::Payload;
 use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::{InstanceSpec, InstanceStatus, Upstream};
 
+/// The resource a `resources/subscribe` (true) or `resources/unsubscribe` (false) names.
+fn subscription_of(method: &str, params: Option<&Value>) -> Option<(String, bool)> {
+    let subscribed = match method {
+        "resources/subscribe" => true,
+        "resources/unsubscribe" => false,
+        _ => return None,
+    };
+    let uri = params?.get("uri")?.as_str()?;
+    Some((uri.to_owned(), subscribed))
+}
+
 impl Inner {
     pub(in crate::instances) async fn call(
         self: &Arc<Self>,
@@ -51,6 +62,7 @@ impl Inner {
         let began = Instant::now();
         // What the call's log needs of its request, taken now: the request itself goes to the server.
         let sent = (method == "tools/call").then(|| SentCall::of(instance, params.as_ref()));
+        let subscription = subscription_of(method, params.as_ref());
         let client = match self.ensure_connected(instance).await {
             Ok(client) => client,
             Err(err) => {
@@ -81,6 +93,9 @@ impl Inner {
         instance.touch();
         if let Some(sent) = sent {
             self.record_call(instance, sent, result.as_ref().map_err(ToString::to_string), began).await;
+        }
+        if let (Ok(_), Some((uri, subscribed))) = (&result, subscription) {
+            instance.note_subscription(&uri, subscribed);
         }
         match &result {
             Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {

@@ -14,7 +14,7 @@ use crate::instances::instance::{Instance, InstanceError};
 use crate::instances::policy::{self, CrashDecision};
 use crate::instances::{Inner, RefreshReport};
 use crate::mcp::client::McpClient;
-use crate::mcp::transport::{Announcement, ExitInfo, Transport};
+use crate::mcp::transport::{Announcement, ExitInfo, Transport, UpstreamError};
 use crate::model::{InstanceStatus, Upstream};
 
 use super::connect::process_pid;
@@ -446,6 +446,49 @@ impl Inner {
         self.emit(Event::respawned(instance.spec(), pid, dormant_for.as_secs(), began.elapsed().as_millis() as u64))
             .await;
         self.watch(instance.clone(), client.clone(), generation);
+        self.resubscribe(instance, &client);
         Ok(client)
+    }
+
+    /// Ask a server that started anew (after a crash, a restart or dormancy) to watch again the resources its
+    /// clients subscribed to: its new process or connection knows nothing of them, and the clients' sessions,
+    /// which outlive it, would wait for updates in vain. Each resource watched again is announced as updated to
+    /// the sessions that subscribed to it, since updates were lost while the server was down. In the background:
+    /// a server slow to answer holds up neither its start nor its calls. A server that refuses one (the resource
+    /// is gone) no longer has it asked again; one that does not answer is asked again at its next start.
+    pub(in crate::instances) fn resubscribe(self: &Arc<Self>, instance: &Arc<Instance>, client: &Arc<McpClient>) {
+        let uris = instance.subscriptions();
+        if uris.is_empty() {
+            return;
+        }
+        let (instance, client) = (instance.clone(), client.clone());
+        let timeout = self.request_timeout(instance.spec());
+        let span = tracing::info_span!("instance.resubscribe", process_id = %instance.spec().process_id);
+        self.tasks.spawn(
+            async move {
+                info!(resources = uris.len(), "asking the restarted server to watch its subscribed resources again");
+                for uri in uris {
+                    let params = serde_json::json!({ "uri": uri });
+                    match client.request("resources/subscribe", Some(params), timeout).await {
+                        Ok(_) => instance.announce(Arc::new(serde_json::json!({
+                            "jsonrpc": "2.0",
+                            "method": "notifications/resources/updated",
+                            "params": { "uri": uri },
+                        }))),
+                        Err(UpstreamError::Rpc(err)) => {
+                            let error = crate::secrets::hide(&err.message, instance.secret_values());
+                            warn!(uri = %uri, error = %error, "the restarted server refused a subscription again; dropped");
+                            instance.note_subscription(&uri, false);
+                        }
+                        Err(err) => {
+                            let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
+                            warn!(error = %error, "the restarted server did not take its subscriptions again; asked at its next start");
+                            return;
+                        }
+                    }
+                }
+            }
+            .instrument(span),
+        );
     }
 }
