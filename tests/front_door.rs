@@ -1019,6 +1019,55 @@ async fn a_restarted_server_watches_what_its_client_subscribed_to_again() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// The same across a Streamable HTTP server that restarts: the satellite's next request finds its session
+/// forgotten and negotiates a new one, and the subscriptions are asked again on it. server-everything (a real
+/// server from npm) sends updates only for the subscriptions of the session asking, and answers a forgotten session
+/// with 400 "No valid session ID provided", as the SDK's example servers do, where the spec says 404: before, every
+/// call failed after such a restart, and the client never heard of an update again.
+#[tokio::test]
+async fn a_remote_server_that_forgot_the_session_watches_what_its_client_subscribed_to_again() {
+    let port = free_port();
+    let server = HttpServer::everything_on(port, "streamableHttp").await;
+    let extra = format!(
+        "\n[[servers]]\nslug = \"every\"\ntransport = \"http\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n\
+         [[installations]]\nid = \"i-every\"\nteam = \"acme\"\nserver = \"every\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-every\"\ninstance_token_sha256 = \"{}\"\n",
+        sha256_hex(&instance_token("alice-every"))
+    );
+    let sat = TestSatellite::start_in(tempfile::tempdir().unwrap(), &(config() + &extra)).await;
+    sat.wait_ready().await;
+    wait_online(&sat, "every-acme-alice-i-every").await;
+    let path = format!("/i/alice-every/mcp?token={}", instance_token("alice-every"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let session = direct.session.clone().expect("a session");
+    let stream = reqwest::Client::new()
+        .get(format!("{}{path}", sat.base_url()))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .expect("a GET stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut stream = stream.bytes_stream();
+    let mut heard = String::new();
+    let uri = "demo://resource/static/document/architecture.md";
+    let subscribe = json!({"jsonrpc":"2.0","id":6,"method":"resources/subscribe","params":{"uri":uri}});
+    let (status, answer) = direct.post_text(&subscribe).await;
+    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+
+    drop(server);
+    let _server = HttpServer::everything_on(port, "streamableHttp").await;
+    // Updates every 5 s for this session's subscriptions, starting now.
+    let toggle = json!({"jsonrpc":"2.0","id":7,"method":"tools/call",
+        "params":{"name":"toggle-subscriber-updates","arguments":{}}});
+    let (status, toggled) = direct.post_text(&toggle).await;
+    assert!(status == StatusCode::OK && toggled.contains("Started simulated"), "{status}: {toggled}");
+    // One announced by the satellite when the subscription was taken again, and then the server's own.
+    hear_updates(&mut stream, &mut heard, 2).await;
+    assert!(heard.contains(uri), "{heard}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// Read a GET stream until `wanted` resource updates in all have come on it.
 async fn hear_updates(
     stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),

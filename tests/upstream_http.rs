@@ -51,6 +51,8 @@ async fn a_forgotten_session_is_reinitialized_once() {
     let server = HttpServer::demo(&["--protocol", "legacy"]).await;
     let client = connect_http(server.url("/mcp")).await;
     let before = session_of(&client).expect("session");
+    let renewals = client.transport().session_renewals().expect("a Streamable HTTP session renews");
+    assert!(!renewals.has_changed().unwrap_or(true), "not renewed yet");
     let forgotten: Value =
         reqwest::Client::new().post(server.url("/admin/forget-sessions")).send().await.unwrap().json().await.unwrap();
     assert_eq!(forgotten["forgotten"], 1);
@@ -61,6 +63,7 @@ async fn a_forgotten_session_is_reinitialized_once() {
     assert_eq!(text(&echoed), "again");
     let after = session_of(&client).expect("new session");
     assert_ne!(before, after);
+    assert!(renewals.has_changed().unwrap_or(false), "the renewal is told: subscriptions are to be asked again");
 }
 
 #[tokio::test]

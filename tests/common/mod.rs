@@ -155,7 +155,11 @@ impl HttpServer {
 
     /// `mcp-server-everything <transport>` on a free port, once it accepts connections.
     pub async fn everything(transport: &str) -> HttpServer {
-        let port = free_port();
+        Self::everything_on(free_port(), transport).await
+    }
+
+    /// `mcp-server-everything <transport>` on `port` (to bring one back on the same port).
+    pub async fn everything_on(port: u16, transport: &str) -> HttpServer {
         let child = Command::new(node_bin("mcp-server-everything"))
             .arg(transport)
             .env("PORT", port.to_string())

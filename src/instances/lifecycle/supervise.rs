@@ -33,6 +33,16 @@ const CHANGES_CATALOG: [&str; 2] = ["notifications/tools/list_changed", "notific
 /// rediscovery covers it.
 pub(in crate::instances) const LIST_CHANGE_DEBOUNCE: Duration = Duration::from_millis(250);
 
+/// The next renewal of a Streamable HTTP session; never for a transport without them, or once it is gone.
+async fn renewed(renewals: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(receiver) = renewals {
+        if receiver.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 /// When a rediscovery is due, if one is.
 async fn due(at: Option<tokio::time::Instant>) {
     match at {
@@ -124,6 +134,7 @@ impl Inner {
     /// Follow a remote server's announcements for as long as this connection lives.
     pub(in crate::instances) fn watch_remote(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>) {
         let mut notifications = client.transport().announcements();
+        let mut renewals = client.transport().session_renewals();
         let inner = self.clone();
         let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
         self.tasks.spawn(
@@ -135,6 +146,11 @@ impl Inner {
                         _ = instance.retired.cancelled() => return,
                         _ = inner.shutdown.cancelled() => return,
                         note = notifications.recv() => note,
+                        // The server forgot the session (restarted): it forgot its subscriptions with it.
+                        () = renewed(&mut renewals) => {
+                            inner.resubscribe(&instance, &client);
+                            continue;
+                        }
                         _ = due(rediscover) => {
                             rediscover = None;
                             if !Box::pin(inner.rediscover_after_change(&instance, &client)).await {

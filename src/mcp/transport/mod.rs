@@ -181,6 +181,15 @@ impl Transport {
         }
     }
 
+    /// For a Streamable HTTP session, changes each time the server forgot it and a new one was negotiated (see
+    /// [`StreamableHttpTransport::renewals`]); the other transports end with their session instead.
+    pub fn session_renewals(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match self {
+            Transport::StreamableHttp(t) => Some(t.renewals()),
+            Transport::Stdio(_) | Transport::Sse(_) => None,
+        }
+    }
+
     /// Whether the 2026-07-28 `server/discover` probe makes sense on this transport.
     /// The legacy HTTP+SSE transport predates it.
     pub fn may_speak_modern(&self) -> bool {

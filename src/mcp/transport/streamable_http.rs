@@ -2,7 +2,7 @@
 //!
 //! Each request is a POST; the reply is JSON or an SSE stream ending with the
 //! response. The `Mcp-Session-Id` the server hands out at `initialize` is sent
-//! on every later request; a 404 on a known session means the server forgot it,
+//! on every later request; a 404 on a known session (or a 400 that says so) means the server forgot it,
 //! so the transport replays the handshake once and retries. Modern-revision
 //! requests carry `Mcp-Method`/`Mcp-Name` and never a session.
 
@@ -53,6 +53,9 @@ pub struct StreamableHttpTransport {
     notifications: broadcast::Sender<super::Announcement>,
     /// Ends the GET stream with the transport.
     stop: CancellationToken,
+    /// Counts the sessions replayed after the server forgot one: what the old session held (subscriptions) is
+    /// gone with it, and whoever keeps that state asks again when this changes.
+    renewals: tokio::sync::watch::Sender<u64>,
 }
 
 impl Drop for StreamableHttpTransport {
@@ -79,6 +82,7 @@ impl StreamableHttpTransport {
             handshake: Mutex::new(None),
             notifications: broadcast::channel(super::ANNOUNCEMENT_BACKLOG).0,
             stop: CancellationToken::new(),
+            renewals: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -131,6 +135,11 @@ impl StreamableHttpTransport {
                 }
             }
         });
+    }
+
+    /// Changes each time the server forgot the session and the handshake was replayed on a new one.
+    pub fn renewals(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.renewals.subscribe()
     }
 
     pub fn session_id(&self) -> Option<String> {
@@ -210,7 +219,9 @@ impl StreamableHttpTransport {
         self.request_once("initialize", params, &headers, None, Duration::from_secs(30))
             .await
             .map_err(SendError::into_upstream)?;
-        self.notify("notifications/initialized", None, &headers).await
+        self.notify("notifications/initialized", None, &headers).await?;
+        self.renewals.send_modify(|renewed| *renewed += 1);
+        Ok(())
     }
 
     async fn post(&self, body: &Value, headers: &RequestHeaders) -> Result<reqwest::Response, UpstreamError> {
@@ -266,6 +277,11 @@ impl StreamableHttpTransport {
                 let text = bounded::head(response, ERROR_BODY_BYTES).await;
                 // Modern servers put a JSON-RPC error in 4xx bodies; surface it as such.
                 if let Ok(value) = serde_json::from_str::<Value>(&text) {
+                    // Read from the error alone: such a 400 often carries no `id` (the request's was not read).
+                    let message = value.pointer("/error/message").and_then(Value::as_str).unwrap_or_default();
+                    if status == StatusCode::BAD_REQUEST && had_session && forgot_session(message) {
+                        return Err(SendError::SessionGone);
+                    }
                     if let Ok(Message::Response { outcome: Err(err), .. }) = Message::from_value(value) {
                         return Err(UpstreamError::Rpc(err).into());
                     }
@@ -520,6 +536,15 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// Whether a 400's error says the server does not know the session it was sent. The spec answers an unknown
+/// session with 404, but the SDKs' example servers, which many servers are built from, answer 400 "Bad Request: No
+/// valid session ID provided" (server-everything among them): a server restarted that way would otherwise fail
+/// every call until the instance is restarted, where a 404 costs one replayed handshake.
+fn forgot_session(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    message.contains("session") && (message.contains("no valid") || message.contains("not found"))
+}
+
 /// An internal signal that the server no longer knows our session.
 enum SendError {
     SessionGone,
@@ -538,5 +563,18 @@ impl SendError {
             SendError::SessionGone => UpstreamError::HttpStatus { status: 404, body: "session not found".into() },
             SendError::Upstream(err) => err,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forgot_session;
+
+    #[test]
+    fn a_400_saying_the_session_is_unknown_is_a_forgotten_session() {
+        assert!(forgot_session("Bad Request: No valid session ID provided"));
+        assert!(forgot_session("Session not found"));
+        assert!(!forgot_session("Bad Request: Mcp-Session-Id header is required"), "asked for one, not forgotten");
+        assert!(!forgot_session("Invalid params: uri not found"));
     }
 }
