@@ -615,6 +615,37 @@ async fn a_binary_missing_for_a_moment_is_retried_under_the_restart_policy() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// The same for a command allowed by name and looked up on the host: missing when the satellite starts (a runtime
+/// still being installed), then put in place. Before, "not installed" was remembered from the start and refused
+/// every spawn for good: the instance stayed in `error` until the satellite itself was restarted.
+#[tokio::test]
+async fn a_command_installed_after_the_start_is_found_under_the_restart_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    let config = config("")
+        .replace(&exe, "\"mcp-demo-later\"")
+        .replace("restart_backoff_ms = [10, 10, 10]", "restart_backoff_ms = [10, 2000, 2000]");
+    assert!(config.contains("command = \"mcp-demo-later\""), "{config}");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let sat = TestSatellite::start_with_env(tempfile::tempdir().unwrap(), &config, |_| {}, &[("PATH", path)]).await;
+    sat.wait_ready().await;
+    let waiting = wait_until(DEADLINE, "the missing command waiting for a restart", || async {
+        let status = instance(&sat, ALICE).status();
+        let message = status.message.clone().unwrap_or_default();
+        (status.status == InstanceStatus::Offline && message.contains("restart 2 of 3")).then_some(message)
+    })
+    .await;
+    assert!(waiting.contains("not installed"), "{waiting}");
+    // Put in place whole, as a package manager does: copied aside, then renamed.
+    std::fs::copy(satellite_exe(), bin.join(".mcp-demo-later.partial")).unwrap();
+    std::fs::rename(bin.join(".mcp-demo-later.partial"), bin.join("mcp-demo-later")).unwrap();
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert_eq!(text_of(&call(&sat, ALICE, "echo", json!({"text": "found"})).await.expect("call")), "found");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A standalone satellite keeps `event_retention_max` events. Every call writes one, so a burst must not leave
 /// the history far past its bound until the hourly age check: it is held to its count within seconds, and what
 /// stays is the newest.

@@ -220,11 +220,22 @@ impl TestSatellite {
         config_toml: &str,
         tweak: impl FnOnce(&mut Config),
     ) -> TestSatellite {
+        Self::start_with_env(dir, config_toml, tweak, &[]).await
+    }
+
+    /// [`TestSatellite::start_with`], the satellite's environment (the process's) changed by `extra` first.
+    pub async fn start_with_env(
+        dir: tempfile::TempDir,
+        config_toml: &str,
+        tweak: impl FnOnce(&mut Config),
+        extra: &[(&str, String)],
+    ) -> TestSatellite {
         trace_init();
         let config_path = dir.path().join("satellite.toml");
         std::fs::write(&config_path, config_toml).expect("write config");
         let mut env = env::from_process();
         env.insert(env::CONFIG_WATCH_INTERVAL_MS.into(), "50".into());
+        env.extend(extra.iter().map(|(name, value)| ((*name).to_owned(), value.clone())));
         let flags = Flags {
             config: Some(config_path.clone()),
             port: Some(0),

@@ -7,6 +7,7 @@ use tracing::warn;
 
 use crate::events::LimitedResource;
 use crate::instances::limits::ProcessSlot;
+use crate::instances::sandbox::SandboxError;
 use crate::instances::{Inner, STDIO_CLOSE_GRACE};
 use crate::mcp::client::McpClient;
 use crate::mcp::transport::stderr::{level_of, StderrSettings};
@@ -57,9 +58,19 @@ impl Inner {
                     }
                 };
                 let prepared =
-                    self.deps.sandbox.prepare(launch_spec, &self.deps.inherited_env, app).map_err(|err| {
-                        warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
-                        UpstreamError::Refused(err.to_string())
+                    self.deps.sandbox.prepare(launch_spec, &self.deps.inherited_env, app).map_err(|err| match err {
+                        // Allowed but not on the host now (a runtime being installed or upgraded): a spawn that
+                        // failed, retried under the restart policy like a missing absolute path, not refused for good.
+                        SandboxError::NotInstalled { command } => UpstreamError::Spawn {
+                            message: format!("command {command:?} is allowed but not installed"),
+                            program: command,
+                            kind: std::io::ErrorKind::NotFound,
+                            detail: None,
+                        },
+                        err => {
+                            warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
+                            UpstreamError::Refused(err.to_string())
+                        }
                     })?;
                 if !prepared.dropped_env.is_empty() {
                     warn!(process_id = %label, dropped = ?prepared.dropped_env, "refused environment variables for mcp server");

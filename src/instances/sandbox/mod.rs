@@ -145,7 +145,7 @@ pub struct SandboxPolicy {
     allow: AllowList,
     search: Vec<PathBuf>,
     /// Names resolved after start (only with `*`).
-    late: Mutex<HashMap<String, Option<PathBuf>>>,
+    late: Mutex<HashMap<String, PathBuf>>,
     limits: ResourceLimits,
     /// `<data_dir>/sandbox`, absolute.
     root: PathBuf,
@@ -419,14 +419,23 @@ impl SandboxPolicy {
             return Err(SandboxError::RelativeCommand { command: trimmed.to_owned() });
         }
         let name = trimmed.to_ascii_lowercase();
-        let resolved = match self.allow.names.get(&name) {
-            Some(resolved) => resolved.clone(),
-            None if self.allow.any && !name.is_empty() => {
-                self.late.lock().entry(name.clone()).or_insert_with(|| resolve_in(&name, &self.search)).clone()
-            }
-            None => return Err(self.not_allowed(trimmed)),
+        let allowed = match self.allow.names.get(&name) {
+            Some(Some(path)) => return Ok(path.clone()),
+            Some(None) => true,
+            None => self.allow.any && !name.is_empty(),
         };
-        resolved.ok_or(SandboxError::NotInstalled { command: name })
+        if !allowed {
+            return Err(self.not_allowed(trimmed));
+        }
+        if let Some(path) = self.late.lock().get(&name) {
+            return Ok(path.clone());
+        }
+        // Not found when last looked for, or never looked for: look now, so a runtime installed after the start (or
+        // missing for a moment during an upgrade) is found. Only a command found is remembered.
+        let path =
+            resolve_in(&name, &self.search).ok_or_else(|| SandboxError::NotInstalled { command: name.clone() })?;
+        self.late.lock().insert(name, path.clone());
+        Ok(path)
     }
 
     fn not_allowed(&self, command: &str) -> SandboxError {
