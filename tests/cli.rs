@@ -36,7 +36,16 @@ async fn version_prints_the_crate_version() {
 #[tokio::test]
 async fn bad_configs_exit_64_with_one_line_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str); 8] = [
+    let cases: [(&str, &str); 11] = [
+        // Caught half-written: before, started with no servers and deleted every stored catalog.
+        ("", "is empty"),
+        (" \n\n", "is empty"),
+        // The refused URL is shown without the credentials in it.
+        (
+            "[[teams]]\nid = \"t\"\n[[servers]]\nslug = \"x\"\ntransport = \"http\"\n\
+             url = \"ftp://user:hunter2pass@example.com/mcp?api_key=sk_live_123\"\n",
+            "\"ftp://example.com/mcp\" is not an http(s) url",
+        ),
         ("[satellite]\nprot = 1\n", "unknown field `prot`"),
         (
             "[[teams]]\nid = \"t\"\n[[servers]]\nslug = \"x\"\ntransport = \"http\"\nurl = \"not a url\"\n",
@@ -59,6 +68,7 @@ async fn bad_configs_exit_64_with_one_line_naming_the_key() {
             assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
             assert!(err.contains(needle), "{err} should mention {needle}");
             assert!(!err.contains("panicked"), "{err}");
+            assert!(!err.contains("hunter2pass") && !err.contains("sk_live"), "a credential in the message: {err}");
         }
     }
     let (code, _, err) = run(&["check-config"], &[("PORT", "http")]).await;

@@ -58,11 +58,7 @@ impl FileWatch {
         *self.last.lock() = Some(current);
         let parsed = match String::from_utf8(bytes) {
             Err(_) => Err(ConfigError::new("config file", None, "is not UTF-8 text")),
-            Ok(text) if text.trim().is_empty() => Err(ConfigError::new(
-                "config file",
-                None,
-                "is empty (a file being written, or truncated); write the whole configuration",
-            )),
+            Ok(text) if text.trim().is_empty() => Err(ConfigError::new("config file", None, config::file::EMPTY)),
             Ok(text) => {
                 self.warn_start_only(&text);
                 config::parse_file(&text).and_then(|raw| standalone::from_file(&raw))

@@ -15,11 +15,20 @@ pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
 }
 
 /// The standalone file's text.
+/// An empty one is refused, as on a reload: caught half-written (truncated, not yet filled), it would start the
+/// satellite with no servers and delete every stored catalog as an orphan.
 pub fn read_text(path: &std::path::Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|err| {
+    let text = std::fs::read_to_string(path).map_err(|err| {
         ConfigError::new("config file", Some(env::CONFIG), format!("cannot read {}: {err}", path.display()))
-    })
+    })?;
+    if text.trim().is_empty() {
+        return Err(ConfigError::new("config file", Some(env::CONFIG), format!("{} {EMPTY}", path.display())));
+    }
+    Ok(text)
 }
+
+/// Why an empty configuration file is refused.
+pub const EMPTY: &str = "is empty (a file being written, or truncated); write the whole configuration";
 
 /// The sections of the standalone file read once at start (`[satellite]`, `[sandbox]`), flattened to
 /// `section.key` → value; the rest (teams, users, auth, servers, installations) is applied while running.

@@ -52,7 +52,11 @@ impl ManagedSettings {
 
 pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigError> {
     let backend_url = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
-        ConfigError::new("backend.url", Some(env::BACKEND_URL), format!("{url:?} is not an http(s) url"))
+        ConfigError::new(
+            "backend.url",
+            Some(env::BACKEND_URL),
+            format!("{} is not an http(s) url", super::url_for_message(url)),
+        )
     })?;
     let name = env::get(env, env::SATELLITE_NAME).ok_or_else(|| {
         ConfigError::new("backend.satellite_name", Some(env::SATELLITE_NAME), "required in managed mode")
@@ -101,7 +105,7 @@ pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigErr
                     ConfigError::new(
                         "backend.github_tarball_url",
                         Some(env::GITHUB_TARBALL_URL),
-                        format!("{raw:?} is not an http(s) url"),
+                        format!("{} is not an http(s) url", super::url_for_message(&raw)),
                     )
                 })?,
             None => Url::parse(GITHUB_TARBALL_BASE).map_err(|err| {

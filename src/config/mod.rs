@@ -118,6 +118,22 @@ impl std::fmt::Debug for Database {
     }
 }
 
+/// A URL the configuration refused, as its error message may show it: without userinfo, query or fragment (an
+/// API key often rides in them), and a value that is no URL at all only when nothing in it looks like a credential.
+pub fn url_for_message(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut parsed) => {
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            parsed.set_query(None);
+            parsed.set_fragment(None);
+            format!("{:?}", parsed.as_str())
+        }
+        Err(_) if raw.contains(['@', '?', '=', ':']) => "the value given (not shown: it may hold a credential)".into(),
+        Err(_) => format!("{raw:?}"),
+    }
+}
+
 /// A database URL with its passwords replaced by `***`, for logs: the userinfo one and the query's `password` and
 /// `sslpassword` (sqlx reads both places).
 pub fn mask_url_password(url: &str) -> String {
@@ -356,7 +372,7 @@ impl Config {
                     ConfigError::new(
                         "satellite.public_url",
                         Some(env::PUBLIC_URL),
-                        format!("{url:?} is not an http(s) url"),
+                        format!("{} is not an http(s) url", url_for_message(&url)),
                     )
                 })?,
             None => format!("http://localhost:{port}"),

@@ -98,6 +98,8 @@ pub(super) fn teams(raw: &[RawTeam]) -> Result<BTreeMap<TeamId, Team>, ConfigErr
 
 pub(super) fn users(raw: &[RawUser], teams: &BTreeMap<TeamId, Team>) -> Result<BTreeMap<UserId, User>, ConfigError> {
     let mut users = BTreeMap::new();
+    // Each token hash → the key of the grant that has it: a token must name one user in one team.
+    let mut granted: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for (i, user) in raw.iter().enumerate() {
         let key = format!("users[{i}]");
         check_id(&user.id, &format!("{key}.id"))?;
@@ -157,6 +159,16 @@ pub(super) fn users(raw: &[RawUser], teams: &BTreeMap<TeamId, Team>) -> Result<B
                 ))
             }
         };
+        for (j, grant) in tokens.iter().enumerate() {
+            if let Some(first) = granted.insert(grant.sha256.clone(), format!("{key} (user {:?})", user.id)) {
+                // Before, the first grant in user order won: one user's token signed in as another, maybe of another team.
+                return Err(ConfigError::new(
+                    format!("{key}.tokens"),
+                    None,
+                    format!("token {j} of user {:?} has the same hash as a token of {first}: a token names one user and one team", user.id),
+                ));
+            }
+        }
         let entry = User { teams: user.teams.iter().cloned().map(TeamId).collect(), tokens, admin };
         if users.insert(UserId(user.id.clone()), entry).is_some() {
             return Err(ConfigError::new(format!("{key}.id"), None, format!("duplicate user id {:?}", user.id)));

@@ -56,6 +56,8 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
     let mut installation_ids = BTreeSet::new();
     for (i, installation) in raw.installations.iter().enumerate() {
         let key = format!("installations[{i}]");
+        // Part of process ids, paths and events: an id the snapshot would skip must not stop the file's other entries.
+        check_id(&installation.id, &format!("{key}.id"))?;
         if !installation_ids.insert(installation.id.as_str()) {
             return Err(ConfigError::new(
                 format!("{key}.id"),
@@ -97,6 +99,14 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
                     ));
                 }
             }
+            // Ids joined by '-' can meet ("u-1" + "i1", "u" + "1-i1"): one would silently replace the other.
+            if entries.contains_key(&process_id.0) {
+                return Err(ConfigError::new(
+                    format!("{key}.id"),
+                    None,
+                    format!("the instance of {user_id} is named {:?}, like another instance: rename one", process_id.0),
+                ));
+            }
             entries.insert(process_id.0, entry);
         }
     }
@@ -106,7 +116,11 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
                 .ok()
                 .filter(|u| matches!(u.scheme(), "http" | "https"))
                 .ok_or_else(|| {
-                    ConfigError::new("auth.authorization_server", None, format!("{url:?} is not an http(s) url"))
+                    ConfigError::new(
+                        "auth.authorization_server",
+                        None,
+                        format!("{} is not an http(s) url", crate::config::url_for_message(url)),
+                    )
                 })?
                 .to_string()
                 .trim_end_matches('/')
@@ -274,7 +288,11 @@ fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
             let url = server.url.as_deref().unwrap_or("");
             let parsed = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https"));
             if parsed.is_none() {
-                return Err(ConfigError::new(format!("{key}.url"), None, format!("{url:?} is not an http(s) url")));
+                return Err(ConfigError::new(
+                    format!("{key}.url"),
+                    None,
+                    format!("{} is not an http(s) url", crate::config::url_for_message(url)),
+                ));
             }
         }
         other => {

@@ -87,6 +87,48 @@ fn merge_args_drops_empty_and_orders_by_tier() {
     assert_eq!(merge_args(&s(&["a", ""]), &s(&["b"]), &s(&["", "c"])), s(&["a", "b", "c"]));
 }
 
+/// A token hash given to two users (here in two teams, and in another letter case) is refused: before, the first
+/// user in order took it, so the second user's token signed in as the first, in the first's team.
+#[test]
+fn a_token_hash_given_twice_is_refused() {
+    let twice = FILE.replace(
+        "id = \"bob\"\nteams = [\"acme\", \"globex\"]\n",
+        "id = \"bob\"\nteams = [\"acme\", \"globex\"]\n[[users.tokens]]\nteam = \"globex\"\n\
+         sha256 = \"AA00000000000000000000000000000000000000000000000000000000000000\"\n",
+    );
+    assert_ne!(twice, FILE);
+    let err = from_file(&parse_file(&twice).unwrap()).unwrap_err();
+    assert_eq!(err.key, "users[1].tokens");
+    assert!(err.to_string().contains("same hash as a token of users[0] (user \"alice\")"), "{err}");
+    assert!(!err.to_string().to_ascii_lowercase().contains("aa00000000"), "no hash in the message: {err}");
+}
+
+/// Process ids join their parts with '-', which ids may hold: two instances named alike are refused rather than
+/// one silently replacing the other (and its instance path with it). An installation id the snapshot would skip
+/// is refused too, not applied without its instances.
+#[test]
+fn instances_named_alike_and_odd_installation_ids_are_refused() {
+    // Alice's instance of installation "i-files" and user "alice-i"'s of installation "files" are both
+    // "files-acme-alice-i-files".
+    let alike = FILE.to_owned()
+        + r#"
+[[users]]
+id = "alice-i"
+teams = ["acme"]
+[[installations]]
+id = "files"
+team = "acme"
+server = "files"
+"#;
+    let err = from_file(&parse_file(&alike).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("\"files-acme-alice-i-files\", like another instance"), "{err}");
+    for id in ["", "a b", "a/b"] {
+        let odd = FILE.replace("id = \"i-notion\"", &format!("id = {id:?}"));
+        let err = from_file(&parse_file(&odd).unwrap()).unwrap_err();
+        assert_eq!(err.key, "installations[1].id", "{id:?}");
+    }
+}
+
 #[test]
 fn bad_references_name_their_key() {
     let bad = FILE.replace("server = \"notion\"", "server = \"nope\"");
