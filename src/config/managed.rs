@@ -105,7 +105,7 @@ pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigErr
                     ConfigError::new(
                         "backend.github_tarball_url",
                         Some(env::GITHUB_TARBALL_URL),
-                        format!("{} is not an http(s) url", super::url_for_message(&raw)),
+                        format!("{} is not an http(s) url", super::url_for_message(raw)),
                     )
                 })?,
             None => Url::parse(GITHUB_TARBALL_BASE).map_err(|err| {
