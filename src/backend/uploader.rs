@@ -63,7 +63,7 @@ pub type SendBatch = Arc<dyn Fn(Vec<EventEnvelope>) -> BoxFuture<'static, BatchO
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UploadStats {
     pub sent: u64,
-    pub dropped_invalid: u64,
+    pub held_invalid: u64,
     pub dropped_over_quota: u64,
     pub failed_batches: u64,
     /// Stored events that make no envelope, held in the outbox.
@@ -98,10 +98,9 @@ pub enum Tick {
         events: usize,
         wait: Option<Duration>,
     },
-    Dropped(usize),
     /// Every event of the batch was held (none sendable); the next tick reads on.
     Held(usize),
-    /// The backend refused a batch of `from` events as too large: the next tick sends at most `to`.
+    /// The backend refused a batch of `from` events as too large or invalid: the next tick sends at most `to`.
     Shrunk {
         from: usize,
         to: usize,
@@ -111,7 +110,7 @@ pub enum Tick {
 impl Tick {
     /// Whether the outbox may have more to send right away (the uploader reads on without waiting a tick).
     pub fn reads_on(&self) -> bool {
-        matches!(self, Tick::Sent(_) | Tick::Dropped(_) | Tick::Held(_) | Tick::Shrunk { .. })
+        matches!(self, Tick::Sent(_) | Tick::Held(_) | Tick::Shrunk { .. })
     }
 }
 
@@ -209,11 +208,22 @@ impl Uploader {
                 self.cap = (self.cap * 2).min(self.batch);
                 Ok(Tick::Sent(n))
             }
+            // One bad event must not take the others with it, nor a backend (or a proxy before it) that refuses every
+            // batch empty the outbox: the batch is halved until the refused event goes alone, and that one is held
+            // with the reason (kept, never offered again), as an event too large alone is.
+            BatchOutcome::Invalid(reason) if n > 1 => {
+                self.cap = n / 2;
+                self.stats.failed_batches += 1;
+                warn!(events = n, first_seq = first, next = self.cap, reason = %reason,
+                      "backend rejected a batch as invalid; sending fewer at a time to find the event it refuses");
+                Ok(Tick::Shrunk { from: n, to: self.cap })
+            }
             BatchOutcome::Invalid(reason) => {
-                error!(events = n, first_seq = first, reason = %reason, "backend rejected a batch as invalid; dropping it");
-                self.store.delete_claimed(&self.owner, &seqs).await?;
-                self.stats.dropped_invalid += n as u64;
-                Ok(Tick::Dropped(n))
+                let held = format!("the backend rejects this event as invalid: {reason}");
+                error!(seq = seqs[0], reason = %reason, "backend rejected one event as invalid; held in the outbox, not sent");
+                self.store.hold_event(seqs[0], &held).await?;
+                self.stats.held_invalid += 1;
+                Ok(Tick::Held(1))
             }
             BatchOutcome::TooLarge(reason) if n > 1 => {
                 self.cap = n / 2;
@@ -224,9 +234,9 @@ impl Uploader {
             }
             BatchOutcome::TooLarge(reason) => {
                 let held = format!("the backend refuses this event as too large ({bytes} bytes): {reason}");
-                error!(seq = first, bytes, reason = %reason,
+                error!(seq = seqs[0], bytes, reason = %reason,
                        "backend refused one event as too large; held in the outbox, not sent");
-                self.store.hold_event(first, &held).await?;
+                self.store.hold_event(seqs[0], &held).await?;
                 self.stats.held += 1;
                 Ok(Tick::Held(1))
             }
@@ -412,13 +422,38 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_invalid_batch_is_dropped_loudly_and_counted() {
-        let (_dir, store) = store_with(5).await;
-        let (send, _) = scripted(vec![BatchOutcome::Invalid("400: bad envelope".into())]);
+    async fn an_invalid_event_is_found_and_held_and_the_rest_are_sent() {
+        let (_dir, store) = store_with(1000).await;
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let seen = received.clone();
+        // A backend that refuses any batch holding event 37 (before, the whole batch of 100 went with it).
+        let send: SendBatch = Arc::new(move |batch| {
+            let batch: Vec<Value> = batch.iter().map(|e| serde_json::to_value(e).unwrap()).collect();
+            let poisoned = batch.iter().any(|e| e["data"]["n"] == 37);
+            if !poisoned {
+                seen.lock().push(batch);
+            }
+            let outcome = if poisoned {
+                BatchOutcome::Invalid("400: validation failed".into())
+            } else {
+                BatchOutcome::Accepted { failures: vec![] }
+            };
+            async move { outcome }.boxed()
+        });
         let mut up = Uploader::new(store.clone(), send, 100, 10_000);
-        assert_eq!(up.tick().await.unwrap(), Tick::Dropped(5));
-        assert_eq!(up.stats().dropped_invalid, 5);
-        assert_eq!(store.event_count().await.unwrap(), 0);
+        for _ in 0..200 {
+            if up.tick().await.unwrap() == Tick::Idle {
+                break;
+            }
+        }
+        let mut sent = numbers(&received.lock());
+        sent.sort_unstable();
+        assert_eq!(sent, (0..1000).filter(|n| *n != 37).collect::<Vec<_>>(), "every other event sent, once");
+        assert_eq!(up.stats().held_invalid, 1);
+        let kept = store.events(None, 0, 10).await.unwrap();
+        assert_eq!(kept.len(), 1, "the refused event stays in the outbox");
+        assert!(kept[0].held.as_deref().unwrap().contains("validation failed"), "{:?}", kept[0].held);
+        assert_eq!(kept[0].data["n"], 37);
     }
 
     /// A stored event that makes no envelope is held with its reason and logged, never sent and never deleted;
