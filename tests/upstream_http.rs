@@ -595,3 +595,34 @@ async fn a_legacy_sse_endpoint_of_another_origin_is_refused() {
     assert!(err.to_string().contains("another origin"), "{err}");
     assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
+
+/// A server whose error page echoes the request's credentials (a debugging proxy, a framework's error page): the
+/// error the satellite keeps (status message, events, request log) shows them masked. A user's OAuth token reaches
+/// the transport as its `Authorization` header and is not among the instance's configured secrets, so before it
+/// went into the error whole.
+#[tokio::test]
+async fn an_error_page_echoing_the_credentials_sent_is_kept_masked() {
+    use tokio::io::AsyncWriteExt;
+    const TOKEN: &str = "ya29.a-users-oauth-token";
+    const KEY: &str = "sk-remote-key-0123";
+    let addr = raw_server(|_path, body, mut socket| async move {
+        if answer_handshake(&body, &mut socket).await.is_some() {
+            return;
+        }
+        let page = format!("<h1>500</h1><pre>authorization: Bearer {TOKEN}\nx-api-key: {KEY}</pre>");
+        let answer = format!("HTTP/1.1 500 Internal Server Error\r\ncontent-length: {}\r\n\r\n{page}", page.len());
+        let _ = socket.write_all(answer.as_bytes()).await;
+    })
+    .await;
+    let url = url::Url::parse(&format!("http://{addr}/mcp")).unwrap();
+    let headers = BTreeMap::from([
+        ("Authorization".to_owned(), format!("Bearer {TOKEN}")),
+        ("X-API-Key".to_owned(), KEY.to_owned()),
+    ]);
+    let transport = StreamableHttpTransport::new("test".into(), reqwest::Client::new(), url, &headers).unwrap();
+    let client = McpClient::connect(Transport::StreamableHttp(transport), &fast_options()).await.expect("connect");
+    let err = client.request("tools/call", Some(json!({"name": "x", "arguments": {}})), CALL).await.unwrap_err();
+    let shown = err.to_string();
+    assert!(shown.contains("500") && shown.contains("<pre>authorization: "), "the page is still shown: {shown}");
+    assert!(!shown.contains(TOKEN) && !shown.contains(KEY), "a credential in the error: {shown}");
+}

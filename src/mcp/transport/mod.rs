@@ -310,6 +310,23 @@ pub(crate) fn preview(text: &str, max: usize) -> String {
     out.replace(['\n', '\r'], " ")
 }
 
+/// The preview of a remote server's error body, with the values of the headers the satellite sent it masked: a
+/// server that echoes the request (its `Authorization`, a user's OAuth token, an API key header) would otherwise put
+/// them in statuses, events and request logs, where the instance's configured secrets are masked but a user's
+/// OAuth token, fetched at connect time, is not among them.
+pub(crate) fn error_body(text: &str, sent: &reqwest::header::HeaderMap, max: usize) -> String {
+    let mut values = Vec::new();
+    for value in sent.values().filter_map(|v| v.to_str().ok()) {
+        if let Some((_, credential)) = value.split_once(' ') {
+            values.push(credential.trim().to_owned());
+        }
+        values.push(value.to_owned());
+    }
+    // Longest first, so a whole header value is masked before the credential inside it.
+    values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    preview(&crate::secrets::hide(text, &values), max)
+}
+
 /// A short preview of a JSON value for error messages.
 pub(crate) fn preview_value(value: &Value) -> String {
     preview(&value.to_string(), 200)

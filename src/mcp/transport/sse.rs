@@ -18,7 +18,7 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, header_map};
-use super::{await_response, outcome, preview, Pending, UpstreamError};
+use super::{await_response, error_body, outcome, preview, Pending, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, Message, RequestId};
 
@@ -55,7 +55,7 @@ impl SseTransport {
         let status = response.status();
         if !status.is_success() {
             let body = bounded::head(response, ERROR_BODY_BYTES).await;
-            return Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&body, 300) });
+            return Err(UpstreamError::HttpStatus { status: status.as_u16(), body: error_body(&body, &headers, 300) });
         }
 
         let pending = Arc::new(Pending::default());
@@ -142,7 +142,7 @@ impl SseTransport {
             return Ok(());
         }
         let text = bounded::head(response, ERROR_BODY_BYTES).await;
-        Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&text, 300) })
+        Err(UpstreamError::HttpStatus { status: status.as_u16(), body: error_body(&text, &self.headers, 300) })
     }
 }
 

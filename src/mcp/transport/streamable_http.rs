@@ -23,7 +23,7 @@ use url::Url;
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, complete_values, encode_header_value, header_map};
 use super::relay::local_answer;
-use super::{outcome, preview, Relay, RequestHeaders, UpstreamError};
+use super::{error_body, outcome, preview, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, Message, RequestId};
 
@@ -194,7 +194,10 @@ impl StreamableHttpTransport {
             return Ok(());
         }
         let text = bounded::head(response, ERROR_BODY_BYTES).await;
-        Err(UpstreamError::HttpStatus { status: status.as_u16(), body: preview(&text, ERROR_BODY_PREVIEW) })
+        Err(UpstreamError::HttpStatus {
+            status: status.as_u16(),
+            body: error_body(&text, &self.headers, ERROR_BODY_PREVIEW),
+        })
     }
 
     /// End the session with DELETE; errors are only logged, the server may already have dropped it.
@@ -288,7 +291,7 @@ impl StreamableHttpTransport {
                 }
                 return Err(UpstreamError::HttpStatus {
                     status: status.as_u16(),
-                    body: preview(&text, ERROR_BODY_PREVIEW),
+                    body: error_body(&text, &self.headers, ERROR_BODY_PREVIEW),
                 }
                 .into());
             }
@@ -346,7 +349,7 @@ impl StreamableHttpTransport {
                 let text = String::from_utf8_lossy(&buffer);
                 return Err(UpstreamError::Protocol(format!(
                     "invalid json reply: {}",
-                    preview(&text, ERROR_BODY_PREVIEW)
+                    error_body(&text, &self.headers, ERROR_BODY_PREVIEW)
                 )));
             };
             buffer.drain(..consumed);
@@ -436,7 +439,7 @@ impl StreamableHttpTransport {
             let text = bounded::head(response, ERROR_BODY_BYTES).await;
             return Err(UpstreamError::HttpStatus {
                 status: status.as_u16(),
-                body: preview(&text, ERROR_BODY_PREVIEW),
+                body: error_body(&text, &self.headers, ERROR_BODY_PREVIEW),
             });
         }
         Ok(response)
