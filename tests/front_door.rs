@@ -966,6 +966,46 @@ async fn a_subscribed_instance_is_not_put_to_sleep() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A task-augmented call's answer (2025-11-25: a `CreateTaskResult`, a task and no content) reaches the client as
+/// the server wrote it, and the task's status notifications reach the session's GET stream. Before, any result
+/// without `content` was wrapped as text, so the client never saw its task, and the status was dropped.
+#[tokio::test]
+async fn a_task_created_by_a_call_reaches_the_client_as_a_task() {
+    let sat = with_paged().await;
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let session = direct.session.clone().expect("a session");
+    let stream = reqwest::Client::new()
+        .get(format!("{}{path}", sat.base_url()))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .expect("a GET stream");
+    let mut stream = stream.bytes_stream();
+    let (status, answer) =
+        direct.call("tools/call", json!({"name": "task", "arguments": {}, "task": {"ttl": 60000}})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["result"]["task"]["taskId"], "task-1", "{answer}");
+    assert!(answer["result"].get("content").is_none(), "not wrapped: {answer}");
+    // The server then says the task is done, outside any call: on the GET stream, as a direct client hears it.
+    let mut heard = String::new();
+    let told = tokio::time::timeout(DEADLINE, async {
+        use futures::StreamExt;
+        while !heard.contains("notifications/tasks/status") {
+            match stream.next().await {
+                Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return false,
+            }
+        }
+        true
+    })
+    .await;
+    assert_eq!(told, Ok(true), "the task's status reaches the GET stream: {heard}");
+    assert!(heard.contains("\"completed\""), "{heard}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A server that crashes and is restarted has forgotten what its client subscribed to, while the client's session
 /// outlives it: the satellite asks the new process to watch the same resources again and tells the client each
 /// may have changed meanwhile. Before, the restarted server held no subscription and the client heard of no update

@@ -55,6 +55,8 @@ pub struct Shape {
     pub content_is_array: bool,
     /// `isError` is `true`.
     pub is_error: bool,
+    /// `task` is an object: a `CreateTaskResult`, the answer to a task-augmented request (2025-11-25).
+    pub is_task: bool,
 }
 
 impl Shape {
@@ -63,6 +65,7 @@ impl Shape {
             result_type: value.get("resultType").and_then(Value::as_str).map(ResultType::of),
             content_is_array: value.get("content").is_some_and(Value::is_array),
             is_error: value.get("isError").and_then(Value::as_bool) == Some(true),
+            is_task: value.get("task").is_some_and(Value::is_object),
         }
     }
 
@@ -164,6 +167,7 @@ enum Key {
     ResultType,
     Content,
     IsError,
+    Task,
     Other,
 }
 
@@ -180,6 +184,7 @@ impl<'de> Deserialize<'de> for Key {
                     "resultType" => Key::ResultType,
                     "content" => Key::Content,
                     "isError" => Key::IsError,
+                    "task" => Key::Task,
                     _ => Key::Other,
                 })
             }
@@ -220,6 +225,10 @@ impl<'de> Deserialize<'de> for Shape {
                             let value: &RawValue = map.next_value()?;
                             shape.is_error = value.get() == "true";
                         }
+                        Key::Task => {
+                            let value: &RawValue = map.next_value()?;
+                            shape.is_task = value.get().starts_with('{');
+                        }
                         Key::Other => {
                             // Skipped as text: no allocation, and no nesting limit.
                             map.next_value::<&RawValue>()?;
@@ -257,6 +266,9 @@ mod tests {
             r#"{"isError":true,"isError":false}"#,
             r#"{"content":{"a":[1,2,{"b":"]"}]},"content":[1]}"#,
             r#"{"nested":{"isError":true,"content":[]}}"#,
+            r#"{"task":{"taskId":"t-1","status":"working"}}"#,
+            r#"{"task":"not an object"}"#,
+            r#"{"\u0074ask":{}}"#,
             r#"{"a\"b":"content","text":"\"isError\":true"}"#,
             r#"{}"#,
             r#"[]"#,

@@ -200,10 +200,11 @@ async fn forward_once(
 }
 
 /// A `CallToolResult` forwarded unchanged; wrapped only when it has no `content` (SB §16.3). A 2026-07-28
-/// `input_required` result (no content, by design) passes through intact.
+/// `input_required` result and a `CreateTaskResult` (the answer to a task-augmented call, whose outcome the client
+/// fetches with `tasks/result`) have no content by design and pass through intact.
 fn normalise_call_result(result: Payload) -> Payload {
     let shape = result.shape();
-    if shape.result_type == Some(ResultType::InputRequired) || shape.content_is_array {
+    if shape.result_type == Some(ResultType::InputRequired) || shape.content_is_array || shape.is_task {
         result
     } else {
         // The text as the satellite writes JSON (compact), whatever spacing the server used.

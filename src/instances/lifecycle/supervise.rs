@@ -23,8 +23,12 @@ use super::start::Started;
 /// Notifications a server sends outside any request that its client sessions hear about as it sends them. Tool
 /// and resource list changes are not among them: the catalog is discovered again first, and only a change it
 /// really finds is announced (`announce_list_changes`), so a client that lists at once sees the new list.
-const ANNOUNCED: [&str; 3] =
-    ["notifications/resources/updated", "notifications/prompts/list_changed", "notifications/message"];
+const ANNOUNCED: [&str; 4] = [
+    "notifications/resources/updated",
+    "notifications/prompts/list_changed",
+    "notifications/message",
+    "notifications/tasks/status",
+];
 
 /// Notifications that change what the catalog holds, so the satellite discovers the instance again.
 const CHANGES_CATALOG: [&str; 2] = ["notifications/tools/list_changed", "notifications/resources/list_changed"];
