@@ -1007,8 +1007,8 @@ async fn a_task_created_by_a_call_reaches_the_client_as_a_task() {
 }
 
 /// A server that crashes and is restarted has forgotten what its client subscribed to, while the client's session
-/// outlives it: the satellite asks the new process to watch the same resources again and tells the client each
-/// may have changed meanwhile. Before, the restarted server held no subscription and the client heard of no update
+/// outlives it: the satellite asks the new process to watch the same resources again (and to log at the level the
+/// client set) and tells the client each resource may have changed meanwhile. Before, the restarted server held no subscription and the client heard of no update
 /// again.
 #[tokio::test]
 async fn a_restarted_server_watches_what_its_client_subscribed_to_again() {
@@ -1035,8 +1035,11 @@ async fn a_restarted_server_watches_what_its_client_subscribed_to_again() {
     let subscribe = json!({"jsonrpc":"2.0","id":6,"method":"resources/subscribe","params":{"uri":"paged://report"}});
     let (status, answer) = direct.post_text(&subscribe).await;
     assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+    let level = json!({"jsonrpc":"2.0","id":8,"method":"logging/setLevel","params":{"level":"warning"}});
+    let (status, answer) = direct.post_text(&level).await;
+    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
     let (_, touched) = direct.post_text(&call("touch")).await;
-    assert!(touched.contains("subscribed: paged://report"), "{touched}");
+    assert!(touched.contains("subscribed: paged://report; log level: warning"), "{touched}");
     hear_updates(&mut stream, &mut heard, 1).await;
 
     let before = sat.satellite.manager().get(&id).and_then(|i| i.pid()).expect("a running server");
@@ -1055,6 +1058,7 @@ async fn a_restarted_server_watches_what_its_client_subscribed_to_again() {
     hear_updates(&mut stream, &mut heard, 2).await;
     let (_, touched) = direct.post_text(&call("touch")).await;
     assert!(touched.contains("subscribed: paged://report"), "the new process watches the resource: {touched}");
+    assert!(touched.contains("log level: warning"), "the new process logs at the level the client set: {touched}");
     hear_updates(&mut stream, &mut heard, 3).await;
     assert!(sat.satellite.shutdown().await);
 }

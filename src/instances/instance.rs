@@ -89,6 +89,8 @@ pub struct Instance {
     /// The resources the server was asked to watch (`resources/subscribe` answered, no `resources/unsubscribe`
     /// answered since), asked again of a server that starts anew: a restarted process has forgotten them.
     subscriptions: Mutex<std::collections::BTreeSet<String>>,
+    /// The level of the last `logging/setLevel` the server accepted, asked again of a server that starts anew.
+    log_level: Mutex<Option<String>>,
 }
 
 /// Resources watched per instance at most, as per client session (`http::session`): past it a subscription
@@ -141,6 +143,7 @@ impl Instance {
             listing: Mutex::new(None),
             secrets: std::sync::OnceLock::new(),
             subscriptions: Mutex::new(std::collections::BTreeSet::new()),
+            log_level: Mutex::new(None),
         }
     }
 
@@ -152,6 +155,16 @@ impl Instance {
         } else if subscriptions.len() < MAX_SUBSCRIPTIONS {
             subscriptions.insert(uri.to_owned());
         }
+    }
+
+    /// Note that the server accepted a `logging/setLevel` to `level`.
+    pub(super) fn note_log_level(&self, level: String) {
+        *self.log_level.lock() = Some(level);
+    }
+
+    /// The level the server was last asked to log at, if a client asked.
+    pub(super) fn log_level(&self) -> Option<String> {
+        self.log_level.lock().clone()
     }
 
     /// The resources the server was asked to watch, in order.

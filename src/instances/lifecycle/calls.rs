@@ -19,15 +19,22 @@ use crate::mcp::payload::Payload;
 use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::{InstanceSpec, InstanceStatus, Upstream};
 
-/// The resource a `resources/subscribe` (true) or `resources/unsubscribe` (false) names.
-fn subscription_of(method: &str, params: Option<&Value>) -> Option<(String, bool)> {
-    let subscribed = match method {
-        "resources/subscribe" => true,
-        "resources/unsubscribe" => false,
-        _ => return None,
-    };
-    let uri = params?.get("uri")?.as_str()?;
-    Some((uri.to_owned(), subscribed))
+/// What a request asks the server to remember for the connection, which a server started anew must be asked again.
+enum Remembered {
+    /// The resource a `resources/subscribe` (true) or `resources/unsubscribe` (false) names.
+    Subscription(String, bool),
+    /// The level of a `logging/setLevel`.
+    LogLevel(String),
+}
+
+fn remembered(method: &str, params: Option<&Value>) -> Option<Remembered> {
+    let text = |key: &str| params?.get(key)?.as_str().map(str::to_owned);
+    match method {
+        "resources/subscribe" => Some(Remembered::Subscription(text("uri")?, true)),
+        "resources/unsubscribe" => Some(Remembered::Subscription(text("uri")?, false)),
+        "logging/setLevel" => Some(Remembered::LogLevel(text("level")?)),
+        _ => None,
+    }
 }
 
 impl Inner {
@@ -62,7 +69,7 @@ impl Inner {
         let began = Instant::now();
         // What the call's log needs of its request, taken now: the request itself goes to the server.
         let sent = (method == "tools/call").then(|| SentCall::of(instance, params.as_ref()));
-        let subscription = subscription_of(method, params.as_ref());
+        let remember = remembered(method, params.as_ref());
         let client = match self.ensure_connected(instance).await {
             Ok(client) => client,
             Err(err) => {
@@ -94,8 +101,10 @@ impl Inner {
         if let Some(sent) = sent {
             self.record_call(instance, sent, result.as_ref().map_err(ToString::to_string), began).await;
         }
-        if let (Ok(_), Some((uri, subscribed))) = (&result, subscription) {
-            instance.note_subscription(&uri, subscribed);
+        match (&result, remember) {
+            (Ok(_), Some(Remembered::Subscription(uri, subscribed))) => instance.note_subscription(&uri, subscribed),
+            (Ok(_), Some(Remembered::LogLevel(level))) => instance.note_log_level(level),
+            _ => {}
         }
         match &result {
             Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {

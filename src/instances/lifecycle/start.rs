@@ -239,7 +239,7 @@ impl Inner {
         }
         self.watch(instance.clone(), client.clone(), generation);
         if self.discover_into(instance, &client, true).await {
-            self.resubscribe(instance, &client);
+            self.restore_client_state(instance, &client);
             Started::Online
         } else {
             Started::Failed

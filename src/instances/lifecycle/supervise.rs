@@ -150,9 +150,9 @@ impl Inner {
                         _ = instance.retired.cancelled() => return,
                         _ = inner.shutdown.cancelled() => return,
                         note = notifications.recv() => note,
-                        // The server forgot the session (restarted): it forgot its subscriptions with it.
+                        // The server forgot the session (restarted): it forgot its subscriptions and log level with it.
                         () = renewed(&mut renewals) => {
-                            inner.resubscribe(&instance, &client);
+                            inner.restore_client_state(&instance, &client);
                             continue;
                         }
                         _ = due(rediscover) => {
@@ -466,27 +466,39 @@ impl Inner {
         self.emit(Event::respawned(instance.spec(), pid, dormant_for.as_secs(), began.elapsed().as_millis() as u64))
             .await;
         self.watch(instance.clone(), client.clone(), generation);
-        self.resubscribe(instance, &client);
+        self.restore_client_state(instance, &client);
         Ok(client)
     }
 
-    /// Ask a server that started anew (after a crash, a restart or dormancy) to watch again the resources its
-    /// clients subscribed to: its new process or connection knows nothing of them, and the clients' sessions,
-    /// which outlive it, would wait for updates in vain. Each resource watched again is announced as updated to
-    /// the sessions that subscribed to it, since updates were lost while the server was down. In the background:
-    /// a server slow to answer holds up neither its start nor its calls. A server that refuses one (the resource
-    /// is gone) no longer has it asked again; one that does not answer is asked again at its next start.
-    pub(in crate::instances) fn resubscribe(self: &Arc<Self>, instance: &Arc<Instance>, client: &Arc<McpClient>) {
-        let uris = instance.subscriptions();
-        if uris.is_empty() {
+    /// Ask a server that started anew (after a crash, a restart or dormancy) for what its clients asked of the old
+    /// one: to log at the level a client set (`logging/setLevel`), and to watch again the resources they subscribed
+    /// to. Its new process or connection knows nothing of either, and the clients' sessions, which outlive it, would
+    /// get its default log level and wait for updates in vain. Each resource watched again is announced as updated to
+    /// the sessions that subscribed to it, since updates were lost while the server was down. In the background: a
+    /// server slow to answer holds up neither its start nor its calls. A server that refuses a subscription (the
+    /// resource is gone) no longer has it asked again; one that does not answer is asked again at its next start.
+    pub(in crate::instances) fn restore_client_state(
+        self: &Arc<Self>,
+        instance: &Arc<Instance>,
+        client: &Arc<McpClient>,
+    ) {
+        let (level, uris) = (instance.log_level(), instance.subscriptions());
+        if level.is_none() && uris.is_empty() {
             return;
         }
         let (instance, client) = (instance.clone(), client.clone());
         let timeout = self.request_timeout(instance.spec());
-        let span = tracing::info_span!("instance.resubscribe", process_id = %instance.spec().process_id);
+        let span = tracing::info_span!("instance.restore", process_id = %instance.spec().process_id);
         self.tasks.spawn(
             async move {
-                info!(resources = uris.len(), "asking the restarted server to watch its subscribed resources again");
+                info!(resources = uris.len(), level = ?level, "asking the restarted server for its clients' log level and subscriptions again");
+                if let Some(level) = level {
+                    let params = serde_json::json!({ "level": level });
+                    if let Err(err) = client.request("logging/setLevel", Some(params), timeout).await {
+                        let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
+                        warn!(error = %error, "the restarted server did not take its clients' log level again");
+                    }
+                }
                 for uri in uris {
                     let params = serde_json::json!({ "uri": uri });
                     match client.request("resources/subscribe", Some(params), timeout).await {
