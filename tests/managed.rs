@@ -384,6 +384,36 @@ async fn clients_authenticate_by_introspection_with_one_call_for_concurrent_firs
     assert!(sat.satellite.shutdown().await);
 }
 
+/// What a client did since the last activity report (every 30 s) is reported at shutdown too: before, the report
+/// job stopped with the others and a satellite stopped between two reports lost up to 30 s of activity.
+#[tokio::test]
+async fn a_clients_activity_since_the_last_report_is_reported_at_shutdown() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let rare_reports = |config: &mut Config| {
+        fast(config);
+        config.activity_interval = Duration::from_secs(3600);
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sat = TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, dir, rare_reports)
+        .await
+        .expect("managed satellite starts");
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    backend.add_token("alice-token", TokenInfo::new("alice", "acme"));
+    let mut caller = Caller::for_url(format!("{}/mcp", sat.base_url()), Some("alice-token"));
+    caller.initialize().await;
+    let found = caller.tool("discover_mcp_tools", json!({"query": "ok"})).await;
+    assert!(found["result"].is_object(), "{found}");
+    assert!(sat.satellite.shutdown().await);
+    let reported: Vec<_> =
+        backend.events().into_iter().filter(|e| e.kind.as_str() == "mcp.client.activity").map(|e| e.data).collect();
+    assert!(
+        reported.iter().any(|d| d["user_id"] == "alice" && d["tool_call_count"] == 1),
+        "alice's call is reported at shutdown: {reported:?}"
+    );
+    backend.assert_no_violations();
+}
+
 #[tokio::test]
 async fn garbage_truncated_and_slow_answers_never_stop_serving() {
     let backend = FakeBackend::start().await;

@@ -109,6 +109,10 @@ pub struct Satellite {
     /// Managed mode: the event uploader, stopped (with a last flush) after the logs.
     uploads: CancellationToken,
     upload_task: Option<JoinHandle<()>>,
+    /// The clients' activity and the emitter of its report: what came since the last report (every 30 s) is
+    /// reported once more at shutdown, after the report job has stopped.
+    activity: Arc<crate::activity::ActivityTracker>,
+    emitter: Emitter,
 }
 
 /// The first desired state, read and validated before anything starts.
@@ -452,6 +456,8 @@ impl Satellite {
             pollers,
             uploads,
             upload_task,
+            activity,
+            emitter,
         })
     }
 

@@ -46,6 +46,19 @@ impl Satellite {
         // Buffered log lines become events; events are in the outbox as they happen, so a standalone
         // satellite has nothing left to send.
         info!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown 4/5: flushing logs and events");
+        // The clients' activity since the last report, which the report job (stopped above) would have sent.
+        let reported = async {
+            for record in self.activity.take() {
+                self.emitter.emit(crate::events::Event::client_activity(&record)).await;
+            }
+        };
+        if tokio::time::timeout(EVENTS_FLUSH_DEADLINE, reported).await.is_err() {
+            warn!(
+                deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(),
+                "shutdown: reporting client activity missed its deadline"
+            );
+            clean = false;
+        }
         self.logs_stop.cancel();
         if tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.logs_task).await.is_err() {
             warn!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown: flushing logs missed its deadline");
