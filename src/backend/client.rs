@@ -327,6 +327,7 @@ impl BackendClient {
         max_bytes: usize,
     ) -> Result<T, BackendError> {
         let (status, bytes) = self.exchange(endpoint, method, path, bearer, body, timeout, max_bytes).await?;
+        let bytes = bytes.map_err(|cut| cut.into_error(endpoint))?;
         let bytes: &[u8] = if status == StatusCode::NO_CONTENT { b"{}" } else { &bytes };
         serde_json::from_slice(bytes).map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() })
     }
@@ -349,14 +350,23 @@ impl BackendClient {
         if status == StatusCode::NO_CONTENT {
             return Ok(T::default());
         }
+        // The 2xx came; its body was cut or too long. The request was processed all the same: sending it again
+        // would deliver it twice (a batch of events, a command result).
+        let bytes = match bytes {
+            Ok(bytes) => bytes,
+            Err(cut) => {
+                warn!(endpoint, status = status.as_u16(), error = %cut.reason(), "the body of a 2xx answer of the backend could not be read; taken as accepted");
+                return Ok(T::default());
+            }
+        };
         Ok(serde_json::from_slice(&bytes).unwrap_or_else(|err| {
             warn!(endpoint, status = status.as_u16(), error = %err, "a 2xx answer of the backend could not be read; taken as accepted");
             T::default()
         }))
     }
 
-    /// Send one request; its 2xx status and body, or the error (a non-2xx answer, the network, a body past
-    /// `max_bytes`).
+    /// Send one request; its 2xx status and body (or why a 2xx body could not be read: the connection cut, a body
+    /// past `max_bytes`), or the error (a non-2xx answer, the network before an answer).
     #[allow(clippy::too_many_arguments)]
     async fn exchange<B: Serialize>(
         &self,
@@ -367,7 +377,7 @@ impl BackendClient {
         body: Option<&B>,
         timeout: Duration,
         max_bytes: usize,
-    ) -> Result<(StatusCode, Vec<u8>), BackendError> {
+    ) -> Result<(StatusCode, Result<Vec<u8>, CutBody>), BackendError> {
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -385,20 +395,22 @@ impl BackendClient {
             request.send().await.map_err(|e| BackendError::Network { endpoint, reason: describe(&e) })?;
         let status = response.status();
         let mut bytes = Vec::new();
-        loop {
+        let cut = loop {
             match response.chunk().await {
                 Ok(Some(chunk)) => {
                     if bytes.len() + chunk.len() > max_bytes {
-                        return Err(BackendError::Decode {
-                            endpoint,
-                            reason: format!("answer larger than {max_bytes} bytes"),
-                        });
+                        break Some(CutBody::TooLarge(max_bytes));
                     }
                     bytes.extend_from_slice(&chunk);
                 }
-                Ok(None) => break,
-                Err(e) => return Err(BackendError::Network { endpoint, reason: describe(&e) }),
+                Ok(None) => break None,
+                Err(e) => break Some(CutBody::Network(describe(&e))),
             }
+        };
+        match cut {
+            Some(cut) if status.is_success() => return Ok((status, Err(cut))),
+            Some(cut) => return Err(cut.into_error(endpoint)),
+            None => {}
         }
         if !status.is_success() {
             let body: Option<wire::BackendError> = serde_json::from_slice(&bytes).ok();
@@ -410,7 +422,30 @@ impl BackendClient {
             let refusal = Refusal::of(status.as_u16(), body.as_ref());
             return Err(BackendError::Status { endpoint, status: status.as_u16(), refusal, message, body });
         }
-        Ok((status, bytes))
+        Ok((status, Ok(bytes)))
+    }
+}
+
+/// Why an answer's body could not be read whole.
+enum CutBody {
+    TooLarge(usize),
+    Network(String),
+}
+
+impl CutBody {
+    fn reason(&self) -> String {
+        match self {
+            CutBody::TooLarge(max) => format!("answer larger than {max} bytes"),
+            CutBody::Network(reason) => reason.clone(),
+        }
+    }
+
+    /// The error of an answer whose body the satellite needs.
+    fn into_error(self, endpoint: &'static str) -> BackendError {
+        match self {
+            CutBody::TooLarge(_) => BackendError::Decode { endpoint, reason: self.reason() },
+            CutBody::Network(reason) => BackendError::Network { endpoint, reason },
+        }
     }
 }
 

@@ -70,6 +70,9 @@ pub enum Fault {
     Garbage,
     /// Process the request, then answer 200 with the first half of the real body.
     Truncated,
+    /// Process the request, then answer 200 and end the connection in the middle of the body, as when a proxy or
+    /// the network cuts it.
+    CutConnection,
 }
 
 /// One request as the fake saw it. The `authorization` header is recorded as `Bearer <redacted>`.
@@ -502,12 +505,44 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let service = TowerToHyperService::new(warp::service(routes(shared.clone())));
+        let service =
+            TowerToHyperService::new(tower::ServiceExt::<warp::http::Request<hyper::body::Incoming>>::map_response(
+                warp::service(routes(shared.clone())),
+                cut_where_marked,
+            ));
         connections.spawn(async move {
             let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
         });
         while connections.try_join_next().is_some() {}
     }
+}
+
+/// The header marking an answer whose body `cut_where_marked` cuts (it never reaches the satellite).
+const CUT_MARK: &str = "x-fake-backend-cut";
+
+type FakeBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Every answer as warp made it, except one marked with [`CUT_MARK`]: its status, its headers and the first half
+/// of its body go out, and then the body fails, so hyper ends the connection with the body unfinished (a chunked
+/// body without its last chunk), as a proxy or the network cutting an answer would.
+fn cut_where_marked(response: Response) -> warp::http::Response<FakeBody> {
+    use http_body_util::BodyExt;
+    let (mut parts, body) = response.into_parts();
+    if parts.headers.remove(CUT_MARK).is_none() {
+        let body = body.map_err(|err| Box::new(err) as Box<dyn std::error::Error + Send + Sync>).boxed_unsync();
+        return warp::http::Response::from_parts(parts, body);
+    }
+    parts.headers.remove("content-length");
+    let frames: Vec<Result<hyper::body::Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>> = vec![
+        Ok(hyper::body::Frame::data(Bytes::from_static(b"{\"success\":tr"))),
+        Err(Box::new(std::io::Error::other("cut"))),
+    ];
+    // Each frame a moment after the last, so the status and the first frame are on the wire before the cut.
+    let frames = futures::StreamExt::then(futures::stream::iter(frames), |frame| async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        frame
+    });
+    warp::http::Response::from_parts(parts, http_body_util::StreamBody::new(frames).boxed_unsync())
 }
 
 fn routes(shared: Arc<Shared>) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone + Send + Sync {
@@ -553,6 +588,8 @@ enum Body {
     Bytes(Vec<u8>),
     /// A redirect to this URL.
     Redirect(String),
+    /// This text, then the connection ends before the body does.
+    CutShort(String),
 }
 
 struct Answer {
@@ -611,16 +648,19 @@ async fn handle(
         ),
         Some(Fault::Status(status)) => Answer::error(status, &format!("scripted failure {status}")),
         Some(Fault::Garbage) => Answer { status: 200, body: Body::Raw("<html>502 Bad Gateway</html>".into()) },
-        Some(Fault::Truncated) => {
+        Some(fault @ (Fault::Truncated | Fault::CutConnection)) => {
             let answer = dispatch(&shared, endpoint, sid.as_deref(), &path, &query, bearer.as_deref(), &parsed);
             let text = match answer.body {
                 Body::Json(value) => value.to_string(),
                 Body::Raw(text) => text,
                 Body::Bytes(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-                Body::Redirect(url) => url,
+                Body::Redirect(url) | Body::CutShort(url) => url,
             };
             let cut: String = text.chars().take(text.chars().count() / 2).collect();
-            Answer { status: 200, body: Body::Raw(cut) }
+            match fault {
+                Fault::CutConnection => Answer { status: 200, body: Body::CutShort(cut) },
+                _ => Answer { status: 200, body: Body::Raw(cut) },
+            }
         }
         None => {
             let answer = dispatch(&shared, endpoint, sid.as_deref(), &path, &query, bearer.as_deref(), &parsed);
@@ -683,6 +723,11 @@ async fn handle(
         }
         Body::Redirect(url) => {
             warp::reply::with_status(warp::reply::with_header(warp::reply(), "location", url), status).into_response()
+        }
+        Body::CutShort(text) => {
+            // Cut below warp, which has no public body that can fail (`cut_where_marked`).
+            let reply = warp::reply::with_header(text, CUT_MARK, "1");
+            warp::reply::with_status(reply, status).into_response()
         }
     }
 }
