@@ -1056,6 +1056,9 @@ async fn a_restarted_server_watches_what_its_client_subscribed_to_again() {
     .await;
     // The restart itself is announced: what changed while the server was down was never sent.
     hear_updates(&mut stream, &mut heard, 2).await;
+    // And its lists, unchanged: while it restarted its endpoint listed none, and a client that listed then would keep
+    // an empty list.
+    assert!(heard.contains("notifications/tools/list_changed"), "{heard}");
     let (_, touched) = direct.post_text(&call("touch")).await;
     assert!(touched.contains("subscribed: paged://report"), "the new process watches the resource: {touched}");
     assert!(touched.contains("log level: warning"), "the new process logs at the level the client set: {touched}");

@@ -81,12 +81,15 @@ impl Inner {
                 let previous = instance.catalog();
                 instance.set_catalog(catalog.clone());
                 self.bump_visibility();
-                if let Some(previous) = previous {
-                    self.announce_list_changes(instance, &previous, &catalog);
-                }
                 if instance.state() != InstanceStatus::Online {
                     self.set_status(instance, InstanceStatus::Online, Some("MCP server is online and ready".into()))
                         .await;
+                }
+                // After the status: a client that lists at once is answered from the new catalog. An instance that
+                // comes back (restarted, reconnected) announces its lists even unchanged: while it was not online its
+                // endpoint listed nothing, and a client that listed then would otherwise keep that empty list.
+                if let Some(previous) = previous {
+                    self.announce_list_changes(instance, &previous, &catalog, !online);
                 }
                 if count_later {
                     let (inner, instance) = (self.clone(), instance.clone());
@@ -126,12 +129,16 @@ impl Inner {
         }
     }
 
-    /// After a re-discovery, the lists that really changed are announced: `notifications/tools/list_changed` and
+    /// After a re-discovery, the lists that really changed are announced (all of them when the instance `came_back`
+    /// online): `notifications/tools/list_changed` and
     /// `…/resources/list_changed` to the instance endpoint's sessions (sent now, not when the server announced, so
     /// a client that lists again gets the new catalog), and a resource change to the owner's `/mcp` sessions.
-    fn announce_list_changes(&self, instance: &Instance, previous: &Catalog, current: &Catalog) {
-        let tools = !crate::model::catalog_diff(&previous.tools, &current.tools).is_empty();
-        let resources = previous.resources != current.resources || previous.templates != current.templates;
+    fn announce_list_changes(&self, instance: &Instance, previous: &Catalog, current: &Catalog, came_back: bool) {
+        let tools = came_back || !crate::model::catalog_diff(&previous.tools, &current.tools).is_empty();
+        let has_resources = !current.resources.is_empty() || !current.templates.is_empty();
+        let resources = (came_back && has_resources)
+            || previous.resources != current.resources
+            || previous.templates != current.templates;
         for (changed, method) in
             [(tools, "notifications/tools/list_changed"), (resources, "notifications/resources/list_changed")]
         {
