@@ -187,7 +187,7 @@ impl LogCapture {
                 .push(line.entry);
         }
         for ((installation_id, user_id), (team_id, logs)) in server {
-            for logs in in_events(logs) {
+            for logs in in_events(logs, |line| ENTRY_OVERHEAD_BYTES + line.message.len()) {
                 events.push(Event::server_logs(&installation_id, &team_id, &user_id, logs));
             }
         }
@@ -196,7 +196,7 @@ impl LogCapture {
             requests.entry((line.installation_id, line.team_id)).or_default().push(line.entry);
         }
         for ((installation_id, team_id), entries) in requests {
-            for entries in in_events(entries) {
+            for entries in in_events(entries, request_bytes) {
                 events.push(Event::request_logs(&installation_id, &team_id, entries));
             }
         }
@@ -241,17 +241,38 @@ impl LogCapture {
     }
 }
 
-/// One group's entries, in order, as the entries of events of at most [`FLUSH_AT`].
-fn in_events<T>(entries: Vec<T>) -> Vec<Vec<T>> {
-    if entries.len() <= FLUSH_AT {
-        return vec![entries];
-    }
-    let mut entries = entries.into_iter().peekable();
-    let mut events = Vec::new();
-    while entries.peek().is_some() {
-        events.push(entries.by_ref().take(FLUSH_AT).collect());
+/// Bytes of entries (as [`entry_bytes`] counts them) one log event carries at most, unless one entry alone is more.
+/// An event the backend refuses as too large is held in the outbox with every entry in it: a call with a result
+/// of megabytes must go alone, not take the small calls logged beside it along.
+pub const EVENT_BYTES: usize = 256 * 1024;
+
+/// One group's entries, in order, as the entries of events of at most [`FLUSH_AT`] entries and [`EVENT_BYTES`].
+fn in_events<T>(entries: Vec<T>, bytes: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut events: Vec<Vec<T>> = Vec::new();
+    let mut size = 0;
+    for entry in entries {
+        let entry_size = bytes(&entry);
+        match events.last_mut() {
+            Some(event) if event.len() < FLUSH_AT && size + entry_size <= EVENT_BYTES => {
+                size += entry_size;
+                event.push(entry);
+            }
+            _ => {
+                size = entry_size;
+                events.push(vec![entry]);
+            }
+        }
     }
     events
+}
+
+/// What one request log entry weighs in its event: its arguments, answer and error, and the rest.
+fn request_bytes(entry: &RequestLogEntry) -> usize {
+    let text = |raw: &Option<Box<serde_json::value::RawValue>>| raw.as_ref().map_or(0, |r| r.get().len());
+    ENTRY_OVERHEAD_BYTES
+        + text(&entry.tool_params)
+        + text(&entry.tool_response)
+        + entry.error_message.as_ref().map_or(0, String::len)
 }
 
 async fn sleep_until(due: Option<Instant>) {
@@ -332,6 +353,21 @@ mod tests {
     use crate::model::Upstream;
     use crate::model::{InstallationId, ProcessId, SecretNames, TeamId, UserId};
     use crate::store::Store;
+
+    /// Events carry at most 20 entries and 256 KiB of them; an entry bigger than that goes alone, so the small
+    /// entries logged beside it are not held back with it when the backend refuses it as too large (before, entries
+    /// were grouped by count only).
+    #[test]
+    fn a_large_entry_goes_alone_and_the_small_ones_around_it_go_together() {
+        let sizes = [10, 10, super::EVENT_BYTES + 1, 10, 10];
+        let events = super::in_events(sizes.to_vec(), |size| *size);
+        assert_eq!(events, [vec![10, 10], vec![super::EVENT_BYTES + 1], vec![10, 10]]);
+        let many = super::in_events(vec![1; 45], |size| *size);
+        assert_eq!(many.iter().map(Vec::len).collect::<Vec<_>>(), [20, 20, 5]);
+        let heavy = super::in_events(vec![super::EVENT_BYTES / 2; 5], |size| *size);
+        assert_eq!(heavy.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1], "by bytes before count");
+        assert!(super::in_events(Vec::<usize>::new(), |size| *size).is_empty());
+    }
 
     fn spec(user: &str, logging: bool) -> InstanceSpec {
         InstanceSpec {
@@ -572,7 +608,7 @@ mod tests {
     }
 
     /// A few calls with large results are written as soon as they add up to [`WRITE_BYTES`], not held for 3 s;
-    /// a flush of many calls of one installation goes as events of twenty, in order.
+    /// a flush of many calls of one installation goes as events of twenty, in order, and large ones by bytes.
     #[tokio::test]
     async fn large_results_are_written_at_the_byte_bound_and_request_logs_go_as_events_of_twenty() {
         let (_dir, store, capture) = capture().await;
@@ -586,8 +622,9 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(capture.buffered(), 3, "three quarters of the byte bound wait for their 3 s");
         capture.request(&alice, call(3, big.clone()));
-        wait_emitted(&capture, 1).await;
-        assert_eq!(capture.emitted(), 1, "one event for the four large calls");
+        wait_emitted(&capture, 4).await;
+        // Each is over half of EVENT_BYTES, so each is an event of its own.
+        assert_eq!(capture.emitted(), 4, "the four large calls written at once");
         assert!(started.elapsed() < FLUSH_AFTER, "the byte bound writes at once, not after {:?}", started.elapsed());
         assert_eq!(capture.buffered(), 0);
 
@@ -609,10 +646,10 @@ mod tests {
             })
             .collect();
         let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
-        assert_eq!(sizes, [4, 20, 20, 5], "one event for the large calls, then events of at most twenty");
-        let small: Vec<i64> = calls[1..].concat();
+        assert_eq!(sizes, [1, 1, 1, 1, 20, 20, 5], "an event per large call, then events of at most twenty");
+        let small: Vec<i64> = calls[4..].concat();
         assert_eq!(small, (100..100 + 2 * FLUSH_AT as i64 + 5).collect::<Vec<_>>(), "in the order they were made");
-        let text = events[0].data["requests"][3]["tool_response"]["content"][0]["text"].as_str().map(str::len);
+        let text = events[3].data["requests"][0]["tool_response"]["content"][0]["text"].as_str().map(str::len);
         assert_eq!(text, Some(WRITE_BYTES / 4), "results are kept whole");
     }
 }
