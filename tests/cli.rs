@@ -36,7 +36,11 @@ async fn version_prints_the_crate_version() {
 #[tokio::test]
 async fn bad_configs_exit_64_with_one_line_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str); 11] = [
+    let cases: [(&str, &str); 12] = [
+        (
+            "[[teams]]\nid = \"t\"\n[[servers]]\nslug = \"x\"\ntransport = \"http\"\nurl = \"user:hunter2pass@example.com/mcp\"\n",
+            "not shown",
+        ),
         // Caught half-written: before, started with no servers and deleted every stored catalog.
         ("", "is empty"),
         (" \n\n", "is empty"),

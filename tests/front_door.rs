@@ -1102,7 +1102,8 @@ async fn a_remote_server_that_forgot_the_session_watches_what_its_client_subscri
     let (status, answer) = direct.post_text(&subscribe).await;
     assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
 
-    drop(server);
+    let mut server = server;
+    server.child.kill().await.expect("the first server stops");
     let _server = HttpServer::everything_on(port, "streamableHttp").await;
     // Updates every 5 s for this session's subscriptions, starting now.
     let toggle = json!({"jsonrpc":"2.0","id":7,"method":"tools/call",

@@ -34,6 +34,8 @@ pub const MAX_BATCH: usize = 100;
 /// itself is still tried alone, and held if the backend refuses it as too large (docs/decisions.md).
 pub const MAX_BATCH_BYTES: usize = 512 * 1024;
 const BACKOFF_FIRST: Duration = Duration::from_secs(3);
+/// Events held as invalid in a row, with no batch accepted between, before each further one waits a backoff.
+const INVALID_BEFORE_BACKOFF: u32 = 3;
 const BACKOFF_MAX: Duration = Duration::from_secs(48);
 /// How long a claimed batch is this replica's alone: well above the backend client's 10 s request timeout, so
 /// a live replica never loses a batch it is still sending.
@@ -84,6 +86,9 @@ pub struct Uploader {
     /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
     quota: i64,
     backoff: Option<Duration>,
+    /// Events held as invalid since the backend last accepted a batch: past a few, the backend (or a proxy before
+    /// it) likely refuses everything, and each further one waits a backoff rather than going at once.
+    invalid_in_a_row: u32,
     stats: UploadStats,
     /// One `resource.limit.exceeded` a minute while the outbox overflows.
     quota_events: Throttle,
@@ -126,6 +131,7 @@ impl Uploader {
             cap: batch.clamp(1, MAX_BATCH),
             quota,
             backoff: None,
+            invalid_in_a_row: 0,
             stats: UploadStats::default(),
             quota_events: Throttle::new(Duration::from_secs(60), 1),
         }
@@ -205,6 +211,7 @@ impl Uploader {
                 self.store.delete_claimed(&self.owner, &seqs).await?;
                 self.stats.sent += n as u64;
                 self.backoff = None;
+                self.invalid_in_a_row = 0;
                 self.cap = (self.cap * 2).min(self.batch);
                 Ok(Tick::Sent(n))
             }
@@ -223,7 +230,20 @@ impl Uploader {
                 error!(seq = seqs[0], reason = %reason, "backend rejected one event as invalid; held in the outbox, not sent");
                 self.store.hold_event(seqs[0], &held).await?;
                 self.stats.held_invalid += 1;
-                Ok(Tick::Held(1))
+                self.invalid_in_a_row += 1;
+                if self.invalid_in_a_row <= INVALID_BEFORE_BACKOFF {
+                    return Ok(Tick::Held(1));
+                }
+                // Event after event refused with nothing accepted between: not one bad event but a backend that
+                // refuses everything. Each is still held (kept), at the backoff's pace rather than at once.
+                let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
+                self.backoff = Some(wait);
+                warn!(
+                    in_a_row = self.invalid_in_a_row,
+                    wait_s = wait.as_secs(),
+                    "backend rejects every event; backing off"
+                );
+                Ok(Tick::Kept { events: 0, wait: Some(wait) })
             }
             BatchOutcome::TooLarge(reason) if n > 1 => {
                 self.cap = n / 2;
@@ -419,6 +439,25 @@ mod tests {
         assert_eq!(up.backoff(), None, "success resets the backoff");
         // The same ten events went each time, in the same order.
         assert!(received.lock().iter().all(|b| numbers(std::slice::from_ref(b)) == (0..10).collect::<Vec<_>>()));
+    }
+
+    #[tokio::test]
+    async fn a_backend_refusing_every_event_is_not_drained_at_full_speed() {
+        let (_dir, store) = store_with(50).await;
+        let send: SendBatch = Arc::new(|_| async { BatchOutcome::Invalid("400: validation failed".into()) }.boxed());
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        let mut held = 0;
+        let waited = loop {
+            match up.tick().await.unwrap() {
+                Tick::Held(n) => held += n,
+                Tick::Shrunk { .. } => {}
+                Tick::Kept { wait, .. } => break wait,
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        assert_eq!(held, INVALID_BEFORE_BACKOFF as usize, "a few held at once");
+        assert_eq!(waited, Some(BACKOFF_FIRST), "then each waits a backoff");
+        assert_eq!(store.event_count().await.unwrap(), 50, "every event kept (held or waiting)");
     }
 
     #[tokio::test]

@@ -122,15 +122,16 @@ impl std::fmt::Debug for Database {
 /// API key often rides in them), and a value that is no URL at all only when nothing in it looks like a credential.
 pub fn url_for_message(raw: &str) -> String {
     match url::Url::parse(raw) {
-        Ok(mut parsed) => {
+        // "user:pass@host/mcp" parses as scheme "user" with an opaque path: nothing to take out of it.
+        Ok(mut parsed) if !parsed.cannot_be_a_base() => {
             let _ = parsed.set_username("");
             let _ = parsed.set_password(None);
             parsed.set_query(None);
             parsed.set_fragment(None);
             format!("{:?}", parsed.as_str())
         }
-        Err(_) if raw.contains(['@', '?', '=', ':']) => "the value given (not shown: it may hold a credential)".into(),
-        Err(_) => format!("{raw:?}"),
+        _ if raw.contains(['@', '?', '=', ':']) => "the value given (not shown: it may hold a credential)".into(),
+        _ => format!("{raw:?}"),
     }
 }
 

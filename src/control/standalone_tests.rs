@@ -101,6 +101,12 @@ fn a_token_hash_given_twice_is_refused() {
     assert_eq!(err.key, "users[1].tokens");
     assert!(err.to_string().contains("same hash as a token of users[0] (user \"alice\")"), "{err}");
     assert!(!err.to_string().to_ascii_lowercase().contains("aa00000000"), "no hash in the message: {err}");
+    // The examples' placeholder (deploy/satellite.example.toml gives it to two users) is no token.
+    let zero = "0".repeat(64);
+    let placeholders = FILE.replace("aa00000000000000000000000000000000000000000000000000000000000000", &zero)
+        + &format!("[[users]]\nid = \"carol\"\nteams = [\"acme\"]\ntoken_sha256 = [\"{zero}\"]\n");
+    let loaded = from_file(&parse_file(&placeholders).unwrap());
+    assert!(loaded.is_ok(), "{:?}", loaded.err());
 }
 
 /// Process ids join their parts with '-', which ids may hold: two instances named alike are refused rather than

@@ -489,35 +489,44 @@ impl Inner {
         let (instance, client) = (instance.clone(), client.clone());
         let timeout = self.request_timeout(instance.spec());
         let span = tracing::info_span!("instance.restore", process_id = %instance.spec().process_id);
-        self.tasks.spawn(
-            async move {
-                info!(resources = uris.len(), level = ?level, "asking the restarted server for its clients' log level and subscriptions again");
-                if let Some(level) = level {
-                    let params = serde_json::json!({ "level": level });
-                    if let Err(err) = client.request("logging/setLevel", Some(params), timeout).await {
+        let (retired, shutdown) = (instance.retired.clone(), self.shutdown.clone());
+        let restore = async move {
+            info!(resources = uris.len(), level = ?level, "asking the restarted server for its clients' log level and subscriptions again");
+            if let Some(level) = level {
+                let params = serde_json::json!({ "level": level });
+                if let Err(err) = client.request("logging/setLevel", Some(params), timeout).await {
+                    let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
+                    warn!(error = %error, "the restarted server did not take its clients' log level again");
+                }
+            }
+            for uri in uris {
+                let params = serde_json::json!({ "uri": uri });
+                match client.request("resources/subscribe", Some(params), timeout).await {
+                    Ok(_) => instance.announce(Arc::new(serde_json::json!({
+                        "jsonrpc": "2.0",
+                        "method": "notifications/resources/updated",
+                        "params": { "uri": uri },
+                    }))),
+                    Err(UpstreamError::Rpc(err)) => {
+                        let error = crate::secrets::hide(&err.message, instance.secret_values());
+                        warn!(uri = %uri, error = %error, "the restarted server refused a subscription again; dropped");
+                        instance.note_subscription(&uri, false);
+                    }
+                    Err(err) => {
                         let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
-                        warn!(error = %error, "the restarted server did not take its clients' log level again");
+                        warn!(error = %error, "the restarted server did not take its subscriptions again; asked at its next start");
+                        return;
                     }
                 }
-                for uri in uris {
-                    let params = serde_json::json!({ "uri": uri });
-                    match client.request("resources/subscribe", Some(params), timeout).await {
-                        Ok(_) => instance.announce(Arc::new(serde_json::json!({
-                            "jsonrpc": "2.0",
-                            "method": "notifications/resources/updated",
-                            "params": { "uri": uri },
-                        }))),
-                        Err(UpstreamError::Rpc(err)) => {
-                            let error = crate::secrets::hide(&err.message, instance.secret_values());
-                            warn!(uri = %uri, error = %error, "the restarted server refused a subscription again; dropped");
-                            instance.note_subscription(&uri, false);
-                        }
-                        Err(err) => {
-                            let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
-                            warn!(error = %error, "the restarted server did not take its subscriptions again; asked at its next start");
-                            return;
-                        }
-                    }
+            }
+        };
+        // Not past the instance's removal nor the satellite's shutdown, which waits for its tasks.
+        self.tasks.spawn(
+            async move {
+                tokio::select! {
+                    _ = retired.cancelled() => {}
+                    _ = shutdown.cancelled() => {}
+                    () = restore => {}
                 }
             }
             .instrument(span),
