@@ -904,15 +904,7 @@ async fn log_messages_reach_the_client_once_on_the_stream_they_belong_to() {
     let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
     let direct = Caller::connect(&sat, &path, None).await;
     let session = direct.session.clone().expect("a session");
-    let stream = reqwest::Client::new()
-        .get(format!("{}{path}", sat.base_url()))
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &session)
-        .send()
-        .await
-        .expect("a GET stream");
-    assert_eq!(stream.status(), StatusCode::OK);
-    let mut stream = stream.bytes_stream();
+    let mut stream = get_stream(&sat, &path, &session).await;
     let call = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"log","arguments":{}}});
     let (_, answer) = direct.post_text(&call).await;
     assert!(answer.contains("during the call") && answer.contains("logged"), "on the call's answer: {answer}");
@@ -975,14 +967,7 @@ async fn a_task_created_by_a_call_reaches_the_client_as_a_task() {
     let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
     let direct = Caller::connect(&sat, &path, None).await;
     let session = direct.session.clone().expect("a session");
-    let stream = reqwest::Client::new()
-        .get(format!("{}{path}", sat.base_url()))
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &session)
-        .send()
-        .await
-        .expect("a GET stream");
-    let mut stream = stream.bytes_stream();
+    let mut stream = get_stream(&sat, &path, &session).await;
     let (status, answer) =
         direct.call("tools/call", json!({"name": "task", "arguments": {}, "task": {"ttl": 60000}})).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
@@ -1020,15 +1005,7 @@ async fn a_restarted_server_watches_what_its_client_subscribed_to_again() {
     let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
     let direct = Caller::connect(&sat, &path, None).await;
     let session = direct.session.clone().expect("a session");
-    let stream = reqwest::Client::new()
-        .get(format!("{}{path}", sat.base_url()))
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &session)
-        .send()
-        .await
-        .expect("a GET stream");
-    assert_eq!(stream.status(), StatusCode::OK);
-    let mut stream = stream.bytes_stream();
+    let mut stream = get_stream(&sat, &path, &session).await;
     let mut heard = String::new();
     let call = |name: &str| json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":name,"arguments":{}}});
 
@@ -1087,15 +1064,7 @@ async fn a_remote_server_that_forgot_the_session_watches_what_its_client_subscri
     let path = format!("/i/alice-every/mcp?token={}", instance_token("alice-every"));
     let direct = Caller::connect(&sat, &path, None).await;
     let session = direct.session.clone().expect("a session");
-    let stream = reqwest::Client::new()
-        .get(format!("{}{path}", sat.base_url()))
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", &session)
-        .send()
-        .await
-        .expect("a GET stream");
-    assert_eq!(stream.status(), StatusCode::OK);
-    let mut stream = stream.bytes_stream();
+    let mut stream = get_stream(&sat, &path, &session).await;
     let mut heard = String::new();
     let uri = "demo://resource/static/document/architecture.md";
     let subscribe = json!({"jsonrpc":"2.0","id":6,"method":"resources/subscribe","params":{"uri":uri}});
@@ -1114,6 +1083,23 @@ async fn a_remote_server_that_forgot_the_session_watches_what_its_client_subscri
     hear_updates(&mut stream, &mut heard, 2).await;
     assert!(heard.contains(uri), "{heard}");
     assert!(sat.satellite.shutdown().await);
+}
+
+/// The GET stream of `session` on the endpoint at `path`, opened (200), as its body's chunks.
+async fn get_stream(
+    sat: &TestSatellite,
+    path: &str,
+    session: &str,
+) -> impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin {
+    let stream = reqwest::Client::new()
+        .get(format!("{}{path}", sat.base_url()))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", session)
+        .send()
+        .await
+        .expect("a GET stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    Box::pin(stream.bytes_stream())
 }
 
 /// Read a GET stream until `wanted` resource updates in all have come on it.
