@@ -36,6 +36,7 @@ async fn cold_call_direct() -> Duration {
         stderr_sink: None,
         limits: ResourceLimits::default(),
         secrets: Vec::new(),
+        asker: None,
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
     let client = McpClient::connect(transport, &ClientOptions::default()).await.expect("connect");

@@ -40,6 +40,7 @@ async fn satellite_client() -> McpClient {
         stderr_sink: None,
         limits: ResourceLimits::default(),
         secrets: Vec::new(),
+        asker: None,
     };
     let transport = Transport::Stdio(StdioTransport::spawn(launch).expect("spawn"));
     McpClient::connect(transport, &ClientOptions::default()).await.expect("connect")

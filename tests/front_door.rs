@@ -1091,13 +1091,24 @@ async fn get_stream(
     path: &str,
     session: &str,
 ) -> impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin {
-    let stream = reqwest::Client::new()
+    get_stream_as(sat, path, session, None).await
+}
+
+/// `get_stream` with the caller's bearer token, when the endpoint needs one.
+async fn get_stream_as(
+    sat: &TestSatellite,
+    path: &str,
+    session: &str,
+    token: Option<&str>,
+) -> impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin {
+    let mut request = reqwest::Client::new()
         .get(format!("{}{path}", sat.base_url()))
         .header("accept", "text/event-stream")
-        .header("mcp-session-id", session)
-        .send()
-        .await
-        .expect("a GET stream");
+        .header("mcp-session-id", session);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let stream = request.send().await.expect("a GET stream");
     assert_eq!(stream.status(), StatusCode::OK);
     Box::pin(stream.bytes_stream())
 }
@@ -1562,4 +1573,125 @@ fn header(head: &str, name: &str) -> Option<String> {
         let (key, value) = line.split_once(':')?;
         key.trim().eq_ignore_ascii_case(name).then(|| value.trim().to_owned())
     })
+}
+
+/// A satellite with the `asks-client` fixture installed for alice, on her instance endpoint `alice-asks`.
+async fn with_asks() -> TestSatellite {
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "\n[[servers]]\nslug = \"asks\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"asks-client\"]\n\
+         [[installations]]\nid = \"i-asks\"\nteam = \"acme\"\nserver = \"asks\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-asks\"\ninstance_token_sha256 = \"{}\"\n",
+        sha256_hex(&instance_token("alice-asks"))
+    );
+    let sat = TestSatellite::start(&(config() + &extra)).await;
+    sat.wait_ready().await;
+    wait_online(&sat, "asks-acme-alice-i-asks").await;
+    sat
+}
+
+/// Read a GET stream until the server's request `method` comes on it; the request.
+async fn next_request(
+    stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    method: &str,
+) -> Value {
+    use futures::StreamExt;
+    let mut heard = String::new();
+    let found = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let request = heard
+                .lines()
+                .filter_map(|line| line.strip_prefix("data:"))
+                .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+                .find(|message| message["method"] == method && message.get("id").is_some());
+            if let Some(request) = request {
+                return Some(request);
+            }
+            match stream.next().await {
+                Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return None,
+            }
+        }
+    })
+    .await;
+    found.ok().flatten().unwrap_or_else(|| panic!("no {method} request on the GET stream: {heard}"))
+}
+
+/// A server's request made outside any call (here `roots/list`, asked after the client said its roots changed)
+/// reaches the member's own client on a GET stream, and the client's answer goes back to the server: on `/mcp`,
+/// where a roots change now reaches every server of the caller's, and on the instance's endpoint, whose client is
+/// asked first. Before, the satellite answered a stdio server itself, with no roots.
+#[tokio::test]
+async fn a_servers_request_outside_any_call_is_answered_by_its_members_client() {
+    let sat = with_asks().await;
+    let roots = json!({"roots": {"listChanged": true}});
+    let changed = json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"});
+    let path = format!("/i/alice-asks/mcp?token={}", instance_token("alice-asks"));
+    let direct = Caller::connect_with(&sat, &path, None, roots.clone()).await;
+
+    // On /mcp: the roots change reaches alice's server, which asks her client on her stream.
+    let alice = Caller::connect_with(&sat, "/mcp", Some(ALICE), roots.clone()).await;
+    let mut on_mcp = get_stream_as(&sat, "/mcp", alice.session.as_deref().expect("a session"), Some(ALICE)).await;
+    let (status, text) = alice.post_text(&changed).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    let request = next_request(&mut on_mcp, "roots/list").await;
+    answer_roots(&alice, &request, "file:///alice/mcp").await;
+    server_heard(&direct, "file:///alice/mcp").await;
+
+    // On the instance's endpoint, whose own client is asked before one on /mcp.
+    let mut on_instance = get_stream(&sat, &path, direct.session.as_deref().expect("a session")).await;
+    let (status, text) = direct.post_text(&changed).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    let request = next_request(&mut on_instance, "roots/list").await;
+    answer_roots(&direct, &request, "file:///alice/direct").await;
+    server_heard(&direct, "file:///alice/direct").await;
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// Answer the server's `roots/list` with one root.
+async fn answer_roots(caller: &Caller, request: &Value, uri: &str) {
+    let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"roots":[{"uri":uri,"name":"work"}]}});
+    let (status, text) = caller.post_text(&answer).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+}
+
+/// Wait until the `asks-client` server reports the root `uri` among its client's answers.
+async fn server_heard(direct: &Caller, uri: &str) {
+    wait_until(DEADLINE, "the server got the client's roots", || async move {
+        let answers = direct.tool("answers", json!({})).await;
+        answers.to_string().contains(uri).then_some(())
+    })
+    .await;
+}
+
+/// The same for a Streamable HTTP server, which asks on its own GET stream: server-everything (from npm) asks for
+/// the roots again when its client says they changed, and reports the last it got with its `get-roots-list` tool.
+/// Before, the satellite never answered a request on that stream, and the server waited in vain.
+#[tokio::test]
+async fn a_remote_servers_request_on_its_stream_is_answered_by_its_members_client() {
+    let server = HttpServer::everything("streamableHttp").await;
+    let extra = format!(
+        "\n[[servers]]\nslug = \"every\"\ntransport = \"http\"\nurl = \"{}\"\n\
+         [[installations]]\nid = \"i-every\"\nteam = \"acme\"\nserver = \"every\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-every\"\ninstance_token_sha256 = \"{}\"\n",
+        server.url("/mcp"),
+        sha256_hex(&instance_token("alice-every"))
+    );
+    let sat = TestSatellite::start(&(config() + &extra)).await;
+    sat.wait_ready().await;
+    wait_online(&sat, "every-acme-alice-i-every").await;
+    let path = format!("/i/alice-every/mcp?token={}", instance_token("alice-every"));
+    let direct = Caller::connect_with(&sat, &path, None, json!({"roots": {"listChanged": true}})).await;
+    let mut stream = get_stream(&sat, &path, direct.session.as_deref().expect("a session")).await;
+    let changed = json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"});
+    let (status, text) = direct.post_text(&changed).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    let request = next_request(&mut stream, "roots/list").await;
+    answer_roots(&direct, &request, "file:///alice/remote").await;
+    wait_until(DEADLINE, "the server got the client's roots", || async {
+        let listed = direct.tool("get-roots-list", json!({})).await;
+        listed.to_string().contains("file:///alice/remote").then_some(())
+    })
+    .await;
+    assert!(sat.satellite.shutdown().await);
 }

@@ -92,7 +92,7 @@ async fn server_everything_over_streamable_http() {
 async fn server_everything_over_legacy_sse() {
     let server = HttpServer::everything("sse").await;
     let transport =
-        SseTransport::connect("test".into(), reqwest::Client::new(), server.url("/sse"), &BTreeMap::new(), CALL)
+        SseTransport::connect("test".into(), reqwest::Client::new(), server.url("/sse"), &BTreeMap::new(), CALL, None)
             .await
             .unwrap();
     let client = McpClient::connect(Transport::Sse(transport), &fast_options()).await.unwrap();
@@ -176,6 +176,7 @@ async fn remote_servers_announce_resource_updates() {
                     server.url("/sse"),
                     &BTreeMap::new(),
                     CALL,
+                    None,
                 )
                 .await
                 .unwrap();
@@ -509,7 +510,7 @@ async fn a_legacy_sse_answer_is_passed_on_as_the_server_wrote_it() {
     tokio::spawn(warp::serve(sse.or(messages)).incoming(listener).run());
 
     let url = url::Url::parse(&format!("http://{addr}/sse")).unwrap();
-    let transport = SseTransport::connect("test".into(), reqwest::Client::new(), url, &BTreeMap::new(), CALL)
+    let transport = SseTransport::connect("test".into(), reqwest::Client::new(), url, &BTreeMap::new(), CALL, None)
         .await
         .expect("connect");
     let client = McpClient::connect(Transport::Sse(transport), &fast_options()).await.expect("initialize");
@@ -584,7 +585,7 @@ async fn a_legacy_sse_endpoint_of_another_origin_is_refused() {
 
     let url = url::Url::parse(&format!("http://{addr}/sse")).unwrap();
     let headers = BTreeMap::from([("X-API-Key".to_owned(), "sk-remote-key".to_owned())]);
-    let connected = SseTransport::connect("test".into(), reqwest::Client::new(), url, &headers, CALL).await;
+    let connected = SseTransport::connect("test".into(), reqwest::Client::new(), url, &headers, CALL, None).await;
     let err = match connected {
         Ok(transport) => {
             let client = McpClient::connect(Transport::Sse(transport), &fast_options()).await;

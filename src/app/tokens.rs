@@ -119,6 +119,7 @@ async fn connect(
                 stderr_sink: None,
                 limits: ResourceLimits::default(),
                 secrets: Vec::new(),
+                asker: None,
             })
             .map_err(|e| e.to_string())?,
         ),
@@ -127,7 +128,7 @@ async fn connect(
                 .map_err(|e| e.to_string())?,
         ),
         How::Http { url, headers, sse: true } => Transport::Sse(
-            SseTransport::connect(target.name.clone(), http()?, url.clone(), headers, timeout)
+            SseTransport::connect(target.name.clone(), http()?, url.clone(), headers, timeout, None)
                 .await
                 .map_err(|e| e.to_string())?,
         ),
@@ -145,7 +146,7 @@ async fn connect(
                     .map_err(|e| e.to_string())?,
             ),
             Upstream::Sse { url, headers, timeout } => Transport::Sse(
-                SseTransport::connect(target.name.clone(), http()?, url.clone(), headers, *timeout)
+                SseTransport::connect(target.name.clone(), http()?, url.clone(), headers, *timeout, None)
                     .await
                     .map_err(|e| e.to_string())?,
             ),

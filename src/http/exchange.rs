@@ -22,7 +22,7 @@ use warp::Reply;
 
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RequestId, RpcError};
-use crate::mcp::transport::relay::local_answer;
+use crate::mcp::transport::relay::{capability_for, local_answer};
 use crate::mcp::transport::{Inbound, Relay};
 use crate::router::RouteError;
 
@@ -291,13 +291,7 @@ impl Exchange {
         let Mode::Stateless { capabilities, .. } = mode else { return Taken::Stream(inbound) };
         match inbound {
             Inbound::Request { method, params, reply } => {
-                let capability = match method.as_str() {
-                    "sampling/createMessage" => Some("sampling"),
-                    "elicitation/create" => Some("elicitation"),
-                    "roots/list" => Some("roots"),
-                    _ => None,
-                };
-                match capability {
+                match capability_for(&method) {
                     Some(name) if capabilities.get(name).is_some() => Taken::Park(Asked { method, params, reply }),
                     // What the client would answer without the capability (a ping is answered here).
                     _ => {

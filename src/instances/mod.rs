@@ -125,6 +125,8 @@ struct Inner {
     visibility: std::sync::atomic::AtomicU64,
     /// Which member's lists changed, for the hierarchical router's open sessions.
     view_changes: tokio::sync::broadcast::Sender<ViewChange>,
+    /// The client streams a server's requests made outside any call can reach, by owner.
+    seats: Arc<crate::mcp::transport::relay::Seats>,
 }
 
 /// What a tool refresh did: the instances discovered again (and the tools they have now), and those left as
@@ -234,6 +236,7 @@ impl InstanceManager {
                 limit_events: crate::events::Throttle::new(LIMIT_EVENT_WINDOW, 10_000),
                 visibility: std::sync::atomic::AtomicU64::new(0),
                 view_changes: tokio::sync::broadcast::channel(VIEW_CHANGES_BUFFER).0,
+                seats: Arc::default(),
             }),
         })
     }
@@ -507,6 +510,11 @@ impl InstanceManager {
     }
 
     /// Members' list changes as they happen (the hierarchical router's session streams follow them).
+    /// The client streams on which the servers' requests made outside any call reach their owners' clients.
+    pub fn seats(&self) -> &Arc<crate::mcp::transport::relay::Seats> {
+        &self.inner.seats
+    }
+
     pub fn view_changes(&self) -> tokio::sync::broadcast::Receiver<ViewChange> {
         self.inner.view_changes.subscribe()
     }
@@ -597,4 +605,10 @@ fn upstream_span(instance: &Instance, method: &str) -> tracing::Span {
         transport = spec.upstream.transport_name(),
         process_id = %spec.process_id,
     )
+}
+
+/// The key under which a member's client streams take seats (`Seats`): an instance's server asks only the
+/// clients of the member it belongs to, in its team.
+pub fn seat_owner(team: &crate::model::TeamId, user: &crate::model::UserId) -> String {
+    format!("{}\u{0}{}", team.0, user.0)
 }

@@ -75,7 +75,12 @@ impl Caller {
     }
 
     pub async fn initialize(&mut self) {
-        let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+        self.initialize_with(json!({})).await;
+    }
+
+    /// The handshake, declaring `capabilities`.
+    pub async fn initialize_with(&mut self, capabilities: Value) {
+        let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":capabilities,"clientInfo":{"name":"t","version":"0"}}});
         let (status, headers, reply) = self.post_raw(body.to_string(), &[]).await;
         assert_eq!(status, StatusCode::OK, "{reply}");
         assert_eq!(reply["result"]["protocolVersion"], "2025-06-18");
@@ -102,6 +107,13 @@ impl Caller {
     pub async fn connect(sat: &TestSatellite, path: &str, token: Option<&str>) -> Self {
         let mut caller = Caller::new(sat, path, token);
         caller.initialize().await;
+        caller
+    }
+
+    /// A caller with an initialized handshake-era session that declared `capabilities`.
+    pub async fn connect_with(sat: &TestSatellite, path: &str, token: Option<&str>, capabilities: Value) -> Self {
+        let mut caller = Caller::new(sat, path, token);
+        caller.initialize_with(capabilities).await;
         caller
     }
 

@@ -93,6 +93,7 @@ pub fn stdio_launch(command: impl Into<String>, args: &[&str]) -> StdioLaunch {
         stderr_sink: None,
         limits: ResourceLimits::default(),
         secrets: Vec::new(),
+        asker: None,
     }
 }
 

@@ -245,7 +245,8 @@ pub(super) async fn relayed(
 }
 
 /// A notification from the client: cancellation stops the named call; on an instance endpoint the rest (roots
-/// changes and the like) go to the server, which is the one they concern.
+/// changes and the like) go to the server, which is the one they concern; on `/mcp` a roots change goes to every
+/// server of the caller's.
 pub(super) async fn client_notification(
     deps: &McpDeps,
     endpoint: &Endpoint,
@@ -257,6 +258,13 @@ pub(super) async fn client_notification(
         ("notifications/cancelled", _) => endpoint.sessions.exchange.cancel(scope, params.as_ref()),
         ("notifications/initialized", _) => {}
         (_, Target::Instance(instance)) => deps.manager.notify(instance, method, params).await,
+        // On `/mcp` the caller's roots are those of every server of theirs: each running one hears of the change
+        // (and asks for the new roots on a stream of this caller's, `Seats`).
+        ("notifications/roots/list_changed", Target::Hierarchical(caller, _)) => {
+            let instances = deps.manager.instances_for(&caller.user, &caller.team);
+            let told = instances.iter().map(|instance| deps.manager.notify(instance, method, params.clone()));
+            futures::future::join_all(told).await;
+        }
         _ => {}
     }
 }

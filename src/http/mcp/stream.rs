@@ -1,6 +1,9 @@
 //! The server-to-client GET stream of a handshake-era session, and ending a session with DELETE.
 
 use super::*;
+use crate::instances::seat_owner;
+use crate::mcp::protocol::RequestId;
+use crate::mcp::transport::Relay;
 
 pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
     if header(headers, "mcp-protocol-version") == Some(MODERN_VERSION) {
@@ -52,13 +55,31 @@ pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMa
             Box::pin(notes)
         }
     };
+    // What a server asks outside any call reaches this client on this stream, when it declared the capability
+    // (`Seats` prefers a stream on the instance's own endpoint, then the newest on `/mcp`). The client answers by
+    // POST, under the id the exchange gives the request, as it answers requests on a call's stream.
+    let (relay, asks) = Relay::for_client(endpoint.sessions.capabilities(id));
+    let (owner, instance) = match &endpoint.target {
+        Target::Instance(instance) => {
+            let spec = instance.spec();
+            (seat_owner(&spec.team_id, &spec.user_id), Some(spec.process_id.0.clone()))
+        }
+        Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
+            (seat_owner(&caller.team, &caller.user), None)
+        }
+    };
+    let seat = deps.manager.seats().take(owner, instance, relay);
+    let (sessions, scope) = (endpoint.sessions.clone(), id.to_owned());
+    let asks = tokio_stream::wrappers::ReceiverStream::new(asks)
+        .map(move |inbound| sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound));
+    let notes = futures::stream::select(notes, asks);
     // The stream ends with the session (or the satellite); until then pings keep it open. A client that drops it
     // ends it too (the guard goes with the stream): the session is then no longer streaming, so it can expire
     // and open a stream again.
     let gone = token.clone().drop_guard();
     let events = notes
         .map(move |note| {
-            let _gone = &gone;
+            let _gone = (&gone, &seat);
             Ok::<_, Infallible>(warp::sse::Event::default().event("message").data(note.to_string()))
         })
         .chain(futures::stream::pending())

@@ -8,8 +8,9 @@ use tracing::warn;
 use crate::events::LimitedResource;
 use crate::instances::limits::ProcessSlot;
 use crate::instances::sandbox::SandboxError;
-use crate::instances::{Inner, STDIO_CLOSE_GRACE};
+use crate::instances::{seat_owner, Inner, STDIO_CLOSE_GRACE};
 use crate::mcp::client::McpClient;
+use crate::mcp::transport::relay::Asker;
 use crate::mcp::transport::stderr::{level_of, StderrSettings};
 use crate::mcp::transport::{
     SseTransport, StderrSink, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
@@ -23,6 +24,7 @@ impl Inner {
         spec: &InstanceSpec,
     ) -> Result<(McpClient, Option<ProcessSlot>), UpstreamError> {
         let label = spec.process_id.0.clone();
+        let asker = Some(Asker::new(self.seats.clone(), seat_owner(&spec.team_id, &spec.user_id), label.clone()));
         let mut slot = None;
         let transport = match &spec.upstream {
             Upstream::Stdio { .. } => {
@@ -83,6 +85,7 @@ impl Inner {
                 };
                 let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr);
                 launch.secrets = crate::secrets::secret_values(spec);
+                launch.asker = asker;
                 let (logs, owner) = (self.deps.logs.clone(), spec.clone());
                 launch.stderr_sink = Some(StderrSink(Arc::new(move |line: &str| {
                     logs.server_line(&owner, level_of(line), line);
@@ -91,17 +94,16 @@ impl Inner {
             }
             Upstream::StreamableHttp { url, headers, .. } => {
                 let headers = self.remote_headers(spec, headers).await?;
-                Transport::StreamableHttp(StreamableHttpTransport::new(
-                    label,
-                    self.deps.http.clone(),
-                    url.clone(),
-                    &headers,
-                )?)
+                Transport::StreamableHttp(
+                    StreamableHttpTransport::new(label, self.deps.http.clone(), url.clone(), &headers)?
+                        .with_asker(asker),
+                )
             }
             Upstream::Sse { url, headers, timeout } => {
                 let headers = self.remote_headers(spec, headers).await?;
                 Transport::Sse(
-                    SseTransport::connect(label, self.deps.http.clone(), url.clone(), &headers, *timeout).await?,
+                    SseTransport::connect(label, self.deps.http.clone(), url.clone(), &headers, *timeout, asker)
+                        .await?,
                 )
             }
         };

@@ -104,6 +104,7 @@ impl PreparedLaunch {
             stderr_sink: None,
             limits: self.limits,
             secrets: Vec::new(),
+            asker: None,
         }
     }
 }

@@ -3,8 +3,12 @@
 //! roots, ping), whose answers go back upstream under the server's own id. The transport that reads the server
 //! hands these to the request's `Relay`; the HTTP edge turns them into messages on the client's stream.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -98,6 +102,124 @@ impl Relay {
     }
 }
 
+/// How long a server's request may wait for a client's answer.
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The client capability a server request needs (`None`: any client may take it, as `ping`).
+pub fn capability_for(method: &str) -> Option<&'static str> {
+    match method {
+        "sampling/createMessage" => Some("sampling"),
+        "elicitation/create" => Some("elicitation"),
+        "roots/list" => Some("roots"),
+        _ => None,
+    }
+}
+
+/// The client streams on which a server's requests made outside any request of ours can reach a client: each
+/// handshake-era session's GET stream takes a seat for its owner, on an instance's endpoint (that instance's
+/// seat) or on `/mcp` (a seat for all the owner's instances). Owners never share a seat: a server only asks the
+/// clients of the user its instance belongs to.
+#[derive(Debug, Default)]
+pub struct Seats {
+    by_owner: Mutex<HashMap<String, Vec<Seat>>>,
+    next: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Seat {
+    id: u64,
+    /// The instance whose endpoint the stream is on; `None` on `/mcp`.
+    instance: Option<String>,
+    relay: Relay,
+}
+
+/// A taken seat, given back when dropped (with the stream that holds it).
+#[derive(Debug)]
+pub struct SeatGuard {
+    seats: Arc<Seats>,
+    owner: String,
+    id: u64,
+}
+
+impl Drop for SeatGuard {
+    fn drop(&mut self) {
+        let mut by_owner = self.seats.by_owner.lock();
+        if let Some(seats) = by_owner.get_mut(&self.owner) {
+            seats.retain(|seat| seat.id != self.id);
+            if seats.is_empty() {
+                by_owner.remove(&self.owner);
+            }
+        }
+    }
+}
+
+impl Seats {
+    /// A client stream of `owner` takes a seat, on `instance`'s endpoint or (`None`) on `/mcp`.
+    pub fn take(self: &Arc<Self>, owner: String, instance: Option<String>, relay: Relay) -> SeatGuard {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.by_owner.lock().entry(owner.clone()).or_default().push(Seat { id, instance, relay });
+        SeatGuard { seats: self.clone(), owner, id }
+    }
+
+    /// The newest client of `owner` that can take `method`: on the instance's own endpoint first, then on `/mcp`.
+    fn choose(&self, owner: &str, instance: &str, method: &str) -> Option<Relay> {
+        let by_owner = self.by_owner.lock();
+        let seats = by_owner.get(owner)?;
+        let able = |seat: &&Seat| {
+            !seat.relay.is_closed()
+                && capability_for(method).is_none_or(|name| {
+                    seat.relay.client_capabilities().is_some_and(|declared| declared.get(name).is_some())
+                })
+        };
+        let own = seats.iter().rev().filter(able).find(|seat| seat.instance.as_deref() == Some(instance));
+        own.or_else(|| seats.iter().rev().filter(able).find(|seat| seat.instance.is_none()))
+            .map(|seat| seat.relay.clone())
+    }
+
+    /// Seats taken now, for every owner.
+    pub fn len(&self) -> usize {
+        self.by_owner.lock().values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How one instance's server reaches its owner's clients with a request made outside any request of ours.
+#[derive(Debug, Clone)]
+pub struct Asker(Arc<AskerOf>);
+
+#[derive(Debug)]
+struct AskerOf {
+    seats: Arc<Seats>,
+    owner: String,
+    instance: String,
+}
+
+impl Asker {
+    pub fn new(seats: Arc<Seats>, owner: String, instance: String) -> Self {
+        Self(Arc::new(AskerOf { seats, owner, instance }))
+    }
+
+    /// Ask the owner's newest client that can answer; with none, what a client without the capability answers.
+    pub async fn ask(&self, method: &str, params: Option<Value>) -> Result<Value, RpcError> {
+        let AskerOf { seats, owner, instance } = &*self.0;
+        match seats.choose(owner, instance, method) {
+            Some(relay) => relay.ask(method, params, ASK_TIMEOUT).await,
+            None => local_answer(method),
+        }
+    }
+}
+
+/// Answer a server's request made outside any request of ours: through `asker` when there is one.
+pub async fn answer_outside(asker: Option<&Asker>, method: &str, params: Option<Value>) -> Result<Value, RpcError> {
+    match asker {
+        Some(asker) => asker.ask(method, params).await,
+        None => local_answer(method),
+    }
+}
+
 /// The answer to a server request no client can take: what a client without that capability answers, except
 /// for `ping` and `roots/list`, which have harmless answers.
 pub fn local_answer(method: &str) -> Result<Value, RpcError> {
@@ -146,5 +268,47 @@ mod tests {
         let (gone, rx) = Relay::channel(true);
         drop(rx);
         assert!(gone.ask("roots/list", None, Duration::from_secs(1)).await.is_err());
+    }
+
+    /// A client that answers every request it gets with `who`.
+    fn seat_answering(
+        seats: &Arc<Seats>,
+        owner: &str,
+        instance: Option<&str>,
+        caps: Value,
+        who: &'static str,
+    ) -> SeatGuard {
+        let (relay, mut rx) = Relay::for_client(Arc::new(caps));
+        tokio::spawn(async move {
+            while let Some(inbound) = rx.recv().await {
+                if let Inbound::Request { reply, .. } = inbound {
+                    let _ = reply.send(Ok(json!({"from": who})));
+                }
+            }
+        });
+        seats.take(owner.to_owned(), instance.map(str::to_owned), relay)
+    }
+
+    #[tokio::test]
+    async fn a_server_asks_its_owners_client_on_its_own_endpoint_first_and_never_another_owners() {
+        let seats = Arc::new(Seats::default());
+        let asker = Asker::new(seats.clone(), "acme\0alice".into(), "every-alice".into());
+        let roots = json!({"roots": {}});
+        let _bob = seat_answering(&seats, "acme\0bob", None, roots.clone(), "bob");
+        let _bobs_instance = seat_answering(&seats, "acme\0bob", Some("every-alice"), roots.clone(), "bob");
+        assert_eq!(asker.ask("roots/list", None).await.unwrap(), json!({"roots": []}), "another owner's clients: none");
+
+        let on_mcp = seat_answering(&seats, "acme\0alice", None, roots.clone(), "mcp");
+        let _other = seat_answering(&seats, "acme\0alice", Some("other-alice"), roots.clone(), "other");
+        assert_eq!(asker.ask("roots/list", None).await.unwrap()["from"], "mcp");
+        let own = seat_answering(&seats, "acme\0alice", Some("every-alice"), json!({}), "own");
+        assert_eq!(asker.ask("roots/list", None).await.unwrap()["from"], "mcp", "its own client lacks roots");
+        assert_eq!(asker.ask("ping", None).await.unwrap()["from"], "own", "a ping needs no capability");
+        let sampling = asker.ask("sampling/createMessage", None).await.unwrap_err();
+        assert_eq!(sampling.code, codes::METHOD_NOT_FOUND, "no client of alice's declared sampling");
+        drop(own);
+        drop(on_mcp);
+        assert_eq!(asker.ask("roots/list", None).await.unwrap(), json!({"roots": []}), "seats given back");
+        assert_eq!(seats.len(), 3);
     }
 }

@@ -18,9 +18,10 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, header_map};
+use super::relay::{answer_outside, Asker};
 use super::{await_response, error_body, outcome, preview, Pending, UpstreamError};
 use crate::mcp::payload::Payload;
-use crate::mcp::protocol::{self, Message, RequestId};
+use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
 
 #[derive(Debug)]
 pub struct SseTransport {
@@ -43,6 +44,7 @@ impl SseTransport {
         url: Url,
         headers: &BTreeMap<String, String>,
         timeout: Duration,
+        asker: Option<Asker>,
     ) -> Result<Self, UpstreamError> {
         let headers = header_map(headers)?;
         let response = tokio::time::timeout(
@@ -70,6 +72,8 @@ impl SseTransport {
             pending: pending.clone(),
             endpoint_tx: Some(endpoint_tx),
             notifications: notifications.clone(),
+            answers: Answers { client: client.clone(), headers: headers.clone(), endpoint: None, asker },
+            asks: tokio::task::JoinSet::new(),
         };
         tokio::spawn(reader.run(response, stop.clone()));
 
@@ -159,7 +163,44 @@ struct Reader {
     /// The first `endpoint` event's URL, or why it cannot be used.
     endpoint_tx: Option<oneshot::Sender<Result<Url, String>>>,
     notifications: broadcast::Sender<super::Announcement>,
+    answers: Answers,
+    /// The server's requests waiting for a client's answer; they end with the stream.
+    asks: tokio::task::JoinSet<()>,
 }
+
+/// How the server's requests are answered: asked of the instance owner's clients, the answer POSTed to the
+/// endpoint. This transport carries no request of ours alongside the server's, so every request of the server
+/// is one made outside any request.
+#[derive(Clone)]
+struct Answers {
+    client: Client,
+    headers: HeaderMap,
+    endpoint: Option<Url>,
+    asker: Option<Asker>,
+}
+
+impl Answers {
+    async fn answer(self, label: String, id: RequestId, method: String, params: Option<Value>) {
+        let reply = match answer_outside(self.asker.as_ref(), &method, params).await {
+            Ok(result) => protocol::response(id, result),
+            Err(err) => protocol::error_response(Some(id), err),
+        };
+        self.post(label, reply).await;
+    }
+
+    async fn post(self, label: String, reply: Value) {
+        let Some(endpoint) = self.endpoint else { return };
+        let sent = self.client.post(endpoint).headers(self.headers).json(&reply).timeout(ANSWER_TIMEOUT).send().await;
+        if let Err(err) = sent {
+            debug!(process_id = %label, error = %err, "answering the server's request failed");
+        }
+    }
+}
+
+/// Server requests that may wait for a client's answer at once; more are refused.
+const MAX_ASKS: usize = 32;
+/// How long POSTing an answer may take.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Reader {
     async fn run(mut self, response: reqwest::Response, stop: CancellationToken) {
@@ -174,6 +215,7 @@ impl Reader {
                 Some(Err(err)) => break format!("sse stream failed: {err}"),
                 Some(Ok(event)) if event.event == "endpoint" => match self.endpoint(event.data.trim()) {
                     Ok(endpoint) => {
+                        self.answers.endpoint = Some(endpoint.clone());
                         if let Some(tx) = self.endpoint_tx.take() {
                             let _ = tx.send(Ok(endpoint));
                         }
@@ -208,7 +250,7 @@ impl Reader {
         Ok(endpoint)
     }
 
-    fn on_message(&self, data: &str) {
+    fn on_message(&mut self, data: &str) {
         // An answer goes on as the server wrote it (mcp::payload).
         if let Some((id, result)) = protocol::result_response(data) {
             self.pending.resolve(id, Ok(Payload::text(result.to_owned())));
@@ -224,6 +266,17 @@ impl Reader {
             }
             Ok(Message::Notification { method, params }) => {
                 let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
+            }
+            Ok(Message::Request { id, method, params }) => {
+                while self.asks.try_join_next().is_some() {}
+                let answers = self.answers.clone();
+                if self.asks.len() >= MAX_ASKS {
+                    debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
+                    let busy = RpcError::new(codes::INTERNAL_ERROR, "too many requests wait for the client");
+                    self.asks.spawn(answers.post(self.label.clone(), protocol::error_response(Some(id), busy)));
+                    return;
+                }
+                self.asks.spawn(answers.answer(self.label.clone(), id, method, params));
             }
             Ok(other) => debug!(process_id = %self.label, message = ?other, "sse message ignored"),
             Err(err) => warn!(process_id = %self.label, error = %err, "malformed json-rpc message on sse stream"),

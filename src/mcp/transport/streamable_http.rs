@@ -22,10 +22,10 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, complete_values, encode_header_value, header_map};
-use super::relay::local_answer;
+use super::relay::{answer_outside, Asker};
 use super::{error_body, outcome, preview, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::payload::Payload;
-use crate::mcp::protocol::{self, Message, RequestId};
+use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
@@ -56,6 +56,8 @@ pub struct StreamableHttpTransport {
     /// Counts the sessions replayed after the server forgot one: what the old session held (subscriptions) is
     /// gone with it, and whoever keeps that state asks again when this changes.
     renewals: tokio::sync::watch::Sender<u64>,
+    /// Where the server's requests made outside any request of ours go: its owner's clients.
+    asker: Option<Asker>,
 }
 
 impl Drop for StreamableHttpTransport {
@@ -83,7 +85,14 @@ impl StreamableHttpTransport {
             notifications: broadcast::channel(super::ANNOUNCEMENT_BACKLOG).0,
             stop: CancellationToken::new(),
             renewals: tokio::sync::watch::Sender::new(0),
+            asker: None,
         })
+    }
+
+    /// Requests the server makes outside any request of ours (on its GET stream) go to `asker`.
+    pub fn with_asker(mut self, asker: Option<Asker>) -> Self {
+        self.asker = asker;
+        self
     }
 
     /// Notifications the server sends outside our requests (list changes, resource updates).
@@ -100,7 +109,14 @@ impl StreamableHttpTransport {
         }
         let (client, url, base) = (self.client.clone(), self.url.clone(), self.stream_headers(headers));
         let (notifications, stop, label) = (self.notifications.clone(), self.stop.clone(), self.label.clone());
+        let asker = self.asker.clone();
+        // The answers to the server's requests on this stream go back by POST on the same session.
+        let mut answer_headers = base.clone();
+        answer_headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
+        answer_headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         tokio::spawn(async move {
+            // Requests waiting for a client's answer; they end with the stream.
+            let mut asks = tokio::task::JoinSet::new();
             loop {
                 let request = client.get(url.clone()).headers(base.clone());
                 let response = tokio::select! {
@@ -117,9 +133,34 @@ impl StreamableHttpTransport {
                             };
                             let Some(Ok(event)) = event else { break };
                             let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
-                            if let Ok(Message::Notification { method, params }) = Message::from_value(value) {
-                                let _ =
-                                    notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
+                            match Message::from_value(value) {
+                                Ok(Message::Notification { method, params }) => {
+                                    let note = protocol::notification(&method, params);
+                                    let _ = notifications.send(std::sync::Arc::new(note));
+                                }
+                                Ok(Message::Request { id, method, params }) => {
+                                    while asks.try_join_next().is_some() {}
+                                    if asks.len() >= MAX_OUTSIDE_ASKS {
+                                        debug!(process_id = %label, method = %method, "too many server requests waiting, refused");
+                                        let busy = RpcError::new(
+                                            codes::INTERNAL_ERROR,
+                                            "too many requests wait for the client",
+                                        );
+                                        let reply = protocol::error_response(Some(id), busy);
+                                        post_answer(&client, &url, &answer_headers, &reply, &label).await;
+                                        continue;
+                                    }
+                                    let (client, url, headers) = (client.clone(), url.clone(), answer_headers.clone());
+                                    let (asker, label) = (asker.clone(), label.clone());
+                                    asks.spawn(async move {
+                                        let reply = match answer_outside(asker.as_ref(), &method, params).await {
+                                            Ok(result) => protocol::response(id, result),
+                                            Err(err) => protocol::error_response(Some(id), err),
+                                        };
+                                        post_answer(&client, &url, &headers, &reply, &label).await;
+                                    });
+                                }
+                                _ => {}
                             }
                         }
                     }
@@ -473,7 +514,7 @@ impl StreamableHttpTransport {
                     // The server waits for this answer before it goes on with ours.
                     let answer = match relay {
                         Some(relay) => relay.ask(&method, params, timeout).await,
-                        None => local_answer(&method),
+                        None => answer_outside(self.asker.as_ref(), &method, params).await,
                     };
                     let reply = match answer {
                         Ok(result) => protocol::response(server_id, result),
@@ -487,6 +528,17 @@ impl StreamableHttpTransport {
             }
         }
         None
+    }
+}
+
+/// Server requests on one GET stream that may wait for a client's answer at once; more are refused.
+const MAX_OUTSIDE_ASKS: usize = 32;
+
+/// POST the answer to a server's request made on the GET stream.
+async fn post_answer(client: &Client, url: &Url, headers: &HeaderMap, reply: &Value, label: &str) {
+    let sent = client.post(url.clone()).headers(headers.clone()).timeout(CANCEL_TIMEOUT).json(reply).send().await;
+    if let Err(err) = sent {
+        debug!(process_id = %label, error = %err, "answering the server's request failed");
     }
 }
 

@@ -84,6 +84,9 @@ pub struct StdioLaunch {
     /// Secret values of the instance (`secrets::secret_values`): masked in everything kept of what the child
     /// prints (a server may print its own key), before it reaches a log, a status, an event or the debug route.
     pub secrets: Vec<String>,
+    /// Where the child's requests made outside any call of ours go (none: answered as a client without the
+    /// capability would).
+    pub asker: Option<super::relay::Asker>,
 }
 
 /// rlimits for a child, soft and hard alike; `None` leaves the inherited limit. A limit is never raised above
@@ -275,6 +278,7 @@ impl StdioTransport {
             outbound: outbound_rx,
             replies: outbound_tx.clone(),
             relays: relays.clone(),
+            asker: launch.asker.clone(),
             asks: tokio::task::JoinSet::new(),
             pending: pending.clone(),
             stderr_buf: stderr_buf.clone(),

@@ -23,12 +23,10 @@ use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT}
 
 /// Bytes gathered from the outbound queue into one write to stdin, at most (a longer message goes whole).
 const WRITE_BATCH_BYTES: usize = 32 * 1024;
-/// Longest a child's request waits for its client's answer (the call's own timeout usually ends it first).
-const ASK_TIMEOUT: Duration = Duration::from_secs(300);
 use super::relays::{with_token, Relays};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
-use crate::mcp::transport::relay::local_answer;
+use crate::mcp::transport::relay::{answer_outside, Asker, ASK_TIMEOUT};
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
 use crate::mcp::transport::{outcome, preview, Pending, UpstreamError};
 
@@ -48,6 +46,8 @@ pub(super) struct Owner {
     /// Where answers to the child's requests are queued (the same channel as `outbound`).
     pub(super) replies: mpsc::Sender<String>,
     pub(super) relays: Arc<Relays>,
+    /// Where the child's requests made outside any call of ours go: its owner's clients.
+    pub(super) asker: Option<Asker>,
     /// Requests of the child waiting for their client's answer; they end with the owner.
     pub(super) asks: tokio::task::JoinSet<()>,
     pub(super) pending: Arc<Pending>,
@@ -243,13 +243,17 @@ impl Owner {
                             let _ = replies.send(reply.to_string()).await;
                         });
                     }
+                    // Outside any call: the clients of the instance's owner that hold a stream open for it.
                     None => {
-                        debug!(process_id = %self.label, method = %method, "request from mcp server with no client to ask");
-                        let reply = match local_answer(&method) {
-                            Ok(result) => protocol::response(id, result),
-                            Err(err) => protocol::error_response(Some(id), err),
-                        };
-                        self.write_queued(reply.to_string()).await;
+                        debug!(process_id = %self.label, method = %method, "request from mcp server outside any call");
+                        let (replies, asker) = (self.replies.clone(), self.asker.clone());
+                        self.asks.spawn(async move {
+                            let reply = match answer_outside(asker.as_ref(), &method, params).await {
+                                Ok(result) => protocol::response(id, result),
+                                Err(err) => protocol::error_response(Some(id), err),
+                            };
+                            let _ = replies.send(reply.to_string()).await;
+                        });
                     }
                 }
             }
