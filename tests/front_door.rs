@@ -1595,17 +1595,29 @@ async fn next_request(
     stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     method: &str,
 ) -> Value {
+    next_message(stream, &format!("a {method} request"), |message| {
+        message["method"] == method && message.get("id").is_some()
+    })
+    .await
+}
+
+/// Read an SSE stream until a message `wanted` comes on it; that message.
+async fn next_message(
+    stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    what: &str,
+    wanted: impl Fn(&Value) -> bool,
+) -> Value {
     use futures::StreamExt;
     let mut heard = String::new();
     let found = tokio::time::timeout(DEADLINE, async {
         loop {
-            let request = heard
+            let message = heard
                 .lines()
                 .filter_map(|line| line.strip_prefix("data:"))
                 .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
-                .find(|message| message["method"] == method && message.get("id").is_some());
-            if let Some(request) = request {
-                return Some(request);
+                .find(|message| wanted(message));
+            if let Some(message) = message {
+                return Some(message);
             }
             match stream.next().await {
                 Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
@@ -1614,7 +1626,7 @@ async fn next_request(
         }
     })
     .await;
-    found.ok().flatten().unwrap_or_else(|| panic!("no {method} request on the GET stream: {heard}"))
+    found.ok().flatten().unwrap_or_else(|| panic!("no {what} on the stream: {heard}"))
 }
 
 /// A server's request made outside any call (here `roots/list`, asked after the client said its roots changed)
@@ -1693,5 +1705,53 @@ async fn a_remote_servers_request_on_its_stream_is_answered_by_its_members_clien
         listed.to_string().contains("file:///alice/remote").then_some(())
     })
     .await;
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// A 2026-07-28 client's `subscriptions/listen` on the endpoint of a handshake-era server, which has no such
+/// method, is served by the satellite from what the server announces on its session: acknowledged with what the
+/// server can honour, then the updates of the resources it asked for (subscribed upstream by the satellite), tagged
+/// with the listen's id. Before, the request went to the server and the client got -32601, although the endpoint's
+/// `server/discover` promised list changes and subscriptions.
+#[tokio::test]
+async fn a_listen_on_a_handshake_era_server_is_served_from_what_it_announces() {
+    let sat = with_paged().await;
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let listen = json!({"jsonrpc":"2.0","id":"sub-1","method":"subscriptions/listen","params":{"_meta": meta,
+        "notifications":{"toolsListChanged":true,"promptsListChanged":true,"resourceSubscriptions":["paged://report"]}}});
+    let response = Client::new()
+        .post(format!("{}{path}", sat.base_url()))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .body(listen.to_string())
+        .send()
+        .await
+        .expect("a listen");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut stream = Box::pin(response.bytes_stream());
+    let ack =
+        next_message(&mut stream, "an acknowledgement", |m| m["method"] == "notifications/subscriptions/acknowledged")
+            .await;
+    assert_eq!(ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "sub-1", "{ack}");
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged":true,"promptsListChanged":true,"resourceSubscriptions":["paged://report"]}),
+        "{ack}"
+    );
+
+    // The server announces an update of every resource it watches when its tool `touch` runs.
+    let direct = Caller::connect(&sat, &path, None).await;
+    let touch = json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"touch","arguments":{}}});
+    let (_, touched) = direct.post_text(&touch).await;
+    assert!(touched.contains("subscribed: paged://report"), "the satellite asked the server to watch it: {touched}");
+    let update =
+        next_message(&mut stream, "a resource update", |m| m["method"] == "notifications/resources/updated").await;
+    assert_eq!(update["params"]["uri"], "paged://report", "{update}");
+    assert_eq!(update["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "sub-1", "{update}");
+    drop(stream);
     assert!(sat.satellite.shutdown().await);
 }

@@ -11,6 +11,7 @@ use super::{
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::instances::{Instance, InstanceError, InstanceManager};
+use crate::mcp::client::Era;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
@@ -128,6 +129,13 @@ impl InstanceRouter {
                     RouteError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, "subscriptions/listen needs a stream"))
                 })?;
                 let params = params.unwrap_or_else(|| json!({}));
+                // A handshake-era server has no `subscriptions/listen`; it announces on its session instead, which
+                // the satellite keeps open: the stream is served here from what it announces.
+                if self.manager.wake(instance).await.is_ok()
+                    && instance.client().is_some_and(|client| matches!(client.era(), Era::Handshake { .. }))
+                {
+                    return Box::pin(self.listen_here(instance, &params, relay)).await;
+                }
                 // Boxed: a listen's future is several kilobytes, and held inline it would make every call's future as large
                 // (a future is as large as its largest branch), copied whole each time the call's task moves it.
                 match Box::pin(self.manager.listen(instance, method, Some(params), LISTEN_LIMIT, relay)).await {
@@ -154,6 +162,97 @@ impl InstanceRouter {
         }
     }
 }
+
+impl InstanceRouter {
+    /// `subscriptions/listen` for a handshake-era server, served from what it announces outside any request
+    /// (`Instance::announcements`): acknowledged with the part of the filter the server can honour, then each
+    /// announcement the filter asks for, until the client closes the stream or `LISTEN_LIMIT` passes. Resource
+    /// subscriptions are asked of the server with `resources/subscribe` (kept, and asked again after a restart,
+    /// by the instance), when it declares `resources.subscribe`.
+    async fn listen_here(
+        &self,
+        instance: &Arc<Instance>,
+        params: &Value,
+        relay: &Relay,
+    ) -> Result<Payload, RouteError> {
+        let wanted = params.get("notifications").cloned().unwrap_or_else(|| json!({}));
+        let declared = instance.client().map(|client| client.capabilities().clone()).unwrap_or_default();
+        let asked = |flag: &str| wanted.get(flag).and_then(Value::as_bool).unwrap_or(false);
+        let has = |capability: &str| declared.get(capability).is_some();
+        let mut agreed = serde_json::Map::new();
+        // Tools are always listed by the satellite, which announces a changed catalog itself.
+        let tools = asked("toolsListChanged");
+        let prompts = asked("promptsListChanged") && has("prompts");
+        let resources = asked("resourcesListChanged") && has("resources");
+        for (flag, on) in
+            [("toolsListChanged", tools), ("promptsListChanged", prompts), ("resourcesListChanged", resources)]
+        {
+            if on {
+                agreed.insert(flag.into(), json!(true));
+            }
+        }
+        let mut watched = std::collections::BTreeSet::new();
+        if declared.pointer("/resources/subscribe").and_then(Value::as_bool) == Some(true) {
+            let uris = wanted.get("resourceSubscriptions").and_then(Value::as_array).cloned().unwrap_or_default();
+            for uri in uris.iter().filter_map(Value::as_str).take(MAX_LISTEN_RESOURCES) {
+                let subscribe = json!({"uri": uri});
+                match self.manager.call(instance, "resources/subscribe", Some(subscribe), self.call_timeout).await {
+                    Ok(_) => {
+                        watched.insert(uri.to_owned());
+                    }
+                    Err(err) => {
+                        tracing::debug!(process_id = %instance.spec().process_id, uri, error = %err, "a listen's resource subscription was refused")
+                    }
+                }
+            }
+            agreed.insert("resourceSubscriptions".into(), json!(watched));
+        }
+        // Listening before the acknowledgement: nothing announced after it is missed.
+        let mut announced = instance.announcements();
+        let tag = || json!({protocol::meta_keys::SUBSCRIPTION_ID: null});
+        relay
+            .notify("notifications/subscriptions/acknowledged", Some(json!({"_meta": tag(), "notifications": agreed})));
+        let deadline = tokio::time::sleep(LISTEN_LIMIT);
+        tokio::pin!(deadline);
+        loop {
+            let note = tokio::select! {
+                _ = relay.closed() => break,
+                _ = &mut deadline => break,
+                note = announced.recv() => note,
+            };
+            let note = match note {
+                Ok(note) => note,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            };
+            let method = note.get("method").and_then(Value::as_str).unwrap_or_default();
+            let wanted = match method {
+                "notifications/tools/list_changed" => tools,
+                "notifications/prompts/list_changed" => prompts,
+                "notifications/resources/list_changed" => resources,
+                "notifications/resources/updated" => {
+                    note.pointer("/params/uri").and_then(Value::as_str).is_some_and(|uri| watched.contains(uri))
+                }
+                _ => false,
+            };
+            if !wanted {
+                continue;
+            }
+            let mut params = note.get("params").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
+            match params.get_mut("_meta").and_then(Value::as_object_mut) {
+                Some(meta) => {
+                    meta.insert(protocol::meta_keys::SUBSCRIPTION_ID.into(), Value::Null);
+                }
+                None => params["_meta"] = tag(),
+            }
+            relay.notify(method, Some(params));
+        }
+        Ok(json!({"resultType": "complete", "_meta": tag()}).into())
+    }
+}
+
+/// Resource URIs one `subscriptions/listen` served by the satellite asks the server to watch, at most.
+const MAX_LISTEN_RESOURCES: usize = 100;
 
 #[cfg(test)]
 mod tests {

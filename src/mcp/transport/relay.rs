@@ -100,6 +100,11 @@ impl Relay {
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+
+    /// Done when the client end is gone (its stream closed).
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
 }
 
 /// How long a server's request may wait for a client's answer.
