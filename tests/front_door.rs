@@ -1755,3 +1755,45 @@ async fn a_listen_on_a_handshake_era_server_is_served_from_what_it_announces() {
     drop(stream);
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A 2026-07-28 server announces list changes only on a `subscriptions/listen` stream: the satellite keeps one
+/// open on it, so the catalog follows a tool the server adds, and a handshake-era client of the instance hears the
+/// change on its GET stream. Before, the satellite never listened: the new tool stayed unknown until a periodic
+/// rediscovery, and the client was never told. The server is built on the official Python SDK.
+#[tokio::test]
+async fn a_modern_servers_list_change_reaches_the_catalog_and_its_clients() {
+    // The Python with the SDK: scripts/test.sh installs it in .venv.
+    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
+    assert!(python.exists(), "{} (made by scripts/test.sh)", python.display());
+    let python = python.to_string_lossy().into_owned();
+    let script = toml_str(&fixture("modern_server.py").to_string_lossy());
+    let extra = format!(
+        "\n[[servers]]\nslug = \"modern\"\ntransport = \"stdio\"\ncommand = {}\nargs = [{script}]\n\
+         [[installations]]\nid = \"i-modern\"\nteam = \"acme\"\nserver = \"modern\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-modern\"\ninstance_token_sha256 = \"{}\"\n",
+        toml_str(&python),
+        sha256_hex(&instance_token("alice-modern"))
+    );
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &(config() + &extra), |config| {
+        config.sandbox.allowed_commands.push(python.clone());
+    })
+    .await;
+    sat.wait_ready().await;
+    let id = ProcessId::from("modern-acme-alice-i-modern");
+    wait_online(&sat, &id.0).await;
+    let client = sat.satellite.manager().get(&id).and_then(|i| i.client()).expect("a connection");
+    assert_eq!(client.era().version(), "2026-07-28", "the server speaks only 2026-07-28");
+
+    let path = format!("/i/alice-modern/mcp?token={}", instance_token("alice-modern"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let mut stream = get_stream(&sat, &path, direct.session.as_deref().expect("a session")).await;
+    let grown = direct.tool("grow", json!({}));
+    assert!(grown.await.to_string().contains("grown_1"), "the server added a tool");
+    next_message(&mut stream, "a tools/list_changed", |m| m["method"] == "notifications/tools/list_changed").await;
+    wait_until(DEADLINE, "the catalog has the new tool", || {
+        let instance = sat.satellite.manager().get(&id);
+        async move { instance?.catalog()?.tools.iter().any(|t| t.name() == "grown_1").then_some(()) }
+    })
+    .await;
+    assert!(sat.satellite.shutdown().await);
+}

@@ -13,8 +13,8 @@ use crate::events::{CrashReport, Event};
 use crate::instances::instance::{Instance, InstanceError};
 use crate::instances::policy::{self, CrashDecision};
 use crate::instances::{Inner, RefreshReport};
-use crate::mcp::client::McpClient;
-use crate::mcp::transport::{Announcement, ExitInfo, Transport, UpstreamError};
+use crate::mcp::client::{Era, McpClient};
+use crate::mcp::transport::{Announcement, ExitInfo, Inbound, Relay, Transport, UpstreamError};
 use crate::model::{InstanceStatus, Upstream};
 
 use super::connect::process_pid;
@@ -36,6 +36,78 @@ const CHANGES_CATALOG: [&str; 2] = ["notifications/tools/list_changed", "notific
 /// A burst of list changes (a server announcing once per tool it adds) is collected this long, then one
 /// rediscovery covers it.
 pub(in crate::instances) const LIST_CHANGE_DEBOUNCE: Duration = Duration::from_millis(250);
+/// How long the satellite's own `subscriptions/listen` on a 2026-07-28 server stays open before it is opened anew.
+const UPSTREAM_LISTEN_LIMIT: Duration = Duration::from_secs(60 * 60);
+/// The first wait before opening again a listen the server ended or refused; doubled after each failure, to
+/// `UPSTREAM_LISTEN_RETRY_MAX`.
+const UPSTREAM_LISTEN_RETRY: Duration = Duration::from_secs(5);
+const UPSTREAM_LISTEN_RETRY_MAX: Duration = Duration::from_secs(5 * 60);
+/// A listen open this long before it ended is opened again at once.
+const UPSTREAM_LISTEN_LASTED: Duration = Duration::from_secs(60);
+
+/// The filter the satellite listens to a 2026-07-28 server with: the list changes it declares, which the catalog
+/// and the instance's clients follow. `None` for a handshake-era server, which announces them on its session, or
+/// one that declares none.
+fn upstream_listen_filter(client: &McpClient) -> Option<Value> {
+    if !matches!(client.era(), Era::Stateless { .. }) {
+        return None;
+    }
+    let declared = client.capabilities();
+    let mut filter = serde_json::Map::new();
+    for (capability, flag) in
+        [("tools", "toolsListChanged"), ("prompts", "promptsListChanged"), ("resources", "resourcesListChanged")]
+    {
+        if declared.get(capability).and_then(|c| c.get("listChanged")).and_then(Value::as_bool) == Some(true) {
+            filter.insert(flag.into(), Value::Bool(true));
+        }
+    }
+    (!filter.is_empty()).then_some(Value::Object(filter))
+}
+
+/// Hold the satellite's own `subscriptions/listen` open on a 2026-07-28 server for as long as the connection is
+/// watched, and announce what comes on it as a handshake-era server's announcements are (the watch then follows
+/// list changes the same way). It is opened again after the server ends it, after a growing wait when it failed.
+/// Never completes; pending for ever when the server needs no listen.
+async fn listen_upstream(client: &McpClient) {
+    let Some(filter) = upstream_listen_filter(client) else { return futures::future::pending().await };
+    let mut wait = UPSTREAM_LISTEN_RETRY;
+    loop {
+        let (relay, mut heard) = Relay::channel(false);
+        let params = Some(serde_json::json!({"notifications": filter}));
+        let listen = client.request_relayed("subscriptions/listen", params, UPSTREAM_LISTEN_LIMIT, Some(&relay));
+        tokio::pin!(listen);
+        let opened = Instant::now();
+        let ended = loop {
+            tokio::select! {
+                ended = &mut listen => break ended,
+                Some(inbound) = heard.recv() => {
+                    let Inbound::Notification { method, mut params } = inbound else { continue };
+                    if method == "notifications/subscriptions/acknowledged" {
+                        continue;
+                    }
+                    // The subscription's id is ours; the instance's clients get the notification without it.
+                    if let Some(meta) = params.as_mut().and_then(|p| p.get_mut("_meta")).and_then(Value::as_object_mut) {
+                        meta.remove(crate::mcp::protocol::meta_keys::SUBSCRIPTION_ID);
+                    }
+                    client.transport().announce(Arc::new(crate::mcp::protocol::notification(&method, params)));
+                }
+            }
+        };
+        // A listen that lasted is opened again at once; one ended or refused soon after it opened waits first.
+        match ended {
+            Ok(_) if opened.elapsed() >= UPSTREAM_LISTEN_LASTED => wait = UPSTREAM_LISTEN_RETRY,
+            Ok(_) => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(UPSTREAM_LISTEN_RETRY_MAX);
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "the server's subscriptions/listen ended");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(UPSTREAM_LISTEN_RETRY_MAX);
+            }
+        }
+    }
+}
 
 /// The next renewal of a Streamable HTTP session; never for a transport without them, or once it is gone.
 async fn renewed(renewals: &mut Option<tokio::sync::watch::Receiver<u64>>) {
@@ -77,11 +149,13 @@ impl Inner {
                 let since = Instant::now();
                 let pid = stdio.pid();
                 let mut rediscover: Option<tokio::time::Instant> = None;
+                let mut listening = Box::pin(listen_upstream(&client));
                 loop {
                     tokio::select! {
                         biased;
                         _ = instance.retired.cancelled() => return,
                         _ = inner.shutdown.cancelled() => return,
+                        () = &mut listening => {}
                         exit = stdio.exited() => {
                             let ExitInfo::Exited { code, signal } = exit else { return };
                             if instance.retired.is_cancelled() {
@@ -144,11 +218,13 @@ impl Inner {
         self.tasks.spawn(
             async move {
                 let mut rediscover: Option<tokio::time::Instant> = None;
+                let mut listening = Box::pin(listen_upstream(&client));
                 loop {
                     let note = tokio::select! {
                         biased;
                         _ = instance.retired.cancelled() => return,
                         _ = inner.shutdown.cancelled() => return,
+                        () = &mut listening => continue,
                         note = notifications.recv() => note,
                         // The server forgot the session (restarted): it forgot its subscriptions and log level with it.
                         () = renewed(&mut renewals) => {

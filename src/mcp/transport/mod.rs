@@ -181,6 +181,16 @@ impl Transport {
         }
     }
 
+    /// Announce `note` as if the server had sent it outside any request: what a 2026-07-28 server says on the
+    /// satellite's own `subscriptions/listen` stream.
+    pub fn announce(&self, note: Announcement) {
+        match self {
+            Transport::Stdio(t) => t.announce(note),
+            Transport::StreamableHttp(t) => t.announce(note),
+            Transport::Sse(t) => t.announce(note),
+        }
+    }
+
     /// For a Streamable HTTP session, changes each time the server forgot it and a new one was negotiated (see
     /// [`StreamableHttpTransport::renewals`]); the other transports end with their session instead.
     pub fn session_renewals(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

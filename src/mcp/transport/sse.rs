@@ -96,6 +96,11 @@ impl SseTransport {
     }
 
     /// Notifications the server sends (list changes, resource updates).
+    /// Pass `note` to the announcements' listeners as if the server had sent it outside any request.
+    pub fn announce(&self, note: crate::mcp::transport::Announcement) {
+        let _ = self.notifications.send(note);
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<super::Announcement> {
         self.notifications.subscribe()
     }

@@ -344,6 +344,11 @@ impl StdioTransport {
     }
 
     /// Notifications the child sends (list changes, logs, progress).
+    /// Pass `note` to the announcements' listeners as if the server had sent it outside any request.
+    pub fn announce(&self, note: crate::mcp::transport::Announcement) {
+        let _ = self.notifications.send(note);
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<crate::mcp::transport::Announcement> {
         self.notifications.subscribe()
     }
