@@ -1761,7 +1761,7 @@ async fn a_listen_on_a_handshake_era_server_is_served_from_what_it_announces() {
 /// change on its GET stream. Before, the satellite never listened: the new tool stayed unknown until a periodic
 /// rediscovery, and the client was never told. The server is built on the official Python SDK.
 #[tokio::test]
-async fn a_modern_servers_list_change_reaches_the_catalog_and_its_clients() {
+async fn a_modern_server_is_followed_like_a_handshake_era_one() {
     // The Python with the SDK: scripts/test.sh installs it in .venv.
     let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
     assert!(python.exists(), "{} (made by scripts/test.sh)", python.display());
@@ -1795,5 +1795,38 @@ async fn a_modern_servers_list_change_reaches_the_catalog_and_its_clients() {
         async move { instance?.catalog()?.tools.iter().any(|t| t.name() == "grown_1").then_some(()) }
     })
     .await;
+
+    // The revision removed `logging/setLevel` and `resources/subscribe`: the satellite keeps what the client set,
+    // asks for the level on each request, and watches the resource on its own listen. Before, both went to the
+    // server, which refused them, and the client heard neither logs nor updates.
+    let request =
+        |id: u64, method: &str, params: Value| json!({"jsonrpc":"2.0","id":id,"method":method,"params":params});
+    for (method, params) in
+        [("logging/setLevel", json!({"level":"info"})), ("resources/subscribe", json!({"uri":"modern://note"}))]
+    {
+        let (status, answer) = direct.post_text(&request(8, method, params)).await;
+        assert!(status == StatusCode::OK && answer.contains("\"result\""), "{method}: {status} {answer}");
+    }
+    let (_, logged) = direct.post_text(&request(9, "tools/call", json!({"name":"log","arguments":{}}))).await;
+    assert!(logged.contains("notifications/message") && logged.contains("logged at info"), "{logged}");
+    // The listen is opened again with the subscription in the background: touched until an update comes.
+    use futures::StreamExt;
+    let mut heard = String::new();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !heard.contains("notifications/resources/updated") {
+        assert!(tokio::time::Instant::now() < deadline, "no update of the subscribed resource: {heard}");
+        let (_, touched) = direct.post_text(&request(10, "tools/call", json!({"name":"touch","arguments":{}}))).await;
+        assert!(touched.contains("touched"), "{touched}");
+        let read = tokio::time::timeout(Duration::from_millis(500), async {
+            while let Some(Ok(chunk)) = stream.next().await {
+                heard.push_str(&String::from_utf8_lossy(&chunk));
+                if heard.contains("modern://note") {
+                    return;
+                }
+            }
+        });
+        let _ = read.await;
+    }
+    assert!(heard.contains("modern://note"), "{heard}");
     assert!(sat.satellite.shutdown().await);
 }

@@ -89,6 +89,8 @@ pub struct Instance {
     /// The resources the server was asked to watch (`resources/subscribe` answered, no `resources/unsubscribe`
     /// answered since), asked again of a server that starts anew: a restarted process has forgotten them.
     subscriptions: Mutex<std::collections::BTreeSet<String>>,
+    /// Bumped each time `subscriptions` changes: a 2026-07-28 server's listen is opened again with the new set.
+    subscriptions_changed: tokio::sync::watch::Sender<u64>,
     /// The level of the last `logging/setLevel` the server accepted, asked again of a server that starts anew.
     log_level: Mutex<Option<String>>,
 }
@@ -143,6 +145,7 @@ impl Instance {
             listing: Mutex::new(None),
             secrets: std::sync::OnceLock::new(),
             subscriptions: Mutex::new(std::collections::BTreeSet::new()),
+            subscriptions_changed: tokio::sync::watch::Sender::new(0),
             log_level: Mutex::new(None),
         }
     }
@@ -150,11 +153,20 @@ impl Instance {
     /// Note that the server accepted a `resources/subscribe` (true) or `resources/unsubscribe` (false) of `uri`.
     pub(super) fn note_subscription(&self, uri: &str, subscribed: bool) {
         let mut subscriptions = self.subscriptions.lock();
-        if !subscribed {
-            subscriptions.remove(uri);
-        } else if subscriptions.len() < MAX_SUBSCRIPTIONS {
-            subscriptions.insert(uri.to_owned());
+        let changed = if !subscribed {
+            subscriptions.remove(uri)
+        } else {
+            subscriptions.len() < MAX_SUBSCRIPTIONS && subscriptions.insert(uri.to_owned())
+        };
+        drop(subscriptions);
+        if changed {
+            self.subscriptions_changed.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Changes each time the resources the server is asked to watch change.
+    pub(super) fn subscription_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.subscriptions_changed.subscribe()
     }
 
     /// Note that the server accepted a `logging/setLevel` to `level`.

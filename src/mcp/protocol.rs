@@ -25,6 +25,8 @@ pub mod meta_keys {
     pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
     /// On every message of a `subscriptions/listen` stream: the JSON-RPC id of the listen request.
     pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+    /// The level a 2026-07-28 request asks the server's log messages about it at.
+    pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 }
 
 /// JSON-RPC and MCP error codes.

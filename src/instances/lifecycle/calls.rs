@@ -14,7 +14,7 @@ use crate::instances::policy::{self, Blame};
 use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
 use crate::logcapture::RequestRecord;
-use crate::mcp::client::McpClient;
+use crate::mcp::client::{Era, McpClient};
 use crate::mcp::payload::Payload;
 use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::{InstanceSpec, InstanceStatus, Upstream};
@@ -34,6 +34,16 @@ fn remembered(method: &str, params: Option<&Value>) -> Option<Remembered> {
         "resources/unsubscribe" => Some(Remembered::Subscription(text("uri")?, false)),
         "logging/setLevel" => Some(Remembered::LogLevel(text("level")?)),
         _ => None,
+    }
+}
+
+/// Put the log level a client set (`logging/setLevel`) in a 2026-07-28 request's `_meta`, unless it names one.
+fn ask_log_level(params: &mut Option<Value>, level: String) {
+    let params = params.get_or_insert_with(|| Value::Object(serde_json::Map::new()));
+    let Some(params) = params.as_object_mut() else { return };
+    let meta = params.entry("_meta").or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if let Some(meta) = meta.as_object_mut() {
+        meta.entry(crate::mcp::protocol::meta_keys::LOG_LEVEL).or_insert(Value::String(level));
     }
 }
 
@@ -69,7 +79,7 @@ impl Inner {
         let began = Instant::now();
         // What the call's log needs of its request, taken now: the request itself goes to the server.
         let sent = (method == "tools/call").then(|| SentCall::of(instance, params.as_ref()));
-        let remember = remembered(method, params.as_ref());
+        let mut remember = remembered(method, params.as_ref());
         let client = match self.ensure_connected(instance).await {
             Ok(client) => client,
             Err(err) => {
@@ -79,9 +89,28 @@ impl Inner {
                 return Err(err);
             }
         };
+        let mut params = params;
+        // A 2026-07-28 server has no session to keep a log level or subscriptions in (the revision removed both
+        // methods): the satellite keeps them, answers here, asks for the level on each request's `_meta`, and
+        // watches the subscribed resources on its own listen (`supervise::listen_upstream`).
+        if matches!(client.era(), Era::Stateless { .. }) {
+            match remember.take() {
+                Some(Remembered::Subscription(uri, subscribed)) => {
+                    instance.note_subscription(&uri, subscribed);
+                    return Ok(Payload::from(serde_json::json!({})));
+                }
+                Some(Remembered::LogLevel(level)) => {
+                    instance.note_log_level(level);
+                    return Ok(Payload::from(serde_json::json!({})));
+                }
+                None => {}
+            }
+            if let Some(level) = instance.log_level() {
+                ask_log_level(&mut params, level);
+            }
+        }
         let before = instance.state();
         let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
-        let mut params = params;
         let mut attempt = 0;
         let result = loop {
             // A copy only while a retry may still need the request again.

@@ -48,10 +48,7 @@ const UPSTREAM_LISTEN_LASTED: Duration = Duration::from_secs(60);
 /// The filter the satellite listens to a 2026-07-28 server with: the list changes it declares, which the catalog
 /// and the instance's clients follow. `None` for a handshake-era server, which announces them on its session, or
 /// one that declares none.
-fn upstream_listen_filter(client: &McpClient) -> Option<Value> {
-    if !matches!(client.era(), Era::Stateless { .. }) {
-        return None;
-    }
+fn upstream_listen_filter(client: &McpClient, instance: &Instance) -> Option<Value> {
     let declared = client.capabilities();
     let mut filter = serde_json::Map::new();
     for (capability, flag) in
@@ -61,6 +58,11 @@ fn upstream_listen_filter(client: &McpClient) -> Option<Value> {
             filter.insert(flag.into(), Value::Bool(true));
         }
     }
+    // The resources the instance's clients subscribed to (`resources/subscribe`, kept by the satellite).
+    let watched = instance.subscriptions();
+    if declared.pointer("/resources/subscribe").and_then(Value::as_bool) == Some(true) && !watched.is_empty() {
+        filter.insert("resourceSubscriptions".into(), serde_json::json!(watched));
+    }
     (!filter.is_empty()).then_some(Value::Object(filter))
 }
 
@@ -68,10 +70,22 @@ fn upstream_listen_filter(client: &McpClient) -> Option<Value> {
 /// watched, and announce what comes on it as a handshake-era server's announcements are (the watch then follows
 /// list changes the same way). It is opened again after the server ends it, after a growing wait when it failed.
 /// Never completes; pending for ever when the server needs no listen.
-async fn listen_upstream(client: &McpClient) {
-    let Some(filter) = upstream_listen_filter(client) else { return futures::future::pending().await };
+async fn listen_upstream(client: Arc<McpClient>, instance: Arc<Instance>) {
+    let (client, instance) = (&*client, &*instance);
+    if !matches!(client.era(), Era::Stateless { .. }) {
+        return futures::future::pending().await;
+    }
+    let mut changes = instance.subscription_changes();
     let mut wait = UPSTREAM_LISTEN_RETRY;
     loop {
+        changes.mark_unchanged();
+        let Some(filter) = upstream_listen_filter(client, instance) else {
+            // Nothing to listen to until a client subscribes to a resource.
+            if changes.changed().await.is_err() {
+                return futures::future::pending().await;
+            }
+            continue;
+        };
         let (relay, mut heard) = Relay::channel(false);
         let params = Some(serde_json::json!({"notifications": filter}));
         let listen = client.request_relayed("subscriptions/listen", params, UPSTREAM_LISTEN_LIMIT, Some(&relay));
@@ -79,7 +93,9 @@ async fn listen_upstream(client: &McpClient) {
         let opened = Instant::now();
         let ended = loop {
             tokio::select! {
-                ended = &mut listen => break ended,
+                ended = &mut listen => break Some(ended),
+                // Subscriptions changed: the listen is opened again with them (the old one is dropped, cancelled).
+                Ok(()) = changes.changed() => break None,
                 Some(inbound) = heard.recv() => {
                     let Inbound::Notification { method, mut params } = inbound else { continue };
                     if method == "notifications/subscriptions/acknowledged" {
@@ -94,6 +110,7 @@ async fn listen_upstream(client: &McpClient) {
             }
         };
         // A listen that lasted is opened again at once; one ended or refused soon after it opened waits first.
+        let Some(ended) = ended else { continue };
         match ended {
             Ok(_) if opened.elapsed() >= UPSTREAM_LISTEN_LASTED => wait = UPSTREAM_LISTEN_RETRY,
             Ok(_) => {
@@ -149,7 +166,7 @@ impl Inner {
                 let since = Instant::now();
                 let pid = stdio.pid();
                 let mut rediscover: Option<tokio::time::Instant> = None;
-                let mut listening = Box::pin(listen_upstream(&client));
+                let mut listening = Box::pin(listen_upstream(client.clone(), instance.clone()));
                 loop {
                     tokio::select! {
                         biased;
@@ -218,7 +235,7 @@ impl Inner {
         self.tasks.spawn(
             async move {
                 let mut rediscover: Option<tokio::time::Instant> = None;
-                let mut listening = Box::pin(listen_upstream(&client));
+                let mut listening = Box::pin(listen_upstream(client.clone(), instance.clone()));
                 loop {
                     let note = tokio::select! {
                         biased;
@@ -560,6 +577,15 @@ impl Inner {
     ) {
         let (level, uris) = (instance.log_level(), instance.subscriptions());
         if level.is_none() && uris.is_empty() {
+            return;
+        }
+        // A 2026-07-28 server is asked for both on every request and on the satellite's own listen; updates sent
+        // while it was down were lost all the same.
+        if matches!(client.era(), Era::Stateless { .. }) {
+            for uri in uris {
+                let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": uri}});
+                instance.announce(Arc::new(note));
+            }
             return;
         }
         let (instance, client) = (instance.clone(), client.clone());
