@@ -90,7 +90,12 @@ struct Inner {
     wake: Notify,
     /// Events written so far.
     emitted: std::sync::atomic::AtomicU64,
+    /// Entries dropped because the buffers were full, not yet reported.
+    dropped: std::sync::atomic::AtomicU64,
 }
+
+/// Bytes the buffers hold at most while a flush is stuck; past it new entries are dropped (and counted).
+pub const MAX_BUFFERED_BYTES: usize = 64 * WRITE_BYTES;
 
 /// What one captured tool call was: its arguments and answer as JSON text, with the instance's secrets masked.
 #[derive(Debug, Clone)]
@@ -112,6 +117,7 @@ impl LogCapture {
                 buffers: Mutex::new(Buffers::default()),
                 wake: Notify::new(),
                 emitted: Default::default(),
+                dropped: Default::default(),
             }),
         }
     }
@@ -160,6 +166,12 @@ impl LogCapture {
     fn push(&self, bytes: usize, add: impl FnOnce(&mut Buffers)) {
         let wake = {
             let mut buffers = self.inner.buffers.lock();
+            // A flush that cannot finish (the store stalled) must not let the buffers take all memory: past the
+            // bound, entries are counted and dropped, and the next flush says how many.
+            if buffers.bytes >= MAX_BUFFERED_BYTES {
+                self.inner.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
             let was_full = buffers.full();
             add(&mut buffers);
             buffers.bytes = buffers.bytes.saturating_add(bytes);
@@ -177,6 +189,14 @@ impl LogCapture {
     /// Turn everything buffered into events now.
     pub async fn flush(&self) -> usize {
         let taken = std::mem::take(&mut *self.inner.buffers.lock());
+        let dropped = self.inner.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if dropped > 0 {
+            tracing::error!(
+                dropped,
+                bytes = MAX_BUFFERED_BYTES,
+                "log entries dropped: the buffers were full while the event store stalled"
+            );
+        }
         let mut events = taken.events;
         let mut server: BTreeMap<(String, String), (String, Vec<ServerLogEntry>)> = BTreeMap::new();
         for line in taken.server {
@@ -651,5 +671,24 @@ mod tests {
         assert_eq!(small, (100..100 + 2 * FLUSH_AT as i64 + 5).collect::<Vec<_>>(), "in the order they were made");
         let text = events[3].data["requests"][0]["tool_response"]["content"][0]["text"].as_str().map(str::len);
         assert_eq!(text, Some(WRITE_BYTES / 4), "results are kept whole");
+    }
+
+    /// A flush that cannot finish (the store stalled) does not let the buffers grow without bound: past
+    /// `MAX_BUFFERED_BYTES` new entries are counted and dropped, and the next flush reports them.
+    #[tokio::test]
+    async fn buffers_stop_growing_at_their_bound_while_nothing_flushes() {
+        let (_dir, _store, capture) = capture().await;
+        let spec = spec("alice", true);
+        let line = "x".repeat(64 * 1024);
+        let fits = MAX_BUFFERED_BYTES / (line.len() + ENTRY_OVERHEAD_BYTES) + 1;
+        for _ in 0..fits + 100 {
+            capture.server_line(&spec, "info", &line);
+        }
+        assert_eq!(capture.buffered(), fits, "what fits in the bound");
+        assert_eq!(capture.inner.dropped.load(std::sync::atomic::Ordering::Relaxed), 100);
+        capture.flush().await;
+        assert_eq!(capture.inner.dropped.load(std::sync::atomic::Ordering::Relaxed), 0, "reported once");
+        capture.server_line(&spec, "info", "after");
+        assert_eq!(capture.buffered(), 1, "taken again once flushed");
     }
 }

@@ -236,3 +236,44 @@ async fn catalogs_and_status_history_outlive_a_restart() {
     assert_eq!(catalogs.keys().map(|k| k.0.as_str()).collect::<Vec<_>>(), ["demo-acme-alice-i-demo"]);
     store.close().await;
 }
+
+/// A configuration cut short for a moment (a file that lost its installations and still parses, or a backend that
+/// answered with part of the team's servers) stops the instances it no longer names, but what they leave is kept
+/// for `REMOVAL_GRACE`: their stored catalogs and the installation's drift holds. Back within it, an instance
+/// starts with its tools and no hold an administrator set is lost. Past it, `purge_removed` deletes them. Before,
+/// both were deleted at once.
+#[tokio::test]
+async fn a_configuration_cut_short_for_a_moment_costs_no_catalog_and_no_hold() {
+    let config = base(DEMO_INSTALL);
+    let sat = TestSatellite::start(&config).await;
+    let alice = "demo-acme-alice-i-demo";
+    wait_status(&sat, alice, InstanceStatus::Online).await;
+    let store = sat.satellite.store().clone();
+    store.hold_tools("i-demo", alice, &["echo"]).await.expect("a hold");
+    let held = || async { store.held_tools().await.unwrap().iter().any(|h| h.installation_id == "i-demo") };
+    let stored = || async { store.load_catalogs().await.unwrap().contains_key(&ProcessId::from(alice)) };
+    let gone = |present: bool| {
+        let instance = sat.satellite.manager().get(&ProcessId::from(alice));
+        async move { (instance.is_some() == present).then_some(()) }
+    };
+
+    sat.rewrite_config(&base(""));
+    wait_until(DEADLINE, "alice's instance removed", || gone(false)).await;
+    assert!(stored().await, "the removed instance's catalog is kept for the grace");
+    assert!(held().await, "the uninstalled installation's holds are kept for the grace");
+    assert_eq!(sat.satellite.manager().purge_removed(satellite::instances::REMOVAL_GRACE).await, 0, "not yet due");
+
+    sat.rewrite_config(&config);
+    wait_until(DEADLINE, "alice's instance back", || gone(true)).await;
+    let instance = sat.satellite.manager().get(&ProcessId::from(alice)).expect("alice's instance");
+    assert!(instance.catalog().is_some(), "it starts with its tools, before it is discovered again");
+    assert_eq!(sat.satellite.manager().purge_removed(Duration::ZERO).await, 0, "back: nothing of it is due");
+    assert!(stored().await && held().await);
+
+    sat.rewrite_config(&base(""));
+    wait_until(DEADLINE, "alice's instance removed again", || gone(false)).await;
+    assert!(sat.satellite.manager().purge_removed(Duration::ZERO).await >= 2, "bob's and alice's catalogs, the holds");
+    assert!(!stored().await, "deleted past the grace");
+    assert!(!held().await, "released past the grace");
+    assert!(sat.satellite.shutdown().await);
+}

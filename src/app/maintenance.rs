@@ -29,6 +29,10 @@ const ENCODER_IDLE: Duration = Duration::from_secs(60);
 const ENCODER_CHECK_PERIOD: Duration = Duration::from_secs(20);
 /// How often instances with `rediscover_seconds` are checked for a catalog older than that.
 const REDISCOVERY_CHECK_PERIOD: Duration = Duration::from_secs(5);
+/// How often events the outbox refused are tried again.
+const UNWRITTEN_RETRY_PERIOD: Duration = Duration::from_secs(5);
+/// How often what removed instances left behind is checked for deletion.
+const REMOVAL_CHECK_PERIOD: Duration = Duration::from_secs(60);
 
 /// What the upkeep jobs work on.
 pub(super) struct Maintenance<'a> {
@@ -94,6 +98,31 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             let refreshed = manager.rediscover_stale().await;
             if refreshed > 0 {
                 tracing::debug!(refreshed, "instances discovered again on their schedule");
+            }
+            Ok::<(), std::convert::Infallible>(())
+        }
+    });
+    // Events the outbox refused (a full disk, a lock held too long), written once it takes them again.
+    let unwritten = emitter.clone();
+    jobs.every("unwritten-events", UNWRITTEN_RETRY_PERIOD, FirstRun::AfterOnePeriod, move || {
+        let emitter = unwritten.clone();
+        async move {
+            if emitter.unwritten() > 0 {
+                let waiting = emitter.retry_unwritten().await;
+                tracing::info!(waiting, left = emitter.unwritten(), "events the outbox refused, tried again");
+            }
+            Ok::<(), std::convert::Infallible>(())
+        }
+    });
+    // What removed instances and installations left (stored catalogs, drift holds), deleted once they stayed
+    // away for `REMOVAL_GRACE`.
+    let removal_manager = manager.clone();
+    jobs.every("removed-cleanup", REMOVAL_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
+        let manager = removal_manager.clone();
+        async move {
+            let purged = manager.purge_removed(crate::instances::REMOVAL_GRACE).await;
+            if purged > 0 {
+                tracing::info!(purged, "deleted what removed instances and installations left behind");
             }
             Ok::<(), std::convert::Infallible>(())
         }

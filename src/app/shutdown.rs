@@ -64,6 +64,13 @@ impl Satellite {
             warn!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown: flushing logs missed its deadline");
             clean = false;
         }
+        // Events the outbox refused earlier get one more try; what it still refuses goes with the process.
+        if tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.emitter.retry_unwritten()).await.is_err()
+            || self.emitter.unwritten() > 0
+        {
+            tracing::error!(lost = self.emitter.unwritten(), "shutdown: events the outbox refused are lost");
+            clean = false;
+        }
         self.uploads.cancel();
         if let Some(upload) = self.upload_task {
             // The uploader's own flush budget (EVENT_FLUSH_TIMEOUT_MS) plus a margin.

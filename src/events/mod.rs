@@ -9,7 +9,10 @@
 //! A payload that cannot be serialised is still recorded, held with its
 //! reason (never sent, never dropped silently), and logged.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
+use parking_lot::Mutex;
 use serde::Serialize;
 use tracing::{error, warn};
 
@@ -156,28 +159,40 @@ fn json_type(text: &str) -> &'static str {
 #[derive(Debug, Clone)]
 pub struct Emitter {
     store: Store,
+    /// Events the outbox could not take (a full disk, a database locked past its timeout), written first with
+    /// the next events and by `retry_unwritten`, so a passing failure loses none. Bounded by
+    /// `MAX_UNWRITTEN_BYTES`: past it the oldest are dropped, each logged with its data.
+    unwritten: Arc<Mutex<Unwritten>>,
+}
+
+#[derive(Debug, Default)]
+struct Unwritten {
+    events: std::collections::VecDeque<Event>,
+    bytes: usize,
+}
+
+/// Events refused one after the other before the rest of a batch is kept without trying each.
+const REFUSED_IN_A_ROW: usize = 3;
+
+/// Bytes of event payloads kept in memory while the outbox refuses writes, at most.
+pub const MAX_UNWRITTEN_BYTES: usize = 16 * 1024 * 1024;
+
+fn event_bytes(event: &Event) -> usize {
+    event.data.as_ref().map_or_else(String::len, String::len) + 64
 }
 
 impl Emitter {
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self { store, unwritten: Arc::default() }
     }
 
     /// Write the event to the outbox. A payload that could not be serialised is recorded as held (kept, never
-    /// sent) and logged; a failed write is logged loudly with the event. Nothing is dropped silently.
+    /// sent) and logged; a write that fails is kept in memory and tried again (`Emitter::unwritten`).
     pub async fn emit(&self, event: Event) {
-        if let Err(reason) = &event.data {
-            error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), reason = %reason,
-                   "event payload could not be serialised; kept in the outbox as held, not sent");
-        }
-        if let Err(err) = self.store.append_events(&[event.row()]).await {
-            let data = event.data.as_deref().unwrap_or_default();
-            error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), data = %data,
-                   error = %err, "event could not be recorded");
-        }
+        self.emit_all(vec![event]).await;
     }
 
-    /// Write several events to the outbox in one transaction, each handled as `emit` handles one.
+    /// Write several events to the outbox in one transaction, after those an earlier write could not take.
     pub async fn emit_all(&self, events: Vec<Event>) {
         for event in &events {
             if let Err(reason) = &event.data {
@@ -185,13 +200,79 @@ impl Emitter {
                        "event payload could not be serialised; kept in the outbox as held, not sent");
             }
         }
+        let mut batch = self.take_unwritten();
+        batch.extend(events);
+        self.write(batch).await;
+    }
+
+    /// Write what earlier writes could not, now; how many events were still waiting.
+    pub async fn retry_unwritten(&self) -> usize {
+        let batch = self.take_unwritten();
+        let waiting = batch.len();
+        if waiting > 0 {
+            self.write(batch).await;
+        }
+        waiting
+    }
+
+    /// Events waiting in memory for the outbox to take them.
+    pub fn unwritten(&self) -> usize {
+        self.unwritten.lock().events.len()
+    }
+
+    fn take_unwritten(&self) -> Vec<Event> {
+        let mut unwritten = self.unwritten.lock();
+        unwritten.bytes = 0;
+        std::mem::take(&mut unwritten.events).into()
+    }
+
+    async fn write(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
         let rows: Vec<NewEvent<'_>> = events.iter().map(Event::row).collect();
-        if let Err(err) = self.store.append_events(&rows).await {
-            // The batch is refused whole; each event is tried alone so one bad row loses nothing else.
-            warn!(error = %err, events = events.len(), "writing a batch of events failed; writing them one by one");
-            for event in events {
-                self.emit(event).await;
+        let Err(err) = self.store.append_events(&rows).await else { return };
+        drop(rows);
+        // The batch is refused whole; each event is tried alone so one bad row holds back nothing else.
+        warn!(error = %err, events = events.len(), "writing a batch of events failed; writing them one by one");
+        // A store that refuses several in a row refuses them all (a full disk, a lock): the rest are not tried.
+        let mut failed = Vec::new();
+        let mut refused_in_a_row = 0;
+        let mut last_error = None;
+        for event in events {
+            if refused_in_a_row >= REFUSED_IN_A_ROW {
+                failed.push(event);
+                continue;
             }
+            match self.store.append_events(&[event.row()]).await {
+                Ok(()) => refused_in_a_row = 0,
+                Err(err) => {
+                    refused_in_a_row += 1;
+                    last_error = Some(err);
+                    failed.push(event);
+                }
+            }
+        }
+        if let Some(err) = last_error {
+            error!(error = %err, events = failed.len(), "the outbox refused events; kept in memory and tried again");
+        }
+        self.keep(failed.into_iter());
+    }
+
+    /// Keep events the outbox refused, dropping the oldest past `MAX_UNWRITTEN_BYTES` (each logged with its data,
+    /// the last trace of it).
+    fn keep(&self, events: impl Iterator<Item = Event>) {
+        let mut unwritten = self.unwritten.lock();
+        for event in events {
+            unwritten.bytes += event_bytes(&event);
+            unwritten.events.push_back(event);
+        }
+        while unwritten.bytes > MAX_UNWRITTEN_BYTES {
+            let Some(event) = unwritten.events.pop_front() else { break };
+            unwritten.bytes = unwritten.bytes.saturating_sub(event_bytes(&event));
+            let data = event.data.as_deref().unwrap_or_default();
+            error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), data = %data,
+                   "event dropped: the outbox refused it for too long and the memory kept for it is full");
         }
     }
 
@@ -251,5 +332,49 @@ mod tests {
         assert!(kept[0].held.as_deref().unwrap().contains("could not be serialised"));
         assert!(kept[1].held.as_deref().unwrap().contains("not a JSON object"));
         assert_eq!(store.sendable_events(10).await.unwrap(), vec![], "a held event is never sent");
+    }
+
+    use serde_json::Value;
+
+    /// A store that refuses writes for a while (here its outbox table is gone) loses no event: they are kept in
+    /// memory and written first with the next ones, or by `retry_unwritten`. Before, each was logged and dropped.
+    #[tokio::test]
+    async fn events_the_outbox_refused_are_written_once_it_takes_them_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let emitter = Emitter::new(store.clone());
+        let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
+        sqlx::query(&rename("event_outbox", "event_outbox_away")).execute(store.pool()).await.unwrap();
+        emitter.emit(Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": 1}))).await;
+        emitter
+            .emit_all(
+                (2..6).map(|n| Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": n}))).collect(),
+            )
+            .await;
+        assert_eq!(emitter.unwritten(), 5, "every refused event is kept");
+        assert_eq!(emitter.retry_unwritten().await, 5);
+        assert_eq!(emitter.unwritten(), 5, "still refused");
+
+        sqlx::query(&rename("event_outbox_away", "event_outbox")).execute(store.pool()).await.unwrap();
+        emitter.emit(Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": 6}))).await;
+        assert_eq!(emitter.unwritten(), 0);
+        let kept: Vec<Value> =
+            store.events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
+        assert_eq!(kept, (1..=6).map(Value::from).collect::<Vec<_>>(), "all of them, in order");
+    }
+
+    #[test]
+    fn the_oldest_unwritten_events_go_first_past_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let store = runtime.block_on(Store::open(dir.path())).unwrap();
+        let emitter = Emitter::new(store);
+        let big = "x".repeat(MAX_UNWRITTEN_BYTES / 4);
+        let events =
+            (0..6).map(|n| Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": n, "pad": big})));
+        emitter.keep(events);
+        assert_eq!(emitter.unwritten(), 3, "what fits in the bound");
+        let first = emitter.unwritten.lock().events.front().and_then(|e| e.payload()).unwrap()["n"].clone();
+        assert_eq!(first, 3, "the newest are kept");
     }
 }

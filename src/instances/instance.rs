@@ -91,6 +91,8 @@ pub struct Instance {
     subscriptions: Mutex<std::collections::BTreeSet<String>>,
     /// Bumped each time `subscriptions` changes: a 2026-07-28 server's listen is opened again with the new set.
     subscriptions_changed: tokio::sync::watch::Sender<u64>,
+    /// Bumped each time the connection is set or taken: a watcher of an older one ends.
+    connections: tokio::sync::watch::Sender<u64>,
     /// The level of the last `logging/setLevel` the server accepted, asked again of a server that starts anew.
     log_level: Mutex<Option<String>>,
 }
@@ -146,6 +148,7 @@ impl Instance {
             secrets: std::sync::OnceLock::new(),
             subscriptions: Mutex::new(std::collections::BTreeSet::new()),
             subscriptions_changed: tokio::sync::watch::Sender::new(0),
+            connections: tokio::sync::watch::Sender::new(0),
             log_level: Mutex::new(None),
         }
     }
@@ -162,6 +165,16 @@ impl Instance {
         if changed {
             self.subscriptions_changed.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Whether the server is asked to watch `uri` (a client subscribed to it).
+    pub fn watches(&self, uri: &str) -> bool {
+        self.subscriptions.lock().contains(uri)
+    }
+
+    /// Changes each time the connection is set or taken.
+    pub(super) fn connection_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.connections.subscribe()
     }
 
     /// Changes each time the resources the server is asked to watch change.
@@ -278,11 +291,14 @@ impl Instance {
 
     pub(super) fn set_connection(&self, client: Arc<McpClient>, slot: Option<ProcessSlot>) {
         *self.connection.lock() = Some(Connection { client, since: Instant::now(), _slot: slot });
+        self.connections.send_modify(|n| *n += 1);
     }
 
     /// Remove the connection (freeing its process slot); the caller closes the client.
     pub(super) fn take_client(&self) -> Option<Arc<McpClient>> {
-        self.connection.lock().take().map(|c| c.client)
+        let taken = self.connection.lock().take().map(|c| c.client);
+        self.connections.send_modify(|n| *n += 1);
+        taken
     }
 
     /// How long the current connection has been up.

@@ -200,8 +200,18 @@ struct State {
     live: live::Live,
     /// Catalogs from the database, handed to instances as they are created.
     stored: HashMap<ProcessId, Arc<Catalog>>,
+    /// Instances removed from the desired state, and when: their stored catalogs are deleted only after
+    /// `REMOVAL_GRACE` (`purge_removed`), so a configuration cut short for a moment costs no catalog.
+    removed: HashMap<ProcessId, std::time::Instant>,
+    /// Installations with no instance left, and since when: their drift holds are released after `REMOVAL_GRACE`.
+    uninstalled: HashMap<InstallationId, std::time::Instant>,
     applied_once: bool,
 }
+
+/// How long what a removed instance or installation leaves behind (its stored catalog, the installation's drift
+/// holds) is kept in case it comes back: a configuration file written half, or a backend answering with part of
+/// the team's servers for a moment, must not cost an administrator's holds. Past it, `purge_removed` deletes them.
+pub const REMOVAL_GRACE: Duration = Duration::from_secs(10 * 60);
 
 impl InstanceManager {
     /// A manager with no instances yet; catalogs stored by a previous run are loaded.
@@ -510,6 +520,25 @@ impl InstanceManager {
     }
 
     /// Members' list changes as they happen (the hierarchical router's session streams follow them).
+    /// Undo, in the background, the resource subscriptions `uris` a client's listen asked of `instance`'s server
+    /// (`resources/unsubscribe`). The instance keeps one set of subscriptions for all its clients, like the server
+    /// session it stands for: a client that subscribed to one of them since loses it too. A task of the manager's,
+    /// awaited at shutdown.
+    pub fn unsubscribe_later(&self, instance: Arc<Instance>, uris: Vec<String>, timeout: Duration) {
+        if uris.is_empty() {
+            return;
+        }
+        let manager = self.clone();
+        self.inner.tasks.spawn(async move {
+            for uri in uris {
+                let params = serde_json::json!({ "uri": uri });
+                if let Err(err) = manager.call(&instance, "resources/unsubscribe", Some(params), timeout).await {
+                    debug!(process_id = %instance.spec().process_id, uri, error = %err, "undoing a listen's subscription failed");
+                }
+            }
+        });
+    }
+
     /// The client streams on which the servers' requests made outside any call reach their owners' clients.
     pub fn seats(&self) -> &Arc<crate::mcp::transport::relay::Seats> {
         &self.inner.seats

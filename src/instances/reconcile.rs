@@ -61,13 +61,23 @@ impl InstanceManager {
             removed.into_iter().chain(replaced.collect::<Vec<_>>()).collect()
         };
         inner.bump_visibility();
+        let kept: Vec<(ProcessId, Arc<Catalog>)> = retiring
+            .iter()
+            .filter(|(_, reason)| *reason == StopReason::Removed)
+            .filter_map(|(instance, _)| Some((instance.spec().process_id.clone(), instance.catalog()?)))
+            .collect();
         let concurrency = inner.deps.settings.reconcile_concurrency;
         futures::stream::iter(retiring)
             .for_each_concurrent(concurrency, |(instance, reason)| async move { inner.stop(&instance, reason).await })
             .await;
-        for id in &changes.removed {
-            if let Err(err) = inner.deps.store.delete_catalog(id).await {
-                warn!(process_id = %id, error = %err, "deleting stored catalog failed");
+        // What a removed instance leaves (its stored catalog) is deleted only after `REMOVAL_GRACE`
+        // (`purge_removed`): back before then, it starts with its tools, as after a restart.
+        {
+            let now = std::time::Instant::now();
+            let mut state = inner.state.write();
+            state.stored.extend(kept);
+            for id in &changes.removed {
+                state.removed.insert(id.clone(), now);
             }
         }
         // Uninstall semantics (SB §9.9): a GitHub deployment goes with the last instance of its installation.
@@ -90,11 +100,17 @@ impl InstanceManager {
             .map(|s| &s.installation_id)
             .filter(|installation| !desired.instances.values().any(|d| &d.installation_id == *installation))
             .collect();
-        for installation in gone {
-            inner.holds.write().retain(|(held, _)| held != installation);
-            if let Err(err) = inner.deps.store.release_holds_of(installation.as_str()).await {
-                warn!(installation_id = %installation, error = %err, "releasing the holds of an uninstalled installation failed");
+        {
+            let now = std::time::Instant::now();
+            let mut state = inner.state.write();
+            for installation in gone {
+                state.uninstalled.insert(installation.clone(), now);
             }
+            // Back within the grace: nothing of theirs is deleted.
+            state.removed.retain(|id, _| !desired.instances.contains_key(id));
+            state
+                .uninstalled
+                .retain(|installation, _| !desired.instances.values().any(|d| &d.installation_id == installation));
         }
 
         let specs = kept_specs(&current, &desired.instances);
@@ -139,6 +155,44 @@ impl InstanceManager {
         }
         inner.ready_tx.send_replace(true);
         report
+    }
+}
+
+impl InstanceManager {
+    /// Delete what instances and installations removed more than `grace` ago left behind: stored catalogs and
+    /// drift holds (the uninstall of SB §9.9, deferred: see `REMOVAL_GRACE`). Returns how many were deleted.
+    pub async fn purge_removed(&self, grace: Duration) -> usize {
+        let inner = &self.inner;
+        // Not while an apply runs: it may be bringing them back.
+        let _serial = inner.reconcile.lock().await;
+        let (catalogs, installations) = {
+            let mut state = inner.state.write();
+            let due = |since: &std::time::Instant| since.elapsed() >= grace;
+            let catalogs: Vec<ProcessId> =
+                state.removed.iter().filter(|(_, since)| due(since)).map(|(id, _)| id.clone()).collect();
+            let installations: Vec<InstallationId> =
+                state.uninstalled.iter().filter(|(_, since)| due(since)).map(|(id, _)| id.clone()).collect();
+            for id in &catalogs {
+                state.removed.remove(id);
+                state.stored.remove(id);
+            }
+            for installation in &installations {
+                state.uninstalled.remove(installation);
+            }
+            (catalogs, installations)
+        };
+        for id in &catalogs {
+            if let Err(err) = inner.deps.store.delete_catalog(id).await {
+                warn!(process_id = %id, error = %err, "deleting the stored catalog of a removed instance failed");
+            }
+        }
+        for installation in &installations {
+            inner.holds.write().retain(|(held, _)| held != installation);
+            if let Err(err) = inner.deps.store.release_holds_of(installation.as_str()).await {
+                warn!(installation_id = %installation, error = %err, "releasing the holds of an uninstalled installation failed");
+            }
+        }
+        catalogs.len() + installations.len()
     }
 }
 

@@ -192,13 +192,20 @@ impl InstanceRouter {
             }
         }
         let mut watched = std::collections::BTreeSet::new();
+        // What this listen asked of the server, undone when it ends however it ends (the client closing its
+        // stream aborts this future).
+        let mut undo = Unsubscribe { manager: &self.manager, instance, uris: Vec::new(), timeout: self.call_timeout };
         if declared.pointer("/resources/subscribe").and_then(Value::as_bool) == Some(true) {
             let uris = wanted.get("resourceSubscriptions").and_then(Value::as_array).cloned().unwrap_or_default();
             for uri in uris.iter().filter_map(Value::as_str).take(MAX_LISTEN_RESOURCES) {
                 let subscribe = json!({"uri": uri});
+                let already = instance.watches(uri);
                 match self.manager.call(instance, "resources/subscribe", Some(subscribe), self.call_timeout).await {
                     Ok(_) => {
                         watched.insert(uri.to_owned());
+                        if !already {
+                            undo.uris.push(uri.to_owned());
+                        }
                     }
                     Err(err) => {
                         tracing::debug!(process_id = %instance.spec().process_id, uri, error = %err, "a listen's resource subscription was refused")
@@ -222,7 +229,19 @@ impl InstanceRouter {
             };
             let note = match note {
                 Ok(note) => note,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                // Missed announcements may have been list changes: the lists this listen follows may have changed.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    for (method, on) in [
+                        ("notifications/tools/list_changed", tools),
+                        ("notifications/prompts/list_changed", prompts),
+                        ("notifications/resources/list_changed", resources),
+                    ] {
+                        if on {
+                            relay.notify(method, Some(json!({"_meta": tag()})));
+                        }
+                    }
+                    continue;
+                }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             };
             let method = note.get("method").and_then(Value::as_str).unwrap_or_default();
@@ -248,6 +267,21 @@ impl InstanceRouter {
             relay.notify(method, Some(params));
         }
         Ok(json!({"resultType": "complete", "_meta": tag()}).into())
+    }
+}
+
+/// The subscriptions a listen served by the satellite added, undone when it ends (`unsubscribe_later`).
+struct Unsubscribe<'a> {
+    manager: &'a InstanceManager,
+    instance: &'a Arc<Instance>,
+    uris: Vec<String>,
+    timeout: Duration,
+}
+
+impl Drop for Unsubscribe<'_> {
+    fn drop(&mut self) {
+        let uris = std::mem::take(&mut self.uris);
+        self.manager.unsubscribe_later(self.instance.clone(), uris, self.timeout);
     }
 }
 

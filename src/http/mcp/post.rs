@@ -261,8 +261,15 @@ pub(super) async fn client_notification(
         // On `/mcp` the caller's roots are those of every server of theirs: each running one hears of the change
         // (and asks for the new roots on a stream of this caller's, `Seats`).
         ("notifications/roots/list_changed", Target::Hierarchical(caller, _)) => {
+            // A 2026-07-28 server has no such notification: it reads the roots of each request.
+            let handshake = |instance: &&Arc<crate::instances::Instance>| {
+                instance.client().is_some_and(|c| matches!(c.era(), crate::mcp::client::Era::Handshake { .. }))
+            };
             let instances = deps.manager.instances_for(&caller.user, &caller.team);
-            let told = instances.iter().map(|instance| deps.manager.notify(instance, method, params.clone()));
+            let told = instances
+                .iter()
+                .filter(handshake)
+                .map(|instance| deps.manager.notify(instance, method, params.clone()));
             futures::future::join_all(told).await;
         }
         _ => {}

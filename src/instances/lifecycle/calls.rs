@@ -16,6 +16,7 @@ use crate::instances::Inner;
 use crate::logcapture::RequestRecord;
 use crate::mcp::client::{Era, McpClient};
 use crate::mcp::payload::Payload;
+use crate::mcp::protocol::{codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::{InstanceSpec, InstanceStatus, Upstream};
 
@@ -94,7 +95,20 @@ impl Inner {
         // methods): the satellite keeps them, answers here, asks for the level on each request's `_meta`, and
         // watches the subscribed resources on its own listen (`supervise::listen_upstream`).
         if matches!(client.era(), Era::Stateless { .. }) {
+            // Subscriptions only where the server declares them (else the client gets -32601, as from the server).
+            // A log level is kept whatever the server declares: the official Python SDK's servers log on request
+            // without declaring `logging`.
+            let declared = client.capabilities();
+            let refused = |what: &str| {
+                let message = format!("Method not found: the server does not declare {what}");
+                InstanceError::Upstream(UpstreamError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, message)))
+            };
             match remember.take() {
+                Some(Remembered::Subscription(..))
+                    if declared.pointer("/resources/subscribe").and_then(Value::as_bool) != Some(true) =>
+                {
+                    return Err(refused("resources.subscribe"));
+                }
                 Some(Remembered::Subscription(uri, subscribed)) => {
                     instance.note_subscription(&uri, subscribed);
                     return Ok(Payload::from(serde_json::json!({})));

@@ -109,20 +109,22 @@ async fn listen_upstream(client: Arc<McpClient>, instance: Arc<Instance>) {
                 }
             }
         };
-        // A listen that lasted is opened again at once; one ended or refused soon after it opened waits first.
+        // Subscriptions changed: opened again at once with them.
         let Some(ended) = ended else { continue };
-        match ended {
-            Ok(_) if opened.elapsed() >= UPSTREAM_LISTEN_LASTED => wait = UPSTREAM_LISTEN_RETRY,
-            Ok(_) => {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(UPSTREAM_LISTEN_RETRY_MAX);
-            }
-            Err(err) => {
-                tracing::debug!(error = %err, "the server's subscriptions/listen ended");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(UPSTREAM_LISTEN_RETRY_MAX);
-            }
+        if let Err(err) = &ended {
+            tracing::debug!(error = %err, "the server's subscriptions/listen ended");
         }
+        // A listen that lasted (to the server's end or the satellite's own limit) is opened again at once; one
+        // ended or refused soon after it opened waits first, longer each time, or until the subscriptions change.
+        if opened.elapsed() >= UPSTREAM_LISTEN_LASTED {
+            wait = UPSTREAM_LISTEN_RETRY;
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            Ok(()) = changes.changed() => {}
+        }
+        wait = (wait * 2).min(UPSTREAM_LISTEN_RETRY_MAX);
     }
 }
 
@@ -230,6 +232,7 @@ impl Inner {
     pub(in crate::instances) fn watch_remote(self: &Arc<Self>, instance: Arc<Instance>, client: Arc<McpClient>) {
         let mut notifications = client.transport().announcements();
         let mut renewals = client.transport().session_renewals();
+        let mut connections = instance.connection_changes();
         let inner = self.clone();
         let span = tracing::info_span!("instance.watch", process_id = %instance.spec().process_id);
         self.tasks.spawn(
@@ -241,6 +244,13 @@ impl Inner {
                         biased;
                         _ = instance.retired.cancelled() => return,
                         _ = inner.shutdown.cancelled() => return,
+                        // Restarted, stopped or recovered on a new connection: this one is no longer the instance's.
+                        _ = connections.changed() => {
+                            if instance.client().is_some_and(|current| Arc::ptr_eq(&current, &client)) {
+                                continue;
+                            }
+                            return;
+                        }
                         () = &mut listening => continue,
                         note = notifications.recv() => note,
                         // The server forgot the session (restarted): it forgot its subscriptions and log level with it.

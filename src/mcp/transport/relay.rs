@@ -83,12 +83,15 @@ impl Relay {
         }
         let (reply, answer) = oneshot::channel();
         let request = Inbound::Request { method: method.to_owned(), params, reply };
-        if self.tx.send(request).await.is_err() {
-            return Err(RpcError::new(codes::INTERNAL_ERROR, "the client is gone"));
-        }
-        match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Err(RpcError::new(codes::INTERNAL_ERROR, "the client is gone")),
+        // The wait for room on a stalled client's stream counts against the timeout too.
+        let asked = async {
+            if self.tx.send(request).await.is_err() {
+                return Err(RpcError::new(codes::INTERNAL_ERROR, "the client is gone"));
+            }
+            answer.await.unwrap_or_else(|_| Err(RpcError::new(codes::INTERNAL_ERROR, "the client is gone")))
+        };
+        match tokio::time::timeout(timeout, asked).await {
+            Ok(outcome) => outcome,
             Err(_) => Err(RpcError::new(
                 codes::INTERNAL_ERROR,
                 format!("the client did not answer {method} within {}s", timeout.as_secs()),
@@ -109,6 +112,14 @@ impl Relay {
 
 /// How long a server's request may wait for a client's answer.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(300);
+/// A server's requests made outside any request of ours that may wait for a client at once, per connection;
+/// more are refused at once (-32603).
+pub const MAX_OUTSIDE_ASKS: usize = 32;
+
+/// The answer to a server's request refused because too many of its requests wait already.
+pub fn too_many_asks() -> RpcError {
+    RpcError::new(codes::INTERNAL_ERROR, "too many requests wait for the client")
+}
 
 /// The client capability a server request needs (`None`: any client may take it, as `ping`).
 pub fn capability_for(method: &str) -> Option<&'static str> {

@@ -18,10 +18,10 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, header_map};
-use super::relay::{answer_outside, Asker};
+use super::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
 use super::{await_response, error_body, outcome, preview, Pending, UpstreamError};
 use crate::mcp::payload::Payload;
-use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
+use crate::mcp::protocol::{self, Message, RequestId};
 
 #[derive(Debug)]
 pub struct SseTransport {
@@ -202,8 +202,6 @@ impl Answers {
     }
 }
 
-/// Server requests that may wait for a client's answer at once; more are refused.
-const MAX_ASKS: usize = 32;
 /// How long POSTing an answer may take.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -275,10 +273,10 @@ impl Reader {
             Ok(Message::Request { id, method, params }) => {
                 while self.asks.try_join_next().is_some() {}
                 let answers = self.answers.clone();
-                if self.asks.len() >= MAX_ASKS {
+                if self.asks.len() >= MAX_OUTSIDE_ASKS {
                     debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
-                    let busy = RpcError::new(codes::INTERNAL_ERROR, "too many requests wait for the client");
-                    self.asks.spawn(answers.post(self.label.clone(), protocol::error_response(Some(id), busy)));
+                    let refused = protocol::error_response(Some(id), too_many_asks());
+                    self.asks.spawn(answers.post(self.label.clone(), refused));
                     return;
                 }
                 self.asks.spawn(answers.answer(self.label.clone(), id, method, params));

@@ -22,7 +22,7 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, complete_values, encode_header_value, header_map};
-use super::relay::{answer_outside, Asker};
+use super::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
 use super::{error_body, outcome, preview, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
@@ -147,11 +147,7 @@ impl StreamableHttpTransport {
                                     while asks.try_join_next().is_some() {}
                                     if asks.len() >= MAX_OUTSIDE_ASKS {
                                         debug!(process_id = %label, method = %method, "too many server requests waiting, refused");
-                                        let busy = RpcError::new(
-                                            codes::INTERNAL_ERROR,
-                                            "too many requests wait for the client",
-                                        );
-                                        let reply = protocol::error_response(Some(id), busy);
+                                        let reply = protocol::error_response(Some(id), too_many_asks());
                                         post_answer(&client, &url, &answer_headers, &reply, &label).await;
                                         continue;
                                     }
@@ -519,7 +515,12 @@ impl StreamableHttpTransport {
                     // The server waits for this answer before it goes on with ours.
                     let answer = match relay {
                         Some(relay) => relay.ask(&method, params, timeout).await,
-                        None => answer_outside(self.asker.as_ref(), &method, params).await,
+                        // Within our request's own time: it waits for this answer.
+                        None => tokio::time::timeout(timeout, answer_outside(self.asker.as_ref(), &method, params))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(RpcError::new(codes::INTERNAL_ERROR, "no client answered in time"))
+                            }),
                     };
                     let reply = match answer {
                         Ok(result) => protocol::response(server_id, result),
@@ -535,9 +536,6 @@ impl StreamableHttpTransport {
         None
     }
 }
-
-/// Server requests on one GET stream that may wait for a client's answer at once; more are refused.
-const MAX_OUTSIDE_ASKS: usize = 32;
 
 /// POST the answer to a server's request made on the GET stream.
 async fn post_answer(client: &Client, url: &Url, headers: &HeaderMap, reply: &Value, label: &str) {

@@ -280,6 +280,7 @@ impl StdioTransport {
             relays: relays.clone(),
             asker: launch.asker.clone(),
             asks: tokio::task::JoinSet::new(),
+            outside: tokio::task::JoinSet::new(),
             pending: pending.clone(),
             stderr_buf: stderr_buf.clone(),
             notifications: notifications.clone(),

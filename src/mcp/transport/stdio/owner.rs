@@ -26,7 +26,7 @@ const WRITE_BATCH_BYTES: usize = 32 * 1024;
 use super::relays::{with_token, Relays};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
-use crate::mcp::transport::relay::{answer_outside, Asker, ASK_TIMEOUT};
+use crate::mcp::transport::relay::{answer_outside, too_many_asks, Asker, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
 use crate::mcp::transport::{outcome, preview, Pending, UpstreamError};
 
@@ -50,6 +50,8 @@ pub(super) struct Owner {
     pub(super) asker: Option<Asker>,
     /// Requests of the child waiting for their client's answer; they end with the owner.
     pub(super) asks: tokio::task::JoinSet<()>,
+    /// Those made outside any call of ours (at most `MAX_OUTSIDE_ASKS`).
+    pub(super) outside: tokio::task::JoinSet<()>,
     pub(super) pending: Arc<Pending>,
     pub(super) stderr_buf: Arc<Mutex<VecDeque<String>>>,
     pub(super) limiter: StderrLimiter,
@@ -231,6 +233,8 @@ impl Owner {
             Message::Response { id, .. } => debug!(process_id = %self.label, %id, "response with foreign id ignored"),
             Message::Request { id, method, params } => {
                 while self.asks.try_join_next().is_some() {}
+                while self.outside.try_join_next().is_some() {}
+                let busy = self.outside.len() >= MAX_OUTSIDE_ASKS;
                 match self.relays.newest() {
                     // A client is waiting on one of our requests: it answers, without holding up this loop.
                     Some(relay) => {
@@ -244,10 +248,15 @@ impl Owner {
                         });
                     }
                     // Outside any call: the clients of the instance's owner that hold a stream open for it.
+                    None if busy => {
+                        debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
+                        let reply = protocol::error_response(Some(id), too_many_asks());
+                        self.write_queued(reply.to_string()).await;
+                    }
                     None => {
                         debug!(process_id = %self.label, method = %method, "request from mcp server outside any call");
                         let (replies, asker) = (self.replies.clone(), self.asker.clone());
-                        self.asks.spawn(async move {
+                        self.outside.spawn(async move {
                             let reply = match answer_outside(asker.as_ref(), &method, params).await {
                                 Ok(result) => protocol::response(id, result),
                                 Err(err) => protocol::error_response(Some(id), err),
