@@ -333,3 +333,29 @@ async def test_a_2026_server_asking_through_input_required(satellite, mode, rout
             result = await execute(client, "test_input_required_result_elicitation", {}, server="reference")
     assert "Hello, Ada!" in text(result), text(result)
     assert asked == ["What is your name?"], asked
+
+
+async def test_roots_asked_outside_a_call_reach_the_client(satellite):
+    """server-everything (stdio) asks for the roots again when its client says they changed, outside any call:
+    the satellite passes the request to the member's client on its GET stream, and the server keeps the answer,
+    which its get-roots-list tool then shows. Before, the satellite answered such a request itself, with no roots."""
+    current = []
+    asked = anyio.Event()
+
+    async def roots(context):
+        if current:
+            asked.set()
+        return types.ListRootsResult(roots=current)
+
+    async with client_for(satellite, "alice", "legacy", list_roots_callback=roots) as client:
+        # Asked during the call first (the server keeps what it got): none yet.
+        assert "file:///" not in text(await execute(client, "get-roots-list", {}))
+        current.append(types.Root(uri="file:///alice/project", name="project"))
+        # No call runs now: the server's request can only come on the GET stream, which the SDK opens in the
+        # background, so the change is announced until the request reaches the client.
+        with anyio.fail_after(30):
+            while not asked.is_set():
+                await client.send_roots_list_changed()
+                with anyio.move_on_after(0.5):
+                    await asked.wait()
+        assert "file:///alice/project" in text(await execute(client, "get-roots-list", {}))
