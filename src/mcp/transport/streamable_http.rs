@@ -322,9 +322,7 @@ impl StreamableHttpTransport {
                 let text = bounded::head(response, ERROR_BODY_BYTES).await;
                 // Modern servers put a JSON-RPC error in 4xx bodies; surface it as such.
                 if let Ok(value) = serde_json::from_str::<Value>(&text) {
-                    // Read from the error alone: such a 400 often carries no `id` (the request's was not read).
-                    let message = value.pointer("/error/message").and_then(Value::as_str).unwrap_or_default();
-                    if status == StatusCode::BAD_REQUEST && had_session && forgot_session(message) {
+                    if status == StatusCode::BAD_REQUEST && had_session && forgot_session(&value) {
                         return Err(SendError::SessionGone);
                     }
                     if let Ok(Message::Response { outcome: Err(err), .. }) = Message::from_value(value) {
@@ -597,10 +595,16 @@ impl Drop for InFlight<'_> {
 /// Whether a 400's error says the server does not know the session it was sent. The spec answers an unknown
 /// session with 404, but the SDKs' example servers, which many servers are built from, answer 400 "Bad Request: No
 /// valid session ID provided" (server-everything among them): a server restarted that way would otherwise fail
-/// every call until the instance is restarted, where a 404 costs one replayed handshake.
-fn forgot_session(message: &str) -> bool {
-    let message = message.to_ascii_lowercase();
-    message.contains("session") && (message.contains("no valid") || message.contains("not found"))
+/// every call until the instance is restarted, where a 404 costs one replayed handshake. Only a refusal of the
+/// transport's kind counts: no request `id` (the server did not read the request), the SDKs' transport codes
+/// (-32000, -32001), and a message saying the session is unknown; an application error worded alike is an answer.
+fn forgot_session(body: &Value) -> bool {
+    let unread = body.get("id").is_none_or(Value::is_null);
+    let code = body.pointer("/error/code").and_then(Value::as_i64);
+    let transport = matches!(code, Some(codes::TRANSPORT_ERROR | codes::UNAUTHORIZED));
+    let message = body.pointer("/error/message").and_then(Value::as_str).unwrap_or_default().to_ascii_lowercase();
+    let unknown = message.contains("session") && (message.contains("no valid") || message.contains("not found"));
+    unread && transport && unknown
 }
 
 /// An internal signal that the server no longer knows our session.
@@ -626,13 +630,23 @@ impl SendError {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{json, Value};
+
     use super::forgot_session;
 
     #[test]
     fn a_400_saying_the_session_is_unknown_is_a_forgotten_session() {
-        assert!(forgot_session("Bad Request: No valid session ID provided"));
-        assert!(forgot_session("Session not found"));
-        assert!(!forgot_session("Bad Request: Mcp-Session-Id header is required"), "asked for one, not forgotten");
-        assert!(!forgot_session("Invalid params: uri not found"));
+        let refusal = |id: Value, code: i64, message: &str| {
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+        };
+        // server-everything's, as the TypeScript SDK's example servers answer.
+        assert!(forgot_session(&refusal(Value::Null, -32000, "Bad Request: No valid session ID provided")));
+        assert!(forgot_session(&json!({"jsonrpc": "2.0", "error": {"code": -32001, "message": "Session not found"}})));
+        let required = refusal(Value::Null, -32000, "Bad Request: Mcp-Session-Id header is required");
+        assert!(!forgot_session(&required), "asked for one, not forgotten");
+        assert!(!forgot_session(&refusal(Value::Null, -32602, "Invalid params: uri not found")));
+        let answered = refusal(json!(7), -32000, "session not found in the tenant's store");
+        assert!(!forgot_session(&answered), "an answer to the request, not a refusal of the session");
+        assert!(!forgot_session(&refusal(Value::Null, -32603, "Session not found")), "an application's error code");
     }
 }
