@@ -627,3 +627,34 @@ async fn an_error_page_echoing_the_credentials_sent_is_kept_masked() {
     assert!(shown.contains("500") && shown.contains("<pre>authorization: "), "the page is still shown: {shown}");
     assert!(!shown.contains(TOKEN) && !shown.contains(KEY), "a credential in the error: {shown}");
 }
+
+/// The same for a 4xx whose body is a JSON-RPC error (how 2026-07-28 servers refuse), whose message and data
+/// echo the credentials: it reaches the client as a JSON-RPC error, with them masked. Before, its text went on
+/// whole.
+#[tokio::test]
+async fn a_json_rpc_refusal_echoing_the_credentials_sent_is_kept_masked() {
+    use tokio::io::AsyncWriteExt;
+    const TOKEN: &str = "ya29.a-users-oauth-token";
+    let addr = raw_server(|_path, body, mut socket| async move {
+        if answer_handshake(&body, &mut socket).await.is_some() {
+            return;
+        }
+        let refusal = json!({"jsonrpc": "2.0", "id": body["id"], "error": {"code": -32602,
+            "message": format!("bad request from Bearer {TOKEN}"), "data": {"authorization": format!("Bearer {TOKEN}")}}})
+        .to_string();
+        let answer =
+            format!("HTTP/1.1 422 Unprocessable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{refusal}", refusal.len());
+        let _ = socket.write_all(answer.as_bytes()).await;
+    })
+    .await;
+    let url = url::Url::parse(&format!("http://{addr}/mcp")).unwrap();
+    let headers = BTreeMap::from([("Authorization".to_owned(), format!("Bearer {TOKEN}"))]);
+    let transport = StreamableHttpTransport::new("test".into(), reqwest::Client::new(), url, &headers).unwrap();
+    let client = McpClient::connect(Transport::StreamableHttp(transport), &fast_options()).await.expect("connect");
+    let err = client.request("tools/call", Some(json!({"name": "x", "arguments": {}})), CALL).await.unwrap_err();
+    let UpstreamError::Rpc(refusal) = &err else { panic!("a JSON-RPC error: {err}") };
+    assert_eq!(refusal.code, -32602);
+    assert!(refusal.message.starts_with("bad request from "), "{}", refusal.message);
+    let shown = format!("{} {:?}", refusal.message, refusal.data);
+    assert!(!shown.contains(TOKEN), "a credential in the error: {shown}");
+}

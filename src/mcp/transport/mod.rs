@@ -325,6 +325,13 @@ pub(crate) fn preview(text: &str, max: usize) -> String {
 /// them in statuses, events and request logs, where the instance's configured secrets are masked but a user's
 /// OAuth token, fetched at connect time, is not among them.
 pub(crate) fn error_body(text: &str, sent: &reqwest::header::HeaderMap, max: usize) -> String {
+    preview(&mask_sent(text, sent), max)
+}
+
+/// `text` with every header value of `sent` masked (and the credential after an auth scheme): a server may echo
+/// the headers it was sent. All of them, not only the well-known credential headers: an instance's own headers
+/// are often its API keys under names of the vendor's choosing.
+pub(crate) fn mask_sent(text: &str, sent: &reqwest::header::HeaderMap) -> String {
     let mut values = Vec::new();
     for value in sent.values().filter_map(|v| v.to_str().ok()) {
         if let Some((_, credential)) = value.split_once(' ') {
@@ -334,7 +341,7 @@ pub(crate) fn error_body(text: &str, sent: &reqwest::header::HeaderMap, max: usi
     }
     // Longest first, so a whole header value is masked before the credential inside it.
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
-    preview(&crate::secrets::hide(text, &values), max)
+    crate::secrets::hide(text, &values)
 }
 
 /// A short preview of a JSON value for error messages.

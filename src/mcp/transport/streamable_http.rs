@@ -23,7 +23,7 @@ use url::Url;
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, complete_values, encode_header_value, header_map};
 use super::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
-use super::{error_body, outcome, preview, Relay, RequestHeaders, UpstreamError};
+use super::{error_body, mask_sent, outcome, preview, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
 
@@ -326,6 +326,13 @@ impl StreamableHttpTransport {
                         return Err(SendError::SessionGone);
                     }
                     if let Ok(Message::Response { outcome: Err(err), .. }) = Message::from_value(value) {
+                        // The error's text goes to the client and the logs: what the server echoed of our headers is masked.
+                        let mut err = err;
+                        err.message = mask_sent(&err.message, &self.headers);
+                        if let Some(data) = err.data.take() {
+                            let masked = mask_sent(&data.to_string(), &self.headers);
+                            err.data = Some(serde_json::from_str(&masked).unwrap_or(Value::String(masked)));
+                        }
                         return Err(UpstreamError::Rpc(err).into());
                     }
                 }
@@ -636,9 +643,7 @@ mod tests {
 
     #[test]
     fn a_400_saying_the_session_is_unknown_is_a_forgotten_session() {
-        let refusal = |id: Value, code: i64, message: &str| {
-            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-        };
+        let refusal = |id: Value, code: i64, message: &str| json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
         // server-everything's, as the TypeScript SDK's example servers answer.
         assert!(forgot_session(&refusal(Value::Null, -32000, "Bad Request: No valid session ID provided")));
         assert!(forgot_session(&json!({"jsonrpc": "2.0", "error": {"code": -32001, "message": "Session not found"}})));
