@@ -37,7 +37,12 @@ pub(super) struct FileWatch {
 
 impl FileWatch {
     pub(super) async fn check(self) -> Result<(), ConfigError> {
-        let bytes = match std::fs::read(&self.path) {
+        // Off the runtime's threads: a file on a slow or stalled disk must not hold up requests.
+        let path = self.path.clone();
+        let read = tokio::task::spawn_blocking(move || config::file::read_bounded(&path))
+            .await
+            .unwrap_or_else(|err| Err(std::io::Error::other(err.to_string())));
+        let bytes = match read {
             Ok(bytes) => bytes,
             Err(err) => {
                 // Out of descriptors, or the file replaced right now: not a change, look again next time.

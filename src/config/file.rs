@@ -18,13 +18,33 @@ pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
 /// An empty one is refused, as on a reload: caught half-written (truncated, not yet filled), it would start the
 /// satellite with no servers and delete every stored catalog as an orphan.
 pub fn read_text(path: &std::path::Path) -> Result<String, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|err| {
+    let bytes = read_bounded(path).map_err(|err| {
         ConfigError::new("config file", Some(env::CONFIG), format!("cannot read {}: {err}", path.display()))
+    })?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        ConfigError::new("config file", Some(env::CONFIG), format!("{} is not UTF-8 text", path.display()))
     })?;
     if text.trim().is_empty() {
         return Err(ConfigError::new("config file", Some(env::CONFIG), format!("{} {EMPTY}", path.display())));
     }
     Ok(text)
+}
+
+/// The largest configuration file read (a file of thousands of users and installations is a few MiB).
+pub const MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
+
+/// The file's bytes, refused past `MAX_FILE_BYTES`: a path pointed at a device or a runaway log must not fill
+/// memory. A blocking read: on the runtime, call it on the blocking pool.
+pub fn read_bounded(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        let message = format!("larger than {} MiB", MAX_FILE_BYTES / (1024 * 1024));
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, message));
+    }
+    Ok(bytes)
 }
 
 /// Why an empty configuration file is refused.
@@ -72,9 +92,29 @@ pub fn parse_file(text: &str) -> Result<RawFile, ConfigError> {
                 format!(" (line {line})")
             })
             .unwrap_or_default();
-        let message = err.message().replace('\n', " ");
+        let message = without_values(&err.message().replace('\n', " "));
         ConfigError::new("config file", Some(env::CONFIG), format!("{message}{position}"))
     })
+}
+
+/// A parse error's message without the values it quotes: "invalid type: integer `123456`, expected a string"
+/// says where and what kind, and the value may be a secret written in the wrong place (`env = { KEY = 123456 }`),
+/// which would end in a log. Field names (`unknown field …`) stay: they are the file's own keys.
+fn without_values(message: &str) -> String {
+    const KINDS: [&str; 5] = ["boolean ", "integer ", "floating point ", "character ", "string "];
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = ["invalid type: ", "invalid value: "].iter().filter_map(|m| rest.find(m).map(|i| (i, m.len()))).min() {
+        let (start, marker) = at;
+        out.push_str(&rest[..start + marker]);
+        rest = &rest[start + marker..];
+        let Some(kind) = KINDS.iter().find(|kind| rest.starts_with(**kind)) else { continue };
+        let Some(end) = rest.find(", expected") else { continue };
+        out.push_str(kind.trim_end());
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

@@ -122,3 +122,35 @@ fn database_urls_are_shown_without_their_passwords() {
     assert_eq!(mask_url_password("postgres://sat@db/sat"), "postgres://sat@db/sat");
     assert_eq!(mask_url_password("not a url s3cret"), "[unparseable url]");
 }
+
+/// A value written with the wrong type is not echoed in the error (it may be a secret in the wrong place); where
+/// and what kind it is, and the file's own key names, are.
+#[test]
+fn a_type_error_says_where_and_what_kind_not_the_value() {
+    let file = |entry: &str| format!("[[servers]]\nslug = \"s\"\ntransport = \"stdio\"\ncommand = \"x\"\n{entry}\n");
+    for (entry, kind) in [
+        ("env = { API_KEY = 987654321 }", "integer"),
+        ("env = { API_KEY = 98765.4321 }", "floating point"),
+        ("args = \"sk-live-secret\"", "string"),
+        ("env = { API_KEY = true }", "boolean"),
+    ] {
+        let err = parse_file(&file(entry)).unwrap_err().to_string();
+        assert!(err.contains(&format!("invalid type: {kind}, expected")), "{entry}: {err}");
+        assert!(err.contains("(line 5)"), "{err}");
+        for secret in ["987654321", "98765.4321", "sk-live-secret", "true"] {
+            assert!(!err.contains(secret), "{entry}: {err}");
+        }
+    }
+    let unknown = parse_file("[satellite]\nprot = 3000\n").unwrap_err().to_string();
+    assert!(unknown.contains("unknown field `prot`"), "{unknown}");
+}
+
+/// A configuration path pointed at something huge (a device, a runaway log) is refused, not read into memory.
+#[test]
+fn a_file_past_the_size_bound_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("satellite.toml");
+    std::fs::File::create(&path).unwrap().set_len(file::MAX_FILE_BYTES + 1).unwrap();
+    let err = file::read_text(&path).unwrap_err().to_string();
+    assert!(err.contains("larger than 32 MiB"), "{err}");
+}
