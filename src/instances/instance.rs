@@ -91,6 +91,11 @@ pub struct Instance {
     subscriptions: Mutex<std::collections::BTreeSet<String>>,
     /// Bumped each time `subscriptions` changes: a 2026-07-28 server's listen is opened again with the new set.
     subscriptions_changed: tokio::sync::watch::Sender<u64>,
+    /// Held while the log level and subscriptions are asked of the server: by a client's call that changes them,
+    /// and by a restore (`supervise::restore_client_state`), so neither overwrites the other.
+    pub(super) client_state: tokio::sync::Mutex<()>,
+    /// The connection a waiting restore is for (at most one waits; a later one only updates this).
+    pub(super) restore_for: Mutex<Option<Arc<McpClient>>>,
     /// Bumped each time the connection is set or taken: a watcher of an older one ends.
     connections: tokio::sync::watch::Sender<u64>,
     /// The level of the last `logging/setLevel` the server accepted, asked again of a server that starts anew.
@@ -149,6 +154,8 @@ impl Instance {
             subscriptions: Mutex::new(std::collections::BTreeSet::new()),
             subscriptions_changed: tokio::sync::watch::Sender::new(0),
             connections: tokio::sync::watch::Sender::new(0),
+            client_state: tokio::sync::Mutex::new(()),
+            restore_for: Mutex::new(None),
             log_level: Mutex::new(None),
         }
     }

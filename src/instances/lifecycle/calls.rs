@@ -123,6 +123,11 @@ impl Inner {
                 ask_log_level(&mut params, level);
             }
         }
+        // A change of the state a restore asks again waits for a restore running now, and holds one back.
+        let _state = match remember {
+            Some(_) => Some(instance.client_state.lock().await),
+            None => None,
+        };
         let before = instance.state();
         let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
         let mut attempt = 0;

@@ -598,11 +598,21 @@ impl Inner {
             }
             return;
         }
-        let (instance, client) = (instance.clone(), client.clone());
+        // One restore waiting is enough (a load balancer that drops sessions renews them in bursts): it reads the
+        // state and the connection when it runs, so it sends the latest of both.
+        if instance.restore_for.lock().replace(client.clone()).is_some() {
+            return;
+        }
+        let instance = instance.clone();
         let timeout = self.request_timeout(instance.spec());
         let span = tracing::info_span!("instance.restore", process_id = %instance.spec().process_id);
         let (retired, shutdown) = (instance.retired.clone(), self.shutdown.clone());
         let restore = async move {
+            // Serialised with the clients' own `logging/setLevel` and `resources/(un)subscribe` (`Inner::call`):
+            // one sent while the restore runs is neither overwritten by it nor sent before it.
+            let _state = instance.client_state.lock().await;
+            let Some(client) = instance.restore_for.lock().take() else { return };
+            let (level, uris) = (instance.log_level(), instance.subscriptions());
             info!(resources = uris.len(), level = ?level, "asking the restarted server for its clients' log level and subscriptions again");
             if let Some(level) = level {
                 let params = serde_json::json!({ "level": level });
