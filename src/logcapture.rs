@@ -194,7 +194,7 @@ impl LogCapture {
             tracing::error!(
                 dropped,
                 bytes = MAX_BUFFERED_BYTES,
-                "log entries dropped: the buffers were full while the event store stalled"
+                "log entries and call events dropped: the buffers were full while the event store stalled"
             );
         }
         let mut events = taken.events;

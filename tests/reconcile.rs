@@ -224,11 +224,15 @@ async fn catalogs_and_status_history_outlive_a_restart() {
     assert_eq!(history, ["connecting", "discovering_tools", "online"]);
     store.close().await;
 
-    // Restarted with bob gone: his catalog is dropped, alice's is there before rediscovery.
+    // Restarted with bob gone: his catalog is dropped once it stayed away for the grace (here at once), alice's is
+    // there before rediscovery.
     let without_bob = config.replace("[[users]]\nid = \"bob\"\nteams = [\"acme\"]\n", "");
     let sat = TestSatellite::start_in(dir, &without_bob).await;
     sat.wait_ready().await;
     assert!(sat.satellite.manager().get(&ProcessId::from("demo-acme-bob-i-demo")).is_none());
+    let kept = sat.satellite.store().load_catalogs().await.unwrap();
+    assert!(kept.contains_key(&ProcessId::from("demo-acme-bob-i-demo")), "kept for the grace after a restart too");
+    assert_eq!(sat.satellite.manager().purge_removed(Duration::ZERO).await, 1);
     let dir = sat.dir;
     assert!(sat.satellite.shutdown().await);
     let store = open_store(&dir.path().join("data")).await;

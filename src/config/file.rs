@@ -104,12 +104,15 @@ fn without_values(message: &str) -> String {
     const KINDS: [&str; 5] = ["boolean ", "integer ", "floating point ", "character ", "string "];
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
-    while let Some(at) = ["invalid type: ", "invalid value: "].iter().filter_map(|m| rest.find(m).map(|i| (i, m.len()))).min() {
+    while let Some(at) =
+        ["invalid type: ", "invalid value: "].iter().filter_map(|m| rest.find(m).map(|i| (i, m.len()))).min()
+    {
         let (start, marker) = at;
         out.push_str(&rest[..start + marker]);
         rest = &rest[start + marker..];
         let Some(kind) = KINDS.iter().find(|kind| rest.starts_with(**kind)) else { continue };
-        let Some(end) = rest.find(", expected") else { continue };
+        // The last one: a string value may itself contain ", expected".
+        let Some(end) = rest.rfind(", expected") else { continue };
         out.push_str(kind.trim_end());
         rest = &rest[end..];
     }

@@ -167,18 +167,43 @@ pub struct Emitter {
 
 #[derive(Debug, Default)]
 struct Unwritten {
-    events: std::collections::VecDeque<Event>,
+    /// Each with the writes it failed so far.
+    events: std::collections::VecDeque<(Event, u32)>,
     bytes: usize,
 }
 
 /// Events refused one after the other before the rest of a batch is kept without trying each.
 const REFUSED_IN_A_ROW: usize = 3;
 
+/// Writes one event may fail before it is given up (logged with its data): a row the store refuses for good
+/// must not hold back the ones after it for ever.
+const MAX_WRITE_ATTEMPTS: u32 = 5;
+
 /// Bytes of event payloads kept in memory while the outbox refuses writes, at most.
 pub const MAX_UNWRITTEN_BYTES: usize = 16 * 1024 * 1024;
 
 fn event_bytes(event: &Event) -> usize {
     event.data.as_ref().map_or_else(String::len, String::len) + 64
+}
+
+/// A batch on its way to the outbox: if the write is abandoned (the future awaiting it dropped, a client gone, a
+/// shutdown's deadline), its events go back to the front of the queue instead of vanishing.
+struct InFlight<'a> {
+    emitter: &'a Emitter,
+    events: Vec<(Event, u32)>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.events.is_empty() {
+            return;
+        }
+        let mut unwritten = self.emitter.unwritten.lock();
+        for (event, attempts) in std::mem::take(&mut self.events).into_iter().rev() {
+            unwritten.bytes += event_bytes(&event);
+            unwritten.events.push_front((event, attempts));
+        }
+    }
 }
 
 impl Emitter {
@@ -201,7 +226,7 @@ impl Emitter {
             }
         }
         let mut batch = self.take_unwritten();
-        batch.extend(events);
+        batch.extend(events.into_iter().map(|event| (event, 0)));
         self.write(batch).await;
     }
 
@@ -220,59 +245,74 @@ impl Emitter {
         self.unwritten.lock().events.len()
     }
 
-    fn take_unwritten(&self) -> Vec<Event> {
+    fn take_unwritten(&self) -> Vec<(Event, u32)> {
         let mut unwritten = self.unwritten.lock();
         unwritten.bytes = 0;
         std::mem::take(&mut unwritten.events).into()
     }
 
-    async fn write(&self, events: Vec<Event>) {
+    async fn write(&self, events: Vec<(Event, u32)>) {
         if events.is_empty() {
             return;
         }
-        let rows: Vec<NewEvent<'_>> = events.iter().map(Event::row).collect();
-        let Err(err) = self.store.append_events(&rows).await else { return };
+        let mut batch = InFlight { emitter: self, events };
+        let rows: Vec<NewEvent<'_>> = batch.events.iter().map(|(event, _)| event.row()).collect();
+        let written = self.store.append_events(&rows).await;
         drop(rows);
-        // The batch is refused whole; each event is tried alone so one bad row holds back nothing else.
-        warn!(error = %err, events = events.len(), "writing a batch of events failed; writing them one by one");
-        // A store that refuses several in a row refuses them all (a full disk, a lock): the rest are not tried.
-        let mut failed = Vec::new();
-        let mut refused_in_a_row = 0;
-        let mut last_error = None;
-        for event in events {
+        let Err(err) = written else {
+            batch.events.clear();
+            return;
+        };
+        // The batch is refused whole; each event is tried alone so one bad row holds back nothing else. A store
+        // that refuses several in a row refuses them all (a full disk, a lock): the rest are not tried.
+        warn!(error = %err, events = batch.events.len(), "writing a batch of events failed; writing them one by one");
+        // (event, its failed writes, whether it was tried in this round)
+        let mut failed: Vec<(Event, u32, bool)> = Vec::new();
+        let (mut refused_in_a_row, mut wrote_any, mut last_error) = (0, false, None);
+        while !batch.events.is_empty() {
+            let (event, attempts) = batch.events.remove(0);
             if refused_in_a_row >= REFUSED_IN_A_ROW {
-                failed.push(event);
+                failed.push((event, attempts, false));
                 continue;
             }
             match self.store.append_events(&[event.row()]).await {
-                Ok(()) => refused_in_a_row = 0,
+                Ok(()) => (refused_in_a_row, wrote_any) = (0, true),
                 Err(err) => {
                     refused_in_a_row += 1;
                     last_error = Some(err);
-                    failed.push(event);
+                    failed.push((event, attempts, true));
                 }
             }
         }
         if let Some(err) = last_error {
             error!(error = %err, events = failed.len(), "the outbox refused events; kept in memory and tried again");
         }
-        self.keep(failed.into_iter());
+        // A refusal counts against an event only when the store took others meanwhile: a store that is down
+        // refuses everything, and its events wait for it however long that takes (within the memory bound).
+        self.keep(failed.into_iter().map(|(event, attempts, tried)| (event, attempts + u32::from(tried && wrote_any))));
     }
 
-    /// Keep events the outbox refused, dropping the oldest past `MAX_UNWRITTEN_BYTES` (each logged with its data,
-    /// the last trace of it).
-    fn keep(&self, events: impl Iterator<Item = Event>) {
-        let mut unwritten = self.unwritten.lock();
-        for event in events {
-            unwritten.bytes += event_bytes(&event);
-            unwritten.events.push_back(event);
-        }
-        while unwritten.bytes > MAX_UNWRITTEN_BYTES {
-            let Some(event) = unwritten.events.pop_front() else { break };
-            unwritten.bytes = unwritten.bytes.saturating_sub(event_bytes(&event));
+    /// Keep events the outbox refused, dropping those refused `MAX_WRITE_ATTEMPTS` times and the oldest past
+    /// `MAX_UNWRITTEN_BYTES` (each logged with its data, the last trace of it).
+    fn keep(&self, events: impl Iterator<Item = (Event, u32)>) {
+        let dropped = |event: &Event, why: &str| {
             let data = event.data.as_deref().unwrap_or_default();
             error!(event_type = %event.kind, process_id = event.process_id.as_deref().unwrap_or("-"), data = %data,
-                   "event dropped: the outbox refused it for too long and the memory kept for it is full");
+                   "event dropped: {why}");
+        };
+        let mut unwritten = self.unwritten.lock();
+        for (event, attempts) in events {
+            if attempts >= MAX_WRITE_ATTEMPTS {
+                dropped(&event, "the outbox refused it every time it was written");
+                continue;
+            }
+            unwritten.bytes += event_bytes(&event);
+            unwritten.events.push_back((event, attempts));
+        }
+        while unwritten.bytes > MAX_UNWRITTEN_BYTES {
+            let Some((event, _)) = unwritten.events.pop_front() else { break };
+            unwritten.bytes = unwritten.bytes.saturating_sub(event_bytes(&event));
+            dropped(&event, "the outbox refused it for too long and the memory kept for it is full");
         }
     }
 
@@ -372,9 +412,9 @@ mod tests {
         let big = "x".repeat(MAX_UNWRITTEN_BYTES / 4);
         let events =
             (0..6).map(|n| Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": n, "pad": big})));
-        emitter.keep(events);
+        emitter.keep(events.map(|event| (event, 0)));
         assert_eq!(emitter.unwritten(), 3, "what fits in the bound");
-        let first = emitter.unwritten.lock().events.front().and_then(|e| e.payload()).unwrap()["n"].clone();
+        let first = emitter.unwritten.lock().events.front().and_then(|(e, _)| e.payload()).unwrap()["n"].clone();
         assert_eq!(first, 3, "the newest are kept");
     }
 }

@@ -202,7 +202,9 @@ struct State {
     stored: HashMap<ProcessId, Arc<Catalog>>,
     /// Instances removed from the desired state, and when: their stored catalogs are deleted only after
     /// `REMOVAL_GRACE` (`purge_removed`), so a configuration cut short for a moment costs no catalog.
-    removed: HashMap<ProcessId, std::time::Instant>,
+    /// With the spec it had (`None`: a catalog of a previous run the configuration did not name at start): a
+    /// catalog is handed back only to the same spec.
+    removed: HashMap<ProcessId, (std::time::Instant, Option<Arc<InstanceSpec>>)>,
     /// Installations with no instance left, and since when: their drift holds are released after `REMOVAL_GRACE`.
     uninstalled: HashMap<InstallationId, std::time::Instant>,
     applied_once: bool,
@@ -519,7 +521,6 @@ impl InstanceManager {
         self.inner.sweep_idle(&keep_awake).await
     }
 
-    /// Members' list changes as they happen (the hierarchical router's session streams follow them).
     /// Undo, in the background, the resource subscriptions `uris` a client's listen asked of `instance`'s server
     /// (`resources/unsubscribe`). The instance keeps one set of subscriptions for all its clients, like the server
     /// session it stands for: a client that subscribed to one of them since loses it too. A task of the manager's,
@@ -544,6 +545,7 @@ impl InstanceManager {
         &self.inner.seats
     }
 
+    /// Members' list changes as they happen (the hierarchical router's session streams follow them).
     pub fn view_changes(&self) -> tokio::sync::broadcast::Receiver<ViewChange> {
         self.inner.view_changes.subscribe()
     }

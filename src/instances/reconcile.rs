@@ -77,7 +77,7 @@ impl InstanceManager {
             let mut state = inner.state.write();
             state.stored.extend(kept);
             for id in &changes.removed {
-                state.removed.insert(id.clone(), now);
+                state.removed.insert(id.clone(), (now, current.get(id).cloned()));
             }
         }
         // Uninstall semantics (SB §9.9): a GitHub deployment goes with the last instance of its installation.
@@ -106,8 +106,21 @@ impl InstanceManager {
             for installation in gone {
                 state.uninstalled.insert(installation.clone(), now);
             }
-            // Back within the grace: nothing of theirs is deleted.
-            state.removed.retain(|id, _| !desired.instances.contains_key(id));
+            // Back within the grace: nothing of theirs is deleted. Back changed (another command, version,
+            // environment under the same process id), it starts from scratch, as an instance edited in place does.
+            let mut changed = Vec::new();
+            state.removed.retain(|id, (_, old)| match desired.instances.get(id) {
+                None => true,
+                Some(new) => {
+                    if old.as_deref() != Some(new) {
+                        changed.push(id.clone());
+                    }
+                    false
+                }
+            });
+            for id in changed {
+                state.stored.remove(&id);
+            }
             state
                 .uninstalled
                 .retain(|installation, _| !desired.instances.values().any(|d| &d.installation_id == installation));
@@ -145,11 +158,21 @@ impl InstanceManager {
 
         let first = !std::mem::replace(&mut inner.state.write().applied_once, true);
         if first {
-            // Catalogs of instances that no longer exist would otherwise live forever.
-            let orphans: Vec<ProcessId> = inner.state.write().stored.drain().map(|(id, _)| id).collect();
-            for id in orphans.iter().filter(|id| !desired.instances.contains_key(*id)) {
-                if let Err(err) = inner.deps.store.delete_catalog(id).await {
-                    warn!(process_id = %id, error = %err, "deleting orphaned catalog failed");
+            // Catalogs of instances the configuration does not name, and holds of installations it does not name,
+            // would otherwise live forever: they go the way of removed ones, deleted after `REMOVAL_GRACE` (a
+            // configuration cut short at start costs nothing either). Catalogs of a previous run are no longer
+            // handed to instances that start later.
+            let now = std::time::Instant::now();
+            let held: std::collections::BTreeSet<InstallationId> =
+                inner.holds.read().iter().map(|(installation, _)| installation.clone()).collect();
+            let mut state = inner.state.write();
+            let orphans: Vec<ProcessId> = state.stored.drain().map(|(id, _)| id).collect();
+            for id in orphans.into_iter().filter(|id| !desired.instances.contains_key(id)) {
+                state.removed.entry(id).or_insert((now, None));
+            }
+            for installation in held {
+                if !desired.instances.values().any(|d| d.installation_id == installation) {
+                    state.uninstalled.entry(installation).or_insert(now);
                 }
             }
         }
@@ -169,7 +192,7 @@ impl InstanceManager {
             let mut state = inner.state.write();
             let due = |since: &std::time::Instant| since.elapsed() >= grace;
             let catalogs: Vec<ProcessId> =
-                state.removed.iter().filter(|(_, since)| due(since)).map(|(id, _)| id.clone()).collect();
+                state.removed.iter().filter(|(_, (since, _))| due(since)).map(|(id, _)| id.clone()).collect();
             let installations: Vec<InstallationId> =
                 state.uninstalled.iter().filter(|(_, since)| due(since)).map(|(id, _)| id.clone()).collect();
             for id in &catalogs {
@@ -187,9 +210,22 @@ impl InstanceManager {
             }
         }
         for installation in &installations {
-            inner.holds.write().retain(|(held, _)| held != installation);
+            // The database first, then memory (the order `sync_holds` relies on), and the held tools' switches too.
             if let Err(err) = inner.deps.store.release_holds_of(installation.as_str()).await {
                 warn!(installation_id = %installation, error = %err, "releasing the holds of an uninstalled installation failed");
+                continue;
+            }
+            let released: Vec<String> = {
+                let mut holds = inner.holds.write();
+                let released =
+                    holds.iter().filter(|(held, _)| held == installation).map(|(_, tool)| tool.clone()).collect();
+                holds.retain(|(held, _)| held != installation);
+                released
+            };
+            if let Some(switches) = inner.overrides.write().get_mut(installation) {
+                for tool in &released {
+                    switches.remove(tool);
+                }
             }
         }
         catalogs.len() + installations.len()

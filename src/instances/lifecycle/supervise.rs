@@ -585,14 +585,10 @@ impl Inner {
         instance: &Arc<Instance>,
         client: &Arc<McpClient>,
     ) {
-        let (level, uris) = (instance.log_level(), instance.subscriptions());
-        if level.is_none() && uris.is_empty() {
-            return;
-        }
         // A 2026-07-28 server is asked for both on every request and on the satellite's own listen; updates sent
         // while it was down were lost all the same.
         if matches!(client.era(), Era::Stateless { .. }) {
-            for uri in uris {
+            for uri in instance.subscriptions() {
                 let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": uri}});
                 instance.announce(Arc::new(note));
             }
@@ -612,7 +608,11 @@ impl Inner {
             // one sent while the restore runs is neither overwritten by it nor sent before it.
             let _state = instance.client_state.lock().await;
             let Some(client) = instance.restore_for.lock().take() else { return };
+            // Read under the lock: a client's change that was on its way is in it.
             let (level, uris) = (instance.log_level(), instance.subscriptions());
+            if level.is_none() && uris.is_empty() {
+                return;
+            }
             info!(resources = uris.len(), level = ?level, "asking the restarted server for its clients' log level and subscriptions again");
             if let Some(level) = level {
                 let params = serde_json::json!({ "level": level });

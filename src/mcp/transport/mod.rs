@@ -332,6 +332,11 @@ pub(crate) fn error_body(text: &str, sent: &reqwest::header::HeaderMap, max: usi
 /// the headers it was sent. All of them, not only the well-known credential headers: an instance's own headers
 /// are often its API keys under names of the vendor's choosing.
 pub(crate) fn mask_sent(text: &str, sent: &reqwest::header::HeaderMap) -> String {
+    crate::secrets::hide(text, &sent_values(sent))
+}
+
+/// The values `mask_sent` masks: every header value sent, and the credential after an auth scheme, longest first.
+pub(crate) fn sent_values(sent: &reqwest::header::HeaderMap) -> Vec<String> {
     let mut values = Vec::new();
     for value in sent.values().filter_map(|v| v.to_str().ok()) {
         if let Some((_, credential)) = value.split_once(' ') {
@@ -341,7 +346,7 @@ pub(crate) fn mask_sent(text: &str, sent: &reqwest::header::HeaderMap) -> String
     }
     // Longest first, so a whole header value is masked before the credential inside it.
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
-    crate::secrets::hide(text, &values)
+    values
 }
 
 /// A short preview of a JSON value for error messages.

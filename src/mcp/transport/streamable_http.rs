@@ -23,7 +23,7 @@ use url::Url;
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, complete_values, encode_header_value, header_map};
 use super::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
-use super::{error_body, mask_sent, outcome, preview, Relay, RequestHeaders, UpstreamError};
+use super::{error_body, mask_sent, outcome, preview, sent_values, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
 
@@ -330,8 +330,7 @@ impl StreamableHttpTransport {
                         let mut err = err;
                         err.message = mask_sent(&err.message, &self.headers);
                         if let Some(data) = err.data.take() {
-                            let masked = mask_sent(&data.to_string(), &self.headers);
-                            err.data = Some(serde_json::from_str(&masked).unwrap_or(Value::String(masked)));
+                            err.data = Some(crate::secrets::hide_json(&data, &sent_values(&self.headers)));
                         }
                         return Err(UpstreamError::Rpc(err).into());
                     }
