@@ -899,7 +899,6 @@ async fn with_paged_and(adjust: impl FnOnce(&mut satellite::config::Config)) -> 
 /// dropped, and the first would have gone on both streams had the GET stream carried log messages at all.
 #[tokio::test]
 async fn log_messages_reach_the_client_once_on_the_stream_they_belong_to() {
-    use futures::StreamExt;
     let sat = with_paged().await;
     let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
     let direct = Caller::connect(&sat, &path, None).await;
@@ -912,17 +911,8 @@ async fn log_messages_reach_the_client_once_on_the_stream_they_belong_to() {
     let (told, _) = direct.post_text(&json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"})).await;
     assert_eq!(told, StatusCode::ACCEPTED);
     let mut heard = String::new();
-    let logged = tokio::time::timeout(DEADLINE, async {
-        while !heard.contains("outside any call") {
-            match stream.next().await {
-                Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
-                _ => return false,
-            }
-        }
-        true
-    })
-    .await;
-    assert_eq!(logged, Ok(true), "a log message outside any call reaches the GET stream: {heard}");
+    let logged = hear(&mut stream, &mut heard, |heard| heard.contains("outside any call")).await;
+    assert!(logged, "a log message outside any call reaches the GET stream: {heard}");
     assert!(!heard.contains("during the call"), "the call's log message came twice: {heard}");
     assert!(sat.satellite.shutdown().await);
 }
@@ -975,18 +965,8 @@ async fn a_task_created_by_a_call_reaches_the_client_as_a_task() {
     assert!(answer["result"].get("content").is_none(), "not wrapped: {answer}");
     // The server then says the task is done, outside any call: on the GET stream, as a direct client hears it.
     let mut heard = String::new();
-    let told = tokio::time::timeout(DEADLINE, async {
-        use futures::StreamExt;
-        while !heard.contains("notifications/tasks/status") {
-            match stream.next().await {
-                Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
-                _ => return false,
-            }
-        }
-        true
-    })
-    .await;
-    assert_eq!(told, Ok(true), "the task's status reaches the GET stream: {heard}");
+    let told = hear(&mut stream, &mut heard, |heard| heard.contains("notifications/tasks/status")).await;
+    assert!(told, "the task's status reaches the GET stream: {heard}");
     assert!(heard.contains("\"completed\""), "{heard}");
     assert!(sat.satellite.shutdown().await);
 }
@@ -1119,18 +1099,28 @@ async fn hear_updates(
     heard: &mut String,
     wanted: usize,
 ) {
-    use futures::StreamExt;
     let updates = |heard: &str| heard.matches("notifications/resources/updated").count();
-    let _ = tokio::time::timeout(DEADLINE, async {
-        while updates(heard) < wanted {
+    hear(stream, heard, |heard| updates(heard) >= wanted).await;
+    assert!(updates(heard) >= wanted, "{wanted} updates on the GET stream: {heard}");
+}
+
+/// Read an SSE stream into `heard` until `done` says so; false when the stream ended or `DEADLINE` passed first.
+async fn hear(
+    stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    heard: &mut String,
+    done: impl Fn(&str) -> bool,
+) -> bool {
+    use futures::StreamExt;
+    let read = tokio::time::timeout(DEADLINE, async {
+        while !done(heard) {
             match stream.next().await {
                 Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
-                _ => return,
+                _ => return false,
             }
         }
-    })
-    .await;
-    assert!(updates(heard) >= wanted, "{wanted} updates on the GET stream: {heard}");
+        true
+    });
+    read.await.unwrap_or(false)
 }
 
 /// `/mcp` passes prompts, reads and completions on whole, as a client would get them from the server directly:
@@ -1607,26 +1597,16 @@ async fn next_message(
     what: &str,
     wanted: impl Fn(&Value) -> bool,
 ) -> Value {
-    use futures::StreamExt;
+    let find = |heard: &str| {
+        heard
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+            .find(|message| wanted(message))
+    };
     let mut heard = String::new();
-    let found = tokio::time::timeout(DEADLINE, async {
-        loop {
-            let message = heard
-                .lines()
-                .filter_map(|line| line.strip_prefix("data:"))
-                .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
-                .find(|message| wanted(message));
-            if let Some(message) = message {
-                return Some(message);
-            }
-            match stream.next().await {
-                Some(Ok(chunk)) => heard.push_str(&String::from_utf8_lossy(&chunk)),
-                _ => return None,
-            }
-        }
-    })
-    .await;
-    found.ok().flatten().unwrap_or_else(|| panic!("no {what} on the stream: {heard}"))
+    hear(stream, &mut heard, |heard| find(heard).is_some()).await;
+    find(&heard).unwrap_or_else(|| panic!("no {what} on the stream: {heard}"))
 }
 
 /// A server's request made outside any call (here `roots/list`, asked after the client said its roots changed)
