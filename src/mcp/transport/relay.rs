@@ -286,6 +286,20 @@ mod tests {
         assert!(gone.ask("roots/list", None, Duration::from_secs(1)).await.is_err());
     }
 
+    /// A client whose stream is stalled (connected, reading nothing: its relay's channel is full) does not hold the
+    /// server's request for ever: the wait for room counts against the timeout. Before, the send waited unbounded.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_client_stream_fails_the_request_after_its_timeout() {
+        let (relay, _stalled) = Relay::channel(true);
+        for _ in 0..CAPACITY {
+            relay.notify("notifications/progress", None);
+        }
+        let asked =
+            tokio::time::timeout(Duration::from_secs(60), relay.ask("roots/list", None, Duration::from_secs(30)));
+        let err = asked.await.expect("an answer within the request's timeout").unwrap_err();
+        assert!(err.message.contains("did not answer roots/list within 30s"), "{}", err.message);
+    }
+
     /// A client that answers every request it gets with `who`.
     fn seat_answering(
         seats: &Arc<Seats>,
