@@ -646,6 +646,36 @@ async fn a_command_installed_after_the_start_is_found_under_the_restart_policy()
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A request log carries a call's arguments and answer, so a few big answers outweigh thousands of small events:
+/// the standalone history is held to `event_retention_max_mib` on disk as well, the newest kept, and the pages
+/// pruning frees go back to the disk rather than staying in the file.
+#[tokio::test]
+async fn big_answers_leave_the_standalone_history_within_its_size() {
+    const MAX: u64 = 1024 * 1024;
+    let file = config("").replace("[satellite]\n", "[satellite]\nevent_retention_max_mib = 1\n");
+    let sat = TestSatellite::start(&file).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let big = "z".repeat(60_000);
+    for i in 0..40 {
+        let text = format!("call-{i}-{big}");
+        let answer = call(&sat, ALICE, "echo", json!({ "text": text })).await.expect("call");
+        assert_eq!(text_of(&answer).len(), text.len());
+    }
+    let store = sat.satellite.store();
+    wait_until(
+        DEADLINE,
+        "the history within 1 MiB on disk, the freed pages given back, the last call kept",
+        || async {
+            let usage = store.disk_usage().await.ok()?;
+            let events = store.events(Some("mcp.request.logs"), 0, 100_000).await.ok()?;
+            let last_call = events.iter().any(|e| e.data.to_string().contains("call-39-"));
+            (usage.used <= MAX && usage.free.saturating_mul(3) < usage.used && last_call).then_some(())
+        },
+    )
+    .await;
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A standalone satellite keeps `event_retention_max` events. Every call writes one, so a burst must not leave
 /// the history far past its bound until the hourly age check: it is held to its count within seconds, and what
 /// stays is the newest.

@@ -131,6 +131,7 @@ pub(super) fn schedule(m: Maintenance<'_>) {
     // In managed mode the outbox is the queue to the backend, bounded by the uploader's quota, never pruned here.
     let standalone = !matches!(config.mode, crate::config::Mode::Managed(_));
     let (events_kept, events_max) = (config.event_retention, config.event_retention_max);
+    let events_max_bytes = config.event_retention_max_bytes;
     let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
     if standalone {
         let cap_store = store.clone();
@@ -141,7 +142,17 @@ pub(super) fn schedule(m: Maintenance<'_>) {
                 if pruned > 0 {
                     debug!(pruned, kept_max = events_max, "the standalone history held to its count");
                 }
-                Ok::<(), StoreError>(())
+                // A request log carries a call's arguments and answer: a few big answers outweigh thousands of
+                // small events, so the count alone bounds no disk.
+                let pruned = store.prune_events_to_bytes(events_max_bytes).await?;
+                if pruned > 0 {
+                    info!(
+                        pruned,
+                        max_mib = events_max_bytes / (1024 * 1024),
+                        "the standalone history held to its size: oldest events pruned"
+                    );
+                }
+                release_free_pages(&store).await
             }
         });
     }
@@ -168,9 +179,18 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             if pruned > 0 {
                 info!(pruned, kept_days = analytics_kept.as_secs() / 86_400, "old analytics rows pruned");
             }
-            Ok::<(), StoreError>(())
+            release_free_pages(&store).await
         }
     });
+}
+
+/// Give what pruning freed in the SQLite file back to the disk (`Store::release_free_pages`).
+async fn release_free_pages(store: &Store) -> Result<(), StoreError> {
+    let released = store.release_free_pages().await?;
+    if released > 0 {
+        debug!(released, "database: free pages given back to the disk");
+    }
+    Ok(())
 }
 
 /// The ISO time `kept` ago; `None` for a retention too long to subtract from now (which keeps everything).

@@ -390,7 +390,8 @@ impl Satellite {
                     replica_id: format!("{:016x}", rand::random::<u64>()),
                 };
                 deps.monitor.set_replica_id(&deps.replica_id);
-                let uploader = Managed::uploader(&deps, settings.outbox_max, settings.event_lease);
+                let uploader = Managed::uploader(&deps, settings.outbox_max, settings.event_lease)
+                    .with_byte_quota(settings.outbox_max_bytes);
                 upload_task = Some(tokio::spawn(
                     managed::upload_loop(
                         uploader,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::wire::EventEnvelope;
 use crate::events::{Emitter, Event, EventKind, LimitExceeded, LimitedResource, Throttle};
@@ -85,6 +85,8 @@ pub struct Uploader {
     cap: usize,
     /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
     quota: i64,
+    /// The most the outbox may take on disk (`Store::disk_usage`); unbounded unless `with_byte_quota`.
+    quota_bytes: u64,
     backoff: Option<Duration>,
     /// Events held as invalid since the backend last accepted a batch: past a few, the backend (or a proxy before
     /// it) likely refuses everything, and each further one waits a backoff rather than going at once.
@@ -130,6 +132,7 @@ impl Uploader {
             batch: batch.clamp(1, MAX_BATCH),
             cap: batch.clamp(1, MAX_BATCH),
             quota,
+            quota_bytes: u64::MAX,
             backoff: None,
             invalid_in_a_row: 0,
             stats: UploadStats::default(),
@@ -140,6 +143,12 @@ impl Uploader {
     /// How long a claimed batch stays this replica's (default `LEASE`).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// The most the outbox may take on disk, its oldest events dropped past it (default: no bound).
+    pub fn with_byte_quota(mut self, bytes: u64) -> Self {
+        self.quota_bytes = bytes;
         self
     }
 
@@ -312,27 +321,48 @@ impl Uploader {
         Ok(left)
     }
 
+    /// Hold the outbox to its quotas, in events and on disk, the oldest events going first (with an error log and a
+    /// throttled `resource.limit.exceeded` event).
     async fn enforce_quota(&mut self) -> Result<(), StoreError> {
         let count = self.store.event_count().await?;
         if count > self.quota {
             let dropped = self.store.prune_events(self.quota).await?;
             self.stats.dropped_over_quota += dropped;
             error!(dropped, quota = self.quota, "event outbox over its quota: oldest events dropped");
-            if let Some(suppressed) = self.quota_events.allow("outbox", std::time::Instant::now()) {
-                let exceeded = LimitExceeded {
-                    team_id: "*".into(),
-                    resource_type: LimitedResource::EventOutbox,
-                    current_value: count as u64,
-                    limit_value: self.quota.max(0) as u64,
-                    user_id: None,
-                    installation_id: None,
-                    message: format!("event outbox over its quota of {}: {dropped} oldest events dropped", self.quota),
-                    suppressed_count: suppressed,
-                };
-                Emitter::new(self.store.clone()).emit(Event::limit_exceeded(&exceeded)).await;
+            let message = format!("event outbox over its quota of {} events: {dropped} oldest dropped", self.quota);
+            self.report_over_quota(count as u64, self.quota.max(0) as u64, message).await;
+        }
+        let used = self.store.disk_usage().await?.used;
+        if used > self.quota_bytes {
+            let dropped = self.store.prune_events_to_bytes(self.quota_bytes).await?;
+            if dropped > 0 {
+                self.stats.dropped_over_quota += dropped;
+                let max_mib = self.quota_bytes / (1024 * 1024);
+                error!(dropped, max_mib, "event outbox over its size quota: oldest events dropped");
+                let message = format!("event outbox over its quota of {max_mib} MiB on disk: {dropped} oldest dropped");
+                self.report_over_quota(used, self.quota_bytes, message).await;
             }
         }
+        if self.store.release_free_pages().await? > 0 {
+            debug!("event outbox: free pages given back to the disk");
+        }
         Ok(())
+    }
+
+    async fn report_over_quota(&mut self, current_value: u64, limit_value: u64, message: String) {
+        if let Some(suppressed) = self.quota_events.allow("outbox", std::time::Instant::now()) {
+            let exceeded = LimitExceeded {
+                team_id: "*".into(),
+                resource_type: LimitedResource::EventOutbox,
+                current_value,
+                limit_value,
+                user_id: None,
+                installation_id: None,
+                message,
+                suppressed_count: suppressed,
+            };
+            Emitter::new(self.store.clone()).emit(Event::limit_exceeded(&exceeded)).await;
+        }
     }
 }
 
@@ -533,6 +563,39 @@ mod tests {
         assert_eq!(limits[0]["data"]["resource_type"], "event_outbox");
         assert_eq!(limits[0]["data"]["current_value"], 30);
         assert_eq!(limits[0]["data"]["limit_value"], 20);
+    }
+
+    /// A backend away while big request logs pile up: the outbox is held to its bytes on disk, the oldest going,
+    /// and the overflow is reported with the bytes.
+    #[tokio::test]
+    async fn over_the_byte_quota_the_oldest_are_dropped_and_reported() {
+        const MAX: u64 = 1024 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let pad = "y".repeat(20_000);
+        let rows: Vec<NewEvent<'_>> = (0..150)
+            .map(|n| NewEvent {
+                event_type: "mcp.server.status_changed",
+                emitted_at: crate::model::iso(chrono::Utc::now()),
+                data: json!({"n": n, "pad": pad}).to_string().into(),
+                process_id: None,
+                held: None,
+            })
+            .collect();
+        store.append_events(&rows).await.unwrap();
+        let (send, received) = scripted(vec![BatchOutcome::Failed("down".into())]);
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000).with_byte_quota(MAX);
+        up.tick().await.unwrap();
+        let dropped = up.stats().dropped_over_quota;
+        assert!((100..150).contains(&dropped), "{dropped} dropped of 150 events of 20 KB");
+        assert!(store.disk_usage().await.unwrap().used <= MAX);
+        let sent = numbers(&received.lock()[..1]);
+        assert_eq!(sent.first().copied(), Some(dropped as i64), "the oldest kept is the first sent");
+        assert_eq!(store.event_count().await.unwrap() as u64, 150 - dropped + 1, "the rest and the report wait");
+        let limits = store.events(Some("resource.limit.exceeded"), 0, 10).await.unwrap();
+        assert_eq!(limits.len(), 1, "the overflow is reported");
+        assert_eq!(limits[0].data["limit_value"], MAX);
+        assert!(limits[0].data["current_value"].as_u64().unwrap() > 3 * MAX);
     }
 
     #[tokio::test]

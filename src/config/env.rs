@@ -31,6 +31,7 @@ pub const DRAIN: &str = "SATELLITE_DRAIN_SECONDS";
 pub const ANALYTICS_RETENTION_DAYS: &str = "SATELLITE_ANALYTICS_RETENTION_DAYS";
 pub const EVENT_RETENTION_DAYS: &str = "SATELLITE_EVENT_RETENTION_DAYS";
 pub const EVENT_RETENTION_MAX: &str = "SATELLITE_EVENT_RETENTION_MAX";
+pub const EVENT_RETENTION_MAX_MIB: &str = "SATELLITE_EVENT_RETENTION_MAX_MIB";
 /// A directory holding a sentence-embedding model: switches the semantic search stage on.
 pub const SEMANTIC_MODEL: &str = "SATELLITE_SEMANTIC_MODEL";
 pub const RECONCILE_CONCURRENCY: &str = "SATELLITE_RECONCILE_CONCURRENCY";
@@ -70,6 +71,8 @@ pub const EVENT_BATCH_INTERVAL_MS: &str = "EVENT_BATCH_INTERVAL_MS";
 pub const EVENT_FLUSH_TIMEOUT_MS: &str = "EVENT_FLUSH_TIMEOUT_MS";
 pub const HEARTBEAT_INTERVAL_MS: &str = "SATELLITE_HEARTBEAT_INTERVAL_MS";
 pub const EVENT_OUTBOX_MAX: &str = "SATELLITE_EVENT_OUTBOX_MAX";
+/// MiB the event outbox may take on disk while the backend is away (docs/operations.md).
+pub const EVENT_OUTBOX_MAX_MIB: &str = "SATELLITE_EVENT_OUTBOX_MAX_MIB";
 /// Milliseconds a replica's claim on a batch of events lasts (docs/scale-out.md).
 pub const EVENT_LEASE_MS: &str = "SATELLITE_EVENT_LEASE_MS";
 pub const TOKEN_AUDIENCES: &str = "DEPLOYSTACK_TOKEN_AUDIENCES";

@@ -190,6 +190,8 @@ pub struct RawSatellite {
     pub event_retention_days: Option<u64>,
     /// Standalone: most events kept in the local history (default 100,000).
     pub event_retention_max: Option<u64>,
+    /// Standalone: most MiB the local history may take on disk (default 256).
+    pub event_retention_max_mib: Option<u64>,
     /// A directory with a sentence-embedding model (`config.json`, `tokenizer.json`, `model.safetensors`) that
     /// switches the semantic search stage on (needs the `semantic` cargo feature).
     pub semantic_model: Option<String>,

@@ -18,6 +18,8 @@ pub struct ManagedSettings {
     pub event_flush_timeout: Duration,
     /// Most events the outbox keeps while the backend is away.
     pub outbox_max: i64,
+    /// The most the outbox may take on disk while the backend is away (default 512 MiB).
+    pub outbox_max_bytes: u64,
     /// How long a replica's claim on a batch of events lasts (`SATELLITE_EVENT_LEASE_MS`, default 60 s): a
     /// replica that dies mid-batch delays that batch this long. Keep it above the backend's 10 s request
     /// timeout, or a slow batch may be sent twice.
@@ -93,6 +95,8 @@ pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigErr
         event_interval: millis("backend.event_batch_interval_ms", env::EVENT_BATCH_INTERVAL_MS, 3_000)?,
         event_flush_timeout: millis("backend.event_flush_timeout_ms", env::EVENT_FLUSH_TIMEOUT_MS, 5_000)?,
         outbox_max: number(env, "backend.event_outbox_max", env::EVENT_OUTBOX_MAX, None, 100_000i64, false)?,
+        outbox_max_bytes: number(env, "backend.event_outbox_max_mib", env::EVENT_OUTBOX_MAX_MIB, None, 512u64, false)?
+            .saturating_mul(1024 * 1024),
         event_lease: millis("backend.event_lease_ms", env::EVENT_LEASE_MS, 60_000)?,
         extra_audiences: env::get(env, env::TOKEN_AUDIENCES)
             .map(|list| list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect())

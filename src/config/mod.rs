@@ -202,6 +202,8 @@ pub struct Config {
     /// 100,000). In managed mode the outbox is the queue to the backend and is bounded by its quota instead.
     pub event_retention: Duration,
     pub event_retention_max: u64,
+    /// Standalone: the most the local history may take on disk (default 256 MiB), held every 10 s.
+    pub event_retention_max_bytes: u64,
     /// The sentence-embedding model of the semantic search stage; `None`: lexical search only.
     pub semantic_model: Option<PathBuf>,
     /// Public base URL of the satellite (no `/mcp`), used in OAuth metadata and `WWW-Authenticate`.
@@ -447,6 +449,14 @@ impl Config {
             100_000u64,
             false,
         )?;
+        let event_retention_max_mib = number(
+            env,
+            "satellite.event_retention_max_mib",
+            env::EVENT_RETENTION_MAX_MIB,
+            s.event_retention_max_mib,
+            256u64,
+            false,
+        )?;
         // The demo's tokens are printed to the terminal: fine on this machine, not on an address others reach
         // (a container listening on 0.0.0.0 with its log shipped somewhere). There, the operator names them.
         if let Mode::Standalone(StandaloneSource::Embedded(demo)) = &mode {
@@ -513,6 +523,7 @@ impl Config {
             analytics_retention: Duration::from_secs(retention_days.as_secs().saturating_mul(86_400)),
             event_retention: Duration::from_secs(event_days.saturating_mul(86_400)),
             event_retention_max,
+            event_retention_max_bytes: event_retention_max_mib.saturating_mul(1024 * 1024),
             max_concurrent_requests,
             max_connections,
             http_timeout,
@@ -586,6 +597,7 @@ impl Config {
             "analytics_retention_days": self.analytics_retention.as_secs() / 86_400,
             "event_retention_days": self.event_retention.as_secs() / 86_400,
             "event_retention_max": self.event_retention_max,
+            "event_retention_max_mib": self.event_retention_max_bytes / (1024 * 1024),
             "semantic_model": self.semantic_model.as_ref().map(|p| p.display().to_string()),
             "mode": mode,
             "sandbox": {

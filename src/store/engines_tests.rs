@@ -364,6 +364,73 @@ async fn every_sqlite_connection_keeps_a_small_page_cache_and_enforces_foreign_k
     Ok(())
 }
 
+/// The outbox held to a byte bound on both engines: the oldest go, the newest stay, and what stays fits. The
+/// payloads are random hex, so PostgreSQL's compression does not make them small.
+#[tokio::test]
+async fn the_outbox_is_held_to_its_bytes_on_both_engines() -> TestResult {
+    const MAX: u64 = 1024 * 1024;
+    let (_dir, stores) = both_engines().await?;
+    for (engine, store) in stores {
+        for chunk in (0..300).collect::<Vec<u32>>().chunks(50) {
+            let rows: Vec<NewEvent<'_>> = chunk
+                .iter()
+                .map(|n| {
+                    let pad: String = (0..625).map(|_| format!("{:016x}", rand::random::<u64>())).collect();
+                    NewEvent {
+                        event_type: "mcp.request.logs",
+                        emitted_at: "2026-11-29T00:00:00.000Z".into(),
+                        data: json!({"n": n, "pad": pad}).to_string().into(),
+                        process_id: None,
+                        held: None,
+                    }
+                })
+                .collect();
+            store.append_events(&rows).await?;
+        }
+        assert!(store.disk_usage().await?.used > 3 * MAX, "{engine}: 3 MB written");
+        let pruned = store.prune_events_to_bytes(MAX).await?;
+        let left = store.events(None, 0, 1000).await?;
+        assert_eq!(pruned as usize + left.len(), 300, "{engine}");
+        assert!((1..=95).contains(&left.len()), "{engine}: {} events left", left.len());
+        assert_eq!(left.last().map(|e| e.data["n"].clone()), Some(json!(299)), "{engine}: the newest stay");
+        let kept: usize = left.iter().map(|e| e.data.to_string().len()).sum();
+        assert!(kept as u64 <= MAX, "{engine}: {kept} bytes of payloads left");
+        store.close().await;
+    }
+    Ok(())
+}
+
+/// A file made before incremental auto-vacuum (none: freed pages stayed in the file for good) is converted when
+/// the store opens it, its rows kept; a new file is made so.
+#[tokio::test]
+async fn sqlite_files_old_and_new_give_freed_pages_back() -> TestResult {
+    use sqlx::{ConnectOptions as _, Connection as _, Executor as _, Row as _};
+    let dir = tempfile::tempdir()?;
+    let fresh = Store::open(dir.path()).await?;
+    let mode: i64 = fresh.pool().acquire().await?.fetch_one("PRAGMA auto_vacuum").await?.try_get(0)?;
+    assert_eq!(mode, 2, "a new file is made incremental");
+    fresh.close().await;
+
+    let old = tempfile::tempdir()?;
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(old.path().join("satellite.db"))
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .connect()
+        .await?;
+    conn.execute("CREATE TABLE kept (v TEXT); INSERT INTO kept VALUES ('still here')").await?;
+    let mode: i64 = conn.fetch_one("PRAGMA auto_vacuum").await?.try_get(0)?;
+    assert_eq!(mode, 0, "sqlite's default: none");
+    conn.close().await?;
+    let store = Store::open(old.path()).await?;
+    let mut conn = store.pool().acquire().await?;
+    let mode: i64 = conn.fetch_one("PRAGMA auto_vacuum").await?.try_get(0)?;
+    assert_eq!(mode, 2, "converted when opened");
+    let kept: String = conn.fetch_one("SELECT v FROM kept").await?.try_get(0)?;
+    assert_eq!(kept, "still here");
+    Ok(())
+}
+
 /// Shutdown's last step closes the database, and a data directory copied after it (a backup, a move to another
 /// host, the restart tests) must hold everything in `satellite.db`. A connection still on its way back to the
 /// pool when the close begins (its release ping in flight: the last query of shutdown does exactly this) must be

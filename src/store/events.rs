@@ -31,6 +31,15 @@ pub struct StoredEvent {
     pub held: Option<String>,
 }
 
+/// Bytes of the database on disk (`Store::disk_usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// What the outbox may take, overstated (SQLite: every live page of the file).
+    pub used: u64,
+    /// SQLite: pages the file keeps free, given back by `release_free_pages`.
+    pub free: u64,
+}
+
 /// What the outbox holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxSummary {
@@ -38,6 +47,9 @@ pub struct OutboxSummary {
     pub held: i64,
     pub oldest_emitted_at: Option<String>,
 }
+
+/// Free pages a SQLite file keeps before `release_free_pages` gives them back (below a quarter of the file).
+const RELEASE_FREE_BYTES: u64 = 8 * 1024 * 1024;
 
 const INSERT_EVENTS: &str = "INSERT INTO event_outbox (event_type, emitted_at, data, process_id, held)";
 
@@ -219,6 +231,78 @@ impl Store {
         Ok(done.rows_affected())
     }
 
+    /// Hold the outbox to `max_bytes` on disk, dropping the oldest events; returns how many went. Cheap while
+    /// under: one look at the space the database uses (SQLite: its live pages, every table; PostgreSQL: the
+    /// outbox table's files, dead rows included), which can only overstate what the events take. Only past it are
+    /// the payloads summed: on SQLite the payloads kept are scaled down by their share of the live pages (row
+    /// headers, the other tables), so the file, not only the payloads, comes back under; PostgreSQL's files keep
+    /// dead rows until its vacuum, so there the payloads' own bytes are held to the bound. Events are pruned to 90%
+    /// of it, so a busy satellite trims in steps, not on every call.
+    pub async fn prune_events_to_bytes(&self, max_bytes: u64) -> Result<u64, StoreError> {
+        let used = self.disk_usage().await?.used;
+        if used <= max_bytes {
+            return Ok(0);
+        }
+        let payloads: i64 = sqlx::query("SELECT COALESCE(SUM(octet_length(data)), 0) AS n FROM event_outbox")
+            .fetch_one(self.pool())
+            .await?
+            .try_get("n")?;
+        let payloads = u64::try_from(payloads).unwrap_or(0);
+        let target = max_bytes / 10 * 9;
+        let keep = match self.engine() {
+            Engine::Sqlite => {
+                u64::try_from(u128::from(target) * u128::from(payloads) / u128::from(used.max(1))).unwrap_or(u64::MAX)
+            }
+            Engine::Postgres => target,
+        };
+        if payloads <= keep {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "DELETE FROM event_outbox WHERE seq <= (
+               SELECT seq FROM (SELECT seq, SUM(octet_length(data)) OVER (ORDER BY seq DESC) AS newer FROM event_outbox) AS kept
+               WHERE newer > $1 ORDER BY seq DESC LIMIT 1)",
+        )
+        .bind(i64::try_from(keep).unwrap_or(i64::MAX))
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// The space the outbox may take on disk, overstated, never under: SQLite's live pages (the whole file but its
+    /// free pages) and its free pages; PostgreSQL's `event_outbox` table with its TOAST, dead rows included (its
+    /// own vacuum reuses them: no free pages counted).
+    pub async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {
+        let sql = match self.engine() {
+            Engine::Sqlite => {
+                "SELECT (p.page_count - f.freelist_count) * s.page_size AS used, f.freelist_count * s.page_size AS free
+                 FROM pragma_page_count() AS p, pragma_freelist_count() AS f, pragma_page_size() AS s"
+            }
+            Engine::Postgres => "SELECT pg_table_size('event_outbox') AS used, CAST(0 AS BIGINT) AS free",
+        };
+        let row = sqlx::query(sql).fetch_one(self.pool()).await?;
+        let bytes = |column: &str| -> Result<u64, StoreError> {
+            Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
+        };
+        Ok(DiskUsage { used: bytes("used")?, free: bytes("free")? })
+    }
+
+    /// SQLite: give the file's free pages back to the disk once they are `RELEASE_FREE_BYTES` or a quarter of the
+    /// file (a file in incremental auto-vacuum mode; the store converts older files when it opens them). Returns
+    /// the bytes given back. PostgreSQL's own vacuum does this there: 0.
+    pub async fn release_free_pages(&self) -> Result<u64, StoreError> {
+        if self.engine() != Engine::Sqlite {
+            return Ok(0);
+        }
+        let usage = self.disk_usage().await?;
+        if usage.free < RELEASE_FREE_BYTES && usage.free.saturating_mul(3) < usage.used {
+            return Ok(0);
+        }
+        // Every page the pragma frees is a row it steps through: sqlx's `execute` steps to the end.
+        sqlx::query("PRAGMA incremental_vacuum").execute(self.pool()).await?;
+        Ok(usage.free.saturating_sub(self.disk_usage().await?.free))
+    }
+
     /// Drop events emitted before `cutoff` (an ISO timestamp, compared as text in the one format `iso` writes).
     pub async fn prune_events_before(&self, cutoff: &str) -> Result<u64, StoreError> {
         let done =
@@ -296,6 +380,46 @@ mod tests {
         assert_eq!(store.prune_events(4).await?, 2, "of days 4-9, the newest four stay");
         let left: Vec<Value> = store.events(None, 0, 100).await?.into_iter().map(|e| e.data["day"].clone()).collect();
         assert_eq!(left, [6, 7, 8, 9].map(Value::from));
+        Ok(())
+    }
+
+    /// 300 events of 10 KB (3 MB) against a 1 MiB bound: the oldest go until the file's live pages are back under
+    /// it, the newest stay, and the freed pages go back to the disk.
+    #[tokio::test]
+    async fn the_history_is_held_to_its_bytes_and_the_file_shrinks() -> Result<(), Box<dyn std::error::Error>> {
+        const MAX: u64 = 1024 * 1024;
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path()).await?;
+        let pad = "x".repeat(10_000);
+        for chunk in (0..300).collect::<Vec<u32>>().chunks(50) {
+            let rows: Vec<NewEvent<'_>> = chunk
+                .iter()
+                .map(|n| NewEvent {
+                    event_type: "mcp.request.logs",
+                    emitted_at: "2026-11-29T00:00:00.000Z".into(),
+                    data: serde_json::json!({"n": n, "pad": pad}).to_string().into(),
+                    process_id: None,
+                    held: None,
+                })
+                .collect();
+            store.append_events(&rows).await?;
+        }
+        let before = store.disk_usage().await?.used;
+        assert!(before > 3 * MAX, "{before} bytes in use");
+        assert_eq!(store.prune_events_to_bytes(before).await?, 0, "nothing goes while under the bound");
+        let pruned = store.prune_events_to_bytes(MAX).await?;
+        let left = store.events(None, 0, 1000).await?;
+        assert_eq!(pruned as usize + left.len(), 300);
+        assert!(left.len() < 90 && !left.is_empty(), "{} events left", left.len());
+        assert_eq!(left.last().map(|e| e.data["n"].clone()), Some(Value::from(299)), "the newest stay");
+        assert!(store.disk_usage().await?.used <= MAX, "{} bytes in use after", store.disk_usage().await?.used);
+        let file = dir.path().join("satellite.db");
+        let grown = std::fs::metadata(&file)?.len() + std::fs::metadata(dir.path().join("satellite.db-wal"))?.len();
+        let released = store.release_free_pages().await?;
+        assert!(released > 2 * MAX, "{released} bytes given back");
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(store.pool()).await?;
+        let shrunk = std::fs::metadata(&file)?.len();
+        assert!(shrunk < 2 * MAX && shrunk < grown, "the file is {shrunk} bytes (with its WAL {grown} before)");
         Ok(())
     }
 }

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+use sqlx::sqlite::{SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode};
 use sqlx::{AnyPool, ConnectOptions, Connection, Executor};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::config::{mask_url_password, Database};
 
@@ -26,7 +26,7 @@ mod status;
 pub mod toolsets;
 
 pub use catalog::{CatalogOwner, HeldTool, ToolChangeRow};
-pub use events::{NewEvent, OutboxSummary, StoredEvent};
+pub use events::{DiskUsage, NewEvent, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
 pub use status::StatusRecord;
 
@@ -97,13 +97,17 @@ impl Store {
                 std::fs::create_dir_all(data_dir)
                     .map_err(|source| StoreError::DataDir { path: data_dir.display().to_string(), source })?;
                 let file = data_dir.join("satellite.db");
-                // WAL is a property of the file: set once on a connection of its own, it holds for every later one.
-                let first = SqliteConnectOptions::from_str("sqlite://")?
+                // WAL and incremental auto-vacuum are properties of the file: set once on a connection of its
+                // own, they hold for every later one. Auto-vacuum must be chosen before the first table (sqlx sets
+                // it before the journal mode); a file made before it had none and is converted here.
+                let mut first = SqliteConnectOptions::from_str("sqlite://")?
                     .filename(&file)
                     .create_if_missing(true)
+                    .auto_vacuum(SqliteAutoVacuum::Incremental)
                     .journal_mode(SqliteJournalMode::Wal)
                     .connect()
                     .await?;
+                convert_to_incremental_vacuum(&mut first, &file).await?;
                 first.close().await?;
                 let url = sqlite_url(&file)?;
                 let pool = AnyPoolOptions::new()
@@ -193,6 +197,35 @@ impl Store {
         &self.pool
     }
 }
+
+/// A SQLite file created before the satellite chose incremental auto-vacuum never gives pages back to the file
+/// system: pruned events leave free pages the file keeps. `VACUUM` converts it (rewriting the file, so it needs as
+/// much free disk again and time in proportion); done at start for files up to `CONVERT_MAX_BYTES`, left to the
+/// operator with a warning above that (docs/operations.md).
+async fn convert_to_incremental_vacuum(conn: &mut sqlx::SqliteConnection, file: &Path) -> Result<(), StoreError> {
+    /// `PRAGMA auto_vacuum`'s value for INCREMENTAL.
+    const INCREMENTAL: i64 = 2;
+    let mode: i64 = sqlx::Row::try_get(&conn.fetch_one("PRAGMA auto_vacuum").await?, 0)?;
+    if mode == INCREMENTAL {
+        return Ok(());
+    }
+    let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+    if size > CONVERT_MAX_BYTES {
+        warn!(
+            file = %file.display(),
+            size,
+            "database: this file gives no freed space back to the disk; stop the satellite and run \
+             `sqlite3 <file> 'PRAGMA auto_vacuum = INCREMENTAL; VACUUM;'` once"
+        );
+        return Ok(());
+    }
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL; VACUUM").await?;
+    info!(file = %file.display(), size, "database: converted to incremental auto-vacuum");
+    Ok(())
+}
+
+/// The largest SQLite file converted to incremental auto-vacuum at start (see `convert_to_incremental_vacuum`).
+const CONVERT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// A `sqlite://` URL for `file`, percent-encoding what a URL would misread (`?`, `#`, `%`, spaces). A path that
 /// is not UTF-8 cannot be written in a URL and is refused rather than changed.
