@@ -48,6 +48,7 @@ class Satellite:
         self.admin_token = secrets.token_hex(24)
         self.instance_tokens = {u: "ds_inst_" + secrets.token_hex(32) for u in USERS}
         self.everything_port = free_port()
+        self.everything_sse_port = free_port()
         self.reference_port = free_port()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -117,6 +118,11 @@ transport = "http"
 url = "http://127.0.0.1:{self.everything_port}/mcp"
 
 [[servers]]
+slug = "everything-sse"
+transport = "sse"
+url = "http://127.0.0.1:{self.everything_sse_port}/sse"
+
+[[servers]]
 slug = "reference"
 transport = "http"
 url = "http://127.0.0.1:{self.reference_port}/mcp"
@@ -136,6 +142,13 @@ server = "everything-http"
 [installations.users.dave]
 instance_path = "dave-everything-http"
 instance_token_sha256 = "{sha(i['dave'])}"
+
+[[installations]]
+id = "everything-sse-initech"
+team = "initech"
+server = "everything-sse"
+[installations.users.dave]
+instance_path = "dave-everything-sse"
 
 [[installations]]
 id = "demo-acme"
@@ -176,6 +189,10 @@ instance_token_sha256 = "{sha(i['carol'])}"
             [str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(self.everything_port)},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        self.everything_sse = subprocess.Popen(
+            [str(EVERYTHING), "sse"], env={**os.environ, "PORT": str(self.everything_sse_port)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
         assert (REFERENCE / "node_modules").exists(), f"{REFERENCE}/node_modules missing: run scripts/test.sh (npm ci)"
         self.reference = subprocess.Popen(
             [str(REFERENCE / "node_modules" / ".bin" / "tsx"), "everything-server.ts"], cwd=REFERENCE,
@@ -183,6 +200,7 @@ instance_token_sha256 = "{sha(i['carol'])}"
         )
         wait_port(self.everything_port, self.everything, "server-everything (HTTP)")
         wait_port(self.reference_port, self.reference, "the conformance reference server")
+        wait_port(self.everything_sse_port, self.everything_sse, "server-everything (legacy SSE)")
         path = Path(self.dir.name) / "satellite.toml"
         path.write_text(self.config())
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SATELLITE_", "DEPLOYSTACK_"))}
@@ -196,7 +214,7 @@ instance_token_sha256 = "{sha(i['carol'])}"
             assert self.proc.poll() is None, "satellite exited: " + self.log()
             try:
                 debug = json.load(urllib.request.urlopen(f"{self.base}/api/status/debug", timeout=2))
-                if debug["server_status"]["stats"]["online"] == 7:
+                if debug["server_status"]["stats"]["online"] == 8:
                     return
             except OSError:
                 pass
@@ -212,7 +230,7 @@ instance_token_sha256 = "{sha(i['carol'])}"
     def stop(self):
         self.proc.terminate()
         assert self.proc.wait(timeout=30) == 0, "satellite did not exit cleanly: " + self.log()
-        for upstream in (self.everything, self.reference):
+        for upstream in (self.everything, self.everything_sse, self.reference):
             upstream.terminate()
             upstream.wait(timeout=10)
         self.dir.cleanup()

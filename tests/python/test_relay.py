@@ -27,25 +27,27 @@ async def execute(client, tool, arguments, server="everything", **kwargs):
     return await client.call_tool("execute_mcp_tool", {"tool_path": f"{server}:{tool}", "arguments": arguments}, **kwargs)
 
 
-# On /mcp: alice reaches server-everything over stdio, dave over Streamable HTTP.
-CALLERS = {"stdio": ("alice", "everything"), "http": ("dave", "everything-http")}
+# On /mcp: alice reaches server-everything over stdio, dave over Streamable HTTP and over legacy HTTP+SSE.
+CALLERS = {"stdio": ("alice", "everything"), "http": ("dave", "everything-http"), "sse": ("dave", "everything-sse")}
 
 
+@pytest.mark.parametrize("upstream", ["stdio", "sse"])
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_progress_reaches_the_client(satellite, mode):
+async def test_progress_reaches_the_client(satellite, mode, upstream):
     seen = []
 
     async def progress(done, total, message):
         seen.append((done, total))
 
-    async with client_for(satellite, "alice", mode) as client:
+    user, server = CALLERS[upstream]
+    async with client_for(satellite, user, mode) as client:
         result = await execute(client, "trigger-long-running-operation", {"duration": 0.6, "steps": 3},
-                               progress_callback=progress)
+                               progress_callback=progress, server=server)
         assert "Long running operation completed" in text(result), text(result)
     assert seen == [(1, 3), (2, 3), (3, 3)], seen
 
 
-@pytest.mark.parametrize("upstream", ["stdio", "http"])
+@pytest.mark.parametrize("upstream", ["stdio", "http", "sse"])
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_sampling_request_is_answered_by_the_client(satellite, mode, upstream):
     """legacy: the server's request goes out on the call's stream. auto (2026-07-28, which has no server

@@ -17,6 +17,7 @@ use crate::mcp::protocol::RpcError;
 pub(crate) mod bounded;
 pub(crate) mod http_wire;
 pub mod relay;
+pub(crate) mod relays;
 pub mod sse;
 pub mod stderr;
 pub mod stdio;
@@ -154,7 +155,7 @@ impl Transport {
         match self {
             Transport::Stdio(t) => t.request(method, params, timeout, relay).await,
             Transport::StreamableHttp(t) => Box::pin(t.request(method, params, headers, timeout, relay)).await,
-            Transport::Sse(t) => Box::pin(t.request(method, params, timeout)).await,
+            Transport::Sse(t) => Box::pin(t.request(method, params, timeout, relay)).await,
         }
     }
 

@@ -1,6 +1,9 @@
 //! Legacy HTTP+SSE transport (2024-11-05 style): a GET stream whose first
 //! `endpoint` event names the URL to POST messages to; responses come back as
 //! `message` events on the stream. A reader task owns the stream.
+//!
+//! Like a stdio child's pipe, the stream carries the server's messages about every request of ours with nothing
+//! naming the request: progress, log lines and requests to the client are matched to calls by `Relays`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -18,8 +21,9 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, header_map};
-use super::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
-use super::{await_response, error_body, outcome, preview, Pending, UpstreamError};
+use super::relay::{answer_outside, too_many_asks, Asker, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
+use super::relays::{self, Relays};
+use super::{await_response, error_body, outcome, preview, Pending, Relay, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, Message, RequestId};
 
@@ -34,6 +38,8 @@ pub struct SseTransport {
     stop: CancellationToken,
     /// Notifications the server sends on the stream (list changes, resource updates).
     notifications: broadcast::Sender<super::Announcement>,
+    /// Our requests with a client to relay to.
+    relays: Arc<Relays>,
 }
 
 impl SseTransport {
@@ -64,6 +70,7 @@ impl SseTransport {
         let stop = CancellationToken::new();
         let (endpoint_tx, endpoint_rx) = oneshot::channel();
         let notifications = broadcast::channel(super::ANNOUNCEMENT_BACKLOG).0;
+        let relays = Arc::new(Relays::default());
         let reader = Reader {
             label: label.clone(),
             // Where the stream was answered: the configured URL, or its https upgrade (the only redirect of another
@@ -74,6 +81,7 @@ impl SseTransport {
             notifications: notifications.clone(),
             answers: Answers { client: client.clone(), headers: headers.clone(), endpoint: None, asker },
             asks: tokio::task::JoinSet::new(),
+            relays: relays.clone(),
         };
         tokio::spawn(reader.run(response, stop.clone()));
 
@@ -92,7 +100,7 @@ impl SseTransport {
                 return Err(UpstreamError::Timeout { method: "sse endpoint event".into(), after: timeout });
             }
         };
-        Ok(Self { label, client, headers, endpoint, next_id: AtomicI64::new(1), pending, stop, notifications })
+        Ok(Self { label, client, headers, endpoint, next_id: AtomicI64::new(1), pending, stop, notifications, relays })
     }
 
     /// Notifications the server sends (list changes, resource updates).
@@ -109,20 +117,34 @@ impl SseTransport {
         !self.stop.is_cancelled()
     }
 
+    /// Send a request and wait for its response on the stream. With a `relay`, what the server sends while it
+    /// runs (progress under the caller's token, log lines, requests to the client) goes to the relay. A request
+    /// that ends without its response (timed out, or the caller gave up) is cancelled with
+    /// `notifications/cancelled`, as a client talking to the server directly would.
     pub async fn request(
         &self,
         method: &str,
         params: Option<Value>,
         timeout: Duration,
+        relay: Option<&Relay>,
     ) -> Result<Payload, UpstreamError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let rx = self.pending.register(id)?;
+        let mut params = params;
+        if let Some(relay) = relay {
+            let token = relays::take_progress_token(&mut params, id);
+            self.relays.add(id, relay.clone(), token);
+        }
+        let mut in_flight = InFlight { id, transport: self, answered: false };
         let body = protocol::request(RequestId::Number(id), method, params);
         if let Err(err) = self.post(&body, timeout).await {
+            in_flight.answered = true;
             self.pending.forget(id);
             return Err(err);
         }
-        await_response(&self.pending, id, rx, method, timeout).await
+        let outcome = await_response(&self.pending, id, rx, method, timeout).await;
+        in_flight.answered = !matches!(outcome, Err(UpstreamError::Timeout { .. }));
+        outcome
     }
 
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), UpstreamError> {
@@ -155,6 +177,36 @@ impl SseTransport {
     }
 }
 
+/// One request of ours the server has not answered yet; if it ends unanswered, the server is told to stop.
+struct InFlight<'a> {
+    id: i64,
+    transport: &'a SseTransport,
+    answered: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let transport = self.transport;
+        transport.relays.remove(self.id);
+        if self.answered {
+            return;
+        }
+        transport.pending.forget(self.id);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let cancelled = protocol::notification(
+            "notifications/cancelled",
+            Some(serde_json::json!({"requestId": self.id, "reason": "the client gave up or the request timed out"})),
+        );
+        let answers = Answers {
+            client: transport.client.clone(),
+            headers: transport.headers.clone(),
+            endpoint: Some(transport.endpoint.clone()),
+            asker: None,
+        };
+        runtime.spawn(answers.post(transport.label.clone(), cancelled));
+    }
+}
+
 impl Drop for SseTransport {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -171,11 +223,11 @@ struct Reader {
     answers: Answers,
     /// The server's requests waiting for a client's answer; they end with the stream.
     asks: tokio::task::JoinSet<()>,
+    relays: Arc<Relays>,
 }
 
-/// How the server's requests are answered: asked of the instance owner's clients, the answer POSTed to the
-/// endpoint. This transport carries no request of ours alongside the server's, so every request of the server
-/// is one made outside any request.
+/// How the server's requests are answered, the answer POSTed to the endpoint: asked of the client whose call is
+/// running (the newest, as over stdio), or outside any call of the instance owner's clients.
 #[derive(Clone)]
 struct Answers {
     client: Client,
@@ -185,8 +237,14 @@ struct Answers {
 }
 
 impl Answers {
-    async fn answer(self, label: String, id: RequestId, method: String, params: Option<Value>) {
-        let reply = match answer_outside(self.asker.as_ref(), &method, params).await {
+    /// Ask the client of the call in flight (`relay`), else the owner's clients outside any call, and POST the
+    /// answer.
+    async fn answer(self, label: String, relay: Option<Relay>, id: RequestId, method: String, params: Option<Value>) {
+        let answer = match relay {
+            Some(relay) => relay.ask(&method, params, ASK_TIMEOUT).await,
+            None => answer_outside(self.asker.as_ref(), &method, params).await,
+        };
+        let reply = match answer {
             Ok(result) => protocol::response(id, result),
             Err(err) => protocol::error_response(Some(id), err),
         };
@@ -268,18 +326,24 @@ impl Reader {
                 self.pending.resolve(id, outcome(result));
             }
             Ok(Message::Notification { method, params }) => {
-                let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
+                if let Err(params) = self.relays.deliver(&method, params) {
+                    let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
+                }
             }
             Ok(Message::Request { id, method, params }) => {
                 while self.asks.try_join_next().is_some() {}
                 let answers = self.answers.clone();
+                if let Some(relay) = self.relays.newest() {
+                    self.asks.spawn(answers.answer(self.label.clone(), Some(relay), id, method, params));
+                    return;
+                }
                 if self.asks.len() >= MAX_OUTSIDE_ASKS {
                     debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
                     let refused = protocol::error_response(Some(id), too_many_asks());
                     self.asks.spawn(answers.post(self.label.clone(), refused));
                     return;
                 }
-                self.asks.spawn(answers.answer(self.label.clone(), id, method, params));
+                self.asks.spawn(answers.answer(self.label.clone(), None, id, method, params));
             }
             Ok(other) => debug!(process_id = %self.label, message = ?other, "sse message ignored"),
             Err(err) => warn!(process_id = %self.label, error = %err, "malformed json-rpc message on sse stream"),

@@ -30,8 +30,8 @@ mod cgroup;
 pub use cgroup::prepare as prepare_cpu_limits;
 mod owner;
 pub mod reaper;
-mod relays;
 
+use super::relays;
 use super::stderr::{StderrLimiter, StderrSettings};
 use super::{await_response, Pending, Relay, UpstreamError};
 use crate::mcp::payload::Payload;

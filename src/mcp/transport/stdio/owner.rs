@@ -23,10 +23,10 @@ use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT}
 
 /// Bytes gathered from the outbound queue into one write to stdin, at most (a longer message goes whole).
 const WRITE_BATCH_BYTES: usize = 32 * 1024;
-use super::relays::{with_token, Relays};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
 use crate::mcp::transport::relay::{answer_outside, too_many_asks, Asker, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
+use crate::mcp::transport::relays::Relays;
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
 use crate::mcp::transport::{outcome, preview, Pending, UpstreamError};
 
@@ -268,30 +268,9 @@ impl Owner {
             }
             Message::Notification { method, params } => {
                 debug!(process_id = %self.label, method = %method, "notification from mcp server");
-                match method.as_str() {
-                    "notifications/progress" => {
-                        let token =
-                            params.as_ref().and_then(|p| p.get("progressToken")).cloned().unwrap_or(Value::Null);
-                        if let Some((relay, theirs)) = self.relays.for_progress(&token) {
-                            relay.notify(&method, with_token(params, theirs));
-                            return;
-                        }
-                    }
-                    "notifications/message" => {
-                        // A log line cannot say which call it is about: it goes to every call in flight, and only
-                        // when there is none to the instance's announcements (its sessions' GET streams). Both
-                        // would give a client the same message twice, where MCP sends each on one stream.
-                        let relays = self.relays.all();
-                        if !relays.is_empty() {
-                            for relay in relays {
-                                relay.notify(&method, params.clone());
-                            }
-                            return;
-                        }
-                    }
-                    _ => {}
+                if let Err(params) = self.relays.deliver(&method, params) {
+                    let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
                 }
-                let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
             }
         }
     }

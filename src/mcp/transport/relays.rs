@@ -1,7 +1,8 @@
-//! The requests of ours a child is working on that have a client to relay to. A child's message carries no
-//! request id of ours, so it is matched this way: progress by its token (ours replaces the client's, so two
-//! clients using the same token never mix), log messages to every client with a call running, and a request
-//! to the client to the newest call (with one call at a time, the one that caused it).
+//! The requests of ours a server is working on that have a client to relay to, on the transports whose server
+//! messages carry no request id of ours (a stdio child's pipe, a legacy SSE stream). A message is matched this
+//! way: progress by its token (ours replaces the client's, so two clients using the same token never mix), log
+//! messages to every client with a call running, and a request to the client to the newest call (with one call
+//! at a time, the one that caused it).
 
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
@@ -47,6 +48,36 @@ impl Relays {
     /// Every relay with a request running (one per request).
     pub(crate) fn all(&self) -> Vec<Relay> {
         self.active.lock().iter().filter(|a| !a.relay.is_closed()).map(|a| a.relay.clone()).collect()
+    }
+
+    /// Hand a server's notification to the calls it is about: progress to the call whose token it carries (with
+    /// the client's token put back), a log message to every call in flight. Returns it (its params) when no call
+    /// takes it, for the server's announcements. A log line cannot say which call it is about; sent to both the
+    /// calls and the announcements, a client would get it twice, where MCP sends each on one stream.
+    pub(crate) fn deliver(&self, method: &str, params: Option<Value>) -> Result<(), Option<Value>> {
+        match method {
+            "notifications/progress" => {
+                let token = params.as_ref().and_then(|p| p.get("progressToken")).cloned().unwrap_or(Value::Null);
+                match self.for_progress(&token) {
+                    Some((relay, theirs)) => {
+                        relay.notify(method, with_token(params, theirs));
+                        Ok(())
+                    }
+                    None => Err(params),
+                }
+            }
+            "notifications/message" => {
+                let relays = self.all();
+                if relays.is_empty() {
+                    return Err(params);
+                }
+                for relay in relays {
+                    relay.notify(method, params.clone());
+                }
+                Ok(())
+            }
+            _ => Err(params),
+        }
     }
 }
 
