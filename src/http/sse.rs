@@ -31,6 +31,7 @@ use super::{json_response, McpDeps};
 use crate::auth::{Principal, SCOPE_READ};
 use crate::events::{ClientConnected, ClientDisconnected, Event};
 use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS};
+use crate::mcp::transport::relay::SeatGuard;
 use crate::mcp::transport::{Inbound, Relay};
 use crate::router::RouteError;
 
@@ -45,6 +46,9 @@ struct SseSession {
     events: mpsc::Sender<warp::sse::Event>,
     last_seen: Instant,
     tool_calls: u64,
+    /// Once the client initialized: its place among the owner's streams that a server's request outside any call
+    /// reaches (`Seats`), with the capabilities it declared. Goes with the session.
+    seat: Option<SeatGuard>,
 }
 
 /// `mcp.client.connected` events of one user (in one team) reported per minute; the streams past it open alike
@@ -217,10 +221,10 @@ async fn open(
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let team_id = principal.team.0.clone();
     let connected_user = principal.user.clone();
-    sessions
-        .sessions
-        .lock()
-        .insert(id.clone(), SseSession { principal, toolset, events: tx, last_seen: Instant::now(), tool_calls: 0 });
+    sessions.sessions.lock().insert(
+        id.clone(),
+        SseSession { principal, toolset, events: tx, last_seen: Instant::now(), tool_calls: 0, seat: None },
+    );
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let user_agent = header_text("user-agent").unwrap_or_else(|| "unknown".into());
     let ip =
@@ -321,8 +325,10 @@ async fn message(
             protocol::error_response(None, RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")))
         }
         Ok(Message::Notification { method, params }) => {
-            if method == "notifications/cancelled" {
-                sessions.exchange.cancel(id, params.as_ref());
+            match method.as_str() {
+                "notifications/cancelled" => sessions.exchange.cancel(id, params.as_ref()),
+                "notifications/roots/list_changed" => super::mcp::roots_changed(deps, &principal, params).await,
+                _ => {}
             }
             return Ok(json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null})));
         }
@@ -330,7 +336,10 @@ async fn message(
             sessions.exchange.deliver(id, &answered, outcome);
             return Ok(json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null})));
         }
-        Ok(Message::Request { id, method, params }) if method == "initialize" => {
+        Ok(Message::Request { id: request_id, method, params }) if method == "initialize" => {
+            let capabilities = params.as_ref().and_then(|p| p.get("capabilities")).cloned().unwrap_or_default();
+            take_seat(deps, sessions, id, &principal, capabilities);
+            let id = request_id;
             let requested = params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str);
             let version =
                 requested.filter(|v| *v == "2024-11-05" || LEGACY_VERSIONS.contains(v)).unwrap_or("2024-11-05");
@@ -365,6 +374,33 @@ async fn message(
         return Err(McpError::SseStreamClosed);
     }
     Ok(json_response(StatusCode::OK, &json!({"status": "sent", "messageId": message_id})))
+}
+
+/// Give the session a seat among its owner's streams (`Seats`), so a server's request made outside any call reaches
+/// this client, when it declared the capability the request needs, as it reaches a `/mcp` client's GET stream. The
+/// request goes on the stream under an id of the session's exchange; the client answers by POST. Capabilities past
+/// the bound every session keeps get no seat (the server then gets a client's refusal).
+fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &Principal, capabilities: Value) {
+    if crate::mcp::payload::json_len(&capabilities) > super::session::MAX_CAPABILITIES_BYTES {
+        return;
+    }
+    let mut table = sessions.sessions.lock();
+    let Some(session) = table.get_mut(id) else { return };
+    let (relay, mut asks) = Relay::for_client(Arc::new(capabilities));
+    let owner = crate::instances::seat_owner(&principal.team, &principal.user);
+    // A second initialize replaces the first seat (and what it declared).
+    session.seat = Some(deps.manager.seats().take(owner, None, relay));
+    // The stream ends when its session goes: this task holds it only while forwarding one request.
+    let (stream, exchange, scope) = (session.events.downgrade(), sessions.exchange.clone(), id.to_owned());
+    tokio::spawn(async move {
+        while let Some(inbound) = asks.recv().await {
+            let Some(events) = stream.upgrade() else { break };
+            let message = exchange.outbound(&scope, &protocol::RequestId::Number(0), inbound);
+            if events.send(warp::sse::Event::default().event("message").data(message.to_string())).await.is_err() {
+                break;
+            }
+        }
+    });
 }
 
 fn new_message_id() -> String {

@@ -337,10 +337,12 @@ async def test_a_2026_server_asking_through_input_required(satellite, mode, rout
     assert asked == ["What is your name?"], asked
 
 
-async def test_roots_asked_outside_a_call_reach_the_client(satellite):
+@pytest.mark.parametrize("transport", ["streamable", "sse"])
+async def test_roots_asked_outside_a_call_reach_the_client(satellite, transport):
     """server-everything (stdio) asks for the roots again when its client says they changed, outside any call:
-    the satellite passes the request to the member's client on its GET stream, and the server keeps the answer,
-    which its get-roots-list tool then shows. Before, the satellite answered such a request itself, with no roots."""
+    the satellite passes the request to the member's client on its GET stream (on legacy SSE, its one stream),
+    and the server keeps the answer, which its get-roots-list tool then shows. Before, the satellite answered such
+    a request itself, with no roots; a legacy SSE client's roots change did not even reach the server."""
     current = []
     asked = anyio.Event()
 
@@ -349,10 +351,16 @@ async def test_roots_asked_outside_a_call_reach_the_client(satellite):
             asked.set()
         return types.ListRootsResult(roots=current)
 
-    async with client_for(satellite, "alice", "legacy", list_roots_callback=roots) as client:
-        # Asked during the call first (the server keeps what it got): none yet.
-        assert "file:///" not in text(await execute(client, "get-roots-list", {}))
-        current.append(types.Root(uri="file:///alice/project", name="project"))
+    if transport == "sse":
+        legacy = sse_client(satellite.base + "/sse", headers={"Authorization": f"Bearer {satellite.tokens['alice']}"})
+        client = Client(legacy, mode="legacy", list_roots_callback=roots)
+    else:
+        client = client_for(satellite, "alice", "legacy", list_roots_callback=roots)
+    async with client:
+        # Asked during the call first (the server keeps what it got): not this one yet.
+        root = f"file:///alice/{transport}"
+        assert root not in text(await execute(client, "get-roots-list", {}))
+        current.append(types.Root(uri=root, name="project"))
         # No call runs now: the server's request can only come on the GET stream, which the SDK opens in the
         # background, so the change is announced until the request reaches the client.
         with anyio.fail_after(30):
@@ -360,4 +368,4 @@ async def test_roots_asked_outside_a_call_reach_the_client(satellite):
                 await client.send_roots_list_changed()
                 with anyio.move_on_after(0.5):
                     await asked.wait()
-        assert "file:///alice/project" in text(await execute(client, "get-roots-list", {}))
+        assert root in text(await execute(client, "get-roots-list", {}))

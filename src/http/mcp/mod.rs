@@ -39,6 +39,7 @@ use stateless::stateless_post;
 
 mod post;
 use post::post;
+pub(super) use post::roots_changed;
 
 /// Comment written on idle server streams.
 const PING_INTERVAL: Duration = Duration::from_secs(30);

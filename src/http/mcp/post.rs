@@ -258,20 +258,24 @@ pub(super) async fn client_notification(
         ("notifications/cancelled", _) => endpoint.sessions.exchange.cancel(scope, params.as_ref()),
         ("notifications/initialized", _) => {}
         (_, Target::Instance(instance)) => deps.manager.notify(instance, method, params).await,
-        // On `/mcp` the caller's roots are those of every server of theirs: each running one hears of the change
-        // (and asks for the new roots on a stream of this caller's, `Seats`).
         ("notifications/roots/list_changed", Target::Hierarchical(caller, _)) => {
-            // A 2026-07-28 server has no such notification: it reads the roots of each request.
-            let handshake = |instance: &&Arc<crate::instances::Instance>| {
-                instance.client().is_some_and(|c| matches!(c.era(), crate::mcp::client::Era::Handshake { .. }))
-            };
-            let instances = deps.manager.instances_for(&caller.user, &caller.team);
-            let told = instances
-                .iter()
-                .filter(handshake)
-                .map(|instance| deps.manager.notify(instance, method, params.clone()));
-            futures::future::join_all(told).await;
+            roots_changed(deps, caller, params).await
         }
         _ => {}
     }
+}
+
+/// On `/mcp` and legacy `/sse` the caller's roots are those of every server of theirs: each running one hears of
+/// the change (and asks for the new roots on a stream of this caller's, `Seats`). A 2026-07-28 server has no such
+/// notification: it reads the roots of each request.
+pub(crate) async fn roots_changed(deps: &McpDeps, caller: &auth::Principal, params: Option<Value>) {
+    let handshake = |instance: &&Arc<crate::instances::Instance>| {
+        instance.client().is_some_and(|c| matches!(c.era(), crate::mcp::client::Era::Handshake { .. }))
+    };
+    let instances = deps.manager.instances_for(&caller.user, &caller.team);
+    let told = instances
+        .iter()
+        .filter(handshake)
+        .map(|instance| deps.manager.notify(instance, "notifications/roots/list_changed", params.clone()));
+    futures::future::join_all(told).await;
 }
