@@ -1023,6 +1023,38 @@ async fn a_restarted_server_watches_what_its_client_subscribed_to_again() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// Two clients of one member subscribe to the same resource of a server, which holds one session (the
+/// satellite's) for both: one unsubscribing must not end the other's updates. Before, the first client's
+/// `resources/unsubscribe` went to the server, which stopped watching the resource for both. The last holder's
+/// unsubscribe still reaches it.
+#[tokio::test]
+async fn one_clients_unsubscribe_leaves_another_clients_subscription() {
+    let sat = with_paged().await;
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let first = Caller::connect(&sat, &path, None).await;
+    let second = Caller::connect(&sat, &path, None).await;
+    let mut stream = get_stream(&sat, &path, second.session.as_deref().expect("a session")).await;
+    let request =
+        |id: u64, method: &str| json!({"jsonrpc":"2.0","id":id,"method":method,"params":{"uri":"paged://report"}});
+    let touch = json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"touch","arguments":{}}});
+    for (caller, id) in [(&first, 1), (&second, 2)] {
+        let (status, answer) = caller.post_text(&request(id, "resources/subscribe")).await;
+        assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+    }
+    let (status, answer) = first.post_text(&request(3, "resources/unsubscribe")).await;
+    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+    let (_, touched) = first.post_text(&touch).await;
+    assert!(touched.contains("subscribed: paged://report"), "the server still watches it for the second: {touched}");
+    let mut heard = String::new();
+    hear_updates(&mut stream, &mut heard, 1).await;
+
+    let (status, answer) = second.post_text(&request(4, "resources/unsubscribe")).await;
+    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+    let (_, touched) = second.post_text(&touch).await;
+    assert!(touched.contains("subscribed: none"), "the last holder's unsubscribe reached the server: {touched}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// The same across a Streamable HTTP server that restarts: the satellite's next request finds its session
 /// forgotten and negotiates a new one, and the subscriptions are asked again on it. server-everything (a real
 /// server from npm) sends updates only for the subscriptions of the session asking, and answers a forgotten session

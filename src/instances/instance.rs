@@ -91,6 +91,10 @@ pub struct Instance {
     subscriptions: Mutex<std::collections::BTreeSet<String>>,
     /// Bumped each time `subscriptions` changes: a 2026-07-28 server's listen is opened again with the new set.
     subscriptions_changed: tokio::sync::watch::Sender<u64>,
+    /// Who among the instance's clients holds each subscription: a session (by id) or a listen the satellite
+    /// serves. The server has one session for all of them, so a client's `resources/unsubscribe` goes to it only
+    /// when no other holder is left (else another client would stop hearing of the resource).
+    holders: Mutex<std::collections::HashMap<String, std::collections::HashSet<String>>>,
     /// Held while the log level and subscriptions are asked of the server: by a client's call that changes them,
     /// and by a restore (`supervise::restore_client_state`), so neither overwrites the other.
     pub(super) client_state: tokio::sync::Mutex<()>,
@@ -153,6 +157,7 @@ impl Instance {
             secrets: std::sync::OnceLock::new(),
             subscriptions: Mutex::new(std::collections::BTreeSet::new()),
             subscriptions_changed: tokio::sync::watch::Sender::new(0),
+            holders: Mutex::default(),
             connections: tokio::sync::watch::Sender::new(0),
             client_state: tokio::sync::Mutex::new(()),
             restore_for: Mutex::new(None),
@@ -172,6 +177,27 @@ impl Instance {
         if changed {
             self.subscriptions_changed.send_modify(|n| *n += 1);
         }
+    }
+
+    /// `holder` (a client session's id, or a listen's) subscribed to `uri`.
+    pub fn hold_subscription(&self, uri: &str, holder: &str) {
+        let mut holders = self.holders.lock();
+        if holders.len() < MAX_SUBSCRIPTIONS || holders.contains_key(uri) {
+            holders.entry(uri.to_owned()).or_default().insert(holder.to_owned());
+        }
+    }
+
+    /// `holder` no longer wants `uri`; returns whether the server should stop watching it: no other holder is
+    /// left (also when none was known: a subscription from before, or past the bound, is undone as asked).
+    pub fn release_subscription(&self, uri: &str, holder: &str) -> bool {
+        let mut holders = self.holders.lock();
+        let Some(held) = holders.get_mut(uri) else { return true };
+        held.remove(holder);
+        if held.is_empty() {
+            holders.remove(uri);
+            return true;
+        }
+        false
     }
 
     /// Whether the server is asked to watch `uri` (a client subscribed to it).
@@ -463,6 +489,24 @@ mod tests {
             instance.note_subscription(&format!("file:///{n}"), true);
         }
         assert_eq!(instance.subscriptions().len(), MAX_SUBSCRIPTIONS);
+    }
+
+    /// A subscription is undone upstream only when its last holder lets go; one nobody was known to hold is undone
+    /// as asked.
+    #[test]
+    fn a_subscription_ends_with_its_last_holder() {
+        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
+        instance.hold_subscription("file:///a", "session-1");
+        instance.hold_subscription("file:///a", "listen 7");
+        instance.hold_subscription("file:///a", "session-1");
+        assert!(!instance.release_subscription("file:///a", "session-1"), "the listen still holds it");
+        assert!(!instance.release_subscription("file:///a", "session-1"), "released twice: still the listen's");
+        assert!(instance.release_subscription("file:///a", "listen 7"), "the last holder");
+        assert!(instance.release_subscription("file:///never", "session-1"));
+        for n in 0..MAX_SUBSCRIPTIONS + 5 {
+            instance.hold_subscription(&format!("file:///{n}"), "s");
+        }
+        assert_eq!(instance.holders.lock().len(), MAX_SUBSCRIPTIONS, "bounded like the subscriptions");
     }
 
     /// The announcement channel exists only once a session listens: what came before is gone (as with a channel

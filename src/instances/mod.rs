@@ -522,9 +522,8 @@ impl InstanceManager {
     }
 
     /// Undo, in the background, the resource subscriptions `uris` a client's listen asked of `instance`'s server
-    /// (`resources/unsubscribe`). The instance keeps one set of subscriptions for all its clients, like the server
-    /// session it stands for: a client that subscribed to one of them since loses it too. A task of the manager's,
-    /// awaited at shutdown.
+    /// (`resources/unsubscribe`), those no other client holds (`Instance::release_subscription`). A task of the
+    /// manager's, awaited at shutdown.
     pub fn unsubscribe_later(&self, instance: Arc<Instance>, uris: Vec<String>, timeout: Duration) {
         if uris.is_empty() {
             return;

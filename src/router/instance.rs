@@ -157,7 +157,25 @@ impl InstanceRouter {
                 }
                 let timeout = if other == "resources/read" { self.read_timeout } else { self.call_timeout };
                 let params = params.unwrap_or_else(|| json!({}));
-                forward(&self.manager, instance, other, params, timeout, relay).await
+                // The server holds one set of subscriptions for all the instance's clients: one client's
+                // unsubscribe must not end another's updates.
+                let subscription = match other {
+                    "resources/subscribe" | "resources/unsubscribe" => params
+                        .get("uri")
+                        .and_then(Value::as_str)
+                        .map(|uri| (uri.to_owned(), session.unwrap_or_default())),
+                    _ => None,
+                };
+                if let (Some((uri, holder)), "resources/unsubscribe") = (&subscription, other) {
+                    if !instance.release_subscription(uri, holder) {
+                        return Ok(json!({}).into());
+                    }
+                }
+                let result = forward(&self.manager, instance, other, params, timeout, relay).await;
+                if let (Some((uri, holder)), "resources/subscribe", Ok(_)) = (&subscription, other, &result) {
+                    instance.hold_subscription(uri, holder);
+                }
+                result
             }
         }
     }
@@ -194,18 +212,22 @@ impl InstanceRouter {
         let mut watched = std::collections::BTreeSet::new();
         // What this listen asked of the server, undone when it ends however it ends (the client closing its
         // stream aborts this future).
-        let mut undo = Unsubscribe { manager: &self.manager, instance, uris: Vec::new(), timeout: self.call_timeout };
+        let mut undo = Unsubscribe {
+            manager: &self.manager,
+            instance,
+            holder: format!("listen {:016x}", rand::random::<u64>()),
+            uris: Vec::new(),
+            timeout: self.call_timeout,
+        };
         if declared.pointer("/resources/subscribe").and_then(Value::as_bool) == Some(true) {
             let uris = wanted.get("resourceSubscriptions").and_then(Value::as_array).cloned().unwrap_or_default();
             for uri in uris.iter().filter_map(Value::as_str).take(MAX_LISTEN_RESOURCES) {
                 let subscribe = json!({"uri": uri});
-                let already = instance.watches(uri);
                 match self.manager.call(instance, "resources/subscribe", Some(subscribe), self.call_timeout).await {
                     Ok(_) => {
                         watched.insert(uri.to_owned());
-                        if !already {
-                            undo.uris.push(uri.to_owned());
-                        }
+                        instance.hold_subscription(uri, &undo.holder);
+                        undo.uris.push(uri.to_owned());
                     }
                     Err(err) => {
                         tracing::debug!(process_id = %instance.spec().process_id, uri, error = %err, "a listen's resource subscription was refused")
@@ -270,17 +292,21 @@ impl InstanceRouter {
     }
 }
 
-/// The subscriptions a listen served by the satellite added, undone when it ends (`unsubscribe_later`).
+/// The subscriptions a listen served by the satellite holds, released when it ends; those no other client holds
+/// are undone upstream (`unsubscribe_later`).
 struct Unsubscribe<'a> {
     manager: &'a InstanceManager,
     instance: &'a Arc<Instance>,
+    /// The listen's name among the subscriptions' holders.
+    holder: String,
     uris: Vec<String>,
     timeout: Duration,
 }
 
 impl Drop for Unsubscribe<'_> {
     fn drop(&mut self) {
-        let uris = std::mem::take(&mut self.uris);
+        let mut uris = std::mem::take(&mut self.uris);
+        uris.retain(|uri| self.instance.release_subscription(uri, &self.holder));
         self.manager.unsubscribe_later(self.instance.clone(), uris, self.timeout);
     }
 }
