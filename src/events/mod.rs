@@ -403,6 +403,58 @@ mod tests {
         assert_eq!(kept, (1..=6).map(Value::from).collect::<Vec<_>>(), "all of them, in order");
     }
 
+    /// A row the store refuses for good (here a trigger refuses it) is given up after `MAX_WRITE_ATTEMPTS` writes
+    /// in which others were taken, so it does not ride along with every later write for ever; the others are all
+    /// written, in order.
+    #[tokio::test]
+    async fn a_row_refused_for_good_is_given_up_and_the_others_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let emitter = Emitter::new(store.clone());
+        sqlx::query(
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON event_outbox WHEN NEW.data LIKE '%poison%'
+             BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let event = |n: u32| Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": n}));
+        emitter.emit(Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"poison": true}))).await;
+        assert_eq!(emitter.unwritten(), 1);
+        let mut rounds = 0;
+        while emitter.unwritten() > 0 {
+            rounds += 1;
+            assert!(rounds <= MAX_WRITE_ATTEMPTS, "still kept after {rounds} writes");
+            emitter.emit(event(rounds)).await;
+        }
+        assert_eq!(rounds, MAX_WRITE_ATTEMPTS, "given up after its attempts, not before");
+        let kept: Vec<Value> =
+            store.events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
+        assert_eq!(kept, (1..=MAX_WRITE_ATTEMPTS).map(Value::from).collect::<Vec<_>>());
+    }
+
+    /// A write abandoned while it waits for the database (the future awaiting it dropped: a client gone, a
+    /// deadline) puts its events back in the queue; they are written with the next write.
+    #[tokio::test]
+    async fn an_abandoned_write_keeps_its_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let emitter = Emitter::new(store.clone());
+        let mut holder = store.pool().acquire().await.unwrap();
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *holder).await.unwrap();
+        let events = (1..=3).map(|n| Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": n})));
+        let abandoned =
+            tokio::time::timeout(std::time::Duration::from_millis(200), emitter.emit_all(events.collect())).await;
+        assert!(abandoned.is_err(), "the write waits for the database's lock");
+        assert_eq!(emitter.unwritten(), 3, "back in the queue");
+        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+        drop(holder);
+        assert_eq!(emitter.retry_unwritten().await, 3);
+        let kept: Vec<Value> =
+            store.events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
+        assert_eq!(kept, (1..=3).map(Value::from).collect::<Vec<_>>());
+    }
+
     #[test]
     fn the_oldest_unwritten_events_go_first_past_the_bound() {
         let dir = tempfile::tempdir().unwrap();
