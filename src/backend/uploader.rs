@@ -87,6 +87,8 @@ pub struct Uploader {
     quota: i64,
     /// The most the outbox may take on disk (`Store::disk_usage`); unbounded unless `with_byte_quota`.
     quota_bytes: u64,
+    /// Where the uploader's own events go (the satellite's emitter, whose queue keeps what the outbox refuses).
+    emitter: Emitter,
     backoff: Option<Duration>,
     /// Events held as invalid since the backend last accepted a batch: past a few, the backend (or a proxy before
     /// it) likely refuses everything, and each further one waits a backoff rather than going at once.
@@ -124,7 +126,7 @@ impl Tick {
 impl Uploader {
     pub fn new(store: Store, send: SendBatch, batch: usize, quota: i64) -> Self {
         Self {
-            store,
+            store: store.clone(),
             owner: format!("{:016x}", rand::random::<u64>()),
             lease: LEASE,
             started: false,
@@ -133,6 +135,7 @@ impl Uploader {
             cap: batch.clamp(1, MAX_BATCH),
             quota,
             quota_bytes: u64::MAX,
+            emitter: Emitter::new(store),
             backoff: None,
             invalid_in_a_row: 0,
             stats: UploadStats::default(),
@@ -143,6 +146,12 @@ impl Uploader {
     /// How long a claimed batch stays this replica's (default `LEASE`).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Emit the uploader's own events (`resource.limit.exceeded`) through `emitter` (default: one of its own).
+    pub fn with_emitter(mut self, emitter: Emitter) -> Self {
+        self.emitter = emitter;
         self
     }
 
@@ -361,7 +370,7 @@ impl Uploader {
                 message,
                 suppressed_count: suppressed,
             };
-            Emitter::new(self.store.clone()).emit(Event::limit_exceeded(&exceeded)).await;
+            self.emitter.emit(Event::limit_exceeded(&exceeded)).await;
         }
     }
 }

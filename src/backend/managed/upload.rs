@@ -31,6 +31,7 @@ impl Managed {
             })
         });
         Uploader::new(deps.store.clone(), send, wire::MAX_EVENT_BATCH, quota)
+            .with_emitter(deps.events.clone())
             .with_lease(lease)
             .with_owner(deps.replica_id.clone())
     }
