@@ -240,10 +240,11 @@ async fn initialize(
     timeout: Duration,
 ) -> Result<Negotiated, UpstreamError> {
     // The satellite relays sampling, elicitation and roots to the client whose call asked; a client that cannot
-    // take them gets its error passed back as the answer.
+    // take them gets its error passed back as the answer. Its clients' `notifications/roots/list_changed` reach the
+    // server (on an instance endpoint, and from `/mcp` and `/sse` to all the caller's servers): `listChanged`.
     let params = json!({
         "protocolVersion": HANDSHAKE_REQUEST_VERSION,
-        "capabilities": {"roots": {"listChanged": false}, "sampling": {}, "elicitation": {}},
+        "capabilities": {"roots": {"listChanged": true}, "sampling": {}, "elicitation": {}},
         "clientInfo": client_info,
     });
     let headers = RequestHeaders::default();
