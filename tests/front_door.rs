@@ -1052,6 +1052,25 @@ async fn one_clients_unsubscribe_leaves_another_clients_subscription() {
     assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
     let (_, touched) = second.post_text(&touch).await;
     assert!(touched.contains("subscribed: none"), "the last holder's unsubscribe reached the server: {touched}");
+
+    // A client that goes without unsubscribing (its session deleted, or expired) lets go of its subscription with
+    // it: the server stops watching a resource no client holds any more. Before, its hold outlived it, and every
+    // later client's unsubscribe of that resource was answered by the satellite and never reached the server.
+    let (status, answer) = first.post_text(&request(5, "resources/subscribe")).await;
+    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+    let ended = first
+        .http
+        .delete(&first.url)
+        .header("mcp-session-id", first.session.clone().expect("a session"))
+        .send()
+        .await
+        .expect("a delete");
+    assert_eq!(ended.status(), StatusCode::OK);
+    wait_until(DEADLINE, "the server no longer watches what the ended session held", || async {
+        let (_, touched) = second.post_text(&touch).await;
+        touched.contains("subscribed: none").then_some(())
+    })
+    .await;
     assert!(sat.satellite.shutdown().await);
 }
 

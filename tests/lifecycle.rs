@@ -666,10 +666,10 @@ async fn big_answers_leave_the_standalone_history_within_its_size() {
         DEADLINE,
         "the history within 1 MiB on disk, the freed pages given back, the last call kept",
         || async {
-            let usage = store.disk_usage().await.ok()?;
+            let (usage, outbox) = (store.disk_usage().await.ok()?, store.outbox_bytes().await.ok()?);
             let events = store.events(Some("mcp.request.logs"), 0, 100_000).await.ok()?;
             let last_call = events.iter().any(|e| e.data.to_string().contains("call-39-"));
-            (usage.used <= MAX && usage.free.saturating_mul(3) < usage.used && last_call).then_some(())
+            (outbox <= MAX && usage.free.saturating_mul(3) < usage.used && last_call).then_some(())
         },
     )
     .await;

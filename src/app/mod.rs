@@ -257,6 +257,13 @@ impl Satellite {
         let stop_http = cancel.child_token();
         let sessions = Arc::new(SessionTable::default());
         let instance_sessions = Arc::new(SessionTable::default());
+        // A client that goes without unsubscribing lets go of its subscriptions with its session.
+        let (releasing, call_timeout) = (manager.clone(), config.upstream.call_timeout);
+        instance_sessions.on_end(move |ended| {
+            if let Some(process_id) = http::session::owned_instance(&ended.owner) {
+                releasing.release_subscriptions(&process_id, &ended.id, ended.subscriptions, call_timeout);
+            }
+        });
         let sse_sessions = Arc::new(SseSessions::default());
         // Streams meant to stay open (GET streams, legacy SSE, subscriptions) end as soon as the drain begins,
         // so they never hold it: only requests in flight get the drain's time.

@@ -85,7 +85,7 @@ pub struct Uploader {
     cap: usize,
     /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
     quota: i64,
-    /// The most the outbox may take on disk (`Store::disk_usage`); unbounded unless `with_byte_quota`.
+    /// The most the outbox may take on disk (`Store::prune_events_to_bytes`); unbounded unless `with_byte_quota`.
     quota_bytes: u64,
     /// Where the uploader's own events go (the satellite's emitter, whose queue keeps what the outbox refuses).
     emitter: Emitter,
@@ -597,7 +597,7 @@ mod tests {
         up.tick().await.unwrap();
         let dropped = up.stats().dropped_over_quota;
         assert!((100..150).contains(&dropped), "{dropped} dropped of 150 events of 20 KB");
-        assert!(store.disk_usage().await.unwrap().used <= MAX);
+        assert!(store.outbox_bytes().await.unwrap() <= MAX);
         let sent = numbers(&received.lock()[..1]);
         assert_eq!(sent.first().copied(), Some(dropped as i64), "the oldest kept is the first sent");
         assert_eq!(store.event_count().await.unwrap() as u64, 150 - dropped + 1, "the rest and the report wait");

@@ -32,6 +32,11 @@ pub fn instance_owner(process_id: &crate::model::ProcessId) -> String {
     format!("instance:{process_id}")
 }
 
+/// The instance whose endpoint's sessions `owner` names (`instance_owner`'s inverse).
+pub fn owned_instance(owner: &str) -> Option<crate::model::ProcessId> {
+    owner.strip_prefix("instance:").map(crate::model::ProcessId::from)
+}
+
 /// Whether a client-supplied session id has the form the transport allows: 1 to 128 visible ASCII characters
 /// (0x21-0x7E, MCP 2025-11-25).
 pub fn well_formed(id: &str) -> bool {
@@ -116,10 +121,11 @@ impl Sessions {
     }
 
     /// Add a session, making room first: the owner's least recently used when the owner is at its cap, else the
-    /// table's when the table is full. An evicted session's open stream ends.
-    fn insert(&mut self, id: String, session: Session) {
+    /// table's when the table is full. Returns the sessions it ended (replaced or evicted).
+    fn insert(&mut self, id: String, session: Session) -> Vec<(String, Session)> {
+        let mut ended = Vec::new();
         if let Some(old) = self.remove(&id) {
-            end_stream(old);
+            ended.push((id.clone(), old));
         }
         let oldest_own = self.by_owner.get(&session.owner).filter(|ids| ids.len() >= MAX_SESSIONS_PER_OWNER);
         let evicted = match oldest_own.and_then(|ids| ids.front().cloned()) {
@@ -127,17 +133,35 @@ impl Sessions {
             None if self.all.len() >= MAX_SESSIONS => self.all.front().map(|(oldest, _)| oldest.clone()),
             None => None,
         };
-        if let Some(old) = evicted.and_then(|evicted| self.remove(&evicted)) {
-            end_stream(old);
+        if let Some(evicted) = evicted {
+            if let Some(old) = self.remove(&evicted) {
+                ended.push((evicted, old));
+            }
         }
         self.by_owner.entry(session.owner.clone()).or_default().insert(id.clone());
         self.all.insert(id, session);
+        ended
     }
 }
 
-fn end_stream(session: Session) {
-    if let Some(stream) = session.stream {
-        stream.cancel();
+/// A session that ended holding resource subscriptions: its owner (an instance endpoint's), its id, and what it
+/// held, so the instance can let go of them (`SessionTable::on_end`).
+#[derive(Debug)]
+pub struct EndedSession {
+    pub owner: String,
+    pub id: String,
+    pub subscriptions: Vec<String>,
+}
+
+type OnEnd = Arc<dyn Fn(EndedSession) + Send + Sync>;
+
+/// The hook `SessionTable::on_end` sets.
+#[derive(Default)]
+struct EndHook(std::sync::OnceLock<OnEnd>);
+
+impl std::fmt::Debug for EndHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "EndHook(set)" } else { "EndHook(unset)" })
     }
 }
 
@@ -148,9 +172,33 @@ pub struct SessionTable {
     pub exchange: Arc<Exchange>,
     /// Cancelled at shutdown: every open GET stream ends (an open stream must not hold the drain).
     closing: CancellationToken,
+    /// Told of each session that ends (removed, expired, evicted) holding subscriptions.
+    on_end: EndHook,
 }
 
 impl SessionTable {
+    /// Call `hook` for each session that ends holding resource subscriptions (once set, it stays).
+    pub fn on_end(&self, hook: impl Fn(EndedSession) + Send + Sync + 'static) {
+        let _ = self.on_end.0.set(Arc::new(hook));
+    }
+
+    /// End the sessions taken out of the table (outside its lock): their streams end, and the hook hears of
+    /// those that held subscriptions.
+    fn ended(&self, sessions: Vec<(String, Session)>) {
+        for (id, session) in sessions {
+            if let Some(stream) = &session.stream {
+                stream.cancel();
+            }
+            if let (Some(hook), false) = (self.on_end.0.get(), session.subscriptions.is_empty()) {
+                hook(EndedSession {
+                    owner: session.owner,
+                    id,
+                    subscriptions: session.subscriptions.into_iter().collect(),
+                });
+            }
+        }
+    }
+
     /// A new session for `owner`; returns its id (UUID v4).
     pub fn create(&self, owner: &str, version: &str) -> String {
         self.create_with(owner, version, serde_json::Value::Null)
@@ -177,7 +225,8 @@ impl SessionTable {
             capabilities: Arc::new(capabilities),
             subscriptions: HashSet::new(),
         };
-        self.sessions.lock().insert(id, session);
+        let ended = self.sessions.lock().insert(id, session);
+        self.ended(ended);
     }
 
     /// Look a session up for `owner`, refreshing it when known.
@@ -203,14 +252,13 @@ impl SessionTable {
     /// End a session the caller owns; false when there is none.
     pub fn remove(&self, id: &str, owner: &str) -> bool {
         let mut sessions = self.sessions.lock();
-        if sessions.get(id).is_some_and(|s| s.owner == owner) {
-            if let Some(session) = sessions.remove(id) {
-                end_stream(session);
-            }
-            true
-        } else {
-            false
+        if sessions.get(id).is_none_or(|s| s.owner != owner) {
+            return false;
         }
+        let removed = sessions.remove(id);
+        drop(sessions);
+        self.ended(removed.map(|session| (id.to_owned(), session)).into_iter().collect());
+        true
     }
 
     /// Register the session's one standalone SSE stream; the token ends it with the session.
@@ -269,12 +317,12 @@ impl SessionTable {
             .filter(|(_, s)| !s.streaming() && s.last_seen.elapsed() >= idle)
             .map(|(id, _)| id.clone())
             .collect();
-        for id in &idle {
-            if let Some(session) = sessions.remove(id) {
-                end_stream(session);
-            }
-        }
-        idle.len()
+        let ended: Vec<(String, Session)> =
+            idle.into_iter().filter_map(|id| sessions.remove(&id).map(|session| (id, session))).collect();
+        drop(sessions);
+        let swept = ended.len();
+        self.ended(ended);
+        swept
     }
 
     pub fn len(&self) -> usize {

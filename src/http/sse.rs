@@ -396,12 +396,18 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
         while let Some(inbound) = asks.recv().await {
             let Some(events) = stream.upgrade() else { break };
             let message = exchange.outbound(&scope, &protocol::RequestId::Number(0), inbound);
-            if events.send(warp::sse::Event::default().event("message").data(message.to_string())).await.is_err() {
+            // A stream the client stopped reading is not waited on for long (nor kept open by this wait): the
+            // request then goes unanswered and the server gets its timeout's error.
+            let event = warp::sse::Event::default().event("message").data(message.to_string());
+            if !matches!(tokio::time::timeout(SEAT_SEND_TIMEOUT, events.send(event)).await, Ok(Ok(()))) {
                 break;
             }
         }
     });
 }
+
+/// How long a server's request waits for room on a legacy stream.
+const SEAT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn new_message_id() -> String {
     format!("msg-{}-{}", chrono::Utc::now().timestamp_millis(), rand::random::<u32>())

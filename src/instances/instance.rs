@@ -179,12 +179,13 @@ impl Instance {
         }
     }
 
-    /// `holder` (a client session's id, or a listen's) subscribed to `uri`.
-    pub fn hold_subscription(&self, uri: &str, holder: &str) {
+    /// `holder` (a client session's id, or a listen's) subscribed to `uri`; returns whether it is a new hold.
+    pub fn hold_subscription(&self, uri: &str, holder: &str) -> bool {
         let mut holders = self.holders.lock();
         if holders.len() < MAX_SUBSCRIPTIONS || holders.contains_key(uri) {
-            holders.entry(uri.to_owned()).or_default().insert(holder.to_owned());
+            return holders.entry(uri.to_owned()).or_default().insert(holder.to_owned());
         }
+        false
     }
 
     /// `holder` no longer wants `uri`; returns whether the server should stop watching it: no other holder is

@@ -539,6 +539,20 @@ impl InstanceManager {
         });
     }
 
+    /// A client of `process_id`'s endpoint ended (its session expired, was deleted or evicted) still subscribed to
+    /// `uris`: its holds go, and what no other client holds is undone upstream (`unsubscribe_later`).
+    pub fn release_subscriptions(
+        &self,
+        process_id: &ProcessId,
+        holder: &str,
+        mut uris: Vec<String>,
+        timeout: Duration,
+    ) {
+        let Some(instance) = self.get(process_id) else { return };
+        uris.retain(|uri| instance.release_subscription(uri, holder));
+        self.unsubscribe_later(instance, uris, timeout);
+    }
+
     /// The client streams on which the servers' requests made outside any call reach their owners' clients.
     pub fn seats(&self) -> &Arc<crate::mcp::transport::relay::Seats> {
         &self.inner.seats

@@ -166,14 +166,26 @@ impl InstanceRouter {
                         .map(|uri| (uri.to_owned(), session.unwrap_or_default())),
                     _ => None,
                 };
-                if let (Some((uri, holder)), "resources/unsubscribe") = (&subscription, other) {
-                    if !instance.release_subscription(uri, holder) {
+                // A hold is taken before the subscribe goes out, so an unsubscribe racing it cannot see the
+                // resource unheld and end it; undone when the server refuses, as is a release the server refused.
+                let held_anew = match (&subscription, other) {
+                    (Some((uri, holder)), "resources/subscribe") => instance.hold_subscription(uri, holder),
+                    (Some((uri, holder)), _) if !instance.release_subscription(uri, holder) => {
                         return Ok(json!({}).into());
                     }
-                }
+                    _ => false,
+                };
                 let result = forward(&self.manager, instance, other, params, timeout, relay).await;
-                if let (Some((uri, holder)), "resources/subscribe", Ok(_)) = (&subscription, other, &result) {
-                    instance.hold_subscription(uri, holder);
+                if let (Some((uri, holder)), Err(_)) = (&subscription, &result) {
+                    match other {
+                        "resources/subscribe" if held_anew => {
+                            instance.release_subscription(uri, holder);
+                        }
+                        "resources/subscribe" => {}
+                        _ => {
+                            instance.hold_subscription(uri, holder);
+                        }
+                    }
                 }
                 result
             }

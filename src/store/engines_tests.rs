@@ -395,6 +395,7 @@ async fn the_outbox_is_held_to_its_bytes_on_both_engines() -> TestResult {
         assert_eq!(left.last().map(|e| e.data["n"].clone()), Some(json!(299)), "{engine}: the newest stay");
         let kept: usize = left.iter().map(|e| e.data.to_string().len()).sum();
         assert!(kept as u64 <= MAX, "{engine}: {kept} bytes of payloads left");
+        assert!(store.outbox_bytes().await? <= MAX, "{engine}: {} bytes of outbox left", store.outbox_bytes().await?);
         store.close().await;
     }
     Ok(())

@@ -209,7 +209,9 @@ async fn convert_to_incremental_vacuum(conn: &mut sqlx::SqliteConnection, file: 
     if mode == INCREMENTAL {
         return Ok(());
     }
-    let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+    // With its WAL: a VACUUM checkpoints it into the file first.
+    let wal = file.with_extension("db-wal");
+    let size = [file, wal.as_path()].iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum::<u64>();
     if size > CONVERT_MAX_BYTES {
         warn!(
             file = %file.display(),
@@ -219,8 +221,13 @@ async fn convert_to_incremental_vacuum(conn: &mut sqlx::SqliteConnection, file: 
         );
         return Ok(());
     }
-    conn.execute("PRAGMA auto_vacuum = INCREMENTAL; VACUUM").await?;
-    info!(file = %file.display(), size, "database: converted to incremental auto-vacuum");
+    // Best effort: a disk too full for the rewrite, or a lock a backup holds, must not stop the satellite; the
+    // file then keeps its free pages until a later start converts it.
+    match conn.execute("PRAGMA auto_vacuum = INCREMENTAL; VACUUM").await {
+        Ok(_) => info!(file = %file.display(), size, "database: converted to incremental auto-vacuum"),
+        Err(err) => warn!(file = %file.display(), size, error = %err,
+            "database: converting to incremental auto-vacuum failed; freed space stays in the file until a later start converts it"),
+    }
     Ok(())
 }
 

@@ -81,6 +81,7 @@ impl SseTransport {
             notifications: notifications.clone(),
             answers: Answers { client: client.clone(), headers: headers.clone(), endpoint: None, asker },
             asks: tokio::task::JoinSet::new(),
+            outside: tokio::task::JoinSet::new(),
             relays: relays.clone(),
         };
         tokio::spawn(reader.run(response, stop.clone()));
@@ -135,7 +136,7 @@ impl SseTransport {
             let token = relays::take_progress_token(&mut params, id);
             self.relays.add(id, relay.clone(), token);
         }
-        let mut in_flight = InFlight { id, transport: self, answered: false };
+        let mut in_flight = InFlight { id, transport: self, answered: false, cancellable: method != "initialize" };
         let body = protocol::request(RequestId::Number(id), method, params);
         if let Err(err) = self.post(&body, timeout).await {
             in_flight.answered = true;
@@ -182,6 +183,8 @@ struct InFlight<'a> {
     id: i64,
     transport: &'a SseTransport,
     answered: bool,
+    /// Whether the server may be told to stop: never `initialize`, which MCP forbids cancelling.
+    cancellable: bool,
 }
 
 impl Drop for InFlight<'_> {
@@ -192,6 +195,9 @@ impl Drop for InFlight<'_> {
             return;
         }
         transport.pending.forget(self.id);
+        if !self.cancellable {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let cancelled = protocol::notification(
             "notifications/cancelled",
@@ -221,8 +227,10 @@ struct Reader {
     endpoint_tx: Option<oneshot::Sender<Result<Url, String>>>,
     notifications: broadcast::Sender<super::Announcement>,
     answers: Answers,
-    /// The server's requests waiting for a client's answer; they end with the stream.
+    /// The server's requests during a call of ours, waiting for that call's client; they end with the stream.
     asks: tokio::task::JoinSet<()>,
+    /// Those made outside any call (at most `MAX_OUTSIDE_ASKS` wait), as on stdio.
+    outside: tokio::task::JoinSet<()>,
     relays: Arc<Relays>,
 }
 
@@ -332,18 +340,19 @@ impl Reader {
             }
             Ok(Message::Request { id, method, params }) => {
                 while self.asks.try_join_next().is_some() {}
+                while self.outside.try_join_next().is_some() {}
                 let answers = self.answers.clone();
                 if let Some(relay) = self.relays.newest() {
                     self.asks.spawn(answers.answer(self.label.clone(), Some(relay), id, method, params));
                     return;
                 }
-                if self.asks.len() >= MAX_OUTSIDE_ASKS {
+                if self.outside.len() >= MAX_OUTSIDE_ASKS {
                     debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
                     let refused = protocol::error_response(Some(id), too_many_asks());
                     self.asks.spawn(answers.post(self.label.clone(), refused));
                     return;
                 }
-                self.asks.spawn(answers.answer(self.label.clone(), None, id, method, params));
+                self.outside.spawn(answers.answer(self.label.clone(), None, id, method, params));
             }
             Ok(other) => debug!(process_id = %self.label, message = ?other, "sse message ignored"),
             Err(err) => warn!(process_id = %self.label, error = %err, "malformed json-rpc message on sse stream"),

@@ -391,7 +391,7 @@ impl StdioTransport {
             let token = relays::take_progress_token(&mut params, id);
             self.relays.add(id, relay.clone(), token);
         }
-        let mut in_flight = InFlight { id, transport: self, answered: false };
+        let mut in_flight = InFlight { id, transport: self, answered: false, cancellable: method != "initialize" };
         let line = protocol::request_line(&RequestId::Number(id), method, params.as_ref());
         if self.outbound.send(line).await.is_err() {
             in_flight.answered = true;
@@ -424,6 +424,8 @@ struct InFlight<'a> {
     id: i64,
     transport: &'a StdioTransport,
     answered: bool,
+    /// Whether the server may be told to stop: never `initialize`, which MCP forbids cancelling.
+    cancellable: bool,
 }
 
 impl Drop for InFlight<'_> {
@@ -431,6 +433,8 @@ impl Drop for InFlight<'_> {
         self.transport.relays.remove(self.id);
         if !self.answered {
             self.transport.pending.forget(self.id);
+        }
+        if !self.answered && self.cancellable {
             let cancelled = protocol::notification(
                 "notifications/cancelled",
                 Some(json!({"requestId": self.id, "reason": "the client gave up or the request timed out"})),
