@@ -1071,6 +1071,26 @@ async fn one_clients_unsubscribe_leaves_another_clients_subscription() {
         touched.contains("subscribed: none").then_some(())
     })
     .await;
+
+    // The same for a subscribe sent in a batch, which takes another path through the satellite.
+    let third = Caller::connect(&sat, &path, None).await;
+    let (status, answer) = third.post_text(&json!([request(6, "resources/subscribe")])).await;
+    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+    let (_, touched) = second.post_text(&touch).await;
+    assert!(touched.contains("subscribed: paged://report"), "{touched}");
+    let ended = third
+        .http
+        .delete(&third.url)
+        .header("mcp-session-id", third.session.clone().expect("a session"))
+        .send()
+        .await
+        .expect("a delete");
+    assert_eq!(ended.status(), StatusCode::OK);
+    wait_until(DEADLINE, "the server no longer watches what the batch subscribed", || async {
+        let (_, touched) = second.post_text(&touch).await;
+        touched.contains("subscribed: none").then_some(())
+    })
+    .await;
     assert!(sat.satellite.shutdown().await);
 }
 

@@ -24,6 +24,8 @@ const EVENT_RETENTION_PERIOD: Duration = Duration::from_secs(3600);
 /// of thousands a second, so an hourly trim let the history outgrow its bound by orders of magnitude (and the disk
 /// with it). One trim walks the newest `event_retention_max` rows of the primary key: milliseconds.
 const EVENT_CAP_PERIOD: Duration = Duration::from_secs(10);
+/// Standalone event history is held to its bytes on disk on this period.
+const EVENT_SIZE_PERIOD: Duration = Duration::from_secs(30);
 /// The token encoder is released once no tools were counted for this long, checked this often.
 const ENCODER_IDLE: Duration = Duration::from_secs(60);
 const ENCODER_CHECK_PERIOD: Duration = Duration::from_secs(20);
@@ -142,9 +144,16 @@ pub(super) fn schedule(m: Maintenance<'_>) {
                 if pruned > 0 {
                     debug!(pruned, kept_max = events_max, "the standalone history held to its count");
                 }
-                // A request log carries a call's arguments and answer: a few big answers outweigh thousands of
-                // small events, so the count alone bounds no disk.
-                let pruned = store.prune_events_to_bytes(events_max_bytes).await?;
+                release_free_pages(&store).await
+            }
+        });
+        // A request log carries a call's arguments and answer: a few big answers outweigh thousands of small
+        // events, so the count alone bounds no disk. Measuring the outbox walks its pages: every 30 s, not 10.
+        let size_store = store.clone();
+        jobs.every("event-history-size", EVENT_SIZE_PERIOD, FirstRun::Immediately, move || {
+            let store = size_store.clone();
+            async move {
+                let pruned = store.prune_events_to_bytes(events_max_bytes).await?.events;
                 if pruned > 0 {
                     info!(
                         pruned,

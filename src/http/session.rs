@@ -275,17 +275,19 @@ impl SessionTable {
         Ok(token)
     }
 
-    /// Record a resource subscription the server accepted for session `id` (or its end, `subscribed: false`).
-    pub fn set_subscription(&self, id: &str, uri: &str, subscribed: bool) {
+    /// Record a resource subscription the server accepted for session `id` (or its end, `subscribed: false`);
+    /// false when the session is gone (it ended while the request ran).
+    pub fn set_subscription(&self, id: &str, uri: &str, subscribed: bool) -> bool {
         // Bounded like everything a client can make the satellite keep.
         const MAX_SUBSCRIPTIONS: usize = 1_000;
-        if let Some(session) = self.sessions.lock().get_mut(id) {
-            if !subscribed {
-                session.subscriptions.remove(uri);
-            } else if session.subscriptions.len() < MAX_SUBSCRIPTIONS {
-                session.subscriptions.insert(uri.to_owned());
-            }
+        let mut sessions = self.sessions.lock();
+        let Some(session) = sessions.get_mut(id) else { return false };
+        if !subscribed {
+            session.subscriptions.remove(uri);
+        } else if session.subscriptions.len() < MAX_SUBSCRIPTIONS {
+            session.subscriptions.insert(uri.to_owned());
         }
+        true
     }
 
     /// Whether any live session of `owner` holds a resource subscription (the server must stay up to send its

@@ -95,6 +95,9 @@ pub struct Instance {
     /// serves. The server has one session for all of them, so a client's `resources/unsubscribe` goes to it only
     /// when no other holder is left (else another client would stop hearing of the resource).
     holders: Mutex<std::collections::HashMap<String, std::collections::HashSet<String>>>,
+    /// Held while a subscription changes (the holders consulted and the server asked), so a client's subscribe and
+    /// another's unsubscribe of the same resource, or a background undo, cannot cross on their way to the server.
+    subscribing: tokio::sync::Mutex<()>,
     /// Held while the log level and subscriptions are asked of the server: by a client's call that changes them,
     /// and by a restore (`supervise::restore_client_state`), so neither overwrites the other.
     pub(super) client_state: tokio::sync::Mutex<()>,
@@ -104,6 +107,17 @@ pub struct Instance {
     connections: tokio::sync::watch::Sender<u64>,
     /// The level of the last `logging/setLevel` the server accepted, asked again of a server that starts anew.
     log_level: Mutex<Option<String>>,
+}
+
+/// What letting go of a subscription left (`Instance::release_subscription`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The holder was the last: the server may stop watching.
+    Last,
+    /// Other clients still hold it: the server goes on watching.
+    OthersHold,
+    /// No holder was known for it.
+    NotHeld,
 }
 
 /// Resources watched per instance at most, as per client session (`http::session`): past it a subscription
@@ -158,6 +172,7 @@ impl Instance {
             subscriptions: Mutex::new(std::collections::BTreeSet::new()),
             subscriptions_changed: tokio::sync::watch::Sender::new(0),
             holders: Mutex::default(),
+            subscribing: tokio::sync::Mutex::new(()),
             connections: tokio::sync::watch::Sender::new(0),
             client_state: tokio::sync::Mutex::new(()),
             restore_for: Mutex::new(None),
@@ -188,17 +203,29 @@ impl Instance {
         false
     }
 
-    /// `holder` no longer wants `uri`; returns whether the server should stop watching it: no other holder is
-    /// left (also when none was known: a subscription from before, or past the bound, is undone as asked).
-    pub fn release_subscription(&self, uri: &str, holder: &str) -> bool {
+    /// `holder` no longer wants `uri`: whether it was the last holder, others still hold it, or it held nothing
+    /// (a subscription from before, or past the bound: undone as asked).
+    pub fn release_subscription(&self, uri: &str, holder: &str) -> Release {
         let mut holders = self.holders.lock();
-        let Some(held) = holders.get_mut(uri) else { return true };
-        held.remove(holder);
+        let Some(held) = holders.get_mut(uri) else { return Release::NotHeld };
+        if !held.remove(holder) {
+            return if held.is_empty() { Release::NotHeld } else { Release::OthersHold };
+        }
         if held.is_empty() {
             holders.remove(uri);
-            return true;
+            return Release::Last;
         }
-        false
+        Release::OthersHold
+    }
+
+    /// Whether any client holds a subscription to `uri`.
+    pub fn subscription_held(&self, uri: &str) -> bool {
+        self.holders.lock().contains_key(uri)
+    }
+
+    /// Taken while a subscription changes (see `subscribing`); before any call to the server.
+    pub async fn subscription_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.subscribing.lock().await
     }
 
     /// Whether the server is asked to watch `uri` (a client subscribed to it).
@@ -500,10 +527,12 @@ mod tests {
         instance.hold_subscription("file:///a", "session-1");
         instance.hold_subscription("file:///a", "listen 7");
         instance.hold_subscription("file:///a", "session-1");
-        assert!(!instance.release_subscription("file:///a", "session-1"), "the listen still holds it");
-        assert!(!instance.release_subscription("file:///a", "session-1"), "released twice: still the listen's");
-        assert!(instance.release_subscription("file:///a", "listen 7"), "the last holder");
-        assert!(instance.release_subscription("file:///never", "session-1"));
+        assert_eq!(instance.release_subscription("file:///a", "session-1"), Release::OthersHold, "the listen holds it");
+        assert_eq!(instance.release_subscription("file:///a", "session-1"), Release::OthersHold, "released twice");
+        assert!(instance.subscription_held("file:///a"));
+        assert_eq!(instance.release_subscription("file:///a", "listen 7"), Release::Last, "the last holder");
+        assert!(!instance.subscription_held("file:///a"));
+        assert_eq!(instance.release_subscription("file:///never", "session-1"), Release::NotHeld);
         for n in 0..MAX_SUBSCRIPTIONS + 5 {
             instance.hold_subscription(&format!("file:///{n}"), "s");
         }

@@ -40,7 +40,7 @@ mod reconcile;
 pub mod sandbox;
 pub mod status;
 
-pub use instance::{Instance, InstanceError, StatusEntry, ToolOverrides};
+pub use instance::{Instance, InstanceError, Release, StatusEntry, ToolOverrides};
 use limits::ProcessSlots;
 pub use reconcile::ReconcileReport;
 
@@ -521,9 +521,10 @@ impl InstanceManager {
         self.inner.sweep_idle(&keep_awake).await
     }
 
-    /// Undo, in the background, the resource subscriptions `uris` a client's listen asked of `instance`'s server
-    /// (`resources/unsubscribe`), those no other client holds (`Instance::release_subscription`). A task of the
-    /// manager's, awaited at shutdown.
+    /// Undo, in the background, the resource subscriptions `uris` their holders let go of (`resources/unsubscribe`).
+    /// Each is decided when its turn comes, under the instance's subscription lock: one a client holds again by
+    /// then stays; with no connection (dormant, failed) only what a restart would ask again is forgotten, so no
+    /// server is started to be told. A task of the manager's, awaited at shutdown.
     pub fn unsubscribe_later(&self, instance: Arc<Instance>, uris: Vec<String>, timeout: Duration) {
         if uris.is_empty() {
             return;
@@ -531,9 +532,17 @@ impl InstanceManager {
         let manager = self.clone();
         self.inner.tasks.spawn(async move {
             for uri in uris {
+                let _changing = instance.subscription_lock().await;
+                if instance.subscription_held(&uri) {
+                    continue;
+                }
+                if instance.client().is_none() {
+                    instance.note_subscription(&uri, false);
+                    continue;
+                }
                 let params = serde_json::json!({ "uri": uri });
                 if let Err(err) = manager.call(&instance, "resources/unsubscribe", Some(params), timeout).await {
-                    debug!(process_id = %instance.spec().process_id, uri, error = %err, "undoing a listen's subscription failed");
+                    debug!(process_id = %instance.spec().process_id, uri, error = %err, "undoing a subscription no client holds failed");
                 }
             }
         });
@@ -549,7 +558,7 @@ impl InstanceManager {
         timeout: Duration,
     ) {
         let Some(instance) = self.get(process_id) else { return };
-        uris.retain(|uri| instance.release_subscription(uri, holder));
+        uris.retain(|uri| instance.release_subscription(uri, holder) != Release::OthersHold);
         self.unsubscribe_later(instance, uris, timeout);
     }
 

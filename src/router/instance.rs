@@ -10,7 +10,7 @@ use super::{
     blocked_result, call_outcome, callable, disabled_result, forward, normalise_call_result, visible, RouteError,
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
-use crate::instances::{Instance, InstanceError, InstanceManager};
+use crate::instances::{Instance, InstanceError, InstanceManager, Release};
 use crate::mcp::client::Era;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RpcError};
@@ -168,24 +168,29 @@ impl InstanceRouter {
                 };
                 // A hold is taken before the subscribe goes out, so an unsubscribe racing it cannot see the
                 // resource unheld and end it; undone when the server refuses, as is a release the server refused.
-                let held_anew = match (&subscription, other) {
-                    (Some((uri, holder)), "resources/subscribe") => instance.hold_subscription(uri, holder),
-                    (Some((uri, holder)), _) if !instance.release_subscription(uri, holder) => {
-                        return Ok(json!({}).into());
-                    }
-                    _ => false,
+                // Decided and asked under the instance's subscription lock, so a subscribe and another client's
+                // unsubscribe (or a background undo) of the same resource cannot cross on their way to the server.
+                let _changing = match &subscription {
+                    Some(_) => Some(instance.subscription_lock().await),
+                    None => None,
                 };
-                let result = forward(&self.manager, instance, other, params, timeout, relay).await;
-                if let (Some((uri, holder)), Err(_)) = (&subscription, &result) {
-                    match other {
-                        "resources/subscribe" if held_anew => {
-                            instance.release_subscription(uri, holder);
-                        }
-                        "resources/subscribe" => {}
-                        _ => {
-                            instance.hold_subscription(uri, holder);
-                        }
+                let mut was_held = false;
+                if let (Some((uri, holder)), "resources/unsubscribe") = (&subscription, other) {
+                    match instance.release_subscription(uri, holder) {
+                        Release::OthersHold => return Ok(json!({}).into()),
+                        released => was_held = released == Release::Last,
                     }
+                }
+                let result = forward(&self.manager, instance, other, params, timeout, relay).await;
+                match (&subscription, other, &result) {
+                    (Some((uri, holder)), "resources/subscribe", Ok(_)) => {
+                        instance.hold_subscription(uri, holder);
+                    }
+                    // The server refused to stop: the client still holds it.
+                    (Some((uri, holder)), "resources/unsubscribe", Err(_)) if was_held => {
+                        instance.hold_subscription(uri, holder);
+                    }
+                    _ => {}
                 }
                 result
             }
@@ -235,6 +240,7 @@ impl InstanceRouter {
             let uris = wanted.get("resourceSubscriptions").and_then(Value::as_array).cloned().unwrap_or_default();
             for uri in uris.iter().filter_map(Value::as_str).take(MAX_LISTEN_RESOURCES) {
                 let subscribe = json!({"uri": uri});
+                let _changing = instance.subscription_lock().await;
                 match self.manager.call(instance, "resources/subscribe", Some(subscribe), self.call_timeout).await {
                     Ok(_) => {
                         watched.insert(uri.to_owned());
@@ -318,7 +324,7 @@ struct Unsubscribe<'a> {
 impl Drop for Unsubscribe<'_> {
     fn drop(&mut self) {
         let mut uris = std::mem::take(&mut self.uris);
-        uris.retain(|uri| self.instance.release_subscription(uri, &self.holder));
+        uris.retain(|uri| self.instance.release_subscription(uri, &self.holder) != Release::OthersHold);
         self.manager.unsubscribe_later(self.instance.clone(), uris, self.timeout);
     }
 }

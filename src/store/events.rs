@@ -31,6 +31,14 @@ pub struct StoredEvent {
     pub held: Option<String>,
 }
 
+/// What `Store::prune_events_to_bytes` did: the events it dropped, and the outbox's bytes it measured before
+/// (0 when the cheap check showed it under the bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BytesPruned {
+    pub events: u64,
+    pub outbox: u64,
+}
+
 /// Bytes of the database on disk (`Store::disk_usage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskUsage {
@@ -238,13 +246,15 @@ impl Store {
     /// compressed; its files keep dead rows until its vacuum, so they cannot say what is live). The other tables
     /// never count against the events: a big analytics table prunes none. Events are pruned to 90% of the bound,
     /// the payloads kept scaled by their share of the outbox's pages, so a busy satellite trims in steps.
-    pub async fn prune_events_to_bytes(&self, max_bytes: u64) -> Result<u64, StoreError> {
+    pub async fn prune_events_to_bytes(&self, max_bytes: u64) -> Result<BytesPruned, StoreError> {
+        let none = |outbox| Ok(BytesPruned { events: 0, outbox });
         if self.disk_usage().await?.used <= max_bytes {
-            return Ok(0);
+            return none(0);
         }
         let size = match self.engine() {
             Engine::Sqlite => "octet_length(data)",
-            Engine::Postgres => "pg_column_size(data)",
+            // A row's other columns and header too: a table of small events is more than its payloads.
+            Engine::Postgres => "(pg_column_size(data) + pg_column_size(event_type) + pg_column_size(emitted_at) + 32)",
         };
         let payloads: i64 =
             sqlx::query(&format!("SELECT CAST(COALESCE(SUM({size}), 0) AS BIGINT) AS n FROM event_outbox"))
@@ -257,7 +267,7 @@ impl Store {
             Engine::Postgres => payloads,
         };
         if outbox <= max_bytes {
-            return Ok(0);
+            return none(outbox);
         }
         let target = max_bytes / 10 * 9;
         let keep =
@@ -270,7 +280,7 @@ impl Store {
         .bind(i64::try_from(keep).unwrap_or(i64::MAX))
         .execute(self.pool())
         .await?;
-        Ok(done.rows_affected())
+        Ok(BytesPruned { events: done.rows_affected(), outbox })
     }
 
     /// What the outbox takes on disk: SQLite, the pages of `event_outbox` (walked: not for every call);
@@ -279,8 +289,9 @@ impl Store {
         match self.engine() {
             Engine::Sqlite => self.outbox_pages().await,
             Engine::Postgres => {
-                let n: i64 =
-                    sqlx::query("SELECT CAST(COALESCE(SUM(pg_column_size(data)), 0) AS BIGINT) AS n FROM event_outbox")
+                let n: i64 = sqlx::query(
+                    "SELECT CAST(COALESCE(SUM(pg_column_size(data) + pg_column_size(event_type) + pg_column_size(emitted_at) + 32), 0) AS BIGINT) AS n FROM event_outbox",
+                )
                         .fetch_one(self.pool())
                         .await?
                         .try_get("n")?;
@@ -437,8 +448,8 @@ mod tests {
         }
         let before = store.disk_usage().await?.used;
         assert!(before > 3 * MAX, "{before} bytes in use");
-        assert_eq!(store.prune_events_to_bytes(before).await?, 0, "nothing goes while under the bound");
-        let pruned = store.prune_events_to_bytes(MAX).await?;
+        assert_eq!(store.prune_events_to_bytes(before).await?.events, 0, "nothing goes while under the bound");
+        let pruned = store.prune_events_to_bytes(MAX).await?.events;
         let left = store.events(None, 0, 1000).await?;
         assert_eq!(pruned as usize + left.len(), 300);
         assert!((1..=95).contains(&left.len()), "{} events left", left.len());
@@ -478,7 +489,7 @@ mod tests {
         store.append_events(&rows).await?;
         assert!(store.disk_usage().await?.used > 2 * MAX, "the file is over the bound");
         assert!(store.outbox_bytes().await? < MAX / 2, "the outbox is not");
-        assert_eq!(store.prune_events_to_bytes(MAX).await?, 0);
+        assert_eq!(store.prune_events_to_bytes(MAX).await?.events, 0);
         assert_eq!(store.event_count().await?, 20);
         Ok(())
     }

@@ -26,7 +26,7 @@ mod status;
 pub mod toolsets;
 
 pub use catalog::{CatalogOwner, HeldTool, ToolChangeRow};
-pub use events::{DiskUsage, NewEvent, OutboxSummary, StoredEvent};
+pub use events::{BytesPruned, DiskUsage, NewEvent, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
 pub use status::StatusRecord;
 

@@ -106,8 +106,19 @@ pub(super) async fn post(
                 Some(protocol::response(id, result))
             }
             Ok(Message::Request { id, method, params }) => {
+                let subscription = subscription_of(&method, params.as_ref());
                 match endpoint.target.dispatch(deps, Some(&session_id), &method, params, None).await {
                     Ok(result) => {
+                        if let Some((uri, subscribed)) = subscription {
+                            record_subscription(
+                                deps,
+                                &endpoint.target,
+                                &endpoint.sessions,
+                                &session_id,
+                                &uri,
+                                subscribed,
+                            );
+                        }
                         let result = protocol::payload_for_handshake(result).into_value_or_null();
                         Some(protocol::response(id, result))
                     }
@@ -203,14 +214,8 @@ pub(super) async fn relayed(
         Err(error) => return Ok(Ok(invalid_request(error))),
     };
     // A subscription the server accepts is this session's: its stream then carries that resource's updates.
-    let subscription = match method.as_str() {
-        "resources/subscribe" | "resources/unsubscribe" => {
-            params.as_ref().and_then(|p| p.get("uri")).and_then(Value::as_str).map(|uri| {
-                (uri.to_owned(), method == "resources/subscribe", endpoint.sessions.clone(), session_id.to_owned())
-            })
-        }
-        _ => None,
-    };
+    let subscription = subscription_of(&method, params.as_ref())
+        .map(|(uri, subscribed)| (uri, subscribed, endpoint.sessions.clone(), session_id.to_owned()));
     let (target, deps_owned, reply_id) = (endpoint.target.clone(), deps.clone(), id.clone());
     let session = session_id.to_owned();
     let answer = endpoint
@@ -223,7 +228,7 @@ pub(super) async fn relayed(
             move |relay| async move {
                 let outcome = target.dispatch(&deps_owned, Some(&session), &method, params, Some(&relay)).await;
                 if let (Ok(_), Some((uri, subscribed, sessions, session))) = (&outcome, subscription) {
-                    sessions.set_subscription(&session, &uri, subscribed);
+                    record_subscription(&deps_owned, &target, &sessions, &session, &uri, subscribed);
                 }
                 outcome
             },
@@ -242,6 +247,35 @@ pub(super) async fn relayed(
         }
         Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
     })
+}
+
+/// The resource a `resources/subscribe` (true) or `resources/unsubscribe` (false) names.
+fn subscription_of(method: &str, params: Option<&Value>) -> Option<(String, bool)> {
+    let subscribed = match method {
+        "resources/subscribe" => true,
+        "resources/unsubscribe" => false,
+        _ => return None,
+    };
+    params.and_then(|p| p.get("uri")).and_then(Value::as_str).map(|uri| (uri.to_owned(), subscribed))
+}
+
+/// Record on the session a subscription change the server accepted, on every path a request takes (alone or in a
+/// batch). A session that ended while its subscribe ran lets go of it at once: its end could not.
+fn record_subscription(
+    deps: &McpDeps,
+    target: &Target,
+    sessions: &SessionTable,
+    session: &str,
+    uri: &str,
+    subscribed: bool,
+) {
+    if sessions.set_subscription(session, uri, subscribed) || !subscribed {
+        return;
+    }
+    if let Target::Instance(instance) = target {
+        let timeout = deps.instance_router.call_timeout;
+        deps.manager.release_subscriptions(&instance.spec().process_id, session, vec![uri.to_owned()], timeout);
+    }
 }
 
 /// A notification from the client: cancellation stops the named call; on an instance endpoint the rest (roots
