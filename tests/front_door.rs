@@ -1056,41 +1056,29 @@ async fn one_clients_unsubscribe_leaves_another_clients_subscription() {
     // A client that goes without unsubscribing (its session deleted, or expired) lets go of its subscription with
     // it: the server stops watching a resource no client holds any more. Before, its hold outlived it, and every
     // later client's unsubscribe of that resource was answered by the satellite and never reached the server.
-    let (status, answer) = first.post_text(&request(5, "resources/subscribe")).await;
-    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
-    let ended = first
-        .http
-        .delete(&first.url)
-        .header("mcp-session-id", first.session.clone().expect("a session"))
-        .send()
-        .await
-        .expect("a delete");
-    assert_eq!(ended.status(), StatusCode::OK);
-    wait_until(DEADLINE, "the server no longer watches what the ended session held", || async {
-        let (_, touched) = second.post_text(&touch).await;
-        touched.contains("subscribed: none").then_some(())
-    })
-    .await;
-
-    // The same for a subscribe sent in a batch, which takes another path through the satellite.
+    // Then the same for a subscribe sent in a batch, which takes another path through the satellite.
     let third = Caller::connect(&sat, &path, None).await;
-    let (status, answer) = third.post_text(&json!([request(6, "resources/subscribe")])).await;
-    assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
-    let (_, touched) = second.post_text(&touch).await;
-    assert!(touched.contains("subscribed: paged://report"), "{touched}");
-    let ended = third
-        .http
-        .delete(&third.url)
-        .header("mcp-session-id", third.session.clone().expect("a session"))
-        .send()
-        .await
-        .expect("a delete");
-    assert_eq!(ended.status(), StatusCode::OK);
-    wait_until(DEADLINE, "the server no longer watches what the batch subscribed", || async {
+    for (caller, subscribe) in
+        [(&first, request(5, "resources/subscribe")), (&third, json!([request(6, "resources/subscribe")]))]
+    {
+        let (status, answer) = caller.post_text(&subscribe).await;
+        assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
         let (_, touched) = second.post_text(&touch).await;
-        touched.contains("subscribed: none").then_some(())
-    })
-    .await;
+        assert!(touched.contains("subscribed: paged://report"), "{touched}");
+        let ended = caller
+            .http
+            .delete(&caller.url)
+            .header("mcp-session-id", caller.session.clone().expect("a session"))
+            .send()
+            .await
+            .expect("a delete");
+        assert_eq!(ended.status(), StatusCode::OK);
+        wait_until(DEADLINE, "the server no longer watches what the ended session held", || async {
+            let (_, touched) = second.post_text(&touch).await;
+            touched.contains("subscribed: none").then_some(())
+        })
+        .await;
+    }
     assert!(sat.satellite.shutdown().await);
 }
 
