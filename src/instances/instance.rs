@@ -194,13 +194,12 @@ impl Instance {
         }
     }
 
-    /// `holder` (a client session's id, or a listen's) subscribed to `uri`; returns whether it is a new hold.
-    pub fn hold_subscription(&self, uri: &str, holder: &str) -> bool {
+    /// `holder` (a client session's id, or a listen's) subscribed to `uri`.
+    pub fn hold_subscription(&self, uri: &str, holder: &str) {
         let mut holders = self.holders.lock();
         if holders.len() < MAX_SUBSCRIPTIONS || holders.contains_key(uri) {
-            return holders.entry(uri.to_owned()).or_default().insert(holder.to_owned());
+            holders.entry(uri.to_owned()).or_default().insert(holder.to_owned());
         }
-        false
     }
 
     /// `holder` no longer wants `uri`: whether it was the last holder, others still hold it, or it held nothing
@@ -226,11 +225,6 @@ impl Instance {
     /// Taken while a subscription changes (see `subscribing`); before any call to the server.
     pub async fn subscription_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.subscribing.lock().await
-    }
-
-    /// Whether the server is asked to watch `uri` (a client subscribed to it).
-    pub fn watches(&self, uri: &str) -> bool {
-        self.subscriptions.lock().contains(uri)
     }
 
     /// Changes each time the connection is set or taken.

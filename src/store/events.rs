@@ -425,6 +425,19 @@ mod tests {
         Ok(())
     }
 
+    /// Request-log rows of about 10 KB each, numbered `n`.
+    fn request_logs(numbers: std::ops::Range<u32>) -> Vec<NewEvent<'static>> {
+        numbers
+            .map(|n| NewEvent {
+                event_type: "mcp.request.logs",
+                emitted_at: "2026-11-29T00:00:00.000Z".into(),
+                data: serde_json::json!({"n": n, "pad": "x".repeat(10_000)}).to_string().into(),
+                process_id: None,
+                held: None,
+            })
+            .collect()
+    }
+
     /// 300 events of 10 KB (3 MB) against a 1 MiB bound: the oldest go until the file's live pages are back under
     /// it, the newest stay, and the freed pages go back to the disk.
     #[tokio::test]
@@ -432,19 +445,8 @@ mod tests {
         const MAX: u64 = 1024 * 1024;
         let dir = tempfile::tempdir()?;
         let store = Store::open(dir.path()).await?;
-        let pad = "x".repeat(10_000);
-        for chunk in (0..300).collect::<Vec<u32>>().chunks(50) {
-            let rows: Vec<NewEvent<'_>> = chunk
-                .iter()
-                .map(|n| NewEvent {
-                    event_type: "mcp.request.logs",
-                    emitted_at: "2026-11-29T00:00:00.000Z".into(),
-                    data: serde_json::json!({"n": n, "pad": pad}).to_string().into(),
-                    process_id: None,
-                    held: None,
-                })
-                .collect();
-            store.append_events(&rows).await?;
+        for first in (0..300).step_by(50) {
+            store.append_events(&request_logs(first..first + 50)).await?;
         }
         let before = store.disk_usage().await?.used;
         assert!(before > 3 * MAX, "{before} bytes in use");
@@ -477,15 +479,7 @@ mod tests {
         for _ in 0..30 {
             sqlx::query("INSERT INTO filler VALUES (hex(randomblob(50000)))").execute(store.pool()).await?;
         }
-        let rows: Vec<NewEvent<'_>> = (0..20)
-            .map(|n| NewEvent {
-                event_type: "mcp.request.logs",
-                emitted_at: "2026-11-29T00:00:00.000Z".into(),
-                data: serde_json::json!({"n": n, "pad": "y".repeat(10_000)}).to_string().into(),
-                process_id: None,
-                held: None,
-            })
-            .collect();
+        let rows = request_logs(0..20);
         store.append_events(&rows).await?;
         assert!(store.disk_usage().await?.used > 2 * MAX, "the file is over the bound");
         assert!(store.outbox_bytes().await? < MAX / 2, "the outbox is not");
