@@ -32,13 +32,24 @@ type Reply_ = oneshot::Sender<Result<Value, RpcError>>;
 #[derive(Debug, Default)]
 pub struct Exchange {
     replies: Mutex<HashMap<String, Reply_>>,
-    calls: Mutex<HashMap<String, AbortHandle>>,
+    calls: Mutex<Calls>,
     /// 2026-07-28 calls waiting for the client's retry with answers, by the handle in their `requestState`.
     parked: Mutex<HashMap<String, Parked>>,
     next: AtomicU64,
     /// Cancelled at shutdown: long-lived streams (`subscriptions/listen`) end with a final response.
     closing: tokio_util::sync::CancellationToken,
 }
+
+/// The calls a client may cancel. Finished ones are dropped in a sweep when the table has doubled since the last
+/// one, so tracking a call costs O(1) amortized however many run at once (a sweep per call made it O(n)).
+#[derive(Debug, Default)]
+struct Calls {
+    running: HashMap<String, AbortHandle>,
+    sweep_at: usize,
+}
+
+/// The table holds at least this many calls before it is swept.
+const CALLS_SWEEP_MIN: usize = 64;
 
 /// How the client of a relayed request takes the server's requests.
 #[derive(Debug, Clone)]
@@ -98,8 +109,13 @@ pub fn is_parked_state(state: Option<&Value>) -> bool {
     state.and_then(Value::as_str).is_some_and(|s| s.starts_with(STATE_PREFIX))
 }
 
-fn key(scope: &str, id: &str) -> String {
-    format!("{scope}\u{0}{id}")
+fn key(scope: &str, id: &impl std::fmt::Display) -> String {
+    use std::fmt::Write;
+    let mut key = String::with_capacity(scope.len() + 16);
+    key.push_str(scope);
+    key.push('\u{0}');
+    let _ = write!(key, "{id}");
+    key
 }
 
 impl Exchange {
@@ -140,8 +156,11 @@ impl Exchange {
     /// Remember a running call so the client can cancel it; forgotten when it ends.
     pub fn track(&self, scope: &str, id: &RequestId, call: AbortHandle) {
         let mut calls = self.calls.lock();
-        calls.retain(|_, running| !running.is_finished());
-        calls.insert(key(scope, &id.to_string()), call);
+        if calls.running.len() >= calls.sweep_at {
+            calls.running.retain(|_, running| !running.is_finished());
+            calls.sweep_at = (calls.running.len() * 2).max(CALLS_SWEEP_MIN);
+        }
+        calls.running.insert(key(scope, id), call);
     }
 
     /// `notifications/cancelled` from the client: stop the named call (which cancels it upstream in turn).
@@ -151,7 +170,7 @@ impl Exchange {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        if let Some(call) = self.calls.lock().remove(&key(scope, &id)) {
+        if let Some(call) = self.calls.lock().running.remove(&key(scope, &id)) {
             call.abort();
         }
     }

@@ -219,7 +219,8 @@ async fn a_handshake_call_outlives_its_client_and_can_still_be_cancelled() {
     // The client goes, then sends `notifications/cancelled`: the call stops without finishing.
     let (ends, call) = waiting_call();
     respond_then_disconnect(&exchange, handshake(), call).await;
-    assert_eq!(exchange.calls.lock().len(), 1, "still cancellable");
+    let live = exchange.calls.lock().running.values().filter(|call| !call.is_finished()).count();
+    assert_eq!(live, 1, "still cancellable");
     exchange.cancel("s", Some(&json!({"requestId": 7})));
     fires(ends.dropped, "the call stopped").await;
     assert!(ends.finished.await.is_err(), "it never finished");
@@ -252,4 +253,30 @@ async fn a_call_that_panics_is_an_internal_error_and_the_exchange_goes_on() {
     assert_eq!(error["error"]["code"], codes::INTERNAL_ERROR, "{error}");
     let answer = exchange.respond("s".into(), RequestId::Number(2), handshake(), holds_relay, echo_finish).await;
     assert_eq!(done(answer).unwrap()["ok"], true);
+}
+
+/// Finished calls leave the cancellable table in sweeps (not a walk of the table per call), so it holds at most
+/// about twice the live calls: it does not keep every call it ever saw.
+#[tokio::test]
+async fn the_cancellable_calls_table_stays_bounded() {
+    let exchange = Exchange::default();
+    let live: Vec<_> = (0..100).map(|_| tokio::spawn(std::future::pending::<()>())).collect();
+    for (n, call) in live.iter().enumerate() {
+        exchange.track("s", &RequestId::Number(n as i64), call.abort_handle());
+    }
+    for n in 0..2_000 {
+        let done = tokio::spawn(async {});
+        let handle = done.abort_handle();
+        done.await.unwrap();
+        exchange.track("s", &RequestId::Number(1_000 + n), handle);
+        let held = exchange.calls.lock().running.len();
+        assert!(held <= 2 * 100 + 1, "the table held {held} calls with 100 running");
+    }
+    // A live call is never swept: each can still be cancelled.
+    for n in 0..100 {
+        exchange.cancel("s", Some(&json!({ "requestId": n })));
+    }
+    for call in live {
+        assert!(call.await.unwrap_err().is_cancelled());
+    }
 }

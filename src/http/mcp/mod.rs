@@ -79,11 +79,11 @@ fn record_activity(
         team_id,
         client_id,
         auth_type,
-        client_name_header: header(headers, "x-mcp-client-name"),
-        user_agent: header(headers, "user-agent"),
-        session_id: header(headers, "mcp-session-id"),
-        forwarded_for: header(headers, "x-forwarded-for"),
-        real_ip: header(headers, "x-real-ip"),
+        client_name_header: header(headers, names::X_MCP_CLIENT_NAME),
+        user_agent: header(headers, names::USER_AGENT),
+        session_id: header(headers, names::MCP_SESSION_ID),
+        forwarded_for: header(headers, names::X_FORWARDED_FOR),
+        real_ip: header(headers, names::X_REAL_IP),
         tool_call,
     });
 }
@@ -201,7 +201,18 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
         .unify()
 }
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// The MCP headers, as names made once: a name given as text is parsed and lowercased on every lookup.
+pub(super) mod names {
+    use warp::http::HeaderName;
+    pub const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+    pub const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+    pub const X_MCP_CLIENT_NAME: HeaderName = HeaderName::from_static("x-mcp-client-name");
+    pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    pub const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+    pub use warp::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
+}
+
+fn header<K: warp::http::header::AsHeaderName>(headers: &HeaderMap, name: K) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -215,7 +226,8 @@ async fn hierarchical_endpoint(
     headers: &HeaderMap,
     toolset: Option<&str>,
 ) -> Result<Endpoint, McpError> {
-    let principal = deps.auth.authenticate_request(header(headers, "authorization")).await.map_err(McpError::Auth)?;
+    let principal =
+        deps.auth.authenticate_request(header(headers, names::AUTHORIZATION)).await.map_err(McpError::Auth)?;
     let selection = select_toolset(deps, &principal, toolset);
     Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.clone()))
 }
@@ -243,7 +255,7 @@ fn instance_endpoint(
     query: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Result<Endpoint, McpError> {
-    let token = query.get("token").map(String::as_str).or_else(|| auth::bearer(header(headers, "authorization")));
+    let token = query.get("token").map(String::as_str).or_else(|| auth::bearer(header(headers, names::AUTHORIZATION)));
     // An unknown path, an instance without a token configured and a wrong token answer alike (401 "Invalid
     // token"), so the answers reveal nothing about which instance paths exist.
     let instance = deps.manager.by_instance_path(path);
@@ -286,13 +298,20 @@ fn invalid_request(error: RpcError) -> Response {
     json_response(StatusCode::OK, &protocol::error_response(None, error))
 }
 
-fn accepts(headers: &HeaderMap, mime: &str) -> bool {
-    header(headers, "accept").is_some_and(|a| {
-        a.split(',').any(|part| {
-            let part = part.split(';').next().unwrap_or("").trim();
-            part.eq_ignore_ascii_case(mime) || part == "*/*"
-        })
-    })
+/// Whether the `Accept` header takes each of `mimes` (by name, case aside, or as `*/*`), read in one pass.
+fn accepts_all<const N: usize>(headers: &HeaderMap, mimes: [&str; N]) -> bool {
+    let Some(accept) = headers.get(names::ACCEPT) else { return false };
+    let mut taken = [false; N];
+    for part in accept.as_bytes().split(|&b| b == b',') {
+        let media = part.split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
+        if media == b"*/*" {
+            return true;
+        }
+        for (mime, taken) in mimes.iter().zip(taken.iter_mut()) {
+            *taken |= media.eq_ignore_ascii_case(mime.as_bytes());
+        }
+    }
+    taken.iter().all(|&t| t)
 }
 
 fn initialize_result(requested: Option<&str>, identity: &Identity) -> (String, Value) {

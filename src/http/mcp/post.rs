@@ -8,18 +8,20 @@ pub(super) async fn post(
     headers: &HeaderMap,
     frame: Frame,
 ) -> Result<Response, McpError> {
-    let content_type = header(headers, "content-type").unwrap_or("");
-    if !content_type.trim().to_ascii_lowercase().starts_with("application/json") {
+    let content_type = header(headers, names::CONTENT_TYPE).unwrap_or("");
+    let json =
+        content_type.trim_start().as_bytes().get(..16).is_some_and(|t| t.eq_ignore_ascii_case(b"application/json"));
+    if !json {
         return Err(McpError::UnsupportedMediaType);
     }
-    if !(accepts(headers, "application/json") && accepts(headers, "text/event-stream")) {
+    if !accepts_all(headers, ["application/json", "text/event-stream"]) {
         return Err(McpError::NotAcceptable { stream_only: false });
     }
     let (mut messages, batch) = frame.map_err(|err| match err {
         FrameError::Json(err) => McpError::Parse(err),
         FrameError::EmptyBatch => McpError::EmptyBatch,
     })?;
-    let header_version = header(headers, "mcp-protocol-version").map(str::to_owned);
+    let header_version = header(headers, names::MCP_PROTOCOL_VERSION).map(str::to_owned);
     let stateless = header_version.as_deref() == Some(MODERN_VERSION)
         || messages.iter().any(|m| {
             m.get("method").and_then(Value::as_str) != Some("initialize")
@@ -39,7 +41,7 @@ pub(super) async fn post(
             return Err(McpError::UnsupportedVersion(version.to_owned()));
         }
     }
-    let supplied = header(headers, "mcp-session-id").map(str::to_owned);
+    let supplied = header(headers, names::MCP_SESSION_ID).map(str::to_owned);
     if supplied.as_deref().is_some_and(|id| !session::well_formed(id)) {
         return Err(McpError::MalformedSession);
     }

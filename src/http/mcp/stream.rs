@@ -6,14 +6,14 @@ use crate::mcp::protocol::RequestId;
 use crate::mcp::transport::Relay;
 
 pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
-    if header(headers, "mcp-protocol-version") == Some(MODERN_VERSION) {
+    if header(headers, names::MCP_PROTOCOL_VERSION) == Some(MODERN_VERSION) {
         return Err(McpError::NoServerStream);
     }
-    let id = header(headers, "mcp-session-id").ok_or(McpError::InvalidSession)?;
+    let id = header(headers, names::MCP_SESSION_ID).ok_or(McpError::InvalidSession)?;
     if !session::well_formed(id) {
         return Err(McpError::MalformedSession);
     }
-    if !accepts(headers, "text/event-stream") {
+    if !accepts_all(headers, ["text/event-stream"]) {
         return Err(McpError::NotAcceptable { stream_only: true });
     }
     let token = endpoint.sessions.open_stream(id, &endpoint.owner).map_err(|err| match err {
@@ -104,7 +104,7 @@ pub(super) fn for_session(note: &Value, sessions: &SessionTable, session_id: &st
 }
 
 pub(super) fn delete(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
-    match header(headers, "mcp-session-id") {
+    match header(headers, names::MCP_SESSION_ID) {
         None => Err(McpError::InvalidSession),
         Some(id) if !session::well_formed(id) => Err(McpError::MalformedSession),
         Some(id) if endpoint.sessions.remove(id, &endpoint.owner) => {
