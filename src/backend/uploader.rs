@@ -91,6 +91,9 @@ pub struct Uploader {
     quota_bytes: u64,
     /// When the outbox's bytes were last measured.
     bytes_checked: Option<std::time::Instant>,
+    /// Whether this replica holds the outbox to its quotas now: of replicas sharing one database only one does
+    /// (the leader), so the outbox is not counted and measured once per replica. Default: always.
+    prunes: PruneGate,
     /// Where the uploader's own events go (the satellite's emitter, whose queue keeps what the outbox refuses).
     emitter: Emitter,
     backoff: Option<Duration>,
@@ -101,6 +104,9 @@ pub struct Uploader {
     /// One `resource.limit.exceeded` a minute while the outbox overflows.
     quota_events: Throttle,
 }
+
+/// Asked before each check of the outbox's quotas: whether this uploader is the one that prunes.
+pub type PruneGate = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// What one tick did.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,6 +146,7 @@ impl Uploader {
             quota,
             quota_bytes: u64::MAX,
             bytes_checked: None,
+            prunes: Arc::new(|| true),
             emitter: Emitter::new(store),
             backoff: None,
             invalid_in_a_row: 0,
@@ -163,6 +170,13 @@ impl Uploader {
     /// The most the outbox may take on disk, its oldest events dropped past it (default: no bound).
     pub fn with_byte_quota(mut self, bytes: u64) -> Self {
         self.quota_bytes = bytes;
+        self
+    }
+
+    /// Hold the outbox to its quotas only while `gate` says so (default: always): replicas sharing a database
+    /// leave it to one of them.
+    pub fn with_prune_gate(mut self, gate: PruneGate) -> Self {
+        self.prunes = gate;
         self
     }
 
@@ -338,7 +352,15 @@ impl Uploader {
     /// Hold the outbox to its quotas, in events and on disk, the oldest events going first (with an error log and a
     /// throttled `resource.limit.exceeded` event).
     async fn enforce_quota(&mut self) -> Result<(), StoreError> {
-        let count = self.store.event_count().await?;
+        if !(self.prunes)() {
+            return Ok(());
+        }
+        // Counting walks the outbox; the span of its sequence numbers, two index lookups, can only overstate the
+        // count. A backlog drained batch by batch would otherwise be counted whole before each batch.
+        let count = match self.store.event_seq_span().await? {
+            span if span <= self.quota => span,
+            _ => self.store.event_count().await?,
+        };
         if count > self.quota {
             let dropped = self.store.prune_events(self.quota).await?;
             self.stats.dropped_over_quota += dropped;
@@ -581,6 +603,44 @@ mod tests {
         assert_eq!(limits[0]["data"]["resource_type"], "event_outbox");
         assert_eq!(limits[0]["data"]["current_value"], 30);
         assert_eq!(limits[0]["data"]["limit_value"], 20);
+    }
+
+    /// Gaps in the outbox's sequence numbers (events sent out of order, by other replicas) are not events: the
+    /// cheap span check only decides whether to count, and the count decides.
+    #[tokio::test]
+    async fn gaps_in_the_sequence_are_not_counted_as_events() {
+        let (_dir, store) = store_with(30).await;
+        let middle: Vec<i64> = store.events(None, 0, 100).await.unwrap()[5..20].iter().map(|e| e.seq).collect();
+        sqlx::query(&format!(
+            "DELETE FROM event_outbox WHERE seq IN ({})",
+            middle.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        assert_eq!((store.event_seq_span().await.unwrap(), store.event_count().await.unwrap()), (30, 15));
+        let (send, _received) = scripted(vec![BatchOutcome::Failed("down".into())]);
+        let mut up = Uploader::new(store.clone(), send, 100, 20);
+        up.tick().await.unwrap();
+        assert_eq!(up.stats().dropped_over_quota, 0, "15 events are within a quota of 20");
+        assert_eq!(store.event_count().await.unwrap(), 15);
+    }
+
+    /// Of replicas sharing one outbox, only the one the gate names (the leader) holds it to its quotas; the
+    /// others neither count nor measure it. When the gate opens, the outbox is pruned at once.
+    #[tokio::test]
+    async fn only_the_replica_the_gate_names_prunes_the_outbox() {
+        let (_dir, store) = store_with(30).await;
+        let leads = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gate = leads.clone();
+        let (send, _received) = scripted(vec![BatchOutcome::Failed("down".into()); 2]);
+        let mut up = Uploader::new(store.clone(), send, 100, 20)
+            .with_prune_gate(Arc::new(move || gate.load(std::sync::atomic::Ordering::SeqCst)));
+        up.tick().await.unwrap();
+        assert_eq!((up.stats().dropped_over_quota, store.event_count().await.unwrap()), (0, 30), "a follower");
+        leads.store(true, std::sync::atomic::Ordering::SeqCst);
+        up.tick().await.unwrap();
+        assert_eq!(up.stats().dropped_over_quota, 10, "the leader");
     }
 
     /// A backend away while big request logs pile up: the outbox is held to its bytes on disk, the oldest going,

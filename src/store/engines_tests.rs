@@ -317,6 +317,7 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
     assert_eq!(seen.len(), 2_000, "every event claimed");
     assert_eq!(unique.len(), 2_000, "none claimed twice");
     assert_eq!(store.event_count().await?, 0);
+    assert_eq!(store.event_seq_span().await?, 0, "an empty outbox spans nothing");
     Ok(())
 }
 

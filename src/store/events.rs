@@ -384,6 +384,19 @@ impl Store {
     pub async fn event_count(&self) -> Result<i64, StoreError> {
         Ok(sqlx::query("SELECT COUNT(*) AS n FROM event_outbox").fetch_one(self.pool()).await?.try_get("n")?)
     }
+
+    /// The newest event's sequence number less the oldest's, plus one (0 when empty): never less than the count,
+    /// and read from the primary key's two ends, not by walking the table. (Two subqueries: SQLite uses the index
+    /// for a lone `MIN` or `MAX` only.)
+    pub async fn event_seq_span(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE((SELECT MAX(seq) FROM event_outbox) - (SELECT MIN(seq) FROM event_outbox) + 1, 0)
+                    AS BIGINT) AS n",
+        )
+        .fetch_one(self.pool())
+        .await?;
+        Ok(row.try_get("n")?)
+    }
 }
 
 fn stored(row: &AnyRow) -> Result<StoredEvent, StoreError> {

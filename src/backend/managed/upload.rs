@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backend::client::{BackendClient, BackendError, Refusal};
-use crate::backend::monitor::Channel;
+use crate::backend::monitor::{Channel, Role};
 use crate::backend::uploader::{BatchOutcome, SendBatch, Uploader};
 use crate::backend::wire::{self, EventEnvelope, EventsRequest};
 
@@ -30,8 +30,10 @@ impl Managed {
                 outcome
             })
         });
+        let role = deps.monitor.clone();
         Uploader::new(deps.store.clone(), send, wire::MAX_EVENT_BATCH, quota)
             .with_emitter(deps.events.clone())
+            .with_prune_gate(Arc::new(move || role.role() != Role::Follower))
             .with_lease(lease)
             .with_owner(deps.replica_id.clone())
     }
