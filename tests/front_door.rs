@@ -1082,6 +1082,40 @@ async fn one_clients_unsubscribe_leaves_another_clients_subscription() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// Past the bound of resources an instance's subscriptions are held for (1,000), a subscribe is refused with a
+/// reason, not sent upstream with no hold to record it: before, another client's unsubscribe of that resource, or
+/// a listen's end, was sent on to the server and ended the updates of the client whose hold did not fit. A
+/// resource held already is still taken.
+#[tokio::test]
+async fn a_subscribe_past_the_bound_is_refused_not_sent_unheld() {
+    let sat = with_paged().await;
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let subscribe =
+        |id: usize, uri: &str| json!({"jsonrpc":"2.0","id":id,"method":"resources/subscribe","params":{"uri":uri}});
+    let first = Caller::connect(&sat, &path, None).await;
+    let batch: Vec<Value> = (0..1_000).map(|n| subscribe(n, &format!("paged://r{n}"))).collect();
+    let (status, answer) = first.post_text(&Value::Array(batch)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let answers: Vec<Value> = serde_json::from_str(&answer).expect("a batch answer");
+    assert_eq!(answers.iter().filter(|a| a.get("result").is_some()).count(), 1_000, "every one taken: {answer:.300}");
+
+    let second = Caller::connect(&sat, &path, None).await;
+    let (status, refused) = second.post_text(&subscribe(2_000, "paged://extra")).await;
+    assert_eq!(status, StatusCode::OK);
+    let refused: Value = serde_json::from_str(&refused).expect("a JSON-RPC answer");
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert!(
+        refused["error"]["message"].as_str().unwrap_or("").contains("too many resource subscriptions"),
+        "{refused}"
+    );
+    let (_, taken) = second.post_text(&subscribe(2_001, "paged://r7")).await;
+    assert!(taken.contains("\"result\""), "a resource held already: {taken}");
+    let touch = json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"touch","arguments":{}}});
+    let (_, touched) = second.post_text(&touch).await;
+    assert!(touched.contains("paged://r999") && !touched.contains("paged://extra"), "{touched:.200}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// The same across a Streamable HTTP server that restarts: the satellite's next request finds its session
 /// forgotten and negotiates a new one, and the subscriptions are asked again on it. server-everything (a real
 /// server from npm) sends updates only for the subscriptions of the session asking, and answers a forgotten session

@@ -120,9 +120,10 @@ pub enum Release {
     NotHeld,
 }
 
-/// Resources watched per instance at most, as per client session (`http::session`): past it a subscription
-/// still reaches the server, it is only not asked again after a restart.
-const MAX_SUBSCRIPTIONS: usize = 1_000;
+/// Resources watched per instance at most, as per client session (`http::session`): past it a subscribe is
+/// refused (`can_hold_subscription`), since a subscription no hold records could be undone for its client by
+/// another's unsubscribe or a listen's end.
+pub const MAX_SUBSCRIPTIONS: usize = 1_000;
 
 /// A catalog's tool definitions parsed, and the catalog they were parsed from.
 type ParsedListing = (std::sync::Weak<Catalog>, Arc<[serde_json::Value]>);
@@ -192,6 +193,13 @@ impl Instance {
         if changed {
             self.subscriptions_changed.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Whether a hold of `uri` fits: one more resource while under the bound, or one held already. Asked, and the
+    /// hold then taken, under `subscription_lock`, so no other hold comes between.
+    pub fn can_hold_subscription(&self, uri: &str) -> bool {
+        let holders = self.holders.lock();
+        holders.len() < MAX_SUBSCRIPTIONS || holders.contains_key(uri)
     }
 
     /// `holder` (a client session's id, or a listen's) subscribed to `uri`.
@@ -531,6 +539,8 @@ mod tests {
             instance.hold_subscription(&format!("file:///{n}"), "s");
         }
         assert_eq!(instance.holders.lock().len(), MAX_SUBSCRIPTIONS, "bounded like the subscriptions");
+        assert!(instance.can_hold_subscription("file:///7"), "one held already is taken");
+        assert!(!instance.can_hold_subscription("file:///new"), "one more is not");
     }
 
     /// The announcement channel exists only once a session listens: what came before is gone (as with a channel

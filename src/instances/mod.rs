@@ -40,7 +40,7 @@ mod reconcile;
 pub mod sandbox;
 pub mod status;
 
-pub use instance::{Instance, InstanceError, Release, StatusEntry, ToolOverrides};
+pub use instance::{Instance, InstanceError, Release, StatusEntry, ToolOverrides, MAX_SUBSCRIPTIONS};
 use limits::ProcessSlots;
 pub use reconcile::ReconcileReport;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{
-    blocked_result, call_outcome, callable, disabled_result, forward, normalise_call_result, visible, RouteError,
+    blocked_result, call_outcome, callable, disabled_result, forward, invalid, normalise_call_result, visible,
+    RouteError,
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::instances::{Instance, InstanceError, InstanceManager, Release};
@@ -174,6 +175,14 @@ impl InstanceRouter {
                     Some(_) => Some(instance.subscription_lock().await),
                     None => None,
                 };
+                if let (Some((uri, _)), "resources/subscribe") = (&subscription, other) {
+                    if !instance.can_hold_subscription(uri) {
+                        return Err(invalid(format!(
+                            "too many resource subscriptions on this server (at most {}): unsubscribe from one first",
+                            crate::instances::MAX_SUBSCRIPTIONS
+                        )));
+                    }
+                }
                 let mut was_held = false;
                 if let (Some((uri, holder)), "resources/unsubscribe") = (&subscription, other) {
                     match instance.release_subscription(uri, holder) {
@@ -241,6 +250,10 @@ impl InstanceRouter {
             for uri in uris.iter().filter_map(Value::as_str).take(MAX_LISTEN_RESOURCES) {
                 let subscribe = json!({"uri": uri});
                 let _changing = instance.subscription_lock().await;
+                // Past the instance's bound, not agreed (the acknowledgement leaves it out), as when refused.
+                if !instance.can_hold_subscription(uri) {
+                    continue;
+                }
                 match self.manager.call(instance, "resources/subscribe", Some(subscribe), self.call_timeout).await {
                     Ok(_) => {
                         watched.insert(uri.to_owned());
