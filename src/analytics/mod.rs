@@ -305,13 +305,21 @@ pub fn fingerprint<'a>(parts: impl Iterator<Item = (&'a str, i64)>) -> u64 {
 /// them), or the caller's stateless pseudo-session.
 fn row_key(caller: &Caller<'_>) -> RowKey {
     let session = match caller.session {
-        Some(id) => format!("s:{}", &hex::encode(Sha256::digest(id.as_bytes()))[..16]),
-        None => {
-            let who = format!("{}\u{1f}{}", caller.team, caller.user);
-            format!("stateless:{}", &hex::encode(Sha256::digest(who.as_bytes()))[..16])
-        }
+        Some(id) => short_digest("s:", id.as_bytes()),
+        None => short_digest("stateless:", format!("{}\u{1f}{}", caller.team, caller.user).as_bytes()),
     };
     RowKey { at: iso(chrono::Utc::now()), team_id: caller.team.to_owned(), user_id: caller.user.to_owned(), session }
+}
+
+/// `prefix` and the first 16 hex digits of the SHA-256 of `bytes`: only the 8 bytes shown are hex-encoded, into a
+/// buffer (this runs for every listing, discover and call; `hex::encode` of the whole digest cost more than the hash).
+fn short_digest(prefix: &str, bytes: &[u8]) -> String {
+    let mut digits = [0u8; 16];
+    let _ = hex::encode_to_slice(&Sha256::digest(bytes)[..8], &mut digits); // 8 bytes always fill 16 digits
+    let mut out = String::with_capacity(prefix.len() + digits.len());
+    out.push_str(prefix);
+    out.push_str(std::str::from_utf8(&digits).unwrap_or_default());
+    out
 }
 
 /// What the writer remembers of a session.
@@ -504,6 +512,17 @@ async fn flush(ledger: &mut Ledger, store: &Store, batch: &mut Vec<Fact>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session's key is what earlier versions stored (the first 16 hex digits of the digest): rows written
+    /// before and after an upgrade stay one session.
+    #[test]
+    fn session_keys_are_the_digest_prefix_earlier_versions_stored() {
+        let earlier = |prefix: &str, text: &str| format!("{prefix}{}", &hex::encode(Sha256::digest(text))[..16]);
+        let caller = Caller { team: "acme", user: "alice", session: Some("a5f0-session") };
+        assert_eq!(row_key(&caller).session, earlier("s:", "a5f0-session"));
+        let stateless = Caller { session: None, ..caller };
+        assert_eq!(row_key(&stateless).session, earlier("stateless:", "acme\u{1f}alice"));
+    }
 
     fn key(session: &str) -> RowKey {
         RowKey {
