@@ -11,7 +11,8 @@
 # Needs wrk (apt-get install wrk), curl and bc. ROUNDS (3), SECS (6), C (32: connections), LOGGING (false: the
 # installation's request logging), TEXT_BYTES (2: the size of the text echoed, so of the result), PORT (3977),
 # SYSCALLS (0; 1 adds system calls and context switches per call, read with perf), INSTRUCTIONS (0; 1 runs the
-# satellite under valgrind's callgrind and adds the instructions it executed per call, counted only while wrk runs).
+# satellite under valgrind's callgrind and adds the instructions it executed per call, counted only while wrk runs),
+# ROUTE (call: `tools/call echo` on the instance router; mcp-list: `tools/list` on /mcp with the user's token).
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 SATELLITE_BINARY..." >&2; exit 64; }
 command -v wrk >/dev/null || { echo "error: wrk is required (apt-get install wrk)" >&2; exit 1; }
@@ -24,6 +25,8 @@ SYSCALLS=${SYSCALLS:-0}
 # runs outside it). Under valgrind the satellite is ~50x slower and its threads take turns, so req/s and CPU read
 # nothing then; and a `rep movsb` copy counts once per byte, so copying memory weighs more there than it costs.
 INSTRUCTIONS=${INSTRUCTIONS:-0}
+ROUTE=${ROUTE:-call}
+case $ROUTE in call|mcp-list) ;; *) echo "error: ROUTE is call or mcp-list" >&2; exit 64 ;; esac
 # valgrind refuses a child's setrlimit(RLIMIT_NOFILE) that changes the hard limit (EPERM), which is how the sandbox caps
 # the demo server's open files; under valgrind the cap is off (0), or the server would never start.
 NOFILE_LINE=""
@@ -69,15 +72,18 @@ T
   fi
   (cd $data && exec env -u LOG_LEVEL "${under[@]}" "$bin" serve --config $data/s.toml --data-dir $data > $data/log 2>&1) & local pid=$!
   pids+=($pid)
-  local url=http://127.0.0.1:$PORT/i/bench-demo/mcp
-  post() { curl -si $url -H "authorization: Bearer $ITOK" -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' ${1:+-H "mcp-session-id: $1"} -d "$2"; }
+  local url=http://127.0.0.1:$PORT/i/bench-demo/mcp bearer=$ITOK
+  [ "$ROUTE" = mcp-list ] && url=http://127.0.0.1:$PORT/mcp bearer=$TOKEN
+  post() { curl -si $url -H "authorization: Bearer $bearer" -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' ${1:+-H "mcp-session-id: $1"} -d "$2"; }
   for _ in $(seq 1 1200); do curl -sf http://127.0.0.1:$PORT/readyz >/dev/null && break; sleep 0.1; done
   local INIT='{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"wrk","version":"1"}}}'
   local CALL='{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"'$TEXT'"}}}'
+  local EXPECT="\"text\":\"$TEXT\""
+  if [ "$ROUTE" = mcp-list ]; then CALL='{"jsonrpc":"2.0","id":2,"method":"tools/list"}' EXPECT=discover_mcp_tools; fi
   local session=""
   for _ in $(seq 1 300); do session=$(post "" "$INIT" | tr -d '\r' | awk 'tolower($1) == "mcp-session-id:" {print $2}'); [ -n "$session" ] && break; sleep 0.1; done
   local answered=""
-  for _ in $(seq 1 300); do post "$session" "$CALL" | grep -q "\"text\":\"$TEXT\"" && answered=1 && break; sleep 0.1; done
+  for _ in $(seq 1 300); do post "$session" "$CALL" | grep -q "$EXPECT" && answered=1 && break; sleep 0.1; done
   # Measuring anything else (a call refused because the server never started) would be measuring the wrong path.
   [ -n "$answered" ] || { echo "error: $(basename $bin) never answered the call; its log: $data/log" >&2; tail -5 $data/log >&2; exit 1; }
   # What the start leaves running in the background (discovery, counting the tools' tokens, indexing) is not a
@@ -93,7 +99,7 @@ wrk.method = "POST"
 wrk.body = '$CALL'
 wrk.headers["content-type"] = "application/json"
 wrk.headers["accept"] = "application/json, text/event-stream"
-wrk.headers["authorization"] = "Bearer $ITOK"
+wrk.headers["authorization"] = "Bearer $bearer"
 wrk.headers["mcp-session-id"] = "$session"
 LUA
   wrk -t1 -c$C -d2s -s $data/call.lua $url >/dev/null
