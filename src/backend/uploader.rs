@@ -92,7 +92,8 @@ pub struct Uploader {
     /// When the outbox's bytes were last measured.
     bytes_checked: Option<std::time::Instant>,
     /// Whether this replica holds the outbox to its quotas now: of replicas sharing one database only one does
-    /// (the leader), so the outbox is not counted and measured once per replica. Default: always.
+    /// (the leader), so the outbox is not counted and measured once per replica; the others hold it within twice
+    /// them. Default: always.
     prunes: PruneGate,
     /// Where the uploader's own events go (the satellite's emitter, whose queue keeps what the outbox refuses).
     emitter: Emitter,
@@ -105,7 +106,8 @@ pub struct Uploader {
     quota_events: Throttle,
 }
 
-/// Asked before each check of the outbox's quotas: whether this uploader is the one that prunes.
+/// Asked before each check of the outbox's quotas: whether this uploader is the one that holds the outbox to them
+/// (the others hold it within twice them).
 pub type PruneGate = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// What one tick did.
@@ -173,8 +175,8 @@ impl Uploader {
         self
     }
 
-    /// Hold the outbox to its quotas only while `gate` says so (default: always): replicas sharing a database
-    /// leave it to one of them.
+    /// Hold the outbox to its quotas while `gate` says so, and within twice them otherwise (default: always):
+    /// replicas sharing a database leave it to one of them.
     pub fn with_prune_gate(mut self, gate: PruneGate) -> Self {
         self.prunes = gate;
         self
@@ -352,35 +354,38 @@ impl Uploader {
     /// Hold the outbox to its quotas, in events and on disk, the oldest events going first (with an error log and a
     /// throttled `resource.limit.exceeded` event).
     async fn enforce_quota(&mut self) -> Result<(), StoreError> {
-        if !(self.prunes)() {
-            return Ok(());
-        }
+        // A replica the gate passes over holds the outbox within twice its quotas, in case no replica leads for
+        // long (the leader lock cannot be taken, or a vanished leader's session lingers on the server).
+        let (quota, quota_bytes) = match (self.prunes)() {
+            true => (self.quota, self.quota_bytes),
+            false => (self.quota.saturating_mul(2), self.quota_bytes.saturating_mul(2)),
+        };
         // Counting walks the outbox; the span of its sequence numbers, two index lookups, can only overstate the
         // count. A backlog drained batch by batch would otherwise be counted whole before each batch.
         let count = match self.store.event_seq_span().await? {
-            span if span <= self.quota => span,
+            span if span <= quota => span,
             _ => self.store.event_count().await?,
         };
-        if count > self.quota {
-            let dropped = self.store.prune_events(self.quota).await?;
+        if count > quota {
+            let dropped = self.store.prune_events(quota).await?;
             self.stats.dropped_over_quota += dropped;
-            error!(dropped, quota = self.quota, "event outbox over its quota: oldest events dropped");
-            let message = format!("event outbox over its quota of {} events: {dropped} oldest dropped", self.quota);
-            self.report_over_quota(count as u64, self.quota.max(0) as u64, message).await;
+            error!(dropped, quota, "event outbox over its quota: oldest events dropped");
+            let message = format!("event outbox over its quota of {quota} events: {dropped} oldest dropped");
+            self.report_over_quota(count as u64, quota.max(0) as u64, message).await;
         }
         // Measuring the outbox walks it once over the cheap check: at most every `BYTE_CHECK_PERIOD`, not for each
         // batch of a backlog being drained.
         let due = self.bytes_checked.is_none_or(|at| at.elapsed() >= BYTE_CHECK_PERIOD);
-        if due && self.quota_bytes < u64::MAX {
+        if due && quota_bytes < u64::MAX {
             self.bytes_checked = Some(std::time::Instant::now());
-            let pruned = self.store.prune_events_to_bytes(self.quota_bytes).await?;
+            let pruned = self.store.prune_events_to_bytes(quota_bytes).await?;
             let dropped = pruned.events;
             if dropped > 0 {
                 self.stats.dropped_over_quota += dropped;
-                let max_mib = self.quota_bytes / (1024 * 1024);
+                let max_mib = quota_bytes / (1024 * 1024);
                 error!(dropped, max_mib, "event outbox over its size quota: oldest events dropped");
                 let message = format!("event outbox over its quota of {max_mib} MiB on disk: {dropped} oldest dropped");
-                self.report_over_quota(pruned.outbox, self.quota_bytes, message).await;
+                self.report_over_quota(pruned.outbox, quota_bytes, message).await;
             }
         }
         if self.store.release_free_pages().await? > 0 {
@@ -627,20 +632,21 @@ mod tests {
     }
 
     /// Of replicas sharing one outbox, only the one the gate names (the leader) holds it to its quotas; the
-    /// others neither count nor measure it. When the gate opens, the outbox is pruned at once.
+    /// others hold it within twice them, in case none leads for long. When the gate opens, the outbox is pruned
+    /// at once.
     #[tokio::test]
     async fn only_the_replica_the_gate_names_prunes_the_outbox() {
-        let (_dir, store) = store_with(30).await;
+        let (_dir, store) = store_with(50).await;
         let leads = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let gate = leads.clone();
         let (send, _received) = scripted(vec![BatchOutcome::Failed("down".into()); 2]);
         let mut up = Uploader::new(store.clone(), send, 100, 20)
             .with_prune_gate(Arc::new(move || gate.load(std::sync::atomic::Ordering::SeqCst)));
         up.tick().await.unwrap();
-        assert_eq!((up.stats().dropped_over_quota, store.event_count().await.unwrap()), (0, 30), "a follower");
+        assert_eq!((up.stats().dropped_over_quota, store.event_count().await.unwrap()), (10, 41), "a follower: 40");
         leads.store(true, std::sync::atomic::Ordering::SeqCst);
         up.tick().await.unwrap();
-        assert_eq!(up.stats().dropped_over_quota, 10, "the leader");
+        assert_eq!(up.stats().dropped_over_quota, 31, "the leader: 20");
     }
 
     /// A backend away while big request logs pile up: the outbox is held to its bytes on disk, the oldest going,

@@ -163,6 +163,16 @@ impl Exchange {
         calls.running.insert(key(scope, id), call);
     }
 
+    /// A call answered at once leaves the table now, not at the next sweep (which, after a burst, may be far off).
+    /// Only a finished entry goes: one under the same key may be a newer call reusing the id.
+    fn untrack(&self, scope: &str, id: &RequestId) {
+        let key = key(scope, id);
+        let mut calls = self.calls.lock();
+        if calls.running.get(&key).is_some_and(AbortHandle::is_finished) {
+            calls.running.remove(&key);
+        }
+    }
+
     /// `notifications/cancelled` from the client: stop the named call (which cancels it upstream in turn).
     pub fn cancel(&self, scope: &str, params: Option<&Value>) {
         let Some(id) = params.and_then(|p| p.get("requestId")) else { return };
@@ -269,7 +279,10 @@ impl Exchange {
         let first = loop {
             let next = tokio::select! {
                 biased;
-                done = &mut call => return Answer::Done(outcome(done)),
+                done = &mut call => {
+                    self.untrack(&scope, &id);
+                    return Answer::Done(outcome(done));
+                }
                 next = rx.recv() => next,
             };
             let Some(inbound) = next else { break None };

@@ -280,3 +280,15 @@ async fn the_cancellable_calls_table_stays_bounded() {
         assert!(call.await.unwrap_err().is_cancelled());
     }
 }
+
+/// A call answered before the server says anything leaves the cancellable table at once: after a burst the next
+/// sweep may be far off, and each entry keeps its finished task.
+#[tokio::test]
+async fn a_call_answered_at_once_leaves_the_cancellable_table() {
+    let exchange = Arc::new(Exchange::default());
+    for n in 0..3 {
+        let answer = exchange.respond("s".into(), RequestId::Number(n), handshake(), holds_relay, echo_finish).await;
+        assert_eq!(done(answer).unwrap()["ok"], true);
+    }
+    assert!(exchange.calls.lock().running.is_empty(), "{:?}", exchange.calls.lock().running.keys());
+}

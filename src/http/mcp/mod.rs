@@ -332,6 +332,37 @@ mod tests {
     use super::stateless::check_envelope;
     use super::*;
 
+    /// What `Accept` takes: each type named (case aside, parameters and spaces ignored), or `*/*`; a header missing
+    /// or empty takes nothing, and one type named does not stand for another.
+    #[test]
+    fn accept_takes_the_named_types_or_everything() {
+        let both = ["application/json", "text/event-stream"];
+        let takes = |accept: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(accept) = accept {
+                headers.insert("accept", HeaderValue::from_str(accept).unwrap());
+            }
+            accepts_all(&headers, both)
+        };
+        for taken in [
+            "application/json, text/event-stream",
+            "text/event-stream,application/json",
+            " Application/JSON ;q=0.9 ,\ttext/event-stream; charset=utf-8",
+            "*/*",
+            "text/html, */*;q=0.1",
+        ] {
+            assert!(takes(Some(taken)), "{taken:?}");
+        }
+        for refused in
+            [None, Some(""), Some("application/json"), Some("text/event-stream"), Some("application/*, text/*")]
+        {
+            assert!(!takes(refused), "{refused:?}");
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("accept", HeaderValue::from_static("text/event-stream"));
+        assert!(accepts_all(&headers, ["text/event-stream"]));
+    }
+
     /// Every POST's future is boxed (the route's closure), so copied whole into the heap once per request. Waking a
     /// dormant instance for an `initialize` (~6 KB) held inline made it 8.7 KB in a release build, for a branch a
     /// tool call never takes; boxed there, it is 4.1 KB (the bound leaves room for growth, not for another large branch).
