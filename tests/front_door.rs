@@ -1113,6 +1113,29 @@ async fn a_subscribe_past_the_bound_is_refused_not_sent_unheld() {
     let touch = json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"touch","arguments":{}}});
     let (_, touched) = second.post_text(&touch).await;
     assert!(touched.contains("paged://r999") && !touched.contains("paged://extra"), "{touched:.200}");
+
+    // A 2026-07-28 client's listen is acknowledged without the resource past the bound, as one the server refused.
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let listen = json!({"jsonrpc":"2.0","id":"sub-1","method":"subscriptions/listen","params":{"_meta": meta,
+        "notifications":{"resourceSubscriptions":["paged://extra", "paged://r7"]}}});
+    let response = Client::new()
+        .post(format!("{}{path}", sat.base_url()))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .body(listen.to_string())
+        .send()
+        .await
+        .expect("a listen");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut stream = Box::pin(response.bytes_stream());
+    let ack =
+        next_message(&mut stream, "an acknowledgement", |m| m["method"] == "notifications/subscriptions/acknowledged")
+            .await;
+    assert_eq!(ack["params"]["notifications"]["resourceSubscriptions"], json!(["paged://r7"]), "{ack}");
+    drop(stream);
     assert!(sat.satellite.shutdown().await);
 }
 
