@@ -1115,22 +1115,7 @@ async fn a_subscribe_past_the_bound_is_refused_not_sent_unheld() {
     assert!(touched.contains("paged://r999") && !touched.contains("paged://extra"), "{touched:.200}");
 
     // A 2026-07-28 client's listen is acknowledged without the resource past the bound, as one the server refused.
-    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {}});
-    let listen = json!({"jsonrpc":"2.0","id":"sub-1","method":"subscriptions/listen","params":{"_meta": meta,
-        "notifications":{"resourceSubscriptions":["paged://extra", "paged://r7"]}}});
-    let response = Client::new()
-        .post(format!("{}{path}", sat.base_url()))
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "subscriptions/listen")
-        .body(listen.to_string())
-        .send()
-        .await
-        .expect("a listen");
-    assert_eq!(response.status(), StatusCode::OK);
-    let mut stream = Box::pin(response.bytes_stream());
+    let mut stream = listen_stream(&sat, &path, json!({"resourceSubscriptions":["paged://extra", "paged://r7"]})).await;
     let ack =
         next_message(&mut stream, "an acknowledgement", |m| m["method"] == "notifications/subscriptions/acknowledged")
             .await;
@@ -1179,6 +1164,31 @@ async fn a_remote_server_that_forgot_the_session_watches_what_its_client_subscri
     hear_updates(&mut stream, &mut heard, 2).await;
     assert!(heard.contains(uri), "{heard}");
     assert!(sat.satellite.shutdown().await);
+}
+
+/// A 2026-07-28 `subscriptions/listen` (id "sub-1") for `notifications` on the endpoint at `path`, opened (200), as
+/// its body's chunks.
+async fn listen_stream(
+    sat: &TestSatellite,
+    path: &str,
+    notifications: Value,
+) -> impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin {
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let listen = json!({"jsonrpc":"2.0","id":"sub-1","method":"subscriptions/listen",
+        "params":{"_meta": meta, "notifications": notifications}});
+    let response = Client::new()
+        .post(format!("{}{path}", sat.base_url()))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .body(listen.to_string())
+        .send()
+        .await
+        .expect("a listen");
+    assert_eq!(response.status(), StatusCode::OK);
+    Box::pin(response.bytes_stream())
 }
 
 /// The GET stream of `session` on the endpoint at `path`, opened (200), as its body's chunks.
@@ -1813,22 +1823,9 @@ async fn a_remote_servers_request_on_its_stream_is_answered_by_its_members_clien
 async fn a_listen_on_a_handshake_era_server_is_served_from_what_it_announces() {
     let sat = with_paged().await;
     let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
-    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {}});
-    let listen = json!({"jsonrpc":"2.0","id":"sub-1","method":"subscriptions/listen","params":{"_meta": meta,
-        "notifications":{"toolsListChanged":true,"promptsListChanged":true,"resourceSubscriptions":["paged://report"]}}});
-    let response = Client::new()
-        .post(format!("{}{path}", sat.base_url()))
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "subscriptions/listen")
-        .body(listen.to_string())
-        .send()
-        .await
-        .expect("a listen");
-    assert_eq!(response.status(), StatusCode::OK);
-    let mut stream = Box::pin(response.bytes_stream());
+    let notifications =
+        json!({"toolsListChanged":true,"promptsListChanged":true,"resourceSubscriptions":["paged://report"]});
+    let mut stream = listen_stream(&sat, &path, notifications).await;
     let ack =
         next_message(&mut stream, "an acknowledgement", |m| m["method"] == "notifications/subscriptions/acknowledged")
             .await;
