@@ -153,23 +153,24 @@ impl Exchange {
         }
     }
 
-    /// Remember a running call so the client can cancel it; forgotten when it ends.
-    pub fn track(&self, scope: &str, id: &RequestId, call: AbortHandle) {
+    /// Remember a running call so the client can cancel it; forgotten when it ends. Returns its key in the table.
+    pub fn track(&self, scope: &str, id: &RequestId, call: AbortHandle) -> String {
+        let key = key(scope, id);
         let mut calls = self.calls.lock();
         if calls.running.len() >= calls.sweep_at {
             calls.running.retain(|_, running| !running.is_finished());
             calls.sweep_at = (calls.running.len() * 2).max(CALLS_SWEEP_MIN);
         }
-        calls.running.insert(key(scope, id), call);
+        calls.running.insert(key.clone(), call);
+        key
     }
 
     /// A call answered at once leaves the table now, not at the next sweep (which, after a burst, may be far off).
     /// Only a finished entry goes: one under the same key may be a newer call reusing the id.
-    fn untrack(&self, scope: &str, id: &RequestId) {
-        let key = key(scope, id);
+    fn untrack(&self, key: &str) {
         let mut calls = self.calls.lock();
-        if calls.running.get(&key).is_some_and(AbortHandle::is_finished) {
-            calls.running.remove(&key);
+        if calls.running.get(key).is_some_and(AbortHandle::is_finished) {
+            calls.running.remove(key);
         }
     }
 
@@ -272,7 +273,7 @@ impl Exchange {
     where
         Fin: FnOnce(Result<Payload, RouteError>) -> Value + Send + Sync + 'static,
     {
-        self.track(&scope, &id, call.abort_handle());
+        let tracked = self.track(&scope, &id, call.abort_handle());
         let stateless = matches!(mode, Mode::Stateless { .. });
         // The client may go before the server says anything: this handler is then dropped.
         let waiting = AbortOnDrop(Some(call.abort_handle()).filter(|_| stateless));
@@ -280,7 +281,7 @@ impl Exchange {
             let next = tokio::select! {
                 biased;
                 done = &mut call => {
-                    self.untrack(&scope, &id);
+                    self.untrack(&tracked);
                     return Answer::Done(outcome(done));
                 }
                 next = rx.recv() => next,
