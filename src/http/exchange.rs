@@ -277,12 +277,22 @@ impl Exchange {
         let stateless = matches!(mode, Mode::Stateless { .. });
         // The client may go before the server says anything: this handler is then dropped.
         let waiting = AbortOnDrop(Some(call.abort_handle()).filter(|_| stateless));
+        let mut queue = VecDeque::new();
+        let mut finish = Some(finish);
         let first = loop {
             let next = tokio::select! {
                 biased;
                 done = &mut call => {
                     self.untrack(&tracked);
-                    return Answer::Done(outcome(done));
+                    // What the server said just before its answer (a progress or log line, then the result at
+                    // once) is in the channel already, though the call won the race: it still goes first.
+                    let said = self.said_before(&scope, &id, &mut rx);
+                    if said.is_empty() {
+                        return Answer::Done(outcome(done));
+                    }
+                    queue.extend(said);
+                    queue.extend(finish.take().map(|finish| finish(outcome(done))));
+                    break None;
                 }
                 next = rx.recv() => next,
             };
@@ -297,11 +307,13 @@ impl Exchange {
             }
         };
         waiting.disarm();
+        // Answered already (above): the stream is what was queued, and nothing more.
+        let answered = finish.is_none();
         let mut state = Streaming {
-            queue: VecDeque::new(),
-            rx: Some(rx),
-            call: Some(call),
-            finish: Some(finish),
+            queue,
+            rx: Some(rx).filter(|_| !answered),
+            call: Some(call).filter(|_| !answered),
+            finish,
             exchange: self.clone(),
             scope,
             request: id,
@@ -317,6 +329,18 @@ impl Exchange {
         });
         let stream = warp::sse::keep_alive().interval(KEEP_ALIVE).text("ping").stream(events);
         Answer::Streamed(warp::sse::reply(stream).into_response())
+    }
+
+    /// The notifications a finished call's server sent before its answer, as the client sees them. A request
+    /// still queued is dropped with the call that made it (its asker is gone), as on a stream ([`Streaming`]).
+    fn said_before(&self, scope: &str, request: &RequestId, rx: &mut mpsc::Receiver<Inbound>) -> Vec<Value> {
+        let mut said = Vec::new();
+        while let Ok(inbound) = rx.try_recv() {
+            if let Inbound::Notification { .. } = inbound {
+                said.push(self.outbound(scope, request, inbound));
+            }
+        }
+        said
     }
 
     /// Decide what a message from upstream becomes for this client.
@@ -482,15 +506,10 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
             let done = done?;
             self.call = None;
             // Messages sent before the result still go first.
-            if let Some(rx) = self.rx.as_mut() {
-                while let Ok(inbound) = rx.try_recv() {
-                    if let Inbound::Notification { .. } = inbound {
-                        let message = self.exchange.outbound(&self.scope, &self.request, inbound);
-                        self.queue.push_back(message);
-                    }
-                }
+            if let Some(mut rx) = self.rx.take() {
+                let said = self.exchange.said_before(&self.scope, &self.request, &mut rx);
+                self.queue.extend(said);
             }
-            self.rx = None;
             let finish = self.finish.take()?;
             self.queue.push_back(finish(outcome(done)));
             return self.queue.pop_front();

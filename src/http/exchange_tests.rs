@@ -292,3 +292,23 @@ async fn a_call_answered_at_once_leaves_the_cancellable_table() {
     }
     assert!(exchange.calls.lock().running.is_empty(), "{:?}", exchange.calls.lock().running.keys());
 }
+
+/// A server that says something and answers at once, as a tool that logs a line before its result does.
+async fn says_then_answers(relay: Relay) -> Result<Payload, RouteError> {
+    relay.notify("notifications/message", Some(json!({"level": "info", "data": "said first"})));
+    Ok(json!({"ok": true}).into())
+}
+
+#[tokio::test]
+async fn what_the_server_said_just_before_a_fast_answer_still_goes_first() {
+    for mode in [handshake(), stateless(json!({}), "alice")] {
+        let exchange = Arc::new(Exchange::default());
+        let answer = exchange.respond("a".into(), RequestId::Number(7), mode, says_then_answers, echo_finish).await;
+        let Answer::Streamed(response) = answer else { panic!("the notification was dropped with a plain answer") };
+        let messages = sse_messages(response).await;
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert_eq!(messages[0]["method"], "notifications/message");
+        assert_eq!(messages[0]["params"]["data"], "said first");
+        assert_eq!(messages[1]["result"]["ok"], true);
+    }
+}
