@@ -1170,3 +1170,56 @@ async fn the_heartbeat_names_instances_by_the_backends_instance_id() {
     assert!(sat.satellite.shutdown().await);
     backend.assert_no_violations();
 }
+
+/// BP §1 step 8: the heartbeat starts before the first configuration is applied (step 9), with its first beat at
+/// once. A registration becomes active with its first beat, and only active satellites get commands, so a beat
+/// that waited for the first configuration's servers to start left a new satellite inactive for as long as its
+/// slowest server took to answer (minutes with many per-user instances).
+#[tokio::test]
+async fn the_first_heartbeat_does_not_wait_for_the_first_configurations_servers() {
+    let backend = FakeBackend::start().await;
+    // A handshake-era server that never answers `initialize` (the probe for 2026-07-28 it refuses with a 404): its
+    // instance stays in its handshake for the two minutes it is given.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        while let Ok((mut connection, _)) = silent.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = connection.read(&mut buf).await {
+                    seen.extend_from_slice(&buf[..n]);
+                    if String::from_utf8_lossy(&seen).contains("server/discover") {
+                        seen.clear();
+                        let refused = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+                        if connection.write_all(refused).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let entry = McpServerEntry { requires_oauth: Some(false), timeout: Some(120_000.0), ..oauth_entry(&url, "alice") };
+    backend.set_config(&ConfigResponse::from_entries([("demo-acme-alice-silent", entry)]));
+    let sat =
+        TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempfile::tempdir().unwrap(), |c| {
+            fast(c);
+            c.upstream.handshake_timeout = Duration::from_secs(120);
+        })
+        .await
+        .expect("managed satellite starts");
+    // Well inside the two minutes the instance's start may take.
+    wait_until(Duration::from_secs(20), "a heartbeat", || async { (!backend.heartbeats().is_empty()).then_some(()) })
+        .await;
+    let statuses = wait_until(DEADLINE, "the instance", || async {
+        let statuses: Vec<InstanceStatus> = sat.satellite.manager().instances().iter().map(|i| i.state()).collect();
+        (!statuses.is_empty()).then_some(statuses)
+    })
+    .await;
+    assert!(statuses.iter().all(|s| *s != InstanceStatus::Online), "{statuses:?}");
+    backend.assert_no_violations();
+    held.abort();
+    assert!(sat.satellite.shutdown().await);
+}

@@ -421,7 +421,9 @@ impl Satellite {
                 tasks.spawn(
                     async move {
                         runtime.note_signals().await;
-                        // BP §1 steps 9-10: the config once (a failure starts with no servers), then polling.
+                        // BP §1 step 8: the heartbeat starts now; steps 9-10: the config once (a failure starts
+                        // with no servers), then polling and commands.
+                        runtime.spawn(&loops, token.clone());
                         match Managed::refresh_config(&deps).await {
                             Ok(result) => info!(%result, "initial backend configuration applied"),
                             Err(err) => {
@@ -434,7 +436,7 @@ impl Satellite {
                                 );
                             }
                         }
-                        runtime.spawn(&loops, token);
+                        runtime.configured();
                     }
                     .instrument(tracing::info_span!("control.backend")),
                 );

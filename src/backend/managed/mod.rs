@@ -87,6 +87,9 @@ pub struct Managed {
     /// Replicas: the newest recorded command before the first configuration fetch; later ones are followed
     /// (-1 until read).
     signals_from: Arc<std::sync::atomic::AtomicI64>,
+    /// Set once the first configuration fetch has been applied or has failed (BP §1 step 9): polling and the
+    /// command worker start then (step 10), while the heartbeat starts with the loops (step 8).
+    configured: CancellationToken,
 }
 
 impl Managed {
@@ -97,6 +100,7 @@ impl Managed {
             metrics: Arc::new(Mutex::new(metrics)),
             url_sent: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             signals_from: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
+            configured: CancellationToken::new(),
         }
     }
 
@@ -167,8 +171,15 @@ impl Managed {
         )
     }
 
-    /// Start the heartbeat, poller and worker; they stop when `cancel` is. Replicas on PostgreSQL run them
-    /// only while they lead, and follow the leader's commands meanwhile (`replicas`).
+    /// The first configuration fetch has been applied or has failed: commands may be polled and run now.
+    pub fn configured(&self) {
+        self.configured.cancel();
+    }
+
+    /// Start the heartbeat at once (BP §1 step 8: a registration is activated by its first beat, so the beat
+    /// must not wait for the first configuration's servers to start), and the poller and worker, or a replica's
+    /// following of the leader's commands, once [`Managed::configured`] says the first configuration is in
+    /// (step 10). They stop when `cancel` is. Replicas on PostgreSQL run the loops only while they lead.
     pub fn spawn(&self, tracker: &tokio_util::task::TaskTracker, cancel: CancellationToken) {
         if !self.deps.store.shared() {
             self.spawn_loops(tracker, cancel);
@@ -179,8 +190,8 @@ impl Managed {
                 .instrument(tracing::info_span!("backend.leadership")),
         );
         let from = self.signals_from.load(std::sync::atomic::Ordering::Relaxed);
-        tracker
-            .spawn(replicas::follow(self.deps.clone(), from, cancel).instrument(tracing::info_span!("backend.follow")));
+        let follow = replicas::follow(self.deps.clone(), from, cancel.clone());
+        tracker.spawn(after(self.configured.clone(), cancel, follow).instrument(tracing::info_span!("backend.follow")));
     }
 
     /// The leader's loops: heartbeat, poller and command worker.
@@ -197,13 +208,20 @@ impl Managed {
             )
             .instrument(tracing::info_span!("backend.heartbeat")),
         );
+        let poll = poll_loop(self.deps.clone(), ledger.clone(), tx, self.stats.clone(), cancel.clone());
         tracker.spawn(
-            poll_loop(self.deps.clone(), ledger.clone(), tx, self.stats.clone(), cancel.clone())
-                .instrument(tracing::info_span!("backend.poll")),
+            after(self.configured.clone(), cancel.clone(), poll).instrument(tracing::info_span!("backend.poll")),
         );
-        tracker.spawn(
-            worker(self.deps.clone(), ledger, rx, self.stats.clone(), cancel.clone())
-                .instrument(tracing::info_span!("backend.commands")),
-        );
+        let work = worker(self.deps.clone(), ledger, rx, self.stats.clone(), cancel.clone());
+        tracker.spawn(after(self.configured.clone(), cancel, work).instrument(tracing::info_span!("backend.commands")));
     }
+}
+
+/// Run `task` once `configured` is set, unless `cancel` comes first.
+async fn after(configured: CancellationToken, cancel: CancellationToken, task: impl std::future::Future<Output = ()>) {
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = configured.cancelled() => {}
+    }
+    task.await
 }
