@@ -172,6 +172,48 @@ async fn a_server_that_never_reads_stdin_can_still_be_stopped() {
     assert!(!transport.is_alive());
 }
 
+/// A plain synchronous server answers one request at a time: it writes its whole answer before it reads on. When
+/// it writes a long answer while a long request is being written to it, each side's pipe fills: the satellite must
+/// go on reading the answer while its write waits, or the server waits on its stdout and the satellite on the
+/// server's stdin, for ever, and every call after them times out.
+#[tokio::test]
+async fn a_long_answer_and_a_long_request_crossing_do_not_wait_on_each_other() {
+    let server = r#"
+import json, sys, time
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    params = message.get("params") or {}
+    if params.get("name") == "big":
+        time.sleep(0.3)  # the long request arrives meanwhile and fills stdin's pipe
+        text = "y" * 1_000_000
+    else:
+        text = str(len(line))
+    answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": [{"type": "text", "text": text}]}}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+"#;
+    let launch = stdio_launch("python3", &["-c", server]);
+    let transport = StdioTransport::spawn(launch).expect("spawn");
+    let big = transport.request("tools/call", Some(json!({"name": "big"})), CALL, None);
+    let long = "x".repeat(200_000);
+    let echo = async {
+        wait_until(Duration::from_secs(10), "the long answer's call in flight", || {
+            let waiting = transport.in_flight() == 1;
+            async move { waiting.then_some(()) }
+        })
+        .await;
+        transport.request("tools/call", Some(json!({"name": "echo", "arguments": {"text": long}})), CALL, None).await
+    };
+    let (big, echo) = tokio::join!(big, echo);
+    let big = big.expect("the long answer arrives").into_value_or_null();
+    assert_eq!(text(&big).len(), 1_000_000);
+    let echo = echo.expect("the long request is answered").into_value_or_null();
+    assert!(text(&echo).parse::<usize>().is_ok_and(|n| n > 200_000), "{echo}");
+    transport.close().await;
+}
+
 #[tokio::test]
 async fn a_dying_server_fails_every_waiter_at_once() {
     let client = connect_demo_stdio("both").await;

@@ -36,7 +36,7 @@ use super::stderr::{StderrLimiter, StderrSettings};
 use super::{await_response, Pending, Relay, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, RequestId};
-use owner::Owner;
+use owner::{Owner, Writer};
 
 /// Longest stdout line accepted (a large `tools/list` result fits easily).
 pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
@@ -261,11 +261,21 @@ impl StdioTransport {
         let stop = CancellationToken::new();
         let relays = Arc::new(relays::Relays::default());
 
+        let close_stdin = stop.child_token();
+        let writer = Writer {
+            label: launch.label.clone(),
+            stdin,
+            outbound: outbound_rx,
+            pending: pending.clone(),
+            close: close_stdin.clone(),
+            last_batch: 0,
+        };
+        tokio::spawn(writer.run());
         let owner = Owner {
             label: launch.label.clone(),
             pgid: pid.map(|p| Pid::from_raw(p as i32)),
             child,
-            stdin: Some(stdin),
+            close_stdin,
             stdout: FramedRead::with_capacity(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES), STDOUT_BUFFER),
             stderr: FramedRead::with_capacity(
                 stderr,
@@ -275,7 +285,6 @@ impl StdioTransport {
             limiter: StderrLimiter::new(launch.stderr.clone()),
             stderr_sink: launch.stderr_sink.clone(),
             stderr_warnings: stderr_warnings.clone(),
-            outbound: outbound_rx,
             replies: outbound_tx.clone(),
             relays: relays.clone(),
             asker: launch.asker.clone(),
@@ -289,7 +298,6 @@ impl StdioTransport {
             close_grace: launch.close_grace,
             secrets: launch.secrets,
             _cpu_group: cpu_group,
-            last_batch: 0,
         };
         tokio::spawn(owner.run());
 

@@ -37,13 +37,13 @@ pub(super) struct Owner {
     pub(super) pgid: Option<Pid>,
     /// Secret values masked in what is kept of the child's output.
     pub(super) secrets: Vec<String>,
-    pub(super) stdin: Option<ChildStdin>,
+    /// Cancelled to close the child's stdin (the [`Writer`] drops it); a child of `stop`.
+    pub(super) close_stdin: CancellationToken,
     /// The child's cpu cgroup, removed when the owner ends (after the child and its group are gone).
     pub(super) _cpu_group: Option<super::cgroup::CpuGroup>,
     pub(super) stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
     pub(super) stderr: FramedRead<tokio::process::ChildStderr, LinesCodec>,
-    pub(super) outbound: mpsc::Receiver<String>,
-    /// Where answers to the child's requests are queued (the same channel as `outbound`).
+    /// Where answers to the child's requests are queued (the [`Writer`]'s channel).
     pub(super) replies: mpsc::Sender<String>,
     pub(super) relays: Arc<Relays>,
     /// Where the child's requests made outside any call of ours go: its owner's clients.
@@ -61,8 +61,86 @@ pub(super) struct Owner {
     pub(super) exit_tx: watch::Sender<Option<ExitInfo>>,
     pub(super) stop: CancellationToken,
     pub(super) close_grace: Duration,
+}
+
+/// The task that writes to the child's stdin: what callers queue, gathered into few writes. It is not the owner,
+/// so that a write waiting on a full pipe never stops the owner reading stdout. Were they one task, a child that
+/// writes a long answer before it reads on (as a plain synchronous server does) while a long request is being
+/// written to it would wait on its full stdout for the satellite, and the satellite on its full stdin for the
+/// child, both for ever.
+pub(super) struct Writer {
+    pub(super) label: String,
+    pub(super) stdin: ChildStdin,
+    pub(super) outbound: mpsc::Receiver<String>,
+    pub(super) pending: Arc<Pending>,
+    /// Cancelled when the child is stopped or gone: stdin is closed then, even in the middle of a write.
+    pub(super) close: CancellationToken,
     /// Messages the last write to stdin carried: more than one says calls arrive together.
     pub(super) last_batch: usize,
+}
+
+impl Writer {
+    /// Write until the child is stopped or gone, or a write fails; stdin closes when this returns.
+    pub(super) async fn run(mut self) {
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = self.close.cancelled() => return,
+                line = self.outbound.recv() => match line {
+                    Some(line) => line,
+                    None => return,
+                },
+            };
+            if !self.write_queued(first).await {
+                return;
+            }
+        }
+    }
+
+    /// Write `first` and whatever else is queued for stdin by now, in one write: under load, calls that arrive
+    /// together cost the child one read and us one system call instead of one each.
+    ///
+    /// The owner first lets the tasks that are ready to run go ahead (one `yield_now`): a call's sender wakes the
+    /// owner as soon as it queues, so without it the owner wrote each call alone while the other connections'
+    /// requests, read in the same wake-up, waited behind it. At concurrency 32 that was 0.67 writes to stdin per
+    /// call, and each woke the child; with it, 0.14 (docs/performance.md, 2026-11-28). With nothing else ready
+    /// the owner runs again at once.
+    ///
+    /// It yields only when calls come together (another request in flight, or the last write carried several):
+    /// a lone call has nothing to wait for, and a yield is not free. The scheduler wakes a parked worker thread
+    /// to share a yielding task's queue, so each call made one at a time woke the other worker for nothing (a
+    /// futex wake and a context switch per call at concurrency 1; docs/performance.md, 2026-11-28 11:30).
+    async fn write_queued(&mut self, first: String) -> bool {
+        if self.last_batch > 1 || self.pending.len() > 1 {
+            tokio::task::yield_now().await;
+        }
+        let mut batch = first.into_bytes();
+        batch.push(b'\n');
+        self.last_batch = 1;
+        while batch.len() < WRITE_BATCH_BYTES {
+            let Ok(line) = self.outbound.try_recv() else { break };
+            batch.extend_from_slice(line.as_bytes());
+            batch.push(b'\n');
+            self.last_batch += 1;
+        }
+        let stdin = &mut self.stdin;
+        let write = async {
+            stdin.write_all(&batch).await?;
+            stdin.flush().await
+        };
+        // A child that stops reading leaves this write waiting on a full pipe: stopping it must still work.
+        let result = tokio::select! {
+            result = write => result,
+            _ = self.close.cancelled() => Err(std::io::Error::other("stopped while the child was not reading stdin")),
+        };
+        if let Err(err) = result {
+            // The child is going away (its exit fails the waiters), or is being stopped: a write cut short leaves
+            // half a message in the pipe, so nothing more is written.
+            debug!(process_id = %self.label, error = %err, "writing to stdin failed");
+            return false;
+        }
+        true
+    }
 }
 
 impl Owner {
@@ -81,7 +159,6 @@ impl Owner {
                         }
                     };
                 }
-                Some(line) = self.outbound.recv() => self.write_queued(line).await,
                 line = self.stdout.next(), if stdout_open => match line {
                     Some(Ok(line)) => self.on_stdout_line(&line).await,
                     Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
@@ -100,6 +177,7 @@ impl Owner {
                 },
             }
         };
+        self.close_stdin.cancel();
         // Whatever the child left behind in its process group goes with it.
         if let Some(pgid) = self.pgid {
             let _ = killpg(pgid, Signal::SIGKILL);
@@ -131,7 +209,7 @@ impl Owner {
 
     /// Close stdin, give the child `close_grace` to leave, then SIGTERM its group, then SIGKILL.
     async fn terminate(&mut self) -> ExitInfo {
-        self.stdin = None;
+        self.close_stdin.cancel();
         if tokio::time::timeout(self.close_grace, self.child.wait()).await.is_ok() {
             return ExitInfo::Stopped;
         }
@@ -144,50 +222,6 @@ impl Owner {
         }
         let _ = self.child.kill().await;
         ExitInfo::Stopped
-    }
-
-    /// Write `first` and whatever else is queued for stdin by now, in one write: under load, calls that arrive
-    /// together cost the child one read and us one system call instead of one each.
-    ///
-    /// The owner first lets the tasks that are ready to run go ahead (one `yield_now`): a call's sender wakes the
-    /// owner as soon as it queues, so without it the owner wrote each call alone while the other connections'
-    /// requests, read in the same wake-up, waited behind it. At concurrency 32 that was 0.67 writes to stdin per
-    /// call, and each woke the child; with it, 0.14 (docs/performance.md, 2026-11-28). With nothing else ready
-    /// the owner runs again at once.
-    ///
-    /// It yields only when calls come together (another request in flight, or the last write carried several):
-    /// a lone call has nothing to wait for, and a yield is not free. The scheduler wakes a parked worker thread
-    /// to share a yielding task's queue, so each call made one at a time woke the other worker for nothing (a
-    /// futex wake and a context switch per call at concurrency 1; docs/performance.md, 2026-11-28 11:30).
-    async fn write_queued(&mut self, first: String) {
-        if self.last_batch > 1 || self.pending.len() > 1 {
-            tokio::task::yield_now().await;
-        }
-        let mut batch = first.into_bytes();
-        batch.push(b'\n');
-        self.last_batch = 1;
-        while batch.len() < WRITE_BATCH_BYTES {
-            let Ok(line) = self.outbound.try_recv() else { break };
-            batch.extend_from_slice(line.as_bytes());
-            batch.push(b'\n');
-            self.last_batch += 1;
-        }
-        let Some(stdin) = self.stdin.as_mut() else { return };
-        let write = async {
-            stdin.write_all(&batch).await?;
-            stdin.flush().await
-        };
-        // A child that stops reading leaves this write waiting on a full pipe: stopping it must still work.
-        let result = tokio::select! {
-            result = write => result,
-            _ = self.stop.cancelled() => Err(std::io::Error::other("stopped while the child was not reading stdin")),
-        };
-        if let Err(err) = result {
-            // The child is going away (its exit fails the waiters), or is being stopped: a write cut short leaves
-            // half a message in the pipe, so nothing more is written.
-            debug!(process_id = %self.label, error = %err, "writing to stdin failed");
-            self.stdin = None;
-        }
     }
 
     async fn on_stdout_line(&mut self, line: &str) {
@@ -250,8 +284,14 @@ impl Owner {
                     // Outside any call: the clients of the instance's owner that hold a stream open for it.
                     None if busy => {
                         debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
-                        let reply = protocol::error_response(Some(id), too_many_asks());
-                        self.write_queued(reply.to_string()).await;
+                        let reply = protocol::error_response(Some(id), too_many_asks()).to_string();
+                        // Queued without waiting: the owner must go on reading stdout whatever stdin's queue holds.
+                        if let Err(mpsc::error::TrySendError::Full(reply)) = self.replies.try_send(reply) {
+                            let replies = self.replies.clone();
+                            self.asks.spawn(async move {
+                                let _ = replies.send(reply).await;
+                            });
+                        }
                     }
                     None => {
                         debug!(process_id = %self.label, method = %method, "request from mcp server outside any call");
