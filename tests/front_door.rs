@@ -1923,3 +1923,57 @@ async fn a_modern_server_is_followed_like_a_handshake_era_one() {
     assert!(heard.contains("modern://note"), "{heard}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A legacy SSE client that stops reading its stream (it hangs, or holds the connection and goes away) while a call
+/// of its sends more than the stream can hold: the call must not wait on it for ever. Before, the call's relay
+/// waited for room on the stream without end, holding the instance's only call slot, so every other call of the
+/// owner's to that instance was refused as busy, and the stream outlived the idle sweep and shutdown's drain.
+#[tokio::test]
+async fn a_legacy_client_that_stops_reading_does_not_hold_its_call_for_ever() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sat = with_paged_and(|config| config.upstream.lifecycle.max_calls_per_instance = 1).await;
+    let addr = sat.base_url().trim_start_matches("http://").to_owned();
+    let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let open = format!(
+        "GET /sse HTTP/1.1\r\nhost: {addr}\r\naccept: text/event-stream\r\nauthorization: Bearer {ALICE}\r\n\r\n"
+    );
+    stalled.write_all(open.as_bytes()).await.unwrap();
+    let mut heard = String::new();
+    let endpoint = tokio::time::timeout(DEADLINE, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stalled.read(&mut buf).await.expect("the stream is open");
+            assert!(n > 0, "the stream ended before its endpoint event: {heard}");
+            heard.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if let Some(line) = heard.lines().find(|l| l.starts_with("data:") && l.contains("/message?session=")) {
+                return line.trim_start_matches("data:").trim().to_owned();
+            }
+        }
+    })
+    .await
+    .expect("the endpoint event");
+    // From here on the stream is never read. The call's log messages (32 MB, paced so that none is dropped on the
+    // way while the stream takes them) are far more than the socket holds.
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"execute_mcp_tool",
+        "arguments":{"tool_path":"paged:chatty","arguments":{"count":4_000,"bytes":8_000,"pause_ms":0.25}}}});
+    let posted = tokio::spawn(
+        reqwest::Client::new().post(format!("{}{endpoint}", sat.base_url())).bearer_auth(ALICE).json(&call).send(),
+    );
+    let instance = sat.satellite.manager().get(&ProcessId::from("paged-acme-alice-i-paged")).expect("alice's instance");
+    wait_until(DEADLINE, "the stalled client's call in flight", || {
+        let busy = instance.in_flight() == 1;
+        async move { busy.then_some(()) }
+    })
+    .await;
+    // Alice's other client gets the instance's one slot back: the stalled call is given up.
+    let other = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let ran = wait_until(DEADLINE, "a call of alice's other client through", || async {
+        let ran = other.execute("paged:ok", json!({})).await;
+        (ran["result"]["content"][0]["text"] == "ok").then_some(ran)
+    })
+    .await;
+    assert!(ran["result"]["isError"] != true, "{ran}");
+    posted.abort();
+    drop(stalled);
+    assert!(sat.satellite.shutdown().await);
+}

@@ -399,15 +399,21 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
             // A stream the client stopped reading is not waited on for long (nor kept open by this wait): the
             // request then goes unanswered and the server gets its timeout's error.
             let event = warp::sse::Event::default().event("message").data(message.to_string());
-            if !matches!(tokio::time::timeout(SEAT_SEND_TIMEOUT, events.send(event)).await, Ok(Ok(()))) {
+            if !send_or_give_up(&events, event).await {
                 break;
             }
         }
     });
 }
 
-/// How long a server's request waits for room on a legacy stream.
-const SEAT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a message waits for room on a legacy stream before the client is taken to have stopped reading.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Put `event` on a legacy stream, waiting at most [`SEND_TIMEOUT`] for room: false when the client has left or
+/// stopped reading (its stream full all that time).
+async fn send_or_give_up(events: &mpsc::Sender<warp::sse::Event>, event: warp::sse::Event) -> bool {
+    matches!(tokio::time::timeout(SEND_TIMEOUT, events.send(event)).await, Ok(Ok(())))
+}
 
 fn new_message_id() -> String {
     format!("msg-{}-{}", chrono::Utc::now().timestamp_millis(), rand::random::<u32>())
@@ -432,6 +438,12 @@ enum Ended {
 }
 
 impl RelayedCall {
+    /// The client's stream is gone or full: its session ends (and the stream with it).
+    fn stream_closed(&self) -> Ended {
+        self.sessions.sessions.lock().remove(&self.scope);
+        Ended::StreamClosed
+    }
+
     async fn run(
         self,
         principal: Principal,
@@ -463,22 +475,28 @@ impl RelayedCall {
                         }
                         let message = self.sessions.exchange.outbound(&self.scope, &request_id, inbound);
                         let event = warp::sse::Event::default().event("message").data(message.to_string());
-                        let _ = self.events.send(event).await;
+                        // A client that stopped reading must not hold the call (and its slot on the instance)
+                        // for ever: the session ends, and the call with it.
+                        if !send_or_give_up(&self.events, event).await {
+                            return self.stream_closed();
+                        }
                     }
                 }
             };
             while let Ok(inbound) = rx.try_recv() {
                 let message = self.sessions.exchange.outbound(&self.scope, &request_id, inbound);
-                let _ = self.events.send(warp::sse::Event::default().event("message").data(message.to_string())).await;
+                let event = warp::sse::Event::default().event("message").data(message.to_string());
+                if !send_or_give_up(&self.events, event).await {
+                    return self.stream_closed();
+                }
             }
             if let (Err(RouteError::Forbidden(err)), Some(_)) = (&outcome, &asked_tx) {
                 return Ended::Refused(err.clone());
             }
             let reply = response_message(request_id, outcome.map(protocol::payload_for_handshake));
             let event = warp::sse::Event::default().id(final_id).event("message").data(reply.to_string());
-            if self.events.try_send(event).is_err() {
-                self.sessions.sessions.lock().remove(&self.scope);
-                return Ended::StreamClosed;
+            if !send_or_give_up(&self.events, event).await {
+                return self.stream_closed();
             }
             Ended::Sent
         });
