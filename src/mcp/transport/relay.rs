@@ -81,6 +81,13 @@ impl Relay {
         if !self.answers {
             return Err(unsupported(method));
         }
+        // The satellite declares every capability upstream on behalf of all its clients; a client that did not
+        // declare this one gets nothing it never asked for, and the server the answer such a client gives.
+        if let (Some(needed), Some(declared)) = (capability_for(method), self.client_capabilities()) {
+            if declared.get(needed).is_none() {
+                return local_answer(method);
+            }
+        }
         let (reply, answer) = oneshot::channel();
         let request = Inbound::Request { method: method.to_owned(), params, reply };
         // The wait for room on a stalled client's stream counts against the timeout too.
@@ -253,6 +260,29 @@ fn unsupported(method: &str) -> RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_client_is_asked_only_what_it_declared_it_can_answer() {
+        let (relay, mut rx) = Relay::for_client(std::sync::Arc::new(json!({"roots": {}})));
+        let refused = relay.ask("sampling/createMessage", None, Duration::from_secs(5)).await.unwrap_err();
+        assert_eq!(refused.code, codes::METHOD_NOT_FOUND, "{refused:?}");
+        let refused = relay.ask("elicitation/create", None, Duration::from_secs(5)).await.unwrap_err();
+        assert_eq!(refused.code, codes::METHOD_NOT_FOUND, "{refused:?}");
+        assert!(rx.try_recv().is_err(), "nothing reached the client");
+        // What it declared, and what needs no capability, reach it.
+        let client = tokio::spawn(async move {
+            let mut asked = Vec::new();
+            while let Some(Inbound::Request { method, reply, .. }) = rx.recv().await {
+                asked.push(method);
+                let _ = reply.send(Ok(json!({"roots": []})));
+            }
+            asked
+        });
+        relay.ask("roots/list", None, Duration::from_secs(5)).await.unwrap();
+        relay.ask("ping", None, Duration::from_secs(5)).await.unwrap();
+        drop(relay);
+        assert_eq!(client.await.unwrap(), ["roots/list", "ping"]);
+    }
 
     #[tokio::test]
     async fn requests_reach_the_client_and_its_answer_comes_back() {
