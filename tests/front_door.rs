@@ -1977,3 +1977,32 @@ async fn a_legacy_client_that_stops_reading_does_not_hold_its_call_for_ever() {
     drop(stalled);
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A server that announces more at once than the satellite's backlog holds (here an update of each of 300
+/// subscribed resources in one burst): what its client's GET stream missed is said again, as each list and each
+/// subscribed resource that may have changed. Before, the missed announcements were dropped, and the client kept
+/// stale resources (or a stale tool list, had a list change been among them).
+#[tokio::test]
+async fn announcements_missed_in_a_burst_are_said_again_not_lost() {
+    const RESOURCES: usize = 300;
+    let sat = with_paged().await;
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let session = direct.session.clone().expect("a session");
+    let uri = |n: usize| format!("paged://r/{n:03}");
+    for n in 0..RESOURCES {
+        let subscribe = json!({"jsonrpc":"2.0","id":n,"method":"resources/subscribe","params":{"uri":uri(n)}});
+        let (status, answer) = direct.post_text(&subscribe).await;
+        assert!(status == StatusCode::OK && answer.contains("\"result\""), "{status}: {answer}");
+    }
+    let mut stream = get_stream(&sat, &path, &session).await;
+    let touch = json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"touch","arguments":{}}});
+    let (_, touched) = direct.post_text(&touch).await;
+    assert!(touched.contains(&uri(RESOURCES - 1)), "{touched}");
+    let mut heard = String::new();
+    let all = |heard: &str| (0..RESOURCES).all(|n| heard.contains(&format!("\"{}\"", uri(n))));
+    let told = hear(&mut stream, &mut heard, all).await;
+    let missing: Vec<String> = (0..RESOURCES).map(uri).filter(|u| !heard.contains(&format!("\"{u}\""))).collect();
+    assert!(told, "every subscribed resource's update reaches the GET stream; missing: {missing:?}");
+    assert!(sat.satellite.shutdown().await);
+}

@@ -298,6 +298,11 @@ impl SessionTable {
         ids.iter().any(|id| sessions.get(id).is_some_and(|s| !s.subscriptions.is_empty()))
     }
 
+    /// The resources session `id` subscribed to.
+    pub fn subscriptions(&self, id: &str) -> Vec<String> {
+        self.sessions.lock().get(id).map(|s| s.subscriptions.iter().cloned().collect()).unwrap_or_default()
+    }
+
     /// Whether session `id` subscribed to `uri`.
     pub fn subscribed(&self, id: &str, uri: &str) -> bool {
         self.sessions.lock().get(id).is_some_and(|s| s.subscriptions.contains(uri))

@@ -131,6 +131,15 @@ type ParsedListing = (std::sync::Weak<Catalog>, Arc<[serde_json::Value]>);
 /// Announcements queued per listening session before the slowest one starts to miss some.
 const ANNOUNCEMENT_BACKLOG: usize = 64;
 
+/// The method of the marker [`Instance::announce_missed`] sends; it never leaves the satellite.
+const MISSED_ANNOUNCEMENTS: &str = "satellite/announcements-missed";
+
+/// Whether an announcement says some were missed before it ([`Instance::announce_missed`]): what they were
+/// (list changes, resource updates) is unknown, so a listener says each of them may have happened.
+pub fn missed_announcements(note: &serde_json::Value) -> bool {
+    note.get("method").and_then(serde_json::Value::as_str) == Some(MISSED_ANNOUNCEMENTS)
+}
+
 /// A live connection to the instance's server.
 #[derive(Debug)]
 pub(super) struct Connection {
@@ -271,6 +280,12 @@ impl Instance {
         if let Some(announcements) = self.announcements.get() {
             let _ = announcements.send(notification);
         }
+    }
+
+    /// Tell listeners that announcements were lost before they reached this instance's channel (the server's
+    /// burst outran the transport's backlog): each listener treats it as having fallen behind itself.
+    pub(super) fn announce_missed(&self) {
+        self.announce(Arc::new(serde_json::json!({"jsonrpc": "2.0", "method": MISSED_ANNOUNCEMENTS})));
     }
 
     pub fn spec(&self) -> &InstanceSpec {

@@ -40,7 +40,9 @@ mod reconcile;
 pub mod sandbox;
 pub mod status;
 
-pub use instance::{Instance, InstanceError, Release, StatusEntry, ToolOverrides, MAX_SUBSCRIPTIONS};
+pub use instance::{
+    missed_announcements, Instance, InstanceError, Release, StatusEntry, ToolOverrides, MAX_SUBSCRIPTIONS,
+};
 use limits::ProcessSlots;
 pub use reconcile::ReconcileReport;
 

@@ -281,9 +281,10 @@ impl InstanceRouter {
                 note = announced.recv() => note,
             };
             let note = match note {
-                Ok(note) => note,
-                // Missed announcements may have been list changes: the lists this listen follows may have changed.
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                Ok(note) if !crate::instances::missed_announcements(&note) => note,
+                // Missed announcements may have been list changes or updates: the lists this listen follows, and
+                // the resources it watches, may have changed.
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                     for (method, on) in [
                         ("notifications/tools/list_changed", tools),
                         ("notifications/prompts/list_changed", prompts),
@@ -292,6 +293,9 @@ impl InstanceRouter {
                         if on {
                             relay.notify(method, Some(json!({"_meta": tag()})));
                         }
+                    }
+                    for uri in &watched {
+                        relay.notify("notifications/resources/updated", Some(json!({"uri": uri, "_meta": tag()})));
                     }
                     continue;
                 }

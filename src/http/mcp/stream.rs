@@ -27,10 +27,17 @@ pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMa
     let notes: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>> = match &endpoint.target {
         Target::Instance(instance) => {
             let (sessions, session_id) = (endpoint.sessions.clone(), id.to_owned());
-            let notes = BroadcastStream::new(instance.announcements()).filter_map(move |note| {
-                let keep = note.ok().filter(|note| for_session(note, &sessions, &session_id)).map(Arc::unwrap_or_clone);
-                async move { keep }
-            });
+            let notes = BroadcastStream::new(instance.announcements())
+                .filter_map(move |note| {
+                    let notes = match note {
+                        Ok(note) if crate::instances::missed_announcements(&note) => missed(&sessions, &session_id),
+                        Ok(note) if for_session(&note, &sessions, &session_id) => vec![Arc::unwrap_or_clone(note)],
+                        Ok(_) => Vec::new(),
+                        Err(_) => missed(&sessions, &session_id),
+                    };
+                    async move { (!notes.is_empty()).then(|| futures::stream::iter(notes)) }
+                })
+                .flatten();
             Box::pin(notes)
         }
         Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
@@ -90,6 +97,19 @@ pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMa
         response.headers_mut().insert("mcp-session-id", value);
     }
     Ok(response)
+}
+
+/// What a session's stream says when announcements were missed (its listener fell behind, or the instance's did):
+/// each list may have changed, and so may each resource it subscribed to. A client re-reads them, as after
+/// hearing each; before, the missed ones were lost and the client kept a stale list.
+fn missed(sessions: &SessionTable, session_id: &str) -> Vec<Value> {
+    let lists = ["tools", "prompts", "resources"]
+        .map(|list| protocol::notification(&format!("notifications/{list}/list_changed"), None));
+    let updates = sessions
+        .subscriptions(session_id)
+        .into_iter()
+        .map(|uri| protocol::notification("notifications/resources/updated", Some(serde_json::json!({"uri": uri}))));
+    lists.into_iter().chain(updates).collect()
 }
 
 /// Whether a server announcement is for this session: a resource update only if it subscribed to that resource.

@@ -206,9 +206,11 @@ impl Inner {
                                     rediscover.get_or_insert(tokio::time::Instant::now() + LIST_CHANGE_DEBOUNCE);
                                 }
                             }
-                            // Missed notifications may have been list changes.
+                            // Missed notifications may have been list changes (and the client sessions missed
+                            // them too).
                             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                                 rediscover.get_or_insert(tokio::time::Instant::now() + LIST_CHANGE_DEBOUNCE);
+                                instance.announce_missed();
                             }
                             Err(tokio::sync::broadcast::error::RecvError::Closed) => {
                                 // The owner task is gone; the exit branch reports it.
@@ -274,6 +276,8 @@ impl Inner {
                         }
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                             rediscover.get_or_insert(tokio::time::Instant::now() + LIST_CHANGE_DEBOUNCE);
+                            // The client sessions missed them too.
+                            instance.announce_missed();
                         }
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                     }
