@@ -597,6 +597,50 @@ async fn a_legacy_sse_endpoint_of_another_origin_is_refused() {
     assert_eq!(reached.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
+/// A connect to a legacy SSE server that is given up before the server's `endpoint` event (the instance removed or
+/// replaced meanwhile, or the satellite stopping) takes its reader, and so its stream, with it. Before, the reader
+/// read on until the server closed the stream, which may be never: one open connection left per attempt.
+#[tokio::test]
+async fn a_legacy_sse_connect_given_up_closes_its_stream() {
+    use futures::StreamExt;
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use warp::sse::Event;
+    use warp::Filter;
+    /// Set when the server's stream is dropped: its client went away.
+    struct Gone(Arc<AtomicBool>);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let gone = Arc::new(AtomicBool::new(false));
+    let served = gone.clone();
+    let sse = warp::path("sse").and(warp::get()).map(move || {
+        let guard = Gone(served.clone());
+        // Never an endpoint event; the pings are written so that a client that left is noticed.
+        let events = futures::stream::pending::<Result<Event, Infallible>>().map(move |event| {
+            let _ = &guard;
+            event
+        });
+        warp::sse::reply(warp::sse::keep_alive().interval(Duration::from_millis(100)).stream(events))
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(sse).incoming(listener).run());
+
+    let url = url::Url::parse(&format!("http://{addr}/sse")).unwrap();
+    let headers = BTreeMap::new();
+    let connect = SseTransport::connect("test".into(), reqwest::Client::new(), url, &headers, CALL, None);
+    assert!(tokio::time::timeout(Duration::from_millis(500), connect).await.is_err(), "no endpoint event came");
+    wait_until(Duration::from_secs(10), "the server's stream closed", || {
+        let closed = gone.load(Ordering::SeqCst);
+        async move { closed.then_some(()) }
+    })
+    .await;
+}
+
 /// A server whose error page echoes the request's credentials (a debugging proxy, a framework's error page): the
 /// error the satellite keeps (status message, events, request log) shows them masked. A user's OAuth token reaches
 /// the transport as its `Authorization` header and is not among the instance's configured secrets, so before it

@@ -85,22 +85,17 @@ impl SseTransport {
             relays: relays.clone(),
         };
         tokio::spawn(reader.run(response, stop.clone()));
+        // Until the endpoint event, the reader goes with this connect: on a failure below, and when whoever waits
+        // for it gives up (the instance removed or replaced, the satellite stopping), which drops this future.
+        let reader_guard = stop.drop_guard();
 
         let endpoint = match tokio::time::timeout(timeout, endpoint_rx).await {
             Ok(Ok(Ok(endpoint))) => endpoint,
-            Ok(Ok(Err(refused))) => {
-                stop.cancel();
-                return Err(UpstreamError::Protocol(refused));
-            }
-            Ok(Err(_)) => {
-                stop.cancel();
-                return Err(UpstreamError::Protocol("sse stream ended before the endpoint event".into()));
-            }
-            Err(_) => {
-                stop.cancel();
-                return Err(UpstreamError::Timeout { method: "sse endpoint event".into(), after: timeout });
-            }
+            Ok(Ok(Err(refused))) => return Err(UpstreamError::Protocol(refused)),
+            Ok(Err(_)) => return Err(UpstreamError::Protocol("sse stream ended before the endpoint event".into())),
+            Err(_) => return Err(UpstreamError::Timeout { method: "sse endpoint event".into(), after: timeout }),
         };
+        let stop = reader_guard.disarm();
         Ok(Self { label, client, headers, endpoint, next_id: AtomicI64::new(1), pending, stop, notifications, relays })
     }
 
