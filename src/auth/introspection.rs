@@ -62,7 +62,11 @@ struct Inner {
     audiences: Vec<String>,
     ttl: Duration,
     cache: Mutex<HashMap<String, Entry>>,
-    flights: Mutex<HashMap<String, Flight>>,
+    /// Checks in flight by token hash, each with the `epoch` it took off in.
+    flights: Mutex<HashMap<String, (u64, Flight)>>,
+    /// Bumped by every invalidation: a check that took off before one may carry an answer the invalidation
+    /// overrides, and is not cached.
+    epoch: std::sync::atomic::AtomicU64,
     calls: std::sync::atomic::AtomicU64,
     /// Lookups answered from the cache, and those that were not (for `/metrics`).
     hits: std::sync::atomic::AtomicU64,
@@ -79,6 +83,7 @@ impl TokenIntrospection {
                 ttl,
                 cache: Mutex::new(HashMap::new()),
                 flights: Mutex::new(HashMap::new()),
+                epoch: std::sync::atomic::AtomicU64::new(0),
                 calls: std::sync::atomic::AtomicU64::new(0),
                 hits: std::sync::atomic::AtomicU64::new(0),
                 misses: std::sync::atomic::AtomicU64::new(0),
@@ -94,10 +99,16 @@ impl TokenIntrospection {
             return Ok(found.principal);
         }
         self.inner.misses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let flight = {
+        let (epoch, flight) = {
             let mut flights = self.inner.flights.lock();
             // A finished flight may still be listed for a moment; a cache hit above covers the common case.
-            flights.entry(key.clone()).or_insert_with(|| self.take_off(token, &key)).clone()
+            flights
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    let epoch = self.inner.epoch.load(std::sync::atomic::Ordering::SeqCst);
+                    (epoch, self.take_off(token, &key, epoch))
+                })
+                .clone()
         };
         match flight.await {
             Verdict::Active(found) => {
@@ -105,7 +116,12 @@ impl TokenIntrospection {
                     return Err(AuthError::Invalid("Token audience does not include this satellite".into()));
                 }
                 let expires = Instant::now() + self.inner.ttl;
-                self.inner.cache.lock().insert(key, Entry { found: found.clone(), expires });
+                let mut cache = self.inner.cache.lock();
+                // The user's tokens were invalidated while this check was in flight (the answer may predate a
+                // revocation): this request goes ahead, as if it had come a moment earlier, but the next asks again.
+                if self.inner.epoch.load(std::sync::atomic::Ordering::SeqCst) == epoch {
+                    cache.insert(key, Entry { found: found.clone(), expires });
+                }
                 Ok(found.principal)
             }
             Verdict::Inactive(description) => {
@@ -121,12 +137,16 @@ impl TokenIntrospection {
     /// One introspection call, run as a task of its own that lists itself under `key` until it lands: every
     /// caller may give up waiting (a client that hung up, a request timeout) and the call still ends and leaves
     /// the list, instead of staying there, half-run, for the next request with the same token to resume.
-    fn take_off(&self, token: &str, key: &str) -> Flight {
+    fn take_off(&self, token: &str, key: &str, epoch: u64) -> Flight {
         self.inner.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (inner, token, key) = (self.inner.clone(), token.to_owned(), key.to_owned());
         let call = tokio::spawn(async move {
             let verdict = (inner.introspect)(token).await;
-            inner.flights.lock().remove(&key);
+            let mut flights = inner.flights.lock();
+            // Not a newer check of the same token, listed after an invalidation took this one off the list.
+            if flights.get(&key).is_some_and(|(listed, _)| *listed == epoch) {
+                flights.remove(&key);
+            }
             verdict
         });
         async move { call.await.unwrap_or_else(|err| Verdict::Unavailable(format!("introspection task: {err}"))) }
@@ -154,9 +174,12 @@ impl TokenIntrospection {
         })
     }
 
-    /// Drop every cached token of `user`; returns how many.
+    /// Drop every cached token of `user`; returns how many. Checks in flight are not joined by later requests,
+    /// and their answers are not cached (which user a token is of is known only once its check lands).
     pub fn invalidate_user(&self, user: &UserId) -> usize {
         let mut cache = self.inner.cache.lock();
+        self.inner.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.flights.lock().clear();
         let before = cache.len();
         cache.retain(|_, entry| &entry.found.principal.user != user);
         before - cache.len()
@@ -293,6 +316,38 @@ mod tests {
             assert_eq!(auth.authenticate("tok").await.is_ok(), ok, "{aud:?}");
             assert_eq!(auth.cached_tokens(), usize::from(ok), "a refused audience is not cached");
         }
+    }
+
+    /// A check in flight when the user's tokens are invalidated (the backend answered "active" just before it
+    /// revoked the token) is not cached: the next request asks again, and gets the revocation.
+    #[tokio::test]
+    async fn a_check_in_flight_during_an_invalidation_is_not_cached() {
+        let revoked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (asked, gate) = (Arc::new(tokio::sync::Semaphore::new(0)), Arc::new(tokio::sync::Semaphore::new(0)));
+        let (answers, told, opened) = (revoked.clone(), asked.clone(), gate.clone());
+        let introspect: Introspect = Arc::new(move |_token| {
+            let (revoked, asked, gate) = (answers.clone(), told.clone(), opened.clone());
+            async move {
+                // The answer is made now, and delivered once the test lets it go.
+                let verdict = if revoked.load(Ordering::SeqCst) { Verdict::Inactive(None) } else { alice(&[]) };
+                asked.add_permits(1);
+                let _ = gate.acquire().await;
+                verdict
+            }
+            .boxed()
+        });
+        let auth = TokenIntrospection::new(introspect, sat(), CACHE_TTL);
+        let first = tokio::spawn({
+            let auth = auth.clone();
+            async move { auth.authenticate("tok").await }
+        });
+        let _ = asked.acquire().await;
+        revoked.store(true, Ordering::SeqCst);
+        auth.invalidate_user(&UserId::from("alice"));
+        gate.add_permits(100);
+        assert!(first.await.unwrap().is_ok(), "the request made before the invalidation goes ahead");
+        assert_eq!(auth.cached_tokens(), 0, "its answer is not kept");
+        assert!(auth.authenticate("tok").await.is_err(), "the next request asks again and is refused");
     }
 
     #[tokio::test]
