@@ -391,6 +391,54 @@ async fn answer_handshake(body: &Value, socket: &mut tokio::net::TcpStream) -> O
     Some(())
 }
 
+/// A session's GET stream refused for a moment (a proxy's 503 while the server restarts) is asked for again, and
+/// what the server announces on it afterwards arrives. Before, any refusal but a success ended the stream for
+/// the session's life: list changes and resource updates were lost until the session itself was renewed.
+#[tokio::test]
+async fn a_server_stream_refused_for_a_moment_is_asked_for_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let gets = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = gets.clone();
+    let addr = raw_server(move |_path, body, mut socket| {
+        let seen = seen.clone();
+        async move {
+            if !body.is_null() {
+                answer_handshake(&body, &mut socket).await;
+                return;
+            }
+            // The GET stream: refused the first time, then open with one announcement.
+            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = socket
+                    .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+                return;
+            }
+            let note =
+                json!({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "raw://r"}});
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let _ = socket.write_all(format!("{head}{}", chunk(&format!("data: {note}\n\n"))).as_bytes()).await;
+            std::future::pending::<()>().await;
+        }
+    })
+    .await;
+    let client = connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await;
+    let mut announcements = client.transport().announcements();
+    let update = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let note = announcements.recv().await.expect("announcements open");
+            if note["method"] == "notifications/resources/updated" {
+                return note;
+            }
+        }
+    })
+    .await
+    .expect("the announcement on the stream asked for again");
+    assert_eq!(update["params"]["uri"], "raw://r");
+    assert!(gets.load(Ordering::SeqCst) >= 2);
+    client.close().await;
+}
+
 fn chunk(text: &str) -> String {
     format!("{:x}\r\n{text}\r\n", text.len())
 }

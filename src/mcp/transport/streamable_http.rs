@@ -32,8 +32,10 @@ const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 const ERROR_BODY_PREVIEW: usize = 300;
 /// Resumptions of one reply stream in a row without a message in between, before giving up.
 const MAX_RESUMES: u32 = 5;
-/// Wait before reopening a session's GET stream the server ended.
+/// Wait before reopening a session's GET stream the server ended, doubled after each failed reopening up to
+/// [`SERVER_STREAM_RETRY_MAX`].
 const SERVER_STREAM_RETRY: Duration = Duration::from_secs(5);
+const SERVER_STREAM_RETRY_MAX: Duration = Duration::from_secs(60);
 /// The longest `retry` the satellite honours before resuming a stream.
 const MAX_RESUME_WAIT: Duration = Duration::from_secs(10);
 /// How long a `notifications/cancelled` for an abandoned request may take.
@@ -107,7 +109,9 @@ impl StreamableHttpTransport {
 
     /// Open the session's GET stream, on which a handshake-era server sends what is not tied to a request
     /// (list changes, resource updates); it is reopened when the server ends it, until the transport goes or
-    /// the server says it has no such stream (405) or forgot the session.
+    /// the server says it has no such stream (405) or forgot the session (404, or 400). Any other refusal (a
+    /// 502 from a proxy while the server restarts, a 503, a 429) or a network error is passing: the stream is
+    /// asked for again, backing off.
     fn open_server_stream(&self, headers: &RequestHeaders) {
         if self.session.lock().is_none() {
             return;
@@ -122,7 +126,9 @@ impl StreamableHttpTransport {
         tokio::spawn(async move {
             // Requests waiting for a client's answer; they end with the stream.
             let mut asks = tokio::task::JoinSet::new();
+            let mut retry = SERVER_STREAM_RETRY;
             loop {
+                let mut failed = false;
                 let request = client.get(url.clone()).headers(base.clone());
                 let response = tokio::select! {
                     _ = stop.cancelled() => return,
@@ -130,6 +136,7 @@ impl StreamableHttpTransport {
                 };
                 match response {
                     Ok(response) if response.status().is_success() => {
+                        retry = SERVER_STREAM_RETRY;
                         let mut events = Events::of(response, MAX_MESSAGE_BYTES);
                         loop {
                             let event = tokio::select! {
@@ -165,15 +172,29 @@ impl StreamableHttpTransport {
                             }
                         }
                     }
-                    Ok(response) => {
+                    Ok(response)
+                        if matches!(
+                            response.status(),
+                            StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST
+                        ) =>
+                    {
                         debug!(process_id = %label, status = %response.status(), "no server stream on this session");
                         return;
                     }
-                    Err(err) => debug!(process_id = %label, error = %err, "server stream failed"),
+                    Ok(response) => {
+                        debug!(process_id = %label, status = %response.status(), "server stream refused for now; asking again");
+                        failed = true;
+                    }
+                    Err(err) => {
+                        debug!(process_id = %label, error = %err, "server stream failed");
+                        failed = true;
+                    }
                 }
+                let wait = retry;
+                retry = if failed { (retry * 2).min(SERVER_STREAM_RETRY_MAX) } else { SERVER_STREAM_RETRY };
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(SERVER_STREAM_RETRY) => {}
+                    _ = tokio::time::sleep(wait) => {}
                 }
             }
         });
