@@ -1223,3 +1223,57 @@ async fn the_first_heartbeat_does_not_wait_for_the_first_configurations_servers(
     held.abort();
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The backend's credential check (BP §6.2) of an instance waiting for re-authorisation, which holds no connection
+/// to ask on: it connects afresh with the credentials held now. Before the user authorises, the check says the
+/// credentials need re-authorising (`needs_reauth`); after, with no configure in between, the check finds them
+/// good and the instance comes back `online`, announced (OQ-8). Before, both checks failed with "not connected",
+/// without `needs_reauth`, and the instance stayed hidden until some configure came.
+#[tokio::test]
+async fn a_credential_check_of_an_instance_waiting_for_reauthorisation_connects_afresh() {
+    use satellite::backend::wire::{CheckType, HealthCheckPayload};
+    let http = HttpServer::demo(&[]).await;
+    let backend = FakeBackend::start().await;
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let url = http.url("/mcp").to_string();
+    backend.set_config(&ConfigResponse::from_entries([("demo-acme-bob-oauth1", oauth_entry(&url, "bob"))]));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::RequiresReauth).await;
+    let check = |id: &str| {
+        Command::new(
+            id,
+            Priority::Immediate,
+            CommandKind::HealthCheck(HealthCheckPayload {
+                common: CommonPayload { installation_id: Some("oauth1".into()), ..Default::default() },
+                check_type: Some(CheckType::CredentialValidation),
+            }),
+        )
+    };
+    backend.push_command(check("cmd-check-before"));
+    let before = wait_until(DEADLINE, "the first check answered", || async {
+        backend.results_for("cmd-check-before").into_iter().next()
+    })
+    .await;
+    let before = before.result.unwrap()["credential_validation"].clone();
+    assert_eq!((before["valid"].clone(), before["needs_reauth"].clone()), (json!(false), json!(true)), "{before}");
+
+    let (key, status, token) = oauth_grant("bob", "ya29.bob");
+    backend.add_oauth_token(key, status, Some(token));
+    backend.push_command(check("cmd-check-after"));
+    let after = wait_until(DEADLINE, "the second check answered", || async {
+        backend.results_for("cmd-check-after").into_iter().next()
+    })
+    .await;
+    let after = after.result.unwrap()["credential_validation"].clone();
+    assert_eq!(after["valid"], true, "{after}");
+    assert_eq!(
+        sat.satellite.manager().get(&"demo-acme-bob-oauth1".into()).map(|i| i.state()),
+        Some(InstanceStatus::Online)
+    );
+    wait_until(DEADLINE, "bob's instance announced online", || async {
+        (delivered(&backend, "mcp.server.status_changed", Some("online"), "bob") >= 1).then_some(())
+    })
+    .await;
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

@@ -289,7 +289,29 @@ async fn validate_credentials(deps: &ManagedDeps, installation: &str) -> Value {
     let mut errors = Vec::new();
     let mut needs_reauth = false;
     for instance in instances.iter().filter(|i| !matches!(i.spec().upstream, Upstream::Stdio { .. })) {
-        match deps.manager.call(instance, "tools/list", Some(json!({})), Duration::from_secs(15)).await {
+        // BP §6.2: the configured timeout (the config's `timeout`, else the default the upstream was given).
+        let timeout = match &instance.spec().upstream {
+            Upstream::StreamableHttp { timeout, .. } | Upstream::Sse { timeout, .. } => *timeout,
+            Upstream::Stdio { .. } => Duration::from_secs(15),
+        };
+        if instance.state() == InstanceStatus::RequiresReauth {
+            // No connection is left to ask on: connect afresh with the credentials held now (the user may have
+            // re-authorised). Success brings the instance back `online` (OQ-8: the one case that announces it);
+            // a refusal leaves it waiting for re-authorisation.
+            let _ = deps.manager.restart(&instance.spec().process_id).await;
+            let now = instance.status();
+            let message = || now.message.clone().unwrap_or_else(|| format!("instance is {}", now.status.as_str()));
+            match now.status {
+                InstanceStatus::Online => {}
+                InstanceStatus::RequiresReauth => {
+                    needs_reauth = true;
+                    errors.push(message());
+                }
+                _ => errors.push(message()),
+            }
+            continue;
+        }
+        match deps.manager.call(instance, "tools/list", Some(json!({})), timeout).await {
             Ok(_) => {}
             Err(err) => {
                 let text = err.to_string();
