@@ -123,7 +123,7 @@ impl Exchange {
     /// fresh id, its answer awaited by `reply`.
     pub fn outbound(&self, scope: &str, request: &RequestId, inbound: Inbound) -> Value {
         match inbound {
-            Inbound::Notification { method, mut params } => {
+            Inbound::Notification { method, mut params, .. } => {
                 if let Some(params) = params.as_mut() {
                     protocol::retag_subscription(params, request);
                 }

@@ -97,7 +97,7 @@ async fn listen_upstream(client: Arc<McpClient>, instance: Arc<Instance>) {
                 // Subscriptions changed: the listen is opened again with them (the old one is dropped, cancelled).
                 Ok(()) = changes.changed() => break None,
                 Some(inbound) = heard.recv() => {
-                    let Inbound::Notification { method, mut params } = inbound else { continue };
+                    let Inbound::Notification { method, mut params, .. } = inbound else { continue };
                     if method == "notifications/subscriptions/acknowledged" {
                         continue;
                     }

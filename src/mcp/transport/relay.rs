@@ -4,7 +4,7 @@
 //! hands these to the request's `Relay`; the HTTP edge turns them into messages on the client's stream.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,20 +14,41 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::mcp::protocol::{codes, RpcError};
 
-/// Messages queued for one client request before the server waits.
-const CAPACITY: usize = 64;
+/// Messages queued for one client request: past this, a server's request waits for room, a notification is
+/// dropped. Notifications are held to [`BACKLOG_BYTES`] too, so this many can be small ones only.
+const CAPACITY: usize = 4096;
+/// The bytes of notifications queued for one client request, at most: a burst of progress or log messages from a
+/// server reaches a client that keeps up whole, and a client that does not read costs no more than this.
+const BACKLOG_BYTES: usize = 4 * 1024 * 1024;
 
 /// One message from the server for the client.
 #[derive(Debug)]
 pub enum Inbound {
-    Notification { method: String, params: Option<Value> },
+    /// `held` counts the notification against its relay's backlog until the client end takes it.
+    Notification { method: String, params: Option<Value>, held: Held },
     Request { method: String, params: Option<Value>, reply: oneshot::Sender<Result<Value, RpcError>> },
+}
+
+/// A queued notification's share of its relay's backlog, given back when it is dropped (taken by the client end,
+/// or refused by a full channel).
+#[derive(Debug)]
+pub struct Held {
+    backlog: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.backlog.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 /// The way from an upstream request back to its client; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Relay {
     tx: mpsc::Sender<Inbound>,
+    /// Bytes of notifications queued and not yet taken by the client end.
+    backlog: Arc<AtomicUsize>,
     /// Whether requests reach the client end at all.
     answers: bool,
     /// Whether the client takes the server's requests as requests (a handshake-era session). A 2026-07-28
@@ -42,14 +63,14 @@ impl Relay {
     /// the client at all.
     pub fn channel(answers: bool) -> (Relay, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(CAPACITY);
-        (Relay { tx, answers, handshake: answers, capabilities: None }, rx)
+        (Relay { tx, backlog: Arc::default(), answers, handshake: answers, capabilities: None }, rx)
     }
 
     /// A relay for a handshake-era client that declared `capabilities` at `initialize`.
     pub fn for_client(capabilities: std::sync::Arc<Value>) -> (Relay, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(CAPACITY);
         let capabilities = Some(capabilities).filter(|c| c.is_object());
-        (Relay { tx, answers: true, handshake: true, capabilities }, rx)
+        (Relay { tx, backlog: Arc::default(), answers: true, handshake: true, capabilities }, rx)
     }
 
     /// The capabilities of a handshake-era client, when known.
@@ -61,7 +82,7 @@ impl Relay {
     /// `input_required` results.
     pub fn stateless_channel() -> (Relay, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(CAPACITY);
-        (Relay { tx, answers: true, handshake: false, capabilities: None }, rx)
+        (Relay { tx, backlog: Arc::default(), answers: true, handshake: false, capabilities: None }, rx)
     }
 
     /// Whether the client takes server requests as requests (handshake era), so the satellite answers an
@@ -70,9 +91,17 @@ impl Relay {
         self.handshake
     }
 
-    /// Pass a notification on; dropped when the client is gone or not keeping up (notifications are advisory).
+    /// Pass a notification on; dropped when the client is gone, or has fallen [`BACKLOG_BYTES`] behind (a client
+    /// that stopped reading must not make the server's reader wait, nor cost unbounded memory).
     pub fn notify(&self, method: &str, params: Option<Value>) {
-        let _ = self.tx.try_send(Inbound::Notification { method: method.to_owned(), params });
+        let bytes = method.len() + params.as_ref().map_or(0, crate::mcp::payload::json_len);
+        if self.backlog.fetch_add(bytes, Ordering::Relaxed) + bytes > BACKLOG_BYTES {
+            self.backlog.fetch_sub(bytes, Ordering::Relaxed);
+            tracing::debug!(method, bytes, "a notification dropped: its client is too far behind");
+            return;
+        }
+        let held = Held { backlog: self.backlog.clone(), bytes };
+        let _ = self.tx.try_send(Inbound::Notification { method: method.to_owned(), params, held });
     }
 
     /// Ask the client and wait at most `timeout` for its answer. A client that cannot answer, is gone or does
@@ -260,6 +289,32 @@ fn unsupported(method: &str) -> RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A burst of notifications reaches a client that keeps up whole; one that does not read holds at most
+    /// `BACKLOG_BYTES` of them, and gets room again as it reads. Before, the 65th queued notification was dropped.
+    #[tokio::test]
+    async fn notifications_queue_up_to_a_byte_bound_not_a_short_count() {
+        let (relay, mut rx) = Relay::channel(true);
+        for n in 0..1000 {
+            relay.notify("notifications/progress", Some(json!({"progressToken": 1, "progress": n})));
+        }
+        let mut heard = 0;
+        while let Ok(inbound) = rx.try_recv() {
+            assert!(matches!(inbound, Inbound::Notification { .. }));
+            heard += 1;
+        }
+        assert_eq!(heard, 1000, "a burst is passed on whole");
+        assert_eq!(relay.backlog.load(Ordering::Relaxed), 0, "what was taken is given back");
+
+        let big = "x".repeat(100 * 1024);
+        for _ in 0..100 {
+            relay.notify("notifications/message", Some(json!({"level": "info", "data": big})));
+        }
+        let queued = std::iter::from_fn(|| rx.try_recv().ok()).count();
+        assert!((39..=41).contains(&queued), "{queued} of 100 notifications of 100 KiB held; the bound is 4 MiB");
+        relay.notify("notifications/message", Some(json!({"level": "info", "data": big})));
+        assert!(rx.try_recv().is_ok(), "room again once the client read");
+    }
 
     #[tokio::test]
     async fn a_client_is_asked_only_what_it_declared_it_can_answer() {
