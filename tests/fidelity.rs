@@ -176,5 +176,21 @@ async fn a_result_reaches_the_client_byte_for_byte_as_the_server_wrote_it() {
     })
     .await;
     assert_eq!(executed.data["response_bytes"], VERBATIM_RESULT.len(), "{}", executed.data);
+
+    // A text cut inside an emoji by a JavaScript server (a lone surrogate escape): passed on as written where the
+    // result goes as text; read with U+FFFD for it where the satellite must build the answer (a 2026-07-28 answer
+    // carries its `_meta`). Before, that answer's result was `null`.
+    let cut = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "cut", "arguments": {}}});
+    let (status, text) = caller.post_text(&cut).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains(r#""text": "cut \ud83d""#), "as written: {text}");
+    let stateless = Caller::new(&sat, &format!("/i/alice-verbatim/mcp?token={TOKEN}"), None);
+    let envelope = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
+    let body =
+        json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"cut","arguments":{},"_meta":envelope}});
+    let (status, _, reply) = stateless.post_raw(body.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["result"]["content"][0]["text"], "cut \u{fffd}", "{reply}");
+    assert_eq!(reply["result"]["resultType"], "complete", "{reply}");
     assert!(sat.satellite.shutdown().await);
 }

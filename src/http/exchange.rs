@@ -529,7 +529,10 @@ fn outcome(done: Result<Result<Payload, RouteError>, tokio::task::JoinError>) ->
 pub fn response_message(id: RequestId, outcome: Result<Payload, RouteError>) -> Value {
     match outcome {
         // A result goes out as a message of a stream here, which is a value.
-        Ok(result) => protocol::response(id, result.into_value_or_null()),
+        Ok(result) => match protocol::answer_value(result) {
+            Ok(result) => protocol::response(id, result),
+            Err(err) => protocol::error_response(Some(id), err),
+        },
         Err(RouteError::Rpc(err)) => protocol::error_response(Some(id), err),
         Err(RouteError::Forbidden(err)) => {
             protocol::error_response(Some(id), RpcError::new(codes::INVALID_REQUEST, err.to_string()))

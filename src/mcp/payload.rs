@@ -93,11 +93,23 @@ impl Payload {
         }
     }
 
-    /// The result as a value, parsed from the text when it is text. Only a nesting deeper than the parser's
-    /// limit (128) fails, which a result passed on untouched never needs.
+    /// The result as a value, parsed from the text when it is text. A nesting deeper than the parser's limit
+    /// (128) fails, which a result passed on untouched never needs, and so does a lone UTF-16 surrogate escape
+    /// (see [`Payload::into_lenient_value`]).
     pub fn into_value(self) -> Result<Value, serde_json::Error> {
         match self {
             Payload::Text { text, .. } => serde_json::from_str(text.get()),
+            Payload::Value(value) => Ok(value),
+        }
+    }
+
+    /// [`Payload::into_value`], except that a lone UTF-16 surrogate escape (what a JavaScript server writes for a
+    /// string cut inside an emoji), which a Rust string cannot hold, is read as U+FFFD: for an answer the satellite
+    /// must build as a value, where a result with one character replaced is closer to what the client would have
+    /// got than none. Not for what the satellite reads itself (a cursor changed so would be a different cursor).
+    pub fn into_lenient_value(self) -> Result<Value, serde_json::Error> {
+        match self {
+            Payload::Text { text, .. } => parse_text(text.get()),
             Payload::Value(value) => Ok(value),
         }
     }
@@ -126,6 +138,57 @@ impl Payload {
             Payload::Value(value) => json_len(value),
         }
     }
+}
+
+/// Parse a result's text; on failure, once more with its lone surrogate escapes replaced (see
+/// [`Payload::into_value`]), and the first error when that does not help.
+fn parse_text(text: &str) -> Result<Value, serde_json::Error> {
+    serde_json::from_str(text).or_else(|err| match without_lone_surrogates(text) {
+        Some(repaired) => serde_json::from_str(&repaired).map_err(|_| err),
+        None => Err(err),
+    })
+}
+
+/// `text` (valid JSON but for its `\u` escapes) with every escape of an unpaired UTF-16 surrogate made `\ufffd`;
+/// `None` when it has none. In valid JSON a backslash only ever starts an escape inside a string, so the escapes
+/// are found without tracking strings.
+fn without_lone_surrogates(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let unit = |at: usize| -> Option<u16> {
+        let escape = bytes.get(at..at + 6)?;
+        if escape[0] != b'\\' || escape[1] != b'u' {
+            return None;
+        }
+        u16::from_str_radix(std::str::from_utf8(&escape[2..]).ok()?, 16).ok()
+    };
+    let is_high = |u: u16| (0xD800..0xDC00).contains(&u);
+    let is_low = |u: u16| (0xDC00..0xE000).contains(&u);
+    let mut out: Option<String> = None;
+    let (mut copied, mut at) = (0, 0);
+    while at < bytes.len() {
+        if bytes[at] != b'\\' {
+            at += 1;
+            continue;
+        }
+        let Some(first) = unit(at) else {
+            at += 2;
+            continue;
+        };
+        if is_high(first) && unit(at + 6).is_some_and(is_low) {
+            at += 12;
+            continue;
+        }
+        if is_high(first) || is_low(first) {
+            let repaired = out.get_or_insert_with(|| String::with_capacity(text.len()));
+            repaired.push_str(&text[copied..at]);
+            repaired.push_str("\\ufffd");
+            copied = at + 6;
+        }
+        at += 6;
+    }
+    let mut repaired = out?;
+    repaired.push_str(&text[copied..]);
+    Some(repaired)
 }
 
 impl From<Value> for Payload {
@@ -293,6 +356,24 @@ mod tests {
         // Member order is kept when read as a value, too.
         let keys: Vec<&String> = value.as_object().expect("an object").keys().collect();
         assert_eq!(keys, ["content", "z", "a"]);
+    }
+
+    /// A JavaScript server's string cut inside an emoji (a lone surrogate escape) cannot be a Rust string: read as
+    /// a value it holds U+FFFD there, and the rest as written. Before, the whole result read as nothing (a streamed
+    /// or 2026-07-28 answer carried `"result": null`).
+    #[test]
+    fn a_lone_surrogate_escape_reads_as_the_replacement_character() {
+        for (text, expected) in [
+            (r#"{"t":"ab\ud83d"}"#, "ab\u{fffd}"),
+            (r#"{"t":"\ude00 and \ud83d\ude00"}"#, "\u{fffd} and \u{1f600}"),
+            (r#"{"t":"\\ud83d \ud83d\u0041"}"#, "\\ud83d \u{fffd}A"),
+        ] {
+            let payload = Payload::text(raw(text));
+            assert_eq!(serde_json::to_string(&payload).expect("serializes"), text, "passed on untouched");
+            let value = payload.into_lenient_value().unwrap_or_else(|err| panic!("{text}: {err}"));
+            assert_eq!(value["t"], expected, "{text}");
+        }
+        assert_eq!(without_lone_surrogates(r#"{"t":"\ud83d\ude00 \\ud800"}"#), None, "nothing to repair");
     }
 
     /// A result nested deeper than the parser goes is passed on untouched; only reading it fails, with an error.

@@ -362,6 +362,16 @@ pub fn stamp_stateless_result(result: &mut Value, method: &str, server_info: Val
 /// server info stamped into `_meta`) goes, so each client sees the shapes of the revision it negotiated.
 /// An `input_required` result is left whole: there is nothing to turn it into without losing it.
 /// A server's text is read only when there is something to take out.
+/// A result as a value for an answer the satellite builds as one (a stream's message, a 2026-07-28 answer), read
+/// leniently ([`Payload::into_lenient_value`]); one that still cannot be read is an error the client is told
+/// (-32603), never a `null` result.
+pub fn answer_value(result: Payload) -> Result<Value, RpcError> {
+    result.into_lenient_value().map_err(|err| {
+        tracing::warn!(error = %err, "a result could not be read as JSON");
+        RpcError::new(codes::INTERNAL_ERROR, format!("MCP server error: its result could not be read: {err}"))
+    })
+}
+
 pub fn payload_for_handshake(result: Payload) -> Payload {
     if result.shape().result_type != Some(ResultType::Complete) {
         return result;

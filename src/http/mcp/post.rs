@@ -121,8 +121,10 @@ pub(super) async fn post(
                                 subscribed,
                             );
                         }
-                        let result = protocol::payload_for_handshake(result).into_value_or_null();
-                        Some(protocol::response(id, result))
+                        match protocol::answer_value(protocol::payload_for_handshake(result)) {
+                            Ok(result) => Some(protocol::response(id, result)),
+                            Err(err) => Some(protocol::error_response(Some(id), err)),
+                        }
                     }
                     Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
                     Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),

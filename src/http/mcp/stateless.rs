@@ -56,11 +56,13 @@ pub(super) async fn stateless_post(
             Ok(()) => endpoint.target.dispatch(deps, None, &method, params, None).await,
         };
         match outcome {
-            Ok(result) => {
-                let mut result = result.into_value_or_null();
-                protocol::stamp_stateless_result(&mut result, &method, identity.server_info.clone());
-                replies.push(protocol::response(id, result));
-            }
+            Ok(result) => match protocol::answer_value(result) {
+                Ok(mut result) => {
+                    protocol::stamp_stateless_result(&mut result, &method, identity.server_info.clone());
+                    replies.push(protocol::response(id, result));
+                }
+                Err(err) => replies.push(protocol::error_response(Some(id), err)),
+            },
             Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
             Err(RouteError::Rpc(err)) => {
                 if !batch {
@@ -113,11 +115,11 @@ pub(super) async fn stateless_relayed(
     let stamp_info = server_info.clone();
     let scope = format!("stateless:{}", uuid::Uuid::new_v4());
     let finish = move |outcome: Result<Payload, RouteError>| {
-        let result = outcome.map(|result| {
-            let mut result = result.into_value_or_null();
+        let result = outcome.and_then(|result| {
+            let mut result = protocol::answer_value(result).map_err(RouteError::Rpc)?;
             protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
             protocol::retag_subscription(&mut result, &reply_id);
-            Payload::Value(result)
+            Ok(Payload::Value(result))
         });
         response_message(reply_id, result)
     };
@@ -141,11 +143,13 @@ pub(super) async fn stateless_relayed(
     };
     Ok(match answer {
         Answer::Streamed(response) => Ok(response),
-        Answer::Done(Ok(result)) => {
-            let mut result = result.into_value_or_null();
-            protocol::stamp_stateless_result(&mut result, &answered_method, server_info);
-            Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
-        }
+        Answer::Done(Ok(result)) => match protocol::answer_value(result) {
+            Ok(mut result) => {
+                protocol::stamp_stateless_result(&mut result, &answered_method, server_info);
+                Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
+            }
+            Err(err) => Ok(json_response(rpc_status(err.code), &protocol::error_response(Some(id), err))),
+        },
         Answer::Done(Err(RouteError::Rpc(err))) => {
             Ok(json_response(rpc_status(err.code), &protocol::error_response(Some(id), err)))
         }

@@ -25,8 +25,16 @@ const BACKLOG_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Debug)]
 pub enum Inbound {
     /// `held` counts the notification against its relay's backlog until the client end takes it.
-    Notification { method: String, params: Option<Value>, held: Held },
-    Request { method: String, params: Option<Value>, reply: oneshot::Sender<Result<Value, RpcError>> },
+    Notification {
+        method: String,
+        params: Option<Value>,
+        held: Held,
+    },
+    Request {
+        method: String,
+        params: Option<Value>,
+        reply: oneshot::Sender<Result<Value, RpcError>>,
+    },
 }
 
 /// A queued notification's share of its relay's backlog, given back when it is dropped (taken by the client end,
