@@ -66,6 +66,39 @@ async fn a_forgotten_session_is_reinitialized_once() {
     assert!(renewals.has_changed().unwrap_or(false), "the renewal is told: subscriptions are to be asked again");
 }
 
+/// Requests that find the session forgotten together replay the handshake once between them: the server is left
+/// with one session, not one per request (each an orphan it keeps until it expires), and the restore of
+/// subscriptions and log level that follows a renewal runs once.
+#[tokio::test]
+async fn requests_finding_the_session_forgotten_together_renew_it_once() {
+    let server = HttpServer::demo(&["--protocol", "legacy"]).await;
+    let client = connect_http(server.url("/mcp")).await;
+    let forget = || async {
+        let forgotten: Value = reqwest::Client::new()
+            .post(server.url("/admin/forget-sessions"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        forgotten["forgotten"].as_u64()
+    };
+    assert_eq!(forget().await, Some(1));
+    let calls =
+        (0..8).map(|n| {
+            let text = format!("again {n}");
+            let client = &client;
+            async move {
+                client.request("tools/call", Some(json!({"name": "echo", "arguments": {"text": text}})), CALL).await
+            }
+        });
+    for (n, echoed) in futures::future::join_all(calls).await.into_iter().enumerate() {
+        assert_eq!(text(&echoed.expect("answered on the new session")), format!("again {n}"));
+    }
+    assert_eq!(forget().await, Some(1), "one new session, no orphans");
+}
+
 #[tokio::test]
 async fn unreachable_servers_fail_with_a_connect_error() {
     let url = url::Url::parse(&format!("http://127.0.0.1:{}/mcp", free_port())).unwrap();

@@ -58,6 +58,9 @@ pub struct StreamableHttpTransport {
     /// Counts the sessions replayed after the server forgot one: what the old session held (subscriptions) is
     /// gone with it, and whoever keeps that state asks again when this changes.
     renewals: tokio::sync::watch::Sender<u64>,
+    /// Held while the handshake is replayed, so that requests finding the session gone together replay it once
+    /// (boxed: rarely used, and it would make every `Transport` larger).
+    renewing: Box<tokio::sync::Mutex<()>>,
     /// Where the server's requests made outside any request of ours go: its owner's clients.
     asker: Option<Asker>,
 }
@@ -87,6 +90,7 @@ impl StreamableHttpTransport {
             notifications: broadcast::channel(super::ANNOUNCEMENT_BACKLOG).0,
             stop: CancellationToken::new(),
             renewals: tokio::sync::watch::Sender::new(0),
+            renewing: Box::default(),
             asker: None,
         })
     }
@@ -220,11 +224,11 @@ impl StreamableHttpTransport {
         relay: Option<&Relay>,
     ) -> Result<Payload, UpstreamError> {
         let work = async {
+            let sent_on = self.session_id();
             let first = self.request_once(method, params.clone(), headers, relay, timeout).await;
             match first {
                 Err(SendError::SessionGone) => {
-                    info!(process_id = %self.label, "mcp session expired upstream, re-initializing once");
-                    self.reinitialize().await?;
+                    self.reinitialize(sent_on).await?;
                     match self.request_once(method, params, headers, relay, timeout).await {
                         Err(SendError::SessionGone) => Err(UpstreamError::HttpStatus {
                             status: 404,
@@ -277,7 +281,15 @@ impl StreamableHttpTransport {
         }
     }
 
-    async fn reinitialize(&self) -> Result<(), UpstreamError> {
+    /// Replay the handshake on a new session, the server having forgotten `gone`; nothing to do when another
+    /// request already replaced it. (Each request that found it gone replaying it left the server an orphan
+    /// session per request, and ran the restore of subscriptions and log level once each.)
+    async fn reinitialize(&self, gone: Option<String>) -> Result<(), UpstreamError> {
+        let _one = self.renewing.lock().await;
+        if *self.session.lock() != gone {
+            return Ok(());
+        }
+        info!(process_id = %self.label, "mcp session expired upstream, re-initializing once");
         *self.session.lock() = None;
         let Some((params, headers)) = self.handshake.lock().clone() else {
             return Err(UpstreamError::Protocol("session lost before any initialize".into()));
