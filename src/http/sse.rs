@@ -440,8 +440,12 @@ enum Ended {
 impl RelayedCall {
     /// The client's stream is gone or full: its session ends (and the stream with it).
     fn stream_closed(&self) -> Ended {
-        self.sessions.sessions.lock().remove(&self.scope);
+        self.end_session();
         Ended::StreamClosed
+    }
+
+    fn end_session(&self) {
+        self.sessions.sessions.lock().remove(&self.scope);
     }
 
     async fn run(
@@ -463,11 +467,19 @@ impl RelayedCall {
             let call = target.dispatch(&self.deps, Some(&self.scope), &method, params, Some(&relay));
             tokio::pin!(call);
             let mut asked_tx = Some(asked_tx);
+            // False once the client has left or stopped reading: what the server says is no longer forwarded (a
+            // request of its goes unanswered, its asker told the client is gone), and the call runs on to its
+            // end, as a disconnected client's does, instead of waiting on the stream for ever with its slot on
+            // the instance held.
+            let mut forwarding = true;
             let outcome = loop {
                 tokio::select! {
                     biased;
                     outcome = &mut call => break outcome,
                     Some(inbound) = rx.recv() => {
+                        if !forwarding {
+                            continue;
+                        }
                         if matches!(inbound, Inbound::Request { .. }) {
                             if let Some(tx) = asked_tx.take() {
                                 let _ = tx.send(());
@@ -475,14 +487,16 @@ impl RelayedCall {
                         }
                         let message = self.sessions.exchange.outbound(&self.scope, &request_id, inbound);
                         let event = warp::sse::Event::default().event("message").data(message.to_string());
-                        // A client that stopped reading must not hold the call (and its slot on the instance)
-                        // for ever: the session ends, and the call with it.
                         if !send_or_give_up(&self.events, event).await {
-                            return self.stream_closed();
+                            forwarding = false;
+                            self.end_session();
                         }
                     }
                 }
             };
+            if !forwarding {
+                return Ended::StreamClosed;
+            }
             while let Ok(inbound) = rx.try_recv() {
                 let message = self.sessions.exchange.outbound(&self.scope, &request_id, inbound);
                 let event = warp::sse::Event::default().event("message").data(message.to_string());

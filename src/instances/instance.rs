@@ -78,6 +78,8 @@ pub struct Instance {
     /// What the server announces outside any request (resource updates, list changes), for the client
     /// sessions on its endpoint; lives as long as the instance, across reconnections. Made when the first session
     /// listens: its buffer is allocated whole (about 6 KiB), and most instances never have a listener.
+    /// When listeners were last told announcements were missed ([`Instance::announce_missed`]).
+    missed_at: parking_lot::Mutex<Option<std::time::Instant>>,
     announcements: std::sync::OnceLock<tokio::sync::broadcast::Sender<Announcement>>,
     /// Every tool definition of one published catalog, parsed, for clients that list this instance directly (the
     /// catalog keeps them as text). Made on the first listing of that catalog; the `Weak` tells which catalog
@@ -131,6 +133,9 @@ type ParsedListing = (std::sync::Weak<Catalog>, Arc<[serde_json::Value]>);
 /// Announcements queued per listening session before the slowest one starts to miss some.
 const ANNOUNCEMENT_BACKLOG: usize = 64;
 
+/// How often, at most, [`Instance::announce_missed`] tells listeners.
+const MISSED_ANNOUNCEMENTS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The method of the marker [`Instance::announce_missed`] sends; it never leaves the satellite.
 const MISSED_ANNOUNCEMENTS: &str = "satellite/announcements-missed";
 
@@ -177,6 +182,7 @@ impl Instance {
             lifecycle: tokio::sync::Mutex::new(()),
             retired: CancellationToken::new(),
             announcements: std::sync::OnceLock::new(),
+            missed_at: parking_lot::Mutex::new(None),
             listing: Mutex::new(None),
             secrets: std::sync::OnceLock::new(),
             subscriptions: Mutex::new(std::collections::BTreeSet::new()),
@@ -283,8 +289,17 @@ impl Instance {
     }
 
     /// Tell listeners that announcements were lost before they reached this instance's channel (the server's
-    /// burst outran the transport's backlog): each listener treats it as having fallen behind itself.
+    /// burst outran the transport's backlog): each listener treats it as having fallen behind itself. At most
+    /// once a second: a server flooding log lines outside any call would otherwise have every client re-read
+    /// every list again and again.
     pub(super) fn announce_missed(&self) {
+        {
+            let mut missed_at = self.missed_at.lock();
+            if missed_at.is_some_and(|at| at.elapsed() < MISSED_ANNOUNCEMENTS_EVERY) {
+                return;
+            }
+            *missed_at = Some(std::time::Instant::now());
+        }
         self.announce(Arc::new(serde_json::json!({"jsonrpc": "2.0", "method": MISSED_ANNOUNCEMENTS})));
     }
 

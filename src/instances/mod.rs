@@ -375,6 +375,15 @@ impl InstanceManager {
         Ok(())
     }
 
+    /// Connect an instance that waits for re-authorisation afresh, with the credentials held now (BP §6.2's
+    /// credential check); nothing when it no longer waits by the time its lifecycle lock is held.
+    pub async fn reconnect_waiting_for_reauth(&self, process_id: &ProcessId) -> Result<(), ManagerError> {
+        let instance = self.get(process_id).ok_or_else(|| ManagerError::NotFound(process_id.0.clone()))?;
+        let reason = "Credential check";
+        self.inner.restart_from(&instance, reason, Some(crate::model::InstanceStatus::RequiresReauth)).await;
+        Ok(())
+    }
+
     /// BP §6.3 `restart`: every enabled instance of the installation, or only `user`'s. Returns how many.
     pub async fn restart_installation(
         &self,

@@ -298,7 +298,7 @@ async fn validate_credentials(deps: &ManagedDeps, installation: &str) -> Value {
             // No connection is left to ask on: connect afresh with the credentials held now (the user may have
             // re-authorised). Success brings the instance back `online` (OQ-8: the one case that announces it);
             // a refusal leaves it waiting for re-authorisation.
-            let _ = deps.manager.restart(&instance.spec().process_id).await;
+            let _ = deps.manager.reconnect_waiting_for_reauth(&instance.spec().process_id).await;
             let now = instance.status();
             let message = || now.message.clone().unwrap_or_else(|| format!("instance is {}", now.status.as_str()));
             match now.status {

@@ -64,9 +64,20 @@ impl Inner {
 
     /// Manual restart: stop, forget crashes and dormancy, start again.
     pub(in crate::instances) async fn restart(self: &Arc<Self>, instance: &Arc<Instance>, reason: &str) {
+        self.restart_from(instance, reason, None).await
+    }
+
+    /// [`restart`](Self::restart), when `only_from` is given only if the instance is still in that status once
+    /// its lifecycle lock is held (not a healthy connection someone brought back meanwhile).
+    pub(in crate::instances) async fn restart_from(
+        self: &Arc<Self>,
+        instance: &Arc<Instance>,
+        reason: &str,
+        only_from: Option<InstanceStatus>,
+    ) {
         let outcome = {
             let _lifecycle = instance.lifecycle.lock().await;
-            if instance.retired.is_cancelled() {
+            if instance.retired.is_cancelled() || only_from.is_some_and(|status| instance.state() != status) {
                 return;
             }
             if let Some(client) = instance.take_client() {

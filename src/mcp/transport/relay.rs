@@ -103,7 +103,9 @@ impl Relay {
     /// that stopped reading must not make the server's reader wait, nor cost unbounded memory).
     pub fn notify(&self, method: &str, params: Option<Value>) {
         let bytes = method.len() + params.as_ref().map_or(0, crate::mcp::payload::json_len);
-        if self.backlog.fetch_add(bytes, Ordering::Relaxed) + bytes > BACKLOG_BYTES {
+        // One notification larger than the bound still goes to a client that has taken everything before it.
+        let before = self.backlog.fetch_add(bytes, Ordering::Relaxed);
+        if before > 0 && before + bytes > BACKLOG_BYTES {
             self.backlog.fetch_sub(bytes, Ordering::Relaxed);
             tracing::debug!(method, bytes, "a notification dropped: its client is too far behind");
             return;
@@ -322,6 +324,9 @@ mod tests {
         assert!((39..=41).contains(&queued), "{queued} of 100 notifications of 100 KiB held; the bound is 4 MiB");
         relay.notify("notifications/message", Some(json!({"level": "info", "data": big})));
         assert!(rx.try_recv().is_ok(), "room again once the client read");
+        let huge = "x".repeat(5 * 1024 * 1024);
+        relay.notify("notifications/message", Some(json!({"level": "info", "data": huge})));
+        assert!(rx.try_recv().is_ok(), "one message past the bound still goes to a client that keeps up");
     }
 
     #[tokio::test]

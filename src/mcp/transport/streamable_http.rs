@@ -113,9 +113,10 @@ impl StreamableHttpTransport {
 
     /// Open the session's GET stream, on which a handshake-era server sends what is not tied to a request
     /// (list changes, resource updates); it is reopened when the server ends it, until the transport goes or
-    /// the server says it has no such stream (405) or forgot the session (404, or 400). Any other refusal (a
-    /// 502 from a proxy while the server restarts, a 503, a 429) or a network error is passing: the stream is
-    /// asked for again, backing off.
+    /// the server says it has no such stream (405), forgot the session (404, 400, 410) or refuses the credentials
+    /// this stream was opened with (401, 403: a renewal opens a new stream). Any other refusal (a 502 from a proxy
+    /// while the server restarts, a 503, a 429) or a network error is passing: the stream is asked for again,
+    /// backing off.
     fn open_server_stream(&self, headers: &RequestHeaders) {
         if self.session.lock().is_none() {
             return;
@@ -179,7 +180,12 @@ impl StreamableHttpTransport {
                     Ok(response)
                         if matches!(
                             response.status(),
-                            StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST
+                            StatusCode::METHOD_NOT_ALLOWED
+                                | StatusCode::NOT_FOUND
+                                | StatusCode::BAD_REQUEST
+                                | StatusCode::GONE
+                                | StatusCode::UNAUTHORIZED
+                                | StatusCode::FORBIDDEN
                         ) =>
                     {
                         debug!(process_id = %label, status = %response.status(), "no server stream on this session");
@@ -286,7 +292,9 @@ impl StreamableHttpTransport {
     /// session per request, and ran the restore of subscriptions and log level once each.)
     async fn reinitialize(&self, gone: Option<String>) -> Result<(), UpstreamError> {
         let _one = self.renewing.lock().await;
-        if *self.session.lock() != gone {
+        // Replaced by another request's renewal meanwhile. No session at all (a renewal that failed) is renewed
+        // again here, or nothing would ever renew it.
+        if self.session.lock().as_ref().is_some_and(|current| Some(current) != gone.as_ref()) {
             return Ok(());
         }
         info!(process_id = %self.label, "mcp session expired upstream, re-initializing once");

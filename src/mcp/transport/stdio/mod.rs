@@ -262,7 +262,9 @@ impl StdioTransport {
         let relays = Arc::new(relays::Relays::default());
 
         let close_stdin = stop.child_token();
+        let owner_done = CancellationToken::new();
         let writer = Writer {
+            owner_done: owner_done.clone(),
             label: launch.label.clone(),
             stdin,
             outbound: outbound_rx,
@@ -276,6 +278,7 @@ impl StdioTransport {
             pgid: pid.map(|p| Pid::from_raw(p as i32)),
             child,
             close_stdin,
+            _done: owner_done.drop_guard(),
             stdout: FramedRead::with_capacity(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES), STDOUT_BUFFER),
             stderr: FramedRead::with_capacity(
                 stderr,

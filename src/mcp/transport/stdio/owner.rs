@@ -39,6 +39,8 @@ pub(super) struct Owner {
     pub(super) secrets: Vec<String>,
     /// Cancelled to close the child's stdin (the [`Writer`] drops it); a child of `stop`.
     pub(super) close_stdin: CancellationToken,
+    /// Tells the [`Writer`] the owner has ended, when the owner is dropped.
+    pub(super) _done: tokio_util::sync::DropGuard,
     /// The child's cpu cgroup, removed when the owner ends (after the child and its group are gone).
     pub(super) _cpu_group: Option<super::cgroup::CpuGroup>,
     pub(super) stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
@@ -75,6 +77,8 @@ pub(super) struct Writer {
     pub(super) pending: Arc<Pending>,
     /// Cancelled when the child is stopped or gone: stdin is closed then, even in the middle of a write.
     pub(super) close: CancellationToken,
+    /// Cancelled when the owner has ended (after publishing the child's exit).
+    pub(super) owner_done: CancellationToken,
     /// Messages the last write to stdin carried: more than one says calls arrive together.
     pub(super) last_batch: usize,
 }
@@ -82,6 +86,16 @@ pub(super) struct Writer {
 impl Writer {
     /// Write until the child is stopped or gone, or a write fails; stdin closes when this returns.
     pub(super) async fn run(mut self) {
+        self.write_until_closed().await;
+        // Stdin closes now. The queue is held until the owner has said how the child ended: a request made
+        // meanwhile is queued and its waiter failed with that exit, not refused as if nothing had ever run.
+        let Writer { stdin, outbound, owner_done, .. } = self;
+        drop(stdin);
+        owner_done.cancelled().await;
+        drop(outbound);
+    }
+
+    async fn write_until_closed(&mut self) {
         loop {
             let first = tokio::select! {
                 biased;
