@@ -710,6 +710,19 @@ fn oauth_entry(url: &str, user: &str) -> McpServerEntry {
     }
 }
 
+/// The backend's credential check (BP §6.2) of `installation`, as it sends it.
+fn credential_check(id: &str, installation: &str) -> Command {
+    use satellite::backend::wire::{CheckType, HealthCheckPayload};
+    Command::new(
+        id,
+        Priority::Immediate,
+        CommandKind::HealthCheck(HealthCheckPayload {
+            common: CommonPayload { installation_id: Some(installation.into()), ..Default::default() },
+            check_type: Some(CheckType::CredentialValidation),
+        }),
+    )
+}
+
 /// `user`'s token for `oauth1`, as the backend's token endpoints hold it: its key, a valid status, the token.
 fn oauth_grant(
     user: &str,
@@ -762,16 +775,8 @@ async fn remote_servers_needing_oauth_get_each_users_token_and_reauthorisation_b
     wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::Online).await;
 
     // The backend's credential check: every member's instance answers with its token.
-    use satellite::backend::wire::{CheckType, HealthCheckPayload};
     for (id, installation) in [("cmd-check", "oauth1"), ("cmd-check-missing", "nope")] {
-        backend.push_command(Command::new(
-            id,
-            Priority::Immediate,
-            CommandKind::HealthCheck(HealthCheckPayload {
-                common: CommonPayload { installation_id: Some(installation.into()), ..Default::default() },
-                check_type: Some(CheckType::CredentialValidation),
-            }),
-        ));
+        backend.push_command(credential_check(id, installation));
     }
     let (ok, missing) = wait_until(DEADLINE, "both credential checks answered", || async {
         let ok = backend.results_for("cmd-check").into_iter().next()?;
@@ -1231,7 +1236,6 @@ async fn the_first_heartbeat_does_not_wait_for_the_first_configurations_servers(
 /// without `needs_reauth`, and the instance stayed hidden until some configure came.
 #[tokio::test]
 async fn a_credential_check_of_an_instance_waiting_for_reauthorisation_connects_afresh() {
-    use satellite::backend::wire::{CheckType, HealthCheckPayload};
     let http = HttpServer::demo(&[]).await;
     let backend = FakeBackend::start().await;
     backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
@@ -1239,17 +1243,7 @@ async fn a_credential_check_of_an_instance_waiting_for_reauthorisation_connects_
     backend.set_config(&ConfigResponse::from_entries([("demo-acme-bob-oauth1", oauth_entry(&url, "bob"))]));
     let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
     wait_status(&sat, "demo-acme-bob-oauth1", InstanceStatus::RequiresReauth).await;
-    let check = |id: &str| {
-        Command::new(
-            id,
-            Priority::Immediate,
-            CommandKind::HealthCheck(HealthCheckPayload {
-                common: CommonPayload { installation_id: Some("oauth1".into()), ..Default::default() },
-                check_type: Some(CheckType::CredentialValidation),
-            }),
-        )
-    };
-    backend.push_command(check("cmd-check-before"));
+    backend.push_command(credential_check("cmd-check-before", "oauth1"));
     let before = wait_until(DEADLINE, "the first check answered", || async {
         backend.results_for("cmd-check-before").into_iter().next()
     })
@@ -1259,7 +1253,7 @@ async fn a_credential_check_of_an_instance_waiting_for_reauthorisation_connects_
 
     let (key, status, token) = oauth_grant("bob", "ya29.bob");
     backend.add_oauth_token(key, status, Some(token));
-    backend.push_command(check("cmd-check-after"));
+    backend.push_command(credential_check("cmd-check-after", "oauth1"));
     let after = wait_until(DEADLINE, "the second check answered", || async {
         backend.results_for("cmd-check-after").into_iter().next()
     })

@@ -225,19 +225,28 @@ async fn remote_servers_announce_resource_updates() {
             .request("tools/call", Some(json!({"name": "toggle-subscriber-updates", "arguments": {}})), CALL)
             .await
             .unwrap();
-        let update = tokio::time::timeout(Duration::from_secs(20), async {
-            loop {
-                let note = announcements.recv().await.expect("announcements open");
-                if note["method"] == "notifications/resources/updated" {
-                    return note;
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{kind}: no resource update announced"));
+        let update = next_update(&mut announcements, Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|| panic!("{kind}: no resource update announced"));
         assert_eq!(update["params"]["uri"], uri.as_str(), "{kind}");
         client.close().await;
     }
+}
+
+/// The next `notifications/resources/updated` a transport announces within `within`.
+async fn next_update(
+    announcements: &mut tokio::sync::broadcast::Receiver<satellite::mcp::transport::Announcement>,
+    within: Duration,
+) -> Option<satellite::mcp::transport::Announcement> {
+    let update = async {
+        loop {
+            let note = announcements.recv().await.expect("announcements open");
+            if note["method"] == "notifications/resources/updated" {
+                return note;
+            }
+        }
+    };
+    tokio::time::timeout(within, update).await.ok()
 }
 
 /// A handshake-era request that ends unanswered is cancelled upstream, as a direct client would cancel it: on
@@ -457,16 +466,9 @@ async fn a_server_stream_refused_for_a_moment_is_asked_for_again() {
     .await;
     let client = connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await;
     let mut announcements = client.transport().announcements();
-    let update = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let note = announcements.recv().await.expect("announcements open");
-            if note["method"] == "notifications/resources/updated" {
-                return note;
-            }
-        }
-    })
-    .await
-    .expect("the announcement on the stream asked for again");
+    let update = next_update(&mut announcements, Duration::from_secs(30))
+        .await
+        .expect("the announcement on the stream asked for again");
     assert_eq!(update["params"]["uri"], "raw://r");
     assert!(gets.load(Ordering::SeqCst) >= 2);
     client.close().await;
