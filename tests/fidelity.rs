@@ -194,3 +194,40 @@ async fn a_result_reaches_the_client_byte_for_byte_as_the_server_wrote_it() {
     assert_eq!(reply["result"]["resultType"], "complete", "{reply}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// JSON-RPC allows any number as a request id, and a server answers with the id as the client wrote it (a Python
+/// server echoes `2**64 - 1`). Through the satellite too: an id beyond `i64`, one with a fraction and one with an
+/// exponent come back as written, on the fixed listing, a proxied call and a 2026-07-28 request. (Before, each was
+/// refused with -32600 "invalid id".)
+#[tokio::test]
+async fn any_number_a_client_uses_as_an_id_comes_back_as_written() {
+    const TOKEN: &str = "ds_inst_fidelity_wide_ids_0123456789abcdef";
+    let extra = format!(
+        "[installations.users.alice]\ninstance_path = \"alice-demo\"\ninstance_token_sha256 = \"{}\"\n",
+        satellite::config::sha256_hex(TOKEN)
+    );
+    let sat = TestSatellite::start(&config(&extra)).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let path = format!("/i/alice-demo/mcp?token={TOKEN}");
+    let caller = Caller::connect(&sat, &path, None).await;
+    let requests = [
+        ("18446744073709551615", r#""method":"tools/list""#),
+        ("1.5", r#""method":"tools/call","params":{"name":"echo","arguments":{"text":"wide"}}"#),
+        ("1e3", r#""method":"ping""#),
+    ];
+    for (id, rest) in requests {
+        let (status, _, reply) = caller.post_raw(format!(r#"{{"jsonrpc":"2.0","id":{id},{rest}}}"#), &[]).await;
+        assert_eq!(status, StatusCode::OK, "id {id}: {reply}");
+        assert!(reply.get("result").is_some(), "id {id}: {reply}");
+        assert_eq!(reply["id"], serde_json::from_str::<serde_json::Value>(id).unwrap(), "id {id}: {reply}");
+    }
+    let stateless = Caller::new(&sat, &path, None);
+    let envelope = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
+    let params = json!({"name": "echo", "arguments": {"text": "wide"}, "_meta": envelope});
+    let body = format!(r#"{{"jsonrpc":"2.0","id":9223372036854775808,"method":"tools/call","params":{params}}}"#);
+    let (status, _, reply) = stateless.post_raw(body, &[("mcp-protocol-version", "2026-07-28")]).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["id"], json!(9_223_372_036_854_775_808_u64), "{reply}");
+    assert_eq!(reply["result"]["content"][0]["text"], "wide", "{reply}");
+    assert!(sat.satellite.shutdown().await);
+}

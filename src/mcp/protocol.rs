@@ -56,6 +56,10 @@ pub mod codes {
 pub enum RequestId {
     Number(i64),
     String(String),
+    /// Any other JSON number: an integer above `i64::MAX`, or one written with a fraction or an exponent. JSON-RPC
+    /// allows it and a server echoes it back as written, so the satellite does too. Its own ids are always
+    /// [`RequestId::Number`].
+    Wide(serde_json::Number),
 }
 
 impl From<RequestId> for Value {
@@ -63,6 +67,7 @@ impl From<RequestId> for Value {
         match id {
             RequestId::Number(n) => Value::from(n),
             RequestId::String(s) => Value::String(s),
+            RequestId::Wide(n) => Value::Number(n),
         }
     }
 }
@@ -72,6 +77,7 @@ impl std::fmt::Display for RequestId {
         match self {
             RequestId::Number(n) => write!(f, "{n}"),
             RequestId::String(s) => write!(f, "{s}"),
+            RequestId::Wide(n) => write!(f, "{n}"),
         }
     }
 }
@@ -279,6 +285,7 @@ pub fn response_text(id: &RequestId, result_json: &str) -> String {
     let id = match id {
         RequestId::Number(n) => n.to_string(),
         RequestId::String(s) => Value::from(s.as_str()).to_string(),
+        RequestId::Wide(n) => n.to_string(),
     };
     format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result_json}}}"#)
 }
@@ -481,6 +488,28 @@ mod tests {
         let err =
             Message::from_value(json!({"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"nope"}})).unwrap();
         assert!(matches!(err, Message::Response { outcome: Err(RpcError { code: -32601, .. }), .. }));
+    }
+
+    /// JSON-RPC allows any number as an id. One beyond `i64`, or written with a fraction, is taken and written
+    /// back as the peer wrote it (a Python server echoes `2**64 - 1` unchanged); only `null`, objects, arrays and
+    /// booleans are not ids.
+    #[test]
+    fn any_json_number_is_an_id_and_is_written_back_as_it_came() {
+        for text in ["18446744073709551615", "9223372036854775808", "1.5", "-0.25", "1e3"] {
+            let request: Value =
+                serde_json::from_str(&format!(r#"{{"jsonrpc":"2.0","id":{text},"method":"ping"}}"#)).expect("json");
+            let Ok(Message::Request { id, .. }) = Message::from_value(request.clone()) else {
+                panic!("id {text} refused");
+            };
+            assert_eq!(Value::from(id.clone()), request["id"], "id {text}");
+            assert_eq!(response(id.clone(), json!({}))["id"], request["id"]);
+            let written: Value = serde_json::from_str(&response_text(&id, "{}")).expect("json");
+            assert_eq!(written["id"], request["id"]);
+        }
+        for bad in [json!(true), json!([1]), json!({"n": 1})] {
+            let request = json!({"jsonrpc":"2.0","id": bad,"method":"ping"});
+            assert_eq!(Message::from_value(request), Err(MessageError::BadId));
+        }
     }
 
     /// The fast path takes only what the general path would read as a result to a numeric id, and the same

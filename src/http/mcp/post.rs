@@ -172,7 +172,9 @@ fn fixed_listing(
     let listing = message.get("method").and_then(Value::as_str) == Some("tools/list")
         && message.get("jsonrpc").and_then(Value::as_str) == Some("2.0");
     let id = match message.get("id") {
-        Some(Value::Number(n)) if listing => n.as_i64().map(protocol::RequestId::Number),
+        Some(Value::Number(n)) if listing => {
+            Some(n.as_i64().map_or_else(|| protocol::RequestId::Wide(n.clone()), protocol::RequestId::Number))
+        }
         Some(Value::String(s)) if listing => Some(protocol::RequestId::String(s.clone())),
         _ => None,
     };
