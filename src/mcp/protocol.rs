@@ -56,10 +56,10 @@ pub mod codes {
 pub enum RequestId {
     Number(i64),
     String(String),
-    /// Any other JSON number: an integer above `i64::MAX`, or one written with a fraction or an exponent. JSON-RPC
-    /// allows it and a server echoes it back as written, so the satellite does too. Its own ids are always
-    /// [`RequestId::Number`].
-    Wide(serde_json::Number),
+    /// An integer above `i64::MAX`. MCP asks for "a string or integer ID" and a Python server echoes `2**64 - 1`
+    /// back, so the satellite does too. A fraction (`1.5`, `1e3`) stays refused, as the official SDKs refuse it.
+    /// The satellite's own ids are always [`RequestId::Number`].
+    Wide(u64),
 }
 
 impl From<RequestId> for Value {
@@ -67,7 +67,7 @@ impl From<RequestId> for Value {
         match id {
             RequestId::Number(n) => Value::from(n),
             RequestId::String(s) => Value::String(s),
-            RequestId::Wide(n) => Value::Number(n),
+            RequestId::Wide(n) => Value::from(n),
         }
     }
 }
@@ -490,12 +490,11 @@ mod tests {
         assert!(matches!(err, Message::Response { outcome: Err(RpcError { code: -32601, .. }), .. }));
     }
 
-    /// JSON-RPC allows any number as an id. One beyond `i64`, or written with a fraction, is taken and written
-    /// back as the peer wrote it (a Python server echoes `2**64 - 1` unchanged); only `null`, objects, arrays and
-    /// booleans are not ids.
+    /// An integer id beyond `i64` is taken and written back as the peer wrote it (a Python server echoes
+    /// `2**64 - 1` unchanged); fractions, `null`, objects, arrays and booleans are not ids.
     #[test]
-    fn any_json_number_is_an_id_and_is_written_back_as_it_came() {
-        for text in ["18446744073709551615", "9223372036854775808", "1.5", "-0.25", "1e3"] {
+    fn any_integer_is_an_id_and_is_written_back_as_it_came() {
+        for text in ["18446744073709551615", "9223372036854775808", "-9223372036854775808", "0"] {
             let request: Value =
                 serde_json::from_str(&format!(r#"{{"jsonrpc":"2.0","id":{text},"method":"ping"}}"#)).expect("json");
             let Ok(Message::Request { id, .. }) = Message::from_value(request.clone()) else {
@@ -506,7 +505,7 @@ mod tests {
             let written: Value = serde_json::from_str(&response_text(&id, "{}")).expect("json");
             assert_eq!(written["id"], request["id"]);
         }
-        for bad in [json!(true), json!([1]), json!({"n": 1})] {
+        for bad in [json!(true), json!([1]), json!({"n": 1}), json!(1.5), json!(1e3)] {
             let request = json!({"jsonrpc":"2.0","id": bad,"method":"ping"});
             assert_eq!(Message::from_value(request), Err(MessageError::BadId));
         }

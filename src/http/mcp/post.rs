@@ -173,7 +173,7 @@ fn fixed_listing(
         && message.get("jsonrpc").and_then(Value::as_str) == Some("2.0");
     let id = match message.get("id") {
         Some(Value::Number(n)) if listing => {
-            Some(n.as_i64().map_or_else(|| protocol::RequestId::Wide(n.clone()), protocol::RequestId::Number))
+            n.as_i64().map(protocol::RequestId::Number).or_else(|| n.as_u64().map(protocol::RequestId::Wide))
         }
         Some(Value::String(s)) if listing => Some(protocol::RequestId::String(s.clone())),
         _ => None,
