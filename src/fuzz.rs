@@ -9,7 +9,9 @@ use bytes::BytesMut;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde_json::Value;
-use tokio_util::codec::{Decoder, LinesCodec};
+use tokio_util::codec::Decoder;
+
+use crate::mcp::transport::stdio::lines::{Line, Lines};
 
 use crate::mcp::protocol::{self, FrameError, Message};
 use crate::model::catalog;
@@ -100,8 +102,13 @@ pub fn stdio_lines(data: &[u8]) {
     let whole = frame_lines(vec![body.to_vec()], MAX);
     let chunked = frame_lines(chunks(body, &cuts), MAX);
     assert_eq!(whole, chunked, "stdio lines depend on how the bytes were chunked");
-    for line in whole.iter().flatten() {
-        assert!(line.len() <= MAX, "a line longer than the cap came through");
+    let texts = whole.iter().filter_map(|line| match line {
+        Line::Text(text) => Some(text),
+        Line::TooLong { .. } => None,
+    });
+    for line in texts {
+        // Each byte read is at most one character (a byte that is not UTF-8 becomes one U+FFFD).
+        assert!(line.chars().count() <= MAX, "a line longer than the cap came through");
         let preview = crate::mcp::transport::preview(line.trim(), 20);
         assert!(preview.chars().count() <= 21 && !preview.contains('\n'), "log preview is not bounded: {preview:?}");
         if let Ok((messages, _)) = protocol::decode_frame(line.trim().as_bytes()) {
@@ -268,28 +275,19 @@ fn sse_events(pieces: Vec<Vec<u8>>) -> Vec<(String, String)> {
     })
 }
 
-/// Lines as the stdout reader sees them: `Ok(line)`, or `Err(())` for a line over the cap.
-fn frame_lines(pieces: Vec<Vec<u8>>, max: usize) -> Vec<Result<String, ()>> {
-    let mut codec = LinesCodec::new_with_max_length(max);
+/// Lines as the stdout reader sees them.
+fn frame_lines(pieces: Vec<Vec<u8>>, max: usize) -> Vec<Line> {
+    let mut codec = Lines::new(max);
     let mut buffer = BytesMut::new();
     let mut out = Vec::new();
-    let push = |result: Result<Option<String>, tokio_util::codec::LinesCodecError>, out: &mut Vec<_>| match result {
-        Ok(Some(line)) => {
-            out.push(Ok(line));
-            true
-        }
-        Ok(None) => false,
-        Err(_) => {
-            out.push(Err(()));
-            true
-        }
-    };
     for piece in pieces {
         buffer.extend_from_slice(&piece);
-        while push(codec.decode(&mut buffer), &mut out) {}
+        while let Ok(Some(line)) = codec.decode(&mut buffer) {
+            out.push(line);
+        }
     }
-    while push(codec.decode_eof(&mut buffer), &mut out) {}
-    // Adjacent over-cap reports of one long line depend on chunking; what matters is that one was reported.
-    out.dedup_by(|a, b| a.is_err() && b.is_err());
+    while let Ok(Some(line)) = codec.decode_eof(&mut buffer) {
+        out.push(line);
+    }
     out
 }

@@ -214,6 +214,59 @@ for line in sys.stdin:
     transport.close().await;
 }
 
+/// What a server writes that the satellite cannot take as a message does not stop it reading the server. Before,
+/// tokio-util's line reader ended the stream at the first such line, and the satellite stopped reading stdout (or
+/// stderr) for good: every later call waited out its timeout, and a server writing on hung on its full pipe.
+/// - An answer over the 16 MiB a message may be fails its own call at once, saying why, not after the timeout.
+/// - A line that is not UTF-8 is skipped like any line that is not JSON.
+/// - A stderr line over its bound, followed by more stderr than a pipe holds, does not block the server.
+#[tokio::test]
+async fn what_cannot_be_read_fails_its_call_alone_and_reading_goes_on() {
+    let server = r#"
+import json, sys
+out = sys.stdout.buffer
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    name = (message.get("params") or {}).get("name")
+    text = "ok"
+    if name == "huge":
+        # The result first and the id last, as a JavaScript server writes it.
+        text = "y" * (17 * 1024 * 1024)
+        out.write(b'{"result":{"content":[{"type":"text","text":"' + text.encode() + b'"}]},"jsonrpc":"2.0","id":'
+                  + str(message["id"]).encode() + b'}\n')
+        out.flush()
+        continue
+    if name == "latin1":
+        out.write(b'caf\xe9 is not utf-8\n')
+    if name == "stderr":
+        sys.stderr.write("e" * 100_000 + "\n")
+        for _ in range(300):
+            sys.stderr.write("x" * 1000 + "\n")
+        sys.stderr.flush()
+    answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": [{"type": "text", "text": text}]}}
+    out.write(json.dumps(answer).encode() + b"\n")
+    out.flush()
+"#;
+    let launch = stdio_launch("python3", &["-c", server]);
+    let transport = StdioTransport::spawn(launch).expect("spawn");
+    let patient = Duration::from_secs(120);
+    let call = |name: &'static str| transport.request("tools/call", Some(json!({"name": name})), patient, None);
+    let err = call("huge").await.expect_err("an answer over 16 MiB is not taken");
+    assert!(matches!(err, UpstreamError::Protocol(_)), "fails at once with the reason, not a timeout: {err}");
+    assert!(err.to_string().contains("17825") && err.to_string().contains("16777216"), "{err}");
+    for name in ["after", "latin1", "stderr", "stderr", "last"] {
+        let answer = tokio::time::timeout(Duration::from_secs(30), call(name))
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the server is still read"))
+            .unwrap_or_else(|err| panic!("{name}: {err}"))
+            .into_value_or_null();
+        assert_eq!(text(&answer), "ok", "{name}");
+    }
+    transport.close().await;
+}
+
 #[tokio::test]
 async fn a_dying_server_fails_every_waiter_at_once() {
     let client = connect_demo_stdio("both").await;

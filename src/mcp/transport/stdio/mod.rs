@@ -22,11 +22,12 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::process::Command;
 use tokio::sync::{broadcast, mpsc, watch};
-use tokio_util::codec::{FramedRead, LinesCodec};
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 mod cgroup;
+pub(crate) mod lines;
 pub use cgroup::prepare as prepare_cpu_limits;
 mod owner;
 pub mod reaper;
@@ -36,6 +37,7 @@ use super::stderr::{StderrLimiter, StderrSettings};
 use super::{await_response, Pending, Relay, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, RequestId};
+use lines::Lines;
 use owner::{Owner, Writer};
 
 /// Longest stdout line accepted (a large `tools/list` result fits easily).
@@ -279,12 +281,8 @@ impl StdioTransport {
             child,
             close_stdin,
             _done: owner_done.drop_guard(),
-            stdout: FramedRead::with_capacity(stdout, LinesCodec::new_with_max_length(MAX_LINE_BYTES), STDOUT_BUFFER),
-            stderr: FramedRead::with_capacity(
-                stderr,
-                LinesCodec::new_with_max_length(STDERR_READ_MAX_BYTES),
-                STDERR_BUFFER,
-            ),
+            stdout: FramedRead::with_capacity(stdout, Lines::new(MAX_LINE_BYTES), STDOUT_BUFFER),
+            stderr: FramedRead::with_capacity(stderr, Lines::new(STDERR_READ_MAX_BYTES), STDERR_BUFFER),
             limiter: StderrLimiter::new(launch.stderr.clone()),
             stderr_sink: launch.stderr_sink.clone(),
             stderr_warnings: stderr_warnings.clone(),

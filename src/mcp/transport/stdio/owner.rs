@@ -15,10 +15,11 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::{broadcast, mpsc, watch};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::lines::{Line, Lines};
 use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT};
 
 /// Bytes gathered from the outbound queue into one write to stdin, at most (a longer message goes whole).
@@ -43,8 +44,8 @@ pub(super) struct Owner {
     pub(super) _done: tokio_util::sync::DropGuard,
     /// The child's cpu cgroup, removed when the owner ends (after the child and its group are gone).
     pub(super) _cpu_group: Option<super::cgroup::CpuGroup>,
-    pub(super) stdout: FramedRead<tokio::process::ChildStdout, LinesCodec>,
-    pub(super) stderr: FramedRead<tokio::process::ChildStderr, LinesCodec>,
+    pub(super) stdout: FramedRead<tokio::process::ChildStdout, Lines>,
+    pub(super) stderr: FramedRead<tokio::process::ChildStderr, Lines>,
     /// Where answers to the child's requests are queued (the [`Writer`]'s channel).
     pub(super) replies: mpsc::Sender<String>,
     pub(super) relays: Arc<Relays>,
@@ -174,10 +175,7 @@ impl Owner {
                     };
                 }
                 line = self.stdout.next(), if stdout_open => match line {
-                    Some(Ok(line)) => self.on_stdout_line(&line).await,
-                    Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                        warn!(process_id = %self.label, max_bytes = MAX_LINE_BYTES, "stdout line too long, skipped");
-                    }
+                    Some(Ok(line)) => self.on_stdout(line).await,
                     Some(Err(err)) => {
                         warn!(process_id = %self.label, error = %err, "reading stdout failed");
                         stdout_open = false;
@@ -185,8 +183,8 @@ impl Owner {
                     None => stdout_open = false,
                 },
                 line = self.stderr.next(), if stderr_open => match line {
-                    Some(Ok(line)) => self.on_stderr_line(line),
-                    Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {}
+                    Some(Ok(Line::Text(line))) => self.on_stderr_line(line),
+                    Some(Ok(Line::TooLong { .. })) => {}
                     Some(Err(_)) | None => stderr_open = false,
                 },
             }
@@ -199,14 +197,14 @@ impl Owner {
         }
         // Drain what the child wrote before dying, so late responses still reach their waiters.
         while let Ok(Some(Ok(line))) = tokio::time::timeout(Duration::from_millis(50), self.stdout.next()).await {
-            self.on_stdout_line(&line).await;
+            self.on_stdout(line).await;
         }
         // And its last stderr lines, which usually say why it died (bounded: a grandchild may keep writing).
         if stderr_open {
             for _ in 0..STDERR_LINES_KEPT {
                 match tokio::time::timeout(Duration::from_millis(50), self.stderr.next()).await {
-                    Ok(Some(Ok(line))) => self.on_stderr_line(line),
-                    Ok(Some(Err(LinesCodecError::MaxLineLengthExceeded))) => {}
+                    Ok(Some(Ok(Line::Text(line)))) => self.on_stderr_line(line),
+                    Ok(Some(Ok(Line::TooLong { .. }))) => {}
                     _ => break,
                 }
             }
@@ -236,6 +234,24 @@ impl Owner {
         }
         let _ = self.child.kill().await;
         ExitInfo::Stopped
+    }
+
+    async fn on_stdout(&mut self, line: Line) {
+        match line {
+            Line::Text(line) => self.on_stdout_line(&line).await,
+            Line::TooLong { bytes, id, has_method } => {
+                warn!(process_id = %self.label, bytes, max_bytes = MAX_LINE_BYTES, ?id, "stdout line too long, skipped");
+                // An answer to one of our calls: the call fails now, saying why, rather than waiting out its
+                // timeout. (A request or notification of the server's carries an id of its own, or none.)
+                if let (Some(id), false) = (id, has_method) {
+                    let err = UpstreamError::Protocol(format!(
+                        "the server's answer is {bytes} bytes, more than the {MAX_LINE_BYTES} bytes the satellite \
+                         reads as one message from a stdio server"
+                    ));
+                    self.pending.resolve(id, Err(err));
+                }
+            }
+        }
     }
 
     async fn on_stdout_line(&mut self, line: &str) {

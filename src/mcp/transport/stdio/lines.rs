@@ -1,0 +1,282 @@
+//! A child's output cut into lines, read leniently and without ever stopping.
+//!
+//! tokio-util's `LinesCodec` ended the stream on a line longer than its bound, or one that is not UTF-8: the
+//! error came once, and the `None` after it looked like end of file. The owner then stopped reading the pipe, so
+//! one oversized answer left every later call waiting its timeout, and a child writing on found its pipe full and
+//! hung, while the instance still showed online. Here neither is an error:
+//! - a line that is not UTF-8 is read with U+FFFD for the bad bytes (a JSON parser then says what is wrong);
+//! - a line over the bound is skipped as it streams past, in bounded memory, and reported as [`Line::TooLong`]
+//!   with the top-level `id` it carried, so the call it answers fails at once with the reason instead of timing out.
+
+use bytes::{Buf, BytesMut};
+use tokio_util::codec::Decoder;
+
+/// One line of a child's output.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Line {
+    Text(String),
+    /// A line longer than the bound, skipped: how long it was, and what it was as far as a scan could tell.
+    TooLong {
+        bytes: usize,
+        id: Option<i64>,
+        has_method: bool,
+    },
+}
+
+/// Splits at `\n` (a `\r` before it is dropped), up to `max` bytes a line.
+#[derive(Debug)]
+pub(crate) struct Lines {
+    max: usize,
+    /// Where to go on looking for `\n` in the buffer: the bytes before it have none.
+    searched: usize,
+    /// The line being skipped, if the current one is too long.
+    skipping: Option<Skipping>,
+}
+
+#[derive(Debug)]
+struct Skipping {
+    bytes: usize,
+    scan: IdScan,
+}
+
+impl Lines {
+    pub(crate) fn new(max: usize) -> Self {
+        Lines { max, searched: 0, skipping: None }
+    }
+
+    fn skip(&mut self, buf: &mut BytesMut) -> Option<Line> {
+        let skipping = self.skipping.as_mut()?;
+        let (chunk, end) = match memchr::memchr(b'\n', buf) {
+            Some(at) => (at, Some(at + 1)),
+            None => (buf.len(), None),
+        };
+        skipping.scan.feed(&buf[..chunk]);
+        skipping.bytes += chunk;
+        buf.advance(end.unwrap_or(chunk));
+        end?;
+        let skipped = self.skipping.take()?;
+        Some(Line::TooLong { bytes: skipped.bytes, id: skipped.scan.id, has_method: skipped.scan.has_method })
+    }
+}
+
+impl Decoder for Lines {
+    type Item = Line;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Line>, std::io::Error> {
+        if self.skipping.is_some() {
+            return Ok(self.skip(buf));
+        }
+        let look_to = buf.len().min(self.max.saturating_add(1));
+        match memchr::memchr(b'\n', &buf[self.searched.min(look_to)..look_to]) {
+            Some(offset) => {
+                let at = self.searched + offset;
+                self.searched = 0;
+                let line = buf.split_to(at + 1);
+                Ok(Some(text(&line[..at])))
+            }
+            None if buf.len() > self.max => {
+                self.searched = 0;
+                self.skipping = Some(Skipping { bytes: 0, scan: IdScan::default() });
+                Ok(self.skip(buf))
+            }
+            None => {
+                self.searched = look_to;
+                Ok(None)
+            }
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Line>, std::io::Error> {
+        if let Some(line) = self.decode(buf)? {
+            return Ok(Some(line));
+        }
+        // The last line, without its `\n`.
+        if let Some(skipped) = self.skipping.take() {
+            return Ok(Some(Line::TooLong {
+                bytes: skipped.bytes,
+                id: skipped.scan.id,
+                has_method: skipped.scan.has_method,
+            }));
+        }
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        self.searched = 0;
+        let line = buf.split_to(buf.len());
+        Ok(Some(text(&line)))
+    }
+}
+
+fn text(line: &[u8]) -> Line {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    Line::Text(match std::str::from_utf8(line) {
+        Ok(text) => text.to_owned(),
+        Err(_) => String::from_utf8_lossy(line).into_owned(),
+    })
+}
+
+/// Finds a JSON object's top-level integer `id`, and whether it has a top-level `method`, in text fed piece by
+/// piece, holding a few bytes at most. Nested members (a result's own `id`s) are not mistaken for them.
+#[derive(Debug, Default)]
+struct IdScan {
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// A member name is expected next at depth 1 (after `{` or `,`).
+    expect_key: bool,
+    /// The member name being read is a key at depth 1; its first bytes.
+    key: Option<Vec<u8>>,
+    /// The last depth-1 key read, finished.
+    last_key: Key,
+    /// The digits of the `id` value being read.
+    number: Option<Vec<u8>>,
+    id: Option<i64>,
+    has_method: bool,
+}
+
+#[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
+enum Key {
+    #[default]
+    Other,
+    Id,
+}
+
+impl IdScan {
+    fn feed(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.byte(byte);
+        }
+    }
+
+    fn byte(&mut self, byte: u8) {
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if byte == b'\\' {
+                self.escaped = true;
+            } else if byte == b'"' {
+                self.in_string = false;
+                if let Some(key) = self.key.take() {
+                    self.last_key = if key == b"id" { Key::Id } else { Key::Other };
+                    self.has_method |= key == b"method";
+                }
+            } else if let Some(key) = self.key.as_mut() {
+                if key.len() < 8 {
+                    key.push(byte);
+                }
+            }
+            return;
+        }
+        if let Some(number) = self.number.as_mut() {
+            match byte {
+                b'-' | b'0'..=b'9' if number.len() < 24 => {
+                    number.push(byte);
+                    return;
+                }
+                b' ' | b'\t' | b'\r' | b'\n' if number.is_empty() => return,
+                _ => {
+                    let digits = self.number.take().unwrap_or_default();
+                    if matches!(byte, b',' | b'}' | b' ' | b'\t' | b'\r' | b'\n') {
+                        self.id = std::str::from_utf8(&digits).ok().and_then(|d| d.parse().ok());
+                    }
+                }
+            }
+        }
+        match byte {
+            b'"' => {
+                self.in_string = true;
+                if self.depth == 1 && self.expect_key {
+                    self.expect_key = false;
+                    self.key = Some(Vec::new());
+                }
+            }
+            b'{' | b'[' => {
+                self.depth += 1;
+                self.expect_key = self.depth == 1 && byte == b'{';
+            }
+            b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+            b',' if self.depth == 1 => self.expect_key = true,
+            b':' if self.depth == 1 && self.last_key == Key::Id => {
+                self.last_key = Key::Other;
+                self.number = Some(Vec::new());
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(codec: &mut Lines, input: &[u8], chunk: usize) -> Vec<Line> {
+        let mut buf = BytesMut::new();
+        let mut lines = Vec::new();
+        for piece in input.chunks(chunk) {
+            buf.extend_from_slice(piece);
+            while let Some(line) = codec.decode(&mut buf).expect("decode") {
+                lines.push(line);
+            }
+        }
+        while let Some(line) = codec.decode_eof(&mut buf).expect("decode_eof") {
+            lines.push(line);
+        }
+        lines
+    }
+
+    /// Lines of any size are cut the same way however the pipe delivers them; one over the bound is reported
+    /// with its length and top-level id, and the lines after it are read as before (the stream goes on).
+    #[test]
+    fn a_line_too_long_is_reported_with_its_id_and_reading_goes_on() {
+        let big = format!(
+            r#"{{"result":{{"content":[{{"id":99,"text":"{}\"}}{{ \\"}}]}},"jsonrpc":"2.0","id":42}}"#,
+            "x".repeat(200)
+        );
+        let input = format!("{{\"a\":1}}\r\n{big}\nnot utf8 \u{fffd}\n{{\"b\":2}}\nlast");
+        for chunk in [1, 7, 64, 4096] {
+            let mut codec = Lines::new(100);
+            let lines = decode_all(&mut codec, input.as_bytes(), chunk);
+            assert_eq!(
+                lines,
+                vec![
+                    Line::Text("{\"a\":1}".into()),
+                    Line::TooLong { bytes: big.len(), id: Some(42), has_method: false },
+                    Line::Text("not utf8 \u{fffd}".into()),
+                    Line::Text("{\"b\":2}".into()),
+                    Line::Text("last".into()),
+                ],
+                "chunk {chunk}"
+            );
+        }
+    }
+
+    /// Bytes that are not UTF-8 do not end the stream: the line is read with U+FFFD for them.
+    #[test]
+    fn bytes_that_are_not_utf8_are_read_with_a_replacement_character() {
+        let mut codec = Lines::new(100);
+        let lines = decode_all(&mut codec, b"ab\xff\xfecd\n{}\n", 3);
+        assert_eq!(lines, vec![Line::Text("ab\u{fffd}\u{fffd}cd".into()), Line::Text("{}".into())]);
+    }
+
+    /// The scan takes only the top-level `id`, wherever it stands, and says whether the line was a request.
+    #[test]
+    fn the_scan_finds_the_top_level_id_only() {
+        let cases: [(&str, Option<i64>, bool); 7] = [
+            (r#"{"jsonrpc":"2.0","id":7,"result":{"id":3}}"#, Some(7), false),
+            (r#"{"result":{"id":3,"list":[{"id":4}]},"jsonrpc":"2.0", "id" : -12 }"#, Some(-12), false),
+            (r#"{"result":"\"id\":5,","id":"s"}"#, None, false),
+            (r#"{"jsonrpc":"2.0","id":8,"method":"sampling/createMessage","params":{}}"#, Some(8), true),
+            (r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"id":1}}"#, None, true),
+            (r#"{"idx":1,"result":{}}"#, None, false),
+            (r#"[{"id":1}]"#, None, false),
+        ];
+        for (text, id, has_method) in cases {
+            let mut scan = IdScan::default();
+            for piece in text.as_bytes().chunks(3) {
+                scan.feed(piece);
+            }
+            assert_eq!((scan.id, scan.has_method), (id, has_method), "{text}");
+        }
+    }
+}
