@@ -602,6 +602,72 @@ async fn a_legacy_sse_answer_is_passed_on_as_the_server_wrote_it() {
     assert_eq!(result.json_len(), RESULT.len());
 }
 
+/// A legacy SSE server names its endpoint once. Should it send a second `endpoint` event, the satellite goes on
+/// sending everything where the first said: its requests and its answers to the server's own requests alike.
+/// (Before, the answers moved and the requests did not, so a server's `ping` was answered somewhere else.)
+#[tokio::test]
+async fn a_second_legacy_sse_endpoint_event_moves_nothing() {
+    use futures::StreamExt;
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use warp::sse::Event;
+    use warp::Filter;
+    type Stream = tokio::sync::mpsc::UnboundedSender<Event>;
+    let stream: Arc<parking_lot::Mutex<Option<Stream>>> = Arc::default();
+    let received: Arc<parking_lot::Mutex<Vec<Value>>> = Arc::default();
+    let elsewhere: Arc<parking_lot::Mutex<Vec<Value>>> = Arc::default();
+    let opened = stream.clone();
+    let sse = warp::path("sse").and(warp::get()).map(move || {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let _ = tx.send(Event::default().event("endpoint").data("/messages?session=1"));
+        *opened.lock() = Some(tx);
+        let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
+        warp::sse::reply(events)
+    });
+    let (to, kept) = (stream.clone(), received.clone());
+    let messages = warp::path("messages").and(warp::post()).and(warp::body::json()).map(move |body: Value| {
+        kept.lock().push(body.clone());
+        let answer = |result: &str| format!(r#"{{"result": {result}, "jsonrpc": "2.0", "id": {}}}"#, body["id"]);
+        let message = match body["method"].as_str().unwrap_or_default() {
+            "initialize" => Some(answer(
+                r#"{"protocolVersion": "2024-11-05", "capabilities": {"tools": {}}, "serverInfo": {"name": "moving", "version": "1"}}"#,
+            )),
+            "tools/call" => Some(answer(r#"{"content": []}"#)),
+            _ => None,
+        };
+        if let (Some(message), Some(tx)) = (message, to.lock().as_ref()) {
+            let _ = tx.send(Event::default().event("message").data(message));
+        }
+        warp::http::StatusCode::ACCEPTED
+    });
+    let moved = elsewhere.clone();
+    let other = warp::path("elsewhere").and(warp::post()).and(warp::body::json()).map(move |body: Value| {
+        moved.lock().push(body);
+        warp::http::StatusCode::ACCEPTED
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(sse.or(messages).or(other)).incoming(listener).run());
+
+    let url = url::Url::parse(&format!("http://{addr}/sse")).unwrap();
+    let transport = SseTransport::connect("test".into(), reqwest::Client::new(), url, &BTreeMap::new(), CALL, None)
+        .await
+        .expect("connect");
+    let client = McpClient::connect(Transport::Sse(transport), &fast_options()).await.expect("initialize");
+    let sent = stream.lock().clone().expect("the stream is open");
+    let _ = sent.send(Event::default().event("endpoint").data("/elsewhere?session=2"));
+    let _ = sent.send(Event::default().event("message").data(r#"{"jsonrpc":"2.0","id":"s1","method":"ping"}"#));
+    client.request_relayed("tools/call", Some(json!({"name": "x"})), CALL, None).await.expect("answered");
+    wait_until(Duration::from_secs(20), "the answer to the server's ping", || {
+        let answered = received.lock().iter().any(|m| m["id"] == "s1" && m.get("result").is_some());
+        let strayed = elsewhere.lock().first().cloned();
+        assert!(strayed.is_none(), "sent to the second endpoint: {strayed:?}");
+        async move { answered.then_some(()) }
+    })
+    .await;
+    assert!(elsewhere.lock().is_empty(), "nothing goes to the second endpoint: {:?}", elsewhere.lock());
+}
+
 /// A loopback listener that only counts the connections made to it (each is closed at once): where a server must
 /// not send the satellite.
 async fn elsewhere() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {

@@ -76,6 +76,7 @@ impl SseTransport {
             // Where the stream was answered: the configured URL, or its https upgrade (the only redirect of another
             // origin the client follows), which the endpoint event is resolved against and must match.
             base: response.url().clone(),
+            configured: url.clone(),
             pending: pending.clone(),
             endpoint_tx: Some(endpoint_tx),
             notifications: notifications.clone(),
@@ -214,9 +215,38 @@ impl Drop for SseTransport {
     }
 }
 
+/// The URL an `endpoint` event names, resolved against the stream's (`base`). It must be of the stream's origin, as
+/// the TypeScript SDK requires too: messages carry the server's headers, and a server must not be able to send them,
+/// and every call, to another host.
+///
+/// One exception: when the configured `http://` URL was upgraded to `https://` on the same host, a server behind a
+/// TLS terminator names the plain address it knows, of the configured origin. A client connecting directly would
+/// take that (the TypeScript SDK checks the configured origin); the satellite takes it upgraded, so that its
+/// messages stay on the secure channel the stream came by.
+fn endpoint_url(configured: &Url, base: &Url, data: &str) -> Result<Url, String> {
+    let mut endpoint = base.join(data).map_err(|err| format!("the sse endpoint event is not a URL: {err}"))?;
+    let upgraded = configured.scheme() == "http" && base.scheme() == "https" && configured.host() == base.host();
+    if upgraded && endpoint.origin() == configured.origin() {
+        endpoint
+            .set_scheme("https")
+            .and_then(|()| endpoint.set_port(base.port()))
+            .map_err(|()| "the sse endpoint event's URL cannot be upgraded to https".to_owned())?;
+    }
+    if endpoint.origin() != base.origin() {
+        return Err(format!(
+            "the sse endpoint event names another origin ({}) than the stream's ({})",
+            endpoint.origin().ascii_serialization(),
+            base.origin().ascii_serialization()
+        ));
+    }
+    Ok(endpoint)
+}
+
 struct Reader {
     label: String,
     base: Url,
+    /// The URL the instance names, which `base` may be the https upgrade of.
+    configured: Url,
     pending: Arc<Pending>,
     /// The first `endpoint` event's URL, or why it cannot be used.
     endpoint_tx: Option<oneshot::Sender<Result<Url, String>>>,
@@ -277,41 +307,33 @@ impl Reader {
             match event {
                 None => break "sse stream ended".to_owned(),
                 Some(Err(err)) => break format!("sse stream failed: {err}"),
-                Some(Ok(event)) if event.event == "endpoint" => match self.endpoint(event.data.trim()) {
-                    Ok(endpoint) => {
-                        self.answers.endpoint = Some(endpoint.clone());
-                        if let Some(tx) = self.endpoint_tx.take() {
-                            let _ = tx.send(Ok(endpoint));
+                // The endpoint is set once: requests and the answers to the server's own requests go where the
+                // first event said. (Were a later one followed, answers would move but requests not.)
+                Some(Ok(event)) if event.event == "endpoint" && self.answers.endpoint.is_some() => {
+                    warn!(process_id = %self.label, "a second sse endpoint event ignored; messages go where the first said");
+                }
+                Some(Ok(event)) if event.event == "endpoint" => {
+                    match endpoint_url(&self.configured, &self.base, event.data.trim()) {
+                        Ok(endpoint) => {
+                            self.answers.endpoint = Some(endpoint.clone());
+                            if let Some(tx) = self.endpoint_tx.take() {
+                                let _ = tx.send(Ok(endpoint));
+                            }
+                        }
+                        Err(err) => {
+                            warn!(process_id = %self.label, error = %err, "invalid sse endpoint event");
+                            if let Some(tx) = self.endpoint_tx.take() {
+                                let _ = tx.send(Err(err));
+                            }
                         }
                     }
-                    Err(err) => {
-                        warn!(process_id = %self.label, error = %err, "invalid sse endpoint event");
-                        if let Some(tx) = self.endpoint_tx.take() {
-                            let _ = tx.send(Err(err));
-                        }
-                    }
-                },
+                }
                 Some(Ok(event)) if event.event.is_empty() || event.event == "message" => self.on_message(&event.data),
                 Some(Ok(event)) => debug!(process_id = %self.label, event = %event.event, "sse event ignored"),
             }
         };
         stop.cancel();
         self.pending.close(UpstreamError::Closed(format!("sse connection {}: {reason}", self.label)));
-    }
-
-    /// The URL an `endpoint` event names, resolved against the stream's. It must be of the stream's origin, as
-    /// the TypeScript SDK requires too: messages carry the server's headers, and a server must not be able to
-    /// send them, and every call, to another host.
-    fn endpoint(&self, data: &str) -> Result<Url, String> {
-        let endpoint = self.base.join(data).map_err(|err| format!("the sse endpoint event is not a URL: {err}"))?;
-        if endpoint.origin() != self.base.origin() {
-            return Err(format!(
-                "the sse endpoint event names another origin ({}) than the stream's ({})",
-                endpoint.origin().ascii_serialization(),
-                self.base.origin().ascii_serialization()
-            ));
-        }
-        Ok(endpoint)
     }
 
     fn on_message(&mut self, data: &str) {
@@ -352,5 +374,39 @@ impl Reader {
             Ok(other) => debug!(process_id = %self.label, message = ?other, "sse message ignored"),
             Err(err) => warn!(process_id = %self.label, error = %err, "malformed json-rpc message on sse stream"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(text: &str) -> Url {
+        Url::parse(text).expect("url")
+    }
+
+    /// A path, or an absolute URL of the stream's origin, is taken; another origin is not. After an upgrade from
+    /// http to https on the same host, the configured plain origin is taken upgraded, and only that.
+    #[test]
+    fn an_endpoint_is_of_the_streams_origin_or_the_configured_one_upgraded() {
+        let plain = url("http://mcp.example.com/sse");
+        let secure = url("https://mcp.example.com/sse");
+        let cases: [(&Url, &str, Option<&str>); 8] = [
+            (&plain, "/messages?s=1", Some("http://mcp.example.com/messages?s=1")),
+            (&plain, "http://mcp.example.com/m", Some("http://mcp.example.com/m")),
+            (&plain, "http://evil.example.com/m", None),
+            (&plain, "https://mcp.example.com/m", None),
+            (&secure, "/messages?s=1", Some("https://mcp.example.com/messages?s=1")),
+            (&secure, "http://mcp.example.com/messages?s=1", Some("https://mcp.example.com/messages?s=1")),
+            (&secure, "http://mcp.example.com:8080/m", None),
+            (&secure, "http://evil.example.com/m", None),
+        ];
+        for (base, data, expected) in cases {
+            let got = endpoint_url(&plain, base, data).ok().map(String::from);
+            assert_eq!(got.as_deref(), expected, "{base} + {data}");
+        }
+        // Without an upgrade, the configured origin is just the stream's.
+        let direct = url("https://mcp.example.com/sse");
+        assert!(endpoint_url(&direct, &direct, "http://mcp.example.com/m").is_err());
     }
 }
