@@ -2006,3 +2006,85 @@ async fn announcements_missed_in_a_burst_are_said_again_not_lost() {
     assert!(told, "every subscribed resource's update reaches the GET stream; missing: {missing:?}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A legacy SSE client is asked only what it declared it can answer, as a `/mcp` client is: during a call, a
+/// server's `roots/list` and `sampling/createMessage` to a client that declared neither are answered for it (no
+/// roots; -32601), and only its `ping` reaches the stream. Before, a legacy call's relay passed every request on.
+#[tokio::test]
+async fn a_legacy_client_is_asked_only_what_it_declared() {
+    use futures::StreamExt;
+    let sat = with_asks().await;
+    let http = reqwest::Client::new();
+    let stream = http.get(format!("{}/sse", sat.base_url())).bearer_auth(ALICE).send().await.unwrap();
+    assert!(stream.status().is_success());
+    let mut body = stream.bytes_stream();
+    let mut heard = String::new();
+    let mut taken = 0;
+    macro_rules! next_data {
+        () => {
+            next_sse_data(&mut body, &mut heard, &mut taken).await
+        };
+    }
+    let endpoint = next_data!();
+    assert!(endpoint.contains("/message?session="), "{endpoint}");
+    let url = format!("{}{endpoint}", sat.base_url());
+    let post = |message: Value| http.post(&url).bearer_auth(ALICE).json(&message).send();
+    let initialize = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05",
+        "capabilities":{},"clientInfo":{"name":"legacy","version":"1"}}});
+    assert!(post(initialize).await.unwrap().status().is_success());
+    let initialized: Value = serde_json::from_str(&next_data!()).unwrap();
+    assert_eq!(initialized["id"], 1, "{initialized}");
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"execute_mcp_tool",
+        "arguments":{"tool_path":"asks:ask","arguments":{}}}});
+    let posted = tokio::spawn(post(call));
+    let mut asked = Vec::new();
+    let result = loop {
+        let message: Value = serde_json::from_str(&next_data!()).unwrap();
+        if message["id"] == 2 && message.get("method").is_none() {
+            break message;
+        }
+        let Some(method) = message["method"].as_str() else { continue };
+        asked.push(method.to_owned());
+        let answer = match method {
+            "ping" => json!({"jsonrpc":"2.0","id":message["id"],"result":{}}),
+            _ => json!({"jsonrpc":"2.0","id":message["id"],"error":{"code":-32601,"message":"not declared"}}),
+        };
+        assert!(post(answer).await.unwrap().status().is_success());
+    };
+    assert_eq!(asked, ["ping"], "{result}");
+    let answers: Value = serde_json::from_str(result["result"]["content"][0]["text"].as_str().expect("text")).unwrap();
+    assert_eq!(answers["ping"], json!({}), "{answers}");
+    assert_eq!(answers["roots/list"], json!({"roots": []}), "{answers}");
+    assert_eq!(answers["sampling/createMessage"]["code"], -32601, "{answers}");
+    let _ = posted.await;
+    drop(body);
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// The next message's data on a legacy SSE stream, each once, as they come: `heard` keeps what was read, `taken`
+/// how many messages were returned.
+async fn next_sse_data(
+    body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    heard: &mut String,
+    taken: &mut usize,
+) -> String {
+    use futures::StreamExt;
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let complete = heard.rsplit_once("\n\n").map_or("", |(complete, _)| complete);
+            let data = complete
+                .split("\n\n")
+                .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data:")))
+                .nth(*taken)
+                .map(|data| data.trim().to_owned());
+            if let Some(data) = data {
+                *taken += 1;
+                return data;
+            }
+            let chunk = body.next().await.expect("the stream is open").expect("readable");
+            heard.push_str(&String::from_utf8_lossy(&chunk).replace("\r\n", "\n"));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("nothing more on the stream: {heard}"))
+}

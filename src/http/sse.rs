@@ -49,6 +49,9 @@ struct SseSession {
     /// Once the client initialized: its place among the owner's streams that a server's request outside any call
     /// reaches (`Seats`), with the capabilities it declared. Goes with the session.
     seat: Option<SeatGuard>,
+    /// What the client declared at `initialize` (`{}` past the bound a session keeps): a server's request during
+    /// one of its calls reaches it only when it declared what the request needs, as on `/mcp`.
+    capabilities: Option<Arc<Value>>,
 }
 
 /// `mcp.client.connected` events of one user (in one team) reported per minute; the streams past it open alike
@@ -223,7 +226,15 @@ async fn open(
     let connected_user = principal.user.clone();
     sessions.sessions.lock().insert(
         id.clone(),
-        SseSession { principal, toolset, events: tx, last_seen: Instant::now(), tool_calls: 0, seat: None },
+        SseSession {
+            principal,
+            toolset,
+            events: tx,
+            last_seen: Instant::now(),
+            tool_calls: 0,
+            seat: None,
+            capabilities: None,
+        },
     );
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let user_agent = header_text("user-agent").unwrap_or_else(|| "unknown".into());
@@ -292,7 +303,7 @@ async fn message(
         Ok(message) => crate::activity::calls_a_tool(std::slice::from_ref(message)),
         Err(_) => false,
     };
-    let (principal, toolset, events) = {
+    let (principal, toolset, events, declared) = {
         let mut table = sessions.sessions.lock();
         let session = table.get_mut(id).ok_or(McpError::SseSessionNotFound)?;
         if caller.user != session.principal.user || caller.team != session.principal.team {
@@ -300,7 +311,7 @@ async fn message(
         }
         session.last_seen = Instant::now();
         session.tool_calls += u64::from(tool_call);
-        (caller.clone(), session.toolset.clone(), session.events.clone())
+        (caller.clone(), session.toolset.clone(), session.events.clone(), session.capabilities.clone())
     };
     caller.require(SCOPE_READ).map_err(McpError::Auth)?;
     // Legacy SSE callers count as client activity too (SB §17): by OAuth client when the stream's token had one.
@@ -361,7 +372,13 @@ async fn message(
             }
         }
         Ok(Message::Request { id: request_id, method, params }) => {
-            let call = RelayedCall { deps: deps.clone(), sessions: sessions.clone(), scope: id.to_owned(), events };
+            let call = RelayedCall {
+                deps: deps.clone(),
+                sessions: sessions.clone(),
+                scope: id.to_owned(),
+                events,
+                capabilities: declared,
+            };
             let selection = super::mcp::select_toolset(deps, &principal, toolset.as_deref());
             return call.run(principal, selection, request_id, method, params).await;
         }
@@ -381,12 +398,16 @@ async fn message(
 /// request goes on the stream under an id of the session's exchange; the client answers by POST. Capabilities past
 /// the bound every session keeps get no seat (the server then gets a client's refusal).
 fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &Principal, capabilities: Value) {
-    if crate::mcp::payload::json_len(&capabilities) > super::session::MAX_CAPABILITIES_BYTES {
-        return;
-    }
     let mut table = sessions.sessions.lock();
     let Some(session) = table.get_mut(id) else { return };
-    let (relay, mut asks) = Relay::for_client(Arc::new(capabilities));
+    if crate::mcp::payload::json_len(&capabilities) > super::session::MAX_CAPABILITIES_BYTES {
+        session.capabilities = Some(Arc::new(json!({})));
+        session.seat = None;
+        return;
+    }
+    let capabilities = Arc::new(capabilities);
+    session.capabilities = Some(capabilities.clone());
+    let (relay, mut asks) = Relay::for_client(capabilities);
     let owner = crate::instances::seat_owner(&principal.team, &principal.user);
     // A second initialize replaces the first seat (and what it declared).
     session.seat = Some(deps.manager.seats().take(owner, None, relay));
@@ -428,6 +449,8 @@ struct RelayedCall {
     sessions: Arc<SseSessions>,
     scope: String,
     events: mpsc::Sender<warp::sse::Event>,
+    /// What the client declared at `initialize`; `None` before it did (then nothing is filtered, as before).
+    capabilities: Option<Arc<Value>>,
 }
 
 /// How a relayed call on a legacy stream ended.
@@ -462,7 +485,10 @@ impl RelayedCall {
         let final_id = message_id.clone();
         let tracked = request_id.clone();
         let mut task = tokio::spawn(async move {
-            let (relay, mut rx) = Relay::channel(true);
+            let (relay, mut rx) = match self.capabilities.clone() {
+                Some(capabilities) => Relay::for_client(capabilities),
+                None => Relay::channel(true),
+            };
             let target = Target::LegacySse(principal, selection);
             let call = target.dispatch(&self.deps, Some(&self.scope), &method, params, Some(&relay));
             tokio::pin!(call);
