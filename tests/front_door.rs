@@ -2012,7 +2012,6 @@ async fn announcements_missed_in_a_burst_are_said_again_not_lost() {
 /// roots; -32601), and only its `ping` reaches the stream. Before, a legacy call's relay passed every request on.
 #[tokio::test]
 async fn a_legacy_client_is_asked_only_what_it_declared() {
-    use futures::StreamExt;
     let sat = with_asks().await;
     let http = reqwest::Client::new();
     let stream = http.get(format!("{}/sse", sat.base_url())).bearer_auth(ALICE).send().await.unwrap();
