@@ -99,6 +99,26 @@ async fn requests_finding_the_session_forgotten_together_renew_it_once() {
     assert_eq!(forget().await, Some(1), "one new session, no orphans");
 }
 
+/// A renewal that fails (the server, restarting, refuses the new handshake once) leaves no session. The next
+/// request renews it before it is sent, and is answered. Before, every later request went without a session, was
+/// refused with 400, and nothing ever renewed it: the instance stayed online and every call failed.
+#[tokio::test]
+async fn a_session_whose_renewal_failed_is_renewed_by_the_next_request() {
+    let server = HttpServer::demo(&["--protocol", "legacy"]).await;
+    let client = connect_http(server.url("/mcp")).await;
+    let admin = |path: &str| reqwest::Client::new().post(server.url(path)).send();
+    assert!(admin("/admin/forget-sessions").await.unwrap().status().is_success());
+    assert!(admin("/admin/refuse-initialize/1").await.unwrap().status().is_success());
+    let echo =
+        |text: &str| client.request("tools/call", Some(json!({"name": "echo", "arguments": {"text": text}})), CALL);
+    let err = echo("refused").await.expect_err("the renewal is refused");
+    assert!(err.to_string().contains("503"), "{err}");
+    for n in 0..3 {
+        let echoed = echo(&format!("renewed {n}")).await.expect("answered on a renewed session");
+        assert_eq!(text(&echoed), format!("renewed {n}"));
+    }
+}
+
 #[tokio::test]
 async fn unreachable_servers_fail_with_a_connect_error() {
     let url = url::Url::parse(&format!("http://127.0.0.1:{}/mcp", free_port())).unwrap();

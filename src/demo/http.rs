@@ -22,6 +22,8 @@ struct Shared {
     /// The demo server at `/mcp`, or one per corpus slug at `/servers/{slug}/mcp`.
     servers: HashMap<String, DemoServer>,
     sessions: Mutex<HashMap<String, Session>>,
+    /// Test hook: how many `initialize` requests to come are refused with 503, as a server restarting would.
+    refuse_initialize: std::sync::atomic::AtomicUsize,
 }
 
 /// Serve `servers` (key "" is `/mcp`) on `listener` until `shutdown` resolves.
@@ -30,7 +32,8 @@ pub async fn serve(
     servers: HashMap<String, DemoServer>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let shared = Arc::new(Shared { servers, sessions: Mutex::new(HashMap::new()) });
+    let shared =
+        Arc::new(Shared { servers, sessions: Mutex::new(HashMap::new()), refuse_initialize: Default::default() });
     warp::serve(routes(shared)).incoming(listener).graceful(shutdown).run().await;
 }
 
@@ -67,16 +70,26 @@ fn routes(shared: Arc<Shared>) -> impl Filter<Extract = (Response,), Error = std
         warp::reply::with_status("server stream not offered", StatusCode::METHOD_NOT_ALLOWED).into_response()
     });
     // Test hook: forget every session, as a restarted server would.
-    let forget =
-        warp::path!("admin" / "forget-sessions").and(warp::post()).and(with_shared).map(|shared: Arc<Shared>| {
+    let forget = warp::path!("admin" / "forget-sessions").and(warp::post()).and(with_shared.clone()).map(
+        |shared: Arc<Shared>| {
             let n = shared.sessions.lock().drain().count();
             warp::reply::json(&serde_json::json!({"forgotten": n})).into_response()
-        });
+        },
+    );
+    // Test hook: refuse the next `n` initialize requests with 503.
+    let refuse = warp::path!("admin" / "refuse-initialize" / usize).and(warp::post()).and(with_shared).map(
+        |n: usize, shared: Arc<Shared>| {
+            shared.refuse_initialize.store(n, std::sync::atomic::Ordering::SeqCst);
+            warp::reply::json(&serde_json::json!({"refusing": n})).into_response()
+        },
+    );
     post.or(delete)
         .unify()
         .or(get)
         .unify()
         .or(forget)
+        .unify()
+        .or(refuse)
         .unify()
         .recover(|rejection: warp::Rejection| async move {
             let status = if rejection.is_not_found() { StatusCode::NOT_FOUND } else { StatusCode::BAD_REQUEST };
@@ -109,6 +122,16 @@ async fn handle_post(slug: String, session_id: Option<String>, body: bytes::Byte
     let id = value.get("id").cloned().and_then(|id| serde_json::from_value(id).ok());
     let stateless = is_stateless(&method, value.get("params"));
 
+    if method == "initialize" {
+        let refused = shared.refuse_initialize.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |n| n.checked_sub(1),
+        );
+        if refused.is_ok() {
+            return warp::reply::with_status("restarting", StatusCode::SERVICE_UNAVAILABLE).into_response();
+        }
+    }
     // The handshake era needs a live session for everything after initialize.
     let session = if stateless || method == "initialize" || method == "server/discover" {
         Session::default()

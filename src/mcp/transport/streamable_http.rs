@@ -7,7 +7,7 @@
 //! requests carry `Mcp-Method`/`Mcp-Name` and never a session.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -61,6 +61,9 @@ pub struct StreamableHttpTransport {
     /// Held while the handshake is replayed, so that requests finding the session gone together replay it once
     /// (boxed: rarely used, and it would make every `Transport` larger).
     renewing: Box<tokio::sync::Mutex<()>>,
+    /// The last renewal failed: the session is gone, and the next request renews it before it is sent (sent
+    /// without a session, it would only be refused, and nothing would ever renew it).
+    renewal_failed: AtomicBool,
     /// Where the server's requests made outside any request of ours go: its owner's clients.
     asker: Option<Asker>,
 }
@@ -91,6 +94,7 @@ impl StreamableHttpTransport {
             stop: CancellationToken::new(),
             renewals: tokio::sync::watch::Sender::new(0),
             renewing: Box::default(),
+            renewal_failed: AtomicBool::new(false),
             asker: None,
         })
     }
@@ -230,7 +234,11 @@ impl StreamableHttpTransport {
         relay: Option<&Relay>,
     ) -> Result<Payload, UpstreamError> {
         let work = async {
-            let sent_on = self.session_id();
+            let mut sent_on = self.session_id();
+            if sent_on.is_none() && headers.modern.is_none() && self.renewal_failed.load(Ordering::Acquire) {
+                self.reinitialize(None).await?;
+                sent_on = self.session_id();
+            }
             let first = self.request_once(method, params.clone(), headers, relay, timeout).await;
             match first {
                 Err(SendError::SessionGone) => {
@@ -302,10 +310,15 @@ impl StreamableHttpTransport {
         let Some((params, headers)) = self.handshake.lock().clone() else {
             return Err(UpstreamError::Protocol("session lost before any initialize".into()));
         };
-        self.request_once("initialize", params, &headers, None, Duration::from_secs(30))
-            .await
-            .map_err(SendError::into_upstream)?;
-        self.notify("notifications/initialized", None, &headers).await?;
+        let renewed = async {
+            self.request_once("initialize", params, &headers, None, Duration::from_secs(30))
+                .await
+                .map_err(SendError::into_upstream)?;
+            self.notify("notifications/initialized", None, &headers).await
+        }
+        .await;
+        self.renewal_failed.store(renewed.is_err(), Ordering::Release);
+        renewed?;
         self.renewals.send_modify(|renewed| *renewed += 1);
         Ok(())
     }
