@@ -2087,3 +2087,32 @@ async fn next_sse_data(
     .await
     .unwrap_or_else(|_| panic!("nothing more on the stream: {heard}"))
 }
+
+/// A legacy SSE client that goes away in the middle of a call (its stream closed while the server is still
+/// sending log messages for the call) does not cancel the call: it runs on to its end upstream, as a disconnected
+/// client's call does on `/mcp`, and is reported as executed. Only forwarding stops.
+#[tokio::test]
+async fn a_legacy_client_that_leaves_mid_call_does_not_cancel_it() {
+    let sat = with_paged().await;
+    let http = reqwest::Client::new();
+    let stream = http.get(format!("{}/sse", sat.base_url())).bearer_auth(ALICE).send().await.unwrap();
+    assert!(stream.status().is_success());
+    let (mut body, mut heard, mut taken) = (stream.bytes_stream(), String::new(), 0);
+    let endpoint = next_sse_data(&mut body, &mut heard, &mut taken).await;
+    let url = format!("{}{endpoint}", sat.base_url());
+    // Two seconds of log messages, then the answer.
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"execute_mcp_tool",
+        "arguments":{"tool_path":"paged:chatty","arguments":{"count":200,"bytes":100,"pause_ms":10}}}});
+    let posted = tokio::spawn(http.post(&url).bearer_auth(ALICE).json(&call).send());
+    let first = next_sse_data(&mut body, &mut heard, &mut taken).await;
+    assert!(first.contains("notifications/message"), "{first}");
+    drop(body);
+    let executed = wait_until(DEADLINE, "the call's mcp.tool.executed event", || async {
+        let events = sat.satellite.store().events(Some("mcp.tool.executed"), 0, 100).await.ok()?;
+        events.into_iter().find(|e| e.data["tool_name"] == "paged:chatty")
+    })
+    .await;
+    assert_eq!(executed.data["success"], true, "the call ran to its end: {}", executed.data);
+    let _ = posted.await;
+    assert!(sat.satellite.shutdown().await);
+}
