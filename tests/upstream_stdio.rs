@@ -267,6 +267,59 @@ for line in sys.stdin:
     transport.close().await;
 }
 
+/// A request made while a dead child's last output is still being read (here a grandchild of its, in a session
+/// of its own, writes on for a while) fails with how the child ended, as every other waiter does. Before, it was
+/// refused as "not running": the stdin queue had gone with the child's stdin.
+#[tokio::test]
+async fn a_request_made_while_a_dead_childs_output_is_drained_gets_its_exit() {
+    let server = r#"
+import json, os, sys, time
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    if (message.get("params") or {}).get("name") == "die":
+        ready, told = os.pipe()
+        if os.fork() == 0:
+            os.setsid()  # out of the child's process group, which goes with the child
+            os.write(told, b"x")
+            for i in range(150):
+                note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "after %d" % i}}
+                sys.stdout.write(json.dumps(note) + "\n")
+                sys.stdout.flush()
+                time.sleep(0.01)
+            os._exit(0)
+        os.read(ready, 1)
+        os._exit(3)
+    answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": [{"type": "text", "text": "ok"}]}}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+"#;
+    let launch = stdio_launch("python3", &["-c", server]);
+    let transport = StdioTransport::spawn(launch).expect("spawn");
+    let mut heard = transport.subscribe();
+    let die = transport.request("tools/call", Some(json!({"name": "die"})), CALL, None);
+    let during = async {
+        // The child exits at once; 0.3 s of the grandchild's lines later, the satellite is draining what is left.
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while let Ok(message) = heard.recv().await {
+                if message.to_string().contains("after 30\"") {
+                    return;
+                }
+            }
+            panic!("the announcements ended before the grandchild's lines");
+        })
+        .await
+        .expect("the grandchild's lines");
+        transport.request("tools/call", Some(json!({"name": "echo"})), CALL, None).await
+    };
+    let (die, during) = tokio::join!(die, during);
+    for err in [die.expect_err("the child died"), during.expect_err("the child is dead")] {
+        assert!(matches!(err, UpstreamError::Exited { exit: ExitInfo::Exited { code: Some(3), .. }, .. }), "{err}");
+    }
+    transport.close().await;
+}
+
 #[tokio::test]
 async fn a_dying_server_fails_every_waiter_at_once() {
     let client = connect_demo_stdio("both").await;
