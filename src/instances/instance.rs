@@ -486,6 +486,23 @@ impl Instance {
 mod tests {
     use super::*;
 
+    /// Lost announcements are said at most once a second: two lags in a row give listeners one marker (a flood of
+    /// log lines would otherwise have every client re-read every list again and again), and the next second's lag
+    /// gives another.
+    #[test]
+    fn lost_announcements_are_said_at_most_once_a_second() {
+        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
+        let mut heard = instance.announcements();
+        instance.announce_missed();
+        instance.announce_missed();
+        let marker = heard.try_recv().expect("one marker");
+        assert_eq!(marker["method"], MISSED_ANNOUNCEMENTS);
+        assert!(heard.try_recv().is_err(), "the second lag within the second is not said again");
+        *instance.missed_at.lock() = std::time::Instant::now().checked_sub(MISSED_ANNOUNCEMENTS_EVERY);
+        instance.announce_missed();
+        assert_eq!(heard.try_recv().expect("a marker a second later")["method"], MISSED_ANNOUNCEMENTS);
+    }
+
     /// A count that finishes after a newer discovery replaced the catalog it counted must not put the old tools
     /// back: only the catalog it started from is replaced.
     #[test]
