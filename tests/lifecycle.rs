@@ -698,3 +698,23 @@ async fn a_burst_of_calls_leaves_the_standalone_history_at_its_bound() {
     .await;
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The credential check's reconnect (BP §6.2, OQ-8) is for an instance waiting for re-authorisation only. One
+/// that is online by the time the check holds its lifecycle lock (a configuration brought it back meanwhile) keeps
+/// its connection: no restart, the same process, no status change.
+#[tokio::test]
+async fn a_credential_checks_reconnect_leaves_an_online_instance_alone() {
+    let sat = TestSatellite::start(&config("")).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let before = instance(&sat, ALICE);
+    let (pid, changes) = (before.pid().expect("a process"), events(&sat, "mcp.server.status_changed").await.len());
+    let process = ProcessId::from(ALICE);
+    sat.satellite.manager().reconnect_waiting_for_reauth(&process).await.expect("a known instance");
+    let after = instance(&sat, ALICE);
+    assert_eq!(after.status().status, InstanceStatus::Online);
+    assert_eq!(after.pid(), Some(pid), "the same process");
+    assert_eq!(events(&sat, "mcp.server.status_changed").await.len(), changes, "no status change");
+    let echoed = call(&sat, ALICE, "echo", json!({"text": "still"})).await.expect("the connection works");
+    assert_eq!(text_of(&echoed), "still");
+    assert!(sat.satellite.shutdown().await);
+}
