@@ -794,15 +794,20 @@ async fn half_sent_requests_are_closed_and_connections_are_capped() {
     let sat = started_with(&config).await;
     let addr = sat.satellite.local_addr();
     let mut held = Vec::new();
-    for n in 0..24 {
+    for n in 0..30 {
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        match n % 3 {
+        match n % 5 {
             // Half a request head.
             0 => stream.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty").await.expect("half a head"),
             // Nothing at all (before, these were held for ever, and a cap full of them starved everyone).
             1 => {}
             // One whole request on a keep-alive connection, then silence.
-            _ => stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.expect("a request"),
+            2 => stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.expect("a request"),
+            // The first byte of the HTTP/2 preface (before, held for ever: no timer runs until the protocol is
+            // known).
+            3 => stream.write_all(b"P").await.expect("one byte"),
+            // The whole HTTP/2 preface, then silence (the HTTP/2 side has no header timer).
+            _ => stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.expect("the preface"),
         }
         held.push(stream);
     }
@@ -819,7 +824,7 @@ async fn half_sent_requests_are_closed_and_connections_are_capped() {
             }
         })
         .await;
-        assert!(closed.is_ok(), "connection {n} (kind {}) was never closed", n % 3);
+        assert!(closed.is_ok(), "connection {n} (kind {}) was never closed", n % 5);
     }
     let (status, body) = Caller::connect(&sat, "/mcp", Some(ALICE)).await.call("tools/list", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");

@@ -187,8 +187,12 @@ pub async fn serve<F>(
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "TCP_NODELAY could not be set on a connection");
         }
+        // Whether a whole request head has come on the connection yet.
+        let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = asked.clone();
         // Every request of the connection carries the peer's address, for client tracking and audit events.
         let with_peer = service.clone().map_request(move |mut request: Request<hyper::body::Incoming>| {
+            seen.store(true, std::sync::atomic::Ordering::Relaxed);
             request.extensions_mut().insert(PeerAddr(peer));
             request
         });
@@ -228,8 +232,25 @@ pub async fn serve<F>(
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service);
             // Its wakes of itself fold into its poll (wakes.rs): a request made alone no longer wakes the
             // runtime's other worker for nothing.
-            if let Err(err) = super::wakes::Coalesced::new(watcher.watch(connection.into_owned())).await {
-                debug!(error = %err, "connection ended with an error");
+            let connection = super::wakes::Coalesced::new(watcher.watch(connection.into_owned()));
+            // Nor does a connection that has sent a byte but no whole request: hyper's HTTP/1 header timer starts
+            // only once the auto builder has told HTTP/1 from HTTP/2, and the HTTP/2 side has no timer at all, so
+            // one byte of the HTTP/2 preface (or the whole preface and then silence) held a place for ever.
+            let first_request = async {
+                tokio::time::sleep(header_read_timeout).await;
+                if asked.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                ended = connection => {
+                    if let Err(err) = ended {
+                        debug!(error = %err, "connection ended with an error");
+                    }
+                }
+                () = first_request => {
+                    debug!(peer = %peer, "connection sent no whole request within the header timeout, closed");
+                }
             }
         });
     }
