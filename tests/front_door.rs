@@ -311,6 +311,49 @@ async fn a_lone_tools_list_answers_what_the_general_path_answers() {
     assert_eq!(headers.get("www-authenticate"), batch_headers.get("www-authenticate"));
 }
 
+/// A batch carries at most 100 messages: more are refused at once (400, -32600), not answered into a body of
+/// hundreds of megabytes. Its messages are answered side by side, as a server reached directly answers them: three
+/// 2-second calls fit a 5-second request timeout together (before, one after another, they overran it and all three
+/// answers were lost). A message the token's scopes refuse gets its own error; the others are still answered.
+#[tokio::test]
+async fn a_batch_is_bounded_and_its_messages_are_answered_side_by_side() {
+    let config = config().replacen("[[teams]]", "[satellite]\nhttp_timeout_seconds = 5\n\n[[teams]]", 1);
+    let sat = started_with(&config).await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    let listing = |n: usize| json!({"jsonrpc":"2.0","id":n,"method":"tools/list"});
+    let (status, _, refused) = alice.post_raw(json!((0..101).map(listing).collect::<Vec<_>>()).to_string(), &[]).await;
+    let said: String = refused.to_string().chars().take(300).collect();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{said}");
+    assert_eq!(refused["error"]["code"], -32600, "{said}");
+    let (status, _, answered) = alice.post_raw(json!((0..100).map(listing).collect::<Vec<_>>()).to_string(), &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answered.as_array().map(Vec::len), Some(100));
+
+    let slow = |n: u64| {
+        json!({"jsonrpc":"2.0","id":n,"method":"tools/call","params":{"name":"execute_mcp_tool",
+            "arguments":{"tool_path":"demo:slow","arguments":{"ms":2000}}}})
+    };
+    let (status, _, calls) = alice.post_raw(json!([slow(1), slow(2), slow(3)]).to_string(), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{calls}");
+    let ids: Vec<&Value> = calls.as_array().expect("an array").iter().map(|c| &c["id"]).collect();
+    assert_eq!(ids, [&json!(1), &json!(2), &json!(3)], "{calls}");
+    assert!(calls.as_array().unwrap().iter().all(|c| c.get("result").is_some()), "{calls}");
+
+    // A token with mcp:read only: the call is refused in the batch, the listing still answered.
+    let mut reader = Caller::new(&sat, "/mcp", Some(READER));
+    reader.initialize().await;
+    let echo = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"execute_mcp_tool",
+        "arguments":{"tool_path":"demo:echo","arguments":{"text":"through"}}}});
+    let (status, _, mixed) = reader.post_raw(json!([listing(1), echo]).to_string(), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{mixed}");
+    assert_eq!(mixed[0]["id"], 1, "{mixed}");
+    assert_eq!(mixed[0]["result"]["tools"].as_array().map(Vec::len), Some(4), "the listing is answered: {mixed}");
+    assert_eq!(mixed[1]["id"], 2, "{mixed}");
+    assert_eq!(mixed[1]["error"]["code"], -32004, "the call is refused: {mixed}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// The MCP routes are tried before the others: a request no route serves still gets the status that says why.
 #[tokio::test]
 async fn requests_no_route_serves_get_the_status_that_says_why() {

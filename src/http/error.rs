@@ -22,6 +22,8 @@ pub enum McpError {
     /// The body is not JSON.
     Parse(String),
     EmptyBatch,
+    /// A batch of more messages than `MAX_BATCH_MESSAGES`: how many.
+    BatchTooLarge(usize),
     InitializeInBatch,
     AlreadyInitialized,
     /// `MCP-Protocol-Version` names a version this endpoint does not speak.
@@ -102,6 +104,7 @@ impl McpError {
             McpError::NotAcceptable { .. } => StatusCode::NOT_ACCEPTABLE,
             McpError::Parse(_)
             | McpError::EmptyBatch
+            | McpError::BatchTooLarge(_)
             | McpError::InitializeInBatch
             | McpError::AlreadyInitialized
             | McpError::UnsupportedVersion(_)
@@ -147,6 +150,13 @@ impl McpError {
             }
             McpError::Parse(err) => (codes::PARSE_ERROR, format!("Parse error: {err}")),
             McpError::EmptyBatch => (codes::INVALID_REQUEST, "Invalid Request: empty batch".to_owned()),
+            McpError::BatchTooLarge(n) => (
+                codes::INVALID_REQUEST,
+                format!(
+                    "Invalid Request: a batch of {n} messages; at most {} are answered in one",
+                    super::mcp::MAX_BATCH_MESSAGES
+                ),
+            ),
             McpError::InitializeInBatch => (
                 codes::INVALID_REQUEST,
                 "Invalid Request: initialize must not be batched with other messages".to_owned(),
@@ -234,6 +244,7 @@ mod tests {
             McpError::NotAcceptable { stream_only: true },
             McpError::Parse("x".into()),
             McpError::EmptyBatch,
+            McpError::BatchTooLarge(101),
             McpError::InitializeInBatch,
             McpError::AlreadyInitialized,
             McpError::UnsupportedVersion("1999".into()),

@@ -21,6 +21,9 @@ pub(super) async fn post(
         FrameError::Json(err) => McpError::Parse(err),
         FrameError::EmptyBatch => McpError::EmptyBatch,
     })?;
+    if messages.len() > MAX_BATCH_MESSAGES {
+        return Err(McpError::BatchTooLarge(messages.len()));
+    }
     let header_version = header(headers, names::MCP_PROTOCOL_VERSION).map(str::to_owned);
     let stateless = header_version.as_deref() == Some(MODERN_VERSION)
         || messages.iter().any(|m| {
@@ -94,54 +97,28 @@ pub(super) async fn post(
         }
     }
     let mut replies = Vec::new();
-    for message in messages {
-        let reply = match Message::from_value(message) {
-            Err(err) => Some(protocol::error_response(
-                None,
-                RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")),
-            )),
-            Ok(Message::Request { id, method, .. }) if method == "initialize" => {
-                let result = match new_session.take() {
-                    Some(result) => result,
-                    None => initialize_result(None, &Identity::of(deps, &endpoint.target).await).1,
-                };
-                Some(protocol::response(id, result))
+    if batch {
+        // The messages of a batch are answered side by side, as a server reached directly answers them: one after
+        // another, three slow calls overran the request's timeout together and all three answers were lost. A
+        // message refused for want of a scope gets its own error and the others are still answered; when all are
+        // refused, the POST is, with the challenge that says which scope to ask for.
+        let answers = messages.into_iter().map(|message| answer(deps, &endpoint, &session_id, message, None));
+        let answers = futures::future::join_all(answers).await;
+        if answers.iter().all(|(answer, _)| answer.is_err()) {
+            if let Some((Err(refused), _)) = answers.into_iter().next() {
+                return Err(refused);
             }
-            Ok(Message::Request { id, method, params }) => {
-                let subscription = subscription_of(&method, params.as_ref());
-                match endpoint.target.dispatch(deps, Some(&session_id), &method, params, None).await {
-                    Ok(result) => {
-                        if let Some((uri, subscribed)) = subscription {
-                            record_subscription(
-                                deps,
-                                &endpoint.target,
-                                &endpoint.sessions,
-                                &session_id,
-                                &uri,
-                                subscribed,
-                            );
-                        }
-                        match protocol::answer_value(protocol::payload_for_handshake(result)) {
-                            Ok(result) => Some(protocol::response(id, result)),
-                            Err(err) => Some(protocol::error_response(Some(id), err)),
-                        }
-                    }
-                    Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
-                    Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
-                }
+            return Err(McpError::Internal);
+        }
+        for (answer, id) in answers {
+            match answer {
+                Ok(reply) => replies.extend(reply),
+                Err(err) => replies.push(protocol::error_response(id, err.rpc())),
             }
-            Ok(Message::Notification { method, params }) => {
-                client_notification(deps, &endpoint, &session_id, &method, params).await;
-                None
-            }
-            Ok(Message::Response { id, outcome }) => {
-                if !endpoint.sessions.exchange.deliver(&session_id, &id, outcome) {
-                    tracing::debug!(%id, "a response nothing waits for (late, or for another session)");
-                }
-                None
-            }
-        };
-        replies.extend(reply);
+        }
+    } else if let Some(message) = messages.pop() {
+        let (answer, _) = answer(deps, &endpoint, &session_id, message, new_session.take()).await;
+        replies.extend(answer?);
     }
     let response = if replies.is_empty() {
         warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response()
@@ -151,6 +128,62 @@ pub(super) async fn post(
         json_response(StatusCode::OK, &replies.remove(0))
     };
     Ok(with_session(response, &session_id))
+}
+
+/// Most a batch may carry: each message is answered, and the answers kept until the last is, so a batch of a few
+/// thousand cheap requests made one POST cost the satellite hundreds of megabytes.
+pub(crate) const MAX_BATCH_MESSAGES: usize = 100;
+
+/// The answer to one message of a handshake-era POST (none for a notification or a response), and its id, for
+/// the error object a batch gives a message whose answer is an HTTP error. `new_session`: the answer to this
+/// request's `initialize`, built with its session.
+async fn answer(
+    deps: &McpDeps,
+    endpoint: &Endpoint,
+    session_id: &str,
+    message: Value,
+    new_session: Option<Value>,
+) -> (Result<Option<Value>, McpError>, Option<protocol::RequestId>) {
+    let reply = match Message::from_value(message) {
+        Err(err) => Some(protocol::error_response(
+            None,
+            RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")),
+        )),
+        Ok(Message::Request { id, method, .. }) if method == "initialize" => {
+            let result = match new_session {
+                Some(result) => result,
+                None => initialize_result(None, &Identity::of(deps, &endpoint.target).await).1,
+            };
+            Some(protocol::response(id, result))
+        }
+        Ok(Message::Request { id, method, params }) => {
+            let subscription = subscription_of(&method, params.as_ref());
+            match endpoint.target.dispatch(deps, Some(session_id), &method, params, None).await {
+                Ok(result) => {
+                    if let Some((uri, subscribed)) = subscription {
+                        record_subscription(deps, &endpoint.target, &endpoint.sessions, session_id, &uri, subscribed);
+                    }
+                    match protocol::answer_value(protocol::payload_for_handshake(result)) {
+                        Ok(result) => Some(protocol::response(id, result)),
+                        Err(err) => Some(protocol::error_response(Some(id), err)),
+                    }
+                }
+                Err(RouteError::Rpc(err)) => Some(protocol::error_response(Some(id), err)),
+                Err(RouteError::Forbidden(err)) => return (Err(McpError::Auth(err)), Some(id)),
+            }
+        }
+        Ok(Message::Notification { method, params }) => {
+            client_notification(deps, endpoint, session_id, &method, params).await;
+            None
+        }
+        Ok(Message::Response { id, outcome }) => {
+            if !endpoint.sessions.exchange.deliver(session_id, &id, outcome) {
+                tracing::debug!(%id, "a response nothing waits for (late, or for another session)");
+            }
+            None
+        }
+    };
+    (Ok(reply), None)
 }
 
 /// The answer, carrying the session it belongs to.
