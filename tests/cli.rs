@@ -395,6 +395,7 @@ async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
 
 #[tokio::test]
 async fn editing_start_only_settings_in_a_running_file_is_warned_about_once_and_not_applied() {
+    // Also: a file that cannot be read is warned about once, however long it stays so.
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let path = dir.path().join("satellite.toml");
@@ -449,6 +450,15 @@ async fn editing_start_only_settings_in_a_running_file_is_warned_about_once_and_
     wait_for("config file change refused", &mut seen).await;
     std::fs::write(&path, body("debug", "t4")).unwrap();
     wait_for("config file change applied", &mut seen).await;
+    // A file gone (deleted, a mount lost) is said once, not at every look, and its return too.
+    std::fs::remove_file(&path).unwrap();
+    wait_for("config file unreadable", &mut seen).await;
+    // Ten looks (100 ms apart) while it stays gone; each would have warned before.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    std::fs::write(&path, body("debug", "t5")).unwrap();
+    wait_for("config file readable again", &mut seen).await;
+    wait_for("config file change applied", &mut seen).await;
+    assert_eq!(seen.iter().filter(|l| l.contains("config file unreadable")).count(), 1, "{seen:#?}");
     assert_eq!(seen.iter().filter(|l| l.contains("read only at start")).count(), 1, "{seen:#?}");
     assert!(!seen.iter().any(|l| l.contains("\"DEBUG\"")), "log_level was not applied while running");
     stop(child).await;

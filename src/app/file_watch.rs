@@ -33,6 +33,8 @@ pub(super) struct FileWatch {
     pub(super) start_only: Arc<std::collections::BTreeMap<String, toml::Value>>,
     /// The start-only settings last warned about, so an edit is warned about once.
     pub(super) warned: Arc<parking_lot::Mutex<Vec<String>>>,
+    /// The file could not be read at the last look: said once, not at every look until it can be again.
+    pub(super) unreadable: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FileWatch {
@@ -45,11 +47,17 @@ impl FileWatch {
         let bytes = match read {
             Ok(bytes) => bytes,
             Err(err) => {
-                // Out of descriptors, or the file replaced right now: not a change, look again next time.
-                warn!(path = %self.path.display(), error = %err, "config file unreadable, keeping the current config; check its permissions and the open-file limit");
+                // Out of descriptors, or the file replaced right now: not a change, look again next time. Said once
+                // (a file deleted or a mount gone would otherwise warn every second for as long as it lasts).
+                if !self.unreadable.swap(true, Ordering::Relaxed) {
+                    warn!(path = %self.path.display(), error = %err, "config file unreadable, keeping the current config; check its permissions and the open-file limit");
+                }
                 return Ok(());
             }
         };
+        if self.unreadable.swap(false, Ordering::Relaxed) {
+            info!(path = %self.path.display(), "config file readable again");
+        }
         let current = fingerprint(&bytes);
         if *self.last.lock() == Some(current) {
             *self.pending.lock() = None;

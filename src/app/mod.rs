@@ -348,6 +348,7 @@ impl Satellite {
                 events: emitter.clone(),
                 start_only: Arc::new(start_only),
                 warned: Default::default(),
+                unreadable: Default::default(),
             };
             jobs.every("config-file-watch", interval, FirstRun::AfterOnePeriod, move || watcher.clone().check());
         }
