@@ -88,4 +88,13 @@ impl Target {
             Target::Instance(instance) => super::session::instance_owner(&instance.spec().process_id),
         }
     }
+
+    /// Whose cap of sessions a session made through this target counts against: the caller's, or the member an
+    /// instance belongs to (all of one member's instance endpoints share one cap).
+    pub fn session_quota(&self) -> String {
+        match self {
+            Target::Instance(instance) => format!("{}\u{0}{}", instance.spec().user_id, instance.spec().team_id),
+            _ => self.session_owner(),
+        }
+    }
 }

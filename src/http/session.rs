@@ -46,6 +46,9 @@ pub fn well_formed(id: &str) -> bool {
 #[derive(Debug)]
 struct Session {
     owner: String,
+    /// Whose count of sessions this one is in (`MAX_SESSIONS_PER_OWNER`): the owner, or for an instance's
+    /// endpoint the member the instance belongs to, so that one member's many instances share one cap.
+    quota: String,
     version: String,
     last_seen: Instant,
     /// Cancelled when the session ends; set while a GET stream is open.
@@ -86,6 +89,8 @@ pub enum StreamError {
 struct Sessions {
     all: LinkedHashMap<String, Session>,
     by_owner: HashMap<String, LinkedHashSet<String>>,
+    /// Each quota's sessions, least recently used first (the same as `by_owner` where the quota is the owner).
+    by_quota: HashMap<String, LinkedHashSet<String>>,
 }
 
 impl Sessions {
@@ -107,6 +112,9 @@ impl Sessions {
         if let Some(ids) = self.by_owner.get_mut(owner) {
             ids.to_back(id);
         }
+        if let Some(ids) = self.all.get(id).and_then(|session| self.by_quota.get_mut(&session.quota)) {
+            ids.to_back(id);
+        }
     }
 
     fn remove(&mut self, id: &str) -> Option<Session> {
@@ -117,17 +125,23 @@ impl Sessions {
                 self.by_owner.remove(&session.owner);
             }
         }
+        if let Some(ids) = self.by_quota.get_mut(&session.quota) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.by_quota.remove(&session.quota);
+            }
+        }
         Some(session)
     }
 
-    /// Add a session, making room first: the owner's least recently used when the owner is at its cap, else the
+    /// Add a session, making room first: its quota's least recently used when the quota is at its cap, else the
     /// table's when the table is full. Returns the sessions it ended (replaced or evicted).
     fn insert(&mut self, id: String, session: Session) -> Vec<(String, Session)> {
         let mut ended = Vec::new();
         if let Some(old) = self.remove(&id) {
             ended.push((id.clone(), old));
         }
-        let oldest_own = self.by_owner.get(&session.owner).filter(|ids| ids.len() >= MAX_SESSIONS_PER_OWNER);
+        let oldest_own = self.by_quota.get(&session.quota).filter(|ids| ids.len() >= MAX_SESSIONS_PER_OWNER);
         let evicted = match oldest_own.and_then(|ids| ids.front().cloned()) {
             Some(own) => Some(own),
             None if self.all.len() >= MAX_SESSIONS => self.all.front().map(|(oldest, _)| oldest.clone()),
@@ -139,6 +153,7 @@ impl Sessions {
             }
         }
         self.by_owner.entry(session.owner.clone()).or_default().insert(id.clone());
+        self.by_quota.entry(session.quota.clone()).or_default().insert(id.clone());
         self.all.insert(id, session);
         ended
     }
@@ -206,8 +221,13 @@ impl SessionTable {
 
     /// A new session for `owner` whose client declared `capabilities` at `initialize`.
     pub fn create_with(&self, owner: &str, version: &str, capabilities: serde_json::Value) -> String {
+        self.create_in(owner, owner, version, capabilities)
+    }
+
+    /// `create_with`, counted against `quota`'s cap instead of the owner's.
+    pub fn create_in(&self, owner: &str, quota: &str, version: &str, capabilities: serde_json::Value) -> String {
         let id = uuid::Uuid::new_v4().to_string();
-        self.insert(id.clone(), owner, version, capabilities);
+        self.insert(id.clone(), owner, quota, version, capabilities);
         id
     }
 
@@ -216,9 +236,10 @@ impl SessionTable {
         self.sessions.lock().get(id).map(|s| s.capabilities.clone()).unwrap_or_default()
     }
 
-    fn insert(&self, id: String, owner: &str, version: &str, capabilities: serde_json::Value) {
+    fn insert(&self, id: String, owner: &str, quota: &str, version: &str, capabilities: serde_json::Value) {
         let session = Session {
             owner: owner.to_owned(),
+            quota: quota.to_owned(),
             version: version.to_owned(),
             last_seen: Instant::now(),
             stream: None,
@@ -387,6 +408,22 @@ mod tests {
         assert_eq!(stream.map(|s| s.is_cancelled()), Ok(false));
     }
 
+    /// A member's instance endpoints share one cap: with ten instances, opening sessions without end on each
+    /// evicts only that member's own sessions, never another member's. (Each instance was an owner with a cap of
+    /// its own, so ten of them filled the table and pushed out everyone else's.)
+    #[test]
+    fn one_members_many_instances_share_one_cap() {
+        let table = SessionTable::default();
+        let bob = table.create_in("instance:bob-demo", "bob", "v", serde_json::Value::Null);
+        for n in 0..10 {
+            for _ in 0..MAX_SESSIONS_PER_OWNER {
+                table.create_in(&format!("instance:mallory-{n}"), "mallory", "v", serde_json::Value::Null);
+            }
+        }
+        assert_eq!(table.touch(&bob, "instance:bob-demo"), Lookup::Known, "another member's session stays");
+        assert_eq!(table.len(), MAX_SESSIONS_PER_OWNER + 1);
+    }
+
     #[test]
     fn one_owner_opening_sessions_without_end_evicts_only_its_own() {
         let table = SessionTable::default();
@@ -436,5 +473,6 @@ mod tests {
         assert_eq!(table.len(), 1);
         assert!(table.remove(&streaming, "a"));
         assert!(table.is_empty() && table.sessions.lock().by_owner.is_empty(), "no owner left behind");
+        assert!(table.sessions.lock().by_quota.is_empty(), "no quota left behind");
     }
 }

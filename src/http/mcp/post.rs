@@ -72,7 +72,7 @@ pub(super) async fn post(
         }
         let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
         let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
-        let id = endpoint.sessions.create_with(&endpoint.owner, &version, capabilities);
+        let id = endpoint.sessions.create_in(&endpoint.owner, &endpoint.target.session_quota(), &version, capabilities);
         new_session = Some(result);
         id
     } else {
