@@ -2164,3 +2164,23 @@ async fn a_legacy_client_that_leaves_mid_call_does_not_cancel_it() {
     let _ = posted.await;
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Only `tools/call`, `prompts/get` and `resources/read` may end in `input_required` (2026-07-28, MRTR). A server
+/// asking `roots/list` during a 2026-07-28 client's `completion/complete` is answered for the client, as one
+/// without the capability would (no roots), and the completion comes back, even though the client declared
+/// `roots`. Before, it was parked and answered with `input_required`, which the SDK cannot read as a completion.
+#[tokio::test]
+async fn a_completion_is_never_answered_with_input_required() {
+    let sat = with_asks().await;
+    let path = format!("/i/alice-asks/mcp?token={}", instance_token("alice-asks"));
+    let modern = Caller::new(&sat, &path, None);
+    let envelope = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"roots": {}}});
+    let complete = json!({"jsonrpc":"2.0","id":5,"method":"completion/complete","params":{
+        "ref":{"type":"ref/prompt","name":"p"},"argument":{"name":"city","value":"pa"},"_meta":envelope}});
+    let (status, _, reply) = modern.post_raw(complete.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_ne!(reply["result"]["resultType"], "input_required", "{reply}");
+    assert_eq!(reply["result"]["completion"]["values"][0], r#"{"roots": []}"#, "{reply}");
+    assert!(sat.satellite.shutdown().await);
+}

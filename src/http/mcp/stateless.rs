@@ -101,10 +101,15 @@ pub(super) async fn stateless_relayed(
         Ok(parts) => parts,
         Err(error) => return Ok(Ok(invalid_request(error))),
     };
+    // Only these may end in `input_required` (MRTR): a server's request during any other is answered as a client
+    // without the capability would answer it, whatever the client declared. (A completion parked so made the SDK
+    // fail to read it as a `CompleteResult`, and left the call waiting upstream.)
+    let may_ask = matches!(method.as_str(), "tools/call" | "prompts/get" | "resources/read");
     let capabilities = params
         .as_ref()
         .and_then(|p| p.get("_meta"))
         .and_then(|m| m.get(protocol::meta_keys::CLIENT_CAPABILITIES))
+        .filter(|_| may_ask)
         .cloned()
         .unwrap_or_else(|| json!({}));
     let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived };
