@@ -1141,11 +1141,15 @@ async fn a_subscribe_past_the_bound_is_refused_not_sent_unheld() {
     let subscribe =
         |id: usize, uri: &str| json!({"jsonrpc":"2.0","id":id,"method":"resources/subscribe","params":{"uri":uri}});
     let first = Caller::connect(&sat, &path, None).await;
-    let batch: Vec<Value> = (0..1_000).map(|n| subscribe(n, &format!("paged://r{n}"))).collect();
-    let (status, answer) = first.post_text(&Value::Array(batch)).await;
-    assert_eq!(status, StatusCode::OK, "{answer}");
-    let answers: Vec<Value> = serde_json::from_str(&answer).expect("a batch answer");
-    assert_eq!(answers.iter().filter(|a| a.get("result").is_some()).count(), 1_000, "every one taken: {answer:.300}");
+    // In batches of 100, the most one may carry.
+    for start in (0..1_000).step_by(100) {
+        let batch: Vec<Value> = (start..start + 100).map(|n| subscribe(n, &format!("paged://r{n}"))).collect();
+        let (status, answer) = first.post_text(&Value::Array(batch)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        let answers: Vec<Value> = serde_json::from_str(&answer).expect("a batch answer");
+        let taken = answers.iter().filter(|a| a.get("result").is_some()).count();
+        assert_eq!(taken, 100, "every one taken: {answer:.300}");
+    }
 
     let second = Caller::connect(&sat, &path, None).await;
     let (status, refused) = second.post_text(&subscribe(2_000, "paged://extra")).await;
@@ -2182,5 +2186,29 @@ async fn a_completion_is_never_answered_with_input_required() {
     assert_eq!(status, StatusCode::OK, "{reply}");
     assert_ne!(reply["result"]["resultType"], "input_required", "{reply}");
     assert_eq!(reply["result"]["completion"]["values"][0], r#"{"roots": []}"#, "{reply}");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// 2026-07-28 has a server send log messages about a request only when the request asks for them
+/// (`io.modelcontextprotocol/logLevel`), at or above that level. Through the satellite, a handshake-era server's
+/// log line during a 2026-07-28 client's call reaches it only so. Before, every log line went to every such call.
+#[tokio::test]
+async fn a_2026_client_hears_only_the_log_messages_its_request_asked_for() {
+    let sat = with_paged().await;
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let modern = Caller::new(&sat, &path, None);
+    for (level, heard) in [(None, false), (Some("error"), false), (Some("info"), true), (Some("debug"), true)] {
+        let mut envelope = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}});
+        if let Some(level) = level {
+            envelope["io.modelcontextprotocol/logLevel"] = json!(level);
+        }
+        let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"log","arguments":{},"_meta":envelope}});
+        let response = modern.send(call.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.text().await.unwrap_or_default();
+        assert!(body.contains("logged"), "{level:?}: the answer: {body}");
+        assert_eq!(body.contains("during the call"), heard, "{level:?}: {body}");
+    }
     assert!(sat.satellite.shutdown().await);
 }

@@ -67,7 +67,29 @@ pub enum Mode {
         owner: String,
         /// A stream meant to stay open (`subscriptions/listen`): ended, gracefully, at shutdown.
         long_lived: bool,
+        /// The `io.modelcontextprotocol/logLevel` of the request's envelope: the server's log messages reach the
+        /// client at or above it, and none without it, as 2026-07-28 has a server send them.
+        log_level: Option<String>,
     },
+}
+
+/// RFC 5424 severity of a log level, lowest first; an unknown one counts as the highest, so it is never lost.
+fn severity(level: &str) -> usize {
+    const LEVELS: [&str; 8] = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"];
+    LEVELS.iter().position(|known| *known == level).unwrap_or(LEVELS.len())
+}
+
+/// Whether a 2026-07-28 client hears this message: a log message only at or above the level its request asked
+/// for, and none when it asked for none. Everything else goes as it is.
+fn heard(mode: &Mode, inbound: &Inbound) -> bool {
+    let (Mode::Stateless { log_level, .. }, Inbound::Notification { method, params, .. }) = (mode, inbound) else {
+        return true;
+    };
+    if method != "notifications/message" {
+        return true;
+    }
+    let level = params.as_ref().and_then(|p| p.get("level")).and_then(Value::as_str).unwrap_or("");
+    log_level.as_deref().is_some_and(|wanted| severity(level) >= severity(wanted))
 }
 
 /// A call parked until a 2026-07-28 client retries with the answers to the server's requests.
@@ -93,7 +115,7 @@ struct Asked {
 enum Taken {
     /// Send it to the client on the response stream.
     Stream(Inbound),
-    /// Answered here (a client without the capability, or a ping).
+    /// Answered here (a client without the capability, or a ping), or a log message the client did not ask for.
     Answered,
     /// End the response with `input_required` and park the call.
     Park(Asked),
@@ -286,7 +308,7 @@ impl Exchange {
                     self.untrack(&tracked);
                     // What the server said just before its answer (a progress or log line, then the result at
                     // once) is in the channel already, though the call won the race: it still goes first.
-                    let said = self.said_before(&scope, &id, &mut rx);
+                    let said = self.said_before(&mode, &scope, &id, &mut rx);
                     if said.is_empty() {
                         return Answer::Done(outcome(done));
                     }
@@ -333,10 +355,16 @@ impl Exchange {
 
     /// The notifications a finished call's server sent before its answer, as the client sees them. A request
     /// still queued is dropped with the call that made it (its asker is gone), as on a stream ([`Streaming`]).
-    fn said_before(&self, scope: &str, request: &RequestId, rx: &mut mpsc::Receiver<Inbound>) -> Vec<Value> {
+    fn said_before(
+        &self,
+        mode: &Mode,
+        scope: &str,
+        request: &RequestId,
+        rx: &mut mpsc::Receiver<Inbound>,
+    ) -> Vec<Value> {
         let mut said = Vec::new();
         while let Ok(inbound) = rx.try_recv() {
-            if let Inbound::Notification { .. } = inbound {
+            if matches!(inbound, Inbound::Notification { .. }) && heard(mode, &inbound) {
                 said.push(self.outbound(scope, request, inbound));
             }
         }
@@ -357,7 +385,8 @@ impl Exchange {
                     }
                 }
             }
-            notification => Taken::Stream(notification),
+            notification if heard(mode, &notification) => Taken::Stream(notification),
+            _ => Taken::Answered,
         }
     }
 
@@ -507,7 +536,7 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
             self.call = None;
             // Messages sent before the result still go first.
             if let Some(mut rx) = self.rx.take() {
-                let said = self.exchange.said_before(&self.scope, &self.request, &mut rx);
+                let said = self.exchange.said_before(&self.mode, &self.scope, &self.request, &mut rx);
                 self.queue.extend(said);
             }
             let finish = self.finish.take()?;

@@ -21,7 +21,7 @@ async fn answers_reach_the_request_that_asked_and_only_in_its_session() {
 }
 
 fn stateless(capabilities: Value, owner: &str) -> Mode {
-    Mode::Stateless { capabilities, owner: owner.to_owned(), long_lived: false }
+    Mode::Stateless { capabilities, owner: owner.to_owned(), long_lived: false, log_level: None }
 }
 
 fn done(answer: Answer) -> Result<Value, RouteError> {
@@ -301,7 +301,14 @@ async fn says_then_answers(relay: Relay) -> Result<Payload, RouteError> {
 
 #[tokio::test]
 async fn what_the_server_said_just_before_a_fast_answer_still_goes_first() {
-    for mode in [handshake(), stateless(json!({}), "alice")] {
+    // A 2026-07-28 request hears log messages when it asks for them.
+    let listening = Mode::Stateless {
+        capabilities: json!({}),
+        owner: "alice".into(),
+        long_lived: false,
+        log_level: Some("info".into()),
+    };
+    for mode in [handshake(), listening] {
         let exchange = Arc::new(Exchange::default());
         let answer = exchange.respond("a".into(), RequestId::Number(7), mode, says_then_answers, echo_finish).await;
         let Answer::Streamed(response) = answer else { panic!("the notification was dropped with a plain answer") };

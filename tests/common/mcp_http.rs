@@ -54,7 +54,7 @@ impl Caller {
 
     /// POST `body` with the caller's token and session, the default content type and accept unless `extra` sets
     /// them, and `extra`.
-    async fn send(&self, body: String, extra: &[(&str, &str)]) -> reqwest::Response {
+    pub async fn send(&self, body: String, extra: &[(&str, &str)]) -> reqwest::Response {
         let mut request = self.http.post(&self.url).body(body);
         for (name, default) in [("content-type", "application/json"), ("accept", "application/json, text/event-stream")]
         {

@@ -112,7 +112,13 @@ pub(super) async fn stateless_relayed(
         .filter(|_| may_ask)
         .cloned()
         .unwrap_or_else(|| json!({}));
-    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived };
+    let log_level = params
+        .as_ref()
+        .and_then(|p| p.get("_meta"))
+        .and_then(|m| m.get(protocol::meta_keys::LOG_LEVEL))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived, log_level };
     let answered_method = method.clone();
     let (target, deps_owned, reply_id, stamp_method) =
         (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
