@@ -325,7 +325,13 @@ impl Emitter {
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let event = Event::status_changed(spec, status, message, at);
-        self.store.record_status(spec, status, message, at, Some(&event.row())).await
+        let recorded = self.store.record_status(spec, status, message, at, Some(&event.row())).await;
+        if recorded.is_err() {
+            // The history row goes with the refused transaction; the event, which the backend needs to show the
+            // status, is kept and written later like every other event the outbox refuses.
+            self.keep(std::iter::once((event, 0)));
+        }
+        recorded
     }
 
     pub fn store(&self) -> &Store {
@@ -401,6 +407,29 @@ mod tests {
         let kept: Vec<Value> =
             store.events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
         assert_eq!(kept, (1..=6).map(Value::from).collect::<Vec<_>>(), "all of them, in order");
+    }
+
+    /// A status change the store refuses (the outbox gone for a while) keeps its event like any other, written
+    /// once the store takes it again. Before, its write went straight to the store, and the backend never heard of
+    /// the change (a `permanently_failed` instance shown online until its next change).
+    #[tokio::test]
+    async fn a_status_change_the_store_refused_is_written_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let emitter = Emitter::new(store.clone());
+        let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
+        sqlx::query(&rename("event_outbox", "event_outbox_away")).execute(store.pool()).await.unwrap();
+        let spec = crate::model::sample_spec();
+        let failed =
+            emitter.status_changed(&spec, InstanceStatus::PermanentlyFailed, Some("crashed"), Utc::now()).await;
+        assert!(failed.is_err(), "the store refused it");
+        assert_eq!(emitter.unwritten(), 1, "its event is kept");
+        sqlx::query(&rename("event_outbox_away", "event_outbox")).execute(store.pool()).await.unwrap();
+        emitter.retry_unwritten().await;
+        assert_eq!(emitter.unwritten(), 0);
+        let kept = store.events(Some("mcp.server.status_changed"), 0, 10).await.unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].data["status"], "permanently_failed", "{}", kept[0].data);
     }
 
     /// A row the store refuses for good (here a trigger refuses it) is given up after `MAX_WRITE_ATTEMPTS` writes
