@@ -718,3 +718,26 @@ async fn a_credential_checks_reconnect_leaves_an_online_instance_alone() {
     assert_eq!(text_of(&echoed), "still");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// An instance's private directory that cannot be made for a moment (a full disk, a file system remounted
+/// read-only; here a file stands where the sandbox directories go) fails the start like a missing binary: retried
+/// under the restart policy, so the instance comes up once the directory can be made. Before, it was refused as
+/// if the sandbox forbade the server, and stayed in error until its configuration changed.
+#[tokio::test]
+async fn a_sandbox_directory_that_cannot_be_made_for_a_moment_is_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let blocker = data.join("sandbox");
+    std::fs::write(&blocker, "not a directory").unwrap();
+    let config = config("").replace("restart_backoff_ms = [10, 10, 10]", "restart_backoff_ms = [10, 2000, 2000]");
+    let sat = TestSatellite::start_in(dir, &config).await;
+    wait_until(DEADLINE, "alice's start failed on the sandbox directory", || {
+        let message = sat.satellite.manager().get(&ProcessId::from(ALICE)).and_then(|i| i.status().message);
+        async move { message.is_some_and(|m| m.contains("sandbox directory")).then_some(()) }
+    })
+    .await;
+    std::fs::remove_file(&blocker).unwrap();
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert!(sat.satellite.shutdown().await);
+}

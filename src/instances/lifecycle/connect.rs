@@ -69,6 +69,18 @@ impl Inner {
                             kind: std::io::ErrorKind::NotFound,
                             detail: None,
                         },
+                        // The instance's private directory could not be made (a full disk, a file system remounted
+                        // read-only for a moment): passing too, so retried under the restart policy. Refused, it
+                        // left the instance in error until its configuration changed.
+                        SandboxError::Directory { ref path, ref source } => UpstreamError::Spawn {
+                            message: format!("cannot prepare sandbox directory {}: {source}", path.display()),
+                            program: match &launch_spec.upstream {
+                                crate::model::Upstream::Stdio { command, .. } => command.clone(),
+                                _ => String::new(),
+                            },
+                            kind: source.kind(),
+                            detail: None,
+                        },
                         err => {
                             warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
                             UpstreamError::Refused(err.to_string())
