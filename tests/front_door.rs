@@ -340,6 +340,15 @@ async fn a_batch_is_bounded_and_its_messages_are_answered_side_by_side() {
     assert_eq!(ids, [&json!(1), &json!(2), &json!(3)], "{calls}");
     assert!(calls.as_array().unwrap().iter().all(|c| c.get("result").is_some()), "{calls}");
 
+    // An `initialize` alone in a batch (2025-03-26 allows it) is answered with the version the session was made
+    // with, as alone.
+    let fresh = Caller::new(&sat, "/mcp", Some(ALICE));
+    let init = json!([{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26",
+        "capabilities":{},"clientInfo":{"name":"batcher","version":"1"}}}]);
+    let (status, _, initialized) = fresh.post_raw(init.to_string(), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{initialized}");
+    assert_eq!(initialized[0]["result"]["protocolVersion"], "2025-03-26", "{initialized}");
+
     // A token with mcp:read only: the call is refused in the batch, the listing still answered.
     let mut reader = Caller::new(&sat, "/mcp", Some(READER));
     reader.initialize().await;

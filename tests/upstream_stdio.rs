@@ -220,6 +220,7 @@ for line in sys.stdin:
 /// - An answer over the 16 MiB a message may be fails its own call at once, saying why, not after the timeout.
 /// - A line that is not UTF-8 is skipped like any line that is not JSON.
 /// - A stderr line over its bound, followed by more stderr than a pipe holds, does not block the server.
+/// - A request of the server's over the bound is refused with -32600, not left for the server to wait on.
 #[tokio::test]
 async fn what_cannot_be_read_fails_its_call_alone_and_reading_goes_on() {
     let server = r#"
@@ -238,6 +239,16 @@ for line in sys.stdin:
                   + str(message["id"]).encode() + b'}\n')
         out.flush()
         continue
+    if name == "huge-ask":
+        # A request of the server's over the bound: it must still get an answer.
+        out.write(b'{"jsonrpc":"2.0","id":77,"method":"sampling/createMessage","params":{"text":"'
+                  + b"y" * (17 * 1024 * 1024) + b'"}}\n')
+        out.flush()
+        while True:
+            reply = json.loads(sys.stdin.readline())
+            if reply.get("id") == 77:
+                text = str(reply["error"]["code"])
+                break
     if name == "latin1":
         out.write(b'caf\xe9 is not utf-8\n')
     if name == "stderr":
@@ -256,13 +267,15 @@ for line in sys.stdin:
     let err = call("huge").await.expect_err("an answer over 16 MiB is not taken");
     assert!(matches!(err, UpstreamError::Protocol(_)), "fails at once with the reason, not a timeout: {err}");
     assert!(err.to_string().contains("17825") && err.to_string().contains("16777216"), "{err}");
-    for name in ["after", "latin1", "stderr", "stderr", "last"] {
+    for name in ["after", "latin1", "stderr", "stderr", "huge-ask", "last"] {
         let answer = tokio::time::timeout(Duration::from_secs(30), call(name))
             .await
             .unwrap_or_else(|_| panic!("{name}: the server is still read"))
             .unwrap_or_else(|err| panic!("{name}: {err}"))
             .into_value_or_null();
-        assert_eq!(text(&answer), "ok", "{name}");
+        // The server's over-long request was refused (-32600) rather than left unanswered.
+        let expected = if name == "huge-ask" { "-32600" } else { "ok" };
+        assert_eq!(text(&answer), expected, "{name}");
     }
     transport.close().await;
 }

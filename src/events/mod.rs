@@ -325,6 +325,15 @@ impl Emitter {
         at: DateTime<Utc>,
     ) -> Result<(), StoreError> {
         let event = Event::status_changed(spec, status, message, at);
+        // Events the outbox refused earlier go first: a status kept from then must not land after this newer one.
+        if self.unwritten() > 0 {
+            self.retry_unwritten().await;
+        }
+        if self.unwritten() > 0 {
+            // Still refused: this event waits behind them, in order; the history row is recorded now if it can be.
+            self.keep(std::iter::once((event, 0)));
+            return self.store.record_status(spec, status, message, at, None).await;
+        }
         let recorded = self.store.record_status(spec, status, message, at, Some(&event.row())).await;
         if recorded.is_err() {
             // The history row goes with the refused transaction; the event, which the backend needs to show the
@@ -425,11 +434,12 @@ mod tests {
         assert!(failed.is_err(), "the store refused it");
         assert_eq!(emitter.unwritten(), 1, "its event is kept");
         sqlx::query(&rename("event_outbox_away", "event_outbox")).execute(store.pool()).await.unwrap();
-        emitter.retry_unwritten().await;
+        // A newer change lands after it, not before.
+        emitter.status_changed(&spec, InstanceStatus::Online, None, Utc::now()).await.expect("taken");
         assert_eq!(emitter.unwritten(), 0);
         let kept = store.events(Some("mcp.server.status_changed"), 0, 10).await.unwrap();
-        assert_eq!(kept.len(), 1);
-        assert_eq!(kept[0].data["status"], "permanently_failed", "{}", kept[0].data);
+        let statuses: Vec<&Value> = kept.iter().map(|e| &e.data["status"]).collect();
+        assert_eq!(statuses, [&Value::from("permanently_failed"), &Value::from("online")]);
     }
 
     /// A row the store refuses for good (here a trigger refuses it) is given up after `MAX_WRITE_ATTEMPTS` writes

@@ -90,10 +90,13 @@ impl Target {
     }
 
     /// Whose cap of sessions a session made through this target counts against: the caller's, or the member an
-    /// instance belongs to (all of one member's instance endpoints share one cap).
+    /// instance belongs to (all of one member's instance endpoints share one cap, apart from their `/mcp` one).
     pub fn session_quota(&self) -> String {
         match self {
-            Target::Instance(instance) => format!("{}\u{0}{}", instance.spec().user_id, instance.spec().team_id),
+            // Apart from the member's `/mcp` sessions: a script opening instance sessions must not end those.
+            Target::Instance(instance) => {
+                format!("instances\u{0}{}\u{0}{}", instance.spec().user_id, instance.spec().team_id)
+            }
             _ => self.session_owner(),
         }
     }

@@ -22,8 +22,11 @@ pub enum McpError {
     /// The body is not JSON.
     Parse(String),
     EmptyBatch,
-    /// A batch of more messages than `MAX_BATCH_MESSAGES`: how many.
-    BatchTooLarge(usize),
+    /// A batch of more messages than it may carry: how many, and the most.
+    BatchTooLarge {
+        messages: usize,
+        max: usize,
+    },
     InitializeInBatch,
     AlreadyInitialized,
     /// `MCP-Protocol-Version` names a version this endpoint does not speak.
@@ -104,7 +107,7 @@ impl McpError {
             McpError::NotAcceptable { .. } => StatusCode::NOT_ACCEPTABLE,
             McpError::Parse(_)
             | McpError::EmptyBatch
-            | McpError::BatchTooLarge(_)
+            | McpError::BatchTooLarge { .. }
             | McpError::InitializeInBatch
             | McpError::AlreadyInitialized
             | McpError::UnsupportedVersion(_)
@@ -150,12 +153,9 @@ impl McpError {
             }
             McpError::Parse(err) => (codes::PARSE_ERROR, format!("Parse error: {err}")),
             McpError::EmptyBatch => (codes::INVALID_REQUEST, "Invalid Request: empty batch".to_owned()),
-            McpError::BatchTooLarge(n) => (
+            McpError::BatchTooLarge { messages, max } => (
                 codes::INVALID_REQUEST,
-                format!(
-                    "Invalid Request: a batch of {n} messages; at most {} are answered in one",
-                    super::mcp::MAX_BATCH_MESSAGES
-                ),
+                format!("Invalid Request: a batch of {messages} messages; at most {max} are answered in one"),
             ),
             McpError::InitializeInBatch => (
                 codes::INVALID_REQUEST,
@@ -244,7 +244,7 @@ mod tests {
             McpError::NotAcceptable { stream_only: true },
             McpError::Parse("x".into()),
             McpError::EmptyBatch,
-            McpError::BatchTooLarge(101),
+            McpError::BatchTooLarge { messages: 101, max: 100 },
             McpError::InitializeInBatch,
             McpError::AlreadyInitialized,
             McpError::UnsupportedVersion("1999".into()),

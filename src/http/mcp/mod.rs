@@ -40,7 +40,6 @@ use stateless::stateless_post;
 mod post;
 use post::post;
 pub(super) use post::roots_changed;
-pub(crate) use post::MAX_BATCH_MESSAGES;
 
 /// Comment written on idle server streams.
 const PING_INTERVAL: Duration = Duration::from_secs(30);

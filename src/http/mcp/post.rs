@@ -22,7 +22,7 @@ pub(super) async fn post(
         FrameError::EmptyBatch => McpError::EmptyBatch,
     })?;
     if messages.len() > MAX_BATCH_MESSAGES {
-        return Err(McpError::BatchTooLarge(messages.len()));
+        return Err(McpError::BatchTooLarge { messages: messages.len(), max: MAX_BATCH_MESSAGES });
     }
     let header_version = header(headers, names::MCP_PROTOCOL_VERSION).map(str::to_owned);
     let stateless = header_version.as_deref() == Some(MODERN_VERSION)
@@ -98,12 +98,17 @@ pub(super) async fn post(
     }
     let mut replies = Vec::new();
     if batch {
-        // The messages of a batch are answered side by side, as a server reached directly answers them: one after
-        // another, three slow calls overran the request's timeout together and all three answers were lost. A
+        // The messages of a batch are answered side by side (a few at a time), as a server reached directly answers
+        // them: one after another, three slow calls overran the request's timeout together and all three answers
+        // were lost. A
         // message refused for want of a scope gets its own error and the others are still answered; when all are
         // refused, the POST is, with the challenge that says which scope to ask for.
-        let answers = messages.into_iter().map(|message| answer(deps, &endpoint, &session_id, message, None));
-        let answers = futures::future::join_all(answers).await;
+        use futures::StreamExt;
+        // A batch of one may be an `initialize` (answered with the session it made).
+        let mut new_session = new_session.take();
+        let answers =
+            messages.into_iter().map(|message| answer(deps, &endpoint, &session_id, message, new_session.take()));
+        let answers: Vec<_> = futures::stream::iter(answers).buffered(BATCH_CONCURRENCY).collect().await;
         if answers.iter().all(|(answer, _)| answer.is_err()) {
             if let Some((Err(refused), _)) = answers.into_iter().next() {
                 return Err(refused);
@@ -132,7 +137,10 @@ pub(super) async fn post(
 
 /// Most a batch may carry: each message is answered, and the answers kept until the last is, so a batch of a few
 /// thousand cheap requests made one POST cost the satellite hundreds of megabytes.
-pub(crate) const MAX_BATCH_MESSAGES: usize = 100;
+const MAX_BATCH_MESSAGES: usize = 100;
+/// The messages of one batch answered at once, at most: a batch must not take the instance's call slots from its
+/// member's other clients, nor multiply the satellite's own request limit a hundredfold.
+const BATCH_CONCURRENCY: usize = 8;
 
 /// The answer to one message of a handshake-era POST (none for a notification or a response), and its id, for
 /// the error object a batch gives a message whose answer is an HTTP error. `new_session`: the answer to this

@@ -307,6 +307,9 @@ impl StreamableHttpTransport {
         }
         info!(process_id = %self.label, "mcp session expired upstream, re-initializing once");
         *self.session.lock() = None;
+        // Set before the handshake is replayed, cleared only once it succeeded: a renewal cut short (its request's
+        // timeout, its caller gone) leaves no session either, and the next request must renew it.
+        self.renewal_failed.store(true, Ordering::Release);
         let Some((params, headers)) = self.handshake.lock().clone() else {
             return Err(UpstreamError::Protocol("session lost before any initialize".into()));
         };
@@ -317,8 +320,8 @@ impl StreamableHttpTransport {
             self.notify("notifications/initialized", None, &headers).await
         }
         .await;
-        self.renewal_failed.store(renewed.is_err(), Ordering::Release);
         renewed?;
+        self.renewal_failed.store(false, Ordering::Release);
         self.renewals.send_modify(|renewed| *renewed += 1);
         Ok(())
     }

@@ -31,6 +31,8 @@ pub(crate) struct Lines {
     searched: usize,
     /// The line being skipped, if the current one is too long.
     skipping: Option<Skipping>,
+    /// Whether a skipped line is scanned for its id (stdout's are; stderr's need not be).
+    scan: bool,
 }
 
 #[derive(Debug)]
@@ -41,7 +43,12 @@ struct Skipping {
 
 impl Lines {
     pub(crate) fn new(max: usize) -> Self {
-        Lines { max, searched: 0, skipping: None }
+        Lines { max, searched: 0, skipping: None, scan: true }
+    }
+
+    /// Lines whose over-long ones are skipped without looking into them (stderr).
+    pub(crate) fn unscanned(max: usize) -> Self {
+        Lines { scan: false, ..Self::new(max) }
     }
 
     fn skip(&mut self, buf: &mut BytesMut) -> Option<Line> {
@@ -50,7 +57,9 @@ impl Lines {
             Some(at) => (at, Some(at + 1)),
             None => (buf.len(), None),
         };
-        skipping.scan.feed(&buf[..chunk]);
+        if self.scan {
+            skipping.scan.feed(&buf[..chunk]);
+        }
         skipping.bytes += chunk;
         buf.advance(end.unwrap_or(chunk));
         end?;

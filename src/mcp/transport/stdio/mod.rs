@@ -282,7 +282,7 @@ impl StdioTransport {
             close_stdin,
             _done: owner_done.drop_guard(),
             stdout: FramedRead::with_capacity(stdout, Lines::new(MAX_LINE_BYTES), STDOUT_BUFFER),
-            stderr: FramedRead::with_capacity(stderr, Lines::new(STDERR_READ_MAX_BYTES), STDERR_BUFFER),
+            stderr: FramedRead::with_capacity(stderr, Lines::unscanned(STDERR_READ_MAX_BYTES), STDERR_BUFFER),
             limiter: StderrLimiter::new(launch.stderr.clone()),
             stderr_sink: launch.stderr_sink.clone(),
             stderr_warnings: stderr_warnings.clone(),

@@ -243,12 +243,27 @@ impl Owner {
                 warn!(process_id = %self.label, bytes, max_bytes = MAX_LINE_BYTES, ?id, "stdout line too long, skipped");
                 // An answer to one of our calls: the call fails now, saying why, rather than waiting out its
                 // timeout. (A request or notification of the server's carries an id of its own, or none.)
-                if let (Some(id), false) = (id, has_method) {
-                    let err = UpstreamError::Protocol(format!(
-                        "the server's answer is {bytes} bytes, more than the {MAX_LINE_BYTES} bytes the satellite \
-                         reads as one message from a stdio server"
-                    ));
-                    self.pending.resolve(id, Err(err));
+                match (id, has_method) {
+                    (Some(id), false) => {
+                        let err = UpstreamError::Protocol(format!(
+                            "the server's answer is {bytes} bytes, more than the {MAX_LINE_BYTES} bytes the satellite \
+                             reads as one message from a stdio server"
+                        ));
+                        self.pending.resolve(id, Err(err));
+                    }
+                    // A request of the server's: refused, so that it does not wait for an answer for ever.
+                    (Some(id), true) => {
+                        let refusal = protocol::error_response(
+                            Some(RequestId::Number(id)),
+                            protocol::RpcError::new(
+                                protocol::codes::INVALID_REQUEST,
+                                format!("request of {bytes} bytes, more than the {MAX_LINE_BYTES} bytes read as one message"),
+                            ),
+                        );
+                        // Queued without waiting, as every answer of the owner's is.
+                        let _ = self.replies.try_send(refusal.to_string());
+                    }
+                    (None, _) => {}
                 }
             }
         }
