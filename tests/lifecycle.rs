@@ -712,6 +712,12 @@ async fn a_credential_checks_reconnect_leaves_an_online_instance_alone() {
         let changes = events(&sat, "mcp.server.status_changed").await;
         changes.iter().filter(|e| e.data["user_id"] == "alice").count()
     };
+    // Counted once alice's change to online is written (the status is set before its event is).
+    wait_until(DEADLINE, "alice's online event", || async {
+        let changes = events(&sat, "mcp.server.status_changed").await;
+        changes.iter().any(|e| e.data["user_id"] == "alice" && e.data["status"] == "online").then_some(())
+    })
+    .await;
     let (pid, changes) = (before.pid().expect("a process"), alices().await);
     let process = ProcessId::from(ALICE);
     sat.satellite.manager().reconnect_waiting_for_reauth(&process).await.expect("a known instance");
