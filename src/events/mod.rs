@@ -391,6 +391,13 @@ mod tests {
 
     use serde_json::Value;
 
+    /// Take the outbox table away (`gone`), so the store refuses every event write, or bring it back.
+    async fn outbox_gone(store: &Store, gone: bool) {
+        let (from, to) =
+            if gone { ("event_outbox", "event_outbox_away") } else { ("event_outbox_away", "event_outbox") };
+        sqlx::query(&format!("ALTER TABLE {from} RENAME TO {to}")).execute(store.pool()).await.unwrap();
+    }
+
     /// A store that refuses writes for a while (here its outbox table is gone) loses no event: they are kept in
     /// memory and written first with the next ones, or by `retry_unwritten`. Before, each was logged and dropped.
     #[tokio::test]
@@ -398,8 +405,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
         let emitter = Emitter::new(store.clone());
-        let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
-        sqlx::query(&rename("event_outbox", "event_outbox_away")).execute(store.pool()).await.unwrap();
+        outbox_gone(&store, true).await;
         emitter.emit(Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": 1}))).await;
         emitter
             .emit_all(
@@ -410,7 +416,7 @@ mod tests {
         assert_eq!(emitter.retry_unwritten().await, 5);
         assert_eq!(emitter.unwritten(), 5, "still refused");
 
-        sqlx::query(&rename("event_outbox_away", "event_outbox")).execute(store.pool()).await.unwrap();
+        outbox_gone(&store, false).await;
         emitter.emit(Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": 6}))).await;
         assert_eq!(emitter.unwritten(), 0);
         let kept: Vec<Value> =
@@ -426,14 +432,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
         let emitter = Emitter::new(store.clone());
-        let rename = |from: &str, to: &str| format!("ALTER TABLE {from} RENAME TO {to}");
-        sqlx::query(&rename("event_outbox", "event_outbox_away")).execute(store.pool()).await.unwrap();
+        outbox_gone(&store, true).await;
         let spec = crate::model::sample_spec();
         let failed =
             emitter.status_changed(&spec, InstanceStatus::PermanentlyFailed, Some("crashed"), Utc::now()).await;
         assert!(failed.is_err(), "the store refused it");
         assert_eq!(emitter.unwritten(), 1, "its event is kept");
-        sqlx::query(&rename("event_outbox_away", "event_outbox")).execute(store.pool()).await.unwrap();
+        outbox_gone(&store, false).await;
         // A newer change lands after it, not before.
         emitter.status_changed(&spec, InstanceStatus::Online, None, Utc::now()).await.expect("taken");
         assert_eq!(emitter.unwritten(), 0);
