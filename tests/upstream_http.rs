@@ -578,22 +578,13 @@ async fn an_answer_that_never_ends_is_cut_off_at_the_message_bound() {
 /// Over the legacy SSE transport too, a result reaches the satellite's caller as the server wrote it.
 #[tokio::test]
 async fn a_legacy_sse_answer_is_passed_on_as_the_server_wrote_it() {
-    use futures::StreamExt;
-    use std::convert::Infallible;
     use std::sync::Arc;
     use warp::sse::Event;
     use warp::Filter;
     const RESULT: &str = r#"{ "content": [{"type": "text", "text": "caf\u00e9"}], "big": 123456789012345678901234567890, "exact": 1.10 }"#;
     type Stream = tokio::sync::mpsc::UnboundedSender<Event>;
     let stream: Arc<parking_lot::Mutex<Option<Stream>>> = Arc::default();
-    let opened = stream.clone();
-    let sse = warp::path("sse").and(warp::get()).map(move || {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::default().event("endpoint").data("/messages?session=1"));
-        *opened.lock() = Some(tx);
-        let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
-        warp::sse::reply(events)
-    });
+    let sse = legacy_sse_stream(stream.clone());
     let messages = warp::path("messages").and(warp::post()).and(warp::body::json()).map(move |body: Value| {
         let answer = |result: &str| format!(r#"{{"result": {result}, "jsonrpc": "2.0", "id": {}}}"#, body["id"]);
         let message = match body["method"].as_str().unwrap_or_default() {
@@ -627,8 +618,6 @@ async fn a_legacy_sse_answer_is_passed_on_as_the_server_wrote_it() {
 /// (Before, the answers moved and the requests did not, so a server's `ping` was answered somewhere else.)
 #[tokio::test]
 async fn a_second_legacy_sse_endpoint_event_moves_nothing() {
-    use futures::StreamExt;
-    use std::convert::Infallible;
     use std::sync::Arc;
     use warp::sse::Event;
     use warp::Filter;
@@ -636,14 +625,7 @@ async fn a_second_legacy_sse_endpoint_event_moves_nothing() {
     let stream: Arc<parking_lot::Mutex<Option<Stream>>> = Arc::default();
     let received: Arc<parking_lot::Mutex<Vec<Value>>> = Arc::default();
     let elsewhere: Arc<parking_lot::Mutex<Vec<Value>>> = Arc::default();
-    let opened = stream.clone();
-    let sse = warp::path("sse").and(warp::get()).map(move || {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let _ = tx.send(Event::default().event("endpoint").data("/messages?session=1"));
-        *opened.lock() = Some(tx);
-        let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
-        warp::sse::reply(events)
-    });
+    let sse = legacy_sse_stream(stream.clone());
     let (to, kept) = (stream.clone(), received.clone());
     let messages = warp::path("messages").and(warp::post()).and(warp::body::json()).map(move |body: Value| {
         kept.lock().push(body.clone());
@@ -686,6 +668,22 @@ async fn a_second_legacy_sse_endpoint_event_moves_nothing() {
     })
     .await;
     assert!(elsewhere.lock().is_empty(), "nothing goes to the second endpoint: {:?}", elsewhere.lock());
+}
+
+/// The `GET /sse` route of a legacy SSE server: its stream starts with the `endpoint` event naming
+/// `/messages?session=1`, and what is sent on `stream` (set when a client opens it) follows.
+fn legacy_sse_stream(
+    stream: std::sync::Arc<parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedSender<warp::sse::Event>>>>,
+) -> impl warp::Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
+    use futures::StreamExt;
+    use warp::{Filter, Reply};
+    warp::path("sse").and(warp::get()).map(move || {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let _ = tx.send(warp::sse::Event::default().event("endpoint").data("/messages?session=1"));
+        *stream.lock() = Some(tx);
+        let events = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
+        warp::sse::reply(events).into_response()
+    })
 }
 
 /// A loopback listener that only counts the connections made to it (each is closed at once): where a server must
