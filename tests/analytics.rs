@@ -197,7 +197,7 @@ async fn the_figures_are_what_the_sessions_were_sent_and_only_admins_of_the_team
     let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
     for id in [1, 2] {
         let body = json!({"jsonrpc":"2.0","id":id,"method":"tools/list","params":{"_meta": meta}});
-        let (status, _, reply) = stateless.post_raw(body.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+        let (status, _, reply) = stateless.post_modern(&body).await;
         assert_eq!(status, StatusCode::OK, "{reply}");
         assert_eq!(reply["result"]["tools"].as_array().map(Vec::len), Some(4));
     }

@@ -188,7 +188,7 @@ async fn a_result_reaches_the_client_byte_for_byte_as_the_server_wrote_it() {
     let envelope = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
     let body =
         json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"cut","arguments":{},"_meta":envelope}});
-    let (status, _, reply) = stateless.post_raw(body.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    let (status, _, reply) = stateless.post_modern(&body).await;
     assert_eq!(status, StatusCode::OK, "{reply}");
     assert_eq!(reply["result"]["content"][0]["text"], "cut \u{fffd}", "{reply}");
     assert_eq!(reply["result"]["resultType"], "complete", "{reply}");
@@ -226,7 +226,8 @@ async fn an_integer_id_beyond_i64_comes_back_as_written() {
     let envelope = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
     let params = json!({"name": "echo", "arguments": {"text": "wide"}, "_meta": envelope});
     let body = format!(r#"{{"jsonrpc":"2.0","id":9223372036854775808,"method":"tools/call","params":{params}}}"#);
-    let (status, _, reply) = stateless.post_raw(body, &[("mcp-protocol-version", "2026-07-28")]).await;
+    let sent = [("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/call"), ("mcp-name", "echo")];
+    let (status, _, reply) = stateless.post_raw(body, &sent).await;
     assert_eq!(status, StatusCode::OK, "{reply}");
     assert_eq!(reply["id"], json!(9_223_372_036_854_775_808_u64), "{reply}");
     assert_eq!(reply["result"]["content"][0]["text"], "wide", "{reply}");

@@ -240,20 +240,21 @@ async fn framing_sessions_and_both_eras() {
     let stateless = Caller::new(&sat, "/mcp", Some(ALICE));
     let meta = |v: &str| json!({"io.modelcontextprotocol/protocolVersion": v, "io.modelcontextprotocol/clientCapabilities": {}});
     let discover = json!({"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta": meta("2026-07-28")}});
-    let (status, headers, body) =
-        stateless.post_raw(discover.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    let (status, headers, body) = stateless.post_modern(&discover).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(headers.get("mcp-session-id").is_none());
     assert!(body["result"]["supportedVersions"].as_array().unwrap().contains(&json!("2026-07-28")));
     let old = json!({"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"_meta": meta("1900-01-01")}});
-    let (status, _, body) = stateless.post_raw(old.to_string(), &[("mcp-protocol-version", "1900-01-01")]).await;
+    let (status, _, body) = stateless.post_modern(&old).await;
     assert_eq!((status, body["error"]["code"].as_i64()), (StatusCode::BAD_REQUEST, Some(-32022)));
     assert!(body["error"]["data"]["supported"].as_array().unwrap().contains(&json!("2026-07-28")));
     let mismatch = json!({"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"_meta": meta("2026-07-28")}});
-    let (status, _, body) = stateless.post_raw(mismatch.to_string(), &[("mcp-protocol-version", "2025-06-18")]).await;
+    let (status, _, body) = stateless
+        .post_raw(mismatch.to_string(), &[("mcp-protocol-version", "2025-06-18"), ("mcp-method", "tools/list")])
+        .await;
     assert_eq!((status, body["error"]["code"].as_i64()), (StatusCode::BAD_REQUEST, Some(-32020)));
     let call = json!({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":"demo:echo","arguments":{"text":"stateless"}},"_meta": meta("2026-07-28")}});
-    let (status, _, body) = stateless.post_raw(call.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    let (status, _, body) = stateless.post_modern(&call).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["result"]["content"][0]["text"], "stateless");
     assert_eq!(body["result"]["resultType"], "complete");
@@ -714,7 +715,7 @@ async fn results_have_the_shape_of_the_clients_revision() {
     let new = Caller::new(&sat, &url, None);
     let envelope = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
     let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"y"},"_meta":envelope}});
-    let (_, _, reply) = new.post_raw(body.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    let (_, _, reply) = new.post_modern(&body).await;
     assert_eq!(reply["result"]["resultType"], "complete", "{reply}");
     assert_eq!(reply["result"]["content"][0]["text"], "y", "{reply}");
     assert!(sat.satellite.shutdown().await);
@@ -2191,7 +2192,7 @@ async fn a_completion_is_never_answered_with_input_required() {
         "io.modelcontextprotocol/clientCapabilities": {"roots": {}}});
     let complete = json!({"jsonrpc":"2.0","id":5,"method":"completion/complete","params":{
         "ref":{"type":"ref/prompt","name":"p"},"argument":{"name":"city","value":"pa"},"_meta":envelope}});
-    let (status, _, reply) = modern.post_raw(complete.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+    let (status, _, reply) = modern.post_modern(&complete).await;
     assert_eq!(status, StatusCode::OK, "{reply}");
     assert_ne!(reply["result"]["resultType"], "input_required", "{reply}");
     assert_eq!(reply["result"]["completion"]["values"][0], r#"{"roots": []}"#, "{reply}");
@@ -2213,7 +2214,7 @@ async fn a_2026_client_hears_only_the_log_messages_its_request_asked_for() {
             envelope["io.modelcontextprotocol/logLevel"] = json!(level);
         }
         let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"log","arguments":{},"_meta":envelope}});
-        let response = modern.send(call.to_string(), &[("mcp-protocol-version", "2026-07-28")]).await;
+        let response = modern.send_modern(&call).await;
         assert_eq!(response.status(), StatusCode::OK);
         let body = response.text().await.unwrap_or_default();
         assert!(body.contains("logged"), "{level:?}: the answer: {body}");

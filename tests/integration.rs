@@ -15,6 +15,7 @@ mod github;
 mod lifecycle;
 mod managed;
 mod metrics;
+mod mirrored_headers;
 mod reconcile;
 mod replicas;
 mod sandbox;

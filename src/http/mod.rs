@@ -109,6 +109,7 @@ pub fn routes(
     // try costs a filter future and clones of what the route captures.
     let served = mcp::routes(mcp)
         .boxed()
+        .boxed()
         .or(oauth.boxed())
         .unify()
         .or(legacy.boxed())
@@ -116,6 +117,8 @@ pub fn routes(
         .with(cors())
         .map(Reply::into_response)
         .boxed();
+    // Tried only once warp's CORS refused a preflight: no cost for any request it lets through.
+    let served = served.or(param_preflight()).unify().boxed();
     // The admin API is not opened to other origins either: its page is served from here.
     let admin = analytics::routes(status.analytics.clone()).or(toolsets).unify().boxed();
     // Probes and the scrape are asked by infrastructure naming the pod's address: outside the Host guard.
@@ -124,23 +127,73 @@ pub fn routes(
     open.or(guard.filter().and(all)).unify().recover(recover).unify()
 }
 
+/// Request headers a browser client of the MCP and OAuth routes may send (CORS).
+const CORS_HEADERS: [&str; 9] = [
+    "authorization",
+    "content-type",
+    "accept",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+    "x-mcp-client-name",
+    "mcp-method",
+    "mcp-name",
+];
+const CORS_METHODS: [&str; 4] = ["GET", "POST", "DELETE", "OPTIONS"];
+
 /// OQ-16: permissive CORS with explicit lists; bearer tokens, no cookies.
 fn cors() -> warp::cors::Builder {
-    warp::cors()
-        .allow_any_origin()
-        .allow_methods(["GET", "POST", "DELETE", "OPTIONS"])
-        .allow_headers([
-            "authorization",
-            "content-type",
-            "accept",
-            "mcp-session-id",
-            "mcp-protocol-version",
-            "last-event-id",
-            "x-mcp-client-name",
-            "mcp-method",
-            "mcp-name",
-        ])
-        .expose_headers(["mcp-session-id", "www-authenticate", "link"])
+    warp::cors().allow_any_origin().allow_methods(CORS_METHODS).allow_headers(CORS_HEADERS).expose_headers([
+        "mcp-session-id",
+        "www-authenticate",
+        "link",
+    ])
+}
+
+/// The preflight of a browser's POST to an MCP endpoint that carries `Mcp-Param-{Name}` headers (2026-07-28: a
+/// tool's own header names, known only once it is listed). warp's CORS allows a fixed list of header names, so it
+/// would refuse them: answered here with the same policy, the named headers allowed when each is one of the list
+/// or a `Mcp-Param-` name. Any other preflight goes on to warp's.
+fn param_preflight() -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
+    // Everything is read inside, and anything else is refused as not found: a rejection of its own (a missing
+    // header, another method) would outrank the one the request's real route gives.
+    warp::method().and(warp::path::full()).and(warp::header::headers_cloned()).and_then(
+        |method: warp::http::Method, path: warp::path::FullPath, headers: warp::http::HeaderMap| async move {
+            preflight_answer(&method, path.as_str(), &headers).ok_or_else(warp::reject::not_found)
+        },
+    )
+}
+
+fn preflight_answer(
+    method: &warp::http::Method,
+    path: &str,
+    headers: &warp::http::HeaderMap,
+) -> Option<warp::reply::Response> {
+    if method != warp::http::Method::OPTIONS || !(path == "/mcp" || (path.starts_with("/i/") && path.ends_with("/mcp")))
+    {
+        return None;
+    }
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let (origin, asked, requested) =
+        (headers.get("origin")?, text("access-control-request-method")?, text("access-control-request-headers")?);
+    let names: Vec<String> =
+        requested.split(',').map(|h| h.trim().to_ascii_lowercase()).filter(|h| !h.is_empty()).collect();
+    let param = |h: &str| {
+        h.strip_prefix(crate::mcp::headers::PARAM_PREFIX)
+            .is_some_and(|rest| !rest.is_empty() && warp::http::HeaderName::from_bytes(h.as_bytes()).is_ok())
+    };
+    let allowed = CORS_METHODS.contains(&asked)
+        && names.iter().any(|h| param(h))
+        && names.iter().all(|h| CORS_HEADERS.contains(&h.as_str()) || param(h));
+    if !allowed {
+        return None;
+    }
+    let mut answer = warp::reply().into_response();
+    let out = answer.headers_mut();
+    out.insert("access-control-allow-origin", origin.clone());
+    out.insert("access-control-allow-methods", warp::http::HeaderValue::from_str(&CORS_METHODS.join(", ")).ok()?);
+    out.insert("access-control-allow-headers", warp::http::HeaderValue::from_str(&names.join(", ")).ok()?);
+    Some(answer)
 }
 
 /// Serve until `shutdown` resolves, then finish in-flight requests.

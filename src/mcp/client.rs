@@ -7,11 +7,13 @@
 //! error body, or a probe timeout means a handshake-era server, which gets
 //! `initialize` + `notifications/initialized`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tracing::debug;
+use tracing::{debug, warn};
 
+use super::headers::ParamHeaders;
 use super::payload::Payload;
 use super::protocol::{self, codes, HANDSHAKE_REQUEST_VERSION, MODERN_VERSION};
 use super::transport::{ModernHeaders, Relay, RequestHeaders, Transport, UpstreamError};
@@ -67,7 +69,13 @@ pub struct McpClient {
     capabilities: Value,
     instructions: Option<String>,
     client_info: Value,
+    /// The `x-mcp-header` annotations of the tools the server listed, by tool name (2026-07-28 over HTTP only: the
+    /// only place their headers are sent). Tools without any are not kept.
+    param_headers: parking_lot::RwLock<HashMap<String, ParamHeaders>>,
 }
+
+/// How many pages of `tools/list` a re-listing after a `HeaderMismatch` reads at most.
+const RELIST_PAGES: usize = 100;
 
 impl McpClient {
     /// Negotiate over a fresh transport. On failure the transport is closed.
@@ -88,7 +96,15 @@ impl McpClient {
         };
         let Negotiated { era, server_info, capabilities, instructions } = negotiated;
         debug!(protocol = era.version(), server = %server_info, "mcp server connected");
-        Ok(Self { transport, era, server_info, capabilities, instructions, client_info })
+        Ok(Self {
+            transport,
+            era,
+            server_info,
+            capabilities,
+            instructions,
+            client_info,
+            param_headers: parking_lot::RwLock::default(),
+        })
     }
 
     pub fn era(&self) -> &Era {
@@ -125,8 +141,119 @@ impl McpClient {
         timeout: Duration,
         relay: Option<&Relay>,
     ) -> Result<Payload, UpstreamError> {
+        if self.mirrors_params() {
+            match method {
+                "tools/list" => return self.list_tools(params, timeout, relay).await,
+                "tools/call" => return self.call_mirrored(params, timeout, relay).await,
+                _ => {}
+            }
+        }
         let (params, headers) = self.stamp(method, params);
         self.transport.request_relayed(method, params, &headers, timeout, relay).await
+    }
+
+    /// Whether calls carry `Mcp-Param-*` headers: on 2026-07-28 over Streamable HTTP (clients of other transports
+    /// may ignore `x-mcp-header`, and the handshake era has no such headers).
+    fn mirrors_params(&self) -> bool {
+        matches!(self.era, Era::Stateless { .. }) && matches!(self.transport, Transport::StreamableHttp(_))
+    }
+
+    /// A page of `tools/list`, its tools' `x-mcp-header` annotations learnt. A tool whose annotations are invalid
+    /// is left out of the answer, as a client must, with a warning naming it and why.
+    async fn list_tools(
+        &self,
+        params: Option<Value>,
+        timeout: Duration,
+        relay: Option<&Relay>,
+    ) -> Result<Payload, UpstreamError> {
+        let (params, headers) = self.stamp("tools/list", params);
+        let listed = self.transport.request_relayed("tools/list", params, &headers, timeout, relay).await?;
+        // An answer that is not a listing (an error result, a value the transport made) is the caller's to read.
+        let Ok(mut listing) = listed.to_value() else { return Ok(listed) };
+        let Some(tools) = listing.get_mut("tools").and_then(Value::as_array_mut) else { return Ok(listed) };
+        let before = tools.len();
+        let mut learnt = self.param_headers.write();
+        tools.retain(|tool| {
+            let Some(name) = tool.get("name").and_then(Value::as_str) else { return true };
+            match ParamHeaders::of_tool(tool) {
+                Ok(found) if found.is_empty() => {
+                    learnt.remove(name);
+                    true
+                }
+                Ok(found) => {
+                    learnt.insert(name.to_owned(), found);
+                    true
+                }
+                Err(reason) => {
+                    warn!(tool = name, reason = %reason, "tool left out: its x-mcp-header annotations are invalid");
+                    learnt.remove(name);
+                    false
+                }
+            }
+        });
+        let dropped = tools.len() != before;
+        drop(learnt);
+        // Untouched unless a tool was left out: the server's own text goes on as it was written.
+        Ok(if dropped { Payload::Value(listing) } else { listed })
+    }
+
+    /// The `Mcp-Param-*` headers a call of the tool `params` names sends.
+    fn mirrored(&self, params: Option<&Value>) -> Vec<(String, String)> {
+        let Some(name) = params.and_then(|p| p.get("name")).and_then(Value::as_str) else { return Vec::new() };
+        let learnt = self.param_headers.read();
+        learnt.get(name).map(|found| found.mirror(params.and_then(|p| p.get("arguments")))).unwrap_or_default()
+    }
+
+    /// A `tools/call` with its arguments mirrored into headers. A server refusing them (`HeaderMismatch`: the
+    /// tool's schema changed since it was listed) has its tools listed again, and the call is retried once if the
+    /// headers it would now send differ.
+    async fn call_mirrored(
+        &self,
+        params: Option<Value>,
+        timeout: Duration,
+        relay: Option<&Relay>,
+    ) -> Result<Payload, UpstreamError> {
+        let sent = self.mirrored(params.as_ref());
+        let (stamped, mut headers) = self.stamp("tools/call", params.clone());
+        if let Some(modern) = headers.modern.as_mut() {
+            modern.params = sent.clone();
+        }
+        let err = match self.transport.request_relayed("tools/call", stamped, &headers, timeout, relay).await {
+            Err(UpstreamError::Rpc(err)) if err.code == codes::HEADER_MISMATCH => err,
+            other => return other,
+        };
+        self.relist(timeout).await;
+        let now = self.mirrored(params.as_ref());
+        if now == sent {
+            return Err(UpstreamError::Rpc(err));
+        }
+        debug!(tool = ?params.as_ref().and_then(|p| p.get("name")), "tool's x-mcp-header changed, call retried");
+        let (stamped, mut headers) = self.stamp("tools/call", params);
+        if let Some(modern) = headers.modern.as_mut() {
+            modern.params = now;
+        }
+        self.transport.request_relayed("tools/call", stamped, &headers, timeout, relay).await
+    }
+
+    /// Every page of `tools/list` again (at most [`RELIST_PAGES`]), for what they say of `x-mcp-header`. A failure
+    /// ends it: the retry that follows sends what is known.
+    async fn relist(&self, timeout: Duration) {
+        let mut cursor: Option<Value> = None;
+        for _ in 0..RELIST_PAGES {
+            let params = cursor.take().map(|cursor| json!({ "cursor": cursor }));
+            let page = match self.list_tools(params, timeout, None).await.and_then(crate::mcp::transport::read_payload)
+            {
+                Ok(page) => page,
+                Err(err) => {
+                    debug!(error = %err, "tools/list again after a HeaderMismatch failed");
+                    return;
+                }
+            };
+            match page.get("nextCursor") {
+                Some(next) if !next.is_null() => cursor = Some(next.clone()),
+                _ => return,
+            }
+        }
     }
 
     /// Send a notification in the negotiated era's style (a client's `notifications/cancelled`, say).
@@ -158,7 +285,7 @@ impl McpClient {
                 let params = protocol::stamp_meta(params, protocol::modern_request_meta(version, &self.client_info));
                 let headers = RequestHeaders {
                     protocol_version: Some(version.clone()),
-                    modern: Some(ModernHeaders { method: method.to_owned(), name }),
+                    modern: Some(ModernHeaders { method: method.to_owned(), name, params: Vec::new() }),
                 };
                 (Some(params), headers)
             }
@@ -196,7 +323,7 @@ async fn probe_stateless(
     let params = protocol::stamp_meta(None, protocol::modern_request_meta(MODERN_VERSION, client_info));
     let headers = RequestHeaders {
         protocol_version: Some(MODERN_VERSION.into()),
-        modern: Some(ModernHeaders { method: "server/discover".into(), name: None }),
+        modern: Some(ModernHeaders { method: "server/discover".into(), name: None, params: Vec::new() }),
     };
     match transport.request("server/discover", Some(params), &headers, options.probe_timeout).await {
         Ok(result) => {

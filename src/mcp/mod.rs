@@ -2,6 +2,7 @@
 //! (`transport`) and the negotiating client built on them (`client`).
 
 pub mod client;
+pub mod headers;
 pub mod payload;
 pub mod protocol;
 pub mod transport;

@@ -45,6 +45,20 @@ impl Caller {
         (status, headers, reply)
     }
 
+    /// POST a 2026-07-28 request with the headers a conforming client sends with it ([`modern_headers`]).
+    pub async fn post_modern(&self, body: &Value) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let headers = modern_headers(body);
+        let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.post_raw(body.to_string(), &extra).await
+    }
+
+    /// [`Caller::send`] of a 2026-07-28 request with the headers a conforming client sends with it.
+    pub async fn send_modern(&self, body: &Value) -> reqwest::Response {
+        let headers = modern_headers(body);
+        let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.send(body.to_string(), &extra).await
+    }
+
     /// POST `body` on the caller's session; the status and the answer's text as it came (a JSON body, or an SSE
     /// stream with whatever the server said before its response).
     pub async fn post_text(&self, body: &Value) -> (StatusCode, String) {
@@ -131,4 +145,21 @@ fn sse_response(body: &str) -> Value {
         .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
         .rfind(|message| message.get("result").is_some() || message.get("error").is_some())
         .unwrap_or(Value::Null)
+}
+
+/// The headers a conforming 2026-07-28 client sends with the request `body` over HTTP: `MCP-Protocol-Version` from
+/// its envelope, `Mcp-Method`, and `Mcp-Name` for a method that names a tool, prompt or resource (in the base64
+/// sentinel form when it is not plain ASCII).
+pub fn modern_headers(body: &Value) -> Vec<(String, String)> {
+    use satellite::mcp::headers;
+    let method = body["method"].as_str().unwrap_or_default();
+    let version = body.pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion").and_then(Value::as_str);
+    let mut sent = vec![
+        ("mcp-protocol-version".to_owned(), version.unwrap_or("2026-07-28").to_owned()),
+        (headers::METHOD.to_owned(), method.to_owned()),
+    ];
+    if let Some(name) = headers::name_key(method).and_then(|key| body["params"][key].as_str()) {
+        sent.push((headers::NAME.to_owned(), headers::encode_value(name)));
+    }
+    sent
 }

@@ -8,7 +8,7 @@ pub mod fake_backend;
 pub mod lifecycle;
 mod mcp_http;
 #[allow(unused_imports)]
-pub use mcp_http::Caller;
+pub use mcp_http::{modern_headers, Caller};
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -172,6 +172,28 @@ impl HttpServer {
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         wait_until(Duration::from_secs(30), "server-everything to listen", || async move {
             tokio::net::TcpStream::connect(addr).await.ok().map(|_| ())
+        })
+        .await;
+        HttpServer { child, addr }
+    }
+
+    /// A Python fixture (`tests/fixtures/{script}`, run by the Python with the official SDK that scripts/test.sh
+    /// installs in .venv) serving HTTP on the free port it is given as its argument, once it accepts connections.
+    pub async fn python(script: &str) -> HttpServer {
+        let port = free_port();
+        let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
+        let child = Command::new(python)
+            .arg(fixture(script))
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the python fixture");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        // Answering HTTP, not only accepting connections: uvicorn accepts before its application has started.
+        wait_until(Duration::from_secs(30), script, || async move {
+            reqwest::get(format!("http://{addr}/")).await.ok().map(|_| ())
         })
         .await;
         HttpServer { child, addr }

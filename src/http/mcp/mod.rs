@@ -375,13 +375,39 @@ mod tests {
     #[test]
     fn envelope_errors_follow_2026_07_28() {
         let meta = |v: &str| json!({"_meta": {"io.modelcontextprotocol/protocolVersion": v, "io.modelcontextprotocol/clientCapabilities": {}}});
-        assert_eq!(check_envelope(Some(MODERN_VERSION), Some(&meta(MODERN_VERSION))), Ok(()));
-        assert_eq!(check_envelope(None, Some(&json!({}))).unwrap_err().code, codes::INVALID_PARAMS);
+        let sent = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.append(*name, HeaderValue::from_static(value));
+            }
+            headers
+        };
+        let good = sent(&[("mcp-protocol-version", MODERN_VERSION), ("mcp-method", "tools/list")]);
+        assert_eq!(check_envelope(&good, "tools/list", Some(&meta(MODERN_VERSION)), false), Ok(()));
         assert_eq!(
-            check_envelope(Some("2025-06-18"), Some(&meta(MODERN_VERSION))).unwrap_err().code,
+            check_envelope(&good, "tools/list", Some(&json!({})), false).unwrap_err().code,
+            codes::INVALID_PARAMS
+        );
+        for (headers, why) in [
+            (sent(&[("mcp-protocol-version", "2025-06-18"), ("mcp-method", "tools/list")]), "does not match"),
+            (sent(&[("mcp-method", "tools/list")]), "MCP-Protocol-Version header is missing"),
+            (sent(&[("mcp-protocol-version", MODERN_VERSION)]), "Mcp-Method header is missing"),
+            (sent(&[("mcp-protocol-version", MODERN_VERSION), ("mcp-method", "tools/call")]), "does not match"),
+        ] {
+            let err = check_envelope(&headers, "tools/list", Some(&meta(MODERN_VERSION)), false).unwrap_err();
+            assert_eq!(err.code, codes::HEADER_MISMATCH, "{headers:?}");
+            assert!(err.message.contains(why), "{headers:?}: {}", err.message);
+        }
+        // A batch needs no header, but one sent must agree.
+        assert_eq!(check_envelope(&sent(&[]), "tools/list", Some(&meta(MODERN_VERSION)), true), Ok(()));
+        let other = sent(&[("mcp-method", "tools/call")]);
+        assert_eq!(
+            check_envelope(&other, "tools/list", Some(&meta(MODERN_VERSION)), true).unwrap_err().code,
             codes::HEADER_MISMATCH
         );
-        let unsupported = check_envelope(None, Some(&meta("1900-01-01"))).unwrap_err();
+        // The client that disagrees with itself is told so before it is told its version is not served.
+        let old = sent(&[("mcp-protocol-version", "1900-01-01"), ("mcp-method", "tools/list")]);
+        let unsupported = check_envelope(&old, "tools/list", Some(&meta("1900-01-01")), false).unwrap_err();
         assert_eq!(unsupported.code, codes::UNSUPPORTED_PROTOCOL_VERSION);
         assert_eq!(unsupported.data.unwrap()["requested"], "1900-01-01");
     }

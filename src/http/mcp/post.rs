@@ -31,7 +31,7 @@ pub(super) async fn post(
                 && protocol::has_stateless_envelope(m.get("params"))
         });
     if stateless {
-        return stateless_post(deps, &endpoint, header_version.as_deref(), messages, batch).await;
+        return stateless_post(deps, &endpoint, headers, messages, batch).await;
     }
 
     let is_initialize = |m: &Value| m.get("method").and_then(Value::as_str) == Some("initialize");

@@ -1,18 +1,19 @@
 //! 2026-07-28 requests: each stands alone, carrying its version in `_meta` and `MCP-Protocol-Version`; no session is created or read.
 
 use super::*;
+use crate::mcp::headers as mirrored;
 
 /// 2026-07-28: every request stands alone; no session is created or read.
 pub(super) async fn stateless_post(
     deps: &McpDeps,
     endpoint: &Endpoint,
-    header_version: Option<&str>,
+    headers: &HeaderMap,
     mut messages: Vec<Value>,
     batch: bool,
 ) -> Result<Response, McpError> {
-    if messages.len() == 1 {
+    if messages.len() == 1 && !batch {
         if let Some(single) = messages.pop() {
-            match stateless_relayed(deps, endpoint, header_version, single).await {
+            match stateless_relayed(deps, endpoint, headers, single).await {
                 Ok(response) => return response,
                 Err(single) => messages.push(single),
             }
@@ -33,7 +34,7 @@ pub(super) async fn stateless_post(
             Ok(Message::Request { id, method, params }) => (id, method, params),
             Ok(_) => continue,
         };
-        let outcome = match check_envelope(header_version, params.as_ref()) {
+        let outcome = match check_request(endpoint, headers, &method, params.as_ref(), batch) {
             Err(err) => Err(RouteError::Rpc(err)),
             Ok(()) if method == "server/discover" => match endpoint.target.refused_selection() {
                 Some(err) => Err(RouteError::Rpc(err.clone())),
@@ -85,7 +86,7 @@ pub(super) async fn stateless_post(
 pub(super) async fn stateless_relayed(
     deps: &McpDeps,
     endpoint: &Endpoint,
-    header_version: Option<&str>,
+    headers: &HeaderMap,
     message: Value,
 ) -> Result<Result<Response, McpError>, Value> {
     let Some(method) = message.get("method").and_then(Value::as_str) else { return Err(message) };
@@ -93,7 +94,7 @@ pub(super) async fn stateless_relayed(
     let relayable = (long_lived
         || matches!(method, "tools/call" | "resources/read" | "prompts/get" | "completion/complete"))
         && message.get("id").is_some_and(|id| !id.is_null())
-        && check_envelope(header_version, message.get("params")).is_ok();
+        && check_request(endpoint, headers, method, message.get("params"), false).is_ok();
     if !relayable {
         return Err(message);
     }
@@ -177,6 +178,64 @@ pub(super) const REMOVED_IN_STATELESS: [&str; 5] =
 pub(super) const SUPPORTED_VERSIONS: [&str; 4] =
     [MODERN_VERSION, LEGACY_VERSIONS[2], LEGACY_VERSIONS[1], LEGACY_VERSIONS[0]];
 
-pub(super) fn check_envelope(header_version: Option<&str>, params: Option<&Value>) -> Result<(), RpcError> {
-    protocol::check_stateless_envelope(header_version, params, &SUPPORTED_VERSIONS)
+/// A 2026-07-28 request's envelope and the headers that mirror it: the envelope's keys (-32602), then
+/// `MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` present and agreeing with the body (-32020, "Server
+/// Validation"), then the version served (-32022). In a batch, which one set of headers cannot describe, the
+/// headers sent must agree with every request and none is required.
+pub(super) fn check_envelope(
+    headers: &HeaderMap,
+    method: &str,
+    params: Option<&Value>,
+    batch: bool,
+) -> Result<(), RpcError> {
+    let mismatch = |reason: String| RpcError::new(codes::HEADER_MISMATCH, format!("Header mismatch: {reason}"));
+    let mut versions = headers.get_all(names::MCP_PROTOCOL_VERSION).iter();
+    let (version, again) = (versions.next(), versions.next());
+    if again.is_some() {
+        return Err(mismatch("MCP-Protocol-Version header appears more than once".into()));
+    }
+    let version = version.map(|v| v.to_str().map_err(|_| mismatch("MCP-Protocol-Version header is not text".into())));
+    let version = version.transpose()?;
+    match protocol::check_stateless_envelope(version, params, &SUPPORTED_VERSIONS) {
+        Err(err) if err.code != codes::UNSUPPORTED_PROTOCOL_VERSION => Err(err),
+        checked => {
+            if version.is_none() && !batch {
+                return Err(mismatch("MCP-Protocol-Version header is missing".into()));
+            }
+            mirrored::check_request(headers, method, params, !batch).map_err(mismatch)?;
+            checked
+        }
+    }
+}
+
+/// [`check_envelope`], and on an instance's endpoint the `Mcp-Param-*` headers of a `tools/call` against its
+/// arguments, by the `x-mcp-header` annotations of the tool the catalog lists (a tool it does not list has none
+/// the satellite knows of). The meta-tools of `/mcp` have none.
+fn check_request(
+    endpoint: &Endpoint,
+    headers: &HeaderMap,
+    method: &str,
+    params: Option<&Value>,
+    batch: bool,
+) -> Result<(), RpcError> {
+    check_envelope(headers, method, params, batch)?;
+    let Target::Instance(instance) = &endpoint.target else { return Ok(()) };
+    if method != "tools/call" {
+        return Ok(());
+    }
+    let Some(name) = params.and_then(|p| p.get("name")).and_then(Value::as_str) else { return Ok(()) };
+    let Some(catalog) = instance.catalog() else { return Ok(()) };
+    let Some(schema) = catalog.tools.iter().find(|t| t.name() == name).and_then(|t| t.input_schema_text()) else {
+        return Ok(());
+    };
+    // Most schemas name no header: no need to read them.
+    if !schema.get().contains(mirrored::X_MCP_HEADER) {
+        return Ok(());
+    }
+    let Ok(schema) = serde_json::from_str::<Value>(schema.get()) else { return Ok(()) };
+    // Invalid annotations: a conforming client dropped the tool and sends no headers for it.
+    let Ok(annotated) = mirrored::ParamHeaders::of(&schema) else { return Ok(()) };
+    annotated
+        .check(params.and_then(|p| p.get("arguments")), headers)
+        .map_err(|reason| RpcError::new(codes::HEADER_MISMATCH, format!("Header mismatch: {reason}")))
 }

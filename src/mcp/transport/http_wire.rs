@@ -52,17 +52,6 @@ pub(crate) fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap
     Ok(map)
 }
 
-/// `Mcp-Name` carries ASCII as is and anything else base64-encoded (2026-07-28).
-pub(super) fn encode_header_value(value: &str) -> String {
-    let safe = value.bytes().all(|b| (0x20..0x7f).contains(&b)) && value.trim() == value;
-    if safe {
-        value.to_owned()
-    } else {
-        use base64::Engine;
-        format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(value))
-    }
-}
-
 pub(crate) fn classify_reqwest(err: &reqwest::Error) -> UpstreamError {
     if err.is_timeout() {
         return UpstreamError::Timeout { method: "http".into(), after: Duration::ZERO };
@@ -136,12 +125,6 @@ mod tests {
         let (values, consumed) = complete_values(b"{} 1", false).unwrap();
         assert_eq!((values.len(), consumed), (1, 2));
         assert_eq!(complete_values(b"{} 1", true).unwrap().0, vec![serde_json::json!({}), serde_json::json!(1)]);
-    }
-
-    #[test]
-    fn non_ascii_names_are_base64_encoded() {
-        assert_eq!(encode_header_value("echo"), "echo");
-        assert_eq!(encode_header_value("日本"), "=?base64?5pel5pys?=");
     }
 
     #[test]

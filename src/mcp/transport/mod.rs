@@ -118,6 +118,8 @@ pub struct RequestHeaders {
 pub struct ModernHeaders {
     pub method: String,
     pub name: Option<String>,
+    /// `Mcp-Param-{Name}` headers (lower-case names, encoded values) mirrored from a `tools/call`'s arguments.
+    pub params: Vec<(String, String)>,
 }
 
 /// One upstream connection, whatever its transport.

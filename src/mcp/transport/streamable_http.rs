@@ -21,15 +21,19 @@ use tracing::{debug, info};
 use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
-use super::http_wire::{classify_reqwest, complete_values, encode_header_value, header_map};
+use super::http_wire::{classify_reqwest, complete_values, header_map};
 use super::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
 use super::{error_body, mask_sent, outcome, preview, sent_values, Relay, RequestHeaders, UpstreamError};
+use crate::mcp::headers as mirrored;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 const ERROR_BODY_PREVIEW: usize = 300;
+/// The `initialize` params and headers of a handshake-era session.
+type Handshake = (Option<Value>, RequestHeaders);
+
 /// Resumptions of one reply stream in a row without a message in between, before giving up.
 const MAX_RESUMES: u32 = 5;
 /// Wait before reopening a session's GET stream the server ended, doubled after each failed reopening up to
@@ -49,8 +53,9 @@ pub struct StreamableHttpTransport {
     headers: HeaderMap,
     next_id: AtomicI64,
     session: Mutex<Option<String>>,
-    /// The initialize request body and the headers it was sent with, replayed when the server forgets the session.
-    handshake: Mutex<Option<(Option<Value>, RequestHeaders)>>,
+    /// The initialize request body and the headers it was sent with, replayed when the server forgets the session
+    /// (boxed: kept once per connection, it would make every `Transport` larger).
+    handshake: Mutex<Option<Box<Handshake>>>,
     /// Notifications the server sends outside our requests, on the GET stream of a handshake-era session.
     notifications: broadcast::Sender<super::Announcement>,
     /// Ends the GET stream with the transport.
@@ -310,7 +315,7 @@ impl StreamableHttpTransport {
         // Set before the handshake is replayed, cleared only once it succeeded: a renewal cut short (its request's
         // timeout, its caller gone) leaves no session either, and the next request must renew it.
         self.renewal_failed.store(true, Ordering::Release);
-        let Some((params, headers)) = self.handshake.lock().clone() else {
+        let Some((params, headers)) = self.handshake.lock().clone().map(|kept| *kept) else {
             return Err(UpstreamError::Protocol("session lost before any initialize".into()));
         };
         let renewed = async {
@@ -340,9 +345,12 @@ impl StreamableHttpTransport {
             request = request.header(PROTOCOL_VERSION_HEADER, version);
         }
         if let Some(modern) = &headers.modern {
-            request = request.header("mcp-method", &modern.method);
+            request = request.header(mirrored::METHOD, &modern.method);
             if let Some(name) = &modern.name {
-                request = request.header("mcp-name", encode_header_value(name));
+                request = request.header(mirrored::NAME, mirrored::encode_value(name));
+            }
+            for (name, value) in &modern.params {
+                request = request.header(name, value);
             }
         } else if let Some(session) = self.session.lock().clone() {
             request = request.header(SESSION_HEADER, session);
@@ -402,7 +410,7 @@ impl StreamableHttpTransport {
                 if let Some(session) = response.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
                     *self.session.lock() = Some(session.to_owned());
                 }
-                *self.handshake.lock() = Some((params, headers.clone()));
+                *self.handshake.lock() = Some(Box::new((params, headers.clone())));
             }
             let content_type =
                 response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
