@@ -1,7 +1,8 @@
 """Starts a real satellite (the binary cargo built) with a three-team config for the client tests: acme (alice
 and bob: the demo server and server-everything over stdio), globex (carol: the demo server) and initech (dave:
 server-everything over Streamable HTTP, a remote upstream) and umbrella (erin: the MCP conformance suite's
-reference server, a 2026-07-28 upstream that asks through input_required). `admin_token` opens the analytics
+reference server, a 2026-07-28 upstream that asks through input_required, and the Python SDK's header_server.py,
+one whose tool asks for an `Mcp-Param-Region` header). `admin_token` opens the analytics
 API and /admin for every team; carol is globex's team admin (reads globex's analytics only)."""
 import hashlib
 import json
@@ -9,6 +10,7 @@ import os
 import secrets
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("SATELLITE_BIN", ROOT / "target" / "debug" / "satellite"))
 EVERYTHING = ROOT / "tests" / "node" / "node_modules" / ".bin" / "mcp-server-everything"
 REFERENCE = ROOT / "tests" / "conformance" / "upstream"
+HEADER_SERVER = ROOT / "tests" / "fixtures" / "header_server.py"
 
 
 def sha(token: str) -> str:
@@ -50,6 +53,7 @@ class Satellite:
         self.everything_port = free_port()
         self.everything_sse_port = free_port()
         self.reference_port = free_port()
+        self.header_port = free_port()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.dir = tempfile.TemporaryDirectory()
@@ -127,6 +131,19 @@ slug = "reference"
 transport = "http"
 url = "http://127.0.0.1:{self.reference_port}/mcp"
 
+[[servers]]
+slug = "regional"
+transport = "http"
+url = "http://127.0.0.1:{self.header_port}/mcp"
+
+[[installations]]
+id = "regional-umbrella"
+team = "umbrella"
+server = "regional"
+[installations.users.erin]
+instance_path = "erin-regional"
+instance_token_sha256 = "{sha(i['erin'])}"
+
 [[installations]]
 id = "reference-umbrella"
 team = "umbrella"
@@ -198,7 +215,13 @@ instance_token_sha256 = "{sha(i['carol'])}"
             [str(REFERENCE / "node_modules" / ".bin" / "tsx"), "everything-server.ts"], cwd=REFERENCE,
             env={**os.environ, "PORT": str(self.reference_port)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        # A 2026-07-28 server whose tool asks for an Mcp-Param-* header (the official Python SDK's MCPServer).
+        self.header_server = subprocess.Popen(
+            [sys.executable, str(HEADER_SERVER), str(self.header_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
         wait_port(self.everything_port, self.everything, "server-everything (HTTP)")
+        wait_port(self.header_port, self.header_server, "the header server")
         wait_port(self.reference_port, self.reference, "the conformance reference server")
         wait_port(self.everything_sse_port, self.everything_sse, "server-everything (legacy SSE)")
         path = Path(self.dir.name) / "satellite.toml"
@@ -214,7 +237,7 @@ instance_token_sha256 = "{sha(i['carol'])}"
             assert self.proc.poll() is None, "satellite exited: " + self.log()
             try:
                 debug = json.load(urllib.request.urlopen(f"{self.base}/api/status/debug", timeout=2))
-                if debug["server_status"]["stats"]["online"] == 8:
+                if debug["server_status"]["stats"]["online"] == 9:
                     return
             except OSError:
                 pass
@@ -230,7 +253,7 @@ instance_token_sha256 = "{sha(i['carol'])}"
     def stop(self):
         self.proc.terminate()
         assert self.proc.wait(timeout=30) == 0, "satellite did not exit cleanly: " + self.log()
-        for upstream in (self.everything, self.everything_sse, self.reference):
+        for upstream in (self.everything, self.everything_sse, self.reference, self.header_server):
             upstream.terminate()
             upstream.wait(timeout=10)
         self.dir.cleanup()

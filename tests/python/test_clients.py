@@ -105,6 +105,27 @@ async def test_instance_router(satellite, mode):
         assert "Demo app" in read.contents[0].text
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_tool_that_asks_for_a_parameter_header(satellite, mode):
+    """The SDK's own server refuses a call without the `Mcp-Param-Region` its tool's `x-mcp-header` asks for. Through
+    the satellite, on both revisions (a 2026-07-28 client sends the header to the satellite, which checks it; a
+    handshake-era client sends none), the call reaches the server with it, in the base64 form where the value
+    needs it, and the tool whose annotation is invalid is not listed."""
+    url = f"{satellite.base}/i/erin-regional/mcp?token={satellite.instance_tokens['erin']}"
+    async with Client(url, mode=mode) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert "where" in names and "broken" not in names, names
+        for region in ["us-west1", "日本", " padded "]:
+            assert text(await client.call_tool("where", {"region": region, "query": "q"})) == f"{region}: q"
+    async with client_for(satellite, "erin", mode) as client:
+        found = document(await client.call_tool("discover_mcp_tools", {"query": "answers a query in a region"}))
+        assert "regional:where" in json.dumps(found), found
+        executed = await client.call_tool(
+            "execute_mcp_tool", {"tool_path": "regional:where", "arguments": {"region": "日本", "query": "q"}}
+        )
+        assert text(executed) == "日本: q"
+
+
 async def test_instance_router_refuses_a_foreign_token(satellite):
     url = f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['bob']}"
     with pytest.raises(Exception):
