@@ -2222,3 +2222,57 @@ async fn a_2026_client_hears_only_the_log_messages_its_request_asked_for() {
     }
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Read `stream` to its end; false when `DEADLINE` passed first.
+async fn ends(stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin)) -> bool {
+    use futures::StreamExt;
+    let drained = async {
+        while let Some(chunk) = stream.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(DEADLINE, drained).await.is_ok()
+}
+
+/// Every request authenticates anew, and so, while it lasts, does a stream: once an edit of the config file revokes
+/// alice's token and changes her instance token, her session's GET stream on `/mcp`, her legacy SSE stream and her
+/// 2026-07-28 `subscriptions/listen` on her instance's endpoint (a handshake-era server's) end, and bob's stream stays open. Before, each
+/// stayed open for as long as the client held it, hearing alice's list changes and carrying her server's
+/// requests to a caller the satellite no longer admits.
+#[tokio::test]
+async fn streams_end_once_their_credential_no_longer_admits_the_caller() {
+    use futures::StreamExt;
+    let sat = with_paged().await;
+    let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let bob = Caller::connect(&sat, "/mcp", Some(BOB)).await;
+    let mut alice_get = get_stream_as(&sat, "/mcp", alice.session.as_deref().unwrap(), Some(ALICE)).await;
+    let mut bob_get = get_stream_as(&sat, "/mcp", bob.session.as_deref().unwrap(), Some(BOB)).await;
+    let sse = Client::new()
+        .get(format!("{}/sse", sat.base_url()))
+        .bearer_auth(ALICE)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), StatusCode::OK);
+    let mut alice_sse = Box::pin(sse.bytes_stream());
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let mut alice_listen = listen_stream(&sat, &path, json!({"toolsListChanged": true})).await;
+
+    let revoked = std::fs::read_to_string(&sat.config_path)
+        .unwrap()
+        .replace(&sha256_hex(ALICE), &sha256_hex("alice-new-token-0123456789"))
+        .replace(&sha256_hex(&instance_token("alice-paged")), &sha256_hex(&instance_token("alice-new")));
+    sat.rewrite_config(&revoked);
+    assert!(ends(&mut alice_get).await, "alice's GET stream ends");
+    assert!(ends(&mut alice_sse).await, "alice's legacy SSE stream ends");
+    assert!(ends(&mut alice_listen).await, "alice's listen ends");
+    // Bob's token is as it was: his stream is still open (it sends nothing until something changes).
+    let bob_next = tokio::time::timeout(Duration::from_millis(300), bob_get.next()).await;
+    assert!(!matches!(bob_next, Ok(None)), "bob's stream stays open");
+    let (status, _) = bob.call("tools/list", json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(sat.satellite.shutdown().await);
+}

@@ -40,6 +40,15 @@ pub enum Verdict {
     Unavailable(String),
 }
 
+/// Why a token was not taken.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refusal {
+    /// The control plane said no (inactive, expired, another audience).
+    Refused(AuthError),
+    /// The control plane could not be asked.
+    Unavailable(String),
+}
+
 /// The call to the control plane: token in, verdict out.
 pub type Introspect = Arc<dyn Fn(String) -> BoxFuture<'static, Verdict> + Send + Sync>;
 
@@ -93,6 +102,18 @@ impl TokenIntrospection {
 
     /// The principal of an active token, from the cache or one shared introspection call.
     pub async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
+        self.verdict(token).await.map_err(|refusal| match refusal {
+            Refusal::Refused(err) => err,
+            Refusal::Unavailable(reason) => {
+                tracing::warn!(reason = %reason, "token introspection failed; the request is refused");
+                AuthError::Invalid("Token validation failed".into())
+            }
+        })
+    }
+
+    /// [`TokenIntrospection::authenticate`], telling a token the control plane refused from one it could not be
+    /// asked about: a stream is not ended because the backend is briefly unreachable.
+    pub async fn verdict(&self, token: &str) -> Result<Principal, Refusal> {
         let key = sha256_hex(token);
         if let Some(found) = self.cached(&key) {
             self.inner.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -113,7 +134,9 @@ impl TokenIntrospection {
         match flight.await {
             Verdict::Active(found) => {
                 if !self.audience_ok(found.audience.as_deref()) {
-                    return Err(AuthError::Invalid("Token audience does not include this satellite".into()));
+                    return Err(Refusal::Refused(AuthError::Invalid(
+                        "Token audience does not include this satellite".into(),
+                    )));
                 }
                 let expires = Instant::now() + self.inner.ttl;
                 let mut cache = self.inner.cache.lock();
@@ -124,13 +147,10 @@ impl TokenIntrospection {
                 }
                 Ok(found.principal)
             }
-            Verdict::Inactive(description) => {
-                Err(AuthError::Invalid(description.unwrap_or_else(|| "Token validation failed".into())))
-            }
-            Verdict::Unavailable(reason) => {
-                tracing::warn!(reason = %reason, "token introspection failed; the request is refused");
-                Err(AuthError::Invalid("Token validation failed".into()))
-            }
+            Verdict::Inactive(description) => Err(Refusal::Refused(AuthError::Invalid(
+                description.unwrap_or_else(|| "Token validation failed".into()),
+            ))),
+            Verdict::Unavailable(reason) => Err(Refusal::Unavailable(reason)),
         }
     }
 
@@ -273,6 +293,24 @@ mod tests {
         auth.authenticate("tok").await.unwrap();
         auth.authenticate("tok").await.unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 3, "an expired entry is never served");
+    }
+
+    /// A stream's credential checked again: a token the control plane refused ends it, one it could not be asked
+    /// about (unreachable) does not, and an active one admits its user.
+    #[tokio::test]
+    async fn a_recheck_tells_a_refusal_from_an_outage() {
+        use crate::auth::{Authenticator, Recheck};
+        let check = |verdict: Verdict| async move {
+            let (introspect, _) = backend(verdict, Duration::ZERO);
+            let auth = Authenticator::with_introspection(
+                crate::control::directory::Directory::default(),
+                TokenIntrospection::new(introspect, sat(), CACHE_TTL),
+            );
+            auth.recheck("Bearer tok").await
+        };
+        assert!(matches!(check(Verdict::Inactive(None)).await, Recheck::Refused));
+        assert!(matches!(check(Verdict::Unavailable("connection refused".into())).await, Recheck::Unknown));
+        assert!(matches!(check(alice(&[])).await, Recheck::Admitted(p) if p.user.as_str() == "alice"));
     }
 
     #[tokio::test]

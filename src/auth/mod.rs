@@ -83,6 +83,23 @@ impl Authenticator {
         }
     }
 
+    /// Whether `authorization` still authenticates, for a long-lived stream it opened: refused only when it is
+    /// known to be (revoked, expired, its user gone), not when the control plane cannot be asked just now.
+    pub async fn recheck(&self, authorization: &str) -> Recheck {
+        match (self.authenticate(Some(authorization)), &self.introspection) {
+            (Ok(principal), _) => Recheck::Admitted(principal),
+            (Err(AuthError::Invalid(_)), Some(introspection)) => {
+                let Some(token) = bearer(Some(authorization)) else { return Recheck::Refused };
+                match introspection.verdict(token).await {
+                    Ok(principal) => Recheck::Admitted(principal),
+                    Err(introspection::Refusal::Refused(_)) => Recheck::Refused,
+                    Err(introspection::Refusal::Unavailable(_)) => Recheck::Unknown,
+                }
+            }
+            (Err(_), _) => Recheck::Refused,
+        }
+    }
+
     /// Whose analytics the caller may read: a satellite admin token opens every team, a team admin their own
     /// team; any other valid caller is refused with `NotAdmin` (403), an unknown token with `Invalid` (401).
     pub async fn authenticate_admin(&self, authorization: Option<&str>) -> Result<AdminScope, AuthError> {
@@ -127,6 +144,15 @@ impl Authenticator {
             (outcome, _) => outcome,
         }
     }
+}
+
+/// What a credential checked again says of its caller.
+#[derive(Debug)]
+pub enum Recheck {
+    Admitted(Principal),
+    Refused,
+    /// It could not be checked now (the control plane unreachable): taken as still valid until it can be.
+    Unknown,
 }
 
 /// The token of a `Bearer` header (scheme case-insensitive).

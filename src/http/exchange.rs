@@ -65,8 +65,9 @@ pub enum Mode {
         capabilities: Value,
         /// Who may resume the call: the endpoint's owner.
         owner: String,
-        /// A stream meant to stay open (`subscriptions/listen`): ended, gracefully, at shutdown.
-        long_lived: bool,
+        /// A stream meant to stay open (`subscriptions/listen`): ended, gracefully, at shutdown or once this token
+        /// is cancelled (its credential no longer admits the caller). Cancelled when the stream goes.
+        long_lived: Option<tokio_util::sync::CancellationToken>,
         /// The `io.modelcontextprotocol/logLevel` of the request's envelope: the server's log messages reach the
         /// client at or above it, and none without it, as 2026-07-28 has a server send them.
         log_level: Option<String>,
@@ -466,6 +467,10 @@ impl<Fin> Drop for Streaming<Fin> {
         if let (Mode::Stateless { .. }, Some(call)) = (&self.mode, self.call.as_ref()) {
             call.abort();
         }
+        // What watches a long-lived stream's credential stops with it.
+        if let Mode::Stateless { long_lived: Some(ends), .. } = &self.mode {
+            ends.cancel();
+        }
     }
 }
 
@@ -494,14 +499,25 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
             return Some(message);
         }
         loop {
-            let long_lived = matches!(self.mode, Mode::Stateless { long_lived: true, .. });
+            let ends = match &self.mode {
+                Mode::Stateless { long_lived: Some(ends), .. } => Some(ends.clone()),
+                _ => None,
+            };
+            let long_lived = ends.is_some();
             let closing = self.exchange.closing.clone();
+            let ended = async move {
+                match ends {
+                    Some(ends) => ends.cancelled_owned().await,
+                    None => std::future::pending().await,
+                }
+            };
             let call = self.call.as_mut()?;
             let (inbound, done) = match self.rx.as_mut() {
                 Some(rx) => tokio::select! {
                     biased;
-                    _ = closing.cancelled(), if long_lived => {
-                        // The satellite is stopping: end the subscription as the spec says a server does.
+                    _ = async { tokio::select! { _ = closing.cancelled() => {}, _ = ended => {} } }, if long_lived => {
+                        // The satellite is stopping, or the caller's credential was revoked: end the subscription
+                        // as the spec says a server does.
                         call.abort();
                         self.call = None;
                         self.rx = None;

@@ -21,7 +21,7 @@ async fn answers_reach_the_request_that_asked_and_only_in_its_session() {
 }
 
 fn stateless(capabilities: Value, owner: &str) -> Mode {
-    Mode::Stateless { capabilities, owner: owner.to_owned(), long_lived: false, log_level: None }
+    Mode::Stateless { capabilities, owner: owner.to_owned(), long_lived: None, log_level: None }
 }
 
 fn done(answer: Answer) -> Result<Value, RouteError> {
@@ -305,7 +305,7 @@ async fn what_the_server_said_just_before_a_fast_answer_still_goes_first() {
     let listening = Mode::Stateless {
         capabilities: json!({}),
         owner: "alice".into(),
-        long_lived: false,
+        long_lived: None,
         log_level: Some("info".into()),
     };
     for mode in [handshake(), listening] {

@@ -19,6 +19,7 @@ use crate::router::{HierarchicalRouter, InstanceRouter};
 pub mod analytics;
 mod audit;
 mod body;
+mod credential;
 mod dispatch;
 pub mod error;
 pub mod exchange;

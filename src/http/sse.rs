@@ -204,7 +204,7 @@ pub fn routes(
 }
 
 async fn open(
-    deps: &McpDeps,
+    deps: &Arc<McpDeps>,
     sessions: &Arc<SseSessions>,
     headers: &HeaderMap,
     toolset: Option<String>,
@@ -224,6 +224,13 @@ async fn open(
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     let team_id = principal.team.0.clone();
     let connected_user = principal.user.clone();
+    // The stream ends once its token no longer admits its caller (revoked, expired, the user gone).
+    let credential = super::credential::Credential::Bearer {
+        authorization: authorization.unwrap_or_default().to_owned(),
+        user: principal.user.clone(),
+        team: principal.team.clone(),
+    };
+    let revoked = super::credential::revoked(deps.clone(), credential, "legacy sse");
     sessions.sessions.lock().insert(
         id.clone(),
         SseSession {
@@ -269,10 +276,13 @@ async fn open(
         opened: Instant::now(),
         reported,
     };
-    let events = futures::stream::once(async move { endpoint }).chain(ReceiverStream::new(rx)).map(move |event| {
-        let _keep = &guard;
-        Ok::<_, Infallible>(event)
-    });
+    let events = futures::stream::once(async move { endpoint })
+        .chain(ReceiverStream::new(rx))
+        .map(move |event| {
+            let _keep = &guard;
+            Ok::<_, Infallible>(event)
+        })
+        .take_until(revoked);
     let stream = warp::sse::keep_alive().interval(Duration::from_secs(30)).text("heartbeat").stream(events);
     let mut response = warp::sse::reply(stream).into_response();
     response.headers_mut().insert("access-control-allow-origin", warp::http::HeaderValue::from_static("*"));

@@ -127,6 +127,9 @@ struct Inner {
     visibility: std::sync::atomic::AtomicU64,
     /// Which member's lists changed, for the hierarchical router's open sessions.
     view_changes: tokio::sync::broadcast::Sender<ViewChange>,
+    /// Bumped by every configuration applied, once the instances it removed or replaced have left the live set:
+    /// the long-lived client streams check their credential again then.
+    applied: watch::Sender<u64>,
     /// The client streams a server's requests made outside any call can reach, by owner.
     seats: Arc<crate::mcp::transport::relay::Seats>,
 }
@@ -250,6 +253,7 @@ impl InstanceManager {
                 limit_events: crate::events::Throttle::new(LIMIT_EVENT_WINDOW, 10_000),
                 visibility: std::sync::atomic::AtomicU64::new(0),
                 view_changes: tokio::sync::broadcast::channel(VIEW_CHANGES_BUFFER).0,
+                applied: watch::Sender::new(0),
                 seats: Arc::default(),
             }),
         })
@@ -579,6 +583,11 @@ impl InstanceManager {
     }
 
     /// Members' list changes as they happen (the hierarchical router's session streams follow them).
+    /// Changes each time a configuration is applied (its users, tokens and instances are then current).
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.inner.applied.subscribe()
+    }
+
     pub fn view_changes(&self) -> tokio::sync::broadcast::Receiver<ViewChange> {
         self.inner.view_changes.subscribe()
     }

@@ -61,6 +61,8 @@ impl InstanceManager {
             removed.into_iter().chain(replaced.collect::<Vec<_>>()).collect()
         };
         inner.bump_visibility();
+        // The directory of users and tokens is replaced before a configuration is applied: both are current.
+        inner.applied.send_modify(|applied| *applied += 1);
         let kept: Vec<(ProcessId, Arc<Catalog>)> = retiring
             .iter()
             .filter(|(_, reason)| *reason == StopReason::Removed)

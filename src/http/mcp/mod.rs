@@ -18,6 +18,7 @@ use warp::{Filter, Reply};
 
 use super::audit::finish;
 use super::body::Unread;
+use super::credential::{revoked, Credential};
 use super::dispatch::{Selection, Target};
 use super::error::{rpc_status, McpError};
 use super::exchange::{is_parked_state, response_message, Answer, Mode};
@@ -51,11 +52,34 @@ struct Endpoint {
     target: Target,
     sessions: Arc<SessionTable>,
     owner: String,
+    /// The instance token a request on an instance's endpoint gave in its query (`?token=`).
+    instance_token: Option<String>,
 }
 
 impl Endpoint {
     fn new(target: Target, sessions: Arc<SessionTable>) -> Self {
-        Self { owner: target.session_owner(), target, sessions }
+        Self { owner: target.session_owner(), target, sessions, instance_token: None }
+    }
+
+    /// What admitted this request, to check again while a stream it opens lasts: the `Authorization` header on
+    /// `/mcp`, the instance token (query or header) on an instance's endpoint.
+    fn credential(&self, headers: &HeaderMap) -> Credential {
+        let authorization = header(headers, names::AUTHORIZATION);
+        match &self.target {
+            Target::Instance(instance) => {
+                let spec = instance.spec();
+                Credential::Instance {
+                    path: spec.instance_path.clone().unwrap_or_default(),
+                    token: self.instance_token.clone().or_else(|| auth::bearer(authorization).map(str::to_owned)),
+                    process_id: spec.process_id.clone(),
+                }
+            }
+            Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => Credential::Bearer {
+                authorization: authorization.unwrap_or_default().to_owned(),
+                user: caller.user.clone(),
+                team: caller.team.clone(),
+            },
+        }
     }
 }
 
@@ -279,7 +303,9 @@ fn instance_endpoint(
             }
         });
     }
-    Ok(Endpoint::new(Target::Instance(instance), deps.instance_sessions.clone()))
+    let mut endpoint = Endpoint::new(Target::Instance(instance), deps.instance_sessions.clone());
+    endpoint.instance_token = query.get("token").cloned();
+    Ok(endpoint)
 }
 
 /// A message with a method and an id, taken apart as a request; anything else it turns out to be is the error

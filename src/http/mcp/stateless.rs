@@ -119,6 +119,19 @@ pub(super) async fn stateless_relayed(
         .and_then(|m| m.get(protocol::meta_keys::LOG_LEVEL))
         .and_then(Value::as_str)
         .map(str::to_owned);
+    // A listen lasts: it ends once the credential that opened it no longer admits the caller.
+    let long_lived = long_lived.then(|| {
+        let ends = tokio_util::sync::CancellationToken::new();
+        let watch = revoked(Arc::new(deps.clone()), endpoint.credential(headers), "subscriptions/listen");
+        let watched = ends.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = watch => watched.cancel(),
+                _ = watched.cancelled() => {}
+            }
+        });
+        ends
+    });
     let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived, log_level };
     let answered_method = method.clone();
     let (target, deps_owned, reply_id, stamp_method) =

@@ -5,7 +5,7 @@ use crate::instances::seat_owner;
 use crate::mcp::protocol::RequestId;
 use crate::mcp::transport::Relay;
 
-pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
+pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
     if header(headers, names::MCP_PROTOCOL_VERSION) == Some(MODERN_VERSION) {
         return Err(McpError::NoServerStream);
     }
@@ -83,14 +83,21 @@ pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMa
     // The stream ends with the session (or the satellite); until then pings keep it open. A client that drops it
     // ends it too (the guard goes with the stream): the session is then no longer streaming, so it can expire
     // and open a stream again.
+    // It ends too once the credential that opened it no longer admits its caller (`credential`).
     let gone = token.clone().drop_guard();
+    let revoked = revoked(deps.clone(), endpoint.credential(headers), "session");
     let events = notes
         .map(move |note| {
             let _gone = (&gone, &seat);
             Ok::<_, Infallible>(warp::sse::Event::default().event("message").data(note.to_string()))
         })
         .chain(futures::stream::pending())
-        .take_until(async move { token.cancelled().await });
+        .take_until(async move {
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = revoked => {}
+            }
+        });
     let stream = warp::sse::keep_alive().interval(PING_INTERVAL).text("ping").stream(events);
     let mut response = warp::sse::reply(stream).into_response();
     if let Ok(value) = HeaderValue::from_str(id) {
