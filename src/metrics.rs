@@ -163,7 +163,7 @@ impl Metrics {
 
 /// Status codes as their own text; only the three-digit codes HTTP has.
 fn status_label(status: u16) -> &'static str {
-    const CODES: [(u16, &str); 16] = [
+    const CODES: [(u16, &str); 17] = [
         (200, "200"),
         (202, "202"),
         (204, "204"),
@@ -177,6 +177,7 @@ fn status_label(status: u16) -> &'static str {
         (406, "406"),
         (413, "413"),
         (415, "415"),
+        (429, "429"),
         (500, "500"),
         (503, "503"),
         (504, "504"),

@@ -929,6 +929,60 @@ async fn a_stranger_trickling_a_body_holds_no_place() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// One member cannot take the places everyone shares: alice's requests hold at most
+/// `max_concurrent_requests_per_caller` of them, counted across `/mcp` and her instance endpoints. Past that hers are
+/// refused at once (429, with `Retry-After`), while bob is served; a place she gives back is hers again. Before,
+/// two bodies trickled in with her token held two of the three places for the request timeout, and a third user
+/// got 503.
+#[tokio::test]
+async fn a_caller_holds_at_most_its_own_share_of_the_places() {
+    use tokio::io::AsyncWriteExt;
+    let config = config().replacen(
+        "[[teams]]",
+        "[satellite]\nmax_concurrent_requests = 3\nmax_concurrent_requests_per_caller = 2\n\n[[teams]]",
+        1,
+    );
+    let sat = started_with(&config).await;
+    let addr = sat.satellite.local_addr();
+    let mut trickling = Vec::new();
+    for (path, token) in
+        [("/mcp".to_owned(), ALICE.to_owned()), ("/i/alice-demo/mcp".to_owned(), ALICE_INSTANCE.clone())]
+    {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Length: 100000\r\n\r\n{{\"jsonrpc\""
+        );
+        stream.write_all(head.as_bytes()).await.expect("a head and the start of a body");
+        trickling.push(stream);
+    }
+    let alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let refused = wait_until(DEADLINE, "alice's third request refused", || {
+        let (alice, list) = (&alice, &list);
+        async move {
+            let response = alice.send_modern(list).await;
+            (response.status() == StatusCode::TOO_MANY_REQUESTS).then_some(response)
+        }
+    })
+    .await;
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("2 requests of this caller"), "{body}");
+    let (status, _, reply) = Caller::new(&sat, "/mcp", Some(BOB)).post_modern(&list).await;
+    assert_eq!(status, StatusCode::OK, "bob is served: {reply}");
+    drop(trickling.pop());
+    wait_until(DEADLINE, "alice served once a place is hers again", || {
+        let (alice, list) = (&alice, &list);
+        async move { (alice.send_modern(list).await.status() == StatusCode::OK).then_some(()) }
+    })
+    .await;
+    drop(trickling);
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// The satellite of `config()` plus the fixture's `paged` server for alice (instance path `alice-paged`, token
 /// `instance_token("alice-paged")`) and bob, both online.
 async fn with_paged() -> TestSatellite {

@@ -180,6 +180,8 @@ pub struct RawSatellite {
     pub call_timeout_seconds: Option<u64>,
     pub reconcile_concurrency: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
+    /// Of those, how many one caller (a user of a team) may hold at once; default an eighth of them.
+    pub max_concurrent_requests_per_caller: Option<usize>,
     pub max_connections: Option<usize>,
     pub http_timeout_seconds: Option<u64>,
     /// How long a stop waits for requests in flight (calls to slow tools) before stopping the servers.

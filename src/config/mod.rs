@@ -190,6 +190,8 @@ pub struct Config {
     pub upstream: UpstreamSettings,
     /// HTTP requests handled at once; more are refused with 503.
     pub max_concurrent_requests: usize,
+    /// Of those, how many one authenticated caller may hold at once; more are refused with 429 (`http::callers`).
+    pub max_concurrent_requests_per_caller: usize,
     /// Open client connections at most; past it the satellite stops accepting until one closes.
     pub max_connections: usize,
     /// Deadline of one HTTP request until its response starts.
@@ -415,6 +417,18 @@ impl Config {
             })?,
             None => s.max_concurrent_requests.filter(|n| *n > 0).unwrap_or(1024),
         };
+        let max_concurrent_requests_per_caller = match env::get(env, env::MAX_CONCURRENT_REQUESTS_PER_CALLER) {
+            Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                ConfigError::new(
+                    "satellite.max_concurrent_requests_per_caller",
+                    Some(env::MAX_CONCURRENT_REQUESTS_PER_CALLER),
+                    format!("{v:?} is not a positive number"),
+                )
+            })?,
+            None => {
+                s.max_concurrent_requests_per_caller.filter(|n| *n > 0).unwrap_or((max_concurrent_requests / 8).max(1))
+            }
+        };
         let max_connections = match env::get(env, env::MAX_CONNECTIONS) {
             Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
                 ConfigError::new(
@@ -525,6 +539,7 @@ impl Config {
             event_retention_max,
             event_retention_max_bytes: event_retention_max_mib.saturating_mul(1024 * 1024),
             max_concurrent_requests,
+            max_concurrent_requests_per_caller,
             max_connections,
             http_timeout,
             public_url,
@@ -591,6 +606,7 @@ impl Config {
             "max_processes_per_user": self.upstream.lifecycle.max_processes_per_user,
             "max_processes": self.upstream.lifecycle.max_processes,
             "max_concurrent_requests": self.max_concurrent_requests,
+            "max_concurrent_requests_per_caller": self.max_concurrent_requests_per_caller,
             "max_connections": self.max_connections,
             "http_timeout_seconds": self.http_timeout.as_secs(),
             "drain_seconds": self.drain.as_secs(),

@@ -89,6 +89,17 @@ impl Target {
         }
     }
 
+    /// The member a request through this target is counted against for `max_concurrent_requests_per_caller`: the
+    /// caller on `/mcp` and `/message`, the member an instance belongs to on its endpoint.
+    pub fn caller(&self) -> String {
+        match self {
+            Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
+                format!("{}\u{0}{}", caller.user, caller.team)
+            }
+            Target::Instance(instance) => format!("{}\u{0}{}", instance.spec().user_id, instance.spec().team_id),
+        }
+    }
+
     /// Whose cap of sessions a session made through this target counts against: the caller's, or the member an
     /// instance belongs to (all of one member's instance endpoints share one cap, apart from their `/mcp` one).
     pub fn session_quota(&self) -> String {

@@ -67,6 +67,10 @@ pub enum McpError {
     /// A `Host` or `Origin` this satellite does not answer to (DNS-rebinding protection).
     Forbidden(String),
     BadRequest(String),
+    /// The caller holds all of its own places (`max_concurrent_requests_per_caller`).
+    CallerBusy {
+        limit: usize,
+    },
     // What the tower stack refuses.
     Overloaded,
     GatewayTimeout,
@@ -96,6 +100,9 @@ impl McpError {
         let mut response = json_response(status, &protocol::error_response(None, error));
         if let Some(value) = www_authenticate.and_then(|v| HeaderValue::from_str(&v).ok()) {
             response.headers_mut().insert("www-authenticate", value);
+        }
+        if matches!(self, McpError::CallerBusy { .. }) {
+            response.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
         }
         response
     }
@@ -132,6 +139,7 @@ impl McpError {
             McpError::Rpc(err) => rpc_status(err.code),
             McpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             McpError::LengthRequired => StatusCode::LENGTH_REQUIRED,
+            McpError::CallerBusy { .. } => StatusCode::TOO_MANY_REQUESTS,
             McpError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             McpError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             McpError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -201,6 +209,12 @@ impl McpError {
             McpError::CorsForbidden => (codes::TRANSPORT_ERROR, "CORS request forbidden".to_owned()),
             McpError::Forbidden(reason) => (codes::TRANSPORT_ERROR, format!("Forbidden: {reason}")),
             McpError::BadRequest(err) => (codes::INVALID_REQUEST, format!("Bad Request: {err}")),
+            McpError::CallerBusy { limit } => (
+                codes::TRANSPORT_ERROR,
+                format!(
+                    "Too Many Requests: {limit} requests of this caller are in flight already; retry when one ends"
+                ),
+            ),
             McpError::Overloaded => {
                 (codes::TRANSPORT_ERROR, "Service Unavailable: too many concurrent requests, retry shortly".to_owned())
             }
@@ -275,6 +289,7 @@ mod tests {
             McpError::CorsForbidden,
             McpError::Forbidden("Invalid Host: evil".into()),
             McpError::BadRequest("x".into()),
+            McpError::CallerBusy { limit: 1 },
             McpError::Overloaded,
             McpError::GatewayTimeout,
             McpError::Internal,

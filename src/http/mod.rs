@@ -19,6 +19,7 @@ use crate::router::{HierarchicalRouter, InstanceRouter};
 pub mod analytics;
 mod audit;
 mod body;
+pub mod callers;
 mod credential;
 mod dispatch;
 pub mod error;
@@ -62,6 +63,8 @@ pub struct McpDeps {
     pub audit: Arc<audit::AuthAudit>,
     /// Which toolset a request selects (`?toolset=`) or defaults to.
     pub toolsets: crate::toolsets::Toolsets,
+    /// Requests in flight per caller (`max_concurrent_requests_per_caller`).
+    pub callers: callers::CallerLimits,
 }
 
 /// What the status routes read.

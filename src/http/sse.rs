@@ -305,6 +305,11 @@ async fn message(
     // token revoked since the stream opened stops working at once. It must be the identity that opened the stream.
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     let caller = deps.auth.authenticate_request(authorization).await.map_err(McpError::Auth)?;
+    // One of the caller's places (`http::callers`), shared with its `/mcp` requests.
+    let _place = deps
+        .callers
+        .take(format!("{}\u{0}{}", caller.user, caller.team))
+        .ok_or(McpError::CallerBusy { limit: deps.callers.max() })?;
     // Read once, after authentication: counted for activity here, answered below (or refused as unreadable there).
     let body = body.read().await?;
     let parsed = serde_json::from_slice::<Value>(&body);

@@ -139,6 +139,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             |toolset: Option<String>, headers: HeaderMap, body: Unread, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
                 let answer = async {
                     let endpoint = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await?;
+                    let _place = take_place(&deps, &endpoint)?;
                     let frame = protocol::decode_frame(&body.read().await?);
                     record_oauth_activity(&deps, &headers, &endpoint, frame_calls_a_tool(&frame));
                     Box::pin(post(&deps, endpoint, &headers, frame)).await
@@ -177,6 +178,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
              deps: Arc<McpDeps>| async move {
                 let answer = async {
                     let endpoint = instance_endpoint(&deps, &path, &query, &headers)?;
+                    let _place = take_place(&deps, &endpoint)?;
                     let frame = protocol::decode_frame(&body.read().await?);
                     if let Target::Instance(instance) = &endpoint.target {
                         let spec = instance.spec();
@@ -254,6 +256,11 @@ async fn hierarchical_endpoint(
         deps.auth.authenticate_request(header(headers, names::AUTHORIZATION)).await.map_err(McpError::Auth)?;
     let selection = select_toolset(deps, &principal, toolset);
     Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.clone()))
+}
+
+/// One of the caller's places, held until the answer starts (`http::callers`); 429 when it holds all of them.
+fn take_place(deps: &McpDeps, endpoint: &Endpoint) -> Result<super::callers::Place, McpError> {
+    deps.callers.take(endpoint.target.caller()).ok_or(McpError::CallerBusy { limit: deps.callers.max() })
 }
 
 /// The `toolset` parameter of a query string, decoded.

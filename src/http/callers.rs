@@ -1,0 +1,90 @@
+//! Requests in flight per caller. `max_concurrent_requests` is one pool for everyone: a caller the satellite admits
+//! could otherwise hold all of it (requests that trickle their bodies in for the request timeout, or slow tool
+//! calls), and every other member would get 503. Each caller (a user of a team, across `/mcp`, their instance
+//! endpoints and `/message`) holds at most `max_concurrent_requests_per_caller` places at once; one more is
+//! refused at once with 429 and `Retry-After`, which says whose limit it is. A place is held from the moment the
+//! caller is authenticated until the answer starts (an SSE answer, once started, holds none).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// The places of every caller; cheap to clone.
+#[derive(Clone)]
+pub struct CallerLimits {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    max: usize,
+    /// Places held, by caller; a caller with none is not listed.
+    held: Mutex<HashMap<String, usize>>,
+}
+
+/// One place of a caller, given back when dropped.
+pub struct Place {
+    inner: Arc<Inner>,
+    caller: String,
+}
+
+impl CallerLimits {
+    pub fn new(max: usize) -> Self {
+        Self { inner: Arc::new(Inner { max: max.max(1), held: Mutex::new(HashMap::new()) }) }
+    }
+
+    pub fn max(&self) -> usize {
+        self.inner.max
+    }
+
+    /// A place for `caller`, or `None` when it holds all of its own already.
+    pub fn take(&self, caller: String) -> Option<Place> {
+        let mut held = self.inner.held.lock();
+        match held.get_mut(&caller) {
+            Some(n) if *n >= self.inner.max => return None,
+            Some(n) => *n += 1,
+            None => {
+                held.insert(caller.clone(), 1);
+            }
+        }
+        drop(held);
+        Some(Place { inner: self.inner.clone(), caller })
+    }
+
+    /// Places `caller` holds now.
+    pub fn held(&self, caller: &str) -> usize {
+        self.inner.held.lock().get(caller).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut held = self.inner.held.lock();
+        if let Some(n) = held.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.caller);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caller_holds_at_most_its_own_places_and_gets_them_back() {
+        let limits = CallerLimits::new(2);
+        let take = |caller: &str| limits.take(caller.to_owned());
+        let (a, b) = (take("alice").unwrap(), take("alice").unwrap());
+        assert!(take("alice").is_none(), "a third place is refused");
+        let bob = take("bob").expect("another caller is not held back");
+        drop(a);
+        assert_eq!(limits.held("alice"), 1);
+        let c = take("alice").expect("a place given back is taken again");
+        drop((b, c, bob));
+        assert_eq!((limits.held("alice"), limits.held("bob")), (0, 0));
+        assert!(limits.inner.held.lock().is_empty(), "callers holding nothing are not kept");
+    }
+}
