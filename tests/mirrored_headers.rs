@@ -188,8 +188,10 @@ async fn a_2026_clients_headers_must_agree_with_its_body() {
     let hierarchical = Caller::new(&sat, "/mcp", Some(ALICE));
     let execute = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "execute_mcp_tool",
         "arguments": {"tool_path": "regional:where", "arguments": {"region": "eu", "query": "q"}}, "_meta": envelope()}});
-    let (status, reply) = post(execute.clone(), with(&execute, &[("mcp-param-other", "x")])).await;
-    assert_eq!(status, StatusCode::OK, "{reply}");
+    let sent = with(&execute, &[("mcp-param-other", "x")]);
+    let sent: Vec<(&str, &str)> = sent.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (status, _, reply) = hierarchical.post_raw(execute.to_string(), &sent).await;
+    assert_eq!((status, text(&reply["result"])), (StatusCode::OK, "eu: q"), "{reply}");
     let (status, _, reply) = hierarchical.post_modern(&execute).await;
     assert_eq!((status, text(&reply["result"])), (StatusCode::OK, "eu: q"), "{reply}");
     let (status, _, reply) = hierarchical

@@ -65,13 +65,40 @@ pub enum Mode {
         capabilities: Value,
         /// Who may resume the call: the endpoint's owner.
         owner: String,
-        /// A stream meant to stay open (`subscriptions/listen`): ended, gracefully, at shutdown or once this token
-        /// is cancelled (its credential no longer admits the caller). Cancelled when the stream goes.
-        long_lived: Option<tokio_util::sync::CancellationToken>,
+        /// A stream meant to stay open (`subscriptions/listen`): ended, gracefully, at shutdown or once its
+        /// credential no longer admits the caller.
+        long_lived: Option<LongLived>,
         /// The `io.modelcontextprotocol/logLevel` of the request's envelope: the server's log messages reach the
         /// client at or above it, and none without it, as 2026-07-28 has a server send them.
         log_level: Option<String>,
     },
+}
+
+/// What ends a long-lived stream besides shutdown: `ends`, cancelled by whoever watches its credential. Cancelled
+/// too once the last copy of the request's mode goes, whichever way the request ended (streamed, answered at once,
+/// its client gone), so the watcher never outlives it.
+#[derive(Debug, Clone)]
+pub struct LongLived {
+    ends: tokio_util::sync::CancellationToken,
+    _gone: Arc<tokio_util::sync::DropGuard>,
+}
+
+impl LongLived {
+    pub fn new() -> Self {
+        let ends = tokio_util::sync::CancellationToken::new();
+        Self { _gone: Arc::new(ends.clone().drop_guard()), ends }
+    }
+
+    /// The token that ends the stream; the watcher cancels it, and stops when it is cancelled.
+    pub fn ends(&self) -> tokio_util::sync::CancellationToken {
+        self.ends.clone()
+    }
+}
+
+impl Default for LongLived {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// RFC 5424 severity of a log level, lowest first; an unknown one counts as the highest, so it is never lost.
@@ -302,9 +329,26 @@ impl Exchange {
         let waiting = AbortOnDrop(Some(call.abort_handle()).filter(|_| stateless));
         let mut queue = VecDeque::new();
         let mut finish = Some(finish);
+        let ends = match &mode {
+            Mode::Stateless { long_lived: Some(long_lived), .. } => Some(long_lived.ends()),
+            _ => None,
+        };
         let first = loop {
+            let ended = async {
+                match &ends {
+                    Some(ends) => tokio::select! { _ = ends.cancelled() => {}, _ = self.closing.cancelled() => {} },
+                    None => std::future::pending().await,
+                }
+            };
             let next = tokio::select! {
                 biased;
+                _ = ended => {
+                    // A long-lived stream ended (its credential revoked, or shutdown) before it said anything: it
+                    // gets its final response at once, as it would once streaming.
+                    call.abort();
+                    self.untrack(&tracked);
+                    return Answer::Done(Ok(json!({}).into()));
+                }
                 done = &mut call => {
                     self.untrack(&tracked);
                     // What the server said just before its answer (a progress or log line, then the result at
@@ -467,10 +511,6 @@ impl<Fin> Drop for Streaming<Fin> {
         if let (Mode::Stateless { .. }, Some(call)) = (&self.mode, self.call.as_ref()) {
             call.abort();
         }
-        // What watches a long-lived stream's credential stops with it.
-        if let Mode::Stateless { long_lived: Some(ends), .. } = &self.mode {
-            ends.cancel();
-        }
     }
 }
 
@@ -500,7 +540,7 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
         }
         loop {
             let ends = match &self.mode {
-                Mode::Stateless { long_lived: Some(ends), .. } => Some(ends.clone()),
+                Mode::Stateless { long_lived: Some(long_lived), .. } => Some(long_lived.ends()),
                 _ => None,
             };
             let long_lived = ends.is_some();

@@ -319,3 +319,17 @@ async fn what_the_server_said_just_before_a_fast_answer_still_goes_first() {
         assert_eq!(messages[1]["result"]["ok"], true);
     }
 }
+
+/// What watches a listen's credential stops once the request is gone, however it ended: the token it waits on is
+/// cancelled when the last copy of the request's mode goes (before, only a stream that had started cancelled it,
+/// and a listen answered at once left its watcher running for good).
+#[test]
+fn a_long_lived_requests_end_token_is_cancelled_with_its_last_copy() {
+    let long_lived = LongLived::new();
+    let ends = long_lived.ends();
+    let copy = long_lived.clone();
+    drop(long_lived);
+    assert!(!ends.is_cancelled(), "a copy is still held");
+    drop(copy);
+    assert!(ends.is_cancelled());
+}

@@ -113,7 +113,6 @@ pub fn routes(
     // try costs a filter future and clones of what the route captures.
     let served = mcp::routes(mcp)
         .boxed()
-        .boxed()
         .or(oauth.boxed())
         .unify()
         .or(legacy.boxed())
@@ -161,22 +160,24 @@ fn cors() -> warp::cors::Builder {
 fn param_preflight() -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone {
     // Everything is read inside, and anything else is refused as not found: a rejection of its own (a missing
     // header, another method) would outrank the one the request's real route gives.
-    warp::method().and(warp::path::full()).and(warp::header::headers_cloned()).and_then(
-        |method: warp::http::Method, path: warp::path::FullPath, headers: warp::http::HeaderMap| async move {
-            preflight_answer(&method, path.as_str(), &headers).ok_or_else(warp::reject::not_found)
+    // The method and path first: the headers are copied only for a preflight to an MCP endpoint.
+    let mcp_options = warp::method().and(warp::path::full()).and_then(
+        |method: warp::http::Method, path: warp::path::FullPath| async move {
+            let path = path.as_str();
+            let mcp = path == "/mcp" || (path.starts_with("/i/") && path.ends_with("/mcp"));
+            if method == warp::http::Method::OPTIONS && mcp {
+                Ok(())
+            } else {
+                Err(warp::reject::not_found())
+            }
         },
+    );
+    mcp_options.untuple_one().and(warp::header::headers_cloned()).and_then(
+        |headers: warp::http::HeaderMap| async move { preflight_answer(&headers).ok_or_else(warp::reject::not_found) },
     )
 }
 
-fn preflight_answer(
-    method: &warp::http::Method,
-    path: &str,
-    headers: &warp::http::HeaderMap,
-) -> Option<warp::reply::Response> {
-    if method != warp::http::Method::OPTIONS || !(path == "/mcp" || (path.starts_with("/i/") && path.ends_with("/mcp")))
-    {
-        return None;
-    }
+fn preflight_answer(headers: &warp::http::HeaderMap) -> Option<warp::reply::Response> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let (origin, asked, requested) =
         (headers.get("origin")?, text("access-control-request-method")?, text("access-control-request-headers")?);

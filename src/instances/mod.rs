@@ -127,8 +127,8 @@ struct Inner {
     visibility: std::sync::atomic::AtomicU64,
     /// Which member's lists changed, for the hierarchical router's open sessions.
     view_changes: tokio::sync::broadcast::Sender<ViewChange>,
-    /// Bumped by every configuration applied, once the instances it removed or replaced have left the live set:
-    /// the long-lived client streams check their credential again then.
+    /// Bumped by every configuration applied, once the live set is the new one (before its new instances have
+    /// started): the long-lived client streams check their credential again then.
     applied: watch::Sender<u64>,
     /// The client streams a server's requests made outside any call can reach, by owner.
     seats: Arc<crate::mcp::transport::relay::Seats>,

@@ -61,8 +61,6 @@ impl InstanceManager {
             removed.into_iter().chain(replaced.collect::<Vec<_>>()).collect()
         };
         inner.bump_visibility();
-        // The directory of users and tokens is replaced before a configuration is applied: both are current.
-        inner.applied.send_modify(|applied| *applied += 1);
         let kept: Vec<(ProcessId, Arc<Catalog>)> = retiring
             .iter()
             .filter(|(_, reason)| *reason == StopReason::Removed)
@@ -148,6 +146,9 @@ impl InstanceManager {
             starting
         };
         inner.bump_visibility();
+        // The live set is the new one (an instance edited in place is back under its path) and the directory of
+        // users and tokens was replaced before the configuration was applied: the streams check their credential.
+        inner.applied.send_modify(|applied| *applied += 1);
         for instance in &starting {
             // Tools from a previous run are searchable (when the instance is online) before rediscovery.
             if let Some(catalog) = instance.catalog() {

@@ -72,6 +72,10 @@ pub struct McpClient {
     /// The `x-mcp-header` annotations of the tools the server listed, by tool name (2026-07-28 over HTTP only: the
     /// only place their headers are sent). Tools without any are not kept.
     param_headers: parking_lot::RwLock<HashMap<String, ParamHeaders>>,
+    /// One re-listing after a `HeaderMismatch` at a time, and how many have finished: calls refused together
+    /// share one.
+    relisting: tokio::sync::Mutex<()>,
+    relisted: std::sync::atomic::AtomicU64,
 }
 
 /// How many pages of `tools/list` a re-listing after a `HeaderMismatch` reads at most.
@@ -104,6 +108,8 @@ impl McpClient {
             instructions,
             client_info,
             param_headers: parking_lot::RwLock::default(),
+            relisting: tokio::sync::Mutex::new(()),
+            relisted: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -214,6 +220,7 @@ impl McpClient {
         relay: Option<&Relay>,
     ) -> Result<Payload, UpstreamError> {
         let sent = self.mirrored(params.as_ref());
+        let relisted = self.relisted.load(std::sync::atomic::Ordering::Acquire);
         let (stamped, mut headers) = self.stamp("tools/call", params.clone());
         if let Some(modern) = headers.modern.as_mut() {
             modern.params = sent.clone();
@@ -222,7 +229,18 @@ impl McpClient {
             Err(UpstreamError::Rpc(err)) if err.code == codes::HEADER_MISMATCH => err,
             other => return other,
         };
-        self.relist(timeout).await;
+        {
+            let _one = self.relisting.lock().await;
+            // Another call's re-listing finished since this one was sent: what it learnt is current.
+            if self.relisted.load(std::sync::atomic::Ordering::Acquire) == relisted {
+                let tool = params.as_ref().and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
+                // One budget for the whole re-listing, the call's own.
+                if tokio::time::timeout(timeout, self.relist(tool, timeout)).await.is_err() {
+                    debug!(tool, "tools/list again after a HeaderMismatch took longer than the call may");
+                }
+                self.relisted.fetch_add(1, std::sync::atomic::Ordering::Release);
+            }
+        }
         let now = self.mirrored(params.as_ref());
         if now == sent {
             return Err(UpstreamError::Rpc(err));
@@ -235,9 +253,9 @@ impl McpClient {
         self.transport.request_relayed("tools/call", stamped, &headers, timeout, relay).await
     }
 
-    /// Every page of `tools/list` again (at most [`RELIST_PAGES`]), for what they say of `x-mcp-header`. A failure
-    /// ends it: the retry that follows sends what is known.
-    async fn relist(&self, timeout: Duration) {
+    /// The pages of `tools/list` again, up to the one that lists `tool` (at most [`RELIST_PAGES`]), for what they
+    /// say of `x-mcp-header`. A failure ends it: the retry that follows sends what is known.
+    async fn relist(&self, tool: &str, timeout: Duration) {
         let mut cursor: Option<Value> = None;
         for _ in 0..RELIST_PAGES {
             let params = cursor.take().map(|cursor| json!({ "cursor": cursor }));
@@ -249,8 +267,12 @@ impl McpClient {
                     return;
                 }
             };
+            let listed = page
+                .get("tools")
+                .and_then(Value::as_array)
+                .is_some_and(|tools| tools.iter().any(|t| t.get("name").and_then(Value::as_str) == Some(tool)));
             match page.get("nextCursor") {
-                Some(next) if !next.is_null() => cursor = Some(next.clone()),
+                Some(next) if !next.is_null() && !listed => cursor = Some(next.clone()),
                 _ => return,
             }
         }

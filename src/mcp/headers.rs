@@ -114,7 +114,12 @@ impl ParamHeaders {
         while let Some((path, node, depth)) = stack.pop() {
             let Value::Object(node) = node else { continue };
             if depth > MAX_SCHEMA_DEPTH {
-                return Err(format!("the schema nests deeper than {MAX_SCHEMA_DEPTH} levels"));
+                // Not walked further (each level would copy its path), but an annotation down there is not
+                // silently dropped: the tool is refused only when there is one.
+                if mentions_annotation(node) {
+                    return Err(format!("{X_MCP_HEADER} nested deeper than {MAX_SCHEMA_DEPTH} levels"));
+                }
+                continue;
             }
             if let Some(token) = node.get(X_MCP_HEADER) {
                 found.push(annotation(path.as_deref(), token, node)?);
@@ -244,6 +249,23 @@ fn annotation(path: Option<&[String]>, token: &Value, node: &Map<String, Value>)
         shown: format!("Mcp-Param-{token}"),
         integer,
     })
+}
+
+/// Whether any object under `node` has an `x-mcp-header` key (walked with a stack: no recursion to overflow).
+fn mentions_annotation(node: &Map<String, Value>) -> bool {
+    let mut stack: Vec<&Value> = node.values().collect();
+    if node.contains_key(X_MCP_HEADER) {
+        return true;
+    }
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Object(map) if map.contains_key(X_MCP_HEADER) => return true,
+            Value::Object(map) => stack.extend(map.values()),
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// RFC 9110 `tchar`.
@@ -413,11 +435,11 @@ mod tests {
         // Data is not schema: an `x-mcp-header` inside `default` or `enum` is a value, not an annotation.
         let data = json!({"properties": {"a": {"type": "object", "default": {"x-mcp-header": 1}}}});
         assert!(ParamHeaders::of(&data).unwrap().is_empty());
-        let mut deep = json!({"type": "string"});
-        for _ in 0..100 {
-            deep = json!({"properties": {"p": deep}});
-        }
-        assert!(ParamHeaders::of(&deep).is_err(), "a schema deeper than the walk goes is refused, not overflowed");
+        // Deeper than the walk goes: refused only when an annotation is down there (a deep schema without one is a
+        // tool like any other).
+        let nest = |leaf: Value| (0..100).fold(leaf, |deep, _| json!({"properties": {"p": deep}}));
+        assert!(ParamHeaders::of(&nest(json!({"type": "string"}))).unwrap().is_empty());
+        assert!(ParamHeaders::of(&nest(json!({"type": "string", "x-mcp-header": "Deep"}))).is_err());
     }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {

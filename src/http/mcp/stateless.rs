@@ -121,16 +121,17 @@ pub(super) async fn stateless_relayed(
         .map(str::to_owned);
     // A listen lasts: it ends once the credential that opened it no longer admits the caller.
     let long_lived = long_lived.then(|| {
-        let ends = tokio_util::sync::CancellationToken::new();
+        let long_lived = LongLived::new();
         let watch = revoked(Arc::new(deps.clone()), endpoint.credential(headers), "subscriptions/listen");
-        let watched = ends.clone();
+        // Ends with the request, however it ends (`LongLived` cancels `ends` when its last copy goes).
+        let ends = long_lived.ends();
         tokio::spawn(async move {
             tokio::select! {
-                _ = watch => watched.cancel(),
-                _ = watched.cancelled() => {}
+                _ = watch => ends.cancel(),
+                _ = ends.cancelled() => {}
             }
         });
-        ends
+        long_lived
     });
     let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived, log_level };
     let answered_method = method.clone();
