@@ -281,3 +281,34 @@ async fn a_configuration_cut_short_for_a_moment_costs_no_catalog_and_no_hold() {
     assert!(!held().await, "released past the grace");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A server that takes its whole handshake timeout to start holds up no later edit of the configuration: with one
+/// that never answers still `connecting`, a server added after it comes online, and once it is removed its start
+/// ends at once. Before, every apply waited for each start it began, under the lock the next apply takes, so the
+/// next edit (a new member's server, a token removed) waited out the handshake timeout of every slow start.
+#[tokio::test]
+async fn a_server_slow_to_start_holds_up_no_later_edit() {
+    let config = base(DEMO_INSTALL).replace("handshake_timeout_seconds = 3", "handshake_timeout_seconds = 600");
+    let sat = TestSatellite::start(&config).await;
+    sat.wait_ready().await;
+    // A process that reads nothing and answers nothing: its start lasts the handshake timeout.
+    let stuck = "\n[[servers]]\nslug = \"stuck\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
+                 args = [\"-c\", \"__import__('time').sleep(900)\"]\n\
+                 [[installations]]\nid = \"i-stuck\"\nteam = \"acme\"\nserver = \"stuck\"\n";
+    sat.rewrite_config(&format!("{config}{stuck}"));
+    wait_status(&sat, "stuck-acme-alice-i-stuck", InstanceStatus::Connecting).await;
+    let late = "\n[[installations]]\nid = \"i-late\"\nteam = \"acme\"\nserver = \"demo\"\n";
+    sat.rewrite_config(&format!("{config}{stuck}{late}"));
+    wait_status(&sat, "demo-acme-alice-i-late", InstanceStatus::Online).await;
+    let stuck_now =
+        sat.satellite.manager().get(&ProcessId::from("stuck-acme-alice-i-stuck")).map(|i| i.status().status);
+    assert_eq!(stuck_now, Some(InstanceStatus::Connecting), "the slow one is still starting");
+    sat.rewrite_config(&format!("{config}{late}"));
+    let gone = ProcessId::from("stuck-acme-alice-i-stuck");
+    wait_until(DEADLINE, "the slow one removed", || {
+        let present = sat.satellite.manager().get(&gone).is_some();
+        async move { (!present).then_some(()) }
+    })
+    .await;
+    assert!(sat.satellite.shutdown().await);
+}

@@ -118,6 +118,9 @@ struct Inner {
     holds: RwLock<std::collections::HashSet<(InstallationId, String)>>,
     state: RwLock<State>,
     reconcile: tokio::sync::Mutex<()>,
+    /// Turns to start an instance a configuration added or changed: `reconcile_concurrency` at once across every
+    /// apply, whose starts run on after it returns.
+    starting: tokio::sync::Semaphore,
     ready_tx: watch::Sender<bool>,
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -237,6 +240,7 @@ impl InstanceManager {
             holds.insert((installation, held.tool_name));
         }
         let (ready_tx, _) = watch::channel(false);
+        let starts_at_once = deps.settings.reconcile_concurrency.max(1);
         let lifecycle = &deps.settings.lifecycle;
         let slots = ProcessSlots::new(lifecycle.max_processes_per_user, lifecycle.max_processes);
         Ok(Self {
@@ -247,6 +251,7 @@ impl InstanceManager {
                 deps,
                 state: RwLock::new(state),
                 reconcile: tokio::sync::Mutex::new(()),
+                starting: tokio::sync::Semaphore::new(starts_at_once),
                 ready_tx,
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),

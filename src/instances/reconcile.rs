@@ -155,10 +155,6 @@ impl InstanceManager {
                 inner.index(instance, &catalog).await;
             }
         }
-        futures::stream::iter(starting)
-            .for_each_concurrent(concurrency, |instance| async move { inner.start(&instance).await })
-            .await;
-
         let first = !std::mem::replace(&mut inner.state.write().applied_once, true);
         if first {
             // Catalogs of instances the configuration does not name, and holds of installations it does not name,
@@ -179,7 +175,28 @@ impl InstanceManager {
                 }
             }
         }
-        inner.ready_tx.send_replace(true);
+        // The starts run on without the reconcile lock, and this apply does not wait for them past the first one (the
+        // satellite is ready once its first configuration's instances have started): a server that takes its
+        // handshake timeout to start (a download, a host that never answers) holds up no later configuration, which
+        // may retire it meanwhile (a retired instance's start ends at once). At most `reconcile_concurrency` start
+        // at once across every apply.
+        drop(_serial);
+        let manager = self.clone();
+        let starts = async move {
+            let inner = &manager.inner;
+            futures::stream::iter(starting)
+                .for_each_concurrent(None, |instance| async move {
+                    let Ok(_turn) = inner.starting.acquire().await else { return };
+                    inner.start(&instance).await
+                })
+                .await;
+            inner.ready_tx.send_replace(true);
+        };
+        if first {
+            starts.await;
+        } else {
+            inner.tasks.spawn(starts);
+        }
         report
     }
 }
