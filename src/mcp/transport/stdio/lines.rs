@@ -76,15 +76,25 @@ impl Decoder for Lines {
         if self.skipping.is_some() {
             return Ok(self.skip(buf));
         }
-        let look_to = buf.len().min(self.max.saturating_add(1));
+        // A line of `max` bytes may end in `\r\n`: its `\n` is looked for up to two bytes past the bound.
+        let look_to = buf.len().min(self.max.saturating_add(2));
         match memchr::memchr(b'\n', &buf[self.searched.min(look_to)..look_to]) {
             Some(offset) => {
                 let at = self.searched + offset;
                 self.searched = 0;
                 let line = buf.split_to(at + 1);
-                Ok(Some(text(&line[..at])))
+                let content = line[..at].strip_suffix(b"\r").unwrap_or(&line[..at]);
+                if content.len() > self.max {
+                    // One byte over, its end in the same read: reported as any line too long.
+                    let mut scan = IdScan::default();
+                    if self.scan {
+                        scan.feed(content);
+                    }
+                    return Ok(Some(Line::TooLong { bytes: at, id: scan.id, has_method: scan.has_method }));
+                }
+                Ok(Some(text(content)))
             }
-            None if buf.len() > self.max => {
+            None if buf.len() > self.max.saturating_add(1) => {
                 self.searched = 0;
                 self.skipping = Some(Skipping { bytes: 0, scan: IdScan::default() });
                 Ok(self.skip(buf))
@@ -257,6 +267,30 @@ mod tests {
                 ],
                 "chunk {chunk}"
             );
+        }
+    }
+
+    /// The bound is on a line's text: one of exactly `max` bytes is read whether it ends in `\n` or `\r\n`, and one
+    /// byte more is too long either way (before, `max` bytes and `\r\n` were counted too long).
+    #[test]
+    fn the_bound_is_on_the_text_not_its_line_ending() {
+        let exact = "y".repeat(100);
+        let over = "z".repeat(101);
+        for ending in ["\n", "\r\n"] {
+            for chunk in [1, 50, 4096] {
+                let input = format!("{exact}{ending}{over}{ending}{{}}{ending}");
+                let lines = decode_all(&mut Lines::new(100), input.as_bytes(), chunk);
+                let over_bytes = if ending == "\n" { 101 } else { 102 };
+                assert_eq!(
+                    lines,
+                    vec![
+                        Line::Text(exact.clone()),
+                        Line::TooLong { bytes: over_bytes, id: None, has_method: false },
+                        Line::Text("{}".into()),
+                    ],
+                    "{ending:?} in chunks of {chunk}"
+                );
+            }
         }
     }
 
