@@ -494,6 +494,49 @@ async fn a_server_stream_refused_for_a_moment_is_asked_for_again() {
     client.close().await;
 }
 
+/// A server that refuses a session's GET stream for the credentials it was opened with (401, 403) is not asked
+/// again with the same ones, while one refusing it for a moment (503) is: by the time the 503 server has been asked
+/// twice, the others have been asked once each. (A renewal, with new credentials, opens a new stream.)
+#[tokio::test]
+async fn a_server_stream_refused_for_its_credentials_is_not_asked_for_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let refusing = |status: &'static str| {
+        let gets = std::sync::Arc::new(AtomicUsize::new(0));
+        let seen = gets.clone();
+        let server = raw_server(move |_path, body, mut socket| {
+            let seen = seen.clone();
+            async move {
+                if !body.is_null() {
+                    answer_handshake(&body, &mut socket).await;
+                    return;
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                let refusal = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = socket.write_all(refusal.as_bytes()).await;
+            }
+        });
+        async move { (server.await, gets) }
+    };
+    let (unauthorized, unauthorized_gets) = refusing("401 Unauthorized").await;
+    let (forbidden, forbidden_gets) = refusing("403 Forbidden").await;
+    let (unavailable, unavailable_gets) = refusing("503 Service Unavailable").await;
+    let mut clients = Vec::new();
+    for addr in [unauthorized, forbidden, unavailable] {
+        clients.push(connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await);
+    }
+    wait_until(Duration::from_secs(30), "the 503 server asked twice", || {
+        let asked = unavailable_gets.load(Ordering::SeqCst);
+        async move { (asked >= 2).then_some(()) }
+    })
+    .await;
+    assert_eq!(unauthorized_gets.load(Ordering::SeqCst), 1, "401: asked once");
+    assert_eq!(forbidden_gets.load(Ordering::SeqCst), 1, "403: asked once");
+    for client in clients {
+        client.close().await;
+    }
+}
+
 fn chunk(text: &str) -> String {
     format!("{:x}\r\n{text}\r\n", text.len())
 }
