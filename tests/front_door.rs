@@ -884,6 +884,56 @@ async fn half_sent_requests_are_closed_and_connections_are_capped() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// An HTTP/2 connection with nothing in flight for the header timeout is closed, as an idle HTTP/1 keep-alive
+/// connection is, though its peer answers every ping; one carrying a stream (a legacy SSE stream) is not, however
+/// long the stream lasts. Before, any HTTP/2 peer that had sent one request and answered pings held its connection,
+/// and its place under `max_connections`, for ever. And an HTTP/2 request is served: its host is its
+/// `:authority` (before, having no `Host` header, every one but the probes was refused 403 "Invalid Host").
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_and_a_streaming_one_is_not() {
+    let sat = started().await;
+    let addr = sat.satellite.local_addr();
+    let connect = || async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (client, connection) = h2::client::handshake(tcp).await.expect("an HTTP/2 handshake");
+        // Runs the connection (answering the satellite's pings) until the satellite closes it.
+        (client, tokio::spawn(connection))
+    };
+    let get = |path: &str, token: Option<&str>| {
+        let mut request = warp::http::Request::get(format!("http://127.0.0.1{path}"));
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        request.header("accept", "text/event-stream").body(()).expect("a request")
+    };
+    // A stream first: its connection has a request in flight the whole time.
+    let (mut streaming, streaming_connection) = connect().await;
+    let (answer, _) = streaming.send_request(get("/sse", Some(ALICE)), true).expect("a stream");
+    let sse = answer.await.expect("the stream's head");
+    assert_eq!(sse.status(), StatusCode::OK);
+    let mut events = sse.into_body();
+    let endpoint = events.data().await.expect("the endpoint event").expect("data");
+    assert!(String::from_utf8_lossy(&endpoint).contains("endpoint"));
+    // Then, on another connection, a request naming a host the satellite does not serve (HTTP/2 names it in
+    // `:authority`, not `Host`: refused as a `Host` would be), and one answered whole; the connection is idle after.
+    let (mut idle, idle_connection) = connect().await;
+    let rebound = warp::http::Request::get("http://evil.example/mcp").body(()).expect("a request");
+    let (answer, _) = idle.send_request(rebound, true).expect("a request");
+    assert_eq!(answer.await.expect("an answer").status(), StatusCode::FORBIDDEN);
+    let (answer, _) = idle.send_request(get("/healthz", None), true).expect("a request");
+    let answer = answer.await.expect("an answer");
+    assert_eq!(answer.status(), StatusCode::OK);
+    let mut body = answer.into_body();
+    while let Some(chunk) = body.data().await {
+        chunk.expect("the body");
+    }
+    let closed = tokio::time::timeout(DEADLINE, idle_connection).await;
+    assert!(closed.is_ok(), "the idle HTTP/2 connection was never closed");
+    assert!(!streaming_connection.is_finished(), "the connection carrying a stream stays open");
+    drop((streaming, events));
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A stranger's request is answered (401) on its head: its body is not waited for. Before, the body was read
 /// first and held one of the `max_concurrent_requests` places until the request timeout, so a few sockets
 /// trickling bodies with no token at all shut every user out (503).

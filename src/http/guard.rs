@@ -56,8 +56,13 @@ impl HostGuard {
         // are read alone: copying the whole header map cost every request more than the check itself.
         let guard = std::sync::Arc::new(self);
         let value = |name| warp::header::value(name).map(Some).or(warp::any().map(|| None)).unify();
-        value("host")
-            .and(value("origin"))
+        // HTTP/2 has no `Host` header: its `:authority` (the request URI's) is the host then (RFC 9113 §8.3.1).
+        // Read only when the header is missing, so an HTTP/1.1 request costs no more than before.
+        let authority = warp::host::optional().map(|authority: Option<warp::host::Authority>| {
+            authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        let host = warp::header::value("host").map(Some).or(authority).unify();
+        host.and(value("origin"))
             .and_then(move |host: Option<HeaderValue>, origin: Option<HeaderValue>| {
                 let verdict = guard.check_values(text(host.as_ref()), text(origin.as_ref()));
                 async move { verdict.map_err(|reason| warp::reject::custom(Refused(reason))) }

@@ -187,14 +187,20 @@ pub async fn serve<F>(
         if let Err(err) = stream.set_nodelay(true) {
             tracing::debug!(error = %err, "TCP_NODELAY could not be set on a connection");
         }
-        // Whether a whole request head has come on the connection yet.
-        let asked = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let seen = asked.clone();
-        // Every request of the connection carries the peer's address, for client tracking and audit events.
-        let with_peer = service.clone().map_request(move |mut request: Request<hyper::body::Incoming>| {
-            seen.store(true, std::sync::atomic::Ordering::Relaxed);
+        // What the connection has in flight, and since when it has had nothing.
+        let activity = Arc::new(Activity::new());
+        let busy_with = activity.clone();
+        let per_request = service.clone();
+        // Every request of the connection carries the peer's address, for client tracking and audit events, and
+        // counts as activity until its answer has ended (an SSE answer, until its stream does).
+        let with_peer = tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(PeerAddr(peer));
-            request
+            let busy = Busy::new(&busy_with);
+            let answer = per_request.clone().oneshot(request);
+            async move {
+                let response = answer.await?;
+                Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy }))
+            }
         });
         let watcher = graceful.watcher();
         let header_read_timeout = limits.header_read_timeout;
@@ -233,23 +239,19 @@ pub async fn serve<F>(
             // Its wakes of itself fold into its poll (wakes.rs): a request made alone no longer wakes the
             // runtime's other worker for nothing.
             let connection = super::wakes::Coalesced::new(watcher.watch(connection.into_owned()));
-            // Nor does a connection that has sent a byte but no whole request: hyper's HTTP/1 header timer starts
-            // only once the auto builder has told HTTP/1 from HTTP/2, and the HTTP/2 side has no timer at all, so
-            // one byte of the HTTP/2 preface (or the whole preface and then silence) held a place for ever.
-            let first_request = async {
-                tokio::time::sleep(header_read_timeout).await;
-                if asked.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::future::pending::<()>().await;
-                }
-            };
+            // Nor does a connection with nothing in flight for the header timeout: one that has sent a byte but
+            // no whole request (hyper's HTTP/1 header timer starts only once the auto builder has told HTTP/1 from
+            // HTTP/2, and the HTTP/2 side has no timer at all, so one byte of the HTTP/2 preface held a place for
+            // ever), or an HTTP/2 connection idle after its requests (its peer answering pings kept it open for
+            // ever, where an idle HTTP/1 keep-alive connection is closed after the same timeout).
             tokio::select! {
                 ended = connection => {
                     if let Err(err) = ended {
                         debug!(error = %err, "connection ended with an error");
                     }
                 }
-                () = first_request => {
-                    debug!(peer = %peer, "connection sent no whole request within the header timeout, closed");
+                () = activity.idle_for(header_read_timeout) => {
+                    debug!(peer = %peer, "connection had nothing in flight for the header timeout, closed");
                 }
             }
         });
@@ -257,6 +259,87 @@ pub async fn serve<F>(
     drop(listener);
     draining.cancel();
     graceful.shutdown().await;
+}
+
+/// What one connection has in flight: requests whose answer has not ended, and when the last one ended (or the
+/// connection began).
+struct Activity {
+    open: std::sync::atomic::AtomicUsize,
+    began: Instant,
+    /// Milliseconds after `began` when the connection last had nothing in flight.
+    quiet_since: std::sync::atomic::AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            open: std::sync::atomic::AtomicUsize::new(0),
+            began: Instant::now(),
+            quiet_since: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Resolves once the connection has had nothing in flight for `limit`.
+    async fn idle_for(&self, limit: Duration) {
+        use std::sync::atomic::Ordering;
+        loop {
+            let wait = if self.open.load(Ordering::Acquire) > 0 {
+                limit
+            } else {
+                let quiet = Duration::from_millis(self.quiet_since.load(Ordering::Acquire));
+                match limit.checked_sub(self.began.elapsed().saturating_sub(quiet)) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return,
+                }
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// One request of a connection in flight, until dropped with its answer.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn new(activity: &Arc<Activity>) -> Self {
+        activity.open.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Busy(activity.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        let at = u64::try_from(self.0.began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.quiet_since.store(at, Ordering::Release);
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer's body, counted as activity of its connection until it has been sent whole or given up.
+struct Tracked<B> {
+    body: B,
+    _busy: Busy,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 #[cfg(test)]
