@@ -537,6 +537,83 @@ async fn a_server_stream_refused_for_its_credentials_is_not_asked_for_again() {
     }
 }
 
+/// A server's request during a call (an elicitation, waiting on a person) holds up neither what the server says
+/// after it on the same reply stream (progress) nor its cancelling that very request: the satellite reads on while
+/// the client is asked, and when the server cancels its request the client is no longer asked and no answer is
+/// sent; the cancellation itself, whose id is the server's, is not passed on (a client would take it for one of its
+/// own requests). Before, the stream was not read until the client answered or the call timed out.
+#[tokio::test]
+async fn a_servers_request_during_a_call_holds_up_nothing_after_it() {
+    use satellite::mcp::transport::{Inbound, Relay};
+    use std::sync::Arc;
+    use tokio::io::AsyncWriteExt;
+    let answers = Arc::new(parking_lot::Mutex::new(Vec::<Value>::new()));
+    let finish = Arc::new(tokio::sync::Notify::new());
+    let (seen, go) = (answers.clone(), finish.clone());
+    let addr = raw_server(move |_path, body, mut socket| {
+        let (seen, go) = (seen.clone(), go.clone());
+        async move {
+            if body.get("method").is_none() && body.get("id").is_some() {
+                // An answer to the server's own request.
+                seen.lock().push(body);
+                let _ =
+                    socket.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+                return;
+            }
+            if answer_handshake(&body, &mut socket).await.is_some() {
+                return;
+            }
+            let event = |value: Value| chunk(&format!("data: {value}\n\n"));
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+            let ask = json!({"jsonrpc": "2.0", "id": "e1", "method": "elicitation/create",
+                "params": {"message": "Which one?", "requestedSchema": {"type": "object", "properties": {}}}});
+            let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                "params": {"progressToken": "t", "progress": 1}});
+            let _ = socket.write_all(format!("{head}{}{}", event(ask), event(progress)).as_bytes()).await;
+            // The person is slow: the server gives up on its question, then answers the call when told.
+            let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": "e1", "reason": "took too long"}});
+            let _ = socket.write_all(event(cancel).as_bytes()).await;
+            go.notified().await;
+            let result =
+                json!({"jsonrpc": "2.0", "id": body["id"], "result": {"content": [{"type": "text", "text": "done"}]}});
+            let _ = socket.write_all(format!("{}0\r\n\r\n", event(result)).as_bytes()).await;
+        }
+    })
+    .await;
+    let client = Arc::new(connect_http(url::Url::parse(&format!("http://{addr}/mcp")).unwrap()).await);
+    let (relay, mut inbound) = Relay::for_client(Arc::new(json!({"elicitation": {}})));
+    let calling = client.clone();
+    let call = tokio::spawn(async move {
+        let params = Some(json!({"name": "ask", "arguments": {}, "_meta": {"progressToken": "t"}}));
+        calling.request_relayed("tools/call", params, Duration::from_secs(120), Some(&relay)).await
+    });
+    let wait = Duration::from_secs(30);
+    let first = tokio::time::timeout(wait, inbound.recv()).await.ok().flatten();
+    let Some(Inbound::Request { method, reply, .. }) = first else { panic!("the elicitation") };
+    assert_eq!(method, "elicitation/create");
+    // Unanswered, the progress after it still comes.
+    let second = tokio::time::timeout(wait, inbound.recv()).await.ok().flatten();
+    let Some(Inbound::Notification { method, .. }) = second else { panic!("the progress") };
+    assert_eq!(method, "notifications/progress");
+    // The server cancelled its question: the client is no longer asked (what waits for its answer is gone).
+    wait_until(Duration::from_secs(30), "the elicitation withdrawn", || {
+        let closed = reply.is_closed();
+        async move { closed.then_some(()) }
+    })
+    .await;
+    finish.notify_one();
+    let done = call.await.unwrap().expect("the call's answer");
+    assert!(done.to_value().unwrap().to_string().contains("done"));
+    while let Ok(extra) = inbound.try_recv() {
+        if let Inbound::Notification { method, .. } = extra {
+            assert_ne!(method, "notifications/cancelled", "the server's cancellation is not passed on");
+        }
+    }
+    assert!(answers.lock().is_empty(), "no answer to a cancelled request: {:?}", answers.lock());
+    drop(reply);
+}
+
 fn chunk(text: &str) -> String {
     format!("{:x}\r\n{text}\r\n", text.len())
 }

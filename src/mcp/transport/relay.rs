@@ -102,6 +102,11 @@ impl Relay {
     /// Pass a notification on; dropped when the client is gone, or has fallen [`BACKLOG_BYTES`] behind (a client
     /// that stopped reading must not make the server's reader wait, nor cost unbounded memory).
     pub fn notify(&self, method: &str, params: Option<Value>) {
+        // A server cancels only its own requests, whose ids the client never saw (it knows them by the ids the
+        // satellite gave them): passed on, the client would take it for one of its own requests.
+        if method == "notifications/cancelled" {
+            return;
+        }
         let bytes = method.len() + params.as_ref().map_or(0, crate::mcp::payload::json_len);
         // One notification larger than the bound still goes to a client that has taken everything before it.
         let before = self.backlog.fetch_add(bytes, Ordering::Relaxed);
@@ -299,6 +304,18 @@ fn unsupported(method: &str) -> RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server's `notifications/cancelled` names one of its own requests, by an id the client never saw: it is
+    /// not passed on (on stdio and legacy SSE too), while the server's other notifications are.
+    #[tokio::test]
+    async fn a_servers_cancellation_is_not_passed_on() {
+        let (relay, mut rx) = Relay::for_client(std::sync::Arc::new(json!({})));
+        relay.notify("notifications/cancelled", Some(json!({"requestId": 1})));
+        relay.notify("notifications/progress", Some(json!({"progressToken": "t", "progress": 1})));
+        let Some(Inbound::Notification { method, .. }) = rx.recv().await else { panic!("a notification") };
+        assert_eq!(method, "notifications/progress");
+        assert!(rx.try_recv().is_err());
+    }
 
     /// A burst of notifications reaches a client that keeps up whole; one that does not read holds at most
     /// `BACKLOG_BYTES` of them, and gets room again as it reads. Before, the 65th queued notification was dropped.

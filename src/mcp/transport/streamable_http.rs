@@ -465,7 +465,8 @@ impl StreamableHttpTransport {
             };
             buffer.drain(..consumed);
             for value in parsed {
-                if let Some(answer) = self.handle_message(value, id, headers, relay, timeout).await {
+                // A JSON reply is one body: the server goes on only once its request is answered.
+                if let Some(answer) = self.handle_message(value, id, headers, relay, timeout, None).await {
                     return answer;
                 }
             }
@@ -487,8 +488,16 @@ impl StreamableHttpTransport {
         let mut last_event_id: Option<String> = None;
         let mut retry = Duration::ZERO;
         let mut resumed = 0;
+        // The server's requests on this stream are answered while it is read on.
+        let mut asks = Asks::default();
         loop {
-            while let Some(event) = events.next().await {
+            loop {
+                let event = tokio::select! {
+                    biased;
+                    Some(_) = asks.running.next(), if !asks.running.is_empty() => continue,
+                    event = events.next() => event,
+                };
+                let Some(event) = event else { break };
                 let event = event.map_err(|err| UpstreamError::Io(format!("sse stream: {err}")))?;
                 if !event.id.is_empty() {
                     last_event_id = Some(event.id.clone());
@@ -508,7 +517,7 @@ impl StreamableHttpTransport {
                     continue;
                 };
                 resumed = 0;
-                if let Some(answer) = self.handle_message(value, id, headers, relay, timeout).await {
+                if let Some(answer) = self.handle_message(value, id, headers, relay, timeout, Some(&mut asks)).await {
                     return answer;
                 }
             }
@@ -557,14 +566,18 @@ impl StreamableHttpTransport {
     }
 
     /// One message (or batch) from the reply to request `id`: its response ends the request; notifications go
-    /// to the relay; the server's own requests are answered (by the client through the relay, or locally).
-    async fn handle_message(
-        &self,
+    /// to the relay; the server's own requests are answered (by the client through the relay, or locally), each
+    /// in `asks` while the stream is read on when there is one, else before the next message is read. A server's
+    /// `notifications/cancelled` of one of its own requests stops asking the client; it is not passed on (its id
+    /// is the server's, which a client would take for one of its own requests).
+    async fn handle_message<'a>(
+        &'a self,
         value: Value,
         id: i64,
-        headers: &RequestHeaders,
-        relay: Option<&Relay>,
+        headers: &'a RequestHeaders,
+        relay: Option<&'a Relay>,
         timeout: Duration,
+        mut asks: Option<&mut Asks<'a>>,
     ) -> Option<Result<Payload, UpstreamError>> {
         let items = match value {
             Value::Array(items) => items,
@@ -575,34 +588,94 @@ impl StreamableHttpTransport {
                 Ok(Message::Response { id: RequestId::Number(n), outcome: result }) if n == id => {
                     return Some(outcome(result));
                 }
+                Ok(Message::Notification { method, params }) if method == "notifications/cancelled" => {
+                    let cancelled = params.as_ref().and_then(|p| p.get("requestId")).map(Value::to_string);
+                    if let (Some(asks), Some(cancelled)) = (asks.as_deref_mut(), cancelled) {
+                        asks.cancel(&cancelled);
+                    }
+                }
                 Ok(Message::Notification { method, params }) => {
                     if let Some(relay) = relay {
                         relay.notify(&method, params);
                     }
                 }
-                Ok(Message::Request { id: server_id, method, params }) => {
-                    // The server waits for this answer before it goes on with ours.
-                    let answer = match relay {
-                        Some(relay) => relay.ask(&method, params, timeout).await,
-                        // Within our request's own time: it waits for this answer.
-                        None => tokio::time::timeout(timeout, answer_outside(self.asker.as_ref(), &method, params))
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(RpcError::new(codes::INTERNAL_ERROR, "no client answered in time"))
-                            }),
-                    };
-                    let reply = match answer {
-                        Ok(result) => protocol::response(server_id, result),
-                        Err(err) => protocol::error_response(Some(server_id), err),
-                    };
-                    if let Err(err) = self.post(&reply, headers).await {
-                        debug!(process_id = %self.label, error = %err, "answering the server's request failed");
+                Ok(Message::Request { id: server_id, method, params }) => match asks.as_deref_mut() {
+                    // As many waiting at once as outside any request, at most: more are refused at once.
+                    Some(asks) if asks.running.len() >= MAX_OUTSIDE_ASKS => {
+                        debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
+                        let reply = protocol::error_response(Some(server_id), too_many_asks());
+                        if let Err(err) = self.post(&reply, headers).await {
+                            debug!(process_id = %self.label, error = %err, "refusing the server's request failed");
+                        }
                     }
-                }
+                    Some(asks) => {
+                        let key = serde_json::to_string(&server_id).unwrap_or_default();
+                        asks.push(
+                            key,
+                            Box::pin(self.answer_server(server_id, method, params, headers, relay, timeout)),
+                        );
+                    }
+                    None => self.answer_server(server_id, method, params, headers, relay, timeout).await,
+                },
                 _ => {}
             }
         }
         None
+    }
+
+    /// Answer a request the server made during one of ours: by the client through `relay`, within our request's
+    /// own time, else locally; the answer goes back by POST on the session.
+    async fn answer_server(
+        &self,
+        server_id: RequestId,
+        method: String,
+        params: Option<Value>,
+        headers: &RequestHeaders,
+        relay: Option<&Relay>,
+        timeout: Duration,
+    ) {
+        let answer = match relay {
+            Some(relay) => relay.ask(&method, params, timeout).await,
+            None => tokio::time::timeout(timeout, answer_outside(self.asker.as_ref(), &method, params))
+                .await
+                .unwrap_or_else(|_| Err(RpcError::new(codes::INTERNAL_ERROR, "no client answered in time"))),
+        };
+        let reply = match answer {
+            Ok(result) => protocol::response(server_id, result),
+            Err(err) => protocol::error_response(Some(server_id), err),
+        };
+        if let Err(err) = self.post(&reply, headers).await {
+            debug!(process_id = %self.label, error = %err, "answering the server's request failed");
+        }
+    }
+}
+
+/// The server's requests made on one reply stream, each answered while the stream is read on: a request waiting
+/// on a person (an elicitation) holds up neither the server's progress nor its cancelling that very request.
+/// Dropped with the stream: once our request is answered, the server's requests during it are moot.
+#[derive(Default)]
+struct Asks<'a> {
+    running: futures::stream::FuturesUnordered<futures::future::Abortable<futures::future::BoxFuture<'a, ()>>>,
+    /// By the server's id (as JSON text), to stop asking when the server cancels one.
+    by_id: std::collections::HashMap<String, futures::future::AbortHandle>,
+}
+
+impl<'a> Asks<'a> {
+    fn push(&mut self, key: String, answering: futures::future::BoxFuture<'a, ()>) {
+        let (handle, registration) = futures::future::AbortHandle::new_pair();
+        // Those of requests answered already go once none is left running.
+        if self.running.is_empty() {
+            self.by_id.clear();
+        }
+        self.by_id.insert(key, handle);
+        self.running.push(futures::future::Abortable::new(answering, registration));
+    }
+
+    /// The server no longer waits for its request `key`: no answer is sent.
+    fn cancel(&mut self, key: &str) {
+        if let Some(handle) = self.by_id.remove(key) {
+            handle.abort();
+        }
     }
 }
 
