@@ -291,10 +291,20 @@ async fn a_server_slow_to_start_holds_up_no_later_edit() {
     let config = base(DEMO_INSTALL).replace("handshake_timeout_seconds = 3", "handshake_timeout_seconds = 600");
     let sat = TestSatellite::start(&config).await;
     sat.wait_ready().await;
-    // A process that reads nothing and answers nothing: its start lasts the handshake timeout.
-    let stuck = "\n[[servers]]\nslug = \"stuck\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
-                 args = [\"-c\", \"__import__('time').sleep(900)\"]\n\
-                 [[installations]]\nid = \"i-stuck\"\nteam = \"acme\"\nserver = \"stuck\"\n";
+    // A process that reads nothing and answers nothing: its start lasts the handshake timeout. Its command line
+    // is this test run's own, to find it among the processes.
+    let marker = format!("sleep(900.{})", std::process::id());
+    let stuck = format!(
+        "\n[[servers]]\nslug = \"stuck\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
+         args = [\"-c\", \"__import__('time').{marker}\"]\n\
+         [[installations]]\nid = \"i-stuck\"\nteam = \"acme\"\nserver = \"stuck\"\n"
+    );
+    let running = |marker: &str| {
+        std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(marker))
+        })
+    };
     sat.rewrite_config(&format!("{config}{stuck}"));
     wait_status(&sat, "stuck-acme-alice-i-stuck", InstanceStatus::Connecting).await;
     let late = "\n[[installations]]\nid = \"i-late\"\nteam = \"acme\"\nserver = \"demo\"\n";
@@ -303,11 +313,12 @@ async fn a_server_slow_to_start_holds_up_no_later_edit() {
     let stuck_now =
         sat.satellite.manager().get(&ProcessId::from("stuck-acme-alice-i-stuck")).map(|i| i.status().status);
     assert_eq!(stuck_now, Some(InstanceStatus::Connecting), "the slow one is still starting");
+    assert!(running(&marker), "the slow one's process runs");
     sat.rewrite_config(&format!("{config}{late}"));
-    let gone = ProcessId::from("stuck-acme-alice-i-stuck");
-    wait_until(DEADLINE, "the slow one removed", || {
-        let present = sat.satellite.manager().get(&gone).is_some();
-        async move { (!present).then_some(()) }
+    // Its start ends at once: its process is stopped, not left to its handshake timeout.
+    wait_until(DEADLINE, "the slow one's process stopped", || {
+        let still = running(&marker);
+        async move { (!still).then_some(()) }
     })
     .await;
     assert!(sat.satellite.shutdown().await);

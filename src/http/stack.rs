@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -135,7 +134,8 @@ pub async fn serve<F>(
         .layer(PropagateRequestIdLayer::x_request_id())
         .service(rescued);
 
-    let graceful = GracefulShutdown::new();
+    // Every connection's task: the drain waits for them (each closes gracefully once the drain begins).
+    let connections = tokio_util::task::TaskTracker::new();
     // Set when the drain begins: a connection that has sent nothing yet is closed then, not waited for.
     let draining = tokio_util::sync::CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -202,10 +202,9 @@ pub async fn serve<F>(
                 Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy }))
             }
         });
-        let watcher = graceful.watcher();
         let header_read_timeout = limits.header_read_timeout;
         let drain_begun = draining.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             // A connection that sends nothing is closed like a half-sent head. hyper's header timer starts only
             // with the first byte (the auto builder first waits to tell HTTP/1 from HTTP/2), so silent
@@ -218,7 +217,7 @@ pub async fn serve<F>(
                 _ = drain_begun.cancelled() => return,
             };
             match peeked {
-                Ok(Ok(n)) if n > 0 => {}
+                Ok(Ok(n)) if n > 0 => activity.quiet_now(),
                 Ok(Ok(_)) | Ok(Err(_)) => return,
                 Err(_) => {
                     debug!(peer = %peer, "connection sent nothing within the header timeout, closed");
@@ -238,33 +237,54 @@ pub async fn serve<F>(
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service);
             // Its wakes of itself fold into its poll (wakes.rs): a request made alone no longer wakes the
             // runtime's other worker for nothing.
-            let connection = super::wakes::Coalesced::new(watcher.watch(connection.into_owned()));
+            let mut connection = super::wakes::Coalesced::new(connection.into_owned());
             // Nor does a connection with nothing in flight for the header timeout: one that has sent a byte but
             // no whole request (hyper's HTTP/1 header timer starts only once the auto builder has told HTTP/1 from
             // HTTP/2, and the HTTP/2 side has no timer at all, so one byte of the HTTP/2 preface held a place for
             // ever), or an HTTP/2 connection idle after its requests (its peer answering pings kept it open for
             // ever, where an idle HTTP/1 keep-alive connection is closed after the same timeout).
-            tokio::select! {
-                ended = connection => {
-                    if let Err(err) = ended {
-                        debug!(error = %err, "connection ended with an error");
+            // Closed gracefully (what is being sent is sent whole; HTTP/2 says GOAWAY) when the drain begins or the
+            // connection is idle; one that never sent a whole request is dropped at once, as it always was.
+            let idle = activity.idle_for(header_read_timeout);
+            tokio::pin!(idle);
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    ended = &mut connection => {
+                        if let Err(err) = ended {
+                            debug!(error = %err, "connection ended with an error");
+                        }
+                        break;
                     }
-                }
-                () = activity.idle_for(header_read_timeout) => {
-                    debug!(peer = %peer, "connection had nothing in flight for the header timeout, closed");
+                    _ = drain_begun.cancelled(), if !closing => {
+                        closing = true;
+                        connection.inner_mut().graceful_shutdown();
+                    }
+                    () = &mut idle, if !closing => {
+                        if !activity.seen.load(std::sync::atomic::Ordering::Acquire) {
+                            debug!(peer = %peer, "connection sent no whole request within the header timeout, closed");
+                            break;
+                        }
+                        debug!(peer = %peer, "connection had nothing in flight for the header timeout, closing");
+                        closing = true;
+                        connection.inner_mut().graceful_shutdown();
+                    }
                 }
             }
         });
     }
     drop(listener);
     draining.cancel();
-    graceful.shutdown().await;
+    connections.close();
+    connections.wait().await;
 }
 
 /// What one connection has in flight: requests whose answer has not ended, and when the last one ended (or the
 /// connection began).
 struct Activity {
     open: std::sync::atomic::AtomicUsize,
+    /// A whole request has come on the connection.
+    seen: std::sync::atomic::AtomicBool,
     began: Instant,
     /// Milliseconds after `began` when the connection last had nothing in flight.
     quiet_since: std::sync::atomic::AtomicU64,
@@ -274,9 +294,16 @@ impl Activity {
     fn new() -> Self {
         Self {
             open: std::sync::atomic::AtomicUsize::new(0),
+            seen: std::sync::atomic::AtomicBool::new(false),
             began: Instant::now(),
             quiet_since: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The connection is quiet from now (its first byte came: the header timeout runs from there).
+    fn quiet_now(&self) {
+        let now = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.quiet_since.store(now, std::sync::atomic::Ordering::Release);
     }
 
     /// Resolves once the connection has had nothing in flight for `limit`.
@@ -303,6 +330,7 @@ struct Busy(Arc<Activity>);
 impl Busy {
     fn new(activity: &Arc<Activity>) -> Self {
         activity.open.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        activity.seen.store(true, std::sync::atomic::Ordering::Release);
         Busy(activity.clone())
     }
 }

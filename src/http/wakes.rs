@@ -67,6 +67,11 @@ impl<F: Future> Coalesced<F> {
         let waker = Waker::from(state.clone());
         Coalesced { inner: Box::pin(inner), state, waker }
     }
+
+    /// The wrapped future, to act on it between polls (a connection's graceful shutdown).
+    pub fn inner_mut(&mut self) -> Pin<&mut F> {
+        self.inner.as_mut()
+    }
 }
 
 impl<F: Future> Future for Coalesced<F> {

@@ -190,10 +190,12 @@ impl InstanceManager {
                     inner.start(&instance).await
                 })
                 .await;
-            inner.ready_tx.send_replace(true);
         };
         if first {
             starts.await;
+            // Ready once the first configuration's instances have started (only then: a later apply arriving while
+            // they start says nothing of them).
+            inner.ready_tx.send_replace(true);
         } else {
             inner.tasks.spawn(starts);
         }

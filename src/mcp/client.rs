@@ -72,10 +72,9 @@ pub struct McpClient {
     /// The `x-mcp-header` annotations of the tools the server listed, by tool name (2026-07-28 over HTTP only: the
     /// only place their headers are sent). Tools without any are not kept.
     param_headers: parking_lot::RwLock<HashMap<String, ParamHeaders>>,
-    /// One re-listing after a `HeaderMismatch` at a time, and how many have finished: calls refused together
-    /// share one.
+    /// One re-listing after a `HeaderMismatch` at a time: calls refused together wait for each other's, and one
+    /// whose tool another's already brought up to date is retried without a listing of its own.
     relisting: tokio::sync::Mutex<()>,
-    relisted: std::sync::atomic::AtomicU64,
 }
 
 /// How many pages of `tools/list` a re-listing after a `HeaderMismatch` reads at most.
@@ -109,7 +108,6 @@ impl McpClient {
             client_info,
             param_headers: parking_lot::RwLock::default(),
             relisting: tokio::sync::Mutex::new(()),
-            relisted: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -220,7 +218,6 @@ impl McpClient {
         relay: Option<&Relay>,
     ) -> Result<Payload, UpstreamError> {
         let sent = self.mirrored(params.as_ref());
-        let relisted = self.relisted.load(std::sync::atomic::Ordering::Acquire);
         let (stamped, mut headers) = self.stamp("tools/call", params.clone());
         if let Some(modern) = headers.modern.as_mut() {
             modern.params = sent.clone();
@@ -229,17 +226,18 @@ impl McpClient {
             Err(UpstreamError::Rpc(err)) if err.code == codes::HEADER_MISMATCH => err,
             other => return other,
         };
-        {
+        // One budget for the wait and the re-listing, the call's own.
+        let tool = params.as_ref().and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
+        let relisted = tokio::time::timeout(timeout, async {
             let _one = self.relisting.lock().await;
-            // Another call's re-listing finished since this one was sent: what it learnt is current.
-            if self.relisted.load(std::sync::atomic::Ordering::Acquire) == relisted {
-                let tool = params.as_ref().and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default();
-                // One budget for the whole re-listing, the call's own.
-                if tokio::time::timeout(timeout, self.relist(tool, timeout)).await.is_err() {
-                    debug!(tool, "tools/list again after a HeaderMismatch took longer than the call may");
-                }
-                self.relisted.fetch_add(1, std::sync::atomic::Ordering::Release);
+            // Another call's re-listing brought this tool up to date meanwhile: nothing to list.
+            if self.mirrored(params.as_ref()) == sent {
+                self.relist(tool, timeout).await;
             }
+        })
+        .await;
+        if relisted.is_err() {
+            debug!(tool, "tools/list again after a HeaderMismatch took longer than the call may");
         }
         let now = self.mirrored(params.as_ref());
         if now == sent {

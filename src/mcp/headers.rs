@@ -252,15 +252,20 @@ fn annotation(path: Option<&[String]>, token: &Value, node: &Map<String, Value>)
 }
 
 /// Whether any object under `node` has an `x-mcp-header` key (walked with a stack: no recursion to overflow).
+/// Data keywords (`default`, `enum`, `const`, `examples`) are not looked into: what is there is a value, not a schema.
 fn mentions_annotation(node: &Map<String, Value>) -> bool {
-    let mut stack: Vec<&Value> = node.values().collect();
+    fn schema_values(map: &Map<String, Value>) -> impl Iterator<Item = &Value> {
+        const DATA: [&str; 4] = ["default", "enum", "const", "examples"];
+        map.iter().filter(|(key, _)| !DATA.contains(&key.as_str())).map(|(_, value)| value)
+    }
     if node.contains_key(X_MCP_HEADER) {
         return true;
     }
+    let mut stack: Vec<&Value> = schema_values(node).collect();
     while let Some(value) = stack.pop() {
         match value {
             Value::Object(map) if map.contains_key(X_MCP_HEADER) => return true,
-            Value::Object(map) => stack.extend(map.values()),
+            Value::Object(map) => stack.extend(schema_values(map)),
             Value::Array(items) => stack.extend(items),
             _ => {}
         }
@@ -440,6 +445,8 @@ mod tests {
         let nest = |leaf: Value| (0..100).fold(leaf, |deep, _| json!({"properties": {"p": deep}}));
         assert!(ParamHeaders::of(&nest(json!({"type": "string"}))).unwrap().is_empty());
         assert!(ParamHeaders::of(&nest(json!({"type": "string", "x-mcp-header": "Deep"}))).is_err());
+        let data = json!({"type": "object", "default": {"x-mcp-header": "A value"}});
+        assert!(ParamHeaders::of(&nest(data)).unwrap().is_empty(), "deep down too, data is not schema");
     }
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {

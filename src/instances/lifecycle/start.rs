@@ -51,7 +51,8 @@ impl Inner {
         async {
             let outcome = {
                 let _lifecycle = instance.lifecycle.lock().await;
-                if instance.retired.is_cancelled() {
+                // Retired meanwhile, or started already (a restart while this start waited its turn): nothing to do.
+                if instance.retired.is_cancelled() || instance.client().is_some() {
                     return;
                 }
                 self.start_locked(instance).await

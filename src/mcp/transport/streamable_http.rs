@@ -494,7 +494,10 @@ impl StreamableHttpTransport {
             loop {
                 let event = tokio::select! {
                     biased;
-                    Some(_) = asks.running.next(), if !asks.running.is_empty() => continue,
+                    Some(done) = asks.running.next(), if !asks.running.is_empty() => {
+                        asks.finished(done);
+                        continue;
+                    }
                     event = events.next() => event,
                 };
                 let Some(event) = event else { break };
@@ -527,9 +530,22 @@ impl StreamableHttpTransport {
                 return Err(UpstreamError::Protocol("the server ended its reply stream before the response".into()));
             };
             resumed += 1;
-            tokio::time::sleep(retry).await;
             debug!(process_id = %self.label, last_event_id = %event_id, "resuming the reply stream");
-            events = Events::of(self.resume(&event_id, headers).await?, MAX_MESSAGE_BYTES);
+            // The questions asked so far go on while the stream is asked for again: a server may hold its answer
+            // to the GET until the client has answered.
+            let reopened = async {
+                tokio::time::sleep(retry).await;
+                self.resume(&event_id, headers).await
+            };
+            tokio::pin!(reopened);
+            let reopened = loop {
+                tokio::select! {
+                    biased;
+                    Some(done) = asks.running.next(), if !asks.running.is_empty() => asks.finished(done),
+                    reopened = &mut reopened => break reopened,
+                }
+            };
+            events = Events::of(reopened?, MAX_MESSAGE_BYTES);
         }
     }
 
@@ -610,9 +626,14 @@ impl StreamableHttpTransport {
                     }
                     Some(asks) => {
                         let key = serde_json::to_string(&server_id).unwrap_or_default();
+                        let answering = self.answer_server(server_id, method, params, headers, relay, timeout);
+                        let done = key.clone();
                         asks.push(
                             key,
-                            Box::pin(self.answer_server(server_id, method, params, headers, relay, timeout)),
+                            Box::pin(async move {
+                                answering.await;
+                                done
+                            }),
                         );
                     }
                     None => self.answer_server(server_id, method, params, headers, relay, timeout).await,
@@ -655,20 +676,24 @@ impl StreamableHttpTransport {
 /// Dropped with the stream: once our request is answered, the server's requests during it are moot.
 #[derive(Default)]
 struct Asks<'a> {
-    running: futures::stream::FuturesUnordered<futures::future::Abortable<futures::future::BoxFuture<'a, ()>>>,
-    /// By the server's id (as JSON text), to stop asking when the server cancels one.
+    /// Each ends with its server id (as JSON text).
+    running: futures::stream::FuturesUnordered<futures::future::Abortable<futures::future::BoxFuture<'a, String>>>,
+    /// Those running, by the server's id, to stop asking when the server cancels one.
     by_id: std::collections::HashMap<String, futures::future::AbortHandle>,
 }
 
 impl<'a> Asks<'a> {
-    fn push(&mut self, key: String, answering: futures::future::BoxFuture<'a, ()>) {
+    fn push(&mut self, key: String, answering: futures::future::BoxFuture<'a, String>) {
         let (handle, registration) = futures::future::AbortHandle::new_pair();
-        // Those of requests answered already go once none is left running.
-        if self.running.is_empty() {
-            self.by_id.clear();
-        }
         self.by_id.insert(key, handle);
         self.running.push(futures::future::Abortable::new(answering, registration));
+    }
+
+    /// One ended: answered (its id no longer listed), or withdrawn (unlisted when the server cancelled it).
+    fn finished(&mut self, done: Result<String, futures::future::Aborted>) {
+        if let Ok(key) = done {
+            self.by_id.remove(&key);
+        }
     }
 
     /// The server no longer waits for its request `key`: no answer is sent.
