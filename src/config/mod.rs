@@ -407,38 +407,29 @@ impl Config {
             Some(origins) => Some(origins),
             None => Some(public.map(|u| u.origin().ascii_serialization()).into_iter().collect()),
         };
-        let max_concurrent_requests = match env::get(env, env::MAX_CONCURRENT_REQUESTS) {
-            Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                ConfigError::new(
-                    "satellite.max_concurrent_requests",
-                    Some(env::MAX_CONCURRENT_REQUESTS),
-                    format!("{v:?} is not a positive number"),
-                )
-            })?,
-            None => s.max_concurrent_requests.filter(|n| *n > 0).unwrap_or(1024),
-        };
-        let max_concurrent_requests_per_caller = match env::get(env, env::MAX_CONCURRENT_REQUESTS_PER_CALLER) {
-            Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                ConfigError::new(
-                    "satellite.max_concurrent_requests_per_caller",
-                    Some(env::MAX_CONCURRENT_REQUESTS_PER_CALLER),
-                    format!("{v:?} is not a positive number"),
-                )
-            })?,
-            None => {
-                s.max_concurrent_requests_per_caller.filter(|n| *n > 0).unwrap_or((max_concurrent_requests / 8).max(1))
+        // A count from the environment (refused unless a positive number), else the file's when positive.
+        let count = |key: &str, var: &'static str, file: Option<usize>| -> Result<Option<usize>, ConfigError> {
+            match env::get(env, var) {
+                Some(v) => v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .map(Some)
+                    .ok_or_else(|| ConfigError::new(key, Some(var), format!("{v:?} is not a positive number"))),
+                None => Ok(file.filter(|n| *n > 0)),
             }
         };
-        let max_connections = match env::get(env, env::MAX_CONNECTIONS) {
-            Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                ConfigError::new(
-                    "satellite.max_connections",
-                    Some(env::MAX_CONNECTIONS),
-                    format!("{v:?} is not a positive number"),
-                )
-            })?,
-            None => s.max_connections.filter(|n| *n > 0).unwrap_or_else(default_max_connections),
-        };
+        let max_concurrent_requests =
+            count("satellite.max_concurrent_requests", env::MAX_CONCURRENT_REQUESTS, s.max_concurrent_requests)?
+                .unwrap_or(1024);
+        let max_concurrent_requests_per_caller = count(
+            "satellite.max_concurrent_requests_per_caller",
+            env::MAX_CONCURRENT_REQUESTS_PER_CALLER,
+            s.max_concurrent_requests_per_caller,
+        )?
+        .unwrap_or((max_concurrent_requests / 8).max(1));
+        let max_connections = count("satellite.max_connections", env::MAX_CONNECTIONS, s.max_connections)?
+            .unwrap_or_else(default_max_connections);
         let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
         let drain = seconds("satellite.drain_seconds", env::DRAIN, s.drain_seconds, 10)?;
         let retention_days = seconds(

@@ -154,3 +154,21 @@ fn a_file_past_the_size_bound_is_refused() {
     let err = file::read_text(&path).unwrap_err().to_string();
     assert!(err.contains("larger than 32 MiB"), "{err}");
 }
+
+/// A member's share of the request places: an eighth of them unless set, from the file or the environment, and a
+/// value that is not a positive number is refused with its key.
+#[test]
+fn the_per_caller_share_follows_the_places_unless_set() {
+    let c = build(&[], Flags::default(), "").unwrap();
+    assert_eq!((c.max_concurrent_requests, c.max_concurrent_requests_per_caller), (1024, 128));
+    let c = build(&[("SATELLITE_MAX_CONCURRENT_REQUESTS", "16")], Flags::default(), "").unwrap();
+    assert_eq!(c.max_concurrent_requests_per_caller, 2);
+    let c = build(&[], Flags::default(), "[satellite]\nmax_concurrent_requests = 4\n").unwrap();
+    assert_eq!(c.max_concurrent_requests_per_caller, 1, "never none");
+    let file = "[satellite]\nmax_concurrent_requests_per_caller = 7\n";
+    assert_eq!(build(&[], Flags::default(), file).unwrap().max_concurrent_requests_per_caller, 7);
+    let set = [("SATELLITE_MAX_CONCURRENT_REQUESTS_PER_CALLER", "9")];
+    assert_eq!(build(&set, Flags::default(), file).unwrap().max_concurrent_requests_per_caller, 9);
+    let err = build(&[("SATELLITE_MAX_CONCURRENT_REQUESTS_PER_CALLER", "0")], Flags::default(), "").unwrap_err();
+    assert!(err.to_string().contains("satellite.max_concurrent_requests_per_caller"), "{err}");
+}
