@@ -981,7 +981,8 @@ async fn a_stranger_trickling_a_body_holds_no_place() {
 
 /// One member cannot take the places everyone shares: alice's requests hold at most
 /// `max_concurrent_requests_per_caller` of them, counted across `/mcp` and her instance endpoints. Past that hers are
-/// refused at once (429, with `Retry-After`), while bob is served; a place she gives back is hers again. Before,
+/// refused at once (429, with `Retry-After`), while bob is served, and a cancellation of hers still gets through;
+/// a place she gives back is hers again. Before,
 /// two bodies trickled in with her token held two of the three places for the request timeout, and a third user
 /// got 503.
 #[tokio::test]
@@ -1023,6 +1024,11 @@ async fn a_caller_holds_at_most_its_own_share_of_the_places() {
     assert!(body["error"]["message"].as_str().unwrap_or_default().contains("2 requests of this caller"), "{body}");
     let (status, _, reply) = Caller::new(&sat, "/mcp", Some(BOB)).post_modern(&list).await;
     assert_eq!(status, StatusCode::OK, "bob is served: {reply}");
+    // At her limit, she may still cancel a call: a small body holding no request takes a spare place.
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});
+    assert_eq!(alice.send_modern(&cancel).await.status(), StatusCode::ACCEPTED, "a cancellation gets through");
+    assert_eq!(alice.send_modern(&list).await.status(), StatusCode::TOO_MANY_REQUESTS, "a request still does not");
     drop(trickling.pop());
     wait_until(DEADLINE, "alice served once a place is hers again", || {
         let (alice, list) = (&alice, &list);

@@ -10,6 +10,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+/// Places past its limit a caller may hold for bodies that hold no request.
+pub const SPARE: usize = 4;
+/// The largest body a spare place is taken for.
+pub const SPARE_BODY_BYTES: u64 = 4096;
+
 /// The places of every caller; cheap to clone.
 #[derive(Clone)]
 pub struct CallerLimits {
@@ -39,9 +44,19 @@ impl CallerLimits {
 
     /// A place for `caller`, or `None` when it holds all of its own already.
     pub fn take(&self, caller: String) -> Option<Place> {
+        self.take_of(caller, self.inner.max)
+    }
+
+    /// At its limit, one of [`SPARE`] more places a caller may hold, for a small body that turns out to hold no
+    /// request (a cancellation, an answer to a server's question): the caller checks what the body held.
+    pub fn take_spare(&self, caller: &str) -> Option<Place> {
+        self.take_of(format!("spare\u{0}{caller}"), SPARE)
+    }
+
+    fn take_of(&self, caller: String, max: usize) -> Option<Place> {
         let mut held = self.inner.held.lock();
         match held.get_mut(&caller) {
-            Some(n) if *n >= self.inner.max => return None,
+            Some(n) if *n >= max => return None,
             Some(n) => *n += 1,
             None => {
                 held.insert(caller.clone(), 1);
@@ -82,6 +97,9 @@ mod tests {
         let bob = take("bob").expect("another caller is not held back");
         drop(a);
         assert_eq!(limits.held("alice"), 1);
+        let spares: Vec<_> = (0..SPARE).map(|_| limits.take_spare("alice").expect("a spare place")).collect();
+        assert!(limits.take_spare("alice").is_none(), "spare places are few");
+        drop(spares);
         let c = take("alice").expect("a place given back is taken again");
         drop((b, c, bob));
         assert_eq!((limits.held("alice"), limits.held("bob")), (0, 0));
