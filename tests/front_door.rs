@@ -2353,7 +2353,6 @@ async fn ends(stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::B
 /// requests to a caller the satellite no longer admits.
 #[tokio::test]
 async fn streams_end_once_their_credential_no_longer_admits_the_caller() {
-    use futures::StreamExt;
     let sat = with_paged().await;
     let alice = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
     let bob = Caller::connect(&sat, "/mcp", Some(BOB)).await;
@@ -2379,9 +2378,12 @@ async fn streams_end_once_their_credential_no_longer_admits_the_caller() {
     assert!(ends(&mut alice_get).await, "alice's GET stream ends");
     assert!(ends(&mut alice_sse).await, "alice's legacy SSE stream ends");
     assert!(ends(&mut alice_listen).await, "alice's listen ends");
-    // Bob's token is as it was: his stream is still open (it sends nothing until something changes).
-    let bob_next = tokio::time::timeout(Duration::from_millis(300), bob_get.next()).await;
-    assert!(!matches!(bob_next, Ok(None)), "bob's stream stays open");
+    // Bob's token is as it was: his stream is still open, and hears his own lists change (one more server
+    // installed for the team).
+    let for_bob = "\n[[installations]]\nid = \"i-paged-2\"\nteam = \"acme\"\nserver = \"paged\"\n";
+    sat.rewrite_config(&format!("{revoked}{for_bob}"));
+    let mut heard = String::new();
+    assert!(hear(&mut bob_get, &mut heard, |h| h.contains("list_changed")).await, "bob's stream stays open: {heard}");
     let (status, _) = bob.call("tools/list", json!({})).await;
     assert_eq!(status, StatusCode::OK);
     assert!(sat.satellite.shutdown().await);

@@ -83,7 +83,7 @@ impl Target {
     pub fn session_owner(&self) -> String {
         match self {
             Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
-                format!("{}\u{0}{}", caller.user, caller.team)
+                super::callers::member_key(caller.user.as_str(), caller.team.as_str())
             }
             Target::Instance(instance) => super::session::instance_owner(&instance.spec().process_id),
         }
@@ -94,9 +94,11 @@ impl Target {
     pub fn caller(&self) -> String {
         match self {
             Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
-                format!("{}\u{0}{}", caller.user, caller.team)
+                super::callers::member_key(caller.user.as_str(), caller.team.as_str())
             }
-            Target::Instance(instance) => format!("{}\u{0}{}", instance.spec().user_id, instance.spec().team_id),
+            Target::Instance(instance) => {
+                super::callers::member_key(instance.spec().user_id.as_str(), instance.spec().team_id.as_str())
+            }
         }
     }
 

@@ -255,7 +255,7 @@ async fn open(
         transport: "sse",
         ip_address: ip,
     };
-    let user_key = format!("{}\u{0}{}", connected_user.0, team_id);
+    let user_key = super::callers::member_key(connected_user.as_str(), &team_id);
     let reported = match sessions.reported.allow(&user_key, Instant::now()) {
         Some(held) => {
             if held > 0 {
@@ -308,7 +308,7 @@ async fn message(
     // One of the caller's places (`http::callers`), shared with its `/mcp` requests.
     let _place = deps
         .callers
-        .take(format!("{}\u{0}{}", caller.user, caller.team))
+        .take(super::callers::member_key(caller.user.as_str(), caller.team.as_str()))
         .ok_or(McpError::CallerBusy { limit: deps.callers.max() })?;
     // Read once, after authentication: counted for activity here, answered below (or refused as unreadable there).
     let body = body.read().await?;
