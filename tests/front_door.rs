@@ -1938,6 +1938,76 @@ async fn a_servers_request_outside_any_call_is_answered_by_its_members_client() 
     assert!(sat.satellite.shutdown().await);
 }
 
+/// The JSON-RPC messages of an SSE text heard so far.
+fn heard_messages(heard: &str) -> Vec<Value> {
+    heard
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .collect()
+}
+
+/// Read `stream` into `heard` until a message `wanted` is among its messages; that message.
+async fn hear_message(
+    stream: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    heard: &mut String,
+    what: &str,
+    wanted: impl Fn(&Value) -> bool,
+) -> Value {
+    let find = |heard: &str| heard_messages(heard).into_iter().find(|message| wanted(message));
+    hear(stream, heard, |heard| find(heard).is_some()).await;
+    find(heard).unwrap_or_else(|| panic!("no {what} on the stream: {heard}"))
+}
+
+/// A server that withdraws its request to the client (`notifications/cancelled`) while its call runs: the
+/// client hears on the call's stream, under the id it knows and while the call is still held, that it
+/// need not answer; an answer it sends anyway does not reach the server. The same for a request made outside any
+/// call, on the session's GET stream. Before, the client was never told: its user was still asked (until the
+/// satellite's own 300 s wait ran out) and the late answer went to the server.
+#[tokio::test]
+async fn a_request_the_server_withdraws_is_withdrawn_from_the_client() {
+    let sat = with_asks().await;
+    let path = format!("/i/alice-asks/mcp?token={}", instance_token("alice-asks"));
+    let direct =
+        Caller::connect_with(&sat, &path, None, json!({"elicitation": {}, "roots": {"listChanged": true}})).await;
+    let call = json!({"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"withdraw","arguments":{}}});
+    let response = direct.send(call.to_string(), &[]).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut stream = Box::pin(response.bytes_stream());
+    let mut heard = String::new();
+    let is_request = |m: &Value| m["method"] == "elicitation/create" && m.get("id").is_some();
+    let request = hear_message(&mut stream, &mut heard, "the elicitation", is_request).await;
+    let retracted = direct.tool("retract", json!({})).await;
+    assert!(retracted.to_string().contains("retracted 1"), "{retracted}");
+    let withdrawal = |m: &Value| m["method"] == "notifications/cancelled";
+    let note = hear_message(&mut stream, &mut heard, "the withdrawal", withdrawal).await;
+    assert_eq!(note["params"]["requestId"], request["id"], "{note}");
+    assert!(!heard_messages(&heard).iter().any(|m| m["id"] == 11), "the call is still held: {heard}");
+
+    // The client answers anyway: nothing waits for it, and the server hears nothing.
+    let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"action":"decline"}});
+    let (status, text) = direct.post_text(&answer).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    let released = direct.tool("release", json!({})).await;
+    assert!(released.to_string().contains(r#"{\"late answers\": []}"#), "{released}");
+    let last = hear_message(&mut stream, &mut heard, "the call's answer", |m| m["id"] == 11).await;
+    assert!(last.to_string().contains("released"), "{last}");
+
+    // Outside any call: the server asks for the roots when told they changed, then withdraws that.
+    let mut on_get = get_stream(&sat, &path, direct.session.as_deref().expect("a session")).await;
+    let changed = json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"});
+    let (status, text) = direct.post_text(&changed).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    let mut heard = String::new();
+    let is_request = |m: &Value| m["method"] == "roots/list" && m.get("id").is_some();
+    let request = hear_message(&mut on_get, &mut heard, "the roots request", is_request).await;
+    let retracted = direct.tool("retract", json!({})).await;
+    assert!(retracted.to_string().contains("retracted 1"), "{retracted}");
+    let note = hear_message(&mut on_get, &mut heard, "the withdrawal", withdrawal).await;
+    assert_eq!(note["params"]["requestId"], request["id"], "{note}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// Answer the server's `roots/list` with one root.
 async fn answer_roots(caller: &Caller, request: &Value, uri: &str) {
     let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"roots":[{"uri":uri,"name":"work"}]}});

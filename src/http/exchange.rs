@@ -31,7 +31,9 @@ type Reply_ = oneshot::Sender<Result<Value, RpcError>>;
 /// Pending server requests and cancellable calls of one session table, keyed by session (scope) and id.
 #[derive(Debug, Default)]
 pub struct Exchange {
-    replies: Mutex<HashMap<String, Reply_>>,
+    /// Where a client's answer to a server request goes, by session and the id the client knows: to the task that
+    /// passes it on to the server's asker, or tells the client the server no longer waits ([`Withdrawn`]).
+    replies: Arc<Mutex<HashMap<String, Reply_>>>,
     calls: Mutex<Calls>,
     /// 2026-07-28 calls waiting for the client's retry with answers, by the handle in their `requestState`.
     parked: Mutex<HashMap<String, Parked>>,
@@ -149,6 +151,44 @@ enum Taken {
     Park(Asked),
 }
 
+/// Where a client stream hears that a server request it carried no longer waits for an answer (the server
+/// withdrew it, or the asker gave up: the call ended, or the client was too slow): the `notifications/cancelled`
+/// the satellite sends the client under the id the client knows, so that it stops asking its user. Cheap to clone.
+#[derive(Clone)]
+pub struct Withdrawn(Arc<dyn Fn(Value) + Send + Sync>);
+
+impl Withdrawn {
+    /// `tell` puts the notification on the client's stream.
+    pub fn new(tell: impl Fn(Value) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(tell))
+    }
+
+    /// One that puts the notification on a channel whose receiving end the stream reads.
+    pub fn channel() -> (Self, mpsc::UnboundedReceiver<Value>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self::new(move |note| drop(tx.send(note))), rx)
+    }
+}
+
+impl std::fmt::Debug for Withdrawn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Withdrawn")
+    }
+}
+
+/// A server request the client was asked under `id` (in the exchange's table under `key`), for a stream that,
+/// once its call has ended, tells the client about those still unanswered ([`Exchange::withdraw`]).
+#[derive(Debug)]
+pub struct AskedOf {
+    key: String,
+    id: String,
+}
+
+/// The `notifications/cancelled` that tells a client not to answer its request `id`.
+fn cancelled(id: &str, reason: &str) -> Value {
+    protocol::notification("notifications/cancelled", Some(json!({"requestId": id, "reason": reason})))
+}
+
 /// `requestState` of a call the satellite parked (the rest is a random handle, bound to the caller).
 const STATE_PREFIX: &str = "io.deploystack.satellite/parked/";
 /// How long a parked call waits for the client's retry at most (the server's own wait usually ends first).
@@ -170,24 +210,65 @@ fn key(scope: &str, id: &impl std::fmt::Display) -> String {
 
 impl Exchange {
     /// Turn a message from upstream into the JSON-RPC message the client sees; a request is registered under a
-    /// fresh id, its answer awaited by `reply`.
-    pub fn outbound(&self, scope: &str, request: &RequestId, inbound: Inbound) -> Value {
+    /// fresh id, its answer awaited by `reply`. Should the asker stop waiting before the client answers,
+    /// `withdrawn` is told, to tell the client; the stream that carries the request may also tell it itself, once
+    /// its call has ended, through the [`AskedOf`] returned.
+    pub fn outbound(
+        &self,
+        scope: &str,
+        request: &RequestId,
+        inbound: Inbound,
+        withdrawn: &Withdrawn,
+    ) -> (Value, Option<AskedOf>) {
         match inbound {
-            Inbound::Notification { method, mut params, .. } => {
-                if let Some(params) = params.as_mut() {
-                    protocol::retag_subscription(params, request);
-                }
-                message(None, &method, params)
-            }
-            Inbound::Request { method, params, reply } => {
+            Inbound::Notification { method, params, .. } => (notification_out(request, &method, params), None),
+            Inbound::Request { method, params, mut reply } => {
                 let id = format!("satellite-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
-                let mut replies = self.replies.lock();
-                // Requests whose asker gave up (timed out, client gone) are dropped here, keeping the map bounded.
-                replies.retain(|_, waiting| !waiting.is_closed());
-                replies.insert(key(scope, &id), reply);
-                message(Some(json!(id)), &method, params)
+                let key = key(scope, &id);
+                let (answer, answered) = oneshot::channel();
+                {
+                    let mut replies = self.replies.lock();
+                    // Requests whose passer ended (answered or withdrawn) are dropped here, keeping the map bounded.
+                    replies.retain(|_, waiting| !waiting.is_closed());
+                    replies.insert(key.clone(), answer);
+                }
+                // Passes the client's answer on, or, when the asker stops waiting first, takes the request out of
+                // the table and tells the client. It ends with one or the other: the asker's wait is bounded.
+                let (replies, watched, told, id_) = (self.replies.clone(), key.clone(), withdrawn.clone(), id.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        answer = answered => {
+                            if let Ok(answer) = answer {
+                                let _ = reply.send(answer);
+                            }
+                        }
+                        _ = reply.closed() => {
+                            // Told under the lock: a stream that finds the request gone from the table finds this
+                            // word on its channel already (`Streaming::withdraw_all`).
+                            let mut replies = replies.lock();
+                            if replies.remove(&watched).is_some() {
+                                (told.0)(cancelled(&id_, "the server no longer waits for an answer"));
+                            }
+                        }
+                    }
+                });
+                (message(Some(json!(id)), &method, params), Some(AskedOf { key, id }))
             }
         }
+    }
+
+    /// Whether the request is still unanswered.
+    pub fn waits(&self, asked: &AskedOf) -> bool {
+        self.replies.lock().contains_key(&asked.key)
+    }
+
+    /// A stream's call has ended: the server's requests it carried that are still unanswered are moot. Each is
+    /// taken out of the table (its asker told the client is gone) and the `notifications/cancelled` that tells the
+    /// client returned, to go before the call's answer; `None` when it was answered or withdrawn already.
+    pub fn withdraw(&self, asked: &AskedOf) -> Option<Value> {
+        let waiting = self.replies.lock().remove(&asked.key)?;
+        drop(waiting);
+        Some(cancelled(&asked.id, "the request it was asked for has ended"))
     }
 
     /// Shutdown: long-lived streams end now, with their final response.
@@ -353,7 +434,7 @@ impl Exchange {
                     self.untrack(&tracked);
                     // What the server said just before its answer (a progress or log line, then the result at
                     // once) is in the channel already, though the call won the race: it still goes first.
-                    let said = self.said_before(&mode, &scope, &id, &mut rx);
+                    let said = self.said_before(&mode, &id, &mut rx);
                     if said.is_empty() {
                         return Answer::Done(outcome(done));
                     }
@@ -376,6 +457,7 @@ impl Exchange {
         waiting.disarm();
         // Answered already (above): the stream is what was queued, and nothing more.
         let answered = finish.is_none();
+        let (withdrawn, withdrawals) = Withdrawn::channel();
         let mut state = Streaming {
             queue,
             rx: Some(rx).filter(|_| !answered),
@@ -385,9 +467,12 @@ impl Exchange {
             scope,
             request: id,
             mode,
+            withdrawn,
+            withdrawals,
+            asked: Vec::new(),
         };
         if let Some(inbound) = first {
-            let message = state.exchange.outbound(&state.scope, &state.request, inbound);
+            let message = state.outbound(inbound);
             state.queue.push_back(message);
         }
         let events = futures::stream::unfold(state, |mut state| async move {
@@ -400,17 +485,14 @@ impl Exchange {
 
     /// The notifications a finished call's server sent before its answer, as the client sees them. A request
     /// still queued is dropped with the call that made it (its asker is gone), as on a stream ([`Streaming`]).
-    fn said_before(
-        &self,
-        mode: &Mode,
-        scope: &str,
-        request: &RequestId,
-        rx: &mut mpsc::Receiver<Inbound>,
-    ) -> Vec<Value> {
+    fn said_before(&self, mode: &Mode, request: &RequestId, rx: &mut mpsc::Receiver<Inbound>) -> Vec<Value> {
         let mut said = Vec::new();
         while let Ok(inbound) = rx.try_recv() {
-            if matches!(inbound, Inbound::Notification { .. }) && heard(mode, &inbound) {
-                said.push(self.outbound(scope, request, inbound));
+            if !heard(mode, &inbound) {
+                continue;
+            }
+            if let Inbound::Notification { method, params, .. } = inbound {
+                said.push(notification_out(request, &method, params));
             }
         }
         said
@@ -503,6 +585,12 @@ struct Streaming<Fin> {
     /// The client's id for the request this stream answers.
     request: RequestId,
     mode: Mode,
+    /// Told when a server request this stream carried no longer waits for the client's answer...
+    withdrawn: Withdrawn,
+    /// ...which the stream hears here and passes on.
+    withdrawals: mpsc::UnboundedReceiver<Value>,
+    /// The server requests this stream carried; those unanswered when the call ends are withdrawn then.
+    asked: Vec<AskedOf>,
 }
 
 impl<Fin> Drop for Streaming<Fin> {
@@ -531,6 +619,33 @@ impl Drop for AbortOnDrop {
     }
 }
 
+impl<Fin> Streaming<Fin> {
+    /// A message from upstream for this stream's client; a request is remembered, to be withdrawn if unanswered
+    /// when the call ends.
+    fn outbound(&mut self, inbound: Inbound) -> Value {
+        let (message, asked) = self.exchange.outbound(&self.scope, &self.request, inbound, &self.withdrawn);
+        if let Some(asked) = asked {
+            // Those answered or withdrawn already are forgotten, so a long stream keeps no more than it waits on.
+            self.asked.retain(|asked| self.exchange.waits(asked));
+            self.asked.push(asked);
+        }
+        message
+    }
+
+    /// The call has ended: the client is told of each server request it was asked that is now moot, before the
+    /// call's answer.
+    fn withdraw_all(&mut self) {
+        for asked in std::mem::take(&mut self.asked) {
+            if let Some(note) = self.exchange.withdraw(&asked) {
+                self.queue.push_back(note);
+            }
+        }
+        while let Ok(note) = self.withdrawals.try_recv() {
+            self.queue.push_back(note);
+        }
+    }
+}
+
 impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
     /// The next message for the client: queued ones, then whatever the server sends, then the answer (or, when
     /// the server asks a 2026-07-28 client something, an `input_required` result, the call parked).
@@ -555,6 +670,7 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
             let (inbound, done) = match self.rx.as_mut() {
                 Some(rx) => tokio::select! {
                     biased;
+                    Some(note) = self.withdrawals.recv() => return Some(note),
                     _ = async { tokio::select! { _ = closing.cancelled() => {}, _ = ended => {} } }, if long_lived => {
                         // The satellite is stopping, or the caller's credential was revoked: end the subscription
                         // as the spec says a server does.
@@ -573,13 +689,15 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
                     },
                     done = &mut *call => (None, Some(done)),
                 },
-                None => (None, Some(call.await)),
+                None => tokio::select! {
+                    biased;
+                    Some(note) = self.withdrawals.recv() => return Some(note),
+                    done = &mut *call => (None, Some(done)),
+                },
             };
             if let Some(inbound) = inbound {
                 match self.exchange.take_up(&self.mode, inbound) {
-                    Taken::Stream(inbound) => {
-                        return Some(self.exchange.outbound(&self.scope, &self.request, inbound));
-                    }
+                    Taken::Stream(inbound) => return Some(self.outbound(inbound)),
                     Taken::Answered => continue,
                     Taken::Park(asked) => {
                         let (call, rx) = (self.call.take()?, self.rx.take()?);
@@ -590,11 +708,12 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
             }
             let done = done?;
             self.call = None;
-            // Messages sent before the result still go first.
+            // Messages sent before the result still go first, and then word of the server's requests now moot.
             if let Some(mut rx) = self.rx.take() {
-                let said = self.exchange.said_before(&self.mode, &self.scope, &self.request, &mut rx);
+                let said = self.exchange.said_before(&self.mode, &self.request, &mut rx);
                 self.queue.extend(said);
             }
+            self.withdraw_all();
             let finish = self.finish.take()?;
             self.queue.push_back(finish(outcome(done)));
             return self.queue.pop_front();
@@ -623,6 +742,14 @@ pub fn response_message(id: RequestId, outcome: Result<Payload, RouteError>) -> 
             protocol::error_response(Some(id), RpcError::new(codes::INVALID_REQUEST, err.to_string()))
         }
     }
+}
+
+/// A server's notification as the client of `request` sees it.
+fn notification_out(request: &RequestId, method: &str, mut params: Option<Value>) -> Value {
+    if let Some(params) = params.as_mut() {
+        protocol::retag_subscription(params, request);
+    }
+    message(None, method, params)
 }
 
 fn message(id: Option<Value>, method: &str, params: Option<Value>) -> Value {

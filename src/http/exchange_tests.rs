@@ -7,10 +7,12 @@ async fn answers_reach_the_request_that_asked_and_only_in_its_session() {
     let exchange = Exchange::default();
     let (reply, answer) = oneshot::channel();
     let asker = RequestId::Number(1);
-    let out = exchange.outbound(
+    let (withdrawn, _) = Withdrawn::channel();
+    let (out, _) = exchange.outbound(
         "s1",
         &asker,
         Inbound::Request { method: "sampling/createMessage".into(), params: None, reply },
+        &withdrawn,
     );
     let id = RequestId::String(out["id"].as_str().unwrap().to_owned());
     assert_eq!(out["method"], "sampling/createMessage");
@@ -18,6 +20,70 @@ async fn answers_reach_the_request_that_asked_and_only_in_its_session() {
     assert!(exchange.deliver("s1", &id, Ok(json!({"ok": true}))));
     assert_eq!(answer.await.unwrap().unwrap()["ok"], true);
     assert!(!exchange.deliver("s1", &id, Ok(json!({}))), "answered once");
+}
+
+/// A server request whose asker stops waiting before the client answers (the server withdrew it, or gave up) is
+/// taken out of the table, and the client's stream is told, under the id the client knows, that it need not
+/// answer; an answer that comes anyway reaches nobody. Before, the client was never told: its user was still
+/// asked, and the late answer dropped.
+#[tokio::test]
+async fn a_request_the_asker_gives_up_on_is_withdrawn_from_the_client() {
+    let exchange = Exchange::default();
+    let (reply, answer) = oneshot::channel();
+    let (withdrawn, mut withdrawals) = Withdrawn::channel();
+    let request = Inbound::Request { method: "elicitation/create".into(), params: None, reply };
+    let (out, asked) = exchange.outbound("s1", &RequestId::Number(1), request, &withdrawn);
+    let asked = asked.expect("a request is remembered");
+    assert!(exchange.waits(&asked));
+    drop(answer);
+    let note = tokio::time::timeout(Duration::from_secs(5), withdrawals.recv()).await.expect("told").expect("a note");
+    assert_eq!(note["method"], "notifications/cancelled", "{note}");
+    assert_eq!(note["params"]["requestId"], out["id"], "{note}");
+    assert!(!exchange.waits(&asked));
+    let id = RequestId::String(out["id"].as_str().unwrap().to_owned());
+    assert!(!exchange.deliver("s1", &id, Ok(json!({}))), "nothing waits for a late answer");
+    assert!(exchange.withdraw(&asked).is_none(), "told once");
+}
+
+/// A request answered in time is not withdrawn: the client hears nothing more of it.
+#[tokio::test]
+async fn an_answered_request_is_not_withdrawn() {
+    let exchange = Exchange::default();
+    let (reply, answer) = oneshot::channel();
+    let (withdrawn, mut withdrawals) = Withdrawn::channel();
+    let request = Inbound::Request { method: "roots/list".into(), params: None, reply };
+    let (out, asked) = exchange.outbound("s1", &RequestId::Number(1), request, &withdrawn);
+    let id = RequestId::String(out["id"].as_str().unwrap().to_owned());
+    assert!(exchange.deliver("s1", &id, Ok(json!({"roots": []}))));
+    assert_eq!(answer.await.unwrap().unwrap(), json!({"roots": []}));
+    assert!(exchange.withdraw(&asked.unwrap()).is_none());
+    drop(withdrawn);
+    assert!(withdrawals.recv().await.is_none(), "no word of a withdrawal");
+}
+
+/// A call that ends while the server's request to the client is unanswered (here the call gives up on it) ends
+/// its stream with word that the request is withdrawn, before the call's answer.
+#[tokio::test]
+async fn a_stream_tells_its_client_of_a_request_left_unanswered_before_the_answer() {
+    let exchange = Arc::new(Exchange::default());
+    let (go, go_rx) = oneshot::channel::<()>();
+    let gives_up = move |relay: Relay| async move {
+        tokio::select! {
+            _ = relay.ask("elicitation/create", None, Duration::from_secs(60)) => {}
+            _ = go_rx => {}
+        }
+        Ok::<_, RouteError>(json!({"ok": true}).into())
+    };
+    let caps = Mode::Handshake { capabilities: std::sync::Arc::new(json!({"elicitation": {}})) };
+    let answer = exchange.respond("s".into(), RequestId::Number(3), caps, gives_up, echo_finish).await;
+    let Answer::Streamed(response) = answer else { panic!("the server spoke first") };
+    let _ = go.send(());
+    let messages = sse_messages(response).await;
+    let [request, note, last] = &messages[..] else { panic!("three messages: {messages:?}") };
+    assert_eq!(request["method"], "elicitation/create");
+    assert_eq!(note["method"], "notifications/cancelled", "{messages:?}");
+    assert_eq!(note["params"]["requestId"], request["id"], "{messages:?}");
+    assert_eq!(last["result"]["ok"], true, "{messages:?}");
 }
 
 fn stateless(capabilities: Value, owner: &str) -> Mode {

@@ -24,7 +24,7 @@ use super::audit::finish;
 use super::body::Unread;
 use super::dispatch::Target;
 use super::error::McpError;
-use super::exchange::{response_message, Exchange};
+use super::exchange::{response_message, Exchange, Withdrawn};
 use super::identity::Identity;
 use super::stack::PeerAddr;
 use super::{json_response, McpDeps};
@@ -428,10 +428,11 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
     session.seat = Some(deps.manager.seats().take(owner, None, relay));
     // The stream ends when its session goes: this task holds it only while forwarding one request.
     let (stream, exchange, scope) = (session.events.downgrade(), sessions.exchange.clone(), id.to_owned());
+    let withdrawn = withdrawn_to(stream.clone());
     tokio::spawn(async move {
         while let Some(inbound) = asks.recv().await {
             let Some(events) = stream.upgrade() else { break };
-            let message = exchange.outbound(&scope, &protocol::RequestId::Number(0), inbound);
+            let (message, _) = exchange.outbound(&scope, &protocol::RequestId::Number(0), inbound, &withdrawn);
             // A stream the client stopped reading is not waited on for long (nor kept open by this wait): the
             // request then goes unanswered and the server gets its timeout's error.
             let event = warp::sse::Event::default().event("message").data(message.to_string());
@@ -440,6 +441,15 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
             }
         }
     });
+}
+
+/// Word that a server request no longer waits for its answer goes on the legacy stream, if it has room.
+fn withdrawn_to(events: mpsc::WeakSender<warp::sse::Event>) -> Withdrawn {
+    Withdrawn::new(move |note| {
+        if let Some(events) = events.upgrade() {
+            let _ = events.try_send(warp::sse::Event::default().event("message").data(note.to_string()));
+        }
+    })
 }
 
 /// How long a message waits for room on a legacy stream before the client is taken to have stopped reading.
@@ -508,6 +518,9 @@ impl RelayedCall {
             let call = target.dispatch(&self.deps, Some(&self.scope), &method, params, Some(&relay));
             tokio::pin!(call);
             let mut asked_tx = Some(asked_tx);
+            let withdrawn = withdrawn_to(self.events.downgrade());
+            // The server's requests this call's stream carried: those still unanswered when it ends are withdrawn.
+            let mut carried = Vec::new();
             // False once the client has left or stopped reading: what the server says is no longer forwarded (a
             // request of its goes unanswered, its asker told the client is gone), and the call runs on to its
             // end, as a disconnected client's does, instead of waiting on the stream for ever with its slot on
@@ -526,7 +539,12 @@ impl RelayedCall {
                                 let _ = tx.send(());
                             }
                         }
-                        let message = self.sessions.exchange.outbound(&self.scope, &request_id, inbound);
+                        let (message, asked) =
+                            self.sessions.exchange.outbound(&self.scope, &request_id, inbound, &withdrawn);
+                        if let Some(asked) = asked {
+                            carried.retain(|asked| self.sessions.exchange.waits(asked));
+                            carried.push(asked);
+                        }
                         let event = warp::sse::Event::default().event("message").data(message.to_string());
                         if !send_or_give_up(&self.events, event).await {
                             forwarding = false;
@@ -538,9 +556,18 @@ impl RelayedCall {
             if !forwarding {
                 return Ended::StreamClosed;
             }
+            // What the server said just before its answer; its requests are moot now, the call having ended.
             while let Ok(inbound) = rx.try_recv() {
-                let message = self.sessions.exchange.outbound(&self.scope, &request_id, inbound);
+                let Inbound::Notification { .. } = inbound else { continue };
+                let (message, _) = self.sessions.exchange.outbound(&self.scope, &request_id, inbound, &withdrawn);
                 let event = warp::sse::Event::default().event("message").data(message.to_string());
+                if !send_or_give_up(&self.events, event).await {
+                    return self.stream_closed();
+                }
+            }
+            for asked in carried {
+                let Some(note) = self.sessions.exchange.withdraw(&asked) else { continue };
+                let event = warp::sse::Event::default().event("message").data(note.to_string());
                 if !send_or_give_up(&self.events, event).await {
                     return self.stream_closed();
                 }

@@ -244,16 +244,29 @@ async def test_log_messages_reach_the_client(satellite):
             await execute(client, "toggle-simulated-logging", {})
 
 
-async def test_an_unanswered_sampling_request_fails_its_call_only(satellite):
+@pytest.mark.parametrize("front", ["mcp", "sse"])
+async def test_an_unanswered_sampling_request_fails_its_call_only(satellite, front):
     """The client never answers the server's sampling request: that call fails when its timeout (8 s here)
-    runs out, a concurrent call on the same instance succeeds meanwhile, and the instance stays online."""
+    runs out, a concurrent call on the same instance succeeds meanwhile, and the instance stays online. The
+    request is withdrawn from the client with the call (`notifications/cancelled` under the id it was asked by),
+    so the SDK stops its handler: before, the client went on asking its user for an answer nobody awaited."""
     asked = anyio.Event()
+    withdrawn = anyio.Event()
 
     async def never_answers(ctx, params):
         asked.set()
-        await anyio.sleep(3600)
+        try:
+            await anyio.sleep(3600)
+        finally:
+            withdrawn.set()
 
-    async with client_for(satellite, "alice", "legacy", sampling_callback=never_answers) as client:
+    if front == "sse":
+        headers = {"Authorization": f"Bearer {satellite.tokens['bob']}"}
+        client = Client(sse_client(satellite.base + "/sse", headers=headers), mode="legacy",
+                        sampling_callback=never_answers)
+    else:
+        client = client_for(satellite, "alice", "legacy", sampling_callback=never_answers)
+    async with client:
         outcome = {}
 
         async def hanging():
@@ -271,6 +284,8 @@ async def test_an_unanswered_sampling_request_fails_its_call_only(satellite):
         failed = outcome["sampling"]
         assert isinstance(failed, Exception) or failed.is_error, failed
         assert "timeout" in str(failed).lower() or "timed out" in str(failed).lower(), failed
+        with anyio.fail_after(10):
+            await withdrawn.wait()
         after = await execute(client, "echo", {"message": "after"})
         assert "after" in text(after)
     stats = satellite.debug()["server_status"]["stats"]

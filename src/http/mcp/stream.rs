@@ -77,9 +77,12 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     };
     let seat = deps.manager.seats().take(owner, instance, relay);
     let (sessions, scope) = (endpoint.sessions.clone(), id.to_owned());
+    // A request the server withdraws, or whose asker gives up, before the client answers: the client hears so.
+    let (withdrawn, withdrawals) = crate::http::exchange::Withdrawn::channel();
     let asks = tokio_stream::wrappers::ReceiverStream::new(asks)
-        .map(move |inbound| sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound));
-    let notes = futures::stream::select(notes, asks);
+        .map(move |inbound| sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound, &withdrawn).0);
+    let withdrawals = tokio_stream::wrappers::UnboundedReceiverStream::new(withdrawals);
+    let notes = futures::stream::select(notes, futures::stream::select(asks, withdrawals));
     // The stream ends with the session (or the satellite); until then pings keep it open. A client that drops it
     // ends it too (the guard goes with the stream): the session is then no longer streaming, so it can expire
     // and open a stream again.

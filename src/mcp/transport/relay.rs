@@ -163,6 +163,66 @@ impl Relay {
 
 /// How long a server's request may wait for a client's answer.
 pub const ASK_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The requests a server made that wait for their client's answer, each a task, by the server's own id, on the
+/// transports whose reader answers them (stdio, legacy SSE). A server may withdraw one with
+/// `notifications/cancelled`: its task is stopped, so no answer is sent, and the client that was asked hears
+/// that it no longer needs to answer (`http::exchange`). They end with the reader that holds them.
+#[derive(Debug, Default)]
+pub struct ServerAsks {
+    tasks: tokio::task::JoinSet<()>,
+    by_id: HashMap<crate::mcp::protocol::RequestId, tokio::task::AbortHandle>,
+}
+
+impl ServerAsks {
+    /// Run `answering`, the work of answering the server's request `id` (`None`: an answer that cannot be
+    /// withdrawn, such as a refusal on its way).
+    pub fn spawn<F>(&mut self, id: Option<crate::mcp::protocol::RequestId>, answering: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.reap();
+        let handle = self.tasks.spawn(answering);
+        if let Some(id) = id {
+            self.by_id.insert(id, handle);
+        }
+    }
+
+    /// Those still waiting.
+    pub fn len(&mut self) -> usize {
+        self.reap();
+        self.tasks.len()
+    }
+
+    pub fn is_empty(&mut self) -> bool {
+        self.len() == 0
+    }
+
+    /// The server's `notifications/cancelled`: stop answering the request it names, if one of its requests waits.
+    /// True when one did.
+    pub fn withdraw(&mut self, params: Option<&Value>) -> bool {
+        let Some(id) = params.and_then(|p| p.get("requestId")) else { return false };
+        let Ok(id) = serde_json::from_value::<crate::mcp::protocol::RequestId>(id.clone()) else { return false };
+        match self.by_id.remove(&id) {
+            Some(task) => {
+                task.abort();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forget the ended ones: the table holds only what still waits.
+    fn reap(&mut self) {
+        let mut ended = false;
+        while self.tasks.try_join_next().is_some() {
+            ended = true;
+        }
+        if ended {
+            self.by_id.retain(|_, task| !task.is_finished());
+        }
+    }
+}
 /// A server's requests made outside any request of ours that may wait for a client at once, per connection;
 /// more are refused at once (-32603).
 pub const MAX_OUTSIDE_ASKS: usize = 32;

@@ -21,7 +21,7 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, header_map};
-use super::relay::{answer_outside, too_many_asks, Asker, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
+use super::relay::{answer_outside, too_many_asks, Asker, ServerAsks, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
 use super::relays::{self, Relays};
 use super::{await_response, error_body, outcome, preview, Pending, Relay, UpstreamError};
 use crate::mcp::payload::Payload;
@@ -81,8 +81,8 @@ impl SseTransport {
             endpoint_tx: Some(endpoint_tx),
             notifications: notifications.clone(),
             answers: Answers { client: client.clone(), headers: headers.clone(), endpoint: None, asker },
-            asks: tokio::task::JoinSet::new(),
-            outside: tokio::task::JoinSet::new(),
+            asks: ServerAsks::default(),
+            outside: ServerAsks::default(),
             relays: relays.clone(),
         };
         tokio::spawn(reader.run(response, stop.clone()));
@@ -253,9 +253,9 @@ struct Reader {
     notifications: broadcast::Sender<super::Announcement>,
     answers: Answers,
     /// The server's requests during a call of ours, waiting for that call's client; they end with the stream.
-    asks: tokio::task::JoinSet<()>,
+    asks: ServerAsks,
     /// Those made outside any call (at most `MAX_OUTSIDE_ASKS` wait), as on stdio.
-    outside: tokio::task::JoinSet<()>,
+    outside: ServerAsks,
     relays: Arc<Relays>,
 }
 
@@ -351,25 +351,30 @@ impl Reader {
                 self.pending.resolve(id, outcome(result));
             }
             Ok(Message::Notification { method, params }) => {
+                // The server no longer waits for one of its requests: its client is asked no more.
+                if method == "notifications/cancelled"
+                    && (self.asks.withdraw(params.as_ref()) || self.outside.withdraw(params.as_ref()))
+                {
+                    return;
+                }
                 if let Err(params) = self.relays.deliver(&method, params) {
                     let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
                 }
             }
             Ok(Message::Request { id, method, params }) => {
-                while self.asks.try_join_next().is_some() {}
-                while self.outside.try_join_next().is_some() {}
                 let answers = self.answers.clone();
                 if let Some(relay) = self.relays.newest() {
-                    self.asks.spawn(answers.answer(self.label.clone(), Some(relay), id, method, params));
+                    self.asks
+                        .spawn(Some(id.clone()), answers.answer(self.label.clone(), Some(relay), id, method, params));
                     return;
                 }
                 if self.outside.len() >= MAX_OUTSIDE_ASKS {
                     debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
                     let refused = protocol::error_response(Some(id), too_many_asks());
-                    self.asks.spawn(answers.post(self.label.clone(), refused));
+                    self.asks.spawn(None, answers.post(self.label.clone(), refused));
                     return;
                 }
-                self.outside.spawn(answers.answer(self.label.clone(), None, id, method, params));
+                self.outside.spawn(Some(id.clone()), answers.answer(self.label.clone(), None, id, method, params));
             }
             Ok(other) => debug!(process_id = %self.label, message = ?other, "sse message ignored"),
             Err(err) => warn!(process_id = %self.label, error = %err, "malformed json-rpc message on sse stream"),

@@ -26,7 +26,7 @@ use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT}
 const WRITE_BATCH_BYTES: usize = 32 * 1024;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
-use crate::mcp::transport::relay::{answer_outside, too_many_asks, Asker, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
+use crate::mcp::transport::relay::{answer_outside, too_many_asks, Asker, ServerAsks, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
 use crate::mcp::transport::relays::Relays;
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
 use crate::mcp::transport::{outcome, preview, Pending, UpstreamError};
@@ -51,10 +51,11 @@ pub(super) struct Owner {
     pub(super) relays: Arc<Relays>,
     /// Where the child's requests made outside any call of ours go: its owner's clients.
     pub(super) asker: Option<Asker>,
-    /// Requests of the child waiting for their client's answer; they end with the owner.
-    pub(super) asks: tokio::task::JoinSet<()>,
+    /// Requests of the child waiting for their client's answer; they end with the owner, or when the child
+    /// withdraws one.
+    pub(super) asks: ServerAsks,
     /// Those made outside any call of ours (at most `MAX_OUTSIDE_ASKS`).
-    pub(super) outside: tokio::task::JoinSet<()>,
+    pub(super) outside: ServerAsks,
     pub(super) pending: Arc<Pending>,
     pub(super) stderr_buf: Arc<Mutex<VecDeque<String>>>,
     pub(super) limiter: StderrLimiter,
@@ -311,14 +312,12 @@ impl Owner {
             }
             Message::Response { id, .. } => debug!(process_id = %self.label, %id, "response with foreign id ignored"),
             Message::Request { id, method, params } => {
-                while self.asks.try_join_next().is_some() {}
-                while self.outside.try_join_next().is_some() {}
                 let busy = self.outside.len() >= MAX_OUTSIDE_ASKS;
                 match self.relays.newest() {
                     // A client is waiting on one of our requests: it answers, without holding up this loop.
                     Some(relay) => {
                         let replies = self.replies.clone();
-                        self.asks.spawn(async move {
+                        self.asks.spawn(Some(id.clone()), async move {
                             let reply = match relay.ask(&method, params, ASK_TIMEOUT).await {
                                 Ok(result) => protocol::response(id, result),
                                 Err(err) => protocol::error_response(Some(id), err),
@@ -333,7 +332,7 @@ impl Owner {
                         // Queued without waiting: the owner must go on reading stdout whatever stdin's queue holds.
                         if let Err(mpsc::error::TrySendError::Full(reply)) = self.replies.try_send(reply) {
                             let replies = self.replies.clone();
-                            self.asks.spawn(async move {
+                            self.asks.spawn(None, async move {
                                 let _ = replies.send(reply).await;
                             });
                         }
@@ -341,7 +340,7 @@ impl Owner {
                     None => {
                         debug!(process_id = %self.label, method = %method, "request from mcp server outside any call");
                         let (replies, asker) = (self.replies.clone(), self.asker.clone());
-                        self.outside.spawn(async move {
+                        self.outside.spawn(Some(id.clone()), async move {
                             let reply = match answer_outside(asker.as_ref(), &method, params).await {
                                 Ok(result) => protocol::response(id, result),
                                 Err(err) => protocol::error_response(Some(id), err),
@@ -353,6 +352,12 @@ impl Owner {
             }
             Message::Notification { method, params } => {
                 debug!(process_id = %self.label, method = %method, "notification from mcp server");
+                // The server no longer waits for one of its requests: its client is asked no more.
+                if method == "notifications/cancelled"
+                    && (self.asks.withdraw(params.as_ref()) || self.outside.withdraw(params.as_ref()))
+                {
+                    return;
+                }
                 if let Err(params) = self.relays.deliver(&method, params) {
                     let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
                 }
