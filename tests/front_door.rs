@@ -981,8 +981,8 @@ async fn a_stranger_trickling_a_body_holds_no_place() {
 
 /// One member cannot take the places everyone shares: alice's requests hold at most
 /// `max_concurrent_requests_per_caller` of them, counted across `/mcp` and her instance endpoints. Past that hers are
-/// refused at once (429, with `Retry-After`), while bob is served, and a cancellation of hers still gets through;
-/// a place she gives back is hers again. Before,
+/// refused at once (429, with `Retry-After`), while bob is served, and a cancellation of hers still gets through,
+/// on `/mcp` and on legacy `/message` (where, before, it got 429 too); a place she gives back is hers again. Before,
 /// two bodies trickled in with her token held two of the three places for the request timeout, and a third user
 /// got 503.
 #[tokio::test]
@@ -995,6 +995,19 @@ async fn a_caller_holds_at_most_its_own_share_of_the_places() {
     );
     let sat = started_with(&config).await;
     let addr = sat.satellite.local_addr();
+    // Alice's legacy SSE stream (which holds no place), for her `/message` posts below.
+    let http = reqwest::Client::new();
+    let legacy = http.get(format!("{}/sse", sat.base_url())).bearer_auth(ALICE).send().await.expect("a stream");
+    let mut legacy = Box::pin(legacy.bytes_stream());
+    let mut heard = String::new();
+    let has_endpoint = |heard: &str| heard.lines().any(|l| l.starts_with("data:") && l.contains("/message?session="));
+    hear(&mut legacy, &mut heard, has_endpoint).await;
+    let endpoint = heard
+        .lines()
+        .find(|l| l.starts_with("data:") && l.contains("/message?session="))
+        .map(|l| l.trim_start_matches("data:").trim().to_owned())
+        .expect("the endpoint event");
+    let message = format!("{}{endpoint}", sat.base_url());
     let mut trickling = Vec::new();
     for (path, token) in
         [("/mcp".to_owned(), ALICE.to_owned()), ("/i/alice-demo/mcp".to_owned(), ALICE_INSTANCE.clone())]
@@ -1029,6 +1042,13 @@ async fn a_caller_holds_at_most_its_own_share_of_the_places() {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});
     assert_eq!(alice.send_modern(&cancel).await.status(), StatusCode::ACCEPTED, "a cancellation gets through");
     assert_eq!(alice.send_modern(&list).await.status(), StatusCode::TOO_MANY_REQUESTS, "a request still does not");
+    // The same on legacy `/message`, which counts against the same places.
+    let legacy_cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}});
+    let posted = http.post(&message).bearer_auth(ALICE).json(&legacy_cancel).send().await.unwrap();
+    assert_eq!(posted.status(), StatusCode::ACCEPTED, "a cancellation on /message gets through");
+    let ping = json!({"jsonrpc": "2.0", "id": 9, "method": "ping"});
+    let posted = http.post(&message).bearer_auth(ALICE).json(&ping).send().await.unwrap();
+    assert_eq!(posted.status(), StatusCode::TOO_MANY_REQUESTS, "a request on /message still does not");
     drop(trickling.pop());
     wait_until(DEADLINE, "alice served once a place is hers again", || {
         let (alice, list) = (&alice, &list);

@@ -72,9 +72,41 @@ impl CallerLimits {
         Some(Place { inner: self.inner.clone(), caller })
     }
 
+    /// A place for `caller`, or at its limit a spare one for a body whose declared length (`content_length`) is
+    /// at most [`SPARE_BODY_BYTES`]: what that body holds must then be no request ([`Admitted::admits`]). `None`
+    /// when it gets neither.
+    pub fn admit(&self, caller: String, content_length: Option<&str>) -> Option<Admitted> {
+        let spare = match self.take(caller.clone()) {
+            Some(place) => return Some(Admitted { _place: place, spare: false }),
+            None => {
+                let small = content_length
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .is_some_and(|n| n <= SPARE_BODY_BYTES);
+                small.then(|| self.take_spare(&caller)).flatten()?
+            }
+        };
+        Some(Admitted { _place: spare, spare: true })
+    }
+
     /// Places `caller` holds now.
     pub fn held(&self, caller: &str) -> usize {
         self.inner.held.lock().get(caller).copied().unwrap_or(0)
+    }
+}
+
+/// A request's place, held until its answer starts.
+pub struct Admitted {
+    _place: Place,
+    /// Taken past the caller's limit, for a body that must hold no request.
+    spare: bool,
+}
+
+impl Admitted {
+    /// Whether the body read holds what this place was taken for: anything on an ordinary place; on a spare one,
+    /// no request (a cancellation, an answer to a server's question, another notification).
+    pub fn admits(&self, messages: &[serde_json::Value]) -> bool {
+        let request = |m: &serde_json::Value| m.get("method").is_some() && m.get("id").is_some_and(|id| !id.is_null());
+        !self.spare || !messages.iter().any(request)
     }
 }
 
@@ -109,6 +141,25 @@ mod tests {
         let c = take("alice").expect("a place given back is taken again");
         drop((b, c, bob));
         assert_eq!((limits.held("alice"), limits.held("bob")), (0, 0));
+        assert!(limits.inner.held.lock().is_empty(), "callers holding nothing are not kept");
+    }
+
+    /// At its limit a caller is still admitted for a small body, which must hold no request: a cancellation or
+    /// an answer to a server's question gets through, a request, a large body or one of unknown length does not.
+    #[test]
+    fn at_its_limit_a_caller_is_admitted_only_for_a_small_body_holding_no_request() {
+        let limits = CallerLimits::new(1);
+        let first = limits.admit("alice".into(), None).expect("a place");
+        assert!(first.admits(&[serde_json::json!({"jsonrpc":"2.0","id":1,"method":"tools/call"})]));
+        assert!(limits.admit("alice".into(), None).is_none(), "no length: no spare place");
+        assert!(limits.admit("alice".into(), Some("5000")).is_none(), "too large for a spare place");
+        let spare = limits.admit("alice".into(), Some(" 120 ")).expect("a spare place");
+        let cancel = serde_json::json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}});
+        let answer = serde_json::json!({"jsonrpc":"2.0","id":"satellite-1","result":{}});
+        assert!(spare.admits(&[cancel.clone(), answer]));
+        let request = serde_json::json!({"jsonrpc":"2.0","id":2,"method":"ping"});
+        assert!(!spare.admits(&[cancel, request]), "a request on a spare place is refused");
+        drop((first, spare));
         assert!(limits.inner.held.lock().is_empty(), "callers holding nothing are not kept");
     }
 }

@@ -305,14 +305,25 @@ async fn message(
     // token revoked since the stream opened stops working at once. It must be the identity that opened the stream.
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     let caller = deps.auth.authenticate_request(authorization).await.map_err(McpError::Auth)?;
-    // One of the caller's places (`http::callers`), shared with its `/mcp` requests.
-    let _place = deps
+    // One of the caller's places (`http::callers`), shared with its `/mcp` requests; at its limit, a spare one for
+    // a small body that holds no request, so that a caller at its limit can still cancel or answer.
+    let busy = || McpError::CallerBusy { limit: deps.callers.max() };
+    let length = headers.get(warp::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
+    let place = deps
         .callers
-        .take(super::callers::member_key(caller.user.as_str(), caller.team.as_str()))
-        .ok_or(McpError::CallerBusy { limit: deps.callers.max() })?;
+        .admit(super::callers::member_key(caller.user.as_str(), caller.team.as_str()), length)
+        .ok_or_else(busy)?;
     // Read once, after authentication: counted for activity here, answered below (or refused as unreadable there).
     let body = body.read().await?;
     let parsed = serde_json::from_slice::<Value>(&body);
+    let admitted = match &parsed {
+        Ok(Value::Array(messages)) => place.admits(messages),
+        Ok(message) => place.admits(std::slice::from_ref(message)),
+        Err(_) => true,
+    };
+    if !admitted {
+        return Err(busy());
+    }
     let tool_call = match &parsed {
         Ok(Value::Array(messages)) => crate::activity::calls_a_tool(messages),
         Ok(message) => crate::activity::calls_a_tool(std::slice::from_ref(message)),

@@ -139,9 +139,9 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             |toolset: Option<String>, headers: HeaderMap, body: Unread, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
                 let answer = async {
                     let endpoint = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await?;
-                    let (_place, spare) = take_place(&deps, &endpoint, &headers)?;
+                    let place = take_place(&deps, &endpoint, &headers)?;
                     let frame = protocol::decode_frame(&body.read().await?);
-                    refuse_spare_request(&deps, spare, &frame)?;
+                    refuse_spare_request(&deps, &place, &frame)?;
                     record_oauth_activity(&deps, &headers, &endpoint, frame_calls_a_tool(&frame));
                     Box::pin(post(&deps, endpoint, &headers, frame)).await
                 }
@@ -179,9 +179,9 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
              deps: Arc<McpDeps>| async move {
                 let answer = async {
                     let endpoint = instance_endpoint(&deps, &path, &query, &headers)?;
-                    let (_place, spare) = take_place(&deps, &endpoint, &headers)?;
+                    let place = take_place(&deps, &endpoint, &headers)?;
                     let frame = protocol::decode_frame(&body.read().await?);
-                    refuse_spare_request(&deps, spare, &frame)?;
+                    refuse_spare_request(&deps, &place, &frame)?;
                     if let Target::Instance(instance) = &endpoint.target {
                         let spec = instance.spec();
                         let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
@@ -261,32 +261,19 @@ async fn hierarchical_endpoint(
 }
 
 /// One of the caller's places, held until the answer starts (`http::callers`); 429 when it holds all of them. At
-/// its limit, a small body still gets a spare place (`spare` true): what it holds must then be no request (a
-/// cancellation of one of its calls, an answer to a server's question), checked by [`refuse_spare_request`].
-fn take_place(
-    deps: &McpDeps,
-    endpoint: &Endpoint,
-    headers: &HeaderMap,
-) -> Result<(super::callers::Place, bool), McpError> {
-    let busy = || McpError::CallerBusy { limit: deps.callers.max() };
-    let caller = endpoint.target.caller();
-    if let Some(place) = deps.callers.take(caller.clone()) {
-        return Ok((place, false));
-    }
-    let small = header(headers, names::CONTENT_LENGTH)
-        .and_then(|n| n.trim().parse::<u64>().ok())
-        .is_some_and(|n| n <= super::callers::SPARE_BODY_BYTES);
-    let spare = small.then(|| deps.callers.take_spare(&caller)).flatten().ok_or_else(busy)?;
-    Ok((spare, true))
+/// its limit, a small body still gets a spare place: what it holds must then be no request (a cancellation of one
+/// of its calls, an answer to a server's question), checked by [`refuse_spare_request`].
+fn take_place(deps: &McpDeps, endpoint: &Endpoint, headers: &HeaderMap) -> Result<super::callers::Admitted, McpError> {
+    let length = header(headers, names::CONTENT_LENGTH);
+    deps.callers.admit(endpoint.target.caller(), length).ok_or(McpError::CallerBusy { limit: deps.callers.max() })
 }
 
 /// A body read on a spare place that holds a request after all: 429, as at the limit.
-fn refuse_spare_request(deps: &McpDeps, spare: bool, frame: &Frame) -> Result<(), McpError> {
-    let request = |m: &Value| m.get("method").is_some() && m.get("id").is_some_and(|id| !id.is_null());
-    if spare && frame.as_ref().is_ok_and(|(messages, _)| messages.iter().any(request)) {
-        return Err(McpError::CallerBusy { limit: deps.callers.max() });
+fn refuse_spare_request(deps: &McpDeps, place: &super::callers::Admitted, frame: &Frame) -> Result<(), McpError> {
+    match frame {
+        Ok((messages, _)) if !place.admits(messages) => Err(McpError::CallerBusy { limit: deps.callers.max() }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The `toolset` parameter of a query string, decoded.
