@@ -92,7 +92,7 @@ impl Decoder for Lines {
                     }
                     return Ok(Some(Line::TooLong { bytes: at, id: scan.id, has_method: scan.has_method }));
                 }
-                Ok(Some(text(content)))
+                Ok(Some(self.text(content)))
             }
             None if buf.len() > self.max.saturating_add(1) => {
                 self.searched = 0;
@@ -123,16 +123,33 @@ impl Decoder for Lines {
         }
         self.searched = 0;
         let line = buf.split_to(buf.len());
-        Ok(Some(text(&line)))
+        Ok(Some(self.text(&line)))
     }
 }
 
-fn text(line: &[u8]) -> Line {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    Line::Text(match std::str::from_utf8(line) {
-        Ok(text) => text.to_owned(),
-        Err(_) => String::from_utf8_lossy(line).into_owned(),
-    })
+impl Lines {
+    /// A line within the bound as text. Bytes that are not UTF-8 become U+FFFD, three bytes each: a line that
+    /// would grow past the bound that way is too long, as its text would be (before, a line of `max` bad bytes
+    /// became `3 * max` bytes of text).
+    fn text(&self, line: &[u8]) -> Line {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Ok(text) = std::str::from_utf8(line) {
+            return Line::Text(text.to_owned());
+        }
+        let grown: usize = line
+            .utf8_chunks()
+            .map(|chunk| chunk.valid().len() + if chunk.invalid().is_empty() { 0 } else { '\u{fffd}'.len_utf8() })
+            .sum();
+        if grown > self.max {
+            let mut scan = IdScan::default();
+            if self.scan {
+                scan.feed(line);
+            }
+            // Its length as text, which is what is over the bound.
+            return Line::TooLong { bytes: grown, id: scan.id, has_method: scan.has_method };
+        }
+        Line::Text(String::from_utf8_lossy(line).into_owned())
+    }
 }
 
 /// Finds a JSON object's top-level integer `id`, and whether it has a top-level `method`, in text fed piece by
@@ -300,6 +317,27 @@ mod tests {
         let mut codec = Lines::new(100);
         let lines = decode_all(&mut codec, b"ab\xff\xfecd\n{}\n", 3);
         assert_eq!(lines, vec![Line::Text("ab\u{fffd}\u{fffd}cd".into()), Line::Text("{}".into())]);
+    }
+
+    /// A line within the bound whose bad bytes would take it past the bound as text (each becomes a three-byte
+    /// U+FFFD) is too long, with its id; one that stays within it is read. Before, 100 bad bytes became 300 bytes
+    /// of text under a bound of 100.
+    #[test]
+    fn bad_bytes_do_not_take_a_line_past_the_bound() {
+        let mut grows = br#"{"jsonrpc":"2.0","id":5,"result":""#.to_vec();
+        grows.extend(std::iter::repeat_n(0xff, 60));
+        grows.extend(b"\"}\n");
+        let mut fits = b"ab".to_vec();
+        fits.extend(std::iter::repeat_n(0xff, 30));
+        fits.push(b'\n');
+        for chunk in [1, 16, 4096] {
+            let lines = decode_all(&mut Lines::new(100), &[grows.clone(), fits.clone()].concat(), chunk);
+            assert_eq!(lines.len(), 2, "chunk {chunk}");
+            // As text: each of the 60 bad bytes is three.
+            let as_text = grows.len() - 1 + 60 * 2;
+            assert_eq!(lines[0], Line::TooLong { bytes: as_text, id: Some(5), has_method: false }, "chunk {chunk}");
+            assert_eq!(lines[1], Line::Text(format!("ab{}", "\u{fffd}".repeat(30))), "chunk {chunk}");
+        }
     }
 
     /// The scan takes only the top-level `id`, wherever it stands, and says whether the line was a request.
