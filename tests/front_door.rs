@@ -2028,6 +2028,36 @@ async fn a_request_the_server_withdraws_is_withdrawn_from_the_client() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// An instance edited in place (here alice's gets an argument) is a new instance under the same path and process
+/// id: a GET stream open on its endpoint follows it, and hears that the tools changed once the new one has listed
+/// them; the session goes on, now reaching the new server. Before, the stream went on listening to the retired
+/// instance and heard nothing more, and a new instance's first catalog was announced to no one.
+#[tokio::test]
+async fn a_get_stream_follows_its_instance_edited_in_place() {
+    let sat = started().await;
+    let path = format!("/i/alice-demo/mcp?token={}", instance_token("alice"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let mut stream = get_stream(&sat, &path, direct.session.as_deref().expect("a session")).await;
+    let id = ProcessId::from("demo-acme-alice-d-acme");
+    let before = sat.satellite.manager().get(&id).expect("alice's instance");
+    let edited = config().replacen(
+        "instance_path = \"alice-demo\"\n",
+        "instance_path = \"alice-demo\"\nargs = [\"--page-size\", \"3\"]\n",
+        1,
+    );
+    sat.rewrite_config(&edited);
+    let mut heard = String::new();
+    let changed = |m: &Value| m["method"] == "notifications/tools/list_changed";
+    hear_message(&mut stream, &mut heard, "the tools list changed", changed).await;
+    let after = sat.satellite.manager().get(&id).expect("alice's instance, edited");
+    assert!(!std::sync::Arc::ptr_eq(&before, &after), "a new instance");
+    assert_eq!(after.state(), satellite::model::InstanceStatus::Online, "heard once the new one is online");
+    let (status, listed) = direct.call("tools/list", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert!(listed["result"]["tools"].as_array().is_some_and(|tools| !tools.is_empty()), "{listed}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// Answer the server's `roots/list` with one root.
 async fn answer_roots(caller: &Caller, request: &Value, uri: &str) {
     let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"roots":[{"uri":uri,"name":"work"}]}});

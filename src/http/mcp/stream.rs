@@ -26,18 +26,19 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     // change, and discover always searches the current catalogs.
     let notes: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>> = match &endpoint.target {
         Target::Instance(instance) => {
-            let (sessions, session_id) = (endpoint.sessions.clone(), id.to_owned());
-            let notes = BroadcastStream::new(instance.announcements())
-                .filter_map(move |note| {
-                    let notes = match note {
-                        Ok(note) if crate::instances::missed_announcements(&note) => missed(&sessions, &session_id),
-                        Ok(note) if for_session(&note, &sessions, &session_id) => vec![Arc::unwrap_or_clone(note)],
-                        Ok(_) => Vec::new(),
-                        Err(_) => missed(&sessions, &session_id),
-                    };
-                    async move { (!notes.is_empty()).then(|| futures::stream::iter(notes)) }
-                })
-                .flatten();
+            let following = Following {
+                manager: deps.manager.clone(),
+                applied: deps.manager.applied(),
+                announcements: BroadcastStream::new(instance.announcements()),
+                instance: instance.clone(),
+                sessions: endpoint.sessions.clone(),
+                session_id: id.to_owned(),
+            };
+            let notes = futures::stream::unfold(following, |mut following| async move {
+                let notes = following.next().await?;
+                Some((futures::stream::iter(notes), following))
+            })
+            .flatten();
             Box::pin(notes)
         }
         Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
@@ -107,6 +108,65 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
         response.headers_mut().insert("mcp-session-id", value);
     }
     Ok(response)
+}
+
+/// What an instance endpoint's GET stream listens to: the announcements of the instance its path names now. An
+/// instance edited in place is a new instance under the same path and process id (the credential watcher ends the
+/// stream if either changes, or its token): the stream follows it, and the client hears that its lists changed (as
+/// the new instance publishes its first catalog, or at once when it is online already). Before, the stream went on
+/// listening to the retired instance, and the client heard nothing more.
+struct Following {
+    manager: crate::instances::InstanceManager,
+    /// Bumped once each configuration is applied, after an edited instance is back under its path.
+    applied: tokio::sync::watch::Receiver<u64>,
+    announcements: BroadcastStream<crate::mcp::transport::Announcement>,
+    instance: Arc<crate::instances::Instance>,
+    sessions: Arc<SessionTable>,
+    session_id: String,
+}
+
+impl Following {
+    /// The next notifications for the client; `None` once the satellite is stopping.
+    async fn next(&mut self) -> Option<Vec<Value>> {
+        loop {
+            tokio::select! {
+                note = self.announcements.next() => {
+                    let notes = match note {
+                        Some(Ok(note)) if crate::instances::missed_announcements(&note) => self.missed(),
+                        Some(Ok(note)) if for_session(&note, &self.sessions, &self.session_id) => {
+                            vec![Arc::unwrap_or_clone(note)]
+                        }
+                        Some(Ok(_)) => Vec::new(),
+                        Some(Err(_)) => self.missed(),
+                        // The instance holds its channel as long as this stream holds the instance.
+                        None => std::future::pending().await,
+                    };
+                    if !notes.is_empty() {
+                        return Some(notes);
+                    }
+                }
+                changed = self.applied.changed() => {
+                    changed.ok()?;
+                    let current = self.manager.get(&self.instance.spec().process_id);
+                    let Some(current) = current.filter(|current| !Arc::ptr_eq(current, &self.instance)) else {
+                        continue;
+                    };
+                    // Listening first: a new instance announces its lists once its first catalog is published,
+                    // so one not yet online is heard from then; one online already is said to have changed now.
+                    self.announcements = BroadcastStream::new(current.announcements());
+                    let online = current.state() == crate::model::InstanceStatus::Online;
+                    self.instance = current;
+                    if online {
+                        return Some(self.missed());
+                    }
+                }
+            }
+        }
+    }
+
+    fn missed(&self) -> Vec<Value> {
+        missed(&self.sessions, &self.session_id)
+    }
 }
 
 /// What a session's stream says when announcements were missed (its listener fell behind, or the instance's did):

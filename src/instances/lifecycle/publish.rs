@@ -87,10 +87,11 @@ impl Inner {
                 }
                 // After the status: a client that lists at once is answered from the new catalog. An instance that
                 // comes back (restarted, reconnected) announces its lists even unchanged: while it was not online its
-                // endpoint listed nothing, and a client that listed then would otherwise keep that empty list.
-                if let Some(previous) = previous {
-                    self.announce_list_changes(instance, &previous, &catalog, !online);
-                }
+                // endpoint listed nothing, and a client that listed then would otherwise keep that empty list. So
+                // does a new one's first catalog: a client that connected while it started (or whose stream followed
+                // it from the instance it replaced, edited in place) listed nothing too.
+                let previous = previous.unwrap_or_else(|| Arc::new(crate::model::Catalog::empty()));
+                self.announce_list_changes(instance, &previous, &catalog, !online);
                 if count_later {
                     let (inner, instance) = (self.clone(), instance.clone());
                     self.tasks.spawn(async move { inner.count_and_report(&instance, catalog).await });
