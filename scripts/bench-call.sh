@@ -12,7 +12,9 @@
 # installation's request logging), TEXT_BYTES (2: the size of the text echoed, so of the result), PORT (3977),
 # SYSCALLS (0; 1 adds system calls and context switches per call, read with perf), INSTRUCTIONS (0; 1 runs the
 # satellite under valgrind's callgrind and adds the instructions it executed per call, counted only while wrk runs),
-# ROUTE (call: `tools/call echo` on the instance router; mcp-list: `tools/list` on /mcp with the user's token).
+# ROUTE (call: `tools/call echo` on the instance router; mcp-list: `tools/list` on /mcp with the user's token),
+# CALLGRIND_KEEP (with INSTRUCTIONS=1: a path prefix; each binary's profile is kept as PREFIX.BINARY_NAME, for
+# callgrind_annotate).
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 SATELLITE_BINARY..." >&2; exit 64; }
 command -v wrk >/dev/null || { echo "error: wrk is required (apt-get install wrk)" >&2; exit 1; }
@@ -120,6 +122,8 @@ LUA
   if [ "$INSTRUCTIONS" = 1 ]; then
     # callgrind writes its counts when the satellite exits; `totals` is what it counted while switched on.
     instructions=$(awk -v n=$requests '/^totals:/ { printf " instructions/call=%.0f", $2 / n; exit }' $data/callgrind.out)
+    # Kept for callgrind_annotate when asked (one file per binary; the last round's).
+    if [ -n "${CALLGRIND_KEEP:-}" ]; then cp $data/callgrind.out "$CALLGRIND_KEEP.$(basename $bin)"; fi
   fi
   printf '%-16s c=%-3s text=%-6s logging=%-5s req/s=%-10s CPU us/call=%s %s\n' "$(basename $bin)" $C $TEXT_BYTES $LOGGING "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
     "$(echo "($after - $before) * 1000000 / $(getconf CLK_TCK) / $requests" | bc -l | xargs printf '%.1f')" "$(echo "$out" | grep -i 'non-2xx' || true)$(per_call $data/syscalls $requests)$instructions"

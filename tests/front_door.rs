@@ -2429,6 +2429,59 @@ async fn a_completion_is_never_answered_with_input_required() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A 2026-07-28 call parked on its server's questions (MRTR) and resumed by the client's retries tells the progress
+/// its server sends afterwards under the progress token of the retry it answers, as each retry is a new request.
+/// Before, that progress went out under the first request's token, which the client no longer listened for.
+#[tokio::test]
+async fn a_resumed_calls_progress_reaches_the_retry_under_its_own_token() {
+    let sat = with_asks().await;
+    let path = format!("/i/alice-asks/mcp?token={}", instance_token("alice-asks"));
+    let modern = Caller::new(&sat, &path, None);
+    let params = |round: u64, state: Option<&Value>, responses: Option<Value>| {
+        let mut params = json!({"name": "ask", "arguments": {}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"roots": {}, "sampling": {}},
+            "progressToken": format!("round-{round}")}});
+        if let (Some(state), Some(responses)) = (state, responses) {
+            params["requestState"] = state.clone();
+            params["inputResponses"] = responses;
+        }
+        json!({"jsonrpc": "2.0", "id": round, "method": "tools/call", "params": params})
+    };
+    let mut request = params(1, None, None);
+    for round in 1..=5u64 {
+        let response = modern.send_modern(&request).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let text = response.text().await.unwrap_or_default();
+        let messages: Vec<Value> = if text.trim_start().starts_with('{') {
+            vec![serde_json::from_str(&text).expect("a JSON answer")]
+        } else {
+            heard_messages(&text)
+        };
+        let reply = messages.iter().find(|m| m["id"] == round).unwrap_or_else(|| panic!("an answer: {text}"));
+        if reply["result"]["resultType"] == "input_required" {
+            let mut responses = serde_json::Map::new();
+            for (key, asked) in reply["result"]["inputRequests"].as_object().expect("the questions") {
+                let answer = match asked["method"].as_str() {
+                    Some("roots/list") => json!({"roots": []}),
+                    _ => json!({"role": "assistant", "model": "m", "content": {"type": "text", "text": "hi"}}),
+                };
+                responses.insert(key.clone(), answer);
+            }
+            request = params(round + 1, reply["result"].get("requestState"), Some(Value::Object(responses)));
+            continue;
+        }
+        assert!(reply["result"]["content"][0]["text"].as_str().is_some_and(|t| t.contains("sampling")), "{text}");
+        let progress: Vec<&Value> = messages.iter().filter(|m| m["method"] == "notifications/progress").collect();
+        assert_eq!(progress.len(), 1, "{text}");
+        assert_eq!(progress[0]["params"]["progressToken"], format!("round-{round}"), "{text}");
+        assert!(round > 1, "the call was parked at least once: {text}");
+        assert!(sat.satellite.shutdown().await);
+        return;
+    }
+    panic!("the call never ended");
+}
+
 /// 2026-07-28 has a server send log messages about a request only when the request asks for them
 /// (`io.modelcontextprotocol/logLevel`), at or above that level. Through the satellite, a handshake-era server's
 /// log line during a 2026-07-28 client's call reaches it only so. Before, every log line went to every such call.

@@ -79,9 +79,8 @@ impl CallerLimits {
         let spare = match self.take(caller.clone()) {
             Some(place) => return Some(Admitted { _place: place, spare: false }),
             None => {
-                let small = content_length
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-                    .is_some_and(|n| n <= SPARE_BODY_BYTES);
+                let small =
+                    content_length.and_then(|n| n.trim().parse::<u64>().ok()).is_some_and(|n| n <= SPARE_BODY_BYTES);
                 small.then(|| self.take_spare(&caller)).flatten()?
             }
         };

@@ -73,7 +73,74 @@ pub enum Mode {
         /// The `io.modelcontextprotocol/logLevel` of the request's envelope: the server's log messages reach the
         /// client at or above it, and none without it, as 2026-07-28 has a server send them.
         log_level: Option<String>,
+        /// The request's progress token, and the one its call's progress carries.
+        progress: ProgressTokens,
     },
+}
+
+/// The progress tokens of a 2026-07-28 request. A call the satellite parked (its server asked the client
+/// something) and resumed on the client's retry tells its progress under the token of the request that started
+/// it; the retry is a new request (MRTR), whose client knows its progress by the retry's own token, or asked for
+/// none. Before, a resumed call's progress went out under the first request's token, which the client no longer
+/// listened for.
+#[derive(Debug, Clone, Default)]
+pub struct ProgressTokens(Option<Box<Tokens>>);
+
+/// Boxed: most requests carry no token, and a `Mode` is moved about with every relayed request.
+#[derive(Debug, Clone)]
+struct Tokens {
+    own: Option<Value>,
+    /// The token the call's progress carries: `own`, unless the call was started by an earlier request.
+    origin: Option<Value>,
+}
+
+impl ProgressTokens {
+    /// Those of a request whose `params` may carry `_meta.progressToken`.
+    pub fn of(params: Option<&Value>) -> Self {
+        let own = params.and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned();
+        Self(own.map(|own| Box::new(Tokens { origin: Some(own.clone()), own: Some(own) })))
+    }
+
+    /// The token the call's progress carries.
+    fn origin(&self) -> Option<Value> {
+        self.0.as_ref().and_then(|tokens| tokens.origin.clone())
+    }
+
+    /// The call was started by an earlier request, whose progress token it carries.
+    fn started_by(&mut self, origin: Option<Value>) {
+        let own = self.0.take().and_then(|tokens| tokens.own);
+        self.0 = (own.is_some() || origin.is_some()).then(|| Box::new(Tokens { own, origin }));
+    }
+
+    /// A server's progress notification as this request's client hears it: under the request's own token, or not
+    /// at all when it asked for none. Any other notification goes as it is.
+    fn retag(&self, inbound: Inbound) -> Option<Inbound> {
+        let Some(tokens) = self.0.as_deref().filter(|tokens| tokens.origin != tokens.own) else { return Some(inbound) };
+        let Inbound::Notification { method, mut params, held } = inbound else { return Some(inbound) };
+        if method == "notifications/progress" {
+            let token = params.as_mut().and_then(Value::as_object_mut).and_then(|p| p.get_mut("progressToken"));
+            if let Some(token) = token.filter(|token| Some(&**token) == tokens.origin.as_ref()) {
+                *token = tokens.own.clone()?;
+            }
+        }
+        Some(Inbound::Notification { method, params, held })
+    }
+}
+
+/// What a request's client hears of a notification its call's server sent (a resumed call's progress retagged).
+fn retagged(mode: &Mode, inbound: Inbound) -> Option<Inbound> {
+    match mode {
+        Mode::Stateless { progress, .. } => progress.retag(inbound),
+        Mode::Handshake { .. } => Some(inbound),
+    }
+}
+
+/// The token a call's progress carries, kept with the call when it is parked.
+fn origin_of(mode: &Mode) -> Option<Value> {
+    match mode {
+        Mode::Stateless { progress, .. } => progress.origin(),
+        Mode::Handshake { .. } => None,
+    }
 }
 
 /// What ends a long-lived stream besides shutdown: `ends`, cancelled by whoever watches its credential. Cancelled
@@ -126,6 +193,8 @@ fn heard(mode: &Mode, inbound: &Inbound) -> bool {
 #[derive(Debug)]
 struct Parked {
     owner: String,
+    /// The progress token of the request that started the call (see [`ProgressTokens`]).
+    origin: Option<Value>,
     call: JoinHandle<Result<Payload, RouteError>>,
     rx: mpsc::Receiver<Inbound>,
     /// The server's requests, by the key the client answers under.
@@ -376,7 +445,12 @@ impl Exchange {
                 "requestState is not valid: unknown, expired or not yours; send the request again without it",
             ))));
         };
-        let Parked { call, rx, waiting, .. } = parked;
+        let Parked { call, rx, waiting, origin, .. } = parked;
+        // The call's progress carries the token of the request that started it.
+        let mut mode = mode;
+        if let Mode::Stateless { progress, .. } = &mut mode {
+            progress.started_by(origin);
+        }
         let mut unanswered = Vec::new();
         for (key, asked) in waiting {
             match responses.and_then(|r| r.get(&key)) {
@@ -387,7 +461,7 @@ impl Exchange {
             }
         }
         if !unanswered.is_empty() {
-            return Answer::Done(Ok(self.park(owner, call, rx, unanswered).into()));
+            return Answer::Done(Ok(self.park(owner, origin_of(&mode), call, rx, unanswered).into()));
         }
         self.drive(scope, id, mode, call, rx, finish).await
     }
@@ -450,7 +524,9 @@ impl Exchange {
                 Taken::Answered => continue,
                 Taken::Park(asked) => {
                     waiting.disarm();
-                    return Answer::Done(Ok(self.park(owner_of(&mode), call, rx, vec![asked]).into()));
+                    return Answer::Done(Ok(self
+                        .park(owner_of(&mode), origin_of(&mode), call, rx, vec![asked])
+                        .into()));
                 }
             }
         };
@@ -491,7 +567,7 @@ impl Exchange {
             if !heard(mode, &inbound) {
                 continue;
             }
-            if let Inbound::Notification { method, params, .. } = inbound {
+            if let Some(Inbound::Notification { method, params, .. }) = retagged(mode, inbound) {
                 said.push(notification_out(request, &method, params));
             }
         }
@@ -512,7 +588,10 @@ impl Exchange {
                     }
                 }
             }
-            notification if heard(mode, &notification) => Taken::Stream(notification),
+            notification if heard(mode, &notification) => match retagged(mode, notification) {
+                Some(notification) => Taken::Stream(notification),
+                None => Taken::Answered,
+            },
             _ => Taken::Answered,
         }
     }
@@ -521,6 +600,7 @@ impl Exchange {
     fn park(
         &self,
         owner: String,
+        origin: Option<Value>,
         call: JoinHandle<Result<Payload, RouteError>>,
         rx: mpsc::Receiver<Inbound>,
         asked: Vec<Asked>,
@@ -548,7 +628,7 @@ impl Exchange {
             }
             keep
         });
-        parked.insert(handle.clone(), Parked { owner, call, rx, waiting, since: Instant::now() });
+        parked.insert(handle.clone(), Parked { owner, origin, call, rx, waiting, since: Instant::now() });
         json!({
             "resultType": "input_required",
             "inputRequests": requests,
@@ -701,7 +781,8 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
                     Taken::Answered => continue,
                     Taken::Park(asked) => {
                         let (call, rx) = (self.call.take()?, self.rx.take()?);
-                        let result = self.exchange.park(owner_of(&self.mode), call, rx, vec![asked]);
+                        let origin = origin_of(&self.mode);
+                        let result = self.exchange.park(owner_of(&self.mode), origin, call, rx, vec![asked]);
                         return Some(protocol::response(self.request.clone(), result));
                     }
                 }

@@ -87,13 +87,60 @@ async fn a_stream_tells_its_client_of_a_request_left_unanswered_before_the_answe
 }
 
 fn stateless(capabilities: Value, owner: &str) -> Mode {
-    Mode::Stateless { capabilities, owner: owner.to_owned(), long_lived: None, log_level: None }
+    stateless_with(capabilities, owner, None)
+}
+
+/// A 2026-07-28 request whose `_meta` carries `progress_token`.
+fn stateless_with(capabilities: Value, owner: &str, progress_token: Option<Value>) -> Mode {
+    let params = progress_token.map(|token| json!({"_meta": {"progressToken": token}}));
+    let progress = ProgressTokens::of(params.as_ref());
+    Mode::Stateless { capabilities, owner: owner.to_owned(), long_lived: None, log_level: None, progress }
 }
 
 fn done(answer: Answer) -> Result<Value, RouteError> {
     match answer {
         Answer::Done(outcome) => outcome.map(Payload::into_value_or_null),
         Answer::Streamed(_) => panic!("expected a plain answer"),
+    }
+}
+
+/// A call parked on its server's question and resumed by the client's retry (a new request, MRTR) tells the progress
+/// its server sends afterwards under the retry's progress token, or not at all when the retry asks for none.
+/// Before, it went out under the first request's token, which the client no longer listened for.
+#[tokio::test]
+async fn a_resumed_calls_progress_carries_the_retrys_token() {
+    for retry_token in [Some(json!("second")), None] {
+        let exchange = Arc::new(Exchange::default());
+        let caps = json!({"sampling": {}});
+        let asks_then_progresses = |relay: Relay| async move {
+            let answer = relay.ask("sampling/createMessage", None, Duration::from_secs(5)).await;
+            // The transport gives the progress the token of the request that started the call.
+            relay.notify("notifications/progress", Some(json!({"progressToken": "first", "progress": 1})));
+            Ok(json!({"asked": answer.is_ok()}).into())
+        };
+        let first = stateless_with(caps.clone(), "alice", Some(json!("first")));
+        let parked =
+            done(exchange.respond("a".into(), RequestId::Number(1), first, asks_then_progresses, echo_finish).await)
+                .unwrap();
+        let (key, _) = parked["inputRequests"].as_object().unwrap().iter().next().unwrap();
+        let state = parked["requestState"].as_str().unwrap().to_owned();
+        let responses = json!({key.clone(): {"role": "assistant", "content": {"type": "text", "text": "hi"}}});
+        let retry = stateless_with(caps.clone(), "alice", retry_token.clone());
+        let answer =
+            exchange.resume("b".into(), RequestId::Number(2), retry, &state, Some(&responses), echo_finish).await;
+        let messages = match answer {
+            Answer::Streamed(response) => sse_messages(response).await,
+            Answer::Done(outcome) => vec![response_message(RequestId::Number(0), outcome)],
+        };
+        let progress: Vec<&Value> = messages.iter().filter(|m| m["method"] == "notifications/progress").collect();
+        match &retry_token {
+            Some(token) => {
+                assert_eq!(progress.len(), 1, "{messages:?}");
+                assert_eq!(&progress[0]["params"]["progressToken"], token, "{messages:?}");
+            }
+            None => assert!(progress.is_empty(), "no progress for a retry that asked for none: {messages:?}"),
+        }
+        assert_eq!(messages.last().unwrap()["result"]["asked"], true, "{messages:?}");
     }
 }
 
@@ -373,6 +420,7 @@ async fn what_the_server_said_just_before_a_fast_answer_still_goes_first() {
         owner: "alice".into(),
         long_lived: None,
         log_level: Some("info".into()),
+        progress: ProgressTokens::default(),
     };
     for mode in [handshake(), listening] {
         let exchange = Arc::new(Exchange::default());

@@ -21,7 +21,7 @@ use super::body::Unread;
 use super::credential::{revoked, Credential};
 use super::dispatch::{Selection, Target};
 use super::error::{rpc_status, McpError};
-use super::exchange::{is_parked_state, response_message, Answer, LongLived, Mode};
+use super::exchange::{is_parked_state, response_message, Answer, LongLived, Mode, ProgressTokens};
 use super::identity::Identity;
 use super::oauth::ResourceUrls;
 use super::session::{self, Lookup, SessionTable, StreamError};

@@ -133,7 +133,8 @@ pub(super) async fn stateless_relayed(
         });
         long_lived
     });
-    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived, log_level };
+    let progress = ProgressTokens::of(params.as_ref());
+    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived, log_level, progress };
     let answered_method = method.clone();
     let (target, deps_owned, reply_id, stamp_method) =
         (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
