@@ -2028,6 +2028,53 @@ async fn a_request_the_server_withdraws_is_withdrawn_from_the_client() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// On stdio a server's request names none of the calls running on it, and goes to the newest: with two running, it
+/// may be the other's. Such a request is not withdrawn when the call whose stream carried it ends, and the
+/// client's answer still reaches the server. (A request surely of one call, with no other running, is: see
+/// `a_request_the_server_withdraws_is_withdrawn_from_the_client`.)
+#[tokio::test]
+async fn a_request_perhaps_of_another_call_outlives_the_call_that_carried_it() {
+    let sat = with_asks().await;
+    let path = format!("/i/alice-asks/mcp?token={}", instance_token("alice-asks"));
+    let direct = Caller::connect_with(&sat, &path, None, json!({"elicitation": {}})).await;
+    let call = |id: u64, name: &str| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":{}}});
+    let holder = Caller {
+        http: direct.http.clone(),
+        url: direct.url.clone(),
+        token: direct.token.clone(),
+        session: direct.session.clone(),
+    };
+    let first = call(21, "hold").to_string();
+    let held = tokio::spawn(async move { holder.send(first, &[]).await.status() });
+    let instance = sat.satellite.manager().get(&ProcessId::from("asks-acme-alice-i-asks")).expect("the instance");
+    wait_until(DEADLINE, "the first call in flight", || {
+        let running = instance.in_flight() == 1;
+        async move { running.then_some(()) }
+    })
+    .await;
+    let response = direct.send(call(22, "withdraw").to_string(), &[]).await;
+    let mut stream = Box::pin(response.bytes_stream());
+    let mut heard = String::new();
+    let is_request = |m: &Value| m["method"] == "elicitation/create" && m.get("id").is_some();
+    let request = hear_message(&mut stream, &mut heard, "the elicitation", is_request).await;
+    // The call that carried it ends.
+    let released = direct.tool("release", json!({})).await;
+    assert!(released.to_string().contains("late answers"), "{released}");
+    hear_message(&mut stream, &mut heard, "the call's answer", |m| m["id"] == 22).await;
+    assert!(!heard.contains("notifications/cancelled"), "not withdrawn: {heard}");
+    // The client answers it all the same: the server gets the answer.
+    let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"action":"decline"}});
+    let (status, text) = direct.post_text(&answer).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{text}");
+    wait_until(DEADLINE, "the server got the client's answer", || async {
+        let answers = direct.tool("answers", json!({})).await;
+        answers.to_string().contains("decline").then_some(())
+    })
+    .await;
+    assert_eq!(held.await.expect("the first call"), StatusCode::OK, "released too");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// An instance edited in place (here alice's gets an argument) is a new instance under the same path and process
 /// id: a GET stream open on its endpoint follows it, and hears that the tools changed once the new one has listed
 /// them; the session goes on, now reaching the new server. Before, the stream went on listening to the retired

@@ -280,18 +280,21 @@ fn key(scope: &str, id: &impl std::fmt::Display) -> String {
 impl Exchange {
     /// Turn a message from upstream into the JSON-RPC message the client sees; a request is registered under a
     /// fresh id, its answer awaited by `reply`. Should the asker stop waiting before the client answers,
-    /// `withdrawn` is told, to tell the client; the stream that carries the request may also tell it itself, once
-    /// its call has ended, through the [`AskedOf`] returned.
+    /// `withdrawn` is told, to tell the client (after the request: the caller sends what this returns first);
+    /// the stream that carries a request surely about its own call may also tell it itself, once that call has
+    /// ended, through the [`AskedOf`] returned. `None`: nothing to send (a request whose asker is gone already).
     pub fn outbound(
         &self,
         scope: &str,
         request: &RequestId,
         inbound: Inbound,
         withdrawn: &Withdrawn,
-    ) -> (Value, Option<AskedOf>) {
-        match inbound {
+    ) -> Option<(Value, Option<AskedOf>)> {
+        Some(match inbound {
             Inbound::Notification { method, params, .. } => (notification_out(request, &method, params), None),
-            Inbound::Request { method, params, mut reply } => {
+            // Withdrawn before it reached the client: it is not asked at all.
+            Inbound::Request { reply, .. } if reply.is_closed() => return None,
+            Inbound::Request { method, params, mut reply, ours } => {
                 let id = format!("satellite-{}", self.next.fetch_add(1, Ordering::Relaxed) + 1);
                 let key = key(scope, &id);
                 let (answer, answered) = oneshot::channel();
@@ -321,9 +324,10 @@ impl Exchange {
                         }
                     }
                 });
-                (message(Some(json!(id)), &method, params), Some(AskedOf { key, id }))
+                let asked = ours.then_some(AskedOf { key, id: id.clone() });
+                (message(Some(json!(id)), &method, params), asked)
             }
-        }
+        })
     }
 
     /// Whether the request is still unanswered.
@@ -457,6 +461,8 @@ impl Exchange {
                 Some(answer) => {
                     let _ = asked.reply.send(Ok(answer.clone()));
                 }
+                // Withdrawn by its server meanwhile: not asked again.
+                None if asked.reply.is_closed() => {}
                 None => unanswered.push(asked),
             }
         }
@@ -547,8 +553,7 @@ impl Exchange {
             withdrawals,
             asked: Vec::new(),
         };
-        if let Some(inbound) = first {
-            let message = state.outbound(inbound);
+        if let Some(message) = first.and_then(|inbound| state.outbound(inbound)) {
             state.queue.push_back(message);
         }
         let events = futures::stream::unfold(state, |mut state| async move {
@@ -576,9 +581,13 @@ impl Exchange {
 
     /// Decide what a message from upstream becomes for this client.
     fn take_up(&self, mode: &Mode, inbound: Inbound) -> Taken {
+        // A request its server withdrew (or gave up on) before it came to be asked: nobody waits for an answer.
+        if matches!(&inbound, Inbound::Request { reply, .. } if reply.is_closed()) {
+            return Taken::Answered;
+        }
         let Mode::Stateless { capabilities, .. } = mode else { return Taken::Stream(inbound) };
         match inbound {
-            Inbound::Request { method, params, reply } => {
+            Inbound::Request { method, params, reply, .. } => {
                 match capability_for(&method) {
                     Some(name) if capabilities.get(name).is_some() => Taken::Park(Asked { method, params, reply }),
                     // What the client would answer without the capability (a ping is answered here).
@@ -702,14 +711,14 @@ impl Drop for AbortOnDrop {
 impl<Fin> Streaming<Fin> {
     /// A message from upstream for this stream's client; a request is remembered, to be withdrawn if unanswered
     /// when the call ends.
-    fn outbound(&mut self, inbound: Inbound) -> Value {
-        let (message, asked) = self.exchange.outbound(&self.scope, &self.request, inbound, &self.withdrawn);
+    fn outbound(&mut self, inbound: Inbound) -> Option<Value> {
+        let (message, asked) = self.exchange.outbound(&self.scope, &self.request, inbound, &self.withdrawn)?;
         if let Some(asked) = asked {
             // Those answered or withdrawn already are forgotten, so a long stream keeps no more than it waits on.
             self.asked.retain(|asked| self.exchange.waits(asked));
             self.asked.push(asked);
         }
-        message
+        Some(message)
     }
 
     /// The call has ended: the client is told of each server request it was asked that is now moot, before the
@@ -777,7 +786,10 @@ impl<Fin: FnOnce(Result<Payload, RouteError>) -> Value> Streaming<Fin> {
             };
             if let Some(inbound) = inbound {
                 match self.exchange.take_up(&self.mode, inbound) {
-                    Taken::Stream(inbound) => return Some(self.outbound(inbound)),
+                    Taken::Stream(inbound) => match self.outbound(inbound) {
+                        Some(message) => return Some(message),
+                        None => continue,
+                    },
                     Taken::Answered => continue,
                     Taken::Park(asked) => {
                         let (call, rx) = (self.call.take()?, self.rx.take()?);

@@ -8,12 +8,14 @@ async fn answers_reach_the_request_that_asked_and_only_in_its_session() {
     let (reply, answer) = oneshot::channel();
     let asker = RequestId::Number(1);
     let (withdrawn, _) = Withdrawn::channel();
-    let (out, _) = exchange.outbound(
-        "s1",
-        &asker,
-        Inbound::Request { method: "sampling/createMessage".into(), params: None, reply },
-        &withdrawn,
-    );
+    let (out, _) = exchange
+        .outbound(
+            "s1",
+            &asker,
+            Inbound::Request { method: "sampling/createMessage".into(), params: None, reply, ours: true },
+            &withdrawn,
+        )
+        .expect("a request to send");
     let id = RequestId::String(out["id"].as_str().unwrap().to_owned());
     assert_eq!(out["method"], "sampling/createMessage");
     assert!(!exchange.deliver("s2", &id, Ok(json!({}))), "another session cannot answer");
@@ -31,8 +33,8 @@ async fn a_request_the_asker_gives_up_on_is_withdrawn_from_the_client() {
     let exchange = Exchange::default();
     let (reply, answer) = oneshot::channel();
     let (withdrawn, mut withdrawals) = Withdrawn::channel();
-    let request = Inbound::Request { method: "elicitation/create".into(), params: None, reply };
-    let (out, asked) = exchange.outbound("s1", &RequestId::Number(1), request, &withdrawn);
+    let request = Inbound::Request { method: "elicitation/create".into(), params: None, reply, ours: true };
+    let (out, asked) = exchange.outbound("s1", &RequestId::Number(1), request, &withdrawn).expect("a request");
     let asked = asked.expect("a request is remembered");
     assert!(exchange.waits(&asked));
     drop(answer);
@@ -45,14 +47,31 @@ async fn a_request_the_asker_gives_up_on_is_withdrawn_from_the_client() {
     assert!(exchange.withdraw(&asked).is_none(), "told once");
 }
 
+/// A request whose asker is gone before it reaches the client is not sent at all; one that may be about another
+/// call (stdio and legacy SSE route a server's request to the newest call) is not withdrawn when this call ends,
+/// only once its own asker stops waiting.
+#[tokio::test]
+async fn only_requests_surely_of_a_call_end_with_it() {
+    let exchange = Exchange::default();
+    let (withdrawn, _) = Withdrawn::channel();
+    let (reply, answer) = oneshot::channel();
+    drop(answer);
+    let gone = Inbound::Request { method: "roots/list".into(), params: None, reply, ours: true };
+    assert!(exchange.outbound("s1", &RequestId::Number(1), gone, &withdrawn).is_none());
+    let (reply, _answer) = oneshot::channel();
+    let shared = Inbound::Request { method: "roots/list".into(), params: None, reply, ours: false };
+    let (out, asked) = exchange.outbound("s1", &RequestId::Number(1), shared, &withdrawn).expect("a request");
+    assert!(asked.is_none(), "not withdrawn with the call: {out}");
+}
+
 /// A request answered in time is not withdrawn: the client hears nothing more of it.
 #[tokio::test]
 async fn an_answered_request_is_not_withdrawn() {
     let exchange = Exchange::default();
     let (reply, answer) = oneshot::channel();
     let (withdrawn, mut withdrawals) = Withdrawn::channel();
-    let request = Inbound::Request { method: "roots/list".into(), params: None, reply };
-    let (out, asked) = exchange.outbound("s1", &RequestId::Number(1), request, &withdrawn);
+    let request = Inbound::Request { method: "roots/list".into(), params: None, reply, ours: true };
+    let (out, asked) = exchange.outbound("s1", &RequestId::Number(1), request, &withdrawn).expect("a request");
     let id = RequestId::String(out["id"].as_str().unwrap().to_owned());
     assert!(exchange.deliver("s1", &id, Ok(json!({"roots": []}))));
     assert_eq!(answer.await.unwrap().unwrap(), json!({"roots": []}));

@@ -439,11 +439,20 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
     session.seat = Some(deps.manager.seats().take(owner, None, relay));
     // The stream ends when its session goes: this task holds it only while forwarding one request.
     let (stream, exchange, scope) = (session.events.downgrade(), sessions.exchange.clone(), id.to_owned());
-    let withdrawn = withdrawn_to(stream.clone());
+    let (withdrawn, mut withdrawals) = withdrawals_to(stream.clone());
     tokio::spawn(async move {
-        while let Some(inbound) = asks.recv().await {
+        loop {
+            let message = tokio::select! {
+                inbound = asks.recv() => {
+                    let Some(inbound) = inbound else { break };
+                    match exchange.outbound(&scope, &protocol::RequestId::Number(0), inbound, &withdrawn) {
+                        Some((message, _)) => message,
+                        None => continue,
+                    }
+                }
+                Some(note) = withdrawals.recv() => note,
+            };
             let Some(events) = stream.upgrade() else { break };
-            let (message, _) = exchange.outbound(&scope, &protocol::RequestId::Number(0), inbound, &withdrawn);
             // A stream the client stopped reading is not waited on for long (nor kept open by this wait): the
             // request then goes unanswered and the server gets its timeout's error.
             let event = warp::sse::Event::default().event("message").data(message.to_string());
@@ -454,13 +463,19 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
     });
 }
 
-/// Word that a server request no longer waits for its answer goes on the legacy stream, if it has room.
-fn withdrawn_to(events: mpsc::WeakSender<warp::sse::Event>) -> Withdrawn {
-    Withdrawn::new(move |note| {
-        if let Some(events) = events.upgrade() {
-            let _ = events.try_send(warp::sse::Event::default().event("message").data(note.to_string()));
+/// Word that a server request no longer waits for its answer, for a legacy stream: through the channel returned,
+/// which whoever puts the requests on the stream reads between them (so the word never overtakes its request);
+/// once that reader is gone, onto the stream directly, if it has room.
+fn withdrawals_to(events: mpsc::WeakSender<warp::sse::Event>) -> (Withdrawn, mpsc::UnboundedReceiver<Value>) {
+    let (tx, rx) = mpsc::unbounded_channel::<Value>();
+    let withdrawn = Withdrawn::new(move |note| {
+        if let Err(mpsc::error::SendError(note)) = tx.send(note) {
+            if let Some(events) = events.upgrade() {
+                let _ = events.try_send(warp::sse::Event::default().event("message").data(note.to_string()));
+            }
         }
-    })
+    });
+    (withdrawn, rx)
 }
 
 /// How long a message waits for room on a legacy stream before the client is taken to have stopped reading.
@@ -529,7 +544,7 @@ impl RelayedCall {
             let call = target.dispatch(&self.deps, Some(&self.scope), &method, params, Some(&relay));
             tokio::pin!(call);
             let mut asked_tx = Some(asked_tx);
-            let withdrawn = withdrawn_to(self.events.downgrade());
+            let (withdrawn, mut withdrawals) = withdrawals_to(self.events.downgrade());
             // The server's requests this call's stream carried: those still unanswered when it ends are withdrawn.
             let mut carried = Vec::new();
             // False once the client has left or stopped reading: what the server says is no longer forwarded (a
@@ -541,17 +556,30 @@ impl RelayedCall {
                 tokio::select! {
                     biased;
                     outcome = &mut call => break outcome,
+                    Some(note) = withdrawals.recv() => {
+                        if !forwarding {
+                            continue;
+                        }
+                        let event = warp::sse::Event::default().event("message").data(note.to_string());
+                        if !send_or_give_up(&self.events, event).await {
+                            forwarding = false;
+                            self.end_session();
+                        }
+                    }
                     Some(inbound) = rx.recv() => {
                         if !forwarding {
                             continue;
                         }
-                        if matches!(inbound, Inbound::Request { .. }) {
+                        let Some((message, asked)) =
+                            self.sessions.exchange.outbound(&self.scope, &request_id, inbound, &withdrawn)
+                        else {
+                            continue;
+                        };
+                        if message.get("id").is_some() {
                             if let Some(tx) = asked_tx.take() {
                                 let _ = tx.send(());
                             }
                         }
-                        let (message, asked) =
-                            self.sessions.exchange.outbound(&self.scope, &request_id, inbound, &withdrawn);
                         if let Some(asked) = asked {
                             carried.retain(|asked| self.sessions.exchange.waits(asked));
                             carried.push(asked);
@@ -568,17 +596,19 @@ impl RelayedCall {
                 return Ended::StreamClosed;
             }
             // What the server said just before its answer; its requests are moot now, the call having ended.
+            let mut said = Vec::new();
             while let Ok(inbound) = rx.try_recv() {
                 let Inbound::Notification { .. } = inbound else { continue };
-                let (message, _) = self.sessions.exchange.outbound(&self.scope, &request_id, inbound, &withdrawn);
-                let event = warp::sse::Event::default().event("message").data(message.to_string());
-                if !send_or_give_up(&self.events, event).await {
-                    return self.stream_closed();
-                }
+                said.extend(self.sessions.exchange.outbound(&self.scope, &request_id, inbound, &withdrawn));
             }
-            for asked in carried {
-                let Some(note) = self.sessions.exchange.withdraw(&asked) else { continue };
-                let event = warp::sse::Event::default().event("message").data(note.to_string());
+            // Then word of the requests now moot: those withdrawn meanwhile, and those of this call left unanswered.
+            let mut notes: Vec<Value> = said.into_iter().map(|(message, _)| message).collect();
+            notes.extend(carried.iter().filter_map(|asked| self.sessions.exchange.withdraw(asked)));
+            while let Ok(note) = withdrawals.try_recv() {
+                notes.push(note);
+            }
+            for message in notes {
+                let event = warp::sse::Event::default().event("message").data(message.to_string());
                 if !send_or_give_up(&self.events, event).await {
                     return self.stream_closed();
                 }

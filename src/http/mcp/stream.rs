@@ -26,9 +26,12 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     // change, and discover always searches the current catalogs.
     let notes: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>> = match &endpoint.target {
         Target::Instance(instance) => {
+            // Marked changed: an edit applied since the endpoint named this instance is caught up with at once.
+            let mut applied = deps.manager.applied();
+            applied.mark_changed();
             let following = Following {
                 manager: deps.manager.clone(),
-                applied: deps.manager.applied(),
+                applied,
                 announcements: BroadcastStream::new(instance.announcements()),
                 instance: instance.clone(),
                 sessions: endpoint.sessions.clone(),
@@ -80,8 +83,10 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     let (sessions, scope) = (endpoint.sessions.clone(), id.to_owned());
     // A request the server withdraws, or whose asker gives up, before the client answers: the client hears so.
     let (withdrawn, withdrawals) = crate::http::exchange::Withdrawn::channel();
-    let asks = tokio_stream::wrappers::ReceiverStream::new(asks)
-        .map(move |inbound| sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound, &withdrawn).0);
+    let asks = tokio_stream::wrappers::ReceiverStream::new(asks).filter_map(move |inbound| {
+        let message = sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound, &withdrawn);
+        std::future::ready(message.map(|(message, _)| message))
+    });
     let withdrawals = tokio_stream::wrappers::UnboundedReceiverStream::new(withdrawals);
     let notes = futures::stream::select(notes, futures::stream::select(asks, withdrawals));
     // The stream ends with the session (or the satellite); until then pings keep it open. A client that drops it

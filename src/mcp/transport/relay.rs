@@ -25,15 +25,15 @@ const BACKLOG_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Debug)]
 pub enum Inbound {
     /// `held` counts the notification against its relay's backlog until the client end takes it.
-    Notification {
-        method: String,
-        params: Option<Value>,
-        held: Held,
-    },
+    Notification { method: String, params: Option<Value>, held: Held },
     Request {
         method: String,
         params: Option<Value>,
         reply: oneshot::Sender<Result<Value, RpcError>>,
+        /// Whether the request is surely about the client request this relay belongs to. On stdio and legacy SSE,
+        /// where a server's request names none of ours, it goes to the newest call: with several running it may
+        /// be about another, and must not be withdrawn when this one ends.
+        ours: bool,
     },
 }
 
@@ -122,6 +122,17 @@ impl Relay {
     /// Ask the client and wait at most `timeout` for its answer. A client that cannot answer, is gone or does
     /// not answer in time makes this an error the server receives as the answer.
     pub async fn ask(&self, method: &str, params: Option<Value>, timeout: Duration) -> Result<Value, RpcError> {
+        self.ask_as(method, params, timeout, true).await
+    }
+
+    /// [`Relay::ask`] of a request that is `ours` (about this relay's client request) or perhaps another's.
+    pub async fn ask_as(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+        ours: bool,
+    ) -> Result<Value, RpcError> {
         if !self.answers {
             return Err(unsupported(method));
         }
@@ -133,7 +144,7 @@ impl Relay {
             }
         }
         let (reply, answer) = oneshot::channel();
-        let request = Inbound::Request { method: method.to_owned(), params, reply };
+        let request = Inbound::Request { method: method.to_owned(), params, reply, ours };
         // The wait for room on a stalled client's stream counts against the timeout too.
         let asked = async {
             if self.tx.send(request).await.is_err() {

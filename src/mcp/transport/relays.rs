@@ -40,9 +40,13 @@ impl Relays {
         })
     }
 
-    /// The relay of the newest request still running.
-    pub(crate) fn newest(&self) -> Option<Relay> {
-        self.active.lock().iter().rev().find(|a| !a.relay.is_closed()).map(|a| a.relay.clone())
+    /// The relay of the newest request still running, and whether it is the only one: only then is a server's
+    /// request surely about that request (with several, it may be about another one).
+    pub(crate) fn newest(&self) -> Option<(Relay, bool)> {
+        let active = self.active.lock();
+        let mut running = active.iter().rev().filter(|a| !a.relay.is_closed());
+        let newest = running.next()?.relay.clone();
+        Some((newest, running.next().is_none()))
     }
 
     /// Every relay with a request running (one per request).

@@ -272,9 +272,16 @@ struct Answers {
 impl Answers {
     /// Ask the client of the call in flight (`relay`), else the owner's clients outside any call, and POST the
     /// answer.
-    async fn answer(self, label: String, relay: Option<Relay>, id: RequestId, method: String, params: Option<Value>) {
+    async fn answer(
+        self,
+        label: String,
+        relay: Option<(Relay, bool)>,
+        id: RequestId,
+        method: String,
+        params: Option<Value>,
+    ) {
         let answer = match relay {
-            Some(relay) => relay.ask(&method, params, ASK_TIMEOUT).await,
+            Some((relay, ours)) => relay.ask_as(&method, params, ASK_TIMEOUT, ours).await,
             None => answer_outside(self.asker.as_ref(), &method, params).await,
         };
         let reply = match answer {

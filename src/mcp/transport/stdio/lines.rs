@@ -140,15 +140,23 @@ impl Lines {
             .utf8_chunks()
             .map(|chunk| chunk.valid().len() + if chunk.invalid().is_empty() { 0 } else { '\u{fffd}'.len_utf8() })
             .sum();
-        if grown > self.max {
-            let mut scan = IdScan::default();
-            if self.scan {
-                scan.feed(line);
-            }
-            // Its length as text, which is what is over the bound.
-            return Line::TooLong { bytes: grown, id: scan.id, has_method: scan.has_method };
+        if grown <= self.max {
+            return Line::Text(String::from_utf8_lossy(line).into_owned());
         }
-        Line::Text(String::from_utf8_lossy(line).into_owned())
+        if !self.scan {
+            // A log line (stderr, in Latin-1 say) is kept, cut at the bound, rather than lost.
+            let mut text = String::from_utf8_lossy(line).into_owned();
+            let mut end = self.max;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            return Line::Text(text);
+        }
+        let mut scan = IdScan::default();
+        scan.feed(line);
+        // Its length as text, which is what is over the bound.
+        Line::TooLong { bytes: grown, id: scan.id, has_method: scan.has_method }
     }
 }
 
@@ -337,6 +345,10 @@ mod tests {
             let as_text = grows.len() - 1 + 60 * 2;
             assert_eq!(lines[0], Line::TooLong { bytes: as_text, id: Some(5), has_method: false }, "chunk {chunk}");
             assert_eq!(lines[1], Line::Text(format!("ab{}", "\u{fffd}".repeat(30))), "chunk {chunk}");
+            // A log line (stderr's, unscanned) is kept, cut at the bound on a character's edge.
+            let logged = decode_all(&mut Lines::unscanned(100), &grows, chunk);
+            let [Line::Text(text)] = &logged[..] else { panic!("one line of text: {logged:?}") };
+            assert!(text.len() <= 100 && text.len() > 90 && text.starts_with(r#"{"jsonrpc""#), "{text:?}");
         }
     }
 

@@ -315,10 +315,10 @@ impl Owner {
                 let busy = self.outside.len() >= MAX_OUTSIDE_ASKS;
                 match self.relays.newest() {
                     // A client is waiting on one of our requests: it answers, without holding up this loop.
-                    Some(relay) => {
+                    Some((relay, ours)) => {
                         let replies = self.replies.clone();
                         self.asks.spawn(Some(id.clone()), async move {
-                            let reply = match relay.ask(&method, params, ASK_TIMEOUT).await {
+                            let reply = match relay.ask_as(&method, params, ASK_TIMEOUT, ours).await {
                                 Ok(result) => protocol::response(id, result),
                                 Err(err) => protocol::error_response(Some(id), err),
                             };
