@@ -2028,6 +2028,57 @@ async fn a_request_the_server_withdraws_is_withdrawn_from_the_client() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// What a session asked of its instance's server (a resource to watch, a log level) is asked again of the new server
+/// when the instance is edited in place, as of a restarted one: the session outlives the edit, and goes on hearing
+/// the resource's updates. Before, the new server knew of neither, and the session waited for updates in vain.
+#[tokio::test]
+async fn an_instance_edited_in_place_keeps_what_its_sessions_asked_of_the_server() {
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let paged = |alice_args: &str| {
+        format!(
+            "\n[[servers]]\nslug = \"paged\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"paged\"]\n\
+             [[installations]]\nid = \"i-paged\"\nteam = \"acme\"\nserver = \"paged\"\n\
+             [installations.users.alice]\ninstance_path = \"alice-paged\"\ninstance_token_sha256 = \"{}\"\n{alice_args}",
+            sha256_hex(&instance_token("alice-paged"))
+        )
+    };
+    let sat = TestSatellite::start(&(config() + &paged(""))).await;
+    sat.wait_ready().await;
+    let id = ProcessId::from("paged-acme-alice-i-paged");
+    wait_online(&sat, id.as_str()).await;
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let asked = [
+        json!({"jsonrpc":"2.0","id":2,"method":"resources/subscribe","params":{"uri":"paged://report"}}),
+        json!({"jsonrpc":"2.0","id":3,"method":"logging/setLevel","params":{"level":"warning"}}),
+    ];
+    for request in &asked {
+        let (status, answer) = direct.post_text(request).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    let mut stream = get_stream(&sat, &path, direct.session.as_deref().expect("a session")).await;
+    let before = sat.satellite.manager().get(&id).expect("alice's instance");
+    sat.rewrite_config(&(config() + &paged("args = [\"--edited\"]\n")));
+    wait_until(DEADLINE, "the edited instance online", || {
+        let edited = sat.satellite.manager().get(&id).filter(|now| !std::sync::Arc::ptr_eq(now, &before));
+        let online = edited.is_some_and(|now| now.state() == InstanceStatus::Online);
+        async move { online.then_some(()) }
+    })
+    .await;
+    let touch = json!({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"touch","arguments":{}}});
+    let touched = wait_until(DEADLINE, "the new server asked again", || async {
+        let (_, touched) = direct.post_text(&touch).await;
+        touched.contains("subscribed: paged://report").then_some(touched)
+    })
+    .await;
+    assert!(touched.contains("log level: warning"), "{touched}");
+    let mut heard = String::new();
+    let updated =
+        |m: &Value| m["method"] == "notifications/resources/updated" && m["params"]["uri"] == "paged://report";
+    hear_message(&mut stream, &mut heard, "the resource's update", updated).await;
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// On stdio a server's request names none of the calls running on it, and goes to the newest: with two running, it
 /// may be the other's. Such a request is not withdrawn when the call whose stream carried it ends, and the
 /// client's answer still reaches the server. (A request surely of one call, with no other running, is: see

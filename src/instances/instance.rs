@@ -260,6 +260,16 @@ impl Instance {
         self.subscriptions_changed.subscribe()
     }
 
+    /// What the clients of `predecessor`, the instance this one replaces under the same process id (its entry
+    /// edited in place), asked of its server: the log level, the resources watched and who holds each. Their
+    /// sessions outlive the edit, so the new server is asked for the same once it has started
+    /// (`restore_client_state`), as a restarted one is. A server that refuses a resource no longer has it asked.
+    pub(super) fn carry_client_state(&self, predecessor: &Instance) {
+        *self.holders.lock() = predecessor.holders.lock().clone();
+        *self.subscriptions.lock() = predecessor.subscriptions.lock().clone();
+        *self.log_level.lock() = predecessor.log_level.lock().clone();
+    }
+
     /// Note that the server accepted a `logging/setLevel` to `level`.
     pub(super) fn note_log_level(&self, level: String) {
         *self.log_level.lock() = Some(level);

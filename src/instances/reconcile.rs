@@ -61,6 +61,11 @@ impl InstanceManager {
             removed.into_iter().chain(replaced.collect::<Vec<_>>()).collect()
         };
         inner.bump_visibility();
+        let retired_by_edit: Vec<Arc<Instance>> = retiring
+            .iter()
+            .filter(|(_, reason)| *reason == StopReason::Replaced)
+            .map(|(instance, _)| instance.clone())
+            .collect();
         let kept: Vec<(ProcessId, Arc<Catalog>)> = retiring
             .iter()
             .filter(|(_, reason)| *reason == StopReason::Removed)
@@ -127,6 +132,9 @@ impl InstanceManager {
         }
 
         let specs = kept_specs(&current, &desired.instances);
+        // An instance edited in place keeps what its clients asked of the server (their sessions outlive the edit).
+        let predecessors: std::collections::HashMap<ProcessId, Arc<Instance>> =
+            retired_by_edit.into_iter().map(|instance| (instance.spec().process_id.clone(), instance)).collect();
         let starting: Vec<Arc<Instance>> = {
             let mut state = inner.state.write();
             let mut starting = Vec::new();
@@ -139,6 +147,9 @@ impl InstanceManager {
                 let stored = state.stored.remove(id).filter(|_| changes.added.contains(id));
                 let max_calls = inner.deps.settings.lifecycle.max_calls_per_instance;
                 let instance = Arc::new(Instance::new(specs[id].clone(), stored, max_calls, inner.overrides.clone()));
+                if let Some(predecessor) = predecessors.get(id) {
+                    instance.carry_client_state(predecessor);
+                }
                 state.live.insert(instance.clone());
                 starting.push(instance);
             }
