@@ -346,9 +346,10 @@ fn invalid_request(error: RpcError) -> Response {
 
 /// Whether the `Accept` header takes each of `mimes` (by name, case aside, or as `*/*`), read in one pass.
 fn accepts_all<const N: usize>(headers: &HeaderMap, mimes: [&str; N]) -> bool {
-    let Some(accept) = headers.get(names::ACCEPT) else { return false };
     let mut taken = [false; N];
-    for part in accept.as_bytes().split(|&b| b == b',') {
+    // Several `Accept` lines are one list (RFC 9110 §5.3), as a client or a proxy may send them.
+    let parts = headers.get_all(names::ACCEPT).into_iter().flat_map(|accept| accept.as_bytes().split(|&b| b == b','));
+    for part in parts {
         let media = part.split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
         if media == b"*/*" {
             return true;
@@ -407,6 +408,9 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("accept", HeaderValue::from_static("text/event-stream"));
         assert!(accepts_all(&headers, ["text/event-stream"]));
+        // Two lines are one list: before, only the first was read, and such a client got 406.
+        headers.append("accept", HeaderValue::from_static("application/json"));
+        assert!(accepts_all(&headers, both));
     }
 
     /// Every POST's future is boxed (the route's closure), so copied whole into the heap once per request. Waking a
