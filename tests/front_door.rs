@@ -2081,39 +2081,52 @@ async fn an_instance_edited_in_place_keeps_what_its_sessions_asked_of_the_server
 
 /// On stdio a server's request names none of the calls running on it, and goes to the newest: with two running, it
 /// may be the other's. Such a request is not withdrawn when the call whose stream carried it ends, and the
-/// client's answer still reaches the server. (A request surely of one call, with no other running, is: see
+/// client's answer still reaches the server; withdrawn by the server later, the client hears so on its session's
+/// GET stream, the one still open. (A request surely of one call, with no other running, is withdrawn with it: see
 /// `a_request_the_server_withdraws_is_withdrawn_from_the_client`.)
 #[tokio::test]
 async fn a_request_perhaps_of_another_call_outlives_the_call_that_carried_it() {
     let sat = with_asks().await;
     let path = format!("/i/alice-asks/mcp?token={}", instance_token("alice-asks"));
     let direct = Caller::connect_with(&sat, &path, None, json!({"elicitation": {}})).await;
-    let call = |id: u64, name: &str| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":{}}});
-    let holder = Caller {
-        http: direct.http.clone(),
-        url: direct.url.clone(),
-        token: direct.token.clone(),
-        session: direct.session.clone(),
-    };
-    let first = call(21, "hold").to_string();
-    let held = tokio::spawn(async move { holder.send(first, &[]).await.status() });
+    let mut on_get = get_stream(&sat, &path, direct.session.as_deref().expect("a session")).await;
     let instance = sat.satellite.manager().get(&ProcessId::from("asks-acme-alice-i-asks")).expect("the instance");
-    wait_until(DEADLINE, "the first call in flight", || {
-        let running = instance.in_flight() == 1;
-        async move { running.then_some(()) }
-    })
-    .await;
-    let response = direct.send(call(22, "withdraw").to_string(), &[]).await;
-    let mut stream = Box::pin(response.bytes_stream());
-    let mut heard = String::new();
-    let is_request = |m: &Value| m["method"] == "elicitation/create" && m.get("id").is_some();
-    let request = hear_message(&mut stream, &mut heard, "the elicitation", is_request).await;
-    // The call that carried it ends.
-    let released = direct.tool("release", json!({})).await;
-    assert!(released.to_string().contains("late answers"), "{released}");
-    hear_message(&mut stream, &mut heard, "the call's answer", |m| m["id"] == 22).await;
-    assert!(!heard.contains("notifications/cancelled"), "not withdrawn: {heard}");
+    let call = |id: u64, name: &str| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":{}}}).to_string()
+    };
+    // A call held, then one whose server asks the client: with two running, the question may be either's.
+    let two_calls_asking = |round: u64| {
+        let (direct, instance) = (&direct, &instance);
+        async move {
+            let holder = Caller {
+                http: direct.http.clone(),
+                url: direct.url.clone(),
+                token: direct.token.clone(),
+                session: direct.session.clone(),
+            };
+            let first = call(round * 10 + 1, "hold");
+            let held = tokio::spawn(async move { holder.send(first, &[]).await.status() });
+            wait_until(DEADLINE, "the first call in flight", || {
+                let running = instance.in_flight() == 1;
+                async move { running.then_some(()) }
+            })
+            .await;
+            let response = direct.send(call(round * 10 + 2, "withdraw"), &[]).await;
+            let mut stream = Box::pin(response.bytes_stream());
+            let mut heard = String::new();
+            let is_request = |m: &Value| m["method"] == "elicitation/create" && m.get("id").is_some();
+            let request = hear_message(&mut stream, &mut heard, "the elicitation", is_request).await;
+            // The call that carried it ends.
+            let released = direct.tool("release", json!({})).await;
+            assert!(released.to_string().contains("late answers"), "{released}");
+            hear_message(&mut stream, &mut heard, "the call's answer", |m| m["id"] == round * 10 + 2).await;
+            assert!(!heard.contains("notifications/cancelled"), "not withdrawn: {heard}");
+            assert_eq!(held.await.expect("the first call"), StatusCode::OK, "released too");
+            request
+        }
+    };
     // The client answers it all the same: the server gets the answer.
+    let request = two_calls_asking(1).await;
     let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"action":"decline"}});
     let (status, text) = direct.post_text(&answer).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{text}");
@@ -2122,7 +2135,14 @@ async fn a_request_perhaps_of_another_call_outlives_the_call_that_carried_it() {
         answers.to_string().contains("decline").then_some(())
     })
     .await;
-    assert_eq!(held.await.expect("the first call"), StatusCode::OK, "released too");
+    // The server withdraws the next one: the client hears so on its GET stream.
+    let request = two_calls_asking(2).await;
+    let retracted = direct.tool("retract", json!({})).await;
+    assert!(retracted.to_string().contains("retracted 1"), "{retracted}");
+    let mut heard = String::new();
+    let withdrawal = |m: &Value| m["method"] == "notifications/cancelled";
+    let note = hear_message(&mut on_get, &mut heard, "the withdrawal", withdrawal).await;
+    assert_eq!(note["params"]["requestId"], request["id"], "{note}");
     assert!(sat.satellite.shutdown().await);
 }
 

@@ -34,6 +34,8 @@ pub struct Exchange {
     /// Where a client's answer to a server request goes, by session and the id the client knows: to the task that
     /// passes it on to the server's asker, or tells the client the server no longer waits ([`Withdrawn`]).
     replies: Arc<Mutex<HashMap<String, Reply_>>>,
+    /// Each session's GET stream, by session (scope), for withdrawals no other stream can carry.
+    session_streams: Arc<Mutex<HashMap<String, (u64, Withdrawn)>>>,
     calls: Mutex<Calls>,
     /// 2026-07-28 calls waiting for the client's retry with answers, by the handle in their `requestState`.
     parked: Mutex<HashMap<String, Parked>>,
@@ -224,18 +226,40 @@ enum Taken {
 /// withdrew it, or the asker gave up: the call ended, or the client was too slow): the `notifications/cancelled`
 /// the satellite sends the client under the id the client knows, so that it stops asking its user. Cheap to clone.
 #[derive(Clone)]
-pub struct Withdrawn(Arc<dyn Fn(Value) + Send + Sync>);
+pub struct Withdrawn(Arc<dyn Fn(Value) -> Result<(), Value> + Send + Sync>);
 
 impl Withdrawn {
-    /// `tell` puts the notification on the client's stream.
-    pub fn new(tell: impl Fn(Value) + Send + Sync + 'static) -> Self {
+    /// `tell` puts the notification on the client's stream, or hands it back when that stream is gone.
+    pub fn new(tell: impl Fn(Value) -> Result<(), Value> + Send + Sync + 'static) -> Self {
         Self(Arc::new(tell))
     }
 
     /// One that puts the notification on a channel whose receiving end the stream reads.
     pub fn channel() -> (Self, mpsc::UnboundedReceiver<Value>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Self::new(move |note| drop(tx.send(note))), rx)
+        (Self::new(move |note| tx.send(note).map_err(|gone| gone.0)), rx)
+    }
+
+    fn tell(&self, note: Value) -> Result<(), Value> {
+        (self.0)(note)
+    }
+}
+
+/// A session's GET stream, told of requests withdrawn after the stream that carried them has ended (a POST's SSE
+/// answer ends with its call, and a request on it may be another call's: `Inbound::Request::ours`). Unregistered
+/// when dropped (with the GET stream).
+pub struct HearsWithdrawals {
+    streams: Arc<Mutex<HashMap<String, (u64, Withdrawn)>>>,
+    scope: String,
+    id: u64,
+}
+
+impl Drop for HearsWithdrawals {
+    fn drop(&mut self) {
+        let mut streams = self.streams.lock();
+        if streams.get(&self.scope).is_some_and(|(id, _)| *id == self.id) {
+            streams.remove(&self.scope);
+        }
     }
 }
 
@@ -307,6 +331,7 @@ impl Exchange {
                 // Passes the client's answer on, or, when the asker stops waiting first, takes the request out of
                 // the table and tells the client. It ends with one or the other: the asker's wait is bounded.
                 let (replies, watched, told, id_) = (self.replies.clone(), key.clone(), withdrawn.clone(), id.clone());
+                let (session_streams, session) = (self.session_streams.clone(), scope.to_owned());
                 tokio::spawn(async move {
                     tokio::select! {
                         answer = answered => {
@@ -319,7 +344,13 @@ impl Exchange {
                             // word on its channel already (`Streaming::withdraw_all`).
                             let mut replies = replies.lock();
                             if replies.remove(&watched).is_some() {
-                                (told.0)(cancelled(&id_, "the server no longer waits for an answer"));
+                                let note = cancelled(&id_, "the server no longer waits for an answer");
+                                // The stream that carried it has ended: the session's GET stream, if one is open.
+                                if let Err(note) = told.tell(note) {
+                                    if let Some((_, stream)) = session_streams.lock().get(&session) {
+                                        let _ = stream.tell(note);
+                                    }
+                                }
                             }
                         }
                     }
@@ -328,6 +359,14 @@ impl Exchange {
                 (message(Some(json!(id)), &method, params), asked)
             }
         })
+    }
+
+    /// The GET stream of session `scope` hears, through `withdrawn`, of requests withdrawn once the stream that
+    /// carried them has ended; until the returned guard is dropped (a newer GET stream of the session takes over).
+    pub fn hear_withdrawals(&self, scope: &str, withdrawn: Withdrawn) -> HearsWithdrawals {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.session_streams.lock().insert(scope.to_owned(), (id, withdrawn));
+        HearsWithdrawals { streams: self.session_streams.clone(), scope: scope.to_owned(), id }
     }
 
     /// Whether the request is still unanswered.

@@ -469,10 +469,13 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
 fn withdrawals_to(events: mpsc::WeakSender<warp::sse::Event>) -> (Withdrawn, mpsc::UnboundedReceiver<Value>) {
     let (tx, rx) = mpsc::unbounded_channel::<Value>();
     let withdrawn = Withdrawn::new(move |note| {
-        if let Err(mpsc::error::SendError(note)) = tx.send(note) {
-            if let Some(events) = events.upgrade() {
-                let _ = events.try_send(warp::sse::Event::default().event("message").data(note.to_string()));
+        let Err(mpsc::error::SendError(note)) = tx.send(note) else { return Ok(()) };
+        match events.upgrade() {
+            Some(events) => {
+                let event = warp::sse::Event::default().event("message").data(note.to_string());
+                events.try_send(event).map_err(|_| note)
             }
+            None => Err(note),
         }
     });
     (withdrawn, rx)

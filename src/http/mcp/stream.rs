@@ -83,6 +83,8 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     let (sessions, scope) = (endpoint.sessions.clone(), id.to_owned());
     // A request the server withdraws, or whose asker gives up, before the client answers: the client hears so.
     let (withdrawn, withdrawals) = crate::http::exchange::Withdrawn::channel();
+    // This stream also carries word of requests withdrawn after the POST answer that carried them has ended.
+    let hears = endpoint.sessions.exchange.hear_withdrawals(id, withdrawn.clone());
     let asks = tokio_stream::wrappers::ReceiverStream::new(asks).filter_map(move |inbound| {
         let message = sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound, &withdrawn);
         std::future::ready(message.map(|(message, _)| message))
@@ -97,7 +99,7 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     let revoked = revoked(deps.clone(), endpoint.credential(headers), "session");
     let events = notes
         .map(move |note| {
-            let _gone = (&gone, &seat);
+            let _gone = (&gone, &seat, &hears);
             Ok::<_, Infallible>(warp::sse::Event::default().event("message").data(note.to_string()))
         })
         .chain(futures::stream::pending())
