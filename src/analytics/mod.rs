@@ -98,9 +98,41 @@ pub struct Listing {
 
 #[derive(Debug)]
 enum Fact {
-    Listing { key: RowKey, stateless: bool, listing: Listing },
+    Listing(Box<ListingFact>),
     Discover { key: RowKey, text: String, tool_paths: Vec<String> },
     Call(Box<CallFact>),
+}
+
+/// Like listings of one session, one after another: one row that counts them (issue 19: a row per `tools/list` cost
+/// a listing more than the rest of its answer). Like: the same router, instance and tools shown and visible, with
+/// their tokens counted; a session's next listing joins only its last one, so a change of the visible tools and
+/// back is still a listing a plain proxy re-sends.
+#[derive(Debug)]
+struct ListingFact {
+    key: RowKey,
+    stateless: bool,
+    /// The caller's MCP session id as sent, to tell apart sessions whose hashes collide (not stored).
+    session: Option<Box<str>>,
+    listing: Listing,
+    /// Listings this fact stands for.
+    listings: u64,
+}
+
+impl ListingFact {
+    /// Whether `listing` by `caller` goes in this fact's row.
+    fn is_like(&self, caller: &Caller<'_>, listing: &Listing) -> bool {
+        let (mine, theirs) = (&self.listing, listing);
+        self.session.as_deref() == caller.session
+            && self.key.team_id == caller.team
+            && self.key.user_id == caller.user
+            && mine.uncounted.is_empty()
+            && theirs.uncounted.is_empty()
+            && mine.router == theirs.router
+            && mine.instance == theirs.instance
+            && mine.fingerprint == theirs.fingerprint
+            && (mine.tools_shown, mine.shown_tokens, mine.tools_visible, mine.visible_tokens)
+                == (theirs.tools_shown, theirs.shown_tokens, theirs.tools_visible, theirs.visible_tokens)
+    }
 }
 
 /// Successful calls of one session to one tool, made one after another with no discover between them: one row
@@ -142,6 +174,23 @@ struct Queue {
     /// Successful call facts that like calls still join, by [`call_hash`]: their place in `facts`. Emptied by every
     /// discover (a call after it may be a hit of it, a call before may not) and when the writer takes the facts.
     open_calls: HashMap<u64, usize>,
+    /// Each session's last listing fact, by [`session_hash`]: its place in `facts`. Emptied when the writer takes
+    /// the facts.
+    open_listings: HashMap<u64, usize>,
+}
+
+/// Under which index a queued fact stays open to like facts after it.
+enum Open {
+    Not,
+    Call(u64),
+    Listing(u64),
+}
+
+/// What a listing is merged by first: the caller (team, user, session).
+fn session_hash(caller: &Caller<'_>) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (caller.team, caller.user, caller.session).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// What a successful call is merged by: the caller (team, user, session), the router, the instance and the tool.
@@ -207,9 +256,28 @@ impl Recorder {
         tasks.spawn(writer(self.inner.clone(), store, shutdown));
     }
 
+    /// A listing answered. Like the session's last listing, it joins its row (a client or an agent loop that lists
+    /// again and again is one row per writer cycle), even when the queue is full, since it needs no room.
     pub fn listing(&self, caller: &Caller<'_>, listing: Listing) {
-        let stateless = caller.session.is_none();
-        self.send(Fact::Listing { key: row_key(caller), stateless, listing });
+        let hash = session_hash(caller);
+        {
+            let mut queue = self.inner.queue.lock();
+            let Queue { facts, open_listings, .. } = &mut *queue;
+            if let Some(Fact::Listing(fact)) = open_listings.get(&hash).and_then(|at| facts.get_mut(*at)) {
+                if fact.is_like(caller, &listing) {
+                    fact.listings += 1;
+                    return;
+                }
+            }
+        }
+        let fact = ListingFact {
+            key: row_key(caller),
+            stateless: caller.session.is_none(),
+            session: caller.session.map(Box::from),
+            listing,
+            listings: 1,
+        };
+        self.push(Fact::Listing(Box::new(fact)), Open::Listing(hash));
     }
 
     /// A discover answered with `text`, listing `tool_paths` (`slug:tool`).
@@ -233,7 +301,7 @@ impl Recorder {
         let hash = (outcome == Outcome::Ok).then(|| call_hash(caller, router, spec, tool));
         if let Some(hash) = hash {
             let mut queue = self.inner.queue.lock();
-            let Queue { facts, open_calls } = &mut *queue;
+            let Queue { facts, open_calls, .. } = &mut *queue;
             if let Some(Fact::Call(fact)) = open_calls.get(&hash).and_then(|at| facts.get_mut(*at)) {
                 if fact.is_like(caller, router, spec, tool) {
                     fact.calls += 1;
@@ -254,24 +322,30 @@ impl Recorder {
             calls: 1,
             duration_ms,
         }));
-        self.push(fact, hash);
+        self.push(fact, hash.map_or(Open::Not, Open::Call));
     }
 
     fn send(&self, fact: Fact) {
-        self.push(fact, None);
+        self.push(fact, Open::Not);
     }
 
-    /// Queue `fact`; `open_as`: the hash under which like calls join it.
-    fn push(&self, fact: Fact, open_as: Option<u64>) {
+    /// Queue `fact`; `open`: the hash under which like facts join it.
+    fn push(&self, fact: Fact, open: Open) {
         let queued = {
             let mut queue = self.inner.queue.lock();
             if queue.facts.len() < QUEUE {
                 if matches!(fact, Fact::Discover { .. }) {
                     queue.open_calls.clear();
                 }
-                if let Some(hash) = open_as {
-                    let at = queue.facts.len();
-                    queue.open_calls.insert(hash, at);
+                let at = queue.facts.len();
+                match open {
+                    Open::Not => {}
+                    Open::Call(hash) => {
+                        queue.open_calls.insert(hash, at);
+                    }
+                    Open::Listing(hash) => {
+                        queue.open_listings.insert(hash, at);
+                    }
                 }
                 queue.facts.push(fact);
                 Some(queue.facts.len())
@@ -358,23 +432,31 @@ impl Ledger {
         facts
             .into_iter()
             .map(|fact| match fact {
-                Fact::Listing { key, stateless, listing } => {
+                Fact::Listing(fact) => {
+                    let ListingFact { key, stateless, listing, listings, .. } = *fact;
                     let state = self.session(&key.session);
                     // A plain proxy sends the list once per session and again when it changed; a stateless
-                    // client asks every time, and a stateless proxy answers every time.
-                    let resent = stateless || state.last_fingerprint != Some(listing.fingerprint);
+                    // client asks every time, and a stateless proxy answers every time. Of like listings joined
+                    // in one row, only the first can be a change.
+                    let resent = if stateless {
+                        listings
+                    } else {
+                        u64::from(state.last_fingerprint != Some(listing.fingerprint))
+                    };
                     state.last_fingerprint = Some(listing.fingerprint);
                     let (process_id, installation_id) = listing.instance.unzip();
+                    // The token figures are the row's listings' totals; the tool counts, those of one.
                     AnalyticsRow::Listing(ListingRow {
                         key,
                         router: listing.router.as_str(),
                         process_id,
                         installation_id,
+                        listings,
                         tools_shown: listing.tools_shown,
-                        shown_tokens: listing.shown_tokens,
+                        shown_tokens: listing.shown_tokens * listings,
                         tools_visible: listing.tools_visible,
-                        visible_tokens: listing.visible_tokens,
-                        proxy_tokens: if resent { listing.visible_tokens } else { 0 },
+                        visible_tokens: listing.visible_tokens * listings,
+                        proxy_tokens: listing.visible_tokens * resent,
                     })
                 }
                 Fact::Discover { key, text: _, tool_paths } => {
@@ -433,6 +515,7 @@ async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &Store) {
     let facts = {
         let mut queue = recorder.queue.lock();
         queue.open_calls.clear();
+        queue.open_listings.clear();
         std::mem::take(&mut queue.facts)
     };
     let mut facts = facts.into_iter();
@@ -449,7 +532,8 @@ async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &Store) {
 /// waited for is being built or is built).
 async fn count_uncounted(facts: &mut [Fact]) {
     for fact in facts.iter_mut() {
-        let Fact::Listing { listing, .. } = fact else { continue };
+        let Fact::Listing(fact) = fact else { continue };
+        let listing = &mut fact.listing;
         if listing.uncounted.is_empty() {
             continue;
         }
@@ -533,6 +617,44 @@ mod tests {
         }
     }
 
+    /// One listing's fact, as the recorder queues it.
+    fn listed(key: RowKey, stateless: bool, listing: Listing) -> Fact {
+        let session = (!stateless).then(|| Box::from(key.session.as_str()));
+        Fact::Listing(Box::new(ListingFact { key, stateless, session, listing, listings: 1 }))
+    }
+
+    /// Under load a client lists again and again: like listings of one session are one row that counts them, its
+    /// tokens their totals, and a plain proxy's cost once for a session (each time for a stateless one). A listing
+    /// that differs joins nothing, and a session's next listing joins only its last one, so a change and back is
+    /// still re-sent. Before, each listing was a row of its own: a SQLite insert per `tools/list`.
+    #[tokio::test]
+    async fn like_listings_of_a_session_are_one_row() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::open(dir.path()).await?;
+        let recorder = Recorder::new(MetaCost::default());
+        let a = Caller { team: "t", user: "u", session: Some("s1") };
+        let stateless = Caller { session: None, ..a.clone() };
+        for _ in 0..5 {
+            recorder.listing(&a, listing(1));
+            recorder.listing(&stateless, listing(1));
+        }
+        // The visible tools change, and back: three rows, each re-sent by a plain proxy.
+        recorder.listing(&a, listing(2));
+        recorder.listing(&a, listing(1));
+        recorder.listing(&a, listing(1));
+        assert_eq!(recorder.inner.queue.lock().facts.len(), 4, "two rows of five, then a change and back");
+        let mut ledger = Ledger { sessions: HashMap::new() };
+        drain(&recorder.inner, &mut ledger, &store).await;
+        let filter = crate::store::analytics::RowFilter::default();
+        let (rows, _) = store.activity(&filter, crate::store::analytics::Grouping::Session, 10, 0).await?;
+        let mut figures: Vec<(u64, u64, u64, u64)> =
+            rows.iter().map(|r| (r.listings, r.shown_tokens, r.visible_tokens, r.proxy_tokens)).collect();
+        figures.sort_unstable();
+        // The session: 8 listings, re-sent three times (first, change, back); the stateless caller: 5, each re-sent.
+        assert_eq!(figures, vec![(5, 2000, 5000, 5000), (8, 3200, 8000, 3000)]);
+        Ok(())
+    }
+
     fn listing(fingerprint: u64) -> Listing {
         Listing {
             router: Router::Hierarchical,
@@ -554,18 +676,15 @@ mod tests {
             .expect("a tool");
         let tokens = crate::tokens::count_tools(vec![tool.clone()]).await.expect("counted")[0] as u64;
         assert!(tokens > 0);
-        let fact = |router: Router| Fact::Listing {
-            key: key("a"),
-            stateless: true,
-            listing: Listing { router, uncounted: vec![tool.clone()], ..listing(1) },
-        };
+        let fact =
+            |router: Router| listed(key("a"), true, Listing { router, uncounted: vec![tool.clone()], ..listing(1) });
         let mut facts = vec![fact(Router::Hierarchical), fact(Router::Instance)];
         count_uncounted(&mut facts).await;
         let figures: Vec<(u64, u64, usize)> = facts
             .iter()
             .map(|f| match f {
-                Fact::Listing { listing, .. } => {
-                    (listing.shown_tokens, listing.visible_tokens, listing.uncounted.len())
+                Fact::Listing(fact) => {
+                    (fact.listing.shown_tokens, fact.listing.visible_tokens, fact.listing.uncounted.len())
                 }
                 _ => (0, 0, 0),
             })
@@ -601,8 +720,9 @@ mod tests {
         let other = Caller { session: Some("s2"), ..a.clone() };
         let ms = Duration::from_millis(1);
         recorder.call(&a, Router::Hierarchical, &spec, "echo", Outcome::Ok, ms);
-        for _ in 1..QUEUE {
-            recorder.listing(&other, listing(1));
+        // Listings that differ (like ones would join one row and fill nothing).
+        for n in 1..QUEUE {
+            recorder.listing(&other, listing(n as u64));
         }
         for _ in 0..5 {
             recorder.call(&a, Router::Hierarchical, &spec, "echo", Outcome::Ok, ms);
@@ -690,12 +810,12 @@ mod tests {
     fn a_plain_proxy_resends_the_list_only_when_it_changed_or_the_client_is_stateless() {
         let mut ledger = Ledger { sessions: HashMap::new() };
         let facts = vec![
-            Fact::Listing { key: key("a"), stateless: false, listing: listing(1) },
-            Fact::Listing { key: key("a"), stateless: false, listing: listing(1) },
-            Fact::Listing { key: key("a"), stateless: false, listing: listing(2) },
-            Fact::Listing { key: key("b"), stateless: false, listing: listing(2) },
-            Fact::Listing { key: key("c"), stateless: true, listing: listing(2) },
-            Fact::Listing { key: key("c"), stateless: true, listing: listing(2) },
+            listed(key("a"), false, listing(1)),
+            listed(key("a"), false, listing(1)),
+            listed(key("a"), false, listing(2)),
+            listed(key("b"), false, listing(2)),
+            listed(key("c"), true, listing(2)),
+            listed(key("c"), true, listing(2)),
         ];
         let rows = ledger.rows(facts, &[]);
         let proxied: Vec<u64> = rows.iter().map(proxy).collect();

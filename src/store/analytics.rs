@@ -31,6 +31,8 @@ pub struct ListingRow {
     pub router: &'static str,
     pub process_id: Option<String>,
     pub installation_id: Option<String>,
+    /// Like listings this row stands for: its token figures are their totals, its tool counts those of one.
+    pub listings: u64,
     pub tools_shown: u64,
     pub shown_tokens: u64,
     pub tools_visible: u64,
@@ -161,7 +163,7 @@ impl Store {
         let mut statements = Sql::inserts(
             self.engine(),
             "INSERT INTO analytics_listings (at, team_id, user_id, session, router, process_id, installation_id,
-                tools_shown, shown_tokens, tools_visible, visible_tokens, proxy_tokens)",
+                listings, tools_shown, shown_tokens, tools_visible, visible_tokens, proxy_tokens)",
             &listings,
             |l| {
                 let [at, team_id, user_id, session] = key(&l.key);
@@ -173,6 +175,7 @@ impl Store {
                     text(l.router),
                     l.process_id.as_deref().into(),
                     l.installation_id.as_deref().into(),
+                    int(l.listings),
                     int(l.tools_shown),
                     int(l.shown_tokens),
                     int(l.tools_visible),
@@ -248,7 +251,7 @@ impl Store {
         };
         let mut q = Sql::new(
             "WITH rows AS (
-               SELECT session, team_id, user_id, at, 1 AS listings, shown_tokens, visible_tokens, proxy_tokens,
+               SELECT session, team_id, user_id, at, listings, shown_tokens, visible_tokens, proxy_tokens,
                       0 AS discovers, 0 AS discover_results, 0 AS discover_tokens, 0 AS hits,
                       0 AS calls, 0 AS call_errors, 0 AS tool_errors
                FROM analytics_listings l WHERE 1=1",

@@ -78,6 +78,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
                 router: "hierarchical",
                 process_id: None,
                 installation_id: None,
+                listings: 1,
                 tools_shown: 4,
                 shown_tokens: 400,
                 tools_visible: 40,
