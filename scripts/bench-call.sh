@@ -12,7 +12,8 @@
 # installation's request logging), TEXT_BYTES (2: the size of the text echoed, so of the result), PORT (3977),
 # SYSCALLS (0; 1 adds system calls and context switches per call, read with perf), INSTRUCTIONS (0; 1 runs the
 # satellite under valgrind's callgrind and adds the instructions it executed per call, counted only while wrk runs),
-# ROUTE (call: `tools/call echo` on the instance router; mcp-list: `tools/list` on /mcp with the user's token),
+# ROUTE (call: `tools/call echo` on the instance router; mcp-list: `tools/list` on /mcp with the user's token;
+# mcp-init: `initialize` on /mcp, each a new session, so the table fills and evicts its oldest),
 # CALLGRIND_KEEP (with INSTRUCTIONS=1: a path prefix; each binary's profile is kept as PREFIX.BINARY_NAME, for
 # callgrind_annotate).
 set -euo pipefail
@@ -28,7 +29,7 @@ SYSCALLS=${SYSCALLS:-0}
 # nothing then; and a `rep movsb` copy counts once per byte, so copying memory weighs more there than it costs.
 INSTRUCTIONS=${INSTRUCTIONS:-0}
 ROUTE=${ROUTE:-call}
-case $ROUTE in call|mcp-list) ;; *) echo "error: ROUTE is call or mcp-list" >&2; exit 64 ;; esac
+case $ROUTE in call|mcp-list|mcp-init) ;; *) echo "error: ROUTE is call, mcp-list or mcp-init" >&2; exit 64 ;; esac
 # valgrind refuses a child's setrlimit(RLIMIT_NOFILE) that changes the hard limit (EPERM), which is how the sandbox caps
 # the demo server's open files; under valgrind the cap is off (0), or the server would never start.
 NOFILE_LINE=""
@@ -75,17 +76,19 @@ T
   (cd $data && exec env -u LOG_LEVEL "${under[@]}" "$bin" serve --config $data/s.toml --data-dir $data > $data/log 2>&1) & local pid=$!
   pids+=($pid)
   local url=http://127.0.0.1:$PORT/i/bench-demo/mcp bearer=$ITOK
-  [ "$ROUTE" = mcp-list ] && url=http://127.0.0.1:$PORT/mcp bearer=$TOKEN
+  [ "$ROUTE" != call ] && url=http://127.0.0.1:$PORT/mcp bearer=$TOKEN
   post() { curl -si $url -H "authorization: Bearer $bearer" -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' ${1:+-H "mcp-session-id: $1"} -d "$2"; }
   for _ in $(seq 1 1200); do curl -sf http://127.0.0.1:$PORT/readyz >/dev/null && break; sleep 0.1; done
   local INIT='{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"wrk","version":"1"}}}'
   local CALL='{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"'$TEXT'"}}}'
   local EXPECT="\"text\":\"$TEXT\""
   if [ "$ROUTE" = mcp-list ]; then CALL='{"jsonrpc":"2.0","id":2,"method":"tools/list"}' EXPECT=discover_mcp_tools; fi
+  if [ "$ROUTE" = mcp-init ]; then CALL=$INIT EXPECT=protocolVersion; fi
   local session=""
   for _ in $(seq 1 300); do session=$(post "" "$INIT" | tr -d '\r' | awk 'tolower($1) == "mcp-session-id:" {print $2}'); [ -n "$session" ] && break; sleep 0.1; done
-  local answered=""
-  for _ in $(seq 1 300); do post "$session" "$CALL" | grep -q "$EXPECT" && answered=1 && break; sleep 0.1; done
+  local answered="" with=$session
+  [ "$ROUTE" = mcp-init ] && with=""
+  for _ in $(seq 1 300); do post "$with" "$CALL" | grep -q "$EXPECT" && answered=1 && break; sleep 0.1; done
   # Measuring anything else (a call refused because the server never started) would be measuring the wrong path.
   [ -n "$answered" ] || { echo "error: $(basename $bin) never answered the call; its log: $data/log" >&2; tail -5 $data/log >&2; exit 1; }
   # What the start leaves running in the background (discovery, counting the tools' tokens, indexing) is not a
@@ -104,6 +107,8 @@ wrk.headers["accept"] = "application/json, text/event-stream"
 wrk.headers["authorization"] = "Bearer $bearer"
 wrk.headers["mcp-session-id"] = "$session"
 LUA
+  # Each initialize makes a session of its own.
+  [ "$ROUTE" = mcp-init ] && sed -i '/mcp-session-id/d' $data/call.lua
   wrk -t1 -c$C -d2s -s $data/call.lua $url >/dev/null
   local before after out requests
   before=$(awk '{print $14 + $15}' /proc/$pid/stat)
