@@ -163,17 +163,42 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_micros(ticks * 1_000_000 / per_second.max(1))
 }
 
-/// A client of one MCP endpoint on the 2025-11-25 handshake (one session for the whole measurement).
+/// A client of one MCP endpoint on the 2025-11-25 handshake (one session for the whole measurement), over
+/// HTTP/1.1 keep-alive connections of its own: one per request in flight, reused. A lighter generator than
+/// reqwest (no pool, URL or JSON work per request beyond the body): on 2 cores it shares with the satellite and the
+/// server, what it costs is taken from what is measured. Every answer is checked: 2xx, and a JSON-RPC result.
 struct Endpoint {
-    client: reqwest::Client,
-    url: String,
-    token: String,
+    addr: std::net::SocketAddr,
+    /// Path and query.
+    target: String,
+    authorization: String,
     session: Option<String>,
+    idle: parking_lot::Mutex<Vec<Connection>>,
+}
+
+type Connection = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// An answer: its head and its whole body.
+struct Answer {
+    headers: hyper::HeaderMap,
+    body: bytes::Bytes,
 }
 
 impl Endpoint {
     async fn open(url: String, token: String) -> Endpoint {
-        let mut endpoint = Endpoint { client: reqwest::Client::new(), url, token, session: None };
+        let url = url::Url::parse(&url).expect("an endpoint URL");
+        let addr = url.socket_addrs(|| None).expect("an address")[0];
+        let target = match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_owned(),
+        };
+        let mut endpoint = Endpoint {
+            addr,
+            target,
+            authorization: format!("Bearer {token}"),
+            session: None,
+            idle: parking_lot::Mutex::new(Vec::new()),
+        };
         endpoint.session = endpoint.initialize().await;
         endpoint
     }
@@ -181,43 +206,62 @@ impl Endpoint {
     async fn initialize(&self) -> Option<String> {
         let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
             "capabilities": {}, "clientInfo": {"name": "matrix", "version": "0"}}});
-        let response = self.request(&body, None).await;
-        response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned)
+        let answer = self.request(&body, None).await;
+        answer.headers.get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_owned)
     }
 
-    async fn request(&self, body: &Value, session: Option<&str>) -> reqwest::Response {
-        let mut request = self
-            .client
-            .post(&self.url)
-            .bearer_auth(&self.token)
-            .header("accept", "application/json, text/event-stream")
-            .json(body);
+    async fn connection(&self) -> Connection {
+        if let Some(connection) = self.idle.lock().pop().filter(|c| !c.is_closed()) {
+            return connection;
+        }
+        let stream = tokio::net::TcpStream::connect(self.addr).await.expect("a connection");
+        stream.set_nodelay(true).expect("nodelay");
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (sender, connection) = hyper::client::conn::http1::handshake(io).await.expect("an HTTP/1.1 connection");
+        tokio::spawn(connection);
+        sender
+    }
+
+    async fn request(&self, body: &Value, session: Option<&str>) -> Answer {
+        use http_body_util::BodyExt;
+        let mut connection = self.connection().await;
+        connection.ready().await.expect("a connection ready");
+        let mut request = hyper::Request::post(self.target.as_str())
+            .header("host", self.addr.to_string())
+            .header("authorization", self.authorization.as_str())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
         if let Some(session) = session {
             request = request.header("mcp-session-id", session);
         }
-        let response = request.send().await.expect("answered");
-        assert!(response.status().is_success(), "{} answered {}", self.url, response.status());
-        response
+        let body = bytes::Bytes::from(serde_json::to_vec(body).expect("a body"));
+        let request = request.body(http_body_util::Full::new(body)).expect("a request");
+        let response = connection.send_request(request).await.expect("answered");
+        let status = response.status();
+        let (head, body) = response.into_parts();
+        let body = body.collect().await.expect("a whole answer").to_bytes();
+        assert!(status.is_success(), "{} answered {status}: {}", self.target, String::from_utf8_lossy(&body));
+        self.idle.lock().push(connection);
+        Answer { headers: head.headers, body }
     }
 
-    async fn call(&self, method: &str, params: Value) -> Value {
+    async fn call(&self, method: &str, params: Value) {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        let response = self.request(&body, self.session.as_deref()).await;
-        let streamed = response
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        let text = response.text().await.expect("an answer");
-        // An SSE answer carries the response as its last `data:` event.
-        let json = if streamed {
-            text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).rfind(|d| !d.is_empty())
-        } else {
-            Some(text.as_str())
+        let answer = self.request(&body, self.session.as_deref()).await;
+        // A JSON answer, or an SSE stream whose last event is it: either way a result, not an error. Read as its
+        // envelope only (the result skipped over, not built).
+        #[derive(serde::Deserialize)]
+        struct Envelope<'a> {
+            #[serde(borrow)]
+            result: Option<&'a serde_json::value::RawValue>,
+        }
+        let text = std::str::from_utf8(&answer.body).expect("UTF-8");
+        let json = match text.trim_start().starts_with('{') {
+            true => Some(text),
+            false => text.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).rfind(|d| !d.is_empty()),
         };
-        let reply: Value = json.and_then(|j| serde_json::from_str(j).ok()).unwrap_or(Value::Null);
-        assert!(reply.get("result").is_some(), "{method}: {reply}");
-        reply
+        let result = json.and_then(|j| serde_json::from_str::<Envelope>(j).ok()).and_then(|e| e.result);
+        assert!(result.is_some(), "{method}: {text}");
     }
 }
 
