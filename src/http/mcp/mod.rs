@@ -361,6 +361,25 @@ fn accepts_all<const N: usize>(headers: &HeaderMap, mimes: [&str; N]) -> bool {
     taken.iter().all(|&t| t)
 }
 
+/// [`initialize_result`] of `/mcp` with no toolset, for the version asked: the same for every caller, so made once
+/// per version and kept as its text (issue 19: building and writing it out again was a seventh of an `initialize`).
+fn hierarchical_initialize_result(requested: Option<&str>) -> Option<(&'static str, &'static Payload)> {
+    static RESULTS: std::sync::LazyLock<Vec<(&'static str, Payload)>> = std::sync::LazyLock::new(|| {
+        let identity = Identity::hierarchical();
+        HANDSHAKE_VERSIONS
+            .iter()
+            .map(|version| {
+                let (_, result) = initialize_result(Some(version), &identity);
+                let text =
+                    serde_json::value::to_raw_value(&result).map(Payload::text).unwrap_or(Payload::Value(result));
+                (*version, text)
+            })
+            .collect()
+    });
+    let version = requested.filter(|v| HANDSHAKE_VERSIONS.contains(v)).unwrap_or(LEGACY_VERSIONS[2]);
+    RESULTS.iter().find(|(known, _)| *known == version).map(|(version, result)| (*version, result))
+}
+
 fn initialize_result(requested: Option<&str>, identity: &Identity) -> (String, Value) {
     let version = requested.filter(|v| HANDSHAKE_VERSIONS.contains(v)).unwrap_or(LEGACY_VERSIONS[2]).to_owned();
     let mut result = protocol::object([
@@ -411,6 +430,18 @@ mod tests {
         // Two lines are one list: before, only the first was read, and such a client got 406.
         headers.append("accept", HeaderValue::from_static("application/json"));
         assert!(accepts_all(&headers, both));
+    }
+
+    /// The `initialize` result `/mcp` answers from text made once per version is, for every version a client may
+    /// ask (and one it may not), what it would build anew.
+    #[test]
+    fn the_kept_initialize_results_are_those_built_anew() {
+        for requested in HANDSHAKE_VERSIONS.iter().copied().chain(["1999-01-01"]) {
+            let (version, kept) = hierarchical_initialize_result(Some(requested)).expect("a kept result");
+            let (built_version, built) = initialize_result(Some(requested), &Identity::hierarchical());
+            assert_eq!(version, built_version);
+            assert_eq!(kept.to_value().expect("a value"), built, "{requested}");
+        }
     }
 
     /// Every POST's future is boxed (the route's closure), so copied whole into the heap once per request. Waking a

@@ -71,6 +71,17 @@ pub(super) async fn post(
             return Ok(json_response(StatusCode::OK, &protocol::error_response(id, err.clone())));
         }
         let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
+        // The commonest: a lone `initialize` on `/mcp` with no toolset, answered with the text made once per version.
+        if !batch && matches!(endpoint.target, Target::Hierarchical(..)) && endpoint.target.toolset().is_none() {
+            let id = messages[0].get("id").filter(|id| !id.is_null()).cloned();
+            let id = id.and_then(|id| serde_json::from_value::<protocol::RequestId>(id).ok());
+            if let (Some(id), Some((version, result))) = (id, hierarchical_initialize_result(requested)) {
+                let quota = endpoint.target.session_quota();
+                let session = endpoint.sessions.create_in(&endpoint.owner, &quota, version, capabilities);
+                let response = json_response(StatusCode::OK, &protocol::ResultResponse::new(&id, result));
+                return Ok(with_session(response, &session));
+            }
+        }
         let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
         let id = endpoint.sessions.create_in(&endpoint.owner, &endpoint.target.session_quota(), &version, capabilities);
         new_session = Some(result);
