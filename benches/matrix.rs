@@ -14,6 +14,8 @@
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "common/minimal.rs"]
+mod minimal;
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -310,7 +312,37 @@ fn machine() -> String {
     format!("{cpus} cores, {model}")
 }
 
+/// The minimal gateway (common/minimal.rs) in a process of its own, in front of one upstream.
+struct Minimal {
+    _child: Child,
+    pid: u32,
+    url: String,
+}
+
+async fn start_minimal(upstream: &Upstream) -> Minimal {
+    use tokio::io::AsyncBufReadExt;
+    let mut argv = vec![upstream.command.to_string_lossy().into_owned()];
+    argv.extend(upstream.args.iter().cloned());
+    let mut child = Command::new(std::env::current_exe().expect("this benchmark's executable"))
+        .env(minimal::ENV, serde_json::to_string(&argv).expect("argv"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the minimal gateway starts");
+    let pid = child.id().expect("pid");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut port = String::new();
+    tokio::time::timeout(Duration::from_secs(30), stdout.read_line(&mut port))
+        .await
+        .expect("the minimal gateway prints its port")
+        .expect("its stdout");
+    Minimal { _child: child, pid, url: format!("http://127.0.0.1:{}/mcp", port.trim()) }
+}
+
 fn main() {
+    // The matrix starts itself again as the minimal gateway (common/minimal.rs); that process serves, never returns.
+    minimal::serve_if_asked();
     common::process::raise_own_nofile();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(async {
@@ -325,9 +357,13 @@ fn main() {
             "{:<11} {:<26} {:>3} {:>9} {:>9} {:>9} {:>10} {:>9} {:>10}",
             "upstream", "route", "c", "req/s", "p50 us", "p99 us", "CPU us/req", "vs floor", "+p50 us"
         );
+        // The instance router's rows beside the minimal gateway's: (upstream, concurrency, satellite, minimal).
+        let mut beside = Vec::new();
         for upstream in &upstreams {
             let args: Vec<&str> = upstream.args.iter().map(String::as_str).collect();
             let pipe = Arc::new(BarePipe::start_command(&upstream.command, &args).await);
+            let least = start_minimal(upstream).await;
+            let least_endpoint = Arc::new(Endpoint::open(least.url.clone(), String::new()).await);
             let instance = Arc::new(
                 Endpoint::open(format!("{}/i/bench-{}/mcp", served.base, upstream.slug), instance_token(upstream.slug))
                     .await,
@@ -343,15 +379,24 @@ fn main() {
                 })
                 .await;
                 print_row(upstream.slug, "bare pipe (floor)", concurrency, &floor, Some(&floor.figures));
-                let e = instance.clone();
-                let row = measured(Some(served.pid), concurrency, calls, move |i| {
+                let e = least_endpoint.clone();
+                let least_row = measured(Some(least.pid), concurrency, calls, move |i| {
                     let e = e.clone();
                     async move {
                         e.call("tools/call", echo(i)).await;
                     }
                 })
                 .await;
-                print_row(upstream.slug, "instance router", concurrency, &row, Some(&floor.figures));
+                print_row(upstream.slug, "minimal gateway", concurrency, &least_row, Some(&floor.figures));
+                let e = instance.clone();
+                let instance_row = measured(Some(served.pid), concurrency, calls, move |i| {
+                    let e = e.clone();
+                    async move {
+                        e.call("tools/call", echo(i)).await;
+                    }
+                })
+                .await;
+                print_row(upstream.slug, "instance router", concurrency, &instance_row, Some(&floor.figures));
                 let (h, slug) = (hierarchical.clone(), upstream.slug);
                 let row = measured(Some(served.pid), concurrency, calls, move |i| {
                     let h = h.clone();
@@ -363,6 +408,7 @@ fn main() {
                 })
                 .await;
                 print_row(upstream.slug, "execute_mcp_tool", concurrency, &row, Some(&floor.figures));
+                beside.push((upstream.slug, concurrency, instance_row, least_row));
             }
         }
         for (concurrency, calls) in CALLS {
@@ -396,6 +442,19 @@ fn main() {
             })
             .await;
             print_row("-", "/mcp initialize", concurrency, &row, None);
+        }
+        // What the satellite costs beyond the least any HTTP gateway must do, on the same host in the same run.
+        println!("instance router against the minimal gateway (common/minimal.rs), same run:");
+        for (slug, concurrency, satellite, least) in &beside {
+            let cpu = satellite
+                .cpu_us
+                .zip(least.cpu_us)
+                .map_or("-".to_owned(), |(s, l)| format!("{:.2}x ({s:.1} against {l:.1} us)", s / l));
+            println!(
+                "  {slug:<11} c={concurrency:<3} CPU per call {cpu}, req/s {:.2}x, +p50 {:.1} us",
+                satellite.figures.per_sec / least.figures.per_sec,
+                satellite.figures.p50_us - least.figures.p50_us
+            );
         }
         let held = common::process::held(served.pid);
         println!("satellite after the run: {held}");
