@@ -7,7 +7,10 @@
 //! - a request id (UUID v4): from uuid's thread-local generator, where each id was a `getrandom` system call;
 //! - relaying a server's result (a stdio line to the client's response body): read as its envelope and passed on
 //!   as the server's text, where it was parsed into a tree, measured (written once to count its bytes) and
-//!   written out again.
+//!   written out again;
+//! - a 2026-07-28 `tools/call` on an instance's endpoint finding its tool's `x-mcp-header` annotations, on a
+//!   server of 1,000 tools: one lookup in the catalog's index of the few tools that name a header, where the old
+//!   check walked the listing for the tool by name and read its schema text.
 //!
 //! Prints ns per operation and the ratio old/new. Run with `cargo bench --bench hot_paths`.
 
@@ -156,7 +159,35 @@ fn results() {
     }
 }
 
+/// The `x-mcp-header` check's look-up on a catalog of 1,000 tools, none naming a header (the common case), for the
+/// last tool listed.
+fn header_schemas() {
+    use satellite::model::{Catalog, ToolDef};
+    let mut catalog = Catalog::empty();
+    catalog.tools = (0..1_000)
+        .filter_map(|i| {
+            ToolDef::from_listing(&serde_json::json!({"name": format!("tool_{i}"), "description": "Does one thing.",
+                "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}))
+        })
+        .collect();
+    let name = "tool_999";
+    let new = time_per_call(Duration::from_secs(1), || {
+        black_box(catalog.header_schema(black_box(name)));
+    });
+    let walk = time_per_call(Duration::from_secs(1), || {
+        let schema = catalog.tools.iter().find(|t| t.name() == black_box(name)).and_then(|t| t.input_schema_text());
+        black_box(schema.filter(|s| s.get().contains("x-mcp-header")));
+    });
+    println!(
+        "header annotations, 1,000 tools:          {:>9} ns   walk: {:>13} ns   old/new {:.1}x",
+        new.as_nanos(),
+        walk.as_nanos(),
+        walk.as_secs_f64() / new.as_secs_f64()
+    );
+}
+
 fn main() {
+    header_schemas();
     results();
     request_ids();
     sessions();

@@ -104,6 +104,7 @@ pub async fn discover_until(
         discovered_at: Utc::now(),
         tool_tokens: Vec::new(),
         fallbacks,
+        header_tools: Default::default(),
     })
 }
 

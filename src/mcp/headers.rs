@@ -11,8 +11,8 @@
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value};
 
-/// The schema keyword naming a property's header.
-pub const X_MCP_HEADER: &str = "x-mcp-header";
+/// The schema keyword naming a property's header (the catalog indexes the tools whose schemas mention it).
+pub use crate::model::catalog::X_MCP_HEADER;
 /// The prefix of a parameter header's name (header names are compared case-insensitively; this is the lower case
 /// `http` stores them in).
 pub const PARAM_PREFIX: &str = "mcp-param-";

@@ -504,6 +504,33 @@ pub struct Catalog {
     /// found under another key, the tool list from the config): shown on the debug route. Not stored: the
     /// next discovery says it again.
     pub fallbacks: Vec<String>,
+    /// The tools whose `inputSchema` names a header, found once: see [`Catalog::header_schema`].
+    pub header_tools: HeaderTools,
+}
+
+/// The schema keyword naming a property's header (2026-07-28 "Custom Headers from Tool Parameters").
+pub const X_MCP_HEADER: &str = "x-mcp-header";
+
+/// The tools of a catalog whose `inputSchema` text mentions [`X_MCP_HEADER`], by name, as indexes into its
+/// `tools`: built on the first `tools/call` that asks, from the tools (never patched, as the catalog is not), so
+/// each later call finds its tool's annotations without walking the listing or reading every schema. Usually
+/// empty. Being derived from `tools`, it takes no part in comparing catalogs.
+#[derive(Default, Clone)]
+pub struct HeaderTools(std::sync::OnceLock<HashMap<Box<str>, usize>>);
+
+impl PartialEq for HeaderTools {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for HeaderTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.get() {
+            Some(found) => write!(f, "HeaderTools({} found)", found.len()),
+            None => f.write_str("HeaderTools(not read yet)"),
+        }
+    }
 }
 
 impl Catalog {
@@ -516,7 +543,21 @@ impl Catalog {
             discovered_at: Utc::now(),
             tool_tokens: Vec::new(),
             fallbacks: Vec::new(),
+            header_tools: HeaderTools::default(),
         }
+    }
+
+    /// The `inputSchema` text of the tool `name`, when it mentions [`X_MCP_HEADER`] (a tool this catalog does not
+    /// list has none): O(1) per call once the first call has found the few tools that do.
+    pub fn header_schema(&self, name: &str) -> Option<&RawValue> {
+        let found = self.header_tools.0.get_or_init(|| {
+            let marked = |(at, tool): (usize, &ToolDef)| {
+                let schema = tool.input_schema_text()?;
+                schema.get().contains(X_MCP_HEADER).then(|| (Box::from(tool.name()), at))
+            };
+            self.tools.iter().enumerate().filter_map(marked).collect()
+        });
+        found.get(name).and_then(|&at| self.tools.get(at)).and_then(ToolDef::input_schema_text)
     }
 
     /// Tokens of every tool, once counted.
@@ -931,5 +972,28 @@ mod diff_tests {
         assert!(changes[0].changes_meaning(), "a new description is what poisoning changes");
         assert!(!changes[1].changes_meaning(), "annotations alone do not");
         assert!(catalog_diff(&after, &after).is_empty());
+    }
+
+    #[test]
+    fn the_tools_that_name_a_header_are_found_by_name_and_no_other() {
+        let tool =
+            |name: &str, schema: Value| ToolDef::from_listing(&json!({"name": name, "inputSchema": schema})).unwrap();
+        let marked = json!({"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}});
+        let mut catalog = Catalog::empty();
+        catalog.tools = vec![
+            tool("plain", json!({"type": "object", "properties": {"q": {"type": "string"}}})),
+            tool("regional", marked.clone()),
+            tool("described", json!({"type": "object", "description": "no x-mcp-header here, only its name"})),
+        ];
+        let unread = catalog.clone();
+        let schema = catalog.header_schema("regional").expect("the annotated tool");
+        assert_eq!(serde_json::from_str::<Value>(schema.get()).unwrap(), marked);
+        assert!(catalog.header_schema("plain").is_none(), "a schema naming no header is not kept");
+        assert!(catalog.header_schema("missing").is_none(), "a tool the catalog does not list has none");
+        // A schema that only mentions the word is found as well: the check reads it and finds no annotation.
+        assert!(catalog.header_schema("described").is_some());
+        // Found once, and only from the tools: a catalog that has been asked equals one that has not.
+        assert_eq!(catalog, unread);
+        assert_eq!(format!("{:?}", catalog.header_tools), "HeaderTools(2 found)");
     }
 }

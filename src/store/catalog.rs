@@ -109,6 +109,7 @@ impl Store {
                 ProcessId(process_id),
                 Catalog {
                     fallbacks: Vec::new(),
+                    header_tools: Default::default(),
                     tools: Vec::new(),
                     resources: resources.iter().filter_map(ResourceDef::from_listing).collect(),
                     templates: templates.iter().filter_map(TemplateDef::from_listing).collect(),

@@ -30,6 +30,7 @@ fn catalog() -> Catalog {
         discovered_at: Utc.with_ymd_and_hms(2026, 11, 20, 10, 0, 0).single().unwrap_or_default(),
         tool_tokens: vec![12, 30],
         fallbacks: vec![],
+        header_tools: Default::default(),
     }
 }
 

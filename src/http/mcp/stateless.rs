@@ -240,13 +240,8 @@ fn check_request(
     }
     let Some(name) = params.and_then(|p| p.get("name")).and_then(Value::as_str) else { return Ok(()) };
     let Some(catalog) = instance.catalog() else { return Ok(()) };
-    let Some(schema) = catalog.tools.iter().find(|t| t.name() == name).and_then(|t| t.input_schema_text()) else {
-        return Ok(());
-    };
-    // Most schemas name no header: no need to read them.
-    if !schema.get().contains(mirrored::X_MCP_HEADER) {
-        return Ok(());
-    }
+    // Most tools name no header: they are not in the catalog's index of those that do, and nothing is read.
+    let Some(schema) = catalog.header_schema(name) else { return Ok(()) };
     let Ok(schema) = serde_json::from_str::<Value>(schema.get()) else { return Ok(()) };
     // Invalid annotations: a conforming client dropped the tool and sends no headers for it.
     let Ok(annotated) = mirrored::ParamHeaders::of(&schema) else { return Ok(()) };
