@@ -393,6 +393,66 @@ async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
     }
 }
 
+/// docs/operations.md: lines inside an HTTP request carry its `request_id` (the client's `x-request-id`, or one made
+/// for it and returned on the answer) in the `http` span, whose `path` never has the query string.
+#[tokio::test]
+async fn lines_inside_a_request_carry_its_id_and_never_its_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let token = "demo-token-0123456789abcdef";
+    let (child, log) = serve_collecting_stderr(
+        dir.path(),
+        &[
+            ("PORT", port.to_string()),
+            ("SATELLITE_DEMO_TOKEN", token.into()),
+            ("SATELLITE_LOG_FORMAT", "json".into()),
+            ("LOG_LEVEL", "debug".into()),
+        ],
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(Duration::from_secs(60), "ready", || {
+        let url = format!("{base}/readyz");
+        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
+    })
+    .await;
+    let mut caller = Caller::for_url(format!("{base}/mcp?probe=query-text-not-logged"), Some(token));
+    caller.initialize().await;
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+    let (_, headers, _) = caller.post_raw(ping.clone(), &[("x-request-id", "trace-me-42")]).await;
+    assert_eq!(headers["x-request-id"], "trace-me-42", "a client's request id is kept");
+    let (_, headers, _) = caller.post_raw(ping, &[]).await;
+    let made = headers["x-request-id"].to_str().unwrap().to_owned();
+    assert!(uuid::Uuid::parse_str(&made).is_ok(), "one is made when absent: {made}");
+
+    stop(child).await;
+    let lines = log.await.unwrap();
+    let spans_of = |id: &str| -> Vec<Value> {
+        lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|entry| entry["spans"].as_array().cloned())
+            .flatten()
+            .filter(|span| span["name"] == "http" && span["request_id"] == id)
+            .collect()
+    };
+    for id in ["trace-me-42", made.as_str()] {
+        let spans = spans_of(id);
+        assert!(!spans.is_empty(), "no line carries request_id {id}: {lines:#?}");
+        for span in spans {
+            assert_eq!(span["method"], "POST", "{span}");
+            assert_eq!(span["path"], "/mcp", "the path without its query: {span}");
+        }
+    }
+    assert!(!lines.iter().any(|l| l.contains("query-text-not-logged")), "a query never reaches the log");
+    // The access log (docs/operations.md): each request's end, with its status, inside its span.
+    let ended = lines.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|entry| {
+        entry["message"] == "finished processing request" && entry["span"]["request_id"] == "trace-me-42"
+    });
+    let ended = ended.unwrap_or_else(|| panic!("no access line for trace-me-42: {lines:#?}"));
+    assert_eq!(ended["status"], 200, "{ended}");
+    assert!(ended["latency_ms"].is_u64(), "{ended}");
+}
+
 #[tokio::test]
 async fn editing_start_only_settings_in_a_running_file_is_warned_about_once_and_not_applied() {
     // Also: a file that cannot be read is warned about once, however long it stays so.

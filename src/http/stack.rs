@@ -20,10 +20,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
-use tracing::{debug, info_span, warn};
-use warp::http::Request;
+use tracing::{debug, info_span, warn, Instrument};
+use warp::http::{HeaderName, HeaderValue, Request};
 use warp::reply::Response;
 use warp::Filter;
 
@@ -61,6 +59,20 @@ fn overload_response(err: &BoxError) -> Response {
     };
     // Not a bearer failure, so the resource URLs are never read.
     refusal.into_response(&super::oauth::ResourceUrls { public_url: String::new() })
+}
+
+/// Where a request's id comes and goes: the client's, kept as sent, or one made for it; its answer carries it.
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The request's `x-request-id` as the client sent it, or a new UUID v4 (from a thread-local generator: no system
+/// call per request).
+fn request_id<B>(request: &Request<B>) -> HeaderValue {
+    if let Some(sent) = request.headers().get(X_REQUEST_ID) {
+        return sent.clone();
+    }
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let made = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+    HeaderValue::from_str(made).unwrap_or(HeaderValue::from_static("-"))
 }
 
 /// The route template a path belongs to, as the `route` label of the request metrics: bounded, and never an
@@ -108,31 +120,35 @@ pub async fn serve<F>(
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(limits.max_concurrent_requests))
         .timeout(limits.request_timeout)
         .service(warp::service(routes));
-    let rescued = tower::service_fn(move |request: Request<hyper::body::Incoming>| {
+    // Each request, in one future: its request id, its span, its place under the limits, its metrics, and the id on
+    // its answer. tower-http's SetRequestId, Trace and PropagateRequestId layers did the first and the last in three
+    // more (and entered the span again for each frame of the body): a proxied call takes 0.82x the CPU without them
+    // (docs/performance.md, 2026-12-01 19:30). The span covers the request until its answer's head.
+    let service = tower::service_fn(move |request: Request<hyper::body::Incoming>| {
         let (inner, metrics) = (limited.clone(), metrics.clone());
         // Counted here, outside the limit, so requests shed with 503 are counted too.
         let (route, method, began) = (route_label(request.uri().path()), request.method().clone(), Instant::now());
+        let request_id = request_id(&request);
+        // The path, never the query: `?token=` does not reach the log.
+        let span = info_span!("http", method = %method, path = %request.uri().path(),
+            request_id = %request_id.to_str().unwrap_or("-"));
         async move {
+            debug!("started processing request");
             let outcome = match ServiceExt::<Request<hyper::body::Incoming>>::ready_oneshot(inner).await {
                 Ok(ready) => ready.oneshot(request).await,
                 Err(err) => Err(err),
             };
-            let response = outcome.unwrap_or_else(|err| overload_response(&err));
-            metrics.http_request(route, method.as_str(), response.status().as_u16(), began.elapsed());
+            let mut response = outcome.unwrap_or_else(|err| overload_response(&err));
+            let status = response.status().as_u16();
+            metrics.http_request(route, method.as_str(), status, began.elapsed());
+            // A 5xx is not an operator's problem by itself: `/readyz` answers 503 while starting, a full satellite
+            // sheds load with 503 (counted in /metrics), and real failures are logged where they happen, with context.
+            debug!(status, latency_ms = began.elapsed().as_millis() as u64, "finished processing request");
+            response.headers_mut().entry(X_REQUEST_ID).or_insert(request_id);
             Ok::<Response, Infallible>(response)
         }
+        .instrument(span)
     });
-    let service = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<hyper::body::Incoming>| {
-            let request_id = request.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("-");
-            info_span!("http", method = %request.method(), path = %request.uri().path(), request_id = %request_id)
-        })
-        // A 5xx is not an operator's problem by itself: `/readyz` answers 503 while starting, a full satellite
-        // sheds load with 503 (counted in /metrics), and real failures are logged where they happen, with context.
-        .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG)))
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .service(rescued);
 
     // Every connection's task: the drain waits for them (each closes gracefully once the drain begins).
     let connections = tokio_util::task::TaskTracker::new();
