@@ -548,6 +548,34 @@ async fn requests_carry_an_id_and_overload_is_shed() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// `SATELLITE_HTTP_TIMEOUT_SECONDS` (docs/operations.md): a request whose answer has not started by then gets 504
+/// with a JSON-RPC error and its request id, and frees its place; the next request is served.
+#[tokio::test]
+async fn a_request_past_its_deadline_gets_504_and_frees_its_place() {
+    let config = config().replacen(
+        "[[teams]]",
+        "[satellite]\nhttp_timeout_seconds = 1\nmax_concurrent_requests = 1\n\n[[teams]]",
+        1,
+    );
+    let sat = TestSatellite::start(&config).await;
+    wait_online(&sat, "demo-acme-alice-d-acme").await;
+    let mut alice = Caller::new(&sat, "/mcp", Some(ALICE));
+    alice.initialize().await;
+    // Answered as JSON once the result is in (not an SSE stream started early): its head waits for the result.
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "execute_mcp_tool",
+        "arguments": {"tool_path": "demo:slow", "arguments": {"ms": 3000}}}});
+    let began = std::time::Instant::now();
+    let (status, headers, body) = alice.post_raw(call.to_string(), &[("x-request-id", "late-1")]).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    assert!(began.elapsed() < std::time::Duration::from_millis(2900), "answered at the deadline, not after the call");
+    assert_eq!(body["error"]["code"], -32000, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains("Gateway Timeout"), "{body}");
+    assert_eq!(headers["x-request-id"], "late-1", "a refused answer carries the request id too");
+    // Its place under the limit of one was given back.
+    assert_eq!(alice.call("ping", json!({})).await.0, StatusCode::OK);
+    assert!(sat.satellite.shutdown().await);
+}
+
 #[tokio::test]
 async fn disabled_tools_are_never_listed_searched_or_run() {
     let config = config().replacen(
