@@ -406,7 +406,8 @@ async fn lines_inside_a_request_carry_its_id_and_never_its_query() {
             ("PORT", port.to_string()),
             ("SATELLITE_DEMO_TOKEN", token.into()),
             ("SATELLITE_LOG_FORMAT", "json".into()),
-            ("LOG_LEVEL", "debug".into()),
+            // docs/operations.md's recipe for the access log, on top of the satellite's own debug lines.
+            ("RUST_LOG", "warn,satellite=debug,http_access=debug".into()),
         ],
     );
     let base = format!("http://127.0.0.1:{port}");
@@ -448,6 +449,7 @@ async fn lines_inside_a_request_carry_its_id_and_never_its_query() {
     let ended = lines.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|entry| {
         entry["message"] == "finished processing request" && entry["span"]["request_id"] == "trace-me-42"
     });
+    assert!(ended.as_ref().is_some_and(|e| e["target"] == "http_access"), "{ended:?}");
     let ended = ended.unwrap_or_else(|| panic!("no access line for trace-me-42: {lines:#?}"));
     assert_eq!(ended["status"], 200, "{ended}");
     assert!(ended["latency_ms"].is_u64(), "{ended}");

@@ -55,6 +55,19 @@ fn refusal(refusal: McpError) -> Response {
     refusal.into_response(&super::oauth::ResourceUrls { public_url: String::new() })
 }
 
+/// The target of the access log (a line as each request starts and ends, at debug): outside `satellite`, so
+/// `LOG_LEVEL=debug` does not turn it on; `RUST_LOG=warn,satellite=info,http_access=debug` does
+/// (docs/operations.md).
+const ACCESS_LOG: &str = "http_access";
+
+/// An answer whose body is a stream of events (SSE), sent long after its head.
+fn is_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(warp::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
 /// Where a request's id comes and goes: the client's, kept as sent, or one made for it; its answer carries it.
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -126,7 +139,7 @@ pub async fn serve<F>(
         let span = info_span!("http", method = %method, path = %request.uri().path(),
             request_id = %request_id.to_str().unwrap_or("-"));
         async move {
-            debug!("started processing request");
+            debug!(target: ACCESS_LOG, "started processing request");
             let mut response = match places.try_acquire_owned() {
                 Ok(_place) => {
                     match tokio::time::timeout(request_timeout, tower::Service::call(&mut routes, request)).await {
@@ -141,8 +154,14 @@ pub async fn serve<F>(
             metrics.http_request(route, method.as_str(), status, began.elapsed());
             // A 5xx is not an operator's problem by itself: `/readyz` answers 503 while starting, a full satellite
             // sheds load with 503 (counted in /metrics), and real failures are logged where they happen, with context.
-            debug!(status, latency_ms = began.elapsed().as_millis() as u64, "finished processing request");
+            debug!(target: ACCESS_LOG, status, latency_ms = began.elapsed().as_millis() as u64,
+                "finished processing request");
             response.headers_mut().entry(X_REQUEST_ID).or_insert(request_id);
+            // A stream's body is the rest of its request: what is logged while it is sent carries the request's
+            // span (and the exported span lasts as long as the stream). A whole answer needs no span to be sent.
+            if is_stream(&response) {
+                response.extensions_mut().insert(tracing::Span::current());
+            }
             Ok::<Response, Infallible>(response)
         }
         .instrument(span)
@@ -212,8 +231,9 @@ pub async fn serve<F>(
             let busy = Busy::new(&busy_with);
             let answer = per_request.clone().oneshot(request);
             async move {
-                let response = answer.await?;
-                Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy }))
+                let mut response = answer.await?;
+                let span = response.extensions_mut().remove::<tracing::Span>();
+                Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy, span }))
             }
         });
         let header_read_timeout = limits.header_read_timeout;
@@ -362,6 +382,8 @@ impl Drop for Busy {
 struct Tracked<B> {
     body: B,
     _busy: Busy,
+    /// A stream's request span, entered while its body is polled (`is_stream`).
+    span: Option<tracing::Span>,
 }
 
 impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
@@ -369,10 +391,12 @@ impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
     type Error = B::Error;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
+        self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+        let this = self.get_mut();
+        let _entered = this.span.as_ref().map(tracing::Span::enter);
+        std::pin::Pin::new(&mut this.body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

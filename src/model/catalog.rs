@@ -551,11 +551,16 @@ impl Catalog {
     /// list has none): O(1) per call once the first call has found the few tools that do.
     pub fn header_schema(&self, name: &str) -> Option<&RawValue> {
         let found = self.header_tools.0.get_or_init(|| {
-            let marked = |(at, tool): (usize, &ToolDef)| {
-                let schema = tool.input_schema_text()?;
-                schema.get().contains(X_MCP_HEADER).then(|| (Box::from(tool.name()), at))
-            };
-            self.tools.iter().enumerate().filter_map(marked).collect()
+            // A name listed twice (a config's tool list, a stored catalog) is its first tool's, as a call finds it.
+            let mut named = std::collections::HashSet::new();
+            let mut found = HashMap::new();
+            for (at, tool) in self.tools.iter().enumerate() {
+                let first = named.insert(tool.name());
+                if first && tool.input_schema_text().is_some_and(|schema| schema.get().contains(X_MCP_HEADER)) {
+                    found.insert(Box::from(tool.name()), at);
+                }
+            }
+            found
         });
         found.get(name).and_then(|&at| self.tools.get(at)).and_then(ToolDef::input_schema_text)
     }
@@ -984,6 +989,9 @@ mod diff_tests {
             tool("plain", json!({"type": "object", "properties": {"q": {"type": "string"}}})),
             tool("regional", marked.clone()),
             tool("described", json!({"type": "object", "description": "no x-mcp-header here, only its name"})),
+            // Listed again: the first of a name is the one called.
+            tool("plain", marked.clone()),
+            tool("regional", json!({"type": "object"})),
         ];
         let unread = catalog.clone();
         let schema = catalog.header_schema("regional").expect("the annotated tool");
