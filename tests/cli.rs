@@ -341,20 +341,22 @@ fn serve_collecting_stderr(
     (child, log)
 }
 
-#[tokio::test]
-async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
-    let dir = tempfile::tempdir().unwrap();
+const DEMO_TOKEN: &str = "demo-token-0123456789abcdef";
+
+/// The embedded default (the demo server, [`DEMO_TOKEN`]) logging JSON with `level` (`LOG_LEVEL` or `RUST_LOG`),
+/// once `/readyz` answers 200: the process, its stderr lines and its base URL.
+async fn serve_demo_logging_json(
+    dir: &std::path::Path,
+    level: (&str, &str),
+) -> (tokio::process::Child, tokio::task::JoinHandle<Vec<String>>, String) {
     let port = free_port();
-    let token = "demo-token-0123456789abcdef";
-    let (child, log) = serve_collecting_stderr(
-        dir.path(),
-        &[
-            ("PORT", port.to_string()),
-            ("SATELLITE_DEMO_TOKEN", token.into()),
-            ("SATELLITE_LOG_FORMAT", "json".into()),
-            ("LOG_LEVEL", "info".into()),
-        ],
-    );
+    let env = [
+        ("PORT", port.to_string()),
+        ("SATELLITE_DEMO_TOKEN", DEMO_TOKEN.into()),
+        ("SATELLITE_LOG_FORMAT", "json".into()),
+        (level.0, level.1.into()),
+    ];
+    let (child, log) = serve_collecting_stderr(dir, &env);
     let base = format!("http://127.0.0.1:{port}");
     // /readyz answers 503 until the first configuration is applied: polled from the first moment on purpose.
     wait_until(Duration::from_secs(60), "ready", || {
@@ -362,6 +364,14 @@ async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
         async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
     })
     .await;
+    (child, log, base)
+}
+
+#[tokio::test]
+async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, log, base) = serve_demo_logging_json(dir.path(), ("LOG_LEVEL", "info")).await;
+    let token = DEMO_TOKEN;
     let mut caller = Caller::for_url(format!("{base}/mcp"), Some(token));
     caller.initialize().await;
     let found = caller.call("tools/call", json!({"name": "discover_mcp_tools", "arguments": {"query": "echo"}})).await;
@@ -398,25 +408,10 @@ async fn a_normal_start_and_call_log_only_the_expected_lines_as_json() {
 #[tokio::test]
 async fn lines_inside_a_request_carry_its_id_and_never_its_query() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let token = "demo-token-0123456789abcdef";
-    let (child, log) = serve_collecting_stderr(
-        dir.path(),
-        &[
-            ("PORT", port.to_string()),
-            ("SATELLITE_DEMO_TOKEN", token.into()),
-            ("SATELLITE_LOG_FORMAT", "json".into()),
-            // docs/operations.md's recipe for the access log, on top of the satellite's own debug lines.
-            ("RUST_LOG", "warn,satellite=debug,http_access=debug".into()),
-        ],
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    wait_until(Duration::from_secs(60), "ready", || {
-        let url = format!("{base}/readyz");
-        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
-    })
-    .await;
-    let mut caller = Caller::for_url(format!("{base}/mcp?probe=query-text-not-logged"), Some(token));
+    // docs/operations.md's recipe for the access log, on top of the satellite's own debug lines.
+    let (child, log, base) =
+        serve_demo_logging_json(dir.path(), ("RUST_LOG", "warn,satellite=debug,http_access=debug")).await;
+    let mut caller = Caller::for_url(format!("{base}/mcp?probe=query-text-not-logged"), Some(DEMO_TOKEN));
     caller.initialize().await;
     let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
     let (_, headers, _) = caller.post_raw(ping.clone(), &[("x-request-id", "trace-me-42")]).await;
