@@ -376,12 +376,17 @@ fn hierarchical_initialize_result(requested: Option<&str>) -> Option<(&'static s
             })
             .collect()
     });
-    let version = requested.filter(|v| HANDSHAKE_VERSIONS.contains(v)).unwrap_or(LEGACY_VERSIONS[2]);
+    let version = handshake_version(requested);
     RESULTS.iter().find(|(known, _)| *known == version).map(|(version, result)| (*version, result))
 }
 
+/// The handshake version answered to one asked: the same when the satellite speaks it, else the newest.
+fn handshake_version(requested: Option<&str>) -> &'static str {
+    HANDSHAKE_VERSIONS.iter().copied().find(|v| requested == Some(*v)).unwrap_or(LEGACY_VERSIONS[2])
+}
+
 fn initialize_result(requested: Option<&str>, identity: &Identity) -> (String, Value) {
-    let version = requested.filter(|v| HANDSHAKE_VERSIONS.contains(v)).unwrap_or(LEGACY_VERSIONS[2]).to_owned();
+    let version = handshake_version(requested).to_owned();
     let mut result = protocol::object([
         ("protocolVersion", Value::from(version.as_str())),
         ("capabilities", identity.capabilities.clone()),
