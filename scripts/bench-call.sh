@@ -15,7 +15,8 @@
 # ROUTE (call: `tools/call echo` on the instance router; mcp-list: `tools/list` on /mcp with the user's token;
 # mcp-init: `initialize` on /mcp, each a new session, so the table fills and evicts its oldest),
 # CALLGRIND_KEEP (with INSTRUCTIONS=1: a path prefix; each binary's profile is kept as PREFIX.BINARY_NAME, for
-# callgrind_annotate).
+# callgrind_annotate), HISTORY_MAX (the standalone history's `event_retention_max`, 100,000 by default: a smaller one
+# reaches the steady state of a full history, each event written and later pruned, within a run under valgrind).
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 SATELLITE_BINARY..." >&2; exit 64; }
 command -v wrk >/dev/null || { echo "error: wrk is required (apt-get install wrk)" >&2; exit 1; }
@@ -32,6 +33,8 @@ ROUTE=${ROUTE:-call}
 case $ROUTE in call|mcp-list|mcp-init) ;; *) echo "error: ROUTE is call, mcp-list or mcp-init" >&2; exit 64 ;; esac
 # valgrind refuses a child's setrlimit(RLIMIT_NOFILE) that changes the hard limit (EPERM), which is how the sandbox caps
 # the demo server's open files; under valgrind the cap is off (0), or the server would never start.
+HISTORY_LINE=""
+[ -n "${HISTORY_MAX:-}" ] && HISTORY_LINE="event_retention_max = $HISTORY_MAX"
 NOFILE_LINE=""
 [ "$INSTRUCTIONS" = 1 ] && NOFILE_LINE="rlimit_nofile = 0"
 SYSCALL_EVENTS=syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,context-switches
@@ -45,6 +48,7 @@ measure() {
   cat > $data/s.toml <<T
 [satellite]
 port = $PORT
+$HISTORY_LINE
 [sandbox]
 allowed_commands = ["$bin"]
 $NOFILE_LINE

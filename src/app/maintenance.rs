@@ -140,11 +140,12 @@ pub(super) fn schedule(m: Maintenance<'_>) {
         jobs.every("event-history-cap", EVENT_CAP_PERIOD, FirstRun::Immediately, move || {
             let store = cap_store.clone();
             async move {
+                let free = store.free_before_pruning().await?;
                 let pruned = store.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
                 if pruned > 0 {
                     debug!(pruned, kept_max = events_max, "the standalone history held to its count");
                 }
-                release_free_pages(&store).await
+                release_free_pages(&store, free).await
             }
         });
         // A request log carries a call's arguments and answer: a few big answers outweigh thousands of small
@@ -153,6 +154,7 @@ pub(super) fn schedule(m: Maintenance<'_>) {
         jobs.every("event-history-size", EVENT_SIZE_PERIOD, FirstRun::Immediately, move || {
             let store = size_store.clone();
             async move {
+                let free = store.free_before_pruning().await?;
                 let pruned = store.prune_events_to_bytes(events_max_bytes).await?.events;
                 if pruned > 0 {
                     info!(
@@ -161,13 +163,14 @@ pub(super) fn schedule(m: Maintenance<'_>) {
                         "the standalone history held to its size: oldest events pruned"
                     );
                 }
-                release_free_pages(&store).await
+                release_free_pages(&store, free).await
             }
         });
     }
     jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
         let store = retention_store.clone();
         async move {
+            let free = store.free_before_pruning().await?;
             if standalone {
                 let pruned = match before(events_kept) {
                     Some(cutoff) => store.prune_events_before(&cutoff).await?,
@@ -188,14 +191,16 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             if pruned > 0 {
                 info!(pruned, kept_days = analytics_kept.as_secs() / 86_400, "old analytics rows pruned");
             }
-            release_free_pages(&store).await
+            release_free_pages(&store, free).await
         }
     });
 }
 
-/// Give what pruning freed in the SQLite file back to the disk (`Store::release_free_pages`).
-async fn release_free_pages(store: &Store) -> Result<(), StoreError> {
-    let released = store.release_free_pages().await?;
+/// Give back to the disk the SQLite file's pages that were free before this round pruned (`free`), so stayed
+/// free since an earlier one (`Store::release_free_pages`): what a round frees, the inserts of the next seconds
+/// take again on a busy satellite, and a later round gives back what they did not take.
+async fn release_free_pages(store: &Store, free: u64) -> Result<(), StoreError> {
+    let released = store.release_free_pages(free).await?;
     if released > 0 {
         debug!(released, "database: free pages given back to the disk");
     }

@@ -46,6 +46,8 @@ pub struct DiskUsage {
     pub used: u64,
     /// SQLite: pages the file keeps free, given back by `release_free_pages`.
     pub free: u64,
+    /// SQLite: the file's page size; PostgreSQL: 8192, its block size.
+    pub page_size: u64,
 }
 
 /// What the outbox holds.
@@ -317,32 +319,55 @@ impl Store {
     pub async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {
         let sql = match self.engine() {
             Engine::Sqlite => {
-                "SELECT (p.page_count - f.freelist_count) * s.page_size AS used, f.freelist_count * s.page_size AS free
+                "SELECT (p.page_count - f.freelist_count) * s.page_size AS used, f.freelist_count * s.page_size AS free,
+                        s.page_size AS page_size
                  FROM pragma_page_count() AS p, pragma_freelist_count() AS f, pragma_page_size() AS s"
             }
-            Engine::Postgres => "SELECT pg_table_size('event_outbox') AS used, CAST(0 AS BIGINT) AS free",
+            Engine::Postgres => "SELECT pg_table_size('event_outbox') AS used, CAST(0 AS BIGINT) AS free, CAST(8192 AS BIGINT) AS page_size",
         };
         let row = sqlx::query(sql).fetch_one(self.pool()).await?;
         let bytes = |column: &str| -> Result<u64, StoreError> {
             Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
         };
-        Ok(DiskUsage { used: bytes("used")?, free: bytes("free")? })
+        Ok(DiskUsage { used: bytes("used")?, free: bytes("free")?, page_size: bytes("page_size")? })
     }
 
-    /// SQLite: give the file's free pages back to the disk once they are `RELEASE_FREE_BYTES` or a quarter of the
-    /// file (a file in incremental auto-vacuum mode; the store converts older files when it opens them). Returns
-    /// the bytes given back. PostgreSQL's own vacuum does this there: 0.
-    pub async fn release_free_pages(&self) -> Result<u64, StoreError> {
+    /// SQLite: give back to the disk at most `at_most` bytes of the file's free pages, once those are
+    /// `RELEASE_FREE_BYTES` or a quarter of the file (a file in incremental auto-vacuum mode; the store converts
+    /// older files when it opens them). Returns the bytes given back. PostgreSQL's own vacuum does this there: 0.
+    ///
+    /// A pruning job passes what was free *before* it pruned: pages that stayed free since an earlier round, which
+    /// the inserts meanwhile did not need. The pages its own prune just freed wait for a later round. On a busy
+    /// satellite whose history is full, the next seconds' inserts reuse them; giving them back at once made SQLite
+    /// move pages to shrink the file and then grow it again, page by page: 24% of its thread's time under load
+    /// (docs/performance.md, 2026-12-01 22:30).
+    pub async fn release_free_pages(&self, at_most: u64) -> Result<u64, StoreError> {
         if self.engine() != Engine::Sqlite {
             return Ok(0);
         }
         let usage = self.disk_usage().await?;
-        if usage.free < RELEASE_FREE_BYTES && usage.free.saturating_mul(3) < usage.used {
+        let free = usage.free.min(at_most);
+        if free < RELEASE_FREE_BYTES && free.saturating_mul(3) < usage.used {
             return Ok(0);
         }
-        // Every page the pragma frees is a row it steps through: sqlx's `execute` steps to the end.
-        sqlx::query("PRAGMA incremental_vacuum").execute(self.pool()).await?;
+        // `incremental_vacuum(0)` would free the whole list.
+        let pages = free / usage.page_size.max(1);
+        if pages == 0 {
+            return Ok(0);
+        }
+        // Every page the pragma frees is a row it steps through: sqlx's `execute` steps to the end. Its argument
+        // is a number made here, not text from anywhere else.
+        sqlx::query(&format!("PRAGMA incremental_vacuum({pages})")).execute(self.pool()).await?;
         Ok(usage.free.saturating_sub(self.disk_usage().await?.free))
+    }
+
+    /// What a pruning job passes to [`Store::release_free_pages`] as `at_most`: the file's free bytes before it
+    /// prunes. 0 on PostgreSQL.
+    pub async fn free_before_pruning(&self) -> Result<u64, StoreError> {
+        match self.engine() {
+            Engine::Sqlite => Ok(self.disk_usage().await?.free),
+            Engine::Postgres => Ok(0),
+        }
     }
 
     /// Drop events emitted before `cutoff` (an ISO timestamp, compared as text in the one format `iso` writes).
@@ -472,7 +497,9 @@ mod tests {
         assert!(store.outbox_bytes().await? <= MAX, "{} bytes of outbox after", store.outbox_bytes().await?);
         let file = dir.path().join("satellite.db");
         let grown = std::fs::metadata(&file)?.len() + std::fs::metadata(dir.path().join("satellite.db-wal"))?.len();
-        let released = store.release_free_pages().await?;
+        // Nothing was free before the prune: nothing goes back yet; a later round finds those pages still free.
+        assert_eq!(store.release_free_pages(0).await?, 0, "the pages a prune just freed wait for a later round");
+        let released = store.release_free_pages(store.free_before_pruning().await?).await?;
         assert!(released > 2 * MAX, "{released} bytes given back");
         sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(store.pool()).await?;
         let shrunk = std::fs::metadata(&file)?.len();
