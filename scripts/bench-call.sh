@@ -31,10 +31,10 @@ SYSCALLS=${SYSCALLS:-0}
 INSTRUCTIONS=${INSTRUCTIONS:-0}
 ROUTE=${ROUTE:-call}
 case $ROUTE in call|mcp-list|mcp-init) ;; *) echo "error: ROUTE is call, mcp-list or mcp-init" >&2; exit 64 ;; esac
-# valgrind refuses a child's setrlimit(RLIMIT_NOFILE) that changes the hard limit (EPERM), which is how the sandbox caps
-# the demo server's open files; under valgrind the cap is off (0), or the server would never start.
 HISTORY_LINE=""
 [ -n "${HISTORY_MAX:-}" ] && HISTORY_LINE="event_retention_max = $HISTORY_MAX"
+# valgrind refuses a child's setrlimit(RLIMIT_NOFILE) that changes the hard limit (EPERM), which is how the sandbox caps
+# the demo server's open files; under valgrind the cap is off (0), or the server would never start.
 NOFILE_LINE=""
 [ "$INSTRUCTIONS" = 1 ] && NOFILE_LINE="rlimit_nofile = 0"
 SYSCALL_EVENTS=syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_read,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,context-switches

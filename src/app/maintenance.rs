@@ -140,7 +140,7 @@ pub(super) fn schedule(m: Maintenance<'_>) {
         jobs.every("event-history-cap", EVENT_CAP_PERIOD, FirstRun::Immediately, move || {
             let store = cap_store.clone();
             async move {
-                let free = store.free_before_pruning().await?;
+                let free = store.disk_usage().await?.free;
                 let pruned = store.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
                 if pruned > 0 {
                     debug!(pruned, kept_max = events_max, "the standalone history held to its count");
@@ -154,7 +154,7 @@ pub(super) fn schedule(m: Maintenance<'_>) {
         jobs.every("event-history-size", EVENT_SIZE_PERIOD, FirstRun::Immediately, move || {
             let store = size_store.clone();
             async move {
-                let free = store.free_before_pruning().await?;
+                let free = store.disk_usage().await?.free;
                 let pruned = store.prune_events_to_bytes(events_max_bytes).await?.events;
                 if pruned > 0 {
                     info!(
@@ -170,7 +170,7 @@ pub(super) fn schedule(m: Maintenance<'_>) {
     jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
         let store = retention_store.clone();
         async move {
-            let free = store.free_before_pruning().await?;
+            let free = store.disk_usage().await?.free;
             if standalone {
                 let pruned = match before(events_kept) {
                     Some(cutoff) => store.prune_events_before(&cutoff).await?,

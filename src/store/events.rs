@@ -336,7 +336,7 @@ impl Store {
     /// `RELEASE_FREE_BYTES` or a quarter of the file (a file in incremental auto-vacuum mode; the store converts
     /// older files when it opens them). Returns the bytes given back. PostgreSQL's own vacuum does this there: 0.
     ///
-    /// A pruning job passes what was free *before* it pruned: pages that stayed free since an earlier round, which
+    /// A pruning job passes what was free *before* it pruned (`disk_usage().free`, 0 on PostgreSQL): pages that stayed free since an earlier round, which
     /// the inserts meanwhile did not need. The pages its own prune just freed wait for a later round. On a busy
     /// satellite whose history is full, the next seconds' inserts reuse them; giving them back at once made SQLite
     /// move pages to shrink the file and then grow it again, page by page: 24% of its thread's time under load
@@ -359,15 +359,6 @@ impl Store {
         // is a number made here, not text from anywhere else.
         sqlx::query(&format!("PRAGMA incremental_vacuum({pages})")).execute(self.pool()).await?;
         Ok(usage.free.saturating_sub(self.disk_usage().await?.free))
-    }
-
-    /// What a pruning job passes to [`Store::release_free_pages`] as `at_most`: the file's free bytes before it
-    /// prunes. 0 on PostgreSQL.
-    pub async fn free_before_pruning(&self) -> Result<u64, StoreError> {
-        match self.engine() {
-            Engine::Sqlite => Ok(self.disk_usage().await?.free),
-            Engine::Postgres => Ok(0),
-        }
     }
 
     /// Drop events emitted before `cutoff` (an ISO timestamp, compared as text in the one format `iso` writes).
@@ -489,6 +480,8 @@ mod tests {
         let before = store.disk_usage().await?.used;
         assert!(before > 3 * MAX, "{before} bytes in use");
         assert_eq!(store.prune_events_to_bytes(before).await?.events, 0, "nothing goes while under the bound");
+        // A pruning round: what was free before it prunes, then the prune.
+        let free_before = store.disk_usage().await?.free;
         let pruned = store.prune_events_to_bytes(MAX).await?.events;
         let left = store.events(None, 0, 1000).await?;
         assert_eq!(pruned as usize + left.len(), 300);
@@ -497,9 +490,15 @@ mod tests {
         assert!(store.outbox_bytes().await? <= MAX, "{} bytes of outbox after", store.outbox_bytes().await?);
         let file = dir.path().join("satellite.db");
         let grown = std::fs::metadata(&file)?.len() + std::fs::metadata(dir.path().join("satellite.db-wal"))?.len();
-        // Nothing was free before the prune: nothing goes back yet; a later round finds those pages still free.
-        assert_eq!(store.release_free_pages(0).await?, 0, "the pages a prune just freed wait for a later round");
-        let released = store.release_free_pages(store.free_before_pruning().await?).await?;
+        // That round gives back only what was free before it: the pages it freed wait for a later round, which
+        // finds them still free (no insert took them meanwhile) and gives them back.
+        assert!(free_before < MAX, "{free_before} bytes free before the prune");
+        assert_eq!(
+            store.release_free_pages(free_before).await?,
+            0,
+            "the pages a prune just freed wait for a later round"
+        );
+        let released = store.release_free_pages(store.disk_usage().await?.free).await?;
         assert!(released > 2 * MAX, "{released} bytes given back");
         sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(store.pool()).await?;
         let shrunk = std::fs::metadata(&file)?.len();
