@@ -332,18 +332,22 @@ async fn traces_go_to_the_otlp_endpoint_with_a_span_per_request_and_upstream_cal
     assert!(parts.len() == 4 && parts[1].len() == 32 && parts[2].len() == 16, "{traceparent}");
     let trace_id = parts[1].to_owned();
 
-    // The spans reach the collector as OTLP/protobuf: the request's, the upstream call's, in that trace.
-    let body = wait_until(DEADLINE, "spans of the call exported", || {
-        let all: Vec<u8> = batches.lock().iter().flat_map(|(_, body)| body.clone()).collect();
-        let done = contains(&all, b"mcp.upstream") && contains(&all, b"http");
-        async move { done.then_some(all) }
-    })
-    .await;
-    assert!(batches.lock().iter().all(|(content_type, _)| content_type == "application/x-protobuf"));
-    assert!(contains(&body, b"satellite"), "service.name is satellite");
+    // The spans reach the collector as OTLP/protobuf: the request's, and the upstream call's as its child, in the
+    // trace the upstream saw (the call runs in a task of its own: it must carry the request's span).
     let trace_bytes: Vec<u8> =
         (0..16).map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).expect("hex")).collect();
-    assert!(contains(&body, &trace_bytes), "the exported spans carry the trace id the upstream saw");
+    let (request, upstream) = wait_until(DEADLINE, "spans of the call exported", || {
+        let spans = exported_spans(&batches.lock());
+        let in_trace = |name: &str| spans.iter().find(|s| s.name == name && s.trace_id == trace_bytes).cloned();
+        let found = in_trace("http").zip(in_trace("mcp.upstream"));
+        async move { found }
+    })
+    .await;
+    assert_eq!(upstream.parent_span_id, request.span_id, "the upstream call is a child of its request's span");
+    assert!(request.attributes.iter().any(|a| a.key == "path"), "{:?}", request.attributes);
+    let body: Vec<u8> = batches.lock().iter().flat_map(|(_, body)| body.clone()).collect();
+    assert!(batches.lock().iter().all(|(content_type, _)| content_type == "application/x-protobuf"));
+    assert!(contains(&body, b"satellite"), "service.name is satellite");
     assert!(!contains(&body, b"traced"), "arguments are never span attributes");
     assert!(!contains(&body, token("u").as_bytes()), "tokens are never span attributes");
     nix::sys::signal::kill(
@@ -353,6 +357,19 @@ async fn traces_go_to_the_otlp_endpoint_with_a_span_per_request_and_upstream_cal
     .expect("signal");
     let status = tokio::time::timeout(DEADLINE, child.wait()).await.expect("exits in time").expect("status");
     assert_eq!(status.code(), Some(0));
+}
+
+/// Every span of the OTLP/protobuf export requests `batches` holds.
+fn exported_spans(batches: &[(String, Vec<u8>)]) -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+    batches
+        .iter()
+        .map(|(_, body)| ExportTraceServiceRequest::decode(body.as_slice()).expect("an OTLP export request"))
+        .flat_map(|request| request.resource_spans)
+        .flat_map(|resource| resource.scope_spans)
+        .flat_map(|scope| scope.spans)
+        .collect()
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -15,7 +15,7 @@ use rand::RngCore;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tracing::info;
+use tracing::{info, Instrument as _};
 use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
@@ -538,7 +538,8 @@ impl RelayedCall {
         let (scope, exchange) = (self.scope.clone(), self.sessions.exchange.clone());
         let final_id = message_id.clone();
         let tracked = request_id.clone();
-        let mut task = tokio::spawn(async move {
+        // In the request's span, as `Exchange::respond`'s calls are: the upstream call is its child.
+        let work = async move {
             let (relay, mut rx) = match self.capabilities.clone() {
                 Some(capabilities) => Relay::for_client(capabilities),
                 None => Relay::channel(true),
@@ -625,7 +626,8 @@ impl RelayedCall {
                 return self.stream_closed();
             }
             Ended::Sent
-        });
+        };
+        let mut task = tokio::spawn(work.in_current_span());
         exchange.track(&scope, &tracked, task.abort_handle());
         let ended = tokio::select! {
             biased;

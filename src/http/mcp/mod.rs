@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_stream::wrappers::BroadcastStream;
+use tracing::Instrument as _;
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
@@ -317,11 +318,14 @@ fn instance_endpoint(
     if instance.is_dormant() {
         // Any instance-router request (initialize first) wakes a dormant process ahead of the calls (SB §9.8).
         let (manager, dormant) = (deps.manager.clone(), instance.clone());
-        deps.tasks.spawn(async move {
-            if let Err(err) = manager.wake(&dormant).await {
-                tracing::warn!(process_id = %dormant.spec().process_id, error = %err, "waking a dormant instance failed");
+        deps.tasks.spawn(
+            async move {
+                if let Err(err) = manager.wake(&dormant).await {
+                    tracing::warn!(process_id = %dormant.spec().process_id, error = %err, "waking a dormant instance failed");
+                }
             }
-        });
+            .in_current_span(),
+        );
     }
     let mut endpoint = Endpoint::new(Target::Instance(instance), deps.instance_sessions.clone());
     endpoint.instance_token = query.get("token").cloned();
