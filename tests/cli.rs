@@ -323,8 +323,17 @@ fn serve_collecting_stderr(
     dir: &std::path::Path,
     env: &[(&str, String)],
 ) -> (tokio::process::Child, tokio::task::JoinHandle<Vec<String>>) {
+    serve_args_collecting_stderr(dir, &[], env)
+}
+
+/// [`serve_collecting_stderr`] with `args` after `serve`.
+fn serve_args_collecting_stderr(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> (tokio::process::Child, tokio::task::JoinHandle<Vec<String>>) {
     let mut command = Command::new(satellite_exe());
-    command.arg("serve").current_dir(dir).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
+    command.arg("serve").args(args).current_dir(dir).env_clear().env("PATH", std::env::var("PATH").unwrap_or_default());
     for (name, value) in env {
         command.env(name, value);
     }
@@ -448,6 +457,68 @@ async fn lines_inside_a_request_carry_its_id_and_never_its_query() {
     let ended = ended.unwrap_or_else(|| panic!("no access line for trace-me-42: {lines:#?}"));
     assert_eq!(ended["status"], 200, "{ended}");
     assert!(ended["latency_ms"].is_u64(), "{ended}");
+}
+
+/// A stream's body is the rest of its request: what is logged while it is sent carries the request's span. Here the
+/// line that says a GET stream closed because its credential was revoked (logged from inside the stream's body,
+/// long after its answer's head) names the request that opened it.
+#[tokio::test]
+async fn a_line_logged_while_a_stream_is_sent_carries_the_request_that_opened_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let path = dir.path().join("satellite.toml");
+    let token = "stream-token-0123456789abcdef";
+    let body = |token: &str| {
+        format!(
+            "[satellite]\nport = {port}\nconfig_watch_interval_ms = 100\n[[teams]]\nid = \"t\"\n\
+             [[users]]\nid = \"u\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n",
+            satellite::config::sha256_hex(token)
+        )
+    };
+    std::fs::write(&path, body(token)).unwrap();
+    let env = [("SATELLITE_LOG_FORMAT", "json".to_owned()), ("LOG_LEVEL", "info".to_owned())];
+    let (mut child, log) = serve_args_collecting_stderr(dir.path(), &["--config", path.to_str().unwrap()], &env);
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(Duration::from_secs(60), "ready", || {
+        let url = format!("{base}/readyz");
+        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
+    })
+    .await;
+    let mut caller = Caller::for_url(format!("{base}/mcp"), Some(token));
+    caller.initialize().await;
+    let stream = reqwest::Client::new()
+        .get(format!("{base}/mcp"))
+        .bearer_auth(token)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", caller.session.clone().unwrap())
+        .header("x-request-id", "stream-opened-77")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut stream = Box::pin(stream.bytes_stream());
+    // The user's token changes: the stream ends, and says why.
+    std::fs::write(&path, body("another-token-0123456789abcdef")).unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        use futures::StreamExt as _;
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream of a revoked credential ends");
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    let lines = log.await.unwrap();
+    let closed = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|entry| entry["message"].as_str().is_some_and(|m| m.starts_with("stream closed")))
+        .unwrap_or_else(|| panic!("no line says the stream closed: {lines:#?}"));
+    let spans = closed["spans"].as_array().cloned().unwrap_or_default();
+    assert!(
+        spans.iter().any(|span| span["name"] == "http" && span["request_id"] == "stream-opened-77"),
+        "the line carries the span of the request that opened the stream: {closed}"
+    );
+    assert!(!lines.iter().any(|l| l.contains(token)), "the token is never logged");
 }
 
 #[tokio::test]
