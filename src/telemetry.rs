@@ -83,13 +83,23 @@ where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
     let level = if level == "fatal" { "error" } else { level };
-    let filter = EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| EnvFilter::new(default_directives(level)));
     let fmt = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
     let fmt = match format {
         LogFormat::Pretty => fmt.boxed(),
         LogFormat::Json => fmt.json().flatten_event(true).boxed(),
     };
-    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![fmt.with_filter(filter).boxed()];
+    // `RUST_LOG` may filter on span fields, which only an `EnvFilter` does. The default directives are levels by
+    // target, which a `Targets` filter holds as well, and it does no work when a span is entered or left: an
+    // `EnvFilter` takes a lock and looks the span up each time, for the field filters it might have (a proxied
+    // call enters spans eight times; docs/performance.md, 2026-12-02 02:30).
+    let fmt = match EnvFilter::try_from_env("RUST_LOG") {
+        Ok(filter) => fmt.with_filter(filter).boxed(),
+        Err(_) => match default_directives(level).parse::<tracing_subscriber::filter::Targets>() {
+            Ok(targets) => fmt.with_filter(targets).boxed(),
+            Err(_) => fmt.with_filter(EnvFilter::new(default_directives(level))).boxed(),
+        },
+    };
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = vec![fmt];
     if let Some(tracer) = tracer {
         layers.push(tracing_opentelemetry::layer().with_tracer(tracer).with_filter(filter_fn(exported)).boxed());
     }

@@ -30,13 +30,13 @@ pub struct CallerLimits {
 struct Inner {
     max: usize,
     /// Places held, by caller; a caller with none is not listed.
-    held: Mutex<HashMap<String, usize>>,
+    held: Mutex<HashMap<Arc<str>, usize>>,
 }
 
 /// One place of a caller, given back when dropped.
 pub struct Place {
     inner: Arc<Inner>,
-    caller: String,
+    caller: Arc<str>,
 }
 
 impl CallerLimits {
@@ -49,17 +49,17 @@ impl CallerLimits {
     }
 
     /// A place for `caller`, or `None` when it holds all of its own already.
-    pub fn take(&self, caller: String) -> Option<Place> {
+    pub fn take(&self, caller: Arc<str>) -> Option<Place> {
         self.take_of(caller, self.inner.max)
     }
 
     /// At its limit, one of [`SPARE`] more places a caller may hold, for a small body that turns out to hold no
     /// request (a cancellation, an answer to a server's question): the caller checks what the body held.
     pub fn take_spare(&self, caller: &str) -> Option<Place> {
-        self.take_of(format!("spare\u{0}{caller}"), SPARE)
+        self.take_of(format!("spare\u{0}{caller}").into(), SPARE)
     }
 
-    fn take_of(&self, caller: String, max: usize) -> Option<Place> {
+    fn take_of(&self, caller: Arc<str>, max: usize) -> Option<Place> {
         let mut held = self.inner.held.lock();
         match held.get_mut(&caller) {
             Some(n) if *n >= max => return None,
@@ -75,7 +75,8 @@ impl CallerLimits {
     /// A place for `caller`, or at its limit a spare one for a body whose declared length (`content_length`) is
     /// at most [`SPARE_BODY_BYTES`]: what that body holds must then be no request ([`Admitted::admits`]). `None`
     /// when it gets neither.
-    pub fn admit(&self, caller: String, content_length: Option<&str>) -> Option<Admitted> {
+    /// `caller` is a [`member_key`], shared: an instance makes its member's once (`Instance::member_key`).
+    pub fn admit(&self, caller: Arc<str>, content_length: Option<&str>) -> Option<Admitted> {
         let spare = match self.take(caller.clone()) {
             Some(place) => return Some(Admitted { _place: place, spare: false }),
             None => {
@@ -128,7 +129,7 @@ mod tests {
     #[test]
     fn a_caller_holds_at_most_its_own_places_and_gets_them_back() {
         let limits = CallerLimits::new(2);
-        let take = |caller: &str| limits.take(caller.to_owned());
+        let take = |caller: &str| limits.take(caller.into());
         let (a, b) = (take("alice").unwrap(), take("alice").unwrap());
         assert!(take("alice").is_none(), "a third place is refused");
         let bob = take("bob").expect("another caller is not held back");

@@ -91,14 +91,12 @@ impl Target {
 
     /// The member a request through this target is counted against for `max_concurrent_requests_per_caller`: the
     /// caller on `/mcp` and `/message`, the member an instance belongs to on its endpoint.
-    pub fn caller(&self) -> String {
+    pub fn caller(&self) -> std::sync::Arc<str> {
         match self {
             Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
-                super::callers::member_key(caller.user.as_str(), caller.team.as_str())
+                super::callers::member_key(caller.user.as_str(), caller.team.as_str()).into()
             }
-            Target::Instance(instance) => {
-                super::callers::member_key(instance.spec().user_id.as_str(), instance.spec().team_id.as_str())
-            }
+            Target::Instance(instance) => instance.member_key(),
         }
     }
 

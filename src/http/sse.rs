@@ -311,7 +311,7 @@ async fn message(
     let length = headers.get(warp::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
     let place = deps
         .callers
-        .admit(super::callers::member_key(caller.user.as_str(), caller.team.as_str()), length)
+        .admit(super::callers::member_key(caller.user.as_str(), caller.team.as_str()).into(), length)
         .ok_or_else(busy)?;
     // Read once, after authentication: counted for activity here, answered below (or refused as unreadable there).
     let body = body.read().await?;

@@ -109,6 +109,11 @@ pub struct Instance {
     connections: tokio::sync::watch::Sender<u64>,
     /// The level of the last `logging/setLevel` the server accepted, asked again of a server that starts anew.
     log_level: Mutex<Option<String>>,
+    /// The key of the member the instance belongs to (`http::callers::member_key`), made on its endpoint's first
+    /// request: each request takes a place under it, which made it anew each time.
+    member_key: std::sync::OnceLock<Arc<str>>,
+    /// The activity record's client id of its endpoint (`instance:{path}`), made on its first request.
+    client_id: std::sync::OnceLock<Box<str>>,
 }
 
 /// What letting go of a subscription left (`Instance::release_subscription`).
@@ -193,7 +198,23 @@ impl Instance {
             client_state: tokio::sync::Mutex::new(()),
             restore_for: Mutex::new(None),
             log_level: Mutex::new(None),
+            member_key: std::sync::OnceLock::new(),
+            client_id: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The key of the member this instance belongs to (`http::callers::member_key`), shared.
+    pub fn member_key(&self) -> Arc<str> {
+        let spec = &self.spec;
+        self.member_key
+            .get_or_init(|| crate::http::callers::member_key(spec.user_id.as_str(), spec.team_id.as_str()).into())
+            .clone()
+    }
+
+    /// The client id its endpoint's requests are counted under in the activity records: `instance:{path}`, `path`
+    /// being the one its endpoint was found under (`InstanceManager::by_instance_path`: its own, exactly).
+    pub fn client_id(&self, path: &str) -> &str {
+        self.client_id.get_or_init(|| format!("instance:{path}").into())
     }
 
     /// Note that the server accepted a `resources/subscribe` (true) or `resources/unsubscribe` (false) of `uri`.

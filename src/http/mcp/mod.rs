@@ -186,9 +186,9 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
                     if let Target::Instance(instance) = &endpoint.target {
                         let spec = instance.spec();
                         let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
-                        let client_id = format!("instance:{path}");
                         let tool_call = frame_calls_a_tool(&frame);
-                        record_activity(&deps, &headers, tool_call, user_team, &client_id, "instance_token");
+                        let client_id = instance.client_id(&path);
+                        record_activity(&deps, &headers, tool_call, user_team, client_id, "instance_token");
                     }
                     Box::pin(post(&deps, endpoint, &headers, frame)).await
                 }

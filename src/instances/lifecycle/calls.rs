@@ -205,7 +205,7 @@ impl Inner {
         self.deps.metrics.tool_call(&spec.server_slug, counted, began.elapsed());
         let response_bytes = result.as_ref().map_or(0, |p| p.json_len());
         let execution = ToolExecution {
-            tool_path: tool_path.clone(),
+            tool_path,
             duration_ms: began.elapsed().as_millis() as u64,
             outcome,
             error_message: error.as_deref().map(|e| crate::secrets::hide(e, instance.secret_values())),
@@ -226,7 +226,7 @@ impl Inner {
             _ => None,
         };
         let record = RequestRecord {
-            tool_path,
+            tool_path: execution.tool_path,
             params: arguments,
             response,
             error,
