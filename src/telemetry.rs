@@ -91,7 +91,7 @@ where
     // `RUST_LOG` may filter on span fields, which only an `EnvFilter` does. The default directives are levels by
     // target, which a `Targets` filter holds as well, and it does no work when a span is entered or left: an
     // `EnvFilter` takes a lock and looks the span up each time, for the field filters it might have (a proxied
-    // call enters spans eight times; docs/performance.md, 2026-12-02 02:30).
+    // call enters spans eight times; docs/performance.md, 2026-12-02 02:15).
     let fmt = match EnvFilter::try_from_env("RUST_LOG") {
         Ok(filter) => fmt.with_filter(filter).boxed(),
         Err(_) => match default_directives(level).parse::<tracing_subscriber::filter::Targets>() {
