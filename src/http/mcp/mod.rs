@@ -217,12 +217,13 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
         },
     );
+    // The POSTs first, the calls among them: warp tries each route in turn, and each try costs a filter future.
     hier_post
+        .or(inst_post)
+        .unify()
         .or(hier_get)
         .unify()
         .or(hier_delete)
-        .unify()
-        .or(inst_post)
         .unify()
         .or(inst_get)
         .unify()
