@@ -85,6 +85,7 @@ where
     let level = if level == "fatal" { "error" } else { level };
     let fmt = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(ansi);
     let fmt = match format {
+        LogFormat::Pretty if !ansi => fmt.fmt_fields(PlainFields).boxed(),
         LogFormat::Pretty => fmt.boxed(),
         LogFormat::Json => fmt.json().flatten_event(true).boxed(),
     };
@@ -104,6 +105,133 @@ where
         layers.push(tracing_opentelemetry::layer().with_tracer(tracer).with_filter(filter_fn(exported)).boxed());
     }
     tracing_subscriber::registry().with(layers)
+}
+
+/// The Pretty format's fields without colours, as tracing-subscriber's `DefaultFields` writes them then: `name=value`
+/// apart from the message, separated by spaces, the message's (and errors') ANSI and C1 control characters escaped.
+/// `DefaultFields` paints every name and `=` through `nu_ansi_term` even with colours off: about 2k instructions of
+/// each proxied call, for the request span's three fields (docs/performance.md, 2026-12-02 02:15).
+struct PlainFields;
+
+impl<'writer> tracing_subscriber::fmt::FormatFields<'writer> for PlainFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        writer: tracing_subscriber::fmt::format::Writer<'writer>,
+        fields: R,
+    ) -> std::fmt::Result {
+        let sanitize = writer.sanitizes_ansi_escapes();
+        let mut visitor = PlainVisitor { writer, sanitize, empty: true, result: Ok(()) };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+struct PlainVisitor<'writer> {
+    writer: tracing_subscriber::fmt::format::Writer<'writer>,
+    sanitize: bool,
+    empty: bool,
+    result: std::fmt::Result,
+}
+
+impl tracing::field::Visit for PlainVisitor<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.record_debug(field, &format_args!("{value}"))
+        } else {
+            self.record_debug(field, &value)
+        }
+    }
+
+    fn record_error(&mut self, field: &tracing::field::Field, value: &(dyn std::error::Error + 'static)) {
+        let sanitize = self.sanitize;
+        match value.source() {
+            Some(source) => self.record_debug(
+                field,
+                &format_args!("{} {}.sources={}", Escaped(value, sanitize), field.name(), Sources(source, sanitize)),
+            ),
+            None => self.record_debug(field, &format_args!("{}", Escaped(value, sanitize))),
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let name = field.name();
+        // tracing-log's metadata fields, which the line shows already.
+        if self.result.is_err() || name.starts_with("log.") {
+            return;
+        }
+        if !std::mem::take(&mut self.empty) {
+            self.result = self.writer.write_char(' ');
+        }
+        self.result = self.result.and_then(|()| match name {
+            "message" => write!(self.writer, "{:?}", EscapedDebug(value, self.sanitize)),
+            name => {
+                self.writer.write_str(name.strip_prefix("r#").unwrap_or(name))?;
+                self.writer.write_char('=')?;
+                write!(self.writer, "{value:?}")
+            }
+        });
+    }
+}
+
+/// A value's `Display`, its ANSI and C1 control characters escaped when `.1` (as tracing-subscriber escapes them).
+struct Escaped<'a>(&'a dyn std::fmt::Display, bool);
+/// A value's `Debug`, escaped as [`Escaped`].
+struct EscapedDebug<'a>(&'a dyn std::fmt::Debug, bool);
+/// An error's sources, as a list, each escaped as [`Escaped`].
+struct Sources<'a>(&'a (dyn std::error::Error + 'static), bool);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.1 {
+            use std::fmt::Write as _;
+            write!(EscapingWriter(f), "{}", self.0)
+        } else {
+            self.0.fmt(f)
+        }
+    }
+}
+
+impl std::fmt::Debug for EscapedDebug<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.1 {
+            use std::fmt::Write as _;
+            write!(EscapingWriter(f), "{:?}", self.0)
+        } else {
+            self.0.fmt(f)
+        }
+    }
+}
+
+impl std::fmt::Display for Sources<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut list = f.debug_list();
+        let mut next = Some(self.0);
+        while let Some(error) = next {
+            list.entry(&format_args!("{}", Escaped(&error, self.1)));
+            next = error.source();
+        }
+        list.finish()
+    }
+}
+
+/// Writes through, with ANSI and C1 control characters as escapes (`\x1b`, `\u{9b}`).
+struct EscapingWriter<'a, 'b>(&'a mut std::fmt::Formatter<'b>);
+
+impl std::fmt::Write for EscapingWriter<'_, '_> {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        for ch in text.chars() {
+            match ch {
+                '\x1b' => self.0.write_str("\\x1b")?,
+                '\x07' => self.0.write_str("\\x07")?,
+                '\x08' => self.0.write_str("\\x08")?,
+                '\x0c' => self.0.write_str("\\x0c")?,
+                '\x7f' => self.0.write_str("\\x7f")?,
+                ch if ('\u{80}'..='\u{9f}').contains(&ch) => write!(self.0, "\\u{{{:x}}}", ch as u32)?,
+                ch => self.0.write_char(ch)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What the trace exporter takes: the satellite's own spans at `debug` and above (a request to an upstream server
@@ -207,6 +335,60 @@ mod tests {
         // once would see each other's.
         the_exporter_takes_the_satellites_debug_spans_and_info_events();
         log_lines_are_plain_text_unless_a_person_reads_them_at_a_terminal();
+        plain_fields_write_what_default_fields_write_without_colours();
+    }
+
+    /// [`PlainFields`] writes each line as tracing-subscriber's `DefaultFields` does with colours off, escapes in
+    /// messages and errors included. (Run from the test above: see there.)
+    fn plain_fields_write_what_default_fields_write_without_colours() {
+        #[derive(Debug)]
+        struct Cause;
+        impl std::fmt::Display for Cause {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the cause \x1b[31m in red")
+            }
+        }
+        impl std::error::Error for Cause {}
+        #[derive(Debug)]
+        struct Failure(Cause);
+        impl std::fmt::Display for Failure {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("it failed")
+            }
+        }
+        impl std::error::Error for Failure {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let written = |plain: bool| {
+            let lines = Lines::default();
+            let writer = lines.clone();
+            let layer = tracing_subscriber::fmt::layer()
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .without_time();
+            let layer = if plain { layer.fmt_fields(PlainFields).boxed() } else { layer.boxed() };
+            tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
+                let request = tracing::info_span!("http", method = %"POST", path = "/mcp", r#type = 3, ok = true);
+                let _request = request.entered();
+                tracing::info!(tool = "echo", count = 2, ratio = 0.5, what = ?Some("x"), "a \x1b[2J clear and a \u{9b} C1");
+                let failure = Failure(Cause);
+                tracing::warn!(error = &failure as &(dyn std::error::Error + 'static), "failed");
+                let alone = Cause;
+                tracing::warn!(error = &alone as &(dyn std::error::Error + 'static), shown = %"\x1b[1m", "alone");
+                tracing::info!(message = "a message given as a field", extra = %"shown");
+                tracing::error!("{} {}", "formatted", 7);
+            });
+            let bytes = lines.0.lock().clone();
+            String::from_utf8(bytes).unwrap()
+        };
+        let (plain, default) = (written(true), written(false));
+        assert_eq!(plain, default);
+        assert_eq!(plain.lines().count(), 5, "{plain}");
+        assert!(plain.contains("a \\x1b[2J clear and a \\u{9b} C1"), "the message's escapes escaped: {plain}");
+        assert!(plain.contains("error.sources=[the cause \\x1b[31m in red]"), "{plain}");
+        assert!(plain.contains(r#"http{method=POST path="/mcp" type=3 ok=true}"#), "{plain}");
     }
 
     /// The exporter takes the satellite's spans down to `debug` (the upstream request's span) and its events
