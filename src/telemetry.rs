@@ -364,10 +364,8 @@ mod tests {
         let written = |plain: bool| {
             let lines = Lines::default();
             let writer = lines.clone();
-            let layer = tracing_subscriber::fmt::layer()
-                .with_writer(move || writer.clone())
-                .with_ansi(false)
-                .without_time();
+            let layer =
+                tracing_subscriber::fmt::layer().with_writer(move || writer.clone()).with_ansi(false).without_time();
             let layer = if plain { layer.fmt_fields(PlainFields).boxed() } else { layer.boxed() };
             tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
                 let request = tracing::info_span!("http", method = %"POST", path = "/mcp", r#type = 3, ok = true);

@@ -350,6 +350,18 @@ fn serve_args_collecting_stderr(
     (child, log)
 }
 
+/// The base URL of a satellite serving on `port`, once its `/readyz` answers 200. It answers 503 until the first
+/// configuration is applied: polled from the first moment on purpose.
+async fn ready_at(port: u16) -> String {
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(Duration::from_secs(60), "ready", || {
+        let url = format!("{base}/readyz");
+        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
+    })
+    .await;
+    base
+}
+
 const DEMO_TOKEN: &str = "demo-token-0123456789abcdef";
 
 /// The embedded default (the demo server, [`DEMO_TOKEN`]) logging JSON with `level` (`LOG_LEVEL` or `RUST_LOG`),
@@ -366,13 +378,7 @@ async fn serve_demo_logging_json(
         (level.0, level.1.into()),
     ];
     let (child, log) = serve_collecting_stderr(dir, &env);
-    let base = format!("http://127.0.0.1:{port}");
-    // /readyz answers 503 until the first configuration is applied: polled from the first moment on purpose.
-    wait_until(Duration::from_secs(60), "ready", || {
-        let url = format!("{base}/readyz");
-        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
-    })
-    .await;
+    let base = ready_at(port).await;
     (child, log, base)
 }
 
@@ -478,12 +484,7 @@ async fn a_line_logged_while_a_stream_is_sent_carries_the_request_that_opened_it
     std::fs::write(&path, body(token)).unwrap();
     let env = [("SATELLITE_LOG_FORMAT", "json".to_owned()), ("LOG_LEVEL", "info".to_owned())];
     let (mut child, log) = serve_args_collecting_stderr(dir.path(), &["--config", path.to_str().unwrap()], &env);
-    let base = format!("http://127.0.0.1:{port}");
-    wait_until(Duration::from_secs(60), "ready", || {
-        let url = format!("{base}/readyz");
-        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
-    })
-    .await;
+    let base = ready_at(port).await;
     let mut caller = Caller::for_url(format!("{base}/mcp"), Some(token));
     caller.initialize().await;
     let stream = reqwest::Client::new()
@@ -834,12 +835,7 @@ async fn the_semantic_stage_is_named_at_start_and_finds_a_tool_by_meaning_throug
             ("SATELLITE_SEMANTIC_MODEL", model.display().to_string()),
         ],
     );
-    let base = format!("http://127.0.0.1:{port}");
-    wait_until(Duration::from_secs(60), "ready", || {
-        let url = format!("{base}/readyz");
-        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
-    })
-    .await;
+    let base = ready_at(port).await;
     let mut caller = Caller::for_url(format!("{base}/mcp"), Some(token));
     caller.initialize().await;
     // No word of this request is in the demo's tool texts ("Sleep for the given number of milliseconds, then
