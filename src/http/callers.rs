@@ -10,11 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-/// The key of a member (a user of a team): whose places a request takes, and whose sessions and connections it
-/// counts against.
-pub fn member_key(user: &str, team: &str) -> String {
-    format!("{user}\u{0}{team}")
-}
+pub use crate::model::member_key;
 
 /// Places past its limit a caller may hold for bodies that hold no request.
 pub const SPARE: usize = 4;

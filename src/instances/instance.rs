@@ -109,7 +109,7 @@ pub struct Instance {
     connections: tokio::sync::watch::Sender<u64>,
     /// The level of the last `logging/setLevel` the server accepted, asked again of a server that starts anew.
     log_level: Mutex<Option<String>>,
-    /// The key of the member the instance belongs to (`http::callers::member_key`), made on its endpoint's first
+    /// The key of the member the instance belongs to (`model::member_key`), made on its endpoint's first
     /// request: each request takes a place under it, which made it anew each time.
     member_key: std::sync::OnceLock<Arc<str>>,
     /// The activity record's client id of its endpoint (`instance:{path}`), made on its first request.
@@ -203,11 +203,11 @@ impl Instance {
         }
     }
 
-    /// The key of the member this instance belongs to (`http::callers::member_key`), shared.
+    /// The key of the member this instance belongs to (`model::member_key`), shared.
     pub fn member_key(&self) -> Arc<str> {
         let spec = &self.spec;
         self.member_key
-            .get_or_init(|| crate::http::callers::member_key(spec.user_id.as_str(), spec.team_id.as_str()).into())
+            .get_or_init(|| crate::model::member_key(spec.user_id.as_str(), spec.team_id.as_str()).into())
             .clone()
     }
 

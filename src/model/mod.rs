@@ -380,3 +380,9 @@ mod tests {
         assert_eq!(id.as_str(), "brightdata-mcp-1-acme-u-1-i_2");
     }
 }
+
+/// The key of a member (a user of a team): whose places a request takes (`http::callers`), and whose sessions and
+/// connections it counts against.
+pub fn member_key(user: &str, team: &str) -> String {
+    format!("{user}\u{0}{team}")
+}
