@@ -318,6 +318,12 @@ pub(crate) fn sample_spec() -> InstanceSpec {
     }
 }
 
+/// The key of a member (a user of a team): whose places a request takes (`http::callers`), and whose sessions and
+/// connections it counts against.
+pub fn member_key(user: &str, team: &str) -> String {
+    format!("{user}\u{0}{team}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,10 +385,4 @@ mod tests {
         let id = ProcessId::compose("brightdata-mcp-1", "acme", &UserId::from("u-1"), &InstallationId::from("i_2"));
         assert_eq!(id.as_str(), "brightdata-mcp-1-acme-u-1-i_2");
     }
-}
-
-/// The key of a member (a user of a team): whose places a request takes (`http::callers`), and whose sessions and
-/// connections it counts against.
-pub fn member_key(user: &str, team: &str) -> String {
-    format!("{user}\u{0}{team}")
 }
