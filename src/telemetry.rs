@@ -163,7 +163,7 @@ impl tracing::field::Visit for PlainVisitor<'_> {
             self.result = self.writer.write_char(' ');
         }
         self.result = self.result.and_then(|()| match name {
-            "message" => write!(self.writer, "{:?}", EscapedDebug(value, self.sanitize)),
+            "message" => write!(self.writer, "{:?}", Escaped(value, self.sanitize)),
             name => {
                 self.writer.write_str(name.strip_prefix("r#").unwrap_or(name))?;
                 self.writer.write_char('=')?;
@@ -173,31 +173,28 @@ impl tracing::field::Visit for PlainVisitor<'_> {
     }
 }
 
-/// A value's `Display`, its ANSI and C1 control characters escaped when `.1` (as tracing-subscriber escapes them).
-struct Escaped<'a>(&'a dyn std::fmt::Display, bool);
-/// A value's `Debug`, escaped as [`Escaped`].
-struct EscapedDebug<'a>(&'a dyn std::fmt::Debug, bool);
+/// A value's `Display` or `Debug`, its ANSI and C1 control characters escaped when `.1` (as tracing-subscriber
+/// escapes them).
+struct Escaped<T>(T, bool);
 /// An error's sources, as a list, each escaped as [`Escaped`].
 struct Sources<'a>(&'a (dyn std::error::Error + 'static), bool);
 
-impl std::fmt::Display for Escaped<'_> {
+impl<T: std::fmt::Display> std::fmt::Display for Escaped<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.1 {
-            use std::fmt::Write as _;
-            write!(EscapingWriter(f), "{}", self.0)
-        } else {
-            self.0.fmt(f)
+        use std::fmt::Write as _;
+        match self.1 {
+            true => write!(EscapingWriter(f), "{}", self.0),
+            false => self.0.fmt(f),
         }
     }
 }
 
-impl std::fmt::Debug for EscapedDebug<'_> {
+impl<T: std::fmt::Debug> std::fmt::Debug for Escaped<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.1 {
-            use std::fmt::Write as _;
-            write!(EscapingWriter(f), "{:?}", self.0)
-        } else {
-            self.0.fmt(f)
+        use std::fmt::Write as _;
+        match self.1 {
+            true => write!(EscapingWriter(f), "{:?}", self.0),
+            false => self.0.fmt(f),
         }
     }
 }

@@ -211,9 +211,9 @@ impl Instance {
             .clone()
     }
 
-    /// The client id its endpoint's requests are counted under in the activity records: `instance:{path}`, `path`
-    /// being the one its endpoint was found under (`InstanceManager::by_instance_path`: its own, exactly).
-    pub fn client_id(&self, path: &str) -> &str {
+    /// The client id its endpoint's requests are counted under in the activity records: `instance:{path}`.
+    pub fn client_id(&self) -> &str {
+        let path = self.spec.instance_path.as_deref().unwrap_or_default();
         self.client_id.get_or_init(|| format!("instance:{path}").into())
     }
 

@@ -187,7 +187,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
                         let spec = instance.spec();
                         let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
                         let tool_call = frame_calls_a_tool(&frame);
-                        let client_id = instance.client_id(&path);
+                        let client_id = instance.client_id();
                         record_activity(&deps, &headers, tool_call, user_team, client_id, "instance_token");
                     }
                     Box::pin(post(&deps, endpoint, &headers, frame)).await
