@@ -204,6 +204,41 @@ async fn idle_instances_go_dormant_keep_their_tools_and_fifty_calls_respawn_one_
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A dormant instance is up with no process: killed, or removed from the config, it reports
+/// `mcp.server.stopped` as a running one does. Before, it stopped silently, and the backend of a kill that
+/// landed while the server slept never heard of it (a flaky `compat` test found it).
+#[tokio::test]
+async fn a_dormant_instance_killed_or_removed_reports_its_stop() {
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &config(""), fast_idle).await;
+    sat.wait_ready().await;
+    for id in [ALICE, BOB] {
+        wait_status(&sat, id, InstanceStatus::Online).await;
+        wait_until(DEADLINE, &format!("{id} asleep"), || async { instance(&sat, id).is_dormant().then_some(()) }).await;
+    }
+    let stops_of = |events: &[StoredEvent], id: &str| -> Vec<Value> {
+        events.iter().filter(|e| e.data["server_name"] == id).map(|e| e.data["reason"].clone()).collect()
+    };
+    assert!(stops_of(&events(&sat, "mcp.server.stopped").await, ALICE).is_empty(), "asleep is not stopped");
+
+    let alice = UserId::from("alice");
+    let killed = sat.satellite.manager().stop_installation(&InstallationId::from("i-demo"), Some(&alice)).await;
+    assert_eq!(killed.expect("kill"), 1);
+    let stopped = wait_events(&sat, "mcp.server.stopped", 1).await;
+    assert_eq!(stops_of(&stopped, ALICE), [json!("killed")], "{stopped:?}");
+    let status = instance(&sat, ALICE).status();
+    assert_eq!((status.status, instance(&sat, ALICE).is_dormant()), (InstanceStatus::Offline, false));
+
+    // The installation goes from the file: bob's sleeping instance is removed, and says so; alice's, stopped
+    // already, is not stopped twice.
+    let without = config("").replace("[[installations]]\nid = \"i-demo\"\nteam = \"acme\"\nserver = \"demo\"\n", "");
+    assert_ne!(without, config(""), "the installation is in the config");
+    sat.rewrite_config(&without);
+    let stopped = wait_events(&sat, "mcp.server.stopped", 2).await;
+    assert_eq!(stops_of(&stopped, BOB), [json!("removed")], "{stopped:?}");
+    assert_eq!(stops_of(&stopped, ALICE), [json!("killed")], "{stopped:?}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 #[tokio::test]
 async fn calls_past_the_per_instance_limit_wait_then_get_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

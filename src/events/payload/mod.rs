@@ -230,8 +230,9 @@ impl Event {
         Self::new(EventKind::ClientDisconnected, None, disconnected)
     }
 
-    /// `mcp.server.stopped` (BP §8.5-13): a running instance was stopped on purpose (a `kill` command, removed
-    /// or changed in the config, shutdown); `server_name` carries the process id like the other process events.
+    /// `mcp.server.stopped` (BP §8.5-13): a running instance, or a dormant one, was stopped on purpose (a `kill`
+    /// command, removed or changed in the config, shutdown); `server_name` carries the process id like the other
+    /// process events.
     pub fn server_stopped(spec: &InstanceSpec, reason: StopReason) -> Self {
         Self::new(
             EventKind::ServerStopped,

@@ -98,9 +98,13 @@ impl Inner {
         let _lifecycle = instance.lifecycle.lock().await;
         instance.next_generation();
         instance.set_halted(true);
-        instance.clear_dormant();
-        if let Some(client) = instance.take_client() {
+        // A dormant instance is up (it wakes on the next call) with no process: the kill stops it all the same.
+        let was_dormant = instance.clear_dormant().is_some();
+        let client = instance.take_client();
+        if let Some(client) = &client {
             client.close().await;
+        }
+        if client.is_some() || was_dormant {
             self.emit(Event::server_stopped(instance.spec(), StopReason::Killed)).await;
         }
         self.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
@@ -258,12 +262,17 @@ impl Inner {
         }
     }
 
-    /// Retire the instance for good: its process or connection ends, and `mcp.server.stopped` says why.
+    /// Retire the instance for good: its process or connection ends, and `mcp.server.stopped` says why. A dormant
+    /// instance, up with no process, reports its stop too.
     pub(in crate::instances) async fn stop(&self, instance: &Arc<Instance>, reason: StopReason) {
         instance.retired.cancel();
         let _lifecycle = instance.lifecycle.lock().await;
-        if let Some(client) = instance.take_client() {
+        let was_dormant = instance.clear_dormant().is_some();
+        let client = instance.take_client();
+        if let Some(client) = &client {
             client.close().await;
+        }
+        if client.is_some() || was_dormant {
             self.emit(Event::server_stopped(instance.spec(), reason)).await;
         }
     }
