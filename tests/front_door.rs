@@ -1164,6 +1164,35 @@ async fn a_subscribed_instance_is_not_put_to_sleep() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// An open `subscriptions/listen` keeps its instance awake, as docs/decisions.md promises: asleep, the server
+/// would announce nothing on it. Before, the listen took no call slot and the idle sweep stopped the process
+/// under it; the stream stayed open and went silent. Once the client closes the stream the instance sleeps.
+#[tokio::test]
+async fn an_open_listen_keeps_its_instance_awake() {
+    let sat = with_paged_and(crate::common::lifecycle::fast_idle).await;
+    let dormant = |id: &'static str| {
+        let instance = sat.satellite.manager().get(&ProcessId::from(id));
+        async move { instance.is_some_and(|i| i.is_dormant()).then_some(()) }
+    };
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let mut stream = listen_stream(&sat, &path, json!({"toolsListChanged": true})).await;
+    next_message(&mut stream, "an acknowledgement", |m| m["method"] == "notifications/subscriptions/acknowledged")
+        .await;
+    assert!(dormant("paged-acme-alice-i-paged").await.is_none(), "awake once the listen is acknowledged");
+
+    // Bob's instance is woken and sleeps again: the idle job has run since Alice's listen opened.
+    let bob = Caller::connect(&sat, "/mcp", Some(BOB)).await;
+    let ran = bob.execute("paged:ok", json!({})).await;
+    assert_eq!(ran["result"]["content"][0]["text"], "ok", "{ran}");
+    wait_until(DEADLINE, "bob's idle instance asleep", || dormant("paged-acme-bob-i-paged")).await;
+    assert!(dormant("paged-acme-alice-i-paged").await.is_none(), "the listened-to instance stays up");
+
+    drop(stream);
+    wait_until(DEADLINE, "alice's instance asleep once the listen closed", || dormant("paged-acme-alice-i-paged"))
+        .await;
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A task-augmented call's answer (2025-11-25: a `CreateTaskResult`, a task and no content) reaches the client as
 /// the server wrote it, and the task's status notifications reach the session's GET stream. Before, any result
 /// without `content` was wrapped as text, so the client never saw its task, and the status was dropped.

@@ -1,7 +1,7 @@
 //! One per-user instance: its spec, status, live connection, catalog, and
 //! the supervisor's bookkeeping (activity, dormancy, crashes, call slots).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,16 @@ impl InstanceError {
     }
 }
 
+/// A long-lived request counted on its instance ([`Instance::listening`]) until dropped.
+#[derive(Debug)]
+pub struct Listening<'a>(&'a AtomicUsize);
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A live instance. Replaced by a new one when its spec changes, so `spec` never changes.
 #[derive(Debug)]
 pub struct Instance {
@@ -65,6 +75,8 @@ pub struct Instance {
     pub(super) max_calls: usize,
     /// Set while a recovery (probe or re-discovery) runs, so there is one at a time.
     pub(super) recovering: AtomicBool,
+    /// Long-lived requests open on it (`subscriptions/listen`): they take no call slot, yet keep it awake.
+    listening: AtomicUsize,
     /// Stopped by a `kill` command: nothing brings it back on its own (BP §6.3) until it is started again.
     halted: AtomicBool,
     /// Bumped by every start attempt (under the lifecycle lock): a crash of an older attempt is stale.
@@ -181,6 +193,7 @@ impl Instance {
             calls: Semaphore::new(max_calls),
             max_calls,
             recovering: AtomicBool::new(false),
+            listening: AtomicUsize::new(0),
             halted: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             overrides,
@@ -460,6 +473,19 @@ impl Instance {
     /// Calls running now.
     pub fn in_flight(&self) -> usize {
         self.max_calls.saturating_sub(self.calls.available_permits())
+    }
+
+    /// Count a long-lived request (`subscriptions/listen`) open on this instance until the guard is dropped: the
+    /// idle sweep leaves the instance awake meanwhile, since asleep its server could announce nothing and a
+    /// listen passed through to it would fail. It takes no call slot, so listens never starve calls.
+    pub fn listening(&self) -> Listening<'_> {
+        self.listening.fetch_add(1, Ordering::Relaxed);
+        Listening(&self.listening)
+    }
+
+    /// Long-lived requests open on this instance.
+    pub fn listens(&self) -> usize {
+        self.listening.load(Ordering::Relaxed)
     }
 
     /// True while the process was stopped for idleness and not yet respawned; its tools stay cached.

@@ -345,7 +345,8 @@ impl InstanceManager {
 
     /// A long-lived request (2026-07-28 `subscriptions/listen`): sent to the instance with everything it says
     /// going to `relay`, for as long as `limit` or until the caller drops it (the client closed its stream). It
-    /// takes no call slot, so open subscriptions never starve calls, and its failure changes no status.
+    /// takes no call slot, so open subscriptions never starve calls, and its failure changes no status; it keeps
+    /// the instance awake.
     pub async fn listen(
         &self,
         instance: &Arc<Instance>,
@@ -354,6 +355,7 @@ impl InstanceManager {
         limit: Duration,
         relay: &crate::mcp::transport::Relay,
     ) -> Result<crate::mcp::payload::Payload, InstanceError> {
+        let _listening = instance.listening();
         let client = self.inner.ensure_connected(instance).await?;
         instance.touch();
         let result = client.request_relayed(method, params, limit, Some(relay)).await;

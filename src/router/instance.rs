@@ -130,6 +130,9 @@ impl InstanceRouter {
                     RouteError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, "subscriptions/listen needs a stream"))
                 })?;
                 let params = params.unwrap_or_else(|| json!({}));
+                // Asleep, the server would announce nothing: an open listen keeps the instance awake, from before
+                // the wake below, so the idle sweep cannot put it to sleep again in between.
+                let _listening = instance.listening();
                 // A handshake-era server has no `subscriptions/listen`; it announces on its session instead, which
                 // the satellite keeps open: the stream is served here from what it announces.
                 if self.manager.wake(instance).await.is_ok()

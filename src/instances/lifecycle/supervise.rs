@@ -465,8 +465,8 @@ impl Inner {
         .boxed()
     }
 
-    /// Stop stdio instances that are online, past the spawn grace, with no call running, idle too long and not
-    /// kept awake by `keep_awake`.
+    /// Stop stdio instances that are online, past the spawn grace, with no call or listen running, idle too long
+    /// and not kept awake by `keep_awake`.
     pub(in crate::instances) async fn sweep_idle(&self, keep_awake: &(dyn Fn(&Instance) -> bool + Sync)) -> usize {
         let lifecycle = &self.deps.settings.lifecycle;
         let Some(timeout) = lifecycle.idle_timeout else { return 0 };
@@ -485,7 +485,7 @@ impl Inner {
                     && i.uptime().is_some_and(|up| up >= lifecycle.spawn_grace)
                     && i.idle().0 >= timeout
             };
-            if !idle(&instance) || instance.in_flight() > 0 || keep_awake(&instance) {
+            if !idle(&instance) || instance.in_flight() > 0 || instance.listens() > 0 || keep_awake(&instance) {
                 continue;
             }
             // Busy with a start, restart or rediscovery: try next round.
