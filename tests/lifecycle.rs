@@ -562,6 +562,20 @@ async fn a_remote_server_answering_401_requires_reauthorisation() {
     let status = wait_status(&sat, "locked-acme-alice-i-locked", InstanceStatus::RequiresReauth).await;
     assert_eq!(status.message.as_deref(), Some("Authentication failed (HTTP 401)"));
     assert_eq!(instance(&sat, ALICE).status().status, InstanceStatus::Online);
+
+    // A kill stops it as it stops any other, and a credential check afterwards does not bring it back. Before,
+    // the move to `offline` was refused (the instance stayed `requires_reauth`), so the credential check's
+    // conditional restart started the killed instance again.
+    let locked = "locked-acme-alice-i-locked";
+    let user = UserId::from("alice");
+    let killed = sat.satellite.manager().stop_installation(&InstallationId::from("i-locked"), Some(&user)).await;
+    assert_eq!(killed.expect("kill"), 1);
+    let stopped = |status: satellite::instances::StatusEntry| {
+        (status.status, status.message) == (InstanceStatus::Offline, Some("Stopped by command".to_owned()))
+    };
+    assert!(stopped(instance(&sat, locked).status()), "{:?}", instance(&sat, locked).status());
+    sat.satellite.manager().reconnect_waiting_for_reauth(&ProcessId::from(locked)).await.expect("credential check");
+    assert!(stopped(instance(&sat, locked).status()), "{:?}", instance(&sat, locked).status());
     assert!(sat.satellite.shutdown().await);
 }
 

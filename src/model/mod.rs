@@ -279,7 +279,8 @@ impl InstanceStatus {
             (Online, _) => false,
             (Offline | Error, Connecting | Offline | Error | RequiresReauth | PermanentlyFailed) => true,
             (Offline | Error, _) => false,
-            (RequiresReauth, Connecting | RequiresReauth) => true,
+            // A `kill` stops an instance waiting for its user's authorisation too.
+            (RequiresReauth, Connecting | RequiresReauth | Offline) => true,
             (RequiresReauth, _) => false,
         }
     }
@@ -340,13 +341,15 @@ mod tests {
     #[test]
     fn transitions_allow_the_documented_paths_and_refuse_impossible_moves() {
         use InstanceStatus::*;
-        let paths: [&[InstanceStatus]; 8] = [
+        let paths: [&[InstanceStatus]; 9] = [
             &[Provisioning, Connecting, DiscoveringTools, SyncingTools, Online],
             &[Provisioning, Connecting, DiscoveringTools, Online],
             &[Online, Restarting, Connecting, DiscoveringTools, Online],
             &[Online, Offline, Connecting, DiscoveringTools, Online],
             &[Online, Error, Error, Connecting, DiscoveringTools, Online],
             &[Online, RequiresReauth, Connecting, DiscoveringTools, Online],
+            // A kill while the user's authorisation is awaited.
+            &[Online, RequiresReauth, Offline],
             &[Online, Connecting, DiscoveringTools, Online, Connecting, PermanentlyFailed, Restarting, Connecting],
             &[Provisioning, CommandReceived, Connecting, Error, Connecting, Offline],
         ];

@@ -78,7 +78,9 @@ impl Inner {
     ) {
         let outcome = {
             let _lifecycle = instance.lifecycle.lock().await;
-            if instance.retired.is_cancelled() || only_from.is_some_and(|status| instance.state() != status) {
+            // A conditional restart (a credential check's) never brings back an instance a kill stopped.
+            let stale = only_from.is_some_and(|status| instance.state() != status || instance.is_halted());
+            if instance.retired.is_cancelled() || stale {
                 return;
             }
             if let Some(client) = instance.take_client() {
@@ -107,7 +109,10 @@ impl Inner {
         if client.is_some() || was_dormant {
             self.emit(Event::server_stopped(instance.spec(), StopReason::Killed)).await;
         }
-        self.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
+        // Only a restart leaves `permanently_failed`: a kill leaves it as it is (halted all the same).
+        if instance.state() != InstanceStatus::PermanentlyFailed {
+            self.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
+        }
     }
 
     /// Reconnect if needed and rediscover; true when the instance is online afterwards.
