@@ -239,6 +239,54 @@ async fn a_dormant_instance_killed_or_removed_reports_its_stop() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A periodic re-discovery holds the connections it found and discovers four instances at a time; the fifth
+/// waits its turn. An idle sweep meanwhile puts that one to sleep, closing the connection the re-discovery holds.
+/// Discovered on the closed connection, it failed, and the sleeping instance went `offline` (hidden, never swept
+/// again). Now a discovery whose connection is no longer the instance's does nothing.
+#[tokio::test]
+async fn a_rediscovery_waiting_its_turn_leaves_an_instance_put_to_sleep_meanwhile_alone() {
+    let members: String = ["carol", "dave", "erin"]
+        .iter()
+        .map(|user| format!("[[users]]\nid = \"{user}\"\nteams = [\"acme\"]\n"))
+        .collect();
+    let toml =
+        config(&members).replace("args = [\"demo-server\"]\n", "args = [\"demo-server\"]\nrediscover_seconds = 1\n");
+    assert!(toml.contains("rediscover_seconds = 1"), "the demo server is re-discovered every second");
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &toml, |c| {
+        // Idle at once, but swept only when the test asks (the job's first round runs before anything is up).
+        let lifecycle = &mut c.upstream.lifecycle;
+        lifecycle.idle_timeout = Some(Duration::from_millis(1));
+        lifecycle.spawn_grace = Duration::ZERO;
+        lifecycle.idle_check_interval = Duration::from_secs(3600);
+    })
+    .await;
+    sat.wait_ready().await;
+    let ids: Vec<String> =
+        ["alice", "bob", "carol", "dave", "erin"].iter().map(|user| format!("demo-acme-{user}-i-demo")).collect();
+    for id in &ids {
+        wait_status(&sat, id, InstanceStatus::Online).await;
+    }
+    wait_until(DEADLINE, "every catalog due for re-discovery", || async {
+        let due = |id: &String| {
+            instance(&sat, id)
+                .catalog()
+                .is_some_and(|c| chrono::Utc::now() - c.discovered_at > chrono::Duration::seconds(1))
+        };
+        ids.iter().all(due).then_some(())
+    })
+    .await;
+    let manager = sat.satellite.manager();
+    // The sweep runs while the first four discoveries hold their instances' locks: it puts the fifth to sleep.
+    let (rediscovered, slept) = tokio::join!(manager.rediscover_stale(), manager.sweep_idle(|_| false));
+    assert_eq!(rediscovered, 5);
+    assert!(slept >= 1, "the instance waiting its turn was swept");
+    for id in &ids {
+        let (status, dormant) = (instance(&sat, id).status(), instance(&sat, id).is_dormant());
+        assert_eq!(status.status, InstanceStatus::Online, "{id} (dormant: {dormant}): {status:?}");
+    }
+    assert!(sat.satellite.shutdown().await);
+}
+
 #[tokio::test]
 async fn calls_past_the_per_instance_limit_wait_then_get_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

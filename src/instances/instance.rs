@@ -426,6 +426,11 @@ impl Instance {
         self.connection.lock().as_ref().map(|c| c.client.clone())
     }
 
+    /// Whether `client` is still this instance's connection: not closed since by a restart, dormancy or a kill.
+    pub(super) fn is_connection(&self, client: &Arc<McpClient>) -> bool {
+        self.connection.lock().as_ref().is_some_and(|c| Arc::ptr_eq(&c.client, client))
+    }
+
     pub(super) fn set_connection(&self, client: Arc<McpClient>, slot: Option<ProcessSlot>) {
         *self.connection.lock() = Some(Connection { client, since: Instant::now(), _slot: slot });
         self.connections.send_modify(|n| *n += 1);

@@ -270,7 +270,11 @@ impl Inner {
         self.tasks.spawn(async move {
             {
                 let _lifecycle = instance.lifecycle.lock().await;
+                // Not for a killed instance, nor on a connection closed meanwhile: a remote one still answers
+                // after its close, and would have brought a killed instance back `online` with no connection.
                 if !instance.retired.is_cancelled()
+                    && !instance.is_halted()
+                    && instance.is_connection(&client)
                     && matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error)
                 {
                     let message = "Server recovered, re-discovering tools".to_owned();

@@ -308,14 +308,16 @@ impl Inner {
     }
 
     /// Discover a connected instance again, serving its current tools meanwhile: whether it is online after
-    /// it, or `None` once the instance is retired.
+    /// it, or `None` once the instance is retired or `client` is no longer its connection. A discovery waits for
+    /// the lifecycle lock, and meanwhile a restart, dormancy or a kill may have closed the connection it was
+    /// given: discovered on that, it failed and made a healthy (or sleeping) instance `offline`.
     pub(in crate::instances) async fn refresh_catalog(
         self: &Arc<Self>,
         instance: &Arc<Instance>,
         client: &Arc<McpClient>,
     ) -> Option<bool> {
         let _lifecycle = instance.lifecycle.lock().await;
-        if instance.retired.is_cancelled() {
+        if instance.retired.is_cancelled() || !instance.is_connection(client) {
             return None;
         }
         Some(self.discover_into(instance, client, false).await)
