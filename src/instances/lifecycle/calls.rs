@@ -321,7 +321,9 @@ impl Inner {
                     };
                     let Ok((client, slot)) = connected else { continue };
                     let _lifecycle = instance.lifecycle.lock().await;
-                    if instance.retired.is_cancelled() || instance.is_halted() {
+                    // Brought back meanwhile (a restart, a recovery command): its connection is left alone.
+                    let recovered = !matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
+                    if instance.retired.is_cancelled() || instance.is_halted() || recovered {
                         client.close().await;
                         break;
                     }
