@@ -184,6 +184,38 @@ async fn stored_credentials_are_reused_and_refused_ones_lead_to_a_new_registrati
     backend.take_violations();
 }
 
+/// The verification heartbeat failing for a moment (a 503 from a proxy while the backend restarts) says nothing of
+/// the stored key: the start that met it fails (its token was used up by the first registration), and the next one
+/// verifies the key and runs as the same satellite. Before, the failure emptied the key file, and with the token
+/// used every later start failed until an operator made a new one.
+#[tokio::test]
+async fn a_verification_heartbeat_failing_for_a_moment_keeps_the_stored_credentials() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let TestSatellite { satellite, dir: first, .. } =
+        start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    assert!(satellite.shutdown().await);
+    let sid = satellite_id(first.path());
+
+    backend.fail_next(Endpoint::Heartbeat, 503, 1);
+    // Left on disk when the failing start drops it, to read what that start left of the credentials.
+    let mut unlucky = tempdir_at(first.path());
+    unlucky.disable_cleanup(true);
+    let kept = unlucky.path().to_owned();
+    let failed = TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, unlucky, fast).await;
+    assert!(failed.is_err(), "the used token cannot register again");
+    assert_eq!(satellite_id(&kept), sid, "the stored credentials are kept");
+
+    let sat = TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempdir_at(&kept), fast)
+        .await
+        .expect("the next start verifies the stored key");
+    assert_eq!(satellite_id(sat.dir.path()), sid, "the same satellite");
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert!(sat.satellite.shutdown().await);
+    std::fs::remove_dir_all(&kept).expect("remove the kept directory");
+    backend.take_violations();
+}
+
 /// A TempDir handle for an existing directory (kept: `into_path` semantics without deleting).
 fn tempdir_at(path: &std::path::Path) -> tempfile::TempDir {
     let fresh = tempfile::tempdir().unwrap();
@@ -1034,6 +1066,63 @@ async fn a_first_config_fetch_that_fails_is_retried_until_the_servers_run() {
     wait_status(&sat, BOB, InstanceStatus::Online).await;
     let fetched: Vec<u16> = backend.calls(Endpoint::Config).into_iter().map(|c| c.status).collect();
     assert_eq!(fetched[..3], [503, 503, 200], "asked again after each failure: {fetched:?}");
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// A config entry the satellite cannot read this time (here a newer backend's `timeout` as a string) is refused and
+/// reported, but it is not an uninstall: the instance it ran goes on as it was. Before, the refused key counted as
+/// removed: alice's server was stopped and its tools dropped while the backend still listed it.
+#[tokio::test]
+async fn an_entry_that_cannot_be_read_leaves_its_running_instance_alone() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let alice = sat.satellite.manager().get(&satellite::model::ProcessId::from(ALICE)).expect("alice's instance");
+    let pid = alice.pid().expect("alice's process");
+
+    let mut odd = serde_json::to_value(config()).expect("config as JSON");
+    odd["mcp_servers"][ALICE]["timeout"] = json!("45000");
+    backend.set_config_raw(odd);
+    backend.push_command(refresh("c-odd"));
+    assert_eq!(first_result(&backend, "c-odd").await.status, ResultStatus::Completed);
+    // The refresh's own event comes after anything its apply emitted: once it is here, a stop would be too.
+    let refreshed = wait_until(DEADLINE, "the refresh reported", || async {
+        backend.events().into_iter().find(|e| e.kind.as_str() == "config.refreshed" && e.data["rejected_count"] == 1)
+    })
+    .await;
+    assert_eq!(delivered(&backend, "mcp.server.stopped", None, "alice"), 0, "{refreshed:?}");
+    let now = sat.satellite.manager().get(&satellite::model::ProcessId::from(ALICE)).expect("alice's instance");
+    assert!(std::sync::Arc::ptr_eq(&alice, &now), "the same instance runs");
+    assert_eq!((now.status().status, now.pid()), (InstanceStatus::Online, Some(pid)));
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// A `configure` whose config fetch fails is answered `failed`, and the backend does not send it again: the
+/// satellite fetches again on its own until a config is applied. Before, only the first fetch was retried, and
+/// bob's new instance waited for the next unrelated `configure`.
+#[tokio::test]
+async fn a_configure_whose_fetch_fails_is_applied_once_the_backend_answers() {
+    let backend = FakeBackend::start().await;
+    let mut alice_only = config();
+    alice_only.mcp_servers.remove(BOB);
+    backend.set_config(&alice_only);
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    assert!(sat.satellite.manager().get(&satellite::model::ProcessId::from(BOB)).is_none());
+
+    backend.set_config(&config());
+    backend.fail_next(Endpoint::Config, 503, 1);
+    backend.push_command(refresh("c-bob"));
+    assert_eq!(first_result(&backend, "c-bob").await.status, ResultStatus::Failed, "the fetch failed");
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let fetched: Vec<u16> = backend.calls(Endpoint::Config).into_iter().map(|c| c.status).collect();
+    assert_eq!(fetched[1..3], [503, 200], "fetched again after the failure: {fetched:?}");
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }

@@ -397,6 +397,7 @@ impl Satellite {
                     heartbeat_every: settings.heartbeat_interval,
                     event_tick: settings.event_interval,
                     replica_id: format!("{:016x}", rand::random::<u64>()),
+                    config_stale: Arc::default(),
                 };
                 deps.monitor.set_replica_id(&deps.replica_id);
                 let uploader = Managed::uploader(&deps, settings.outbox_max, settings.event_lease)
@@ -426,16 +427,17 @@ impl Satellite {
                         // BP §1 step 8: the heartbeat starts now; steps 9-10: the config once (a failure starts
                         // with no servers), then polling and commands.
                         runtime.spawn(&loops, token.clone());
+                        // Any fetch that fails (this first one, a command's) is tried again until one is applied.
+                        loops.spawn(
+                            managed::resync_config(deps.clone(), token.clone())
+                                .instrument(tracing::info_span!("backend.config_retry")),
+                        );
                         match Managed::refresh_config(&deps).await {
                             Ok(result) => info!(%result, "initial backend configuration applied"),
                             Err(err) => {
                                 warn!(error = %err, "initial config fetch failed; serving no servers until a retry succeeds");
                                 // Not an empty config applied: that would sweep every catalog the last run stored.
                                 deps.manager.ready_before_config();
-                                loops.spawn(
-                                    retry_first_config(deps.clone(), token.clone())
-                                        .instrument(tracing::info_span!("backend.config_retry")),
-                                );
                             }
                         }
                         runtime.configured();
@@ -534,29 +536,4 @@ fn introspector(client: Arc<BackendClient>) -> Introspect {
             }
         })
     })
-}
-
-/// After a failed first config fetch (BP §1.9 starts with no servers then), ask again: 2 s, doubling to 60 s,
-/// until a config is applied, by this loop or by a `configure` command meanwhile.
-async fn retry_first_config(deps: managed::ManagedDeps, cancel: CancellationToken) {
-    let mut wait = Duration::from_secs(2);
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        if deps.manager.has_applied() {
-            return;
-        }
-        match Managed::refresh_config(&deps).await {
-            Ok(result) => {
-                info!(%result, "backend configuration applied after a failed first fetch");
-                return;
-            }
-            Err(err) => {
-                wait = (wait * 2).min(Duration::from_secs(60));
-                warn!(error = %err, retry_in_s = wait.as_secs(), "config fetch failed again; still serving no servers");
-            }
-        }
-    }
 }

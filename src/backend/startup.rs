@@ -172,6 +172,16 @@ async fn identify_in(
             Err(err) if matches!(store, Home::Shared { .. }) && !refused(&err) => {
                 return Err(IdentityError::Unreachable(Box::new(err)));
             }
+            // A passing failure (a timeout, a 5xx, a 429) says nothing of the key. Cleared, it was gone for good:
+            // the registration token is single-use, so this start and every later one failed until an operator
+            // made a new one. The file is kept; a registration with a token still valid replaces it, and with no
+            // token this start fails on the backend's error and the next one verifies the key again.
+            Err(err) if !refused(&err) => {
+                if token.is_none() {
+                    return Err(IdentityError::Unreachable(Box::new(err)));
+                }
+                warn!(error = %err, "the stored backend credentials could not be verified; registering again, keeping them unless that succeeds");
+            }
             Err(err) => {
                 warn!(error = %err, "stored backend credentials were refused; registering again");
                 // Shared: the row is replaced when the registration succeeds, and kept if it fails.

@@ -29,10 +29,21 @@ impl ReconcileReport {
 
 impl InstanceManager {
     /// Move the live set to `desired`: stop what was removed or changed, start what was added or changed.
-    pub async fn apply(&self, desired: DesiredState) -> ReconcileReport {
+    pub async fn apply(&self, mut desired: DesiredState) -> ReconcileReport {
         let inner = &self.inner;
         let _serial = inner.reconcile.lock().await;
         let current = inner.state.read().desired.clone();
+        // An entry the satellite cannot read this time (a field of a type it does not expect, a value it refuses)
+        // is not an uninstall: the instance it ran goes on with the last entry it could read, and the refusal is
+        // reported as before. Taken as removed, the instance was stopped, its tools dropped and its deployment
+        // deleted, while the backend still listed it.
+        for (key, reason) in &desired.rejected {
+            let id = ProcessId::from(key.as_str());
+            if let Some(running) = current.get(&id).filter(|_| !desired.instances.contains_key(&id)) {
+                warn!(process_id = %key, reason = %reason, "config entry refused; its instance keeps the entry it runs");
+                desired.instances.insert(id, InstanceSpec::clone(running));
+            }
+        }
         let changes: SnapshotDiff = diff(&current, &desired.instances);
         let report = ReconcileReport {
             added: changes.added.len(),

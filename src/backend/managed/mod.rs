@@ -64,6 +64,69 @@ pub struct ManagedDeps {
     pub event_tick: Duration,
     /// This process among replicas on one database (random per start): the origin of the commands it records.
     pub replica_id: String,
+    /// Set while the configuration could not be fetched: [`resync_config`] fetches it again until one is applied.
+    pub config_stale: Arc<StaleConfig>,
+}
+
+/// Whether the configuration the satellite runs may be behind the backend's: its last fetch failed. The backend
+/// delivers a `configure` command once and keeps its `failed` result; the configuration is never fetched on a
+/// timer (BP §7.1). Without a retry, the change a failed command announced (a server installed, a member
+/// removed with their credentials) waited for the next unrelated `configure`, perhaps for days.
+#[derive(Debug, Default)]
+pub struct StaleConfig {
+    stale: std::sync::atomic::AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl StaleConfig {
+    fn mark(&self) {
+        self.stale.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    fn clear(&self) {
+        self.stale.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Once the configuration is stale.
+    async fn marked(&self) {
+        while !self.is_stale() {
+            self.wake.notified().await;
+        }
+    }
+}
+
+/// Fetch the configuration again after a failed fetch (the first one, a `configure` command's, a follower's):
+/// 2 s, doubling to 60 s, until one is applied, by this loop or by a command meanwhile. BP §1.9 starts with no
+/// servers when the first fetch fails; this brings them.
+pub async fn resync_config(deps: ManagedDeps, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = deps.config_stale.marked() => {}
+        }
+        let mut wait = Duration::from_secs(2);
+        while deps.config_stale.is_stale() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            if !deps.config_stale.is_stale() {
+                break;
+            }
+            match Managed::refresh_config(&deps).await {
+                Ok(result) => info!(%result, "backend configuration applied after a failed fetch"),
+                Err(err) => {
+                    wait = (wait * 2).min(Duration::from_secs(60));
+                    warn!(error = %err, retry_in_s = wait.as_secs(), "config fetch failed again; serving the last configuration applied");
+                }
+            }
+        }
+    }
 }
 
 /// Counters for the debug route and tests.
@@ -140,10 +203,12 @@ impl Managed {
                     }
                 };
                 deps.events.emit(Event::config_error(kind, &err.to_string(), status_code, 60)).await;
+                deps.config_stale.mark();
                 return Err(err);
             }
         };
         deps.monitor.record(Channel::Config, Ok(()));
+        deps.config_stale.clear();
         let fetch_ms = began.elapsed().as_millis() as u64;
         let desired = config.desired_state();
         for (key, reason) in &desired.rejected {
