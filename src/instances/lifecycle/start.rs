@@ -100,15 +100,7 @@ impl Inner {
         let _lifecycle = instance.lifecycle.lock().await;
         instance.next_generation();
         instance.set_halted(true);
-        // A dormant instance is up (it wakes on the next call) with no process: the kill stops it all the same.
-        let was_dormant = instance.clear_dormant().is_some();
-        let client = instance.take_client();
-        if let Some(client) = &client {
-            client.close().await;
-        }
-        if client.is_some() || was_dormant {
-            self.emit(Event::server_stopped(instance.spec(), StopReason::Killed)).await;
-        }
+        self.end_running(instance, StopReason::Killed).await;
         // Only a restart leaves `permanently_failed`: a kill leaves it as it is (halted all the same).
         if instance.state() != InstanceStatus::PermanentlyFailed {
             self.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
@@ -272,6 +264,12 @@ impl Inner {
     pub(in crate::instances) async fn stop(&self, instance: &Arc<Instance>, reason: StopReason) {
         instance.retired.cancel();
         let _lifecycle = instance.lifecycle.lock().await;
+        self.end_running(instance, reason).await;
+    }
+
+    /// Close the instance's process or connection and report `mcp.server.stopped`, if it was running. A dormant
+    /// instance is up (it wakes on the next call) with no process: it counts as running. Under the lifecycle lock.
+    async fn end_running(&self, instance: &Arc<Instance>, reason: StopReason) {
         let was_dormant = instance.clear_dormant().is_some();
         let client = instance.take_client();
         if let Some(client) = &client {
