@@ -1133,16 +1133,28 @@ async fn log_messages_reach_the_client_once_on_the_stream_they_belong_to() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// `Some(())` when instance `id` is dormant, for `wait_until`.
+fn asleep(sat: &TestSatellite, id: &str) -> std::future::Ready<Option<()>> {
+    let dormant = sat.satellite.manager().get(&ProcessId::from(id)).is_some_and(|i| i.is_dormant());
+    std::future::ready(dormant.then_some(()))
+}
+
+/// Proof that the idle job ran since now (with `fast_idle`): Bob's instance of the paged server is woken by a call
+/// and falls asleep again.
+async fn idle_job_ran(sat: &TestSatellite) {
+    let bob = Caller::connect(sat, "/mcp", Some(BOB)).await;
+    let ran = bob.execute("paged:ok", json!({})).await;
+    assert_eq!(ran["result"]["content"][0]["text"], "ok", "{ran}");
+    wait_until(DEADLINE, "bob's idle instance asleep", || asleep(sat, "paged-acme-bob-i-paged")).await;
+}
+
 /// An instance whose client subscribed to one of its resources stays up while idle: put to sleep, its server
 /// would forget the subscription and the client would never hear of an update. Bob's instance of the same server,
 /// with no subscription, sleeps meanwhile (the idle job ran); once Alice unsubscribes hers sleeps too.
 #[tokio::test]
 async fn a_subscribed_instance_is_not_put_to_sleep() {
     let sat = with_paged_and(crate::common::lifecycle::fast_idle).await;
-    let dormant = |id: &'static str| {
-        let instance = sat.satellite.manager().get(&ProcessId::from(id));
-        async move { instance.is_some_and(|i| i.is_dormant()).then_some(()) }
-    };
+    let dormant = |id: &'static str| asleep(&sat, id);
     let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
     let direct = Caller::connect(&sat, &path, None).await;
     let subscribe = |method: &str| json!({"jsonrpc":"2.0","id":9,"method":method,"params":{"uri":"paged://report"}});
@@ -1151,11 +1163,8 @@ async fn a_subscribed_instance_is_not_put_to_sleep() {
     assert!(answer.contains("\"result\""), "{answer}");
     assert!(dormant("paged-acme-alice-i-paged").await.is_none(), "awake after the subscription's call");
 
-    // Bob's instance is woken and sleeps again: the idle job has run since Alice subscribed.
-    let bob = Caller::connect(&sat, "/mcp", Some(BOB)).await;
-    let ran = bob.execute("paged:ok", json!({})).await;
-    assert_eq!(ran["result"]["content"][0]["text"], "ok", "{ran}");
-    wait_until(DEADLINE, "bob's idle instance asleep", || dormant("paged-acme-bob-i-paged")).await;
+    // The idle job has run since Alice subscribed.
+    idle_job_ran(&sat).await;
     assert!(dormant("paged-acme-alice-i-paged").await.is_none(), "the subscribed instance stays up");
 
     let (status, _) = direct.post_text(&subscribe("resources/unsubscribe")).await;
@@ -1170,21 +1179,15 @@ async fn a_subscribed_instance_is_not_put_to_sleep() {
 #[tokio::test]
 async fn an_open_listen_keeps_its_instance_awake() {
     let sat = with_paged_and(crate::common::lifecycle::fast_idle).await;
-    let dormant = |id: &'static str| {
-        let instance = sat.satellite.manager().get(&ProcessId::from(id));
-        async move { instance.is_some_and(|i| i.is_dormant()).then_some(()) }
-    };
+    let dormant = |id: &'static str| asleep(&sat, id);
     let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
     let mut stream = listen_stream(&sat, &path, json!({"toolsListChanged": true})).await;
     next_message(&mut stream, "an acknowledgement", |m| m["method"] == "notifications/subscriptions/acknowledged")
         .await;
     assert!(dormant("paged-acme-alice-i-paged").await.is_none(), "awake once the listen is acknowledged");
 
-    // Bob's instance is woken and sleeps again: the idle job has run since Alice's listen opened.
-    let bob = Caller::connect(&sat, "/mcp", Some(BOB)).await;
-    let ran = bob.execute("paged:ok", json!({})).await;
-    assert_eq!(ran["result"]["content"][0]["text"], "ok", "{ran}");
-    wait_until(DEADLINE, "bob's idle instance asleep", || dormant("paged-acme-bob-i-paged")).await;
+    // The idle job has run since Alice's listen opened.
+    idle_job_ran(&sat).await;
     assert!(dormant("paged-acme-alice-i-paged").await.is_none(), "the listened-to instance stays up");
 
     drop(stream);

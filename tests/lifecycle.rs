@@ -624,6 +624,13 @@ async fn a_remote_server_answering_401_requires_reauthorisation() {
     assert!(stopped(instance(&sat, locked).status()), "{:?}", instance(&sat, locked).status());
     sat.satellite.manager().reconnect_waiting_for_reauth(&ProcessId::from(locked)).await.expect("credential check");
     assert!(stopped(instance(&sat, locked).status()), "{:?}", instance(&sat, locked).status());
+    // A credential check that finds the killed instance's credentials refused marks it so; one that finds them
+    // valid again does not start it (its conditional restart skips a halted instance).
+    let refused = "Credentials refused by a check".to_owned();
+    sat.satellite.manager().require_reauth(&instance(&sat, locked), refused.clone()).await;
+    sat.satellite.manager().reconnect_waiting_for_reauth(&ProcessId::from(locked)).await.expect("credential check");
+    let status = instance(&sat, locked).status();
+    assert_eq!((status.status, status.message), (InstanceStatus::RequiresReauth, Some(refused)), "not restarted");
     assert!(sat.satellite.shutdown().await);
 }
 

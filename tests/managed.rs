@@ -54,6 +54,14 @@ async fn start(backend: &FakeBackend, dir: tempfile::TempDir, token: &str) -> Te
     TestSatellite::managed(&backend.url(), token, dir, fast).await.expect("managed satellite starts")
 }
 
+/// A satellite registered afresh against `backend`, once alice's and bob's instances of `config()` are online.
+async fn start_online(backend: &FakeBackend) -> TestSatellite {
+    let sat = start(backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    sat
+}
+
 /// A `configure` that asks for a full refresh, as the backend sends after an installation changed.
 pub(crate) fn refresh(id: &str) -> Command {
     Command::new(
@@ -109,9 +117,7 @@ fn delivered(backend: &FakeBackend, event_type: &str, status: Option<&str>, user
 async fn registers_applies_the_config_beats_and_delivers_events() {
     let backend = FakeBackend::start().await;
     backend.set_config(&config());
-    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
-    wait_status(&sat, ALICE, InstanceStatus::Online).await;
-    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let sat = start_online(&backend).await;
     assert_eq!(backend.calls(Endpoint::Register).len(), 1);
 
     let beats = wait_until(DEADLINE, "three heartbeats", || async {
@@ -1061,9 +1067,7 @@ async fn a_first_config_fetch_that_fails_is_retried_until_the_servers_run() {
     let backend = FakeBackend::start().await;
     backend.set_config(&config());
     backend.fail_next(Endpoint::Config, 503, 2);
-    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
-    wait_status(&sat, ALICE, InstanceStatus::Online).await;
-    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let sat = start_online(&backend).await;
     let fetched: Vec<u16> = backend.calls(Endpoint::Config).into_iter().map(|c| c.status).collect();
     assert_eq!(fetched[..3], [503, 503, 200], "asked again after each failure: {fetched:?}");
     backend.assert_no_violations();
@@ -1078,9 +1082,7 @@ async fn an_entry_that_cannot_be_read_leaves_its_running_instance_alone() {
     let backend = FakeBackend::start().await;
     backend.set_config(&config());
     backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
-    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
-    wait_status(&sat, ALICE, InstanceStatus::Online).await;
-    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let sat = start_online(&backend).await;
     let alice = sat.satellite.manager().get(&satellite::model::ProcessId::from(ALICE)).expect("alice's instance");
     let pid = alice.pid().expect("alice's process");
 
@@ -1202,9 +1204,7 @@ async fn a_legacy_kill_by_server_name_stops_what_it_names() {
     let backend = FakeBackend::start().await;
     backend.set_config(&config());
     backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
-    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
-    wait_status(&sat, ALICE, InstanceStatus::Online).await;
-    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let sat = start_online(&backend).await;
     let kill = |id: &str, name: &str| {
         let common = CommonPayload { server_name: Some(name.into()), ..Default::default() };
         Command::new(id, Priority::Immediate, CommandKind::Kill(TargetPayload { common }))
@@ -1248,9 +1248,7 @@ async fn the_heartbeat_names_instances_by_the_backends_instance_id() {
         entry["instance_id"] = json!("inst_8f2kA1");
     }
     backend.set_config(&config);
-    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
-    wait_status(&sat, ALICE, InstanceStatus::Online).await;
-    wait_status(&sat, BOB, InstanceStatus::Online).await;
+    let sat = start_online(&backend).await;
     let reported = wait_until(DEADLINE, "a heartbeat with both running instances", || async {
         backend.heartbeats().into_iter().rev().find_map(|beat| {
             let instances = beat.pointer("/mcp_status/instances")?.as_array()?.clone();
