@@ -1,8 +1,9 @@
 //! The event uploader of a managed satellite (BP §8.3): drains the SQLite
 //! outbox oldest first in batches of at most 100, one batch in flight,
 //! deletes only what a 2xx accepted, backs off on 429, keeps everything on
-//! 401, 5xx and network errors, drops a batch the backend rejects as
-//! invalid (400) with a loud log, and keeps the outbox under a quota by
+//! 401, 5xx and network errors, holds an event the backend rejects as
+//! invalid (400) with a loud log (offering it once more if the backend
+//! was refusing everything then), and keeps the outbox under a quota by
 //! dropping the oldest events with a loud log — never silently. A stored
 //! event that no longer makes an envelope (an unknown type, a payload that
 //! is not an object) is held in the outbox with the reason and logged with
@@ -101,6 +102,12 @@ pub struct Uploader {
     /// Events held as invalid since the backend last accepted a batch: past a few, the backend (or a proxy before
     /// it) likely refuses everything, and each further one waits a backoff rather than going at once.
     invalid_in_a_row: u32,
+    /// The events held as invalid since the backend last accepted a batch. One alone is one bad event; more are
+    /// likely a backend (or a proxy before it) that refused everything for a while, so once a batch is accepted
+    /// again they are offered once more. One offered again and refused again stays held (`offered_again`).
+    streak: Vec<i64>,
+    /// Events already offered again after a streak: held again, they are not offered a third time.
+    offered_again: std::collections::HashSet<i64>,
     stats: UploadStats,
     /// One `resource.limit.exceeded` a minute while the outbox overflows.
     quota_events: Throttle,
@@ -152,6 +159,8 @@ impl Uploader {
             emitter: Emitter::new(store),
             backoff: None,
             invalid_in_a_row: 0,
+            streak: Vec::new(),
+            offered_again: std::collections::HashSet::new(),
             stats: UploadStats::default(),
             quota_events: Throttle::new(Duration::from_secs(60), 1),
         }
@@ -252,11 +261,13 @@ impl Uploader {
                 self.backoff = None;
                 self.invalid_in_a_row = 0;
                 self.cap = (self.cap * 2).min(self.batch);
+                self.offer_streak_again().await?;
                 Ok(Tick::Sent(n))
             }
             // One bad event must not take the others with it, nor a backend (or a proxy before it) that refuses every
             // batch empty the outbox: the batch is halved until the refused event goes alone, and that one is held
-            // with the reason (kept, never offered again), as an event too large alone is.
+            // with the reason (kept, not sent), as an event too large alone is. Events held in a streak of refusals
+            // are offered once more when a batch is accepted again (`offer_streak_again`).
             BatchOutcome::Invalid(reason) if n > 1 => {
                 self.cap = n / 2;
                 self.stats.failed_batches += 1;
@@ -270,6 +281,9 @@ impl Uploader {
                 self.store.hold_event(seqs[0], &held).await?;
                 self.stats.held_invalid += 1;
                 self.invalid_in_a_row += 1;
+                if !self.offered_again.contains(&seqs[0]) {
+                    self.streak.push(seqs[0]);
+                }
                 if self.invalid_in_a_row <= INVALID_BEFORE_BACKOFF {
                     return Ok(Tick::Held(1));
                 }
@@ -317,6 +331,26 @@ impl Uploader {
                 Ok(Tick::Kept { events: n, wait: None })
             }
         }
+    }
+
+    /// A batch was accepted: the events held as invalid during a streak of refusals (more than one in a row) are
+    /// offered again, once. The backend accepts now what it refused then, so most of them were not bad events but
+    /// a refusing backend's victims; a bad one among them is found and held again, for good.
+    async fn offer_streak_again(&mut self) -> Result<(), StoreError> {
+        let streak = std::mem::take(&mut self.streak);
+        if streak.len() < 2 {
+            return Ok(());
+        }
+        let released = self.store.release_held(&streak).await?;
+        warn!(
+            events = released,
+            first_seq = streak[0],
+            "the backend accepts events again after refusing several in a row; offering those it refused once more"
+        );
+        // Bounded: an event goes in here once per process, and only after it was refused twice it is never offered
+        // again, so this holds at most the outbox's refused events.
+        self.offered_again.extend(streak);
+        Ok(())
     }
 
     /// Send until the outbox is empty, a batch is kept, or `deadline` passes; returns the events left.
@@ -535,6 +569,81 @@ mod tests {
         assert_eq!(held, INVALID_BEFORE_BACKOFF as usize, "a few held at once");
         assert_eq!(waited, Some(BACKOFF_FIRST), "then each waits a backoff");
         assert_eq!(store.event_count().await.unwrap(), 50, "every event kept (held or waiting)");
+    }
+
+    /// A proxy before the backend answered 400 to everything for a while: the events it refused one at a time were
+    /// held. Once a batch goes through again, they are offered again and sent, none lost.
+    #[tokio::test]
+    async fn events_refused_while_everything_was_refused_are_sent_once_the_backend_accepts() {
+        let (_dir, store) = store_with(50).await;
+        let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let (gate, seen) = (refusing.clone(), received.clone());
+        let send: SendBatch = Arc::new(move |batch| {
+            let outcome = if gate.load(std::sync::atomic::Ordering::SeqCst) {
+                BatchOutcome::Invalid("400: bad request".into())
+            } else {
+                seen.lock().push(batch.iter().map(|e| serde_json::to_value(e).unwrap()).collect::<Vec<Value>>());
+                BatchOutcome::Accepted { failures: vec![] }
+            };
+            async move { outcome }.boxed()
+        });
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        let mut backoffs = 0;
+        while backoffs < 3 {
+            if let Tick::Kept { wait: Some(_), .. } = up.tick().await.unwrap() {
+                backoffs += 1;
+            }
+        }
+        let held = up.stats().held_invalid;
+        assert!(held > INVALID_BEFORE_BACKOFF as u64, "several events held during the outage: {held}");
+        refusing.store(false, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..50 {
+            if up.tick().await.unwrap() == Tick::Idle {
+                break;
+            }
+        }
+        let mut sent = numbers(&received.lock());
+        sent.sort_unstable();
+        assert_eq!(sent, (0..50).collect::<Vec<_>>(), "every event sent once, the held ones included");
+        assert_eq!(store.event_count().await.unwrap(), 0, "nothing left held in the outbox");
+    }
+
+    /// Two bad events next to each other look like a short streak of refusals: they are offered once more, held
+    /// again, and then never offered again, so the uploader comes to rest.
+    #[tokio::test]
+    async fn bad_events_offered_again_after_a_streak_are_held_for_good() {
+        let (_dir, store) = store_with(300).await;
+        let offers = Arc::new(Mutex::new(std::collections::HashMap::<i64, u32>::new()));
+        let seen = offers.clone();
+        let send: SendBatch = Arc::new(move |batch| {
+            let batch: Vec<Value> = batch.iter().map(|e| serde_json::to_value(e).unwrap()).collect();
+            let bad: Vec<i64> =
+                batch.iter().filter_map(|e| e["data"]["n"].as_i64()).filter(|n| (37..=38).contains(n)).collect();
+            if batch.len() == 1 {
+                for n in &bad {
+                    *seen.lock().entry(*n).or_default() += 1;
+                }
+            }
+            let outcome = match bad.is_empty() {
+                true => BatchOutcome::Accepted { failures: vec![] },
+                false => BatchOutcome::Invalid("400: validation failed".into()),
+            };
+            async move { outcome }.boxed()
+        });
+        let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+        let mut rested = false;
+        for _ in 0..500 {
+            if up.tick().await.unwrap() == Tick::Idle {
+                rested = true;
+                break;
+            }
+        }
+        assert!(rested, "the uploader comes to rest");
+        assert_eq!(*offers.lock(), [(37, 2), (38, 2)].into_iter().collect(), "each bad event alone twice, no more");
+        let kept = store.events(None, 0, 10).await.unwrap();
+        assert_eq!(kept.iter().map(|e| e.data["n"].as_i64().unwrap()).collect::<Vec<_>>(), [37, 38]);
+        assert!(kept.iter().all(|e| e.held.is_some()), "both held");
     }
 
     #[tokio::test]

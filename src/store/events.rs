@@ -230,6 +230,22 @@ impl Store {
         Ok(())
     }
 
+    /// Offer the held events `seqs` again (held by a refusal the backend no longer makes); returns how many.
+    pub async fn release_held(&self, seqs: &[i64]) -> Result<u64, StoreError> {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let mut sql = Sql::new("UPDATE event_outbox SET held = NULL, claimed_by = NULL, claimed_until = NULL WHERE held IS NOT NULL AND seq IN (");
+        for (i, seq) in seqs.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.push_bind(Bind::Int(*seq));
+        }
+        sql.push(")");
+        Ok(sql.query().execute(self.pool()).await?.rows_affected())
+    }
+
     /// Keep the newest `keep` events; returns how many were removed.
     pub async fn prune_events(&self, keep: i64) -> Result<u64, StoreError> {
         let done = sqlx::query(
