@@ -1238,6 +1238,49 @@ async fn a_legacy_kill_by_server_name_stops_what_it_names() {
     backend.take_violations();
 }
 
+/// A `kill` stops an instance with no automatic restart (BP §6.3), so a later `mcp_recovery` of its installation,
+/// which says the remote server is reachable again, leaves it stopped and says so; a `restart` starts it. Before, the
+/// recovery connected it again and brought it back online behind the admin's back.
+#[tokio::test]
+async fn a_recovery_leaves_a_killed_remote_instance_stopped() {
+    let http = HttpServer::demo(&[]).await;
+    let backend = FakeBackend::start().await;
+    backend.set_poll_hint(Some((PollingMode::Immediate, 2)));
+    let mut entry = oauth_entry(http.url("/mcp").as_str(), "alice");
+    entry.requires_oauth = None;
+    const REMOTE: &str = "demo-acme-alice-oauth1";
+    backend.set_config(&ConfigResponse::from_entries([(REMOTE, entry)]));
+    let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
+    wait_status(&sat, REMOTE, InstanceStatus::Online).await;
+    let common = || CommonPayload { installation_id: Some("oauth1".into()), ..Default::default() };
+    backend.push_command(Command::new(
+        "c-kill",
+        Priority::Immediate,
+        CommandKind::Kill(TargetPayload { common: common() }),
+    ));
+    assert_eq!(first_result(&backend, "c-kill").await.status, ResultStatus::Completed);
+    wait_status(&sat, REMOTE, InstanceStatus::Offline).await;
+
+    let recovery = ConfigurePayload {
+        common: CommonPayload { event: Some("mcp_recovery".into()), ..common() },
+        ..Default::default()
+    };
+    backend.push_command(Command::new("c-recover", Priority::Immediate, CommandKind::Configure(recovery)));
+    let recovered = first_result(&backend, "c-recover").await;
+    assert_eq!(recovered.status, ResultStatus::Completed, "{recovered:?}");
+    let answer = serde_json::to_value(&recovered).unwrap_or_default();
+    assert_eq!(answer["result"]["stopped"][0]["server_name"], REMOTE, "{answer}");
+    let instance = sat.satellite.manager().get(&satellite::model::ProcessId::from(REMOTE)).expect("instance");
+    assert_eq!(instance.status().status, InstanceStatus::Offline, "still stopped after the recovery");
+
+    let restart = RestartPayload { common: common(), reason: Some("manual_restart".into()) };
+    backend.push_command(Command::new("c-restart", Priority::Immediate, CommandKind::Restart(restart)));
+    assert_eq!(first_result(&backend, "c-restart").await.status, ResultStatus::Completed);
+    wait_status(&sat, REMOTE, InstanceStatus::Online).await;
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// The heartbeat's running instances carry the backend's instance row id (BP §3.3, the `instance_id` of the
 /// config entry), "unknown" when it sent none. Before, the process id went there, which matches no row.
 #[tokio::test]

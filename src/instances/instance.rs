@@ -526,7 +526,7 @@ impl Instance {
         self.halted.store(halted, Ordering::Release);
     }
 
-    pub(super) fn is_halted(&self) -> bool {
+    pub fn is_halted(&self) -> bool {
         self.halted.load(Ordering::Acquire)
     }
 

@@ -353,9 +353,14 @@ async fn recover(deps: &ManagedDeps, id: String, installation: InstallationId) -
     }
     let began = Instant::now();
     let mut failed = Vec::new();
+    // Instances a kill stopped are left stopped (a restart starts them), and named so the backend knows why.
+    let mut stopped = Vec::new();
     let mut tools = 0;
     for instance in &remote {
-        if deps.manager.rediscover(instance).await {
+        if instance.is_halted() {
+            stopped.push(json!({"server_name": instance.spec().process_id.0, "status": instance.state().as_str(),
+                                "message": "stopped by a kill command; a restart starts it again"}));
+        } else if deps.manager.rediscover(instance).await {
             tools += instance.catalog().map_or(0, |c| c.tools.len());
         } else {
             failed.push(
@@ -364,7 +369,8 @@ async fn recover(deps: &ManagedDeps, id: String, installation: InstallationId) -
         }
     }
     let result = json!({"installation_id": installation.0, "server_name": remote[0].spec().server_slug,
-                        "tools_discovered": tools, "discovery_time_ms": began.elapsed().as_millis() as u64, "failed": failed});
+                        "tools_discovered": tools, "discovery_time_ms": began.elapsed().as_millis() as u64, "failed": failed,
+                        "stopped": stopped});
     if failed.is_empty() {
         CommandResult::completed(id, result)
     } else {

@@ -107,11 +107,12 @@ impl Inner {
         }
     }
 
-    /// Reconnect if needed and rediscover; true when the instance is online afterwards.
+    /// Reconnect if needed and rediscover; true when the instance is online afterwards. An instance a kill stopped
+    /// stays stopped (BP §6.3: no automatic restart): a recovery says its server is back, not that it may run.
     pub(in crate::instances) async fn rediscover(self: &Arc<Self>, instance: &Arc<Instance>) -> bool {
         let outcome = {
             let _lifecycle = instance.lifecycle.lock().await;
-            if instance.retired.is_cancelled() {
+            if instance.retired.is_cancelled() || instance.is_halted() {
                 return false;
             }
             match instance.client() {
