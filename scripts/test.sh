@@ -9,11 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each step's heading says how long the run has taken so far, so a slow CI run shows where its time went.
+step() { echo "==> [$(( SECONDS / 60 ))m$(printf '%02d' $(( SECONDS % 60 )))s] $*"; }
+
 for tool in cargo node npm python3 curl openssl; do
   command -v "$tool" >/dev/null || { echo "error: $tool is required" >&2; exit 1; }
 done
 
-echo "==> bubblewrap for the sandbox tests (tests/sandbox.rs)"
+step "bubblewrap for the sandbox tests (tests/sandbox.rs)"
 if ! command -v bwrap >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     apt-get install -y -qq bubblewrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
@@ -22,7 +25,7 @@ if ! command -v bwrap >/dev/null; then
   fi
 fi
 
-echo "==> Chromium for the admin page test (tests/python/test_admin_page.py drives it with playwright-core)"
+step "Chromium for the admin page test (tests/python/test_admin_page.py drives it with playwright-core)"
 if ! command -v chromium >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     apt-get install -y -qq chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
@@ -31,35 +34,35 @@ if ! command -v chromium >/dev/null; then
   fi
 fi
 
-echo "==> installing npm MCP servers, the TypeScript SDK and playwright-core used by the tests (tests/node)"
+step "installing npm MCP servers, the TypeScript SDK and playwright-core used by the tests (tests/node)"
 npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 
-echo "==> the MCP conformance suite's reference server (tests/conformance/upstream), a 2026-07-28 upstream for tests/python"
+step "the MCP conformance suite's reference server (tests/conformance/upstream), a 2026-07-28 upstream for tests/python"
 npm ci --prefix tests/conformance/upstream --no-audit --no-fund --loglevel=error
 
-echo "==> reference token counts from gpt-tokenizer (tests/node/token_counts.json, read by tests/tokens.rs)"
+step "reference token counts from gpt-tokenizer (tests/node/token_counts.json, read by tests/tokens.rs)"
 node tests/node/token_counts.mjs ../shared/data/toolsearch/corpus.jsonl tests/node/token_counts.json
 
-echo "==> Python tools in .venv: the official MCP Python SDK, pytest, and uv (GitHub deployments of Python servers)"
+step "Python tools in .venv: the official MCP Python SDK, pytest, and uv (GitHub deployments of Python servers)"
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 # tests/github.rs deploys a Python server with uv, found on PATH like an operator's.
 export PATH="$PWD/.venv/bin:$PATH"
 
-echo "==> PostgreSQL on loopback: the store, outbox and replica tests run on both engines (scripts/postgres.sh)"
+step "PostgreSQL on loopback: the store, outbox and replica tests run on both engines (scripts/postgres.sh)"
 eval "$(bash scripts/postgres.sh start)"
 trap 'bash scripts/postgres.sh stop "$PGTEST_DIR"' EXIT
 
-echo "==> cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "==> cargo clippy (warnings denied)"
+step "cargo clippy (warnings denied)"
 cargo clippy --locked --all-targets -- -D warnings
 
-echo "==> cargo test"
+step "cargo test"
 cargo test --locked --lib --bins --tests
 
-echo "==> the integration tests again, every test satellite on PostgreSQL (SATELLITE_TEST_ENGINE=postgres)"
+step "the integration tests again, every test satellite on PostgreSQL (SATELLITE_TEST_ENGINE=postgres)"
 # Skipped here: tests that start no test satellite (cli, fuzz_regressions), that choose their databases
 # themselves (replicas), or that restart from a copy of the SQLite-only credentials file (managed mode keeps them
 # in PostgreSQL).
@@ -67,11 +70,12 @@ SATELLITE_TEST_ENGINE=postgres cargo test --locked --test integration -- --skip 
   --skip replicas:: --skip managed::stored_credentials --skip managed::a_2xx_answer_that_cannot_be_read \
   --skip managed::a_verification_heartbeat_failing --skip compat::every_event_type_reaches_the_backend
 
-echo "==> deploy/ validated offline: Kubernetes manifests, compose, Dockerfile, systemd unit (scripts/validate-deploy.sh)"
+step "deploy/ validated offline: Kubernetes manifests, compose, Dockerfile, systemd unit (scripts/validate-deploy.sh)"
 SATELLITE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/satellite" bash scripts/validate-deploy.sh
 
-echo "==> real MCP clients: the official Python SDK (tests/python)"
+step "real MCP clients: the official Python SDK (tests/python)"
 SATELLITE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/satellite" .venv/bin/python -m pytest -q tests/python
 
-echo "==> the official MCP conformance suite, directly and through the satellite (scripts/conformance.sh)"
+step "the official MCP conformance suite, directly and through the satellite (scripts/conformance.sh)"
 bash scripts/conformance.sh
+step "done"
