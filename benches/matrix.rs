@@ -6,6 +6,9 @@
 //! prints req/s, p50, p99, the satellite's own CPU per request (its process, not the server's nor this load
 //! generator's) and the ratio to the floor. The satellite is the release binary as operators run it, in its own
 //! process. Run with `cargo bench --bench matrix`; the last results are kept in docs/performance.md.
+//! After the rows, at concurrency 32, what each process spent per call (this load generator, the gateway, the MCP
+//! server with any process below it) and the gateway's budget for issue 19's 0.8x of the bare pipe: the CPU per
+//! call the host's cores give at that throughput, less what the generator and the server spent.
 //! Last, start to ready: spawn to `/readyz` 200, with no upstream and with one stdio instance (and that instance
 //! online), against spawning its server over a bare pipe. `MATRIX_ONLY=start` runs that part alone.
 //!
@@ -154,17 +157,6 @@ async fn serve(config: &str, instances: usize) -> Served {
     Served { _child: child, pid, base, _dir: dir }
 }
 
-/// CPU time (user + system) a process has used so far.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let fields: Vec<u64> = rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based over the whole line).
-    let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
-    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as u64;
-    Duration::from_micros(ticks * 1_000_000 / per_second.max(1))
-}
-
 /// A client of one MCP endpoint on the 2025-11-25 handshake (one session for the whole measurement), over
 /// HTTP/1.1 keep-alive connections of its own: one per request in flight, reused. A lighter generator than
 /// reqwest (no pool, URL or JSON work per request beyond the body): on 2 cores it shares with the satellite and the
@@ -267,24 +259,58 @@ impl Endpoint {
     }
 }
 
-/// One measured row: figures and the satellite's CPU per request over the same requests.
-struct Row {
-    figures: Figures,
-    cpu_us: Option<f64>,
+/// The processes whose CPU a row reads besides this one (the load generator): the gateway (none on the floor)
+/// and the MCP server behind it, counted with any process below it.
+#[derive(Clone, Copy, Default)]
+struct Watch {
+    gateway: Option<u32>,
+    server: Option<u32>,
 }
 
-async fn measured<F, Fut>(pid: Option<u32>, concurrency: usize, calls: usize, op: F) -> Row
+/// One measured row: figures, and the CPU per request of each process over the same requests.
+struct Row {
+    figures: Figures,
+    /// The gateway's own process (the satellite's, or the minimal gateway's).
+    cpu_us: Option<f64>,
+    /// The MCP server's processes.
+    server_us: Option<f64>,
+    /// This process: the load generator (and, on the floor, the bare pipe's client).
+    generator_us: f64,
+}
+
+async fn measured<F, Fut>(watch: Watch, concurrency: usize, calls: usize, op: F) -> Row
 where
     F: Fn(usize) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let before = pid.map(cpu_time);
+    use common::process::{process, tree_cpu};
+    let own = std::process::id();
+    let own_cpu = |pid: u32| process(pid).map_or(Duration::ZERO, |p| p.cpu);
+    let (gateway, server, generator) = (watch.gateway.map(own_cpu), watch.server.map(tree_cpu), own_cpu(own));
     let figures = measure(WARMUP, calls, concurrency, op).await;
-    let cpu_us = pid.zip(before).map(|(pid, before)| {
-        let used = cpu_time(pid).saturating_sub(before);
-        used.as_secs_f64() * 1e6 / (WARMUP + calls) as f64
-    });
-    Row { figures, cpu_us }
+    let per_request = |used: Duration| used.as_secs_f64() * 1e6 / (WARMUP + calls) as f64;
+    Row {
+        figures,
+        cpu_us: watch.gateway.zip(gateway).map(|(pid, before)| per_request(own_cpu(pid).saturating_sub(before))),
+        server_us: watch.server.zip(server).map(|(pid, before)| per_request(tree_cpu(pid).saturating_sub(before))),
+        generator_us: per_request(own_cpu(own).saturating_sub(generator)),
+    }
+}
+
+/// The process id of the satellite's instance at `path`, from its debug route (none while it is dormant).
+async fn instance_pid(base: &str, path: &str) -> Option<u32> {
+    fn find(value: &Value, path: &str) -> Option<u32> {
+        match value {
+            Value::Object(map) if map.get("instance_path").and_then(Value::as_str) == Some(path) => {
+                map.get("pid").and_then(Value::as_u64).map(|p| p as u32)
+            }
+            Value::Object(map) => map.values().find_map(|v| find(v, path)),
+            Value::Array(items) => items.iter().find_map(|v| find(v, path)),
+            _ => None,
+        }
+    }
+    let debug = reqwest::get(format!("{base}/api/status/debug")).await.ok()?.json::<Value>().await.ok()?;
+    find(&debug, path)
 }
 
 fn print_row(upstream: &str, route: &str, concurrency: usize, row: &Row, floor: Option<&Figures>) {
@@ -316,6 +342,8 @@ fn machine() -> String {
 struct Minimal {
     _child: Child,
     pid: u32,
+    /// Its MCP server's process id.
+    server: Option<u32>,
     url: String,
 }
 
@@ -337,7 +365,9 @@ async fn start_minimal(upstream: &Upstream) -> Minimal {
         .await
         .expect("the minimal gateway prints its port")
         .expect("its stdout");
-    Minimal { _child: child, pid, url: format!("http://127.0.0.1:{}/mcp", port.trim()) }
+    // It printed its port once its server had answered `initialize`: the server runs by now.
+    let server = common::process::processes().into_iter().find(|p| p.parent == pid && !p.zombie).map(|p| p.pid);
+    Minimal { _child: child, pid, server, url: format!("http://127.0.0.1:{}/mcp", port.trim()) }
 }
 
 fn main() {
@@ -358,7 +388,7 @@ fn main() {
             "upstream", "route", "c", "req/s", "p50 us", "p99 us", "CPU us/req", "vs floor", "+p50 us"
         );
         // The instance router's rows beside the minimal gateway's: (upstream, concurrency, satellite, minimal).
-        let mut beside = Vec::new();
+        let mut beside: Vec<Rows> = Vec::new();
         for upstream in &upstreams {
             let args: Vec<&str> = upstream.args.iter().map(String::as_str).collect();
             let pipe = Arc::new(BarePipe::start_command(&upstream.command, &args).await);
@@ -371,7 +401,7 @@ fn main() {
             let hierarchical = Arc::new(Endpoint::open(format!("{}/mcp", served.base), TOKEN.to_owned()).await);
             for (concurrency, calls) in CALLS {
                 let (p, echo) = (pipe.clone(), upstream.echo);
-                let floor = measured(None, concurrency, calls, move |i| {
+                let floor = measured(Watch { gateway: None, server: pipe.pid() }, concurrency, calls, move |i| {
                     let p = p.clone();
                     async move {
                         p.call("tools/call", echo(i)).await;
@@ -380,7 +410,8 @@ fn main() {
                 .await;
                 print_row(upstream.slug, "bare pipe (floor)", concurrency, &floor, Some(&floor.figures));
                 let e = least_endpoint.clone();
-                let least_row = measured(Some(least.pid), concurrency, calls, move |i| {
+                let watch = Watch { gateway: Some(least.pid), server: least.server };
+                let least_row = measured(watch, concurrency, calls, move |i| {
                     let e = e.clone();
                     async move {
                         e.call("tools/call", echo(i)).await;
@@ -389,7 +420,9 @@ fn main() {
                 .await;
                 print_row(upstream.slug, "minimal gateway", concurrency, &least_row, Some(&floor.figures));
                 let e = instance.clone();
-                let instance_row = measured(Some(served.pid), concurrency, calls, move |i| {
+                let server = instance_pid(&served.base, &format!("bench-{}", upstream.slug)).await;
+                let watch = Watch { gateway: Some(served.pid), server };
+                let instance_row = measured(watch, concurrency, calls, move |i| {
                     let e = e.clone();
                     async move {
                         e.call("tools/call", echo(i)).await;
@@ -398,7 +431,7 @@ fn main() {
                 .await;
                 print_row(upstream.slug, "instance router", concurrency, &instance_row, Some(&floor.figures));
                 let (h, slug) = (hierarchical.clone(), upstream.slug);
-                let row = measured(Some(served.pid), concurrency, calls, move |i| {
+                let row = measured(watch, concurrency, calls, move |i| {
                     let h = h.clone();
                     async move {
                         let inner = echo(i);
@@ -408,13 +441,19 @@ fn main() {
                 })
                 .await;
                 print_row(upstream.slug, "execute_mcp_tool", concurrency, &row, Some(&floor.figures));
-                beside.push((upstream.slug, concurrency, instance_row, least_row));
+                let rows = [
+                    ("bare pipe (floor)", floor),
+                    ("minimal gateway", least_row),
+                    ("instance router", instance_row),
+                    ("execute_mcp_tool", row),
+                ];
+                beside.push((upstream.slug, concurrency, rows));
             }
         }
         for (concurrency, calls) in CALLS {
             let hierarchical = Arc::new(Endpoint::open(format!("{}/mcp", served.base), TOKEN.to_owned()).await);
             let h = hierarchical.clone();
-            let row = measured(Some(served.pid), concurrency, calls, move |_| {
+            let row = measured(Watch { gateway: Some(served.pid), server: None }, concurrency, calls, move |_| {
                 let h = h.clone();
                 async move {
                     h.call("tools/list", json!({})).await;
@@ -423,7 +462,7 @@ fn main() {
             .await;
             print_row("-", "/mcp tools/list", concurrency, &row, None);
             let h = hierarchical.clone();
-            let row = measured(Some(served.pid), concurrency, calls, move |i| {
+            let row = measured(Watch { gateway: Some(served.pid), server: None }, concurrency, calls, move |i| {
                 let h = h.clone();
                 let query = ["echo a message", "add two numbers", "sleep for a while", "read a resource"][i % 4];
                 async move {
@@ -434,7 +473,7 @@ fn main() {
             print_row("-", "/mcp discover_mcp_tools", concurrency, &row, None);
             // Last: each makes a session, and enough of them push the measuring session out of a full table.
             let h = hierarchical.clone();
-            let row = measured(Some(served.pid), concurrency, calls, move |_| {
+            let row = measured(Watch { gateway: Some(served.pid), server: None }, concurrency, calls, move |_| {
                 let h = h.clone();
                 async move {
                     assert!(h.initialize().await.is_some(), "initialize gives a session");
@@ -445,7 +484,7 @@ fn main() {
         }
         // What the satellite costs beyond the least any HTTP gateway must do, on the same host in the same run.
         println!("instance router against the minimal gateway (common/minimal.rs), same run:");
-        for (slug, concurrency, satellite, least) in &beside {
+        for (slug, concurrency, [_, (_, least), (_, satellite), _]) in &beside {
             let cpu = satellite
                 .cpu_us
                 .zip(least.cpu_us)
@@ -456,11 +495,46 @@ fn main() {
                 satellite.figures.p50_us - least.figures.p50_us
             );
         }
+        budgets(&beside);
         let held = common::process::held(served.pid);
         println!("satellite after the run: {held}");
         drop(served);
         start_to_ready(&upstreams[0]).await;
     });
+}
+
+/// One upstream's rows at one concurrency: (upstream, concurrency, [floor, minimal gateway, instance router,
+/// `execute_mcp_tool`]), each with its route's name.
+type Rows = (&'static str, usize, [(&'static str, Row); 4]);
+
+/// What each process spent per call at concurrency 32, and what a gateway may spend for issue 19's 0.8x of the
+/// bare pipe's throughput: a call through any gateway costs the load generator its HTTP request and the server
+/// its answer, and the host has only so many cores for the three of them. At 0.8x the floor's req/s, the cores give
+/// `cores / (0.8 x floor)` of CPU per call; what the generator and the server spent in that row leaves the rest to
+/// the gateway. When even the minimal gateway spends more than that, no HTTP gateway meets the aim on this host.
+fn budgets(rows: &[Rows]) {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+    let us = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+    println!(
+        "CPU per call by process at c=32 (us; generator = this load generator), and the gateway's budget for 0.8x the \
+         floor's req/s ({cores} cores / (0.8 x floor req/s) - generator - server):"
+    );
+    for (slug, _, rows) in rows.iter().filter(|(_, concurrency, _)| *concurrency == 32) {
+        let per_call = cores * 1e6 / (0.8 * rows[0].1.figures.per_sec);
+        for (route, row) in rows {
+            let (gateway, server) = (row.cpu_us, row.server_us);
+            let total = row.generator_us + gateway.unwrap_or(0.0) + server.unwrap_or(0.0);
+            let budget = server
+                .filter(|_| gateway.is_some())
+                .map_or(String::new(), |server| format!("  budget {:.1}", per_call - row.generator_us - server));
+            println!(
+                "  {slug:<11} {route:<18} generator {:>6.1}  server {:>6}  gateway {:>6}  total {total:>6.1}{budget}",
+                row.generator_us,
+                us(server),
+                us(gateway)
+            );
+        }
+    }
 }
 
 /// Runs of each start measurement; the median is printed.

@@ -17,7 +17,7 @@ pub struct BarePipe {
     stdin: tokio::sync::Mutex<ChildStdin>,
     waiters: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>>,
     next: std::sync::atomic::AtomicU64,
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
 }
 
 impl BarePipe {
@@ -49,7 +49,7 @@ impl BarePipe {
                 }
             }
         });
-        let pipe = BarePipe { stdin: tokio::sync::Mutex::new(stdin), waiters, next: 1.into(), _child: child };
+        let pipe = BarePipe { stdin: tokio::sync::Mutex::new(stdin), waiters, next: 1.into(), child };
         pipe.call("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bare", "version": "0"}}))
             .await;
         pipe.send_line(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
@@ -62,6 +62,11 @@ impl BarePipe {
         let mut stdin = self.stdin.lock().await;
         stdin.write_all(line.as_bytes()).await.expect("write");
         stdin.flush().await.expect("flush");
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     pub async fn call(&self, method: &str, params: Value) -> Value {

@@ -63,20 +63,65 @@ pub fn held(pid: u32) -> Held {
         .flatten()
         .filter(|e| std::fs::read_link(e.path()).map_or(true, |t| !t.to_string_lossy().contains("satellite.db")))
         .count();
-    let me = pid.to_string();
-    let children = std::fs::read_dir("/proc")
+    let children = processes().iter().filter(|p| p.parent == pid && !p.zombie).count();
+    Held { rss_kib: field("VmRSS:"), fds, threads: field("Threads:") as usize, children }
+}
+
+/// One line of `/proc/{pid}/stat`, the fields the benchmarks read.
+#[derive(Debug, Clone, Copy)]
+pub struct Process {
+    pub pid: u32,
+    pub parent: u32,
+    pub zombie: bool,
+    /// User plus system time so far.
+    pub cpu: Duration,
+}
+
+fn clock_ticks() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100).max(1) as u64
+}
+
+/// `pid`'s line of `/proc/{pid}/stat`, if it still runs.
+pub fn process(pid: u32) -> Option<Process> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces: the fields are what follows its last ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let number = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // After the name: state (3 in proc(5)'s 1-based numbering), ppid (4), utime (14), stime (15).
+    let ticks = number(11) + number(12);
+    Some(Process {
+        pid,
+        parent: number(1) as u32,
+        zombie: fields.first() == Some(&"Z"),
+        cpu: Duration::from_micros(ticks * 1_000_000 / clock_ticks()),
+    })
+}
+
+/// Every process this host shows.
+pub fn processes() -> Vec<Process> {
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter(|stat| {
-            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-            let mut fields = rest.split_whitespace();
-            let state = fields.next();
-            fields.next() == Some(me.as_str()) && state != Some("Z")
-        })
-        .count();
-    Held { rss_kib: field("VmRSS:"), fds, threads: field("Threads:") as usize, children }
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter_map(process)
+        .collect()
+}
+
+/// CPU time (user + system) `pid` and every process below it have used so far: a server started through a
+/// wrapper (a sandbox, `npx`, a shell) is counted whole.
+pub fn tree_cpu(pid: u32) -> Duration {
+    let all = processes();
+    let mut total = Duration::ZERO;
+    let mut frontier = vec![pid];
+    while let Some(next) = frontier.pop() {
+        if let Some(p) = all.iter().find(|p| p.pid == next) {
+            total += p.cpu;
+        }
+        frontier.extend(all.iter().filter(|p| p.parent == next).map(|p| p.pid));
+    }
+    total
 }
 
 /// What `pid` holds once it stops changing (three equal readings 200 ms apart), or the last reading after 30 s.
