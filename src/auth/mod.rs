@@ -190,6 +190,9 @@ fn static_token(directory: &Directory, token: &str) -> Result<Principal, AuthErr
     })
 }
 
+/// Seconds a JWT's `exp` may have passed, or its `nbf` be still ahead, and the token be accepted.
+const JWT_LEEWAY_SECS: u64 = 60;
+
 fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<Principal, AuthError> {
     let invalid = |why: &str| AuthError::Invalid(format!("Invalid token: {why}"));
     let (algorithm, key) = match jwt.algorithm {
@@ -207,16 +210,30 @@ fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<P
     };
     let mut validation = Validation::new(algorithm);
     validation.validate_nbf = true;
-    validation.set_required_spec_claims(&["exp", "sub"]);
+    // Clocks drift: `exp` and `nbf` are read with a minute's leeway (jsonwebtoken's default, kept on purpose and
+    // written down in docs/decisions.md).
+    validation.leeway = JWT_LEEWAY_SECS;
+    // jsonwebtoken checks `aud` and `iss` only when a token carries them: a configured audience or issuer is
+    // one the token must name, so it must carry the claim. Before, a token without it was accepted.
+    let mut required = vec!["exp", "sub"];
     match &jwt.audience {
-        Some(audience) => validation.set_audience(&[audience]),
+        Some(audience) => {
+            validation.set_audience(&[audience]);
+            required.push("aud");
+        }
         None => validation.validate_aud = false,
     }
     if let Some(issuer) = &jwt.issuer {
         validation.set_issuer(&[issuer]);
+        required.push("iss");
     }
+    validation.set_required_spec_claims(&required);
     let data = decode::<Claims>(token, &key, &validation).map_err(|err| invalid(&err.kind_description()))?;
     let claims = data.claims;
+    // A token names its user: an empty `sub` names nobody.
+    if claims.sub.trim().is_empty() {
+        return Err(invalid("empty sub claim"));
+    }
     // With no audience configured, a token that names one must name the satellite (SB §5.5, OQ-14): one the
     // same issuer minted for another service is not a key to this one. No `aud` at all is accepted.
     if jwt.audience.is_none() && !names_the_satellite(claims.rest.get("aud")) {
@@ -402,6 +419,35 @@ team = "acme"
         .unwrap();
         assert!(
             matches!(auth.authenticate(Some(&format!("Bearer {forged}"))), Err(AuthError::Invalid(m)) if m.contains("bad signature"))
+        );
+    }
+
+    /// A configured audience and issuer are ones a token must name: a token that leaves either claim out is
+    /// refused, as one naming another is. Before, jsonwebtoken checked them only when present.
+    #[test]
+    fn a_configured_audience_and_issuer_must_be_named() {
+        let auth = authenticator_with("audience = \"https://sat.example/mcp\"\nissuer = \"https://issuer.example\"");
+        let bearer = |without: &str| {
+            let mut claims = json!({"sub": "carol", "team": "acme", "exp": now() + 60,
+                "aud": "https://sat.example/mcp", "iss": "https://issuer.example"});
+            if let Some(claims) = claims.as_object_mut() {
+                claims.remove(without);
+            }
+            format!("Bearer {}", jwt(claims))
+        };
+        assert!(auth.authenticate(Some(&bearer("none"))).is_ok(), "both named");
+        for claim in ["aud", "iss"] {
+            let refused = auth.authenticate(Some(&bearer(claim)));
+            assert!(
+                matches!(&refused, Err(AuthError::Invalid(m)) if m.contains(&format!("missing {claim} claim"))),
+                "{claim}: {refused:?}"
+            );
+        }
+        let nobody = jwt(json!({"sub": "", "team": "acme", "exp": now() + 60,
+            "aud": "https://sat.example/mcp", "iss": "https://issuer.example"}));
+        assert_eq!(
+            auth.authenticate(Some(&format!("Bearer {nobody}"))),
+            Err(AuthError::Invalid("Invalid token: empty sub claim".into()))
         );
     }
 
