@@ -50,8 +50,16 @@ pub fn secret_values(spec: &InstanceSpec) -> Vec<String> {
                     values.push(value.clone());
                 }
             }
-            for (name, value) in url.query_pairs() {
+            // Each parameter as sent, one `&`-separated piece at a time: a server that echoes its request line
+            // (an error page, a log it returns) shows the value percent-encoded (`sk%2BAbC%3D`), which no
+            // search for the decoded value finds. Both forms are hidden.
+            for piece in url.query().unwrap_or_default().split('&') {
+                let Some((name, value)) = url::form_urlencoded::parse(piece.as_bytes()).next() else { continue };
                 if listed(&spec.secrets.query_params, &name) || looks_secret(&name) {
+                    let sent = piece.split_once('=').map_or("", |(_, sent)| sent);
+                    if sent != value {
+                        values.push(sent.to_owned());
+                    }
                     values.push(value.into_owned());
                 }
             }
@@ -241,7 +249,7 @@ pub fn mask_url(url: &Url, secrets: &SecretNames) -> String {
     let pairs: Vec<(String, String)> = url
         .query_pairs()
         .map(|(k, v)| {
-            let secret = looks_secret(&k) || secrets.query_params.iter().any(|n| n == k.as_ref());
+            let secret = looks_secret(&k) || secrets.query_params.iter().any(|n| n.eq_ignore_ascii_case(&k));
             (k.into_owned(), if secret { mask(&v) } else { v.into_owned() })
         })
         .collect();
@@ -401,5 +409,27 @@ mod tests {
         assert_eq!(masked["X-Custom"], "hid*****");
         let url = Url::parse("https://x/mcp?workspace=a&api_key=supersecret").unwrap();
         assert_eq!(mask_url(&url, &SecretNames::default()), "https://x/mcp?workspace=a&api_key=sup*****");
+    }
+
+    /// A secret query value that needs percent-encoding is hidden in the form it was sent too: a server that
+    /// echoed its request line (`/mcp?api_key=sk%2BAbC%2FdEf%3D%3D`) put it, decodable, into the instance's status
+    /// message, the debug route and the events. Before, only the decoded value was searched for.
+    #[test]
+    fn a_secret_query_value_is_hidden_as_sent_and_as_meant() {
+        let mut spec = crate::model::sample_spec();
+        let mut url = Url::parse("https://api.example/mcp").unwrap();
+        url.query_pairs_mut().append_pair("workspace", "a b").append_pair("Api_Key", "sk+AbC/dEf==");
+        spec.upstream = Upstream::StreamableHttp { url, headers: BTreeMap::new(), timeout: std::time::Duration::ZERO };
+        spec.secrets.query_params = vec!["api_key".into()];
+        let values = secret_values(&spec);
+        assert_eq!(values, ["sk%2BAbC%2FdEf%3D%3D", "sk+AbC/dEf=="]);
+        let echoed = "http status 500: Internal error handling /mcp?workspace=a+b&Api_Key=sk%2BAbC%2FdEf%3D%3D";
+        assert_eq!(
+            hide(echoed, &values),
+            "http status 500: Internal error handling /mcp?workspace=a+b&Api_Key=sk%*****"
+        );
+        assert_eq!(hide("key sk+AbC/dEf== echoed", &values), "key sk+***** echoed");
+        let listed = masked_upstream(&spec);
+        assert!(!listed.to_string().contains("AbC"), "{listed}");
     }
 }

@@ -28,6 +28,10 @@ const ARG_SECRET: &str = "sweep-arg-1029384756";
 const EQ_SECRET: &str = "sweep-eq-5647382910";
 const HEADER_SECRET: &str = "sweep-header-aabbccddeeff";
 const QUERY_SECRET: &str = "sweep-query-ffeeddccbbaa";
+/// A query secret that must be percent-encoded in a URL (`+`, `/`, `=`, as base64 keys are): a URL echoed in an
+/// error names it encoded, as [`ENCODED_QUERY_SECRET_SENT`].
+const ENCODED_QUERY_SECRET: &str = "sweep+query/b64==";
+const ENCODED_QUERY_SECRET_SENT: &str = "sweep%2Bquery%2Fb64%3D%3D";
 const GUESSED: &str = "sweep-guessed-token-99887766";
 
 fn jwt() -> String {
@@ -36,7 +40,38 @@ fn jwt() -> String {
     encode(&Header::default(), &claims, &EncodingKey::from_secret(JWT_KEY.as_bytes())).expect("a JWT")
 }
 
-fn config_text(upstream_url: &str) -> String {
+/// An HTTP server that answers every request 500 with its request line in the body, as many servers' error pages
+/// do: what the satellite sent in the URL comes back, percent-encoded as sent.
+async fn echoing_errors() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head);
+                let target = text.split_whitespace().nth(1).unwrap_or_default().to_owned();
+                let body = format!("Internal error handling {target}");
+                let answer = format!(
+                    "HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+fn config_text(upstream_url: &str, echoing: std::net::SocketAddr) -> String {
     let script = fixture("misbehaving_server.py").to_string_lossy().into_owned();
     format!(
         r#"
@@ -100,6 +135,17 @@ command = "python3"
 args = [{script}, "leaky-refuses", "--api-key", "{ARG_SECRET}"]
 env = {{ API_KEY = "{ENV_SECRET}" }}
 
+# A server whose error page echoes the request line: the query secret comes back percent-encoded, as sent.
+[[servers]]
+slug = "echoing"
+transport = "http"
+url = "http://{echoing}/mcp?api_key={ENCODED_QUERY_SECRET_SENT}"
+
+[[installations]]
+id = "i-echoing"
+team = "acme"
+server = "echoing"
+
 [[installations]]
 id = "i-gone"
 team = "acme"
@@ -120,11 +166,23 @@ server = "refusing"
 fn planted() -> Vec<String> {
     let jwt = jwt();
     let signature = jwt.rsplit('.').next().unwrap_or_default().to_owned();
-    [USER_TOKEN, JWT_KEY, INSTANCE_TOKEN, ENV_SECRET, ARG_SECRET, EQ_SECRET, HEADER_SECRET, QUERY_SECRET, GUESSED]
-        .into_iter()
-        .map(str::to_owned)
-        .chain([jwt, signature])
-        .collect()
+    [
+        USER_TOKEN,
+        JWT_KEY,
+        INSTANCE_TOKEN,
+        ENV_SECRET,
+        ARG_SECRET,
+        EQ_SECRET,
+        HEADER_SECRET,
+        QUERY_SECRET,
+        ENCODED_QUERY_SECRET,
+        ENCODED_QUERY_SECRET_SENT,
+        GUESSED,
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain([jwt, signature])
+    .collect()
 }
 
 async fn post(url: &str, bearer: &str, session: Option<&str>, body: Value) -> (Option<String>, String) {
@@ -176,7 +234,7 @@ async fn no_planted_secret_reaches_a_log_line_a_stored_byte_or_an_answer_about_t
     let upstream = HttpServer::demo(&[]).await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("satellite.toml");
-    std::fs::write(&config, config_text(upstream.url("/mcp").as_str())).unwrap();
+    std::fs::write(&config, config_text(upstream.url("/mcp").as_str(), echoing_errors().await)).unwrap();
     let data = dir.path().join("data");
     let log = dir.path().join("satellite.log");
     let port = free_port();
@@ -205,7 +263,7 @@ async fn no_planted_secret_reaches_a_log_line_a_stored_byte_or_an_answer_about_t
     })
     .await;
 
-    wait_until(DEADLINE, "the unreachable and the refusing server failed with a message", || {
+    wait_until(DEADLINE, "the unreachable, the refusing and the echoing server failed with a message", || {
         let url = debug_url.clone();
         async move {
             let debug: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
@@ -218,7 +276,7 @@ async fn no_planted_secret_reaches_a_log_line_a_stored_byte_or_an_answer_about_t
                     })
                 })
             };
-            (failed("gone") && failed("refusing")).then_some(())
+            (failed("gone") && failed("refusing") && failed("echoing")).then_some(())
         }
     })
     .await;

@@ -98,7 +98,9 @@ impl McpClient {
             }
         };
         let Negotiated { era, server_info, capabilities, instructions } = negotiated;
-        debug!(protocol = era.version(), server = %server_info, "mcp server connected");
+        // What the server says of itself is its to choose, so it is left out here: this line cannot mask it (the
+        // instance's secrets are not known at this layer). `instances` logs it masked.
+        debug!(protocol = era.version(), "mcp server connected");
         Ok(Self {
             transport,
             era,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::events::LimitedResource;
 use crate::instances::limits::ProcessSlot;
@@ -132,6 +132,13 @@ impl Inner {
                 None => err,
             }
         })?;
+        // A server's `serverInfo` is its own text and may hold what its configuration gave it (an echoed key).
+        debug!(
+            process_id = %spec.process_id,
+            protocol = client.era().version(),
+            server = %crate::secrets::hide(&client.server_info().to_string(), &crate::secrets::secret_values(spec)),
+            "mcp server connected"
+        );
         Ok((client, slot))
     }
 
