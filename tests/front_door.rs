@@ -2373,6 +2373,12 @@ async fn a_modern_server_is_followed_like_a_handshake_era_one() {
     // server, which refused them, and the client heard neither logs nor updates.
     let request =
         |id: u64, method: &str, params: Value| json!({"jsonrpc":"2.0","id":id,"method":method,"params":params});
+    // A level that is not one of the eight is refused, not kept: kept, it went into the `_meta` of every later
+    // request to this server, which refused them all.
+    let (_, refused) = direct.post_text(&request(7, "logging/setLevel", json!({"level":"bogus"}))).await;
+    assert!(refused.contains("-32602"), "{refused}");
+    let (_, logged) = direct.post_text(&request(7, "tools/call", json!({"name":"log","arguments":{}}))).await;
+    assert!(logged.contains("\"result\"") && !logged.contains("notifications/message"), "no level kept: {logged}");
     for (method, params) in
         [("logging/setLevel", json!({"level":"info"})), ("resources/subscribe", json!({"uri":"modern://note"}))]
     {
@@ -2400,6 +2406,37 @@ async fn a_modern_server_is_followed_like_a_handshake_era_one() {
         let _ = read.await;
     }
     assert!(heard.contains("modern://note"), "{heard}");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// A log level that is not one of the eight is refused with -32602 wherever the satellite answers for it, and
+/// nothing is kept: a `logging/setLevel` on `/mcp` (it goes to every server of the caller's that declares logging)
+/// and a 2026-07-28 request's `_meta` level. Before, `/mcp` told the client `{}` whatever its servers said, and
+/// passed the level on to them.
+#[tokio::test]
+async fn an_unknown_log_level_is_refused_and_not_passed_on() {
+    let sat = with_paged().await;
+    let mcp = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    for level in [json!("bogus"), json!(3), Value::Null] {
+        let (_, answer) = mcp.call("logging/setLevel", json!({"level": level})).await;
+        assert_eq!(answer["error"]["code"], -32602, "{level}: {answer}");
+    }
+    // `touch` is not listed: only the instance's own endpoint calls it.
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let touched = direct.tool("touch", json!({})).await;
+    assert!(touched.to_string().contains("log level: unset"), "no level reached the server: {touched}");
+    let (_, answer) = mcp.call("logging/setLevel", json!({"level": "error"})).await;
+    assert!(answer.get("result").is_some(), "{answer}");
+    let touched = direct.tool("touch", json!({})).await;
+    assert!(touched.to_string().contains("log level: error"), "a known level still goes on: {touched}");
+
+    let stateless = Caller::new(&sat, "/mcp", Some(ALICE));
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}, "io.modelcontextprotocol/logLevel": "loud"});
+    let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta": meta}});
+    let (_, _, body) = stateless.post_modern(&list).await;
+    assert_eq!(body["error"]["code"], -32602, "{body}");
     assert!(sat.satellite.shutdown().await);
 }
 

@@ -175,8 +175,8 @@ impl Default for LongLived {
 
 /// RFC 5424 severity of a log level, lowest first; an unknown one counts as the highest, so it is never lost.
 fn severity(level: &str) -> usize {
-    const LEVELS: [&str; 8] = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"];
-    LEVELS.iter().position(|known| *known == level).unwrap_or(LEVELS.len())
+    let levels = protocol::LOG_LEVELS;
+    levels.iter().position(|known| *known == level).unwrap_or(levels.len())
 }
 
 /// Whether a 2026-07-28 client hears this message: a log message only at or above the level its request asked

@@ -436,7 +436,28 @@ pub fn check_stateless_envelope(
         return Err(RpcError::new(codes::UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version")
             .with_data(json!({"supported": supported, "requested": version})));
     }
+    // 2026-07-28 logging: a level that is not one of the eight SHOULD be refused with -32602. Passed on, it reached
+    // a server that refused it, or, on a handshake-era server, was taken for no level at all.
+    if let Some(level) = meta.and_then(|m| m.get(meta_keys::LOG_LEVEL)) {
+        check_log_level(Some(level))?;
+    }
     Ok(())
+}
+
+/// The log levels of RFC 5424 that MCP names, least severe first.
+pub const LOG_LEVELS: [&str; 8] = ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"];
+
+/// A `logging/setLevel` `level`, or a 2026-07-28 request's `_meta` log level: one of [`LOG_LEVELS`], or -32602
+/// (2025-11-25 and 2026-07-28 logging: "Invalid log level").
+pub fn check_log_level(level: Option<&Value>) -> Result<&'static str, RpcError> {
+    let named = level.and_then(Value::as_str);
+    LOG_LEVELS.into_iter().find(|known| Some(*known) == named).ok_or_else(|| {
+        let shown = level.map_or_else(|| "none".to_owned(), Value::to_string);
+        RpcError::new(
+            codes::INVALID_PARAMS,
+            format!("Invalid params: invalid log level {shown}; one of {}", LOG_LEVELS.join(", ")),
+        )
+    })
 }
 
 /// Whether a request carries the 2026-07-28 envelope (`_meta` protocol version).

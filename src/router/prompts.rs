@@ -127,6 +127,9 @@ impl HierarchicalRouter {
     /// `logging/setLevel`: passed to each of the caller's live servers that log; their messages then reach the
     /// caller with the calls that cause them.
     pub(super) async fn set_log_level(&self, caller: &Principal, params: Value) -> Result<Value, RouteError> {
+        // A level no server knows is refused here, once, as a server would refuse it (-32602); passed on, each
+        // server's refusal was swallowed and the client told `{}`.
+        crate::mcp::protocol::check_log_level(params.get("level")).map_err(RouteError::Rpc)?;
         let instances: Vec<Arc<Instance>> = self
             .visible_instances(caller)
             .into_iter()

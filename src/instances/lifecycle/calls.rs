@@ -113,9 +113,20 @@ impl Inner {
                     instance.note_subscription(&uri, subscribed);
                     return Ok(Payload::from(serde_json::json!({})));
                 }
+                // Answered here, so checked here: a level no server knows, kept, went into the `_meta` of every
+                // later request to this server, which refused them all.
                 Some(Remembered::LogLevel(level)) => {
-                    instance.note_log_level(level);
+                    let level = crate::mcp::protocol::check_log_level(Some(&Value::String(level)))
+                        .map_err(|err| InstanceError::Upstream(UpstreamError::Rpc(err)))?;
+                    instance.note_log_level(level.to_owned());
                     return Ok(Payload::from(serde_json::json!({})));
+                }
+                // No level, or not a string: refused alike (the same check cannot pass without a string).
+                None if method == "logging/setLevel" => {
+                    let level = params.as_ref().and_then(|p| p.get("level"));
+                    if let Err(err) = crate::mcp::protocol::check_log_level(level) {
+                        return Err(InstanceError::Upstream(UpstreamError::Rpc(err)));
+                    }
                 }
                 None => {}
             }
