@@ -132,6 +132,11 @@ async fn registers_applies_the_config_beats_and_delivers_events() {
     assert!(last["system_metrics"]["memory_usage_mb"].as_u64() > Some(0));
     assert_eq!(last["mcp_status"]["summary"]["online_servers"], 2);
     assert_eq!(last["processes_by_team"]["acme"].as_array().map(Vec::len), Some(2));
+    // Alice's and Bob's instances of one server list the same tool: it is named once (BP §3.3: names only), so the
+    // beat does not grow with members x tools. Before, each instance's tools were listed again.
+    let names: Vec<&Value> = last["mcp_status"]["tool_names"].as_array().expect("tool names").iter().collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert_eq!(last["mcp_status"]["summary"]["total_tools"], 1);
 
     wait_until(DEADLINE, "online status events for both users", || async {
         (delivered(&backend, "mcp.server.status_changed", Some("online"), "alice") >= 1
@@ -153,6 +158,40 @@ async fn registers_applies_the_config_beats_and_delivers_events() {
     let tool_tokens = first["tools"][0]["token_count"].as_u64().unwrap();
     assert!(tool_tokens > 0);
     assert_eq!(first["total_tokens"].as_u64(), Some(tool_tokens));
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// A backend that refuses a heartbeat as too large (413) gets later beats without the lists that grow with the
+/// instances and tools, so it goes on hearing the satellite. Before, the same beat went every 30 s and was refused
+/// every time: the backend's `last_heartbeat` went stale and the satellite looked dead.
+#[tokio::test]
+async fn a_heartbeat_refused_as_too_large_is_followed_by_smaller_ones() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let sat = start_online(&backend).await;
+    let full = wait_until(DEADLINE, "a heartbeat naming the tool", || async {
+        backend
+            .heartbeats()
+            .into_iter()
+            .find(|b| b["mcp_status"]["tool_names"].as_array().is_some_and(|t| !t.is_empty()))
+    })
+    .await;
+    assert_eq!(full["mcp_status"]["summary"]["total_tools"], 1);
+    let accepted = backend.heartbeats().len();
+    backend.fail_next(Endpoint::Heartbeat, 413, 1);
+    let slim = wait_until(DEADLINE, "a heartbeat accepted after the refusal", || async {
+        let beats = backend.heartbeats();
+        (beats.len() > accepted && backend.calls(Endpoint::Heartbeat).iter().any(|c| c.status == 413))
+            .then(|| beats.last().cloned())
+            .flatten()
+    })
+    .await;
+    assert_eq!(slim["mcp_status"]["tool_names"], json!([]), "{slim}");
+    assert_eq!(slim["mcp_status"]["instances"], json!([]));
+    assert!(slim.get("processes_by_team").is_none_or(Value::is_null), "{slim}");
+    assert_eq!(slim["mcp_status"]["summary"]["total_tools"], 1, "the summary still counts them");
+    assert_eq!(slim["mcp_status"]["summary"]["online_servers"], 2);
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }

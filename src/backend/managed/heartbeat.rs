@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::backend::client::{BackendError, Refusal};
 use crate::backend::metrics::ProcessMetrics;
 use crate::backend::monitor::Channel;
 use crate::backend::wire::{
@@ -27,16 +28,32 @@ pub(super) async fn heartbeat_loop(
     cancel: CancellationToken,
 ) {
     let every = deps.heartbeat_every;
+    // Set once the backend refused a beat as too large (413): the beats after it leave out the lists that grow with
+    // the instances and tools (the summary and counts stay). Before, the same beat went every 30 s and was refused
+    // every time, and the backend saw the satellite as gone.
+    let slim = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let beat = move || {
         let (deps, metrics, stats, url_sent) = (deps.clone(), metrics.clone(), stats.clone(), url_sent.clone());
+        let slim = slim.clone();
         async move {
             let first = !url_sent.load(std::sync::atomic::Ordering::Acquire);
-            let body = heartbeat_body(&deps, &mut metrics.lock(), first);
+            let mut body = heartbeat_body(&deps, &mut metrics.lock(), first);
+            if slim.load(std::sync::atomic::Ordering::Relaxed) {
+                slimmed(&mut body);
+            }
             match deps.client.heartbeat(&body).await {
                 Ok(_) => {
                     url_sent.store(true, std::sync::atomic::Ordering::Release);
                     stats.lock().heartbeats += 1;
                     deps.monitor.record(Channel::Heartbeat, Ok(()));
+                }
+                Err(err) if matches!(&err, BackendError::Status { refusal: Refusal::TooLarge, .. }) => {
+                    stats.lock().heartbeat_failures += 1;
+                    deps.monitor.record(Channel::Heartbeat, Err(err.to_string()));
+                    if !slim.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        warn!(error = %err, "heartbeat refused as too large: later beats leave out the instance \
+                            and tool lists");
+                    }
                 }
                 Err(err) => {
                     stats.lock().heartbeat_failures += 1;
@@ -71,7 +88,19 @@ where
     beats.shutdown().await;
 }
 
-/// The heartbeat of BP §3.2 with the `mcp_status` snapshot of §3.3.
+/// A beat without what grows with the instances and tools: `processes_by_team`, and `mcp_status`'s `instances`
+/// and `tool_names` (empty: the schema requires both). The summary and counts still say how many there are.
+fn slimmed(body: &mut HeartbeatRequest) {
+    body.processes_by_team = None;
+    if let Some(status) = body.mcp_status.as_mut() {
+        status.instances.clear();
+        status.tool_names.clear();
+    }
+}
+
+/// The heartbeat of BP §3.2 with the `mcp_status` snapshot of §3.3. Each tool is named once, however many of its
+/// server's instances (one per member) list it: with one entry per instance the beat grew with users x tools, past
+/// what a backend takes (1 MiB, Fastify's default) at a few dozen members of one large server.
 pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: bool) -> HeartbeatRequest {
     let sample = metrics.sample();
     let instances = deps.manager.instances();
@@ -79,6 +108,7 @@ pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: b
     let mut running = Vec::new();
     let mut counts = ServerStatusCounts::default();
     let mut tool_names = Vec::new();
+    let mut named = std::collections::HashSet::new();
     let mut dormant = 0;
     for instance in &instances {
         let spec = instance.spec();
@@ -100,12 +130,9 @@ pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: b
         };
         if status.tools_visible() {
             for tool in instance.catalog().iter().flat_map(|c| c.tools.iter()) {
-                if !instance.tool_disabled(tool.name()) {
-                    tool_names.push(ToolName {
-                        namespaced_name: tool_path(&spec.server_slug, tool.name()),
-                        server_slug: spec.server_slug.clone(),
-                        transport,
-                    });
+                let namespaced_name = tool_path(&spec.server_slug, tool.name());
+                if !instance.tool_disabled(tool.name()) && named.insert((namespaced_name.clone(), transport)) {
+                    tool_names.push(ToolName { namespaced_name, server_slug: spec.server_slug.clone(), transport });
                 }
             }
         }
