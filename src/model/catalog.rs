@@ -106,12 +106,14 @@ pub struct PreparedTool {
 
 impl PreparedTool {
     /// Normalise a `tools/list` entry: a string `description` (`""` when missing) and an object `inputSchema`
-    /// (`{}` when missing), the rest as the server wrote it. An entry with no string name, or that is not an
-    /// object, is handed back whole (for the warning that shows it).
+    /// (`{}` when missing), the rest as the server wrote it. An entry with no string name, an empty name, or that
+    /// is not an object, is handed back whole (for the warning that shows it): a tool named `""` cannot be called
+    /// by its path (`slug:`), and every event that names tools requires a name (`minLength: 1`), so one such tool
+    /// made the backend refuse the whole `mcp.tools.discovered` of its server.
     pub fn new(raw: Value) -> Result<Self, Value> {
         let name = match raw.get("name").and_then(Value::as_str) {
-            Some(name) => name.to_owned(),
-            None => return Err(raw),
+            Some(name) if !name.is_empty() => name.to_owned(),
+            _ => return Err(raw),
         };
         let Value::Object(mut definition) = raw else { return Err(raw) };
         let description = definition.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
@@ -669,7 +671,9 @@ mod tests {
         assert_eq!(tool.definition_text(), r#"{"name":"t","description":"","inputSchema":{}}"#);
         assert!(ToolDef::from_listing(&json!({"description": "no name"})).is_none());
         // An entry that cannot be a tool comes back whole, for the warning that shows it.
-        for unusable in [json!({"name": 7, "description": "numeric name"}), json!(["t"]), json!("t"), Value::Null] {
+        let unusable =
+            [json!({"name": 7, "description": "numeric name"}), json!({"name": ""}), json!(["t"]), json!("t")];
+        for unusable in unusable.into_iter().chain([Value::Null]) {
             assert_eq!(PreparedTool::new(unusable.clone()).err(), Some(unusable));
         }
         let a = ToolDef::from_listing(&json!({"name": "t", "description": "x"})).unwrap();
