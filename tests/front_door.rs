@@ -2409,6 +2409,37 @@ async fn a_modern_server_is_followed_like_a_handshake_era_one() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A message whose `id` is `null` (or a fraction) is an invalid request, not a notification, and an `initialize`
+/// that is no valid request makes no session. Before, `"id": null` was read as no id: the client was told 202 and
+/// a `tools/call` went to the server as a notification; and an `initialize` without a usable id made a session
+/// that worked, though its answer was a 202 or an error.
+#[tokio::test]
+async fn a_null_id_is_an_invalid_request_and_a_bad_initialize_makes_no_session() {
+    let sat = with_paged().await;
+    let bare = Caller::new(&sat, "/mcp", Some(ALICE));
+    let params = json!({"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}});
+    for id in [Some(Value::Null), None, Some(json!(1.5))] {
+        let mut init = json!({"jsonrpc":"2.0","method":"initialize","params":params});
+        if let Some(id) = &id {
+            init["id"] = id.clone();
+        }
+        let (status, headers, body) = bare.post_raw(init.to_string(), &[]).await;
+        assert_eq!((status, body["error"]["code"].as_i64()), (StatusCode::BAD_REQUEST, Some(-32600)), "{id:?}: {body}");
+        assert!(headers.get("mcp-session-id").is_none(), "{id:?}: no session");
+    }
+    let mcp = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let null_id = json!({"jsonrpc":"2.0","id":null,"method":"tools/list"});
+    let (status, _, body) = mcp.post_raw(null_id.to_string(), &[]).await;
+    assert_ne!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["error"]["code"], -32600, "{body}");
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let direct = Caller::connect(&sat, &path, None).await;
+    let call = json!({"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"touch","arguments":{}}});
+    let (status, _, body) = direct.post_raw(call.to_string(), &[]).await;
+    assert_eq!((status == StatusCode::ACCEPTED, body["error"]["code"].as_i64()), (false, Some(-32600)), "{body}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A log level that is not one of the eight is refused with -32602 wherever the satellite answers for it, and
 /// nothing is kept: a `logging/setLevel` on `/mcp` (it goes to every server of the caller's that declares logging)
 /// and a 2026-07-28 request's `_meta` level. Before, `/mcp` told the client `{}` whatever its servers said, and

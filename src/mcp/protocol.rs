@@ -184,8 +184,11 @@ impl Message {
         if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
             return Err(MessageError::BadVersion);
         }
+        // A present `id` must be a string or an integer: `null` is not one (MCP: "the ID MUST NOT be null"), and a
+        // request with it is not a notification. Read as one, a `tools/call` with `"id": null` went to the server as
+        // a notification and the client was told 202.
         let id = match obj.remove("id") {
-            None | Some(Value::Null) => None,
+            None => None,
             Some(v) => Some(serde_json::from_value::<RequestId>(v).map_err(|_| MessageError::BadId)?),
         };
         if let Some(method) = obj.remove("method") {
@@ -526,7 +529,7 @@ mod tests {
             let written: Value = serde_json::from_str(&response_text(&id, "{}")).expect("json");
             assert_eq!(written["id"], request["id"]);
         }
-        for bad in [json!(true), json!([1]), json!({"n": 1}), json!(1.5), json!(1e3)] {
+        for bad in [json!(true), json!([1]), json!({"n": 1}), json!(1.5), json!(1e3), Value::Null] {
             let request = json!({"jsonrpc":"2.0","id": bad,"method":"ping"});
             assert_eq!(Message::from_value(request), Err(MessageError::BadId));
         }

@@ -70,6 +70,20 @@ pub(super) async fn post(
             let id = messages[0].get("id").cloned().and_then(|id| serde_json::from_value(id).ok());
             return Ok(json_response(StatusCode::OK, &protocol::error_response(id, err.clone())));
         }
+        // An `initialize` that is no valid request (no id, or a null or fractional one) makes no session: a session
+        // id belongs only on the answer that carries an `InitializeResult`. Before, a session was made first and
+        // worked, though the client was told 202 or an error.
+        match Message::from_value(messages[0].clone()) {
+            Ok(Message::Request { .. }) => {}
+            invalid => {
+                let why = match invalid {
+                    Err(err) => err.to_string(),
+                    Ok(_) => "initialize is a request: it needs an id".to_owned(),
+                };
+                let err = RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {why}"));
+                return Ok(json_response(StatusCode::BAD_REQUEST, &protocol::error_response(None, err)));
+            }
+        }
         let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
         // The commonest: a lone `initialize` on `/mcp` with no toolset, answered with the text made once per version.
         if !batch && matches!(endpoint.target, Target::Hierarchical(..)) && endpoint.target.toolset().is_none() {
