@@ -7,6 +7,7 @@ use futures::TryStreamExt as _;
 use serde_json::Value;
 use sqlx::Row;
 
+use super::sql::TxConnection;
 use super::{Store, StoreError};
 use crate::model::{
     Catalog, InstanceSpec, ListingBuilder, PreparedTool, ProcessId, ResourceDef, TemplateDef, ToolChange,
@@ -39,7 +40,8 @@ impl Store {
     pub async fn save_catalog(&self, owner: &CatalogOwner, catalog: &Catalog) -> Result<(), StoreError> {
         let resources = Value::Array(catalog.resources.iter().map(|r| r.definition.clone()).collect()).to_string();
         let templates = Value::Array(catalog.templates.iter().map(|t| t.definition.clone()).collect()).to_string();
-        let mut tx = self.pool().begin().await?;
+        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut tx = conn.begin().await?;
         sqlx::query("DELETE FROM catalog_tools WHERE process_id = $1")
             .bind(&owner.process_id)
             .execute(&mut *tx)
@@ -74,11 +76,13 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
+        conn.done();
         Ok(())
     }
 
     pub async fn delete_catalog(&self, process_id: &ProcessId) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut tx = conn.begin().await?;
         sqlx::query("DELETE FROM catalog_tools WHERE process_id = $1")
             .bind(process_id.as_str())
             .execute(&mut *tx)
@@ -88,6 +92,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
+        conn.done();
         Ok(())
     }
 
@@ -168,7 +173,8 @@ impl Store {
         drifted: &std::collections::HashSet<String>,
     ) -> Result<(), StoreError> {
         let at = crate::model::iso(Utc::now());
-        let mut tx = self.pool().begin().await?;
+        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut tx = conn.begin().await?;
         for change in changes {
             sqlx::query(
                 "INSERT INTO tool_changes (at, process_id, team_id, installation_id, server_slug, tool_name, change,
@@ -189,6 +195,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
+        conn.done();
         Ok(())
     }
 
@@ -272,7 +279,8 @@ impl Store {
     /// Hold drifted tools of an installation (already held ones keep their first date).
     pub async fn hold_tools(&self, installation_id: &str, process_id: &str, tools: &[&str]) -> Result<(), StoreError> {
         let at = crate::model::iso(Utc::now());
-        let mut tx = self.pool().begin().await?;
+        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut tx = conn.begin().await?;
         for tool in tools {
             sqlx::query(
                 "INSERT INTO tool_holds (installation_id, tool_name, process_id, held_at) VALUES ($1, $2, $3, $4)
@@ -286,6 +294,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
+        conn.done();
         Ok(())
     }
 

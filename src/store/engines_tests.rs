@@ -489,3 +489,48 @@ async fn closing_the_store_gives_up_on_a_connection_that_is_never_returned() -> 
     drop(held);
     Ok(())
 }
+
+/// A transaction SQLite ends itself (as on a full disk; here a trigger's `RAISE(ROLLBACK)` stands in) leaves no
+/// connection believing it is still inside one. Before, sqlx's failed ROLLBACK left its count at one: the
+/// connection's next transaction was a `SAVEPOINT`, whose rollback left a real transaction open, so what was
+/// written after it was never committed (another connection saw none of it) and the write lock was held for good.
+#[tokio::test]
+async fn a_transaction_sqlite_ended_itself_leaves_the_connection_usable() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    // One connection, so every write below goes through the one that failed.
+    let store = Store::connect(dir.path(), &Database { url: None, max_connections: Some(1) }).await?;
+    sqlx::query(
+        "CREATE TRIGGER full_disk BEFORE INSERT ON event_outbox WHEN NEW.event_type = 'test.full' \
+         BEGIN SELECT RAISE(ROLLBACK, 'a stand-in for a full disk'); END",
+    )
+    .execute(store.pool())
+    .await?;
+    sqlx::query(
+        "CREATE TRIGGER refused BEFORE INSERT ON event_outbox WHEN NEW.event_type = 'test.refused' \
+         BEGIN SELECT RAISE(ABORT, 'one statement refused'); END",
+    )
+    .execute(store.pool())
+    .await?;
+    // Two statements, so one transaction (`execute_all`), as a status change and its event are written.
+    let batch = |types: [&str; 2]| {
+        types.map(|t| {
+            sql::Sql::new(format!(
+                "INSERT INTO event_outbox (event_type, emitted_at, data) VALUES ('{t}', '2026-12-04T00:00:00.000Z', '{{}}')"
+            ))
+        })
+    };
+    // SQLite rolls the whole transaction back itself...
+    assert!(sql::execute_all(store.pool(), &batch(["test.ok", "test.full"])).await.is_err());
+    // ...then a transaction that fails the ordinary way, rolled back by the satellite...
+    assert!(sql::execute_all(store.pool(), &batch(["test.ok", "test.refused"])).await.is_err());
+    // ...and the next one is committed: another connection sees it and can write.
+    sql::execute_all(store.pool(), &batch(["test.kept", "test.kept"])).await?;
+    let mut outside = SqliteConnectOptions::new().filename(dir.path().join("satellite.db")).connect().await?;
+    let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM event_outbox WHERE event_type = 'test.kept'")
+        .fetch_one(&mut outside)
+        .await?;
+    assert_eq!(kept, 2, "the batch after the failures was committed");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut outside).await?;
+    sqlx::query("ROLLBACK").execute(&mut outside).await?;
+    Ok(())
+}

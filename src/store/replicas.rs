@@ -7,6 +7,7 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::{AnyConnection, Connection, Executor, Row};
 
+use super::sql::TxConnection;
 use super::{Engine, Store, StoreError};
 
 /// How long opening a lock's own connection may take.
@@ -96,7 +97,8 @@ impl Store {
         at: &str,
         keep_after: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut tx = conn.begin().await?;
         sqlx::query("INSERT INTO replica_signals (origin, command, at) VALUES ($1, $2, $3)")
             .bind(origin)
             .bind(command.to_string())
@@ -105,6 +107,7 @@ impl Store {
             .await?;
         sqlx::query("DELETE FROM replica_signals WHERE at < $1").bind(keep_after).execute(&mut *tx).await?;
         tx.commit().await?;
+        conn.done();
         Ok(())
     }
 

@@ -108,11 +108,52 @@ pub(crate) async fn execute_all(pool: &sqlx::AnyPool, statements: &[Sql]) -> Res
         [] => Ok(()),
         [one] => one.query().execute(pool).await.map(drop),
         many => {
-            let mut tx = pool.begin().await?;
+            let mut conn = TxConnection::acquire(pool).await?;
+            let mut tx = conn.begin().await?;
             for statement in many {
                 statement.query().execute(&mut *tx).await?;
             }
-            tx.commit().await
+            tx.commit().await?;
+            conn.done();
+            Ok(())
+        }
+    }
+}
+
+/// A pooled connection for one transaction: returned to the pool once [`TxConnection::done`] says the transaction
+/// committed, closed otherwise (an error returned early, a future dropped midway).
+///
+/// When SQLite ends a transaction itself (a full disk, an I/O error, a trigger's `RAISE(ROLLBACK)`), sqlx's
+/// ROLLBACK then fails and it goes on counting the connection as inside one: its next transaction there is a
+/// `SAVEPOINT`, and a rollback of that one leaves a real transaction open for good. That connection then held the
+/// database's write lock, every other write waited out its busy timeout and failed, and what it wrote itself was
+/// never committed, so events the satellite counted as kept were lost (found with a disk full for a few seconds).
+/// A connection whose transaction did not commit is never used again.
+pub(crate) struct TxConnection(Option<sqlx::pool::PoolConnection<Any>>);
+
+impl TxConnection {
+    pub(crate) async fn acquire(pool: &sqlx::AnyPool) -> Result<Self, sqlx::Error> {
+        Ok(Self(Some(pool.acquire().await?)))
+    }
+
+    /// Begin the transaction (the connection is always there until `done` or drop).
+    pub(crate) async fn begin(&mut self) -> Result<sqlx::Transaction<'_, Any>, sqlx::Error> {
+        let conn = self.0.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+        sqlx::Connection::begin(&mut **conn).await
+    }
+
+    /// The transaction committed: the connection goes back to the pool.
+    pub(crate) fn done(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for TxConnection {
+    fn drop(&mut self) {
+        // Detached, the pool opens a new connection in its place; dropped, this one closes (and SQLite rolls back
+        // whatever it still holds).
+        if let Some(conn) = self.0.take() {
+            drop(conn.detach());
         }
     }
 }

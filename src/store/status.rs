@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
+use super::sql::TxConnection;
 use super::{Store, StoreError, STATUS_HISTORY_KEPT};
 use crate::model::{InstanceSpec, InstanceStatus, ProcessId};
 
@@ -23,7 +24,8 @@ impl Store {
         at: DateTime<Utc>,
         event: Option<&super::NewEvent<'_>>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut tx = conn.begin().await?;
         if let Some(event) = event {
             super::events::insert_event(self.engine(), &mut tx, event).await?;
         }
@@ -45,6 +47,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        conn.done();
         Ok(())
     }
 

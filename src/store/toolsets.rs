@@ -3,6 +3,7 @@
 
 use sqlx::Row;
 
+use super::sql::TxConnection;
 use super::{Store, StoreError};
 
 /// One stored toolset; `owner` is the member's user id, or `None` for a team toolset.
@@ -86,7 +87,8 @@ impl Store {
     /// transaction (a member's own toolset: their default; a team toolset: every member's default that no own
     /// toolset of the same name still answers). Returns whether it existed.
     pub async fn delete_toolset(&self, team_id: &str, owner: Option<&str>, name: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut tx = conn.begin().await?;
         let deleted = sqlx::query("DELETE FROM toolsets WHERE team_id = $1 AND owner = $2 AND name = $3")
             .bind(team_id)
             .bind(owner.unwrap_or(""))
@@ -105,6 +107,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        conn.done();
         Ok(deleted > 0)
     }
 
