@@ -364,6 +364,23 @@ async fn a_dying_server_fails_every_waiter_at_once() {
     assert!(after.to_string().contains("not running"), "{after}");
 }
 
+/// A server that closes its stdout and goes on running can never answer again: its calls fail within a few
+/// seconds, not at their timeout, and it is stopped, as a crash (the supervisor restarts it). Before, every call
+/// waited out its timeout and the instance stayed online with its process alive.
+#[tokio::test]
+async fn a_server_that_closes_its_stdout_is_stopped_and_its_calls_fail() {
+    let client = misbehaving("garbage", fast_options()).await.expect("connects");
+    let started = std::time::Instant::now();
+    let err = client
+        .request("tools/call", Some(json!({"name": "hangup", "arguments": {}})), Duration::from_secs(60))
+        .await
+        .expect_err("no answer can come");
+    assert!(started.elapsed() < Duration::from_secs(20), "failed after {:?}", started.elapsed());
+    assert!(matches!(err, UpstreamError::Exited { exit: ExitInfo::Exited { .. }, .. }), "{err}");
+    let Transport::Stdio(stdio) = client.transport() else { unreachable!() };
+    assert!(!stdio.is_alive(), "the process is stopped");
+}
+
 #[tokio::test]
 async fn garbage_on_stdout_is_skipped() {
     let client = misbehaving("garbage", fast_options()).await.expect("connects despite garbage");

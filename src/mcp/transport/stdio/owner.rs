@@ -24,6 +24,9 @@ use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT}
 
 /// Bytes gathered from the outbound queue into one write to stdin, at most (a longer message goes whole).
 const WRITE_BATCH_BYTES: usize = 32 * 1024;
+/// How long a child may run on after closing its stdout before it is stopped: one that closes it on its way out
+/// exits well within this; one that goes on running can never answer again.
+const STDOUT_CLOSED_GRACE: Duration = Duration::from_secs(2);
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
 use crate::mcp::transport::relay::{answer_outside, too_many_asks, Asker, ServerAsks, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
@@ -163,9 +166,26 @@ impl Owner {
     pub(super) async fn run(mut self) {
         let mut stdout_open = true;
         let mut stderr_open = true;
+        // When the child's stdout ended while the child still runs: it is stopped at this moment.
+        let mut stdout_closed_until: Option<tokio::time::Instant> = None;
         let exit = loop {
+            let hung_up = stdout_closed_until.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
             tokio::select! {
                 _ = self.stop.cancelled() => break self.terminate().await,
+                // No answer can come on a closed stdout: every call would wait out its timeout, and the instance
+                // would stay online for ever. Stopped, it is a crash (the supervisor restarts it) and its calls
+                // fail now.
+                _ = tokio::time::sleep_until(hung_up), if stdout_closed_until.is_some() => {
+                    warn!(process_id = %self.label, "mcp server closed its stdout but keeps running: no answer can come, so it is stopped");
+                    if let Some(pid) = self.child.id() {
+                        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                    }
+                    let _ = self.child.start_kill();
+                    break match self.child.wait().await {
+                        Ok(status) => ExitInfo::from_status(status),
+                        Err(_) => ExitInfo::Exited { code: None, signal: None },
+                    };
+                }
                 status = self.child.wait() => {
                     break match status {
                         Ok(status) => ExitInfo::from_status(status),
@@ -180,8 +200,12 @@ impl Owner {
                     Some(Err(err)) => {
                         warn!(process_id = %self.label, error = %err, "reading stdout failed");
                         stdout_open = false;
+                        stdout_closed_until = Some(tokio::time::Instant::now() + STDOUT_CLOSED_GRACE);
                     }
-                    None => stdout_open = false,
+                    None => {
+                        stdout_open = false;
+                        stdout_closed_until = Some(tokio::time::Instant::now() + STDOUT_CLOSED_GRACE);
+                    }
                 },
                 line = self.stderr.next(), if stderr_open => match line {
                     Some(Ok(Line::Text(line))) => self.on_stderr_line(line),
