@@ -162,6 +162,32 @@ async fn a_server_silent_past_the_handshake_timeout_is_started_again() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// A stdio server that answers its handshake but cannot list its tools yet (still loading, or its listing fails
+/// for a while) is asked again, with backoff, while its process runs, and comes online once it lists them. Before,
+/// it stayed in error, hidden from every client, until a restart or a config edit.
+#[tokio::test]
+async fn a_server_that_lists_its_tools_late_comes_online_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let ready = dir.path().join("ready");
+    let extra = format!(
+        "[[servers]]\nslug = \"late\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
+         args = [{script}, \"lists-late\", \"--marker\", {}]\n\
+         [[installations]]\nid = \"i-late\"\nteam = \"acme\"\nserver = \"late\"\n",
+        toml_str(&ready.to_string_lossy())
+    );
+    let sat = TestSatellite::start_with(dir, &config(&extra), |_| {}).await;
+    sat.wait_ready().await;
+    let id = "late-acme-alice-i-late";
+    wait_status(&sat, id, InstanceStatus::Error).await;
+    let pid = instance(&sat, id).pid().expect("its process runs");
+    std::fs::write(&ready, b"").unwrap();
+    wait_status(&sat, id, InstanceStatus::Online).await;
+    assert_eq!(instance(&sat, id).pid(), Some(pid), "the same process, not a restart");
+    assert_eq!(text_of(&call(&sat, id, "ok", json!({})).await.expect("call")), "ok");
+    assert!(sat.satellite.shutdown().await);
+}
+
 #[tokio::test]
 async fn idle_instances_go_dormant_keep_their_tools_and_fifty_calls_respawn_one_process() {
     // The idle job runs every 50 ms; a process younger than the 1 s grace is left alone, so the respawned one

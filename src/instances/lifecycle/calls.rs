@@ -299,13 +299,20 @@ impl Inner {
         });
     }
 
-    /// Remote instances that are offline or in error get a background probe that reconnects with backoff
-    /// until the server answers again (SB §11.2). One probe per instance at a time.
+    /// Instances that are offline or in error get a background probe with backoff (one per instance at a time): a
+    /// remote one reconnects until the server answers again (SB §11.2); a stdio one whose process runs (it
+    /// answered its handshake, not its tool listing: still loading, or its listing failed) is asked for its
+    /// tools again, quietly, until it lists them. Before, such a stdio instance stayed hidden until a restart or a
+    /// config edit: a dead process is the crash policy's, but a live one had nothing to ask it again.
     pub(in crate::instances) fn maybe_probe(self: &Arc<Self>, instance: &Arc<Instance>) {
-        let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
+        let stdio = matches!(instance.spec().upstream, Upstream::Stdio { .. });
         let probing = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
-        if !remote || !probing || instance.is_halted() || !instance.try_begin_recovery() {
+        if (stdio && instance.client().is_none()) || !probing || instance.is_halted() || !instance.try_begin_recovery()
+        {
             return;
+        }
+        if stdio {
+            return self.relist(instance.clone());
         }
         let inner = self.clone();
         let instance = instance.clone();
@@ -348,6 +355,53 @@ impl Inner {
                     let message = "Server recovered, re-discovering tools".to_owned();
                     inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
                     if inner.discover_into(&instance, &client, true).await {
+                        break;
+                    }
+                }
+                instance.end_recovery();
+            }
+            .instrument(span),
+        );
+    }
+
+    /// The stdio half of [`Inner::maybe_probe`]: the running server's tool listing asked again with the probe's
+    /// backoff, with no status change while it still fails; once it lists, the instance is published as after a
+    /// start. It ends when the instance comes back otherwise, is stopped, killed or retired, or its process goes
+    /// (a restart brings its own discovery). The caller has begun the recovery.
+    fn relist(self: &Arc<Self>, instance: Arc<Instance>) {
+        let inner = self.clone();
+        let span = tracing::info_span!("instance.relist", process_id = %instance.spec().process_id);
+        self.tasks.spawn(
+            async move {
+                let mut attempt = 0;
+                loop {
+                    tokio::select! {
+                        _ = instance.retired.cancelled() => break,
+                        _ = inner.shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(policy::probe_wait(attempt)) => {}
+                    }
+                    attempt += 1;
+                    let waiting = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
+                    let Some(client) = instance.client().filter(|_| waiting && !instance.is_halted()) else { break };
+                    let timeout = inner.request_timeout(instance.spec());
+                    let deadline = Instant::now() + inner.deps.settings.discovery_timeout;
+                    if crate::discovery::discover_until(&client, timeout, deadline).await.is_err() {
+                        continue;
+                    }
+                    let _lifecycle = instance.lifecycle.lock().await;
+                    let waiting = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
+                    if instance.retired.is_cancelled()
+                        || instance.is_halted()
+                        || !waiting
+                        || !instance.is_connection(&client)
+                    {
+                        break;
+                    }
+                    info!(attempt, "the server lists its tools now, publishing them");
+                    let message = "Server lists its tools now, re-discovering tools".to_owned();
+                    inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
+                    if inner.discover_into(&instance, &client, true).await {
+                        inner.restore_client_state(&instance, &client);
                         break;
                     }
                 }

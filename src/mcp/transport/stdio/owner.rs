@@ -169,7 +169,8 @@ impl Owner {
         // When the child's stdout ended while the child still runs: it is stopped at this moment.
         let mut stdout_closed_until: Option<tokio::time::Instant> = None;
         let exit = loop {
-            let hung_up = stdout_closed_until.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
+            let hung_up =
+                stdout_closed_until.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
             tokio::select! {
                 _ = self.stop.cancelled() => break self.terminate().await,
                 // No answer can come on a closed stdout: every call would wait out its timeout, and the instance
