@@ -250,6 +250,14 @@ async fn a_verification_heartbeat_failing_for_a_moment_keeps_the_stored_credenti
     let failed = TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, unlucky, fast).await;
     assert!(failed.is_err(), "the used token cannot register again");
     assert_eq!(satellite_id(&kept), sid, "the stored credentials are kept");
+    // The failed start's database connections close behind it (its pool was dropped, not closed): copied before
+    // the last has checkpointed its WAL, the copy could lose the WAL file midway, or take a torn database.
+    let wal = kept.join("data/satellite.db-wal");
+    wait_until(DEADLINE, "the failed start's database closed", || {
+        let open = wal.exists();
+        async move { (!open).then_some(()) }
+    })
+    .await;
 
     let sat = TestSatellite::managed(&backend.url(), FakeBackend::REGISTRATION_TOKEN, tempdir_at(&kept), fast)
         .await
