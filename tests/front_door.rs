@@ -2440,6 +2440,40 @@ async fn a_null_id_is_an_invalid_request_and_a_bad_initialize_makes_no_session()
     assert!(sat.satellite.shutdown().await);
 }
 
+/// GET and DELETE refuse an `MCP-Protocol-Version` the endpoint does not speak with 400, as POST does (before,
+/// GET opened a stream and DELETE ended the session); and `/mcp` promises a 2026-07-28 client no list changes, as
+/// it serves no `subscriptions/listen`, the only way such a client hears them (before, it promised them and
+/// refused the listen).
+#[tokio::test]
+async fn get_and_delete_check_the_version_and_mcp_promises_2026_clients_no_list_changes() {
+    let sat = with_paged().await;
+    let mcp = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let session = mcp.session.clone().expect("a session");
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let answer = mcp
+            .http
+            .request(method.clone(), &mcp.url)
+            .bearer_auth(ALICE)
+            .header("mcp-session-id", &session)
+            .header("accept", "text/event-stream")
+            .header("mcp-protocol-version", "1999-01-01")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::BAD_REQUEST, "{method}");
+    }
+    let (_, answer) = mcp.call("ping", json!({})).await;
+    assert!(answer.get("result").is_some(), "the refused DELETE left the session: {answer}");
+
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}});
+    let discover = json!({"jsonrpc":"2.0","id":1,"method":"server/discover","params":{"_meta": meta}});
+    let (_, _, body) = Caller::new(&sat, "/mcp", Some(ALICE)).post_modern(&discover).await;
+    let capabilities = &body["result"]["capabilities"];
+    assert!(capabilities.get("tools").is_some(), "{body}");
+    assert!(!capabilities.to_string().contains("listChanged"), "{capabilities}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A log level that is not one of the eight is refused with -32602 wherever the satellite answers for it, and
 /// nothing is kept: a `logging/setLevel` on `/mcp` (it goes to every server of the caller's that declares logging)
 /// and a 2026-07-28 request's `_meta` level. Before, `/mcp` told the client `{}` whatever its servers said, and

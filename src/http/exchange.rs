@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinHandle};
@@ -293,6 +294,19 @@ pub fn is_parked_state(state: Option<&Value>) -> bool {
     state.and_then(Value::as_str).is_some_and(|s| s.starts_with(STATE_PREFIX))
 }
 
+/// The key of a client's running call: its scope and its id, with the id's kind, since a string id and a number
+/// id are different ids even when they read alike (`"7"` and `7`). Keyed by the text alone, a cancel for `7`
+/// stopped the call `"7"`.
+fn call_key(scope: &str, id: &RequestId) -> String {
+    let kind = match id {
+        RequestId::String(_) => 's',
+        RequestId::Number(_) | RequestId::Wide(_) => 'n',
+    };
+    let mut key = key(scope, id);
+    key.insert(scope.len() + 1, kind);
+    key
+}
+
 fn key(scope: &str, id: &impl std::fmt::Display) -> String {
     use std::fmt::Write;
     let mut key = String::with_capacity(scope.len() + 16);
@@ -399,7 +413,7 @@ impl Exchange {
 
     /// Remember a running call so the client can cancel it; forgotten when it ends. Returns its key in the table.
     pub fn track(&self, scope: &str, id: &RequestId, call: AbortHandle) -> String {
-        let key = key(scope, id);
+        let key = call_key(scope, id);
         let mut calls = self.calls.lock();
         if calls.running.len() >= calls.sweep_at {
             calls.running.retain(|_, running| !running.is_finished());
@@ -421,11 +435,8 @@ impl Exchange {
     /// `notifications/cancelled` from the client: stop the named call (which cancels it upstream in turn).
     pub fn cancel(&self, scope: &str, params: Option<&Value>) {
         let Some(id) = params.and_then(|p| p.get("requestId")) else { return };
-        let id = match id {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        if let Some(call) = self.calls.lock().running.remove(&key(scope, &id)) {
+        let Ok(id) = RequestId::deserialize(id) else { return };
+        if let Some(call) = self.calls.lock().running.remove(&call_key(scope, &id)) {
             call.abort();
         }
     }

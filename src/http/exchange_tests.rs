@@ -466,3 +466,22 @@ fn a_long_lived_requests_end_token_is_cancelled_with_its_last_copy() {
     drop(copy);
     assert!(ends.is_cancelled());
 }
+
+/// A cancel names its call by the id as the client wrote it: `7` and `"7"` are different ids. Before, both were
+/// keyed by their text, so a cancel for the number stopped the call whose id was the string.
+#[tokio::test]
+async fn a_cancel_stops_only_the_call_whose_id_is_of_its_kind() {
+    let exchange = Exchange::default();
+    let text_id = tokio::spawn(std::future::pending::<()>());
+    let number_id = tokio::spawn(std::future::pending::<()>());
+    exchange.track("s", &RequestId::String("7".into()), text_id.abort_handle());
+    exchange.track("s", &RequestId::Number(8), number_id.abort_handle());
+    exchange.cancel("s", Some(&json!({"requestId": 7})));
+    exchange.cancel("s", Some(&json!({"requestId": "8"})));
+    tokio::task::yield_now().await;
+    assert!(!text_id.is_finished() && !number_id.is_finished(), "neither id was the one named");
+    exchange.cancel("s", Some(&json!({"requestId": "7"})));
+    exchange.cancel("s", Some(&json!({"requestId": 8})));
+    assert!(text_id.await.unwrap_err().is_cancelled());
+    assert!(number_id.await.unwrap_err().is_cancelled());
+}

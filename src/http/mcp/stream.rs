@@ -9,6 +9,7 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     if header(headers, names::MCP_PROTOCOL_VERSION) == Some(MODERN_VERSION) {
         return Err(McpError::NoServerStream);
     }
+    check_version(headers)?;
     let id = header(headers, names::MCP_SESSION_ID).ok_or(McpError::InvalidSession)?;
     if !session::well_formed(id) {
         return Err(McpError::MalformedSession);
@@ -200,7 +201,19 @@ pub(super) fn for_session(note: &Value, sessions: &SessionTable, session_id: &st
     }
 }
 
+/// An `MCP-Protocol-Version` the endpoint does not speak is refused with 400 on every request, as on a POST
+/// (2025-11-25 transports: "MUST respond with 400 Bad Request"); GET and DELETE went ahead.
+fn check_version(headers: &HeaderMap) -> Result<(), McpError> {
+    match header(headers, names::MCP_PROTOCOL_VERSION) {
+        Some(version) if version != MODERN_VERSION && !HANDSHAKE_VERSIONS.contains(&version) => {
+            Err(McpError::UnsupportedVersion(version.to_owned()))
+        }
+        _ => Ok(()),
+    }
+}
+
 pub(super) fn delete(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
+    check_version(headers)?;
     match header(headers, names::MCP_SESSION_ID) {
         None => Err(McpError::InvalidSession),
         Some(id) if !session::well_formed(id) => Err(McpError::MalformedSession),
