@@ -465,6 +465,16 @@ async fn clients_authenticate_by_introspection_with_one_call_for_concurrent_firs
     let (activity, _, calls) = client_activity(&backend, "user_id", "alice", 51).await;
     assert!(activity.iter().all(|d| d["team_id"] == "acme" && d["auth_type"] == "oauth"));
     assert_eq!(calls, 1, "one discover call");
+
+    // An introspection answer with an empty client id is a client unknown, not a client named "": the activity
+    // event requires a name (BP §8.5-14), and the fake refuses one without. Before, its reports were refused.
+    let mut nameless = TokenInfo::new("carol", "acme");
+    nameless.client_id = String::new();
+    backend.add_token("carol-token", nameless);
+    let mut carol = Caller::for_url(format!("{}/mcp", sat.base_url()), Some("carol-token"));
+    carol.initialize().await;
+    let (activity, _, _) = client_activity(&backend, "user_id", "carol", 1).await;
+    assert!(activity.iter().all(|d| d["oauth_client_id"] == "unknown"), "{activity:?}");
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }

@@ -509,7 +509,9 @@ fn introspector(client: Arc<BackendClient>) -> Introspect {
                     (Some(user), Some(team)) => {
                         // Every introspected caller is an OAuth client and is tracked (SB §17); a backend that
                         // names no client gets "unknown" (docs/decisions.md).
-                        let client_id = Some(answer.client_id.unwrap_or_else(|| "unknown".to_owned()));
+                        // An empty client id names no client (BP §8.5-14 requires one): as if none were given.
+                        let client_id = answer.client_id.filter(|id| !id.trim().is_empty());
+                        let client_id = Some(client_id.unwrap_or_else(|| "unknown".to_owned()));
                         Verdict::Active(Introspected {
                             principal: Principal {
                                 user: UserId::from(user.as_str()),

@@ -25,7 +25,10 @@ pub fn iso(at: DateTime<Utc>) -> String {
 }
 
 /// A field that is dropped (read as `None`) rather than failing the whole body when its value has the wrong
-/// shape: for hints and informational fields the satellite can do without (BP §0 "Tolerant reader"). Use as
+/// shape: for hints and informational fields the satellite can do without (BP §0 "Tolerant reader"). A value
+/// written another way that means the same is read as meant: a whole number with a fraction (`5.0`, an integer to
+/// JSON Schema), and a boolean or a whole number in a string (`"false"`, `"5"`). Before, `5.0` dropped a poll hint,
+/// and a `request_logging_enabled: "false"` was dropped and so read as the default, on. Use as
 /// `#[serde(default, deserialize_with = "crate::model::lenient")]`.
 pub fn lenient<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
@@ -33,8 +36,29 @@ where
     T: serde::de::DeserializeOwned,
 {
     use serde::Deserialize;
-    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
-    Ok(value.and_then(|v| serde_json::from_value(v).ok()))
+    let Some(value) = Option::<serde_json::Value>::deserialize(deserializer)? else { return Ok(None) };
+    Ok(T::deserialize(&value).ok().or_else(|| loosened(&value).and_then(|v| T::deserialize(&v).ok())))
+}
+
+/// [`lenient`]'s second reading of a value a strict reader refused: the same number or boolean in its plain form.
+fn loosened(value: &serde_json::Value) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    /// Whole numbers a double holds exactly.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match value {
+        Value::Number(n) if n.as_i64().is_none() && n.as_u64().is_none() => {
+            let f = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() <= EXACT)?;
+            Some(if f < 0.0 { Value::from(f as i64) } else { Value::from(f as u64) })
+        }
+        Value::String(text) => {
+            let text = text.trim();
+            if text.eq_ignore_ascii_case("true") || text.eq_ignore_ascii_case("false") {
+                return Some(Value::Bool(text.eq_ignore_ascii_case("true")));
+            }
+            text.parse::<u64>().map(Value::from).or_else(|_| text.parse::<i64>().map(Value::from)).ok()
+        }
+        _ => None,
+    }
 }
 
 macro_rules! string_id {
