@@ -421,18 +421,22 @@ fn print_demo_banner(addr: SocketAddr, demo: &config::EmbeddedDefault) {
     );
 }
 
+/// SIGTERM, SIGINT or SIGHUP: each stops the satellite gracefully. SIGHUP is what a closed terminal sends, and what
+/// an operator may send out of habit to reload; the configuration file needs no signal (it is watched), so it
+/// stops gracefully too. Unhandled, it killed the satellite on the spot: no drain, calls cut, nothing logged.
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot listen for SIGTERM; stopping on ctrl-c only");
+    let (mut term, mut hangup) = match (signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
+        (Ok(term), Ok(hangup)) => (term, hangup),
+        (Err(err), _) | (_, Err(err)) => {
+            tracing::error!(error = %err, "cannot listen for SIGTERM and SIGHUP; stopping on ctrl-c only");
             let _ = tokio::signal::ctrl_c().await;
             return;
         }
     };
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = hangup.recv() => tracing::info!("SIGHUP received"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }

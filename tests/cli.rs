@@ -616,6 +616,31 @@ async fn stop(mut child: tokio::process::Child) {
     assert_eq!(status.code(), Some(0));
 }
 
+/// SIGHUP (a closed terminal, or an operator's habit to ask for a reload) stops the satellite as SIGTERM does:
+/// drained, exit 0, its servers gone. Before, the signal's default action killed it on the spot, mid-call, with
+/// nothing logged.
+#[tokio::test]
+async fn sighup_stops_the_satellite_gracefully() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, log, base) = serve_demo_logging_json(dir.path(), ("LOG_LEVEL", "info")).await;
+    let debug: Value = wait_until(Duration::from_secs(60), "the demo instance online", || {
+        let url = format!("{base}/api/status/debug");
+        async move {
+            let debug: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+            (debug["server_status"]["stats"]["online"] == 1).then_some(debug)
+        }
+    })
+    .await;
+    let server = debug["servers_by_team"]["demo-team"]["running"][0]["pid"].as_u64().expect("pid") as u32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGHUP)
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(!process_exists(server), "the demo server child is gone");
+    let lines = log.await.unwrap();
+    assert!(lines.iter().any(|l| l.contains("SIGHUP received")), "{lines:?}");
+}
+
 /// A config with one user whose token hash is `sha256` and the bundled demo server installed for them.
 fn demo_config(sha256: &str, port: u16) -> String {
     let exe = toml_str(&satellite_exe().to_string_lossy());
