@@ -188,6 +188,39 @@ async fn a_server_that_lists_its_tools_late_comes_online_without_a_restart() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// Calls that come together to a dormant instance whose respawn hangs share one attempt and its failure: one
+/// process started, every caller answered once its handshake timed out. Before, the callers queued behind the
+/// failed attempt each tried again in turn, one handshake timeout after another, a process each.
+#[tokio::test]
+async fn callers_of_a_dormant_server_whose_respawn_hangs_share_one_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let starts = dir.path().join("starts");
+    let extra = format!(
+        "[[teams]]\nid = \"solo\"\n[[users]]\nid = \"carol\"\nteams = [\"solo\"]\n\
+         [[servers]]\nslug = \"later\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
+         args = [{script}, \"silent-later\", \"--marker\", {}]\n\
+         [[installations]]\nid = \"i-later\"\nteam = \"solo\"\nserver = \"later\"\n",
+        toml_str(&starts.to_string_lossy())
+    );
+    // In a team of one: one instance, so every start counted is its own.
+    let config = config(&extra).replace("handshake_timeout_seconds = 5", "handshake_timeout_seconds = 2");
+    let sat = TestSatellite::start_with(dir, &config, fast_idle).await;
+    sat.wait_ready().await;
+    let id = "later-solo-carol-i-later";
+    wait_status(&sat, id, InstanceStatus::Online).await;
+    wait_until(DEADLINE, "asleep", || {
+        let asleep = instance(&sat, id).is_dormant();
+        async move { asleep.then_some(()) }
+    })
+    .await;
+    let outcomes = futures::future::join_all((0..4).map(|_| call(&sat, id, "ok", json!({})))).await;
+    assert!(outcomes.iter().all(Result::is_err), "{outcomes:?}");
+    let started = std::fs::read_to_string(&starts).unwrap().lines().count();
+    assert_eq!(started, 2, "the first start and one respawn for all four callers");
+    assert!(sat.satellite.shutdown().await);
+}
+
 #[tokio::test]
 async fn idle_instances_go_dormant_keep_their_tools_and_fifty_calls_respawn_one_process() {
     // The idle job runs every 50 ms; a process younger than the 1 s grace is left alone, so the respawned one

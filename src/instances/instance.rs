@@ -75,6 +75,9 @@ pub struct Instance {
     pub(super) max_calls: usize,
     /// Set while a recovery (probe or re-discovery) runs, so there is one at a time.
     pub(super) recovering: AtomicBool,
+    /// Respawns of this dormant instance tried so far, and how the last one failed (`None`: it did not). Callers
+    /// that waited behind an attempt share its failure instead of each trying again in turn (`Inner::respawn`).
+    pub(super) respawns: parking_lot::Mutex<(u64, Option<crate::mcp::transport::UpstreamError>)>,
     /// Long-lived requests open on it (`subscriptions/listen`): they take no call slot, yet keep it awake.
     listening: AtomicUsize,
     /// Stopped by a `kill` command: nothing brings it back on its own (BP §6.3) until it is started again.
@@ -193,6 +196,7 @@ impl Instance {
             calls: Semaphore::new(max_calls),
             max_calls,
             recovering: AtomicBool::new(false),
+            respawns: parking_lot::Mutex::new((0, None)),
             listening: AtomicUsize::new(0),
             halted: AtomicBool::new(false),
             generation: AtomicU64::new(0),

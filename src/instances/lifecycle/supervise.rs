@@ -555,6 +555,10 @@ impl Inner {
         // Before the lifecycle lock: the calls queued behind it wait for the same slot at once, not one after
         // another, and a stop, kill or restart is not held up by the wait.
         self.wait_for_process_slot(instance).await;
+        // Single flight: an attempt that began while this caller waited for the lock answers for it too. Before, the
+        // callers queued behind a respawn that failed (a server hanging at its handshake) each tried again in
+        // turn, one handshake timeout after another, spawning a process each.
+        let tried_before = instance.respawns.lock().0;
         let _lifecycle = instance.lifecycle.lock().await;
         if let Some(client) = instance.client() {
             return Ok(client);
@@ -562,9 +566,18 @@ impl Inner {
         if !instance.is_dormant() || instance.retired.is_cancelled() || self.shutdown.is_cancelled() {
             return Err(InstanceError::NotConnected(instance.spec().process_id.0.clone()));
         }
+        if let (tried, Some(failed)) = &*instance.respawns.lock() {
+            if *tried != tried_before {
+                return Err(InstanceError::Respawn { slug: slug(), source: failed.clone() });
+            }
+        }
         let began = Instant::now();
-        let (client, slot) =
-            self.connect(instance.spec()).await.map_err(|source| InstanceError::Respawn { slug: slug(), source })?;
+        let connected = self.connect(instance.spec()).await;
+        {
+            let mut respawns = instance.respawns.lock();
+            *respawns = (respawns.0 + 1, connected.as_ref().err().cloned());
+        }
+        let (client, slot) = connected.map_err(|source| InstanceError::Respawn { slug: slug(), source })?;
         let client = Arc::new(client);
         instance.set_connection(client.clone(), slot);
         instance.touch();
