@@ -2474,6 +2474,46 @@ async fn get_and_delete_check_the_version_and_mcp_promises_2026_clients_no_list_
     assert!(sat.satellite.shutdown().await);
 }
 
+/// One member's long-lived streams (session GET streams, legacy SSE streams, listens) are capped, one cap for all
+/// kinds: past it a new one is refused with 429 and a reason, while another member still opens theirs, and a
+/// stream that closes gives its place back. Before, streams had no per-member limit: one member could hold every
+/// connection the satellite accepts, and nobody else got an answer.
+#[tokio::test]
+async fn a_members_open_streams_are_capped_and_others_still_get_theirs() {
+    let sat = with_paged_and(|config| config.max_streams_per_caller = 2).await;
+    let (first, second) =
+        (Caller::connect(&sat, "/mcp", Some(ALICE)).await, Caller::connect(&sat, "/mcp", Some(ALICE)).await);
+    let kept = get_stream_as(&sat, "/mcp", first.session.as_deref().unwrap(), Some(ALICE)).await;
+    let dropped = get_stream_as(&sat, "/mcp", second.session.as_deref().unwrap(), Some(ALICE)).await;
+    let third = Caller::connect(&sat, "/mcp", Some(ALICE)).await;
+    let open = |token: &'static str, session: Option<String>| {
+        let url = format!("{}/mcp", sat.base_url());
+        let sse = format!("{}/sse", sat.base_url());
+        async move {
+            let client = reqwest::Client::new();
+            let request = match session {
+                Some(session) => client.get(url).header("mcp-session-id", session),
+                None => client.get(sse),
+            };
+            request.bearer_auth(token).header("accept", "text/event-stream").send().await.unwrap()
+        }
+    };
+    let refused = open(ALICE, third.session.clone()).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.text().await.unwrap().contains("2 streams"), "the reason names the limit");
+    assert_eq!(open(ALICE, None).await.status(), StatusCode::TOO_MANY_REQUESTS, "legacy SSE counts too");
+    let bob = open(BOB, None).await;
+    assert_eq!(bob.status(), StatusCode::OK, "another member still opens theirs");
+    drop(dropped);
+    let reopened = wait_until(DEADLINE, "a place given back by the closed stream", || {
+        let open = open(ALICE, third.session.clone());
+        async move { Some(open.await).filter(|r| r.status() == StatusCode::OK) }
+    })
+    .await;
+    drop((kept, reopened, bob));
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A log level that is not one of the eight is refused with -32602 wherever the satellite answers for it, and
 /// nothing is kept: a `logging/setLevel` on `/mcp` (it goes to every server of the caller's that declares logging)
 /// and a 2026-07-28 request's `_meta` level. Before, `/mcp` told the client `{}` whatever its servers said, and

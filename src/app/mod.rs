@@ -296,6 +296,7 @@ impl Satellite {
             auth: auth.clone(),
             urls: ResourceUrls { public_url: config.public_url.clone() },
             callers: crate::http::callers::CallerLimits::new(config.max_concurrent_requests_per_caller),
+            streams: crate::http::callers::CallerLimits::new(config.max_streams_per_caller),
             sessions: sessions.clone(),
             instance_sessions: instance_sessions.clone(),
             sse_sessions: sse_sessions.clone(),

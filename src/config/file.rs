@@ -183,6 +183,9 @@ pub struct RawSatellite {
     /// Of those, how many one caller (a user of a team) may hold at once; default an eighth of them.
     pub max_concurrent_requests_per_caller: Option<usize>,
     pub max_connections: Option<usize>,
+    /// Long-lived streams (session GET streams, legacy SSE streams, `subscriptions/listen`) one caller may hold
+    /// open at once; default an eighth of `max_connections`.
+    pub max_streams_per_caller: Option<usize>,
     pub http_timeout_seconds: Option<u64>,
     /// How long a stop waits for requests in flight (calls to slow tools) before stopping the servers.
     pub drain_seconds: Option<u64>,

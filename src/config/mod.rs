@@ -194,6 +194,9 @@ pub struct Config {
     pub max_concurrent_requests_per_caller: usize,
     /// Open client connections at most; past it the satellite stops accepting until one closes.
     pub max_connections: usize,
+    /// Long-lived streams one authenticated caller may hold open at once; more are refused with 429
+    /// (`http::callers`). Each holds a connection, so one caller must not hold them all.
+    pub max_streams_per_caller: usize,
     /// Deadline of one HTTP request until its response starts.
     pub http_timeout: Duration,
     /// How long shutdown waits for requests in flight before the servers are stopped (default 10 s).
@@ -430,6 +433,9 @@ impl Config {
         .unwrap_or((max_concurrent_requests / 8).max(1));
         let max_connections = count("satellite.max_connections", env::MAX_CONNECTIONS, s.max_connections)?
             .unwrap_or_else(default_max_connections);
+        let max_streams_per_caller =
+            count("satellite.max_streams_per_caller", env::MAX_STREAMS_PER_CALLER, s.max_streams_per_caller)?
+                .unwrap_or((max_connections / 8).max(1));
         let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
         let drain = seconds("satellite.drain_seconds", env::DRAIN, s.drain_seconds, 10)?;
         let retention_days = seconds(
@@ -532,6 +538,7 @@ impl Config {
             max_concurrent_requests,
             max_concurrent_requests_per_caller,
             max_connections,
+            max_streams_per_caller,
             http_timeout,
             public_url,
             allowed_hosts,
@@ -599,6 +606,7 @@ impl Config {
             "max_concurrent_requests": self.max_concurrent_requests,
             "max_concurrent_requests_per_caller": self.max_concurrent_requests_per_caller,
             "max_connections": self.max_connections,
+            "max_streams_per_caller": self.max_streams_per_caller,
             "http_timeout_seconds": self.http_timeout.as_secs(),
             "drain_seconds": self.drain.as_secs(),
             "analytics_retention_days": self.analytics_retention.as_secs() / 86_400,

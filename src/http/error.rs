@@ -71,6 +71,10 @@ pub enum McpError {
     CallerBusy {
         limit: usize,
     },
+    /// The caller holds all of its own long-lived streams (`max_streams_per_caller`).
+    CallerStreams {
+        limit: usize,
+    },
     // What the tower stack refuses.
     Overloaded,
     GatewayTimeout,
@@ -139,7 +143,7 @@ impl McpError {
             McpError::Rpc(err) => rpc_status(err.code),
             McpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             McpError::LengthRequired => StatusCode::LENGTH_REQUIRED,
-            McpError::CallerBusy { .. } => StatusCode::TOO_MANY_REQUESTS,
+            McpError::CallerBusy { .. } | McpError::CallerStreams { .. } => StatusCode::TOO_MANY_REQUESTS,
             McpError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             McpError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             McpError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -213,6 +217,12 @@ impl McpError {
                 codes::TRANSPORT_ERROR,
                 format!(
                     "Too Many Requests: {limit} requests of this caller are in flight already; retry when one ends"
+                ),
+            ),
+            McpError::CallerStreams { limit } => (
+                codes::TRANSPORT_ERROR,
+                format!(
+                    "Too Many Requests: {limit} streams of this caller are open already; close one to open another"
                 ),
             ),
             McpError::Overloaded => {
@@ -290,6 +300,7 @@ mod tests {
             McpError::Forbidden("Invalid Host: evil".into()),
             McpError::BadRequest("x".into()),
             McpError::CallerBusy { limit: 1 },
+            McpError::CallerStreams { limit: 1 },
             McpError::Overloaded,
             McpError::GatewayTimeout,
             McpError::Internal,

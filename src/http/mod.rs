@@ -65,6 +65,9 @@ pub struct McpDeps {
     pub toolsets: crate::toolsets::Toolsets,
     /// Requests in flight per caller (`max_concurrent_requests_per_caller`).
     pub callers: callers::CallerLimits,
+    /// Long-lived streams open per caller (`max_streams_per_caller`): session GET streams, legacy SSE streams and
+    /// `subscriptions/listen`, each holding its place for as long as it is open.
+    pub streams: callers::CallerLimits,
 }
 
 /// What the status routes read.

@@ -218,6 +218,9 @@ async fn open(
         .map_err(McpError::Auth)?;
     // A toolset that cannot be used refuses the stream, with the reason, rather than opening an empty one.
     super::mcp::select_toolset(deps, &principal, toolset.as_deref()).map_err(McpError::Rpc)?;
+    // Held for as long as the stream is open: each holds a connection, and one caller's must not take them all.
+    let caller = super::callers::member_key(principal.user.as_str(), principal.team.as_str());
+    let place = deps.streams.take(caller.into()).ok_or(McpError::CallerStreams { limit: deps.streams.max() })?;
     let mut raw = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut raw);
     let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
@@ -279,7 +282,7 @@ async fn open(
     let events = futures::stream::once(async move { endpoint })
         .chain(ReceiverStream::new(rx))
         .map(move |event| {
-            let _keep = &guard;
+            let _keep = (&guard, &place);
             Ok::<_, Infallible>(event)
         })
         .take_until(revoked);

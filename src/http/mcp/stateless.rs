@@ -127,12 +127,22 @@ pub(super) async fn stateless_relayed(
         .and_then(Value::as_str)
         .map(str::to_owned);
     // A listen lasts: it ends once the credential that opened it no longer admits the caller.
+    // A listen holds one of its caller's stream places for as long as it is open, as every long-lived stream does.
+    let place = match long_lived {
+        true => match deps.streams.take(endpoint.target.caller()) {
+            Some(place) => Some(place),
+            None => return Ok(Err(McpError::CallerStreams { limit: deps.streams.max() })),
+        },
+        false => None,
+    };
     let long_lived = long_lived.then(|| {
         let long_lived = LongLived::new();
         let watch = revoked(Arc::new(deps.clone()), endpoint.credential(headers), "subscriptions/listen");
-        // Ends with the request, however it ends (`LongLived` cancels `ends` when its last copy goes).
+        // Ends with the request, however it ends (`LongLived` cancels `ends` when its last copy goes); the place
+        // goes with it.
         let ends = long_lived.ends();
         tokio::spawn(async move {
+            let _place = place;
             tokio::select! {
                 _ = watch => ends.cancel(),
                 _ = ends.cancelled() => {}

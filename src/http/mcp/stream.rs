@@ -17,6 +17,9 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     if !accepts_all(headers, ["text/event-stream"]) {
         return Err(McpError::NotAcceptable { stream_only: true });
     }
+    // Held for as long as the stream is open: each holds a connection, and one caller's must not take them all.
+    let place =
+        deps.streams.take(endpoint.target.caller()).ok_or(McpError::CallerStreams { limit: deps.streams.max() })?;
     let token = endpoint.sessions.open_stream(id, &endpoint.owner).map_err(|err| match err {
         StreamError::NoSession => McpError::SessionNotFound,
         StreamError::AlreadyOpen => McpError::StreamConflict,
@@ -100,7 +103,7 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     let revoked = revoked(deps.clone(), endpoint.credential(headers), "session");
     let events = notes
         .map(move |note| {
-            let _gone = (&gone, &seat, &hears);
+            let _gone = (&gone, &seat, &hears, &place);
             Ok::<_, Infallible>(warp::sse::Event::default().event("message").data(note.to_string()))
         })
         .chain(futures::stream::pending())
