@@ -169,14 +169,19 @@ impl Owner {
         // When the child's stdout ended while the child still runs: it is stopped at this moment.
         let mut stdout_closed_until: Option<tokio::time::Instant> = None;
         let exit = loop {
-            let hung_up =
-                stdout_closed_until.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400));
+            // No timer at all until stdout has closed (this loop turns once per line the server writes).
+            let hung_up = async {
+                match stdout_closed_until {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.stop.cancelled() => break self.terminate().await,
                 // No answer can come on a closed stdout: every call would wait out its timeout, and the instance
                 // would stay online for ever. Stopped, it is a crash (the supervisor restarts it) and its calls
                 // fail now.
-                _ = tokio::time::sleep_until(hung_up), if stdout_closed_until.is_some() => {
+                _ = hung_up => {
                     warn!(process_id = %self.label, "mcp server closed its stdout but keeps running: no answer can come, so it is stopped");
                     if let Some(pid) = self.child.id() {
                         let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
