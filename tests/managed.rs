@@ -983,6 +983,8 @@ async fn refused_tokens_are_reported_once_per_source_without_the_token() {
             let refused = client
                 .post(format!("{}/mcp", sat.base_url()))
                 .bearer_auth(STOLEN)
+                // What a guesser may write to hide behind: kept apart, never taken for the source.
+                .header("x-forwarded-for", "203.0.113.99")
                 .header("accept", "application/json, text/event-stream")
                 .json(&ping)
                 .send()
@@ -1002,6 +1004,7 @@ async fn refused_tokens_are_reported_once_per_source_without_the_token() {
         .collect();
     let sources: Vec<&str> = failures.iter().filter_map(|f| f["ip_address"].as_str()).collect();
     assert_eq!(sources, ["127.0.0.1", "127.0.0.2"], "one event per source: {failures:?}");
+    assert!(failures.iter().all(|f| f["forwarded_for"] == "203.0.113.99"), "{failures:?}");
     let prefix = &satellite::config::sha256_hex(STOLEN)[..8];
     for failure in &failures {
         assert_eq!(failure["token_sha256_prefix"], prefix);

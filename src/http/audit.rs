@@ -49,13 +49,16 @@ impl AuthAudit {
         let source = refusal.peer.map(|p| p.ip().to_string()).unwrap_or_else(|| "unknown".into());
         let Some(suppressed) = self.throttle.allow(&source, Instant::now()) else { return };
         let header = |name: &str| refusal.headers.get(name).and_then(|v| v.to_str().ok());
+        // The connection's own address, which the caller cannot choose; a forwarding header's is kept beside it.
+        // Before, the header's address stood in for it: anyone guessing tokens could record any address they liked.
         let forwarded = crate::activity::ip_address(header("x-forwarded-for"), header("x-real-ip"));
-        let ip_address = if forwarded == "unknown" { source } else { forwarded };
+        let forwarded_for = (forwarded != "unknown" && forwarded != source).then_some(forwarded);
         let failure = AuthFailure {
             reason: refusal.reason,
             team_id: refusal.team_id,
             client_id: refusal.client_id,
-            ip_address,
+            ip_address: source,
+            forwarded_for,
             endpoint: refusal.endpoint,
             token_sha256_prefix: refusal
                 .token
@@ -63,7 +66,7 @@ impl AuthAudit {
                 .map(|t| crate::config::sha256_hex(t)[..8].to_owned()),
             suppressed_count: suppressed,
         };
-        tracing::warn!(endpoint = failure.endpoint, ip = %failure.ip_address, reason = %failure.reason,
+        tracing::warn!(endpoint = failure.endpoint, ip = %failure.ip_address, forwarded_for = failure.forwarded_for.as_deref(), reason = %failure.reason,
                        suppressed = failure.suppressed_count, "request refused: authentication failed");
         self.events.emit(Event::auth_failed(&failure)).await;
     }

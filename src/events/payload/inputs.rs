@@ -84,7 +84,12 @@ pub struct AuthFailure {
     pub team_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
+    /// Where the connection came from (a proxy's address, behind one).
     pub ip_address: String,
+    /// The address the request's `X-Forwarded-For` or `X-Real-IP` names, when it names one: what a proxy says of
+    /// its client, or what any client chose to write there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forwarded_for: Option<String>,
     /// `mcp`, `instance` or `sse`.
     pub endpoint: &'static str,
     /// The first 8 hex digits of the SHA-256 of the presented token, when one was presented.
