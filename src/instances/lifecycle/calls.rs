@@ -320,13 +320,7 @@ impl Inner {
         self.tasks.spawn(
             async move {
                 let mut attempt = 0;
-                loop {
-                    tokio::select! {
-                        _ = instance.retired.cancelled() => break,
-                        _ = inner.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(policy::probe_wait(attempt)) => {}
-                    }
-                    attempt += 1;
+                while inner.probe_pause(&instance, &mut attempt).await {
                     // A `kill` meanwhile stops the probe: nothing restarts a killed instance (BP §6.3).
                     if !matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error)
                         || instance.is_halted()
@@ -364,6 +358,18 @@ impl Inner {
         );
     }
 
+    /// A probe's pause before its next attempt (`policy::probe_wait` of the attempts so far, counted here): false
+    /// once the instance is retired or the satellite stops meanwhile.
+    async fn probe_pause(&self, instance: &Instance, attempt: &mut u32) -> bool {
+        tokio::select! {
+            _ = instance.retired.cancelled() => return false,
+            _ = self.shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(policy::probe_wait(*attempt)) => {}
+        }
+        *attempt += 1;
+        true
+    }
+
     /// The stdio half of [`Inner::maybe_probe`]: the running server's tool listing asked again with the probe's
     /// backoff, with no status change while it still fails; once it lists, the instance is published as after a
     /// start. It ends when the instance comes back otherwise, is stopped, killed or retired, or its process goes
@@ -374,13 +380,7 @@ impl Inner {
         self.tasks.spawn(
             async move {
                 let mut attempt = 0;
-                loop {
-                    tokio::select! {
-                        _ = instance.retired.cancelled() => break,
-                        _ = inner.shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(policy::probe_wait(attempt)) => {}
-                    }
-                    attempt += 1;
+                while inner.probe_pause(&instance, &mut attempt).await {
                     let waiting = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
                     let Some(client) = instance.client().filter(|_| waiting && !instance.is_halted()) else { break };
                     let timeout = inner.request_timeout(instance.spec());
