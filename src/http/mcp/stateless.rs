@@ -126,7 +126,6 @@ pub(super) async fn stateless_relayed(
         .and_then(|m| m.get(protocol::meta_keys::LOG_LEVEL))
         .and_then(Value::as_str)
         .map(str::to_owned);
-    // A listen lasts: it ends once the credential that opened it no longer admits the caller.
     // A listen holds one of its caller's stream places for as long as it is open, as every long-lived stream does.
     let place = match long_lived {
         true => match deps.streams.take(endpoint.target.caller()) {
@@ -135,6 +134,7 @@ pub(super) async fn stateless_relayed(
         },
         false => None,
     };
+    // A listen lasts: it ends once the credential that opened it no longer admits the caller.
     let long_lived = long_lived.then(|| {
         let long_lived = LongLived::new();
         let watch = revoked(Arc::new(deps.clone()), endpoint.credential(headers), "subscriptions/listen");
