@@ -415,9 +415,9 @@ mod tests {
     /// echoed its request line (`/mcp?api_key=sk%2BAbC%2FdEf%3D%3D`) put it, decodable, into the instance's status
     /// message, the debug route and the events. Before, only the decoded value was searched for.
     #[test]
-    fn a_secret_query_value_is_hidden_as_sent_and_as_meant() {
+    fn a_secret_query_value_is_hidden_as_sent_and_as_meant() -> Result<(), url::ParseError> {
         let mut spec = crate::model::sample_spec();
-        let mut url = Url::parse("https://api.example/mcp").unwrap();
+        let mut url = Url::parse("https://api.example/mcp")?;
         url.query_pairs_mut().append_pair("workspace", "a b").append_pair("Api_Key", "sk+AbC/dEf==");
         spec.upstream = Upstream::StreamableHttp { url, headers: BTreeMap::new(), timeout: std::time::Duration::ZERO };
         spec.secrets.query_params = vec!["api_key".into()];
@@ -431,5 +431,6 @@ mod tests {
         assert_eq!(hide("key sk+AbC/dEf== echoed", &values), "key sk+***** echoed");
         let listed = masked_upstream(&spec);
         assert!(!listed.to_string().contains("AbC"), "{listed}");
+        Ok(())
     }
 }

@@ -1132,18 +1132,17 @@ mod tests {
     /// A value written another way that means the same is read as meant (BP §0): a poll hint of `5.0` (an integer
     /// to JSON Schema) or `"7"`. Before, the hint was dropped and polls came at the default cadence.
     #[test]
-    fn numbers_with_a_fraction_and_booleans_in_strings_are_read_as_meant() {
-        let poll: CommandsResponse =
-            serde_json::from_value(json!({"commands": [], "next_poll_interval": 5.0})).unwrap();
+    fn numbers_with_a_fraction_and_booleans_in_strings_are_read_as_meant() -> Result<(), serde_json::Error> {
+        let poll: CommandsResponse = serde_json::from_value(json!({"commands": [], "next_poll_interval": 5.0}))?;
         assert_eq!(poll.next_poll_interval, Some(5));
-        let poll: CommandsResponse =
-            serde_json::from_value(json!({"commands": [], "next_poll_interval": "7"})).unwrap();
+        let poll: CommandsResponse = serde_json::from_value(json!({"commands": [], "next_poll_interval": "7"}))?;
         assert_eq!(poll.next_poll_interval, Some(7));
         for unreadable in [json!(5.5), json!(-1), json!("soon"), json!(1e30)] {
             let poll: CommandsResponse =
-                serde_json::from_value(json!({"commands": [], "next_poll_interval": unreadable})).unwrap();
+                serde_json::from_value(json!({"commands": [], "next_poll_interval": unreadable}))?;
             assert_eq!(poll.next_poll_interval, None, "{unreadable}");
         }
+        Ok(())
     }
 
     #[test]

@@ -466,12 +466,13 @@ mod tests {
     /// Request logging switched off as `"false"` stays off: read strictly, the string was dropped and the
     /// installation logged every call's arguments and answer, the default, against the backend's setting.
     #[test]
-    fn request_logging_switched_off_in_a_string_stays_off() {
-        let settings: EntrySettings = serde_json::from_value(json!({"request_logging_enabled": "false"})).unwrap();
+    fn request_logging_switched_off_in_a_string_stays_off() -> Result<(), serde_json::Error> {
+        let settings: EntrySettings = serde_json::from_value(json!({"request_logging_enabled": "false"}))?;
         assert_eq!(settings.request_logging_enabled, Some(false));
-        let settings: EntrySettings = serde_json::from_value(json!({"request_logging_enabled": " TRUE "})).unwrap();
+        let settings: EntrySettings = serde_json::from_value(json!({"request_logging_enabled": " TRUE "}))?;
         assert_eq!(settings.request_logging_enabled, Some(true));
-        let settings: EntrySettings = serde_json::from_value(json!({"request_logging_enabled": "maybe"})).unwrap();
+        let settings: EntrySettings = serde_json::from_value(json!({"request_logging_enabled": "maybe"}))?;
         assert_eq!(settings.request_logging_enabled, None);
+        Ok(())
     }
 }
