@@ -278,24 +278,18 @@ impl Inner {
             return;
         }
         let inner = self.clone();
-        self.tasks.spawn(async move {
-            {
-                let _lifecycle = instance.lifecycle.lock().await;
-                // Not for a killed instance, nor on a connection closed meanwhile: a remote one still answers
-                // after its close, and would have brought a killed instance back `online` with no connection.
-                if !instance.retired.is_cancelled()
-                    && !instance.is_halted()
-                    && instance.is_connection(&client)
-                    && matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error)
-                {
-                    let message = "Server recovered, re-discovering tools".to_owned();
-                    inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
-                    if !inner.discover_into(&instance, &client, true).await {
-                        info!(process_id = %instance.spec().process_id, "re-discovery after recovery failed");
-                    }
+        let span = tracing::info_span!("instance.recovered", process_id = %instance.spec().process_id);
+        self.spawn_recovery(instance.clone(), span, async move {
+            let _lifecycle = instance.lifecycle.lock().await;
+            // Not for a killed instance, nor on a connection closed meanwhile: a remote one still answers after its
+            // close, and would have brought a killed instance back `online` with no connection.
+            if !instance.retired.is_cancelled() && recoverable(&instance) && instance.is_connection(&client) {
+                let message = "Server recovered, re-discovering tools".to_owned();
+                inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
+                if !inner.discover_into(&instance, &client, true).await {
+                    info!("re-discovery after recovery failed");
                 }
             }
-            instance.end_recovery();
         });
     }
 
@@ -306,52 +300,66 @@ impl Inner {
     /// config edit: a dead process is the crash policy's, but a live one had nothing to ask it again.
     pub(in crate::instances) fn maybe_probe(self: &Arc<Self>, instance: &Arc<Instance>) {
         let stdio = matches!(instance.spec().upstream, Upstream::Stdio { .. });
-        let probing = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
-        if (stdio && instance.client().is_none()) || !probing || instance.is_halted() || !instance.try_begin_recovery()
-        {
+        if (stdio && instance.client().is_none()) || !recoverable(instance) || !instance.try_begin_recovery() {
             return;
         }
         if stdio {
-            return self.relist(instance.clone());
+            self.relist(instance.clone());
+        } else {
+            self.reconnect(instance.clone());
         }
+    }
+
+    /// The remote half of [`Inner::maybe_probe`]: reconnect with the probe's backoff until the server answers, then
+    /// discover again. The caller has begun the recovery.
+    fn reconnect(self: &Arc<Self>, instance: Arc<Instance>) {
         let inner = self.clone();
-        let instance = instance.clone();
         let span = tracing::info_span!("instance.probe", process_id = %instance.spec().process_id);
+        self.spawn_recovery(instance.clone(), span, async move {
+            let mut attempt = 0;
+            while inner.probe_pause(&instance, &mut attempt).await {
+                // A `kill` meanwhile stops the probe: nothing restarts a killed instance (BP §6.3).
+                if !recoverable(&instance) {
+                    break;
+                }
+                let connected = tokio::select! {
+                    _ = instance.retired.cancelled() => break,
+                    connected = inner.connect(instance.spec()) => connected,
+                };
+                let Ok((client, slot)) = connected else { continue };
+                let _lifecycle = instance.lifecycle.lock().await;
+                // Brought back meanwhile (a restart, a recovery command): its connection is left alone.
+                if instance.retired.is_cancelled() || !recoverable(&instance) {
+                    client.close().await;
+                    break;
+                }
+                info!(attempt, "server answers again, re-discovering tools");
+                let client = Arc::new(client);
+                if let Some(old) = instance.take_client() {
+                    old.close().await;
+                }
+                instance.set_connection(client.clone(), slot);
+                inner.watch_remote(instance.clone(), client.clone());
+                let message = "Server recovered, re-discovering tools".to_owned();
+                inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
+                if inner.discover_into(&instance, &client, true).await {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Run one recovery of `instance` (a probe, a relist) in the background, in `span`; it ends the recovery, however
+    /// it ends.
+    fn spawn_recovery(
+        &self,
+        instance: Arc<Instance>,
+        span: tracing::Span,
+        recovery: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         self.tasks.spawn(
             async move {
-                let mut attempt = 0;
-                while inner.probe_pause(&instance, &mut attempt).await {
-                    // A `kill` meanwhile stops the probe: nothing restarts a killed instance (BP §6.3).
-                    if !matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error)
-                        || instance.is_halted()
-                    {
-                        break;
-                    }
-                    let connected = tokio::select! {
-                        _ = instance.retired.cancelled() => break,
-                        connected = inner.connect(instance.spec()) => connected,
-                    };
-                    let Ok((client, slot)) = connected else { continue };
-                    let _lifecycle = instance.lifecycle.lock().await;
-                    // Brought back meanwhile (a restart, a recovery command): its connection is left alone.
-                    let recovered = !matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
-                    if instance.retired.is_cancelled() || instance.is_halted() || recovered {
-                        client.close().await;
-                        break;
-                    }
-                    info!(attempt, "server answers again, re-discovering tools");
-                    let client = Arc::new(client);
-                    if let Some(old) = instance.take_client() {
-                        old.close().await;
-                    }
-                    instance.set_connection(client.clone(), slot);
-                    inner.watch_remote(instance.clone(), client.clone());
-                    let message = "Server recovered, re-discovering tools".to_owned();
-                    inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
-                    if inner.discover_into(&instance, &client, true).await {
-                        break;
-                    }
-                }
+                recovery.await;
                 instance.end_recovery();
             }
             .instrument(span),
@@ -377,39 +385,35 @@ impl Inner {
     fn relist(self: &Arc<Self>, instance: Arc<Instance>) {
         let inner = self.clone();
         let span = tracing::info_span!("instance.relist", process_id = %instance.spec().process_id);
-        self.tasks.spawn(
-            async move {
-                let mut attempt = 0;
-                while inner.probe_pause(&instance, &mut attempt).await {
-                    let waiting = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
-                    let Some(client) = instance.client().filter(|_| waiting && !instance.is_halted()) else { break };
-                    let timeout = inner.request_timeout(instance.spec());
-                    let deadline = Instant::now() + inner.deps.settings.discovery_timeout;
-                    if crate::discovery::discover_until(&client, timeout, deadline).await.is_err() {
-                        continue;
-                    }
-                    let _lifecycle = instance.lifecycle.lock().await;
-                    let waiting = matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error);
-                    if instance.retired.is_cancelled()
-                        || instance.is_halted()
-                        || !waiting
-                        || !instance.is_connection(&client)
-                    {
-                        break;
-                    }
-                    info!(attempt, "the server lists its tools now, publishing them");
-                    let message = "Server lists its tools now, re-discovering tools".to_owned();
-                    inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
-                    if inner.discover_into(&instance, &client, true).await {
-                        inner.restore_client_state(&instance, &client);
-                        break;
-                    }
+        self.spawn_recovery(instance.clone(), span, async move {
+            let mut attempt = 0;
+            while inner.probe_pause(&instance, &mut attempt).await {
+                let Some(client) = instance.client().filter(|_| recoverable(&instance)) else { break };
+                let timeout = inner.request_timeout(instance.spec());
+                let deadline = Instant::now() + inner.deps.settings.discovery_timeout;
+                if crate::discovery::discover_until(&client, timeout, deadline).await.is_err() {
+                    continue;
                 }
-                instance.end_recovery();
+                let _lifecycle = instance.lifecycle.lock().await;
+                if instance.retired.is_cancelled() || !recoverable(&instance) || !instance.is_connection(&client) {
+                    break;
+                }
+                info!(attempt, "the server lists its tools now, publishing them");
+                let message = "Server lists its tools now, re-discovering tools".to_owned();
+                inner.set_status(&instance, InstanceStatus::Connecting, Some(message)).await;
+                if inner.discover_into(&instance, &client, true).await {
+                    inner.restore_client_state(&instance, &client);
+                    break;
+                }
             }
-            .instrument(span),
-        );
+        });
     }
+}
+
+/// Whether a recovery may bring `instance` back: it is `offline` or in `error`, and no `kill` stopped it (BP §6.3:
+/// nothing restarts a killed instance on its own).
+fn recoverable(instance: &Instance) -> bool {
+    matches!(instance.state(), InstanceStatus::Offline | InstanceStatus::Error) && !instance.is_halted()
 }
 
 /// What a `tools/call`'s log and event need of its request, taken before the request goes to the server.
