@@ -299,19 +299,23 @@ pub fn is_parked_state(state: Option<&Value>) -> bool {
 /// stopped the call `"7"`.
 fn call_key(scope: &str, id: &RequestId) -> String {
     let kind = match id {
-        RequestId::String(_) => 's',
-        RequestId::Number(_) | RequestId::Wide(_) => 'n',
+        RequestId::String(_) => "s",
+        RequestId::Number(_) | RequestId::Wide(_) => "n",
     };
-    let mut key = key(scope, id);
-    key.insert(scope.len() + 1, kind);
-    key
+    key_of(scope, kind, id)
 }
 
 fn key(scope: &str, id: &impl std::fmt::Display) -> String {
+    key_of(scope, "", id)
+}
+
+/// `scope`, a NUL, `kind` and `id`, in one allocation (a running call is keyed on every relayed request).
+fn key_of(scope: &str, kind: &str, id: &impl std::fmt::Display) -> String {
     use std::fmt::Write;
-    let mut key = String::with_capacity(scope.len() + 16);
+    let mut key = String::with_capacity(scope.len() + kind.len() + 17);
     key.push_str(scope);
     key.push('\u{0}');
+    key.push_str(kind);
     let _ = write!(key, "{id}");
     key
 }
