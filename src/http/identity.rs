@@ -24,6 +24,16 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// No capability promises `listChanged`: for a transport on which the satellite carries no list changes (a
+    /// legacy SSE stream; a 2026-07-28 client of `/mcp`, which serves no `subscriptions/listen`).
+    pub fn promise_no_list_changes(&mut self) {
+        for capability in self.capabilities.as_object_mut().into_iter().flat_map(|all| all.values_mut()) {
+            if let Some(capability) = capability.as_object_mut() {
+                capability.remove("listChanged");
+            }
+        }
+    }
+
     /// The satellite's own identity, as `/mcp` and the legacy SSE endpoint present it.
     pub fn hierarchical() -> Self {
         static OWN: std::sync::LazyLock<Identity> = std::sync::LazyLock::new(Identity::build_hierarchical);

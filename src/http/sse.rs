@@ -389,9 +389,7 @@ async fn message(
                 Ok(selected) => {
                     let mut identity = Identity::hierarchical_with(selected.as_deref());
                     // The legacy stream does not carry list changes: promise none.
-                    for list in ["resources", "prompts"] {
-                        identity.capabilities[list] = json!({});
-                    }
+                    identity.promise_no_list_changes();
                     protocol::response(
                         id,
                         json!({"protocolVersion": version, "capabilities": identity.capabilities,

@@ -39,13 +39,14 @@ pub(super) async fn stateless_post(
             Ok(()) if method == "server/discover" => match endpoint.target.refused_selection() {
                 Some(err) => Err(RouteError::Rpc(err.clone())),
                 None => {
-                    let capabilities = match &endpoint.target {
-                        Target::Instance(_) => identity.capabilities.clone(),
-                        // A 2026-07-28 client hears of list changes only on `subscriptions/listen`, which `/mcp`
-                        // does not serve: it promises none (its handshake-era sessions hear them on their GET
-                        // stream). Before, it promised them and refused the listen.
-                        _ => without_list_changes(&identity.capabilities),
-                    };
+                    let mut identity = identity.clone();
+                    // A 2026-07-28 client hears of list changes only on `subscriptions/listen`, which `/mcp` does
+                    // not serve: it promises none (its handshake-era sessions hear them on their GET stream).
+                    // Before, it promised them and refused the listen.
+                    if !matches!(endpoint.target, Target::Instance(_)) {
+                        identity.promise_no_list_changes();
+                    }
+                    let capabilities = identity.capabilities.clone();
                     let mut discovered = protocol::object([
                         ("supportedVersions", json!(SUPPORTED_VERSIONS)),
                         ("capabilities", capabilities),
@@ -265,17 +266,4 @@ fn check_request(
     annotated
         .check(params.and_then(|p| p.get("arguments")), headers)
         .map_err(|reason| RpcError::new(codes::HEADER_MISMATCH, format!("Header mismatch: {reason}")))
-}
-
-/// `capabilities` without any `listChanged`.
-fn without_list_changes(capabilities: &Value) -> Value {
-    let mut capabilities = capabilities.clone();
-    if let Some(all) = capabilities.as_object_mut() {
-        for capability in all.values_mut() {
-            if let Some(capability) = capability.as_object_mut() {
-                capability.remove("listChanged");
-            }
-        }
-    }
-    capabilities
 }
