@@ -158,14 +158,7 @@ async fn embedded_default_serves_the_demo_and_exits_cleanly_on_sigterm() {
         text
     });
     let base = format!("http://127.0.0.1:{port}");
-    let debug: Value = wait_until(Duration::from_secs(60), "demo instance online", || {
-        let url = format!("{base}/api/status/debug");
-        async move {
-            let debug: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
-            (debug["server_status"]["stats"]["online"] == 1).then_some(debug)
-        }
-    })
-    .await;
+    let debug = demo_online(&base).await;
     assert_eq!(debug["tools"]["total_tools"], 7);
     let demo = &debug["servers_by_team"]["demo-team"]["running"][0];
     assert_eq!(demo["instance_path"], "demo");
@@ -185,10 +178,7 @@ async fn embedded_default_serves_the_demo_and_exits_cleanly_on_sigterm() {
     assert!(tools.iter().all(|t| t["token_count"].as_u64().is_some_and(|n| n > 0)), "{}", discovered.data);
     drop(store);
 
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
-    assert_eq!(status.code(), Some(0));
+    stop_by(child, nix::sys::signal::Signal::SIGTERM).await;
     assert!(!process_exists(pid), "the demo server child is gone");
     let banner = banner.await.unwrap();
     assert!(banner.contains("user token (user `demo`)"), "{banner}");
@@ -609,11 +599,27 @@ fn spawn_serve(args: &[&str], env: &[(&str, &str)], dir: &std::path::Path) -> to
         .unwrap()
 }
 
-async fn stop(mut child: tokio::process::Child) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
+async fn stop(child: tokio::process::Child) {
+    stop_by(child, nix::sys::signal::Signal::SIGTERM).await;
+}
+
+/// Send `signal` and expect a graceful exit (code 0) within 30 s.
+async fn stop_by(mut child: tokio::process::Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), signal).unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(status.code(), Some(0), "{signal}: {status:?}");
+}
+
+/// The debug route of the satellite at `base` once its one (demo) instance is online.
+async fn demo_online(base: &str) -> Value {
+    wait_until(Duration::from_secs(60), "the demo instance online", || {
+        let url = format!("{base}/api/status/debug");
+        async move {
+            let debug: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+            (debug["server_status"]["stats"]["online"] == 1).then_some(debug)
+        }
+    })
+    .await
 }
 
 /// SIGHUP (a closed terminal, or an operator's habit to ask for a reload) stops the satellite as SIGTERM does:
@@ -622,20 +628,10 @@ async fn stop(mut child: tokio::process::Child) {
 #[tokio::test]
 async fn sighup_stops_the_satellite_gracefully() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, log, base) = serve_demo_logging_json(dir.path(), ("LOG_LEVEL", "info")).await;
-    let debug: Value = wait_until(Duration::from_secs(60), "the demo instance online", || {
-        let url = format!("{base}/api/status/debug");
-        async move {
-            let debug: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
-            (debug["server_status"]["stats"]["online"] == 1).then_some(debug)
-        }
-    })
-    .await;
+    let (child, log, base) = serve_demo_logging_json(dir.path(), ("LOG_LEVEL", "info")).await;
+    let debug = demo_online(&base).await;
     let server = debug["servers_by_team"]["demo-team"]["running"][0]["pid"].as_u64().expect("pid") as u32;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id().unwrap() as i32), nix::sys::signal::Signal::SIGHUP)
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("exits in time").unwrap();
-    assert_eq!(status.code(), Some(0), "{status:?}");
+    stop_by(child, nix::sys::signal::Signal::SIGHUP).await;
     assert!(!process_exists(server), "the demo server child is gone");
     let lines = log.await.unwrap();
     assert!(lines.iter().any(|l| l.contains("SIGHUP received")), "{lines:?}");

@@ -2520,7 +2520,23 @@ async fn a_members_open_streams_are_capped_and_others_still_get_theirs() {
         async move { Some(open.await).filter(|r| r.status() == StatusCode::OK) }
     })
     .await;
-    drop((kept, reopened, bob));
+    // A 2026-07-28 listen on alice's instance endpoint is one of her streams too: refused at the cap, opened once a
+    // place is free, and then it holds that place.
+    let path = format!("/i/alice-paged/mcp?token={}", instance_token("alice-paged"));
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let listen = json!({"jsonrpc":"2.0","id":"sub-1","method":"subscriptions/listen",
+        "params":{"_meta": meta, "notifications": {"toolsListChanged": true}}});
+    let instance = Caller::new(&sat, &path, None);
+    let listen = || instance.send_modern(&listen);
+    assert_eq!(listen().await.status(), StatusCode::TOO_MANY_REQUESTS, "a listen at the cap");
+    drop(reopened);
+    let listening = wait_until(DEADLINE, "a listen once a place is free", || async {
+        Some(listen().await).filter(|r| r.status() == StatusCode::OK)
+    })
+    .await;
+    assert_eq!(open(ALICE, third.session.clone()).await.status(), StatusCode::TOO_MANY_REQUESTS, "the listen holds it");
+    drop((kept, listening, bob));
     assert!(sat.satellite.shutdown().await);
 }
 

@@ -135,19 +135,25 @@ async fn a_server_that_crashes_at_start_is_permanently_failed_after_four_tries()
     assert!(sat.satellite.shutdown().await);
 }
 
+/// The config lines of server `slug`: tests/fixtures/misbehaving_server.py in `mode` with `--marker marker`, installed
+/// for `team` as installation `i-{slug}`.
+fn misbehaving(slug: &str, mode: &str, marker: &std::path::Path, team: &str) -> String {
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    format!(
+        "[[servers]]\nslug = \"{slug}\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
+         args = [{script}, \"{mode}\", \"--marker\", {}]\n\
+         [[installations]]\nid = \"i-{slug}\"\nteam = \"{team}\"\nserver = \"{slug}\"\n",
+        toml_str(&marker.to_string_lossy())
+    )
+}
+
 /// A server that says nothing within the handshake timeout the first time (an `npx` still fetching its package)
 /// is stopped and started again under the restart policy; the second start answers and the instance comes
 /// online. Before, the timeout left it offline until someone restarted it by hand.
 #[tokio::test]
 async fn a_server_silent_past_the_handshake_timeout_is_started_again() {
     let dir = tempfile::tempdir().unwrap();
-    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
-    let marker = toml_str(&dir.path().join("fetched").to_string_lossy());
-    let extra = format!(
-        "[[servers]]\nslug = \"slow\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
-         args = [{script}, \"silent-first\", \"--marker\", {marker}]\n\
-         [[installations]]\nid = \"i-slow\"\nteam = \"acme\"\nserver = \"slow\"\n"
-    );
+    let extra = misbehaving("slow", "silent-first", &dir.path().join("fetched"), "acme");
     let config = config(&extra).replace("handshake_timeout_seconds = 5", "handshake_timeout_seconds = 1");
     let sat = TestSatellite::start_with(dir, &config, |_| {}).await;
     sat.wait_ready().await;
@@ -168,15 +174,8 @@ async fn a_server_silent_past_the_handshake_timeout_is_started_again() {
 #[tokio::test]
 async fn a_server_that_lists_its_tools_late_comes_online_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
     let ready = dir.path().join("ready");
-    let extra = format!(
-        "[[servers]]\nslug = \"late\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
-         args = [{script}, \"lists-late\", \"--marker\", {}]\n\
-         [[installations]]\nid = \"i-late\"\nteam = \"acme\"\nserver = \"late\"\n",
-        toml_str(&ready.to_string_lossy())
-    );
-    let sat = TestSatellite::start_with(dir, &config(&extra), |_| {}).await;
+    let sat = TestSatellite::start_with(dir, &config(&misbehaving("late", "lists-late", &ready, "acme")), |_| {}).await;
     sat.wait_ready().await;
     let id = "late-acme-alice-i-late";
     wait_status(&sat, id, InstanceStatus::Error).await;
@@ -194,17 +193,11 @@ async fn a_server_that_lists_its_tools_late_comes_online_without_a_restart() {
 #[tokio::test]
 async fn callers_of_a_dormant_server_whose_respawn_hangs_share_one_attempt() {
     let dir = tempfile::tempdir().unwrap();
-    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
     let starts = dir.path().join("starts");
-    let extra = format!(
-        "[[teams]]\nid = \"solo\"\n[[users]]\nid = \"carol\"\nteams = [\"solo\"]\n\
-         [[servers]]\nslug = \"later\"\ntransport = \"stdio\"\ncommand = \"python3\"\n\
-         args = [{script}, \"silent-later\", \"--marker\", {}]\n\
-         [[installations]]\nid = \"i-later\"\nteam = \"solo\"\nserver = \"later\"\n",
-        toml_str(&starts.to_string_lossy())
-    );
     // In a team of one: one instance, so every start counted is its own.
-    let config = config(&extra).replace("handshake_timeout_seconds = 5", "handshake_timeout_seconds = 2");
+    let solo = "[[teams]]\nid = \"solo\"\n[[users]]\nid = \"carol\"\nteams = [\"solo\"]\n";
+    let config = config(&(solo.to_owned() + &misbehaving("later", "silent-later", &starts, "solo")))
+        .replace("handshake_timeout_seconds = 5", "handshake_timeout_seconds = 2");
     let sat = TestSatellite::start_with(dir, &config, fast_idle).await;
     sat.wait_ready().await;
     let id = "later-solo-carol-i-later";

@@ -370,12 +370,11 @@ async fn a_dying_server_fails_every_waiter_at_once() {
 #[tokio::test]
 async fn a_server_that_closes_its_stdout_is_stopped_and_its_calls_fail() {
     let client = misbehaving("garbage", fast_options()).await.expect("connects");
-    let started = std::time::Instant::now();
     let err = client
         .request("tools/call", Some(json!({"name": "hangup", "arguments": {}})), Duration::from_secs(60))
         .await
         .expect_err("no answer can come");
-    assert!(started.elapsed() < Duration::from_secs(20), "failed after {:?}", started.elapsed());
+    // The process ended it, not the call's timeout (which would be `UpstreamError::Timeout`).
     assert!(matches!(err, UpstreamError::Exited { exit: ExitInfo::Exited { .. }, .. }), "{err}");
     let Transport::Stdio(stdio) = client.transport() else { unreachable!() };
     assert!(!stdio.is_alive(), "the process is stopped");
