@@ -141,6 +141,11 @@ const STOPWORDS: &[&str] = &[
     "yourselves",
 ];
 
+/// Whether `word` (lowercase) is one of the analyzer's English stopwords.
+pub(crate) fn is_stopword(word: &str) -> bool {
+    STOPWORDS.contains(&word)
+}
+
 /// The analyzer for every tokenized text field and for queries: split, lowercase, stopwords, stem.
 pub(crate) fn tool_analyzer() -> TextAnalyzer {
     TextAnalyzer::builder(ToolTokenizer::default())

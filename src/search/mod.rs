@@ -21,6 +21,7 @@
 mod analysis;
 #[doc(hidden)]
 pub mod eval;
+mod needs;
 mod schema;
 pub mod semantic;
 mod visibility;
@@ -33,7 +34,7 @@ mod tests;
 use std::sync::Arc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use tantivy::collector::TopDocs;
+use tantivy::collector::{Count, TopDocs};
 use tantivy::indexer::IndexWriterOptions;
 use tantivy::query::{BooleanQuery, Occur};
 use tantivy::schema::Value as _;
@@ -42,6 +43,7 @@ use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDo
 use tokio::sync::{mpsc, watch};
 
 use self::analysis::TOOL_TOKENIZER;
+pub use self::needs::{split_needs, MAX_NEEDS};
 use self::schema::IndexSchema;
 pub use self::schema::{parameter_names, tool_key, Explainer};
 pub use self::semantic::{Semantic, SemanticError};
@@ -124,6 +126,13 @@ pub struct SearchHit {
     pub process_id: String,
     pub tool_name: String,
     pub score: f32,
+}
+
+/// What [`SearchIndex::search_counted`] found: the best hits, and how many visible tools matched in all.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Found {
+    pub hits: Vec<SearchHit>,
+    pub matched: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -306,19 +315,25 @@ impl SearchIndex {
     /// Best `limit` tools among documents whose process_id is in `scope`, best first. Runs on
     /// the blocking pool. An empty query, an empty `scope` or a zero `limit` give no hits.
     pub async fn search(&self, query: &str, scope: &Arc<Scope>, limit: usize) -> Result<Vec<SearchHit>, SearchError> {
+        Ok(self.search_counted(query, scope, limit).await?.hits)
+    }
+
+    /// [`search`](Self::search), and how many visible tools matched in all (the hits are the best of them).
+    pub async fn search_counted(&self, query: &str, scope: &Arc<Scope>, limit: usize) -> Result<Found, SearchError> {
         if query.trim().is_empty() || scope.is_empty() || limit == 0 {
-            return Ok(Vec::new());
+            return Ok(Found::default());
         }
         self.settled().await;
         let weight = semantic::semantic_weight(query);
         match &self.semantic {
             Some(semantic) if weight < 1.0 => {
                 let lexical = self.lexical(query, scope, limit.max(semantic::CANDIDATES)).await?;
-                match semantic.rerank(query, weight, &lexical, scope, limit).await {
-                    Ok(hits) => Ok(hits),
+                let matched = lexical.matched;
+                match semantic.rerank(query, weight, &lexical.hits, scope, limit).await {
+                    Ok(hits) => Ok(Found { matched: matched.max(hits.len()), hits }),
                     Err(error) => {
                         tracing::warn!(%error, "semantic stage failed; answering with the lexical ranking");
-                        Ok(lexical.into_iter().take(limit).collect())
+                        Ok(Found { hits: lexical.hits.into_iter().take(limit).collect(), matched })
                     }
                 }
             }
@@ -327,7 +342,7 @@ impl SearchIndex {
     }
 
     /// The lexical stage alone.
-    async fn lexical(&self, query: &str, scope: &Arc<Scope>, limit: usize) -> Result<Vec<SearchHit>, SearchError> {
+    async fn lexical(&self, query: &str, scope: &Arc<Scope>, limit: usize) -> Result<Found, SearchError> {
         // Handing the work to the blocking pool costs about as much as a whole search of a few thousand
         // tools (a thread hop each way), so a scope whose filter is built and small runs here; a first search
         // at a new generation (the filter reads postings) or a large scope goes to the blocking pool.
@@ -366,7 +381,7 @@ fn search_blocking(
     query: &str,
     scope: &Scope,
     limit: usize,
-) -> Result<Vec<SearchHit>, SearchError> {
+) -> Result<Found, SearchError> {
     let is_indexed = |term: &Term| {
         searcher.segment_readers().iter().any(|segment| {
             let index = segment.inverted_index(term.field());
@@ -374,13 +389,13 @@ fn search_blocking(
         })
     };
     let Some(text) = schema.query(query, is_indexed) else {
-        return Ok(Vec::new());
+        return Ok(Found::default());
     };
     let visible = VisibleQuery(scope.filter(searcher, schema.fields.process_id, schema.fields.tool_key)?);
     // Visibility is a required clause of the query itself, so the top `limit` are the best visible
     // tools, never best-overall tools filtered afterwards.
     let query = BooleanQuery::new(vec![(Occur::Must, Box::new(visible)), (Occur::Must, text)]);
-    let top = searcher.search(&query, &TopDocs::with_limit(limit))?;
+    let (matched, top) = searcher.search(&query, &(Count, TopDocs::with_limit(limit)))?;
     let mut hits = Vec::with_capacity(top.len());
     for (score, address) in top {
         let document: TantivyDocument = searcher.doc(address)?;
@@ -397,7 +412,7 @@ fn search_blocking(
             score,
         });
     }
-    Ok(hits)
+    Ok(Found { hits, matched })
 }
 
 /// The index's writer: one indexing thread, one merge thread (a merge of a few thousand tools takes
