@@ -93,6 +93,17 @@ impl Counter {
         total
     }
 
+    /// Tokens one entry of a discover answer's `tools` array adds to the answer when another entry follows it, as
+    /// [`Counter::count_answer`] counts the answer: `entry` is the entry's compact JSON, starting with
+    /// `{"tool_path":`. Counted from the key on, with the `,{"` that opens the next entry; the entry's own `{"`
+    /// belongs to the text before it. Remembered like any chunk, so the answer's count reads it again for free.
+    pub fn count_entry(&self, entry: &str) -> usize {
+        let mut text = String::with_capacity(entry.len() + 3);
+        text.push_str(entry);
+        text.push_str(",{\"");
+        self.count_answer(&text).saturating_sub(self.count_chunk("{\""))
+    }
+
     fn count_chunk(&self, chunk: &str) -> usize {
         let key = text_hash(chunk);
         if let Some(n) = self.chunks.lock().get(&key) {

@@ -3,6 +3,7 @@
 mod common;
 
 mod analytics;
+mod budget;
 mod cli;
 mod compat;
 mod contracts;

@@ -284,6 +284,7 @@ impl Satellite {
                 analytics: analytics.clone(),
                 views: Default::default(),
                 schemas: Default::default(),
+                summaries: Default::default(),
                 pretty: config.pretty_results,
             },
             instance_router: InstanceRouter {

@@ -25,14 +25,17 @@ fn build() -> Value {
     json!([
         {
             "name": DISCOVER,
-            "description": "Find tools across all of your team's MCP servers. Search with 1-3 short keywords, not sentences \
-                (e.g. \"markdown\", \"github create\", \"database query\"); use \"*\" to list every tool (up to 20). \
-                Returns tool paths (serverName:toolName) with descriptions and input schemas, to run with execute_mcp_tool.",
+            "description": "Find tools across all of your team's MCP servers. Prefer 1-3 short keywords to sentences \
+                (e.g. \"markdown\", \"github create\", \"database query\"); a task of several steps may be sent whole and is \
+                searched step by step; use \"*\" to list every tool (up to 20). Returns tool paths (serverName:toolName) to run \
+                with execute_mcp_tool: the best matches with input schemas, then one-line entries, within budget_tokens. \
+                Send tool paths as the query to get their input schemas.",
             "inputSchema": {
                 "type": "object",
                 "properties": {
-                    "query": {"type": "string", "description": "One to three keywords, e.g. \"github\" or \"database postgres\". Use \"*\" to list every tool (up to 20)."},
-                    "limit": {"type": "number", "description": "Maximum results (default 10; wildcard listing is capped at 20)", "default": 10},
+                    "query": {"type": "string", "description": "One to three keywords, e.g. \"github\" or \"database postgres\", or tool paths for their schemas. Use \"*\" to list every tool (up to 20)."},
+                    "limit": {"type": "number", "description": "Maximum results. Alone (without budget_tokens): that many results, each with its input schema (1-50; wildcard listing is capped at 20)"},
+                    "budget_tokens": {"type": "number", "description": "Most tokens the answer may take (default 1000, at least 400)"},
                     "explain": {"type": "boolean", "description": "Say why each result matched"},
                     "full_schemas": {"type": "boolean", "description": "Input schemas untrimmed (titles and stated defaults kept)"}
                 },
@@ -75,7 +78,7 @@ fn build() -> Value {
 /// starting the satellite never builds the token encoder (~150 ms and most of an idle satellite's memory) just
 /// for them. `the_kept_meta_cost_is_what_counting_gives` fails when the definitions change without this.
 pub const COST: crate::analytics::MetaCost = crate::analytics::MetaCost { tools: 4, tokens: META_TOKENS };
-const META_TOKENS: u64 = 649;
+const META_TOKENS: u64 = 737;
 
 /// What the meta-tools cost a client's context, counted like any tool (SB §15) on the blocking pool.
 pub async fn cost() -> Result<crate::analytics::MetaCost, crate::tokens::TokenError> {

@@ -15,16 +15,19 @@ use crate::mcp::protocol::{codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::InstanceStatus;
 
+mod fit;
 mod hierarchical;
 mod instance;
 pub mod meta;
 mod prompts;
 mod results;
+mod summaries;
 mod views;
 
-pub use hierarchical::HierarchicalRouter;
+pub use hierarchical::{catalog, HierarchicalRouter};
 pub use instance::InstanceRouter;
 pub use results::TrimmedSchemas;
+pub use summaries::Summaries;
 pub use views::CallerViews;
 
 /// A request the router refused: a JSON-RPC error, or a missing scope (HTTP 403).

@@ -43,10 +43,15 @@ pub(super) async fn stateless_post(
                     // A 2026-07-28 client hears of list changes only on `subscriptions/listen`, which `/mcp` does
                     // not serve: it promises none (its handshake-era sessions hear them on their GET stream).
                     // Before, it promised them and refused the listen.
-                    if !matches!(endpoint.target, Target::Instance(_)) {
+                    let hierarchical = !matches!(endpoint.target, Target::Instance(_));
+                    if hierarchical {
                         identity.promise_no_list_changes();
                     }
-                    let capabilities = identity.capabilities.clone();
+                    let mut capabilities = identity.capabilities.clone();
+                    // Only to a client that declares it: the others never see the experimental methods.
+                    if hierarchical && crate::router::catalog::declared(params.as_ref()) {
+                        crate::router::catalog::advertise(&mut capabilities);
+                    }
                     let mut discovered = protocol::object([
                         ("supportedVersions", json!(SUPPORTED_VERSIONS)),
                         ("capabilities", capabilities),

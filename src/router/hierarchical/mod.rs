@@ -6,14 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tracing::warn;
 
-use super::results::{text_document, text_result, trim_schema, TrimmedSchemas};
+use super::results::{text_document, TrimmedSchemas};
 use super::{
-    blocked_result, call_outcome, callable, disabled_result, forward, internal, invalid, meta, method_not_found,
+    blocked_result, call_outcome, callable, disabled_result, fit, forward, internal, invalid, meta, method_not_found,
     normalise_call_result, unreadable, RouteError,
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
@@ -23,21 +21,20 @@ use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::Relay;
 use crate::model::{
-    namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path, shared_uri, tool_path,
-    Catalog, ResourceDef, ToolDef, Toolset,
+    namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path, shared_uri,
+    ResourceDef, ToolDef, Toolset,
 };
-use crate::search::{relevance_score, SearchIndex};
+use crate::search::SearchIndex;
 
+mod budget;
+mod candidates;
+pub mod catalog;
+mod discover;
 mod resources;
 use resources::join_contents;
 
 /// `_meta` key naming the server a resource listed on `/mcp` comes from.
 pub const SERVER_META_KEY: &str = "io.deploystack.satellite/server";
-
-/// Wildcard listings stop here (SB §13.2).
-const WILDCARD_LIMIT: usize = 20;
-const DEFAULT_LIMIT: usize = 10;
-const MAX_LIMIT: usize = 50;
 
 #[derive(Clone)]
 pub struct HierarchicalRouter {
@@ -51,6 +48,8 @@ pub struct HierarchicalRouter {
     pub views: super::CallerViews,
     /// Discover results' trimmed schemas, remembered.
     pub schemas: TrimmedSchemas,
+    /// Compact discover entries' sentences and required names, remembered.
+    pub summaries: super::Summaries,
     /// Meta-tool answers as 2-space indented JSON (the reference's form) instead of compact JSON.
     pub pretty: bool,
 }
@@ -89,6 +88,8 @@ impl HierarchicalRouter {
                 return self.read(caller, uri, &params, relay).await;
             }
             "tools/call" => return self.call_meta_tool(caller, toolset, &who, &params, relay).await,
+            "tools/catalog" if catalog::declared(Some(&params)) => self.tool_catalog(caller, toolset, &params).await,
+            "tools/describe" if catalog::declared(Some(&params)) => self.describe_tools(caller, toolset, &params),
             other => self.answer(caller, &who, other, params).await,
         };
         answer.map(Payload::from)
@@ -195,6 +196,13 @@ impl HierarchicalRouter {
                 let result = self.read(caller, uri, params, relay).await?.into_value().map_err(unreadable)?;
                 Ok(Payload::from(json!({"content": [{"type": "text", "text": join_contents(&result)}]})))
             }
+            // A client of the progressive-disclosure extension calls the tools it described by their paths.
+            path if catalog::declared(Some(params)) && parse_tool_path(path).is_some() => {
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                let arguments = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
+                let args = json!({"tool_path": path, "arguments": arguments});
+                self.execute(caller, toolset, who, &args, params, relay).await
+            }
             other => Err(invalid(format!(
                 "Unknown meta-tool: {other}. Available tools: {}, {}, {}, {}",
                 meta::DISCOVER,
@@ -226,110 +234,6 @@ impl HierarchicalRouter {
                 "You do not have access to server '{slug}'. Please check your team's MCP server installations."
             ))
         })
-    }
-
-    /// The discover answer and the tool paths it lists.
-    async fn discover(
-        &self,
-        caller: &Principal,
-        toolset: Option<&Arc<Toolset>>,
-        args: &Value,
-    ) -> Result<(Value, Vec<String>), RouteError> {
-        let started = Instant::now();
-        let query = args
-            .get("query")
-            .and_then(Value::as_str)
-            .map(str::trim)
-            .filter(|q| !q.is_empty())
-            .ok_or_else(|| invalid("Invalid query parameter - must be a non-empty string"))?;
-        let limit =
-            args.get("limit").and_then(Value::as_f64).map(|l| l as usize).unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-        let explain = args.get("explain").and_then(Value::as_bool).unwrap_or(false);
-        let mut shape = Shape {
-            full_schemas: args.get("full_schemas").and_then(Value::as_bool).unwrap_or(false),
-            pretty: self.pretty,
-            schemas: &self.schemas,
-            explainer: explain.then(|| self.search.explainer(query)),
-        };
-        let view = self.views.get(&self.manager, caller, toolset);
-        if let (Some(toolset), Some(0)) = (toolset, view.toolset_tools) {
-            return Err(empty_toolset(toolset, &view.instances));
-        }
-        let instances = &view.instances;
-        let in_toolset = |instance: &Instance, tool: &ToolDef| {
-            toolset.is_none_or(|t| t.matches(&instance.spec().server_slug, tool.name()))
-        };
-        // The results, as (instance, its catalog, the tool's position there, relevance): the answer borrows the
-        // tools from the catalogs instead of copying them.
-        let mut picked: Vec<(&Arc<Instance>, Arc<Catalog>, usize, f64)> = Vec::new();
-        // Several installations of one server slug would list one tool path twice: the first is shown. At most
-        // MAX_LIMIT results, so a scan costs less than a set of allocated paths.
-        let is_new = |picked: &[(&Arc<Instance>, Arc<Catalog>, usize, f64)], instance: &Instance, tool: &ToolDef| {
-            !picked.iter().any(|(i, c, at, _)| {
-                c.tools[*at].name() == tool.name() && i.spec().server_slug == instance.spec().server_slug
-            })
-        };
-        let mut answer = Answer { query, ..Answer::default() };
-        if query == "*" {
-            let mut available = 0;
-            for (instance, catalog) in instances.iter().filter_map(|i| i.catalog().map(|c| (i, c))) {
-                for (at, tool) in catalog.tools.iter().enumerate() {
-                    if instance.tool_disabled(tool.name()) || !in_toolset(instance, tool) {
-                        continue;
-                    }
-                    available += 1;
-                    if picked.len() < WILDCARD_LIMIT && is_new(&picked, instance, tool) {
-                        picked.push((instance, catalog.clone(), at, 0.0));
-                    }
-                }
-            }
-            if available > WILDCARD_LIMIT {
-                answer.notice = Some(format!(
-                    "Showing {WILDCARD_LIMIT} of {available} available tools. Use specific keywords to find others."
-                ));
-                answer.total_available = Some(available);
-            }
-        } else {
-            let hits = self
-                .search
-                .search(query, &view.scope, limit)
-                .await
-                .map_err(|err| internal(format!("search failed: {err}")))?;
-            let best = hits.first().map(|h| h.score).unwrap_or(0.0);
-            for hit in hits {
-                let found = instances.binary_search_by(|i| i.spec().process_id.0.as_str().cmp(&hit.process_id));
-                let Some(instance) = found.ok().map(|at| &instances[at]) else {
-                    continue;
-                };
-                let Some((catalog, at)) = instance
-                    .catalog()
-                    .and_then(|c| c.tools.iter().position(|t| t.name() == hit.tool_name).map(|at| (c, at)))
-                else {
-                    continue;
-                };
-                let tool = &catalog.tools[at];
-                // The index can run ahead of the view for a moment (a re-discovery indexes before it publishes):
-                // a hit is shown only if this session may use it now.
-                if instance.tool_disabled(tool.name()) || !in_toolset(instance, tool) {
-                    continue;
-                }
-                if is_new(&picked, instance, tool) {
-                    picked.push((instance, catalog.clone(), at, relevance_score(hit.score, best)));
-                }
-            }
-            if picked.is_empty() {
-                answer.hint = Some(NO_MATCH_HINT);
-            }
-        }
-        answer.tools =
-            picked.iter().map(|(i, c, at, relevance)| tool_entry(i, &c.tools[*at], *relevance, &mut shape)).collect();
-        let paths = answer.tools.iter().map(|entry| entry.tool_path.clone()).collect();
-        self.manager.metrics().discover(started.elapsed(), !answer.tools.is_empty());
-        answer.total_found = answer.tools.len();
-        answer.search_time_ms = started.elapsed().as_millis() as u64;
-        let text = if self.pretty { serde_json::to_string_pretty(&answer) } else { serde_json::to_string(&answer) }
-            .map_err(|err| internal(format!("could not write the discover answer: {err}")))?;
-        Ok((text_result(text), paths))
     }
 
     /// Run a tool on the caller's instance. What the outer call carries for the server goes with the inner call:
@@ -399,113 +303,34 @@ impl HierarchicalRouter {
             call_outcome(&result),
             started.elapsed(),
         );
-        Ok(normalise_call_result(result?))
-    }
-}
-
-/// The error of a discover through a toolset that takes none of the caller's tools now: which patterns, and
-/// which servers are online, so the user can tell a wrong pattern from a server that is down.
-fn empty_toolset(toolset: &Toolset, online: &[Arc<Instance>]) -> RouteError {
-    let mut servers: Vec<&str> = online.iter().map(|i| i.spec().server_slug.as_str()).collect();
-    servers.sort_unstable();
-    servers.dedup();
-    let listed = if servers.is_empty() { "none".to_owned() } else { servers.join(", ") };
-    RouteError::Rpc(
-        RpcError::new(
-            codes::INVALID_PARAMS,
-            format!(
-                "Toolset '{}' has no tools available to you now: its patterns ({}) match none of the tools of your online servers ({listed}). Fix the toolset, wait for its servers to come online, or connect with ?toolset=all.",
-                toolset.name,
-                toolset.patterns.join(", ")
-            ),
-        )
-        .with_data(json!({"toolset": toolset.name, "patterns": toolset.patterns, "online_servers": servers})),
-    )
-}
-
-/// How discover results are written: trimmed schemas unless `full_schemas`; with an explainer, why each matched.
-struct Shape<'a> {
-    full_schemas: bool,
-    /// The reference's indented form: schemas are parsed so that they are indented too.
-    pretty: bool,
-    schemas: &'a TrimmedSchemas,
-    explainer: Option<crate::search::Explainer>,
-}
-
-const NO_MATCH_HINT: &str = "No tool matched. Try one or two different keywords (a product name, a verb like \"create\" or \"search\"), or \"*\" to list tools.";
-
-/// The discover answer, in the order an agent reads it.
-#[derive(Default, Serialize)]
-struct Answer<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    notice: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    total_available: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    hint: Option<&'static str>,
-    total_found: usize,
-    tools: Vec<Entry<'a>>,
-    search_time_ms: u64,
-    query: &'a str,
-}
-
-/// One discover result. The key order is part of the answer: the token counter cuts answers right after
-/// `"tool_path":`, `"relevance_score":` and `"input_schema":` (`tokens::Counter::count_answer`).
-#[derive(Serialize)]
-struct Entry<'a> {
-    tool_path: String,
-    description: &'a str,
-    server_name: &'a str,
-    transport: &'static str,
-    relevance_score: f64,
-    input_schema: Schema<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    matched: Option<crate::search::Matched>,
-    #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
-    meta: Option<Value>,
-}
-
-/// A result's input schema: as the server wrote it, trimmed and remembered, or parsed (the pretty form).
-enum Schema<'a> {
-    Text(&'a RawValue),
-    Trimmed(Arc<Box<RawValue>>),
-    Parsed(Value),
-}
-
-impl Serialize for Schema<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Schema::Text(text) => text.serialize(serializer),
-            Schema::Trimmed(text) => text.serialize(serializer),
-            Schema::Parsed(value) => value.serialize(serializer),
+        // A failure whose arguments do not fit the tool's schema says so, with the schema.
+        let arguments = args.get("arguments");
+        match result.map(normalise_call_result) {
+            Err(RouteError::Rpc(err)) if err.code == codes::INVALID_PARAMS => {
+                match misfit(&instance, tool_name, arguments) {
+                    Some((tool, problems)) => Err(RouteError::Rpc(fit::explain_error(err, path, &tool, &problems))),
+                    None => Err(RouteError::Rpc(err)),
+                }
+            }
+            Ok(result) if result.shape().is_error => match misfit(&instance, tool_name, arguments) {
+                Some((tool, problems)) => Ok(fit::explain_result(result, path, &tool, &problems)),
+                None => Ok(result),
+            },
+            other => other,
         }
     }
 }
 
-fn tool_entry<'a>(instance: &'a Instance, tool: &'a ToolDef, relevance: f64, shape: &mut Shape<'_>) -> Entry<'a> {
-    let spec = instance.spec();
-    let transport = match spec.upstream.transport_name() {
-        "stdio" => "stdio",
-        _ => "http",
-    };
-    let input_schema = match (shape.full_schemas, shape.pretty) {
-        (true, false) => tool.input_schema_text().map_or_else(|| Schema::Parsed(tool.input_schema()), Schema::Text),
-        (true, true) => Schema::Parsed(tool.input_schema()),
-        (false, false) => Schema::Trimmed(shape.schemas.get(tool)),
-        (false, true) => Schema::Parsed(trim_schema(tool.input_schema())),
-    };
-    Entry {
-        tool_path: tool_path(&spec.server_slug, tool.name()),
-        description: tool.description(),
-        server_name: &spec.server_slug,
-        transport,
-        // Three decimals tell results apart; more digits only cost the agent tokens.
-        relevance_score: (relevance * 1000.0).round() / 1000.0,
-        input_schema,
-        matched: shape.explainer.as_mut().map(|explainer| explainer.explain(&spec.server_slug, tool)),
-        meta: tool.meta().map(|meta| namespace_ui_meta(&meta, &spec.server_slug)),
-    }
+/// The tool `tool_name` of `instance` and what of `arguments` does not fit its input schema, when something does
+/// not (missing arguments are `{}`, as the call sent them).
+fn misfit(instance: &Instance, tool_name: &str, arguments: Option<&Value>) -> Option<(ToolDef, Vec<String>)> {
+    let catalog = instance.catalog()?;
+    let tool = catalog.tools.iter().find(|t| t.name() == tool_name)?.clone();
+    let none = Value::Object(Default::default());
+    let problems = fit::problems(&tool, arguments.filter(|a| !a.is_null()).unwrap_or(&none))?;
+    Some((tool, problems))
 }
+
 fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a str, RouteError> {
     params.get(name).and_then(Value::as_str).filter(|s| !s.trim().is_empty()).ok_or_else(|| invalid(message))
 }
@@ -532,65 +357,5 @@ mod tests {
             )
         );
         assert!(size <= 4 * 1024, "HierarchicalRouter::handle's future is {size} bytes: box the large branch");
-    }
-
-    /// The answer is written from borrowed parts; it must read exactly as the `json!` document it replaced,
-    /// key order included (the token counter cuts answers at some of its keys).
-    #[test]
-    fn a_discover_answer_is_written_as_the_json_document_it_stands_for() -> Result<(), serde_json::Error> {
-        let schema =
-            serde_json::value::to_raw_value(&json!({"type": "object", "properties": {"q": {"type": "string"}}}))?;
-        let matched = crate::search::Matched { exact_name: true, ..Default::default() };
-        let entry = |meta: Option<Value>, matched: Option<crate::search::Matched>| Entry {
-            tool_path: "web:search".into(),
-            description: "Search the \"web\"",
-            server_name: "web",
-            transport: "http",
-            relevance_score: 0.25,
-            input_schema: Schema::Text(&schema),
-            matched,
-            meta,
-        };
-        let answer = Answer {
-            hint: None,
-            total_found: 2,
-            tools: vec![
-                entry(None, None),
-                entry(Some(json!({"ui": {"resourceUri": "web|ui://x"}})), Some(matched.clone())),
-            ],
-            search_time_ms: 3,
-            query: "find \"this\"",
-            ..Answer::default()
-        };
-        let plain = json!({
-            "tool_path": "web:search", "description": "Search the \"web\"", "server_name": "web", "transport": "http",
-            "relevance_score": 0.25, "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
-        });
-        let mut full = plain.clone();
-        full["matched"] = json!(matched);
-        full["_meta"] = json!({"ui": {"resourceUri": "web|ui://x"}});
-        let document = json!({"total_found": 2, "tools": [plain, full], "search_time_ms": 3, "query": "find \"this\""});
-        assert_eq!(serde_json::to_string(&answer)?, document.to_string());
-        // The pretty form parses schemas, so that they are indented like the rest.
-        let mut pretty = answer;
-        for entry in &mut pretty.tools {
-            entry.input_schema = Schema::Parsed(serde_json::from_str(schema.get())?);
-        }
-        assert_eq!(serde_json::to_string_pretty(&pretty)?, serde_json::to_string_pretty(&document)?);
-
-        let wildcard = Answer {
-            notice: Some("Showing 20 of 31 available tools.".into()),
-            total_available: Some(31),
-            query: "*",
-            ..Answer::default()
-        };
-        let document = json!({"notice": "Showing 20 of 31 available tools.", "total_available": 31,
-            "total_found": 0, "tools": [], "search_time_ms": 0, "query": "*"});
-        assert_eq!(serde_json::to_string(&wildcard)?, document.to_string());
-        let empty = Answer { hint: Some(NO_MATCH_HINT), query: "zzz", ..Answer::default() };
-        let document =
-            json!({"hint": NO_MATCH_HINT, "total_found": 0, "tools": [], "search_time_ms": 0, "query": "zzz"});
-        assert_eq!(serde_json::to_string(&empty)?, document.to_string());
-        Ok(())
     }
 }
