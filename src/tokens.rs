@@ -79,8 +79,10 @@ impl Counter {
     /// a piece always starts at the cut, in the whole text and in the chunk alone. A key of the same name inside
     /// a schema is cut the same way; one inside a string value is escaped (`\"`) and never matches.
     pub fn count_answer(&self, text: &str) -> usize {
+        static FINDERS: OnceLock<[memchr::memmem::Finder<'static>; 3]> = OnceLock::new();
+        let finders = FINDERS.get_or_init(|| ANSWER_KEYS.map(memchr::memmem::Finder::new));
         let mut cuts: Vec<usize> =
-            ANSWER_KEYS.iter().flat_map(|key| text.match_indices(key).map(|(at, _)| at + 1)).collect();
+            finders.iter().flat_map(|key| key.find_iter(text.as_bytes()).map(|at| at + 1)).collect();
         cuts.sort_unstable();
         let mut total = 0;
         let mut start = 0;
@@ -579,6 +581,42 @@ mod tests {
             assert_eq!(counter.count_answer(text), counter.count_text(text));
         }
         assert_eq!(counter.chunks.lock().len(), remembered, "nothing counted twice");
+        Ok(())
+    }
+
+    /// A budget answer (entries compact, path alone or full, each maybe with a `need`; `needs` and the budget's
+    /// fields around them) counted in chunks counts what the whole text does: the analytics' realized figures, which
+    /// count answers so, count what the agent received.
+    #[test]
+    fn a_budget_answer_counts_entry_by_entry_what_the_whole_text_does() -> Result<(), Box<dyn std::error::Error>> {
+        let counter = Counter::o200k_base()?;
+        let corpus = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl"),
+        )?;
+        let tools: Vec<Value> = corpus.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        for (n, group) in tools.chunks(12).enumerate().filter(|(n, _)| n % 11 == 0) {
+            let entries: Vec<String> = group
+                .iter()
+                .enumerate()
+                .map(|(i, tool)| {
+                    let path = format!("{}:{}", tool["server"].as_str().unwrap_or("s"), tool["name"].as_str().unwrap_or("t"));
+                    let need = (n % 2 == 0).then_some(i % 3);
+                    let entry = match i % 3 {
+                        0 => json!({"tool_path": path, "need": need, "description": tool["description"], "server_name": "s",
+                            "transport": "http", "relevance_score": 0.25, "input_schema": tool["inputSchema"]}),
+                        1 => json!({"tool_path": path, "need": need, "description": "First sentence.", "required": ["a", "b"]}),
+                        _ => json!({"tool_path": path, "need": need}),
+                    };
+                    entry.to_string()
+                })
+                .collect();
+            let text = format!(
+                "{{\"needs\":[\"read the file\",\"plot it\"],\"tools\":[{}],\"total_found\":{},\"more_matched\":7,\"budget_tokens\":1000,\"hint\":\"h\",\"search_time_ms\":0,\"query\":\"q\"}}",
+                entries.join(","),
+                entries.len()
+            );
+            assert_eq!(counter.count_answer(&text), counter.count_text(&text), "{text}");
+        }
         Ok(())
     }
 

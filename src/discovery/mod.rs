@@ -105,6 +105,7 @@ pub async fn discover_until(
         tool_tokens: Vec::new(),
         fallbacks,
         header_tools: Default::default(),
+        names: Default::default(),
     })
 }
 

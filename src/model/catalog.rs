@@ -508,6 +508,8 @@ pub struct Catalog {
     pub fallbacks: Vec<String>,
     /// The tools whose `inputSchema` names a header, found once: see [`Catalog::header_schema`].
     pub header_tools: HeaderTools,
+    /// The tools by name, for a large catalog: see [`Catalog::position`].
+    pub names: super::names::ToolNames,
 }
 
 /// The schema keyword naming a property's header (2026-07-28 "Custom Headers from Tool Parameters").
@@ -546,6 +548,7 @@ impl Catalog {
             tool_tokens: Vec::new(),
             fallbacks: Vec::new(),
             header_tools: HeaderTools::default(),
+            names: Default::default(),
         }
     }
 
@@ -565,6 +568,11 @@ impl Catalog {
             found
         });
         found.get(name).and_then(|&at| self.tools.get(at)).and_then(ToolDef::input_schema_text)
+    }
+
+    /// The place of the tool named `name` (the first, when a listing names one twice).
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.names.position(&self.tools, name)
     }
 
     /// Tokens of every tool, once counted.

@@ -10,6 +10,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use url::Url;
 
 pub mod catalog;
+pub mod names;
 pub mod toolset;
 
 pub use catalog::{

@@ -115,6 +115,7 @@ impl Store {
                 Catalog {
                     fallbacks: Vec::new(),
                     header_tools: Default::default(),
+                    names: Default::default(),
                     tools: Vec::new(),
                     resources: resources.iter().filter_map(ResourceDef::from_listing).collect(),
                     templates: templates.iter().filter_map(TemplateDef::from_listing).collect(),

@@ -31,6 +31,7 @@ fn catalog() -> Catalog {
         tool_tokens: vec![12, 30],
         fallbacks: vec![],
         header_tools: Default::default(),
+        names: Default::default(),
     }
 }
 

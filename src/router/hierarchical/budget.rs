@@ -17,7 +17,7 @@
 //! - Budget answers are compact JSON whatever `pretty_results` says: indentation costs tokens and tells an agent
 //!   nothing.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,7 +26,7 @@ use serde_json::value::{to_raw_value, RawValue};
 use serde_json::Value;
 
 use super::super::{internal, RouteError};
-use super::candidates::{search_failed, tool_entry, Candidates, Pick, Request, Shape, NO_MATCH_HINT};
+use super::candidates::{search_failed, tool_entry, Candidates, Pick, Request, Seen, Shape, NO_MATCH_HINT};
 use super::HierarchicalRouter;
 use crate::model::namespace_ui_meta;
 use crate::search::{split_needs, Scope};
@@ -133,18 +133,18 @@ async fn ranked<'a>(
 fn merge<'a>(lists: Vec<Vec<Pick<'a>>>, whole: Vec<Pick<'a>>) -> Vec<(Pick<'a>, bool)> {
     let leading: Vec<bool> = lists.iter().map(|list| leads(list)).collect();
     let whole_leads = leads(&whole);
-    let need_of: HashMap<String, usize> =
-        lists.iter().flatten().rev().filter_map(|pick| Some((pick.path(), pick.need?))).collect();
+    let need_of: HashMap<u64, usize> =
+        lists.iter().flatten().rev().filter_map(|pick| Some((pick.key(), pick.need?))).collect();
     let mut lists: Vec<VecDeque<Pick<'a>>> = lists.into_iter().map(VecDeque::from).collect();
     let mut whole = VecDeque::from(whole);
-    let mut seen = HashSet::new();
+    let mut seen = Seen::new();
     let mut order = Vec::new();
     let mut push = |mut pick: Pick<'a>, full: bool, order: &mut Vec<(Pick<'a>, bool)>| {
-        let path = pick.path();
-        if !seen.insert(path.clone()) {
+        let key = pick.key();
+        if !seen.insert(key) {
             return false;
         }
-        pick.need = need_of.get(&path).copied();
+        pick.need = need_of.get(&key).copied();
         order.push((pick, full));
         true
     };
@@ -171,13 +171,13 @@ fn merge<'a>(lists: Vec<Vec<Pick<'a>>>, whole: Vec<Pick<'a>>) -> Vec<(Pick<'a>, 
 /// needs one tool of a server often needs its siblings). The first stays first; equal keys keep their order.
 fn boost_servers(picks: Vec<Pick<'_>>) -> Vec<Pick<'_>> {
     let Some(best) = picks.first().map(|p| p.score).filter(|b| b.is_finite() && *b > 0.0) else { return picks };
-    let mut strength: HashMap<String, f32> = HashMap::new();
+    // Hits come best first: a server's first pick carries its best score.
+    let mut strength: HashMap<&str, f32> = HashMap::with_capacity(picks.len());
     for pick in &picks {
-        let entry = strength.entry(pick.instance.spec().server_slug.clone()).or_insert(0.0);
-        *entry = entry.max(pick.score / best);
+        strength.entry(pick.instance.spec().server_slug.as_str()).or_insert(pick.score / best);
     }
     let key = |pick: &Pick<'_>| {
-        let server = strength.get(&pick.instance.spec().server_slug).copied().unwrap_or(0.0);
+        let server = strength.get(pick.instance.spec().server_slug.as_str()).copied().unwrap_or(0.0);
         pick.score / best + SERVER_BOOST * server
     };
     let mut picks = picks.into_iter();
@@ -232,14 +232,15 @@ fn pack<'p, 'a: 'p>(
             (false, true) => Form::Compact,
             (false, false) => Form::Path,
         };
+        let path = pick.path();
         loop {
-            let entry = entry(pick, form, &mut shape, router)?;
+            let entry = entry(pick, &path, form, &mut shape, router)?;
             let cost = counter.count_entry(entry.get());
             if spent + cost <= written.budget {
                 spent += cost;
                 full += usize::from(form == Form::Full);
                 written.compact += usize::from(form == Form::Compact);
-                written.entries.push((entry, pick.path(), form));
+                written.entries.push((entry, path, form));
                 break;
             }
             form = match form {
@@ -255,6 +256,7 @@ fn pack<'p, 'a: 'p>(
 /// One entry of `pick` in `form`, as compact JSON.
 fn entry(
     pick: &Pick<'_>,
+    path: &str,
     form: Form,
     shape: &mut Shape<'_>,
     router: &HierarchicalRouter,
@@ -265,20 +267,16 @@ fn entry(
             let summary = router.summaries.get(pick.tool());
             let meta = pick.tool().meta().map(|meta| namespace_ui_meta(&meta, &pick.instance.spec().server_slug));
             to_raw_value(&Compact {
-                tool_path: &pick.path(),
+                tool_path: path,
                 need: pick.need,
                 description: Some(&summary.sentence),
                 required: &summary.required,
                 meta,
             })
         }
-        Form::Path => to_raw_value(&Compact {
-            tool_path: &pick.path(),
-            need: pick.need,
-            description: None,
-            required: &[],
-            meta: None,
-        }),
+        Form::Path => {
+            to_raw_value(&Compact { tool_path: path, need: pick.need, description: None, required: &[], meta: None })
+        }
     };
     written.map_err(|err| internal(format!("could not write a discover entry: {err}")))
 }

@@ -77,6 +77,11 @@ impl Pick<'_> {
     pub(super) fn path(&self) -> String {
         tool_path(&self.instance.spec().server_slug, self.tool().name())
     }
+
+    /// The key of its path in a [`Seen`] set.
+    pub(super) fn key(&self) -> u64 {
+        path_key(&self.instance.spec().server_slug, self.tool().name())
+    }
 }
 
 /// The tools a caller may be shown: those of its visible instances, not disabled, in its toolset.
@@ -85,9 +90,16 @@ pub(super) struct Candidates<'a> {
     pub(super) toolset: Option<&'a Arc<Toolset>>,
 }
 
-/// Tool paths (server slug, tool name) listed so far: several installations of one server slug would list a
-/// path twice; the first is shown.
-type Seen = HashSet<(String, String)>;
+/// Tool paths (server slug, tool name) listed so far, by a hash of the two: several installations of one server
+/// slug would list a path twice; the first is shown. Hashes, not copies: a budget answer reads a hundred hits.
+pub(super) type Seen = HashSet<u64>;
+
+/// The key of a tool path in a [`Seen`] set.
+pub(super) fn path_key(slug: &str, tool: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+    KEYS.get_or_init(Default::default).hash_one((slug, tool))
+}
 
 impl<'a> Candidates<'a> {
     pub(super) fn usable(&self, instance: &Instance, tool: &ToolDef) -> bool {
@@ -103,9 +115,7 @@ impl<'a> Candidates<'a> {
         for hit in hits {
             let found = self.instances.binary_search_by(|i| i.spec().process_id.0.as_str().cmp(&hit.process_id));
             let Some(instance) = found.ok().map(|at| &self.instances[at]) else { continue };
-            let Some((catalog, at)) = instance
-                .catalog()
-                .and_then(|c| c.tools.iter().position(|t| t.name() == hit.tool_name).map(|at| (c, at)))
+            let Some((catalog, at)) = instance.catalog().and_then(|c| c.position(&hit.tool_name).map(|at| (c, at)))
             else {
                 continue;
             };
@@ -128,11 +138,11 @@ impl<'a> Candidates<'a> {
         if names.is_empty() || names.len() > MAX_NAMED {
             return None;
         }
-        let mut seen = HashSet::new();
+        let mut seen = Seen::new();
         let mut picks = Vec::with_capacity(names.len());
         for name in names {
             let pick = self.named(name)?;
-            if seen.insert(pick.path()) {
+            if seen.insert(pick.key()) {
                 picks.push(pick);
             }
         }
@@ -145,7 +155,7 @@ impl<'a> Candidates<'a> {
         let (slug, tool_name) = parse_tool_path(path)?;
         let (instance, catalog, at) = self.instances.iter().rev().find_map(|instance| {
             let catalog = instance.catalog().filter(|_| instance.spec().server_slug == slug)?;
-            let at = catalog.tools.iter().position(|t| t.name() == tool_name)?;
+            let at = catalog.position(tool_name)?;
             Some((instance, catalog, at))
         })?;
         self.usable(instance, &catalog.tools[at]).then_some(Pick {
@@ -176,7 +186,7 @@ impl<'a> Candidates<'a> {
 
 /// Whether the path of `tool` on `instance` is new to `seen` (and remember it).
 fn first_time(seen: &mut Seen, instance: &Instance, tool: &ToolDef) -> bool {
-    seen.insert((instance.spec().server_slug.clone(), tool.name().to_owned()))
+    seen.insert(path_key(&instance.spec().server_slug, tool.name()))
 }
 
 pub(super) fn search_failed(err: crate::search::SearchError) -> RouteError {
@@ -265,4 +275,3 @@ pub(super) fn tool_entry<'a>(pick: &'a Pick<'_>, shape: &mut Shape<'_>) -> Entry
         meta: tool.meta().map(|meta| namespace_ui_meta(&meta, &spec.server_slug)),
     }
 }
-

@@ -270,7 +270,7 @@ impl HierarchicalRouter {
             // Never started (or never listed its tools): say why, not "Tool not found".
             return Ok(blocked_result(path, &instance).into());
         }
-        let known = instance.catalog().is_some_and(|c| c.tools.iter().any(|t| t.name() == tool_name));
+        let known = instance.catalog().is_some_and(|c| c.position(tool_name).is_some());
         if !known {
             return Err(invalid(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));
         }
@@ -325,7 +325,7 @@ impl HierarchicalRouter {
 /// not (missing arguments are `{}`, as the call sent them).
 fn misfit(instance: &Instance, tool_name: &str, arguments: Option<&Value>) -> Option<(ToolDef, Vec<String>)> {
     let catalog = instance.catalog()?;
-    let tool = catalog.tools.iter().find(|t| t.name() == tool_name)?.clone();
+    let tool = catalog.tools.get(catalog.position(tool_name)?)?.clone();
     let none = Value::Object(Default::default());
     let problems = fit::problems(&tool, arguments.filter(|a| !a.is_null()).unwrap_or(&none))?;
     Some((tool, problems))
