@@ -71,8 +71,9 @@ pub struct Snapshot {
     pub outbox: Option<(u64, Duration)>,
     /// Managed mode: attempts per backend loop (`heartbeat`, `poll`, `config`, `events`) as (ok, failed).
     pub backend: Vec<(&'static str, u64, u64)>,
-    /// Managed mode: bearer tokens answered from the introspection cache and those asked of the backend.
-    pub introspection: Option<(u64, u64)>,
+    /// Managed mode: bearer tokens answered from the introspection cache, those asked of the backend, and those
+    /// admitted on a stale entry while the backend could not be asked.
+    pub introspection: Option<(u64, u64, u64)>,
     /// Whether the first configuration has been applied (what `/readyz` says).
     pub ready: bool,
 }
@@ -240,16 +241,18 @@ fn snapshot_registry(snapshot: &Snapshot) -> Result<Registry, prometheus::Error>
         backend.with_label_values(&[operation, "failed"]).inc_by(*failed);
     }
     registry.register(Box::new(backend))?;
-    if let Some((hits, misses)) = snapshot.introspection {
+    if let Some((hits, misses, stale)) = snapshot.introspection {
         let cache = IntCounterVec::new(
             Opts::new(
                 "satellite_introspection_cache_total",
-                "Managed mode: bearer tokens answered from the introspection cache (hit) or not (miss)",
+                "Managed mode: bearer tokens answered from the introspection cache (hit), asked of the backend (miss), \
+                 or admitted on an expired entry while the backend could not be asked (stale)",
             ),
             &["result"],
         )?;
         cache.with_label_values(&["hit"]).inc_by(hits);
         cache.with_label_values(&["miss"]).inc_by(misses);
+        cache.with_label_values(&["stale"]).inc_by(stale);
         registry.register(Box::new(cache))?;
     }
     let ready = IntGauge::new("satellite_ready", "1 once the first configuration is applied (what /readyz says)")?;
@@ -283,7 +286,7 @@ mod tests {
             sessions: vec![("hierarchical", 3)],
             outbox: Some((4, Duration::from_secs(9))),
             backend: vec![("heartbeat", 5, 1)],
-            introspection: Some((1, 2)),
+            introspection: Some((1, 2, 3)),
             ready: true,
         };
         let text = metrics.render(&snapshot)?;
@@ -293,6 +296,7 @@ mod tests {
             "satellite_discover_duration_seconds_count{found=\"true\"} 1",
             "satellite_tool_calls_total{outcome=\"tool_error\",server=\"demo\"} 1",
             "satellite_introspection_cache_total{result=\"miss\"} 2",
+            "satellite_introspection_cache_total{result=\"stale\"} 3",
             "satellite_instances{status=\"online\"} 2",
             "satellite_instances_dormant 1",
             "satellite_upstream_connections{transport=\"stdio\"} 1",

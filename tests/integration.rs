@@ -17,6 +17,7 @@ mod lifecycle;
 mod managed;
 mod metrics;
 mod mirrored_headers;
+mod outage;
 mod reconcile;
 mod replicas;
 mod sandbox;

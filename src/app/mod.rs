@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn, Instrument};
 
-use crate::auth::introspection::{Introspect, Introspected, TokenIntrospection, Verdict, CACHE_TTL};
+use crate::auth::introspection::{Introspect, Introspected, TokenIntrospection, Verdict};
 use crate::auth::{Authenticator, Principal};
 use crate::backend::client::BackendClient;
 use crate::backend::managed::{self, Managed, ManagedDeps};
@@ -216,8 +216,9 @@ impl Satellite {
                 let introspection = TokenIntrospection::new(
                     introspector(client.clone()),
                     settings.accepted_audiences(&config.public_url),
-                    CACHE_TTL,
-                );
+                    settings.token_cache_ttl,
+                )
+                .stale_for(settings.token_stale_for);
                 let monitor = Arc::new(BackendMonitor::new(client.clone(), store.clone()));
                 Some((settings.clone(), client, metrics, introspection, monitor))
             }

@@ -120,9 +120,17 @@ impl Authenticator {
         }
     }
 
-    /// Managed mode: the introspection cache's (hits, misses) so far.
-    pub fn introspection_counts(&self) -> Option<(u64, u64)> {
-        self.introspection.as_ref().map(|i| i.cache_counts())
+    /// Managed mode: the introspection cache's (hits, misses, stale answers) so far.
+    pub fn introspection_counts(&self) -> Option<(u64, u64, u64)> {
+        self.introspection.as_ref().map(|i| {
+            let (hits, misses) = i.cache_counts();
+            (hits, misses, i.stale_answers())
+        })
+    }
+
+    /// Managed mode: since when the control plane could not check tokens, while it cannot.
+    pub fn introspection_outage(&self) -> Option<introspection::Outage> {
+        self.introspection.as_ref().and_then(|i| i.outage())
     }
 
     pub fn replace(&self, directory: Directory) {

@@ -63,4 +63,7 @@ pub enum AuthError {
     InsufficientScope(String),
     #[error("Admin role required: this token belongs to a team member, not a team admin")]
     NotAdmin,
+    /// The control plane could not be asked about a token it has not vouched for recently (503, `Retry-After`).
+    #[error("The token cannot be checked now: the control plane is unreachable ({0})")]
+    Unavailable(String),
 }

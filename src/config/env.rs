@@ -78,6 +78,11 @@ pub const EVENT_OUTBOX_MAX_MIB: &str = "SATELLITE_EVENT_OUTBOX_MAX_MIB";
 /// Milliseconds a replica's claim on a batch of events lasts (docs/scale-out.md).
 pub const EVENT_LEASE_MS: &str = "SATELLITE_EVENT_LEASE_MS";
 pub const TOKEN_AUDIENCES: &str = "DEPLOYSTACK_TOKEN_AUDIENCES";
+/// Seconds an introspected token is trusted without asking again (default 300, BP §10).
+pub const TOKEN_CACHE_SECONDS: &str = "SATELLITE_TOKEN_CACHE_SECONDS";
+/// Seconds past its last successful check a token keeps working while the backend cannot be asked (default 3600;
+/// 0: never).
+pub const TOKEN_STALE_SECONDS: &str = "SATELLITE_TOKEN_STALE_SECONDS";
 pub const GITHUB_TARBALL_URL: &str = "DEPLOYSTACK_GITHUB_TARBALL_URL";
 pub const DEPLOYMENTS_DIR: &str = "DEPLOYSTACK_DEPLOYMENTS_DIR";
 /// `none`, `nsjail` or `bubblewrap` (file `sandbox.isolation`).

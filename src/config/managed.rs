@@ -24,6 +24,11 @@ pub struct ManagedSettings {
     /// replica that dies mid-batch delays that batch this long. Keep it above the backend's 10 s request
     /// timeout, or a slow batch may be sent twice.
     pub event_lease: Duration,
+    /// How long an introspected token is trusted without asking again (`SATELLITE_TOKEN_CACHE_SECONDS`, default 300).
+    pub token_cache_ttl: Duration,
+    /// How long past its last successful check a token keeps working while the backend cannot be asked
+    /// (`SATELLITE_TOKEN_STALE_SECONDS`, default 3600, 0 never).
+    pub token_stale_for: Duration,
     /// Audiences accepted in introspection answers besides the built-in ones (`DEPLOYSTACK_TOKEN_AUDIENCES`,
     /// comma-separated).
     pub extra_audiences: Vec<String>,
@@ -75,6 +80,9 @@ pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigErr
     let millis = |key: &str, var: &'static str, default: u64| -> Result<Duration, ConfigError> {
         Ok(Duration::from_millis(number(env, key, var, None, default, false)?))
     };
+    let seconds = |key: &str, var: &'static str, default: u64| -> Result<Duration, ConfigError> {
+        Ok(Duration::from_secs(number(env, key, var, None, default, false)?))
+    };
     Ok(ManagedSettings {
         backend_url,
         satellite_name: name.to_owned(),
@@ -98,6 +106,8 @@ pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigErr
         outbox_max_bytes: number(env, "backend.event_outbox_max_mib", env::EVENT_OUTBOX_MAX_MIB, None, 512u64, false)?
             .saturating_mul(1024 * 1024),
         event_lease: millis("backend.event_lease_ms", env::EVENT_LEASE_MS, 60_000)?,
+        token_cache_ttl: seconds("backend.token_cache_seconds", env::TOKEN_CACHE_SECONDS, 300)?,
+        token_stale_for: seconds("backend.token_stale_seconds", env::TOKEN_STALE_SECONDS, 3_600)?,
         extra_audiences: env::get(env, env::TOKEN_AUDIENCES)
             .map(|list| list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect())
             .unwrap_or_default(),

@@ -54,6 +54,7 @@ impl ApiError {
             ApiError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin) | ApiError::OtherTeam(_) => {
                 (StatusCode::FORBIDDEN, "forbidden")
             }
+            ApiError::Auth(AuthError::Unavailable(_)) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::BadQuery(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ApiError::Store => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
@@ -62,6 +63,11 @@ impl ApiError {
                 .into_response();
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(super::oauth::RETRY_AFTER_SECONDS));
         }
         response
     }

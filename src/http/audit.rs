@@ -86,7 +86,8 @@ pub(super) async fn finish(
         Err(err) => err,
     };
     let reason = match &err {
-        McpError::Auth(AuthError::Missing) => None,
+        // The control plane could not be asked: not a failed authentication of the client.
+        McpError::Auth(AuthError::Missing | AuthError::Unavailable(_)) => None,
         McpError::Auth(other) => Some(other.to_string()),
         McpError::InstanceAuth(other) => Some(other.to_string()),
         McpError::SseSessionOfAnother => Some("legacy SSE session used by another identity".to_owned()),

@@ -108,6 +108,9 @@ impl McpError {
         if matches!(self, McpError::CallerBusy { .. }) {
             response.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
         }
+        if matches!(self, McpError::Auth(AuthError::Unavailable(_))) {
+            response.headers_mut().insert("retry-after", HeaderValue::from(super::oauth::RETRY_AFTER_SECONDS));
+        }
         response
     }
 
@@ -132,6 +135,7 @@ impl McpError {
             McpError::NoServerStream | McpError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             McpError::Auth(AuthError::Missing | AuthError::Invalid(_)) => StatusCode::UNAUTHORIZED,
             McpError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin) => StatusCode::FORBIDDEN,
+            McpError::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             McpError::InstanceAuth(err) => match err {
                 InstanceAuthError::NotFound => StatusCode::NOT_FOUND,
                 InstanceAuthError::BadFormat | InstanceAuthError::Invalid => StatusCode::UNAUTHORIZED,

@@ -33,6 +33,9 @@ impl ResourceUrls {
     }
 }
 
+/// What a client refused because its token could not be checked is told to wait (`Retry-After`).
+pub const RETRY_AFTER_SECONDS: u64 = 5;
+
 /// The §5.3 answer to a failed bearer authentication: status, `WWW-Authenticate` value, JSON-RPC error.
 pub struct Challenge {
     pub status: StatusCode,
@@ -64,6 +67,16 @@ pub fn challenge(err: &AuthError, urls: &ResourceUrls) -> Challenge {
             RpcError::new(codes::FORBIDDEN, "Insufficient scope").with_data(json!({
                 "message": format!("Token missing required scope: {scope}"), "oauth_error": "insufficient_scope",
                 "required_scopes": [scope], "resource_metadata_uri": rm,
+            })),
+        ),
+        // BP §10: the control plane could not be asked: `server_error`, never `invalid_token`, which tells an OAuth
+        // client to drop its token and sign in again.
+        AuthError::Unavailable(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", error=\"server_error\", error_description=\"The token cannot be checked now; retry shortly\""),
+            RpcError::new(codes::INTERNAL_ERROR, "The token cannot be checked now; retry shortly").with_data(json!({
+                "message": "The control plane that checks tokens is unreachable", "oauth_error": "server_error",
+                "retry_after_seconds": RETRY_AFTER_SECONDS,
             })),
         ),
         AuthError::NotAdmin => (

@@ -55,16 +55,42 @@ fn root(deps: Arc<StatusDeps>) -> Response {
 /// no backend and says so.
 async fn backend(deps: Arc<StatusDeps>) -> Response {
     match &deps.backend {
-        Some(monitor) => warp::reply::json(&monitor.report().await).into_response(),
+        Some(monitor) => {
+            let mut report = monitor.report().await;
+            report["token_checks"] = token_checks(&deps);
+            warp::reply::json(&report).into_response()
+        }
         None => {
             warp::reply::json(&json!({"mode": "standalone", "connection_status": "not_configured"})).into_response()
         }
     }
 }
 
+/// Managed mode: whether the control plane can check tokens now, and how many requests were admitted on tokens it
+/// vouched for earlier while it could not.
+fn token_checks(deps: &StatusDeps) -> Value {
+    let auth = &deps.analytics.auth;
+    let stale = auth.introspection_counts().map_or(0, |(_, _, stale)| stale);
+    match auth.introspection_outage() {
+        Some(outage) => json!({
+            "state": "degraded",
+            "since_seconds": outage.since.elapsed().as_secs(),
+            "reason": outage.reason,
+            "message": "the control plane cannot check tokens: tokens it accepted within the stale bound keep working, new ones get 503",
+            "stale_answers": stale,
+        }),
+        None => json!({"state": "ok", "stale_answers": stale}),
+    }
+}
+
 fn readyz(deps: Arc<StatusDeps>) -> Response {
     if *deps.manager.ready().borrow() {
-        warp::reply::json(&json!({"status": "ready"})).into_response()
+        let mut body = json!({"status": "ready"});
+        // Serving goes on; what is degraded is said, not hidden behind a 503 that would take the pod out.
+        if deps.analytics.auth.introspection_outage().is_some() {
+            body["degraded"] = json!({"token_checks": token_checks(&deps)});
+        }
+        warp::reply::json(&body).into_response()
     } else {
         let body = warp::reply::json(&json!({"status": "starting", "reason": "first configuration not applied yet"}));
         warp::reply::with_status(body, StatusCode::SERVICE_UNAVAILABLE).into_response()

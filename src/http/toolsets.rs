@@ -58,8 +58,13 @@ impl ApiError {
                 let status = match err {
                     AuthError::Missing | AuthError::Invalid(_) => StatusCode::UNAUTHORIZED,
                     AuthError::InsufficientScope(_) | AuthError::NotAdmin => StatusCode::FORBIDDEN,
+                    AuthError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
                 };
-                let code = if status == StatusCode::UNAUTHORIZED { "unauthorized" } else { "forbidden" };
+                let code = match status {
+                    StatusCode::UNAUTHORIZED => "unauthorized",
+                    StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+                    _ => "forbidden",
+                };
                 (status, code, err.to_string())
             }
             ApiError::BadRequest(message) => (StatusCode::BAD_REQUEST, "bad_request", message),
