@@ -76,6 +76,9 @@ pub struct Snapshot {
     pub introspection: Option<(u64, u64, u64)>,
     /// Whether the first configuration has been applied (what `/readyz` says).
     pub ready: bool,
+    /// Analytics facts dropped with the recorder's queue full, and rows dropped past what is kept for a database
+    /// that refuses them.
+    pub analytics_dropped: (u64, u64),
 }
 
 impl Metrics {
@@ -255,6 +258,17 @@ fn snapshot_registry(snapshot: &Snapshot) -> Result<Registry, prometheus::Error>
         cache.with_label_values(&["stale"]).inc_by(stale);
         registry.register(Box::new(cache))?;
     }
+    let analytics = IntCounterVec::new(
+        Opts::new(
+            "satellite_analytics_dropped_total",
+            "Token-savings facts lost: queue (the recorder's queue was full) or store (the database refused them past \
+             what is kept for it)",
+        ),
+        &["stage"],
+    )?;
+    analytics.with_label_values(&["queue"]).inc_by(snapshot.analytics_dropped.0);
+    analytics.with_label_values(&["store"]).inc_by(snapshot.analytics_dropped.1);
+    registry.register(Box::new(analytics))?;
     let ready = IntGauge::new("satellite_ready", "1 once the first configuration is applied (what /readyz says)")?;
     ready.set(i64::from(snapshot.ready));
     registry.register(Box::new(ready))?;
@@ -280,6 +294,7 @@ mod tests {
         metrics.discover(Duration::from_micros(300), true);
         metrics.tool_call("demo", CallOutcome::ToolError, Duration::from_millis(5));
         let snapshot = Snapshot {
+            analytics_dropped: (4, 5),
             instances_by_status: vec![("online", 2)],
             dormant: 1,
             upstream_connections: vec![("stdio", 1)],
@@ -297,6 +312,8 @@ mod tests {
             "satellite_tool_calls_total{outcome=\"tool_error\",server=\"demo\"} 1",
             "satellite_introspection_cache_total{result=\"miss\"} 2",
             "satellite_introspection_cache_total{result=\"stale\"} 3",
+            "satellite_analytics_dropped_total{stage=\"queue\"} 4",
+            "satellite_analytics_dropped_total{stage=\"store\"} 5",
             "satellite_instances{status=\"online\"} 2",
             "satellite_instances_dormant 1",
             "satellite_upstream_connections{transport=\"stdio\"} 1",

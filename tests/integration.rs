@@ -22,6 +22,7 @@ mod reconcile;
 mod replicas;
 mod sandbox;
 mod secret_sweep;
+mod storage;
 mod tenancy;
 mod tokens;
 mod toolsets;

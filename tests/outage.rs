@@ -146,3 +146,57 @@ async fn a_backend_slower_than_the_introspection_timeout_is_an_outage() {
     backend.set_latency_for(Endpoint::Introspect, Duration::ZERO);
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Issue 73, item 2: a backend slower than the events timeout stores each batch and answers too late. The
+/// satellite sends the batch again with the same event ids (the backend's dedupe key), fewer at a time, later and
+/// with more time: the backend stores each fact once and gets less, not more, while it is slow.
+#[tokio::test]
+async fn a_backend_slower_than_the_events_timeout_stores_each_fact_once() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    let slow_events = |config: &mut Config| {
+        fast(config);
+        if let satellite::config::Mode::Managed(m) = &mut config.mode {
+            m.event_timeout = Duration::from_millis(400);
+        }
+    };
+    let sat = TestSatellite::managed(
+        &backend.url(),
+        FakeBackend::REGISTRATION_TOKEN,
+        tempfile::tempdir().expect("dir"),
+        slow_events,
+    )
+    .await
+    .expect("managed satellite starts");
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    let drained = || async { (sat.satellite.store().event_count().await.ok() == Some(0)).then_some(()) };
+    wait_until(DEADLINE, "the outbox drained", drained).await;
+    let before = backend.calls(Endpoint::Events).len();
+    // Slow: every batch is stored at once and answered after 700 ms, past the 400 ms the satellite waits at first.
+    backend.set_answer_delay_for(Endpoint::Events, Duration::from_millis(700));
+    let manager = sat.satellite.manager().clone();
+    for _ in 0..3 {
+        manager.restart(&satellite::model::ProcessId::from(ALICE)).await.expect("restart");
+        wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    }
+    wait_until(DEADLINE, "every event accepted despite the slow backend", drained).await;
+    backend.set_answer_delay_for(Endpoint::Events, Duration::ZERO);
+
+    let events = backend.events();
+    let mut ids: Vec<&str> = events.iter().filter_map(|e| e.data.get("event_id").and_then(Value::as_str)).collect();
+    assert_eq!(ids.len(), events.len(), "every event carries its id");
+    let stored = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), stored, "no fact stored twice");
+    assert!(backend.duplicate_events() > 0, "a batch answered too late was sent again (and recognised by its ids)");
+    // After the first timeout, each batch is at most half the one before it until one is accepted.
+    let sizes: Vec<usize> = backend.calls(Endpoint::Events)[before..]
+        .iter()
+        .map(|call| call.body["events"].as_array().map_or(0, Vec::len))
+        .collect();
+    assert!(sizes.len() >= 2, "{sizes:?}");
+    assert!(sizes[1] <= sizes[0].div_ceil(2), "the batch sent again is smaller: {sizes:?}");
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

@@ -3,24 +3,29 @@
 //! (`report`). Recording never waits on the database: a fact is queued and the request goes on; a full queue
 //! drops the fact and counts it (`dropped`), because analytics must never slow or fail a client.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::model::{iso, InstanceSpec};
-use crate::store::analytics::{AnalyticsRow, CallRow, DiscoverRow, ListingRow, RowKey};
+use crate::store::analytics::{CallRow, DiscoverRow, ListingRow, RowKey};
 use crate::store::Store;
 
 pub mod chart;
 pub mod report;
+mod writer;
+
+use writer::writer;
+#[cfg(test)]
+use writer::{count_uncounted, drain, Ledger, Pending};
 
 /// Facts waiting for the writer; beyond this they are dropped and counted.
 const QUEUE: usize = 16_384;
@@ -221,6 +226,8 @@ struct RecorderInner {
     full: Notify,
     writer_started: AtomicBool,
     dropped: AtomicU64,
+    /// Rows dropped because the database refused them for so long that the rows kept for it filled up.
+    rows_dropped: AtomicU64,
     meta: MetaCost,
 }
 
@@ -233,6 +240,7 @@ impl Recorder {
                 full: Notify::new(),
                 writer_started: AtomicBool::new(false),
                 dropped: AtomicU64::new(0),
+                rows_dropped: AtomicU64::new(0),
                 meta,
             }),
         }
@@ -246,6 +254,11 @@ impl Recorder {
     /// Facts dropped because the queue was full.
     pub fn dropped(&self) -> u64 {
         self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Rows dropped because the database refused them past what is kept for it ([`writer::PENDING_MAX`]).
+    pub fn rows_dropped(&self) -> u64 {
+        self.inner.rows_dropped.load(Ordering::Relaxed)
     }
 
     /// Start the one writer (a second call does nothing). It writes until `shutdown`, then drains the queue.
@@ -397,205 +410,10 @@ fn short_digest(prefix: &str, bytes: &[u8]) -> String {
 }
 
 /// What the writer remembers of a session.
-struct SessionState {
-    last_fingerprint: Option<u64>,
-    discovers: VecDeque<(String, HashSet<String>)>,
-    seen: Instant,
-}
-
-impl SessionState {
-    fn new() -> Self {
-        Self { last_fingerprint: None, discovers: VecDeque::new(), seen: Instant::now() }
-    }
-}
-
-/// Turns facts into rows: proxy cost per listing, discover keys and hits, discover text tokens.
-struct Ledger {
-    sessions: HashMap<String, SessionState>,
-}
-
-impl Ledger {
-    fn session(&mut self, key: &str) -> &mut SessionState {
-        if self.sessions.len() >= SESSIONS_KEPT && !self.sessions.contains_key(key) {
-            let mut ages: Vec<Instant> = self.sessions.values().map(|s| s.seen).collect();
-            ages.sort_unstable();
-            let cutoff = ages[ages.len() / 2];
-            self.sessions.retain(|_, s| s.seen > cutoff);
-        }
-        let state = self.sessions.entry(key.to_owned()).or_insert_with(SessionState::new);
-        state.seen = Instant::now();
-        state
-    }
-
-    fn rows(&mut self, facts: Vec<Fact>, discover_tokens: &[u64]) -> Vec<AnalyticsRow> {
-        let mut tokens = discover_tokens.iter();
-        facts
-            .into_iter()
-            .map(|fact| match fact {
-                Fact::Listing(fact) => {
-                    let ListingFact { key, stateless, listing, listings, .. } = *fact;
-                    let state = self.session(&key.session);
-                    // A plain proxy sends the list once per session and again when it changed; a stateless
-                    // client asks every time, and a stateless proxy answers every time. Of like listings joined
-                    // in one row, only the first can be a change.
-                    let resent = if stateless {
-                        listings
-                    } else {
-                        u64::from(state.last_fingerprint != Some(listing.fingerprint))
-                    };
-                    state.last_fingerprint = Some(listing.fingerprint);
-                    let (process_id, installation_id) = listing.instance.unzip();
-                    // The token figures are the row's listings' totals; the tool counts, those of one.
-                    AnalyticsRow::Listing(ListingRow {
-                        key,
-                        router: listing.router.as_str(),
-                        process_id,
-                        installation_id,
-                        listings,
-                        tools_shown: listing.tools_shown,
-                        shown_tokens: listing.shown_tokens * listings,
-                        tools_visible: listing.tools_visible,
-                        visible_tokens: listing.visible_tokens * listings,
-                        proxy_tokens: listing.visible_tokens * resent,
-                    })
-                }
-                Fact::Discover { key, text: _, tool_paths } => {
-                    let discover_key = uuid::Uuid::new_v4().simple().to_string();
-                    let results = tool_paths.len() as u64;
-                    let state = self.session(&key.session);
-                    state.discovers.push_front((discover_key.clone(), tool_paths.into_iter().collect()));
-                    state.discovers.truncate(DISCOVERS_KEPT);
-                    AnalyticsRow::Discover(DiscoverRow {
-                        key,
-                        discover_key,
-                        results,
-                        result_tokens: tokens.next().copied().unwrap_or(0),
-                    })
-                }
-                Fact::Call(call) => {
-                    let path = crate::model::tool_path(&call.server_slug, &call.tool_name);
-                    let state = self.session(&call.key.session);
-                    let discover_key =
-                        state.discovers.iter().find(|(_, paths)| paths.contains(&path)).map(|(k, _)| k.clone());
-                    AnalyticsRow::Call(CallRow {
-                        key: call.key,
-                        router: call.router.as_str(),
-                        process_id: call.process_id,
-                        installation_id: call.installation_id,
-                        server_slug: call.server_slug,
-                        tool_name: call.tool_name,
-                        outcome: call.outcome.as_str(),
-                        calls: call.calls,
-                        duration_ms: call.duration_ms,
-                        discover_key,
-                    })
-                }
-            })
-            .collect()
-    }
-}
-
-async fn writer(recorder: Arc<RecorderInner>, store: Store, shutdown: CancellationToken) {
-    let mut ledger = Ledger { sessions: HashMap::new() };
-    let mut tick = tokio::time::interval(FLUSH_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = recorder.full.notified() => {}
-            _ = tick.tick() => {}
-            _ = shutdown.cancelled() => break,
-        }
-        drain(&recorder, &mut ledger, &store).await;
-    }
-    drain(&recorder, &mut ledger, &store).await;
-}
-
-/// Write every queued fact, [`BATCH`] at a time.
-async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &Store) {
-    let facts = {
-        let mut queue = recorder.queue.lock();
-        queue.open_calls.clear();
-        queue.open_listings.clear();
-        std::mem::take(&mut queue.facts)
-    };
-    let mut facts = facts.into_iter();
-    loop {
-        let mut batch: Vec<Fact> = facts.by_ref().take(BATCH).collect();
-        if batch.is_empty() {
-            break;
-        }
-        flush(ledger, store, &mut batch).await;
-    }
-}
-
-/// Add the tokens of listed tools that had no count yet to their listings (on the blocking pool; the encoder they
-/// waited for is being built or is built).
-async fn count_uncounted(facts: &mut [Fact]) {
-    for fact in facts.iter_mut() {
-        let Fact::Listing(fact) = fact else { continue };
-        let listing = &mut fact.listing;
-        if listing.uncounted.is_empty() {
-            continue;
-        }
-        let tools = std::mem::take(&mut listing.uncounted);
-        match crate::tokens::count_tools(tools).await {
-            Ok(counts) => {
-                let tokens: u64 = counts.iter().map(|n| *n as u64).sum();
-                listing.visible_tokens += tokens;
-                if listing.router == Router::Instance {
-                    listing.shown_tokens += tokens;
-                }
-            }
-            Err(err) => warn!(error = %err, "counting listed tools' tokens failed; they count as 0"),
-        }
-    }
-}
-
-async fn flush(ledger: &mut Ledger, store: &Store, batch: &mut Vec<Fact>) {
-    if batch.is_empty() {
-        return;
-    }
-    let facts = std::mem::take(batch);
-    let texts: Vec<String> = facts
-        .iter()
-        .filter_map(|f| match f {
-            Fact::Discover { text, .. } => Some(text.clone()),
-            _ => None,
-        })
-        .collect();
-    let counted = if texts.is_empty() {
-        Vec::new()
-    } else {
-        match tokio::task::spawn_blocking(move || {
-            crate::tokens::counter().map(|c| texts.iter().map(|t| c.count_answer(t) as u64).collect::<Vec<_>>())
-        })
-        .await
-        {
-            Ok(Ok(counts)) => counts,
-            Ok(Err(err)) => {
-                warn!(error = %err, "counting discover answer tokens failed; they count as 0");
-                Vec::new()
-            }
-            Err(err) => {
-                warn!(error = %err, "the token counting task failed; discover answers count as 0");
-                Vec::new()
-            }
-        }
-    };
-    let mut facts = facts;
-    count_uncounted(&mut facts).await;
-    let rows = ledger.rows(facts, &counted);
-    let written = rows.len();
-    if let Err(err) = store.insert_analytics(&rows).await {
-        warn!(rows = written, error = %err, "writing analytics rows failed; these facts are lost to the figures");
-    } else {
-        debug!(rows = written, "analytics rows written");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::analytics::AnalyticsRow;
 
     /// A session's key is what earlier versions stored (the first 16 hex digits of the digest): rows written
     /// before and after an upgrade stay one session.
@@ -644,7 +462,7 @@ mod tests {
         recorder.listing(&a, listing(1));
         assert_eq!(recorder.inner.queue.lock().facts.len(), 4, "two rows of five, then a change and back");
         let mut ledger = Ledger { sessions: HashMap::new() };
-        drain(&recorder.inner, &mut ledger, &store).await;
+        drain(&recorder.inner, &mut ledger, &store, &mut Pending::default()).await;
         let filter = crate::store::analytics::RowFilter::default();
         let (rows, _) = store.activity(&filter, crate::store::analytics::Grouping::Session, 10, 0).await?;
         let mut figures: Vec<(u64, u64, u64, u64)> =
@@ -754,7 +572,7 @@ mod tests {
         }
         assert_eq!(recorder.inner.queue.lock().open_calls.len(), 50);
         let mut ledger = Ledger { sessions: HashMap::new() };
-        drain(&recorder.inner, &mut ledger, &store).await;
+        drain(&recorder.inner, &mut ledger, &store, &mut Pending::default()).await;
         assert!(recorder.inner.queue.lock().open_calls.is_empty(), "the index outlived the rows it pointed to");
         let first = Caller { team: "t", user: "u", session: Some(&sessions[0]) };
         recorder.call(&first, Router::Instance, &spec, "echo", Outcome::Ok, ms);
@@ -763,7 +581,7 @@ mod tests {
             let Some(Fact::Call(row)) = queue.facts.first() else { panic!("the call after the drain has no row") };
             assert_eq!((queue.facts.len(), row.calls), (1, 1));
         }
-        drain(&recorder.inner, &mut ledger, &store).await;
+        drain(&recorder.inner, &mut ledger, &store, &mut Pending::default()).await;
         let filter = crate::store::analytics::RowFilter::default();
         let (total, _) = store.activity(&filter, crate::store::analytics::Grouping::Total, 1, 0).await?;
         assert_eq!(total[0].calls, 101);

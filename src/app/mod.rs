@@ -404,7 +404,8 @@ impl Satellite {
                 };
                 deps.monitor.set_replica_id(&deps.replica_id);
                 let uploader = Managed::uploader(&deps, settings.outbox_max, settings.event_lease)
-                    .with_byte_quota(settings.outbox_max_bytes);
+                    .with_byte_quota(settings.outbox_max_bytes)
+                    .with_timeout(settings.event_timeout);
                 upload_task = Some(tokio::spawn(
                     managed::upload_loop(
                         uploader,

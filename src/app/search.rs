@@ -136,12 +136,13 @@ pub async fn stored(
         let docs: Vec<ToolDoc> = catalog
             .tools
             .iter()
-            .map(|tool| {
+            .enumerate()
+            .map(|(at, tool)| {
                 descriptions.insert(
                     (process_id.0.clone(), tool.name().to_owned()),
                     (slug.clone(), owner.clone(), tool.description().to_owned()),
                 );
-                ToolDoc::of(&process_id.0, &slug, tool)
+                ToolDoc::of(&process_id.0, &slug, tool, at)
             })
             .collect();
         index.replace_instance(&process_id.0, docs).await?;

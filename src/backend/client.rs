@@ -42,6 +42,9 @@ pub enum BackendError {
     Decode { endpoint: &'static str, reason: String },
     #[error("{endpoint}: not registered with the backend yet")]
     NotRegistered { endpoint: &'static str },
+    /// No answer within the request's timeout: the backend may have done what was asked and be slow to say so.
+    #[error("{endpoint}: backend did not answer in time: {reason}")]
+    Timeout { endpoint: &'static str, reason: String },
 }
 
 impl BackendError {
@@ -55,7 +58,7 @@ impl BackendError {
     /// Whether the same request may succeed later: the backend unreachable, failing (5xx) or busy (429).
     pub fn transient(&self) -> bool {
         match self {
-            BackendError::Network { .. } => true,
+            BackendError::Network { .. } | BackendError::Timeout { .. } => true,
             BackendError::Status { refusal, .. } => matches!(refusal, Refusal::Server | Refusal::RateLimited),
             _ => false,
         }
@@ -232,8 +235,8 @@ impl BackendClient {
         .await
     }
 
-    /// E7, 10 s.
-    pub async fn post_events(&self, body: &EventsRequest) -> Result<EventsResponse, BackendError> {
+    /// E7, within `timeout` (10 s unless the uploader gave a slow backend longer).
+    pub async fn post_events(&self, body: &EventsRequest, timeout: Duration) -> Result<EventsResponse, BackendError> {
         let (id, key) = self.session("events")?;
         self.call_acknowledged(
             "events",
@@ -241,7 +244,7 @@ impl BackendClient {
             path::events(&id),
             Some(key),
             Some(body),
-            Duration::from_secs(10),
+            timeout,
             MAX_ANSWER_BYTES,
         )
         .await
@@ -391,8 +394,7 @@ impl BackendClient {
                 serde_json::to_vec(body).map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() })?;
             request = request.body(bytes);
         }
-        let mut response =
-            request.send().await.map_err(|e| BackendError::Network { endpoint, reason: describe(&e) })?;
+        let mut response = request.send().await.map_err(|e| network_error(endpoint, &e))?;
         let status = response.status();
         let mut bytes = Vec::new();
         let cut = loop {
@@ -404,7 +406,7 @@ impl BackendClient {
                     bytes.extend_from_slice(&chunk);
                 }
                 Ok(None) => break None,
-                Err(e) => break Some(CutBody::Network(describe(&e))),
+                Err(e) => break Some(CutBody::Network(network_error(endpoint, &e))),
             }
         };
         match cut {
@@ -429,14 +431,14 @@ impl BackendClient {
 /// Why an answer's body could not be read whole.
 enum CutBody {
     TooLarge(usize),
-    Network(String),
+    Network(BackendError),
 }
 
 impl CutBody {
     fn reason(&self) -> String {
         match self {
             CutBody::TooLarge(max) => format!("answer larger than {max} bytes"),
-            CutBody::Network(reason) => reason.clone(),
+            CutBody::Network(err) => err.to_string(),
         }
     }
 
@@ -444,8 +446,16 @@ impl CutBody {
     fn into_error(self, endpoint: &'static str) -> BackendError {
         match self {
             CutBody::TooLarge(_) => BackendError::Decode { endpoint, reason: self.reason() },
-            CutBody::Network(reason) => BackendError::Network { endpoint, reason },
+            CutBody::Network(err) => err,
         }
+    }
+}
+
+/// A request that failed on the way: a timeout, told apart (a slow backend may have done the work), or the network.
+fn network_error(endpoint: &'static str, err: &reqwest::Error) -> BackendError {
+    match err.is_timeout() {
+        true => BackendError::Timeout { endpoint, reason: describe(err) },
+        false => BackendError::Network { endpoint, reason: describe(err) },
     }
 }
 

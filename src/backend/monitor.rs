@@ -178,7 +178,7 @@ impl BackendMonitor {
         });
         match answer {
             Ok(_) => body["connection_status"] = json!("connected"),
-            Err(err @ super::client::BackendError::Network { .. }) => {
+            Err(err @ (super::client::BackendError::Network { .. } | super::client::BackendError::Timeout { .. })) => {
                 body["connection_status"] = json!("disconnected");
                 body["error_message"] = json!(err.to_string());
             }

@@ -77,6 +77,8 @@ pub const EVENT_OUTBOX_MAX: &str = "SATELLITE_EVENT_OUTBOX_MAX";
 pub const EVENT_OUTBOX_MAX_MIB: &str = "SATELLITE_EVENT_OUTBOX_MAX_MIB";
 /// Milliseconds a replica's claim on a batch of events lasts (docs/scale-out.md).
 pub const EVENT_LEASE_MS: &str = "SATELLITE_EVENT_LEASE_MS";
+/// Milliseconds a batch of events waits for the backend's answer before it counts as timed out (default 10000).
+pub const EVENT_TIMEOUT_MS: &str = "SATELLITE_EVENT_TIMEOUT_MS";
 pub const TOKEN_AUDIENCES: &str = "DEPLOYSTACK_TOKEN_AUDIENCES";
 /// Seconds an introspected token is trusted without asking again (default 300, BP §10).
 pub const TOKEN_CACHE_SECONDS: &str = "SATELLITE_TOKEN_CACHE_SECONDS";

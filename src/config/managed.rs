@@ -24,6 +24,9 @@ pub struct ManagedSettings {
     /// replica that dies mid-batch delays that batch this long. Keep it above the backend's 10 s request
     /// timeout, or a slow batch may be sent twice.
     pub event_lease: Duration,
+    /// How long a batch of events waits for the backend's answer (`SATELLITE_EVENT_TIMEOUT_MS`, default 10 s); a
+    /// timeout doubles it for the next batches (at most 30 s) and an accepted batch halves it back.
+    pub event_timeout: Duration,
     /// How long an introspected token is trusted without asking again (`SATELLITE_TOKEN_CACHE_SECONDS`, default 300).
     pub token_cache_ttl: Duration,
     /// How long past its last successful check a token keeps working while the backend cannot be asked
@@ -106,6 +109,7 @@ pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigErr
         outbox_max_bytes: number(env, "backend.event_outbox_max_mib", env::EVENT_OUTBOX_MAX_MIB, None, 512u64, false)?
             .saturating_mul(1024 * 1024),
         event_lease: millis("backend.event_lease_ms", env::EVENT_LEASE_MS, 60_000)?,
+        event_timeout: millis("backend.event_timeout_ms", env::EVENT_TIMEOUT_MS, 10_000)?,
         token_cache_ttl: seconds("backend.token_cache_seconds", env::TOKEN_CACHE_SECONDS, 300)?,
         token_stale_for: seconds("backend.token_stale_seconds", env::TOKEN_STALE_SECONDS, 3_600)?,
         extra_audiences: env::get(env, env::TOKEN_AUDIENCES)

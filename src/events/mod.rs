@@ -118,7 +118,7 @@ impl Event {
     /// with the event.
     pub(crate) fn new(kind: EventKind, spec: Option<&InstanceSpec>, data: impl Serialize) -> Event {
         let data = match serde_json::to_string(&data) {
-            Ok(text) if text.starts_with('{') => Ok(text),
+            Ok(text) if text.starts_with('{') => Ok(with_event_id(&text)),
             Ok(text) => Err(format!("payload is not a JSON object but {}", json_type(&text))),
             Err(err) => Err(format!("payload could not be serialised: {err}")),
         };
@@ -141,6 +141,15 @@ impl Event {
             held: self.data.as_ref().err().map(String::as_str),
         }
     }
+}
+
+/// The payload's text with its dedupe key first (`{"event_id":"<UUIDv7>",…}`): given once, when the fact is recorded,
+/// and kept through every retry, so a backend that stores each `event_id` once counts each fact once however often a
+/// slow answer makes the satellite send it (proto/README.md). `text` is serde_json's text of an object.
+fn with_event_id(text: &str) -> String {
+    let rest = &text[1..];
+    let separator = if rest.starts_with('}') { "" } else { "," };
+    format!("{{\"event_id\":\"{}\"{separator}{rest}", uuid::Uuid::now_v7())
 }
 
 /// What a JSON text holds, by its first character (the text is serde_json's own output).

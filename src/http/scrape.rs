@@ -99,6 +99,7 @@ async fn snapshot(deps: &ScrapeDeps) -> Snapshot {
         sessions,
         introspection: deps.status.analytics.auth.introspection_counts(),
         ready: *manager.ready().borrow(),
+        analytics_dropped: (deps.status.analytics.recorder.dropped(), deps.status.analytics.recorder.rows_dropped()),
         ..Snapshot::default()
     };
     // The outbox is what waits for a backend: a standalone satellite has none (its events are local history).

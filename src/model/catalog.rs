@@ -572,7 +572,7 @@ impl Catalog {
 
     /// The place of the tool named `name` (the first, when a listing names one twice).
     pub fn position(&self, name: &str) -> Option<usize> {
-        self.names.position(&self.tools, name)
+        self.names.position(&self.tools, ToolDef::name, name)
     }
 
     /// Tokens of every tool, once counted.

@@ -6,8 +6,6 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use super::catalog::ToolDef;
-
 /// Catalogs of at most this many tools are scanned.
 const SCAN_MAX: usize = 64;
 
@@ -16,15 +14,16 @@ const SCAN_MAX: usize = 64;
 pub struct ToolNames(OnceLock<HashMap<Box<str>, u32>>);
 
 impl ToolNames {
-    /// The place of the first tool named `name` in `tools` (the catalog this index belongs to).
-    pub fn position(&self, tools: &[ToolDef], name: &str) -> Option<usize> {
+    /// The place of the first tool named `name` in `tools` (the catalog this index belongs to), each named by
+    /// `name_of`.
+    pub fn position<T>(&self, tools: &[T], name_of: impl Fn(&T) -> &str, name: &str) -> Option<usize> {
         if tools.len() <= SCAN_MAX {
-            return tools.iter().position(|t| t.name() == name);
+            return tools.iter().position(|t| name_of(t) == name);
         }
         let map = self.0.get_or_init(|| {
             let mut map = HashMap::with_capacity(tools.len());
             for (at, tool) in tools.iter().enumerate() {
-                map.entry(Box::from(tool.name())).or_insert(at as u32);
+                map.entry(Box::from(name_of(tool))).or_insert(at as u32);
             }
             map
         });
@@ -51,21 +50,19 @@ impl std::fmt::Debug for ToolNames {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn a_name_is_found_in_small_and_large_catalogs_alike() {
         for size in [3, SCAN_MAX, SCAN_MAX + 1, 500] {
-            let mut listing: Vec<_> = (0..size).map(|n| json!({"name": format!("t{n}")})).collect();
-            listing.push(json!({"name": "t1", "description": "a second t1"}));
-            let tools = ToolDef::listing(listing);
+            let mut tools: Vec<String> = (0..size).map(|n| format!("t{n}")).collect();
+            tools.push("t1".into());
             let names = ToolNames::default();
             for probe in [0, 1, size / 2, size - 1] {
                 let name = format!("t{probe}");
-                let scanned = tools.iter().position(|t| t.name() == name);
-                assert_eq!(names.position(&tools, &name), scanned, "{size} tools, {name}");
+                let scanned = tools.iter().position(|t| *t == name);
+                assert_eq!(names.position(&tools, |t| t.as_str(), &name), scanned, "{size} tools, {name}");
             }
-            assert_eq!(names.position(&tools, "nope"), None);
+            assert_eq!(names.position(&tools, |t| t.as_str(), "nope"), None);
         }
     }
 }

@@ -46,6 +46,7 @@ pub fn load_corpus(path: &Path) -> Result<BTreeMap<String, Vec<ToolDoc>>, EvalEr
             tool_name: text(&line, "name"),
             description: text(&line, "description"),
             parameters: super::parameter_names(line.get("inputSchema").unwrap_or(&Value::Null)),
+            position: super::NO_POSITION,
         });
     }
     Ok(servers)

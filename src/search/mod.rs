@@ -89,17 +89,24 @@ pub struct ToolDoc {
     /// index needs of a schema. Text, not the parsed schema: a listing is indexed whole, and its thousands of
     /// schema trees alive at once left the allocator's pages stretched long after they were freed.
     pub parameters: String,
+    /// Its place in its instance's catalog ([`NO_POSITION`] when not known): a hit finds its tool there without
+    /// a scan of the catalog by name.
+    pub position: u32,
 }
+
+/// The position of a tool whose place in its catalog is not known.
+pub const NO_POSITION: u32 = u32::MAX;
 
 impl ToolDoc {
     /// One tool of a catalog, as the instance `process_id` of server `server_slug` lists it.
-    pub fn of(process_id: &str, server_slug: &str, tool: &crate::model::catalog::ToolDef) -> ToolDoc {
+    pub fn of(process_id: &str, server_slug: &str, tool: &crate::model::catalog::ToolDef, position: usize) -> ToolDoc {
         ToolDoc {
             process_id: process_id.to_owned(),
             server_slug: server_slug.to_owned(),
             tool_name: tool.name().to_owned(),
             description: tool.description().to_owned(),
             parameters: parameter_names(&tool.input_schema()),
+            position: u32::try_from(position).unwrap_or(NO_POSITION),
         }
     }
 }
@@ -126,6 +133,9 @@ pub struct SearchHit {
     pub process_id: String,
     pub tool_name: String,
     pub score: f32,
+    /// The tool's place in its instance's catalog when it was indexed ([`NO_POSITION`]: not known); a catalog
+    /// discovered since may have moved it, so a reader checks the name there.
+    pub position: u32,
 }
 
 /// What [`SearchIndex::search_counted`] found: the best hits, and how many visible tools matched in all.
@@ -406,10 +416,12 @@ fn search_blocking(
                 .map(str::to_owned)
                 .ok_or(SearchError::MissingField(address, name))
         };
+        let position = document.get_first(schema.fields.position).and_then(|value| value.as_u64());
         hits.push(SearchHit {
             process_id: text_of(schema.fields.process_id, "process_id")?,
             tool_name: text_of(schema.fields.tool_name, "tool_name")?,
             score,
+            position: position.and_then(|p| u32::try_from(p).ok()).unwrap_or(NO_POSITION),
         });
     }
     Ok(Found { hits, matched })

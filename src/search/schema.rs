@@ -59,6 +59,8 @@ pub fn tool_key(process_id: &str, tool_name: &str) -> String {
 pub(crate) struct Fields {
     pub(crate) process_id: Field,
     pub(crate) tool_name: Field,
+    /// Stored only: the tool's place in its catalog ([`super::ToolDoc::position`]).
+    pub(crate) position: Field,
     pub(crate) tool_key: Field,
     exact_name: Field,
     /// [`canonical_name`] of the server slug.
@@ -84,6 +86,7 @@ impl IndexSchema {
         let fields = Fields {
             process_id: builder.add_text_field("process_id", STRING | STORED),
             tool_name: builder.add_text_field("tool_name", STORED),
+            position: builder.add_u64_field("position", STORED),
             tool_key: builder.add_text_field("tool_key", STRING),
             exact_name: builder.add_text_field("exact_name", STRING),
             server: builder.add_text_field("server", STRING),
@@ -119,6 +122,9 @@ impl IndexSchema {
         let mut document = TantivyDocument::with_capacity(values.iter().map(|(_, text)| text.len() + 5).sum());
         for (field, text) in values {
             document.add_text(*field, text);
+        }
+        if tool.position != super::NO_POSITION {
+            document.add_u64(fields.position, u64::from(tool.position));
         }
         document
     }
@@ -297,6 +303,7 @@ mod tests {
             tool_name: "createIssue".to_owned(),
             description: "Create an issue. ".repeat(200),
             parameters: "owner repo title body".to_owned(),
+            position: super::super::NO_POSITION,
         };
         let document = schema.document(&tool);
         let (used, held) = (document.node_data.len(), document.node_data.capacity());

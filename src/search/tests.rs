@@ -11,6 +11,7 @@ fn tool(process_id: &str, slug: &str, name: &str, description: &str) -> ToolDoc 
         tool_name: name.to_owned(),
         description: description.to_owned(),
         parameters: parameter_names(&json!({"type": "object", "properties": {"path": {"type": "string"}}})),
+        position: NO_POSITION,
     }
 }
 

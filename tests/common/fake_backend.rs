@@ -13,7 +13,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -201,7 +201,14 @@ struct State {
     faults: HashMap<Endpoint, VecDeque<Fault>>,
     latency: Duration,
     latency_for: HashMap<Endpoint, Duration>,
+    /// Answers of these endpoints wait this long after the request was processed (a slow backend that stores
+    /// what a client gave up waiting for).
+    answer_delay_for: HashMap<Endpoint, Duration>,
     event_counter: u64,
+    /// `data.event_id`s of the events stored, and how many events came again with an id already stored (BP §8,
+    /// the dedupe key: stored once, answered as processed).
+    event_ids: HashSet<String>,
+    duplicate_events: u64,
     /// How 2xx answers are worded.
     style: AnswerStyle,
     /// GitHub-deployed installations → the installation token E11 hands out.
@@ -428,6 +435,17 @@ impl FakeBackend {
     /// Answers of one endpoint wait this long (instead of the global latency).
     pub fn set_latency_for(&self, endpoint: Endpoint, latency: Duration) {
         self.shared.state.lock().latency_for.insert(endpoint, latency);
+    }
+
+    /// Requests to `endpoint` are processed at once, and answered `delay` later: a slow backend, which stores a batch
+    /// even when the client gave up waiting for the answer.
+    pub fn set_answer_delay_for(&self, endpoint: Endpoint, delay: Duration) {
+        self.shared.state.lock().answer_delay_for.insert(endpoint, delay);
+    }
+
+    /// Events that arrived again with a `data.event_id` already stored (not stored twice).
+    pub fn duplicate_events(&self) -> u64 {
+        self.shared.state.lock().duplicate_events
     }
 
     /// Stop listening and cut every open connection: new connections are refused.
@@ -710,6 +728,10 @@ async fn handle(
         });
     }
 
+    let answer_delay = shared.state.lock().answer_delay_for.get(&endpoint).copied().unwrap_or_default();
+    if !answer_delay.is_zero() {
+        tokio::time::sleep(answer_delay).await;
+    }
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     match answer.body {
         Body::Json(value) => warp::reply::with_status(warp::reply::json(&value), status).into_response(),
@@ -1059,7 +1081,11 @@ fn events(shared: &Shared, state: &mut State, body: &Value) -> Answer {
             None => {
                 state.event_counter += 1;
                 event_ids.push(format!("evt_{}_{:09}", chrono::Utc::now().timestamp_millis(), state.event_counter));
-                if let Ok(envelope) = serde_json::from_value::<EventEnvelope>(raw.clone()) {
+                // The dedupe key: an event seen before is processed (answered) but not stored again.
+                let id = raw["data"]["event_id"].as_str().map(str::to_owned);
+                if id.as_ref().is_some_and(|id| !state.event_ids.insert(id.clone())) {
+                    state.duplicate_events += 1;
+                } else if let Ok(envelope) = serde_json::from_value::<EventEnvelope>(raw.clone()) {
                     state.events.push(envelope);
                 }
             }

@@ -198,9 +198,9 @@ impl Managed {
                     BackendError::Status { status: status @ (401 | 403), .. } => (ConfigErrorKind::Auth, Some(*status)),
                     BackendError::Status { status, .. } => (ConfigErrorKind::ServerError, Some(*status)),
                     BackendError::Decode { .. } => (ConfigErrorKind::ServerError, None),
-                    BackendError::Network { .. } | BackendError::NotRegistered { .. } => {
-                        (ConfigErrorKind::Network, None)
-                    }
+                    BackendError::Network { .. }
+                    | BackendError::Timeout { .. }
+                    | BackendError::NotRegistered { .. } => (ConfigErrorKind::Network, None),
                 };
                 deps.events.emit(Event::config_error(kind, &err.to_string(), status_code, 60)).await;
                 deps.config_stale.mark();

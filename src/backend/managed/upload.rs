@@ -16,12 +16,12 @@ use super::{Managed, ManagedDeps};
 impl Managed {
     /// The uploader over this client.
     /// The uploader, claiming batches as this replica (`replica_id`) for `lease`.
-    pub fn uploader(deps: &ManagedDeps, quota: i64, lease: std::time::Duration) -> Uploader {
+    pub fn uploader(deps: &ManagedDeps, quota: i64, lease: Duration) -> Uploader {
         let (client, monitor) = (deps.client.clone(), deps.monitor.clone());
-        let send: SendBatch = Arc::new(move |events: Vec<EventEnvelope>| {
+        let send: SendBatch = Arc::new(move |events: Vec<EventEnvelope>, timeout: Duration| {
             let (client, monitor) = (client.clone(), monitor.clone());
             Box::pin(async move {
-                let outcome = send_events(&client, events).await;
+                let outcome = send_events(&client, events, timeout).await;
                 let recorded = match &outcome {
                     BatchOutcome::Accepted { .. } => Ok(()),
                     other => Err(format!("{other:?}")),
@@ -39,12 +39,12 @@ impl Managed {
     }
 }
 
-async fn send_events(client: &BackendClient, envelopes: Vec<EventEnvelope>) -> BatchOutcome {
+async fn send_events(client: &BackendClient, envelopes: Vec<EventEnvelope>, timeout: Duration) -> BatchOutcome {
     let request = match EventsRequest::batch(envelopes) {
         Ok(request) => request,
         Err(err) => return BatchOutcome::Invalid(format!("batch of {} events refused locally", err.0)),
     };
-    match client.post_events(&request).await {
+    match client.post_events(&request, timeout).await {
         Ok(answer) => BatchOutcome::Accepted {
             failures: answer.failures.iter().map(|f| format!("#{} {}: {}", f.index, f.event_type, f.error)).collect(),
         },
@@ -59,6 +59,7 @@ fn batch_outcome(err: BackendError) -> BatchOutcome {
         BackendError::Status { refusal: Refusal::Unauthorized, .. } => BatchOutcome::Unauthorized,
         BackendError::Status { refusal: Refusal::RateLimited, .. } => BatchOutcome::RateLimited,
         BackendError::Status { refusal: Refusal::TooLarge, .. } => BatchOutcome::TooLarge(err.to_string()),
+        BackendError::Timeout { .. } => BatchOutcome::TimedOut(err.to_string()),
         BackendError::Status { .. }
         | BackendError::Network { .. }
         | BackendError::Decode { .. }

@@ -9,9 +9,29 @@ fn spec() -> InstanceSpec {
     crate::model::sample_spec()
 }
 
-/// The payload read back from its text; an event without one reads as `{}`, which no assertion below accepts.
+/// The payload read back from its text, without its `event_id` (a UUIDv7, checked here, and new per event); an
+/// event without a payload reads as `{}`, which no assertion below accepts.
 fn data(event: &Event) -> Value {
-    Value::Object(event.payload().unwrap_or_default())
+    let mut payload = event.payload().unwrap_or_default();
+    let id = payload.remove("event_id").and_then(|id| id.as_str().and_then(|id| uuid::Uuid::parse_str(id).ok()));
+    assert_eq!(id.map(|id| id.get_version_num()), Some(7), "every payload carries a UUIDv7 event_id first");
+    Value::Object(payload)
+}
+
+/// Each fact has its own id, first in its payload (the dedupe key a backend reads, proto/README.md).
+#[test]
+fn every_event_has_its_own_id_first() {
+    let at = Utc::now();
+    let (a, b) = (
+        Event::status_changed(&spec(), InstanceStatus::Online, Some("ready"), at),
+        Event::status_changed(&spec(), InstanceStatus::Online, Some("ready"), at),
+    );
+    let (a, b) = (a.data.unwrap_or_default(), b.data.unwrap_or_default());
+    assert!(a.starts_with("{\"event_id\":\"") && b.starts_with("{\"event_id\":\""), "{a}");
+    assert_ne!(a, b, "two facts, two ids");
+    let empty = Event::new(EventKind::ConfigRefreshed, None, json!({}));
+    let parsed: Value = serde_json::from_str(&empty.data.unwrap_or_default()).unwrap_or_default();
+    assert_eq!(parsed.as_object().map(|o| o.len()), Some(1), "an empty payload gets its id alone: {parsed}");
 }
 
 #[test]
@@ -65,12 +85,13 @@ fn tools_discovered_has_the_backend_shape() {
                    {"tool_name": "ping", "description": "", "input_schema": {}, "token_count": 30}],
                "discovered_at": iso(e.timestamp)})
     );
-    // Field order as BP §8.5-4 lists it.
+    // Field order as BP §8.5-4 lists it, after the dedupe key.
     let payload = e.payload().unwrap_or_default();
     let keys: Vec<&str> = payload.keys().map(String::as_str).collect();
     assert_eq!(
         keys,
         [
+            "event_id",
             "installation_id",
             "installation_name",
             "team_id",

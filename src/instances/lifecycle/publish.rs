@@ -217,10 +217,15 @@ impl Inner {
     pub(in crate::instances) async fn index(&self, instance: &Instance, catalog: &Catalog) {
         let spec = instance.spec();
         // Handles on the catalog's tools; the index's writer makes each into a document as it adds it.
-        let tools: Vec<ToolDef> =
-            catalog.tools.iter().filter(|tool| !instance.tool_disabled(tool.name())).cloned().collect();
+        let tools: Vec<(usize, ToolDef)> = catalog
+            .tools
+            .iter()
+            .enumerate()
+            .filter(|(_, tool)| !instance.tool_disabled(tool.name()))
+            .map(|(at, tool)| (at, tool.clone()))
+            .collect();
         let (process_id, server_slug) = (spec.process_id.0.clone(), spec.server_slug.clone());
-        let docs = tools.into_iter().map(move |tool| ToolDoc::of(&process_id, &server_slug, &tool));
+        let docs = tools.into_iter().map(move |(at, tool)| ToolDoc::of(&process_id, &server_slug, &tool, at));
         if let Err(err) = self.deps.search.replace_instance(&spec.process_id.0, docs).await {
             warn!(process_id = %spec.process_id, error = %err, "indexing tools failed");
         }

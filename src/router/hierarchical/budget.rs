@@ -133,11 +133,11 @@ async fn ranked<'a>(
 fn merge<'a>(lists: Vec<Vec<Pick<'a>>>, whole: Vec<Pick<'a>>) -> Vec<(Pick<'a>, bool)> {
     let leading: Vec<bool> = lists.iter().map(|list| leads(list)).collect();
     let whole_leads = leads(&whole);
-    let need_of: HashMap<u64, usize> =
+    let need_of: HashMap<u64, usize, std::hash::BuildHasherDefault<super::candidates::KeyHasher>> =
         lists.iter().flatten().rev().filter_map(|pick| Some((pick.key(), pick.need?))).collect();
     let mut lists: Vec<VecDeque<Pick<'a>>> = lists.into_iter().map(VecDeque::from).collect();
     let mut whole = VecDeque::from(whole);
-    let mut seen = Seen::new();
+    let mut seen = Seen::default();
     let mut order = Vec::new();
     let mut push = |mut pick: Pick<'a>, full: bool, order: &mut Vec<(Pick<'a>, bool)>| {
         let key = pick.key();

@@ -92,7 +92,27 @@ pub(super) struct Candidates<'a> {
 
 /// Tool paths (server slug, tool name) listed so far, by a hash of the two: several installations of one server
 /// slug would list a path twice; the first is shown. Hashes, not copies: a budget answer reads a hundred hits.
-pub(super) type Seen = HashSet<u64>;
+pub(super) type Seen = HashSet<u64, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// The hasher of [`Seen`]: its keys are hashes already, used as they are.
+#[derive(Default)]
+pub(super) struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = key;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 /// The key of a tool path in a [`Seen`] set.
 pub(super) fn path_key(slug: &str, tool: &str) -> u64 {
@@ -110,13 +130,17 @@ impl<'a> Candidates<'a> {
     /// The hits the caller may use, in order, each path once, relevance taken against the first hit.
     pub(super) fn picks(&self, hits: &[SearchHit], need: Option<usize>) -> Vec<Pick<'a>> {
         let best = hits.first().map_or(0.0, |h| h.score);
-        let mut seen = Seen::new();
+        let mut seen = Seen::default();
         let mut picks = Vec::with_capacity(hits.len());
         for hit in hits {
             let found = self.instances.binary_search_by(|i| i.spec().process_id.0.as_str().cmp(&hit.process_id));
             let Some(instance) = found.ok().map(|at| &self.instances[at]) else { continue };
-            let Some((catalog, at)) = instance.catalog().and_then(|c| c.position(&hit.tool_name).map(|at| (c, at)))
-            else {
+            let Some((catalog, at)) = instance.catalog().and_then(|c| {
+                // Where it was when indexed, unless a catalog discovered since moved it.
+                let indexed = Some(hit.position as usize)
+                    .filter(|at| c.tools.get(*at).is_some_and(|t| t.name() == hit.tool_name));
+                indexed.or_else(|| c.position(&hit.tool_name)).map(|at| (c, at))
+            }) else {
                 continue;
             };
             let tool = &catalog.tools[at];
@@ -138,7 +162,7 @@ impl<'a> Candidates<'a> {
         if names.is_empty() || names.len() > MAX_NAMED {
             return None;
         }
-        let mut seen = Seen::new();
+        let mut seen = Seen::default();
         let mut picks = Vec::with_capacity(names.len());
         for name in names {
             let pick = self.named(name)?;
@@ -170,7 +194,7 @@ impl<'a> Candidates<'a> {
 
     /// Every tool the caller may use, in the order of its instances and their catalogs, each path once.
     pub(super) fn all(&self) -> Vec<Pick<'a>> {
-        let mut seen = Seen::new();
+        let mut seen = Seen::default();
         let mut picks = Vec::new();
         for (instance, catalog) in self.instances.iter().filter_map(|i| i.catalog().map(|c| (i, c))) {
             for (at, tool) in catalog.tools.iter().enumerate() {

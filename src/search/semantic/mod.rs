@@ -415,6 +415,8 @@ pub(super) fn fuse<'a>(
         process_id: process_id.to_owned(),
         tool_name: tool_name.to_owned(),
         score,
+        // The semantic stage keeps no places; a reader finds the tool by name.
+        position: super::NO_POSITION,
     };
     let Some(first) = lexical.first() else {
         cosines.sort_by(by_cosine);

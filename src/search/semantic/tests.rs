@@ -4,7 +4,12 @@
 use super::*;
 
 fn hit(process_id: &str, tool_name: &str, score: f32) -> SearchHit {
-    SearchHit { process_id: process_id.into(), tool_name: tool_name.into(), score }
+    SearchHit {
+        process_id: process_id.into(),
+        tool_name: tool_name.into(),
+        score,
+        position: crate::search::NO_POSITION,
+    }
 }
 
 /// `fuse` over owned test data: `cosines` holds every visible tool's cosine, the lexical hits' among them.
@@ -230,6 +235,7 @@ fn tool(process_id: &str, name: &str, description: &str) -> ToolDoc {
         tool_name: name.into(),
         description: description.into(),
         parameters: String::new(),
+        position: crate::search::NO_POSITION,
     }
 }
 

@@ -1,0 +1,79 @@
+//! Issue 73: what the satellite records survives a database that refuses writes for a while. A real SQLite file,
+//! locked by a second connection for longer than the satellite's busy timeout (5 s) while members make calls: the
+//! analytics rows the database refused are kept and written once it takes them again, none lost, none doubled.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sqlx::Connection;
+
+use crate::common::*;
+
+const ADMIN: &str = "storage-admin-token-0123456789";
+const MEMBER: &str = "storage-member-token-0123456789";
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn config() -> String {
+    let exe = toml_str(&satellite_exe().to_string_lossy());
+    format!(
+        "[auth]\nadmin_token_sha256 = [\"{}\"]\n[sandbox]\nallowed_commands = [{exe}]\n[[teams]]\nid = \"t\"\n\
+         [[users]]\nid = \"u\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n\
+         [[servers]]\nslug = \"demo\"\ntransport = \"stdio\"\ncommand = {exe}\nargs = [\"demo-server\"]\n\
+         [[installations]]\nid = \"demo-t\"\nteam = \"t\"\nserver = \"demo\"\n",
+        satellite::config::sha256_hex(ADMIN),
+        satellite::config::sha256_hex(MEMBER),
+    )
+}
+
+async fn calls_recorded(sat: &TestSatellite) -> u64 {
+    let response = reqwest::Client::new()
+        .get(format!("{}/api/analytics/summary", sat.base_url()))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("analytics answers");
+    let summary: Value = response.json().await.unwrap_or(Value::Null);
+    summary["calls"]["total"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn analytics_rows_the_database_refused_are_written_once_it_takes_them() {
+    // SQLite on purpose (the lock below is SQLite's), whichever engine the suite runs on.
+    let sat = TestSatellite::start_with(tempfile::tempdir().expect("dir"), &config(), |config| {
+        config.database = satellite::config::Database { url: None, max_connections: None };
+    })
+    .await;
+    let member = Caller::connect(&sat, "/mcp", Some(MEMBER)).await;
+    wait_until(DEADLINE, "the demo server callable", || async {
+        let reply = member.execute("demo:echo", json!({"text": "up"})).await;
+        (reply["result"]["content"][0]["text"] == "up").then_some(())
+    })
+    .await;
+    wait_until(DEADLINE, "the first call recorded", || async { (calls_recorded(&sat).await >= 1).then_some(()) }).await;
+    let before = calls_recorded(&sat).await;
+
+    // A second connection takes the write lock and keeps it past the busy timeout.
+    let file = sat.dir.path().join("data").join("satellite.db");
+    let mut locker = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display())).await.expect("open");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut locker).await.expect("take the write lock");
+    for n in 0..10 {
+        let reply = member.execute("demo:echo", json!({"text": format!("call {n}")})).await;
+        assert_eq!(reply["result"]["content"][0]["text"], format!("call {n}"), "calls are served meanwhile");
+    }
+    // Past the 5 s busy timeout at least once: the writer's attempt in this window was refused.
+    let held = std::time::Instant::now();
+    wait_until(DEADLINE, "the lock held past the busy timeout", || async {
+        (held.elapsed() > Duration::from_secs(7)).then_some(())
+    })
+    .await;
+    sqlx::query("ROLLBACK").execute(&mut locker).await.expect("release the lock");
+    drop(locker);
+
+    let recorded = wait_until(DEADLINE, "the kept rows written", || async {
+        let now = calls_recorded(&sat).await;
+        (now >= before + 10).then_some(now)
+    })
+    .await;
+    assert_eq!(recorded, before + 10, "every call once, none lost, none doubled");
+    assert!(sat.satellite.shutdown().await);
+}
