@@ -398,6 +398,43 @@ async fn a_respawn_the_process_cap_refuses_waits_for_a_slot() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// Issue 73: more instances than the process cap. The one refused at start makes room within seconds by stopping
+/// the least recently used idle process (dormant: its tools stay, the next call wakes it), not when idle processes
+/// time out minutes later; a call of the dormant one makes room in turn, and a call that finds every process busy
+/// gets a clear "process limit reached" it can retry.
+#[tokio::test]
+async fn instances_over_the_process_cap_make_room_by_stopping_idle_ones() {
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &config(""), |c| {
+        c.upstream.lifecycle.max_processes = 1;
+        c.upstream.lifecycle.idle_timeout = None;
+    })
+    .await;
+    sat.wait_ready().await;
+    let manager = sat.satellite.manager().clone();
+    wait_until(DEADLINE, "both instances started, one asleep to make room for the other", || {
+        let (a, b) = (instance(&sat, ALICE), instance(&sat, BOB));
+        let started = [&a, &b].iter().all(|i| i.status().status == InstanceStatus::Online);
+        async move { (started && (a.is_dormant() || b.is_dormant())).then_some(()) }
+    })
+    .await;
+    assert_eq!(manager.processes(), 1);
+    for (id, text) in [(ALICE, "a1"), (BOB, "b1"), (ALICE, "a2")] {
+        let answer = wait_until(DEADLINE, &format!("{id} answers, room made"), || async {
+            match call(&sat, id, "echo", json!({"text": text})).await {
+                Ok(result) => Some(result),
+                Err(err) => {
+                    assert!(err.to_string().contains("process limit reached"), "a clear, retryable refusal: {err}");
+                    None
+                }
+            }
+        })
+        .await;
+        assert_eq!(text_of(&answer), text);
+        assert_eq!(manager.processes(), 1, "never over the cap");
+    }
+    assert!(sat.satellite.shutdown().await);
+}
+
 #[tokio::test]
 async fn the_process_cap_per_user_refuses_more_children_with_a_clear_status() {
     let exe = toml_str(&satellite_exe().to_string_lossy());

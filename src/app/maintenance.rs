@@ -75,6 +75,11 @@ pub(super) fn schedule(m: Maintenance<'_>) {
         }
         std::future::ready(Ok::<(), std::convert::Infallible>(()))
     });
+    // Room made on demand for a start over the process cap spares the same instances the idle sweep spares.
+    let awake = subscribers.clone();
+    manager.keep_awake(Arc::new(move |instance: &crate::instances::Instance| {
+        awake.has_subscriptions(&session::instance_owner(&instance.spec().process_id))
+    }));
     let lifecycle = &config.upstream.lifecycle;
     if lifecycle.idle_timeout.is_some() {
         let idle_manager = manager.clone();

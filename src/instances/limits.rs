@@ -67,15 +67,25 @@ impl ProcessSlots {
         self.released.subscribe()
     }
 
-    pub fn acquire(self: &Arc<Self>, user: &UserId) -> Result<ProcessSlot, LimitError> {
-        let mut counts = self.counts.lock();
-        if counts.total >= self.total {
-            return Err(LimitError::Total { limit: self.total });
+    /// Which cap would refuse `user` a slot now, if one would.
+    pub fn refusal(&self, user: &UserId) -> Option<LimitError> {
+        Self::refusal_in(&self.counts.lock(), user, self.per_user, self.total)
+    }
+
+    fn refusal_in(counts: &Counts, user: &UserId, per_user: usize, total: usize) -> Option<LimitError> {
+        if counts.total >= total {
+            return Some(LimitError::Total { limit: total });
         }
         let mine = counts.by_user.get(user).copied().unwrap_or(0);
-        if mine >= self.per_user {
-            return Err(LimitError::User { user: user.0.clone(), limit: self.per_user });
+        (mine >= per_user).then(|| LimitError::User { user: user.0.clone(), limit: per_user })
+    }
+
+    pub fn acquire(self: &Arc<Self>, user: &UserId) -> Result<ProcessSlot, LimitError> {
+        let mut counts = self.counts.lock();
+        if let Some(refused) = Self::refusal_in(&counts, user, self.per_user, self.total) {
+            return Err(refused);
         }
+        let mine = counts.by_user.get(user).copied().unwrap_or(0);
         counts.total += 1;
         counts.by_user.insert(user.clone(), mine + 1);
         Ok(ProcessSlot { slots: self.clone(), user: user.clone() })

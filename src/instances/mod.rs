@@ -135,7 +135,13 @@ struct Inner {
     applied: watch::Sender<u64>,
     /// The client streams a server's requests made outside any call can reach, by owner.
     seats: Arc<crate::mcp::transport::relay::Seats>,
+    /// What keeps an idle instance awake (a client subscribed to its resources): the idle sweep is told it each
+    /// round; room made on demand asks this one (`InstanceManager::keep_awake`).
+    keep_awake: RwLock<Option<KeepAwake>>,
 }
+
+/// Whether an idle instance must stay awake.
+pub type KeepAwake = Arc<dyn Fn(&Instance) -> bool + Send + Sync>;
 
 /// What a tool refresh did: the instances discovered again (and the tools they have now), and those left as
 /// they were because they were not running.
@@ -260,6 +266,7 @@ impl InstanceManager {
                 view_changes: tokio::sync::broadcast::channel(VIEW_CHANGES_BUFFER).0,
                 applied: watch::Sender::new(0),
                 seats: Arc::default(),
+                keep_awake: RwLock::new(None),
             }),
         })
     }
@@ -541,6 +548,12 @@ impl InstanceManager {
     /// subscribed to what the server announces); returns how many went dormant.
     pub async fn sweep_idle(&self, keep_awake: impl Fn(&Instance) -> bool + Sync) -> usize {
         self.inner.sweep_idle(&keep_awake).await
+    }
+
+    /// What keeps an idle instance awake when room is made for a start over the process cap (the idle sweep is
+    /// given its own each round).
+    pub fn keep_awake(&self, keep_awake: KeepAwake) {
+        *self.inner.keep_awake.write() = Some(keep_awake);
     }
 
     /// Undo, in the background, the resource subscriptions `uris` their holders let go of (`resources/unsubscribe`).

@@ -34,7 +34,9 @@ pub fn status_for(upstream: &Upstream, failure: &Failure<'_>) -> (InstanceStatus
             return (InstanceStatus::Error, format!("Failed to spawn MCP server: {reason}"));
         }
         Some(UpstreamError::AtCapacity(reason)) => {
-            let message = format!("Failed to spawn MCP server: {reason}; it starts as soon as one of them stops");
+            let message = format!(
+                "Failed to spawn MCP server: {reason}, each busy; it starts as soon as one of them stops or falls idle"
+            );
             return (InstanceStatus::Error, message);
         }
         Some(UpstreamError::OAuth(reason)) => return (InstanceStatus::RequiresReauth, reason.clone()),

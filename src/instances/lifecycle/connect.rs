@@ -51,7 +51,7 @@ impl Inner {
                     Some((launch, dir)) => (launch, Some(dir.as_path())),
                     None => (spec, None),
                 };
-                slot = match self.slots.acquire(&spec.user_id) {
+                slot = match self.slot_for(spec).await {
                     Ok(slot) => Some(slot),
                     Err(err) => {
                         let limit = err.limit() as u64;

@@ -14,5 +14,6 @@
 mod calls;
 mod connect;
 pub(super) mod publish;
+mod room;
 mod start;
 mod supervise;

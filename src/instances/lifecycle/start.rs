@@ -167,6 +167,12 @@ impl Inner {
                                 _ = instance.retired.cancelled() => break None,
                                 _ = inner.shutdown.cancelled() => break None,
                                 _ = releases.changed() => continue,
+                                // No slot given back, but a process may have fallen idle: room can be made.
+                                _ = tokio::time::sleep(super::room::ROOM_CHECK) => {
+                                    if !inner.room_likely(instance.spec()) {
+                                        continue;
+                                    }
+                                }
                             }
                         }
                         Retry::Deployment => {

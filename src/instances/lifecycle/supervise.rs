@@ -472,44 +472,54 @@ impl Inner {
     pub(in crate::instances) async fn sweep_idle(&self, keep_awake: &(dyn Fn(&Instance) -> bool + Sync)) -> usize {
         let lifecycle = &self.deps.settings.lifecycle;
         let Some(timeout) = lifecycle.idle_timeout else { return 0 };
-        let candidates: Vec<Arc<Instance>> = self
-            .state
-            .read()
-            .live
-            .values()
-            .filter(|i| matches!(i.spec().upstream, Upstream::Stdio { .. }))
-            .cloned()
-            .collect();
         let mut slept = 0;
-        for instance in candidates {
-            let idle = |i: &Instance| {
-                i.state() == InstanceStatus::Online
-                    && i.uptime().is_some_and(|up| up >= lifecycle.spawn_grace)
-                    && i.idle().0 >= timeout
-            };
-            if !idle(&instance) || instance.in_flight() > 0 || instance.listens() > 0 || keep_awake(&instance) {
-                continue;
+        for instance in self.running_stdio() {
+            if self.put_to_sleep(&instance, timeout, lifecycle.spawn_grace, keep_awake).await {
+                slept += 1;
             }
-            // Busy with a start, restart or rediscovery: try next round.
-            let Ok(_lifecycle) = instance.lifecycle.try_lock() else { continue };
-            // Hold every call slot while the process goes, so no call can pick up the closing connection;
-            // getting them all proves no call is running.
-            let Ok(_all_slots) = instance.calls.try_acquire_many(instance.max_calls as u32) else { continue };
-            if !idle(&instance) || instance.retired.is_cancelled() {
-                continue;
-            }
-            let pid = instance.pid();
-            let (idle_for, last_activity) = instance.idle();
-            let Some(client) = instance.take_client() else { continue };
-            // Whatever the old process does from here on is not a crash.
-            instance.next_generation();
-            instance.set_dormant();
-            info!(process_id = %instance.spec().process_id, idle_s = idle_for.as_secs(), "instance idle, stopping its process (dormant)");
-            self.emit(Event::dormant(instance.spec(), pid, idle_for.as_secs(), last_activity)).await;
-            client.close().await;
-            slept += 1;
         }
         slept
+    }
+
+    /// The stdio instances of the live set (running or not).
+    pub(in crate::instances) fn running_stdio(&self) -> Vec<Arc<Instance>> {
+        let state = self.state.read();
+        state.live.values().filter(|i| matches!(i.spec().upstream, Upstream::Stdio { .. })).cloned().collect()
+    }
+
+    /// Stops `instance`'s process (dormant: its tools stay, the next call wakes it) if it is online, up at least
+    /// `grace`, idle at least `idle_for`, with no call or listen running and not kept awake. True when it did.
+    pub(in crate::instances) async fn put_to_sleep(
+        &self,
+        instance: &Arc<Instance>,
+        idle_for: std::time::Duration,
+        grace: std::time::Duration,
+        keep_awake: &(dyn Fn(&Instance) -> bool + Sync),
+    ) -> bool {
+        let idle = |i: &Instance| {
+            i.state() == InstanceStatus::Online && i.uptime().is_some_and(|up| up >= grace) && i.idle().0 >= idle_for
+        };
+        if !idle(instance) || instance.in_flight() > 0 || instance.listens() > 0 || keep_awake(instance) {
+            return false;
+        }
+        // Busy with a start, restart or rediscovery: not now.
+        let Ok(_lifecycle) = instance.lifecycle.try_lock() else { return false };
+        // Hold every call slot while the process goes, so no call can pick up the closing connection;
+        // getting them all proves no call is running.
+        let Ok(_all_slots) = instance.calls.try_acquire_many(instance.max_calls as u32) else { return false };
+        if !idle(instance) || instance.retired.is_cancelled() {
+            return false;
+        }
+        let pid = instance.pid();
+        let (idle_for, last_activity) = instance.idle();
+        let Some(client) = instance.take_client() else { return false };
+        // Whatever the old process does from here on is not a crash.
+        instance.next_generation();
+        instance.set_dormant();
+        info!(process_id = %instance.spec().process_id, idle_s = idle_for.as_secs(), "instance idle, stopping its process (dormant)");
+        self.emit(Event::dormant(instance.spec(), pid, idle_for.as_secs(), last_activity)).await;
+        client.close().await;
+        true
     }
 
     /// The live client, respawning a dormant instance first. Concurrent callers wait on the lifecycle lock,
