@@ -13,6 +13,7 @@ mod fidelity;
 mod front_door;
 mod fuzz_regressions;
 mod github;
+mod hangups;
 mod lifecycle;
 mod managed;
 mod metrics;

@@ -317,6 +317,7 @@ impl Satellite {
                 request_timeout: config.http_timeout,
                 max_connections: config.max_connections,
                 header_read_timeout: http::stack::HEADER_READ_TIMEOUT,
+                write_timeout: config.write_timeout,
             },
             http::guard::HostGuard::new(config.allowed_hosts.clone(), config.allowed_origins.clone()),
             async move { stop_http.cancelled().await },

@@ -187,6 +187,9 @@ pub struct RawSatellite {
     /// open at once; default an eighth of `max_connections`.
     pub max_streams_per_caller: Option<usize>,
     pub http_timeout_seconds: Option<u64>,
+    /// How long one write of an answer may wait for a client that stopped reading before its connection is cut
+    /// (default 30).
+    pub write_timeout_seconds: Option<u64>,
     /// How long a stop waits for requests in flight (calls to slow tools) before stopping the servers.
     pub drain_seconds: Option<u64>,
     /// Days analytics rows are kept (default 90).

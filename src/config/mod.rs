@@ -199,6 +199,8 @@ pub struct Config {
     pub max_streams_per_caller: usize,
     /// Deadline of one HTTP request until its response starts.
     pub http_timeout: Duration,
+    /// How long one write of an answer may wait for a client that stopped reading; then its connection is cut.
+    pub write_timeout: Duration,
     /// How long shutdown waits for requests in flight before the servers are stopped (default 10 s).
     pub drain: Duration,
     /// How long analytics rows (listings, discovers, calls) are kept (default 90 days).
@@ -437,6 +439,8 @@ impl Config {
             count("satellite.max_streams_per_caller", env::MAX_STREAMS_PER_CALLER, s.max_streams_per_caller)?
                 .unwrap_or((max_connections / 8).max(1));
         let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
+        let write_timeout =
+            seconds("satellite.write_timeout_seconds", env::WRITE_TIMEOUT, s.write_timeout_seconds, 30)?;
         let drain = seconds("satellite.drain_seconds", env::DRAIN, s.drain_seconds, 10)?;
         let retention_days = seconds(
             "satellite.analytics_retention_days",
@@ -540,6 +544,7 @@ impl Config {
             max_connections,
             max_streams_per_caller,
             http_timeout,
+            write_timeout,
             public_url,
             allowed_hosts,
             allowed_origins,
@@ -608,6 +613,7 @@ impl Config {
             "max_connections": self.max_connections,
             "max_streams_per_caller": self.max_streams_per_caller,
             "http_timeout_seconds": self.http_timeout.as_secs(),
+            "write_timeout_seconds": self.write_timeout.as_secs(),
             "drain_seconds": self.drain.as_secs(),
             "analytics_retention_days": self.analytics_retention.as_secs() / 86_400,
             "event_retention_days": self.event_retention.as_secs() / 86_400,

@@ -42,6 +42,9 @@ pub struct HttpLimits {
     pub max_connections: usize,
     /// A request's head must arrive within this; it is also how long an idle keep-alive connection stays.
     pub header_read_timeout: Duration,
+    /// One write to a client may wait this long for it to read; then the connection is cut. A client that stops
+    /// reading an 8 MB answer held the answer and its connection for ever.
+    pub write_timeout: Duration,
 }
 
 /// Default for `HttpLimits::header_read_timeout`: a slow client still sends a request head in well under this.
@@ -236,7 +239,7 @@ pub async fn serve<F>(
                 Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy, span }))
             }
         });
-        let header_read_timeout = limits.header_read_timeout;
+        let (header_read_timeout, write_timeout) = (limits.header_read_timeout, limits.write_timeout);
         let drain_begun = draining.clone();
         connections.spawn(async move {
             let _slot = slot;
@@ -268,6 +271,11 @@ pub async fn serve<F>(
                 .timer(TokioTimer::new())
                 .keep_alive_interval(Some(Duration::from_secs(30)))
                 .keep_alive_timeout(header_read_timeout);
+            // A write pending past the write timeout (the client's window and the socket's buffer full) fails, and with
+            // it the connection: what it held (the answer, a place, a descriptor) is let go.
+            let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+            stream.set_write_timeout(Some(write_timeout));
+            let stream = Box::pin(stream);
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service);
             // Its wakes of itself fold into its poll (wakes.rs): a request made alone no longer wakes the
             // runtime's other worker for nothing.
