@@ -77,3 +77,87 @@ async fn analytics_rows_the_database_refused_are_written_once_it_takes_them() {
     assert_eq!(recorded, before + 10, "every call once, none lost, none doubled");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A tmpfs of `mib` MiB mounted on a fresh directory, unmounted when dropped.
+struct SmallVolume {
+    dir: Option<tempfile::TempDir>,
+    path: std::path::PathBuf,
+}
+
+impl SmallVolume {
+    fn mount(mib: u32) -> SmallVolume {
+        let dir = tempfile::tempdir().expect("dir");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "mounting a tmpfs needs root (the tests run as root in CI, as scripts/test.sh does)");
+        let path = dir.path().to_path_buf();
+        SmallVolume { dir: Some(dir), path }
+    }
+
+    fn fill(&self) {
+        // Written until the volume refuses more: the error ends it.
+        let mut file = std::fs::File::create(self.path.join("filler")).expect("filler");
+        let chunk = vec![0u8; 1 << 16];
+        while std::io::Write::write_all(&mut file, &chunk).is_ok() {}
+    }
+}
+
+impl Drop for SmallVolume {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+        drop(self.dir.take());
+    }
+}
+
+async fn ready_body(sat: &TestSatellite) -> Value {
+    let response = reqwest::get(format!("{}/readyz", sat.base_url())).await.expect("readyz answers");
+    response.json().await.unwrap_or(Value::Null)
+}
+
+/// A restart on a full data volume starts (the disk reserve made by the run before is given back), says so in
+/// `/readyz`, serves calls and records them; when space returns the reserve is made again; nothing recorded is
+/// lost across the stop. Before, the restart exited 1: "cannot open the database".
+#[tokio::test]
+async fn a_satellite_restarted_on_a_full_data_volume_starts_and_loses_nothing() {
+    let volume = SmallVolume::mount(32);
+    let sqlite = |config: &mut satellite::config::Config| {
+        config.database = satellite::config::Database { url: None, max_connections: None };
+    };
+    let dir = tempfile::TempDir::new_in(&volume.path).expect("dir on the volume");
+    let sat = TestSatellite::start_with(dir, &config(), sqlite).await;
+    let reserve = sat.dir.path().join("data").join(satellite::store::reserve::RESERVE_FILE);
+    assert!(reserve.exists(), "the first run makes the reserve");
+    let TestSatellite { satellite, dir, .. } = sat;
+    assert!(satellite.shutdown().await);
+    volume.fill();
+
+    let sat = TestSatellite::start_with(dir, &config(), sqlite).await;
+    sat.wait_ready().await;
+    let ready = ready_body(&sat).await;
+    assert_eq!(ready["degraded"]["storage"]["state"], "volume_full", "{ready}");
+    let member = Caller::connect(&sat, "/mcp", Some(MEMBER)).await;
+    wait_until(DEADLINE, "calls served on the full volume", || async {
+        let reply = member.execute("demo:echo", json!({"text": "full"})).await;
+        (reply["result"]["content"][0]["text"] == "full").then_some(())
+    })
+    .await;
+    for n in 0..5 {
+        let reply = member.execute("demo:echo", json!({"text": format!("full {n}")})).await;
+        assert_eq!(reply["result"]["content"][0]["text"], format!("full {n}"));
+    }
+    std::fs::remove_file(volume.path.join("filler")).expect("space returns");
+    wait_until(DEADLINE, "the reserve made again", || async {
+        (ready_body(&sat).await.get("degraded").is_none() && reserve.exists()).then_some(())
+    })
+    .await;
+    let recorded = calls_recorded(&sat).await;
+    assert!(recorded >= 6, "{recorded}");
+    let TestSatellite { satellite, dir, .. } = sat;
+    assert!(satellite.shutdown().await);
+    let sat = TestSatellite::start_with(dir, &config(), sqlite).await;
+    assert_eq!(calls_recorded(&sat).await, recorded, "nothing recorded was lost across the stop");
+    assert!(sat.satellite.shutdown().await);
+}

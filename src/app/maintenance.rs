@@ -18,6 +18,8 @@ use crate::store::{Store, StoreError};
 
 /// Idle sessions are forgotten on this period (OQ-18).
 const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
+/// How often the data volume's free space is checked against the disk reserve.
+const DISK_CHECK_PERIOD: Duration = Duration::from_secs(5);
 /// Standalone event history is trimmed by age (and analytics rows) on this period.
 const EVENT_RETENTION_PERIOD: Duration = Duration::from_secs(3600);
 /// Standalone event history is held to its count on this period: a busy satellite writes a row per call, tens
@@ -139,6 +141,21 @@ pub(super) fn schedule(m: Maintenance<'_>) {
     let standalone = !matches!(config.mode, crate::config::Mode::Managed(_));
     let (events_kept, events_max) = (config.event_retention, config.event_retention_max);
     let events_max_bytes = config.event_retention_max_bytes;
+    // The disk reserve (SQLite): given back when the data volume fills, made again when it has room.
+    if store.reserve().is_some() {
+        let reserve_store = store.clone();
+        jobs.every("disk-reserve", DISK_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
+            let store = reserve_store.clone();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    if let Some(reserve) = store.reserve() {
+                        reserve.check();
+                    }
+                })
+                .await
+            }
+        });
+    }
     let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
     if standalone {
         let cap_store = store.clone();

@@ -160,7 +160,7 @@ impl Satellite {
                 None => search,
             })
         });
-        let store = Store::connect(&config.data_dir, &config.database).await?;
+        let store = Store::connect_with_reserve(&config.data_dir, &config.database, config.disk_reserve).await?;
         info!(database = %store.describe(), "store");
         let search = search.await.map_err(|err| StartError::Search(SearchError::TaskFailed(err)))??;
         info!(stages = %search.describe_stages(), "tool search");

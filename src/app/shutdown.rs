@@ -46,6 +46,10 @@ impl Satellite {
         // Buffered log lines become events; events are in the outbox as they happen, so a standalone
         // satellite has nothing left to send.
         info!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown 4/5: flushing logs and events");
+        // On a volume filling up, the disk reserve is given back first, so what is held can be written.
+        if let Some(reserve) = self.store.reserve() {
+            reserve.check();
+        }
         // The clients' activity since the last report, which the report job (stopped above) would have sent.
         let reported = async {
             for record in self.activity.take() {

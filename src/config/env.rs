@@ -61,6 +61,8 @@ pub const PRETTY_RESULTS: &str = "SATELLITE_PRETTY_RESULTS";
 pub const HOLD_DRIFTED_TOOLS: &str = "SATELLITE_HOLD_DRIFTED_TOOLS";
 /// Days: a tool called within this long before its description or schema changes has drifted (default 30).
 pub const DRIFT_WINDOW_DAYS: &str = "SATELLITE_DRIFT_WINDOW_DAYS";
+/// MiB of disk kept in reserve beside the SQLite database, given back when the volume fills (default 8; 0 off).
+pub const DISK_RESERVE_MIB: &str = "SATELLITE_DISK_RESERVE_MIB";
 /// `postgres://…`: the shared PostgreSQL database of a scale-out deployment (docs/scale-out.md); unset, the
 /// embedded SQLite database in the data directory.
 pub const DATABASE_URL: &str = "DATABASE_URL";

@@ -201,6 +201,9 @@ pub struct Config {
     pub http_timeout: Duration,
     /// How long one write of an answer may wait for a client that stopped reading; then its connection is cut.
     pub write_timeout: Duration,
+    /// Bytes kept in reserve on the SQLite data volume for when it fills (`SATELLITE_DISK_RESERVE_MIB`, default 8;
+    /// 0 off).
+    pub disk_reserve: u64,
     /// How long shutdown waits for requests in flight before the servers are stopped (default 10 s).
     pub drain: Duration,
     /// How long analytics rows (listings, discovers, calls) are kept (default 90 days).
@@ -441,6 +444,17 @@ impl Config {
         let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
         let write_timeout =
             seconds("satellite.write_timeout_seconds", env::WRITE_TIMEOUT, s.write_timeout_seconds, 30)?;
+        let disk_reserve = match env::get(env, env::DISK_RESERVE_MIB) {
+            Some(v) => v.parse::<u64>().map_err(|_| {
+                ConfigError::new(
+                    "disk_reserve_mib",
+                    Some(env::DISK_RESERVE_MIB),
+                    format!("{v:?} is not a whole number"),
+                )
+            })?,
+            None => 8,
+        }
+        .saturating_mul(1024 * 1024);
         let drain = seconds("satellite.drain_seconds", env::DRAIN, s.drain_seconds, 10)?;
         let retention_days = seconds(
             "satellite.analytics_retention_days",
@@ -545,6 +559,7 @@ impl Config {
             max_streams_per_caller,
             http_timeout,
             write_timeout,
+            disk_reserve,
             public_url,
             allowed_hosts,
             allowed_origins,

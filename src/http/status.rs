@@ -87,8 +87,18 @@ fn readyz(deps: Arc<StatusDeps>) -> Response {
     if *deps.manager.ready().borrow() {
         let mut body = json!({"status": "ready"});
         // Serving goes on; what is degraded is said, not hidden behind a 503 that would take the pod out.
+        let mut degraded = serde_json::Map::new();
         if deps.analytics.auth.introspection_outage().is_some() {
-            body["degraded"] = json!({"token_checks": token_checks(&deps)});
+            degraded.insert("token_checks".into(), token_checks(&deps));
+        }
+        if deps.analytics.store.reserve().is_some_and(|r| r.volume_full()) {
+            degraded.insert(
+                "storage".into(),
+                json!({"state": "volume_full", "message": "the data volume is full: calls are served; what the satellite records is written as space allows (the disk reserve was given back)"}),
+            );
+        }
+        if !degraded.is_empty() {
+            body["degraded"] = Value::Object(degraded);
         }
         warp::reply::json(&body).into_response()
     } else {

@@ -21,6 +21,7 @@ pub mod analytics;
 mod catalog;
 mod events;
 mod replicas;
+pub mod reserve;
 mod sql;
 mod status;
 pub mod toolsets;
@@ -65,6 +66,8 @@ pub struct Store {
     described: String,
     /// PostgreSQL: the URL, for the connections advisory locks are held on (outside the pool).
     url: Option<std::sync::Arc<SecretString>>,
+    /// SQLite: the disk reserve on the data volume (`reserve`).
+    reserve: Option<std::sync::Arc<reserve::Reserve>>,
 }
 
 impl Store {
@@ -76,6 +79,39 @@ impl Store {
     /// Open the configured database (`DATABASE_URL`: PostgreSQL; else SQLite in `data_dir`) and migrate it.
     /// Migrations run under sqlx's migration lock, so replicas starting together apply each one once.
     pub async fn connect(data_dir: &Path, database: &Database) -> Result<Store, StoreError> {
+        Self::connect_with_reserve(data_dir, database, 0).await
+    }
+
+    /// [`Store::connect`], SQLite keeping a disk reserve of `reserve_bytes` on the data volume (`reserve`): given
+    /// back when the database cannot be opened (a full volume), and made when there is room.
+    pub async fn connect_with_reserve(
+        data_dir: &Path,
+        database: &Database,
+        reserve_bytes: u64,
+    ) -> Result<Store, StoreError> {
+        if database.url.is_some() || reserve_bytes == 0 {
+            return Self::open_engine(data_dir, database).await;
+        }
+        let reserve = std::sync::Arc::new(reserve::Reserve::new(data_dir, reserve_bytes));
+        let opened = match Self::open_engine(data_dir, database).await {
+            Err(err) if reserve.release(&format!("the database could not be opened: {err}")) => {
+                Self::open_engine(data_dir, database).await
+            }
+            opened => opened,
+        };
+        let mut store = opened?;
+        let kept = reserve.clone();
+        let _ = tokio::task::spawn_blocking(move || kept.keep()).await;
+        store.reserve = Some(reserve);
+        Ok(store)
+    }
+
+    /// The disk reserve of the SQLite data volume, when there is one.
+    pub fn reserve(&self) -> Option<&reserve::Reserve> {
+        self.reserve.as_deref()
+    }
+
+    async fn open_engine(data_dir: &Path, database: &Database) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         match &database.url {
             Some(url) => {
@@ -91,6 +127,7 @@ impl Store {
                     engine: Engine::Postgres,
                     described: mask_url_password(url),
                     url: Some(std::sync::Arc::new(SecretString::from(url.to_owned()))),
+                    reserve: None,
                 })
             }
             None => {
@@ -129,7 +166,13 @@ impl Store {
                     .connect(&url)
                     .await?;
                 sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
-                Ok(Store { pool, engine: Engine::Sqlite, described: file.display().to_string(), url: None })
+                Ok(Store {
+                    pool,
+                    engine: Engine::Sqlite,
+                    described: file.display().to_string(),
+                    url: None,
+                    reserve: None,
+                })
             }
         }
     }
