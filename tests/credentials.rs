@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use jsonwebtoken::{encode, EncodingKey, Header};
 use reqwest::StatusCode;
 use satellite::config::sha256_hex;
 use serde_json::json;
@@ -151,5 +152,47 @@ async fn a_reload_sharing_an_instance_token_is_refused_and_the_last_good_config_
     let on_bobs = Caller::new(&sat, "/i/bob-demo/mcp", Some(&alice_token));
     let (status, _, body) = on_bobs.post_raw(json!({"jsonrpc":"2.0","id":1,"method":"ping"}).to_string(), &[]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(sat.satellite.shutdown().await);
+}
+
+fn jwt(sub: &str, team: &str) -> String {
+    let claims = json!({"sub": sub, "team": team, "exp": chrono::Utc::now().timestamp() + 600});
+    encode(&Header::default(), &claims, &EncodingKey::from_secret(JWT_SECRET.as_bytes())).expect("a JWT")
+}
+
+/// Open hierarchical sessions, as `/metrics` counts them.
+async fn open_sessions(sat: &TestSatellite) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", sat.base_url())).await.expect("scrape").text().await.expect("text");
+    let line = text.lines().find(|l| l.starts_with("satellite_mcp_sessions{kind=\"hierarchical\"}"));
+    line.and_then(|l| l.rsplit(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// A JWT of the trusted issuer naming a user the file does not know is 401 `invalid_token`; one naming a team its
+/// user is not in is 403; neither makes a session. Before, both got one.
+#[tokio::test]
+async fn a_jwt_for_an_unknown_user_or_another_team_makes_no_session() {
+    let sat = TestSatellite::start(&distinct()).await;
+    let initialize = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",
+        "capabilities":{},"clientInfo":{"name":"t","version":"0"}}})
+    .to_string();
+    let cases = [
+        (jwt("mallory", "acme"), StatusCode::UNAUTHORIZED, "invalid_token", "unknown user"),
+        (jwt("alice", "globex"), StatusCode::FORBIDDEN, "insufficient_scope", "not a member"),
+    ];
+    for (token, status, oauth_error, why) in &cases {
+        let caller = Caller::new(&sat, "/mcp", Some(token));
+        let (got, headers, body) = caller.post_raw(initialize.clone(), &[]).await;
+        assert_eq!(got, *status, "{why}: {body}");
+        let challenge = headers.get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert!(challenge.contains(&format!("error=\"{oauth_error}\"")), "{why}: {challenge}");
+        assert!(body["error"]["data"]["message"].as_str().unwrap_or_default().contains(why), "{body}");
+        assert!(headers.get("mcp-session-id").is_none(), "{why}: a session was made");
+    }
+    assert_eq!(open_sessions(&sat).await, 0);
+    // Alice's JWT for her own team opens a session, as before.
+    let alice = jwt("alice", "acme");
+    Caller::connect(&sat, "/mcp", Some(&alice)).await;
+    wait_until(DEADLINE, "alice's session to be counted", || async { (open_sessions(&sat).await == 1).then_some(()) })
+        .await;
     assert!(sat.satellite.shutdown().await);
 }

@@ -63,4 +63,7 @@ pub enum AuthError {
     InsufficientScope(String),
     #[error("Admin role required: this token belongs to a team member, not a team admin")]
     NotAdmin,
+    /// A verified token names a known user and a team that user is not a member of.
+    #[error("Token names a team its user is not a member of")]
+    NotMember,
 }

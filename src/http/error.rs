@@ -131,7 +131,9 @@ impl McpError {
             McpError::StreamConflict => StatusCode::CONFLICT,
             McpError::NoServerStream | McpError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             McpError::Auth(AuthError::Missing | AuthError::Invalid(_)) => StatusCode::UNAUTHORIZED,
-            McpError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin) => StatusCode::FORBIDDEN,
+            McpError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin | AuthError::NotMember) => {
+                StatusCode::FORBIDDEN
+            }
             McpError::InstanceAuth(err) => match err {
                 InstanceAuthError::NotFound => StatusCode::NOT_FOUND,
                 InstanceAuthError::BadFormat | InstanceAuthError::Invalid => StatusCode::UNAUTHORIZED,
@@ -281,6 +283,7 @@ mod tests {
             McpError::Auth(AuthError::Missing),
             McpError::Auth(AuthError::Invalid("expired".into())),
             McpError::Auth(AuthError::InsufficientScope("mcp:read".into())),
+            McpError::Auth(AuthError::NotMember),
             McpError::InstanceAuth(InstanceAuthError::NotFound),
             McpError::InstanceAuth(InstanceAuthError::BadFormat),
             McpError::InstanceAuth(InstanceAuthError::NotConfigured),

@@ -57,7 +57,9 @@ impl ApiError {
             ApiError::Auth(err) => {
                 let status = match err {
                     AuthError::Missing | AuthError::Invalid(_) => StatusCode::UNAUTHORIZED,
-                    AuthError::InsufficientScope(_) | AuthError::NotAdmin => StatusCode::FORBIDDEN,
+                    AuthError::InsufficientScope(_) | AuthError::NotAdmin | AuthError::NotMember => {
+                        StatusCode::FORBIDDEN
+                    }
                 };
                 let code = if status == StatusCode::UNAUTHORIZED { "unauthorized" } else { "forbidden" };
                 (status, code, err.to_string())
