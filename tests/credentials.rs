@@ -8,7 +8,7 @@ use std::time::Duration;
 use jsonwebtoken::{encode, EncodingKey, Header};
 use reqwest::StatusCode;
 use satellite::config::sha256_hex;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::common::*;
 
@@ -152,6 +152,53 @@ async fn a_reload_sharing_an_instance_token_is_refused_and_the_last_good_config_
     let on_bobs = Caller::new(&sat, "/i/bob-demo/mcp", Some(&alice_token));
     let (status, _, body) = on_bobs.post_raw(json!({"jsonrpc":"2.0","id":1,"method":"ping"}).to_string(), &[]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// Two `Authorization` headers (a valid one first, or second) get 400 with the reason on every authenticated
+/// route, in the route's own error shape, and neither token comes back. Before, the first header was served.
+#[tokio::test]
+async fn two_authorization_headers_are_refused_on_every_authenticated_route() {
+    let sat = TestSatellite::start(&distinct()).await;
+    let alice_instance = instance_token("alice-demo");
+    let routes: [(reqwest::Method, &str, &str, bool); 6] = [
+        (reqwest::Method::POST, "/mcp", ALICE, true),
+        (reqwest::Method::POST, "/i/alice-demo/mcp", alice_instance.as_str(), true),
+        (reqwest::Method::GET, "/sse", ALICE, true),
+        (reqwest::Method::POST, "/message?session=0123", ALICE, true),
+        (reqwest::Method::GET, "/api/analytics/summary", ALICE, false),
+        (reqwest::Method::GET, "/api/toolsets", ALICE, false),
+    ];
+    let http = reqwest::Client::new();
+    let initialize = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",
+        "capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+    for (method, path, valid, json_rpc) in routes {
+        for pair in [[valid, BOB], [BOB, valid]] {
+            let mut request = http
+                .request(method.clone(), format!("{}{path}", sat.base_url()))
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .body(initialize.to_string());
+            for token in pair {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            let response = request.send().await.expect("request");
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{method} {path}");
+            let text = response.text().await.expect("body");
+            assert!(!text.contains(valid) && !text.contains(BOB), "a token in the answer: {text}");
+            let body: Value = serde_json::from_str(&text).expect("a JSON body");
+            let message = if json_rpc { &body["error"]["message"] } else { &body["message"] };
+            let message = message.as_str().unwrap_or_default();
+            assert!(message.contains("more than one Authorization header"), "{method} {path}: {body}");
+            if json_rpc {
+                assert_eq!((body["jsonrpc"].as_str(), body["error"]["code"].as_i64()), (Some("2.0"), Some(-32600)));
+            } else {
+                assert_eq!(body["error"], "bad_request", "{path}: {body}");
+            }
+        }
+    }
+    // One header is served as before.
+    Caller::connect(&sat, "/mcp", Some(ALICE)).await;
     assert!(sat.satellite.shutdown().await);
 }
 
