@@ -7,6 +7,7 @@ mod budget;
 mod cli;
 mod compat;
 mod contracts;
+mod credentials;
 mod discovery;
 mod fake_backend_selftest;
 mod fidelity;

@@ -74,7 +74,7 @@ impl FileWatch {
             Ok(text) if text.trim().is_empty() => Err(ConfigError::new("config file", None, config::file::EMPTY)),
             Ok(text) => {
                 self.warn_start_only(&text);
-                config::parse_file(&text).and_then(|raw| standalone::from_file(&raw))
+                config::parse_file_at(&text, &self.path).and_then(|raw| standalone::from_file(&raw))
             }
         };
         match parsed {

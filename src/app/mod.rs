@@ -131,7 +131,7 @@ fn first_read(config: &Config) -> Result<(StandaloneConfig, Option<String>), Sta
         }
         Mode::Standalone(StandaloneSource::File { path, .. }) => {
             let text = config::read_text(path)?;
-            Ok((standalone::from_file(&config::parse_file(&text)?)?, Some(text)))
+            Ok((standalone::from_file(&config::parse_file_at(&text, path)?)?, Some(text)))
         }
     }
 }

@@ -202,20 +202,47 @@ fn static_token(directory: &Directory, token: &str) -> Result<Principal, AuthErr
 const JWT_LEEWAY_SECS: u64 = 60;
 
 fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<Principal, AuthError> {
-    let invalid = |why: &str| AuthError::Invalid(format!("Invalid token: {why}"));
+    let claims = verified_claims(jwt, token)?;
+    principal_of(directory, jwt, claims)
+}
+
+fn invalid_jwt(why: &str) -> AuthError {
+    AuthError::Invalid(format!("Invalid token: {why}"))
+}
+
+/// The claims of a token the configured key signed, within its validity, for this satellite's audience and the
+/// configured issuer.
+fn verified_claims(jwt: &JwtSettings, token: &str) -> Result<Claims, AuthError> {
     let (algorithm, key) = match jwt.algorithm {
         JwtAlgorithm::Hs256 => (Algorithm::HS256, DecodingKey::from_secret(jwt.key.expose_secret().as_bytes())),
         JwtAlgorithm::Rs256 => (
             Algorithm::RS256,
             DecodingKey::from_rsa_pem(jwt.key.expose_secret().as_bytes())
-                .map_err(|_| invalid("verification key unusable"))?,
+                .map_err(|_| invalid_jwt("verification key unusable"))?,
         ),
         JwtAlgorithm::Es256 => (
             Algorithm::ES256,
             DecodingKey::from_ec_pem(jwt.key.expose_secret().as_bytes())
-                .map_err(|_| invalid("verification key unusable"))?,
+                .map_err(|_| invalid_jwt("verification key unusable"))?,
         ),
     };
+    let data = decode::<Claims>(token, &key, &validation(jwt, algorithm))
+        .map_err(|err| invalid_jwt(&err.kind_description()))?;
+    let claims = data.claims;
+    // A token names its user: an empty `sub` names nobody.
+    if claims.sub.trim().is_empty() {
+        return Err(invalid_jwt("empty sub claim"));
+    }
+    // With no audience configured, a token that names one must name the satellite (SB §5.5, OQ-14): one the
+    // same issuer minted for another service is not a key to this one. No `aud` at all is accepted.
+    if jwt.audience.is_none() && !names_the_satellite(claims.rest.get("aud")) {
+        return Err(invalid_jwt("wrong audience (set [auth.jwt] audience to the one this token names)"));
+    }
+    Ok(claims)
+}
+
+/// What jsonwebtoken checks of a token: `exp` and `nbf` (with leeway), and the configured audience and issuer.
+fn validation(jwt: &JwtSettings, algorithm: Algorithm) -> Validation {
     let mut validation = Validation::new(algorithm);
     validation.validate_nbf = true;
     // Clocks drift: `exp` and `nbf` are read with a minute's leeway (jsonwebtoken's default, kept on purpose and
@@ -236,25 +263,26 @@ fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<P
         required.push("iss");
     }
     validation.set_required_spec_claims(&required);
-    let data = decode::<Claims>(token, &key, &validation).map_err(|err| invalid(&err.kind_description()))?;
-    let claims = data.claims;
-    // A token names its user: an empty `sub` names nobody.
-    if claims.sub.trim().is_empty() {
-        return Err(invalid("empty sub claim"));
-    }
-    // With no audience configured, a token that names one must name the satellite (SB §5.5, OQ-14): one the
-    // same issuer minted for another service is not a key to this one. No `aud` at all is accepted.
-    if jwt.audience.is_none() && !names_the_satellite(claims.rest.get("aud")) {
-        return Err(invalid("wrong audience (set [auth.jwt] audience to the one this token names)"));
-    }
+    validation
+}
+
+/// The caller a verified token names: a user of the directory (401 `invalid_token` otherwise) in a team of the
+/// directory that the user is a member of (403 otherwise), as a static token is. Before, the issuer's word made
+/// a session for any `sub` and any declared team.
+fn principal_of(directory: &Directory, jwt: &JwtSettings, claims: Claims) -> Result<Principal, AuthError> {
     let team = claims
         .rest
         .get(&jwt.team_claim)
         .and_then(|v| v.as_str())
-        .ok_or_else(|| invalid(&format!("missing {} claim", jwt.team_claim)))?;
+        .ok_or_else(|| invalid_jwt(&format!("missing {} claim", jwt.team_claim)))?;
     let team = TeamId(team.to_owned());
     if !directory.teams.contains_key(&team) {
-        return Err(invalid("unknown team"));
+        return Err(invalid_jwt("unknown team"));
+    }
+    let user = UserId(claims.sub);
+    let member = directory.users.get(&user).ok_or_else(|| invalid_jwt("unknown user"))?;
+    if !member.teams.contains(&team) {
+        return Err(AuthError::NotMember);
     }
     let scopes = match (claims.scope, claims.scp) {
         (Some(scope), _) => scope.split_whitespace().map(str::to_owned).collect(),
@@ -262,7 +290,7 @@ fn verify_jwt(directory: &Directory, jwt: &JwtSettings, token: &str) -> Result<P
         (None, None) => DEFAULT_SCOPES.iter().map(|s| s.to_string()).collect(),
     };
     let role = Role::from_team_role(claims.rest.get("team_role").and_then(|v| v.as_str()));
-    Ok(Principal { user: UserId(claims.sub), team, scopes, client_id: None, role })
+    Ok(Principal { user, team, scopes, client_id: None, role })
 }
 
 /// Whether a JWT's `aud` (absent, a string or an array) admits it here when no audience is configured: absent, or
@@ -317,169 +345,4 @@ pub fn check_instance_token(spec: &InstanceSpec, token: Option<&str>) -> Result<
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::parse_file;
-    use crate::control::standalone::from_file;
-    use jsonwebtoken::{encode, EncodingKey, Header};
-    use serde_json::json;
-
-    const SECRET: &str = "0123456789abcdef0123456789abcdef-secret";
-
-    fn authenticator() -> Authenticator {
-        authenticator_with("audience = \"http://localhost:3001/mcp\"")
-    }
-
-    /// The test directory, with `audience_line` in its `[auth.jwt]`.
-    fn authenticator_with(audience_line: &str) -> Authenticator {
-        let file = format!(
-            r#"
-[auth.jwt]
-algorithm = "HS256"
-secret = "{SECRET}"
-{audience_line}
-[[teams]]
-id = "acme"
-[[teams]]
-id = "globex"
-[[users]]
-id = "alice"
-teams = ["acme"]
-token_sha256 = ["{}"]
-[[users]]
-id = "bob"
-teams = ["acme", "globex"]
-[[users.tokens]]
-sha256 = "{}"
-team = "globex"
-scopes = ["mcp:read"]
-[[users.tokens]]
-sha256 = "{}"
-team = "acme"
-"#,
-            sha256_hex("alice-token"),
-            sha256_hex("bob-globex-token"),
-            sha256_hex(DOTTED)
-        );
-        Authenticator::new(from_file(&parse_file(&file).unwrap()).unwrap().directory)
-    }
-
-    /// A static token with two dots, shaped like a JWT.
-    const DOTTED: &str = "static.token.with-two-dots";
-
-    #[test]
-    fn static_tokens_with_dots_are_not_mistaken_for_jwts() {
-        let auth = authenticator();
-        let bob = auth.authenticate(Some(&format!("Bearer {DOTTED}"))).expect("a static token, dots and all");
-        assert_eq!((bob.user.0.as_str(), bob.team.0.as_str()), ("bob", "acme"));
-        assert!(auth.authenticate(Some("Bearer not.a.jwt")).is_err(), "unknown and not a valid JWT");
-    }
-
-    fn jwt(claims: serde_json::Value) -> String {
-        encode(&Header::default(), &claims, &EncodingKey::from_secret(SECRET.as_bytes())).unwrap()
-    }
-
-    fn now() -> i64 {
-        chrono::Utc::now().timestamp()
-    }
-
-    #[test]
-    fn static_tokens_name_user_team_and_scopes() {
-        let auth = authenticator();
-        let alice = auth.authenticate(Some("Bearer alice-token")).unwrap();
-        assert_eq!((alice.user.as_str(), alice.team.as_str()), ("alice", "acme"));
-        assert!(alice.has_scope(SCOPE_EXECUTE));
-        let bob = auth.authenticate(Some("bearer bob-globex-token")).unwrap();
-        assert_eq!(bob.team.as_str(), "globex");
-        assert_eq!(bob.require(SCOPE_EXECUTE), Err(AuthError::InsufficientScope(SCOPE_EXECUTE.into())));
-        assert_eq!(auth.authenticate(None), Err(AuthError::Missing));
-        assert_eq!(auth.authenticate(Some("Basic abc")), Err(AuthError::Missing));
-        assert!(matches!(auth.authenticate(Some("Bearer nope")), Err(AuthError::Invalid(_))));
-    }
-
-    #[test]
-    fn jwts_are_verified_locally() {
-        let auth = authenticator();
-        let aud = "http://localhost:3001/mcp";
-        let good = jwt(json!({"sub": "carol", "team": "acme", "aud": aud, "exp": now() + 60, "scope": "mcp:read"}));
-        let carol = auth.authenticate(Some(&format!("Bearer {good}"))).unwrap();
-        assert_eq!((carol.user.as_str(), carol.team.as_str()), ("carol", "acme"));
-        assert_eq!(carol.scopes, ["mcp:read"]);
-        let cases = [
-            (json!({"sub": "c", "team": "acme", "aud": aud, "exp": now() - 120}), "expired"),
-            (json!({"sub": "c", "team": "acme", "aud": aud, "exp": now() + 60, "nbf": now() + 3600}), "not yet valid"),
-            (json!({"sub": "c", "team": "acme", "aud": "other", "exp": now() + 60}), "wrong audience"),
-            (json!({"sub": "c", "team": "nope", "aud": aud, "exp": now() + 60}), "unknown team"),
-            (json!({"sub": "c", "aud": aud, "exp": now() + 60}), "missing team claim"),
-        ];
-        for (claims, why) in cases {
-            let token = jwt(claims);
-            assert_eq!(
-                auth.authenticate(Some(&format!("Bearer {token}"))),
-                Err(AuthError::Invalid(format!("Invalid token: {why}")))
-            );
-        }
-        let forged = encode(
-            &Header::default(),
-            &json!({"sub": "c", "team": "acme", "aud": aud, "exp": now() + 60}),
-            &EncodingKey::from_secret(b"another-secret-another-secret-xx"),
-        )
-        .unwrap();
-        assert!(
-            matches!(auth.authenticate(Some(&format!("Bearer {forged}"))), Err(AuthError::Invalid(m)) if m.contains("bad signature"))
-        );
-    }
-
-    /// A configured audience and issuer are ones a token must name: a token that leaves either claim out is
-    /// refused, as one naming another is. Before, jsonwebtoken checked them only when present.
-    #[test]
-    fn a_configured_audience_and_issuer_must_be_named() {
-        let auth = authenticator_with("audience = \"https://sat.example/mcp\"\nissuer = \"https://issuer.example\"");
-        let bearer = |without: &str| {
-            let mut claims = json!({"sub": "carol", "team": "acme", "exp": now() + 60,
-                "aud": "https://sat.example/mcp", "iss": "https://issuer.example"});
-            if let Some(claims) = claims.as_object_mut() {
-                claims.remove(without);
-            }
-            format!("Bearer {}", jwt(claims))
-        };
-        assert!(auth.authenticate(Some(&bearer("none"))).is_ok(), "both named");
-        for claim in ["aud", "iss"] {
-            let refused = auth.authenticate(Some(&bearer(claim)));
-            assert!(
-                matches!(&refused, Err(AuthError::Invalid(m)) if m.contains(&format!("missing {claim} claim"))),
-                "{claim}: {refused:?}"
-            );
-        }
-        let nobody = jwt(json!({"sub": "", "team": "acme", "exp": now() + 60,
-            "aud": "https://sat.example/mcp", "iss": "https://issuer.example"}));
-        assert_eq!(
-            auth.authenticate(Some(&format!("Bearer {nobody}"))),
-            Err(AuthError::Invalid("Invalid token: empty sub claim".into()))
-        );
-    }
-
-    /// With no audience configured, a JWT that names another service is refused (SB §5.5, OQ-14); one naming
-    /// none, or naming the satellite among others, is accepted. Before, any `aud` passed.
-    #[test]
-    fn without_a_configured_audience_a_jwt_for_another_service_is_refused() {
-        let auth = authenticator_with("");
-        let bearer = |aud: Option<serde_json::Value>| {
-            let mut claims = json!({"sub": "carol", "team": "acme", "exp": now() + 60});
-            if let Some(aud) = aud {
-                claims["aud"] = aud;
-            }
-            format!("Bearer {}", jwt(claims))
-        };
-        assert!(auth.authenticate(Some(&bearer(None))).is_ok(), "no aud");
-        let both = json!(["https://other.example", crate::config::BACKEND_AUDIENCE]);
-        assert!(auth.authenticate(Some(&bearer(Some(both)))).is_ok(), "names the satellite among others");
-        for other in [json!("https://other.example"), json!(["https://other.example"])] {
-            let refused = auth.authenticate(Some(&bearer(Some(other.clone()))));
-            assert!(
-                matches!(&refused, Err(AuthError::Invalid(m)) if m.contains("wrong audience")),
-                "{other}: {refused:?}"
-            );
-        }
-    }
-}
+mod tests;

@@ -66,4 +66,7 @@ pub enum AuthError {
     /// The control plane could not be asked about a token it has not vouched for recently (503, `Retry-After`).
     #[error("The token cannot be checked now: the control plane is unreachable ({0})")]
     Unavailable(String),
+    /// A verified token names a known user and a team that user is not a member of.
+    #[error("Token names a team its user is not a member of")]
+    NotMember,
 }

@@ -11,7 +11,7 @@ use super::{env, ConfigError};
 
 /// Read and parse a standalone file; a TOML error becomes one line with its position.
 pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
-    parse_file(&read_text(path)?)
+    parse_file_at(&read_text(path)?, path)
 }
 
 /// The standalone file's text.
@@ -83,8 +83,15 @@ pub fn changed_start_only_settings(
     keys.into_iter().filter(|key| running.get(*key) != edited.get(*key)).cloned().collect()
 }
 
+/// [`parse_file`] of the text of the file at `path`: what validation says of a place in it names the file too.
+pub fn parse_file_at(text: &str, path: &std::path::Path) -> Result<RawFile, ConfigError> {
+    let mut raw = parse_file(text)?;
+    raw.origin.path = Some(path.to_owned());
+    Ok(raw)
+}
+
 pub fn parse_file(text: &str) -> Result<RawFile, ConfigError> {
-    toml::from_str::<RawFile>(text).map_err(|err| {
+    let mut raw = toml::from_str::<RawFile>(text).map_err(|err| {
         let position = err
             .span()
             .map(|span| {
@@ -94,7 +101,42 @@ pub fn parse_file(text: &str) -> Result<RawFile, ConfigError> {
             .unwrap_or_default();
         let message = without_values(&err.message().replace('\n', " "));
         ConfigError::new("config file", Some(env::CONFIG), format!("{message}{position}"))
-    })
+    })?;
+    raw.origin.line_starts = std::iter::once(0).chain(text.match_indices('\n').map(|(at, _)| at + 1)).collect();
+    Ok(raw)
+}
+
+/// Where a file's text came from, to name a place in it: the file's path (when it was read from one) and where
+/// each of its lines starts. Not part of the file.
+#[derive(Default, Clone)]
+pub struct Origin {
+    pub path: Option<std::path::PathBuf>,
+    line_starts: Vec<usize>,
+}
+
+impl std::fmt::Debug for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Origin").field("path", &self.path).field("lines", &self.line_starts.len()).finish()
+    }
+}
+
+impl Origin {
+    /// The 1-based line of a byte offset of the text.
+    pub fn line(&self, offset: usize) -> usize {
+        self.line_starts.partition_point(|start| *start <= offset).max(1)
+    }
+
+    /// `path line N` (`line N` for text from no file) of a byte offset of the text; `None` for a `RawFile` made
+    /// in code, which has no text.
+    pub fn place(&self, offset: usize) -> Option<String> {
+        if self.line_starts.is_empty() {
+            return None;
+        }
+        Some(match &self.path {
+            Some(path) => format!("{} line {}", path.display(), self.line(offset)),
+            None => format!("line {}", self.line(offset)),
+        })
+    }
 }
 
 /// A parse error's message without the values it quotes: "invalid type: integer `123456`, expected a string"
@@ -142,6 +184,9 @@ pub struct RawFile {
     /// Named subsets of tools a session can select (`/mcp?toolset=NAME`) or a user can make their default.
     #[serde(default)]
     pub toolsets: Vec<RawToolset>,
+    /// Where the text came from, to name the file and line of a value validation refuses.
+    #[serde(skip)]
+    pub origin: Origin,
 }
 
 /// A toolset: patterns over `server:tool` (`github`, `github:create_issue`, `*:read_*`).
@@ -400,7 +445,9 @@ pub struct RawUserInstance {
     #[serde(default)]
     pub query: BTreeMap<String, String>,
     pub instance_path: Option<String>,
-    pub instance_token_sha256: Option<String>,
+    /// Hex SHA-256 of the instance token (`ds_inst_…`) that opens this instance, and no other.
+    #[schemars(with = "Option<String>")]
+    pub instance_token_sha256: Option<toml::Spanned<String>>,
     #[serde(default = "yes")]
     pub enabled: bool,
 }

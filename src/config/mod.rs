@@ -26,8 +26,8 @@ use lifecycle::{lifecycle, number};
 use env::Env;
 use file::RawFile;
 pub use file::{
-    changed_start_only_settings, parse_file, read_file, read_text, start_only_settings, start_only_settings_of,
-    START_ONLY_SECTIONS,
+    changed_start_only_settings, parse_file, parse_file_at, read_file, read_text, start_only_settings,
+    start_only_settings_of, START_ONLY_SECTIONS,
 };
 
 mod embedded;

@@ -96,10 +96,36 @@ pub(super) fn teams(raw: &[RawTeam]) -> Result<BTreeMap<TeamId, Team>, ConfigErr
     Ok(teams)
 }
 
-pub(super) fn users(raw: &[RawUser], teams: &BTreeMap<TeamId, Team>) -> Result<BTreeMap<UserId, User>, ConfigError> {
+/// Every credential of a file by its hash (lowercase hex), and whose it is: a user's token, an admin token, a
+/// member's instance token. One hash names one owner; otherwise the one token would open what each owner has.
+/// The all-zero hash is the shipped examples' placeholder (deploy/): no token hashes to it, so it names nobody.
+#[derive(Debug, Default)]
+pub(super) struct CredentialOwners(std::collections::HashMap<String, String>);
+
+impl CredentialOwners {
+    /// Record `owner` (how a message names it) as the owner of `hash`; `Err` with the owner it already has.
+    pub(super) fn claim(&mut self, hash: &str, owner: impl FnOnce() -> String) -> Result<(), String> {
+        use std::collections::hash_map::Entry;
+        if hash.bytes().all(|b| b == b'0') {
+            return Ok(());
+        }
+        match self.0.entry(hash.to_ascii_lowercase()) {
+            Entry::Occupied(first) => Err(first.get().clone()),
+            Entry::Vacant(slot) => {
+                slot.insert(owner());
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The users, their tokens' hashes claimed in `owners`.
+pub(super) fn users(
+    raw: &[RawUser],
+    teams: &BTreeMap<TeamId, Team>,
+    owners: &mut CredentialOwners,
+) -> Result<BTreeMap<UserId, User>, ConfigError> {
     let mut users = BTreeMap::new();
-    // Each token hash → the key of the grant that has it: a token must name one user in one team.
-    let mut granted: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for (i, user) in raw.iter().enumerate() {
         let key = format!("users[{i}]");
         check_id(&user.id, &format!("{key}.id"))?;
@@ -159,16 +185,18 @@ pub(super) fn users(raw: &[RawUser], teams: &BTreeMap<TeamId, Team>) -> Result<B
                 ))
             }
         };
-        // The all-zero hash is the shipped examples' placeholder (deploy/): no token hashes to it.
-        for (j, grant) in tokens.iter().enumerate().filter(|(_, g)| g.sha256.bytes().any(|b| b != b'0')) {
-            if let Some(first) = granted.insert(grant.sha256.clone(), format!("{key} (user {:?})", user.id)) {
-                // Before, the first grant in user order won: one user's token signed in as another, maybe of another team.
-                return Err(ConfigError::new(
+        for (j, grant) in tokens.iter().enumerate() {
+            // Before, the first grant in user order won: one user's token signed in as another, maybe of another team.
+            owners.claim(&grant.sha256, || format!("a token of {key} (user {:?})", user.id)).map_err(|first| {
+                ConfigError::new(
                     format!("{key}.tokens"),
                     None,
-                    format!("token {j} of user {:?} has the same hash as a token of {first}: a token names one user and one team", user.id),
-                ));
-            }
+                    format!(
+                        "token {j} of user {:?} has the same hash as {first}: a token names one user and one team",
+                        user.id
+                    ),
+                )
+            })?;
         }
         let entry = User { teams: user.teams.iter().cloned().map(TeamId).collect(), tokens, admin };
         if users.insert(UserId(user.id.clone()), entry).is_some() {

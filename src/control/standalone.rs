@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use url::Url;
 
-use super::directory::{check_id, check_sha256, jwt_settings, teams, users};
+use super::directory::{check_id, check_sha256, jwt_settings, teams, users, CredentialOwners};
 pub use super::directory::{Directory, JwtAlgorithm, JwtSettings, Team, TokenGrant, User, DEFAULT_SCOPES};
 use super::snapshot::{set_query, DesiredState, EntrySettings, McpServerEntry, SecretMetadata};
-use crate::config::file::{RawFile, RawInstallation, RawServer, RawTeam, RawUser, RawUserInstance};
+use crate::config::file::{Origin, RawFile, RawInstallation, RawServer, RawTeam, RawUser, RawUserInstance};
 use crate::config::{sha256_hex, ConfigError, EmbeddedDefault};
 use crate::model::toolset::{Configured, ConfiguredToolsets};
 use crate::model::{InstallationId, ProcessId, TeamId, Toolset, ToolsetScope, ToolsetSource, UserId};
@@ -34,13 +34,46 @@ impl StandaloneConfig {
 /// Validate the team, user and installation parts of a file.
 pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
     let teams = teams(&raw.teams)?;
-    let users = users(&raw.users, &teams)?;
+    let mut owners = CredentialOwners::default();
+    let users = users(&raw.users, &teams, &mut owners)?;
     let jwt = match &raw.auth.jwt {
         Some(jwt) => Some(jwt_settings(jwt)?),
         None => None,
     };
+    let servers = servers(&raw.servers)?;
+    let admin_tokens = admin_tokens(&raw.auth.admin_token_sha256, &mut owners)?;
+    let entries = entries(raw, &teams, &users, &servers, &mut owners)?;
+    let authorization_server = match &raw.auth.authorization_server {
+        Some(url) => Some(
+            Url::parse(url)
+                .ok()
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "auth.authorization_server",
+                        None,
+                        format!("{} is not an http(s) url", crate::config::url_for_message(url)),
+                    )
+                })?
+                .to_string()
+                .trim_end_matches('/')
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let toolsets = toolsets(raw, &teams, &users)?;
+    Ok(StandaloneConfig {
+        directory: Directory { teams, users, jwt, authorization_server, admin_tokens, token_index: Default::default() }
+            .index_tokens(),
+        entries,
+        toolsets,
+    })
+}
+
+/// The catalogue by slug, each server checked.
+fn servers(raw: &[RawServer]) -> Result<BTreeMap<&str, &RawServer>, ConfigError> {
     let mut servers = BTreeMap::new();
-    for (i, server) in raw.servers.iter().enumerate() {
+    for (i, server) in raw.iter().enumerate() {
         let key = format!("servers[{i}]");
         check_server(server, &key)?;
         if servers.insert(server.slug.as_str(), server).is_some() {
@@ -51,6 +84,32 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
             ));
         }
     }
+    Ok(servers)
+}
+
+/// The satellite-wide admin tokens' hashes (lowercase), each claimed in `owners`: an admin token that is also a
+/// user's or an instance's would open every team's analytics to whoever holds the other.
+fn admin_tokens(raw: &[String], owners: &mut CredentialOwners) -> Result<Vec<String>, ConfigError> {
+    let mut admin_tokens = Vec::new();
+    for (i, hash) in raw.iter().enumerate() {
+        let key = format!("auth.admin_token_sha256[{i}]");
+        check_sha256(hash, &key)?;
+        owners.claim(hash, || format!("the admin token {key}")).map_err(|first| {
+            ConfigError::new(&key, None, format!("has the same hash as {first}: a token names one owner"))
+        })?;
+        admin_tokens.push(hash.to_ascii_lowercase());
+    }
+    Ok(admin_tokens)
+}
+
+/// The `mcp_servers` entries of every installation, one per installation and team member, keyed by process id.
+fn entries(
+    raw: &RawFile,
+    teams: &BTreeMap<TeamId, Team>,
+    users: &BTreeMap<UserId, User>,
+    servers: &BTreeMap<&str, &RawServer>,
+    owners: &mut CredentialOwners,
+) -> Result<BTreeMap<String, McpServerEntry>, ConfigError> {
     let mut entries = BTreeMap::new();
     let mut paths = BTreeSet::new();
     let mut installation_ids = BTreeSet::new();
@@ -65,29 +124,8 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
                 format!("duplicate installation id {:?}", installation.id),
             ));
         }
-        let team_id = TeamId(installation.team.clone());
-        let Some(team) = teams.get(&team_id) else {
-            return Err(ConfigError::new(format!("{key}.team"), None, format!("unknown team {:?}", installation.team)));
-        };
-        let Some(server) = servers.get(installation.server.as_str()) else {
-            return Err(ConfigError::new(
-                format!("{key}.server"),
-                None,
-                format!("unknown server {:?}", installation.server),
-            ));
-        };
-        for user_id in installation.users.keys() {
-            let member = users.get(&UserId(user_id.clone())).is_some_and(|u| u.teams.contains(&team_id));
-            if !member {
-                return Err(ConfigError::new(
-                    format!("{key}.users.{user_id}"),
-                    None,
-                    format!("user {user_id:?} is not a member of team {:?}", installation.team),
-                ));
-            }
-        }
-        let members = users.iter().filter(|(_, u)| u.teams.contains(&team_id));
-        for (user_id, _) in members {
+        let (team_id, team, server) = installation_refs(installation, &key, teams, users, servers)?;
+        for (user_id, _) in users.iter().filter(|(_, u)| u.teams.contains(&team_id)) {
             let user_tier = installation.users.get(user_id.as_str());
             let (process_id, entry) = expand(server, installation, &team_id, team, user_id, user_tier, &key)?;
             if let Some(path) = &entry.instance_path {
@@ -107,38 +145,70 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
                     format!("the instance of {user_id} is named {:?}, like another instance: rename one", process_id.0),
                 ));
             }
+            claim_instance_token(owners, &raw.origin, installation, user_id, user_tier, &key)?;
             entries.insert(process_id.0, entry);
         }
     }
-    let authorization_server = match &raw.auth.authorization_server {
-        Some(url) => Some(
-            Url::parse(url)
-                .ok()
-                .filter(|u| matches!(u.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "auth.authorization_server",
-                        None,
-                        format!("{} is not an http(s) url", crate::config::url_for_message(url)),
-                    )
-                })?
-                .to_string()
-                .trim_end_matches('/')
-                .to_owned(),
-        ),
-        None => None,
+    Ok(entries)
+}
+
+/// What an installation names, looked up: its team and server; every user it has a tier for must be a member.
+fn installation_refs<'a>(
+    installation: &RawInstallation,
+    key: &str,
+    teams: &'a BTreeMap<TeamId, Team>,
+    users: &BTreeMap<UserId, User>,
+    servers: &BTreeMap<&str, &'a RawServer>,
+) -> Result<(TeamId, &'a Team, &'a RawServer), ConfigError> {
+    let team_id = TeamId(installation.team.clone());
+    let Some(team) = teams.get(&team_id) else {
+        return Err(ConfigError::new(format!("{key}.team"), None, format!("unknown team {:?}", installation.team)));
     };
-    let mut admin_tokens = Vec::new();
-    for (i, hash) in raw.auth.admin_token_sha256.iter().enumerate() {
-        check_sha256(hash, &format!("auth.admin_token_sha256[{i}]"))?;
-        admin_tokens.push(hash.to_ascii_lowercase());
+    let Some(server) = servers.get(installation.server.as_str()) else {
+        return Err(ConfigError::new(
+            format!("{key}.server"),
+            None,
+            format!("unknown server {:?}", installation.server),
+        ));
+    };
+    for user_id in installation.users.keys() {
+        let member = users.get(&UserId(user_id.clone())).is_some_and(|u| u.teams.contains(&team_id));
+        if !member {
+            return Err(ConfigError::new(
+                format!("{key}.users.{user_id}"),
+                None,
+                format!("user {user_id:?} is not a member of team {:?}", installation.team),
+            ));
+        }
     }
-    let toolsets = toolsets(raw, &teams, &users)?;
-    Ok(StandaloneConfig {
-        directory: Directory { teams, users, jwt, authorization_server, admin_tokens, token_index: Default::default() }
-            .index_tokens(),
-        entries,
-        toolsets,
+    Ok((team_id, team, server))
+}
+
+/// An instance token opens one instance of one member: its hash is claimed in `owners`, and a hash a user token,
+/// an admin token or another instance's token has already is refused, naming the file, the line and both owners.
+/// Before, the one `ds_inst_` token opened every instance that had it, each with its own member's secrets.
+fn claim_instance_token(
+    owners: &mut CredentialOwners,
+    origin: &Origin,
+    installation: &RawInstallation,
+    user_id: &UserId,
+    tier: Option<&RawUserInstance>,
+    key: &str,
+) -> Result<(), ConfigError> {
+    let Some(token) = tier.and_then(|u| u.instance_token_sha256.as_ref()) else { return Ok(()) };
+    let token_key = format!("{key}.users.{user_id}.instance_token_sha256");
+    let place = origin.place(token.span().start);
+    let this = format!("the instance token of user {:?} in installation {:?}", user_id.0, installation.id);
+    let at = |place: &Option<String>| place.as_ref().map(|p| format!(" ({p})")).unwrap_or_default();
+    owners.claim(token.get_ref(), || format!("{this}{}", at(&place))).map_err(|first| {
+        let message = format!(
+            "{this} has the same hash as {first}: a token opens one instance of one user (make one for each: \
+             `satellite token new --instance`)"
+        );
+        match &place {
+            Some(place) => ConfigError::new(token_key.as_str(), None, format!("{place}: {message}")),
+            None => ConfigError::new(token_key.as_str(), None, message),
+        }
     })
 }
 
@@ -212,7 +282,7 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<Standa
         "demo".to_owned(),
         RawUserInstance {
             instance_path: Some("demo".into()),
-            instance_token_sha256: Some(demo.instance_token_hash()),
+            instance_token_sha256: Some(toml::Spanned::new(0..0, demo.instance_token_hash())),
             enabled: true,
             ..Default::default()
         },
@@ -395,7 +465,7 @@ fn expand(
         // Stable across restarts, unique per instance.
         None => format!("{}-{}", server.slug, &sha256_hex(&process_id.0)[..10]),
     });
-    if let Some(hash) = user.and_then(|u| u.instance_token_sha256.as_ref()) {
+    if let Some(hash) = user.and_then(|u| u.instance_token_sha256.as_ref()).map(|h| h.get_ref()) {
         check_sha256(hash, &format!("{user_key}.instance_token_sha256"))?;
         entry.instance_token_hash = Some(hash.to_ascii_lowercase());
     }

@@ -149,3 +149,52 @@ fn bad_references_name_their_key() {
     let bad = FILE.replace("instance_path = \"alice-files\"", "instance_path = \"a/b\"");
     assert!(from_file(&parse_file(&bad).unwrap()).is_err());
 }
+
+/// An instance token opens one instance of one user: a hash given to two members' instances (in another letter
+/// case), or equal to a user's token (the user's own) or an admin token, is refused, naming the file, the line and
+/// both owners, and never the hash. Before, the file was accepted and the one `ds_inst_` token opened every
+/// instance that had it, each with its own member's secrets.
+#[test]
+fn an_instance_token_hash_names_one_instance_of_one_user() {
+    let token = |hash: &str| format!("instance_token_sha256 = \"{hash}\"\n");
+    let shared = "bb".repeat(32);
+    let twice = FILE
+        .replace("instance_path = \"alice-files\"\n", &format!("instance_path = \"alice-files\"\n{}", token(&shared)))
+        .replace(
+            "query = { user = \"bob\" }\n",
+            &format!("query = {{ user = \"bob\" }}\n{}", token(&shared.to_uppercase())),
+        );
+    let line_of = |text: &str, needle: &str| text[..text.find(needle).unwrap()].matches('\n').count() + 1;
+    let (alice_line, bob_line) = (line_of(&twice, &shared), line_of(&twice, &shared.to_uppercase()));
+    let path = std::path::Path::new("/etc/satellite/satellite.toml");
+    let err = from_file(&crate::config::parse_file_at(&twice, path).unwrap()).unwrap_err();
+    assert_eq!(err.key, "installations[1].users.bob.instance_token_sha256");
+    let expected = format!(
+        "/etc/satellite/satellite.toml line {bob_line}: the instance token of user \"bob\" in installation \
+         \"i-notion\" has the same hash as the instance token of user \"alice\" in installation \"i-files\" \
+         (/etc/satellite/satellite.toml line {alice_line})"
+    );
+    assert!(err.message.starts_with(&expected), "{err}");
+    assert!(!err.to_string().to_ascii_lowercase().contains("bbbbbbbb"), "no hash in the message: {err}");
+    // Alice's instance token is her own user token; or a satellite admin token.
+    let alice_user = "aa00000000000000000000000000000000000000000000000000000000000000";
+    let own = FILE.replace(
+        "instance_path = \"alice-files\"\n",
+        &format!("instance_path = \"alice-files\"\n{}", token(alice_user)),
+    );
+    let err = from_file(&parse_file(&own).unwrap()).unwrap_err();
+    assert_eq!(err.key, "installations[0].users.alice.instance_token_sha256");
+    let line = line_of(&own, &format!("instance_token_sha256 = \"{alice_user}"));
+    assert!(err.message.starts_with(&format!("line {line}: the instance token of user \"alice\"")), "{err}");
+    assert!(err.message.contains("same hash as a token of users[0] (user \"alice\")"), "{err}");
+    let admin = format!("[auth]\nadmin_token_sha256 = [\"{shared}\"]\n") + &twice;
+    let err = from_file(&parse_file(&admin).unwrap()).unwrap_err();
+    assert_eq!(err.key, "installations[0].users.alice.instance_token_sha256");
+    assert!(err.message.contains("same hash as the admin token auth.admin_token_sha256[0]"), "{err}");
+    // The examples' placeholder (all zeros) on both is no token; a token of each one's own is what is wanted.
+    let zero = "0".repeat(64);
+    let placeholders = twice.replace(&shared, &zero).replace(&shared.to_uppercase(), &zero);
+    assert!(from_file(&parse_file(&placeholders).unwrap()).is_ok());
+    let distinct = twice.replace(&shared.to_uppercase(), &"cc".repeat(32));
+    assert!(from_file(&parse_file(&distinct).unwrap()).is_ok());
+}

@@ -51,9 +51,8 @@ impl ApiError {
     fn into_response(self) -> Response {
         let (status, code) = match &self {
             ApiError::Auth(AuthError::Missing | AuthError::Invalid(_)) => (StatusCode::UNAUTHORIZED, "unauthorized"),
-            ApiError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin) | ApiError::OtherTeam(_) => {
-                (StatusCode::FORBIDDEN, "forbidden")
-            }
+            ApiError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin | AuthError::NotMember)
+            | ApiError::OtherTeam(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::Auth(AuthError::Unavailable(_)) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::BadQuery(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ApiError::Store => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),

@@ -11,6 +11,9 @@ use crate::auth::{AuthError, InstanceAuthError};
 use crate::mcp::protocol::{self, codes, RpcError};
 use crate::router::RouteError;
 
+/// Why a request with more than one `Authorization` header is refused, on every route.
+pub const TWO_AUTHORIZATIONS: &str = "more than one Authorization header; send one credential";
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum McpError {
     /// `Content-Type` is not `application/json`.
@@ -44,6 +47,8 @@ pub enum McpError {
     NoServerStream,
     /// Bearer authentication failed (401/403 with `WWW-Authenticate`).
     Auth(AuthError),
+    /// More than one `Authorization` header: two credentials, and no telling whose request it is (RFC 9110 §5.3).
+    TwoAuthorizations,
     /// Instance-token authentication failed (SB §6.1).
     InstanceAuth(InstanceAuthError),
     /// `/message` without a well-formed `session` parameter.
@@ -130,11 +135,14 @@ impl McpError {
             | McpError::MalformedSession
             | McpError::MissingSseSession
             | McpError::InvalidQuery(_)
+            | McpError::TwoAuthorizations
             | McpError::BadRequest(_) => StatusCode::BAD_REQUEST,
             McpError::StreamConflict => StatusCode::CONFLICT,
             McpError::NoServerStream | McpError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             McpError::Auth(AuthError::Missing | AuthError::Invalid(_)) => StatusCode::UNAUTHORIZED,
-            McpError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin) => StatusCode::FORBIDDEN,
+            McpError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin | AuthError::NotMember) => {
+                StatusCode::FORBIDDEN
+            }
             McpError::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             McpError::InstanceAuth(err) => match err {
                 InstanceAuthError::NotFound => StatusCode::NOT_FOUND,
@@ -194,6 +202,7 @@ impl McpError {
             }
             McpError::NoServerStream => (codes::TRANSPORT_ERROR, "2026-07-28 has no server stream".to_owned()),
             McpError::Auth(err) => return challenge(err, &ResourceUrls { public_url: String::new() }).error,
+            McpError::TwoAuthorizations => (codes::INVALID_REQUEST, format!("Bad Request: {TWO_AUTHORIZATIONS}")),
             McpError::InstanceAuth(err) => {
                 let code = match err {
                     InstanceAuthError::NotFound => codes::FORBIDDEN,
@@ -285,6 +294,8 @@ mod tests {
             McpError::Auth(AuthError::Missing),
             McpError::Auth(AuthError::Invalid("expired".into())),
             McpError::Auth(AuthError::InsufficientScope("mcp:read".into())),
+            McpError::Auth(AuthError::NotMember),
+            McpError::TwoAuthorizations,
             McpError::InstanceAuth(InstanceAuthError::NotFound),
             McpError::InstanceAuth(InstanceAuthError::BadFormat),
             McpError::InstanceAuth(InstanceAuthError::NotConfigured),

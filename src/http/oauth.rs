@@ -84,6 +84,13 @@ pub fn challenge(err: &AuthError, urls: &ResourceUrls) -> Challenge {
             format!("Bearer realm=\"{REALM}\", error=\"insufficient_scope\", error_description=\"{err}\""),
             RpcError::new(codes::FORBIDDEN, "Admin role required").with_data(json!({"message": err.to_string()})),
         ),
+        AuthError::NotMember => (
+            StatusCode::FORBIDDEN,
+            format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", error=\"insufficient_scope\", error_description=\"{err}\""),
+            RpcError::new(codes::FORBIDDEN, "Not a member of the team").with_data(json!({
+                "message": err.to_string(), "oauth_error": "insufficient_scope", "resource_metadata_uri": rm,
+            })),
+        ),
     };
     Challenge { status, www_authenticate, error }
 }

@@ -58,6 +58,21 @@ fn refusal(refusal: McpError) -> Response {
     refusal.into_response(&super::oauth::ResourceUrls { public_url: String::new() })
 }
 
+/// RFC 9110 §5.3: `Authorization` is a field of one value. A request that sends it twice carries two credentials,
+/// and which one a route would take is chance (warp's header filters and `HeaderMap::get` read the first), so it is
+/// refused before any route runs: 400, with the API's error shape under `/api/` and a JSON-RPC error elsewhere.
+/// Neither value is read, and nothing of them is logged.
+fn two_authorizations<B>(request: &Request<B>) -> Option<Response> {
+    let mut sent = request.headers().get_all(warp::http::header::AUTHORIZATION).iter();
+    sent.next()?;
+    sent.next()?;
+    if request.uri().path().starts_with("/api/") {
+        let body = serde_json::json!({"error": "bad_request", "message": super::error::TWO_AUTHORIZATIONS});
+        return Some(super::json_response(warp::http::StatusCode::BAD_REQUEST, &body));
+    }
+    Some(refusal(McpError::TwoAuthorizations))
+}
+
 /// The target of the access log (a line as each request starts and ends, at debug): outside `satellite`, so
 /// `LOG_LEVEL=debug` does not turn it on; `RUST_LOG=warn,satellite=info,http_access=debug` does
 /// (docs/operations.md).
@@ -143,15 +158,18 @@ pub async fn serve<F>(
             request_id = %request_id.to_str().unwrap_or("-"));
         async move {
             debug!(target: ACCESS_LOG, "started processing request");
-            let mut response = match places.try_acquire_owned() {
-                Ok(_place) => {
-                    match tokio::time::timeout(request_timeout, tower::Service::call(&mut routes, request)).await {
-                        Ok(Ok(response)) => response,
-                        Ok(Err(never)) => match never {},
-                        Err(_) => refusal(McpError::GatewayTimeout),
+            let mut response = match two_authorizations(&request) {
+                Some(refused) => refused,
+                None => match places.try_acquire_owned() {
+                    Ok(_place) => {
+                        match tokio::time::timeout(request_timeout, tower::Service::call(&mut routes, request)).await {
+                            Ok(Ok(response)) => response,
+                            Ok(Err(never)) => match never {},
+                            Err(_) => refusal(McpError::GatewayTimeout),
+                        }
                     }
-                }
-                Err(_) => refusal(McpError::Overloaded),
+                    Err(_) => refusal(McpError::Overloaded),
+                },
             };
             let status = response.status().as_u16();
             metrics.http_request(route, method.as_str(), status, began.elapsed());
@@ -418,7 +436,26 @@ impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
 
 #[cfg(test)]
 mod route_label_tests {
-    use super::route_label;
+    use super::{route_label, two_authorizations};
+
+    /// A second `Authorization` header is refused with 400, in the shape of the route's own errors; one, or none,
+    /// goes on to the routes. Before, the first header was served.
+    #[test]
+    fn two_authorization_headers_are_refused_on_every_route() {
+        let request = |path: &str, count: usize| {
+            let mut builder = warp::http::Request::builder().uri(path);
+            for n in 0..count {
+                builder = builder.header("authorization", format!("Bearer token-{n}"));
+            }
+            builder.body(()).expect("a request")
+        };
+        for path in ["/mcp", "/i/alice-demo/mcp", "/sse", "/message?session=x", "/api/analytics/summary"] {
+            assert!(two_authorizations(&request(path, 0)).is_none(), "{path}");
+            assert!(two_authorizations(&request(path, 1)).is_none(), "{path}");
+            let refused = two_authorizations(&request(path, 2)).expect("refused");
+            assert_eq!(refused.status(), warp::http::StatusCode::BAD_REQUEST, "{path}");
+        }
+    }
 
     #[test]
     fn labels_are_templates_and_anything_else_is_other() {

@@ -57,7 +57,9 @@ impl ApiError {
             ApiError::Auth(err) => {
                 let status = match err {
                     AuthError::Missing | AuthError::Invalid(_) => StatusCode::UNAUTHORIZED,
-                    AuthError::InsufficientScope(_) | AuthError::NotAdmin => StatusCode::FORBIDDEN,
+                    AuthError::InsufficientScope(_) | AuthError::NotAdmin | AuthError::NotMember => {
+                        StatusCode::FORBIDDEN
+                    }
                     AuthError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
                 };
                 let code = match status {

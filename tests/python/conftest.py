@@ -36,6 +36,9 @@ def free_port() -> int:
 
 
 USERS = ("alice", "bob", "carol", "dave", "erin")
+# An instance token opens one instance of one user: one of its own for each instance path.
+INSTANCE_PATHS = ("alice-demo", "bob-demo", "alice-everything", "carol-demo", "dave-everything-http",
+                  "erin-regional", "erin-reference")
 
 
 def wait_port(port: int, proc: subprocess.Popen, what: str):
@@ -49,7 +52,7 @@ class Satellite:
     def __init__(self):
         self.tokens = {u: secrets.token_hex(24) for u in USERS}
         self.admin_token = secrets.token_hex(24)
-        self.instance_tokens = {u: "ds_inst_" + secrets.token_hex(32) for u in USERS}
+        self.instance_tokens = {p: "ds_inst_" + secrets.token_hex(32) for p in INSTANCE_PATHS}
         self.everything_port = free_port()
         self.everything_sse_port = free_port()
         self.reference_port = free_port()
@@ -142,7 +145,7 @@ team = "umbrella"
 server = "regional"
 [installations.users.erin]
 instance_path = "erin-regional"
-instance_token_sha256 = "{sha(i['erin'])}"
+instance_token_sha256 = "{sha(i['erin-regional'])}"
 
 [[installations]]
 id = "reference-umbrella"
@@ -150,7 +153,7 @@ team = "umbrella"
 server = "reference"
 [installations.users.erin]
 instance_path = "erin-reference"
-instance_token_sha256 = "{sha(i['erin'])}"
+instance_token_sha256 = "{sha(i['erin-reference'])}"
 
 [[installations]]
 id = "everything-initech"
@@ -158,7 +161,7 @@ team = "initech"
 server = "everything-http"
 [installations.users.dave]
 instance_path = "dave-everything-http"
-instance_token_sha256 = "{sha(i['dave'])}"
+instance_token_sha256 = "{sha(i['dave-everything-http'])}"
 
 [[installations]]
 id = "everything-sse-initech"
@@ -173,10 +176,10 @@ team = "acme"
 server = "demo"
 [installations.users.alice]
 instance_path = "alice-demo"
-instance_token_sha256 = "{sha(i['alice'])}"
+instance_token_sha256 = "{sha(i['alice-demo'])}"
 [installations.users.bob]
 instance_path = "bob-demo"
-instance_token_sha256 = "{sha(i['bob'])}"
+instance_token_sha256 = "{sha(i['bob-demo'])}"
 
 [[installations]]
 id = "everything-acme"
@@ -184,7 +187,7 @@ team = "acme"
 server = "everything"
 [installations.users.alice]
 instance_path = "alice-everything"
-instance_token_sha256 = "{sha(i['alice'])}"
+instance_token_sha256 = "{sha(i['alice-everything'])}"
 
 [[toolsets]]
 name = "echoes"
@@ -198,7 +201,7 @@ team = "globex"
 server = "demo"
 [installations.users.carol]
 instance_path = "carol-demo"
-instance_token_sha256 = "{sha(i['carol'])}"
+instance_token_sha256 = "{sha(i['carol-demo'])}"
 """
 
     def start(self):

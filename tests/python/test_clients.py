@@ -95,7 +95,7 @@ async def test_one_team_never_reaches_another(satellite, mode):
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_instance_router(satellite, mode):
-    url = f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['alice']}"
+    url = f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['alice-demo']}"
     async with Client(url, mode=mode) as client:
         assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
         names = [t.name for t in (await client.list_tools()).tools]
@@ -111,7 +111,7 @@ async def test_a_tool_that_asks_for_a_parameter_header(satellite, mode):
     the satellite, on both revisions (a 2026-07-28 client sends the header to the satellite, which checks it; a
     handshake-era client sends none), the call reaches the server with it, in the base64 form where the value
     needs it, and the tool whose annotation is invalid is not listed."""
-    url = f"{satellite.base}/i/erin-regional/mcp?token={satellite.instance_tokens['erin']}"
+    url = f"{satellite.base}/i/erin-regional/mcp?token={satellite.instance_tokens['erin-regional']}"
     async with Client(url, mode=mode) as client:
         names = [t.name for t in (await client.list_tools()).tools]
         assert "where" in names and "broken" not in names, names
@@ -127,7 +127,7 @@ async def test_a_tool_that_asks_for_a_parameter_header(satellite, mode):
 
 
 async def test_instance_router_refuses_a_foreign_token(satellite):
-    url = f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['bob']}"
+    url = f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['bob-demo']}"
     with pytest.raises(Exception):
         async with Client(url, mode="legacy") as client:
             await client.list_tools()
@@ -154,7 +154,7 @@ def test_typescript_sdk(satellite):
     env.update({
         "SATELLITE_URL": satellite.base,
         "SATELLITE_TOKEN": satellite.tokens["alice"],
-        "SATELLITE_INSTANCE_URL": f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['alice']}",
+        "SATELLITE_INSTANCE_URL": f"{satellite.base}/i/alice-demo/mcp?token={satellite.instance_tokens['alice-demo']}",
     })
     run = subprocess.run(["node", "--test", "clients.test.mjs"], cwd=node_dir, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

@@ -153,8 +153,8 @@ async def test_sampling_over_legacy_sse(satellite):
 
 def everything_url(satellite, upstream="stdio"):
     if upstream == "http":
-        return f"{satellite.base}/i/dave-everything-http/mcp?token={satellite.instance_tokens['dave']}"
-    return f"{satellite.base}/i/alice-everything/mcp?token={satellite.instance_tokens['alice']}"
+        return f"{satellite.base}/i/dave-everything-http/mcp?token={satellite.instance_tokens['dave-everything-http']}"
+    return f"{satellite.base}/i/alice-everything/mcp?token={satellite.instance_tokens['alice-everything']}"
 
 
 # Each case of the instance router runs against server-everything over stdio (a child the satellite spawns) and
@@ -335,7 +335,7 @@ async def test_a_2026_server_asking_through_input_required(satellite, mode, rout
         return types.ElicitResult(action="accept", content={"name": "Ada"})
 
     if router == "instance":
-        url = f"{satellite.base}/i/erin-reference/mcp?token={satellite.instance_tokens['erin']}"
+        url = f"{satellite.base}/i/erin-reference/mcp?token={satellite.instance_tokens['erin-reference']}"
         client = Client(url, mode=mode, elicitation_callback=elicitation)
     else:
         client = client_for(satellite, "erin", mode, elicitation_callback=elicitation)
