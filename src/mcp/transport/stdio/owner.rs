@@ -29,7 +29,7 @@ const WRITE_BATCH_BYTES: usize = 32 * 1024;
 /// How long a child may run on after closing its stdout before it is stopped: one that closes it on its way out
 /// exits well within this; one that goes on running can never answer again.
 const STDOUT_CLOSED_GRACE: Duration = Duration::from_secs(2);
-use crate::mcp::payload::Payload;
+use crate::mcp::payload::{Payload, MOVED_AT_BYTES};
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
 use crate::mcp::transport::junk::JunkLimiter;
 use crate::mcp::transport::relay::{answer_outside, too_many_asks, Asker, ServerAsks, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
@@ -318,7 +318,7 @@ impl Owner {
 
     async fn on_stdout(&mut self, line: Line) {
         match line {
-            Line::Text(line) => self.on_stdout_line(&line).await,
+            Line::Text(line) => self.on_stdout_line(line).await,
             Line::TooLong { bytes, id, has_method } => {
                 warn!(process_id = %self.label, bytes, max_bytes = MAX_LINE_BYTES, ?id, "stdout line too long, skipped");
                 // An answer to one of our calls: the call fails now, saying why, rather than waiting out its
@@ -349,17 +349,29 @@ impl Owner {
         }
     }
 
-    async fn on_stdout_line(&mut self, line: &str) {
-        let line = line.trim();
-        if line.is_empty() {
-            return;
-        }
+    async fn on_stdout_line(&mut self, whole: String) {
         // Most lines answer a call: their result goes on as the server wrote it, without a tree built and
         // written out again.
-        if let Some((id, result)) = protocol::result_response(line) {
-            if !self.pending.resolve(id, Ok(Payload::text(result.to_owned()))) {
+        let answer = protocol::result_response(whole.trim()).map(|(id, result)| {
+            let text = result.get();
+            let small = (text.len() < MOVED_AT_BYTES).then(|| result.to_owned());
+            let start = text.as_ptr() as usize - whole.as_ptr() as usize;
+            (id, small, start..start + text.len())
+        });
+        if let Some((id, small, range)) = answer {
+            let payload = match small {
+                Some(text) => Ok(Payload::text(text)),
+                // A large result is moved out of its line, not copied: an answer of megabytes is never held twice.
+                None => Payload::moved_from(whole, range)
+                    .map_err(|err| UpstreamError::Protocol(format!("the server's result could not be read: {err}"))),
+            };
+            if !self.pending.resolve(id, payload) {
                 debug!(process_id = %self.label, id, "response for no pending request");
             }
+            return;
+        }
+        let line = whole.trim();
+        if line.is_empty() {
             return;
         }
         let messages = match protocol::decode_frame(line.as_bytes()) {
