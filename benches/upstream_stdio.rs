@@ -38,6 +38,8 @@ async fn satellite_client() -> McpClient {
         close_grace: Duration::from_secs(1),
         stderr: Default::default(),
         stderr_sink: None,
+        junk: Default::default(),
+        junk_lines: None,
         limits: ResourceLimits::default(),
         secrets: Vec::new(),
         asker: None,

@@ -97,6 +97,20 @@ struct Inner {
 /// Bytes the buffers hold at most while a flush is stuck; past it new entries are dropped (and counted).
 pub const MAX_BUFFERED_BYTES: usize = 64 * WRITE_BYTES;
 
+/// The longest arguments or answer (as JSON text) a request log entry keeps; a longer one is logged as
+/// [`omitted`]. An entry of more is no use: one event of it is more than the backend takes (its body limit is
+/// 1 MiB, an upload batch stops at 512 KiB), so it would be held in the outbox for ever; and keeping it cost a copy
+/// of the whole answer, then its event's text, then the database's, while the client's copy was being written.
+pub const MAX_LOGGED_TEXT_BYTES: usize = 256 * 1024;
+
+/// What a request log entry keeps instead of arguments or an answer of `bytes` bytes, over
+/// [`MAX_LOGGED_TEXT_BYTES`]: `{"omitted": "…", "bytes": N}`.
+pub fn omitted(bytes: usize) -> Box<RawValue> {
+    let why = format!("larger than the {MAX_LOGGED_TEXT_BYTES} bytes a request log keeps");
+    serde_json::value::to_raw_value(&serde_json::json!({"omitted": why, "bytes": bytes}))
+        .unwrap_or_else(|_| RawValue::NULL.to_owned())
+}
+
 /// What one captured tool call was: its arguments and answer as JSON text, with the instance's secrets masked.
 #[derive(Debug, Clone)]
 pub struct RequestRecord {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Latency buckets in seconds: from a cached discover (~0.2 ms) to a slow tool (minutes).
@@ -41,6 +41,26 @@ impl CallOutcome {
     }
 }
 
+/// One series of a counter family, held by what counts it: an increment is an atomic add, with no label lookup.
+#[derive(Clone)]
+pub struct Counter(IntCounter);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.0.inc();
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+impl std::fmt::Debug for Counter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Counter({})", self.0.get())
+    }
+}
+
 /// The metrics the satellite updates as it works; cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -54,6 +74,7 @@ struct Inner {
     discover_duration: HistogramVec,
     tool_calls: IntCounterVec,
     tool_call_duration: HistogramVec,
+    stdout_junk_lines: IntCounterVec,
 }
 
 /// Values read when `/metrics` is scraped, from the parts that already keep them.
@@ -120,13 +141,29 @@ impl Metrics {
             .buckets(BUCKETS.to_vec()),
             &["server"],
         )?;
-        let inner = Inner { registry, http_requests, http_duration, discover_duration, tool_calls, tool_call_duration };
+        let stdout_junk_lines = IntCounterVec::new(
+            Opts::new(
+                "satellite_stdio_junk_lines_total",
+                "Lines stdio MCP servers wrote on stdout that are not JSON-RPC (logged or not), by server slug",
+            ),
+            &["server"],
+        )?;
+        let inner = Inner {
+            registry,
+            http_requests,
+            http_duration,
+            discover_duration,
+            tool_calls,
+            tool_call_duration,
+            stdout_junk_lines,
+        };
         for collector in [
             Box::new(inner.http_requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(inner.http_duration.clone()),
             Box::new(inner.discover_duration.clone()),
             Box::new(inner.tool_calls.clone()),
             Box::new(inner.tool_call_duration.clone()),
+            Box::new(inner.stdout_junk_lines.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ] {
             inner.registry.register(collector)?;
@@ -153,6 +190,11 @@ impl Metrics {
         if outcome != CallOutcome::Busy {
             self.inner.tool_call_duration.with_label_values(&[server]).observe(took.as_secs_f64());
         }
+    }
+
+    /// The count of a stdio server's stdout lines that are not JSON-RPC, for its transport to hold.
+    pub fn stdout_junk_lines(&self, server: &str) -> Counter {
+        Counter(self.inner.stdout_junk_lines.with_label_values(&[server]))
     }
 
     /// The Prometheus text exposition: the counted families, then the scrape-time `snapshot`.
@@ -293,6 +335,9 @@ mod tests {
         metrics.http_request("/mcp", "POST", 299, Duration::from_millis(2));
         metrics.discover(Duration::from_micros(300), true);
         metrics.tool_call("demo", CallOutcome::ToolError, Duration::from_millis(5));
+        let junk = metrics.stdout_junk_lines("noisy");
+        junk.inc();
+        junk.inc();
         let snapshot = Snapshot {
             analytics_dropped: (4, 5),
             instances_by_status: vec![("online", 2)],
@@ -310,6 +355,7 @@ mod tests {
             "satellite_http_requests_total{method=\"POST\",route=\"/mcp\",status=\"2xx\"} 1",
             "satellite_discover_duration_seconds_count{found=\"true\"} 1",
             "satellite_tool_calls_total{outcome=\"tool_error\",server=\"demo\"} 1",
+            "satellite_stdio_junk_lines_total{server=\"noisy\"} 2",
             "satellite_introspection_cache_total{result=\"miss\"} 2",
             "satellite_introspection_cache_total{result=\"stale\"} 3",
             "satellite_analytics_dropped_total{stage=\"queue\"} 4",

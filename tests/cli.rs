@@ -929,3 +929,50 @@ async fn check_config_connects_to_the_database_url_and_masks_its_password() {
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("postgres://"), "{err}");
 }
+
+/// Lines a stdio server writes on stdout that are not JSON-RPC, 100,001 of them from each of two instances: each
+/// instance logs its own first few (one's junk does not silence the other's), and the rest are counted, said in one
+/// line per instance at the latest when it stops. Before, each junk line was one warning: 24 MB of log.
+#[tokio::test]
+async fn junk_on_a_servers_stdout_is_summed_up_not_logged_line_by_line() {
+    const JUNK: u64 = 100_001;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "[[servers]]\nslug = \"junk\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"junk-stdout\"]\n\
+         [[installations]]\nid = \"i-junk\"\nteam = \"acme\"\nserver = \"junk\"\n"
+    );
+    let text = crate::common::lifecycle::config(&extra)
+        .replace("[satellite]\n", &format!("[satellite]\nport = {port}\n"))
+        .replace("handshake_timeout_seconds = 5", "handshake_timeout_seconds = 60");
+    let path = dir.path().join("satellite.toml");
+    std::fs::write(&path, text).unwrap();
+    let env = [("SATELLITE_LOG_FORMAT", "json".to_owned()), ("LOG_LEVEL", "info".to_owned())];
+    let (child, log) = serve_args_collecting_stderr(dir.path(), &["--config", path.to_str().unwrap()], &env);
+    let base = ready_at(port).await;
+    // Every junk line of both instances has been read once the count says so.
+    let counted = format!("satellite_stdio_junk_lines_total{{server=\"junk\"}} {}", 2 * JUNK);
+    wait_until(Duration::from_secs(120), "both instances' junk counted", || {
+        let (url, counted) = (format!("{base}/metrics"), counted.clone());
+        async move { reqwest::get(url).await.ok()?.text().await.ok()?.contains(&counted).then_some(()) }
+    })
+    .await;
+    stop(child).await;
+    let lines = log.await.unwrap();
+    let bytes: usize = lines.iter().map(|line| line.len() + 1).sum();
+    assert!(bytes < 1_000_000, "{bytes} bytes of log for {} junk lines", 2 * JUNK);
+    let entries: Vec<Value> = lines.iter().filter_map(|line| serde_json::from_str(line).ok()).collect();
+    for user in ["alice", "bob"] {
+        let id = format!("junk-acme-{user}-i-junk");
+        let of = |message: &str| -> Vec<&Value> {
+            entries.iter().filter(|e| e["process_id"] == id.as_str() && e["message"] == message).collect()
+        };
+        let logged = of("invalid json line from mcp server, skipped");
+        assert!(!logged.is_empty() && logged.len() <= 10, "{id}: {} junk lines logged", logged.len());
+        assert!(logged[0]["line"].as_str().unwrap_or("").starts_with("junk line 0:"), "{}", logged[0]);
+        let summaries = of("more non-json-rpc lines from mcp server stdout suppressed");
+        let suppressed: u64 = summaries.iter().filter_map(|e| e["suppressed"].as_u64()).sum();
+        assert_eq!(suppressed + logged.len() as u64, JUNK, "{id}: every junk line logged or counted: {summaries:?}");
+    }
+}

@@ -233,3 +233,57 @@ async fn an_integer_id_beyond_i64_comes_back_as_written() {
     assert_eq!(reply["result"]["content"][0]["text"], "wide", "{reply}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The unit of the text of a `large` answer of tests/fixtures/misbehaving_server.py, as JSON text.
+const LARGE_UNIT: &str = r#"caf\u00e9 \ud83d\ude00 \"quoted\" 0123456789abcdef\n"#;
+
+/// The result the fixture writes for a `large` call of `size` bytes, byte for byte.
+fn large_result(size: usize) -> String {
+    let filler = LARGE_UNIT.repeat(size.saturating_sub(64) / LARGE_UNIT.len());
+    format!(r#"{{"content": [{{"type": "text", "text": "{filler}"}}]}}"#)
+}
+
+/// A 15 MB answer reaches the client byte for byte, as one of 100 KB does (both moved out of the line they came
+/// in, not copied), and the request log keeps the smaller whole and only the size of the larger (more than a
+/// request log keeps: `logcapture::MAX_LOGGED_TEXT_BYTES`). What the large answer costs in memory is measured by
+/// `cargo bench --bench large_answer`.
+#[tokio::test]
+async fn a_large_answer_reaches_the_client_byte_for_byte() {
+    const TOKEN: &str = "ds_inst_fidelity_large_0123456789abcdef";
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "[[servers]]\nslug = \"big\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"verbatim\"]\n\
+         [[installations]]\nid = \"i-big\"\nteam = \"acme\"\nserver = \"big\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-big\"\ninstance_token_sha256 = \"{}\"\n",
+        satellite::config::sha256_hex(TOKEN)
+    );
+    let sat = TestSatellite::start(&config(&extra)).await;
+    wait_status(&sat, "big-acme-alice-i-big", InstanceStatus::Online).await;
+    let caller = Caller::connect(&sat, &format!("/i/alice-big/mcp?token={TOKEN}"), None).await;
+    for (id, size) in [(7, 15_000_000), (8, 100_000)] {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "large", "arguments": {"bytes": size}}});
+        let (status, text) = caller.post_text(&body).await;
+        assert_eq!(status, StatusCode::OK);
+        let expected = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, large_result(size));
+        assert!(text == expected, "{size}: {} bytes came, {} expected", text.len(), expected.len());
+    }
+    let logs = wait_until(Duration::from_secs(60), "both calls' request logs", || async {
+        let events = sat.satellite.store().events(Some("mcp.request.logs"), 0, 100).await.ok()?;
+        let entries: Vec<serde_json::Value> = events
+            .iter()
+            .flat_map(|e| e.data["requests"].as_array().cloned().unwrap_or_default())
+            .filter(|r| r["tool_name"] == "big:large")
+            .collect();
+        (entries.len() == 2).then_some(entries)
+    })
+    .await;
+    let large = large_result(15_000_000).len();
+    let omitted = logs.iter().find(|r| r["tool_params"]["bytes"] == 15_000_000).expect("the large call's entry");
+    assert_eq!(omitted["tool_response"]["bytes"], large, "{}", omitted["tool_response"]);
+    assert!(omitted["tool_response"]["omitted"].is_string(), "{}", omitted["tool_response"]);
+    let kept = logs.iter().find(|r| r["tool_params"]["bytes"] == 100_000).expect("the smaller call's entry");
+    let logged: serde_json::Value = serde_json::from_str(&large_result(100_000)).unwrap();
+    assert_eq!(kept["tool_response"], logged, "kept whole");
+    assert!(sat.satellite.shutdown().await);
+}

@@ -1055,10 +1055,21 @@ async fn instance_token_callers_are_reported_with_their_requests_and_tool_calls(
 #[tokio::test]
 async fn an_event_too_large_for_the_backend_is_held_and_later_events_still_arrive() {
     let (backend, sat, alice) = alice_by_instance_token().await;
-    // Request logging is on by default: the call's arguments go into an `mcp.request.logs` event.
+    // A request log of a call with a megabyte of arguments, as they were logged before a request log kept at most
+    // `logcapture::MAX_LOGGED_TEXT_BYTES` of each (an outbox written then may still hold one); a catalogue of that
+    // size is the other such event.
     let blob = "x".repeat(crate::common::fake_backend::BODY_LIMIT + 64 * 1024);
-    let called = alice.tool("ok", json!({"blob": blob})).await;
-    assert!(called["result"].is_object(), "{called}");
+    let entry = json!({"user_id": "alice", "tool_name": "plain:ok", "tool_params": {"blob": blob},
+        "response_time_ms": 1, "success": true, "timestamp": satellite::model::iso(chrono::Utc::now())});
+    let data = json!({"installation_id": "inst-alice", "team_id": "acme", "requests": [entry]}).to_string();
+    let oversized = satellite::store::NewEvent {
+        event_type: "mcp.request.logs",
+        emitted_at: satellite::model::iso(chrono::Utc::now()),
+        data: data.into(),
+        process_id: Some(ALICE),
+        held: None,
+    };
+    sat.satellite.store().append_events(&[oversized]).await.expect("written to the outbox");
     let held = wait_until(DEADLINE, "the oversized request log held in the outbox", || async {
         let events = sat.satellite.store().events(None, 0, 1_000).await.unwrap();
         events.into_iter().find(|e| e.held.as_deref().is_some_and(|why| why.contains("too large")))

@@ -117,6 +117,8 @@ async fn connect(
                 close_grace: Duration::from_secs(1),
                 stderr: Default::default(),
                 stderr_sink: None,
+                junk: Default::default(),
+                junk_lines: None,
                 limits: ResourceLimits::default(),
                 secrets: Vec::new(),
                 asker: None,

@@ -79,7 +79,20 @@ impl Shape {
     }
 }
 
+/// Results at least this long are moved out of the line they came in ([`Payload::moved_from`]) rather than copied.
+pub const MOVED_AT_BYTES: usize = 64 * 1024;
+
 impl Payload {
+    /// The result at `range` of `line` (a response a server wrote, whose result was read there as JSON), in the
+    /// line's own allocation: the result is moved to its front and the rest cut off, so that an answer of
+    /// megabytes is never held twice. Checking the text again is the only way to make a `RawValue` of a `String`
+    /// without copying it, and costs a scan of it: a result under [`MOVED_AT_BYTES`] is copied instead.
+    pub fn moved_from(mut line: String, range: std::ops::Range<usize>) -> Result<Payload, serde_json::Error> {
+        line.truncate(range.end);
+        line.drain(..range.start);
+        RawValue::from_string(line).map(Payload::text)
+    }
+
     /// A result's JSON text, as a server wrote it.
     pub fn text(text: Box<RawValue>) -> Payload {
         let shape = Shape::of_text(&text);
@@ -311,6 +324,18 @@ mod tests {
 
     fn raw(text: &str) -> Box<RawValue> {
         RawValue::from_string(text.to_owned()).expect("valid JSON")
+    }
+
+    /// A result moved out of its line is its text exactly, with the shape read off it.
+    #[test]
+    fn a_result_moved_out_of_its_line_is_its_text() {
+        let result = r#"{ "content" : [ {"type": "text", "text": "caf\u00e9 1.10"} ], "isError": true }"#;
+        let line = format!(r#"  {{"jsonrpc": "2.0", "id": 4, "result": {result} }}"#);
+        let start = line.find(result).expect("inside");
+        let moved = Payload::moved_from(line, start..start + result.len()).expect("valid JSON");
+        let Payload::Text { text, shape } = moved else { panic!("text") };
+        assert_eq!(text.get(), result);
+        assert!(shape.is_error && shape.content_is_array);
     }
 
     /// The scan reads a result the way `Value::get` does, on every shape a server may send.

@@ -91,6 +91,8 @@ pub fn stdio_launch(command: impl Into<String>, args: &[&str]) -> StdioLaunch {
         close_grace: Duration::from_secs(1),
         stderr: Default::default(),
         stderr_sink: None,
+        junk: Default::default(),
+        junk_lines: None,
         limits: ResourceLimits::default(),
         secrets: Vec::new(),
         asker: None,

@@ -247,17 +247,38 @@ fn fixed_listing(
     let Some(id) = id else { return Err(message) };
     Ok(match endpoint.target.fixed_listing(deps, Some(session_id)) {
         None => return Err(message),
-        Some(Ok(text)) => Ok(raw_json_response(protocol::response_text(&id, text))),
+        Some(Ok(text)) => Ok(raw_json_response(protocol::response_text(&id, text).into_bytes())),
         Some(Err(RouteError::Rpc(err))) => Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err))),
         Some(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
     })
 }
 
 /// A 200 with a JSON body already written.
-fn raw_json_response(body: String) -> Response {
+fn raw_json_response(body: Vec<u8>) -> Response {
     let mut response = Response::new(body.into());
     response.headers_mut().insert(warp::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+/// A 200 carrying the JSON-RPC response around `result`, written once into a body of its final size. Grown from
+/// empty (`warp::reply::json`), the body of a result of megabytes was copied at each doubling and ended up to twice
+/// the result's size, all while the result itself was still held.
+fn result_response(id: &protocol::RequestId, result: &Payload) -> Response {
+    let envelope = protocol::ResultResponse::new(id, result);
+    let id_room = match id {
+        protocol::RequestId::String(id) => id.len() + 8,
+        protocol::RequestId::Number(_) | protocol::RequestId::Wide(_) => 24,
+    };
+    let room = match result {
+        Payload::Text { text, .. } => text.get().len() + id_room + 40,
+        Payload::Value(_) => 128,
+    };
+    let mut body = Vec::with_capacity(room);
+    match serde_json::to_writer(&mut body, &envelope) {
+        Ok(()) => raw_json_response(body),
+        // Writing a result cannot fail (its keys are strings, its numbers finite); warp's answer should it ever.
+        Err(_) => json_response(StatusCode::OK, &envelope),
+    }
 }
 
 /// Methods both routers answer at once from what the satellite keeps (its meta-tools, the catalogs): no server
@@ -312,7 +333,7 @@ pub(super) async fn relayed(
         Answer::Done(Ok(result)) => {
             // The server's text goes out as it came, inside the client's own envelope.
             let result = protocol::payload_for_handshake(result);
-            Ok(json_response(StatusCode::OK, &protocol::ResultResponse::new(&id, &result)))
+            Ok(result_response(&id, &result))
         }
         Answer::Done(Err(RouteError::Rpc(err))) => {
             Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err)))

@@ -13,7 +13,7 @@ use crate::instances::instance::{Instance, InstanceError};
 use crate::instances::policy::{self, Blame};
 use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
-use crate::logcapture::RequestRecord;
+use crate::logcapture::{omitted, RequestRecord, MAX_LOGGED_TEXT_BYTES};
 use crate::mcp::client::{Era, McpClient};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{codes, RpcError};
@@ -198,7 +198,11 @@ impl Inner {
     ) {
         let spec = instance.spec();
         let tool_path = crate::model::tool_path(&spec.server_slug, &sent.name);
+        let response_bytes = result.as_ref().map_or(0, |p| p.json_len());
         let (outcome, error) = match &result {
+            Ok(payload) if payload.shape().is_error && response_bytes > MAX_LOGGED_TEXT_BYTES => {
+                (CallOutcome::ToolError, Some("tool returned an error".to_owned()))
+            }
             Ok(payload) if payload.shape().is_error => {
                 // Rare enough to read the result for its message.
                 let value = payload.to_value().unwrap_or_default();
@@ -214,7 +218,6 @@ impl Inner {
             CallOutcome::Failed => crate::metrics::CallOutcome::Failed,
         };
         self.deps.metrics.tool_call(&spec.server_slug, counted, began.elapsed());
-        let response_bytes = result.as_ref().map_or(0, |p| p.json_len());
         let execution = ToolExecution {
             tool_path,
             duration_ms: began.elapsed().as_millis() as u64,
@@ -230,19 +233,22 @@ impl Inner {
         // A server may echo its own secret in an answer: the request log keeps nothing the config holds secret.
         let secrets = instance.secret_values();
         let response = match (&result, outcome) {
+            // Not copied: see `MAX_LOGGED_TEXT_BYTES`.
+            (Ok(_), CallOutcome::Success) if response_bytes > MAX_LOGGED_TEXT_BYTES => Some(omitted(response_bytes)),
             (Ok(Payload::Text { text, .. }), CallOutcome::Success) => crate::secrets::hide_json_text(text, secrets),
             (Ok(Payload::Value(value)), CallOutcome::Success) => {
                 Some(crate::secrets::hide_json_written(value, secrets))
             }
             _ => None,
         };
+        let kept = arguments.get().len() + response.as_ref().map_or(0, |r| r.get().len());
         let record = RequestRecord {
             tool_path: execution.tool_path,
             params: arguments,
             response,
             error,
             duration: began.elapsed(),
-            bytes: sent.request_bytes + response_bytes,
+            bytes: kept,
         };
         self.deps.logs.request(spec, record);
     }
@@ -428,11 +434,18 @@ pub(in crate::instances) struct SentCall {
 impl SentCall {
     fn of(instance: &Instance, params: Option<&Value>) -> SentCall {
         let name = params.and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let request_bytes = params.map_or(0, crate::mcp::payload::json_len);
         let arguments = instance.spec().request_logging_enabled.then(|| {
             let arguments = params.and_then(|p| p.get("arguments")).unwrap_or(&Value::Null);
+            // Only a request that large can have arguments too large to keep.
+            let bytes =
+                if request_bytes > MAX_LOGGED_TEXT_BYTES { crate::mcp::payload::json_len(arguments) } else { 0 };
+            if bytes > MAX_LOGGED_TEXT_BYTES {
+                return omitted(bytes);
+            }
             crate::secrets::hide_json_written(arguments, instance.secret_values())
         });
-        SentCall { name, request_bytes: params.map_or(0, crate::mcp::payload::json_len), arguments }
+        SentCall { name, request_bytes, arguments }
     }
 }
 

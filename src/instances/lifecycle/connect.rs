@@ -98,6 +98,7 @@ impl Inner {
                 let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr);
                 launch.secrets = crate::secrets::secret_values(spec);
                 launch.asker = asker;
+                launch.junk_lines = Some(self.deps.metrics.stdout_junk_lines(&spec.server_slug));
                 let (logs, owner) = (self.deps.logs.clone(), spec.clone());
                 launch.stderr_sink = Some(StderrSink(Arc::new(move |line: &str| {
                     logs.server_line(&owner, level_of(line), line);

@@ -102,6 +102,8 @@ impl PreparedLaunch {
             close_grace,
             stderr,
             stderr_sink: None,
+            junk: Default::default(),
+            junk_lines: None,
             limits: self.limits,
             secrets: Vec::new(),
             asker: None,

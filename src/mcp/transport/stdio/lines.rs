@@ -23,6 +23,9 @@ pub(crate) enum Line {
     },
 }
 
+/// The longest a line grows in the read buffer before it is taken out of it, piece by piece ([`Gathered`]).
+const SPILL_BYTES: usize = 64 * 1024;
+
 /// Splits at `\n` (a `\r` before it is dropped), up to `max` bytes a line.
 #[derive(Debug)]
 pub(crate) struct Lines {
@@ -33,6 +36,9 @@ pub(crate) struct Lines {
     skipping: Option<Skipping>,
     /// Whether a skipped line is scanned for its id (stdout's are; stderr's need not be).
     scan: bool,
+    /// A line longer than `spill` bytes so far: its start, out of the read buffer.
+    gathered: Gathered,
+    spill: usize,
 }
 
 #[derive(Debug)]
@@ -41,14 +47,56 @@ struct Skipping {
     scan: IdScan,
 }
 
+/// The start of a long line, taken out of the read buffer as it comes and put together once, at its own size,
+/// when its end comes. Left in the read buffer, a line of megabytes grew it by doubling (up to twice the line's
+/// size, copied at each doubling) and it kept that size for the child's life: 16 MiB for every instance that
+/// ever sent a 15 MB answer.
+#[derive(Debug, Default)]
+struct Gathered {
+    pieces: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Gathered {
+    fn take(&mut self, buf: &mut BytesMut) {
+        self.bytes += buf.len();
+        self.pieces.push(buf.to_vec());
+        buf.clear();
+    }
+
+    /// The gathered bytes, then `tail`, in one allocation of their size.
+    fn join(&mut self, tail: &[u8]) -> Vec<u8> {
+        let mut line = Vec::with_capacity(self.bytes + tail.len());
+        for piece in self.pieces.drain(..) {
+            line.extend_from_slice(&piece);
+        }
+        line.extend_from_slice(tail);
+        self.bytes = 0;
+        line
+    }
+}
+
 impl Lines {
     pub(crate) fn new(max: usize) -> Self {
-        Lines { max, searched: 0, skipping: None, scan: true }
+        let spill = (max / 4).clamp(1, SPILL_BYTES);
+        Lines { max, searched: 0, skipping: None, scan: true, gathered: Gathered::default(), spill }
     }
 
     /// Lines whose over-long ones are skipped without looking into them (stderr).
     pub(crate) fn unscanned(max: usize) -> Self {
         Lines { scan: false, ..Self::new(max) }
+    }
+
+    /// Skip the line being read, the gathered start included.
+    fn start_skipping(&mut self) {
+        let mut skipping = Skipping { bytes: self.gathered.bytes, scan: IdScan::default() };
+        for piece in std::mem::take(&mut self.gathered).pieces {
+            if self.scan {
+                skipping.scan.feed(&piece);
+            }
+        }
+        self.searched = 0;
+        self.skipping = Some(skipping);
     }
 
     fn skip(&mut self, buf: &mut BytesMut) -> Option<Line> {
@@ -66,6 +114,35 @@ impl Lines {
         let skipped = self.skipping.take()?;
         Some(Line::TooLong { bytes: skipped.bytes, id: skipped.scan.id, has_method: skipped.scan.has_method })
     }
+
+    /// The line whose last bytes (before its `\n`) are `tail`: `tail` alone, or the gathered start and `tail`.
+    fn finish(&mut self, tail: &[u8]) -> Line {
+        if self.gathered.bytes == 0 {
+            let content = tail.strip_suffix(b"\r").unwrap_or(tail);
+            if content.len() > self.max {
+                return self.too_long(content, tail.len());
+            }
+            return self.text(content);
+        }
+        let mut line = self.gathered.join(tail);
+        let bytes = line.len();
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        if line.len() > self.max {
+            return self.too_long(&line, bytes);
+        }
+        self.text_owned(line)
+    }
+
+    /// One byte over, its end in the same read: reported as any line too long.
+    fn too_long(&self, content: &[u8], bytes: usize) -> Line {
+        let mut scan = IdScan::default();
+        if self.scan {
+            scan.feed(content);
+        }
+        Line::TooLong { bytes, id: scan.id, has_method: scan.has_method }
+    }
 }
 
 impl Decoder for Lines {
@@ -76,28 +153,24 @@ impl Decoder for Lines {
         if self.skipping.is_some() {
             return Ok(self.skip(buf));
         }
+        let gathered = self.gathered.bytes;
         // A line of `max` bytes may end in `\r\n`: its `\n` is looked for up to two bytes past the bound.
-        let look_to = buf.len().min(self.max.saturating_add(2));
+        let look_to = buf.len().min(self.max.saturating_add(2).saturating_sub(gathered));
         match memchr::memchr(b'\n', &buf[self.searched.min(look_to)..look_to]) {
             Some(offset) => {
                 let at = self.searched + offset;
                 self.searched = 0;
                 let line = buf.split_to(at + 1);
-                let content = line[..at].strip_suffix(b"\r").unwrap_or(&line[..at]);
-                if content.len() > self.max {
-                    // One byte over, its end in the same read: reported as any line too long.
-                    let mut scan = IdScan::default();
-                    if self.scan {
-                        scan.feed(content);
-                    }
-                    return Ok(Some(Line::TooLong { bytes: at, id: scan.id, has_method: scan.has_method }));
-                }
-                Ok(Some(self.text(content)))
+                Ok(Some(self.finish(&line[..at])))
             }
-            None if buf.len() > self.max.saturating_add(1) => {
-                self.searched = 0;
-                self.skipping = Some(Skipping { bytes: 0, scan: IdScan::default() });
+            None if gathered + buf.len() > self.max.saturating_add(1) => {
+                self.start_skipping();
                 Ok(self.skip(buf))
+            }
+            None if buf.len() >= self.spill => {
+                self.gathered.take(buf);
+                self.searched = 0;
+                Ok(None)
             }
             None => {
                 self.searched = look_to;
@@ -118,12 +191,13 @@ impl Decoder for Lines {
                 has_method: skipped.scan.has_method,
             }));
         }
-        if buf.is_empty() {
+        if buf.is_empty() && self.gathered.bytes == 0 {
             return Ok(None);
         }
         self.searched = 0;
         let line = buf.split_to(buf.len());
-        Ok(Some(self.text(&line)))
+        let line = self.gathered.join(&line);
+        Ok(Some(self.text_owned(line)))
     }
 }
 
@@ -133,9 +207,24 @@ impl Lines {
     /// became `3 * max` bytes of text).
     fn text(&self, line: &[u8]) -> Line {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Ok(text) = std::str::from_utf8(line) {
-            return Line::Text(text.to_owned());
+        match std::str::from_utf8(line) {
+            Ok(text) => Line::Text(text.to_owned()),
+            Err(_) => self.lossy(line),
         }
+    }
+
+    /// [`Lines::text`] of a line already in its own allocation, which becomes the text (no copy).
+    fn text_owned(&self, mut line: Vec<u8>) -> Line {
+        if line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        match String::from_utf8(line) {
+            Ok(text) => Line::Text(text),
+            Err(err) => self.lossy(err.as_bytes()),
+        }
+    }
+
+    fn lossy(&self, line: &[u8]) -> Line {
         let grown: usize = line
             .utf8_chunks()
             .map(|chunk| chunk.valid().len() + if chunk.invalid().is_empty() { 0 } else { '\u{fffd}'.len_utf8() })
@@ -316,6 +405,40 @@ mod tests {
                     "{ending:?} in chunks of {chunk}"
                 );
             }
+        }
+    }
+
+    /// A line of a megabyte read in pieces is the same line, and the read buffer never holds more than a piece:
+    /// the line is gathered beside it and put together at its own size.
+    #[test]
+    fn a_long_line_is_gathered_beside_a_small_read_buffer() {
+        let long = format!(r#"{{"jsonrpc":"2.0","id":3,"result":{{"text":"{}"}}}}"#, "é".repeat(500_000));
+        let input = format!("{long}\r\n{{}}\n{long}");
+        let mut codec = Lines::new(16 * 1024 * 1024);
+        let (mut buf, mut lines, mut largest) = (BytesMut::new(), Vec::new(), 0);
+        for piece in input.as_bytes().chunks(8 * 1024) {
+            buf.extend_from_slice(piece);
+            while let Some(line) = codec.decode(&mut buf).expect("decode") {
+                lines.push(line);
+            }
+            largest = largest.max(buf.len());
+        }
+        while let Some(line) = codec.decode_eof(&mut buf).expect("decode_eof") {
+            lines.push(line);
+        }
+        assert_eq!(lines, vec![Line::Text(long.clone()), Line::Text("{}".into()), Line::Text(long.clone())]);
+        assert!(largest <= SPILL_BYTES + 8 * 1024, "the read buffer held {largest} bytes");
+    }
+
+    /// A gathered line that turns out too long is skipped and reported like any other, with its id.
+    #[test]
+    fn a_gathered_line_past_the_bound_is_reported_with_its_id() {
+        let big = format!(r#"{{"id":9,"result":"{}"}}"#, "x".repeat(300));
+        for chunk in [1, 7, 40] {
+            let lines = decode_all(&mut Lines::new(200), format!("{big}\nok\n").as_bytes(), chunk);
+            let expected =
+                vec![Line::TooLong { bytes: big.len(), id: Some(9), has_method: false }, Line::Text("ok".into())];
+            assert_eq!(lines, expected, "chunk {chunk}");
         }
     }
 

@@ -32,6 +32,7 @@ pub use cgroup::prepare as prepare_cpu_limits;
 mod owner;
 pub mod reaper;
 
+use super::junk::{JunkLimiter, JunkSettings};
 use super::relays;
 use super::stderr::{StderrLimiter, StderrSettings};
 use super::{await_response, Pending, Relay, UpstreamError};
@@ -81,6 +82,10 @@ pub struct StdioLaunch {
     pub stderr: StderrSettings,
     /// Where kept stderr lines go besides the tail buffer and the debug log.
     pub stderr_sink: Option<StderrSink>,
+    /// How much of what the child writes on stdout that is not JSON-RPC is logged.
+    pub junk: JunkSettings,
+    /// Counts those lines, logged or not (the instance's series of `satellite_stdio_junk_lines_total`).
+    pub junk_lines: Option<crate::metrics::Counter>,
     /// Resource limits set in the child before it executes `command`.
     pub limits: ResourceLimits,
     /// Secret values of the instance (`secrets::secret_values`): masked in everything kept of what the child
@@ -285,6 +290,8 @@ impl StdioTransport {
             stderr: FramedRead::with_capacity(stderr, Lines::unscanned(STDERR_READ_MAX_BYTES), STDERR_BUFFER),
             limiter: StderrLimiter::new(launch.stderr.clone()),
             stderr_sink: launch.stderr_sink.clone(),
+            junk: JunkLimiter::new(launch.junk),
+            junk_lines: launch.junk_lines.clone(),
             stderr_warnings: stderr_warnings.clone(),
             replies: outbound_tx.clone(),
             relays: relays.clone(),

@@ -3,6 +3,7 @@
 //! exits fails every waiter with its exit.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::{broadcast, mpsc, watch};
+use tokio::time::Sleep;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -27,8 +29,9 @@ const WRITE_BATCH_BYTES: usize = 32 * 1024;
 /// How long a child may run on after closing its stdout before it is stopped: one that closes it on its way out
 /// exits well within this; one that goes on running can never answer again.
 const STDOUT_CLOSED_GRACE: Duration = Duration::from_secs(2);
-use crate::mcp::payload::Payload;
+use crate::mcp::payload::{Payload, MOVED_AT_BYTES};
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
+use crate::mcp::transport::junk::JunkLimiter;
 use crate::mcp::transport::relay::{answer_outside, too_many_asks, Asker, ServerAsks, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
 use crate::mcp::transport::relays::Relays;
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
@@ -64,6 +67,9 @@ pub(super) struct Owner {
     pub(super) limiter: StderrLimiter,
     pub(super) stderr_warnings: Arc<DropReport>,
     pub(super) stderr_sink: Option<StderrSink>,
+    /// What of the stdout lines that are not JSON-RPC is logged.
+    pub(super) junk: JunkLimiter,
+    pub(super) junk_lines: Option<crate::metrics::Counter>,
     pub(super) notifications: broadcast::Sender<crate::mcp::transport::Announcement>,
     pub(super) exit_tx: watch::Sender<Option<ExitInfo>>,
     pub(super) stop: CancellationToken,
@@ -168,6 +174,8 @@ impl Owner {
         let mut stderr_open = true;
         // When the child's stdout ended while the child still runs: it is stopped at this moment.
         let mut stdout_closed_until: Option<tokio::time::Instant> = None;
+        // When the count of junk lines suppressed is due (armed only while some are).
+        let mut junk_due: Option<Pin<Box<Sleep>>> = None;
         let exit = loop {
             // No timer at all until stdout has closed (this loop turns once per line the server writes).
             let hung_up = async {
@@ -201,8 +209,17 @@ impl Owner {
                         }
                     };
                 }
+                _ = until(&mut junk_due) => {
+                    self.summarise_junk(false);
+                    junk_due = self.junk_timer();
+                }
                 line = self.stdout.next(), if stdout_open => match line {
-                    Some(Ok(line)) => self.on_stdout(line).await,
+                    Some(Ok(line)) => {
+                        self.on_stdout(line).await;
+                        if junk_due.is_none() {
+                            junk_due = self.junk_timer();
+                        }
+                    }
                     Some(Err(err)) => {
                         warn!(process_id = %self.label, error = %err, "reading stdout failed");
                         stdout_open = false;
@@ -226,11 +243,23 @@ impl Owner {
             let _ = killpg(pgid, Signal::SIGKILL);
             super::reaper::unregister(pgid.as_raw() as u32);
         }
-        // Drain what the child wrote before dying, so late responses still reach their waiters.
+        self.drain_after_exit(stderr_open).await;
+        match &exit {
+            ExitInfo::Stopped => debug!(process_id = %self.label, "mcp server process stopped"),
+            ExitInfo::Exited { .. } => {
+                warn!(process_id = %self.label, exit = %exit.describe(), "mcp server process exited on its own; the supervisor restarts it")
+            }
+        }
+        self.pending.close(UpstreamError::Exited { label: self.label.clone(), exit: exit.clone(), detail: None });
+        let _ = self.exit_tx.send(Some(exit));
+    }
+
+    /// Read what the child wrote before it died: late responses still reach their waiters, and its last stderr
+    /// lines usually say why it died (bounded: a grandchild may keep writing). Then the junk not yet summed up.
+    async fn drain_after_exit(&mut self, stderr_open: bool) {
         while let Ok(Some(Ok(line))) = tokio::time::timeout(Duration::from_millis(50), self.stdout.next()).await {
             self.on_stdout(line).await;
         }
-        // And its last stderr lines, which usually say why it died (bounded: a grandchild may keep writing).
         if stderr_open {
             for _ in 0..STDERR_LINES_KEPT {
                 match tokio::time::timeout(Duration::from_millis(50), self.stderr.next()).await {
@@ -240,14 +269,34 @@ impl Owner {
                 }
             }
         }
-        match &exit {
-            ExitInfo::Stopped => debug!(process_id = %self.label, "mcp server process stopped"),
-            ExitInfo::Exited { .. } => {
-                warn!(process_id = %self.label, exit = %exit.describe(), "mcp server process exited on its own; the supervisor restarts it")
-            }
+        self.summarise_junk(true);
+    }
+
+    /// Count a stdout line that is not JSON-RPC; whether it is to be logged (the first few of a burst are).
+    fn admit_junk(&mut self) -> bool {
+        if let Some(counter) = &self.junk_lines {
+            counter.inc();
         }
-        self.pending.close(UpstreamError::Exited { label: self.label.clone(), exit: exit.clone(), detail: None });
-        let _ = self.exit_tx.send(Some(exit));
+        self.junk.admit(std::time::Instant::now())
+    }
+
+    /// A timer for the next count of suppressed junk lines, if one is due.
+    fn junk_timer(&self) -> Option<Pin<Box<Sleep>>> {
+        self.junk.due().map(|at| Box::pin(tokio::time::sleep_until(at.into())))
+    }
+
+    /// Log how many junk lines were suppressed: when their window ended, or (`at_exit`) whatever is left.
+    fn summarise_junk(&mut self, at_exit: bool) {
+        let now = std::time::Instant::now();
+        let summary = if at_exit { self.junk.finish(now) } else { self.junk.summary(now) };
+        if let Some(suppressed) = summary {
+            warn!(
+                process_id = %self.label,
+                suppressed = suppressed.lines,
+                seconds = suppressed.over.as_secs(),
+                "more non-json-rpc lines from mcp server stdout suppressed"
+            );
+        }
     }
 
     /// Close stdin, give the child `close_grace` to leave, then SIGTERM its group, then SIGKILL.
@@ -269,7 +318,7 @@ impl Owner {
 
     async fn on_stdout(&mut self, line: Line) {
         match line {
-            Line::Text(line) => self.on_stdout_line(&line).await,
+            Line::Text(line) => self.on_stdout_line(line).await,
             Line::TooLong { bytes, id, has_method } => {
                 warn!(process_id = %self.label, bytes, max_bytes = MAX_LINE_BYTES, ?id, "stdout line too long, skipped");
                 // An answer to one of our calls: the call fails now, saying why, rather than waiting out its
@@ -300,24 +349,38 @@ impl Owner {
         }
     }
 
-    async fn on_stdout_line(&mut self, line: &str) {
-        let line = line.trim();
-        if line.is_empty() {
-            return;
-        }
+    async fn on_stdout_line(&mut self, whole: String) {
         // Most lines answer a call: their result goes on as the server wrote it, without a tree built and
         // written out again.
-        if let Some((id, result)) = protocol::result_response(line) {
-            if !self.pending.resolve(id, Ok(Payload::text(result.to_owned()))) {
+        let answer = protocol::result_response(whole.trim()).map(|(id, result)| {
+            let text = result.get();
+            let small = (text.len() < MOVED_AT_BYTES).then(|| result.to_owned());
+            let start = text.as_ptr() as usize - whole.as_ptr() as usize;
+            (id, small, start..start + text.len())
+        });
+        if let Some((id, small, range)) = answer {
+            let payload = match small {
+                Some(text) => Ok(Payload::text(text)),
+                // A large result is moved out of its line, not copied: an answer of megabytes is never held twice.
+                None => Payload::moved_from(whole, range)
+                    .map_err(|err| UpstreamError::Protocol(format!("the server's result could not be read: {err}"))),
+            };
+            if !self.pending.resolve(id, payload) {
                 debug!(process_id = %self.label, id, "response for no pending request");
             }
+            return;
+        }
+        let line = whole.trim();
+        if line.is_empty() {
             return;
         }
         let messages = match protocol::decode_frame(line.as_bytes()) {
             Ok((messages, _)) => messages,
             Err(FrameError::EmptyBatch) => return,
             Err(FrameError::Json(err)) => {
-                warn!(process_id = %self.label, error = %err, line = %preview(&crate::secrets::hide(line, &self.secrets), 200), "invalid json line from mcp server, skipped");
+                if self.admit_junk() {
+                    warn!(process_id = %self.label, error = %err, line = %preview(&crate::secrets::hide(line, &self.secrets), 200), "invalid json line from mcp server, skipped");
+                }
                 return;
             }
         };
@@ -330,7 +393,9 @@ impl Owner {
         let message = match Message::from_value(value) {
             Ok(message) => message,
             Err(err) => {
-                warn!(process_id = %self.label, error = %err, "malformed json-rpc message from mcp server, skipped");
+                if self.admit_junk() {
+                    warn!(process_id = %self.label, error = %err, "malformed json-rpc message from mcp server, skipped");
+                }
                 return;
             }
         };
@@ -420,5 +485,13 @@ impl Owner {
             buf.pop_front();
         }
         buf.push_back(kept);
+    }
+}
+
+/// Resolves when `timer` fires; never without one.
+async fn until(timer: &mut Option<Pin<Box<Sleep>>>) {
+    match timer {
+        Some(timer) => timer.as_mut().await,
+        None => std::future::pending().await,
     }
 }
