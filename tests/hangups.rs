@@ -62,3 +62,51 @@ async fn a_client_that_stops_reading_a_large_answer_is_cut() {
     assert_eq!(reply["result"]["content"][0]["text"], "still here");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// A client that hangs up in the middle of a call (handshake era, its answer due on the POST) has the call
+/// cancelled upstream, and the instance's call slot is free again at once: the answer has nowhere to go, since a
+/// request's answer is not resumed on another stream. Before, the slot stayed held until the tool ended.
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_call_frees_its_slot() {
+    let sat = TestSatellite::start_with(tempfile::tempdir().expect("dir"), &config(), |config| {
+        config.upstream.lifecycle.max_calls_per_instance = 1;
+    })
+    .await;
+    let member = Caller::connect(&sat, "/mcp", Some(MEMBER)).await;
+    wait_until(DEADLINE, "the demo server callable", || async {
+        let reply = member.execute("demo:echo", json!({"text": "up"})).await;
+        (reply["result"]["content"][0]["text"] == "up").then_some(())
+    })
+    .await;
+    let instance =
+        sat.satellite.manager().instances().into_iter().find(|i| i.spec().server_slug == "demo").expect("demo");
+    // A minute-long call, given up on by its client once it is running.
+    let session = member.session.clone().expect("a session");
+    let call = json!({"jsonrpc":"2.0","id":9,"method":"tools/call",
+        "params":{"name":"execute_mcp_tool","arguments":{"tool_path":"demo:slow","arguments":{"ms": 60_000}}}});
+    let request = reqwest::Client::new()
+        .post(format!("{}/mcp", sat.base_url()))
+        .bearer_auth(MEMBER)
+        .header("mcp-session-id", session)
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("accept", "application/json, text/event-stream")
+        .json(&call)
+        .send();
+    let hung_up = tokio::spawn(request);
+    wait_until(DEADLINE, "the long call running", || {
+        let busy = instance.in_flight() == 1;
+        async move { busy.then_some(()) }
+    })
+    .await;
+    hung_up.abort();
+    let _ = hung_up.await;
+    // Well inside the minute the call would take.
+    wait_until(Duration::from_secs(20), "the slot free again", || {
+        let free = instance.in_flight() == 0;
+        async move { free.then_some(()) }
+    })
+    .await;
+    let reply = member.execute("demo:echo", json!({"text": "next"})).await;
+    assert_eq!(reply["result"]["content"][0]["text"], "next", "the one slot serves the next call: {reply}");
+    assert!(sat.satellite.shutdown().await);
+}

@@ -542,9 +542,11 @@ impl Exchange {
         Fin: FnOnce(Result<Payload, RouteError>) -> Value + Send + Sync + 'static,
     {
         let tracked = self.track(&scope, &id, call.abort_handle());
-        let stateless = matches!(mode, Mode::Stateless { .. });
-        // The client may go before the server says anything: this handler is then dropped.
-        let waiting = AbortOnDrop(Some(call.abort_handle()).filter(|_| stateless));
+        // The client may go before the server says anything: this handler is then dropped, and the call with it
+        // (cancelled upstream, its call slot freed). Its answer had nowhere else to go: the satellite resumes no
+        // request's answer on another stream, so a handshake-era client's hang-up cancels too (issue 73; the
+        // transport's "disconnection is not cancellation" assumes a server that can resume).
+        let waiting = AbortOnDrop(Some(call.abort_handle()));
         let mut queue = VecDeque::new();
         let mut finish = Some(finish);
         let ends = match &mode {
