@@ -87,14 +87,20 @@ struct SmallVolume {
 impl SmallVolume {
     fn mount(mib: u32) -> SmallVolume {
         let dir = tempfile::tempdir().expect("dir");
+        let mut volume = SmallVolume::mount_at(dir.path(), mib, "rw");
+        volume.dir = Some(dir);
+        volume
+    }
+
+    /// A tmpfs mounted on `path` (an existing directory) with `mode` (`rw` or `ro`).
+    fn mount_at(path: &std::path::Path, mib: u32, mode: &str) -> SmallVolume {
         let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-            .arg(dir.path())
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m,{mode}"), "tmpfs"])
+            .arg(path)
             .status()
             .expect("mount runs");
         assert!(status.success(), "mounting a tmpfs needs root (the tests run as root in CI, as scripts/test.sh does)");
-        let path = dir.path().to_path_buf();
-        SmallVolume { dir: Some(dir), path }
+        SmallVolume { dir: None, path: path.to_path_buf() }
     }
 
     fn fill(&self) {
@@ -159,5 +165,37 @@ async fn a_satellite_restarted_on_a_full_data_volume_starts_and_loses_nothing() 
     assert!(satellite.shutdown().await);
     let sat = TestSatellite::start_with(dir, &config(), sqlite).await;
     assert_eq!(calls_recorded(&sat).await, recorded, "nothing recorded was lost across the stop");
+    assert!(sat.satellite.shutdown().await);
+}
+
+/// A data volume that refuses the database file (read-only here) does not stop the satellite: it runs on an
+/// in-memory database, says so in `/readyz`, and serves its remote servers. Before, it exited 1.
+#[tokio::test]
+async fn a_read_only_data_volume_runs_in_memory_and_serves() {
+    let demo = HttpServer::demo(&[]).await;
+    let config = format!(
+        "[[teams]]\nid = \"t\"\n[[users]]\nid = \"u\"\nteams = [\"t\"]\ntoken_sha256 = [\"{}\"]\n\
+         [[servers]]\nslug = \"remote\"\ntransport = \"http\"\nurl = \"{}\"\n\
+         [[installations]]\nid = \"remote-t\"\nteam = \"t\"\nserver = \"remote\"\n",
+        satellite::config::sha256_hex(MEMBER),
+        demo.url("/mcp"),
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
+    // The data directory alone is the read-only volume.
+    let _volume = SmallVolume::mount_at(&dir.path().join("data"), 16, "ro");
+    let sat = TestSatellite::start_with(dir, &config, |config| {
+        config.database = satellite::config::Database { url: None, max_connections: None };
+    })
+    .await;
+    sat.wait_ready().await;
+    let ready = ready_body(&sat).await;
+    assert_eq!(ready["degraded"]["storage"]["state"], "memory", "{ready}");
+    let member = Caller::connect(&sat, "/mcp", Some(MEMBER)).await;
+    wait_until(DEADLINE, "the remote server served", || async {
+        let reply = member.execute("remote:echo", json!({"text": "read only"})).await;
+        (reply["result"]["content"][0]["text"] == "read only").then_some(())
+    })
+    .await;
     assert!(sat.satellite.shutdown().await);
 }

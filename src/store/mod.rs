@@ -68,6 +68,8 @@ pub struct Store {
     url: Option<std::sync::Arc<SecretString>>,
     /// SQLite: the disk reserve on the data volume (`reserve`).
     reserve: Option<std::sync::Arc<reserve::Reserve>>,
+    /// The data volume refused the database file: this store is in memory, and nothing survives a stop.
+    in_memory: bool,
 }
 
 impl Store {
@@ -89,26 +91,67 @@ impl Store {
         database: &Database,
         reserve_bytes: u64,
     ) -> Result<Store, StoreError> {
-        if database.url.is_some() || reserve_bytes == 0 {
+        if database.url.is_some() {
             return Self::open_engine(data_dir, database).await;
         }
         let reserve = std::sync::Arc::new(reserve::Reserve::new(data_dir, reserve_bytes));
         let opened = match Self::open_engine(data_dir, database).await {
-            Err(err) if reserve.release(&format!("the database could not be opened: {err}")) => {
+            Err(err) if reserve_bytes > 0 && reserve.release(&format!("the database could not be opened: {err}")) => {
                 Self::open_engine(data_dir, database).await
             }
             opened => opened,
         };
-        let mut store = opened?;
-        let kept = reserve.clone();
-        let _ = tokio::task::spawn_blocking(move || kept.keep()).await;
-        store.reserve = Some(reserve);
+        let mut store = match opened {
+            Ok(store) => store,
+            Err(err) if volume_refused(&err) => {
+                tracing::error!(data_dir = %data_dir.display(), error = %err,
+                    "the data volume refuses the database file (read-only or full): running on an in-memory database; \
+                     calls are served, what is recorded is lost at the next stop; fix the volume and restart");
+                return Self::open_in_memory().await;
+            }
+            Err(err) => return Err(err),
+        };
+        if reserve_bytes > 0 {
+            let kept = reserve.clone();
+            let _ = tokio::task::spawn_blocking(move || kept.keep()).await;
+            store.reserve = Some(reserve);
+        }
         Ok(store)
     }
 
     /// The disk reserve of the SQLite data volume, when there is one.
     pub fn reserve(&self) -> Option<&reserve::Reserve> {
         self.reserve.as_deref()
+    }
+
+    /// Whether the data volume refused the database file and this store is in memory.
+    pub fn in_memory(&self) -> bool {
+        self.in_memory
+    }
+
+    /// An in-memory SQLite database on one connection (one connection is one database, kept for the satellite's
+    /// life), migrated like the file.
+    async fn open_in_memory() -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .after_connect(|conn, _| {
+                Box::pin(async move { conn.execute("PRAGMA foreign_keys = ON").await.map(|_| ()) })
+            })
+            .connect("sqlite::memory:")
+            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        Ok(Store {
+            pool,
+            engine: Engine::Sqlite,
+            described: "in memory (the data volume refused the database file)".into(),
+            url: None,
+            reserve: None,
+            in_memory: true,
+        })
     }
 
     async fn open_engine(data_dir: &Path, database: &Database) -> Result<Store, StoreError> {
@@ -128,6 +171,7 @@ impl Store {
                     described: mask_url_password(url),
                     url: Some(std::sync::Arc::new(SecretString::from(url.to_owned()))),
                     reserve: None,
+                    in_memory: false,
                 })
             }
             None => {
@@ -172,6 +216,7 @@ impl Store {
                     described: file.display().to_string(),
                     url: None,
                     reserve: None,
+                    in_memory: false,
                 })
             }
         }
@@ -279,6 +324,18 @@ const CONVERT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// A `sqlite://` URL for `file`, percent-encoding what a URL would misread (`?`, `#`, `%`, spaces). A path that
 /// is not UTF-8 cannot be written in a URL and is refused rather than changed.
+/// Whether opening the database failed because its volume refuses the file (read-only, full, an I/O error), not
+/// because of what is in it: then the satellite runs on an in-memory database rather than not at all.
+fn volume_refused(err: &StoreError) -> bool {
+    if let StoreError::DataDir { source, .. } = err {
+        return matches!(source.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem);
+    }
+    let text = err.to_string().to_lowercase();
+    ["read-only", "readonly", "disk is full", "disk i/o error", "unable to open database"]
+        .iter()
+        .any(|s| text.contains(s))
+}
+
 fn sqlite_url(file: &Path) -> Result<String, StoreError> {
     const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b' ').add(b'?').add(b'#').add(b'%');
     let path = file.to_str().ok_or_else(|| StoreError::DataDir {

@@ -84,9 +84,11 @@ impl Reserve {
     /// Give the reserve's space back to the volume, saying why. True when there was one to give.
     pub fn release(&self, why: &str) -> bool {
         let existed = std::fs::remove_file(&self.path).is_ok();
-        if !self.full.swap(true, Ordering::Relaxed) {
+        // Said once per filling, and only when there was a reserve to give: a volume that refuses even that (read
+        // only) is said by the store.
+        if !self.full.swap(true, Ordering::Relaxed) && existed {
             let free = free_bytes(&self.path).unwrap_or(0);
-            error!(path = %self.path.display(), released_mib = if existed { self.bytes >> 20 } else { 0 }, free_bytes = free,
+            error!(path = %self.path.display(), released_mib = self.bytes >> 20, free_bytes = free,
                    "data volume full ({why}): the disk reserve was given back so what the satellite holds can be written; free space on the volume");
         }
         existed
