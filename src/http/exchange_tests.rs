@@ -270,8 +270,8 @@ type CallFuture = std::pin::Pin<Box<dyn Future<Output = Result<Payload, RouteErr
 
 /// What a test holds of a call made by [`waiting_call`].
 struct Ends {
-    /// Lets the call finish.
-    go: oneshot::Sender<()>,
+    /// Held while the call should wait: dropping it lets the call finish.
+    _go: oneshot::Sender<()>,
     /// Fires when the call finished.
     finished: oneshot::Receiver<()>,
     /// Fires when the call's future went, finished or stopped.
@@ -283,7 +283,7 @@ fn waiting_call() -> (Ends, impl FnOnce(Relay) -> CallFuture) {
     let (go, go_rx) = oneshot::channel();
     let (finished_tx, finished) = oneshot::channel();
     let (dropped_tx, dropped) = oneshot::channel();
-    (Ends { go, finished, dropped }, waits_for(go_rx, finished_tx, dropped_tx))
+    (Ends { _go: go, finished, dropped }, waits_for(go_rx, finished_tx, dropped_tx))
 }
 
 /// Waits (at most 5 s) for `signal`, which must fire.
