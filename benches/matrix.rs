@@ -5,7 +5,8 @@
 //! `execute_mcp_tool` on `/mcp`; then `tools/list`, `initialize` and `discover_mcp_tools` on `/mcp`. Each row
 //! prints req/s, p50, p99, the satellite's own CPU per request (its process, not the server's nor this load
 //! generator's) and the ratio to the floor. The satellite is the release binary as operators run it, in its own
-//! process. Run with `cargo bench --bench matrix`; the last results are kept in docs/performance.md.
+//! process. Run with `cargo bench --bench matrix`; the latest results are kept in docs/performance.md, every run in
+//! docs/performance-history.md.
 //! After the rows, at concurrency 32, what each process spent per call (this load generator, the gateway, the MCP
 //! server with any process below it) and the gateway's budget for issue 19's 0.8x of the bare pipe: the CPU per
 //! call the host's cores give at that throughput, less what the generator and the server spent.

@@ -20,7 +20,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// mimalloc's defaults keep freed memory for a while and commit arenas eagerly, so a purge only marks pages
 /// free (they stay in RSS until the kernel needs them): the embedded default held 110 MiB once started and
-/// 62 MiB idle (glibc: 73 / 27). Committing on demand gives 62 / 33 MiB (docs/performance.md). Freed pages go
+/// 62 MiB idle (glibc: 73 / 27). Committing on demand gives 62 / 33 MiB (docs/performance-history.md). Freed pages go
 /// back to the OS 10 ms after they are freed, not at once: returning them at once made every burst of calls
 /// fault them in again (page faults, zeroing, TLB shootdowns), 7% of a proxied call's CPU, while 10 ms costs
 /// about 2 MiB under load and nothing idle. The options must be set before mimalloc reserves its first

@@ -30,7 +30,7 @@ pub const PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// mimalloc returns freed pages to the OS only from inside an allocation or a free, once their purge delay
 /// ([`ALLOCATOR_OPTIONS`]: 10 ms) has passed. A satellite that falls idle right after a burst (a discovery of
 /// thousands of tools) never allocates again, and kept what the burst freed in its last milliseconds resident for
-/// good: about 2 MiB after one server of 4,500 tools, a fifth of what its tools cost (docs/performance.md,
+/// good: about 2 MiB after one server of 4,500 tools, a fifth of what its tools cost (docs/performance-history.md,
 /// 2026-11-27 23:30).
 /// Under load the allocator's own calls purge as often as this; it matters once the satellite is idle, and then
 /// costs one wake-up every `every`.

@@ -66,7 +66,8 @@ fn subscriber(
 
 /// Colours only for a person at a terminal (and not when `NO_COLOR` is set, per no-color.org). A file, journald
 /// or a container's log collector gets plain text: escape codes there are noise to every reader and grep, and
-/// painting the request span's fields cost 2.4k instructions of every proxied call (docs/performance.md, 2026-11-28 14:30).
+/// painting the request span's fields cost 2.4k instructions of every proxied call (docs/performance-history.md,
+/// 2026-11-28 14:30).
 fn colours(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
     stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
 }
@@ -92,7 +93,7 @@ where
     // `RUST_LOG` may filter on span fields, which only an `EnvFilter` does. The default directives are levels by
     // target, which a `Targets` filter holds as well, and it does no work when a span is entered or left: an
     // `EnvFilter` takes a lock and looks the span up each time, for the field filters it might have (a proxied
-    // call enters spans eight times; docs/performance.md, 2026-12-02 02:15).
+    // call enters spans eight times; docs/performance-history.md, 2026-12-02 02:15).
     let fmt = match EnvFilter::try_from_env("RUST_LOG") {
         Ok(filter) => fmt.with_filter(filter).boxed(),
         Err(_) => match default_directives(level).parse::<tracing_subscriber::filter::Targets>() {
@@ -110,7 +111,7 @@ where
 /// The Pretty format's fields without colours, as tracing-subscriber's `DefaultFields` writes them then: `name=value`
 /// apart from the message, separated by spaces, the message's (and errors') ANSI and C1 control characters escaped.
 /// `DefaultFields` paints every name and `=` through `nu_ansi_term` even with colours off: about 2k instructions of
-/// each proxied call, for the request span's three fields (docs/performance.md, 2026-12-02 02:15).
+/// each proxied call, for the request span's three fields (docs/performance-history.md, 2026-12-02 02:15).
 struct PlainFields;
 
 impl<'writer> tracing_subscriber::fmt::FormatFields<'writer> for PlainFields {

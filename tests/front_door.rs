@@ -1784,7 +1784,7 @@ async fn a_silent_connection_does_not_hold_the_drain() {
 /// Requests made one at a time do not wake the runtime's other worker. hyper hands a request's body to the
 /// service through a channel, inside the poll of the connection's own task, and that wake made tokio treat the
 /// task as yielding: it woke a parked worker to share its queue, which found nothing and parked again, a futex
-/// wake and a context switch or two per request (docs/performance.md, 2026-11-28 17:10). The client is a plain
+/// wake and a context switch or two per request (docs/performance-history.md, 2026-11-28 17:10). The client is a plain
 /// blocking socket on a thread of its own, so every park counted is the satellite's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_made_one_at_a_time_do_not_wake_the_other_worker() {

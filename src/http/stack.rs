@@ -147,7 +147,7 @@ pub async fn serve<F>(
     // 503 when there is none (load shedding, never a queue), held until its answer's head; its deadline (504); its
     // metrics; and the id on its answer. Six tower and tower-http layers did this in as many futures, and entered
     // the span again for each frame of the body: 136.1k → 129.3k instructions per proxied call without them
-    // (docs/performance.md, 2026-12-01 19:30). The span covers the request until its answer's head.
+    // (docs/performance-history.md, 2026-12-01 19:30). The span covers the request until its answer's head.
     let service = tower::service_fn(move |request: Request<hyper::body::Incoming>| {
         let (mut routes, places, metrics) = (routes.clone(), places.clone(), metrics.clone());
         // Counted here, outside the limit, so requests shed with 503 are counted too.

@@ -5,7 +5,7 @@
 //! polls the service again, all in one poll of the connection. Sending the body wakes the task that is running.
 //! tokio treats a task woken during its own poll as one that yielded: it queues it again and wakes a parked worker
 //! to share the queue. So every request made alone cost a futex wake of the other worker, which found nothing to
-//! do and parked again: two futex calls and one to two context switches per call (docs/performance.md,
+//! do and parked again: two futex calls and one to two context switches per call (docs/performance-history.md,
 //! 2026-11-28 17:10).
 //!
 //! [`Coalesced`] polls the connection with a waker of its own. A wake that comes while the connection is being

@@ -688,7 +688,7 @@ fn same_origin_redirects(attempt: reqwest::redirect::Attempt<'_>) -> reqwest::re
 /// One request to an upstream server, as a span (a child of the client's request span; exported as a trace
 /// span when OpenTelemetry is on). Never the arguments: only which server and which method. At `debug`: the
 /// satellite's info and warn lines about an instance name it already, and a span built on every call for log
-/// lines alone cost about 3% of a call's CPU (docs/performance.md, 2026-11-27 10:50).
+/// lines alone cost about 3% of a call's CPU (docs/performance-history.md, 2026-11-27 10:50).
 fn upstream_span(instance: &Instance, method: &str) -> tracing::Span {
     let spec = instance.spec();
     tracing::debug_span!(

@@ -236,7 +236,7 @@ pub fn request(id: RequestId, method: &str, params: Option<Value>) -> Value {
 /// A request as the line a stdio server reads: the same text as `request(..).to_string()`, written straight from
 /// its parts. No map is built for the envelope, and the text is written with `serde_json`'s own writer, not through
 /// `Display` (which passes every piece through `fmt`): together 6.6k instructions of a proxied call
-/// (docs/performance.md, 2026-11-28 14:30).
+/// (docs/performance-history.md, 2026-11-28 14:30).
 pub fn request_line(id: &RequestId, method: &str, params: Option<&Value>) -> String {
     envelope_line(&Envelope { jsonrpc: "2.0", id: Some(id), method, params })
 }

@@ -25,7 +25,7 @@ pub const URI_SEPARATOR: char = '|';
 /// The tools of one listing are held together, in one text and one table (a `Listing`), not as a handful of
 /// allocations each: the allocator keeps a page of small blocks as long as one block in it lives, and thousands
 /// of small definitions made while their listing was being read left pages a third to a half full (about 2 KiB
-/// of resident memory per tool on top of its 1.3 KB; docs/performance.md). A `ToolDef` is a handle to its
+/// of resident memory per tool on top of its 1.3 KB; docs/performance-history.md). A `ToolDef` is a handle to its
 /// listing and its place in it; cloning it is a reference count. Every instance of one server (one per team
 /// member) lists the same tools, and all of them hold one copy of an identical listing (see [`Interner`]).
 #[derive(Clone)]

@@ -356,7 +356,7 @@ impl Store {
     /// the inserts meanwhile did not need. The pages its own prune just freed wait for a later round. On a busy
     /// satellite whose history is full, the next seconds' inserts reuse them; giving them back at once made SQLite
     /// move pages to shrink the file and then grow it again, page by page: 24% of its thread's time under load
-    /// (docs/performance.md, 2026-12-01 22:30).
+    /// (docs/performance-history.md, 2026-12-01 22:30).
     pub async fn release_free_pages(&self, at_most: u64) -> Result<u64, StoreError> {
         if self.engine() != Engine::Sqlite {
             return Ok(0);

@@ -197,7 +197,7 @@ impl Store {
                         Box::pin(async move {
                             // A connection's page cache is private memory that only grows (2 MiB each by default):
                             // with the 4,500-tool corpus the pool's caches held 7-12 MiB of pages the OS page
-                            // cache holds anyway (docs/performance.md, 2026-11-25). 256 KiB keeps the b-trees'
+                            // cache holds anyway (docs/performance-history.md, 2026-11-25). 256 KiB keeps the b-trees'
                             // upper pages, which is what the per-call inserts and catalog reads touch.
                             conn.execute(
                                 "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000; \

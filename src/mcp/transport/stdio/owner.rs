@@ -128,13 +128,13 @@ impl Writer {
     /// The owner first lets the tasks that are ready to run go ahead (one `yield_now`): a call's sender wakes the
     /// owner as soon as it queues, so without it the owner wrote each call alone while the other connections'
     /// requests, read in the same wake-up, waited behind it. At concurrency 32 that was 0.67 writes to stdin per
-    /// call, and each woke the child; with it, 0.14 (docs/performance.md, 2026-11-28). With nothing else ready
+    /// call, and each woke the child; with it, 0.14 (docs/performance-history.md, 2026-11-28). With nothing else ready
     /// the owner runs again at once.
     ///
     /// It yields only when calls come together (another request in flight, or the last write carried several):
     /// a lone call has nothing to wait for, and a yield is not free. The scheduler wakes a parked worker thread
     /// to share a yielding task's queue, so each call made one at a time woke the other worker for nothing (a
-    /// futex wake and a context switch per call at concurrency 1; docs/performance.md, 2026-11-28 11:30).
+    /// futex wake and a context switch per call at concurrency 1; docs/performance-history.md, 2026-11-28 11:30).
     async fn write_queued(&mut self, first: String) -> bool {
         if self.last_batch > 1 || self.pending.len() > 1 {
             tokio::task::yield_now().await;
