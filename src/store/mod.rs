@@ -20,6 +20,7 @@ use crate::config::{mask_url_password, Database};
 pub mod analytics;
 mod catalog;
 mod events;
+mod migrations;
 mod replicas;
 pub mod reserve;
 mod sql;
@@ -143,7 +144,7 @@ impl Store {
             })
             .connect("sqlite::memory:")
             .await?;
-        sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+        migrations::SQLITE.migrator().await?.run(&pool).await?;
         Ok(Store {
             pool,
             engine: Engine::Sqlite,
@@ -164,7 +165,7 @@ impl Store {
                     .acquire_timeout(Duration::from_secs(10))
                     .connect(url)
                     .await?;
-                sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+                migrations::POSTGRES.migrator().await?.run(&pool).await?;
                 Ok(Store {
                     pool,
                     engine: Engine::Postgres,
@@ -209,7 +210,7 @@ impl Store {
                     })
                     .connect(&url)
                     .await?;
-                sqlx::migrate!("./migrations/sqlite").run(&pool).await?;
+                migrations::SQLITE.migrator().await?.run(&pool).await?;
                 Ok(Store {
                     pool,
                     engine: Engine::Sqlite,
