@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::env::{self, Env};
+use super::values::number;
 use super::{file, ConfigError};
 
 /// Restart policy, idle dormancy, limits and stderr capture of instances (SB §9.6-§9.8).
@@ -46,57 +47,11 @@ impl Default for LifecycleSettings {
     }
 }
 
-/// A whole number from the environment, else the file, else the default.
-pub(super) fn number<T: std::str::FromStr + Copy + PartialOrd + Default>(
-    env: &Env,
-    key: &str,
-    var: &'static str,
-    file: Option<T>,
-    default: T,
-    allow_zero: bool,
-) -> Result<T, ConfigError> {
-    let value = match env::get(env, var) {
-        Some(v) => {
-            v.parse::<T>().map_err(|_| ConfigError::new(key, Some(var), format!("{v:?} is not a whole number")))?
-        }
-        None => file.unwrap_or(default),
-    };
-    if !allow_zero && value <= T::default() {
-        return Err(ConfigError::new(key, Some(var), "must be greater than zero"));
-    }
-    Ok(value)
-}
-
 pub(super) fn lifecycle(env: &Env, s: &file::RawSatellite) -> Result<LifecycleSettings, ConfigError> {
     let d = LifecycleSettings::default();
     let idle = number(env, "satellite.idle_timeout_seconds", env::IDLE_TIMEOUT, s.idle_timeout_seconds, 180u64, true)?;
-    let backoff = match env::get(env, env::RESTART_BACKOFF_MS) {
-        Some(v) => {
-            v.split(',').map(|part| part.trim().parse::<u64>()).collect::<Result<Vec<u64>, _>>().map_err(|_| {
-                ConfigError::new(
-                    "satellite.restart_backoff_ms",
-                    Some(env::RESTART_BACKOFF_MS),
-                    format!("{v:?} is not a comma-separated list of milliseconds"),
-                )
-            })?
-        }
-        None => s.restart_backoff_ms.clone().unwrap_or_else(|| vec![1000, 5000, 15000]),
-    };
-    if backoff.is_empty() {
-        return Err(ConfigError::new(
-            "satellite.restart_backoff_ms",
-            Some(env::RESTART_BACKOFF_MS),
-            "needs at least one wait",
-        ));
-    }
-    let log_max_line_bytes = number(
-        env,
-        "satellite.log_max_line_length_bytes",
-        env::LOG_MAX_LINE,
-        s.log_max_line_length_bytes,
-        1024,
-        false,
-    )?;
+    let backoff = restart_backoff(env, s)?;
+    let log_max_line_bytes = log_max_line_bytes(env, s)?;
     Ok(LifecycleSettings {
         idle_timeout: (idle > 0).then(|| Duration::from_secs(idle)),
         spawn_grace: Duration::from_secs(number(
@@ -156,7 +111,7 @@ pub(super) fn lifecycle(env: &Env, s: &file::RawSatellite) -> Result<LifecycleSe
             20,
             false,
         )?,
-        log_max_line_bytes: log_max_line_bytes.max(16),
+        log_max_line_bytes,
         log_rate_warning_interval: Duration::from_millis(number(
             env,
             "satellite.log_rate_limit_warning_interval_ms",
@@ -166,4 +121,41 @@ pub(super) fn lifecycle(env: &Env, s: &file::RawSatellite) -> Result<LifecycleSe
             false,
         )?),
     })
+}
+
+/// Milliseconds before the 1st, 2nd and later restarts after a crash; at least one.
+fn restart_backoff(env: &Env, s: &file::RawSatellite) -> Result<Vec<u64>, ConfigError> {
+    let backoff = match env::get(env, env::RESTART_BACKOFF_MS) {
+        Some(v) => {
+            v.split(',').map(|part| part.trim().parse::<u64>()).collect::<Result<Vec<u64>, _>>().map_err(|_| {
+                ConfigError::new(
+                    "satellite.restart_backoff_ms",
+                    Some(env::RESTART_BACKOFF_MS),
+                    format!("{v:?} is not a comma-separated list of milliseconds"),
+                )
+            })?
+        }
+        None => s.restart_backoff_ms.clone().unwrap_or_else(|| vec![1000, 5000, 15000]),
+    };
+    if backoff.is_empty() {
+        return Err(ConfigError::new(
+            "satellite.restart_backoff_ms",
+            Some(env::RESTART_BACKOFF_MS),
+            "needs at least one wait",
+        ));
+    }
+    Ok(backoff)
+}
+
+/// Bytes of a stderr line kept, the rest cut (default 1024); under 16 counts as 16.
+fn log_max_line_bytes(env: &Env, s: &file::RawSatellite) -> Result<usize, ConfigError> {
+    let bytes = number(
+        env,
+        "satellite.log_max_line_length_bytes",
+        env::LOG_MAX_LINE,
+        s.log_max_line_length_bytes,
+        1024,
+        false,
+    )?;
+    Ok(bytes.max(16))
 }

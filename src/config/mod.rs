@@ -18,10 +18,20 @@ use url::Url;
 pub mod env;
 pub mod file;
 mod lifecycle;
+mod listen;
+mod mode;
 pub mod sandbox;
+mod storage;
+mod telemetry;
+mod upstream;
+mod values;
 
 pub use lifecycle::LifecycleSettings;
-use lifecycle::{lifecycle, number};
+pub use mode::{Mode, StandaloneSource};
+pub use storage::{mask_url_password, Database};
+pub use telemetry::LogFormat;
+pub use upstream::UpstreamSettings;
+use values::{number, seconds, switch};
 
 use env::Env;
 use file::RawFile;
@@ -31,11 +41,9 @@ pub use file::{
 };
 
 mod embedded;
-use embedded::embedded;
 pub use embedded::{is_instance_token, random_hex, sha256_hex, EmbeddedDefault};
 
 mod managed;
-use managed::managed;
 pub use managed::{ManagedSettings, BACKEND_AUDIENCE, GITHUB_TARBALL_BASE};
 pub use sandbox::{Isolation, SandboxSettings};
 
@@ -78,46 +86,6 @@ pub struct Flags {
     pub data_dir: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Pretty,
-    Json,
-}
-
-/// Upstream timeouts and limits.
-#[derive(Debug, Clone)]
-pub struct UpstreamSettings {
-    pub handshake_timeout: Duration,
-    pub discovery_timeout: Duration,
-    pub call_timeout: Duration,
-    /// Instances reconciled at once (SB §8 recommends 4).
-    pub reconcile_concurrency: usize,
-    pub lifecycle: LifecycleSettings,
-    /// Hold a drifted tool (called recently, then its description or schema changed) out of discover and
-    /// calls until an admin accepts the change (`POST /api/tools/accept`).
-    pub hold_drifted_tools: bool,
-    /// A tool called within this long before its description or schema changes has drifted.
-    pub drift_window: Duration,
-}
-
-/// The database the store opens (`DATABASE_URL`).
-#[derive(Clone)]
-pub struct Database {
-    /// A `postgres://` URL (a secret: it may hold the password); `None`: SQLite in the data directory.
-    pub url: Option<SecretString>,
-    /// Pool size; `None`: the engine's default.
-    pub max_connections: Option<u32>,
-}
-
-impl std::fmt::Debug for Database {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Database")
-            .field("url", &self.url.as_ref().map(|u| mask_url_password(u.expose_secret())))
-            .field("max_connections", &self.max_connections)
-            .finish()
-    }
-}
-
 /// A URL the configuration refused, as its error message may show it: without userinfo, query or fragment (an
 /// API key often rides in them), and a value that is no URL at all only when nothing in it looks like a credential.
 pub fn url_for_message(raw: &str) -> String {
@@ -133,42 +101,6 @@ pub fn url_for_message(raw: &str) -> String {
         _ if raw.contains(['@', '?', '=', ':']) => "the value given (not shown: it may hold a credential)".into(),
         _ => format!("{raw:?}"),
     }
-}
-
-/// A database URL with its passwords replaced by `***`, for logs: the userinfo one and the query's `password` and
-/// `sslpassword` (sqlx reads both places).
-pub fn mask_url_password(url: &str) -> String {
-    let Ok(mut parsed) = url::Url::parse(url) else { return "[unparseable url]".into() };
-    if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
-        return "[unparseable url]".into();
-    }
-    if parsed.query().is_some() {
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(key, value)| {
-                let secret = matches!(key.as_ref(), "password" | "sslpassword");
-                (key.into_owned(), if secret { "***".to_owned() } else { value.into_owned() })
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    parsed.to_string()
-}
-
-/// Where the desired state comes from.
-#[derive(Debug, Clone)]
-pub enum Mode {
-    Standalone(StandaloneSource),
-    /// Managed by a DeployStack-compatible backend (`DEPLOYSTACK_BACKEND_URL`).
-    Managed(Box<ManagedSettings>),
-}
-
-#[derive(Debug, Clone)]
-pub enum StandaloneSource {
-    /// A TOML file, re-read when it changes.
-    File { path: PathBuf, watch_interval: Duration },
-    /// The built-in demo configuration.
-    Embedded(EmbeddedDefault),
 }
 
 /// The validated configuration of one satellite process.
@@ -242,342 +174,51 @@ impl Config {
         Self::build(env, flags, path, &raw)
     }
 
+    /// Reads the groups of settings in a fixed order, so of several bad settings the same one is reported first.
     fn build(env: &Env, flags: &Flags, path: Option<PathBuf>, raw: &RawFile) -> Result<Config, ConfigError> {
         let s = &raw.satellite;
-        let host = match (flags.host, env::get(env, env::HOST), &s.host) {
-            (Some(host), _, _) => host,
-            (None, Some(v), _) => parse_ip(v, "satellite.host", Some(env::HOST))?,
-            (None, None, Some(v)) => parse_ip(v, "satellite.host", Some(env::HOST))?,
-            (None, None, None) => DEFAULT_HOST,
-        };
-        let port = match (flags.port, env::get(env, env::PORT)) {
-            (Some(port), _) => port,
-            (None, Some(v)) => v.parse::<u16>().map_err(|_| {
-                ConfigError::new("satellite.port", Some(env::PORT), format!("{v:?} is not a port number"))
-            })?,
-            (None, None) => s.port.unwrap_or(DEFAULT_PORT),
-        };
-        let data_dir = flags
-            .data_dir
-            .clone()
-            .or_else(|| env::get(env, env::DATA_DIR).map(PathBuf::from))
-            .or_else(|| s.data_dir.as_ref().map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from("./data"));
-        let log_level = env::get(env, env::LOG_LEVEL)
-            .map(str::to_owned)
-            .or_else(|| s.log_level.clone())
-            .unwrap_or_else(|| "info".into());
-        if !matches!(log_level.as_str(), "trace" | "debug" | "info" | "warn" | "error" | "fatal") {
-            return Err(ConfigError::new(
-                "satellite.log_level",
-                Some(env::LOG_LEVEL),
-                format!("{log_level:?} is not one of trace, debug, info, warn, error, fatal"),
-            ));
-        }
-        let log_format =
-            match env::get(env, env::LOG_FORMAT).map(str::to_owned).or_else(|| s.log_format.clone()).as_deref() {
-                None | Some("pretty") => LogFormat::Pretty,
-                Some("json") => LogFormat::Json,
-                Some(other) => {
-                    return Err(ConfigError::new(
-                        "satellite.log_format",
-                        Some(env::LOG_FORMAT),
-                        format!("{other:?} is not pretty or json"),
-                    ))
-                }
-            };
-        let seconds =
-            |key: &str, var: &'static str, file: Option<u64>, default: u64| -> Result<Duration, ConfigError> {
-                let value = match env::get(env, var) {
-                    Some(v) => v
-                        .parse::<u64>()
-                        .map_err(|_| ConfigError::new(key, Some(var), format!("{v:?} is not a whole number")))?,
-                    None => file.unwrap_or(default),
-                };
-                if value == 0 {
-                    return Err(ConfigError::new(key, Some(var), "must be greater than zero"));
-                }
-                Ok(Duration::from_secs(value))
-            };
-        let upstream = UpstreamSettings {
-            hold_drifted_tools: match env::get(env, env::HOLD_DRIFTED_TOOLS) {
-                Some(v) => v == "true",
-                None => s.hold_drifted_tools.unwrap_or(false),
-            },
-            drift_window: {
-                let (key, var) = ("satellite.drift_window_days", env::DRIFT_WINDOW_DAYS);
-                let days = match env::get(env, var) {
-                    Some(v) => v
-                        .parse::<u64>()
-                        .map_err(|_| ConfigError::new(key, Some(var), format!("{v:?} is not a whole number")))?,
-                    None => s.drift_window_days.unwrap_or(30),
-                };
-                if !(1..=3650).contains(&days) {
-                    return Err(ConfigError::new(key, Some(var), "must be from 1 to 3650 days"));
-                }
-                Duration::from_secs(days * 86_400)
-            },
-            handshake_timeout: seconds(
-                "satellite.handshake_timeout_seconds",
-                env::HANDSHAKE_TIMEOUT,
-                s.handshake_timeout_seconds,
-                30,
-            )?,
-            discovery_timeout: seconds(
-                "satellite.discovery_timeout_seconds",
-                env::DISCOVERY_TIMEOUT,
-                s.discovery_timeout_seconds,
-                60,
-            )?,
-            call_timeout: seconds("satellite.call_timeout_seconds", env::CALL_TIMEOUT, s.call_timeout_seconds, 30)?,
-            reconcile_concurrency: match env::get(env, env::RECONCILE_CONCURRENCY) {
-                Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    ConfigError::new(
-                        "satellite.reconcile_concurrency",
-                        Some(env::RECONCILE_CONCURRENCY),
-                        format!("{v:?} is not a positive number"),
-                    )
-                })?,
-                None => s.reconcile_concurrency.filter(|n| *n > 0).unwrap_or(4),
-            },
-            lifecycle: lifecycle(env, s)?,
-        };
-
-        let backend_url = env::get(env, env::BACKEND_URL);
-        let mode = match (backend_url, &path) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "mode",
-                    Some(env::BACKEND_URL),
-                    "a backend url and a standalone config file exclude each other; set one",
-                ))
-            }
-            (Some(url), None) => Mode::Managed(Box::new(managed(env, url)?)),
-            (None, Some(path)) => {
-                let ms = match env::get(env, env::CONFIG_WATCH_INTERVAL_MS) {
-                    Some(v) => v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        ConfigError::new(
-                            "satellite.config_watch_interval_ms",
-                            Some(env::CONFIG_WATCH_INTERVAL_MS),
-                            format!("{v:?} is not a positive number"),
-                        )
-                    })?,
-                    None => s.config_watch_interval_ms.filter(|n| *n > 0).unwrap_or(1000),
-                };
-                Mode::Standalone(StandaloneSource::File {
-                    path: path.clone(),
-                    watch_interval: Duration::from_millis(ms),
-                })
-            }
-            (None, None) => Mode::Standalone(StandaloneSource::Embedded(embedded(env)?)),
-        };
-        let embedded_default = matches!(mode, Mode::Standalone(StandaloneSource::Embedded(_)));
-        let debug_route = match env::get(env, env::SHOW_DEBUG_ROUTE) {
-            Some(v) => v == "true",
-            None => s.debug_route.unwrap_or(embedded_default),
-        };
-        let public_url = match env::get(env, env::PUBLIC_URL).map(str::to_owned).or_else(|| s.public_url.clone()) {
-            Some(url) => Url::parse(&url)
-                .ok()
-                .filter(|u| matches!(u.scheme(), "http" | "https"))
-                .map(|_| url.trim_end_matches('/').to_owned())
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "satellite.public_url",
-                        Some(env::PUBLIC_URL),
-                        format!("{} is not an http(s) url", url_for_message(&url)),
-                    )
-                })?,
-            None => format!("http://localhost:{port}"),
-        };
-        let list = |var: &'static str, file: &Option<Vec<String>>| -> Option<Vec<String>> {
-            let items: Vec<String> = match env::get(env, var) {
-                Some(v) => v.split(',').map(|s| s.trim().to_ascii_lowercase()).filter(|s| !s.is_empty()).collect(),
-                None => file.iter().flatten().map(|s| s.trim().to_ascii_lowercase()).collect(),
-            };
-            (!items.is_empty()).then_some(items)
-        };
-        let public = Url::parse(&public_url).ok();
-        let public_host =
-            public.as_ref().and_then(|u| u.host_str()).map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase());
-        let allowed_hosts = match list(env::ALLOWED_HOSTS, &s.allowed_hosts) {
-            Some(hosts) if hosts.iter().any(|h| h == "*") => None,
-            Some(hosts) => Some(hosts),
-            None if host.is_loopback() => {
-                let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
-                hosts.extend(public_host.clone());
-                Some(hosts)
-            }
-            None => None,
-        };
-        let allowed_origins = match list(env::ALLOWED_ORIGINS, &s.allowed_origins) {
-            Some(origins) if origins.iter().any(|o| o == "*") => None,
-            Some(origins) => Some(origins),
-            None => Some(public.map(|u| u.origin().ascii_serialization()).into_iter().collect()),
-        };
-        // A count from the environment (refused unless a positive number), else the file's when positive.
-        let count = |key: &str, var: &'static str, file: Option<usize>| -> Result<Option<usize>, ConfigError> {
-            match env::get(env, var) {
-                Some(v) => v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .map(Some)
-                    .ok_or_else(|| ConfigError::new(key, Some(var), format!("{v:?} is not a positive number"))),
-                None => Ok(file.filter(|n| *n > 0)),
-            }
-        };
-        let max_concurrent_requests =
-            count("satellite.max_concurrent_requests", env::MAX_CONCURRENT_REQUESTS, s.max_concurrent_requests)?
-                .unwrap_or(1024);
-        let max_concurrent_requests_per_caller = count(
-            "satellite.max_concurrent_requests_per_caller",
-            env::MAX_CONCURRENT_REQUESTS_PER_CALLER,
-            s.max_concurrent_requests_per_caller,
-        )?
-        .unwrap_or((max_concurrent_requests / 8).max(1));
-        let max_connections = count("satellite.max_connections", env::MAX_CONNECTIONS, s.max_connections)?
-            .unwrap_or_else(default_max_connections);
-        let max_streams_per_caller =
-            count("satellite.max_streams_per_caller", env::MAX_STREAMS_PER_CALLER, s.max_streams_per_caller)?
-                .unwrap_or((max_connections / 8).max(1));
-        let http_timeout = seconds("satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
-        let write_timeout =
-            seconds("satellite.write_timeout_seconds", env::WRITE_TIMEOUT, s.write_timeout_seconds, 30)?;
-        let disk_reserve = match env::get(env, env::DISK_RESERVE_MIB) {
-            Some(v) => v.parse::<u64>().map_err(|_| {
-                ConfigError::new(
-                    "disk_reserve_mib",
-                    Some(env::DISK_RESERVE_MIB),
-                    format!("{v:?} is not a whole number"),
-                )
-            })?,
-            None => 8,
-        }
-        .saturating_mul(1024 * 1024);
-        let drain = seconds("satellite.drain_seconds", env::DRAIN, s.drain_seconds, 10)?;
-        let retention_days = seconds(
-            "satellite.analytics_retention_days",
-            env::ANALYTICS_RETENTION_DAYS,
-            s.analytics_retention_days,
-            90,
-        )?;
-        let event_days = number(
-            env,
-            "satellite.event_retention_days",
-            env::EVENT_RETENTION_DAYS,
-            s.event_retention_days,
-            7u64,
-            false,
-        )?;
-        let event_retention_max = number(
-            env,
-            "satellite.event_retention_max",
-            env::EVENT_RETENTION_MAX,
-            s.event_retention_max,
-            100_000u64,
-            false,
-        )?;
-        let event_retention_max_mib = number(
-            env,
-            "satellite.event_retention_max_mib",
-            env::EVENT_RETENTION_MAX_MIB,
-            s.event_retention_max_mib,
-            256u64,
-            false,
-        )?;
-        // The demo's tokens are printed to the terminal: fine on this machine, not on an address others reach
-        // (a container listening on 0.0.0.0 with its log shipped somewhere). There, the operator names them.
-        if let Mode::Standalone(StandaloneSource::Embedded(demo)) = &mode {
-            if !host.is_loopback() && (demo.demo_token_generated || demo.instance_token_generated) {
-                return Err(ConfigError::new(
-                    "satellite.host",
-                    Some(env::HOST),
-                    format!(
-                        "the embedded demo default would listen on {host}, beyond this machine, with generated tokens; \
-                         set {} and {} to tokens of your own, give a config file ({}), or listen on 127.0.0.1",
-                        env::DEMO_TOKEN,
-                        env::DEMO_INSTANCE_TOKEN,
-                        env::CONFIG
-                    ),
-                ));
-            }
-        }
-        let semantic_model = env::get(env, env::SEMANTIC_MODEL)
-            .or(s.semantic_model.as_deref())
-            .filter(|v| !v.trim().is_empty())
-            .map(PathBuf::from);
-        if semantic_model.is_some() && !cfg!(feature = "semantic") {
-            return Err(ConfigError::new(
-                "satellite.semantic_model",
-                Some(env::SEMANTIC_MODEL),
-                "this satellite was built without the `semantic` cargo feature; rebuild with it or unset the model",
-            ));
-        }
-        let database = Database {
-            url: match env::get(env, env::DATABASE_URL).filter(|v| !v.trim().is_empty()) {
-                None => None,
-                Some(v) if v.starts_with("postgres://") || v.starts_with("postgresql://") => {
-                    if url::Url::parse(v).is_err() {
-                        return Err(ConfigError::new("database_url", Some(env::DATABASE_URL), "is not a URL"));
-                    }
-                    Some(SecretString::from(v.to_owned()))
-                }
-                Some(_) => {
-                    return Err(ConfigError::new(
-                        "database_url",
-                        Some(env::DATABASE_URL),
-                        "must be a postgres:// (or postgresql://) URL; unset it for the embedded SQLite database",
-                    ))
-                }
-            },
-            max_connections: match env::get(env, env::DATABASE_MAX_CONNECTIONS) {
-                None => None,
-                Some(v) => match v.parse::<u32>() {
-                    Ok(n) if n > 0 => Some(n),
-                    _ => {
-                        return Err(ConfigError::new(
-                            "database_max_connections",
-                            Some(env::DATABASE_MAX_CONNECTIONS),
-                            format!("{v:?} is not a whole number greater than zero"),
-                        ))
-                    }
-                },
-            },
-        };
+        let (host, port) = listen::address(env, flags, s)?;
+        let data_dir = storage::data_dir(env, flags, s);
+        let (log_level, log_format) = telemetry::logging(env, s)?;
+        let upstream = upstream::upstream(env, s)?;
+        let mode = mode::select(env, s, path)?;
+        let debug_route = telemetry::debug_route(env, s, mode::is_embedded(&mode));
+        let access = listen::access(env, s, host, port)?;
+        let limits = listen::http_limits(env, s)?;
+        let disk_reserve = storage::disk_reserve(env)?;
+        let drain = seconds(env, "satellite.drain_seconds", env::DRAIN, s.drain_seconds, 10)?;
+        let retention = storage::retention(env, s)?;
+        mode::refuse_exposed_demo(&mode, host)?;
+        let semantic_model = semantic_model(env, s)?;
+        let database = storage::database(env)?;
         Ok(Config {
-            database,
-            semantic_model,
-            drain,
-            analytics_retention: Duration::from_secs(retention_days.as_secs().saturating_mul(86_400)),
-            event_retention: Duration::from_secs(event_days.saturating_mul(86_400)),
-            event_retention_max,
-            event_retention_max_bytes: event_retention_max_mib.saturating_mul(1024 * 1024),
-            max_concurrent_requests,
-            max_concurrent_requests_per_caller,
-            max_connections,
-            max_streams_per_caller,
-            http_timeout,
-            write_timeout,
-            disk_reserve,
-            public_url,
-            allowed_hosts,
-            allowed_origins,
             listen: SocketAddr::new(host, port),
             data_dir,
+            database,
             log_level,
             log_format,
             debug_route,
-            pretty_results: match env::get(env, env::PRETTY_RESULTS) {
-                Some(v) => v == "true",
-                None => s.pretty_results.unwrap_or(false),
-            },
+            pretty_results: switch(env, env::PRETTY_RESULTS, s.pretty_results, false),
             show_version: env::get(env, env::SHOW_VERSION) != Some("false"),
             show_uptime: env::get(env, env::SHOW_UPTIME) != Some("false"),
-            metrics_token: env::get(env, env::METRICS_TOKEN)
-                .filter(|t| !t.is_empty())
-                .map(|t| SecretString::from(t.to_owned())),
+            metrics_token: telemetry::metrics_token(env),
             upstream,
+            max_concurrent_requests: limits.max_concurrent_requests,
+            max_concurrent_requests_per_caller: limits.max_concurrent_requests_per_caller,
+            max_connections: limits.max_connections,
+            max_streams_per_caller: limits.max_streams_per_caller,
+            http_timeout: limits.http_timeout,
+            write_timeout: limits.write_timeout,
+            disk_reserve,
+            drain,
+            analytics_retention: retention.analytics,
+            event_retention: retention.events,
+            event_retention_max: retention.events_max,
+            event_retention_max_bytes: retention.events_max_bytes,
+            semantic_model,
+            public_url: access.public_url,
+            allowed_hosts: access.allowed_hosts,
+            allowed_origins: access.allowed_origins,
             mode,
             sandbox: sandbox::settings(env, &raw.sandbox)?,
             activity_interval: Duration::from_secs(30),
@@ -650,18 +291,20 @@ impl Config {
     }
 }
 
-/// Half the process's open-file limit (the other half stays for server processes, the database and the config
-/// file), so strangers holding connections can never take the descriptors the satellite itself needs.
-fn default_max_connections() -> usize {
-    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|(soft, _)| soft);
-    match soft {
-        Ok(soft) if soft != nix::sys::resource::RLIM_INFINITY => (soft / 2).clamp(64, 100_000) as usize,
-        _ => 10_000,
+/// The semantic search stage's model directory from the environment, else the file; blank is none.
+fn semantic_model(env: &Env, s: &file::RawSatellite) -> Result<Option<PathBuf>, ConfigError> {
+    let model = env::get(env, env::SEMANTIC_MODEL)
+        .or(s.semantic_model.as_deref())
+        .filter(|v| !v.trim().is_empty())
+        .map(PathBuf::from);
+    if model.is_some() && !cfg!(feature = "semantic") {
+        return Err(ConfigError::new(
+            "satellite.semantic_model",
+            Some(env::SEMANTIC_MODEL),
+            "this satellite was built without the `semantic` cargo feature; rebuild with it or unset the model",
+        ));
     }
-}
-
-fn parse_ip(value: &str, key: &str, var: Option<&'static str>) -> Result<IpAddr, ConfigError> {
-    value.parse().map_err(|_| ConfigError::new(key, var, format!("{value:?} is not an ip address")))
+    Ok(model)
 }
 
 #[cfg(test)]

@@ -84,33 +84,75 @@ impl Default for SandboxSettings {
 
 /// Environment wins over the file, the file over the defaults.
 pub fn settings(env: &Env, raw: &RawSandbox) -> Result<SandboxSettings, ConfigError> {
-    let isolation = match env::get(env, env::SANDBOX).map(str::to_owned).or_else(|| raw.isolation.clone()).as_deref() {
-        None | Some("none") => Isolation::None,
-        Some("nsjail") => Isolation::Nsjail,
-        Some("bubblewrap") => Isolation::Bubblewrap,
-        Some(other) => {
-            return Err(ConfigError::new(
-                "sandbox.isolation",
-                Some(env::SANDBOX),
-                format!("{other:?} is not one of none, nsjail, bubblewrap"),
-            ))
-        }
-    };
-    let binary = |key: &str, var: &'static str, file: &Option<String>| -> Result<Option<PathBuf>, ConfigError> {
-        match env::get(env, var).map(str::to_owned).or_else(|| file.clone()) {
-            None => Ok(None),
-            Some(path) if Path::new(&path).is_absolute() => Ok(Some(PathBuf::from(path))),
-            Some(path) => Err(ConfigError::new(key, Some(var), format!("{path:?} is not an absolute path"))),
-        }
-    };
-    let number = |key: &str, var: &'static str, file: Option<u64>, default: u64| -> Result<u64, ConfigError> {
-        match env::get(env, var) {
-            Some(v) => v.parse::<u64>().map_err(|_| {
-                ConfigError::new(key, Some(var), format!("{v:?} is not a whole number (0 disables the limit)"))
-            }),
-            None => Ok(file.unwrap_or(default)),
-        }
-    };
+    let isolation = isolation(env, raw)?;
+    let tmpfs_size = tmpfs_size(env, raw)?;
+    check_allowed_commands(&raw.allowed_commands)?;
+    Ok(SandboxSettings {
+        isolation,
+        nsjail_path: binary(env, "sandbox.nsjail_path", env::NSJAIL_PATH, &raw.nsjail_path)?,
+        bwrap_path: binary(env, "sandbox.bwrap_path", env::BWRAP_PATH, &raw.bwrap_path)?,
+        allowed_commands: raw.allowed_commands.iter().map(|c| c.trim().to_owned()).collect(),
+        memory_limit_mb: limit(
+            env,
+            "sandbox.memory_limit_mb",
+            env::NSJAIL_MEMORY_LIMIT_MB,
+            raw.memory_limit_mb,
+            DEFAULT_MEMORY_LIMIT_MB,
+        )?,
+        cpu_time_limit_seconds: limit(
+            env,
+            "sandbox.cpu_time_limit_seconds",
+            env::NSJAIL_CPU_TIME_LIMIT_SECONDS,
+            raw.cpu_time_limit_seconds,
+            DEFAULT_CPU_TIME_LIMIT_SECONDS,
+        )?,
+        cpu_limit_percent: limit(
+            env,
+            "sandbox.cpu_limit_percent",
+            env::CPU_LIMIT_PERCENT,
+            raw.cpu_limit_percent,
+            DEFAULT_CPU_LIMIT_PERCENT,
+        )?,
+        max_processes: limit(
+            env,
+            "sandbox.max_processes",
+            env::NSJAIL_MAX_PROCESSES,
+            raw.max_processes,
+            DEFAULT_MAX_PROCESSES,
+        )?,
+        rlimit_nofile: limit(
+            env,
+            "sandbox.rlimit_nofile",
+            env::NSJAIL_RLIMIT_NOFILE,
+            raw.rlimit_nofile,
+            DEFAULT_RLIMIT_NOFILE,
+        )?,
+        rlimit_fsize_mb: limit(
+            env,
+            "sandbox.rlimit_fsize_mb",
+            env::NSJAIL_RLIMIT_FSIZE,
+            raw.rlimit_fsize_mb,
+            DEFAULT_RLIMIT_FSIZE_MB,
+        )?,
+        tmpfs_size,
+    })
+}
+
+fn isolation(env: &Env, raw: &RawSandbox) -> Result<Isolation, ConfigError> {
+    match env::get(env, env::SANDBOX).map(str::to_owned).or_else(|| raw.isolation.clone()).as_deref() {
+        None | Some("none") => Ok(Isolation::None),
+        Some("nsjail") => Ok(Isolation::Nsjail),
+        Some("bubblewrap") => Ok(Isolation::Bubblewrap),
+        Some(other) => Err(ConfigError::new(
+            "sandbox.isolation",
+            Some(env::SANDBOX),
+            format!("{other:?} is not one of none, nsjail, bubblewrap"),
+        )),
+    }
+}
+
+/// A size such as `100M`: digits with an optional K, M or G.
+fn tmpfs_size(env: &Env, raw: &RawSandbox) -> Result<String, ConfigError> {
     let tmpfs_size = env::get(env, env::NSJAIL_TMPFS_SIZE)
         .map(str::to_owned)
         .or_else(|| raw.tmpfs_size.clone())
@@ -123,7 +165,12 @@ pub fn settings(env: &Env, raw: &RawSandbox) -> Result<SandboxSettings, ConfigEr
             format!("{tmpfs_size:?} is not a size such as 100M"),
         ));
     }
-    for (index, entry) in raw.allowed_commands.iter().enumerate() {
+    Ok(tmpfs_size)
+}
+
+/// Each entry is `*`, an absolute path or a bare command name (file only: it widens what children may run).
+fn check_allowed_commands(entries: &[String]) -> Result<(), ConfigError> {
+    for (index, entry) in entries.iter().enumerate() {
         let entry = entry.trim();
         let key = format!("sandbox.allowed_commands[{index}]");
         if entry == "*" || Path::new(entry).is_absolute() {
@@ -140,49 +187,26 @@ pub fn settings(env: &Env, raw: &RawSandbox) -> Result<SandboxSettings, ConfigEr
             return Err(ConfigError::new(key, None, format!("{entry:?} is not a command name")));
         }
     }
-    Ok(SandboxSettings {
-        isolation,
-        nsjail_path: binary("sandbox.nsjail_path", env::NSJAIL_PATH, &raw.nsjail_path)?,
-        bwrap_path: binary("sandbox.bwrap_path", env::BWRAP_PATH, &raw.bwrap_path)?,
-        allowed_commands: raw.allowed_commands.iter().map(|c| c.trim().to_owned()).collect(),
-        memory_limit_mb: number(
-            "sandbox.memory_limit_mb",
-            env::NSJAIL_MEMORY_LIMIT_MB,
-            raw.memory_limit_mb,
-            DEFAULT_MEMORY_LIMIT_MB,
-        )?,
-        cpu_time_limit_seconds: number(
-            "sandbox.cpu_time_limit_seconds",
-            env::NSJAIL_CPU_TIME_LIMIT_SECONDS,
-            raw.cpu_time_limit_seconds,
-            DEFAULT_CPU_TIME_LIMIT_SECONDS,
-        )?,
-        cpu_limit_percent: number(
-            "sandbox.cpu_limit_percent",
-            env::CPU_LIMIT_PERCENT,
-            raw.cpu_limit_percent,
-            DEFAULT_CPU_LIMIT_PERCENT,
-        )?,
-        max_processes: number(
-            "sandbox.max_processes",
-            env::NSJAIL_MAX_PROCESSES,
-            raw.max_processes,
-            DEFAULT_MAX_PROCESSES,
-        )?,
-        rlimit_nofile: number(
-            "sandbox.rlimit_nofile",
-            env::NSJAIL_RLIMIT_NOFILE,
-            raw.rlimit_nofile,
-            DEFAULT_RLIMIT_NOFILE,
-        )?,
-        rlimit_fsize_mb: number(
-            "sandbox.rlimit_fsize_mb",
-            env::NSJAIL_RLIMIT_FSIZE,
-            raw.rlimit_fsize_mb,
-            DEFAULT_RLIMIT_FSIZE_MB,
-        )?,
-        tmpfs_size,
-    })
+    Ok(())
+}
+
+/// An explicit binary, which must be an absolute path; `None`: the sandbox searches for it.
+fn binary(env: &Env, key: &str, var: &'static str, file: &Option<String>) -> Result<Option<PathBuf>, ConfigError> {
+    match env::get(env, var).map(str::to_owned).or_else(|| file.clone()) {
+        None => Ok(None),
+        Some(path) if Path::new(&path).is_absolute() => Ok(Some(PathBuf::from(path))),
+        Some(path) => Err(ConfigError::new(key, Some(var), format!("{path:?} is not an absolute path"))),
+    }
+}
+
+/// A limit in whole units from the environment, else the file, else the default; 0 disables it.
+fn limit(env: &Env, key: &str, var: &'static str, file: Option<u64>, default: u64) -> Result<u64, ConfigError> {
+    match env::get(env, var) {
+        Some(v) => v.parse::<u64>().map_err(|_| {
+            ConfigError::new(key, Some(var), format!("{v:?} is not a whole number (0 disables the limit)"))
+        }),
+        None => Ok(file.unwrap_or(default)),
+    }
 }
 
 #[cfg(test)]
