@@ -44,3 +44,5 @@ pub mod toolsets;
 
 #[cfg(test)]
 mod layering_tests;
+#[cfg(test)]
+mod source_tests;
