@@ -905,7 +905,7 @@ fn notification_out(request: &RequestId, method: &str, mut params: Option<Value>
 }
 
 fn message(id: Option<Value>, method: &str, params: Option<Value>) -> Value {
-    let mut out = json!({"jsonrpc": "2.0", "method": method});
+    let mut out = protocol::notification(method, None);
     if let Some(id) = id {
         out["id"] = id;
     }
