@@ -441,7 +441,9 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
     // The stream ends when its session goes: this task holds it only while forwarding one request.
     let (stream, exchange, scope) = (session.events.downgrade(), sessions.exchange.clone(), id.to_owned());
     let (withdrawn, mut withdrawals) = withdrawals_to(stream.clone());
-    tokio::spawn(async move {
+    // On the satellite's tracker, which shutdown waits for: the seat goes with the session once the drain has
+    // closed the legacy streams, and this task with it.
+    deps.tasks.spawn(async move {
         loop {
             let message = tokio::select! {
                 inbound = asks.recv() => {
