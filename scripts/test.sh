@@ -56,6 +56,13 @@ trap 'bash scripts/postgres.sh stop "$PGTEST_DIR"' EXIT
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "unused dependencies: cargo-machete (installed from crates.io when missing)"
+if ! command -v cargo-machete >/dev/null; then
+  # Built in a directory of its own, not in the project's target directory.
+  env -u CARGO_TARGET_DIR cargo install --locked --quiet cargo-machete@0.9.2
+fi
+cargo machete
+
 step "cargo clippy (warnings denied)"
 cargo clippy --locked --all-targets -- -D warnings
 

@@ -1,13 +1,11 @@
 //! Keeps ARCHITECTURE.md's code map true: it reads the map's module order and every `crate::` and `super::`
-//! path in `src/` (test code aside), and fails on a module missing from the map, on a path that reaches a
+//! path in `src/` (test code aside, wherever it sits in a file: `source_tests`), and fails on a module missing from the map, on a path that reaches a
 //! module listed below the one using it, and on a cycle between files that are not parent and child, naming
 //! the offending lines.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
-/// A module path, `["http", "mcp"]` for `crate::http::mcp`.
-type ModPath = Vec<String>;
+use crate::source_tests::{display, production, root, shown, source_files, ModPath};
 
 /// One reference from a file to a module: where it is written and what it reaches.
 struct Reference {
@@ -16,86 +14,32 @@ struct Reference {
     target: ModPath,
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// The code map's modules, in order (bottom-up: each may use only those before it).
 fn map_order() -> Vec<ModPath> {
     let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md is readable");
+    map_order_in(&text)
+}
+
+/// The modules of a "## Code map" table in `text`, in order: every backticked name of a row's first cell, so a
+/// row may list one module (`| `store` | … |`) or several, bottom-up (`| `model`, `mcp::payload` | … |`).
+fn map_order_in(text: &str) -> Vec<ModPath> {
     let section = text.split("## Code map").nth(1).expect("ARCHITECTURE.md has a \"## Code map\" section");
     section
         .lines()
         .take_while(|line| !line.starts_with("## ") && !line.starts_with("**"))
-        .filter_map(|line| line.strip_prefix("| `"))
-        .filter_map(|rest| rest.split('`').next())
+        .filter_map(|line| line.strip_prefix('|'))
+        .filter_map(|row| row.split('|').next())
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::trim).collect::<Vec<_>>())
+        .filter(|name| !name.is_empty())
         .map(|name| name.trim_end_matches(".rs").split("::").map(str::to_owned).collect())
         .collect()
 }
 
-/// Every non-test source file with its module path.
-fn source_files() -> Vec<(ModPath, PathBuf)> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).expect("src is readable").flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
-        }
-    }
-    let src = root().join("src");
-    let mut paths = Vec::new();
-    walk(&src, &mut paths);
-    let mut files: Vec<(ModPath, PathBuf)> = paths
-        .into_iter()
-        .map(|path| {
-            let rel = path.strip_prefix(&src).expect("under src").with_extension("");
-            let mut parts: ModPath = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
-            if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
-                parts.pop();
-            }
-            (parts, path)
-        })
-        .collect();
-    // Modules declared under `#[cfg(test)]` are test code.
-    let test_only: BTreeSet<ModPath> = files
-        .iter()
-        .flat_map(|(me, path)| {
-            let text = std::fs::read_to_string(path).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let me = me.clone();
-            lines
-                .windows(2)
-                .filter(|w| w[0].trim() == "#[cfg(test)]")
-                .filter_map(|w| w[1].trim().strip_prefix("mod ").and_then(|m| m.strip_suffix(';')))
-                .map(|m| me.iter().cloned().chain([m.to_owned()]).collect::<ModPath>())
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    // …and so are the unit-test files beside their module (`#[cfg(test)] #[path = "x_tests.rs"] mod tests;`).
-    files.retain(|(me, _)| {
-        let test_file = me.last().is_some_and(|name| name == "tests" || name.ends_with("_tests"));
-        !test_file && !test_only.iter().any(|t| me.starts_with(t))
-    });
-    files.sort();
-    files
-}
-
-/// The `crate::…` and `super::…` paths of a file outside comments and `#[cfg(test)]` modules.
+/// The `crate::…` and `super::…` paths of a file's production code (comments, literals and test items aside).
 fn references(me: &ModPath, text: &str) -> Vec<Reference> {
     let mut out = Vec::new();
-    let mut in_test = false;
-    for (n, raw) in text.lines().enumerate() {
-        if raw.trim() == "#[cfg(test)]" {
-            in_test = true;
-        }
-        if in_test || raw.trim_start().starts_with("//") {
-            continue;
-        }
-        let line = raw.split("//").next().unwrap_or_default();
-        let mut rest = line;
+    for line in production(text) {
+        let mut rest = line.code.as_str();
         while let Some((start, kind)) = next_anchor(rest) {
             let tail = &rest[start..];
             let (base, after): (ModPath, &str) = match kind {
@@ -111,7 +55,7 @@ fn references(me: &ModPath, text: &str) -> Vec<Reference> {
                 }
             };
             for target in paths(base, after) {
-                out.push(Reference { line: n + 1, text: raw.trim().to_owned(), target });
+                out.push(Reference { line: line.number, text: line.raw.clone(), target });
             }
             rest = &tail[1..];
         }
@@ -183,14 +127,6 @@ fn file_module(modules: &BTreeSet<ModPath>, path: &ModPath) -> Option<ModPath> {
     (1..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| modules.contains(p))
 }
 
-fn display(path: &ModPath) -> String {
-    if path.is_empty() {
-        "crate".into()
-    } else {
-        path.join("::")
-    }
-}
-
 #[test]
 fn imports_follow_the_code_map_and_files_form_no_cycle() {
     let map = map_order();
@@ -200,7 +136,7 @@ fn imports_follow_the_code_map_and_files_form_no_cycle() {
     let mut problems = Vec::new();
     let mut edges: BTreeMap<ModPath, BTreeMap<ModPath, (String, usize, String)>> = BTreeMap::new();
     for (me, path) in &files {
-        let shown = path.strip_prefix(root()).unwrap_or(path).display().to_string();
+        let shown = shown(path);
         let text = std::fs::read_to_string(path).expect("source is readable");
         let mine = map_module(&map, me);
         if !me.is_empty() && mine.is_none() && !references(me, &text).is_empty() {
@@ -290,6 +226,8 @@ fn the_checker_finds_upward_paths_and_cycles() {
     let grouped = references(&me, "use crate::{app::Satellite, model};");
     assert_eq!(grouped.iter().map(|r| display(&r.target)).collect::<Vec<_>>(), ["app::Satellite", "model"]);
     assert!(references(&me, "#[cfg(test)]\nuse crate::app;").is_empty(), "test code is not checked");
+    let after_tests = references(&me, "#[cfg(test)]\nmod tests {\n    use crate::app;\n}\nuse crate::router;\n");
+    assert_eq!(after_tests.iter().map(|r| (r.line, display(&r.target))).collect::<Vec<_>>(), [(5, "router".into())]);
     let map: Vec<ModPath> = vec![vec!["store".into()], vec!["http".into()], vec!["app".into()]];
     assert_eq!(map_module(&map, &vec!["app".into(), "Satellite".into()]), Some(2));
     let a: ModPath = vec!["http".into(), "mcp".into()];
@@ -297,4 +235,15 @@ fn the_checker_finds_upward_paths_and_cycles() {
     edges.insert(a.clone(), BTreeMap::from([(me.clone(), ("m".to_owned(), 1, "x".to_owned()))]));
     edges.insert(me.clone(), BTreeMap::from([(a.clone(), ("s".to_owned(), 2, "y".to_owned()))]));
     assert_eq!(cycles(&edges), vec![vec![a.clone(), me.clone(), a]]);
+}
+
+/// The code map's rows: one module in the first cell, or several, in order; the header and the prose around the
+/// table are not modules.
+#[test]
+fn the_code_map_reads_one_or_several_modules_per_row() {
+    let text = "# A\n## Code map (bottom-up)\n\n`layering_tests` reads this table.\n\n| module | owns |\n| --- | --- |\n\
+                | `model`, `mcp::payload`, `mcp::protocol` | vocabulary; `Payload` is data only |\n\
+                | `store` | the only SQL (`sqlx`) |\n| `main.rs` | CLI |\n\n**Why** `x` sits here\n| `not` | a module |\n";
+    let order: Vec<String> = map_order_in(text).iter().map(display).collect();
+    assert_eq!(order, ["model", "mcp::payload", "mcp::protocol", "store", "main"]);
 }

@@ -43,4 +43,8 @@ pub mod tokens;
 pub mod toolsets;
 
 #[cfg(test)]
+mod invariants_tests;
+#[cfg(test)]
 mod layering_tests;
+#[cfg(test)]
+mod source_tests;

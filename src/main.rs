@@ -364,7 +364,8 @@ fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.spawn(satellite::memory::purge_periodically(satellite::memory::PURGE_EVERY));
+    // Runs as long as the satellite serves; stopped once it has shut down, before the runtime goes.
+    let purge = runtime.spawn(satellite::memory::purge_periodically(satellite::memory::PURGE_EVERY));
     let served = runtime.block_on(async {
         let satellite = match Satellite::start(config.clone(), &env).await {
             Ok(satellite) => satellite,
@@ -379,6 +380,7 @@ fn serve(args: &ServeArgs) -> ExitCode {
         shutdown_signal().await;
         Ok(if satellite.shutdown().await { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     });
+    purge.abort();
     let code = match served {
         Ok(code) => {
             drop(runtime);

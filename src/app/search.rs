@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::config::{Config, Mode};
+use crate::mcp::protocol::{self, RequestId};
 use crate::search::{relevance_score, Scope, SearchIndex, ToolDoc};
 use crate::store::Store;
 
@@ -67,13 +68,19 @@ pub async fn remote(url: &url::Url, token: &str, query: &str, limit: usize) -> R
             Ok((session, text))
         }
     };
-    let hello = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "satellite-search", "version": env!("CARGO_PKG_VERSION")}}});
+    let hello = protocol::request(
+        RequestId::Number(1),
+        "initialize",
+        Some(json!({"protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "satellite-search", "version": env!("CARGO_PKG_VERSION")}})),
+    );
     let (session, _) = post(hello, None).await?;
-    post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}), session.clone()).await?;
-    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "discover_mcp_tools", "arguments": {"query": query, "limit": limit}}});
+    post(protocol::notification("notifications/initialized", None), session.clone()).await?;
+    let call = protocol::request(
+        RequestId::Number(2),
+        "tools/call",
+        Some(json!({"name": "discover_mcp_tools", "arguments": {"query": query, "limit": limit}})),
+    );
     let (_, text) = post(call, session).await?;
     let reply = json_rpc_reply(&text).ok_or_else(|| SearchCommandError::Answer(text.clone()))?;
     if let Some(error) = reply.get("error") {

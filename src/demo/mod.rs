@@ -376,7 +376,7 @@ impl DemoServer {
                 let announce = args.get("announce").and_then(Value::as_u64).unwrap_or(1).min(100);
                 let notify = self.live.notify.lock().clone();
                 if let Some(notify) = notify {
-                    let note = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}).to_string();
+                    let note = protocol::notification_line("notifications/tools/list_changed", None);
                     for _ in 0..announce {
                         let _ = notify.send(note.clone()).await;
                     }

@@ -36,7 +36,10 @@ pub async fn serve(server: DemoServer) -> std::io::Result<()> {
     *server.live.notify.lock() = Some(out_tx.clone());
     let session = Arc::new(Mutex::new(Session::default()));
     let mut outcome = Ok(());
+    // The requests being handled; each holds a sender, so the writer waits for them too.
+    let mut handling = tokio::task::JoinSet::new();
     while let Some(line) = in_rx.recv().await {
+        while handling.try_join_next().is_some() {}
         let line = match line {
             Ok(line) => line,
             Err(err) => {
@@ -77,9 +80,10 @@ pub async fn serve(server: DemoServer) -> std::io::Result<()> {
         if is_initialize {
             handle.await;
         } else {
-            tokio::spawn(handle);
+            handling.spawn(handle);
         }
     }
+    while handling.join_next().await.is_some() {}
     drop(out_tx);
     server.live.notify.lock().take();
     // The writer ends once every sender is gone: after the replies still being worked on are written.

@@ -224,6 +224,10 @@ enum Taken {
     Park(Asked),
 }
 
+/// Notes of withdrawn requests one stream may have waiting: there is one per server request it carried, so a
+/// stream past this many is not being read (the note then goes the way it goes when the stream is gone).
+pub const WITHDRAWALS: usize = 1024;
+
 /// Where a client stream hears that a server request it carried no longer waits for an answer (the server
 /// withdrew it, or the asker gave up: the call ended, or the client was too slow): the `notifications/cancelled`
 /// the satellite sends the client under the id the client knows, so that it stops asking its user. Cheap to clone.
@@ -236,10 +240,11 @@ impl Withdrawn {
         Self(Arc::new(tell))
     }
 
-    /// One that puts the notification on a channel whose receiving end the stream reads.
-    pub fn channel() -> (Self, mpsc::UnboundedReceiver<Value>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Self::new(move |note| tx.send(note).map_err(|gone| gone.0)), rx)
+    /// One that puts the notification on a channel whose receiving end the stream reads. A stream that has
+    /// fallen [`WITHDRAWALS`] notes behind gets the next one handed back, as a stream that is gone does.
+    pub fn channel() -> (Self, mpsc::Receiver<Value>) {
+        let (tx, rx) = mpsc::channel(WITHDRAWALS);
+        (Self::new(move |note| tx.try_send(note).map_err(mpsc::error::TrySendError::into_inner)), rx)
     }
 
     fn tell(&self, note: Value) -> Result<(), Value> {
@@ -736,7 +741,7 @@ struct Streaming<Fin> {
     /// Told when a server request this stream carried no longer waits for the client's answer...
     withdrawn: Withdrawn,
     /// ...which the stream hears here and passes on.
-    withdrawals: mpsc::UnboundedReceiver<Value>,
+    withdrawals: mpsc::Receiver<Value>,
     /// The server requests this stream carried; those unanswered when the call ends are withdrawn then.
     asked: Vec<AskedOf>,
 }
@@ -905,7 +910,7 @@ fn notification_out(request: &RequestId, method: &str, mut params: Option<Value>
 }
 
 fn message(id: Option<Value>, method: &str, params: Option<Value>) -> Value {
-    let mut out = json!({"jsonrpc": "2.0", "method": method});
+    let mut out = protocol::notification(method, None);
     if let Some(id) = id {
         out["id"] = id;
     }

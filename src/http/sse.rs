@@ -441,7 +441,9 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
     // The stream ends when its session goes: this task holds it only while forwarding one request.
     let (stream, exchange, scope) = (session.events.downgrade(), sessions.exchange.clone(), id.to_owned());
     let (withdrawn, mut withdrawals) = withdrawals_to(stream.clone());
-    tokio::spawn(async move {
+    // On the satellite's tracker, which shutdown waits for: the seat goes with the session once the drain has
+    // closed the legacy streams, and this task with it.
+    deps.tasks.spawn(async move {
         loop {
             let message = tokio::select! {
                 inbound = asks.recv() => {
@@ -467,10 +469,15 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
 /// Word that a server request no longer waits for its answer, for a legacy stream: through the channel returned,
 /// which whoever puts the requests on the stream reads between them (so the word never overtakes its request);
 /// once that reader is gone, onto the stream directly, if it has room.
-fn withdrawals_to(events: mpsc::WeakSender<warp::sse::Event>) -> (Withdrawn, mpsc::UnboundedReceiver<Value>) {
-    let (tx, rx) = mpsc::unbounded_channel::<Value>();
+fn withdrawals_to(events: mpsc::WeakSender<warp::sse::Event>) -> (Withdrawn, mpsc::Receiver<Value>) {
+    let (tx, rx) = mpsc::channel::<Value>(super::exchange::WITHDRAWALS);
     let withdrawn = Withdrawn::new(move |note| {
-        let Err(mpsc::error::SendError(note)) = tx.send(note) else { return Ok(()) };
+        let note = match tx.try_send(note) {
+            Ok(()) => return Ok(()),
+            // A reader that far behind is not reading: the word is handed back, not put before its request.
+            Err(mpsc::error::TrySendError::Full(note)) => return Err(note),
+            Err(mpsc::error::TrySendError::Closed(note)) => note,
+        };
         match events.upgrade() {
             Some(events) => {
                 let event = warp::sse::Event::default().event("message").data(note.to_string());

@@ -348,7 +348,7 @@ impl Instance {
             }
             *missed_at = Some(std::time::Instant::now());
         }
-        self.announce(Arc::new(serde_json::json!({"jsonrpc": "2.0", "method": MISSED_ANNOUNCEMENTS})));
+        self.announce(Arc::new(crate::mcp::protocol::notification(MISSED_ANNOUNCEMENTS, None)));
     }
 
     pub fn spec(&self) -> &InstanceSpec {

@@ -178,10 +178,10 @@ impl ViewChange {
     pub fn notifications(&self) -> Vec<Value> {
         let mut out = Vec::new();
         if self.resources {
-            out.push(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/resources/list_changed"}));
+            out.push(crate::mcp::protocol::notification("notifications/resources/list_changed", None));
         }
         if self.prompts {
-            out.push(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/prompts/list_changed"}));
+            out.push(crate::mcp::protocol::notification("notifications/prompts/list_changed", None));
         }
         out
     }

@@ -181,7 +181,7 @@ impl Message {
         let Value::Object(mut obj) = value else {
             return Err(MessageError::NotAnObject);
         };
-        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        if !is_version_2(&obj) {
             return Err(MessageError::BadVersion);
         }
         // A present `id` must be a string or an integer: `null` is not one (MCP: "the ID MUST NOT be null"), and a
@@ -220,6 +220,11 @@ impl Message {
             Message::Response { id, outcome: Err(error) } => error_response(Some(id), error),
         }
     }
+}
+
+/// Whether a message's members say `"jsonrpc": "2.0"`.
+pub fn is_version_2(message: &Map<String, Value>) -> bool {
+    message.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
 }
 
 pub fn request(id: RequestId, method: &str, params: Option<Value>) -> Value {

@@ -236,7 +236,7 @@ fn fixed_listing(
     message: Value,
 ) -> Result<Result<Response, McpError>, Value> {
     let listing = message.get("method").and_then(Value::as_str) == Some("tools/list")
-        && message.get("jsonrpc").and_then(Value::as_str) == Some("2.0");
+        && message.as_object().is_some_and(protocol::is_version_2);
     let id = match message.get("id") {
         Some(Value::Number(n)) if listing => {
             n.as_i64().map(protocol::RequestId::Number).or_else(|| n.as_u64().map(protocol::RequestId::Wide))

@@ -147,7 +147,8 @@ pub(super) async fn stateless_relayed(
         // Ends with the request, however it ends (`LongLived` cancels `ends` when its last copy goes); the place
         // goes with it.
         let ends = long_lived.ends();
-        tokio::spawn(async move {
+        // On the satellite's tracker, which shutdown waits for; the drain ends a listen first.
+        deps.tasks.spawn(async move {
             let _place = place;
             tokio::select! {
                 _ = watch => ends.cancel(),

@@ -93,7 +93,7 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
         let message = sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound, &withdrawn);
         std::future::ready(message.map(|(message, _)| message))
     });
-    let withdrawals = tokio_stream::wrappers::UnboundedReceiverStream::new(withdrawals);
+    let withdrawals = tokio_stream::wrappers::ReceiverStream::new(withdrawals);
     let notes = futures::stream::select(notes, futures::stream::select(asks, withdrawals));
     // The stream ends with the session (or the satellite); until then pings keep it open. A client that drops it
     // ends it too (the guard goes with the stream): the session is then no longer streaming, so it can expire

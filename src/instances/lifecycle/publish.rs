@@ -144,7 +144,7 @@ impl Inner {
             [(tools, "notifications/tools/list_changed"), (resources, "notifications/resources/list_changed")]
         {
             if changed {
-                instance.announce(Arc::new(serde_json::json!({"jsonrpc": "2.0", "method": method})));
+                instance.announce(Arc::new(crate::mcp::protocol::notification(method, None)));
             }
         }
         self.view_changed(instance.spec(), resources, false);

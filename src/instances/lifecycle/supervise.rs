@@ -618,7 +618,8 @@ impl Inner {
         // while it was down were lost all the same.
         if matches!(client.era(), Era::Stateless { .. }) {
             for uri in instance.subscriptions() {
-                let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": uri}});
+                let note = serde_json::json!({"uri": uri});
+                let note = crate::mcp::protocol::notification("notifications/resources/updated", Some(note));
                 instance.announce(Arc::new(note));
             }
             return;
@@ -653,11 +654,10 @@ impl Inner {
             for uri in uris {
                 let params = serde_json::json!({ "uri": uri });
                 match client.request("resources/subscribe", Some(params), timeout).await {
-                    Ok(_) => instance.announce(Arc::new(serde_json::json!({
-                        "jsonrpc": "2.0",
-                        "method": "notifications/resources/updated",
-                        "params": { "uri": uri },
-                    }))),
+                    Ok(_) => instance.announce(Arc::new(crate::mcp::protocol::notification(
+                        "notifications/resources/updated",
+                        Some(serde_json::json!({ "uri": uri })),
+                    ))),
                     Err(UpstreamError::Rpc(err)) => {
                         let error = crate::secrets::hide(&err.message, instance.secret_values());
                         warn!(uri = %uri, error = %error, "the restarted server refused a subscription again; dropped");
