@@ -159,7 +159,9 @@ fn group(before: &str) -> bool {
 /// `x = Some(…)`) or a field (`task: …`) is kept to be awaited or aborted; `let _ =` keeps nothing. `previous`: the
 /// code of the line before, for a spawn whose binding is written there. `runtimes`: whether the file holds a tokio
 /// runtime or handle, whose `spawn` its `runtime` or `handle` then is (elsewhere those names are other types').
-fn bare_spawns(code: &str, previous: &str, runtimes: bool) -> usize {
+/// `ahead`: this line's code and the next lines', for a spawn that is its block's value (`fn f() -> JoinHandle<()>
+/// { tokio::spawn(…) }`), whose handle goes to the caller.
+fn bare_spawns(code: &str, previous: &str, ahead: &str, runtimes: bool) -> usize {
     const SPAWNS: &[&str] = &["tokio::spawn(", "tokio::task::spawn(", "task::spawn(", "Handle::current().spawn("];
     const RUNTIME_SPAWNS: &[&str] = &["runtime.spawn(", "handle.spawn("];
     let mut found = 0;
@@ -178,11 +180,29 @@ fn bare_spawns(code: &str, previous: &str, runtimes: bool) -> usize {
         let before = before.strip_suffix("Some(").map_or(before, str::trim_end);
         let bound = (before.ends_with('=') && !before.ends_with("==") && !before.ends_with("_ ="))
             || (before.ends_with(':') && !before.ends_with("::"));
-        if !bound {
+        if !bound && !block_value(&ahead[at + "spawn".len()..]) {
             found += 1;
         }
     }
     found
+}
+
+/// Whether the call whose arguments open `call` (at its `(`) ends its block without a `;`: the block's value.
+fn block_value(call: &str) -> bool {
+    let mut depth = 0usize;
+    for (i, ch) in call.char_indices() {
+        match ch {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return call[i + 1..].trim_start().starts_with('}');
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Whether `line` makes or names an unbounded channel.
@@ -219,7 +239,8 @@ fn offences(me: &ModPath, file: &str, lines: &[Line]) -> Vec<Offence> {
             }
         }
         let previous = n.checked_sub(1).map_or("", |p| lines[p].code.as_str());
-        for _ in 0..bare_spawns(code, previous, runtimes) {
+        let ahead: Vec<&str> = lines[n..lines.len().min(n + 40)].iter().map(|l| l.code.as_str()).collect();
+        for _ in 0..bare_spawns(code, previous, &ahead.join("\n"), runtimes) {
             offend(Rule::Spawn, line);
         }
         if unbounded(code) {
@@ -295,7 +316,8 @@ fn the_checks_tell_offences_from_lookalikes() {
     assert_eq!(check("app", "use tantivy::Index;\nindex.tokenizers().get(\"x\");\n"), [(Rule::Search, 1)]);
     let spawns = "tokio::spawn(a);\nlet h = tokio::spawn(b);\nx = Some(tokio::spawn(c));\nlet _ = tokio::spawn(d);\n\
                   runtime.spawn(e);\ntracker.spawn(f);\nset.spawn(g);\nlet t =\n    tokio::task::spawn(h);\n\
-                  S { task: tokio::spawn(i) };\nfoo(tokio::spawn(j));\nStdioTransport::spawn(k);\n";
+                  S { task: tokio::spawn(i) };\nfoo(tokio::spawn(j));\nStdioTransport::spawn(k);\n\
+                  fn l() -> JoinHandle<()> {\n    tokio::spawn(\n        l(),\n    )\n}\n";
     assert_eq!(
         check("app", &format!("let runtime = tokio::runtime::Handle::current();\n{spawns}")),
         [(Rule::Spawn, 2), (Rule::Spawn, 5), (Rule::Spawn, 6), (Rule::Spawn, 12)],
