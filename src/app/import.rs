@@ -181,46 +181,17 @@ fn server_of(
     entry: &serde_json::Map<String, Value>,
     warnings: &mut Vec<String>,
 ) -> Option<Server> {
-    let strings = |key: &str| -> Vec<String> {
-        entry.get(key).and_then(Value::as_array).map_or_else(Vec::new, |items| {
-            items.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)).collect()
-        })
-    };
-    let map = |key: &str| -> BTreeMap<String, String> {
-        entry.get(key).and_then(Value::as_object).map_or_else(BTreeMap::new, |items| {
-            items.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned))).collect()
-        })
-    };
     for ignored in ["cwd", "envFile"] {
         if entry.contains_key(ignored) {
             warnings.push(format!("{name}: `{ignored}` is not supported by the satellite and was left out"));
         }
     }
-    let kind = entry.get("type").or_else(|| entry.get("transport")).and_then(Value::as_str).unwrap_or("");
-    let url = entry.get("url").or_else(|| entry.get("serverUrl")).and_then(Value::as_str);
-    let command = entry.get("command").and_then(Value::as_str);
     let mut server = Server { slug: slug.to_owned(), name: name.to_owned(), ..Server::default() };
-    match (kind.to_ascii_lowercase().as_str(), url, command) {
-        ("sse", Some(url), _) => {
-            server.transport = "sse";
-            server.url = Some(url.to_owned());
-        }
-        ("stdio", _, Some(command)) | ("", None, Some(command)) => {
-            server.transport = "stdio";
-            server.command = Some(command.to_owned());
-            server.args = strings("args");
-            server.env = map("env");
-        }
-        (_, Some(url), _) => {
-            server.transport = "http";
-            server.url = Some(url.to_owned());
-        }
-        _ => {
-            warnings.push(format!("{name}: neither a command nor a url, skipped"));
-            return None;
-        }
+    if !set_transport(&mut server, entry) {
+        warnings.push(format!("{name}: neither a command nor a url, skipped"));
+        return None;
     }
-    server.headers = map("headers");
+    server.headers = string_map(entry, "headers");
     let placeholders =
         server.env.values().chain(server.headers.values()).chain(server.args.iter()).any(|v| v.contains("${"));
     if placeholders {
@@ -231,6 +202,46 @@ fn server_of(
     server.secret_env = server.env.keys().filter(|k| is_secret(k)).cloned().collect();
     server.secret_headers = server.headers.keys().filter(|k| is_secret(k)).cloned().collect();
     Some(server)
+}
+
+/// The transport of a client's entry and what it reaches (a url, or a command with its args and env) set on
+/// `server`; `false` for an entry with neither a command nor a url.
+fn set_transport(server: &mut Server, entry: &serde_json::Map<String, Value>) -> bool {
+    let kind = entry.get("type").or_else(|| entry.get("transport")).and_then(Value::as_str).unwrap_or("");
+    let url = entry.get("url").or_else(|| entry.get("serverUrl")).and_then(Value::as_str);
+    let command = entry.get("command").and_then(Value::as_str);
+    match (kind.to_ascii_lowercase().as_str(), url, command) {
+        ("sse", Some(url), _) => {
+            server.transport = "sse";
+            server.url = Some(url.to_owned());
+        }
+        ("stdio", _, Some(command)) | ("", None, Some(command)) => {
+            server.transport = "stdio";
+            server.command = Some(command.to_owned());
+            server.args = strings(entry, "args");
+            server.env = string_map(entry, "env");
+        }
+        (_, Some(url), _) => {
+            server.transport = "http";
+            server.url = Some(url.to_owned());
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// The entry's array `key` as strings (other values as JSON text); empty when it has none.
+fn strings(entry: &serde_json::Map<String, Value>, key: &str) -> Vec<String> {
+    entry.get(key).and_then(Value::as_array).map_or_else(Vec::new, |items| {
+        items.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)).collect()
+    })
+}
+
+/// The entry's object `key` as a map of strings (other values as JSON text); empty when it has none.
+fn string_map(entry: &serde_json::Map<String, Value>, key: &str) -> BTreeMap<String, String> {
+    entry.get(key).and_then(Value::as_object).map_or_else(BTreeMap::new, |items| {
+        items.iter().map(|(k, v)| (k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned))).collect()
+    })
 }
 
 fn is_secret(name: &str) -> bool {

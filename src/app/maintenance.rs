@@ -54,8 +54,39 @@ pub(super) struct Maintenance<'a> {
 /// Register every upkeep job on `jobs`.
 pub(super) fn schedule(m: Maintenance<'_>) {
     let Maintenance { jobs, config, manager, store, events: emitter, activity, sessions, sse_sessions } = m;
-    let (activity_events, tracked) = (emitter.clone(), activity);
-    jobs.every("client-activity", config.activity_interval, FirstRun::Immediately, move || {
+    client_activity(jobs, config.activity_interval, emitter.clone(), activity);
+    token_encoder_release(jobs);
+    // A session on an instance's own endpoint subscribed to its resources keeps that instance awake.
+    let subscribers = sessions[1].clone();
+    session_expiry(jobs, sessions, sse_sessions);
+    // Room made on demand for a start over the process cap spares the same instances the idle sweep spares.
+    let awake = subscribers.clone();
+    manager.keep_awake(Arc::new(move |instance: &crate::instances::Instance| {
+        awake.has_subscriptions(&session::instance_owner(&instance.spec().process_id))
+    }));
+    if config.upstream.lifecycle.idle_timeout.is_some() {
+        idle_process_cleanup(jobs, config.upstream.lifecycle.idle_check_interval, manager, subscribers);
+    }
+    periodic_rediscovery(jobs, manager);
+    unwritten_events(jobs, emitter);
+    removed_cleanup(jobs, manager);
+    // The local event history of a standalone satellite has no one to ship it to: it is kept by age and count.
+    // In managed mode the outbox is the queue to the backend, bounded by the uploader's quota, never pruned here.
+    let standalone = !matches!(config.mode, crate::config::Mode::Managed(_));
+    // The disk reserve (SQLite): given back when the data volume fills, made again when it has room.
+    if store.reserve().is_some() {
+        disk_reserve(jobs, store);
+    }
+    if standalone {
+        event_history_cap(jobs, store, config.event_retention_max);
+        event_history_size(jobs, store, config.event_retention_max_bytes);
+    }
+    event_retention(jobs, store, standalone.then_some(config.event_retention), config.analytics_retention);
+}
+
+/// Client activity events, from what `tracked` gathered since the last round.
+fn client_activity(jobs: &Jobs, period: Duration, activity_events: Emitter, tracked: Arc<ActivityTracker>) {
+    jobs.every("client-activity", period, FirstRun::Immediately, move || {
         let (records, emitter) = (tracked.take(), activity_events.clone());
         async move {
             for record in &records {
@@ -64,12 +95,17 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             Ok::<(), std::convert::Infallible>(())
         }
     });
-    // The token encoder is most of an idle satellite's memory: let it go when no tools were counted lately.
+}
+
+/// The token encoder is most of an idle satellite's memory: let it go when no tools were counted lately.
+fn token_encoder_release(jobs: &Jobs) {
     jobs.every("token-encoder-release", ENCODER_CHECK_PERIOD, FirstRun::AfterOnePeriod, || async {
         tokio::task::spawn_blocking(|| crate::tokens::release_idle(ENCODER_IDLE)).await.map(|_| ())
     });
-    // A session on an instance's own endpoint subscribed to its resources keeps that instance awake.
-    let subscribers = sessions[1].clone();
+}
+
+/// Idle `/mcp`, instance-router and SSE sessions forgotten.
+fn session_expiry(jobs: &Jobs, sessions: [Arc<SessionTable>; 2], sse_sessions: Arc<SseSessions>) {
     jobs.every("session-expiry", SESSION_SWEEP_PERIOD, FirstRun::AfterOnePeriod, move || {
         let swept: usize = sessions.iter().map(|t| t.sweep(SESSION_IDLE)).sum::<usize>() + sse_sessions.sweep(SSE_IDLE);
         if swept > 0 {
@@ -77,29 +113,28 @@ pub(super) fn schedule(m: Maintenance<'_>) {
         }
         std::future::ready(Ok::<(), std::convert::Infallible>(()))
     });
-    // Room made on demand for a start over the process cap spares the same instances the idle sweep spares.
-    let awake = subscribers.clone();
-    manager.keep_awake(Arc::new(move |instance: &crate::instances::Instance| {
-        awake.has_subscriptions(&session::instance_owner(&instance.spec().process_id))
-    }));
-    let lifecycle = &config.upstream.lifecycle;
-    if lifecycle.idle_timeout.is_some() {
-        let idle_manager = manager.clone();
-        jobs.every("idle-process-cleanup", lifecycle.idle_check_interval, FirstRun::Immediately, move || {
-            let (manager, subscribers) = (idle_manager.clone(), subscribers.clone());
-            async move {
-                let subscribed = |instance: &crate::instances::Instance| {
-                    subscribers.has_subscriptions(&session::instance_owner(&instance.spec().process_id))
-                };
-                let slept = manager.sweep_idle(subscribed).await;
-                if slept > 0 {
-                    info!(slept, "idle instances made dormant");
-                }
-                Ok::<(), std::convert::Infallible>(())
+}
+
+/// Idle instances made dormant, but for those a session is subscribed to (`subscribers`).
+fn idle_process_cleanup(jobs: &Jobs, period: Duration, manager: &InstanceManager, subscribers: Arc<SessionTable>) {
+    let idle_manager = manager.clone();
+    jobs.every("idle-process-cleanup", period, FirstRun::Immediately, move || {
+        let (manager, subscribers) = (idle_manager.clone(), subscribers.clone());
+        async move {
+            let subscribed = |instance: &crate::instances::Instance| {
+                subscribers.has_subscriptions(&session::instance_owner(&instance.spec().process_id))
+            };
+            let slept = manager.sweep_idle(subscribed).await;
+            if slept > 0 {
+                info!(slept, "idle instances made dormant");
             }
-        });
-    }
-    // Servers that change their tools without announcing it, rediscovered as often as their config asks.
+            Ok::<(), std::convert::Infallible>(())
+        }
+    });
+}
+
+/// Servers that change their tools without announcing it, rediscovered as often as their config asks.
+fn periodic_rediscovery(jobs: &Jobs, manager: &InstanceManager) {
     let stale_manager = manager.clone();
     jobs.every("periodic-rediscovery", REDISCOVERY_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
         let manager = stale_manager.clone();
@@ -111,7 +146,10 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             Ok::<(), std::convert::Infallible>(())
         }
     });
-    // Events the outbox refused (a full disk, a lock held too long), written once it takes them again.
+}
+
+/// Events the outbox refused (a full disk, a lock held too long), written once it takes them again.
+fn unwritten_events(jobs: &Jobs, emitter: &Emitter) {
     let unwritten = emitter.clone();
     jobs.every("unwritten-events", UNWRITTEN_RETRY_PERIOD, FirstRun::AfterOnePeriod, move || {
         let emitter = unwritten.clone();
@@ -123,8 +161,11 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             Ok::<(), std::convert::Infallible>(())
         }
     });
-    // What removed instances and installations left (stored catalogs, drift holds), deleted once they stayed
-    // away for `REMOVAL_GRACE`.
+}
+
+/// What removed instances and installations left (stored catalogs, drift holds), deleted once they stayed
+/// away for `REMOVAL_GRACE`.
+fn removed_cleanup(jobs: &Jobs, manager: &InstanceManager) {
     let removal_manager = manager.clone();
     jobs.every("removed-cleanup", REMOVAL_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
         let manager = removal_manager.clone();
@@ -136,64 +177,71 @@ pub(super) fn schedule(m: Maintenance<'_>) {
             Ok::<(), std::convert::Infallible>(())
         }
     });
-    // The local event history of a standalone satellite has no one to ship it to: it is kept by age and count.
-    // In managed mode the outbox is the queue to the backend, bounded by the uploader's quota, never pruned here.
-    let standalone = !matches!(config.mode, crate::config::Mode::Managed(_));
-    let (events_kept, events_max) = (config.event_retention, config.event_retention_max);
-    let events_max_bytes = config.event_retention_max_bytes;
-    // The disk reserve (SQLite): given back when the data volume fills, made again when it has room.
-    if store.reserve().is_some() {
-        let reserve_store = store.clone();
-        jobs.every("disk-reserve", DISK_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
-            let store = reserve_store.clone();
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    if let Some(reserve) = store.reserve() {
-                        reserve.check();
-                    }
-                })
-                .await
-            }
-        });
-    }
-    let (retention_store, analytics_kept) = (store.clone(), config.analytics_retention);
-    if standalone {
-        let cap_store = store.clone();
-        jobs.every("event-history-cap", EVENT_CAP_PERIOD, FirstRun::Immediately, move || {
-            let store = cap_store.clone();
-            async move {
-                let free = store.disk_usage().await?.free;
-                let pruned = store.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
-                if pruned > 0 {
-                    debug!(pruned, kept_max = events_max, "the standalone history held to its count");
+}
+
+/// The disk reserve checked against the data volume's free space.
+fn disk_reserve(jobs: &Jobs, store: &Store) {
+    let reserve_store = store.clone();
+    jobs.every("disk-reserve", DISK_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
+        let store = reserve_store.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                if let Some(reserve) = store.reserve() {
+                    reserve.check();
                 }
-                release_free_pages(&store, free).await
+            })
+            .await
+        }
+    });
+}
+
+/// The standalone event history held to its count, `events_max`.
+fn event_history_cap(jobs: &Jobs, store: &Store, events_max: u64) {
+    let cap_store = store.clone();
+    jobs.every("event-history-cap", EVENT_CAP_PERIOD, FirstRun::Immediately, move || {
+        let store = cap_store.clone();
+        async move {
+            let free = store.disk_usage().await?.free;
+            let pruned = store.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
+            if pruned > 0 {
+                debug!(pruned, kept_max = events_max, "the standalone history held to its count");
             }
-        });
-        // A request log carries a call's arguments and answer: a few big answers outweigh thousands of small
-        // events, so the count alone bounds no disk. Measuring the outbox walks its pages: every 30 s, not 10.
-        let size_store = store.clone();
-        jobs.every("event-history-size", EVENT_SIZE_PERIOD, FirstRun::Immediately, move || {
-            let store = size_store.clone();
-            async move {
-                let free = store.disk_usage().await?.free;
-                let pruned = store.prune_events_to_bytes(events_max_bytes).await?.events;
-                if pruned > 0 {
-                    info!(
-                        pruned,
-                        max_mib = events_max_bytes / (1024 * 1024),
-                        "the standalone history held to its size: oldest events pruned"
-                    );
-                }
-                release_free_pages(&store, free).await
+            release_free_pages(&store, free).await
+        }
+    });
+}
+
+/// The standalone event history held to its bytes on disk, `events_max_bytes`. A request log carries a call's
+/// arguments and answer: a few big answers outweigh thousands of small events, so the count alone bounds no disk.
+/// Measuring the outbox walks its pages: every 30 s, not 10.
+fn event_history_size(jobs: &Jobs, store: &Store, events_max_bytes: u64) {
+    let size_store = store.clone();
+    jobs.every("event-history-size", EVENT_SIZE_PERIOD, FirstRun::Immediately, move || {
+        let store = size_store.clone();
+        async move {
+            let free = store.disk_usage().await?.free;
+            let pruned = store.prune_events_to_bytes(events_max_bytes).await?.events;
+            if pruned > 0 {
+                info!(
+                    pruned,
+                    max_mib = events_max_bytes / (1024 * 1024),
+                    "the standalone history held to its size: oldest events pruned"
+                );
             }
-        });
-    }
+            release_free_pages(&store, free).await
+        }
+    });
+}
+
+/// Event history older than `events_kept` (standalone only: `None` in managed mode) and analytics rows older
+/// than `analytics_kept` pruned.
+fn event_retention(jobs: &Jobs, store: &Store, events_kept: Option<Duration>, analytics_kept: Duration) {
+    let retention_store = store.clone();
     jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
         let store = retention_store.clone();
         async move {
             let free = store.disk_usage().await?.free;
-            if standalone {
+            if let Some(events_kept) = events_kept {
                 let pruned = match before(events_kept) {
                     Some(cutoff) => store.prune_events_before(&cutoff).await?,
                     None => 0,

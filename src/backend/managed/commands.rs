@@ -95,131 +95,10 @@ pub(super) async fn post_result(deps: &ManagedDeps, result: &CommandResult) {
 pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult {
     let id = command.id.clone();
     match command.kind {
-        CommandKind::Configure(payload) => match payload.intent() {
-            ConfigureIntent::Recovery => {
-                let Some(installation) = payload.common.installation_id.clone() else {
-                    return CommandResult::failed(id, "installation_id is required for mcp_recovery", None);
-                };
-                recover(deps, id, InstallationId::from(installation.as_str())).await
-            }
-            ConfigureIntent::UpdateToolStatus => {
-                let (Some(installation), Some(tool), Some(disabled)) =
-                    (payload.common.installation_id.clone(), payload.tool_name.clone(), payload.is_disabled)
-                else {
-                    return CommandResult::failed(
-                        id,
-                        "Missing required fields: installation_id, tool_name, or is_disabled",
-                        None,
-                    );
-                };
-                let n =
-                    deps.manager.set_tool_status(&InstallationId::from(installation.as_str()), &tool, disabled).await;
-                let state = if disabled { "disabled" } else { "enabled" };
-                CommandResult::completed(
-                    id,
-                    json!({"tool_name": tool, "is_disabled": disabled,
-                           "message": format!("Tool {tool} {state} for {n} instances of installation {installation}")}),
-                )
-            }
-            // BP §6.1.3: the config first (the commit may have moved), then every instance deploys afresh.
-            ConfigureIntent::Redeploy => {
-                let Some(installation) = payload.common.installation_id.clone() else {
-                    return CommandResult::failed(id, "installation_id is required for mcp_redeploy", None);
-                };
-                if let Err(err) = Managed::refresh_config(deps).await {
-                    return CommandResult::failed(id, err.to_string(), None);
-                }
-                let began = Instant::now();
-                match deps.manager.redeploy(&InstallationId::from(installation.as_str())).await {
-                    Ok(n) => {
-                        let instances =
-                            deps.manager.of_installation(&InstallationId::from(installation.as_str()), None);
-                        let failed: Vec<Value> = instances
-                            .iter()
-                            .flatten()
-                            .filter(|i| i.state() != InstanceStatus::Online)
-                            .map(|i| {
-                                json!({"instance": i.spec().process_id.0, "status": i.state().as_str(),
-                                            "message": i.status().message})
-                            })
-                            .collect();
-                        let result = json!({"installation_id": installation, "instances": n,
-                                            "redeploy_time_ms": began.elapsed().as_millis() as u64, "failed": failed});
-                        if failed.is_empty() {
-                            CommandResult::completed(id, result)
-                        } else {
-                            CommandResult::failed(id, "redeploy failed for some instances", Some(result))
-                        }
-                    }
-                    Err(err) => CommandResult::failed(id, err.to_string(), None),
-                }
-            }
-            ConfigureIntent::RefreshTools => {
-                let installation = payload.common.installation_id.as_deref().map(InstallationId::from);
-                let user = payload.common.user_id.as_deref().map(UserId::from);
-                let instances: Vec<_> = deps
-                    .manager
-                    .instances()
-                    .into_iter()
-                    .filter(|i| installation.as_ref().is_none_or(|id| &i.spec().installation_id == id))
-                    .filter(|i| user.as_ref().is_none_or(|id| &i.spec().user_id == id))
-                    .collect();
-                if instances.is_empty() && installation.is_some() {
-                    return CommandResult::completed(
-                        id,
-                        json!({"message": "Server not found on this satellite", "installation_id": payload.common.installation_id}),
-                    );
-                }
-                CommandResult::completed(id, deps.manager.refresh_tools(instances).await.to_json())
-            }
-            // Anything else: a full refresh.
-            _ => match Managed::refresh_config(deps).await {
-                Ok(result) => CommandResult::completed(id, result),
-                Err(err) => CommandResult::failed(id, err.to_string(), None),
-            },
-        },
-        CommandKind::Restart(payload) => {
-            let (installation, user, named) = match named_installation(deps, &payload.common, "restart") {
-                Ok(target) => target,
-                Err(reason) => return CommandResult::failed(id, reason, None),
-            };
-            match deps.manager.restart_installation(&installation, user.as_ref()).await {
-                Ok(n) => CommandResult::completed(
-                    id,
-                    json!({"process_id": installation.0, "server_name": named, "server_url": "", "restart_time_ms": 0, "instances": n}),
-                ),
-                Err(err) => CommandResult::failed(id, err.to_string(), None),
-            }
-        }
-        CommandKind::Kill(payload) => {
-            let (installation, user, named) = match named_installation(deps, &payload.common, "kill") {
-                Ok(target) => target,
-                Err(reason) => return CommandResult::failed(id, reason, None),
-            };
-            match deps.manager.stop_installation(&installation, user.as_ref()).await {
-                Ok(n) => CommandResult::completed(
-                    id,
-                    json!({"process_id": installation.0, "server_name": named, "shutdown_time_ms": 0, "instances": n}),
-                ),
-                Err(err) => CommandResult::failed(id, err.to_string(), None),
-            }
-        }
-        CommandKind::Spawn(payload) => {
-            // Instances are config-driven: a spawn is answered from the current config after a refresh.
-            if let Err(err) = Managed::refresh_config(deps).await {
-                return CommandResult::failed(id, err.to_string(), None);
-            }
-            let installation = payload.common.installation_id.unwrap_or_default();
-            let running = deps
-                .manager
-                .of_installation(&InstallationId::from(installation.as_str()), None)
-                .map(|list| list.iter().filter_map(|i| i.pid()).collect::<Vec<_>>())
-                .unwrap_or_default();
-            CommandResult::completed(
-                id,
-                json!({"process_id": installation, "server_type": "stdio", "pids": running, "startup_time_ms": 0}),
-            )
-        }
+        CommandKind::Configure(payload) => configure(deps, id, payload).await,
+        CommandKind::Restart(payload) => restart(deps, id, &payload.common).await,
+        CommandKind::Kill(payload) => kill(deps, id, &payload.common).await,
+        CommandKind::Spawn(payload) => spawn(deps, id, payload.common.installation_id).await,
         CommandKind::HealthCheck(payload) if payload.check_type == Some(wire::CheckType::CredentialValidation) => {
             let Some(installation) = payload.common.installation_id.clone() else {
                 return CommandResult::failed(id, "installation_id is required for credential validation", None);
@@ -229,50 +108,203 @@ pub async fn run_command(deps: &ManagedDeps, command: Command) -> CommandResult 
                 json!({"credential_validation": validate_credentials(deps, &installation).await}),
             )
         }
-        CommandKind::HealthCheck(payload) => {
-            let installation = payload.common.installation_id.clone();
-            let targets: Vec<_> = deps
-                .manager
-                .instances()
-                .into_iter()
-                .filter(|i| installation.as_deref().is_none_or(|id| i.spec().installation_id.0 == id))
-                .filter(|i| !matches!(i.spec().upstream, Upstream::Stdio { .. }))
-                .collect();
-            let mut results = Vec::new();
-            for instance in &targets {
-                let began = Instant::now();
-                let answer = deps.manager.call(instance, "tools/list", Some(json!({})), Duration::from_secs(15)).await;
-                results.push(json!({
-                    "server_name": instance.spec().process_id.0,
-                    "status": instance.state().as_str(),
-                    "health_status": if answer.is_ok() { "healthy" } else { "unhealthy" },
-                    "response_time_ms": began.elapsed().as_millis() as u64,
-                }));
-            }
-            let healthy = results.iter().filter(|r| r["health_status"] == "healthy").count();
-            CommandResult::completed(
-                id,
-                json!({"health_check_results": results, "total_servers": targets.len(), "healthy_servers": healthy}),
-            )
-        }
-        CommandKind::InvalidateUserTokenCache(payload) => {
-            let Some(user) = payload.user_id.clone() else {
-                return CommandResult::failed(id, "user_id is required for user token cache invalidation", None);
-            };
-            let user_id = UserId::from(user.as_str());
-            let n = deps.introspection.invalidate_user(&user_id)
-                + deps.oauth.as_ref().map_or(0, |oauth| oauth.invalidate_user(&user_id));
-            CommandResult::completed(
-                id,
-                json!({"user_id": user, "user_email": payload.user_email, "invalidated_count": n,
-                       "message": format!("Invalidated {n} cached tokens")}),
-            )
-        }
+        CommandKind::HealthCheck(payload) => health_check(deps, id, payload.common.installation_id).await,
+        CommandKind::InvalidateUserTokenCache(payload) => invalidate_user_token_cache(deps, id, payload),
         CommandKind::Unknown { command_type, .. } => CommandResult::unknown_type(id, &command_type),
         CommandKind::Malformed { command_type, reason, .. } => {
             CommandResult::failed(id, format!("Invalid {command_type} payload: {reason}"), None)
         }
     }
+}
+
+/// `configure` (BP §6.1), by its intent.
+async fn configure(deps: &ManagedDeps, id: String, payload: wire::ConfigurePayload) -> CommandResult {
+    match payload.intent() {
+        ConfigureIntent::Recovery => {
+            let Some(installation) = payload.common.installation_id.clone() else {
+                return CommandResult::failed(id, "installation_id is required for mcp_recovery", None);
+            };
+            recover(deps, id, InstallationId::from(installation.as_str())).await
+        }
+        ConfigureIntent::UpdateToolStatus => update_tool_status(deps, id, &payload).await,
+        ConfigureIntent::Redeploy => redeploy(deps, id, payload.common.installation_id).await,
+        ConfigureIntent::RefreshTools => refresh_tools(deps, id, &payload.common).await,
+        // Anything else: a full refresh.
+        _ => match Managed::refresh_config(deps).await {
+            Ok(result) => CommandResult::completed(id, result),
+            Err(err) => CommandResult::failed(id, err.to_string(), None),
+        },
+    }
+}
+
+/// `configure` with `action: update_tool_status` (BP §6.1.1).
+async fn update_tool_status(deps: &ManagedDeps, id: String, payload: &wire::ConfigurePayload) -> CommandResult {
+    let (Some(installation), Some(tool), Some(disabled)) =
+        (payload.common.installation_id.clone(), payload.tool_name.clone(), payload.is_disabled)
+    else {
+        return CommandResult::failed(id, "Missing required fields: installation_id, tool_name, or is_disabled", None);
+    };
+    let n = deps.manager.set_tool_status(&InstallationId::from(installation.as_str()), &tool, disabled).await;
+    let state = if disabled { "disabled" } else { "enabled" };
+    CommandResult::completed(
+        id,
+        json!({"tool_name": tool, "is_disabled": disabled,
+               "message": format!("Tool {tool} {state} for {n} instances of installation {installation}")}),
+    )
+}
+
+/// `configure` with `event: mcp_redeploy`. BP §6.1.3: the config first (the commit may have moved), then every
+/// instance deploys afresh.
+async fn redeploy(deps: &ManagedDeps, id: String, installation: Option<String>) -> CommandResult {
+    let Some(installation) = installation else {
+        return CommandResult::failed(id, "installation_id is required for mcp_redeploy", None);
+    };
+    if let Err(err) = Managed::refresh_config(deps).await {
+        return CommandResult::failed(id, err.to_string(), None);
+    }
+    let began = Instant::now();
+    match deps.manager.redeploy(&InstallationId::from(installation.as_str())).await {
+        Ok(n) => {
+            let failed = not_online(deps, &installation);
+            let result = json!({"installation_id": installation, "instances": n,
+                                "redeploy_time_ms": began.elapsed().as_millis() as u64, "failed": failed});
+            if failed.is_empty() {
+                CommandResult::completed(id, result)
+            } else {
+                CommandResult::failed(id, "redeploy failed for some instances", Some(result))
+            }
+        }
+        Err(err) => CommandResult::failed(id, err.to_string(), None),
+    }
+}
+
+/// The instances of `installation` that are not online, as a redeploy reports them.
+fn not_online(deps: &ManagedDeps, installation: &str) -> Vec<Value> {
+    let instances = deps.manager.of_installation(&InstallationId::from(installation), None);
+    instances
+        .iter()
+        .flatten()
+        .filter(|i| i.state() != InstanceStatus::Online)
+        .map(|i| {
+            json!({"instance": i.spec().process_id.0, "status": i.state().as_str(),
+                        "message": i.status().message})
+        })
+        .collect()
+}
+
+/// `configure` with `event: mcp_tools_refresh`: the running instances of the installation (of the user), or
+/// of every installation without one, discover their tools again.
+async fn refresh_tools(deps: &ManagedDeps, id: String, common: &wire::CommonPayload) -> CommandResult {
+    let installation = common.installation_id.as_deref().map(InstallationId::from);
+    let user = common.user_id.as_deref().map(UserId::from);
+    let instances: Vec<_> = deps
+        .manager
+        .instances()
+        .into_iter()
+        .filter(|i| installation.as_ref().is_none_or(|id| &i.spec().installation_id == id))
+        .filter(|i| user.as_ref().is_none_or(|id| &i.spec().user_id == id))
+        .collect();
+    if instances.is_empty() && installation.is_some() {
+        return CommandResult::completed(
+            id,
+            json!({"message": "Server not found on this satellite", "installation_id": common.installation_id}),
+        );
+    }
+    CommandResult::completed(id, deps.manager.refresh_tools(instances).await.to_json())
+}
+
+/// `restart` (BP §6.3).
+async fn restart(deps: &ManagedDeps, id: String, common: &wire::CommonPayload) -> CommandResult {
+    let (installation, user, named) = match named_installation(deps, common, "restart") {
+        Ok(target) => target,
+        Err(reason) => return CommandResult::failed(id, reason, None),
+    };
+    match deps.manager.restart_installation(&installation, user.as_ref()).await {
+        Ok(n) => CommandResult::completed(
+            id,
+            json!({"process_id": installation.0, "server_name": named, "server_url": "", "restart_time_ms": 0, "instances": n}),
+        ),
+        Err(err) => CommandResult::failed(id, err.to_string(), None),
+    }
+}
+
+/// `kill` (BP §6.3).
+async fn kill(deps: &ManagedDeps, id: String, common: &wire::CommonPayload) -> CommandResult {
+    let (installation, user, named) = match named_installation(deps, common, "kill") {
+        Ok(target) => target,
+        Err(reason) => return CommandResult::failed(id, reason, None),
+    };
+    match deps.manager.stop_installation(&installation, user.as_ref()).await {
+        Ok(n) => CommandResult::completed(
+            id,
+            json!({"process_id": installation.0, "server_name": named, "shutdown_time_ms": 0, "instances": n}),
+        ),
+        Err(err) => CommandResult::failed(id, err.to_string(), None),
+    }
+}
+
+/// Legacy `spawn` (BP §6.3).
+async fn spawn(deps: &ManagedDeps, id: String, installation: Option<String>) -> CommandResult {
+    // Instances are config-driven: a spawn is answered from the current config after a refresh.
+    if let Err(err) = Managed::refresh_config(deps).await {
+        return CommandResult::failed(id, err.to_string(), None);
+    }
+    let installation = installation.unwrap_or_default();
+    let running = deps
+        .manager
+        .of_installation(&InstallationId::from(installation.as_str()), None)
+        .map(|list| list.iter().filter_map(|i| i.pid()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    CommandResult::completed(
+        id,
+        json!({"process_id": installation, "server_type": "stdio", "pids": running, "startup_time_ms": 0}),
+    )
+}
+
+/// `health_check` for connectivity (BP §6.2): `tools/list` on each remote instance (of the installation).
+async fn health_check(deps: &ManagedDeps, id: String, installation: Option<String>) -> CommandResult {
+    let targets: Vec<_> = deps
+        .manager
+        .instances()
+        .into_iter()
+        .filter(|i| installation.as_deref().is_none_or(|id| i.spec().installation_id.0 == id))
+        .filter(|i| !matches!(i.spec().upstream, Upstream::Stdio { .. }))
+        .collect();
+    let mut results = Vec::new();
+    for instance in &targets {
+        let began = Instant::now();
+        let answer = deps.manager.call(instance, "tools/list", Some(json!({})), Duration::from_secs(15)).await;
+        results.push(json!({
+            "server_name": instance.spec().process_id.0,
+            "status": instance.state().as_str(),
+            "health_status": if answer.is_ok() { "healthy" } else { "unhealthy" },
+            "response_time_ms": began.elapsed().as_millis() as u64,
+        }));
+    }
+    let healthy = results.iter().filter(|r| r["health_status"] == "healthy").count();
+    CommandResult::completed(
+        id,
+        json!({"health_check_results": results, "total_servers": targets.len(), "healthy_servers": healthy}),
+    )
+}
+
+/// `invalidate_user_token_cache` (BP §6.4).
+fn invalidate_user_token_cache(
+    deps: &ManagedDeps,
+    id: String,
+    payload: wire::InvalidateUserTokenCachePayload,
+) -> CommandResult {
+    let Some(user) = payload.user_id.clone() else {
+        return CommandResult::failed(id, "user_id is required for user token cache invalidation", None);
+    };
+    let user_id = UserId::from(user.as_str());
+    let n = deps.introspection.invalidate_user(&user_id)
+        + deps.oauth.as_ref().map_or(0, |oauth| oauth.invalidate_user(&user_id));
+    CommandResult::completed(
+        id,
+        json!({"user_id": user, "user_email": payload.user_email, "invalidated_count": n,
+               "message": format!("Invalidated {n} cached tokens")}),
+    )
 }
 
 /// BP §6.2 `credential_validation`: `tools/list` on each remote instance of the installation; a refusal of

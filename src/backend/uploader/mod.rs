@@ -251,10 +251,21 @@ impl Uploader {
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         let batch = self.store.claim_events(&self.owner, self.cap as i64, lease_ms, None).await?;
         let Some(first) = batch.first().map(|e| e.seq) else { return Ok(Tick::Idle) };
+        let (envelopes, seqs, bytes) = self.envelopes(&batch).await?;
+        if envelopes.is_empty() {
+            return Ok(Tick::Held(batch.len()));
+        }
+        let outcome = (self.send)(envelopes, self.timeout).await;
+        self.answered(outcome, first, &seqs, bytes).await
+    }
+
+    /// The envelopes of a claimed batch, within [`MAX_BATCH_BYTES`] (always at least one), with their events' seqs
+    /// and their size. A stored event that makes no envelope is held.
+    async fn envelopes(&mut self, batch: &[StoredEvent]) -> Result<(Vec<EventEnvelope>, Vec<i64>, usize), StoreError> {
         let mut envelopes = Vec::with_capacity(batch.len());
         let mut seqs = Vec::with_capacity(batch.len());
         let mut bytes = 0;
-        for event in &batch {
+        for event in batch {
             match envelope(event) {
                 Ok(envelope) => {
                     // Events left out stay claimed by this replica; the next tick claims them again first.
@@ -274,24 +285,20 @@ impl Uploader {
                 }
             }
         }
-        if envelopes.is_empty() {
-            return Ok(Tick::Held(batch.len()));
-        }
-        let n = envelopes.len();
-        match (self.send)(envelopes, self.timeout).await {
-            BatchOutcome::Accepted { failures } => {
-                for failure in &failures {
-                    warn!(failure = %failure, "backend refused one event of an accepted batch");
-                }
-                self.store.delete_claimed(&self.owner, &seqs).await?;
-                self.stats.sent += n as u64;
-                self.backoff = None;
-                self.invalid_in_a_row = 0;
-                self.cap = (self.cap * 2).min(self.batch);
-                self.timeout = (self.timeout / 2).max(self.base_timeout);
-                self.offer_streak_again().await?;
-                Ok(Tick::Sent(n))
-            }
+        Ok((envelopes, seqs, bytes))
+    }
+
+    /// Act on the backend's answer to the batch of `seqs` (`bytes` in all, the first claimed `first`).
+    async fn answered(
+        &mut self,
+        outcome: BatchOutcome,
+        first: i64,
+        seqs: &[i64],
+        bytes: usize,
+    ) -> Result<Tick, StoreError> {
+        let n = seqs.len();
+        match outcome {
+            BatchOutcome::Accepted { failures } => self.accepted(&failures, seqs).await,
             // One bad event must not take the others with it, nor a backend (or a proxy before it) that refuses every
             // batch empty the outbox: the batch is halved until the refused event goes alone, and that one is held
             // with the reason (kept, not sent), as an event too large alone is. Events held in a streak of refusals
@@ -303,29 +310,7 @@ impl Uploader {
                       "backend rejected a batch as invalid; sending fewer at a time to find the event it refuses");
                 Ok(Tick::Shrunk { from: n, to: self.cap })
             }
-            BatchOutcome::Invalid(reason) => {
-                let held = format!("the backend rejects this event as invalid: {reason}");
-                error!(seq = seqs[0], reason = %reason, "backend rejected one event as invalid; held in the outbox, not sent");
-                self.store.hold_event(seqs[0], &held).await?;
-                self.stats.held_invalid += 1;
-                self.invalid_in_a_row += 1;
-                if !self.offered_again.contains(&seqs[0]) {
-                    self.streak.push(seqs[0]);
-                }
-                if self.invalid_in_a_row <= INVALID_BEFORE_BACKOFF {
-                    return Ok(Tick::Held(1));
-                }
-                // Event after event refused with nothing accepted between: not one bad event but a backend that
-                // refuses everything. Each is still held (kept), at the backoff's pace rather than at once.
-                let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
-                self.backoff = Some(wait);
-                warn!(
-                    in_a_row = self.invalid_in_a_row,
-                    wait_s = wait.as_secs(),
-                    "backend rejects every event; backing off"
-                );
-                Ok(Tick::Kept { events: 0, wait: Some(wait) })
-            }
+            BatchOutcome::Invalid(reason) => self.held_invalid(seqs[0], &reason).await,
             BatchOutcome::TooLarge(reason) if n > 1 => {
                 self.cap = n / 2;
                 self.stats.failed_batches += 1;
@@ -333,44 +318,91 @@ impl Uploader {
                       "backend refused a batch of events as too large; sending fewer at a time");
                 Ok(Tick::Shrunk { from: n, to: self.cap })
             }
-            BatchOutcome::TooLarge(reason) => {
-                let held = format!("the backend refuses this event as too large ({bytes} bytes): {reason}");
-                error!(seq = seqs[0], bytes, reason = %reason,
-                       "backend refused one event as too large; held in the outbox, not sent");
-                self.store.hold_event(seqs[0], &held).await?;
-                self.stats.held += 1;
-                Ok(Tick::Held(1))
-            }
-            BatchOutcome::RateLimited => {
-                let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
-                self.backoff = Some(wait);
-                self.stats.failed_batches += 1;
-                warn!(events = n, wait_s = wait.as_secs(), "backend rate-limited events; backing off");
-                Ok(Tick::Kept { events: n, wait: Some(wait) })
-            }
+            BatchOutcome::TooLarge(reason) => self.held_too_large(seqs[0], bytes, &reason).await,
+            BatchOutcome::RateLimited => Ok(self.rate_limited(n)),
             BatchOutcome::Unauthorized => {
                 self.stats.failed_batches += 1;
                 warn!(events = n, "backend refused the satellite's credentials for events; keeping them");
                 Ok(Tick::Kept { events: n, wait: None })
             }
-            BatchOutcome::TimedOut(reason) => {
-                self.stats.failed_batches += 1;
-                self.cap = (n / 2).max(1);
-                let waited = self.timeout;
-                self.timeout = (self.timeout * 2).min(MAX_TIMEOUT.max(self.base_timeout));
-                let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
-                self.backoff = Some(wait);
-                warn!(events = n, waited_s = waited.as_secs_f64(), next_events = self.cap,
-                      next_timeout_s = self.timeout.as_secs_f64(), wait_s = wait.as_secs(), reason = %reason,
-                      "backend did not answer a batch of events in time; sending it again, fewer at a time, later, with more time (the same event ids)");
-                Ok(Tick::Kept { events: n, wait: Some(wait) })
-            }
+            BatchOutcome::TimedOut(reason) => Ok(self.timed_out(n, &reason)),
             BatchOutcome::Failed(reason) => {
                 self.stats.failed_batches += 1;
                 warn!(events = n, reason = %reason, "sending events failed; keeping them for the next tick");
                 Ok(Tick::Kept { events: n, wait: None })
             }
         }
+    }
+
+    /// The batch of `seqs` was accepted: it leaves the outbox, and the next batches may be larger and answered
+    /// sooner.
+    async fn accepted(&mut self, failures: &[String], seqs: &[i64]) -> Result<Tick, StoreError> {
+        let n = seqs.len();
+        for failure in failures {
+            warn!(failure = %failure, "backend refused one event of an accepted batch");
+        }
+        self.store.delete_claimed(&self.owner, seqs).await?;
+        self.stats.sent += n as u64;
+        self.backoff = None;
+        self.invalid_in_a_row = 0;
+        self.cap = (self.cap * 2).min(self.batch);
+        self.timeout = (self.timeout / 2).max(self.base_timeout);
+        self.offer_streak_again().await?;
+        Ok(Tick::Sent(n))
+    }
+
+    /// The event `seq`, sent alone, was rejected as invalid: it is held, and a streak of such backs off.
+    async fn held_invalid(&mut self, seq: i64, reason: &str) -> Result<Tick, StoreError> {
+        let held = format!("the backend rejects this event as invalid: {reason}");
+        error!(seq, reason = %reason, "backend rejected one event as invalid; held in the outbox, not sent");
+        self.store.hold_event(seq, &held).await?;
+        self.stats.held_invalid += 1;
+        self.invalid_in_a_row += 1;
+        if !self.offered_again.contains(&seq) {
+            self.streak.push(seq);
+        }
+        if self.invalid_in_a_row <= INVALID_BEFORE_BACKOFF {
+            return Ok(Tick::Held(1));
+        }
+        // Event after event refused with nothing accepted between: not one bad event but a backend that
+        // refuses everything. Each is still held (kept), at the backoff's pace rather than at once.
+        let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
+        self.backoff = Some(wait);
+        warn!(in_a_row = self.invalid_in_a_row, wait_s = wait.as_secs(), "backend rejects every event; backing off");
+        Ok(Tick::Kept { events: 0, wait: Some(wait) })
+    }
+
+    /// The event `seq` (`bytes` long), sent alone, was refused as too large: it is held, or it would block every
+    /// later event for good.
+    async fn held_too_large(&mut self, seq: i64, bytes: usize, reason: &str) -> Result<Tick, StoreError> {
+        let held = format!("the backend refuses this event as too large ({bytes} bytes): {reason}");
+        error!(seq, bytes, reason = %reason, "backend refused one event as too large; held in the outbox, not sent");
+        self.store.hold_event(seq, &held).await?;
+        self.stats.held += 1;
+        Ok(Tick::Held(1))
+    }
+
+    /// The backend rate-limited a batch of `n` events: kept, and the next batch waits longer.
+    fn rate_limited(&mut self, n: usize) -> Tick {
+        let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
+        self.backoff = Some(wait);
+        self.stats.failed_batches += 1;
+        warn!(events = n, wait_s = wait.as_secs(), "backend rate-limited events; backing off");
+        Tick::Kept { events: n, wait: Some(wait) }
+    }
+
+    /// The backend did not answer a batch of `n` events in time: fewer, later, with more time.
+    fn timed_out(&mut self, n: usize, reason: &str) -> Tick {
+        self.stats.failed_batches += 1;
+        self.cap = (n / 2).max(1);
+        let waited = self.timeout;
+        self.timeout = (self.timeout * 2).min(MAX_TIMEOUT.max(self.base_timeout));
+        let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
+        self.backoff = Some(wait);
+        warn!(events = n, waited_s = waited.as_secs_f64(), next_events = self.cap,
+              next_timeout_s = self.timeout.as_secs_f64(), wait_s = wait.as_secs(), reason = %reason,
+              "backend did not answer a batch of events in time; sending it again, fewer at a time, later, with more time (the same event ids)");
+        Tick::Kept { events: n, wait: Some(wait) }
     }
 
     /// A batch was accepted: the events held as invalid during a streak of refusals (more than one in a row) are
