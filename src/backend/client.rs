@@ -147,16 +147,7 @@ impl BackendClient {
 
     /// E1, no auth, 5 s.
     pub async fn health(&self) -> Result<HealthResponse, BackendError> {
-        self.call_acknowledged(
-            "health",
-            Method::GET,
-            path::HEALTH.to_owned(),
-            None,
-            None::<&()>,
-            Duration::from_secs(5),
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        self.call_acknowledged(Request::get("health", path::HEALTH.to_owned()).timeout(5)).await
     }
 
     /// E2 with the registration token, 10 s.
@@ -166,31 +157,13 @@ impl BackendClient {
         body: &RegisterRequest,
     ) -> Result<RegisterResponse, BackendError> {
         let auth = Some(token.expose_secret().to_owned());
-        self.call(
-            "register",
-            Method::POST,
-            path::REGISTER.to_owned(),
-            auth,
-            Some(body),
-            Duration::from_secs(10),
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        self.call(Request::post("register", path::REGISTER.to_owned(), body).bearer(auth)).await
     }
 
     /// E3, 10 s.
     pub async fn heartbeat(&self, body: &HeartbeatRequest) -> Result<Ack, BackendError> {
         let (id, key) = self.session("heartbeat")?;
-        self.call_acknowledged(
-            "heartbeat",
-            Method::POST,
-            path::heartbeat(&id),
-            Some(key),
-            Some(body),
-            Duration::from_secs(10),
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        self.call_acknowledged(Request::post("heartbeat", path::heartbeat(&id), body).bearer(Some(key))).await
     }
 
     /// E4, 15 s.
@@ -201,114 +174,53 @@ impl BackendClient {
             .append_pair("limit", "10")
             .finish();
         let path = format!("{}?{query}", path::commands(&id));
-        self.call("commands", Method::GET, path, Some(key), None::<&()>, Duration::from_secs(15), MAX_ANSWER_BYTES)
-            .await
+        self.call(Request::get("commands", path).bearer(Some(key)).timeout(15)).await
     }
 
     /// E5, 10 s.
     pub async fn post_result(&self, body: &CommandResult) -> Result<Ack, BackendError> {
         let (id, key) = self.session("command-result")?;
-        self.call_acknowledged(
-            "command-result",
-            Method::POST,
-            path::command_result(&id),
-            Some(key),
-            Some(body),
-            Duration::from_secs(10),
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        self.call_acknowledged(Request::post("command-result", path::command_result(&id), body).bearer(Some(key))).await
     }
 
     /// E6, 10 s, answers up to 32 MB.
     pub async fn fetch_config(&self) -> Result<ConfigResponse, BackendError> {
         let (id, key) = self.session("config")?;
-        self.call(
-            "config",
-            Method::GET,
-            path::config(&id),
-            Some(key),
-            None::<&()>,
-            Duration::from_secs(10),
-            MAX_CONFIG_BYTES,
-        )
-        .await
+        let request = Request::get("config", path::config(&id)).bearer(Some(key));
+        self.call(Request { max_bytes: MAX_CONFIG_BYTES, ..request }).await
     }
 
     /// E7, within `timeout` (10 s unless the uploader gave a slow backend longer).
     pub async fn post_events(&self, body: &EventsRequest, timeout: Duration) -> Result<EventsResponse, BackendError> {
         let (id, key) = self.session("events")?;
-        self.call_acknowledged(
-            "events",
-            Method::POST,
-            path::events(&id),
-            Some(key),
-            Some(body),
-            timeout,
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        let request = Request::post("events", path::events(&id), body).bearer(Some(key));
+        self.call_acknowledged(Request { timeout, ..request }).await
     }
 
     /// E8, 10 s.
     pub async fn introspect(&self, token: &str) -> Result<IntrospectResponse, BackendError> {
         let key = self.session("introspect").ok().map(|(_, key)| key);
         let body = IntrospectRequest { token: Credential::new(token), expected_team_id: None };
-        self.call(
-            "introspect",
-            Method::POST,
-            path::INTROSPECT.to_owned(),
-            key,
-            Some(&body),
-            Duration::from_secs(10),
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        self.call(Request::post("introspect", path::INTROSPECT.to_owned(), &body).bearer(key)).await
     }
 
     /// E9, 10 s.
     pub async fn token_status(&self, body: &wire::OAuthTokenRequest) -> Result<wire::OAuthTokenStatus, BackendError> {
         let (id, key) = self.session("tokens/status")?;
-        self.call(
-            "tokens/status",
-            Method::POST,
-            path::tokens_status(&id),
-            Some(key),
-            Some(body),
-            Duration::from_secs(10),
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        self.call(Request::post("tokens/status", path::tokens_status(&id), body).bearer(Some(key))).await
     }
 
     /// E10, 10 s.
     pub async fn token_retrieve(&self, body: &wire::OAuthTokenRequest) -> Result<wire::OAuthToken, BackendError> {
         let (id, key) = self.session("tokens/retrieve")?;
-        self.call(
-            "tokens/retrieve",
-            Method::POST,
-            path::tokens_retrieve(&id),
-            Some(key),
-            Some(body),
-            Duration::from_secs(10),
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        self.call(Request::post("tokens/retrieve", path::tokens_retrieve(&id), body).bearer(Some(key))).await
     }
 
     /// E11, 60 s.
     pub async fn github_token(&self, installation_id: &str) -> Result<wire::GithubToken, BackendError> {
         let (id, key) = self.session("github-token")?;
-        self.call(
-            "github-token",
-            Method::GET,
-            path::github_token(&id, installation_id),
-            Some(key),
-            None::<&()>,
-            Duration::from_secs(60),
-            MAX_ANSWER_BYTES,
-        )
-        .await
+        self.call(Request::get("github-token", path::github_token(&id, installation_id)).bearer(Some(key)).timeout(60))
+            .await
     }
 
     fn session(&self, endpoint: &'static str) -> Result<(String, String), BackendError> {
@@ -318,18 +230,9 @@ impl BackendClient {
     }
 
     /// One request whose answer the satellite reads: a 2xx body that does not read as `T` is an error.
-    #[allow(clippy::too_many_arguments)]
-    async fn call<B: Serialize, T: DeserializeOwned>(
-        &self,
-        endpoint: &'static str,
-        method: Method,
-        path: String,
-        bearer: Option<String>,
-        body: Option<&B>,
-        timeout: Duration,
-        max_bytes: usize,
-    ) -> Result<T, BackendError> {
-        let (status, bytes) = self.exchange(endpoint, method, path, bearer, body, timeout, max_bytes).await?;
+    async fn call<B: Serialize, T: DeserializeOwned>(&self, request: Request<'_, B>) -> Result<T, BackendError> {
+        let endpoint = request.endpoint;
+        let (status, bytes) = self.exchange(request).await?;
         let bytes = bytes.map_err(|cut| cut.into_error(endpoint))?;
         let bytes: &[u8] = if status == StatusCode::NO_CONTENT { b"{}" } else { &bytes };
         serde_json::from_slice(bytes).map_err(|e| BackendError::Decode { endpoint, reason: e.to_string() })
@@ -338,18 +241,12 @@ impl BackendClient {
     /// One request whose 2xx is the whole answer (health, heartbeat, command result, events: BP §0, §1.5, §3.4,
     /// §8.3): a body that does not read as `T` (empty, cut short, a field of another shape) is still that 2xx,
     /// read as `T::default()` with a warning, never a failure that would re-send, re-register or stop a start.
-    #[allow(clippy::too_many_arguments)]
     async fn call_acknowledged<B: Serialize, T: DeserializeOwned + Default>(
         &self,
-        endpoint: &'static str,
-        method: Method,
-        path: String,
-        bearer: Option<String>,
-        body: Option<&B>,
-        timeout: Duration,
-        max_bytes: usize,
+        request: Request<'_, B>,
     ) -> Result<T, BackendError> {
-        let (status, bytes) = self.exchange(endpoint, method, path, bearer, body, timeout, max_bytes).await?;
+        let endpoint = request.endpoint;
+        let (status, bytes) = self.exchange(request).await?;
         if status == StatusCode::NO_CONTENT {
             return Ok(T::default());
         }
@@ -370,17 +267,11 @@ impl BackendClient {
 
     /// Send one request; its 2xx status and body (or why a 2xx body could not be read: the connection cut, a body
     /// past `max_bytes`), or the error (a non-2xx answer, the network before an answer).
-    #[allow(clippy::too_many_arguments)]
     async fn exchange<B: Serialize>(
         &self,
-        endpoint: &'static str,
-        method: Method,
-        path: String,
-        bearer: Option<String>,
-        body: Option<&B>,
-        timeout: Duration,
-        max_bytes: usize,
+        request: Request<'_, B>,
     ) -> Result<(StatusCode, Result<Vec<u8>, CutBody>), BackendError> {
+        let Request { endpoint, method, path, bearer, body, timeout, max_bytes } = request;
         let mut request = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -425,6 +316,43 @@ impl BackendClient {
             return Err(BackendError::Status { endpoint, status: status.as_u16(), refusal, message, body });
         }
         Ok((status, Ok(bytes)))
+    }
+}
+
+/// One request to the backend: the endpoint's name (in errors and logs), method and path, the bearer token if any,
+/// the JSON body if any, its timeout (10 s unless the endpoint table says otherwise) and the largest answer read.
+struct Request<'b, B> {
+    endpoint: &'static str,
+    method: Method,
+    path: String,
+    bearer: Option<String>,
+    body: Option<&'b B>,
+    timeout: Duration,
+    max_bytes: usize,
+}
+
+impl Request<'static, ()> {
+    fn get(endpoint: &'static str, path: String) -> Self {
+        Request::new(endpoint, Method::GET, path, None)
+    }
+}
+
+impl<'b, B> Request<'b, B> {
+    fn post(endpoint: &'static str, path: String, body: &'b B) -> Self {
+        Request::new(endpoint, Method::POST, path, Some(body))
+    }
+
+    fn new(endpoint: &'static str, method: Method, path: String, body: Option<&'b B>) -> Self {
+        let (timeout, max_bytes) = (Duration::from_secs(10), MAX_ANSWER_BYTES);
+        Request { endpoint, method, path, bearer: None, body, timeout, max_bytes }
+    }
+
+    fn bearer(self, bearer: Option<String>) -> Self {
+        Request { bearer, ..self }
+    }
+
+    fn timeout(self, seconds: u64) -> Self {
+        Request { timeout: Duration::from_secs(seconds), ..self }
     }
 }
 
