@@ -48,6 +48,97 @@ fn ask_log_level(params: &mut Option<Value>, level: String) {
     }
 }
 
+/// A 2026-07-28 server has no session to keep a log level or subscriptions in (the revision removed both methods):
+/// the satellite keeps them, answers here, asks for the level on each request's `_meta`, and watches the subscribed
+/// resources on its own listen (`supervise::listen_upstream`). `Some` is the answer given here, a refusal too (what
+/// `remember` held is then taken); `None`, the request goes to the server.
+fn answer_stateless(
+    instance: &Instance,
+    method: &str,
+    client: &McpClient,
+    remember: &mut Option<Remembered>,
+    params: &mut Option<Value>,
+) -> Option<Result<Payload, InstanceError>> {
+    if !matches!(client.era(), Era::Stateless { .. }) {
+        return None;
+    }
+    // Subscriptions only where the server declares them (else the client gets -32601, as from the server).
+    // A log level is kept whatever the server declares: the official Python SDK's servers log on request
+    // without declaring `logging`.
+    let declared = client.capabilities();
+    let refused = |what: &str| {
+        let message = format!("Method not found: the server does not declare {what}");
+        InstanceError::Upstream(UpstreamError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, message)))
+    };
+    match remember.take() {
+        Some(Remembered::Subscription(..))
+            if declared.pointer("/resources/subscribe").and_then(Value::as_bool) != Some(true) =>
+        {
+            return Some(Err(refused("resources.subscribe")));
+        }
+        Some(Remembered::Subscription(uri, subscribed)) => {
+            instance.note_subscription(&uri, subscribed);
+            return Some(Ok(Payload::from(serde_json::json!({}))));
+        }
+        // Answered here, so checked here: a level no server knows, kept, went into the `_meta` of every
+        // later request to this server, which refused them all.
+        Some(Remembered::LogLevel(level)) => {
+            let level = match crate::mcp::protocol::check_log_level(Some(&Value::String(level))) {
+                Ok(level) => level,
+                Err(err) => return Some(Err(InstanceError::Upstream(UpstreamError::Rpc(err)))),
+            };
+            instance.note_log_level(level.to_owned());
+            return Some(Ok(Payload::from(serde_json::json!({}))));
+        }
+        // No level, or not a string: refused alike (the same check cannot pass without a string).
+        None if method == "logging/setLevel" => {
+            let level = params.as_ref().and_then(|p| p.get("level"));
+            if let Err(err) = crate::mcp::protocol::check_log_level(level) {
+                return Some(Err(InstanceError::Upstream(UpstreamError::Rpc(err))));
+            }
+        }
+        None => {}
+    }
+    if let Some(level) = instance.log_level() {
+        ask_log_level(params, level);
+    }
+    None
+}
+
+/// The request, tried again after each of `policy::REMOTE_RETRY_WAITS` while a remote server cannot be reached.
+async fn request_with_retries(
+    client: &McpClient,
+    method: &str,
+    mut params: Option<Value>,
+    timeout: Duration,
+    relay: Option<&Relay>,
+    remote: bool,
+) -> Result<Payload, UpstreamError> {
+    let mut attempt = 0;
+    loop {
+        // A copy only while a retry may still need the request again.
+        let retry_left = remote && attempt < policy::REMOTE_RETRY_WAITS.len();
+        let request = if retry_left { params.clone() } else { params.take() };
+        let result = client.request_relayed(method, request, timeout, relay).await;
+        match &result {
+            // The same condition that kept a copy of the request above.
+            Err(err) if retry_left && policy::blame(err) == Blame::Unreachable => {
+                tokio::time::sleep(policy::REMOTE_RETRY_WAITS[attempt]).await;
+                attempt += 1;
+            }
+            _ => return result,
+        }
+    }
+}
+
+/// What a request the server answered asked it to remember, noted for a server started anew to be asked again.
+fn note_remembered(instance: &Instance, remember: Remembered) {
+    match remember {
+        Remembered::Subscription(uri, subscribed) => instance.note_subscription(&uri, subscribed),
+        Remembered::LogLevel(level) => instance.note_log_level(level),
+    }
+}
+
 impl Inner {
     pub(in crate::instances) async fn call(
         self: &Arc<Self>,
@@ -57,9 +148,59 @@ impl Inner {
         timeout: Duration,
         relay: Option<&Relay>,
     ) -> Result<Payload, InstanceError> {
+        let _permit = self.call_slot(instance, method).await?;
+        instance.touch();
+        let began = Instant::now();
+        // What the call's log needs of its request, taken now: the request itself goes to the server.
+        let mut sent = (method == "tools/call").then(|| SentCall::of(instance, params.as_ref()));
+        let mut remember = remembered(method, params.as_ref());
+        let client = self.connection_for_call(instance, &mut sent, began).await?;
+        let mut params = params;
+        if let Some(answer) = answer_stateless(instance, method, &client, &mut remember, &mut params) {
+            return answer;
+        }
+        // A change of the state a restore asks again waits for a restore running now, and holds one back.
+        let _state = match remember {
+            Some(_) => Some(instance.client_state.lock().await),
+            None => None,
+        };
+        let before = instance.state();
+        let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
+        let result = request_with_retries(&client, method, params, timeout, relay, remote).await;
+        instance.touch();
+        if let Some(sent) = sent {
+            self.record_call(instance, sent, result.as_ref().map_err(ToString::to_string), began).await;
+        }
+        if let (Ok(_), Some(remember)) = (&result, remember) {
+            note_remembered(instance, remember);
+        }
+        match &result {
+            Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {
+                self.recovered(instance.clone(), client);
+            }
+            // A dead stdio child is the watcher's to report (crash policy); a connection that was replaced
+            // meanwhile says nothing about the current one.
+            Err(UpstreamError::Exited { .. } | UpstreamError::Closed(_)) if !remote => {}
+            Err(err)
+                if policy::blame(err) != Blame::Call && instance.client().is_some_and(|c| Arc::ptr_eq(&c, &client)) =>
+            {
+                self.call_failed(instance, err).await;
+            }
+            _ => {}
+        }
+        Ok(result?)
+    }
+
+    /// A slot among `instance`'s concurrent calls, waited for up to `call_queue_timeout`: none by then refuses the
+    /// call as busy (counted for a `tools/call`, and a `resource.limit.exceeded`).
+    async fn call_slot<'a>(
+        &self,
+        instance: &'a Instance,
+        method: &str,
+    ) -> Result<tokio::sync::SemaphorePermit<'a>, InstanceError> {
         let queue = self.deps.settings.lifecycle.call_queue_timeout;
-        let _permit = match tokio::time::timeout(queue, instance.calls.acquire()).await {
-            Ok(Ok(permit)) => permit,
+        match tokio::time::timeout(queue, instance.calls.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
             _ => {
                 let err = InstanceError::Busy {
                     slug: instance.spec().server_slug.clone(),
@@ -73,118 +214,37 @@ impl Inner {
                     self.deps.metrics.tool_call(&spec.server_slug, busy, queue);
                 }
                 self.limit_exceeded(spec, LimitedResource::CallSlots, limit, limit, err.to_string()).await;
-                return Err(err);
-            }
-        };
-        instance.touch();
-        let began = Instant::now();
-        // What the call's log needs of its request, taken now: the request itself goes to the server.
-        let sent = (method == "tools/call").then(|| SentCall::of(instance, params.as_ref()));
-        let mut remember = remembered(method, params.as_ref());
-        let client = match self.ensure_connected(instance).await {
-            Ok(client) => client,
-            Err(err) => {
-                if let Some(sent) = sent {
-                    self.record_call(instance, sent, Err(err.to_string()), began).await;
-                }
-                return Err(err);
-            }
-        };
-        let mut params = params;
-        // A 2026-07-28 server has no session to keep a log level or subscriptions in (the revision removed both
-        // methods): the satellite keeps them, answers here, asks for the level on each request's `_meta`, and
-        // watches the subscribed resources on its own listen (`supervise::listen_upstream`).
-        if matches!(client.era(), Era::Stateless { .. }) {
-            // Subscriptions only where the server declares them (else the client gets -32601, as from the server).
-            // A log level is kept whatever the server declares: the official Python SDK's servers log on request
-            // without declaring `logging`.
-            let declared = client.capabilities();
-            let refused = |what: &str| {
-                let message = format!("Method not found: the server does not declare {what}");
-                InstanceError::Upstream(UpstreamError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, message)))
-            };
-            match remember.take() {
-                Some(Remembered::Subscription(..))
-                    if declared.pointer("/resources/subscribe").and_then(Value::as_bool) != Some(true) =>
-                {
-                    return Err(refused("resources.subscribe"));
-                }
-                Some(Remembered::Subscription(uri, subscribed)) => {
-                    instance.note_subscription(&uri, subscribed);
-                    return Ok(Payload::from(serde_json::json!({})));
-                }
-                // Answered here, so checked here: a level no server knows, kept, went into the `_meta` of every
-                // later request to this server, which refused them all.
-                Some(Remembered::LogLevel(level)) => {
-                    let level = crate::mcp::protocol::check_log_level(Some(&Value::String(level)))
-                        .map_err(|err| InstanceError::Upstream(UpstreamError::Rpc(err)))?;
-                    instance.note_log_level(level.to_owned());
-                    return Ok(Payload::from(serde_json::json!({})));
-                }
-                // No level, or not a string: refused alike (the same check cannot pass without a string).
-                None if method == "logging/setLevel" => {
-                    let level = params.as_ref().and_then(|p| p.get("level"));
-                    if let Err(err) = crate::mcp::protocol::check_log_level(level) {
-                        return Err(InstanceError::Upstream(UpstreamError::Rpc(err)));
-                    }
-                }
-                None => {}
-            }
-            if let Some(level) = instance.log_level() {
-                ask_log_level(&mut params, level);
+                Err(err)
             }
         }
-        // A change of the state a restore asks again waits for a restore running now, and holds one back.
-        let _state = match remember {
-            Some(_) => Some(instance.client_state.lock().await),
-            None => None,
+    }
+
+    /// The instance's connection for a call, a dormant instance woken for it: a `tools/call` that gets none is
+    /// recorded as failed (its `sent` taken).
+    async fn connection_for_call(
+        self: &Arc<Self>,
+        instance: &Arc<Instance>,
+        sent: &mut Option<SentCall>,
+        began: Instant,
+    ) -> Result<Arc<McpClient>, InstanceError> {
+        let err = match self.ensure_connected(instance).await {
+            Ok(client) => return Ok(client),
+            Err(err) => err,
         };
-        let before = instance.state();
-        let remote = !matches!(instance.spec().upstream, Upstream::Stdio { .. });
-        let mut attempt = 0;
-        let result = loop {
-            // A copy only while a retry may still need the request again.
-            let retry_left = remote && attempt < policy::REMOTE_RETRY_WAITS.len();
-            let request = if retry_left { params.clone() } else { params.take() };
-            let result = client.request_relayed(method, request, timeout, relay).await;
-            match &result {
-                // The same condition that kept a copy of the request above.
-                Err(err) if retry_left && policy::blame(err) == Blame::Unreachable => {
-                    tokio::time::sleep(policy::REMOTE_RETRY_WAITS[attempt]).await;
-                    attempt += 1;
-                }
-                _ => break result,
-            }
-        };
-        instance.touch();
-        if let Some(sent) = sent {
-            self.record_call(instance, sent, result.as_ref().map_err(ToString::to_string), began).await;
+        if let Some(sent) = sent.take() {
+            self.record_call(instance, sent, Err(err.to_string()), began).await;
         }
-        match (&result, remember) {
-            (Ok(_), Some(Remembered::Subscription(uri, subscribed))) => instance.note_subscription(&uri, subscribed),
-            (Ok(_), Some(Remembered::LogLevel(level))) => instance.note_log_level(level),
-            _ => {}
-        }
-        match &result {
-            Ok(_) if matches!(before, InstanceStatus::Offline | InstanceStatus::Error) => {
-                self.recovered(instance.clone(), client);
-            }
-            // A dead stdio child is the watcher's to report (crash policy); a connection that was replaced
-            // meanwhile says nothing about the current one.
-            Err(UpstreamError::Exited { .. } | UpstreamError::Closed(_)) if !remote => {}
-            Err(err)
-                if policy::blame(err) != Blame::Call && instance.client().is_some_and(|c| Arc::ptr_eq(&c, &client)) =>
-            {
-                let spec = instance.spec();
-                let (status, message) = self.oauth_aware(spec, err, status_for(&spec.upstream, &Failure::Call(err)));
-                let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
-                warn!(process_id = %instance.spec().process_id, error = %error, status = %status, "call failed, marking instance");
-                self.set_status(instance, status, Some(message)).await;
-                self.maybe_probe(instance);
-            }
-            _ => {}
-        }
-        Ok(result?)
+        Err(err)
+    }
+
+    /// A call failed in a way that says something of the server (not of the call): mark the instance and probe it.
+    async fn call_failed(self: &Arc<Self>, instance: &Arc<Instance>, err: &UpstreamError) {
+        let spec = instance.spec();
+        let (status, message) = self.oauth_aware(spec, err, status_for(&spec.upstream, &Failure::Call(err)));
+        let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
+        warn!(process_id = %instance.spec().process_id, error = %error, status = %status, "call failed, marking instance");
+        self.set_status(instance, status, Some(message)).await;
+        self.maybe_probe(instance);
     }
 
     /// One `tools/call`: an `mcp.tool.executed` event, and the request log (arguments and result) unless the

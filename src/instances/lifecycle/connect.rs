@@ -25,101 +25,101 @@ impl Inner {
     ) -> Result<(McpClient, Option<ProcessSlot>), UpstreamError> {
         let label = spec.process_id.0.clone();
         let asker = Some(Asker::new(self.seats.clone(), seat_owner(&spec.team_id, &spec.user_id), label.clone()));
-        let mut slot = None;
-        let transport = match &spec.upstream {
+        let (transport, slot) = match &spec.upstream {
             Upstream::Stdio { .. } => {
-                // A GitHub-deployed server runs its deployment's entry point, deployed first when needed.
-                let deployed = match &spec.deployment {
-                    None => None,
-                    Some(deployment) => {
-                        let deployer = self.deps.deployer.as_ref().ok_or_else(|| {
-                            UpstreamError::Refused("GitHub-deployed servers need a managed satellite".into())
-                        })?;
-                        let (logs, owner) = (self.deps.logs.clone(), spec.clone());
-                        let log = move |level: &str, line: &str| logs.server_line(&owner, level, line);
-                        let (launch, dir) = deployer.launch_spec(spec, deployment, &log).await.map_err(|err| {
-                            UpstreamError::Deployment {
-                                step: err.step.as_str(),
-                                reason: err.reason,
-                                transient: err.transient,
-                            }
-                        })?;
-                        Some((launch, dir))
-                    }
-                };
-                let (launch_spec, app) = match &deployed {
-                    Some((launch, dir)) => (launch, Some(dir.as_path())),
-                    None => (spec, None),
-                };
-                slot = match self.slot_for(spec).await {
-                    Ok(slot) => Some(slot),
-                    Err(err) => {
-                        let limit = err.limit() as u64;
-                        self.limit_exceeded(spec, LimitedResource::Processes, limit, limit, err.to_string()).await;
-                        return Err(UpstreamError::AtCapacity(err.to_string()));
-                    }
-                };
-                let prepared =
-                    self.deps.sandbox.prepare(launch_spec, &self.deps.inherited_env, app).map_err(|err| match err {
-                        // Allowed but not on the host now (a runtime being installed or upgraded): a spawn that
-                        // failed, retried under the restart policy like a missing absolute path, not refused for good.
-                        SandboxError::NotInstalled { command } => UpstreamError::Spawn {
-                            message: format!("command {command:?} is allowed but not installed"),
-                            program: command,
-                            kind: std::io::ErrorKind::NotFound,
-                            detail: None,
-                        },
-                        // The instance's private directory could not be made (a full disk, a file system remounted
-                        // read-only for a moment): passing too, so retried under the restart policy. Refused, it
-                        // left the instance in error until its configuration changed.
-                        SandboxError::Directory { ref path, ref source } => UpstreamError::Spawn {
-                            message: format!("cannot prepare sandbox directory {}: {source}", path.display()),
-                            program: match &launch_spec.upstream {
-                                crate::model::Upstream::Stdio { command, .. } => command.clone(),
-                                _ => String::new(),
-                            },
-                            kind: source.kind(),
-                            detail: None,
-                        },
-                        err => {
-                            warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
-                            UpstreamError::Refused(err.to_string())
-                        }
-                    })?;
-                if !prepared.dropped_env.is_empty() {
-                    warn!(process_id = %label, dropped = ?prepared.dropped_env, "refused environment variables for mcp server");
-                }
-                let lifecycle = &self.deps.settings.lifecycle;
-                let stderr = StderrSettings {
-                    per_second: lifecycle.log_rate_limit,
-                    max_line_bytes: lifecycle.log_max_line_bytes,
-                    warning_interval: lifecycle.log_rate_warning_interval,
-                };
-                let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr);
-                launch.secrets = crate::secrets::secret_values(spec);
-                launch.asker = asker;
-                launch.junk_lines = Some(self.deps.metrics.stdout_junk_lines(&spec.server_slug));
-                let (logs, owner) = (self.deps.logs.clone(), spec.clone());
-                launch.stderr_sink = Some(StderrSink(Arc::new(move |line: &str| {
-                    logs.server_line(&owner, level_of(line), line);
-                })));
-                Transport::Stdio(StdioTransport::spawn(launch)?)
+                let (transport, slot) = self.spawn_stdio(spec, label, asker).await?;
+                (transport, Some(slot))
             }
             Upstream::StreamableHttp { url, headers, .. } => {
                 let headers = self.remote_headers(spec, headers).await?;
-                Transport::StreamableHttp(
-                    StreamableHttpTransport::new(label, self.deps.http.clone(), url.clone(), &headers)?
-                        .with_asker(asker),
-                )
+                let transport = StreamableHttpTransport::new(label, self.deps.http.clone(), url.clone(), &headers)?
+                    .with_asker(asker);
+                (Transport::StreamableHttp(transport), None)
             }
             Upstream::Sse { url, headers, timeout } => {
                 let headers = self.remote_headers(spec, headers).await?;
-                Transport::Sse(
+                let transport =
                     SseTransport::connect(label, self.deps.http.clone(), url.clone(), &headers, *timeout, asker)
-                        .await?,
-                )
+                        .await?;
+                (Transport::Sse(transport), None)
             }
         };
+        let client = self.handshake(spec, transport).await?;
+        Ok((client, slot))
+    }
+
+    /// A stdio server's child, spawned within the user's process cap (the slot it holds) and the sandbox.
+    async fn spawn_stdio(
+        &self,
+        spec: &InstanceSpec,
+        label: String,
+        asker: Option<Asker>,
+    ) -> Result<(Transport, ProcessSlot), UpstreamError> {
+        // A GitHub-deployed server runs its deployment's entry point, deployed first when needed.
+        let deployed = match &spec.deployment {
+            None => None,
+            Some(deployment) => Some(self.deployed_launch(spec, deployment).await?),
+        };
+        let (launch_spec, app) = match &deployed {
+            Some((launch, dir)) => (launch, Some(dir.as_path())),
+            None => (spec, None),
+        };
+        let slot = match self.slot_for(spec).await {
+            Ok(slot) => slot,
+            Err(err) => {
+                let limit = err.limit() as u64;
+                self.limit_exceeded(spec, LimitedResource::Processes, limit, limit, err.to_string()).await;
+                return Err(UpstreamError::AtCapacity(err.to_string()));
+            }
+        };
+        let prepared = self
+            .deps
+            .sandbox
+            .prepare(launch_spec, &self.deps.inherited_env, app)
+            .map_err(|err| sandbox_refusal(err, launch_spec, &label))?;
+        if !prepared.dropped_env.is_empty() {
+            warn!(process_id = %label, dropped = ?prepared.dropped_env, "refused environment variables for mcp server");
+        }
+        let lifecycle = &self.deps.settings.lifecycle;
+        let stderr = StderrSettings {
+            per_second: lifecycle.log_rate_limit,
+            max_line_bytes: lifecycle.log_max_line_bytes,
+            warning_interval: lifecycle.log_rate_warning_interval,
+        };
+        let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr);
+        launch.secrets = crate::secrets::secret_values(spec);
+        launch.asker = asker;
+        launch.junk_lines = Some(self.deps.metrics.stdout_junk_lines(&spec.server_slug));
+        let (logs, owner) = (self.deps.logs.clone(), spec.clone());
+        launch.stderr_sink = Some(StderrSink(Arc::new(move |line: &str| {
+            logs.server_line(&owner, level_of(line), line);
+        })));
+        Ok((Transport::Stdio(StdioTransport::spawn(launch)?), slot))
+    }
+
+    /// The spec a GitHub-deployed server launches with (its deployment's entry point) and its app directory,
+    /// deployed first when needed; the deployment's log lines go to the server's.
+    async fn deployed_launch(
+        &self,
+        spec: &InstanceSpec,
+        deployment: &crate::model::Deployment,
+    ) -> Result<(InstanceSpec, std::path::PathBuf), UpstreamError> {
+        let deployer = self
+            .deps
+            .deployer
+            .as_ref()
+            .ok_or_else(|| UpstreamError::Refused("GitHub-deployed servers need a managed satellite".into()))?;
+        let (logs, owner) = (self.deps.logs.clone(), spec.clone());
+        let log = move |level: &str, line: &str| logs.server_line(&owner, level, line);
+        deployer.launch_spec(spec, deployment, &log).await.map_err(|err| UpstreamError::Deployment {
+            step: err.step.as_str(),
+            reason: err.reason,
+            transient: err.transient,
+        })
+    }
+
+    /// Negotiate over `transport`: the server's answer to `initialize`, or why there was none.
+    async fn handshake(&self, spec: &InstanceSpec, transport: Transport) -> Result<McpClient, UpstreamError> {
         let mut options = self.deps.client_options.clone();
         options.handshake_timeout = self.deps.settings.handshake_timeout;
         let stderr = match &transport {
@@ -140,7 +140,7 @@ impl Inner {
             server = %crate::secrets::hide(&client.server_info().to_string(), &crate::secrets::secret_values(spec)),
             "mcp server connected"
         );
-        Ok((client, slot))
+        Ok(client)
     }
 
     /// The configured headers, plus the user's OAuth bearer token when the server requires one (BP §11: it
@@ -177,6 +177,37 @@ impl Inner {
                 (InstanceStatus::RequiresReauth, message)
             }
             _ => mapped,
+        }
+    }
+}
+
+/// What the sandbox's refusal to prepare a launch is to the instance: a passing failure is a spawn that failed,
+/// retried under the restart policy; anything else is refused for good.
+fn sandbox_refusal(err: SandboxError, launch_spec: &InstanceSpec, label: &str) -> UpstreamError {
+    match err {
+        // Allowed but not on the host now (a runtime being installed or upgraded): a spawn that
+        // failed, retried under the restart policy like a missing absolute path, not refused for good.
+        SandboxError::NotInstalled { command } => UpstreamError::Spawn {
+            message: format!("command {command:?} is allowed but not installed"),
+            program: command,
+            kind: std::io::ErrorKind::NotFound,
+            detail: None,
+        },
+        // The instance's private directory could not be made (a full disk, a file system remounted
+        // read-only for a moment): passing too, so retried under the restart policy. Refused, it
+        // left the instance in error until its configuration changed.
+        SandboxError::Directory { ref path, ref source } => UpstreamError::Spawn {
+            message: format!("cannot prepare sandbox directory {}: {source}", path.display()),
+            program: match &launch_spec.upstream {
+                crate::model::Upstream::Stdio { command, .. } => command.clone(),
+                _ => String::new(),
+            },
+            kind: source.kind(),
+            detail: None,
+        },
+        err => {
+            warn!(process_id = %label, error = %err, "mcp server refused by the sandbox");
+            UpstreamError::Refused(err.to_string())
         }
     }
 }
