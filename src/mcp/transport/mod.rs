@@ -16,6 +16,7 @@ use crate::mcp::protocol::RpcError;
 
 pub(crate) mod bounded;
 pub(crate) mod http_wire;
+mod in_flight;
 pub mod junk;
 pub mod relay;
 pub(crate) mod relays;

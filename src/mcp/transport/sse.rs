@@ -21,6 +21,7 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, header_map};
+use super::in_flight::{InFlight, Withdraw};
 use super::relay::{answer_outside, too_many_asks, Asker, ServerAsks, ASK_TIMEOUT, MAX_OUTSIDE_ASKS};
 use super::relays::{self, Relays};
 use super::{await_response, error_body, outcome, preview, Pending, Relay, UpstreamError};
@@ -132,7 +133,7 @@ impl SseTransport {
             let token = relays::take_progress_token(&mut params, id);
             self.relays.add(id, relay.clone(), token);
         }
-        let mut in_flight = InFlight { id, transport: self, answered: false, cancellable: method != "initialize" };
+        let mut in_flight = InFlight::new(self, id, method);
         let body = protocol::request(RequestId::Number(id), method, params);
         if let Err(err) = self.post(&body, timeout).await {
             in_flight.answered = true;
@@ -174,38 +175,23 @@ impl SseTransport {
     }
 }
 
-/// One request of ours the server has not answered yet; if it ends unanswered, the server is told to stop.
-struct InFlight<'a> {
-    id: i64,
-    transport: &'a SseTransport,
-    answered: bool,
-    /// Whether the server may be told to stop: never `initialize`, which MCP forbids cancelling.
-    cancellable: bool,
-}
+/// A request of ours to a legacy SSE server: its relay goes when it ends; unanswered, it is forgotten and the
+/// server told to stop by a POST to its endpoint.
+impl Withdraw for &SseTransport {
+    fn ended(&self, id: i64) {
+        self.relays.remove(id);
+    }
 
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        let transport = self.transport;
-        transport.relays.remove(self.id);
-        if self.answered {
-            return;
-        }
-        transport.pending.forget(self.id);
-        if !self.cancellable {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let cancelled = protocol::notification(
-            "notifications/cancelled",
-            Some(serde_json::json!({"requestId": self.id, "reason": "the client gave up or the request timed out"})),
-        );
+    fn abandoned(&self, id: i64, notice: Option<Value>) {
+        self.pending.forget(id);
+        let (Some(notice), Ok(runtime)) = (notice, tokio::runtime::Handle::try_current()) else { return };
         let answers = Answers {
-            client: transport.client.clone(),
-            headers: transport.headers.clone(),
-            endpoint: Some(transport.endpoint.clone()),
+            client: self.client.clone(),
+            headers: self.headers.clone(),
+            endpoint: Some(self.endpoint.clone()),
             asker: None,
         };
-        runtime.spawn(answers.post(transport.label.clone(), cancelled));
+        runtime.spawn(answers.post(self.label.clone(), notice));
     }
 }
 

@@ -22,6 +22,7 @@ use url::Url;
 
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, complete_values, header_map};
+use super::in_flight::{InFlight, Withdraw};
 use super::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
 use super::{error_body, mask_sent, outcome, preview, sent_values, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::headers as mirrored;
@@ -371,12 +372,10 @@ impl StreamableHttpTransport {
         let body = protocol::request(RequestId::Number(id), method, params.clone());
         // A handshake-era request that ends unanswered is cancelled upstream, as a direct client would; on
         // 2026-07-28 closing the request's stream is the cancellation. `initialize` is never cancelled.
-        let mut in_flight = InFlight {
-            transport: self,
-            id,
-            protocol_version: headers.protocol_version.clone(),
-            answered: headers.modern.is_some() || method == "initialize",
-        };
+        let session = SessionRequest { transport: self, protocol_version: headers.protocol_version.clone() };
+        let mut in_flight = InFlight::new(session, id, method);
+        // A 2026-07-28 request is cancelled by closing its stream, not by a notice.
+        in_flight.answered = headers.modern.is_some();
         let outcome: Result<Payload, SendError> = async {
             let response = self.post(&body, headers).await?;
             let status = response.status();
@@ -712,27 +711,18 @@ async fn post_answer(client: &Client, url: &Url, headers: &HeaderMap, reply: &Va
     }
 }
 
-/// One handshake-era request the server has not answered. If it ends unanswered (it timed out, or the caller
-/// gave up and dropped it), the server is told to stop working on it with `notifications/cancelled`, sent on the
-/// session in the background and bounded by a short timeout.
-struct InFlight<'a> {
+/// A handshake-era request of ours on a Streamable HTTP session, with the protocol version it was sent under. If
+/// it ends unanswered, the server is told to stop with `notifications/cancelled`, sent on the session in the
+/// background and bounded by a short timeout.
+struct SessionRequest<'a> {
     transport: &'a StreamableHttpTransport,
-    id: i64,
     protocol_version: Option<String>,
-    answered: bool,
 }
 
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.answered {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+impl Withdraw for SessionRequest<'_> {
+    fn abandoned(&self, id: i64, notice: Option<Value>) {
+        let (Some(notice), Ok(runtime)) = (notice, tokio::runtime::Handle::try_current()) else { return };
         let transport = self.transport;
-        let cancelled = protocol::notification(
-            "notifications/cancelled",
-            Some(serde_json::json!({"requestId": self.id, "reason": "the client gave up or the request timed out"})),
-        );
         let mut request = transport
             .client
             .post(transport.url.clone())
@@ -740,14 +730,14 @@ impl Drop for InFlight<'_> {
             .header(ACCEPT, "application/json, text/event-stream")
             .header(CONTENT_TYPE, "application/json")
             .timeout(CANCEL_TIMEOUT)
-            .json(&cancelled);
+            .json(&notice);
         if let Some(version) = &self.protocol_version {
             request = request.header(PROTOCOL_VERSION_HEADER, version);
         }
         if let Some(session) = transport.session.lock().clone() {
             request = request.header(SESSION_HEADER, session);
         }
-        let (stop, label, id) = (transport.stop.clone(), transport.label.clone(), self.id);
+        let (stop, label) = (transport.stop.clone(), transport.label.clone());
         runtime.spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}

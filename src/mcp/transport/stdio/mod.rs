@@ -19,7 +19,7 @@ use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use nix::sys::signal::Signal;
 use nix::unistd::{getpid, getppid, Pid};
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::process::Command;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::codec::FramedRead;
@@ -32,6 +32,7 @@ pub use cgroup::prepare as prepare_cpu_limits;
 mod owner;
 pub mod reaper;
 
+use super::in_flight::{InFlight, Withdraw};
 use super::junk::{JunkLimiter, JunkSettings};
 use super::relays;
 use super::stderr::{StderrLimiter, StderrSettings};
@@ -407,7 +408,7 @@ impl StdioTransport {
             let token = relays::take_progress_token(&mut params, id);
             self.relays.add(id, relay.clone(), token);
         }
-        let mut in_flight = InFlight { id, transport: self, answered: false, cancellable: method != "initialize" };
+        let mut in_flight = InFlight::new(self, id, method);
         let line = protocol::request_line(&RequestId::Number(id), method, params.as_ref());
         if self.outbound.send(line).await.is_err() {
             in_flight.answered = true;
@@ -434,28 +435,17 @@ impl StdioTransport {
     }
 }
 
-/// One request of ours the child has not answered yet. If it ends unanswered (a timeout, or the caller's future
-/// dropped), the child is told to stop working on it.
-struct InFlight<'a> {
-    id: i64,
-    transport: &'a StdioTransport,
-    answered: bool,
-    /// Whether the server may be told to stop: never `initialize`, which MCP forbids cancelling.
-    cancellable: bool,
-}
+/// A request of ours to the child: its relay goes when it ends; unanswered, it is forgotten and the child told on
+/// stdin to stop working on it.
+impl Withdraw for &StdioTransport {
+    fn ended(&self, id: i64) {
+        self.relays.remove(id);
+    }
 
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.transport.relays.remove(self.id);
-        if !self.answered {
-            self.transport.pending.forget(self.id);
-        }
-        if !self.answered && self.cancellable {
-            let cancelled = protocol::notification(
-                "notifications/cancelled",
-                Some(json!({"requestId": self.id, "reason": "the client gave up or the request timed out"})),
-            );
-            let _ = self.transport.outbound.try_send(cancelled.to_string());
+    fn abandoned(&self, id: i64, notice: Option<Value>) {
+        self.pending.forget(id);
+        if let Some(notice) = notice {
+            let _ = self.outbound.try_send(notice.to_string());
         }
     }
 }
