@@ -13,7 +13,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_stream::wrappers::BroadcastStream;
 use tracing::Instrument as _;
-use warp::http::{HeaderMap, HeaderValue, StatusCode};
+use warp::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use warp::reply::Response;
 use warp::{Filter, Reply};
 
@@ -150,24 +150,21 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
                 with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
             },
         );
-    let hier_get = hier.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
-            let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
-                record_oauth_activity(&deps, &headers, &e, false);
-                open_stream(&deps, e, &headers)
-            });
-            with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
-        },
-    );
-    let hier_delete = hier.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-        |toolset: Option<String>, headers: HeaderMap, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
-            let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
-                record_oauth_activity(&deps, &headers, &e, false);
-                delete(e, &headers)
-            });
-            with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
-        },
-    );
+    // GET opens the session's stream, DELETE ends the session: one route, two methods.
+    let hier_other =
+        hier.and(stream_or_end()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+            |toolset: Option<String>,
+             method: Method,
+             headers: HeaderMap,
+             peer: Option<PeerAddr>,
+             deps: Arc<McpDeps>| async move {
+                let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
+                    record_oauth_activity(&deps, &headers, &e, false);
+                    stream_or_delete(&deps, method, e, &headers)
+                });
+                with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
+            },
+        );
 
     let inst = warp::path!("i" / String / "mcp").and(warp::query::<HashMap<String, String>>());
     let inst_post =
@@ -196,39 +193,38 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
                 finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
             },
         );
-    let inst_get = inst.and(warp::get()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
+    let inst_other = inst.and(stream_or_end()).and(warp::header::headers_cloned()).and(peer).and(with).then(
         |path: String,
          query: HashMap<String, String>,
+         method: Method,
          headers: HeaderMap,
          peer: Option<PeerAddr>,
          deps: Arc<McpDeps>| async move {
-            let answer =
-                instance_endpoint(&deps, &path, &query, &headers).and_then(|e| open_stream(&deps, e, &headers));
-            finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
-        },
-    );
-    let inst_delete = inst.and(warp::delete()).and(warp::header::headers_cloned()).and(peer).and(with).then(
-        |path: String,
-         query: HashMap<String, String>,
-         headers: HeaderMap,
-         peer: Option<PeerAddr>,
-         deps: Arc<McpDeps>| async move {
-            let answer = instance_endpoint(&deps, &path, &query, &headers).and_then(|e| delete(e, &headers));
+            let answer = instance_endpoint(&deps, &path, &query, &headers)
+                .and_then(|e| stream_or_delete(&deps, method, e, &headers));
             finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
         },
     );
     // The POSTs first, the calls among them: warp tries each route in turn, and each try costs a filter future.
-    hier_post
-        .or(inst_post)
-        .unify()
-        .or(hier_get)
-        .unify()
-        .or(hier_delete)
-        .unify()
-        .or(inst_get)
-        .unify()
-        .or(inst_delete)
-        .unify()
+    hier_post.or(inst_post).unify().or(hier_other).unify().or(inst_other).unify()
+}
+
+/// GET or DELETE, as the method it is; any other method is left to the other routes (and, failing them, 405).
+fn stream_or_end() -> impl Filter<Extract = (Method,), Error = warp::Rejection> + Clone {
+    warp::get().map(|| Method::GET).or(warp::delete().map(|| Method::DELETE)).unify()
+}
+
+/// A GET opens the endpoint's stream; a DELETE ends its session.
+fn stream_or_delete(
+    deps: &Arc<McpDeps>,
+    method: Method,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+) -> Result<Response, McpError> {
+    match method {
+        Method::DELETE => delete(endpoint, headers),
+        _ => open_stream(deps, endpoint, headers),
+    }
 }
 
 /// The MCP headers, as names made once: a name given as text is parsed and lowercased on every lookup.
