@@ -11,14 +11,17 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{debug, info_span, warn, Instrument};
 use warp::http::{HeaderName, HeaderValue, Request};
@@ -143,98 +146,29 @@ pub async fn serve<F>(
     let places = Arc::new(Semaphore::new(limits.max_concurrent_requests));
     let routes = warp::service(routes);
     let request_timeout = limits.request_timeout;
-    // Each request, in one future: its request id and span; a place under the global limit, refused at once with
-    // 503 when there is none (load shedding, never a queue), held until its answer's head; its deadline (504); its
-    // metrics; and the id on its answer. Six tower and tower-http layers did this in as many futures, and entered
-    // the span again for each frame of the body: 136.1k → 129.3k instructions per proxied call without them
-    // (docs/performance-history.md, 2026-12-01 19:30). The span covers the request until its answer's head.
-    let service = tower::service_fn(move |request: Request<hyper::body::Incoming>| {
-        let (mut routes, places, metrics) = (routes.clone(), places.clone(), metrics.clone());
-        // Counted here, outside the limit, so requests shed with 503 are counted too.
-        let (route, method, began) = (route_label(request.uri().path()), request.method().clone(), Instant::now());
+    // Each request, in one future (`answer`): its request id and span, a place under the global limit, its
+    // deadline, its metrics, and the id on its answer. Six tower and tower-http layers did this in as many futures,
+    // and entered the span again for each frame of the body: 136.1k → 129.3k instructions per proxied call without
+    // them (docs/performance-history.md, 2026-12-01 19:30). The span covers the request until its answer's head.
+    let service = tower::service_fn(move |request: Request<Incoming>| {
+        let (routes, places, metrics) = (routes.clone(), places.clone(), metrics.clone());
         let request_id = request_id(&request);
         // The path, never the query: `?token=` does not reach the log.
-        let span = info_span!("http", method = %method, path = %request.uri().path(),
+        let span = info_span!("http", method = %request.method(), path = %request.uri().path(),
             request_id = %request_id.to_str().unwrap_or("-"));
-        async move {
-            debug!(target: ACCESS_LOG, "started processing request");
-            let mut response = match two_authorizations(&request) {
-                Some(refused) => refused,
-                None => match places.try_acquire_owned() {
-                    Ok(_place) => {
-                        match tokio::time::timeout(request_timeout, tower::Service::call(&mut routes, request)).await {
-                            Ok(Ok(response)) => response,
-                            Ok(Err(never)) => match never {},
-                            Err(_) => refusal(McpError::GatewayTimeout),
-                        }
-                    }
-                    Err(_) => refusal(McpError::Overloaded),
-                },
-            };
-            let status = response.status().as_u16();
-            metrics.http_request(route, method.as_str(), status, began.elapsed());
-            // A 5xx is not an operator's problem by itself: `/readyz` answers 503 while starting, a full satellite
-            // sheds load with 503 (counted in /metrics), and real failures are logged where they happen, with context.
-            debug!(target: ACCESS_LOG, status, latency_ms = began.elapsed().as_millis() as u64,
-                "finished processing request");
-            response.headers_mut().entry(X_REQUEST_ID).or_insert(request_id);
-            // A stream's body is the rest of its request: what is logged while it is sent carries the request's
-            // span (and the exported span lasts as long as the stream). A whole answer needs no span to be sent.
-            if is_stream(&response) {
-                response.extensions_mut().insert(tracing::Span::current());
-            }
-            Ok::<Response, Infallible>(response)
-        }
-        .instrument(span)
+        answer(routes, Admission { places, request_timeout, metrics }, request, request_id).instrument(span)
     });
 
     // Every connection's task: the drain waits for them (each closes gracefully once the drain begins).
     let connections = tokio_util::task::TaskTracker::new();
     // Set when the drain begins: a connection that has sent nothing yet is closed then, not waited for.
-    let draining = tokio_util::sync::CancellationToken::new();
+    let draining = CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut last_warning: Option<Instant> = None;
-    let mut warn_once = |message: &str, detail: String| {
-        if last_warning.is_none_or(|at| at.elapsed() >= CAP_WARNING_INTERVAL) {
-            last_warning = Some(Instant::now());
-            warn!(detail = %detail, "{message}");
-        }
-    };
+    let mut warnings = CapWarnings::default();
     loop {
-        // A connection slot first: when all are taken, new clients wait in the listen backlog instead of
-        // costing a descriptor each.
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                warn_once(
-                    "connection limit reached, new connections wait until one closes; raise SATELLITE_MAX_CONNECTIONS (and the open-file limit, LimitNOFILE) if this is legitimate load",
-                    format!("max_connections={}", limits.max_connections),
-                );
-                tokio::select! {
-                    _ = &mut shutdown => break,
-                    slot = slots.clone().acquire_owned() => match slot {
-                        Ok(slot) => slot,
-                        Err(_) => break,
-                    },
-                }
-            }
-        };
-        let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(err) => {
-                    warn_once(
-                        "accepting connections fails; check the open-file limit (LimitNOFILE) and SATELLITE_MAX_CONNECTIONS",
-                        err.to_string(),
-                    );
-                    // Out of descriptors and similar: give the system a moment instead of spinning.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+        let Some(slot) = next_slot(&slots, &mut shutdown, &mut warnings, limits.max_connections).await else { break };
+        let Some((stream, peer)) = next_connection(&listener, &mut shutdown, &mut warnings).await else { break };
         // Answers are often written in pieces (an SSE answer: head, events, end): with Nagle's algorithm on, a
         // piece waits for the client's delayed ACK, up to 40 ms (benches/matrix.rs saw p99 = 44 ms at
         // concurrency 1). Every write goes out at once instead.
@@ -243,11 +177,10 @@ pub async fn serve<F>(
         }
         // What the connection has in flight, and since when it has had nothing.
         let activity = Arc::new(Activity::new());
-        let busy_with = activity.clone();
-        let per_request = service.clone();
+        let (busy_with, per_request) = (activity.clone(), service.clone());
         // Every request of the connection carries the peer's address, for client tracking and audit events, and
         // counts as activity until its answer has ended (an SSE answer, until its stream does).
-        let with_peer = tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+        let with_peer = tower::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(PeerAddr(peer));
             let busy = Busy::new(&busy_with);
             let answer = per_request.clone().oneshot(request);
@@ -257,86 +190,230 @@ pub async fn serve<F>(
                 Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy, span }))
             }
         });
-        let (header_read_timeout, write_timeout) = (limits.header_read_timeout, limits.write_timeout);
-        let drain_begun = draining.clone();
+        let connection = Connection { peer, activity, limits, drain: draining.clone() };
         connections.spawn(async move {
             let _slot = slot;
-            // A connection that sends nothing is closed like a half-sent head. hyper's header timer starts only
-            // with the first byte (the auto builder first waits to tell HTTP/1 from HTTP/2), so silent
-            // connections were held for ever and a cap full of them starved every client (benches/storm.rs).
-            // Nor does one hold the drain: a client's spare pooled connection used to delay every stop by the
-            // whole header timeout.
-            let mut first = [0u8; 1];
-            let peeked = tokio::select! {
-                peeked = tokio::time::timeout(header_read_timeout, stream.peek(&mut first)) => peeked,
-                _ = drain_begun.cancelled() => return,
-            };
-            match peeked {
-                Ok(Ok(n)) if n > 0 => activity.quiet_now(),
-                Ok(Ok(_)) | Ok(Err(_)) => return,
-                Err(_) => {
-                    debug!(peer = %peer, "connection sent nothing within the header timeout, closed");
-                    return;
-                }
-            }
-            let connection_service = TowerToHyperService::new(with_peer);
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            // Half-sent requests and idle keep-alive connections are closed after the header timeout; an HTTP/2
-            // connection whose peer stops answering pings is closed too.
-            builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .keep_alive_interval(Some(Duration::from_secs(30)))
-                .keep_alive_timeout(header_read_timeout);
-            // A write pending past the write timeout (the client's window and the socket's buffer full) fails, and with
-            // it the connection: what it held (the answer, a place, a descriptor) is let go.
-            let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
-            stream.set_write_timeout(Some(write_timeout));
-            let stream = Box::pin(stream);
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), connection_service);
-            // Its wakes of itself fold into its poll (wakes.rs): a request made alone no longer wakes the
-            // runtime's other worker for nothing.
-            let mut connection = super::wakes::Coalesced::new(connection.into_owned());
-            // Nor does a connection with nothing in flight for the header timeout: one that has sent a byte but
-            // no whole request (hyper's HTTP/1 header timer starts only once the auto builder has told HTTP/1 from
-            // HTTP/2, and the HTTP/2 side has no timer at all, so one byte of the HTTP/2 preface held a place for
-            // ever), or an HTTP/2 connection idle after its requests (its peer answering pings kept it open for
-            // ever, where an idle HTTP/1 keep-alive connection is closed after the same timeout).
-            // Closed gracefully (what is being sent is sent whole; HTTP/2 says GOAWAY) when the drain begins or the
-            // connection is idle; one that never sent a whole request is dropped at once, as it always was.
-            let idle = activity.idle_for(header_read_timeout);
-            tokio::pin!(idle);
-            let mut closing = false;
-            loop {
-                tokio::select! {
-                    ended = &mut connection => {
-                        if let Err(err) = ended {
-                            debug!(error = %err, "connection ended with an error");
-                        }
-                        break;
-                    }
-                    _ = drain_begun.cancelled(), if !closing => {
-                        closing = true;
-                        connection.inner_mut().graceful_shutdown();
-                    }
-                    () = &mut idle, if !closing => {
-                        if !activity.seen.load(std::sync::atomic::Ordering::Acquire) {
-                            debug!(peer = %peer, "connection sent no whole request within the header timeout, closed");
-                            break;
-                        }
-                        debug!(peer = %peer, "connection had nothing in flight for the header timeout, closing");
-                        closing = true;
-                        connection.inner_mut().graceful_shutdown();
-                    }
-                }
-            }
+            connection.serve(stream, with_peer).await;
         });
     }
     drop(listener);
     draining.cancel();
     connections.close();
     connections.wait().await;
+}
+
+/// What every request shares: the places under the global limit, the deadline, the metrics.
+struct Admission {
+    places: Arc<Semaphore>,
+    request_timeout: Duration,
+    metrics: crate::metrics::Metrics,
+}
+
+/// One request's answer: refused at once with 503 when there is no place under the global limit (load shedding,
+/// never a queue), the place held until its answer's head; 504 past its deadline; counted; its id on the answer.
+async fn answer<S>(
+    mut routes: S,
+    admission: Admission,
+    request: Request<Incoming>,
+    request_id: HeaderValue,
+) -> Result<Response, Infallible>
+where
+    S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>,
+{
+    let Admission { places, request_timeout, metrics } = admission;
+    // Counted here, outside the limit, so requests shed with 503 are counted too.
+    let (route, method, began) = (route_label(request.uri().path()), request.method().clone(), Instant::now());
+    debug!(target: ACCESS_LOG, "started processing request");
+    let mut response = match two_authorizations(&request) {
+        Some(refused) => refused,
+        None => match places.try_acquire_owned() {
+            Ok(_place) => match tokio::time::timeout(request_timeout, tower::Service::call(&mut routes, request)).await
+            {
+                Ok(Ok(response)) => response,
+                Ok(Err(never)) => match never {},
+                Err(_) => refusal(McpError::GatewayTimeout),
+            },
+            Err(_) => refusal(McpError::Overloaded),
+        },
+    };
+    let status = response.status().as_u16();
+    metrics.http_request(route, method.as_str(), status, began.elapsed());
+    // A 5xx is not an operator's problem by itself: `/readyz` answers 503 while starting, a full satellite sheds
+    // load with 503 (counted in /metrics), and real failures are logged where they happen, with context.
+    debug!(target: ACCESS_LOG, status, latency_ms = began.elapsed().as_millis() as u64, "finished processing request");
+    response.headers_mut().entry(X_REQUEST_ID).or_insert(request_id);
+    // A stream's body is the rest of its request: what is logged while it is sent carries the request's span (and
+    // the exported span lasts as long as the stream). A whole answer needs no span to be sent.
+    if is_stream(&response) {
+        response.extensions_mut().insert(tracing::Span::current());
+    }
+    Ok(response)
+}
+
+/// At most one warning per `CAP_WARNING_INTERVAL` while connections are refused for lack of room or descriptors.
+#[derive(Default)]
+struct CapWarnings {
+    last: Option<Instant>,
+}
+
+impl CapWarnings {
+    fn warn(&mut self, message: &str, detail: String) {
+        if self.last.is_none_or(|at| at.elapsed() >= CAP_WARNING_INTERVAL) {
+            self.last = Some(Instant::now());
+            warn!(detail = %detail, "{message}");
+        }
+    }
+}
+
+/// A connection slot, or `None` once `shutdown` resolves: when all are taken, new clients wait in the listen
+/// backlog instead of costing a descriptor each.
+async fn next_slot(
+    slots: &Arc<Semaphore>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+    warnings: &mut CapWarnings,
+    max_connections: usize,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(slot) = slots.clone().try_acquire_owned() {
+        return Some(slot);
+    }
+    warnings.warn(
+        "connection limit reached, new connections wait until one closes; raise SATELLITE_MAX_CONNECTIONS (and the open-file limit, LimitNOFILE) if this is legitimate load",
+        format!("max_connections={max_connections}"),
+    );
+    tokio::select! {
+        _ = shutdown => None,
+        slot = slots.clone().acquire_owned() => slot.ok(),
+    }
+}
+
+/// The next connection, or `None` once `shutdown` resolves.
+async fn next_connection(
+    listener: &TcpListener,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+    warnings: &mut CapWarnings,
+) -> Option<(TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            _ = &mut *shutdown => return None,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => return Some(pair),
+                Err(err) => {
+                    warnings.warn(
+                        "accepting connections fails; check the open-file limit (LimitNOFILE) and SATELLITE_MAX_CONNECTIONS",
+                        err.to_string(),
+                    );
+                    // Out of descriptors and similar: give the system a moment instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+/// One accepted connection: its peer, what it has in flight, the limits it is held to, and the drain.
+struct Connection {
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+    limits: HttpLimits,
+    drain: CancellationToken,
+}
+
+impl Connection {
+    /// Serve the connection's requests with `service` until it ends, is idle, or the drain closes it.
+    async fn serve<S, B>(self, stream: TcpStream, service: S)
+    where
+        S: tower::Service<Request<Incoming>, Response = hyper::Response<B>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let Connection { peer, activity, limits, drain } = self;
+        if !first_byte(&stream, limits.header_read_timeout, &drain, peer).await {
+            return;
+        }
+        activity.quiet_now();
+        // A write pending past the write timeout (the client's window and the socket's buffer full) fails, and with
+        // it the connection: what it held (the answer, a place, a descriptor) is let go.
+        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(limits.write_timeout));
+        let builder = connection_builder(limits.header_read_timeout);
+        let connection =
+            builder.serve_connection_with_upgrades(TokioIo::new(Box::pin(stream)), TowerToHyperService::new(service));
+        // Its wakes of itself fold into its poll (wakes.rs): a request made alone no longer wakes the runtime's
+        // other worker for nothing.
+        let mut connection = super::wakes::Coalesced::new(connection.into_owned());
+        // Nor does a connection with nothing in flight for the header timeout: one that has sent a byte but no whole
+        // request (hyper's HTTP/1 header timer starts only once the auto builder has told HTTP/1 from HTTP/2, and
+        // the HTTP/2 side has no timer at all, so one byte of the HTTP/2 preface held a place for ever), or an
+        // HTTP/2 connection idle after its requests (its peer answering pings kept it open for ever, where an idle
+        // HTTP/1 keep-alive connection is closed after the same timeout). Closed gracefully (what is being sent is
+        // sent whole; HTTP/2 says GOAWAY) when the drain begins or the connection is idle; one that never sent a
+        // whole request is dropped at once, as it always was.
+        let idle = activity.idle_for(limits.header_read_timeout);
+        tokio::pin!(idle);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                ended = &mut connection => {
+                    if let Err(err) = ended {
+                        debug!(error = %err, "connection ended with an error");
+                    }
+                    break;
+                }
+                _ = drain.cancelled(), if !closing => {
+                    closing = true;
+                    connection.inner_mut().graceful_shutdown();
+                }
+                () = &mut idle, if !closing => {
+                    if !activity.seen.load(std::sync::atomic::Ordering::Acquire) {
+                        debug!(peer = %peer, "connection sent no whole request within the header timeout, closed");
+                        break;
+                    }
+                    debug!(peer = %peer, "connection had nothing in flight for the header timeout, closing");
+                    closing = true;
+                    connection.inner_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+/// Whether the connection sent a first byte within the header timeout (and before the drain began). A connection
+/// that sends nothing is closed like a half-sent head: hyper's header timer starts only with the first byte (the
+/// auto builder first waits to tell HTTP/1 from HTTP/2), so silent connections were held for ever and a cap full of
+/// them starved every client (benches/storm.rs). Nor does one hold the drain: a client's spare pooled connection
+/// used to delay every stop by the whole header timeout.
+async fn first_byte(stream: &TcpStream, timeout: Duration, drain: &CancellationToken, peer: SocketAddr) -> bool {
+    let mut first = [0u8; 1];
+    let peeked = tokio::select! {
+        peeked = tokio::time::timeout(timeout, stream.peek(&mut first)) => peeked,
+        _ = drain.cancelled() => return false,
+    };
+    match peeked {
+        Ok(Ok(n)) => n > 0,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            debug!(peer = %peer, "connection sent nothing within the header timeout, closed");
+            false
+        }
+    }
+}
+
+/// HTTP/1 and HTTP/2 on one port. Half-sent requests and idle keep-alive connections are closed after the header
+/// timeout; an HTTP/2 connection whose peer stops answering pings is closed too.
+fn connection_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(header_read_timeout);
+    builder
 }
 
 /// What one connection has in flight: requests whose answer has not ended, and when the last one ended (or the

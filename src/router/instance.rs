@@ -16,6 +16,7 @@ use crate::mcp::client::Era;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
+use crate::model::catalog::Catalog;
 
 /// The longest a `subscriptions/listen` stream is kept open upstream; the client re-subscribes after it ends.
 const LISTEN_LIMIT: Duration = Duration::from_secs(24 * 60 * 60);
@@ -47,46 +48,7 @@ impl InstanceRouter {
         let who = Caller { team: spec.team_id.as_str(), user: spec.user_id.as_str(), session };
         match method {
             "ping" => Ok(json!({}).into()),
-            "tools/list" => {
-                let mut tokens = 0u64;
-                let mut uncounted = Vec::new();
-                let tools: Vec<Value> = catalog
-                    .iter()
-                    .flat_map(|c| {
-                        let parsed = instance.tool_listing(c);
-                        c.tools
-                            .iter()
-                            .zip(parsed.iter())
-                            .zip(c.tool_tokens.iter().map(Some).chain(std::iter::repeat(None)))
-                            .filter(|((t, _), _)| !instance.tool_disabled(t.name()))
-                            .map(|((t, definition), n)| {
-                                match n {
-                                    Some(n) => tokens += u64::from(*n),
-                                    None => uncounted.push(t.clone()),
-                                }
-                                definition.clone()
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
-                // The instance router is a plain proxy: what it shows is what one would send.
-                self.analytics.listing(
-                    &who,
-                    Listing {
-                        router: Router::Instance,
-                        instance: Some((spec.process_id.0.clone(), spec.installation_id.0.clone())),
-                        tools_shown: tools.len() as u64,
-                        shown_tokens: tokens,
-                        tools_visible: tools.len() as u64,
-                        visible_tokens: tokens,
-                        fingerprint: analytics::fingerprint(
-                            catalog.iter().map(|c| (spec.process_id.as_str(), c.discovered_at.timestamp_millis())),
-                        ),
-                        uncounted,
-                    },
-                );
-                Ok(protocol::object([("tools", Value::Array(tools))]).into())
-            }
+            "tools/list" => Ok(self.list_tools(instance, catalog.as_ref(), &who)),
             "resources/list" => {
                 let resources: Vec<Value> =
                     catalog.iter().flat_map(|c| c.resources.iter().map(|r| r.definition.clone())).collect();
@@ -97,116 +59,184 @@ impl InstanceRouter {
                     catalog.iter().flat_map(|c| c.templates.iter().map(|t| t.definition.clone())).collect();
                 Ok(protocol::object([("resourceTemplates", Value::Array(templates))]).into())
             }
-            "tools/call" => {
-                let params = params.unwrap_or_else(|| json!({}));
-                // Owned, so the request itself goes on to the server without a copy.
-                let name: String = params
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_owned)
-                    .ok_or_else(|| {
-                        RouteError::Rpc(RpcError::new(
-                            codes::INVALID_PARAMS,
-                            "Invalid params: name must be a non-empty string",
-                        ))
-                    })?;
-                if !callable(instance.state()) {
-                    return Ok(blocked_result(&name, instance).into());
-                }
-                if instance.tool_disabled(&name) {
-                    return Ok(disabled_result(&name).into());
-                }
-                // A tool missing from the catalog goes on too: the server may have added it since it was listed,
-                // or serve tools it does not list; it answers for its own tools, as it would without us.
-                // The whole request goes on: arguments, `_meta` (progress token), and what a 2026-07-28 retry adds.
-                let started = std::time::Instant::now();
-                let result = forward(&self.manager, instance, "tools/call", params, self.call_timeout, relay).await;
-                self.analytics.call(&who, Router::Instance, spec, &name, call_outcome(&result), started.elapsed());
-                Ok(normalise_call_result(result?))
+            "tools/call" => self.call_tool(instance, &who, params, relay).await,
+            "subscriptions/listen" => self.listen(instance, method, params, relay).await,
+            other => self.pass_on(instance, session, other, params, relay).await,
+        }
+    }
+
+    /// `tools/list` from the catalog, disabled tools left out, reported to the analytics as a plain proxy's
+    /// listing.
+    fn list_tools(&self, instance: &Arc<Instance>, catalog: Option<&Arc<Catalog>>, who: &Caller<'_>) -> Payload {
+        let spec = instance.spec();
+        let mut tokens = 0u64;
+        let mut uncounted = Vec::new();
+        let tools: Vec<Value> = catalog
+            .iter()
+            .flat_map(|c| {
+                let parsed = instance.tool_listing(c);
+                c.tools
+                    .iter()
+                    .zip(parsed.iter())
+                    .zip(c.tool_tokens.iter().map(Some).chain(std::iter::repeat(None)))
+                    .filter(|((t, _), _)| !instance.tool_disabled(t.name()))
+                    .map(|((t, definition), n)| {
+                        match n {
+                            Some(n) => tokens += u64::from(*n),
+                            None => uncounted.push(t.clone()),
+                        }
+                        definition.clone()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        // The instance router is a plain proxy: what it shows is what one would send.
+        self.analytics.listing(
+            who,
+            Listing {
+                router: Router::Instance,
+                instance: Some((spec.process_id.0.clone(), spec.installation_id.0.clone())),
+                tools_shown: tools.len() as u64,
+                shown_tokens: tokens,
+                tools_visible: tools.len() as u64,
+                visible_tokens: tokens,
+                fingerprint: analytics::fingerprint(
+                    catalog.iter().map(|c| (spec.process_id.as_str(), c.discovered_at.timestamp_millis())),
+                ),
+                uncounted,
+            },
+        );
+        protocol::object([("tools", Value::Array(tools))]).into()
+    }
+
+    /// `tools/call`, gated by the instance's status and the installation's disabled tools, then sent on whole.
+    async fn call_tool(
+        &self,
+        instance: &Arc<Instance>,
+        who: &Caller<'_>,
+        params: Option<Value>,
+        relay: Option<&Relay>,
+    ) -> Result<Payload, RouteError> {
+        let params = params.unwrap_or_else(|| json!({}));
+        // Owned, so the request itself goes on to the server without a copy.
+        let name: String = params
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, "Invalid params: name must be a non-empty string"))
+            })?;
+        if !callable(instance.state()) {
+            return Ok(blocked_result(&name, instance).into());
+        }
+        if instance.tool_disabled(&name) {
+            return Ok(disabled_result(&name).into());
+        }
+        // A tool missing from the catalog goes on too: the server may have added it since it was listed, or serve
+        // tools it does not list; it answers for its own tools, as it would without us. The whole request goes on:
+        // arguments, `_meta` (progress token), and what a 2026-07-28 retry adds.
+        let started = std::time::Instant::now();
+        let result = forward(&self.manager, instance, "tools/call", params, self.call_timeout, relay).await;
+        let spec = instance.spec();
+        self.analytics.call(who, Router::Instance, spec, &name, call_outcome(&result), started.elapsed());
+        Ok(normalise_call_result(result?))
+    }
+
+    /// `subscriptions/listen`: passed through to a 2026-07-28 server, served here for a handshake-era one.
+    async fn listen(
+        &self,
+        instance: &Arc<Instance>,
+        method: &str,
+        params: Option<Value>,
+        relay: Option<&Relay>,
+    ) -> Result<Payload, RouteError> {
+        let relay = relay.ok_or_else(|| {
+            RouteError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, "subscriptions/listen needs a stream"))
+        })?;
+        let params = params.unwrap_or_else(|| json!({}));
+        // Asleep, the server would announce nothing: an open listen keeps the instance awake, from before the wake
+        // below, so the idle sweep cannot put it to sleep again in between.
+        let _listening = instance.listening();
+        // A handshake-era server has no `subscriptions/listen`; it announces on its session instead, which the
+        // satellite keeps open: the stream is served here from what it announces.
+        if self.manager.wake(instance).await.is_ok()
+            && instance.client().is_some_and(|client| matches!(client.era(), Era::Handshake { .. }))
+        {
+            return Box::pin(self.listen_here(instance, &params, relay)).await;
+        }
+        // Boxed: a listen's future is several kilobytes, and held inline it would make every call's future as large
+        // (a future is as large as its largest branch), copied whole each time the call's task moves it.
+        match Box::pin(self.manager.listen(instance, method, Some(params), LISTEN_LIMIT, relay)).await {
+            Ok(result) => Ok(result),
+            Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
+            Err(err) => Err(RouteError::Rpc(RpcError::new(
+                codes::INTERNAL_ERROR,
+                format!("MCP server error ({}): {err}", instance.spec().server_slug),
+            ))),
+        }
+    }
+
+    /// Any other method, known or not, goes to the server unchanged while the instance can take it; resource
+    /// subscriptions are counted per client, since the server holds one set for all the instance's clients.
+    async fn pass_on(
+        &self,
+        instance: &Arc<Instance>,
+        session: Option<&str>,
+        method: &str,
+        params: Option<Value>,
+        relay: Option<&Relay>,
+    ) -> Result<Payload, RouteError> {
+        if !callable(instance.state()) {
+            let status = instance.state();
+            return Err(RouteError::Rpc(RpcError::new(
+                codes::INTERNAL_ERROR,
+                format!("MCP server is unavailable (status: {status})"),
+            )));
+        }
+        let timeout = if method == "resources/read" { self.read_timeout } else { self.call_timeout };
+        let params = params.unwrap_or_else(|| json!({}));
+        // The server holds one set of subscriptions for all the instance's clients: one client's unsubscribe must
+        // not end another's updates.
+        let subscription = match method {
+            "resources/subscribe" | "resources/unsubscribe" => {
+                params.get("uri").and_then(Value::as_str).map(|uri| (uri.to_owned(), session.unwrap_or_default()))
             }
-            "subscriptions/listen" => {
-                let relay = relay.ok_or_else(|| {
-                    RouteError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, "subscriptions/listen needs a stream"))
-                })?;
-                let params = params.unwrap_or_else(|| json!({}));
-                // Asleep, the server would announce nothing: an open listen keeps the instance awake, from before
-                // the wake below, so the idle sweep cannot put it to sleep again in between.
-                let _listening = instance.listening();
-                // A handshake-era server has no `subscriptions/listen`; it announces on its session instead, which
-                // the satellite keeps open: the stream is served here from what it announces.
-                if self.manager.wake(instance).await.is_ok()
-                    && instance.client().is_some_and(|client| matches!(client.era(), Era::Handshake { .. }))
-                {
-                    return Box::pin(self.listen_here(instance, &params, relay)).await;
-                }
-                // Boxed: a listen's future is several kilobytes, and held inline it would make every call's future as large
-                // (a future is as large as its largest branch), copied whole each time the call's task moves it.
-                match Box::pin(self.manager.listen(instance, method, Some(params), LISTEN_LIMIT, relay)).await {
-                    Ok(result) => Ok(result),
-                    Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
-                    Err(err) => Err(RouteError::Rpc(RpcError::new(
-                        codes::INTERNAL_ERROR,
-                        format!("MCP server error ({}): {err}", instance.spec().server_slug),
-                    ))),
-                }
-            }
-            other => {
-                if !callable(instance.state()) {
-                    let status = instance.state();
-                    return Err(RouteError::Rpc(RpcError::new(
-                        codes::INTERNAL_ERROR,
-                        format!("MCP server is unavailable (status: {status})"),
-                    )));
-                }
-                let timeout = if other == "resources/read" { self.read_timeout } else { self.call_timeout };
-                let params = params.unwrap_or_else(|| json!({}));
-                // The server holds one set of subscriptions for all the instance's clients: one client's
-                // unsubscribe must not end another's updates.
-                let subscription = match other {
-                    "resources/subscribe" | "resources/unsubscribe" => params
-                        .get("uri")
-                        .and_then(Value::as_str)
-                        .map(|uri| (uri.to_owned(), session.unwrap_or_default())),
-                    _ => None,
-                };
-                // A hold is taken before the subscribe goes out, so an unsubscribe racing it cannot see the
-                // resource unheld and end it; undone when the server refuses, as is a release the server refused.
-                // Decided and asked under the instance's subscription lock, so a subscribe and another client's
-                // unsubscribe (or a background undo) of the same resource cannot cross on their way to the server.
-                let _changing = match &subscription {
-                    Some(_) => Some(instance.subscription_lock().await),
-                    None => None,
-                };
-                if let (Some((uri, _)), "resources/subscribe") = (&subscription, other) {
-                    if !instance.can_hold_subscription(uri) {
-                        return Err(invalid(format!(
-                            "too many resource subscriptions on this server (at most {}): unsubscribe from one first",
-                            crate::instances::MAX_SUBSCRIPTIONS
-                        )));
-                    }
-                }
-                let mut was_held = false;
-                if let (Some((uri, holder)), "resources/unsubscribe") = (&subscription, other) {
-                    match instance.release_subscription(uri, holder) {
-                        Release::OthersHold => return Ok(json!({}).into()),
-                        released => was_held = released == Release::Last,
-                    }
-                }
-                let result = forward(&self.manager, instance, other, params, timeout, relay).await;
-                match (&subscription, other, &result) {
-                    (Some((uri, holder)), "resources/subscribe", Ok(_)) => {
-                        instance.hold_subscription(uri, holder);
-                    }
-                    // The server refused to stop: the client still holds it.
-                    (Some((uri, holder)), "resources/unsubscribe", Err(_)) if was_held => {
-                        instance.hold_subscription(uri, holder);
-                    }
-                    _ => {}
-                }
-                result
+            _ => None,
+        };
+        // A hold is taken before the subscribe goes out, so an unsubscribe racing it cannot see the resource unheld
+        // and end it; undone when the server refuses, as is a release the server refused. Decided and asked under
+        // the instance's subscription lock, so a subscribe and another client's unsubscribe (or a background undo)
+        // of the same resource cannot cross on their way to the server.
+        let _changing = match &subscription {
+            Some(_) => Some(instance.subscription_lock().await),
+            None => None,
+        };
+        if let (Some((uri, _)), "resources/subscribe") = (&subscription, method) {
+            if !instance.can_hold_subscription(uri) {
+                return Err(invalid(format!(
+                    "too many resource subscriptions on this server (at most {}): unsubscribe from one first",
+                    crate::instances::MAX_SUBSCRIPTIONS
+                )));
             }
         }
+        let mut was_held = false;
+        if let (Some((uri, holder)), "resources/unsubscribe") = (&subscription, method) {
+            match instance.release_subscription(uri, holder) {
+                Release::OthersHold => return Ok(json!({}).into()),
+                released => was_held = released == Release::Last,
+            }
+        }
+        let result = forward(&self.manager, instance, method, params, timeout, relay).await;
+        match (&subscription, method, &result) {
+            (Some((uri, holder)), "resources/subscribe", Ok(_)) => instance.hold_subscription(uri, holder),
+            // The server refused to stop: the client still holds it.
+            (Some((uri, holder)), "resources/unsubscribe", Err(_)) if was_held => {
+                instance.hold_subscription(uri, holder)
+            }
+            _ => {}
+        }
+        result
     }
 }
 
