@@ -16,6 +16,7 @@ use crate::auth::Authenticator;
 use crate::instances::InstanceManager;
 use crate::router::{HierarchicalRouter, InstanceRouter};
 
+mod activity;
 pub mod analytics;
 mod audit;
 mod body;
