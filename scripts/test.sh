@@ -64,10 +64,10 @@ fi
 cargo machete
 
 step "cargo clippy (warnings denied)"
-cargo clippy --locked --all-targets -- -D warnings
+cargo clippy --locked --workspace --all-targets -- -D warnings
 
 step "cargo test"
-cargo test --locked --lib --bins --tests
+cargo test --locked --workspace --lib --bins --tests
 
 step "the integration tests again, every test satellite on PostgreSQL (SATELLITE_TEST_ENGINE=postgres)"
 # Skipped here: tests that start no test satellite (cli, fuzz_regressions), that choose their databases

@@ -60,40 +60,40 @@ const ALLOWED: &[Allowed] = &[
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "src/mcp/transport/stdio/mod.rs",
+        file: "crates/mcp/src/mcp/transport/stdio/mod.rs",
         line: "tokio::spawn(",
         why: "the transport's own: a child's stdin writer and owner end with the child, which the owner stops once \
               the transport's Drop cancels its `stop` token",
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "src/mcp/transport/sse.rs",
+        file: "crates/mcp/src/mcp/transport/sse.rs",
         line: "spawn(",
         why: "the transport's own: its SSE reader ends with its `stop` token (cancelled on Drop), and the cancel \
               notice an abandoned call posts from a Drop with its request timeout; `mcp` sees no tracker",
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "src/mcp/transport/streamable_http.rs",
+        file: "crates/mcp/src/mcp/transport/streamable_http.rs",
         line: "spawn(async move {",
         why: "the transport's own: the session's GET stream and the cancel notice an abandoned call posts from a \
               Drop end with its `stop` token (the notice also with CANCEL_TIMEOUT)",
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "src/search/mod.rs",
+        file: "crates/search/src/search/mod.rs",
         line: "runtime.spawn(run_writer(",
         why: "the index's one writer: it ends when the last `SearchIndex` (its command sender) goes",
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "src/search/semantic/mod.rs",
+        file: "crates/search/src/search/semantic/mod.rs",
         line: "tokio::spawn(task)",
         why: "the embedding task: it ends when the `Semantic` that feeds it goes (its queue closes)",
     },
     Allowed {
         rule: Rule::Unbounded,
-        file: "src/search/semantic/mod.rs",
+        file: "crates/search/src/search/semantic/mod.rs",
         line: "",
         why: "the embedding queue: a tool goes on it once per content hash (`State::queued`), so it holds at most \
               the tools not yet embedded; a bound would drop vectors, not memory",

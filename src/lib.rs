@@ -15,31 +15,26 @@ macro_rules! future_size {
     }};
 }
 
+pub use satellite_config::{config, control};
+pub use satellite_mcp::mcp;
+pub use satellite_model::{jobs, memory, metrics, model, secrets};
+pub use satellite_search::{search, tokens};
+
 pub mod activity;
 pub mod analytics;
 pub mod app;
 pub mod auth;
 pub mod backend;
-pub mod config;
-pub mod control;
 pub mod demo;
 pub mod discovery;
 pub mod events;
 pub mod fuzz;
 pub mod http;
 pub mod instances;
-pub mod jobs;
 pub mod logcapture;
-pub mod mcp;
-pub mod memory;
-pub mod metrics;
-pub mod model;
 pub mod router;
-pub mod search;
-pub mod secrets;
 pub mod store;
 pub mod telemetry;
-pub mod tokens;
 pub mod toolsets;
 
 #[cfg(test)]

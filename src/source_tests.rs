@@ -25,7 +25,7 @@ pub(crate) fn shown(path: &Path) -> String {
     path.strip_prefix(root()).unwrap_or(path).display().to_string()
 }
 
-/// Every non-test source file under `src/` with its module path (`src/main.rs` and `src/main/` are `main`).
+/// Every non-test source file of the workspace with its module path (`src/main.rs` and `src/main/` are `main`).
 pub(crate) fn source_files() -> Vec<(ModPath, PathBuf)> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).expect("src is readable").flatten() {
@@ -37,13 +37,21 @@ pub(crate) fn source_files() -> Vec<(ModPath, PathBuf)> {
             }
         }
     }
-    let src = root().join("src");
+    // The binary crate's `src/` and each workspace crate's (`crates/store/src/`): a crate's `lib.rs` declares its
+    // modules under their names, so `crates/store/src/store/mod.rs` is `store`, as `src/app/mod.rs` is `app`.
+    let mut roots = vec![root().join("src")];
+    let crates = std::fs::read_dir(root().join("crates")).expect("crates/ is readable");
+    roots.extend(crates.flatten().map(|entry| entry.path().join("src")).filter(|src| src.is_dir()));
     let mut paths = Vec::new();
-    walk(&src, &mut paths);
+    for src in &roots {
+        let mut found = Vec::new();
+        walk(src, &mut found);
+        paths.extend(found.into_iter().map(|path| (src.clone(), path)));
+    }
     let mut files: Vec<(ModPath, PathBuf)> = paths
         .into_iter()
-        .map(|path| {
-            let rel = path.strip_prefix(&src).expect("under src").with_extension("");
+        .map(|(src, path)| {
+            let rel = path.strip_prefix(&src).expect("under its src").with_extension("");
             let mut parts: ModPath = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
             if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
                 parts.pop();

@@ -13,7 +13,7 @@ use tokio_util::codec::Decoder;
 
 /// One line of a child's output.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Line {
+pub enum Line {
     Text(String),
     /// A line longer than the bound, skipped: how long it was, and what it was as far as a scan could tell.
     TooLong {
@@ -28,7 +28,7 @@ const SPILL_BYTES: usize = 64 * 1024;
 
 /// Splits at `\n` (a `\r` before it is dropped), up to `max` bytes a line.
 #[derive(Debug)]
-pub(crate) struct Lines {
+pub struct Lines {
     max: usize,
     /// Where to go on looking for `\n` in the buffer: the bytes before it have none.
     searched: usize,
@@ -77,7 +77,7 @@ impl Gathered {
 }
 
 impl Lines {
-    pub(crate) fn new(max: usize) -> Self {
+    pub fn new(max: usize) -> Self {
         let spill = (max / 4).clamp(1, SPILL_BYTES);
         Lines { max, searched: 0, skipping: None, scan: true, gathered: Gathered::default(), spill }
     }

@@ -549,7 +549,7 @@ async fn english_requests_find_tools_described_in_chinese() -> Result<(), Box<dy
 /// The shared corpus's servers and their tools.
 #[cfg(feature = "semantic")]
 fn corpus_servers() -> Result<std::collections::BTreeMap<String, Vec<ToolDoc>>, Box<dyn std::error::Error>> {
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl");
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/toolsearch/corpus.jsonl");
     Ok(crate::search::eval::load_corpus(&corpus)?)
 }
 

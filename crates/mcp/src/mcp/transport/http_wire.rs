@@ -11,7 +11,7 @@ use super::UpstreamError;
 
 /// The complete JSON values at the start of `buffer` and how many bytes they took; a value cut off at the end
 /// waits for more unless the body `ended`. `None` when the bytes are not JSON.
-pub(crate) fn complete_values(buffer: &[u8], ended: bool) -> Option<(Vec<Value>, usize)> {
+pub fn complete_values(buffer: &[u8], ended: bool) -> Option<(Vec<Value>, usize)> {
     let mut values = serde_json::Deserializer::from_slice(buffer).into_iter::<Value>();
     let mut parsed = Vec::new();
     // Where the last parsed value ends, and where the one before it ended.

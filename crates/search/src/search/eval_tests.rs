@@ -22,7 +22,7 @@ const MIN_RECALL_AT_5_BY_SOURCE: &[(&str, f64)] =
     &[("livemcpbench", 0.24), ("mcptoolbench++", 0.93), ("mcpverse", 0.20)];
 
 fn data_path(file: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch").join(file)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/toolsearch").join(file)
 }
 
 /// Indexes the corpus, one instance per server; the scope sees every server.

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 mod cgroup;
-pub(crate) mod lines;
+pub mod lines;
 pub use cgroup::prepare as prepare_cpu_limits;
 mod owner;
 pub mod reaper;

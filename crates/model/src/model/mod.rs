@@ -317,9 +317,10 @@ impl fmt::Display for InstanceStatus {
     }
 }
 
-/// One stdio instance (`demo-acme-u1-i1`: user `u1` of team `t1`, installation `i1`), for unit tests.
-#[cfg(test)]
-pub(crate) fn sample_spec() -> InstanceSpec {
+/// One stdio instance (`demo-acme-u1-i1`: user `u1` of team `t1`, installation `i1`), for unit tests (of the
+/// crates above too: their dev-dependency turns on `test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub fn sample_spec() -> InstanceSpec {
     InstanceSpec {
         process_id: ProcessId("demo-acme-u1-i1".into()),
         instance_id: None,

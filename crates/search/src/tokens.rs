@@ -564,7 +564,7 @@ mod tests {
         }
         // Real tools: every 7th group of ten from the corpus, both forms.
         let corpus = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/toolsearch/corpus.jsonl"),
         )?;
         let tools: Vec<Value> = corpus.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
         assert!(tools.len() > 1000, "the corpus is there");
@@ -591,7 +591,7 @@ mod tests {
     fn a_budget_answer_counts_entry_by_entry_what_the_whole_text_does() -> Result<(), Box<dyn std::error::Error>> {
         let counter = Counter::o200k_base()?;
         let corpus = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/toolsearch/corpus.jsonl"),
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/toolsearch/corpus.jsonl"),
         )?;
         let tools: Vec<Value> = corpus.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
         for (n, group) in tools.chunks(12).enumerate().filter(|(n, _)| n % 11 == 0) {

@@ -15,7 +15,7 @@ use crate::mcp::payload::Payload;
 use crate::mcp::protocol::RpcError;
 
 pub(crate) mod bounded;
-pub(crate) mod http_wire;
+pub mod http_wire;
 mod in_flight;
 pub mod junk;
 pub mod relay;
@@ -312,12 +312,12 @@ pub(crate) fn outcome(outcome: Result<Value, RpcError>) -> Result<Payload, Upstr
 }
 
 /// A result read as a value, for the satellite's own requests (handshakes, listings) that look inside it.
-pub(crate) fn read_payload(payload: Payload) -> Result<Value, UpstreamError> {
+pub fn read_payload(payload: Payload) -> Result<Value, UpstreamError> {
     payload.into_value().map_err(|err| UpstreamError::Protocol(format!("result is not readable JSON: {err}")))
 }
 
 /// A short, single-line preview of untrusted text for logs and errors.
-pub(crate) fn preview(text: &str, max: usize) -> String {
+pub fn preview(text: &str, max: usize) -> String {
     let mut out: String = text.chars().take(max).collect();
     if text.chars().count() > max {
         out.push('…');
@@ -355,7 +355,7 @@ pub(crate) fn sent_values(sent: &reqwest::header::HeaderMap) -> Vec<String> {
 }
 
 /// A short preview of a JSON value for error messages.
-pub(crate) fn preview_value(value: &Value) -> String {
+pub fn preview_value(value: &Value) -> String {
     preview(&value.to_string(), 200)
 }
 
