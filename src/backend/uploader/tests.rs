@@ -266,13 +266,7 @@ async fn over_the_quota_the_oldest_are_dropped_and_counted() {
 async fn gaps_in_the_sequence_are_not_counted_as_events() {
     let (_dir, store) = store_with(30).await;
     let middle: Vec<i64> = store.events(None, 0, 100).await.unwrap()[5..20].iter().map(|e| e.seq).collect();
-    sqlx::query(&format!(
-        "DELETE FROM event_outbox WHERE seq IN ({})",
-        middle.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    store.delete_events_for_tests(&middle).await.unwrap();
     assert_eq!((store.event_seq_span().await.unwrap(), store.event_count().await.unwrap()), (30, 15));
     let (send, _received) = scripted(vec![BatchOutcome::Failed("down".into())]);
     let mut up = Uploader::new(store.clone(), send, 100, 20);

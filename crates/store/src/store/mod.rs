@@ -285,6 +285,15 @@ impl Store {
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
     }
+
+    /// Deletes outbox rows behind the outbox's back: the gap a crashed writer or an operator leaves, for the
+    /// uploader's tests in the crates above (`test-support`).
+    #[cfg(any(test, feature = "test-support"))]
+    pub async fn delete_events_for_tests(&self, seqs: &[i64]) -> Result<(), StoreError> {
+        let list = seqs.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        sqlx::query(&format!("DELETE FROM event_outbox WHERE seq IN ({list})")).execute(&self.pool).await?;
+        Ok(())
+    }
 }
 
 /// A SQLite file created before the satellite chose incremental auto-vacuum never gives pages back to the file

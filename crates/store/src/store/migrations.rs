@@ -12,37 +12,46 @@ use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
 
 /// SQLite's migrations, in order.
 pub(super) const SQLITE: Embedded = Embedded(&[
-    ("0001_catalog_and_status.sql", include_str!("../../migrations/sqlite/0001_catalog_and_status.sql")),
-    ("0002_event_outbox.sql", include_str!("../../migrations/sqlite/0002_event_outbox.sql")),
-    ("0003_event_outbox_held.sql", include_str!("../../migrations/sqlite/0003_event_outbox_held.sql")),
-    ("0004_analytics.sql", include_str!("../../migrations/sqlite/0004_analytics.sql")),
-    ("0005_tool_changes.sql", include_str!("../../migrations/sqlite/0005_tool_changes.sql")),
-    ("0006_toolsets.sql", include_str!("../../migrations/sqlite/0006_toolsets.sql")),
-    ("0007_tool_holds.sql", include_str!("../../migrations/sqlite/0007_tool_holds.sql")),
-    ("0008_outbox_claims.sql", include_str!("../../migrations/sqlite/0008_outbox_claims.sql")),
-    ("0009_replicas.sql", include_str!("../../migrations/sqlite/0009_replicas.sql")),
-    ("0010_outbox_without_type_index.sql", include_str!("../../migrations/sqlite/0010_outbox_without_type_index.sql")),
-    ("0011_analytics_call_counts.sql", include_str!("../../migrations/sqlite/0011_analytics_call_counts.sql")),
-    ("0012_analytics_listing_counts.sql", include_str!("../../migrations/sqlite/0012_analytics_listing_counts.sql")),
+    ("0001_catalog_and_status.sql", include_str!("../../../../migrations/sqlite/0001_catalog_and_status.sql")),
+    ("0002_event_outbox.sql", include_str!("../../../../migrations/sqlite/0002_event_outbox.sql")),
+    ("0003_event_outbox_held.sql", include_str!("../../../../migrations/sqlite/0003_event_outbox_held.sql")),
+    ("0004_analytics.sql", include_str!("../../../../migrations/sqlite/0004_analytics.sql")),
+    ("0005_tool_changes.sql", include_str!("../../../../migrations/sqlite/0005_tool_changes.sql")),
+    ("0006_toolsets.sql", include_str!("../../../../migrations/sqlite/0006_toolsets.sql")),
+    ("0007_tool_holds.sql", include_str!("../../../../migrations/sqlite/0007_tool_holds.sql")),
+    ("0008_outbox_claims.sql", include_str!("../../../../migrations/sqlite/0008_outbox_claims.sql")),
+    ("0009_replicas.sql", include_str!("../../../../migrations/sqlite/0009_replicas.sql")),
+    (
+        "0010_outbox_without_type_index.sql",
+        include_str!("../../../../migrations/sqlite/0010_outbox_without_type_index.sql"),
+    ),
+    ("0011_analytics_call_counts.sql", include_str!("../../../../migrations/sqlite/0011_analytics_call_counts.sql")),
+    (
+        "0012_analytics_listing_counts.sql",
+        include_str!("../../../../migrations/sqlite/0012_analytics_listing_counts.sql"),
+    ),
 ]);
 
 /// PostgreSQL's migrations, in order.
 pub(super) const POSTGRES: Embedded = Embedded(&[
-    ("0001_catalog_and_status.sql", include_str!("../../migrations/postgres/0001_catalog_and_status.sql")),
-    ("0002_event_outbox.sql", include_str!("../../migrations/postgres/0002_event_outbox.sql")),
-    ("0003_event_outbox_held.sql", include_str!("../../migrations/postgres/0003_event_outbox_held.sql")),
-    ("0004_analytics.sql", include_str!("../../migrations/postgres/0004_analytics.sql")),
-    ("0005_tool_changes.sql", include_str!("../../migrations/postgres/0005_tool_changes.sql")),
-    ("0006_toolsets.sql", include_str!("../../migrations/postgres/0006_toolsets.sql")),
-    ("0007_tool_holds.sql", include_str!("../../migrations/postgres/0007_tool_holds.sql")),
-    ("0008_outbox_claims.sql", include_str!("../../migrations/postgres/0008_outbox_claims.sql")),
-    ("0009_replicas.sql", include_str!("../../migrations/postgres/0009_replicas.sql")),
+    ("0001_catalog_and_status.sql", include_str!("../../../../migrations/postgres/0001_catalog_and_status.sql")),
+    ("0002_event_outbox.sql", include_str!("../../../../migrations/postgres/0002_event_outbox.sql")),
+    ("0003_event_outbox_held.sql", include_str!("../../../../migrations/postgres/0003_event_outbox_held.sql")),
+    ("0004_analytics.sql", include_str!("../../../../migrations/postgres/0004_analytics.sql")),
+    ("0005_tool_changes.sql", include_str!("../../../../migrations/postgres/0005_tool_changes.sql")),
+    ("0006_toolsets.sql", include_str!("../../../../migrations/postgres/0006_toolsets.sql")),
+    ("0007_tool_holds.sql", include_str!("../../../../migrations/postgres/0007_tool_holds.sql")),
+    ("0008_outbox_claims.sql", include_str!("../../../../migrations/postgres/0008_outbox_claims.sql")),
+    ("0009_replicas.sql", include_str!("../../../../migrations/postgres/0009_replicas.sql")),
     (
         "0010_outbox_without_type_index.sql",
-        include_str!("../../migrations/postgres/0010_outbox_without_type_index.sql"),
+        include_str!("../../../../migrations/postgres/0010_outbox_without_type_index.sql"),
     ),
-    ("0011_analytics_call_counts.sql", include_str!("../../migrations/postgres/0011_analytics_call_counts.sql")),
-    ("0012_analytics_listing_counts.sql", include_str!("../../migrations/postgres/0012_analytics_listing_counts.sql")),
+    ("0011_analytics_call_counts.sql", include_str!("../../../../migrations/postgres/0011_analytics_call_counts.sql")),
+    (
+        "0012_analytics_listing_counts.sql",
+        include_str!("../../../../migrations/postgres/0012_analytics_listing_counts.sql"),
+    ),
 ]);
 
 /// Migration files as (file name, text).
@@ -86,7 +95,7 @@ mod tests {
     async fn the_compiled_in_migrations_are_the_directories() {
         for (embedded, dir) in [(SQLITE, "migrations/sqlite"), (POSTGRES, "migrations/postgres")] {
             let ours = embedded.migrator().await.expect("embedded migrations resolve");
-            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(dir);
             let theirs = Migrator::new(path.as_path()).await.expect("the directory resolves");
             let summary = |m: &Migrator| -> Vec<_> {
                 m.iter().map(|m| (m.version, m.description.to_string(), m.checksum.to_vec(), m.no_tx)).collect()
