@@ -53,7 +53,7 @@ const ALLOWED: &[Allowed] = &[
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "src/http/exchange.rs",
+        file: "crates/http/src/http/exchange.rs",
         line: "tokio::spawn(async move {",
         why: "one server request's watcher: it ends when the client answers or the asker stops waiting, whose wait \
               the call's timeout bounds; `Exchange` holds no tracker",

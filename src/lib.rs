@@ -2,25 +2,20 @@
 //!
 //! See ARCHITECTURE.md for the map of modules and how a request flows.
 
-#[cfg(test)]
-#[macro_use]
-extern crate satellite_model;
-
 pub use satellite_auth::{auth, toolsets};
+pub use satellite_backend::backend;
 pub use satellite_config::{config, control};
+pub use satellite_http::http;
 pub use satellite_instances::{activity, discovery, instances, logcapture};
 pub use satellite_mcp::mcp;
 pub use satellite_model::{jobs, memory, metrics, model, secrets};
+pub use satellite_router::{analytics, router};
 pub use satellite_search::{search, tokens};
 pub use satellite_store::{events, store};
 
-pub mod analytics;
 pub mod app;
-pub mod backend;
 pub mod demo;
 pub mod fuzz;
-pub mod http;
-pub mod router;
 pub mod telemetry;
 
 #[cfg(test)]

@@ -163,7 +163,7 @@ impl McpError {
     }
 
     /// The JSON-RPC error object of this error (a bearer failure's is the challenge's, with its data).
-    pub(crate) fn rpc(&self) -> RpcError {
+    pub fn rpc(&self) -> RpcError {
         let (code, message) = match self {
             McpError::UnsupportedMediaType => {
                 (codes::TRANSPORT_ERROR, "Unsupported Media Type: Content-Type must be application/json".to_owned())

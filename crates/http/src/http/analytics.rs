@@ -299,9 +299,9 @@ fn instances(deps: &AnalyticsDeps, q: &Query) -> serde_json::Value {
            "offset": page.offset, "next_offset": page.next_offset})
 }
 
-const PAGE_HTML: &str = include_str!("../../assets/admin/index.html");
-const PAGE_JS: &str = include_str!("../../assets/admin/app.js");
-const PAGE_CSS: &str = include_str!("../../assets/admin/app.css");
+const PAGE_HTML: &str = include_str!("../../../../assets/admin/index.html");
+const PAGE_JS: &str = include_str!("../../../../assets/admin/app.js");
+const PAGE_CSS: &str = include_str!("../../../../assets/admin/app.css");
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {
     let mut response = warp::reply::with_header(body, header::CONTENT_TYPE, content_type).into_response();
