@@ -380,7 +380,16 @@ def build_inputs():
                 needed.add("src/main.rs")
             else:
                 needed.add(f"{folder}/{target['name']}.rs")
-    for rs in sorted((ROOT / "src").rglob("*.rs")):
+    # The workspace's member crates (`crates/*`): each one's manifest and sources.
+    sources = [ROOT / "src"]
+    for pattern in manifest.get("workspace", {}).get("members", []):
+        if pattern in (".", ""):
+            continue
+        for member in sorted(ROOT.glob(pattern)):
+            if member.resolve() != ROOT.resolve() and (member / "Cargo.toml").is_file():
+                needed.add(rel(member / "Cargo.toml"))
+                sources.append(member / "src")
+    for rs in sorted(p for folder in sources for p in folder.rglob("*.rs")):
         needed.add(rel(rs))
         text = rs.read_text(errors="replace")
         for m in re.finditer(r"include_(?:str|bytes)!\(\s*\"([^\"]+)\"\s*\)", text):

@@ -20,7 +20,7 @@ pub(crate) fn display(path: &ModPath) -> String {
     }
 }
 
-/// A file's path as the failures show it, relative to the crate (`src/http/sse.rs`).
+/// A file's path as the failures show it, relative to the workspace (`crates/http/src/http/sse.rs`).
 pub(crate) fn shown(path: &Path) -> String {
     path.strip_prefix(root()).unwrap_or(path).display().to_string()
 }

@@ -93,6 +93,6 @@ mod tests {
     #[tokio::test]
     async fn the_kept_meta_cost_is_what_counting_gives() {
         let counted = super::cost().await.expect("the encoder counts");
-        assert_eq!(counted, super::COST, "update META_TOKENS (and the tool count) in src/router/meta.rs");
+        assert_eq!(counted, super::COST, "update META_TOKENS (and the tool count) in crates/router/src/router/meta.rs");
     }
 }
