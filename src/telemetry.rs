@@ -237,7 +237,14 @@ impl std::fmt::Write for EscapingWriter<'_, '_> {
 /// exported) and its events at `info` and above.
 fn exported(meta: &tracing::Metadata<'_>) -> bool {
     let floor = if meta.is_span() { tracing::Level::DEBUG } else { tracing::Level::INFO };
-    (meta.target() == "satellite" || meta.target().starts_with("satellite::")) && *meta.level() <= floor
+    ours(meta.target()) && *meta.level() <= floor
+}
+
+/// Whether a target is the satellite's own: the binary's (`satellite::app`) or a workspace crate's
+/// (`satellite_http::http::mcp`), not another crate's (`hyper::proto`, `tantivy`).
+fn ours(target: &str) -> bool {
+    let Some(rest) = target.strip_prefix("satellite") else { return false };
+    rest.is_empty() || rest.starts_with("::") || rest.starts_with('_')
 }
 
 /// The OTLP trace pipeline when an endpoint is configured (the SDK reads the standard `OTEL_*` variables:
@@ -410,7 +417,8 @@ mod tests {
         let seen = Seen::default();
         let subscriber = tracing_subscriber::registry().with(seen.clone().with_filter(filter_fn(exported)));
         tracing::subscriber::with_default(subscriber, || {
-            let _upstream = tracing::debug_span!("mcp.upstream");
+            let _upstream = tracing::debug_span!(target: "satellite_mcp::mcp::client", "mcp.upstream");
+            let _app = tracing::info_span!("app");
             let _finer = tracing::trace_span!("finer");
             let _theirs = tracing::info_span!(target: "hyper::proto", "theirs");
             tracing::info!("kept");
@@ -418,6 +426,7 @@ mod tests {
             tracing::warn!(target: "tantivy", "not ours");
         });
         let seen = seen.0.lock().clone();
-        assert_eq!(seen, ["mcp.upstream", "event INFO"]);
+        assert_eq!(seen, ["mcp.upstream", "app", "event INFO"]);
+        assert!(!ours("satellitex") && !ours("hyper") && ours("satellite") && ours("satellite_store::store"));
     }
 }
