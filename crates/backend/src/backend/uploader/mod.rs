@@ -109,9 +109,11 @@ pub struct Uploader {
     emitter: Emitter,
     backoff: Option<Duration>,
     /// How long the next batch's answer is waited for: `base_timeout`, doubled after each timeout (to
-    /// [`MAX_TIMEOUT`]) and halved back after each accepted batch.
+    /// [`MAX_TIMEOUT`]) and halved back after each batch accepted within half of it.
     timeout: Duration,
     base_timeout: Duration,
+    /// How long the backend took to answer the last batch.
+    answer_took: Duration,
     /// Events held as invalid since the backend last accepted a batch: past a few, the backend (or a proxy before
     /// it) likely refuses everything, and each further one waits a backoff rather than going at once.
     invalid_in_a_row: u32,
@@ -173,6 +175,7 @@ impl Uploader {
             backoff: None,
             timeout: TIMEOUT,
             base_timeout: TIMEOUT,
+            answer_took: Duration::ZERO,
             invalid_in_a_row: 0,
             streak: Vec::new(),
             offered_again: std::collections::HashSet::new(),
@@ -255,7 +258,9 @@ impl Uploader {
         if envelopes.is_empty() {
             return Ok(Tick::Held(batch.len()));
         }
+        let started = tokio::time::Instant::now();
         let outcome = (self.send)(envelopes, self.timeout).await;
+        self.answer_took = started.elapsed();
         self.answered(outcome, first, &seqs, bytes).await
     }
 
@@ -346,7 +351,12 @@ impl Uploader {
         self.backoff = None;
         self.invalid_in_a_row = 0;
         self.cap = (self.cap * 2).min(self.batch);
-        self.timeout = (self.timeout / 2).max(self.base_timeout);
+        // Back toward the setting only once the backend answers well within the wait: one that is slow but steady
+        // keeps the longer wait, rather than alternating an accepted batch with one that times out (and that it
+        // stores twice).
+        if self.answer_took <= self.timeout / 2 {
+            self.timeout = (self.timeout / 2).max(self.base_timeout);
+        }
         self.offer_streak_again().await?;
         Ok(Tick::Sent(n))
     }

@@ -405,6 +405,40 @@ async fn a_batch_stops_before_the_event_that_would_pass_its_byte_budget() {
     assert_eq!(store.event_count().await.unwrap(), 0);
 }
 
+/// A backend that is slow but steady (it answers within the longer wait, past half of it) keeps the longer wait:
+/// the next batch does not go back to the short one and time out again.
+#[tokio::test]
+async fn a_slow_but_steady_backend_keeps_the_longer_wait() {
+    let (_dir, store) = store_with(6).await;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (seen, count) = (asked.clone(), calls.clone());
+    let send: SendBatch = Arc::new(move |_batch, timeout| {
+        seen.lock().push(timeout);
+        let call = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            match call {
+                0 => BatchOutcome::TimedOut("no answer".into()),
+                // Answered in 300 ms of the 400 ms it was given.
+                1 => {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    BatchOutcome::Accepted { failures: vec![] }
+                }
+                _ => BatchOutcome::Accepted { failures: vec![] },
+            }
+        }
+        .boxed()
+    });
+    let mut up = Uploader::new(store.clone(), send, 2, 10_000).with_timeout(Duration::from_millis(200));
+    assert!(matches!(up.tick().await.unwrap(), Tick::Kept { .. }));
+    assert_eq!(up.timeout(), Duration::from_millis(400));
+    assert!(matches!(up.tick().await.unwrap(), Tick::Sent(_)));
+    assert_eq!(up.timeout(), Duration::from_millis(400), "a slow answer keeps the longer wait");
+    assert!(matches!(up.tick().await.unwrap(), Tick::Sent(_)));
+    assert_eq!(up.timeout(), Duration::from_millis(200), "a quick one brings it back");
+    assert_eq!(*asked.lock(), [200, 400, 400].map(Duration::from_millis));
+}
+
 /// A batch the backend did not answer in time may have been stored: it goes again with the same events (their ids
 /// are in their data), but half as many at a time, after a backoff, with twice the time to answer; an accepted
 /// batch brings the timeout and the size back. A slow backend gets less, not more.
