@@ -1,6 +1,9 @@
 //! satellite: an MCP gateway for teams.
 //!
-//! See ARCHITECTURE.md for the map of modules and how a request flows.
+//! The top of the workspace: the wiring (`app`), the demo server, telemetry and the fuzz entry points, over the
+//! crates in `crates/`, whose modules it re-exports under their own names (`satellite::http`, `satellite::store`)
+//! for the binary, the integration tests, the benchmarks and `fuzz/`. See ARCHITECTURE.md for the map of crates
+//! and how a request flows.
 
 pub use satellite_auth::{auth, toolsets};
 pub use satellite_backend::backend;
