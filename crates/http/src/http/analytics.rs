@@ -299,24 +299,6 @@ fn instances(deps: &AnalyticsDeps, q: &Query) -> serde_json::Value {
            "offset": page.offset, "next_offset": page.next_offset})
 }
 
-const PAGE_HTML: &str = include_str!("../../../../assets/admin/index.html");
-const PAGE_JS: &str = include_str!("../../../../assets/admin/app.js");
-const PAGE_CSS: &str = include_str!("../../../../assets/admin/app.css");
-
-fn asset(body: &'static str, content_type: &'static str) -> Response {
-    let mut response = warp::reply::with_header(body, header::CONTENT_TYPE, content_type).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        header::HeaderValue::from_static(
-            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
-        ),
-    );
-    headers.insert(header::X_CONTENT_TYPE_OPTIONS, header::HeaderValue::from_static("nosniff"));
-    headers.insert(header::REFERRER_POLICY, header::HeaderValue::from_static("no-referrer"));
-    response
-}
-
 /// `/api/analytics/...` and `/admin`.
 pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     // One pointer: warp clones a route's filters (and so what they capture) for every request it tries it on.
@@ -335,12 +317,6 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
         .then(|tail: warp::path::Tail, deps: Arc<AnalyticsDeps>, authorization: Option<String>, params| {
             answer(deps, tail.as_str().trim_end_matches('/').to_owned(), authorization, params)
         });
-    let page = warp::path("admin")
-        .and(warp::path::end())
-        .and(warp::get())
-        .map(|| asset(PAGE_HTML, "text/html; charset=utf-8"));
-    let js = warp::path!("admin" / "app.js").and(warp::get()).map(|| asset(PAGE_JS, "text/javascript; charset=utf-8"));
-    let css = warp::path!("admin" / "app.css").and(warp::get()).map(|| asset(PAGE_CSS, "text/css; charset=utf-8"));
     let accept = warp::path!("api" / "tools" / "accept")
         .and(warp::post())
         .and(warp::any().map(move || accept_deps.clone()))
@@ -362,7 +338,7 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
         .and(warp::header::optional::<String>("authorization"))
         .and(warp::query::<HashMap<String, String>>())
         .then(tool_records);
-    api.or(page).unify().or(js).unify().or(css).unify().or(accept).unify().or(refresh).unify().or(tools).unify()
+    api.or(super::admin_page::routes()).unify().or(accept).unify().or(refresh).unify().or(tools).unify()
 }
 
 /// `GET /api/tools/history` (what re-discoveries found changed, newest first; `installation_id`, `limit`,

@@ -17,6 +17,7 @@ use crate::instances::InstanceManager;
 use crate::router::{HierarchicalRouter, InstanceRouter};
 
 mod activity;
+mod admin_page;
 pub mod analytics;
 mod audit;
 mod body;
