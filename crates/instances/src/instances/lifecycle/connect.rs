@@ -1,132 +1,165 @@
-//! Reaching an instance's server: spawning a stdio child within the process caps and the sandbox, or
-//! connecting to a remote server with its headers and the user's OAuth token, then negotiating.
+//! The connector: reaching an instance's server. A stdio child is spawned from its launch (a GitHub deployment's
+//! entry point, deployed first when needed) within the sandbox; a remote server is connected with its headers and
+//! the user's OAuth token; then the handshake. The process caps are the caller's (`room`).
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tracing::{debug, warn};
 
-use crate::events::LimitedResource;
-use crate::instances::limits::ProcessSlot;
-use crate::instances::sandbox::SandboxError;
-use crate::instances::{seat_owner, Inner, STDIO_CLOSE_GRACE};
-use crate::mcp::client::McpClient;
-use crate::mcp::transport::relay::Asker;
+use crate::instances::deploy::Deployer;
+use crate::instances::sandbox::{SandboxError, SandboxPolicy};
+use crate::instances::{seat_owner, OAuthTokens, STDIO_CLOSE_GRACE};
+use crate::logcapture::LogCapture;
+use crate::mcp::client::{ClientOptions, McpClient};
+use crate::mcp::transport::relay::{Asker, Seats};
 use crate::mcp::transport::stderr::{level_of, StderrSettings};
 use crate::mcp::transport::{
     SseTransport, StderrSink, StdioTransport, StreamableHttpTransport, Transport, UpstreamError,
 };
-use crate::model::{InstanceSpec, InstanceStatus, Upstream};
+use crate::model::{InstanceSpec, InstanceStatus};
 
-impl Inner {
-    /// Spawn (within the process caps and the sandbox) or connect, then negotiate.
-    pub(in crate::instances) async fn connect(
-        &self,
-        spec: &InstanceSpec,
-    ) -> Result<(McpClient, Option<ProcessSlot>), UpstreamError> {
-        let label = spec.process_id.0.clone();
-        let asker = Some(Asker::new(self.seats.clone(), seat_owner(&spec.team_id, &spec.user_id), label.clone()));
-        let (transport, slot) = match &spec.upstream {
-            Upstream::Stdio { .. } => {
-                let (transport, slot) = self.spawn_stdio(spec, label, asker).await?;
-                (transport, Some(slot))
-            }
-            Upstream::StreamableHttp { url, headers, .. } => {
-                let headers = self.remote_headers(spec, headers).await?;
-                let transport = StreamableHttpTransport::new(label, self.deps.http.clone(), url.clone(), &headers)?
-                    .with_asker(asker);
-                (Transport::StreamableHttp(transport), None)
-            }
-            Upstream::Sse { url, headers, timeout } => {
-                let headers = self.remote_headers(spec, headers).await?;
-                let transport =
-                    SseTransport::connect(label, self.deps.http.clone(), url.clone(), &headers, *timeout, asker)
-                        .await?;
-                (Transport::Sse(transport), None)
-            }
-        };
-        let client = self.handshake(spec, transport).await?;
-        Ok((client, slot))
+/// A GitHub-deployed server's launch: the spec with its deployment's entry point, and the deployment's directory.
+pub(in crate::instances) type Deployed = (InstanceSpec, PathBuf);
+
+/// Everything it takes to reach a server.
+pub(in crate::instances) struct Connector {
+    /// Allow-list, argument checks, per-team directories, rlimits and isolation of stdio children.
+    pub(in crate::instances) sandbox: Arc<SandboxPolicy>,
+    /// The environment every stdio child starts from (already stripped of the satellite's own settings).
+    pub(in crate::instances) inherited_env: BTreeMap<String, String>,
+    /// The limits on a child's stderr.
+    pub(in crate::instances) stderr: StderrSettings,
+    /// The shared client for remote servers.
+    pub(in crate::instances) http: reqwest::Client,
+    /// The handshake's options, with the settings' handshake timeout.
+    pub(in crate::instances) client_options: ClientOptions,
+    /// Managed mode: users' OAuth tokens for remote servers that require them (BP §11).
+    pub(in crate::instances) oauth: Option<Arc<dyn OAuthTokens>>,
+    /// Managed mode: builds GitHub-deployed servers (SB §9.9).
+    pub(in crate::instances) deployer: Option<Arc<Deployer>>,
+    /// The client streams a server's requests made outside any call can reach, by owner.
+    pub(in crate::instances) seats: Arc<Seats>,
+    /// Where a server's stderr and its deployment's steps are logged.
+    pub(in crate::instances) logs: LogCapture,
+    /// Counts the junk lines a child writes to stdout.
+    pub(in crate::instances) metrics: crate::metrics::Metrics,
+}
+
+impl Connector {
+    /// Managed mode's deployer of GitHub servers.
+    pub(in crate::instances) fn deployer(&self) -> Option<&Arc<Deployer>> {
+        self.deployer.as_ref()
     }
 
-    /// A stdio server's child, spawned within the user's process cap (the slot it holds) and the sandbox.
-    async fn spawn_stdio(
+    /// The client streams a server's requests made outside any call can reach, by owner.
+    pub(in crate::instances) fn seats(&self) -> &Arc<Seats> {
+        &self.seats
+    }
+
+    /// A line of the server's log (lifecycle lines besides its stderr).
+    pub(in crate::instances) fn server_line(&self, spec: &InstanceSpec, level: &str, line: &str) {
+        self.logs.server_line(spec, level, line);
+    }
+
+    /// Who a server's requests outside any call are asked of: the clients of the instance's member.
+    pub(in crate::instances) fn asker(&self, spec: &InstanceSpec) -> Asker {
+        Asker::new(self.seats.clone(), seat_owner(&spec.team_id, &spec.user_id), spec.process_id.0.clone())
+    }
+
+    /// A Streamable HTTP server's transport, with its headers (and the user's OAuth token when it needs one).
+    pub(in crate::instances) async fn streamable_http(
         &self,
         spec: &InstanceSpec,
-        label: String,
+        url: &url::Url,
+        headers: &BTreeMap<String, String>,
         asker: Option<Asker>,
-    ) -> Result<(Transport, ProcessSlot), UpstreamError> {
-        // A GitHub-deployed server runs its deployment's entry point, deployed first when needed.
-        let deployed = match &spec.deployment {
-            None => None,
-            Some(deployment) => Some(self.deployed_launch(spec, deployment).await?),
-        };
-        let (launch_spec, app) = match &deployed {
+    ) -> Result<Transport, UpstreamError> {
+        let headers = self.remote_headers(spec, headers).await?;
+        let label = spec.process_id.0.clone();
+        let transport =
+            StreamableHttpTransport::new(label, self.http.clone(), url.clone(), &headers)?.with_asker(asker);
+        Ok(Transport::StreamableHttp(transport))
+    }
+
+    /// An SSE server's transport, connected, with its headers (and the user's OAuth token when it needs one).
+    pub(in crate::instances) async fn sse(
+        &self,
+        spec: &InstanceSpec,
+        url: &url::Url,
+        headers: &BTreeMap<String, String>,
+        timeout: std::time::Duration,
+        asker: Option<Asker>,
+    ) -> Result<Transport, UpstreamError> {
+        let headers = self.remote_headers(spec, headers).await?;
+        let label = spec.process_id.0.clone();
+        let transport = SseTransport::connect(label, self.http.clone(), url.clone(), &headers, timeout, asker).await?;
+        Ok(Transport::Sse(transport))
+    }
+
+    /// The spec a GitHub-deployed server launches with (its deployment's entry point) and its app directory,
+    /// deployed first when needed; the deployment's log lines go to the server's. `None` for any other server.
+    pub(in crate::instances) async fn deployed_launch(
+        &self,
+        spec: &InstanceSpec,
+    ) -> Result<Option<Deployed>, UpstreamError> {
+        let Some(deployment) = &spec.deployment else { return Ok(None) };
+        let deployer = self
+            .deployer
+            .as_ref()
+            .ok_or_else(|| UpstreamError::Refused("GitHub-deployed servers need a managed satellite".into()))?;
+        let (logs, owner) = (self.logs.clone(), spec.clone());
+        let log = move |level: &str, line: &str| logs.server_line(&owner, level, line);
+        let launched = deployer.launch_spec(spec, deployment, &log).await.map_err(|err| UpstreamError::Deployment {
+            step: err.step.as_str(),
+            reason: err.reason,
+            transient: err.transient,
+        })?;
+        Ok(Some(launched))
+    }
+
+    /// A stdio server's child, launched as `deployed` says when it is a GitHub deployment, within the sandbox.
+    pub(in crate::instances) fn spawn_stdio(
+        &self,
+        spec: &InstanceSpec,
+        deployed: Option<&Deployed>,
+        asker: Option<Asker>,
+    ) -> Result<Transport, UpstreamError> {
+        let label = spec.process_id.0.clone();
+        let (launch_spec, app) = match deployed {
             Some((launch, dir)) => (launch, Some(dir.as_path())),
             None => (spec, None),
         };
-        let slot = match self.slot_for(spec).await {
-            Ok(slot) => slot,
-            Err(err) => {
-                let limit = err.limit() as u64;
-                self.limit_exceeded(spec, LimitedResource::Processes, limit, limit, err.to_string()).await;
-                return Err(UpstreamError::AtCapacity(err.to_string()));
-            }
-        };
         let prepared = self
-            .deps
             .sandbox
-            .prepare(launch_spec, &self.deps.inherited_env, app)
+            .prepare(launch_spec, &self.inherited_env, app)
             .map_err(|err| sandbox_refusal(err, launch_spec, &label))?;
         if !prepared.dropped_env.is_empty() {
             warn!(process_id = %label, dropped = ?prepared.dropped_env, "refused environment variables for mcp server");
         }
-        let lifecycle = &self.deps.settings.lifecycle;
-        let stderr = StderrSettings {
-            per_second: lifecycle.log_rate_limit,
-            max_line_bytes: lifecycle.log_max_line_bytes,
-            warning_interval: lifecycle.log_rate_warning_interval,
-        };
-        let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, stderr);
+        let mut launch = prepared.into_stdio_launch(label, STDIO_CLOSE_GRACE, self.stderr.clone());
         launch.secrets = crate::secrets::secret_values(spec);
         launch.asker = asker;
-        launch.junk_lines = Some(self.deps.metrics.stdout_junk_lines(&spec.server_slug));
-        let (logs, owner) = (self.deps.logs.clone(), spec.clone());
+        launch.junk_lines = Some(self.metrics.stdout_junk_lines(&spec.server_slug));
+        let (logs, owner) = (self.logs.clone(), spec.clone());
         launch.stderr_sink = Some(StderrSink(Arc::new(move |line: &str| {
             logs.server_line(&owner, level_of(line), line);
         })));
-        Ok((Transport::Stdio(StdioTransport::spawn(launch)?), slot))
-    }
-
-    /// The spec a GitHub-deployed server launches with (its deployment's entry point) and its app directory,
-    /// deployed first when needed; the deployment's log lines go to the server's.
-    async fn deployed_launch(
-        &self,
-        spec: &InstanceSpec,
-        deployment: &crate::model::Deployment,
-    ) -> Result<(InstanceSpec, std::path::PathBuf), UpstreamError> {
-        let deployer = self
-            .deps
-            .deployer
-            .as_ref()
-            .ok_or_else(|| UpstreamError::Refused("GitHub-deployed servers need a managed satellite".into()))?;
-        let (logs, owner) = (self.deps.logs.clone(), spec.clone());
-        let log = move |level: &str, line: &str| logs.server_line(&owner, level, line);
-        deployer.launch_spec(spec, deployment, &log).await.map_err(|err| UpstreamError::Deployment {
-            step: err.step.as_str(),
-            reason: err.reason,
-            transient: err.transient,
-        })
+        Ok(Transport::Stdio(StdioTransport::spawn(launch)?))
     }
 
     /// Negotiate over `transport`: the server's answer to `initialize`, or why there was none.
-    async fn handshake(&self, spec: &InstanceSpec, transport: Transport) -> Result<McpClient, UpstreamError> {
-        let mut options = self.deps.client_options.clone();
-        options.handshake_timeout = self.deps.settings.handshake_timeout;
+    pub(in crate::instances) async fn handshake(
+        &self,
+        spec: &InstanceSpec,
+        transport: Transport,
+    ) -> Result<McpClient, UpstreamError> {
         let stderr = match &transport {
             Transport::Stdio(stdio) => Some(stdio.stderr_handle()),
             _ => None,
         };
-        let client = McpClient::connect(transport, &options).await.map_err(|err| {
+        let client = McpClient::connect(transport, &self.client_options).await.map_err(|err| {
             // The child's stderr usually says why a handshake failed.
             match stderr.and_then(|tail| tail.lines().pop()) {
                 Some(last) => err.with_detail(&format!("last stderr line: {last}")),
@@ -149,9 +182,9 @@ impl Inner {
     pub(in crate::instances) async fn remote_headers(
         &self,
         spec: &InstanceSpec,
-        headers: &std::collections::BTreeMap<String, String>,
-    ) -> Result<std::collections::BTreeMap<String, String>, UpstreamError> {
-        let (true, Some(oauth)) = (spec.requires_oauth, self.deps.oauth.as_ref()) else { return Ok(headers.clone()) };
+        headers: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, UpstreamError> {
+        let (true, Some(oauth)) = (spec.requires_oauth, self.oauth.as_ref()) else { return Ok(headers.clone()) };
         let token = oauth.bearer(spec).await.map_err(|missing| match missing {
             crate::instances::NoToken::Required(reason) => UpstreamError::OAuth(reason),
             // An error, so the recovery probe tries again (`maybe_probe`); not `requires_reauth`.
@@ -167,7 +200,7 @@ impl Inner {
         err: &UpstreamError,
         mapped: (InstanceStatus, String),
     ) -> (InstanceStatus, String) {
-        match (err, self.deps.oauth.as_ref()) {
+        match (err, self.oauth.as_ref()) {
             (UpstreamError::HttpStatus { status: 401, .. }, Some(oauth)) if spec.requires_oauth => {
                 oauth.invalidate(spec);
                 let message = format!(

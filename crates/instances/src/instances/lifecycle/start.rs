@@ -1,20 +1,24 @@
-//! Starting and stopping an instance: start (spawn or connect, handshake, discovery), manual restart,
-//! halt, rediscovery, and stop. Each runs under the instance's lifecycle lock.
+//! Starting and stopping an instance: start (spawn within the process caps or connect, handshake, discovery),
+//! manual restart, halt, rediscovery, and stop. Each runs under the instance's lifecycle lock.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{info, warn, Instrument};
 
-use crate::events::{CrashReport, Event, StopReason};
+use crate::events::{CrashReport, Event, LimitedResource, StopReason};
 use crate::instances::instance::Instance;
-use crate::instances::policy::{self};
+use crate::instances::limits::ProcessSlot;
+use crate::instances::policy;
 use crate::instances::status::{status_for, Failure};
 use crate::instances::Inner;
-use crate::mcp::transport::UpstreamError;
-use crate::model::{InstanceStatus, Upstream};
+use crate::mcp::client::McpClient;
+use crate::mcp::transport::relay::Asker;
+use crate::mcp::transport::{Transport, UpstreamError};
+use crate::model::{InstanceSpec, InstanceStatus, Upstream};
 
 use super::connect::process_pid;
+use super::retry::Retry;
 
 /// How a start ended.
 pub(in crate::instances) enum Started {
@@ -33,15 +37,6 @@ pub(in crate::instances) enum Started {
     /// (`retry_start`).
     DeployUnavailable,
     Cancelled,
-}
-
-/// What a start that could not happen yet waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Retry {
-    /// A process slot given back.
-    Slot,
-    /// Time: the backend or GitHub may answer later ([`policy::probe_wait`]).
-    Deployment,
 }
 
 impl Inner {
@@ -89,7 +84,7 @@ impl Inner {
             instance.crashes.lock().clear();
             instance.clear_dormant();
             info!(process_id = %instance.spec().process_id, reason, "restarting instance");
-            self.set_status(instance, InstanceStatus::Restarting, Some(reason.to_owned())).await;
+            self.reporter.set_status(instance, InstanceStatus::Restarting, Some(reason.to_owned())).await;
             self.start_locked(instance).await
         };
         self.after_start(instance, outcome).await;
@@ -103,7 +98,7 @@ impl Inner {
         self.end_running(instance, StopReason::Killed).await;
         // Only a restart leaves `permanently_failed`: a kill leaves it as it is (halted all the same).
         if instance.state() != InstanceStatus::PermanentlyFailed {
-            self.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
+            self.reporter.set_status(instance, InstanceStatus::Offline, Some(reason.to_owned())).await;
         }
     }
 
@@ -118,7 +113,7 @@ impl Inner {
             match instance.client() {
                 Some(client) => {
                     let message = "Server recovered, satellite initiating tool re-discovery".to_owned();
-                    self.set_status(instance, InstanceStatus::Connecting, Some(message)).await;
+                    self.reporter.set_status(instance, InstanceStatus::Connecting, Some(message)).await;
                     if self.discover_into(instance, &client, true).await {
                         Started::Online
                     } else {
@@ -145,66 +140,6 @@ impl Inner {
         }
     }
 
-    /// A start that could not happen yet is tried again: one a process cap refused each time a process slot is
-    /// given back (a process of the user's, or of anyone's for the satellite-wide cap, stopped, went dormant or
-    /// crashed); a GitHub deployment that could not get its token or tarball after a wait. Until it starts, fails
-    /// for another reason, or something else starts, stops or kills the instance. One at a time per instance.
-    fn retry_start(self: &Arc<Self>, instance: &Arc<Instance>, mut why: Retry) {
-        if !instance.try_begin_recovery() {
-            return;
-        }
-        let (inner, instance) = (self.clone(), instance.clone());
-        let span = tracing::info_span!("instance.retry_start", process_id = %instance.spec().process_id);
-        self.tasks.spawn(
-            async move {
-                let mut releases = inner.slots.releases();
-                let mut attempt = 0;
-                let outcome = loop {
-                    match why {
-                        Retry::Slot if inner.slots.has_room(&instance.spec().user_id) => {}
-                        Retry::Slot => {
-                            tokio::select! {
-                                _ = instance.retired.cancelled() => break None,
-                                _ = inner.shutdown.cancelled() => break None,
-                                _ = releases.changed() => continue,
-                                // No slot given back, but a process may have fallen idle: room can be made.
-                                _ = tokio::time::sleep(super::room::ROOM_CHECK) => {
-                                    if !inner.room_likely(instance.spec()) {
-                                        continue;
-                                    }
-                                }
-                            }
-                        }
-                        Retry::Deployment => {
-                            tokio::select! {
-                                _ = instance.retired.cancelled() => break None,
-                                _ = inner.shutdown.cancelled() => break None,
-                                _ = tokio::time::sleep(policy::probe_wait(attempt)) => attempt += 1,
-                            }
-                        }
-                    }
-                    let _lifecycle = instance.lifecycle.lock().await;
-                    // Started, restarted, stopped or killed meanwhile: no longer this task's to start.
-                    let waiting = instance.state() == InstanceStatus::Error && instance.client().is_none();
-                    if instance.retired.is_cancelled() || instance.is_halted() || !waiting {
-                        break None;
-                    }
-                    info!(?why, attempt, "starting the instance again");
-                    match inner.start_locked(&instance).await {
-                        Started::AtCapacity => why = Retry::Slot,
-                        Started::DeployUnavailable => why = Retry::Deployment,
-                        outcome => break Some(outcome),
-                    }
-                };
-                instance.end_recovery();
-                if let Some(outcome) = outcome {
-                    inner.after_start(&instance, outcome).await;
-                }
-            }
-            .instrument(span),
-        );
-    }
-
     /// Connect, handshake and discover; the caller holds the lifecycle lock.
     pub(in crate::instances) async fn start_locked(self: &Arc<Self>, instance: &Arc<Instance>) -> Started {
         let spec = instance.spec();
@@ -212,7 +147,7 @@ impl Inner {
         let generation = instance.next_generation();
         instance.set_halted(false);
         let connecting = if stdio { "Connecting to MCP server process" } else { "Connecting to MCP server" };
-        self.set_status(instance, InstanceStatus::Connecting, Some(connecting.into())).await;
+        self.reporter.set_status(instance, InstanceStatus::Connecting, Some(connecting.into())).await;
         let began = Instant::now();
         let connected = tokio::select! {
             _ = instance.retired.cancelled() => return Started::Cancelled,
@@ -221,41 +156,15 @@ impl Inner {
         };
         let (client, slot) = match connected {
             Ok(connected) => connected,
-            Err(err) => {
-                if let (true, Some((exit_code, signal))) = (stdio, policy::handshake_crash(&err)) {
-                    let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
-                    let detail = match &err {
-                        UpstreamError::Spawn { .. } => status_for(&spec.upstream, &Failure::Connect(&err)).1,
-                        _ => error.clone(),
-                    };
-                    warn!(process_id = %spec.process_id, error = %error, "mcp server process failed to start, died or stayed silent during the handshake; retrying under the restart policy");
-                    let report = CrashReport {
-                        pid: None,
-                        exit_code,
-                        signal,
-                        uptime_seconds: 0,
-                        crash_count: 0,
-                        will_restart: false,
-                    };
-                    return Started::Crashed { report, detail, generation };
-                }
-                let (status, message) =
-                    self.oauth_aware(spec, &err, status_for(&spec.upstream, &Failure::Connect(&err)));
-                self.set_status(instance, status, Some(message)).await;
-                return match err {
-                    UpstreamError::AtCapacity(_) => Started::AtCapacity,
-                    UpstreamError::Deployment { transient: true, .. } => Started::DeployUnavailable,
-                    _ => Started::Failed,
-                };
-            }
+            Err(err) => return self.start_failed(instance, err, generation).await,
         };
         let client = Arc::new(client);
         instance.set_connection(client.clone(), slot);
         instance.touch();
         if stdio {
             let pid = process_pid(&client);
-            self.deps.logs.server_line(spec, "info", "MCP Server started successfully");
-            self.emit(Event::started(spec, pid, began.elapsed().as_millis() as u64)).await;
+            self.connector.server_line(spec, "info", "MCP Server started successfully");
+            self.reporter.emit(Event::started(spec, pid, began.elapsed().as_millis() as u64)).await;
         }
         self.watch(instance.clone(), client.clone(), generation);
         if self.discover_into(instance, &client, true).await {
@@ -264,6 +173,74 @@ impl Inner {
         } else {
             Started::Failed
         }
+    }
+
+    /// A start whose connect failed: a stdio child that could not start, died or stayed silent during its
+    /// handshake is a crash of attempt `generation`; anything else takes the status it maps to.
+    async fn start_failed(&self, instance: &Instance, err: UpstreamError, generation: u64) -> Started {
+        let spec = instance.spec();
+        let stdio = matches!(spec.upstream, Upstream::Stdio { .. });
+        if let (true, Some((exit_code, signal))) = (stdio, policy::handshake_crash(&err)) {
+            let error = crate::secrets::hide(&err.to_string(), instance.secret_values());
+            let detail = match &err {
+                UpstreamError::Spawn { .. } => status_for(&spec.upstream, &Failure::Connect(&err)).1,
+                _ => error.clone(),
+            };
+            warn!(process_id = %spec.process_id, error = %error, "mcp server process failed to start, died or stayed silent during the handshake; retrying under the restart policy");
+            let report =
+                CrashReport { pid: None, exit_code, signal, uptime_seconds: 0, crash_count: 0, will_restart: false };
+            return Started::Crashed { report, detail, generation };
+        }
+        let (status, message) =
+            self.connector.oauth_aware(spec, &err, status_for(&spec.upstream, &Failure::Connect(&err)));
+        self.reporter.set_status(instance, status, Some(message)).await;
+        match err {
+            UpstreamError::AtCapacity(_) => Started::AtCapacity,
+            UpstreamError::Deployment { transient: true, .. } => Started::DeployUnavailable,
+            _ => Started::Failed,
+        }
+    }
+
+    /// Spawn (within the process caps and the sandbox) or connect, then negotiate.
+    pub(in crate::instances) async fn connect(
+        &self,
+        spec: &InstanceSpec,
+    ) -> Result<(McpClient, Option<ProcessSlot>), UpstreamError> {
+        let asker = Some(self.connector.asker(spec));
+        let (transport, slot) = match &spec.upstream {
+            Upstream::Stdio { .. } => {
+                let (transport, slot) = self.spawn_stdio(spec, asker).await?;
+                (transport, Some(slot))
+            }
+            Upstream::StreamableHttp { url, headers, .. } => {
+                (self.connector.streamable_http(spec, url, headers, asker).await?, None)
+            }
+            Upstream::Sse { url, headers, timeout } => {
+                (self.connector.sse(spec, url, headers, *timeout, asker).await?, None)
+            }
+        };
+        let client = self.connector.handshake(spec, transport).await?;
+        Ok((client, slot))
+    }
+
+    /// A stdio server's child, spawned within the user's process cap (the slot it holds) and the sandbox; a
+    /// GitHub-deployed server runs its deployment's entry point, deployed first when needed.
+    async fn spawn_stdio(
+        &self,
+        spec: &InstanceSpec,
+        asker: Option<Asker>,
+    ) -> Result<(Transport, ProcessSlot), UpstreamError> {
+        let deployed = self.connector.deployed_launch(spec).await?;
+        let slot = match self.room.slot_for(spec, || self.roster.running_stdio()).await {
+            Ok(slot) => slot,
+            Err(err) => {
+                let limit = err.limit() as u64;
+                self.reporter.limit_exceeded(spec, LimitedResource::Processes, limit, limit, err.to_string()).await;
+                return Err(UpstreamError::AtCapacity(err.to_string()));
+            }
+        };
+        let transport = self.connector.spawn_stdio(spec, deployed.as_ref(), asker)?;
+        Ok((transport, slot))
     }
 
     /// Retire the instance for good: its process or connection ends, and `mcp.server.stopped` says why. A dormant
@@ -283,7 +260,7 @@ impl Inner {
             client.close().await;
         }
         if client.is_some() || was_dormant {
-            self.emit(Event::server_stopped(instance.spec(), reason)).await;
+            self.reporter.emit(Event::server_stopped(instance.spec(), reason)).await;
         }
     }
 }
