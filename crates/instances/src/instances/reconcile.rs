@@ -80,7 +80,7 @@ impl InstanceManager {
         report
     }
 
-    /// The starts of one apply, each waiting for its turn (`Inner::starting`): awaited for the first configuration,
+    /// The starts of one apply, each waiting for its turn (`Roster::starting`): awaited for the first configuration,
     /// which then makes the satellite ready; run in the background for any later one.
     async fn run_starts(&self, starting: Vec<Arc<Instance>>, first: bool) {
         let inner = &self.inner;

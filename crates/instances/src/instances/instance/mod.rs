@@ -1,5 +1,6 @@
 //! One per-user instance: its spec, status, live connection, catalog, and
-//! the supervisor's bookkeeping (activity, dormancy, crashes, call slots).
+//! the supervisor's bookkeeping (activity, dormancy, crashes, call slots). What its clients asked the server to
+//! remember is in `client_state`, what the server announces in `announce`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -9,6 +10,12 @@ use chrono::{DateTime, Utc};
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+mod announce;
+mod client_state;
+
+pub use announce::missed_announcements;
+pub use client_state::{Release, MAX_SUBSCRIPTIONS};
 
 use super::limits::ProcessSlot;
 use super::policy::CrashWindow;
@@ -116,7 +123,7 @@ pub struct Instance {
     /// another's unsubscribe of the same resource, or a background undo, cannot cross on their way to the server.
     subscribing: tokio::sync::Mutex<()>,
     /// Held while the log level and subscriptions are asked of the server: by a client's call that changes them,
-    /// and by a restore (`supervise::restore_client_state`), so neither overwrites the other.
+    /// and by a restore (`restore::restore_client_state`), so neither overwrites the other.
     pub(super) client_state: tokio::sync::Mutex<()>,
     /// The connection a waiting restore is for (at most one waits; a later one only updates this).
     pub(super) restore_for: Mutex<Option<Arc<McpClient>>>,
@@ -131,39 +138,8 @@ pub struct Instance {
     client_id: std::sync::OnceLock<Box<str>>,
 }
 
-/// What letting go of a subscription left (`Instance::release_subscription`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Release {
-    /// The holder was the last: the server may stop watching.
-    Last,
-    /// Other clients still hold it: the server goes on watching.
-    OthersHold,
-    /// No holder was known for it.
-    NotHeld,
-}
-
-/// Resources watched per instance at most, as per client session (`http::session`): past it a subscribe is
-/// refused (`can_hold_subscription`), since a subscription no hold records could be undone for its client by
-/// another's unsubscribe or a listen's end.
-pub const MAX_SUBSCRIPTIONS: usize = 1_000;
-
 /// A catalog's tool definitions parsed, and the catalog they were parsed from.
 type ParsedListing = (std::sync::Weak<Catalog>, Arc<[serde_json::Value]>);
-
-/// Announcements queued per listening session before the slowest one starts to miss some.
-const ANNOUNCEMENT_BACKLOG: usize = 64;
-
-/// How often, at most, [`Instance::announce_missed`] tells listeners.
-const MISSED_ANNOUNCEMENTS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The method of the marker [`Instance::announce_missed`] sends; it never leaves the satellite.
-const MISSED_ANNOUNCEMENTS: &str = "satellite/announcements-missed";
-
-/// Whether an announcement says some were missed before it ([`Instance::announce_missed`]): what they were
-/// (list changes, resource updates) is unknown, so a listener says each of them may have happened.
-pub fn missed_announcements(note: &serde_json::Value) -> bool {
-    note.get("method").and_then(serde_json::Value::as_str) == Some(MISSED_ANNOUNCEMENTS)
-}
 
 /// A live connection to the instance's server.
 #[derive(Debug)]
@@ -234,121 +210,9 @@ impl Instance {
         self.client_id.get_or_init(|| format!("instance:{path}").into())
     }
 
-    /// Note that the server accepted a `resources/subscribe` (true) or `resources/unsubscribe` (false) of `uri`.
-    pub(super) fn note_subscription(&self, uri: &str, subscribed: bool) {
-        let mut subscriptions = self.subscriptions.lock();
-        let changed = if !subscribed {
-            subscriptions.remove(uri)
-        } else {
-            subscriptions.len() < MAX_SUBSCRIPTIONS && subscriptions.insert(uri.to_owned())
-        };
-        drop(subscriptions);
-        if changed {
-            self.subscriptions_changed.send_modify(|n| *n += 1);
-        }
-    }
-
-    /// Whether a hold of `uri` fits: one more resource while under the bound, or one held already. Asked, and the
-    /// hold then taken, under `subscription_lock`, so no other hold comes between.
-    pub fn can_hold_subscription(&self, uri: &str) -> bool {
-        let holders = self.holders.lock();
-        holders.len() < MAX_SUBSCRIPTIONS || holders.contains_key(uri)
-    }
-
-    /// `holder` (a client session's id, or a listen's) subscribed to `uri`.
-    pub fn hold_subscription(&self, uri: &str, holder: &str) {
-        let mut holders = self.holders.lock();
-        if holders.len() < MAX_SUBSCRIPTIONS || holders.contains_key(uri) {
-            holders.entry(uri.to_owned()).or_default().insert(holder.to_owned());
-        }
-    }
-
-    /// `holder` no longer wants `uri`: whether it was the last holder, others still hold it, or it held nothing
-    /// (a subscription from before, or past the bound: undone as asked).
-    pub fn release_subscription(&self, uri: &str, holder: &str) -> Release {
-        let mut holders = self.holders.lock();
-        let Some(held) = holders.get_mut(uri) else { return Release::NotHeld };
-        if !held.remove(holder) {
-            return if held.is_empty() { Release::NotHeld } else { Release::OthersHold };
-        }
-        if held.is_empty() {
-            holders.remove(uri);
-            return Release::Last;
-        }
-        Release::OthersHold
-    }
-
-    /// Whether any client holds a subscription to `uri`.
-    pub fn subscription_held(&self, uri: &str) -> bool {
-        self.holders.lock().contains_key(uri)
-    }
-
-    /// Taken while a subscription changes (see `subscribing`); before any call to the server.
-    pub async fn subscription_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.subscribing.lock().await
-    }
-
     /// Changes each time the connection is set or taken.
     pub(super) fn connection_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.connections.subscribe()
-    }
-
-    /// Changes each time the resources the server is asked to watch change.
-    pub(super) fn subscription_changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.subscriptions_changed.subscribe()
-    }
-
-    /// What the clients of `predecessor`, the instance this one replaces under the same process id (its entry
-    /// edited in place), asked of its server: the log level, the resources watched and who holds each. Their
-    /// sessions outlive the edit, so the new server is asked for the same once it has started
-    /// (`restore_client_state`), as a restarted one is. A server that refuses a resource no longer has it asked.
-    pub(super) fn carry_client_state(&self, predecessor: &Instance) {
-        *self.holders.lock() = predecessor.holders.lock().clone();
-        *self.subscriptions.lock() = predecessor.subscriptions.lock().clone();
-        *self.log_level.lock() = predecessor.log_level.lock().clone();
-    }
-
-    /// Note that the server accepted a `logging/setLevel` to `level`.
-    pub(super) fn note_log_level(&self, level: String) {
-        *self.log_level.lock() = Some(level);
-    }
-
-    /// The level the server was last asked to log at, if a client asked.
-    pub(super) fn log_level(&self) -> Option<String> {
-        self.log_level.lock().clone()
-    }
-
-    /// The resources the server was asked to watch, in order.
-    pub(super) fn subscriptions(&self) -> Vec<String> {
-        self.subscriptions.lock().iter().cloned().collect()
-    }
-
-    /// Listen to what the server announces outside any request (notification messages, as JSON-RPC).
-    pub fn announcements(&self) -> tokio::sync::broadcast::Receiver<Announcement> {
-        self.announcements.get_or_init(|| tokio::sync::broadcast::channel(ANNOUNCEMENT_BACKLOG).0).subscribe()
-    }
-
-    /// Pass on a notification the server sent outside any request; nobody listening is fine (a channel nobody
-    /// ever listened to does not exist, and one whose listeners left drops it).
-    pub(super) fn announce(&self, notification: Announcement) {
-        if let Some(announcements) = self.announcements.get() {
-            let _ = announcements.send(notification);
-        }
-    }
-
-    /// Tell listeners that announcements were lost before they reached this instance's channel (the server's
-    /// burst outran the transport's backlog): each listener treats it as having fallen behind itself. At most
-    /// once a second: a server flooding log lines outside any call would otherwise have every client re-read
-    /// every list again and again.
-    pub(super) fn announce_missed(&self) {
-        {
-            let mut missed_at = self.missed_at.lock();
-            if missed_at.is_some_and(|at| at.elapsed() < MISSED_ANNOUNCEMENTS_EVERY) {
-                return;
-            }
-            *missed_at = Some(std::time::Instant::now());
-        }
-        self.announce(Arc::new(crate::mcp::protocol::notification(MISSED_ANNOUNCEMENTS, None)));
     }
 
     pub fn spec(&self) -> &InstanceSpec {
@@ -552,23 +416,6 @@ impl Instance {
 mod tests {
     use super::*;
 
-    /// Lost announcements are said at most once a second: two lags in a row give listeners one marker (a flood of
-    /// log lines would otherwise have every client re-read every list again and again), and the next second's lag
-    /// gives another.
-    #[test]
-    fn lost_announcements_are_said_at_most_once_a_second() {
-        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
-        let mut heard = instance.announcements();
-        instance.announce_missed();
-        instance.announce_missed();
-        let marker = heard.try_recv().expect("one marker");
-        assert_eq!(marker["method"], MISSED_ANNOUNCEMENTS);
-        assert!(heard.try_recv().is_err(), "the second lag within the second is not said again");
-        *instance.missed_at.lock() = std::time::Instant::now().checked_sub(MISSED_ANNOUNCEMENTS_EVERY);
-        instance.announce_missed();
-        assert_eq!(heard.try_recv().expect("a marker a second later")["method"], MISSED_ANNOUNCEMENTS);
-    }
-
     /// A count that finishes after a newer discovery replaced the catalog it counted must not put the old tools
     /// back: only the catalog it started from is replaced.
     #[test]
@@ -615,63 +462,5 @@ mod tests {
         drop(first);
         let third = with(&["d", "e"]);
         assert_eq!(names(&instance.tool_listing(&third)), ["d", "e"]);
-    }
-
-    /// What the server was asked to watch follows its answers, within the bound.
-    #[test]
-    fn subscriptions_follow_what_the_server_accepted() {
-        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
-        instance.note_subscription("file:///b", true);
-        instance.note_subscription("file:///a", true);
-        instance.note_subscription("file:///a", true);
-        assert_eq!(instance.subscriptions(), ["file:///a", "file:///b"]);
-        instance.note_subscription("file:///a", false);
-        instance.note_subscription("file:///never", false);
-        assert_eq!(instance.subscriptions(), ["file:///b"]);
-        for n in 0..MAX_SUBSCRIPTIONS + 5 {
-            instance.note_subscription(&format!("file:///{n}"), true);
-        }
-        assert_eq!(instance.subscriptions().len(), MAX_SUBSCRIPTIONS);
-    }
-
-    /// A subscription is undone upstream only when its last holder lets go; one nobody was known to hold is undone
-    /// as asked.
-    #[test]
-    fn a_subscription_ends_with_its_last_holder() {
-        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
-        instance.hold_subscription("file:///a", "session-1");
-        instance.hold_subscription("file:///a", "listen 7");
-        instance.hold_subscription("file:///a", "session-1");
-        assert_eq!(instance.release_subscription("file:///a", "session-1"), Release::OthersHold, "the listen holds it");
-        assert_eq!(instance.release_subscription("file:///a", "session-1"), Release::OthersHold, "released twice");
-        assert!(instance.subscription_held("file:///a"));
-        assert_eq!(instance.release_subscription("file:///a", "listen 7"), Release::Last, "the last holder");
-        assert!(!instance.subscription_held("file:///a"));
-        assert_eq!(instance.release_subscription("file:///never", "session-1"), Release::NotHeld);
-        for n in 0..MAX_SUBSCRIPTIONS + 5 {
-            instance.hold_subscription(&format!("file:///{n}"), "s");
-        }
-        assert_eq!(instance.holders.lock().len(), MAX_SUBSCRIPTIONS, "bounded like the subscriptions");
-        assert!(instance.can_hold_subscription("file:///7"), "one held already is taken");
-        assert!(!instance.can_hold_subscription("file:///new"), "one more is not");
-    }
-
-    /// The announcement channel exists only once a session listens: what came before is gone (as with a channel
-    /// nobody listened to), what comes after reaches every listener, and a listener that left does not stop it.
-    #[test]
-    fn announcements_reach_those_listening_when_they_are_made() {
-        let note = |n: u32| Arc::new(serde_json::json!({"n": n}));
-        let instance = Instance::new(Arc::new(crate::model::sample_spec()), None, 1, ToolOverrides::default());
-        instance.announce(note(0));
-        let mut first = instance.announcements();
-        let gone = instance.announcements();
-        drop(gone);
-        instance.announce(note(1));
-        let mut second = instance.announcements();
-        instance.announce(note(2));
-        assert_eq!(first.try_recv().ok(), Some(note(1)), "nothing from before anyone listened");
-        assert_eq!(first.try_recv().ok(), Some(note(2)));
-        assert_eq!(second.try_recv().ok(), Some(note(2)), "one channel for every listener");
-        assert!(first.try_recv().is_err() && second.try_recv().is_err());
     }
 }
