@@ -39,8 +39,28 @@ pub(super) fn nsjail_args(
     command: &Path,
     args: &[String],
 ) -> Vec<String> {
+    let mut argv = nsjail_identity_and_limits(layout, s);
+    argv.extend(nsjail_mounts(layout, team, runtime, command));
+    argv.extend([
+        "-s".into(),
+        "/proc/self/fd:/dev/fd".into(),
+        "--disable_clone_newnet".into(),
+        "--disable_clone_newcgroup".into(),
+        "--disable_no_new_privs".into(),
+        "--hostname".into(),
+        team.hostname.clone(),
+        "--keep_env".into(),
+        "--".into(),
+        path_str(command),
+    ]);
+    argv.extend(args.iter().cloned());
+    argv
+}
+
+/// nsjail's mode, the child's uid and gid, and its rlimits from the settings (0: `max`); no time limit.
+fn nsjail_identity_and_limits(layout: &Layout, s: &SandboxSettings) -> Vec<String> {
     let limit = |v: u64| if v == 0 { "max".to_owned() } else { v.to_string() };
-    let mut argv: Vec<String> = vec![
+    vec![
         "-Mo".into(),
         "--proc_rw".into(),
         "--user".into(),
@@ -59,7 +79,14 @@ pub(super) fn nsjail_args(
         limit(s.rlimit_fsize_mb),
         "--time_limit".into(),
         "0".into(),
-    ];
+    ]
+}
+
+/// nsjail's mounts: the system directories read-only, a private /tmp, the team's cache as the runtime's home and
+/// its work dir at `/workspace`, a deployment read-only as cwd, the command when it lives elsewhere, and the few
+/// devices a runtime needs.
+fn nsjail_mounts(layout: &Layout, team: &TeamMounts<'_>, runtime: &str, command: &Path) -> Vec<String> {
+    let mut argv = Vec::new();
     for dir in &layout.system {
         match dir {
             HostDir::Dir(dir) => argv.extend(["-R".into(), (*dir).to_owned()]),
@@ -86,19 +113,6 @@ pub(super) fn nsjail_args(
     for dev in ["/dev/null", "/dev/urandom", "/dev/zero"] {
         argv.extend(["-B".into(), dev.into()]);
     }
-    argv.extend([
-        "-s".into(),
-        "/proc/self/fd:/dev/fd".into(),
-        "--disable_clone_newnet".into(),
-        "--disable_clone_newcgroup".into(),
-        "--disable_no_new_privs".into(),
-        "--hostname".into(),
-        team.hostname.clone(),
-        "--keep_env".into(),
-        "--".into(),
-        path_str(command),
-    ]);
-    argv.extend(args.iter().cloned());
     argv
 }
 

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::{HostDir, SandboxError, SANDBOX_PATH, SYSTEM_DIRS};
 use crate::config::env::Env;
+use crate::config::{ConfigError, Isolation, SandboxSettings};
 
 /// Where commands are looked for, in order (SB §9.2): `$HOME/.local/bin`, `$HOME/.cargo/bin`, `$HOME/bin`,
 /// `/usr/local/bin`, `/usr/bin`, `/bin`, `/opt/homebrew/bin`, then each absolute `PATH` entry.
@@ -41,6 +42,29 @@ pub fn resolve_in(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
 
 pub(super) fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The nsjail or bwrap binary the settings' isolation needs: the configured path, which must be executable, or the
+/// first found in `search`. Not found is a config error.
+pub(super) fn isolation_binary(settings: &SandboxSettings, search: &[PathBuf]) -> Result<PathBuf, ConfigError> {
+    let (explicit, name, key, var) = match settings.isolation {
+        Isolation::Nsjail => (&settings.nsjail_path, "nsjail", "sandbox.nsjail_path", crate::config::env::NSJAIL_PATH),
+        _ => (&settings.bwrap_path, "bwrap", "sandbox.bwrap_path", crate::config::env::BWRAP_PATH),
+    };
+    match explicit {
+        Some(path) if is_executable(path) => Ok(path.clone()),
+        Some(path) => Err(ConfigError::new(key, Some(var), format!("{} is not an executable file", path.display()))),
+        None => resolve_in(name, search).ok_or_else(|| {
+            ConfigError::new(
+                "sandbox.isolation",
+                Some(crate::config::env::SANDBOX),
+                format!(
+                    "{} isolation needs `{name}`, which is not installed (or set {var})",
+                    settings.isolation.as_str()
+                ),
+            )
+        }),
+    }
 }
 
 /// A directory name for a team id (an arbitrary string): its `[A-Za-z0-9_-]` characters (at most 32), a dash,

@@ -18,8 +18,6 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use tracing::debug;
-
 use crate::config::env::Env;
 use crate::config::{Config, ConfigError, Isolation, Mode, SandboxSettings, StandaloneSource};
 use crate::mcp::transport::stderr::StderrSettings;
@@ -28,13 +26,15 @@ use crate::mcp::transport::StdioLaunch;
 use crate::model::{InstanceSpec, Upstream};
 use crate::secrets;
 
+mod allow;
 mod argv;
 mod env;
 mod host;
 
+use allow::AllowList;
 use argv::{bwrap_args, nsjail_args, TeamMounts};
 pub use env::{child_env, inherited_env, ENV_BLOCKLIST};
-use host::{absolute, create_private_dir, host_dirs, is_executable, runtime_env, runtime_of};
+use host::{absolute, create_private_dir, host_dirs, isolation_binary, runtime_env, runtime_of};
 pub use host::{resolve_in, search_dirs, team_dir_name};
 
 /// Commands every satellite accepts (SB §9.2), compared case-insensitively after trimming.
@@ -111,18 +111,6 @@ impl PreparedLaunch {
     }
 }
 
-/// What may be started.
-#[derive(Debug)]
-struct AllowList {
-    any: bool,
-    /// Lowercase bare names and where they resolved at start (`None`: not installed).
-    names: BTreeMap<String, Option<PathBuf>>,
-    /// Absolute paths allowed exactly as written.
-    paths: Vec<String>,
-    /// The list as configured, for messages.
-    shown: Vec<String>,
-}
-
 /// A host directory of `SYSTEM_DIRS` as found at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum HostDir {
@@ -139,6 +127,19 @@ struct Layout {
     uid: u32,
     gid: u32,
     tmpfs_size: String,
+}
+
+/// What `prepare` checked and made of an instance, for its launch.
+struct Launch<'a> {
+    /// The command, resolved.
+    command: PathBuf,
+    args: &'a [String],
+    instance_env: &'a BTreeMap<String, String>,
+    /// The team's working and cache directories, made.
+    work: PathBuf,
+    cache: PathBuf,
+    /// The GitHub deployment the command runs from.
+    app: Option<&'a Path>,
 }
 
 /// The sandbox of every stdio child; built once at start.
@@ -188,79 +189,16 @@ impl SandboxPolicy {
         let root = absolute(data_dir).join("sandbox");
         let layout = match settings.isolation {
             Isolation::None => None,
-            Isolation::Nsjail | Isolation::Bubblewrap => {
-                let (explicit, name, key, var) = match settings.isolation {
-                    Isolation::Nsjail => {
-                        (&settings.nsjail_path, "nsjail", "sandbox.nsjail_path", crate::config::env::NSJAIL_PATH)
-                    }
-                    _ => (&settings.bwrap_path, "bwrap", "sandbox.bwrap_path", crate::config::env::BWRAP_PATH),
-                };
-                let binary = match explicit {
-                    Some(path) if is_executable(path) => path.clone(),
-                    Some(path) => {
-                        return Err(ConfigError::new(
-                            key,
-                            Some(var),
-                            format!("{} is not an executable file", path.display()),
-                        ))
-                    }
-                    None => resolve_in(name, &search).ok_or_else(|| {
-                        ConfigError::new(
-                            "sandbox.isolation",
-                            Some(crate::config::env::SANDBOX),
-                            format!(
-                                "{} isolation needs `{name}`, which is not installed (or set {var})",
-                                settings.isolation.as_str()
-                            ),
-                        )
-                    })?,
-                };
-                Some(Layout {
-                    binary,
-                    system: host_dirs(),
-                    uid: nix::unistd::getuid().as_raw(),
-                    gid: nix::unistd::getgid().as_raw(),
-                    tmpfs_size: settings.tmpfs_size.clone(),
-                })
-            }
+            Isolation::Nsjail | Isolation::Bubblewrap => Some(Layout {
+                binary: isolation_binary(settings, &search)?,
+                system: host_dirs(),
+                uid: nix::unistd::getuid().as_raw(),
+                gid: nix::unistd::getgid().as_raw(),
+                tmpfs_size: settings.tmpfs_size.clone(),
+            }),
         };
-        let mut allow = AllowList { any: false, names: BTreeMap::new(), paths: Vec::new(), shown: Vec::new() };
-        let entries = DEFAULT_ALLOWED_COMMANDS
-            .iter()
-            .map(|s| s.to_string())
-            .chain(settings.allowed_commands.iter().cloned())
-            .chain(extra_allowed.iter().map(|p| p.to_string_lossy().into_owned()));
-        for entry in entries {
-            let entry = entry.trim().to_owned();
-            if entry == "*" {
-                allow.any = true;
-            } else if Path::new(&entry).is_absolute() {
-                allow.paths.push(entry.clone());
-            } else {
-                let name = entry.to_ascii_lowercase();
-                let resolved = resolve_in(&name, &search);
-                match &resolved {
-                    Some(path) => debug!(command = %name, path = %path.display(), "sandbox: runtime resolved"),
-                    // Said once in the start-up summary (`describe`), and as a spawn error when a server needs it.
-                    None => debug!(command = %name, "sandbox: allowed command is not installed"),
-                }
-                allow.names.insert(name, resolved);
-            }
-            if !allow.shown.contains(&entry) {
-                allow.shown.push(entry);
-            }
-        }
-
-        let mb = |v: u64| (v > 0).then(|| v.saturating_mul(1024 * 1024));
-        let limits = ResourceLimits {
-            address_space_bytes: mb(settings.memory_limit_mb),
-            cpu_seconds: (settings.cpu_time_limit_seconds > 0).then_some(settings.cpu_time_limit_seconds),
-            processes: (settings.max_processes > 0).then_some(settings.max_processes),
-            open_files: (settings.rlimit_nofile > 0).then_some(settings.rlimit_nofile),
-            file_size_bytes: mb(settings.rlimit_fsize_mb),
-            cpu_percent: (settings.cpu_limit_percent > 0)
-                .then(|| u32::try_from(settings.cpu_limit_percent).unwrap_or(u32::MAX)),
-        };
+        let allow = AllowList::new(settings, extra_allowed, &search);
+        let limits = resource_limits(settings);
         Ok(Self { settings: settings.clone(), allow, search, late: Mutex::new(HashMap::new()), limits, root, layout })
     }
 
@@ -361,52 +299,49 @@ impl SandboxPolicy {
         for dir in [&work, &cache] {
             create_private_dir(dir)?;
         }
-        match &self.layout {
-            None => {
-                let (mut env, dropped_env) = child_env(inherited_env, instance_env);
-                for var in ["XDG_CACHE_HOME", "npm_config_cache", "UV_CACHE_DIR"] {
-                    if !instance_env.contains_key(var) {
-                        env.insert(var.into(), cache.to_string_lossy().into_owned());
-                    }
-                }
-                Ok(PreparedLaunch {
-                    program: command.clone(),
-                    args: args.clone(),
-                    command,
-                    env,
-                    cwd: app.map(Path::to_path_buf).unwrap_or(work),
-                    limits: self.limits,
-                    dropped_env,
-                })
-            }
-            Some(layout) => {
-                // Nothing of the satellite's environment is inherited (SB §9.1): the runtime's env, then the
-                // instance's, sanitised.
-                let runtime = runtime_of(&command);
-                let (env, dropped_env) = child_env(&runtime_env(runtime), instance_env);
-                let host = TeamMounts {
-                    work: &work,
-                    cache: &cache,
-                    app,
-                    hostname: format!("mcp-{}", team_dir_name(&spec.team_id.0)),
-                };
-                let (args, limits) = match self.settings.isolation {
-                    Isolation::Nsjail => {
-                        (nsjail_args(layout, &self.settings, &host, runtime, &command, args), ResourceLimits::default())
-                    }
-                    _ => (bwrap_args(layout, &host, runtime, &command, args), self.limits),
-                };
-                Ok(PreparedLaunch {
-                    program: layout.binary.clone(),
-                    args,
-                    command,
-                    env,
-                    cwd: work,
-                    limits,
-                    dropped_env,
-                })
+        let launch = Launch { command, args, instance_env, work, cache, app };
+        Ok(match &self.layout {
+            None => self.direct(launch, inherited_env),
+            Some(layout) => self.isolated(layout, launch, &spec.team_id.0),
+        })
+    }
+
+    /// A launch without isolation: the child runs the command itself, in the team's working directory (or the
+    /// deployment's), from the satellite's environment, with its caches in the team's cache directory.
+    fn direct(&self, launch: Launch<'_>, inherited_env: &BTreeMap<String, String>) -> PreparedLaunch {
+        let Launch { command, args, instance_env, work, cache, app } = launch;
+        let (mut env, dropped_env) = child_env(inherited_env, instance_env);
+        for var in ["XDG_CACHE_HOME", "npm_config_cache", "UV_CACHE_DIR"] {
+            if !instance_env.contains_key(var) {
+                env.insert(var.into(), cache.to_string_lossy().into_owned());
             }
         }
+        PreparedLaunch {
+            program: command.clone(),
+            args: args.to_vec(),
+            command,
+            env,
+            cwd: app.map(Path::to_path_buf).unwrap_or(work),
+            limits: self.limits,
+            dropped_env,
+        }
+    }
+
+    /// A launch inside nsjail or bubblewrap (`layout`), with `team`'s directories mounted.
+    fn isolated(&self, layout: &Layout, launch: Launch<'_>, team: &str) -> PreparedLaunch {
+        let Launch { command, args, instance_env, work, cache, app } = launch;
+        // Nothing of the satellite's environment is inherited (SB §9.1): the runtime's env, then the
+        // instance's, sanitised.
+        let runtime = runtime_of(&command);
+        let (env, dropped_env) = child_env(&runtime_env(runtime), instance_env);
+        let host = TeamMounts { work: &work, cache: &cache, app, hostname: format!("mcp-{}", team_dir_name(team)) };
+        let (args, limits) = match self.settings.isolation {
+            Isolation::Nsjail => {
+                (nsjail_args(layout, &self.settings, &host, runtime, &command, args), ResourceLimits::default())
+            }
+            _ => (bwrap_args(layout, &host, runtime, &command, args), self.limits),
+        };
+        PreparedLaunch { program: layout.binary.clone(), args, command, env, cwd: work, limits, dropped_env }
     }
 
     /// The absolute path to execute, or why the command is refused.
@@ -443,6 +378,20 @@ impl SandboxPolicy {
 
     fn not_allowed(&self, command: &str) -> SandboxError {
         SandboxError::CommandNotAllowed { command: command.to_owned(), allowed: self.allow.shown.join(", ") }
+    }
+}
+
+/// The rlimits of the `NSJAIL_*` settings (0: none).
+fn resource_limits(settings: &SandboxSettings) -> ResourceLimits {
+    let mb = |v: u64| (v > 0).then(|| v.saturating_mul(1024 * 1024));
+    ResourceLimits {
+        address_space_bytes: mb(settings.memory_limit_mb),
+        cpu_seconds: (settings.cpu_time_limit_seconds > 0).then_some(settings.cpu_time_limit_seconds),
+        processes: (settings.max_processes > 0).then_some(settings.max_processes),
+        open_files: (settings.rlimit_nofile > 0).then_some(settings.rlimit_nofile),
+        file_size_bytes: mb(settings.rlimit_fsize_mb),
+        cpu_percent: (settings.cpu_limit_percent > 0)
+            .then(|| u32::try_from(settings.cpu_limit_percent).unwrap_or(u32::MAX)),
     }
 }
 
