@@ -116,62 +116,74 @@ pub(super) async fn build(
 /// The command and arguments that start the server (SB §9.9 order): `node` by name, or the deployment's own
 /// venv interpreter by absolute path; the entry file absolute.
 pub(super) fn entry(search: &[PathBuf], runtime: Runtime, dir: &Path) -> Result<(String, Vec<String>), DeployError> {
-    let fail = |reason: &str| DeployError::at(Step::Entry, reason);
-    let path = |p: PathBuf| p.to_string_lossy().into_owned();
     match runtime {
-        Runtime::Node => {
-            let package = package_json(dir, Step::Entry)?;
-            let bin = match package.get("bin") {
-                Some(Value::String(bin)) => Some(bin.clone()),
-                Some(Value::Object(bins)) => bins.values().find_map(Value::as_str).map(str::to_owned),
-                _ => None,
-            };
-            let main = package.get("main").and_then(Value::as_str).map(str::to_owned);
-            let file = [bin, main, Some("dist/index.js".into()), Some("index.js".into())]
-                .into_iter()
-                .flatten()
-                .map(|candidate| dir.join(candidate.trim_start_matches("./")))
-                .find(|candidate| candidate.is_file() && candidate.starts_with(dir))
-                .ok_or_else(|| fail("no bin, main, dist/index.js or index.js file"))?;
-            // By name: `node` is on the allow-list and the sandbox resolves it like any other command.
-            tool(search, "node", Step::Entry)?;
-            Ok(("node".into(), vec![path(file)]))
-        }
-        Runtime::Python => {
-            let python = dir.join(".venv/bin/python");
-            let python = if python.exists() { path(python) } else { path(tool(search, "python3", Step::Entry)?) };
-            let script = pyproject(dir)?.and_then(|p| {
-                p.get("project")?.get("scripts")?.as_table()?.values().find_map(|v| v.as_str().map(str::to_owned))
-            });
-            if let Some(target) = script {
-                // `module:function`, run by a small launcher so no shell or `-c` code is needed.
-                let (module, function) =
-                    target.split_once(':').ok_or_else(|| fail("project.scripts entry without ':'"))?;
-                let valid =
-                    |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
-                if !valid(module.trim()) || !valid(function.trim()) {
-                    return Err(fail("project.scripts entry is not module:function"));
-                }
-                let launcher = dir.join(".satellite-entry.py");
-                let code = format!(
-                    "import sys\nfrom {} import {}\nsys.exit({}())\n",
-                    module.trim(),
-                    function.trim().split('.').next().unwrap_or_default(),
-                    function.trim()
-                );
-                std::fs::write(&launcher, code).map_err(|e| fail(&e.to_string()))?;
-                return Ok((python, vec![path(launcher)]));
-            }
-            let file = PYTHON_ENTRIES
-                .iter()
-                .map(|candidate| dir.join(candidate))
-                .find(|candidate| candidate.is_file())
-                .ok_or_else(|| {
-                    fail("no project.scripts entry and no __main__.py, server.py, main.py, app.py or run.py")
-                })?;
-            Ok((python, vec![path(file)]))
-        }
+        Runtime::Node => node_entry(search, dir),
+        Runtime::Python => python_entry(search, dir),
     }
+}
+
+fn entry_failed(reason: &str) -> DeployError {
+    DeployError::at(Step::Entry, reason)
+}
+
+fn path_text(path: PathBuf) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// A node server's entry: its `bin`, its `main`, `dist/index.js` or `index.js`, the first that is a file inside.
+fn node_entry(search: &[PathBuf], dir: &Path) -> Result<(String, Vec<String>), DeployError> {
+    let package = package_json(dir, Step::Entry)?;
+    let bin = match package.get("bin") {
+        Some(Value::String(bin)) => Some(bin.clone()),
+        Some(Value::Object(bins)) => bins.values().find_map(Value::as_str).map(str::to_owned),
+        _ => None,
+    };
+    let main = package.get("main").and_then(Value::as_str).map(str::to_owned);
+    let file = [bin, main, Some("dist/index.js".into()), Some("index.js".into())]
+        .into_iter()
+        .flatten()
+        .map(|candidate| dir.join(candidate.trim_start_matches("./")))
+        .find(|candidate| candidate.is_file() && candidate.starts_with(dir))
+        .ok_or_else(|| entry_failed("no bin, main, dist/index.js or index.js file"))?;
+    // By name: `node` is on the allow-list and the sandbox resolves it like any other command.
+    tool(search, "node", Step::Entry)?;
+    Ok(("node".into(), vec![path_text(file)]))
+}
+
+/// A python server's entry, run by the deployment's venv interpreter (else the host's `python3`): its first
+/// `project.scripts` entry through a launcher, else the first of `PYTHON_ENTRIES` that is a file.
+fn python_entry(search: &[PathBuf], dir: &Path) -> Result<(String, Vec<String>), DeployError> {
+    let python = dir.join(".venv/bin/python");
+    let python = if python.exists() { path_text(python) } else { path_text(tool(search, "python3", Step::Entry)?) };
+    let script = pyproject(dir)?.and_then(|p| {
+        p.get("project")?.get("scripts")?.as_table()?.values().find_map(|v| v.as_str().map(str::to_owned))
+    });
+    if let Some(target) = script {
+        return Ok((python, vec![path_text(script_launcher(dir, &target)?)]));
+    }
+    let file =
+        PYTHON_ENTRIES.iter().map(|candidate| dir.join(candidate)).find(|candidate| candidate.is_file()).ok_or_else(
+            || entry_failed("no project.scripts entry and no __main__.py, server.py, main.py, app.py or run.py"),
+        )?;
+    Ok((python, vec![path_text(file)]))
+}
+
+/// A `module:function` script entry, run by a small launcher written into `dir` so no shell or `-c` code is needed.
+fn script_launcher(dir: &Path, target: &str) -> Result<PathBuf, DeployError> {
+    let (module, function) = target.split_once(':').ok_or_else(|| entry_failed("project.scripts entry without ':'"))?;
+    let valid = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+    if !valid(module.trim()) || !valid(function.trim()) {
+        return Err(entry_failed("project.scripts entry is not module:function"));
+    }
+    let launcher = dir.join(".satellite-entry.py");
+    let code = format!(
+        "import sys\nfrom {} import {}\nsys.exit({}())\n",
+        module.trim(),
+        function.trim().split('.').next().unwrap_or_default(),
+        function.trim()
+    );
+    std::fs::write(&launcher, code).map_err(|e| entry_failed(&e.to_string()))?;
+    Ok(launcher)
 }
 
 fn package_json(dir: &Path, step: Step) -> Result<Value, DeployError> {
@@ -258,20 +270,7 @@ async fn run(
     log: &(dyn Fn(&str, &str) + Send + Sync),
 ) -> Result<(), DeployError> {
     let shown = format!("{} {}", program.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(), args.join(" "));
-    let bwrap = offline.then(|| resolve_in("bwrap", &[PathBuf::from("/usr/bin"), PathBuf::from("/bin")])).flatten();
-    let mut command = match &bwrap {
-        Some(bwrap) => {
-            let mut command = Command::new(bwrap);
-            command.args(["--unshare-net", "--die-with-parent", "--dev-bind", "/", "/", "--"]).arg(program);
-            command
-        }
-        None => {
-            if offline {
-                log("warn", &format!("{shown}: bubblewrap not found, the build step runs with network"));
-            }
-            Command::new(program)
-        }
-    };
+    let mut command = command_for(program, offline, &shown, log);
     command
         .args(args)
         .current_dir(dir)
@@ -298,6 +297,25 @@ async fn run(
     let tail: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).rev().take(5).collect();
     let tail: Vec<&str> = tail.into_iter().rev().collect();
     Err(DeployError::at(step, format!("{shown} exited with {}: {}", output.status, tail.join(" | "))))
+}
+
+/// The command that runs `program`: inside bubblewrap without network when `offline` and bubblewrap is installed
+/// (else as it is, with a warning in the server log that the step, `shown`, has network).
+fn command_for(program: &Path, offline: bool, shown: &str, log: &(dyn Fn(&str, &str) + Send + Sync)) -> Command {
+    let bwrap = offline.then(|| resolve_in("bwrap", &[PathBuf::from("/usr/bin"), PathBuf::from("/bin")])).flatten();
+    match &bwrap {
+        Some(bwrap) => {
+            let mut command = Command::new(bwrap);
+            command.args(["--unshare-net", "--die-with-parent", "--dev-bind", "/", "/", "--"]).arg(program);
+            command
+        }
+        None => {
+            if offline {
+                log("warn", &format!("{shown}: bubblewrap not found, the build step runs with network"));
+            }
+            Command::new(program)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -180,6 +180,7 @@ impl Deployer {
         outcome
     }
 
+    /// Deploy `deployment` into `dir`: built in a staging directory next to it, then put in its place whole.
     async fn deploy(
         &self,
         spec: &InstanceSpec,
@@ -192,52 +193,51 @@ impl Deployer {
         std::fs::create_dir_all(parent)
             .map_err(|e| DeployError::at(Step::Extract, format!("{}: {e}", parent.display())))?;
         let staging = parent.join(format!(".{}.{}", safe(&spec.installation_id.0), uuid::Uuid::new_v4().simple()));
-        let result = async {
-            let token = self.settings.tokens.token(&spec.installation_id).await.map_err(|no| DeployError {
-                step: Step::Token,
-                reason: no.reason,
-                transient: no.transient,
-            })?;
-            let tarball = fetch::download(&self.settings, deployment, &token).await?;
-            fetch::extract(&tarball, &staging)?;
-            let runtime = deployment.runtime.or_else(|| build::detect(&staging)).ok_or_else(|| {
-                DeployError::at(Step::Install, "neither package.json nor pyproject.toml/requirements.txt found")
-            })?;
-            build::install(&self.settings.search, runtime, &staging, log).await?;
-            build::build(&self.settings.search, runtime, &staging, log).await?;
-            // The entry is resolved in the staging directory and then rebased onto the final one.
-            let (command, args) = build::entry(&self.settings.search, runtime, &staging)?;
-            let rebase = |s: String| match s.strip_prefix(&*staging.to_string_lossy()) {
-                Some(rest) => format!("{}{rest}", dir.display()),
-                None => s,
-            };
-            Ok(Deployed {
-                commit_sha: deployment.commit_sha.clone(),
-                runtime,
-                command: rebase(command),
-                args: args.into_iter().map(rebase).collect(),
-            })
-        }
-        .await;
-        let deployed = match result {
+        let deployed = match self.build_in(spec, deployment, &staging, dir, log).await {
             Ok(deployed) => deployed,
             Err(err) => {
                 let _ = std::fs::remove_dir_all(&staging);
                 return Err(err);
             }
         };
-        let marker = serde_json::to_vec_pretty(&deployed).map_err(|e| DeployError::at(Step::Entry, e.to_string()))?;
-        std::fs::write(staging.join(MARKER), marker).map_err(|e| DeployError::at(Step::Entry, e.to_string()))?;
-        // Replace the old deployment whole.
-        if dir.exists() {
-            std::fs::remove_dir_all(dir)
-                .map_err(|e| DeployError::at(Step::Extract, format!("{}: {e}", dir.display())))?;
-        }
-        // A venv survives the move: its interpreter finds `pyvenv.cfg` next to itself, and the entry runs that
-        // interpreter by its final path (console-script shebangs, which would name the staging path, are not used).
-        std::fs::rename(&staging, dir)
-            .map_err(|e| DeployError::at(Step::Extract, format!("{}: {e}", dir.display())))?;
+        put_in_place(&deployed, &staging, dir)?;
         Ok(deployed)
+    }
+
+    /// The tarball downloaded with the installation's token, extracted, installed and built in `staging`; its entry
+    /// point resolved there and rebased onto `dir`, where it will run.
+    async fn build_in(
+        &self,
+        spec: &InstanceSpec,
+        deployment: &Deployment,
+        staging: &Path,
+        dir: &Path,
+        log: &(dyn Fn(&str, &str) + Send + Sync),
+    ) -> Result<Deployed, DeployError> {
+        let token = self.settings.tokens.token(&spec.installation_id).await.map_err(|no| DeployError {
+            step: Step::Token,
+            reason: no.reason,
+            transient: no.transient,
+        })?;
+        let tarball = fetch::download(&self.settings, deployment, &token).await?;
+        fetch::extract(&tarball, staging)?;
+        let runtime = deployment.runtime.or_else(|| build::detect(staging)).ok_or_else(|| {
+            DeployError::at(Step::Install, "neither package.json nor pyproject.toml/requirements.txt found")
+        })?;
+        build::install(&self.settings.search, runtime, staging, log).await?;
+        build::build(&self.settings.search, runtime, staging, log).await?;
+        // The entry is resolved in the staging directory and then rebased onto the final one.
+        let (command, args) = build::entry(&self.settings.search, runtime, staging)?;
+        let rebase = |s: String| match s.strip_prefix(&*staging.to_string_lossy()) {
+            Some(rest) => format!("{}{rest}", dir.display()),
+            None => s,
+        };
+        Ok(Deployed {
+            commit_sha: deployment.commit_sha.clone(),
+            runtime,
+            command: rebase(command),
+            args: args.into_iter().map(rebase).collect(),
+        })
     }
 
     /// Uninstall semantics (BP §6.1.3): the installation's deployment directory goes; the next start deploys
@@ -254,6 +254,19 @@ impl Deployer {
             }
         }
     }
+}
+
+/// A deployment built in `staging` put in `dir`'s place, with its marker: the old deployment is replaced whole.
+fn put_in_place(deployed: &Deployed, staging: &Path, dir: &Path) -> Result<(), DeployError> {
+    let marker = serde_json::to_vec_pretty(deployed).map_err(|e| DeployError::at(Step::Entry, e.to_string()))?;
+    std::fs::write(staging.join(MARKER), marker).map_err(|e| DeployError::at(Step::Entry, e.to_string()))?;
+    // Replace the old deployment whole.
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| DeployError::at(Step::Extract, format!("{}: {e}", dir.display())))?;
+    }
+    // A venv survives the move: its interpreter finds `pyvenv.cfg` next to itself, and the entry runs that
+    // interpreter by its final path (console-script shebangs, which would name the staging path, are not used).
+    std::fs::rename(staging, dir).map_err(|e| DeployError::at(Step::Extract, format!("{}: {e}", dir.display())))
 }
 
 fn read_marker(dir: &Path) -> Option<Deployed> {
