@@ -60,9 +60,8 @@ pub async fn discover_until(
         _ => true,
     };
     // The three listings go out together: an instance comes online one round trip after its handshake instead
-    // of three. Optional listings: whatever they say of themselves is not a fallback of the tool catalog.
+    // of three.
     let mut fallbacks = Vec::new();
-    let (mut quiet, mut quiet_templates) = (Vec::new(), Vec::new());
     // Each tool is made into its definition's text as it is read from its page, and the listing grows by it:
     // neither the whole listing's tree nor thousands of tools waiting for its end are ever held.
     let mut listing = ListingBuilder::default();
@@ -79,21 +78,7 @@ pub async fn discover_until(
         if !offers_resources {
             return (Vec::new(), Vec::new());
         }
-        let (mut resources, mut templates) = (Vec::new(), Vec::new());
-        let listed = list_all(client, "resources/list", "resources", request_timeout, deadline, &mut quiet, |raw| {
-            resources.extend(ResourceDef::from_listing(&raw))
-        });
-        let templates_listed = list_all(
-            client,
-            "resources/templates/list",
-            "resourceTemplates",
-            request_timeout,
-            deadline,
-            &mut quiet_templates,
-            |raw| templates.extend(TemplateDef::from_listing(&raw)),
-        );
-        let (listed, templates_listed) = tokio::join!(listed, templates_listed);
-        (optional(listed, resources), optional(templates_listed, templates))
+        list_resources(client, request_timeout, deadline).await
     };
     // A failed tool listing fails the discovery at once: the optional listings are not waited for.
     let ((), (resources, templates)) = futures::future::try_join(tools, resources.map(Ok)).await?;
@@ -107,6 +92,31 @@ pub async fn discover_until(
         header_tools: Default::default(),
         names: Default::default(),
     })
+}
+
+/// The resources and resource templates, listed together; optional listings: one that fails is empty, and whatever
+/// they say of themselves is not a fallback of the tool catalog.
+async fn list_resources(
+    client: &McpClient,
+    request_timeout: Duration,
+    deadline: Instant,
+) -> (Vec<ResourceDef>, Vec<TemplateDef>) {
+    let (mut quiet, mut quiet_templates) = (Vec::new(), Vec::new());
+    let (mut resources, mut templates) = (Vec::new(), Vec::new());
+    let listed = list_all(client, "resources/list", "resources", request_timeout, deadline, &mut quiet, |raw| {
+        resources.extend(ResourceDef::from_listing(&raw))
+    });
+    let templates_listed = list_all(
+        client,
+        "resources/templates/list",
+        "resourceTemplates",
+        request_timeout,
+        deadline,
+        &mut quiet_templates,
+        |raw| templates.extend(TemplateDef::from_listing(&raw)),
+    );
+    let (listed, templates_listed) = tokio::join!(listed, templates_listed);
+    (optional(listed, resources), optional(templates_listed, templates))
 }
 
 fn optional<T>(listed: Result<(), DiscoveryError>, items: Vec<T>) -> Vec<T> {
@@ -214,20 +224,12 @@ async fn list_all(
     let mut cursors = HashSet::new();
     let mut shape_noted = false;
     for page in 0..MAX_PAGES {
-        let params = cursor.as_ref().map(|c| json!({"cursor": c}));
-        let left = deadline.saturating_duration_since(Instant::now());
-        let answer = if left.is_zero() {
-            Err(UpstreamError::Timeout { method: method.to_owned(), after: Duration::ZERO })
-        } else {
-            client.request_relayed(method, params, timeout.min(left), None).await
-        };
+        let answer = request_page(client, method, cursor.as_deref(), timeout, deadline).await;
         let read = answer.map_err(ReadError::Unreadable).and_then(|answer| read_page(answer, field, &mut each));
         let read = match read {
             Ok(read) => read,
             Err(ReadError::Unreadable(source)) if page > 0 => {
-                let note = format!("{method} stopped after {kept} item(s) on page {}: {source}", page + 1);
-                warn!(method, kept, error = %source, "listing cut off; the items that arrived are kept");
-                fallbacks.push(note);
+                fallbacks.push(cut_off(method, kept, page, &source));
                 return Ok(());
             }
             Err(ReadError::Unreadable(source)) => return Err(DiscoveryError::Request { method, source }),
@@ -236,14 +238,7 @@ async fn list_all(
             }
         };
         kept += read.items;
-        if let (Some(note), false) = (read.shape, shape_noted) {
-            warn!(method, shape = %note, "non-standard listing accepted");
-            fallbacks.push(format!("{method}: {note}"));
-            shape_noted = true;
-        }
-        if read.skipped > 0 {
-            fallbacks.push(format!("{method}: {} unreadable item(s) skipped on page {}", read.skipped, page + 1));
-        }
+        note_page(method, page, &read, &mut shape_noted, fallbacks);
         match read.next.filter(|c| !c.is_empty()) {
             None => return Ok(()),
             Some(next) => {
@@ -255,6 +250,41 @@ async fn list_all(
         }
     }
     Err(DiscoveryError::TooManyPages { method })
+}
+
+/// One page of `method`, from `cursor`, waiting at most `timeout` and never past `deadline`.
+async fn request_page(
+    client: &McpClient,
+    method: &'static str,
+    cursor: Option<&str>,
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<Payload, UpstreamError> {
+    let params = cursor.map(|c| json!({"cursor": c}));
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        Err(UpstreamError::Timeout { method: method.to_owned(), after: Duration::ZERO })
+    } else {
+        client.request_relayed(method, params, timeout.min(left), None).await
+    }
+}
+
+/// A listing cut off at page `page` (0-based) after `kept` items: logged, and the note for `Catalog::fallbacks`.
+fn cut_off(method: &str, kept: usize, page: usize, source: &UpstreamError) -> String {
+    warn!(method, kept, error = %source, "listing cut off; the items that arrived are kept");
+    format!("{method} stopped after {kept} item(s) on page {}: {source}", page + 1)
+}
+
+/// What a page read leniently says in `fallbacks`: the first page not in the spec's shape, and items skipped.
+fn note_page(method: &str, page: usize, read: &Page, shape_noted: &mut bool, fallbacks: &mut Vec<String>) {
+    if let (Some(note), false) = (&read.shape, *shape_noted) {
+        warn!(method, shape = %note, "non-standard listing accepted");
+        fallbacks.push(format!("{method}: {note}"));
+        *shape_noted = true;
+    }
+    if read.skipped > 0 {
+        fallbacks.push(format!("{method}: {} unreadable item(s) skipped on page {}", read.skipped, page + 1));
+    }
 }
 
 #[cfg(test)]

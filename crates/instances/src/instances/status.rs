@@ -20,31 +20,8 @@ pub fn status_for(upstream: &Upstream, failure: &Failure<'_>) -> (InstanceStatus
         Failure::Connect(err) | Failure::Call(err) => (Some(err), err.to_string()),
         Failure::Discovery(err) => (err.upstream(), err.to_string()),
     };
-    match err {
-        Some(UpstreamError::Spawn { program, kind, message, detail }) => {
-            let what = if *kind == std::io::ErrorKind::PermissionDenied {
-                "Permission error"
-            } else {
-                "Failed to spawn MCP server"
-            };
-            let detail = detail.as_deref().map(|d| format!("; {d}")).unwrap_or_default();
-            return (InstanceStatus::Error, format!("{what}: {program}: {message}{detail}"));
-        }
-        Some(UpstreamError::Refused(reason)) => {
-            return (InstanceStatus::Error, format!("Failed to spawn MCP server: {reason}"));
-        }
-        Some(UpstreamError::AtCapacity(reason)) => {
-            let message = format!(
-                "Failed to spawn MCP server: {reason}, each busy; it starts as soon as one of them stops or falls idle"
-            );
-            return (InstanceStatus::Error, message);
-        }
-        Some(UpstreamError::OAuth(reason)) => return (InstanceStatus::RequiresReauth, reason.clone()),
-        Some(err @ UpstreamError::Deployment { transient, .. }) => {
-            let again = if *transient { "; it is tried again shortly" } else { "" };
-            return (InstanceStatus::Error, format!("{err}{again}"));
-        }
-        _ => {}
+    if let Some(mapped) = err.and_then(status_on_any_transport) {
+        return mapped;
     }
     match upstream {
         Upstream::Stdio { .. } => match err {
@@ -65,6 +42,37 @@ pub fn status_for(upstream: &Upstream, failure: &Failure<'_>) -> (InstanceStatus
             }
             _ => (InstanceStatus::Error, context),
         },
+    }
+}
+
+/// The failures whose status is the same on every transport: a spawn that failed or was refused, the process caps,
+/// no OAuth token, a GitHub deployment that failed.
+fn status_on_any_transport(err: &UpstreamError) -> Option<(InstanceStatus, String)> {
+    match err {
+        UpstreamError::Spawn { program, kind, message, detail } => {
+            let what = if *kind == std::io::ErrorKind::PermissionDenied {
+                "Permission error"
+            } else {
+                "Failed to spawn MCP server"
+            };
+            let detail = detail.as_deref().map(|d| format!("; {d}")).unwrap_or_default();
+            Some((InstanceStatus::Error, format!("{what}: {program}: {message}{detail}")))
+        }
+        UpstreamError::Refused(reason) => {
+            Some((InstanceStatus::Error, format!("Failed to spawn MCP server: {reason}")))
+        }
+        UpstreamError::AtCapacity(reason) => {
+            let message = format!(
+                "Failed to spawn MCP server: {reason}, each busy; it starts as soon as one of them stops or falls idle"
+            );
+            Some((InstanceStatus::Error, message))
+        }
+        UpstreamError::OAuth(reason) => Some((InstanceStatus::RequiresReauth, reason.clone())),
+        UpstreamError::Deployment { transient, .. } => {
+            let again = if *transient { "; it is tried again shortly" } else { "" };
+            Some((InstanceStatus::Error, format!("{err}{again}")))
+        }
+        _ => None,
     }
 }
 
