@@ -74,7 +74,7 @@ const ALLOWED: &[Allowed] = &[
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "crates/mcp/src/mcp/transport/streamable_http.rs",
+        file: "crates/mcp/src/mcp/transport/streamable_http/mod.rs",
         line: "spawn(async move {",
         why: "the transport's own: the session's GET stream and the cancel notice an abandoned call posts from a \
               Drop end with its `stop` token (the notice also with CANCEL_TIMEOUT)",
