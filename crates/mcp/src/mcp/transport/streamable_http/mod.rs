@@ -29,6 +29,8 @@ use crate::mcp::headers as mirrored;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
 
+mod server_stream;
+
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 const ERROR_BODY_PREVIEW: usize = 300;
@@ -37,10 +39,6 @@ type Handshake = (Option<Value>, RequestHeaders);
 
 /// Resumptions of one reply stream in a row without a message in between, before giving up.
 const MAX_RESUMES: u32 = 5;
-/// Wait before reopening a session's GET stream the server ended, doubled after each failed reopening up to
-/// [`SERVER_STREAM_RETRY_MAX`].
-const SERVER_STREAM_RETRY: Duration = Duration::from_secs(5);
-const SERVER_STREAM_RETRY_MAX: Duration = Duration::from_secs(60);
 /// The longest `retry` the satellite honours before resuming a stream.
 const MAX_RESUME_WAIT: Duration = Duration::from_secs(10);
 /// How long a `notifications/cancelled` for an abandoned request may take.
@@ -119,105 +117,6 @@ impl StreamableHttpTransport {
 
     pub fn subscribe(&self) -> broadcast::Receiver<super::Announcement> {
         self.notifications.subscribe()
-    }
-
-    /// Open the session's GET stream, on which a handshake-era server sends what is not tied to a request
-    /// (list changes, resource updates); it is reopened when the server ends it, until the transport goes or
-    /// the server says it has no such stream (405), forgot the session (404, 400, 410) or refuses the credentials
-    /// this stream was opened with (401, 403: a renewal opens a new stream). Any other refusal (a 502 from a proxy
-    /// while the server restarts, a 503, a 429) or a network error is passing: the stream is asked for again,
-    /// backing off.
-    fn open_server_stream(&self, headers: &RequestHeaders) {
-        if self.session.lock().is_none() {
-            return;
-        }
-        let (client, url, base) = (self.client.clone(), self.url.clone(), self.stream_headers(headers));
-        let (notifications, stop, label) = (self.notifications.clone(), self.stop.clone(), self.label.clone());
-        let asker = self.asker.clone();
-        // The answers to the server's requests on this stream go back by POST on the same session.
-        let mut answer_headers = base.clone();
-        answer_headers.insert(ACCEPT, HeaderValue::from_static("application/json, text/event-stream"));
-        answer_headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        tokio::spawn(async move {
-            // Requests waiting for a client's answer; they end with the stream.
-            let mut asks = tokio::task::JoinSet::new();
-            let mut retry = SERVER_STREAM_RETRY;
-            loop {
-                let mut failed = false;
-                let request = client.get(url.clone()).headers(base.clone());
-                let response = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    response = request.send() => response,
-                };
-                match response {
-                    Ok(response) if response.status().is_success() => {
-                        retry = SERVER_STREAM_RETRY;
-                        let mut events = Events::of(response, MAX_MESSAGE_BYTES);
-                        loop {
-                            let event = tokio::select! {
-                                _ = stop.cancelled() => return,
-                                event = events.next() => event,
-                            };
-                            let Some(Ok(event)) = event else { break };
-                            let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
-                            match Message::from_value(value) {
-                                Ok(Message::Notification { method, params }) => {
-                                    let note = protocol::notification(&method, params);
-                                    let _ = notifications.send(std::sync::Arc::new(note));
-                                }
-                                Ok(Message::Request { id, method, params }) => {
-                                    while asks.try_join_next().is_some() {}
-                                    if asks.len() >= MAX_OUTSIDE_ASKS {
-                                        debug!(process_id = %label, method = %method, "too many server requests waiting, refused");
-                                        let reply = protocol::error_response(Some(id), too_many_asks());
-                                        post_answer(&client, &url, &answer_headers, &reply, &label).await;
-                                        continue;
-                                    }
-                                    let (client, url, headers) = (client.clone(), url.clone(), answer_headers.clone());
-                                    let (asker, label) = (asker.clone(), label.clone());
-                                    asks.spawn(async move {
-                                        let reply = match answer_outside(asker.as_ref(), &method, params).await {
-                                            Ok(result) => protocol::response(id, result),
-                                            Err(err) => protocol::error_response(Some(id), err),
-                                        };
-                                        post_answer(&client, &url, &headers, &reply, &label).await;
-                                    });
-                                }
-                                _ => {}
-                            }
-                        }
-                    }
-                    Ok(response)
-                        if matches!(
-                            response.status(),
-                            StatusCode::METHOD_NOT_ALLOWED
-                                | StatusCode::NOT_FOUND
-                                | StatusCode::BAD_REQUEST
-                                | StatusCode::GONE
-                                | StatusCode::UNAUTHORIZED
-                                | StatusCode::FORBIDDEN
-                        ) =>
-                    {
-                        debug!(process_id = %label, status = %response.status(), "no server stream on this session");
-                        return;
-                    }
-                    Ok(response) => {
-                        debug!(process_id = %label, status = %response.status(), "server stream refused for now; asking again");
-                        failed = true;
-                    }
-                    Err(err) => {
-                        debug!(process_id = %label, error = %err, "server stream failed");
-                        failed = true;
-                    }
-                }
-                let wait = retry;
-                retry = if failed { (retry * 2).min(SERVER_STREAM_RETRY_MAX) } else { SERVER_STREAM_RETRY };
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(wait) => {}
-                }
-            }
-        });
     }
 
     /// Changes each time the server forgot the session and the handshake was replayed on a new one.
@@ -700,14 +599,6 @@ impl<'a> Asks<'a> {
         if let Some(handle) = self.by_id.remove(key) {
             handle.abort();
         }
-    }
-}
-
-/// POST the answer to a server's request made on the GET stream.
-async fn post_answer(client: &Client, url: &Url, headers: &HeaderMap, reply: &Value, label: &str) {
-    let sent = client.post(url.clone()).headers(headers.clone()).timeout(CANCEL_TIMEOUT).json(reply).send().await;
-    if let Err(err) = sent {
-        debug!(process_id = %label, error = %err, "answering the server's request failed");
     }
 }
 
