@@ -23,13 +23,16 @@ use url::Url;
 use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
 use super::http_wire::{classify_reqwest, complete_values, header_map};
 use super::in_flight::{InFlight, Withdraw};
-use super::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
-use super::{error_body, mask_sent, outcome, preview, sent_values, Relay, RequestHeaders, UpstreamError};
+use super::relay::Asker;
+use super::{error_body, mask_sent, preview, sent_values, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::headers as mirrored;
 use crate::mcp::payload::Payload;
-use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError};
+use crate::mcp::protocol::{self, codes, Message, RequestId};
 
+mod messages;
 mod server_stream;
+
+use messages::Asks;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
@@ -477,128 +480,6 @@ impl StreamableHttpTransport {
             });
         }
         Ok(response)
-    }
-
-    /// One message (or batch) from the reply to request `id`: its response ends the request; notifications go
-    /// to the relay; the server's own requests are answered (by the client through the relay, or locally), each
-    /// in `asks` while the stream is read on when there is one, else before the next message is read. A server's
-    /// `notifications/cancelled` of one of its own requests stops asking the client; it is not passed on (its id
-    /// is the server's, which a client would take for one of its own requests).
-    async fn handle_message<'a>(
-        &'a self,
-        value: Value,
-        id: i64,
-        headers: &'a RequestHeaders,
-        relay: Option<&'a Relay>,
-        timeout: Duration,
-        mut asks: Option<&mut Asks<'a>>,
-    ) -> Option<Result<Payload, UpstreamError>> {
-        let items = match value {
-            Value::Array(items) => items,
-            single => vec![single],
-        };
-        for item in items {
-            match Message::from_value(item) {
-                Ok(Message::Response { id: RequestId::Number(n), outcome: result }) if n == id => {
-                    return Some(outcome(result));
-                }
-                Ok(Message::Notification { method, params }) if method == "notifications/cancelled" => {
-                    let cancelled = params.as_ref().and_then(|p| p.get("requestId")).map(Value::to_string);
-                    if let (Some(asks), Some(cancelled)) = (asks.as_deref_mut(), cancelled) {
-                        asks.cancel(&cancelled);
-                    }
-                }
-                Ok(Message::Notification { method, params }) => {
-                    if let Some(relay) = relay {
-                        relay.notify(&method, params);
-                    }
-                }
-                Ok(Message::Request { id: server_id, method, params }) => match asks.as_deref_mut() {
-                    // As many waiting at once as outside any request, at most: more are refused at once.
-                    Some(asks) if asks.running.len() >= MAX_OUTSIDE_ASKS => {
-                        debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
-                        let reply = protocol::error_response(Some(server_id), too_many_asks());
-                        if let Err(err) = self.post(&reply, headers).await {
-                            debug!(process_id = %self.label, error = %err, "refusing the server's request failed");
-                        }
-                    }
-                    Some(asks) => {
-                        let key = serde_json::to_string(&server_id).unwrap_or_default();
-                        let answering = self.answer_server(server_id, method, params, headers, relay, timeout);
-                        let done = key.clone();
-                        asks.push(
-                            key,
-                            Box::pin(async move {
-                                answering.await;
-                                done
-                            }),
-                        );
-                    }
-                    None => self.answer_server(server_id, method, params, headers, relay, timeout).await,
-                },
-                _ => {}
-            }
-        }
-        None
-    }
-
-    /// Answer a request the server made during one of ours: by the client through `relay`, within our request's
-    /// own time, else locally; the answer goes back by POST on the session.
-    async fn answer_server(
-        &self,
-        server_id: RequestId,
-        method: String,
-        params: Option<Value>,
-        headers: &RequestHeaders,
-        relay: Option<&Relay>,
-        timeout: Duration,
-    ) {
-        let answer = match relay {
-            Some(relay) => relay.ask(&method, params, timeout).await,
-            None => tokio::time::timeout(timeout, answer_outside(self.asker.as_ref(), &method, params))
-                .await
-                .unwrap_or_else(|_| Err(RpcError::new(codes::INTERNAL_ERROR, "no client answered in time"))),
-        };
-        let reply = match answer {
-            Ok(result) => protocol::response(server_id, result),
-            Err(err) => protocol::error_response(Some(server_id), err),
-        };
-        if let Err(err) = self.post(&reply, headers).await {
-            debug!(process_id = %self.label, error = %err, "answering the server's request failed");
-        }
-    }
-}
-
-/// The server's requests made on one reply stream, each answered while the stream is read on: a request waiting
-/// on a person (an elicitation) holds up neither the server's progress nor its cancelling that very request.
-/// Dropped with the stream: once our request is answered, the server's requests during it are moot.
-#[derive(Default)]
-struct Asks<'a> {
-    /// Each ends with its server id (as JSON text).
-    running: futures::stream::FuturesUnordered<futures::future::Abortable<futures::future::BoxFuture<'a, String>>>,
-    /// Those running, by the server's id, to stop asking when the server cancels one.
-    by_id: std::collections::HashMap<String, futures::future::AbortHandle>,
-}
-
-impl<'a> Asks<'a> {
-    fn push(&mut self, key: String, answering: futures::future::BoxFuture<'a, String>) {
-        let (handle, registration) = futures::future::AbortHandle::new_pair();
-        self.by_id.insert(key, handle);
-        self.running.push(futures::future::Abortable::new(answering, registration));
-    }
-
-    /// One ended: answered (its id no longer listed), or withdrawn (unlisted when the server cancelled it).
-    fn finished(&mut self, done: Result<String, futures::future::Aborted>) {
-        if let Ok(key) = done {
-            self.by_id.remove(&key);
-        }
-    }
-
-    /// The server no longer waits for its request `key`: no answer is sent.
-    fn cancel(&mut self, key: &str) {
-        if let Some(handle) = self.by_id.remove(key) {
-            handle.abort();
-        }
     }
 }
 
