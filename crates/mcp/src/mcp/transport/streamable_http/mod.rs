@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use parking_lot::Mutex;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
 use reqwest::{Client, StatusCode};
@@ -20,16 +19,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 use url::Url;
 
-use super::bounded::{self, Events, ERROR_BODY_BYTES, MAX_MESSAGE_BYTES};
-use super::http_wire::{classify_reqwest, complete_values, header_map};
+use super::bounded::{self, ERROR_BODY_BYTES};
+use super::http_wire::{classify_reqwest, header_map};
 use super::in_flight::{InFlight, Withdraw};
 use super::relay::Asker;
-use super::{error_body, mask_sent, preview, sent_values, Relay, RequestHeaders, UpstreamError};
+use super::{error_body, mask_sent, sent_values, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::headers as mirrored;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Message, RequestId};
 
 mod messages;
+mod reply;
 mod server_stream;
 
 use messages::Asks;
@@ -40,10 +40,6 @@ const ERROR_BODY_PREVIEW: usize = 300;
 /// The `initialize` params and headers of a handshake-era session.
 type Handshake = (Option<Value>, RequestHeaders);
 
-/// Resumptions of one reply stream in a row without a message in between, before giving up.
-const MAX_RESUMES: u32 = 5;
-/// The longest `retry` the satellite honours before resuming a stream.
-const MAX_RESUME_WAIT: Duration = Duration::from_secs(10);
 /// How long a `notifications/cancelled` for an abandoned request may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -325,131 +321,6 @@ impl StreamableHttpTransport {
         outcome
     }
 
-    /// A JSON reply, read as it arrives: normally one message (or a batch), but some servers stream several
-    /// messages as newline-delimited JSON under `application/json` (notifications first, the response last, or
-    /// a `subscriptions/listen` stream that stays open). Each message is handled as an SSE event would be.
-    async fn read_json_reply(
-        &self,
-        response: reqwest::Response,
-        id: i64,
-        headers: &RequestHeaders,
-        relay: Option<&Relay>,
-        timeout: Duration,
-    ) -> Result<Payload, UpstreamError> {
-        let mut body = response.bytes_stream();
-        let mut buffer: Vec<u8> = Vec::new();
-        loop {
-            let chunk = body.next().await;
-            let ended = chunk.is_none();
-            if let Some(chunk) = chunk {
-                buffer.extend_from_slice(&chunk.map_err(|err| UpstreamError::Io(err.to_string()))?);
-            }
-            // What is left after the whole values is one value still coming: bounded like one stdio line.
-            if buffer.len() > MAX_MESSAGE_BYTES {
-                return Err(UpstreamError::Protocol(format!("a reply longer than {MAX_MESSAGE_BYTES} bytes")));
-            }
-            // The usual body, one response with the answer, goes on as the server wrote it (mcp::payload). Tried
-            // only when the bytes so far may end an object, so a body that comes in many chunks is not rescanned
-            // at every one.
-            if buffer.trim_ascii_end().ends_with(b"}") {
-                let answer = std::str::from_utf8(&buffer).ok().and_then(protocol::result_response);
-                if let Some((_, result)) = answer.filter(|(n, _)| *n == id) {
-                    return Ok(Payload::text(result.to_owned()));
-                }
-            }
-            let Some((parsed, consumed)) = complete_values(&buffer, ended) else {
-                let text = String::from_utf8_lossy(&buffer);
-                return Err(UpstreamError::Protocol(format!(
-                    "invalid json reply: {}",
-                    error_body(&text, &self.headers, ERROR_BODY_PREVIEW)
-                )));
-            };
-            buffer.drain(..consumed);
-            for value in parsed {
-                // A JSON reply is one body: the server goes on only once its request is answered.
-                if let Some(answer) = self.handle_message(value, id, headers, relay, timeout, None).await {
-                    return answer;
-                }
-            }
-            if ended {
-                return Err(UpstreamError::Protocol(format!("reply did not answer request {id}")));
-            }
-        }
-    }
-
-    async fn read_sse_reply(
-        &self,
-        response: reqwest::Response,
-        id: i64,
-        headers: &RequestHeaders,
-        relay: Option<&Relay>,
-        timeout: Duration,
-    ) -> Result<Payload, UpstreamError> {
-        let mut events = Events::of(response, MAX_MESSAGE_BYTES);
-        let mut last_event_id: Option<String> = None;
-        let mut retry = Duration::ZERO;
-        let mut resumed = 0;
-        // The server's requests on this stream are answered while it is read on.
-        let mut asks = Asks::default();
-        loop {
-            loop {
-                let event = tokio::select! {
-                    biased;
-                    Some(done) = asks.running.next(), if !asks.running.is_empty() => {
-                        asks.finished(done);
-                        continue;
-                    }
-                    event = events.next() => event,
-                };
-                let Some(event) = event else { break };
-                let event = event.map_err(|err| UpstreamError::Io(format!("sse stream: {err}")))?;
-                if !event.id.is_empty() {
-                    last_event_id = Some(event.id.clone());
-                }
-                if let Some(wait) = event.retry {
-                    retry = wait.min(MAX_RESUME_WAIT);
-                }
-                if !(event.event.is_empty() || event.event == "message") || event.data.trim().is_empty() {
-                    continue;
-                }
-                // The answer itself goes on as the server wrote it (mcp::payload).
-                if let Some((_, result)) = protocol::result_response(&event.data).filter(|(n, _)| *n == id) {
-                    return Ok(Payload::text(result.to_owned()));
-                }
-                let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
-                    debug!(process_id = %self.label, data = %preview(&event.data, 200), "invalid json in sse event, skipped");
-                    continue;
-                };
-                resumed = 0;
-                if let Some(answer) = self.handle_message(value, id, headers, relay, timeout, Some(&mut asks)).await {
-                    return answer;
-                }
-            }
-            // The server closed the stream before answering. With an event id it means to go on later: resume
-            // with GET and Last-Event-ID (2025-11-25 resumability), as a client talking to it directly would.
-            let (Some(event_id), true) = (last_event_id.clone(), resumed < MAX_RESUMES) else {
-                return Err(UpstreamError::Protocol("the server ended its reply stream before the response".into()));
-            };
-            resumed += 1;
-            debug!(process_id = %self.label, last_event_id = %event_id, "resuming the reply stream");
-            // The questions asked so far go on while the stream is asked for again: a server may hold its answer
-            // to the GET until the client has answered.
-            let reopened = async {
-                tokio::time::sleep(retry).await;
-                self.resume(&event_id, headers).await
-            };
-            tokio::pin!(reopened);
-            let reopened = loop {
-                tokio::select! {
-                    biased;
-                    Some(done) = asks.running.next(), if !asks.running.is_empty() => asks.finished(done),
-                    reopened = &mut reopened => break reopened,
-                }
-            };
-            events = Events::of(reopened?, MAX_MESSAGE_BYTES);
-        }
-    }
-
     /// The headers of a GET stream of this session: the instance's own, SSE, the negotiated version, the session.
     fn stream_headers(&self, headers: &RequestHeaders) -> HeaderMap {
         let mut map = self.headers.clone();
@@ -461,25 +332,6 @@ impl StreamableHttpTransport {
             map.insert(SESSION_HEADER, session);
         }
         map
-    }
-
-    /// GET the stream again from after `last_event_id`.
-    async fn resume(&self, last_event_id: &str, headers: &RequestHeaders) -> Result<reqwest::Response, UpstreamError> {
-        let request = self
-            .client
-            .get(self.url.clone())
-            .headers(self.stream_headers(headers))
-            .header("last-event-id", last_event_id);
-        let response = request.send().await.map_err(|err| classify_reqwest(&err))?;
-        let status = response.status();
-        if !status.is_success() {
-            let text = bounded::head(response, ERROR_BODY_BYTES).await;
-            return Err(UpstreamError::HttpStatus {
-                status: status.as_u16(),
-                body: error_body(&text, &self.headers, ERROR_BODY_PREVIEW),
-            });
-        }
-        Ok(response)
     }
 }
 
