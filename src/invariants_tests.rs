@@ -74,7 +74,7 @@ const ALLOWED: &[Allowed] = &[
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "crates/mcp/src/mcp/transport/streamable_http/mod.rs",
+        file: "crates/mcp/src/mcp/transport/streamable_http/send.rs",
         line: "spawn(async move {",
         why: "the transport's own: the cancel notice an abandoned call posts from a Drop ends with its `stop` token \
               and CANCEL_TIMEOUT",
