@@ -32,6 +32,7 @@ pub mod lines;
 pub use cgroup::prepare as prepare_cpu_limits;
 mod owner;
 pub mod reaper;
+mod writer;
 
 use super::in_flight::{InFlight, Withdraw};
 use super::junk::{JunkLimiter, JunkSettings};
@@ -41,7 +42,8 @@ use super::{await_response, Pending, Relay, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, RequestId};
 use lines::Lines;
-use owner::{Owner, Writer};
+use owner::Owner;
+use writer::Writer;
 
 /// Longest stdout line accepted (a large `tools/list` result fits easily).
 pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
