@@ -94,26 +94,8 @@ impl Owner {
                 // No answer can come on a closed stdout: every call would wait out its timeout, and the instance
                 // would stay online for ever. Stopped, it is a crash (the supervisor restarts it) and its calls
                 // fail now.
-                _ = hung_up => {
-                    warn!(process_id = %self.label, "mcp server closed its stdout but keeps running: no answer can come, so it is stopped");
-                    if let Some(pid) = self.child.id() {
-                        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-                    }
-                    let _ = self.child.start_kill();
-                    break match self.child.wait().await {
-                        Ok(status) => ExitInfo::from_status(status),
-                        Err(_) => ExitInfo::Exited { code: None, signal: None },
-                    };
-                }
-                status = self.child.wait() => {
-                    break match status {
-                        Ok(status) => ExitInfo::from_status(status),
-                        Err(err) => {
-                            warn!(process_id = %self.label, error = %err, "waiting for mcp server process failed");
-                            ExitInfo::Exited { code: None, signal: None }
-                        }
-                    };
-                }
+                _ = hung_up => break self.stop_hung_up().await,
+                status = self.child.wait() => break self.reaped(status),
                 _ = until(&mut junk_due) => {
                     self.summarise_junk(false);
                     junk_due = self.junk_timer();
@@ -125,12 +107,10 @@ impl Owner {
                             junk_due = self.junk_timer();
                         }
                     }
-                    Some(Err(err)) => {
-                        warn!(process_id = %self.label, error = %err, "reading stdout failed");
-                        stdout_open = false;
-                        stdout_closed_until = Some(tokio::time::Instant::now() + STDOUT_CLOSED_GRACE);
-                    }
-                    None => {
+                    ended => {
+                        if let Some(Err(err)) = ended {
+                            warn!(process_id = %self.label, error = %err, "reading stdout failed");
+                        }
                         stdout_open = false;
                         stdout_closed_until = Some(tokio::time::Instant::now() + STDOUT_CLOSED_GRACE);
                     }
@@ -142,6 +122,36 @@ impl Owner {
                 },
             }
         };
+        self.wind_up(exit, stderr_open).await;
+    }
+
+    /// Stop a child that closed its stdout but keeps running, and reap it.
+    async fn stop_hung_up(&mut self) -> ExitInfo {
+        warn!(process_id = %self.label, "mcp server closed its stdout but keeps running: no answer can come, so it is stopped");
+        if let Some(pid) = self.child.id() {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        let _ = self.child.start_kill();
+        match self.child.wait().await {
+            Ok(status) => ExitInfo::from_status(status),
+            Err(_) => ExitInfo::Exited { code: None, signal: None },
+        }
+    }
+
+    /// How the child ended, from what waiting for it returned.
+    fn reaped(&self, status: std::io::Result<std::process::ExitStatus>) -> ExitInfo {
+        match status {
+            Ok(status) => ExitInfo::from_status(status),
+            Err(err) => {
+                warn!(process_id = %self.label, error = %err, "waiting for mcp server process failed");
+                ExitInfo::Exited { code: None, signal: None }
+            }
+        }
+    }
+
+    /// The child is gone: its stdin closed, what is left of its process group killed, what it wrote last read, and
+    /// every waiter failed with how it ended.
+    async fn wind_up(&mut self, exit: ExitInfo, stderr_open: bool) {
         self.close_stdin.cancel();
         // Whatever the child left behind in its process group goes with it.
         if let Some(pgid) = self.pgid {
@@ -311,57 +321,67 @@ impl Owner {
                 }
             }
             Message::Response { id, .. } => debug!(process_id = %self.label, %id, "response with foreign id ignored"),
-            Message::Request { id, method, params } => {
-                let busy = self.outside.len() >= MAX_OUTSIDE_ASKS;
-                match self.relays.newest() {
-                    // A client is waiting on one of our requests: it answers, without holding up this loop.
-                    Some((relay, ours)) => {
-                        let replies = self.replies.clone();
-                        self.asks.spawn(Some(id.clone()), async move {
-                            let reply = match relay.ask_as(&method, params, ASK_TIMEOUT, ours).await {
-                                Ok(result) => protocol::response(id, result),
-                                Err(err) => protocol::error_response(Some(id), err),
-                            };
-                            let _ = replies.send(reply.to_string()).await;
-                        });
-                    }
-                    // Outside any call: the clients of the instance's owner that hold a stream open for it.
-                    None if busy => {
-                        debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
-                        let reply = protocol::error_response(Some(id), too_many_asks()).to_string();
-                        // Queued without waiting: the owner must go on reading stdout whatever stdin's queue holds.
-                        if let Err(mpsc::error::TrySendError::Full(reply)) = self.replies.try_send(reply) {
-                            let replies = self.replies.clone();
-                            self.asks.spawn(None, async move {
-                                let _ = replies.send(reply).await;
-                            });
-                        }
-                    }
-                    None => {
-                        debug!(process_id = %self.label, method = %method, "request from mcp server outside any call");
-                        let (replies, asker) = (self.replies.clone(), self.asker.clone());
-                        self.outside.spawn(Some(id.clone()), async move {
-                            let reply = match answer_outside(asker.as_ref(), &method, params).await {
-                                Ok(result) => protocol::response(id, result),
-                                Err(err) => protocol::error_response(Some(id), err),
-                            };
-                            let _ = replies.send(reply.to_string()).await;
-                        });
-                    }
-                }
+            Message::Request { id, method, params } => self.on_request(id, method, params),
+            Message::Notification { method, params } => self.on_notification(method, params),
+        }
+    }
+
+    /// A request of the child's: asked of the client of a call of ours under way, else of the instance's owner's
+    /// clients (refused at once when too many of those wait already); answered without holding up this loop.
+    fn on_request(&mut self, id: RequestId, method: String, params: Option<Value>) {
+        let busy = self.outside.len() >= MAX_OUTSIDE_ASKS;
+        match self.relays.newest() {
+            // A client is waiting on one of our requests: it answers, without holding up this loop.
+            Some((relay, ours)) => {
+                let replies = self.replies.clone();
+                self.asks.spawn(Some(id.clone()), async move {
+                    let reply = match relay.ask_as(&method, params, ASK_TIMEOUT, ours).await {
+                        Ok(result) => protocol::response(id, result),
+                        Err(err) => protocol::error_response(Some(id), err),
+                    };
+                    let _ = replies.send(reply.to_string()).await;
+                });
             }
-            Message::Notification { method, params } => {
-                debug!(process_id = %self.label, method = %method, "notification from mcp server");
-                // The server no longer waits for one of its requests: its client is asked no more.
-                if method == "notifications/cancelled"
-                    && (self.asks.withdraw(params.as_ref()) || self.outside.withdraw(params.as_ref()))
-                {
-                    return;
-                }
-                if let Err(params) = self.relays.deliver(&method, params) {
-                    let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
-                }
+            // Outside any call: the clients of the instance's owner that hold a stream open for it.
+            None if busy => self.refuse_busy(id, &method),
+            None => {
+                debug!(process_id = %self.label, method = %method, "request from mcp server outside any call");
+                let (replies, asker) = (self.replies.clone(), self.asker.clone());
+                self.outside.spawn(Some(id.clone()), async move {
+                    let reply = match answer_outside(asker.as_ref(), &method, params).await {
+                        Ok(result) => protocol::response(id, result),
+                        Err(err) => protocol::error_response(Some(id), err),
+                    };
+                    let _ = replies.send(reply.to_string()).await;
+                });
             }
+        }
+    }
+
+    /// Refuse a request the child made outside any call, too many of those waiting already.
+    fn refuse_busy(&mut self, id: RequestId, method: &str) {
+        debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
+        let reply = protocol::error_response(Some(id), too_many_asks()).to_string();
+        // Queued without waiting: the owner must go on reading stdout whatever stdin's queue holds.
+        if let Err(mpsc::error::TrySendError::Full(reply)) = self.replies.try_send(reply) {
+            let replies = self.replies.clone();
+            self.asks.spawn(None, async move {
+                let _ = replies.send(reply).await;
+            });
+        }
+    }
+
+    /// A notification of the child's: to the client of the call it is about, else to the announcements' listeners.
+    fn on_notification(&mut self, method: String, params: Option<Value>) {
+        debug!(process_id = %self.label, method = %method, "notification from mcp server");
+        // The server no longer waits for one of its requests: its client is asked no more.
+        if method == "notifications/cancelled"
+            && (self.asks.withdraw(params.as_ref()) || self.outside.withdraw(params.as_ref()))
+        {
+            return;
+        }
+        if let Err(params) = self.relays.deliver(&method, params) {
+            let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
         }
     }
 
