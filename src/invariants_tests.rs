@@ -74,10 +74,16 @@ const ALLOWED: &[Allowed] = &[
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "crates/mcp/src/mcp/transport/streamable_http.rs",
+        file: "crates/mcp/src/mcp/transport/streamable_http/send.rs",
         line: "spawn(async move {",
-        why: "the transport's own: the session's GET stream and the cancel notice an abandoned call posts from a \
-              Drop end with its `stop` token (the notice also with CANCEL_TIMEOUT)",
+        why: "the transport's own: the cancel notice an abandoned call posts from a Drop ends with its `stop` token \
+              and CANCEL_TIMEOUT",
+    },
+    Allowed {
+        rule: Rule::Spawn,
+        file: "crates/mcp/src/mcp/transport/streamable_http/server_stream.rs",
+        line: "tokio::spawn(stream.run())",
+        why: "the transport's own: the session's GET stream ends with its `stop` token (cancelled on Drop)",
     },
     Allowed {
         rule: Rule::Spawn,

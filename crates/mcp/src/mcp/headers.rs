@@ -110,7 +110,7 @@ impl ParamHeaders {
     /// or a boolean, or naming a header another one names.
     pub fn of(schema: &Value) -> Result<ParamHeaders, String> {
         let mut found = Vec::new();
-        let mut stack: Vec<(Option<Vec<String>>, &Value, usize)> = vec![(Some(Vec::new()), schema, 0)];
+        let mut stack: Vec<Subschema> = vec![(Some(Vec::new()), schema, 0)];
         while let Some((path, node, depth)) = stack.pop() {
             let Value::Object(node) = node else { continue };
             if depth > MAX_SCHEMA_DEPTH {
@@ -124,37 +124,9 @@ impl ParamHeaders {
             if let Some(token) = node.get(X_MCP_HEADER) {
                 found.push(annotation(path.as_deref(), token, node)?);
             }
-            for (keyword, value) in node {
-                let keyword = keyword.as_str();
-                if keyword == "properties" {
-                    if let Value::Object(properties) = value {
-                        for (name, sub) in properties {
-                            let path = path.as_ref().map(|p| p.iter().cloned().chain([name.clone()]).collect());
-                            stack.push((path, sub, depth + 1));
-                        }
-                    }
-                } else if ONE_SUBSCHEMA.contains(&keyword) {
-                    stack.push((None, value, depth + 1));
-                } else if SUBSCHEMA_LIST.contains(&keyword) {
-                    if let Value::Array(items) = value {
-                        stack.extend(items.iter().map(|sub| (None, sub, depth + 1)));
-                    }
-                } else if SUBSCHEMA_MAP.contains(&keyword) {
-                    if let Value::Object(map) = value {
-                        stack.extend(map.values().map(|sub| (None, sub, depth + 1)));
-                    }
-                }
-            }
+            push_subschemas(&mut stack, path.as_deref(), node, depth + 1);
         }
-        for (i, one) in found.iter().enumerate() {
-            if let Some(other) = found[..i].iter().find(|other| other.header == one.header) {
-                return Err(format!(
-                    "{X_MCP_HEADER} on property {:?} names the header property {:?} names",
-                    one.path.join("."),
-                    other.path.join(".")
-                ));
-            }
-        }
+        refuse_shared_headers(&found)?;
         // In schema order, so the headers a call sends do not depend on the walk.
         found.reverse();
         Ok(ParamHeaders(found))
@@ -219,6 +191,55 @@ impl ParamHeaders {
         }
         Ok(())
     }
+}
+
+/// A subschema still to walk: the chain of `properties` keys that reaches it (none once another keyword was
+/// crossed), the subschema, its depth.
+type Subschema<'a> = (Option<Vec<String>>, &'a Value, usize);
+
+/// Put the subschemas of `node` (reached by `path`) on `stack`, at `depth`: its properties with their path, those
+/// under any other schema keyword with none.
+fn push_subschemas<'a>(
+    stack: &mut Vec<Subschema<'a>>,
+    path: Option<&[String]>,
+    node: &'a Map<String, Value>,
+    depth: usize,
+) {
+    for (keyword, value) in node {
+        let keyword = keyword.as_str();
+        if keyword == "properties" {
+            if let Value::Object(properties) = value {
+                for (name, sub) in properties {
+                    let path = path.map(|p| p.iter().cloned().chain([name.clone()]).collect());
+                    stack.push((path, sub, depth));
+                }
+            }
+        } else if ONE_SUBSCHEMA.contains(&keyword) {
+            stack.push((None, value, depth));
+        } else if SUBSCHEMA_LIST.contains(&keyword) {
+            if let Value::Array(items) = value {
+                stack.extend(items.iter().map(|sub| (None, sub, depth)));
+            }
+        } else if SUBSCHEMA_MAP.contains(&keyword) {
+            if let Value::Object(map) = value {
+                stack.extend(map.values().map(|sub| (None, sub, depth)));
+            }
+        }
+    }
+}
+
+/// Refuse two annotations that name the same header.
+fn refuse_shared_headers(found: &[ParamHeader]) -> Result<(), String> {
+    for (i, one) in found.iter().enumerate() {
+        if let Some(other) = found[..i].iter().find(|other| other.header == one.header) {
+            return Err(format!(
+                "{X_MCP_HEADER} on property {:?} names the header property {:?} names",
+                one.path.join("."),
+                other.path.join(".")
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn annotation(path: Option<&[String]>, token: &Value, node: &Map<String, Value>) -> Result<ParamHeader, String> {

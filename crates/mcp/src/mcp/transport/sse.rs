@@ -54,19 +54,7 @@ impl SseTransport {
         asker: Option<Asker>,
     ) -> Result<Self, UpstreamError> {
         let headers = header_map(headers)?;
-        let response = tokio::time::timeout(
-            timeout,
-            client.get(url.clone()).headers(headers.clone()).header(ACCEPT, "text/event-stream").send(),
-        )
-        .await
-        .map_err(|_| UpstreamError::Timeout { method: "GET sse".into(), after: timeout })?
-        .map_err(|err| classify_reqwest(&err))?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = bounded::head(response, ERROR_BODY_BYTES).await;
-            return Err(UpstreamError::HttpStatus { status: status.as_u16(), body: error_body(&body, &headers, 300) });
-        }
-
+        let response = open_stream(&client, &url, &headers, timeout).await?;
         let pending = Arc::new(Pending::default());
         let stop = CancellationToken::new();
         let (endpoint_tx, endpoint_rx) = oneshot::channel();
@@ -91,12 +79,7 @@ impl SseTransport {
         // for it gives up (the instance removed or replaced, the satellite stopping), which drops this future.
         let reader_guard = stop.drop_guard();
 
-        let endpoint = match tokio::time::timeout(timeout, endpoint_rx).await {
-            Ok(Ok(Ok(endpoint))) => endpoint,
-            Ok(Ok(Err(refused))) => return Err(UpstreamError::Protocol(refused)),
-            Ok(Err(_)) => return Err(UpstreamError::Protocol("sse stream ended before the endpoint event".into())),
-            Err(_) => return Err(UpstreamError::Timeout { method: "sse endpoint event".into(), after: timeout }),
-        };
+        let endpoint = endpoint_event(endpoint_rx, timeout).await?;
         let stop = reader_guard.disarm();
         Ok(Self { label, client, headers, endpoint, next_id: AtomicI64::new(1), pending, stop, notifications, relays })
     }
@@ -172,6 +155,41 @@ impl SseTransport {
         }
         let text = bounded::head(response, ERROR_BODY_BYTES).await;
         Err(UpstreamError::HttpStatus { status: status.as_u16(), body: error_body(&text, &self.headers, 300) })
+    }
+}
+
+/// GET the event stream, within `timeout`; a refusal is an error with what its body says.
+async fn open_stream(
+    client: &Client,
+    url: &Url,
+    headers: &HeaderMap,
+    timeout: Duration,
+) -> Result<reqwest::Response, UpstreamError> {
+    let response = tokio::time::timeout(
+        timeout,
+        client.get(url.clone()).headers(headers.clone()).header(ACCEPT, "text/event-stream").send(),
+    )
+    .await
+    .map_err(|_| UpstreamError::Timeout { method: "GET sse".into(), after: timeout })?
+    .map_err(|err| classify_reqwest(&err))?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = bounded::head(response, ERROR_BODY_BYTES).await;
+        return Err(UpstreamError::HttpStatus { status: status.as_u16(), body: error_body(&body, headers, 300) });
+    }
+    Ok(response)
+}
+
+/// The URL the stream's `endpoint` event names, as the reader sends it within `timeout`, or why there is none.
+async fn endpoint_event(
+    endpoint_rx: oneshot::Receiver<Result<Url, String>>,
+    timeout: Duration,
+) -> Result<Url, UpstreamError> {
+    match tokio::time::timeout(timeout, endpoint_rx).await {
+        Ok(Ok(Ok(endpoint))) => Ok(endpoint),
+        Ok(Ok(Err(refused))) => Err(UpstreamError::Protocol(refused)),
+        Ok(Err(_)) => Err(UpstreamError::Protocol("sse stream ended before the endpoint event".into())),
+        Err(_) => Err(UpstreamError::Timeout { method: "sse endpoint event".into(), after: timeout }),
     }
 }
 

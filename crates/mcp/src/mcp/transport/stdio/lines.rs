@@ -284,38 +284,56 @@ impl IdScan {
 
     fn byte(&mut self, byte: u8) {
         if self.in_string {
-            if self.escaped {
-                self.escaped = false;
-            } else if byte == b'\\' {
-                self.escaped = true;
-            } else if byte == b'"' {
-                self.in_string = false;
-                if let Some(key) = self.key.take() {
-                    self.last_key = if key == b"id" { Key::Id } else { Key::Other };
-                    self.has_method |= key == b"method";
-                }
-            } else if let Some(key) = self.key.as_mut() {
-                if key.len() < 8 {
-                    key.push(byte);
-                }
-            }
+            self.string_byte(byte);
             return;
         }
-        if let Some(number) = self.number.as_mut() {
-            match byte {
-                b'-' | b'0'..=b'9' if number.len() < 24 => {
-                    number.push(byte);
-                    return;
-                }
-                b' ' | b'\t' | b'\r' | b'\n' if number.is_empty() => return,
-                _ => {
-                    let digits = self.number.take().unwrap_or_default();
-                    if matches!(byte, b',' | b'}' | b' ' | b'\t' | b'\r' | b'\n') {
-                        self.id = std::str::from_utf8(&digits).ok().and_then(|d| d.parse().ok());
-                    }
-                }
+        if self.number_byte(byte) {
+            return;
+        }
+        self.structure_byte(byte);
+    }
+
+    /// A byte inside a string: an escape, the string's end (a depth-1 key read whole), or a key's next byte.
+    fn string_byte(&mut self, byte: u8) {
+        if self.escaped {
+            self.escaped = false;
+        } else if byte == b'\\' {
+            self.escaped = true;
+        } else if byte == b'"' {
+            self.in_string = false;
+            if let Some(key) = self.key.take() {
+                self.last_key = if key == b"id" { Key::Id } else { Key::Other };
+                self.has_method |= key == b"method";
+            }
+        } else if let Some(key) = self.key.as_mut() {
+            if key.len() < 8 {
+                key.push(byte);
             }
         }
+    }
+
+    /// A byte of the `id` value being read, if one is: whether it was taken (a digit, or the whitespace before the
+    /// first). Any other byte ends the value, read as the id when it ends where a number may.
+    fn number_byte(&mut self, byte: u8) -> bool {
+        let Some(number) = self.number.as_mut() else { return false };
+        match byte {
+            b'-' | b'0'..=b'9' if number.len() < 24 => {
+                number.push(byte);
+                true
+            }
+            b' ' | b'\t' | b'\r' | b'\n' if number.is_empty() => true,
+            _ => {
+                let digits = self.number.take().unwrap_or_default();
+                if matches!(byte, b',' | b'}' | b' ' | b'\t' | b'\r' | b'\n') {
+                    self.id = std::str::from_utf8(&digits).ok().and_then(|d| d.parse().ok());
+                }
+                false
+            }
+        }
+    }
+
+    /// A byte outside strings: nesting, where a depth-1 key is expected, and the start of the `id` value.
+    fn structure_byte(&mut self, byte: u8) {
         match byte {
             b'"' => {
                 self.in_string = true;

@@ -8,6 +8,7 @@
 //! `kill_on_drop` is only the last line of defence.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -20,7 +21,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{getpid, getppid, Pid};
 use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::process::Command;
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,7 @@ pub mod lines;
 pub use cgroup::prepare as prepare_cpu_limits;
 mod owner;
 pub mod reaper;
+mod writer;
 
 use super::in_flight::{InFlight, Withdraw};
 use super::junk::{JunkLimiter, JunkSettings};
@@ -40,7 +42,8 @@ use super::{await_response, Pending, Relay, UpstreamError};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, RequestId};
 use lines::Lines;
-use owner::{Owner, Writer};
+use owner::Owner;
+use writer::Writer;
 
 /// Longest stdout line accepted (a large `tools/list` result fits easily).
 pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
@@ -193,6 +196,74 @@ impl ExitInfo {
     }
 }
 
+/// A child just spawned: its pipes, its pid (the id of its process group too), and the cgroup that limits it.
+struct Started {
+    child: Child,
+    pid: Option<u32>,
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+    stderr: ChildStderr,
+    cpu_group: Option<cgroup::CpuGroup>,
+}
+
+impl Started {
+    /// Spawn `launch`'s command in its own process group, limited as it says, with the watchdog told.
+    fn of(launch: &StdioLaunch) -> Result<Self, UpstreamError> {
+        let mut cpu_group = launch.limits.cpu_percent.and_then(cgroup::CpuGroup::create);
+        let join_fd = cpu_group.as_ref().and_then(cgroup::CpuGroup::join_fd);
+        let mut child = command(launch, join_fd).spawn().map_err(|err| UpstreamError::spawn(&launch.command, &err))?;
+        if let Some(group) = cpu_group.as_mut() {
+            group.spawned();
+        }
+        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(UpstreamError::Io("child pipes unavailable".into()));
+        };
+        let pid = child.id();
+        if let Some(pid) = pid {
+            // The child leads its own group: the watchdog kills it all if the satellite dies.
+            reaper::register(pid);
+        }
+        debug!(process_id = %launch.label, pid, command = %launch.command, "mcp server process spawned");
+        Ok(Self { child, pid, stdin, stdout, stderr, cpu_group })
+    }
+}
+
+/// The command that starts `launch`: its own environment only, piped, in a process group of its own, limited in the
+/// child before it executes (and moved into the cgroup `join_fd` opens, if any).
+fn command(launch: &StdioLaunch, join_fd: Option<RawFd>) -> Command {
+    let mut command = Command::new(&launch.command);
+    command
+        .args(&launch.args)
+        .env_clear()
+        .envs(&launch.env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(cwd) = &launch.cwd {
+        command.current_dir(cwd);
+    }
+    let parent = getpid();
+    let limits = launch.limits;
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe functions may be
+    // called. `in_child` makes only raw system calls (prctl, getppid, getrlimit, setrlimit, _exit) through
+    // nix, which neither allocate nor lock; `parent` and `limits` are Copy values captured before the fork,
+    // and the io::Error built from an errno does not allocate.
+    unsafe {
+        command.pre_exec(move || {
+            in_child(parent, &limits)?;
+            if let Some(fd) = join_fd {
+                // Best effort, like the group itself: a child that cannot join runs unlimited.
+                let _ = cgroup::join_in_child(fd);
+            }
+            Ok(())
+        });
+    }
+    command
+}
+
 /// A running stdio MCP server.
 #[derive(Debug)]
 pub struct StdioTransport {
@@ -213,116 +284,75 @@ pub struct StdioTransport {
 impl StdioTransport {
     /// Spawn the child and start its owner task. The MCP handshake is the caller's.
     pub fn spawn(launch: StdioLaunch) -> Result<Self, UpstreamError> {
-        let mut command = Command::new(&launch.command);
-        command
-            .args(&launch.args)
-            .env_clear()
-            .envs(&launch.env)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        if let Some(cwd) = &launch.cwd {
-            command.current_dir(cwd);
-        }
-        let parent = getpid();
-        let limits = launch.limits;
-        let mut cpu_group = limits.cpu_percent.and_then(cgroup::CpuGroup::create);
-        let join_fd = cpu_group.as_ref().and_then(cgroup::CpuGroup::join_fd);
-        // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe functions may be
-        // called. `in_child` makes only raw system calls (prctl, getppid, getrlimit, setrlimit, _exit) through
-        // nix, which neither allocate nor lock; `parent` and `limits` are Copy values captured before the fork,
-        // and the io::Error built from an errno does not allocate.
-        unsafe {
-            command.pre_exec(move || {
-                in_child(parent, &limits)?;
-                if let Some(fd) = join_fd {
-                    // Best effort, like the group itself: a child that cannot join runs unlimited.
-                    let _ = cgroup::join_in_child(fd);
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().map_err(|err| UpstreamError::spawn(&launch.command, &err))?;
-        if let Some(group) = cpu_group.as_mut() {
-            group.spawned();
-        }
-        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(UpstreamError::Io("child pipes unavailable".into()));
-        };
-        let pid = child.id();
-        if let Some(pid) = pid {
-            // The child leads its own group: the watchdog kills it all if the satellite dies.
-            reaper::register(pid);
-        }
-        debug!(process_id = %launch.label, pid, command = %launch.command, "mcp server process spawned");
-
-        let pending = Arc::new(Pending::default());
-        // Grows as the server writes (most write little), up to STDERR_LINES_KEPT lines.
-        let stderr_buf = Arc::new(Mutex::new(VecDeque::new()));
+        let started = Started::of(&launch)?;
         let (outbound_tx, outbound_rx) = mpsc::channel(OUTBOUND_CAPACITY);
-        let (notifications, _) = broadcast::channel(NOTIFICATION_CAPACITY);
-        let stderr_warnings = Arc::new(DropReport::default());
         let (exit_tx, exit_rx) = watch::channel(None);
-        let stop = CancellationToken::new();
-        let relays = Arc::new(relays::Relays::default());
+        let transport = Self {
+            label: launch.label.clone(),
+            pid: started.pid,
+            next_id: AtomicI64::new(1),
+            pending: Arc::new(Pending::default()),
+            outbound: outbound_tx,
+            // Grows as the server writes (most write little), up to STDERR_LINES_KEPT lines.
+            stderr: Arc::new(Mutex::new(VecDeque::new())),
+            notifications: broadcast::channel(NOTIFICATION_CAPACITY).0,
+            stderr_warnings: Arc::new(DropReport::default()),
+            exit_rx,
+            stop: CancellationToken::new(),
+            relays: Arc::new(relays::Relays::default()),
+        };
+        transport.start_tasks(launch, started, outbound_rx, exit_tx);
+        Ok(transport)
+    }
 
-        let close_stdin = stop.child_token();
+    /// Start the tasks that own the child: the writer of its stdin, and the owner of everything else.
+    fn start_tasks(
+        &self,
+        launch: StdioLaunch,
+        started: Started,
+        outbound: mpsc::Receiver<String>,
+        exit_tx: watch::Sender<Option<ExitInfo>>,
+    ) {
+        let close_stdin = self.stop.child_token();
         let owner_done = CancellationToken::new();
         let writer = Writer {
             owner_done: owner_done.clone(),
             label: launch.label.clone(),
-            stdin,
-            outbound: outbound_rx,
-            pending: pending.clone(),
+            stdin: started.stdin,
+            outbound,
+            pending: self.pending.clone(),
             close: close_stdin.clone(),
             last_batch: 0,
         };
         tokio::spawn(writer.run());
         let owner = Owner {
-            label: launch.label.clone(),
-            pgid: pid.map(|p| Pid::from_raw(p as i32)),
-            child,
+            label: launch.label,
+            pgid: started.pid.map(|p| Pid::from_raw(p as i32)),
+            child: started.child,
             close_stdin,
             _done: owner_done.drop_guard(),
-            stdout: FramedRead::with_capacity(stdout, Lines::new(MAX_LINE_BYTES), STDOUT_BUFFER),
-            stderr: FramedRead::with_capacity(stderr, Lines::unscanned(STDERR_READ_MAX_BYTES), STDERR_BUFFER),
-            limiter: StderrLimiter::new(launch.stderr.clone()),
-            stderr_sink: launch.stderr_sink.clone(),
+            stdout: FramedRead::with_capacity(started.stdout, Lines::new(MAX_LINE_BYTES), STDOUT_BUFFER),
+            stderr: FramedRead::with_capacity(started.stderr, Lines::unscanned(STDERR_READ_MAX_BYTES), STDERR_BUFFER),
+            limiter: StderrLimiter::new(launch.stderr),
+            stderr_sink: launch.stderr_sink,
             junk: JunkLimiter::new(launch.junk),
-            junk_lines: launch.junk_lines.clone(),
-            stderr_warnings: stderr_warnings.clone(),
-            replies: outbound_tx.clone(),
-            relays: relays.clone(),
-            asker: launch.asker.clone(),
+            junk_lines: launch.junk_lines,
+            stderr_warnings: self.stderr_warnings.clone(),
+            replies: self.outbound.clone(),
+            relays: self.relays.clone(),
+            asker: launch.asker,
             asks: Default::default(),
             outside: Default::default(),
-            pending: pending.clone(),
-            stderr_buf: stderr_buf.clone(),
-            notifications: notifications.clone(),
+            pending: self.pending.clone(),
+            stderr_buf: self.stderr.clone(),
+            notifications: self.notifications.clone(),
             exit_tx,
-            stop: stop.clone(),
+            stop: self.stop.clone(),
             close_grace: launch.close_grace,
             secrets: launch.secrets,
-            _cpu_group: cpu_group,
+            _cpu_group: started.cpu_group,
         };
         tokio::spawn(owner.run());
-
-        Ok(Self {
-            label: launch.label,
-            pid,
-            next_id: AtomicI64::new(1),
-            pending,
-            outbound: outbound_tx,
-            stderr: stderr_buf,
-            notifications,
-            stderr_warnings,
-            exit_rx,
-            stop,
-            relays,
-        })
     }
 
     pub fn pid(&self) -> Option<u32> {

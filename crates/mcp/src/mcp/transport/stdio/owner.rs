@@ -1,6 +1,6 @@
-//! The task that owns a stdio child: it holds stdin, reads stdout line by line into JSON-RPC messages, matches
-//! responses to waiters, answers the child's own requests, keeps stderr in a bounded buffer, and when the child
-//! exits fails every waiter with its exit.
+//! The task that owns a stdio child: it reads stdout line by line into JSON-RPC messages, matches responses to
+//! waiters, answers the child's own requests, keeps stderr in a bounded buffer, and when the child exits fails
+//! every waiter with its exit. Its stdin is the writer's (`writer`).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -13,8 +13,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
 use serde_json::Value;
-use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin};
+use tokio::process::Child;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Sleep;
 use tokio_util::codec::FramedRead;
@@ -23,12 +22,6 @@ use tracing::{debug, warn};
 
 use super::lines::{Line, Lines};
 use super::{DropReport, ExitInfo, StderrSink, MAX_LINE_BYTES, STDERR_LINES_KEPT};
-
-/// Bytes gathered from the outbound queue into one write to stdin, at most (a longer message goes whole).
-const WRITE_BATCH_BYTES: usize = 32 * 1024;
-/// How long a child may run on after closing its stdout before it is stopped: one that closes it on its way out
-/// exits well within this; one that goes on running can never answer again.
-const STDOUT_CLOSED_GRACE: Duration = Duration::from_secs(2);
 use crate::mcp::payload::{Payload, MOVED_AT_BYTES};
 use crate::mcp::protocol::{self, FrameError, Message, RequestId};
 use crate::mcp::transport::junk::JunkLimiter;
@@ -37,6 +30,10 @@ use crate::mcp::transport::relays::Relays;
 use crate::mcp::transport::stderr::{StderrLimiter, Verdict};
 use crate::mcp::transport::{outcome, preview, Pending, UpstreamError};
 
+/// How long a child may run on after closing its stdout before it is stopped: one that closes it on its way out
+/// exits well within this; one that goes on running can never answer again.
+const STDOUT_CLOSED_GRACE: Duration = Duration::from_secs(2);
+
 pub(super) struct Owner {
     pub(super) label: String,
     pub(super) child: Child,
@@ -44,15 +41,15 @@ pub(super) struct Owner {
     pub(super) pgid: Option<Pid>,
     /// Secret values masked in what is kept of the child's output.
     pub(super) secrets: Vec<String>,
-    /// Cancelled to close the child's stdin (the [`Writer`] drops it); a child of `stop`.
+    /// Cancelled to close the child's stdin (the [`Writer`](super::writer::Writer) drops it); a child of `stop`.
     pub(super) close_stdin: CancellationToken,
-    /// Tells the [`Writer`] the owner has ended, when the owner is dropped.
+    /// Tells the [`Writer`](super::writer::Writer) the owner has ended, when the owner is dropped.
     pub(super) _done: tokio_util::sync::DropGuard,
     /// The child's cpu cgroup, removed when the owner ends (after the child and its group are gone).
     pub(super) _cpu_group: Option<super::cgroup::CpuGroup>,
     pub(super) stdout: FramedRead<tokio::process::ChildStdout, Lines>,
     pub(super) stderr: FramedRead<tokio::process::ChildStderr, Lines>,
-    /// Where answers to the child's requests are queued (the [`Writer`]'s channel).
+    /// Where answers to the child's requests are queued (the [`Writer`](super::writer::Writer)'s channel).
     pub(super) replies: mpsc::Sender<String>,
     pub(super) relays: Arc<Relays>,
     /// Where the child's requests made outside any call of ours go: its owner's clients.
@@ -76,98 +73,6 @@ pub(super) struct Owner {
     pub(super) close_grace: Duration,
 }
 
-/// The task that writes to the child's stdin: what callers queue, gathered into few writes. It is not the owner,
-/// so that a write waiting on a full pipe never stops the owner reading stdout. Were they one task, a child that
-/// writes a long answer before it reads on (as a plain synchronous server does) while a long request is being
-/// written to it would wait on its full stdout for the satellite, and the satellite on its full stdin for the
-/// child, both for ever.
-pub(super) struct Writer {
-    pub(super) label: String,
-    pub(super) stdin: ChildStdin,
-    pub(super) outbound: mpsc::Receiver<String>,
-    pub(super) pending: Arc<Pending>,
-    /// Cancelled when the child is stopped or gone: stdin is closed then, even in the middle of a write.
-    pub(super) close: CancellationToken,
-    /// Cancelled when the owner has ended (after publishing the child's exit).
-    pub(super) owner_done: CancellationToken,
-    /// Messages the last write to stdin carried: more than one says calls arrive together.
-    pub(super) last_batch: usize,
-}
-
-impl Writer {
-    /// Write until the child is stopped or gone, or a write fails; stdin closes when this returns.
-    pub(super) async fn run(mut self) {
-        self.write_until_closed().await;
-        // Stdin closes now. The queue is held until the owner has said how the child ended: a request made
-        // meanwhile is queued and its waiter failed with that exit, not refused as if nothing had ever run.
-        let Writer { stdin, outbound, owner_done, .. } = self;
-        drop(stdin);
-        owner_done.cancelled().await;
-        drop(outbound);
-    }
-
-    async fn write_until_closed(&mut self) {
-        loop {
-            let first = tokio::select! {
-                biased;
-                _ = self.close.cancelled() => return,
-                line = self.outbound.recv() => match line {
-                    Some(line) => line,
-                    None => return,
-                },
-            };
-            if !self.write_queued(first).await {
-                return;
-            }
-        }
-    }
-
-    /// Write `first` and whatever else is queued for stdin by now, in one write: under load, calls that arrive
-    /// together cost the child one read and us one system call instead of one each.
-    ///
-    /// The owner first lets the tasks that are ready to run go ahead (one `yield_now`): a call's sender wakes the
-    /// owner as soon as it queues, so without it the owner wrote each call alone while the other connections'
-    /// requests, read in the same wake-up, waited behind it. At concurrency 32 that was 0.67 writes to stdin per
-    /// call, and each woke the child; with it, 0.14 (docs/performance-history.md, 2026-11-28). With nothing else ready
-    /// the owner runs again at once.
-    ///
-    /// It yields only when calls come together (another request in flight, or the last write carried several):
-    /// a lone call has nothing to wait for, and a yield is not free. The scheduler wakes a parked worker thread
-    /// to share a yielding task's queue, so each call made one at a time woke the other worker for nothing (a
-    /// futex wake and a context switch per call at concurrency 1; docs/performance-history.md, 2026-11-28 11:30).
-    async fn write_queued(&mut self, first: String) -> bool {
-        if self.last_batch > 1 || self.pending.len() > 1 {
-            tokio::task::yield_now().await;
-        }
-        let mut batch = first.into_bytes();
-        batch.push(b'\n');
-        self.last_batch = 1;
-        while batch.len() < WRITE_BATCH_BYTES {
-            let Ok(line) = self.outbound.try_recv() else { break };
-            batch.extend_from_slice(line.as_bytes());
-            batch.push(b'\n');
-            self.last_batch += 1;
-        }
-        let stdin = &mut self.stdin;
-        let write = async {
-            stdin.write_all(&batch).await?;
-            stdin.flush().await
-        };
-        // A child that stops reading leaves this write waiting on a full pipe: stopping it must still work.
-        let result = tokio::select! {
-            result = write => result,
-            _ = self.close.cancelled() => Err(std::io::Error::other("stopped while the child was not reading stdin")),
-        };
-        if let Err(err) = result {
-            // The child is going away (its exit fails the waiters), or is being stopped: a write cut short leaves
-            // half a message in the pipe, so nothing more is written.
-            debug!(process_id = %self.label, error = %err, "writing to stdin failed");
-            return false;
-        }
-        true
-    }
-}
-
 impl Owner {
     pub(super) async fn run(mut self) {
         let mut stdout_open = true;
@@ -189,26 +94,8 @@ impl Owner {
                 // No answer can come on a closed stdout: every call would wait out its timeout, and the instance
                 // would stay online for ever. Stopped, it is a crash (the supervisor restarts it) and its calls
                 // fail now.
-                _ = hung_up => {
-                    warn!(process_id = %self.label, "mcp server closed its stdout but keeps running: no answer can come, so it is stopped");
-                    if let Some(pid) = self.child.id() {
-                        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-                    }
-                    let _ = self.child.start_kill();
-                    break match self.child.wait().await {
-                        Ok(status) => ExitInfo::from_status(status),
-                        Err(_) => ExitInfo::Exited { code: None, signal: None },
-                    };
-                }
-                status = self.child.wait() => {
-                    break match status {
-                        Ok(status) => ExitInfo::from_status(status),
-                        Err(err) => {
-                            warn!(process_id = %self.label, error = %err, "waiting for mcp server process failed");
-                            ExitInfo::Exited { code: None, signal: None }
-                        }
-                    };
-                }
+                _ = hung_up => break self.stop_hung_up().await,
+                status = self.child.wait() => break self.reaped(status),
                 _ = until(&mut junk_due) => {
                     self.summarise_junk(false);
                     junk_due = self.junk_timer();
@@ -220,12 +107,10 @@ impl Owner {
                             junk_due = self.junk_timer();
                         }
                     }
-                    Some(Err(err)) => {
-                        warn!(process_id = %self.label, error = %err, "reading stdout failed");
-                        stdout_open = false;
-                        stdout_closed_until = Some(tokio::time::Instant::now() + STDOUT_CLOSED_GRACE);
-                    }
-                    None => {
+                    ended => {
+                        if let Some(Err(err)) = ended {
+                            warn!(process_id = %self.label, error = %err, "reading stdout failed");
+                        }
                         stdout_open = false;
                         stdout_closed_until = Some(tokio::time::Instant::now() + STDOUT_CLOSED_GRACE);
                     }
@@ -237,6 +122,36 @@ impl Owner {
                 },
             }
         };
+        self.wind_up(exit, stderr_open).await;
+    }
+
+    /// Stop a child that closed its stdout but keeps running, and reap it.
+    async fn stop_hung_up(&mut self) -> ExitInfo {
+        warn!(process_id = %self.label, "mcp server closed its stdout but keeps running: no answer can come, so it is stopped");
+        if let Some(pid) = self.child.id() {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        let _ = self.child.start_kill();
+        match self.child.wait().await {
+            Ok(status) => ExitInfo::from_status(status),
+            Err(_) => ExitInfo::Exited { code: None, signal: None },
+        }
+    }
+
+    /// How the child ended, from what waiting for it returned.
+    fn reaped(&self, status: std::io::Result<std::process::ExitStatus>) -> ExitInfo {
+        match status {
+            Ok(status) => ExitInfo::from_status(status),
+            Err(err) => {
+                warn!(process_id = %self.label, error = %err, "waiting for mcp server process failed");
+                ExitInfo::Exited { code: None, signal: None }
+            }
+        }
+    }
+
+    /// The child is gone: its stdin closed, what is left of its process group killed, what it wrote last read, and
+    /// every waiter failed with how it ended.
+    async fn wind_up(&mut self, exit: ExitInfo, stderr_open: bool) {
         self.close_stdin.cancel();
         // Whatever the child left behind in its process group goes with it.
         if let Some(pgid) = self.pgid {
@@ -406,57 +321,67 @@ impl Owner {
                 }
             }
             Message::Response { id, .. } => debug!(process_id = %self.label, %id, "response with foreign id ignored"),
-            Message::Request { id, method, params } => {
-                let busy = self.outside.len() >= MAX_OUTSIDE_ASKS;
-                match self.relays.newest() {
-                    // A client is waiting on one of our requests: it answers, without holding up this loop.
-                    Some((relay, ours)) => {
-                        let replies = self.replies.clone();
-                        self.asks.spawn(Some(id.clone()), async move {
-                            let reply = match relay.ask_as(&method, params, ASK_TIMEOUT, ours).await {
-                                Ok(result) => protocol::response(id, result),
-                                Err(err) => protocol::error_response(Some(id), err),
-                            };
-                            let _ = replies.send(reply.to_string()).await;
-                        });
-                    }
-                    // Outside any call: the clients of the instance's owner that hold a stream open for it.
-                    None if busy => {
-                        debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
-                        let reply = protocol::error_response(Some(id), too_many_asks()).to_string();
-                        // Queued without waiting: the owner must go on reading stdout whatever stdin's queue holds.
-                        if let Err(mpsc::error::TrySendError::Full(reply)) = self.replies.try_send(reply) {
-                            let replies = self.replies.clone();
-                            self.asks.spawn(None, async move {
-                                let _ = replies.send(reply).await;
-                            });
-                        }
-                    }
-                    None => {
-                        debug!(process_id = %self.label, method = %method, "request from mcp server outside any call");
-                        let (replies, asker) = (self.replies.clone(), self.asker.clone());
-                        self.outside.spawn(Some(id.clone()), async move {
-                            let reply = match answer_outside(asker.as_ref(), &method, params).await {
-                                Ok(result) => protocol::response(id, result),
-                                Err(err) => protocol::error_response(Some(id), err),
-                            };
-                            let _ = replies.send(reply.to_string()).await;
-                        });
-                    }
-                }
+            Message::Request { id, method, params } => self.on_request(id, method, params),
+            Message::Notification { method, params } => self.on_notification(method, params),
+        }
+    }
+
+    /// A request of the child's: asked of the client of a call of ours under way, else of the instance's owner's
+    /// clients (refused at once when too many of those wait already); answered without holding up this loop.
+    fn on_request(&mut self, id: RequestId, method: String, params: Option<Value>) {
+        let busy = self.outside.len() >= MAX_OUTSIDE_ASKS;
+        match self.relays.newest() {
+            // A client is waiting on one of our requests: it answers, without holding up this loop.
+            Some((relay, ours)) => {
+                let replies = self.replies.clone();
+                self.asks.spawn(Some(id.clone()), async move {
+                    let reply = match relay.ask_as(&method, params, ASK_TIMEOUT, ours).await {
+                        Ok(result) => protocol::response(id, result),
+                        Err(err) => protocol::error_response(Some(id), err),
+                    };
+                    let _ = replies.send(reply.to_string()).await;
+                });
             }
-            Message::Notification { method, params } => {
-                debug!(process_id = %self.label, method = %method, "notification from mcp server");
-                // The server no longer waits for one of its requests: its client is asked no more.
-                if method == "notifications/cancelled"
-                    && (self.asks.withdraw(params.as_ref()) || self.outside.withdraw(params.as_ref()))
-                {
-                    return;
-                }
-                if let Err(params) = self.relays.deliver(&method, params) {
-                    let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
-                }
+            // Outside any call: the clients of the instance's owner that hold a stream open for it.
+            None if busy => self.refuse_busy(id, &method),
+            None => {
+                debug!(process_id = %self.label, method = %method, "request from mcp server outside any call");
+                let (replies, asker) = (self.replies.clone(), self.asker.clone());
+                self.outside.spawn(Some(id.clone()), async move {
+                    let reply = match answer_outside(asker.as_ref(), &method, params).await {
+                        Ok(result) => protocol::response(id, result),
+                        Err(err) => protocol::error_response(Some(id), err),
+                    };
+                    let _ = replies.send(reply.to_string()).await;
+                });
             }
+        }
+    }
+
+    /// Refuse a request the child made outside any call, too many of those waiting already.
+    fn refuse_busy(&mut self, id: RequestId, method: &str) {
+        debug!(process_id = %self.label, method = %method, "too many server requests waiting, refused");
+        let reply = protocol::error_response(Some(id), too_many_asks()).to_string();
+        // Queued without waiting: the owner must go on reading stdout whatever stdin's queue holds.
+        if let Err(mpsc::error::TrySendError::Full(reply)) = self.replies.try_send(reply) {
+            let replies = self.replies.clone();
+            self.asks.spawn(None, async move {
+                let _ = replies.send(reply).await;
+            });
+        }
+    }
+
+    /// A notification of the child's: to the client of the call it is about, else to the announcements' listeners.
+    fn on_notification(&mut self, method: String, params: Option<Value>) {
+        debug!(process_id = %self.label, method = %method, "notification from mcp server");
+        // The server no longer waits for one of its requests: its client is asked no more.
+        if method == "notifications/cancelled"
+            && (self.asks.withdraw(params.as_ref()) || self.outside.withdraw(params.as_ref()))
+        {
+            return;
+        }
+        if let Err(params) = self.relays.deliver(&method, params) {
+            let _ = self.notifications.send(std::sync::Arc::new(protocol::notification(&method, params)));
         }
     }
 
