@@ -921,5 +921,4 @@ fn message(id: Option<Value>, method: &str, params: Option<Value>) -> Value {
 }
 
 #[cfg(test)]
-#[path = "exchange_tests.rs"]
 mod tests;
