@@ -184,17 +184,7 @@ async fn route_answer(
     let store = &deps.store;
     let (f, limit, offset) = (&q.filter, q.limit, q.offset);
     Ok(match route {
-        "summary" => {
-            let summary = report::summary(store, f, deps.recorder.meta()).await.map_err(store_failed)?;
-            json_reply(&json!({
-                "generated_at": iso(Utc::now()),
-                "filter": filter_json(&q),
-                "schema_only": summary.schema_only,
-                "realized": summary.realized,
-                "calls": summary.calls,
-                "discovers": summary.discovers,
-            }))
-        }
+        "summary" => summary(deps, &q).await?,
         "timeseries" => json_reply(&report::activity(store, f, q.bucket, limit, offset).await.map_err(store_failed)?),
         "users" => json_reply(&report::activity(store, f, Grouping::User, limit, offset).await.map_err(store_failed)?),
         "sessions" => {
@@ -210,45 +200,64 @@ async fn route_answer(
             json_reply(&report::Page::new(items, total, limit, offset))
         }
         "instances" => json_reply(&instances(deps, &q)),
-        "charts/savings.svg" => {
-            let page = report::activity(store, f, q.bucket, 60, 0).await.map_err(store_failed)?;
-            let mut rows = page.items;
-            rows.reverse();
-            let labels: Vec<String> = rows.iter().map(|r| r.key.clone()).collect();
-            let svg = chart::columns(
-                "Tokens sent: plain proxy vs hierarchical router",
-                &labels,
-                &[
-                    chart::Series {
-                        name: "plain proxy",
-                        color: "#c0504d",
-                        values: rows.iter().map(|r| r.realized.proxy_tokens).collect(),
-                    },
-                    chart::Series {
-                        name: "router",
-                        color: "#4f81bd",
-                        values: rows.iter().map(|r| r.realized.received_tokens).collect(),
-                    },
-                ],
-            );
-            svg_reply(svg)
-        }
-        "charts/servers.svg" => {
-            let page = report::servers(store, f, 15, 0).await.map_err(store_failed)?;
-            // Two installations of one server (two teams, say) are told apart by their installation id.
-            let shared = |slug: &str| page.items.iter().filter(|s| s.server_slug == slug).count() > 1;
-            let rows: Vec<(String, u64)> = page
-                .items
-                .iter()
-                .map(|s| match shared(&s.server_slug) {
-                    true => (format!("{} ({})", s.server_slug, s.installation_id), s.tool_tokens),
-                    false => (s.server_slug.clone(), s.tool_tokens),
-                })
-                .collect();
-            svg_reply(chart::bars("Tokens to list each server's tools", &rows, "#4f81bd"))
-        }
+        "charts/savings.svg" => savings_chart(store, &q).await?,
+        "charts/servers.svg" => servers_chart(store, f).await?,
         other => return Err(ApiError::BadQuery(format!("no analytics route {other:?}"))),
     })
+}
+
+/// `summary`: the totals of the rows in scope, with the filter that chose them.
+async fn summary(deps: &AnalyticsDeps, q: &Query) -> Result<Response, ApiError> {
+    let summary = report::summary(&deps.store, &q.filter, deps.recorder.meta()).await.map_err(store_failed)?;
+    Ok(json_reply(&json!({
+        "generated_at": iso(Utc::now()),
+        "filter": filter_json(q),
+        "schema_only": summary.schema_only,
+        "realized": summary.realized,
+        "calls": summary.calls,
+        "discovers": summary.discovers,
+    })))
+}
+
+/// `charts/savings.svg`: the tokens sent per bucket (the last 60), through a plain proxy and through the router.
+async fn savings_chart(store: &Store, q: &Query) -> Result<Response, ApiError> {
+    let page = report::activity(store, &q.filter, q.bucket, 60, 0).await.map_err(store_failed)?;
+    let mut rows = page.items;
+    rows.reverse();
+    let labels: Vec<String> = rows.iter().map(|r| r.key.clone()).collect();
+    let svg = chart::columns(
+        "Tokens sent: plain proxy vs hierarchical router",
+        &labels,
+        &[
+            chart::Series {
+                name: "plain proxy",
+                color: "#c0504d",
+                values: rows.iter().map(|r| r.realized.proxy_tokens).collect(),
+            },
+            chart::Series {
+                name: "router",
+                color: "#4f81bd",
+                values: rows.iter().map(|r| r.realized.received_tokens).collect(),
+            },
+        ],
+    );
+    Ok(svg_reply(svg))
+}
+
+/// `charts/servers.svg`: the tokens it takes to list each server's tools (the 15 costliest).
+async fn servers_chart(store: &Store, f: &RowFilter) -> Result<Response, ApiError> {
+    let page = report::servers(store, f, 15, 0).await.map_err(store_failed)?;
+    // Two installations of one server (two teams, say) are told apart by their installation id.
+    let shared = |slug: &str| page.items.iter().filter(|s| s.server_slug == slug).count() > 1;
+    let rows: Vec<(String, u64)> = page
+        .items
+        .iter()
+        .map(|s| match shared(&s.server_slug) {
+            true => (format!("{} ({})", s.server_slug, s.installation_id), s.tool_tokens),
+            false => (s.server_slug.clone(), s.tool_tokens),
+        })
+        .collect();
+    Ok(svg_reply(chart::bars("Tokens to list each server's tools", &rows, "#4f81bd")))
 }
 
 fn svg_reply(svg: String) -> Response {

@@ -164,89 +164,105 @@ impl McpError {
 
     /// The JSON-RPC error object of this error (a bearer failure's is the challenge's, with its data).
     pub fn rpc(&self) -> RpcError {
-        let (code, message) = match self {
-            McpError::UnsupportedMediaType => {
-                (codes::TRANSPORT_ERROR, "Unsupported Media Type: Content-Type must be application/json".to_owned())
+        match self {
+            McpError::Auth(err) => challenge(err, &ResourceUrls { public_url: String::new() }).error,
+            McpError::Rpc(err) => err.clone(),
+            _ => RpcError::new(self.code(), self.message()),
+        }
+    }
+
+    /// The JSON-RPC error code of this error.
+    fn code(&self) -> i64 {
+        match self {
+            McpError::Parse(_) => codes::PARSE_ERROR,
+            McpError::EmptyBatch
+            | McpError::BatchTooLarge { .. }
+            | McpError::InitializeInBatch
+            | McpError::AlreadyInitialized
+            | McpError::TwoAuthorizations
+            | McpError::MissingSseSession
+            | McpError::PayloadTooLarge { .. }
+            | McpError::LengthRequired
+            | McpError::InvalidQuery(_)
+            | McpError::BadRequest(_) => codes::INVALID_REQUEST,
+            McpError::SessionNotFound
+            | McpError::SseSessionNotFound
+            | McpError::SseSessionOfAnother
+            | McpError::SseStreamClosed => codes::UNAUTHORIZED,
+            McpError::InstanceAuth(err) => match err {
+                InstanceAuthError::NotFound => codes::FORBIDDEN,
+                InstanceAuthError::BadFormat | InstanceAuthError::Invalid => codes::UNAUTHORIZED,
+                InstanceAuthError::NotConfigured => codes::TRANSPORT_ERROR,
+            },
+            McpError::UnsupportedMediaType
+            | McpError::NotAcceptable { .. }
+            | McpError::UnsupportedVersion(_)
+            | McpError::NoSessionId
+            | McpError::InvalidSession
+            | McpError::MalformedSession
+            | McpError::StreamConflict
+            | McpError::NoServerStream
+            | McpError::NotFound
+            | McpError::MethodNotAllowed
+            | McpError::CorsForbidden
+            | McpError::Forbidden(_)
+            | McpError::CallerBusy { .. }
+            | McpError::CallerStreams { .. }
+            | McpError::Overloaded
+            | McpError::GatewayTimeout
+            | McpError::Internal => codes::TRANSPORT_ERROR,
+            McpError::Auth(_) | McpError::Rpc(_) => self.rpc().code,
+        }
+    }
+
+    /// What the JSON-RPC error of this error says.
+    fn message(&self) -> String {
+        match self {
+            McpError::UnsupportedMediaType => "Unsupported Media Type: Content-Type must be application/json".into(),
+            McpError::NotAcceptable { stream_only: false } => {
+                "Not Acceptable: Client must accept both application/json and text/event-stream".into()
             }
-            McpError::NotAcceptable { stream_only: false } => (
-                codes::TRANSPORT_ERROR,
-                "Not Acceptable: Client must accept both application/json and text/event-stream".to_owned(),
-            ),
             McpError::NotAcceptable { stream_only: true } => {
-                (codes::TRANSPORT_ERROR, "Not Acceptable: Client must accept text/event-stream".to_owned())
+                "Not Acceptable: Client must accept text/event-stream".into()
             }
-            McpError::Parse(err) => (codes::PARSE_ERROR, format!("Parse error: {err}")),
-            McpError::EmptyBatch => (codes::INVALID_REQUEST, "Invalid Request: empty batch".to_owned()),
-            McpError::BatchTooLarge { messages, max } => (
-                codes::INVALID_REQUEST,
-                format!("Invalid Request: a batch of {messages} messages; at most {max} are answered in one"),
-            ),
-            McpError::InitializeInBatch => (
-                codes::INVALID_REQUEST,
-                "Invalid Request: initialize must not be batched with other messages".to_owned(),
-            ),
-            McpError::AlreadyInitialized => {
-                (codes::INVALID_REQUEST, "Invalid Request: Server already initialized".to_owned())
+            McpError::Parse(err) => format!("Parse error: {err}"),
+            McpError::EmptyBatch => "Invalid Request: empty batch".into(),
+            McpError::BatchTooLarge { messages, max } => {
+                format!("Invalid Request: a batch of {messages} messages; at most {max} are answered in one")
             }
-            McpError::UnsupportedVersion(version) => {
-                (codes::TRANSPORT_ERROR, format!("Bad Request: Unsupported protocol version: {version}"))
+            McpError::InitializeInBatch => "Invalid Request: initialize must not be batched with other messages".into(),
+            McpError::AlreadyInitialized => "Invalid Request: Server already initialized".into(),
+            McpError::UnsupportedVersion(version) => format!("Bad Request: Unsupported protocol version: {version}"),
+            McpError::NoSessionId => "Bad Request: No session ID provided".into(),
+            McpError::InvalidSession => "Invalid or missing session ID".into(),
+            McpError::MalformedSession => "Bad Request: session ID must be 1-128 visible ASCII characters".into(),
+            McpError::SessionNotFound | McpError::SseSessionNotFound => "Session not found".into(),
+            McpError::StreamConflict => "Conflict: Only one SSE stream is allowed per session".into(),
+            McpError::NoServerStream => "2026-07-28 has no server stream".into(),
+            McpError::TwoAuthorizations => format!("Bad Request: {TWO_AUTHORIZATIONS}"),
+            McpError::InstanceAuth(err) => err.to_string(),
+            McpError::MissingSseSession => "Missing session parameter".into(),
+            McpError::SseSessionOfAnother => "Session belongs to another identity".into(),
+            McpError::SseStreamClosed => "Session stream closed".into(),
+            McpError::NotFound => "Not Found".into(),
+            McpError::MethodNotAllowed => "Method Not Allowed".into(),
+            McpError::PayloadTooLarge { limit } => format!("Request body larger than {limit} bytes"),
+            McpError::LengthRequired => "Content-Length required".into(),
+            McpError::InvalidQuery(err) => format!("Invalid query: {err}"),
+            McpError::CorsForbidden => "CORS request forbidden".into(),
+            McpError::Forbidden(reason) => format!("Forbidden: {reason}"),
+            McpError::BadRequest(err) => format!("Bad Request: {err}"),
+            McpError::CallerBusy { limit } => {
+                format!("Too Many Requests: {limit} requests of this caller are in flight already; retry when one ends")
             }
-            McpError::NoSessionId => (codes::TRANSPORT_ERROR, "Bad Request: No session ID provided".to_owned()),
-            McpError::InvalidSession => (codes::TRANSPORT_ERROR, "Invalid or missing session ID".to_owned()),
-            McpError::MalformedSession => {
-                (codes::TRANSPORT_ERROR, "Bad Request: session ID must be 1-128 visible ASCII characters".to_owned())
+            McpError::CallerStreams { limit } => {
+                format!("Too Many Requests: {limit} streams of this caller are open already; close one to open another")
             }
-            McpError::SessionNotFound => (codes::UNAUTHORIZED, "Session not found".to_owned()),
-            McpError::StreamConflict => {
-                (codes::TRANSPORT_ERROR, "Conflict: Only one SSE stream is allowed per session".to_owned())
-            }
-            McpError::NoServerStream => (codes::TRANSPORT_ERROR, "2026-07-28 has no server stream".to_owned()),
-            McpError::Auth(err) => return challenge(err, &ResourceUrls { public_url: String::new() }).error,
-            McpError::TwoAuthorizations => (codes::INVALID_REQUEST, format!("Bad Request: {TWO_AUTHORIZATIONS}")),
-            McpError::InstanceAuth(err) => {
-                let code = match err {
-                    InstanceAuthError::NotFound => codes::FORBIDDEN,
-                    InstanceAuthError::BadFormat | InstanceAuthError::Invalid => codes::UNAUTHORIZED,
-                    InstanceAuthError::NotConfigured => codes::TRANSPORT_ERROR,
-                };
-                (code, err.to_string())
-            }
-            McpError::MissingSseSession => (codes::INVALID_REQUEST, "Missing session parameter".to_owned()),
-            McpError::SseSessionNotFound => (codes::UNAUTHORIZED, "Session not found".to_owned()),
-            McpError::SseSessionOfAnother => (codes::UNAUTHORIZED, "Session belongs to another identity".to_owned()),
-            McpError::SseStreamClosed => (codes::UNAUTHORIZED, "Session stream closed".to_owned()),
-            McpError::Rpc(err) => return err.clone(),
-            McpError::NotFound => (codes::TRANSPORT_ERROR, "Not Found".to_owned()),
-            McpError::MethodNotAllowed => (codes::TRANSPORT_ERROR, "Method Not Allowed".to_owned()),
-            McpError::PayloadTooLarge { limit } => {
-                (codes::INVALID_REQUEST, format!("Request body larger than {limit} bytes"))
-            }
-            McpError::LengthRequired => (codes::INVALID_REQUEST, "Content-Length required".to_owned()),
-            McpError::InvalidQuery(err) => (codes::INVALID_REQUEST, format!("Invalid query: {err}")),
-            McpError::CorsForbidden => (codes::TRANSPORT_ERROR, "CORS request forbidden".to_owned()),
-            McpError::Forbidden(reason) => (codes::TRANSPORT_ERROR, format!("Forbidden: {reason}")),
-            McpError::BadRequest(err) => (codes::INVALID_REQUEST, format!("Bad Request: {err}")),
-            McpError::CallerBusy { limit } => (
-                codes::TRANSPORT_ERROR,
-                format!(
-                    "Too Many Requests: {limit} requests of this caller are in flight already; retry when one ends"
-                ),
-            ),
-            McpError::CallerStreams { limit } => (
-                codes::TRANSPORT_ERROR,
-                format!(
-                    "Too Many Requests: {limit} streams of this caller are open already; close one to open another"
-                ),
-            ),
-            McpError::Overloaded => {
-                (codes::TRANSPORT_ERROR, "Service Unavailable: too many concurrent requests, retry shortly".to_owned())
-            }
-            McpError::GatewayTimeout => {
-                (codes::TRANSPORT_ERROR, "Gateway Timeout: the request took too long".to_owned())
-            }
-            McpError::Internal => (codes::TRANSPORT_ERROR, "Internal server error".to_owned()),
-        };
-        RpcError::new(code, message)
+            McpError::Overloaded => "Service Unavailable: too many concurrent requests, retry shortly".into(),
+            McpError::GatewayTimeout => "Gateway Timeout: the request took too long".into(),
+            McpError::Internal => "Internal server error".into(),
+            McpError::Auth(_) | McpError::Rpc(_) => self.rpc().message,
+        }
     }
 }
 

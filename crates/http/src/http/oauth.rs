@@ -43,56 +43,74 @@ pub struct Challenge {
     pub error: RpcError,
 }
 
+/// The §5.3 answer to the bearer failure `err`: its challenge header with its status, and its JSON-RPC error.
 pub fn challenge(err: &AuthError, urls: &ResourceUrls) -> Challenge {
     let rm = urls.metadata();
-    let (status, www_authenticate, error) = match err {
+    let (status, www_authenticate) = www_authenticate(err, &rm);
+    Challenge { status, www_authenticate, error: rpc_error(err, &rm) }
+}
+
+/// The status and the `WWW-Authenticate` value (RFC 6750 §3) of a failed bearer authentication; `rm`: the
+/// resource metadata URL.
+fn www_authenticate(err: &AuthError, rm: &str) -> (StatusCode, String) {
+    match err {
         AuthError::Missing => (
             StatusCode::UNAUTHORIZED,
             format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", scope=\"{SCOPE_READ} {SCOPE_EXECUTE}\", error=\"invalid_token\", error_description=\"Bearer token required\""),
-            RpcError::new(codes::UNAUTHORIZED, "Authentication required").with_data(json!({
-                "message": "Bearer token required", "oauth_error": "invalid_token",
-                "resource_metadata_uri": rm, "scopes_required": [SCOPE_READ],
-            })),
         ),
         AuthError::Invalid(description) => (
             StatusCode::UNAUTHORIZED,
             format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", error=\"invalid_token\", error_description=\"{}\"", description.replace('"', "'")),
-            RpcError::new(codes::INVALID_TOKEN, "Invalid token").with_data(json!({
-                "message": description, "oauth_error": "invalid_token", "resource_metadata_uri": rm,
-            })),
         ),
         AuthError::InsufficientScope(scope) => (
             StatusCode::FORBIDDEN,
             format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", scope=\"{scope}\", error=\"insufficient_scope\", error_description=\"Token missing required scope: {scope}\""),
-            RpcError::new(codes::FORBIDDEN, "Insufficient scope").with_data(json!({
-                "message": format!("Token missing required scope: {scope}"), "oauth_error": "insufficient_scope",
-                "required_scopes": [scope], "resource_metadata_uri": rm,
-            })),
         ),
         // BP §10: the control plane could not be asked: `server_error`, never `invalid_token`, which tells an OAuth
         // client to drop its token and sign in again.
         AuthError::Unavailable(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", error=\"server_error\", error_description=\"The token cannot be checked now; retry shortly\""),
-            RpcError::new(codes::INTERNAL_ERROR, "The token cannot be checked now; retry shortly").with_data(json!({
-                "message": "The control plane that checks tokens is unreachable", "oauth_error": "server_error",
-                "retry_after_seconds": RETRY_AFTER_SECONDS,
-            })),
         ),
         AuthError::NotAdmin => (
             StatusCode::FORBIDDEN,
             format!("Bearer realm=\"{REALM}\", error=\"insufficient_scope\", error_description=\"{err}\""),
-            RpcError::new(codes::FORBIDDEN, "Admin role required").with_data(json!({"message": err.to_string()})),
         ),
         AuthError::NotMember => (
             StatusCode::FORBIDDEN,
             format!("Bearer realm=\"{REALM}\", resource_metadata=\"{rm}\", error=\"insufficient_scope\", error_description=\"{err}\""),
-            RpcError::new(codes::FORBIDDEN, "Not a member of the team").with_data(json!({
-                "message": err.to_string(), "oauth_error": "insufficient_scope", "resource_metadata_uri": rm,
-            })),
         ),
-    };
-    Challenge { status, www_authenticate, error }
+    }
+}
+
+/// The JSON-RPC error of a failed bearer authentication, its data saying the same as the challenge (the OAuth
+/// error, and where the resource metadata is) for a client that reads only the body.
+fn rpc_error(err: &AuthError, rm: &str) -> RpcError {
+    match err {
+        AuthError::Missing => RpcError::new(codes::UNAUTHORIZED, "Authentication required").with_data(json!({
+            "message": "Bearer token required", "oauth_error": "invalid_token",
+            "resource_metadata_uri": rm, "scopes_required": [SCOPE_READ],
+        })),
+        AuthError::Invalid(description) => RpcError::new(codes::INVALID_TOKEN, "Invalid token").with_data(json!({
+            "message": description, "oauth_error": "invalid_token", "resource_metadata_uri": rm,
+        })),
+        AuthError::InsufficientScope(scope) => RpcError::new(codes::FORBIDDEN, "Insufficient scope").with_data(json!({
+            "message": format!("Token missing required scope: {scope}"), "oauth_error": "insufficient_scope",
+            "required_scopes": [scope], "resource_metadata_uri": rm,
+        })),
+        AuthError::Unavailable(_) => {
+            RpcError::new(codes::INTERNAL_ERROR, "The token cannot be checked now; retry shortly").with_data(json!({
+                "message": "The control plane that checks tokens is unreachable", "oauth_error": "server_error",
+                "retry_after_seconds": RETRY_AFTER_SECONDS,
+            }))
+        }
+        AuthError::NotAdmin => {
+            RpcError::new(codes::FORBIDDEN, "Admin role required").with_data(json!({"message": err.to_string()}))
+        }
+        AuthError::NotMember => RpcError::new(codes::FORBIDDEN, "Not a member of the team").with_data(json!({
+            "message": err.to_string(), "oauth_error": "insufficient_scope", "resource_metadata_uri": rm,
+        })),
+    }
 }
 
 /// `/.well-known/oauth-protected-resource` and the authorization-server metadata.

@@ -15,9 +15,11 @@ use warp::{Filter, Reply};
 use super::session::SessionTable;
 use super::sse::SseSessions;
 use super::StatusDeps;
-use crate::backend::monitor::Channel;
+use crate::backend::monitor::{BackendMonitor, Channel};
+use crate::instances::Instance;
 use crate::metrics::Snapshot;
 use crate::model::InstanceStatus;
+use crate::store::Store;
 
 /// What `/metrics` reads besides the status deps.
 #[derive(Clone)]
@@ -68,11 +70,43 @@ async fn scrape(deps: &ScrapeDeps, authorization: Option<String>) -> Response {
 
 async fn snapshot(deps: &ScrapeDeps) -> Snapshot {
     let manager = &deps.status.manager;
-    let instances = manager.instances();
+    let instances = instance_counts(&manager.instances());
+    let sessions = vec![
+        ("hierarchical", deps.sessions.len() as u64),
+        ("instance", deps.instance_sessions.len() as u64),
+        ("sse", deps.sse_sessions.len() as u64),
+    ];
+    let mut snapshot = Snapshot {
+        instances_by_status: instances.by_status,
+        dormant: instances.dormant,
+        upstream_connections: instances.connections,
+        sessions,
+        introspection: deps.status.analytics.auth.introspection_counts(),
+        ready: *manager.ready().borrow(),
+        analytics_dropped: (deps.status.analytics.recorder.dropped(), deps.status.analytics.recorder.rows_dropped()),
+        ..Snapshot::default()
+    };
+    // The outbox is what waits for a backend: a standalone satellite has none (its events are local history).
+    if let Some(monitor) = &deps.status.backend {
+        snapshot.outbox = outbox(&deps.status.analytics.store).await;
+        snapshot.backend = backend_attempts(monitor);
+    }
+    snapshot
+}
+
+/// What the instances are now: how many of each status, how many dormant, how many live upstream connections of
+/// each transport.
+struct InstanceCounts {
+    by_status: Vec<(&'static str, u64)>,
+    dormant: u64,
+    connections: Vec<(&'static str, u64)>,
+}
+
+fn instance_counts(instances: &[Arc<Instance>]) -> InstanceCounts {
     let mut by_status: Vec<(&'static str, u64)> = InstanceStatus::ALL.iter().map(|s| (s.as_str(), 0)).collect();
     let mut connections: Vec<(&'static str, u64)> = vec![("stdio", 0), ("http", 0), ("sse", 0)];
     let mut dormant = 0;
-    for instance in &instances {
+    for instance in instances {
         let status = instance.state().as_str();
         if let Some(slot) = by_status.iter_mut().find(|(s, _)| *s == status) {
             slot.1 += 1;
@@ -87,47 +121,40 @@ async fn snapshot(deps: &ScrapeDeps) -> Snapshot {
             }
         }
     }
-    let sessions = vec![
-        ("hierarchical", deps.sessions.len() as u64),
-        ("instance", deps.instance_sessions.len() as u64),
-        ("sse", deps.sse_sessions.len() as u64),
-    ];
-    let mut snapshot = Snapshot {
-        instances_by_status: by_status,
-        dormant,
-        upstream_connections: connections,
-        sessions,
-        introspection: deps.status.analytics.auth.introspection_counts(),
-        ready: *manager.ready().borrow(),
-        analytics_dropped: (deps.status.analytics.recorder.dropped(), deps.status.analytics.recorder.rows_dropped()),
-        ..Snapshot::default()
-    };
-    // The outbox is what waits for a backend: a standalone satellite has none (its events are local history).
-    if let Some(monitor) = &deps.status.backend {
-        match deps.status.analytics.store.outbox_summary().await {
-            Ok(summary) => {
-                let age = summary
-                    .oldest_emitted_at
-                    .as_deref()
-                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                    .and_then(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).to_std().ok())
-                    .unwrap_or(Duration::ZERO);
-                snapshot.outbox = Some((u64::try_from(summary.count).unwrap_or(0), age));
-            }
-            Err(err) => tracing::warn!(error = %err, "reading the outbox for /metrics failed"),
+    InstanceCounts { by_status, dormant, connections }
+}
+
+/// The events waiting in the outbox, and how old the oldest is; `None` when it cannot be read.
+async fn outbox(store: &Store) -> Option<(u64, Duration)> {
+    match store.outbox_summary().await {
+        Ok(summary) => {
+            let age = summary
+                .oldest_emitted_at
+                .as_deref()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .and_then(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).to_std().ok())
+                .unwrap_or(Duration::ZERO);
+            Some((u64::try_from(summary.count).unwrap_or(0), age))
         }
-        snapshot.backend = [
-            ("heartbeat", Channel::Heartbeat),
-            ("poll", Channel::Poll),
-            ("config", Channel::Config),
-            ("events", Channel::Events),
-        ]
-        .into_iter()
-        .map(|(name, channel)| {
-            let attempts = monitor.attempts(channel);
-            (name, attempts.successes, attempts.failures)
-        })
-        .collect();
+        Err(err) => {
+            tracing::warn!(error = %err, "reading the outbox for /metrics failed");
+            None
+        }
     }
-    snapshot
+}
+
+/// The attempts of each backend loop, as (name, ok, failed).
+fn backend_attempts(monitor: &BackendMonitor) -> Vec<(&'static str, u64, u64)> {
+    [
+        ("heartbeat", Channel::Heartbeat),
+        ("poll", Channel::Poll),
+        ("config", Channel::Config),
+        ("events", Channel::Events),
+    ]
+    .into_iter()
+    .map(|(name, channel)| {
+        let attempts = monitor.attempts(channel);
+        (name, attempts.successes, attempts.failures)
+    })
+    .collect()
 }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -143,23 +144,7 @@ pub async fn serve<F>(
 ) where
     F: Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static,
 {
-    // Shared by every connection: one limit for the whole satellite.
-    let places = Arc::new(Semaphore::new(limits.max_concurrent_requests));
-    let routes = warp::service(routes);
-    let request_timeout = limits.request_timeout;
-    // Each request, in one future (`answer`): its request id and span, a place under the global limit, its
-    // deadline, its metrics, and the id on its answer. Six tower and tower-http layers did this in as many futures,
-    // and entered the span again for each frame of the body: 136.1k → 129.3k instructions per proxied call without
-    // them (docs/performance-history.md, 2026-12-01 19:30). The span covers the request until its answer's head.
-    let service = tower::service_fn(move |request: Request<Incoming>| {
-        let (routes, places, metrics) = (routes.clone(), places.clone(), metrics.clone());
-        let request_id = request_id(&request);
-        // The path, never the query: `?token=` does not reach the log.
-        let span = info_span!("http", method = %request.method(), path = %request.uri().path(),
-            request_id = %request_id.to_str().unwrap_or("-"));
-        answer(routes, Admission { places, request_timeout, metrics }, request, request_id).instrument(span)
-    });
-
+    let service = per_request(routes, &limits, metrics);
     // Every connection's task: the drain waits for them (each closes gracefully once the drain begins).
     let connections = tokio_util::task::TaskTracker::new();
     // Set when the drain begins: a connection that has sent nothing yet is closed then, not waited for.
@@ -178,19 +163,7 @@ pub async fn serve<F>(
         }
         // What the connection has in flight, and since when it has had nothing.
         let activity = Arc::new(Activity::new());
-        let (busy_with, per_request) = (activity.clone(), service.clone());
-        // Every request of the connection carries the peer's address, for client tracking and audit events, and
-        // counts as activity until its answer has ended (an SSE answer, until its stream does).
-        let with_peer = tower::service_fn(move |mut request: Request<Incoming>| {
-            request.extensions_mut().insert(PeerAddr(peer));
-            let busy = Busy::new(&busy_with);
-            let answer = per_request.clone().oneshot(request);
-            async move {
-                let mut response = answer.await?;
-                let span = response.extensions_mut().remove::<tracing::Span>();
-                Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy, span }))
-            }
-        });
+        let with_peer = with_peer(service.clone(), peer, activity.clone());
         let connection = Connection { peer, activity, limits, drain: draining.clone() };
         connections.spawn(async move {
             let _slot = slot;
@@ -201,6 +174,67 @@ pub async fn serve<F>(
     draining.cancel();
     connections.close();
     connections.wait().await;
+}
+
+/// The service every connection shares. Each request, in one future (`answer`): its request id and span, a place
+/// under the global limit, its deadline, its metrics, and the id on its answer. Six tower and tower-http layers did
+/// this in as many futures, and entered the span again for each frame of the body: 136.1k → 129.3k instructions per
+/// proxied call without them (docs/performance-history.md, 2026-12-01 19:30). The span covers the request until its
+/// answer's head.
+fn per_request<F>(
+    routes: F,
+    limits: &HttpLimits,
+    metrics: crate::metrics::Metrics,
+) -> impl tower::Service<Request<Incoming>, Response = Response, Error = Infallible, Future: Send + 'static>
+       + Clone
+       + Send
+       + 'static
+where
+    F: Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static,
+{
+    // Shared by every connection: one limit for the whole satellite.
+    let places = Arc::new(Semaphore::new(limits.max_concurrent_requests));
+    let routes = warp::service(routes);
+    let request_timeout = limits.request_timeout;
+    tower::service_fn(move |request: Request<Incoming>| {
+        let (routes, places, metrics) = (routes.clone(), places.clone(), metrics.clone());
+        let request_id = request_id(&request);
+        // The path, never the query: `?token=` does not reach the log.
+        let span = info_span!("http", method = %request.method(), path = %request.uri().path(),
+            request_id = %request_id.to_str().unwrap_or("-"));
+        answer(routes, Admission { places, request_timeout, metrics }, request, request_id).instrument(span)
+    })
+}
+
+/// `service` for the requests of one connection: each carries the peer's address, for client tracking and audit
+/// events, and counts as activity until its answer has ended (an SSE answer, until its stream does).
+fn with_peer<S, B>(
+    service: S,
+    peer: SocketAddr,
+    activity: Arc<Activity>,
+) -> impl tower::Service<
+    Request<Incoming>,
+    Response = hyper::Response<Tracked<B>>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    S: tower::Service<Request<Incoming>, Response = hyper::Response<B>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    tower::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(PeerAddr(peer));
+        let busy = Busy::new(&activity);
+        let answer = service.clone().oneshot(request);
+        async move {
+            let mut response = answer.await?;
+            let span = response.extensions_mut().remove::<tracing::Span>();
+            Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy, span }))
+        }
+    })
 }
 
 /// What every request shares: the places under the global limit, the deadline, the metrics.
@@ -332,29 +366,35 @@ impl Connection {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let Connection { peer, activity, limits, drain } = self;
-        if !first_byte(&stream, limits.header_read_timeout, &drain, peer).await {
+        if !first_byte(&stream, self.limits.header_read_timeout, &self.drain, self.peer).await {
             return;
         }
-        activity.quiet_now();
+        self.activity.quiet_now();
         // A write pending past the write timeout (the client's window and the socket's buffer full) fails, and with
         // it the connection: what it held (the answer, a place, a descriptor) is let go.
         let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
-        stream.set_write_timeout(Some(limits.write_timeout));
-        let builder = connection_builder(limits.header_read_timeout);
+        stream.set_write_timeout(Some(self.limits.write_timeout));
+        let builder = connection_builder(self.limits.header_read_timeout);
         let connection =
             builder.serve_connection_with_upgrades(TokioIo::new(Box::pin(stream)), TowerToHyperService::new(service));
         // Its wakes of itself fold into its poll (wakes.rs): a request made alone no longer wakes the runtime's
         // other worker for nothing.
-        let mut connection = super::wakes::Coalesced::new(connection.into_owned());
-        // Nor does a connection with nothing in flight for the header timeout: one that has sent a byte but no whole
-        // request (hyper's HTTP/1 header timer starts only once the auto builder has told HTTP/1 from HTTP/2, and
-        // the HTTP/2 side has no timer at all, so one byte of the HTTP/2 preface held a place for ever), or an
-        // HTTP/2 connection idle after its requests (its peer answering pings kept it open for ever, where an idle
-        // HTTP/1 keep-alive connection is closed after the same timeout). Closed gracefully (what is being sent is
-        // sent whole; HTTP/2 says GOAWAY) when the drain begins or the connection is idle; one that never sent a
-        // whole request is dropped at once, as it always was.
-        let idle = activity.idle_for(limits.header_read_timeout);
+        self.run(super::wakes::Coalesced::new(connection.into_owned())).await;
+    }
+
+    /// Drive `connection` until it ends. A connection with nothing in flight for the header timeout is not kept
+    /// either: one that has sent a byte but no whole request (hyper's HTTP/1 header timer starts only once the auto builder has
+    /// told HTTP/1 from HTTP/2, and the HTTP/2 side has no timer at all, so one byte of the HTTP/2 preface held a
+    /// place for ever), or an HTTP/2 connection idle after its requests (its peer answering pings kept it open for
+    /// ever, where an idle HTTP/1 keep-alive connection is closed after the same timeout). Closed gracefully (what
+    /// is being sent is sent whole; HTTP/2 says GOAWAY) when the drain begins or the connection is idle; one that
+    /// never sent a whole request is dropped at once, as it always was.
+    async fn run<C>(&self, mut connection: super::wakes::Coalesced<C>)
+    where
+        C: GracefulConnection<Error: std::fmt::Display>,
+    {
+        let peer = self.peer;
+        let idle = self.activity.idle_for(self.limits.header_read_timeout);
         tokio::pin!(idle);
         let mut closing = false;
         loop {
@@ -365,12 +405,12 @@ impl Connection {
                     }
                     break;
                 }
-                _ = drain.cancelled(), if !closing => {
+                _ = self.drain.cancelled(), if !closing => {
                     closing = true;
                     connection.inner_mut().graceful_shutdown();
                 }
                 () = &mut idle, if !closing => {
-                    if !activity.seen.load(std::sync::atomic::Ordering::Acquire) {
+                    if !self.activity.seen.load(std::sync::atomic::Ordering::Acquire) {
                         debug!(peer = %peer, "connection sent no whole request within the header timeout, closed");
                         break;
                     }

@@ -10,6 +10,7 @@ use warp::reply::Response;
 use warp::{Filter, Reply};
 
 use super::StatusDeps;
+use crate::instances::{Instance, StatusEntry};
 use crate::model::{tool_path, InstanceSpec, InstanceStatus};
 use crate::secrets;
 
@@ -127,97 +128,16 @@ fn debug_body(deps: &StatusDeps) -> Value {
     let manager = &deps.manager;
     let desired = manager.desired();
     let instances = manager.instances();
-
-    // (running, dormant, configured) per team.
-    type Lists = (Vec<Value>, Vec<Value>, Vec<Value>);
-    let mut by_team: BTreeMap<String, Lists> = BTreeMap::new();
-    let mut stats: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut servers = Map::new();
-    let mut all_tools = Vec::new();
-    let mut tools_by_transport: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut tools_by_server = Map::new();
+    let (mut teams, mut servers, mut tools) = (Teams::default(), ServerStatus::default(), Tools::default());
     for instance in &instances {
-        let spec = instance.spec();
+        // Read once: what the lists say of an instance agrees.
         let status = instance.status();
-        let pid = instance.pid();
-        let mut info = server_info(spec);
-        let dormant = instance.is_dormant();
-        info["status"] = json!(match (pid.is_some(), dormant) {
-            (true, _) => "running",
-            (false, true) => "dormant",
-            (false, false) => "configured",
-        });
-        info["in_flight_calls"] = json!(instance.in_flight());
-        info["recent_crashes"] = json!(instance.recent_crashes());
-        info["idle_ms"] = json!(instance.idle().0.as_millis() as u64);
-        info["instance_status"] = json!(status.status.as_str());
-        info["message"] = json!(status.message);
-        if let Some(pid) = pid {
-            info["pid"] = json!(pid);
-        }
-        if let Some(uptime) = instance.uptime() {
-            info["uptime_ms"] = json!(uptime.as_millis() as u64);
-        }
-        // How its catalog departs from a compliant listing (a partial listing kept, another shape, the config's list).
-        if let Some(fallbacks) = instance.catalog().map(|c| c.fallbacks.clone()).filter(|f| !f.is_empty()) {
-            info["discovery_fallbacks"] = json!(fallbacks);
-        }
-        let tail = instance.stderr_tail();
-        if !tail.is_empty() {
-            info["stderr_tail"] = json!(tail.iter().rev().take(20).rev().collect::<Vec<_>>());
-        }
-        let team = by_team.entry(spec.team_id.0.clone()).or_default();
-        match (pid.is_some(), dormant) {
-            (true, _) => team.0.push(info),
-            (false, true) => team.1.push(info),
-            (false, false) => team.2.push(info),
-        }
-
-        let bucket = match status.status {
-            InstanceStatus::Online => "online",
-            InstanceStatus::Offline => "offline",
-            InstanceStatus::Error => "error",
-            InstanceStatus::RequiresReauth => "requires_reauth",
-            _ => "other",
-        };
-        *stats.entry(bucket).or_default() += 1;
-        servers.insert(
-            spec.process_id.0.clone(),
-            json!({"status": status.status.as_str(), "last_updated": status.updated_at.to_rfc3339_opts(SecondsFormat::Millis, true), "message": status.message}),
-        );
-        if let Some(catalog) = instance.catalog() {
-            let transport = spec.upstream.transport_name();
-            *tools_by_transport.entry(transport).or_default() += catalog.tools.len() as u64;
-            tools_by_server.insert(spec.process_id.0.clone(), json!(catalog.tools.len()));
-            for tool in &catalog.tools {
-                all_tools.push(json!({
-                    "namespaced_name": tool_path(&spec.server_slug, tool.name()),
-                    "original_name": tool.name(),
-                    "server_name": spec.process_id.0,
-                    "server_slug": spec.server_slug,
-                    "user_id": spec.user_id.0,
-                    "transport": transport,
-                    "description": tool.description(),
-                    "content_hash": tool.content_hash(),
-                    "discovered_at": catalog.discovered_at.to_rfc3339_opts(SecondsFormat::Millis, true),
-                }));
-            }
-        }
+        teams.add(instance, &status);
+        servers.add(instance.spec(), &status);
+        tools.add(instance);
     }
-    let total_running: usize = by_team.values().map(|t| t.0.len()).sum();
-    let total_dormant: usize = by_team.values().map(|t| t.1.len()).sum();
-    let total_configured: usize = by_team.values().map(|t| t.2.len()).sum();
-    let servers_by_team: Map<String, Value> = by_team
-        .into_iter()
-        .map(|(team, (running, dormant, configured))| {
-            (team, json!({"running": running, "dormant": dormant, "configured": configured}))
-        })
-        .collect();
-    let mut by_transport: BTreeMap<&str, u64> = BTreeMap::new();
-    for spec in &desired {
-        *by_transport.entry(spec.upstream.transport_name()).or_default() += 1;
-    }
-    let enabled = desired.iter().filter(|s| s.enabled).count();
+    let (total_running, total_dormant, total_configured) = teams.totals();
+    let servers_by_team = teams.into_json();
     json!({
         "timestamp": now(),
         "satellite_info": {"satellite_id": null, "mode": deps.mode, "version": env!("CARGO_PKG_VERSION"), "uptime_ms": deps.started.elapsed().as_millis() as u64},
@@ -230,30 +150,195 @@ fn debug_body(deps: &StatusDeps) -> Value {
             "total_configured": total_configured,
             "total_servers": instances.len(),
         },
-        "server_status": {
-            "stats": {
-                "total": instances.len(),
-                "online": stats.get("online").copied().unwrap_or(0),
-                "offline": stats.get("offline").copied().unwrap_or(0),
-                "error": stats.get("error").copied().unwrap_or(0),
-                "requires_reauth": stats.get("requires_reauth").copied().unwrap_or(0),
-                "other": stats.get("other").copied().unwrap_or(0),
-            },
-            "servers": servers,
-        },
-        "tools": {
-            "total_tools": all_tools.len(),
-            "tools_by_transport": tools_by_transport,
-            "tools_by_server": tools_by_server,
-            "all_tools": all_tools,
-        },
+        "server_status": servers.into_json(instances.len()),
+        "tools": tools.into_json(),
         "jobs": deps.jobs.stats(),
-        "configuration": {
-            "total_servers_configured": desired.len(),
-            "enabled_servers": enabled,
-            "disabled_servers": desired.len() - enabled,
-            "servers_by_transport": by_transport,
-        },
+        "configuration": configuration(&desired),
+    })
+}
+
+/// Where an instance stands: running (it has a process), dormant, or only configured.
+#[derive(Clone, Copy)]
+enum Standing {
+    Running,
+    Dormant,
+    Configured,
+}
+
+impl Standing {
+    fn of(pid: Option<u32>, dormant: bool) -> Self {
+        match (pid.is_some(), dormant) {
+            (true, _) => Self::Running,
+            (false, true) => Self::Dormant,
+            (false, false) => Self::Configured,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Dormant => "dormant",
+            Self::Configured => "configured",
+        }
+    }
+}
+
+/// The instances of each team, by where they stand: the debug page's `servers_by_team`.
+#[derive(Default)]
+struct Teams(BTreeMap<String, Lists>);
+
+/// (running, dormant, configured) of one team.
+type Lists = (Vec<Value>, Vec<Value>, Vec<Value>);
+
+impl Teams {
+    fn add(&mut self, instance: &Instance, status: &StatusEntry) {
+        let pid = instance.pid();
+        let standing = Standing::of(pid, instance.is_dormant());
+        let info = instance_info(instance, pid, standing, status);
+        let team = self.0.entry(instance.spec().team_id.0.clone()).or_default();
+        match standing {
+            Standing::Running => team.0.push(info),
+            Standing::Dormant => team.1.push(info),
+            Standing::Configured => team.2.push(info),
+        }
+    }
+
+    /// How many instances run, are dormant, and are only configured, across the teams.
+    fn totals(&self) -> (usize, usize, usize) {
+        let teams = self.0.values();
+        let running = teams.clone().map(|t| t.0.len()).sum();
+        let dormant = teams.clone().map(|t| t.1.len()).sum();
+        let configured = teams.map(|t| t.2.len()).sum();
+        (running, dormant, configured)
+    }
+
+    fn into_json(self) -> Map<String, Value> {
+        self.0
+            .into_iter()
+            .map(|(team, (running, dormant, configured))| {
+                (team, json!({"running": running, "dormant": dormant, "configured": configured}))
+            })
+            .collect()
+    }
+}
+
+/// An instance as the debug page lists it under its team: its `ServerInfo`, where it stands, and how it fares.
+fn instance_info(instance: &Instance, pid: Option<u32>, standing: Standing, status: &StatusEntry) -> Value {
+    let mut info = server_info(instance.spec());
+    info["status"] = json!(standing.name());
+    info["in_flight_calls"] = json!(instance.in_flight());
+    info["recent_crashes"] = json!(instance.recent_crashes());
+    info["idle_ms"] = json!(instance.idle().0.as_millis() as u64);
+    info["instance_status"] = json!(status.status.as_str());
+    info["message"] = json!(status.message);
+    if let Some(pid) = pid {
+        info["pid"] = json!(pid);
+    }
+    if let Some(uptime) = instance.uptime() {
+        info["uptime_ms"] = json!(uptime.as_millis() as u64);
+    }
+    // How its catalog departs from a compliant listing (a partial listing kept, another shape, the config's list).
+    if let Some(fallbacks) = instance.catalog().map(|c| c.fallbacks.clone()).filter(|f| !f.is_empty()) {
+        info["discovery_fallbacks"] = json!(fallbacks);
+    }
+    let tail = instance.stderr_tail();
+    if !tail.is_empty() {
+        info["stderr_tail"] = json!(tail.iter().rev().take(20).rev().collect::<Vec<_>>());
+    }
+    info
+}
+
+/// Each server's status, and how many are in each: the debug page's `server_status`.
+#[derive(Default)]
+struct ServerStatus {
+    stats: BTreeMap<&'static str, u64>,
+    servers: Map<String, Value>,
+}
+
+impl ServerStatus {
+    fn add(&mut self, spec: &InstanceSpec, status: &StatusEntry) {
+        let bucket = match status.status {
+            InstanceStatus::Online => "online",
+            InstanceStatus::Offline => "offline",
+            InstanceStatus::Error => "error",
+            InstanceStatus::RequiresReauth => "requires_reauth",
+            _ => "other",
+        };
+        *self.stats.entry(bucket).or_default() += 1;
+        self.servers.insert(
+            spec.process_id.0.clone(),
+            json!({"status": status.status.as_str(), "last_updated": status.updated_at.to_rfc3339_opts(SecondsFormat::Millis, true), "message": status.message}),
+        );
+    }
+
+    fn into_json(self, total: usize) -> Value {
+        let count = |bucket: &str| self.stats.get(bucket).copied().unwrap_or(0);
+        json!({
+            "stats": {
+                "total": total,
+                "online": count("online"),
+                "offline": count("offline"),
+                "error": count("error"),
+                "requires_reauth": count("requires_reauth"),
+                "other": count("other"),
+            },
+            "servers": self.servers,
+        })
+    }
+}
+
+/// The tools the instances discovered: the debug page's `tools`.
+#[derive(Default)]
+struct Tools {
+    all: Vec<Value>,
+    by_transport: BTreeMap<&'static str, u64>,
+    by_server: Map<String, Value>,
+}
+
+impl Tools {
+    fn add(&mut self, instance: &Instance) {
+        let Some(catalog) = instance.catalog() else { return };
+        let spec = instance.spec();
+        let transport = spec.upstream.transport_name();
+        *self.by_transport.entry(transport).or_default() += catalog.tools.len() as u64;
+        self.by_server.insert(spec.process_id.0.clone(), json!(catalog.tools.len()));
+        for tool in &catalog.tools {
+            self.all.push(json!({
+                "namespaced_name": tool_path(&spec.server_slug, tool.name()),
+                "original_name": tool.name(),
+                "server_name": spec.process_id.0,
+                "server_slug": spec.server_slug,
+                "user_id": spec.user_id.0,
+                "transport": transport,
+                "description": tool.description(),
+                "content_hash": tool.content_hash(),
+                "discovered_at": catalog.discovered_at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            }));
+        }
+    }
+
+    fn into_json(self) -> Value {
+        json!({
+            "total_tools": self.all.len(),
+            "tools_by_transport": self.by_transport,
+            "tools_by_server": self.by_server,
+            "all_tools": self.all,
+        })
+    }
+}
+
+/// The servers the configuration lists, enabled or not, and by transport: the debug page's `configuration`.
+fn configuration(desired: &[InstanceSpec]) -> Value {
+    let mut by_transport: BTreeMap<&str, u64> = BTreeMap::new();
+    for spec in desired {
+        *by_transport.entry(spec.upstream.transport_name()).or_default() += 1;
+    }
+    let enabled = desired.iter().filter(|s| s.enabled).count();
+    json!({
+        "total_servers_configured": desired.len(),
+        "enabled_servers": enabled,
+        "disabled_servers": desired.len() - enabled,
+        "servers_by_transport": by_transport,
     })
 }
 

@@ -3,6 +3,7 @@
 //! team's. Every route authenticates like `/mcp` (a member's bearer token) and reaches only the caller's team.
 //! Errors are `{"error", "message"}` with the status that says why.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -115,11 +116,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
     let with = warp::any().map(move || deps.clone());
     let auth = warp::header::optional::<String>("authorization");
     let base = warp::path("api").and(warp::path("toolsets"));
-    let list = base.and(warp::path::end()).and(warp::get()).and(with.clone()).and(auth).then(
-        |deps: Arc<ToolsetDeps>, authorization: Option<String>| async move {
-            respond(async { list(&deps, &caller(&deps, authorization).await?) }.await)
-        },
-    );
+    let list = base.and(warp::path::end()).and(warp::get()).and(with.clone()).and(auth).then(get_list);
     let put_default = base
         .and(warp::path!("default"))
         .and(warp::put())
@@ -127,32 +124,8 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
         .and(auth)
         .and(warp::body::content_length_limit(MAX_BODY))
         .and(warp::body::bytes())
-        .then(|deps: Arc<ToolsetDeps>, authorization: Option<String>, body: bytes::Bytes| async move {
-            respond(
-                async {
-                    let caller = writer(&deps, authorization).await?;
-                    let body: PutDefault = parse(&body)?;
-                    deps.toolsets.set_default(&caller, body.name.as_deref()).await?;
-                    Ok((StatusCode::OK, json!({"default": body.name})))
-                }
-                .await,
-            )
-        });
-    let get_one = base.and(warp::path!(String)).and(warp::get()).and(with.clone()).and(auth).then(
-        |name: String, deps: Arc<ToolsetDeps>, authorization: Option<String>| async move {
-            respond(
-                async {
-                    let caller = caller(&deps, authorization).await?;
-                    let toolset = deps
-                        .toolsets
-                        .resolve(&caller, Some(&name))?
-                        .ok_or_else(|| ApiError::BadRequest("\"all\" is every tool, not a toolset".into()))?;
-                    Ok((StatusCode::OK, preview(&deps, &caller, &toolset)))
-                }
-                .await,
-            )
-        },
-    );
+        .then(put_default);
+    let get_one = base.and(warp::path!(String)).and(warp::get()).and(with.clone()).and(auth).then(get_one);
     let put_one = base
         .and(warp::path!(String))
         .and(warp::put())
@@ -160,45 +133,83 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
         .and(auth)
         .and(warp::body::content_length_limit(MAX_BODY))
         .and(warp::body::bytes())
-        .then(|name: String, deps: Arc<ToolsetDeps>, authorization: Option<String>, body: bytes::Bytes| async move {
-            respond(
-                async {
-                    let caller = writer(&deps, authorization).await?;
-                    let body: PutToolset = parse(&body)?;
-                    let scope = scope_of(body.scope.as_deref())?;
-                    let (toolset, created) =
-                        deps.toolsets.put(&caller, scope, &name, body.description, body.tools).await?;
-                    tracing::info!(team_id = %caller.team, user_id = %caller.user, toolset = %name, scope = scope.as_str(), "toolset saved");
-                    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-                    Ok((status, preview(&deps, &caller, &toolset)))
-                }
-                .await,
-            )
-        });
+        .then(put_one);
     let delete_one = base
         .and(warp::path!(String))
         .and(warp::delete())
         .and(with)
         .and(auth)
-        .and(warp::query::<std::collections::HashMap<String, String>>())
-        .then(
-            |name: String,
-             deps: Arc<ToolsetDeps>,
-             authorization: Option<String>,
-             query: std::collections::HashMap<String, String>| async move {
-                respond(
-                    async {
-                        let caller = writer(&deps, authorization).await?;
-                        let scope = scope_of(query.get("scope").map(String::as_str))?;
-                        deps.toolsets.delete(&caller, scope, &name).await?;
-                        tracing::info!(team_id = %caller.team, user_id = %caller.user, toolset = %name, scope = scope.as_str(), "toolset deleted");
-                        Ok((StatusCode::OK, json!({"deleted": name, "scope": scope.as_str()})))
-                    }
-                    .await,
-                )
-            },
-        );
+        .and(warp::query::<HashMap<String, String>>())
+        .then(delete_one);
     list.or(put_default).unify().or(get_one).unify().or(put_one).unify().or(delete_one).unify()
+}
+
+/// `GET /api/toolsets`.
+async fn get_list(deps: Arc<ToolsetDeps>, authorization: Option<String>) -> Response {
+    respond(async { list(&deps, &caller(&deps, authorization).await?) }.await)
+}
+
+/// `PUT /api/toolsets/default`.
+async fn put_default(deps: Arc<ToolsetDeps>, authorization: Option<String>, body: bytes::Bytes) -> Response {
+    respond(
+        async {
+            let caller = writer(&deps, authorization).await?;
+            let body: PutDefault = parse(&body)?;
+            deps.toolsets.set_default(&caller, body.name.as_deref()).await?;
+            Ok((StatusCode::OK, json!({"default": body.name})))
+        }
+        .await,
+    )
+}
+
+/// `GET /api/toolsets/{name}`.
+async fn get_one(name: String, deps: Arc<ToolsetDeps>, authorization: Option<String>) -> Response {
+    respond(
+        async {
+            let caller = caller(&deps, authorization).await?;
+            let toolset = deps
+                .toolsets
+                .resolve(&caller, Some(&name))?
+                .ok_or_else(|| ApiError::BadRequest("\"all\" is every tool, not a toolset".into()))?;
+            Ok((StatusCode::OK, preview(&deps, &caller, &toolset)))
+        }
+        .await,
+    )
+}
+
+/// `PUT /api/toolsets/{name}`.
+async fn put_one(name: String, deps: Arc<ToolsetDeps>, authorization: Option<String>, body: bytes::Bytes) -> Response {
+    respond(
+        async {
+            let caller = writer(&deps, authorization).await?;
+            let body: PutToolset = parse(&body)?;
+            let scope = scope_of(body.scope.as_deref())?;
+            let (toolset, created) = deps.toolsets.put(&caller, scope, &name, body.description, body.tools).await?;
+            tracing::info!(team_id = %caller.team, user_id = %caller.user, toolset = %name, scope = scope.as_str(), "toolset saved");
+            let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+            Ok((status, preview(&deps, &caller, &toolset)))
+        }
+        .await,
+    )
+}
+
+/// `DELETE /api/toolsets/{name}?scope=`.
+async fn delete_one(
+    name: String,
+    deps: Arc<ToolsetDeps>,
+    authorization: Option<String>,
+    query: HashMap<String, String>,
+) -> Response {
+    respond(
+        async {
+            let caller = writer(&deps, authorization).await?;
+            let scope = scope_of(query.get("scope").map(String::as_str))?;
+            deps.toolsets.delete(&caller, scope, &name).await?;
+            tracing::info!(team_id = %caller.team, user_id = %caller.user, toolset = %name, scope = scope.as_str(), "toolset deleted");
+            Ok((StatusCode::OK, json!({"deleted": name, "scope": scope.as_str()})))
+        }
+        .await,
+    )
 }
 
 fn respond(outcome: Result<(StatusCode, Value), ApiError>) -> Response {

@@ -1,6 +1,11 @@
 use std::time::Duration;
 
+use serde_json::json;
+use warp::reply::Response;
+
 use super::*;
+use crate::mcp::protocol::codes;
+use crate::mcp::transport::Inbound;
 
 #[tokio::test]
 async fn answers_reach_the_request_that_asked_and_only_in_its_session() {
