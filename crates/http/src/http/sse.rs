@@ -27,7 +27,7 @@ use super::error::McpError;
 use super::exchange::{response_message, Exchange, Withdrawn};
 use super::identity::Identity;
 use super::stack::PeerAddr;
-use super::{json_response, McpDeps};
+use super::{json_response, McpDeps, Routing};
 use crate::auth::{Principal, SCOPE_READ};
 use crate::events::{ClientConnected, ClientDisconnected, Event};
 use crate::mcp::protocol::{self, codes, Message, RpcError, LEGACY_VERSIONS};
@@ -160,13 +160,10 @@ fn client_type(user_agent: &str) -> &'static str {
     }
 }
 
-pub fn routes(
-    deps: McpDeps,
-    sessions: Arc<SseSessions>,
-) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     // One pointer per request, not a copy of every dependency: warp runs this for each route it tries.
     let deps = Arc::new(deps);
-    let with = warp::any().map(move || (deps.clone(), sessions.clone()));
+    let with = warp::any().map(move || deps.clone());
     let peer = warp::ext::optional::<PeerAddr>();
     let open = warp::path!("sse")
         .and(warp::get())
@@ -174,15 +171,10 @@ pub fn routes(
         .and(warp::header::headers_cloned())
         .and(peer)
         .and(with.clone())
-        .then(
-            |query: String,
-             headers: HeaderMap,
-             peer: Option<PeerAddr>,
-             (deps, sessions): (Arc<McpDeps>, Arc<SseSessions>)| async move {
-                let answer = open(&deps, &sessions, &headers, super::mcp::toolset_param(&query)).await;
-                finish(&deps, "sse", peer, &headers, None, answer).await
-            },
-        );
+        .then(|query: String, headers: HeaderMap, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
+            let answer = open(&deps, &headers, super::mcp::toolset_param(&query)).await;
+            finish(&deps.gate, "sse", peer, &headers, None, answer).await
+        });
     let message = warp::path!("message")
         .and(warp::post())
         .and(warp::query::<HashMap<String, String>>())
@@ -195,32 +187,30 @@ pub fn routes(
              headers: HeaderMap,
              body: Unread,
              peer: Option<PeerAddr>,
-             (deps, sessions): (Arc<McpDeps>, Arc<SseSessions>)| async move {
-                let answer = message(&deps, &sessions, &query, &headers, body).await;
-                finish(&deps, "sse", peer, &headers, None, answer).await
+             deps: Arc<McpDeps>| async move {
+                let answer = message(&deps, &query, &headers, body).await;
+                finish(&deps.gate, "sse", peer, &headers, None, answer).await
             },
         );
     open.or(message).unify()
 }
 
-async fn open(
-    deps: &Arc<McpDeps>,
-    sessions: &Arc<SseSessions>,
-    headers: &HeaderMap,
-    toolset: Option<String>,
-) -> Result<Response, McpError> {
+async fn open(deps: &McpDeps, headers: &HeaderMap, toolset: Option<String>) -> Result<Response, McpError> {
+    let sessions = &deps.sessions.legacy;
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
     let principal = deps
+        .gate
         .auth
         .authenticate_request(authorization)
         .await
         .and_then(|p| p.require(SCOPE_READ).map(|_| p))
         .map_err(McpError::Auth)?;
     // A toolset that cannot be used refuses the stream, with the reason, rather than opening an empty one.
-    super::mcp::select_toolset(deps, &principal, toolset.as_deref()).map_err(McpError::Rpc)?;
+    super::mcp::select_toolset(&deps.routing.toolsets, &principal, toolset.as_deref()).map_err(McpError::Rpc)?;
     // Held for as long as the stream is open: each holds a connection, and one caller's must not take them all.
     let caller = super::callers::member_key(principal.user.as_str(), principal.team.as_str());
-    let place = deps.streams.take(caller.into()).ok_or(McpError::CallerStreams { limit: deps.streams.max() })?;
+    let streams = &deps.places.streams;
+    let place = streams.take(caller.into()).ok_or(McpError::CallerStreams { limit: streams.max() })?;
     let mut raw = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut raw);
     let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
@@ -233,7 +223,8 @@ async fn open(
         user: principal.user.clone(),
         team: principal.team.clone(),
     };
-    let revoked = super::credential::revoked(deps.clone(), credential, "legacy sse");
+    let (auth, manager) = (deps.gate.auth.clone(), deps.routing.manager.clone());
+    let revoked = super::credential::revoked(auth, manager, credential, "legacy sse");
     sessions.sessions.lock().insert(
         id.clone(),
         SseSession {
@@ -264,7 +255,7 @@ async fn open(
             if held > 0 {
                 info!(user = %connected_user, team = %team_id, held, "legacy SSE streams opened past the reporting budget were not reported as connections");
             }
-            deps.events.emit(Event::client_connected(&connected)).await;
+            deps.background.events.emit(Event::client_connected(&connected)).await;
             true
         }
         None => false,
@@ -273,8 +264,8 @@ async fn open(
     let guard = Unregister {
         id,
         sessions: sessions.clone(),
-        emitter: deps.events.clone(),
-        tasks: deps.tasks.clone(),
+        emitter: deps.background.events.clone(),
+        tasks: deps.background.tasks.clone(),
         team_id,
         opened: Instant::now(),
         reported,
@@ -294,11 +285,11 @@ async fn open(
 
 async fn message(
     deps: &McpDeps,
-    sessions: &Arc<SseSessions>,
     query: &HashMap<String, String>,
     headers: &HeaderMap,
     body: Unread,
 ) -> Result<Response, McpError> {
+    let sessions = &deps.sessions.legacy;
     let id = query.get("session").or_else(|| query.get("sessionId")).map(String::as_str).unwrap_or("");
     let well_formed = id.len() >= 32 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if !well_formed {
@@ -307,13 +298,14 @@ async fn message(
     // Every message authenticates, as every `/mcp` request does: the session id alone is not a credential, and a
     // token revoked since the stream opened stops working at once. It must be the identity that opened the stream.
     let authorization = headers.get("authorization").and_then(|v| v.to_str().ok());
-    let caller = deps.auth.authenticate_request(authorization).await.map_err(McpError::Auth)?;
+    let caller = deps.gate.auth.authenticate_request(authorization).await.map_err(McpError::Auth)?;
     // One of the caller's places (`http::callers`), shared with its `/mcp` requests; at its limit, a spare one for
     // a small body that holds no request, so that a caller at its limit can still cancel or answer.
-    let busy = || McpError::CallerBusy { limit: deps.callers.max() };
+    let busy = || McpError::CallerBusy { limit: deps.places.requests.max() };
     let length = headers.get(warp::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
     let place = deps
-        .callers
+        .places
+        .requests
         .admit(super::callers::member_key(caller.user.as_str(), caller.team.as_str()).into(), length)
         .ok_or_else(busy)?;
     // Read once, after authentication: counted for activity here, answered below (or refused as unreadable there).
@@ -347,7 +339,7 @@ async fn message(
     let client_id = principal.client_id.clone().unwrap_or_else(|| "legacy-sse".to_owned());
     let auth_type = if principal.client_id.is_some() { "oauth" } else { "sse" };
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    deps.activity.record(&crate::activity::Seen {
+    deps.background.activity.record(&crate::activity::Seen {
         user_id: &principal.user.0,
         team_id: &principal.team.0,
         client_id: &client_id,
@@ -367,7 +359,9 @@ async fn message(
         Ok(Message::Notification { method, params }) => {
             match method.as_str() {
                 "notifications/cancelled" => sessions.exchange.cancel(id, params.as_ref()),
-                "notifications/roots/list_changed" => super::mcp::roots_changed(deps, &principal, params).await,
+                "notifications/roots/list_changed" => {
+                    super::mcp::roots_changed(&deps.routing.manager, &principal, params).await
+                }
                 _ => {}
             }
             return Ok(json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null})));
@@ -378,12 +372,12 @@ async fn message(
         }
         Ok(Message::Request { id: request_id, method, params }) if method == "initialize" => {
             let capabilities = params.as_ref().and_then(|p| p.get("capabilities")).cloned().unwrap_or_default();
-            take_seat(deps, sessions, id, &principal, capabilities);
+            take_seat(deps, id, &principal, capabilities);
             let id = request_id;
             let requested = params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str);
             let version =
                 requested.filter(|v| *v == "2024-11-05" || LEGACY_VERSIONS.contains(v)).unwrap_or("2024-11-05");
-            match super::mcp::select_toolset(deps, &principal, toolset.as_deref()) {
+            match super::mcp::select_toolset(&deps.routing.toolsets, &principal, toolset.as_deref()) {
                 // The toolset the stream was opened with is gone since: say so, as `/mcp` does.
                 Err(err) => protocol::error_response(Some(id), err),
                 Ok(selected) => {
@@ -400,13 +394,13 @@ async fn message(
         }
         Ok(Message::Request { id: request_id, method, params }) => {
             let call = RelayedCall {
-                deps: deps.clone(),
+                routing: deps.routing.clone(),
                 sessions: sessions.clone(),
                 scope: id.to_owned(),
                 events,
                 capabilities: declared,
             };
-            let selection = super::mcp::select_toolset(deps, &principal, toolset.as_deref());
+            let selection = super::mcp::select_toolset(&deps.routing.toolsets, &principal, toolset.as_deref());
             return call.run(principal, selection, request_id, method, params).await;
         }
     };
@@ -424,7 +418,8 @@ async fn message(
 /// this client, when it declared the capability the request needs, as it reaches a `/mcp` client's GET stream. The
 /// request goes on the stream under an id of the session's exchange; the client answers by POST. Capabilities past
 /// the bound every session keeps get no seat (the server then gets a client's refusal).
-fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &Principal, capabilities: Value) {
+fn take_seat(deps: &McpDeps, id: &str, principal: &Principal, capabilities: Value) {
+    let sessions = &deps.sessions.legacy;
     let mut table = sessions.sessions.lock();
     let Some(session) = table.get_mut(id) else { return };
     if crate::mcp::payload::json_len(&capabilities) > super::session::MAX_CAPABILITIES_BYTES {
@@ -437,13 +432,13 @@ fn take_seat(deps: &McpDeps, sessions: &Arc<SseSessions>, id: &str, principal: &
     let (relay, mut asks) = Relay::for_client(capabilities);
     let owner = crate::instances::seat_owner(&principal.team, &principal.user);
     // A second initialize replaces the first seat (and what it declared).
-    session.seat = Some(deps.manager.seats().take(owner, None, relay));
+    session.seat = Some(deps.routing.manager.seats().take(owner, None, relay));
     // The stream ends when its session goes: this task holds it only while forwarding one request.
     let (stream, exchange, scope) = (session.events.downgrade(), sessions.exchange.clone(), id.to_owned());
     let (withdrawn, mut withdrawals) = withdrawals_to(stream.clone());
     // On the satellite's tracker, which shutdown waits for: the seat goes with the session once the drain has
     // closed the legacy streams, and this task with it.
-    deps.tasks.spawn(async move {
+    deps.background.tasks.spawn(async move {
         loop {
             let message = tokio::select! {
                 inbound = asks.recv() => {
@@ -507,7 +502,7 @@ fn new_message_id() -> String {
 /// or as soon as the server asks the client something: a client that POSTs one message at a time could not
 /// otherwise send its answer.
 struct RelayedCall {
-    deps: McpDeps,
+    routing: Routing,
     sessions: Arc<SseSessions>,
     scope: String,
     events: mpsc::Sender<warp::sse::Event>,
@@ -553,7 +548,7 @@ impl RelayedCall {
                 None => Relay::channel(true),
             };
             let target = Target::LegacySse(principal, selection);
-            let call = target.dispatch(&self.deps, Some(&self.scope), &method, params, Some(&relay));
+            let call = target.dispatch(&self.routing, Some(&self.scope), &method, params, Some(&relay));
             tokio::pin!(call);
             let mut asked_tx = Some(asked_tx);
             let (withdrawn, mut withdrawals) = withdrawals_to(self.events.downgrade());

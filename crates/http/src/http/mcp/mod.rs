@@ -19,6 +19,7 @@ use warp::{Filter, Reply};
 
 use super::audit::finish;
 use super::body::Unread;
+use super::callers::CallerLimits;
 use super::credential::{revoked, Credential};
 use super::dispatch::{Selection, Target};
 use super::error::{rpc_status, McpError};
@@ -27,7 +28,7 @@ use super::identity::Identity;
 use super::oauth::ResourceUrls;
 use super::session::{self, Lookup, SessionTable, StreamError};
 use super::stack::PeerAddr;
-use super::{json_response, McpDeps};
+use super::{json_response, McpDeps, Routing};
 use crate::auth;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Frame, FrameError, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
@@ -92,14 +93,14 @@ fn frame_calls_a_tool(frame: &Frame) -> bool {
 
 /// Count one request of a tracked client (SB §17); `tool_call`: the request calls `tools/call`.
 fn record_activity(
-    deps: &McpDeps,
+    activity: &crate::activity::ActivityTracker,
     headers: &HeaderMap,
     tool_call: bool,
     (user_id, team_id): (&str, &str),
     client_id: &str,
     auth_type: &str,
 ) {
-    deps.activity.record(&crate::activity::Seen {
+    activity.record(&crate::activity::Seen {
         user_id,
         team_id,
         client_id,
@@ -114,11 +115,16 @@ fn record_activity(
 }
 
 /// Count one request on `/mcp` of a caller who came through an OAuth client (SB §17).
-fn record_oauth_activity(deps: &McpDeps, headers: &HeaderMap, endpoint: &Endpoint, tool_call: bool) {
+fn record_oauth_activity(
+    activity: &crate::activity::ActivityTracker,
+    headers: &HeaderMap,
+    endpoint: &Endpoint,
+    tool_call: bool,
+) {
     if let Target::Hierarchical(principal, _) = &endpoint.target {
         if let Some(client) = &principal.client_id {
             let user_team = (principal.user.0.as_str(), principal.team.0.as_str());
-            record_activity(deps, headers, tool_call, user_team, client, "oauth");
+            record_activity(activity, headers, tool_call, user_team, client, "oauth");
         }
     }
 }
@@ -140,14 +146,14 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             |toolset: Option<String>, headers: HeaderMap, body: Unread, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
                 let answer = async {
                     let endpoint = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await?;
-                    let place = take_place(&deps, &endpoint, &headers)?;
+                    let place = take_place(&deps.places.requests, &endpoint, &headers)?;
                     let frame = protocol::decode_frame(&body.read().await?);
-                    refuse_spare_request(&deps, &place, &frame)?;
-                    record_oauth_activity(&deps, &headers, &endpoint, frame_calls_a_tool(&frame));
+                    refuse_spare_request(&deps.places.requests, &place, &frame)?;
+                    record_oauth_activity(&deps.background.activity, &headers, &endpoint, frame_calls_a_tool(&frame));
                     Box::pin(post(&deps, endpoint, &headers, frame)).await
                 }
                 .await;
-                with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
+                with_link(finish(&deps.gate, "mcp", peer, &headers, None, answer).await, &deps.gate.urls)
             },
         );
     // GET opens the session's stream, DELETE ends the session: one route, two methods.
@@ -159,10 +165,10 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
              peer: Option<PeerAddr>,
              deps: Arc<McpDeps>| async move {
                 let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
-                    record_oauth_activity(&deps, &headers, &e, false);
+                    record_oauth_activity(&deps.background.activity, &headers, &e, false);
                     stream_or_delete(&deps, method, e, &headers)
                 });
-                with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
+                with_link(finish(&deps.gate, "mcp", peer, &headers, None, answer).await, &deps.gate.urls)
             },
         );
 
@@ -177,20 +183,27 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
              deps: Arc<McpDeps>| async move {
                 let answer = async {
                     let endpoint = instance_endpoint(&deps, &path, &query, &headers)?;
-                    let place = take_place(&deps, &endpoint, &headers)?;
+                    let place = take_place(&deps.places.requests, &endpoint, &headers)?;
                     let frame = protocol::decode_frame(&body.read().await?);
-                    refuse_spare_request(&deps, &place, &frame)?;
+                    refuse_spare_request(&deps.places.requests, &place, &frame)?;
                     if let Target::Instance(instance) = &endpoint.target {
                         let spec = instance.spec();
                         let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
                         let tool_call = frame_calls_a_tool(&frame);
                         let client_id = instance.client_id();
-                        record_activity(&deps, &headers, tool_call, user_team, client_id, "instance_token");
+                        record_activity(
+                            &deps.background.activity,
+                            &headers,
+                            tool_call,
+                            user_team,
+                            client_id,
+                            "instance_token",
+                        );
                     }
                     Box::pin(post(&deps, endpoint, &headers, frame)).await
                 }
                 .await;
-                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+                finish(&deps.gate, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
             },
         );
     let inst_other = inst.and(stream_or_end()).and(warp::header::headers_cloned()).and(peer).and(with).then(
@@ -202,7 +215,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
          deps: Arc<McpDeps>| async move {
             let answer = instance_endpoint(&deps, &path, &query, &headers)
                 .and_then(|e| stream_or_delete(&deps, method, e, &headers));
-            finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+            finish(&deps.gate, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
         },
     );
     // The POSTs first, the calls among them: warp tries each route in turn, and each try costs a filter future.
@@ -216,7 +229,7 @@ fn stream_or_end() -> impl Filter<Extract = (Method,), Error = warp::Rejection> 
 
 /// A GET opens the endpoint's stream; a DELETE ends its session.
 fn stream_or_delete(
-    deps: &Arc<McpDeps>,
+    deps: &McpDeps,
     method: Method,
     endpoint: Endpoint,
     headers: &HeaderMap,
@@ -253,23 +266,31 @@ async fn hierarchical_endpoint(
     toolset: Option<&str>,
 ) -> Result<Endpoint, McpError> {
     let principal =
-        deps.auth.authenticate_request(header(headers, names::AUTHORIZATION)).await.map_err(McpError::Auth)?;
-    let selection = select_toolset(deps, &principal, toolset);
-    Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.clone()))
+        deps.gate.auth.authenticate_request(header(headers, names::AUTHORIZATION)).await.map_err(McpError::Auth)?;
+    let selection = select_toolset(&deps.routing.toolsets, &principal, toolset);
+    Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.mcp.clone()))
 }
 
 /// One of the caller's places, held until the answer starts (`http::callers`); 429 when it holds all of them. At
 /// its limit, a small body still gets a spare place: what it holds must then be no request (a cancellation of one
 /// of its calls, an answer to a server's question), checked by [`refuse_spare_request`].
-fn take_place(deps: &McpDeps, endpoint: &Endpoint, headers: &HeaderMap) -> Result<super::callers::Admitted, McpError> {
+fn take_place(
+    requests: &CallerLimits,
+    endpoint: &Endpoint,
+    headers: &HeaderMap,
+) -> Result<super::callers::Admitted, McpError> {
     let length = header(headers, names::CONTENT_LENGTH);
-    deps.callers.admit(endpoint.target.caller(), length).ok_or(McpError::CallerBusy { limit: deps.callers.max() })
+    requests.admit(endpoint.target.caller(), length).ok_or(McpError::CallerBusy { limit: requests.max() })
 }
 
 /// A body read on a spare place that holds a request after all: 429, as at the limit.
-fn refuse_spare_request(deps: &McpDeps, place: &super::callers::Admitted, frame: &Frame) -> Result<(), McpError> {
+fn refuse_spare_request(
+    requests: &CallerLimits,
+    place: &super::callers::Admitted,
+    frame: &Frame,
+) -> Result<(), McpError> {
     match frame {
-        Ok((messages, _)) if !place.admits(messages) => Err(McpError::CallerBusy { limit: deps.callers.max() }),
+        Ok((messages, _)) if !place.admits(messages) => Err(McpError::CallerBusy { limit: requests.max() }),
         _ => Ok(()),
     }
 }
@@ -280,8 +301,12 @@ pub(super) fn toolset_param(raw: &str) -> Option<String> {
 }
 
 /// The toolset a request of `caller` uses, or the JSON-RPC error that says why the one it selects cannot be.
-pub(super) fn select_toolset(deps: &McpDeps, caller: &crate::auth::Principal, requested: Option<&str>) -> Selection {
-    deps.toolsets.resolve(caller, requested).map_err(|err| {
+pub(super) fn select_toolset(
+    toolsets: &crate::toolsets::Toolsets,
+    caller: &crate::auth::Principal,
+    requested: Option<&str>,
+) -> Selection {
+    toolsets.resolve(caller, requested).map_err(|err| {
         let name = match &err {
             crate::toolsets::ToolsetError::Unknown { name, .. }
             | crate::toolsets::ToolsetError::DanglingDefault { name } => Some(name.clone()),
@@ -300,7 +325,7 @@ fn instance_endpoint(
     let token = query.get("token").map(String::as_str).or_else(|| auth::bearer(header(headers, names::AUTHORIZATION)));
     // An unknown path, an instance without a token configured and a wrong token answer alike (401 "Invalid
     // token"), so the answers reveal nothing about which instance paths exist.
-    let instance = deps.manager.by_instance_path(path);
+    let instance = deps.routing.manager.by_instance_path(path);
     let checked = match &instance {
         Some(instance) => auth::check_instance_token(instance.spec(), token),
         None => auth::check_instance_token_format(token).and(Err(auth::InstanceAuthError::Invalid)),
@@ -314,8 +339,8 @@ fn instance_endpoint(
     };
     if instance.is_dormant() {
         // Any instance-router request (initialize first) wakes a dormant process ahead of the calls (SB §9.8).
-        let (manager, dormant) = (deps.manager.clone(), instance.clone());
-        deps.tasks.spawn(
+        let (manager, dormant) = (deps.routing.manager.clone(), instance.clone());
+        deps.background.tasks.spawn(
             async move {
                 if let Err(err) = manager.wake(&dormant).await {
                     tracing::warn!(process_id = %dormant.spec().process_id, error = %err, "waking a dormant instance failed");
@@ -324,7 +349,7 @@ fn instance_endpoint(
             .in_current_span(),
         );
     }
-    let mut endpoint = Endpoint::new(Target::Instance(instance), deps.instance_sessions.clone());
+    let mut endpoint = Endpoint::new(Target::Instance(instance), deps.sessions.instances.clone());
     endpoint.instance_token = query.get("token").cloned();
     Ok(endpoint)
 }

@@ -96,7 +96,8 @@ pub(super) async fn post(
                 return Ok(with_session(response, &session));
             }
         }
-        let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
+        let (version, result) =
+            initialize_result(requested, &Identity::of(&deps.routing.manager, &endpoint.target).await);
         let id = endpoint.sessions.create_in(&endpoint.owner, &endpoint.target.session_quota(), &version, capabilities);
         new_session = Some(result);
         id
@@ -111,8 +112,8 @@ pub(super) async fn post(
 
     if !batch {
         if let Some(message) = messages.pop() {
-            let answer = match relayed(deps, &endpoint, &session_id, message).await {
-                Err(message) => fixed_listing(deps, &endpoint, &session_id, message),
+            let answer = match relayed(&deps.routing, &endpoint, &session_id, message).await {
+                Err(message) => fixed_listing(&deps.routing, &endpoint, &session_id, message),
                 relayed => relayed,
             };
             match answer {
@@ -131,8 +132,9 @@ pub(super) async fn post(
         use futures::StreamExt;
         // A batch of one may be an `initialize` (answered with the session it made).
         let mut new_session = new_session.take();
-        let answers =
-            messages.into_iter().map(|message| answer(deps, &endpoint, &session_id, message, new_session.take()));
+        let answers = messages
+            .into_iter()
+            .map(|message| answer(&deps.routing, &endpoint, &session_id, message, new_session.take()));
         let answers: Vec<_> = futures::stream::iter(answers).buffered(BATCH_CONCURRENCY).collect().await;
         if answers.iter().all(|(answer, _)| answer.is_err()) {
             if let Some((Err(refused), _)) = answers.into_iter().next() {
@@ -147,7 +149,7 @@ pub(super) async fn post(
             }
         }
     } else if let Some(message) = messages.pop() {
-        let (answer, _) = answer(deps, &endpoint, &session_id, message, new_session.take()).await;
+        let (answer, _) = answer(&deps.routing, &endpoint, &session_id, message, new_session.take()).await;
         replies.extend(answer?);
     }
     let response = if replies.is_empty() {
@@ -171,7 +173,7 @@ const BATCH_CONCURRENCY: usize = 8;
 /// the error object a batch gives a message whose answer is an HTTP error. `new_session`: the answer to this
 /// request's `initialize`, built with its session.
 async fn answer(
-    deps: &McpDeps,
+    routing: &Routing,
     endpoint: &Endpoint,
     session_id: &str,
     message: Value,
@@ -185,16 +187,23 @@ async fn answer(
         Ok(Message::Request { id, method, .. }) if method == "initialize" => {
             let result = match new_session {
                 Some(result) => result,
-                None => initialize_result(None, &Identity::of(deps, &endpoint.target).await).1,
+                None => initialize_result(None, &Identity::of(&routing.manager, &endpoint.target).await).1,
             };
             Some(protocol::response(id, result))
         }
         Ok(Message::Request { id, method, params }) => {
             let subscription = subscription_of(&method, params.as_ref());
-            match endpoint.target.dispatch(deps, Some(session_id), &method, params, None).await {
+            match endpoint.target.dispatch(routing, Some(session_id), &method, params, None).await {
                 Ok(result) => {
                     if let Some((uri, subscribed)) = subscription {
-                        record_subscription(deps, &endpoint.target, &endpoint.sessions, session_id, &uri, subscribed);
+                        record_subscription(
+                            routing,
+                            &endpoint.target,
+                            &endpoint.sessions,
+                            session_id,
+                            &uri,
+                            subscribed,
+                        );
                     }
                     match protocol::answer_value(protocol::payload_for_handshake(result)) {
                         Ok(result) => Some(protocol::response(id, result)),
@@ -206,7 +215,7 @@ async fn answer(
             }
         }
         Ok(Message::Notification { method, params }) => {
-            client_notification(deps, endpoint, session_id, &method, params).await;
+            client_notification(&routing.manager, endpoint, session_id, &method, params).await;
             None
         }
         Ok(Message::Response { id, outcome }) => {
@@ -230,7 +239,7 @@ fn with_session(mut response: Response, session_id: &str) -> Response {
 /// A lone `tools/list` request whose answer is fixed (the meta-tools) is answered with the JSON text written
 /// once. Anything else is handed back, for the plain path.
 fn fixed_listing(
-    deps: &McpDeps,
+    routing: &Routing,
     endpoint: &Endpoint,
     session_id: &str,
     message: Value,
@@ -245,7 +254,7 @@ fn fixed_listing(
         _ => None,
     };
     let Some(id) = id else { return Err(message) };
-    Ok(match endpoint.target.fixed_listing(deps, Some(session_id)) {
+    Ok(match endpoint.target.fixed_listing(routing, Some(session_id)) {
         None => return Err(message),
         Some(Ok(text)) => Ok(raw_json_response(protocol::response_text(&id, text).into_bytes())),
         Some(Err(RouteError::Rpc(err))) => Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err))),
@@ -291,7 +300,7 @@ fn answered_locally(method: &str) -> bool {
 /// an SSE response. Anything that is not such a request (initialize, notifications, responses, what the
 /// satellite answers itself) is handed back, for the plain path.
 pub(super) async fn relayed(
-    deps: &McpDeps,
+    routing: &Routing,
     endpoint: &Endpoint,
     session_id: &str,
     message: Value,
@@ -309,7 +318,7 @@ pub(super) async fn relayed(
     // A subscription the server accepts is this session's: its stream then carries that resource's updates.
     let subscription = subscription_of(&method, params.as_ref())
         .map(|(uri, subscribed)| (uri, subscribed, endpoint.sessions.clone(), session_id.to_owned()));
-    let (target, deps_owned, reply_id) = (endpoint.target.clone(), deps.clone(), id.clone());
+    let (target, routing, reply_id) = (endpoint.target.clone(), routing.clone(), id.clone());
     let session = session_id.to_owned();
     let answer = endpoint
         .sessions
@@ -319,9 +328,9 @@ pub(super) async fn relayed(
             id.clone(),
             Mode::Handshake { capabilities: endpoint.sessions.capabilities(session_id) },
             move |relay| async move {
-                let outcome = target.dispatch(&deps_owned, Some(&session), &method, params, Some(&relay)).await;
+                let outcome = target.dispatch(&routing, Some(&session), &method, params, Some(&relay)).await;
                 if let (Ok(_), Some((uri, subscribed, sessions, session))) = (&outcome, subscription) {
-                    record_subscription(&deps_owned, &target, &sessions, &session, &uri, subscribed);
+                    record_subscription(&routing, &target, &sessions, &session, &uri, subscribed);
                 }
                 outcome
             },
@@ -355,7 +364,7 @@ fn subscription_of(method: &str, params: Option<&Value>) -> Option<(String, bool
 /// Record on the session a subscription change the server accepted, on every path a request takes (alone or in a
 /// batch). A session that ended while its subscribe ran lets go of it at once: its end could not.
 fn record_subscription(
-    deps: &McpDeps,
+    routing: &Routing,
     target: &Target,
     sessions: &SessionTable,
     session: &str,
@@ -366,8 +375,8 @@ fn record_subscription(
         return;
     }
     if let Target::Instance(instance) = target {
-        let timeout = deps.instance_router.call_timeout;
-        deps.manager.release_subscriptions(&instance.spec().process_id, session, vec![uri.to_owned()], timeout);
+        let timeout = routing.instance_router.call_timeout;
+        routing.manager.release_subscriptions(&instance.spec().process_id, session, vec![uri.to_owned()], timeout);
     }
 }
 
@@ -375,7 +384,7 @@ fn record_subscription(
 /// changes and the like) go to the server, which is the one they concern; on `/mcp` a roots change goes to every
 /// server of the caller's.
 pub(super) async fn client_notification(
-    deps: &McpDeps,
+    manager: &crate::instances::InstanceManager,
     endpoint: &Endpoint,
     scope: &str,
     method: &str,
@@ -384,9 +393,9 @@ pub(super) async fn client_notification(
     match (method, &endpoint.target) {
         ("notifications/cancelled", _) => endpoint.sessions.exchange.cancel(scope, params.as_ref()),
         ("notifications/initialized", _) => {}
-        (_, Target::Instance(instance)) => deps.manager.notify(instance, method, params).await,
+        (_, Target::Instance(instance)) => manager.notify(instance, method, params).await,
         ("notifications/roots/list_changed", Target::Hierarchical(caller, _)) => {
-            roots_changed(deps, caller, params).await
+            roots_changed(manager, caller, params).await
         }
         _ => {}
     }
@@ -395,14 +404,18 @@ pub(super) async fn client_notification(
 /// On `/mcp` and legacy `/sse` the caller's roots are those of every server of theirs: each running one hears of
 /// the change (and asks for the new roots on a stream of this caller's, `Seats`). A 2026-07-28 server has no such
 /// notification: it reads the roots of each request.
-pub(crate) async fn roots_changed(deps: &McpDeps, caller: &auth::Principal, params: Option<Value>) {
+pub(crate) async fn roots_changed(
+    manager: &crate::instances::InstanceManager,
+    caller: &auth::Principal,
+    params: Option<Value>,
+) {
     let handshake = |instance: &&Arc<crate::instances::Instance>| {
         instance.client().is_some_and(|c| matches!(c.era(), crate::mcp::client::Era::Handshake { .. }))
     };
-    let instances = deps.manager.instances_for(&caller.user, &caller.team);
+    let instances = manager.instances_for(&caller.user, &caller.team);
     let told = instances
         .iter()
         .filter(handshake)
-        .map(|instance| deps.manager.notify(instance, "notifications/roots/list_changed", params.clone()));
+        .map(|instance| manager.notify(instance, "notifications/roots/list_changed", params.clone()));
     futures::future::join_all(told).await;
 }

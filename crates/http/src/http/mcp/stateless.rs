@@ -19,7 +19,7 @@ pub(super) async fn stateless_post(
             }
         }
     }
-    let identity = Identity::of(deps, &endpoint.target).await;
+    let identity = Identity::of(&deps.routing.manager, &endpoint.target).await;
     let mut replies = Vec::new();
     let mut status = StatusCode::OK;
     for message in messages {
@@ -67,7 +67,7 @@ pub(super) async fn stateless_post(
                 codes::METHOD_NOT_FOUND,
                 format!("Method not found: {method} is not part of {MODERN_VERSION}"),
             ))),
-            Ok(()) => endpoint.target.dispatch(deps, None, &method, params, None).await,
+            Ok(()) => endpoint.target.dispatch(&deps.routing, None, &method, params, None).await,
         };
         match outcome {
             Ok(result) => match protocol::answer_value(result) {
@@ -134,21 +134,22 @@ pub(super) async fn stateless_relayed(
         .map(str::to_owned);
     // A listen holds one of its caller's stream places for as long as it is open, as every long-lived stream does.
     let place = match long_lived {
-        true => match deps.streams.take(endpoint.target.caller()) {
+        true => match deps.places.streams.take(endpoint.target.caller()) {
             Some(place) => Some(place),
-            None => return Ok(Err(McpError::CallerStreams { limit: deps.streams.max() })),
+            None => return Ok(Err(McpError::CallerStreams { limit: deps.places.streams.max() })),
         },
         false => None,
     };
     // A listen lasts: it ends once the credential that opened it no longer admits the caller.
     let long_lived = long_lived.then(|| {
         let long_lived = LongLived::new();
-        let watch = revoked(Arc::new(deps.clone()), endpoint.credential(headers), "subscriptions/listen");
+        let (auth, manager) = (deps.gate.auth.clone(), deps.routing.manager.clone());
+        let watch = revoked(auth, manager, endpoint.credential(headers), "subscriptions/listen");
         // Ends with the request, however it ends (`LongLived` cancels `ends` when its last copy goes); the place
         // goes with it.
         let ends = long_lived.ends();
         // On the satellite's tracker, which shutdown waits for; the drain ends a listen first.
-        deps.tasks.spawn(async move {
+        deps.background.tasks.spawn(async move {
             let _place = place;
             tokio::select! {
                 _ = watch => ends.cancel(),
@@ -160,9 +161,9 @@ pub(super) async fn stateless_relayed(
     let progress = ProgressTokens::of(params.as_ref());
     let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived, log_level, progress };
     let answered_method = method.clone();
-    let (target, deps_owned, reply_id, stamp_method) =
-        (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
-    let server_info = Identity::of(deps, &endpoint.target).await.server_info;
+    let (target, routing, reply_id, stamp_method) =
+        (endpoint.target.clone(), deps.routing.clone(), id.clone(), method.clone());
+    let server_info = Identity::of(&deps.routing.manager, &endpoint.target).await.server_info;
     let stamp_info = server_info.clone();
     let scope = format!("stateless:{}", uuid::Uuid::new_v4());
     let finish = move |outcome: Result<Payload, RouteError>| {
@@ -187,7 +188,7 @@ pub(super) async fn stateless_relayed(
                 scope,
                 id.clone(),
                 mode,
-                move |relay| async move { target.dispatch(&deps_owned, None, &method, params, Some(&relay)).await },
+                move |relay| async move { target.dispatch(&routing, None, &method, params, Some(&relay)).await },
                 finish,
             )
             .await

@@ -5,7 +5,7 @@ use crate::instances::seat_owner;
 use crate::mcp::protocol::RequestId;
 use crate::mcp::transport::Relay;
 
-pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
+pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
     if header(headers, names::MCP_PROTOCOL_VERSION) == Some(MODERN_VERSION) {
         return Err(McpError::NoServerStream);
     }
@@ -18,8 +18,8 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
         return Err(McpError::NotAcceptable { stream_only: true });
     }
     // Held for as long as the stream is open: each holds a connection, and one caller's must not take them all.
-    let place =
-        deps.streams.take(endpoint.target.caller()).ok_or(McpError::CallerStreams { limit: deps.streams.max() })?;
+    let streams = &deps.places.streams;
+    let place = streams.take(endpoint.target.caller()).ok_or(McpError::CallerStreams { limit: streams.max() })?;
     let token = endpoint.sessions.open_stream(id, &endpoint.owner).map_err(|err| match err {
         StreamError::NoSession => McpError::SessionNotFound,
         StreamError::AlreadyOpen => McpError::StreamConflict,
@@ -31,10 +31,10 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     let notes: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>> = match &endpoint.target {
         Target::Instance(instance) => {
             // Marked changed: an edit applied since the endpoint named this instance is caught up with at once.
-            let mut applied = deps.manager.applied();
+            let mut applied = deps.routing.manager.applied();
             applied.mark_changed();
             let following = Following {
-                manager: deps.manager.clone(),
+                manager: deps.routing.manager.clone(),
                 applied,
                 announcements: BroadcastStream::new(instance.announcements()),
                 instance: instance.clone(),
@@ -50,7 +50,7 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
         }
         Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
             let (team, user) = (caller.team.clone(), caller.user.clone());
-            let notes = BroadcastStream::new(deps.manager.view_changes())
+            let notes = BroadcastStream::new(deps.routing.manager.view_changes())
                 .filter_map(move |change| {
                     let notes = match change {
                         Ok(change) if change.team == team && change.user == user => change.notifications(),
@@ -83,7 +83,7 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
             (seat_owner(&caller.team, &caller.user), None)
         }
     };
-    let seat = deps.manager.seats().take(owner, instance, relay);
+    let seat = deps.routing.manager.seats().take(owner, instance, relay);
     let (sessions, scope) = (endpoint.sessions.clone(), id.to_owned());
     // A request the server withdraws, or whose asker gives up, before the client answers: the client hears so.
     let (withdrawn, withdrawals) = crate::http::exchange::Withdrawn::channel();
@@ -100,7 +100,8 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
     // and open a stream again.
     // It ends too once the credential that opened it no longer admits its caller (`credential`).
     let gone = token.clone().drop_guard();
-    let revoked = revoked(deps.clone(), endpoint.credential(headers), "session");
+    let (auth, manager) = (deps.gate.auth.clone(), deps.routing.manager.clone());
+    let revoked = revoked(auth, manager, endpoint.credential(headers), "session");
     let events = notes
         .map(move |note| {
             let _gone = (&gone, &seat, &hears, &place);
