@@ -40,6 +40,9 @@ use stream::{delete, open_stream};
 mod stateless;
 use stateless::stateless_post;
 
+mod initialize;
+use initialize::{initialize_result, initialize_session, Initialized};
+
 mod post;
 use post::post;
 pub(super) use post::roots_changed;
@@ -255,6 +258,14 @@ fn header<K: warp::http::header::AsHeaderName>(headers: &HeaderMap, name: K) -> 
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The answer, carrying the session it belongs to.
+fn with_session(mut response: Response, session_id: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(session_id) {
+        response.headers_mut().insert("mcp-session-id", value);
+    }
+    response
+}
+
 fn with_link(mut response: Response, urls: &ResourceUrls) -> Response {
     response.headers_mut().insert("link", HeaderValue::from_static(urls.link_header()));
     response
@@ -387,43 +398,6 @@ fn accepts_all<const N: usize>(headers: &HeaderMap, mimes: [&str; N]) -> bool {
     taken.iter().all(|&t| t)
 }
 
-/// [`initialize_result`] of `/mcp` with no toolset, for the version asked: the same for every caller, so made once
-/// per version and kept as its text (issue 19: building and writing it out again was a seventh of an `initialize`).
-fn hierarchical_initialize_result(requested: Option<&str>) -> Option<(&'static str, &'static Payload)> {
-    static RESULTS: std::sync::LazyLock<Vec<(&'static str, Payload)>> = std::sync::LazyLock::new(|| {
-        let identity = Identity::hierarchical();
-        HANDSHAKE_VERSIONS
-            .iter()
-            .map(|version| {
-                let (_, result) = initialize_result(Some(version), &identity);
-                let text =
-                    serde_json::value::to_raw_value(&result).map(Payload::text).unwrap_or(Payload::Value(result));
-                (*version, text)
-            })
-            .collect()
-    });
-    let version = handshake_version(requested);
-    RESULTS.iter().find(|(known, _)| *known == version).map(|(version, result)| (*version, result))
-}
-
-/// The handshake version answered to one asked: the same when the satellite speaks it, else the newest.
-fn handshake_version(requested: Option<&str>) -> &'static str {
-    HANDSHAKE_VERSIONS.iter().copied().find(|v| requested == Some(*v)).unwrap_or(LEGACY_VERSIONS[2])
-}
-
-fn initialize_result(requested: Option<&str>, identity: &Identity) -> (String, Value) {
-    let version = handshake_version(requested).to_owned();
-    let mut result = protocol::object([
-        ("protocolVersion", Value::from(version.as_str())),
-        ("capabilities", identity.capabilities.clone()),
-        ("serverInfo", identity.server_info.clone()),
-    ]);
-    if let Some(instructions) = &identity.instructions {
-        result["instructions"] = Value::from(instructions.as_str());
-    }
-    (version, result)
-}
-
 #[cfg(test)]
 mod tests {
     use super::stateless::check_envelope;
@@ -461,18 +435,6 @@ mod tests {
         // Two lines are one list: before, only the first was read, and such a client got 406.
         headers.append("accept", HeaderValue::from_static("application/json"));
         assert!(accepts_all(&headers, both));
-    }
-
-    /// The `initialize` result `/mcp` answers from text made once per version is, for every version a client may
-    /// ask (and one it may not), what it would build anew.
-    #[test]
-    fn the_kept_initialize_results_are_those_built_anew() {
-        for requested in HANDSHAKE_VERSIONS.iter().copied().chain(["1999-01-01"]) {
-            let (version, kept) = hierarchical_initialize_result(Some(requested)).expect("a kept result");
-            let (built_version, built) = initialize_result(Some(requested), &Identity::hierarchical());
-            assert_eq!(version, built_version);
-            assert_eq!(kept.to_value().expect("a value"), built, "{requested}");
-        }
     }
 
     /// Every POST's future is boxed (the route's closure), so copied whole into the heap once per request. Waking a
@@ -522,14 +484,5 @@ mod tests {
         let unsupported = check_envelope(&old, "tools/list", Some(&meta("1900-01-01")), false).unwrap_err();
         assert_eq!(unsupported.code, codes::UNSUPPORTED_PROTOCOL_VERSION);
         assert_eq!(unsupported.data.unwrap()["requested"], "1900-01-01");
-    }
-
-    #[test]
-    fn initialize_echoes_supported_versions_only() {
-        let own = Identity::hierarchical();
-        assert_eq!(initialize_result(Some("2025-03-26"), &own).0, "2025-03-26");
-        assert_eq!(initialize_result(Some("2024-11-05"), &own).0, "2024-11-05");
-        assert_eq!(initialize_result(Some("1999-01-01"), &own).0, "2025-11-25");
-        assert_eq!(initialize_result(None, &own).0, "2025-11-25");
     }
 }
