@@ -132,6 +132,20 @@ fn record_oauth_activity(
     }
 }
 
+/// Count one request on an instance's endpoint of the client its member tracks (SB §17).
+fn record_instance_activity(
+    activity: &crate::activity::ActivityTracker,
+    headers: &HeaderMap,
+    endpoint: &Endpoint,
+    tool_call: bool,
+) {
+    if let Target::Instance(instance) = &endpoint.target {
+        let spec = instance.spec();
+        let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
+        record_activity(activity, headers, tool_call, user_team, instance.client_id(), "instance_token");
+    }
+}
+
 pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     // One pointer per request, not a copy of every dependency: warp runs this for each route it tries.
     let deps = Arc::new(deps);
@@ -139,90 +153,87 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     // Read once the caller is known (`body`): a stranger's answer does not wait for its body.
     let body = super::body::unread();
     let peer = warp::ext::optional::<PeerAddr>();
+    let headers = warp::header::headers_cloned();
 
     // `?toolset=NAME` selects a toolset (docs/toolsets.md); any other query parameter is ignored.
     let hier = warp::path("mcp")
         .and(warp::path::end())
         .and(warp::query::raw().or(warp::any().map(String::new)).unify().map(|raw: String| toolset_param(&raw)));
-    let hier_post =
-        hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
-            |toolset: Option<String>, headers: HeaderMap, body: Unread, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
-                let answer = async {
-                    let endpoint = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await?;
-                    let place = take_place(&deps.places.requests, &endpoint, &headers)?;
-                    let frame = protocol::decode_frame(&body.read().await?);
-                    refuse_spare_request(&deps.places.requests, &place, &frame)?;
-                    record_oauth_activity(&deps.background.activity, &headers, &endpoint, frame_calls_a_tool(&frame));
-                    Box::pin(post(&deps, endpoint, &headers, frame)).await
-                }
-                .await;
-                with_link(finish(&deps.gate, "mcp", peer, &headers, None, answer).await, &deps.gate.urls)
-            },
-        );
+    let hier_post = hier.and(warp::post()).and(headers).and(body).and(peer).and(with.clone()).then(hierarchical_post);
     // GET opens the session's stream, DELETE ends the session: one route, two methods.
-    let hier_other =
-        hier.and(stream_or_end()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-            |toolset: Option<String>,
-             method: Method,
-             headers: HeaderMap,
-             peer: Option<PeerAddr>,
-             deps: Arc<McpDeps>| async move {
-                let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
-                    record_oauth_activity(&deps.background.activity, &headers, &e, false);
-                    stream_or_delete(&deps, method, e, &headers)
-                });
-                with_link(finish(&deps.gate, "mcp", peer, &headers, None, answer).await, &deps.gate.urls)
-            },
-        );
+    let hier_other = hier.and(stream_or_end()).and(headers).and(peer).and(with.clone()).then(hierarchical_other);
 
     let inst = warp::path!("i" / String / "mcp").and(warp::query::<HashMap<String, String>>());
-    let inst_post =
-        inst.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
-            |path: String,
-             query: HashMap<String, String>,
-             headers: HeaderMap,
-             body: Unread,
-             peer: Option<PeerAddr>,
-             deps: Arc<McpDeps>| async move {
-                let answer = async {
-                    let endpoint = instance_endpoint(&deps, &path, &query, &headers)?;
-                    let place = take_place(&deps.places.requests, &endpoint, &headers)?;
-                    let frame = protocol::decode_frame(&body.read().await?);
-                    refuse_spare_request(&deps.places.requests, &place, &frame)?;
-                    if let Target::Instance(instance) = &endpoint.target {
-                        let spec = instance.spec();
-                        let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
-                        let tool_call = frame_calls_a_tool(&frame);
-                        let client_id = instance.client_id();
-                        record_activity(
-                            &deps.background.activity,
-                            &headers,
-                            tool_call,
-                            user_team,
-                            client_id,
-                            "instance_token",
-                        );
-                    }
-                    Box::pin(post(&deps, endpoint, &headers, frame)).await
-                }
-                .await;
-                finish(&deps.gate, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
-            },
-        );
-    let inst_other = inst.and(stream_or_end()).and(warp::header::headers_cloned()).and(peer).and(with).then(
-        |path: String,
-         query: HashMap<String, String>,
-         method: Method,
-         headers: HeaderMap,
-         peer: Option<PeerAddr>,
-         deps: Arc<McpDeps>| async move {
-            let answer = instance_endpoint(&deps, &path, &query, &headers)
-                .and_then(|e| stream_or_delete(&deps, method, e, &headers));
-            finish(&deps.gate, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
-        },
-    );
+    let inst_post = inst.and(warp::post()).and(headers).and(body).and(peer).and(with.clone()).then(instance_post);
+    let inst_other = inst.and(stream_or_end()).and(headers).and(peer).and(with).then(instance_other);
     // The POSTs first, the calls among them: warp tries each route in turn, and each try costs a filter future.
     hier_post.or(inst_post).unify().or(hier_other).unify().or(inst_other).unify()
+}
+
+/// `POST /mcp`: a bearer caller's messages, through the toolset it selects.
+async fn hierarchical_post(
+    toolset: Option<String>,
+    headers: HeaderMap,
+    body: Unread,
+    peer: Option<PeerAddr>,
+    deps: Arc<McpDeps>,
+) -> Response {
+    let answer = async {
+        let endpoint = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await?;
+        let (_place, frame) = admitted_frame(&deps.places.requests, &endpoint, &headers, body).await?;
+        record_oauth_activity(&deps.background.activity, &headers, &endpoint, frame_calls_a_tool(&frame));
+        Box::pin(post(&deps, endpoint, &headers, frame)).await
+    }
+    .await;
+    with_link(finish(&deps.gate, "mcp", peer, &headers, None, answer).await, &deps.gate.urls)
+}
+
+/// `GET` or `DELETE /mcp`: a bearer caller's session stream, or the session's end.
+async fn hierarchical_other(
+    toolset: Option<String>,
+    method: Method,
+    headers: HeaderMap,
+    peer: Option<PeerAddr>,
+    deps: Arc<McpDeps>,
+) -> Response {
+    let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
+        record_oauth_activity(&deps.background.activity, &headers, &e, false);
+        stream_or_delete(&deps, method, e, &headers)
+    });
+    with_link(finish(&deps.gate, "mcp", peer, &headers, None, answer).await, &deps.gate.urls)
+}
+
+/// `POST /i/{path}/mcp`: the messages of an instance token's holder, to that instance.
+async fn instance_post(
+    path: String,
+    query: HashMap<String, String>,
+    headers: HeaderMap,
+    body: Unread,
+    peer: Option<PeerAddr>,
+    deps: Arc<McpDeps>,
+) -> Response {
+    let answer = async {
+        let endpoint = instance_endpoint(&deps, &path, &query, &headers)?;
+        let (_place, frame) = admitted_frame(&deps.places.requests, &endpoint, &headers, body).await?;
+        record_instance_activity(&deps.background.activity, &headers, &endpoint, frame_calls_a_tool(&frame));
+        Box::pin(post(&deps, endpoint, &headers, frame)).await
+    }
+    .await;
+    finish(&deps.gate, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+}
+
+/// `GET` or `DELETE /i/{path}/mcp`: an instance session's stream, or the session's end.
+async fn instance_other(
+    path: String,
+    query: HashMap<String, String>,
+    method: Method,
+    headers: HeaderMap,
+    peer: Option<PeerAddr>,
+    deps: Arc<McpDeps>,
+) -> Response {
+    let answer =
+        instance_endpoint(&deps, &path, &query, &headers).and_then(|e| stream_or_delete(&deps, method, e, &headers));
+    finish(&deps.gate, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
 }
 
 /// GET or DELETE, as the method it is; any other method is left to the other routes (and, failing them, 405).
@@ -304,6 +315,20 @@ fn refuse_spare_request(
         Ok((messages, _)) if !place.admits(messages) => Err(McpError::CallerBusy { limit: requests.max() }),
         _ => Ok(()),
     }
+}
+
+/// One of the caller's places ([`take_place`]), and the body read on it, decoded (once, after the caller is
+/// authenticated: counted, then answered by `post`).
+async fn admitted_frame(
+    requests: &CallerLimits,
+    endpoint: &Endpoint,
+    headers: &HeaderMap,
+    body: Unread,
+) -> Result<(super::callers::Admitted, Frame), McpError> {
+    let place = take_place(requests, endpoint, headers)?;
+    let frame = protocol::decode_frame(&body.read().await?);
+    refuse_spare_request(requests, &place, &frame)?;
+    Ok((place, frame))
 }
 
 /// The `toolset` parameter of a query string, decoded.
