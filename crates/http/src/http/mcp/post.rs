@@ -56,6 +56,7 @@ async fn handshake_post(
 ) -> Result<Response, McpError> {
     let has_init = check_handshake(headers, &messages)?;
     let supplied = header(headers, names::MCP_SESSION_ID);
+    // `new_session`: the answer to this request's `initialize`, built with its session.
     let (session_id, new_session) = if has_init {
         match initialize_session(routing, &endpoint, supplied, &messages[0], batch).await? {
             Initialized::Answered(response) => return Ok(response),
