@@ -209,36 +209,46 @@ impl FrontDoor<'_> {
     fn mcp(self, sessions: &SessionTables, activity: &Arc<ActivityTracker>, tasks: &TaskTracker) -> McpDeps {
         let (config, manager, analytics) = (self.config, self.manager, self.analytics);
         McpDeps {
-            router: HierarchicalRouter {
+            routing: http::Routing {
+                router: HierarchicalRouter {
+                    manager: manager.clone(),
+                    search: self.search,
+                    call_timeout: config.upstream.call_timeout,
+                    read_timeout: READ_TIMEOUT,
+                    analytics: analytics.clone(),
+                    views: Default::default(),
+                    schemas: Default::default(),
+                    summaries: Default::default(),
+                    pretty: config.pretty_results,
+                },
+                instance_router: InstanceRouter {
+                    manager: manager.clone(),
+                    call_timeout: config.upstream.call_timeout,
+                    read_timeout: READ_TIMEOUT,
+                    analytics: analytics.clone(),
+                },
+                toolsets: self.toolsets.clone(),
                 manager: manager.clone(),
-                search: self.search,
-                call_timeout: config.upstream.call_timeout,
-                read_timeout: READ_TIMEOUT,
-                analytics: analytics.clone(),
-                views: Default::default(),
-                schemas: Default::default(),
-                summaries: Default::default(),
-                pretty: config.pretty_results,
             },
-            instance_router: InstanceRouter {
-                manager: manager.clone(),
-                call_timeout: config.upstream.call_timeout,
-                read_timeout: READ_TIMEOUT,
-                analytics: analytics.clone(),
+            gate: http::Gate {
+                auth: self.auth.clone(),
+                audit: Arc::new(http::AuthAudit::new(self.events.clone())),
+                urls: ResourceUrls { public_url: config.public_url.clone() },
             },
-            manager: manager.clone(),
-            auth: self.auth.clone(),
-            urls: ResourceUrls { public_url: config.public_url.clone() },
-            callers: http::callers::CallerLimits::new(config.max_concurrent_requests_per_caller),
-            streams: http::callers::CallerLimits::new(config.max_streams_per_caller),
-            sessions: sessions.mcp.clone(),
-            instance_sessions: sessions.instances.clone(),
-            sse_sessions: sessions.sse.clone(),
-            activity: activity.clone(),
-            events: self.events.clone(),
-            tasks: tasks.clone(),
-            audit: Arc::new(http::AuthAudit::new(self.events.clone())),
-            toolsets: self.toolsets.clone(),
+            sessions: http::Sessions {
+                mcp: sessions.mcp.clone(),
+                instances: sessions.instances.clone(),
+                legacy: sessions.sse.clone(),
+            },
+            places: http::callers::Places {
+                requests: http::callers::CallerLimits::new(config.max_concurrent_requests_per_caller),
+                streams: http::callers::CallerLimits::new(config.max_streams_per_caller),
+            },
+            background: http::Background {
+                activity: activity.clone(),
+                events: self.events.clone(),
+                tasks: tasks.clone(),
+            },
         }
     }
 }

@@ -12,7 +12,7 @@ use warp::reply::Response;
 
 use super::error::McpError;
 use super::stack::PeerAddr;
-use super::McpDeps;
+use super::Gate;
 use crate::auth::{self, AuthError};
 
 use crate::events::{AuthFailure, Emitter, Event, Throttle};
@@ -74,7 +74,7 @@ impl AuthAudit {
 
 /// The one place an MCP endpoint's outcome becomes a response; a refused credential is audited on the way.
 pub(super) async fn finish(
-    deps: &McpDeps,
+    gate: &Gate,
     endpoint: &'static str,
     peer: Option<PeerAddr>,
     headers: &HeaderMap,
@@ -95,7 +95,7 @@ pub(super) async fn finish(
     };
     if let Some(reason) = reason {
         let token = query_token.or_else(|| auth::bearer(headers.get("authorization").and_then(|v| v.to_str().ok())));
-        deps.audit
+        gate.audit
             .refused(Refusal {
                 endpoint,
                 peer: peer.map(|p| p.0),
@@ -107,5 +107,5 @@ pub(super) async fn finish(
             })
             .await;
     }
-    err.into_response(&deps.urls)
+    err.into_response(&gate.urls)
 }

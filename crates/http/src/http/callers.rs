@@ -17,6 +17,16 @@ pub const SPARE: usize = 4;
 /// The largest body a spare place is taken for.
 pub const SPARE_BODY_BYTES: u64 = 4096;
 
+/// The two limits of every caller: requests in flight, and long-lived streams open.
+#[derive(Clone)]
+pub struct Places {
+    /// Requests in flight per caller (`max_concurrent_requests_per_caller`).
+    pub requests: CallerLimits,
+    /// Long-lived streams open per caller (`max_streams_per_caller`): session GET streams, legacy SSE streams and
+    /// `subscriptions/listen`, each holding its place for as long as it is open.
+    pub streams: CallerLimits,
+}
+
 /// The places of every caller; cheap to clone.
 #[derive(Clone)]
 pub struct CallerLimits {

@@ -4,13 +4,12 @@
 //! one request that lasts, so its credential is checked again each time a configuration is applied and every
 //! [`RECHECK`] (JWTs expire, the control plane revokes OAuth tokens).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::info;
 
-use super::McpDeps;
-use crate::auth::{self, Recheck};
+use crate::auth::{self, Authenticator, Recheck};
+use crate::instances::InstanceManager;
 use crate::model::{ProcessId, TeamId, UserId};
 
 /// How often a stream's credential is checked again without a configuration change.
@@ -27,15 +26,15 @@ pub enum Credential {
 impl Credential {
     /// Whether the credential still admits the caller. A token the control plane cannot be asked about now is
     /// taken as still valid: a backend that blinks does not end every stream.
-    pub async fn admits(&self, deps: &McpDeps) -> bool {
+    pub async fn admits(&self, auth: &Authenticator, manager: &InstanceManager) -> bool {
         match self {
-            Credential::Bearer { authorization, user, team } => match deps.auth.recheck(authorization).await {
+            Credential::Bearer { authorization, user, team } => match auth.recheck(authorization).await {
                 Recheck::Admitted(principal) => principal.user == *user && principal.team == *team,
                 Recheck::Refused => false,
                 Recheck::Unknown => true,
             },
             Credential::Instance { path, token, process_id } => {
-                deps.manager.by_instance_path(path).is_some_and(|instance| {
+                manager.by_instance_path(path).is_some_and(|instance| {
                     instance.spec().process_id == *process_id
                         && auth::check_instance_token(instance.spec(), token.as_deref()).is_ok()
                 })
@@ -54,8 +53,8 @@ impl Credential {
 
 /// Resolves once `credential` no longer admits its caller: checked each time a configuration is applied and
 /// every [`RECHECK`]. Never resolves otherwise; the stream it guards ends it by dropping it.
-pub async fn revoked(deps: Arc<McpDeps>, credential: Credential, stream: &'static str) {
-    let mut applied = deps.manager.applied();
+pub async fn revoked(auth: Authenticator, manager: InstanceManager, credential: Credential, stream: &'static str) {
+    let mut applied = manager.applied();
     applied.mark_unchanged();
     let mut every = tokio::time::interval_at(tokio::time::Instant::now() + RECHECK, RECHECK);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -69,7 +68,7 @@ pub async fn revoked(deps: Arc<McpDeps>, credential: Credential, stream: &'stati
                 }
             }
         }
-        if !credential.admits(&deps).await {
+        if !credential.admits(&auth, &manager).await {
             info!(caller = %credential.whose(), stream, "stream closed: its credential no longer admits the caller");
             return;
         }

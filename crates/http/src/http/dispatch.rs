@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::McpDeps;
+use super::Routing;
 use crate::auth::Principal;
 use crate::instances::Instance;
 use crate::mcp::payload::Payload;
@@ -36,7 +36,7 @@ impl Target {
     /// `session` is the client's MCP session id, when it has one.
     pub async fn dispatch(
         &self,
-        deps: &McpDeps,
+        routing: &Routing,
         session: Option<&str>,
         method: &str,
         params: Option<Value>,
@@ -44,20 +44,22 @@ impl Target {
     ) -> Result<Payload, RouteError> {
         match self {
             Target::Hierarchical(caller, selection) | Target::LegacySse(caller, selection) => match selection {
-                Ok(toolset) => deps.router.handle(caller, toolset.as_ref(), session, method, params, relay).await,
+                Ok(toolset) => routing.router.handle(caller, toolset.as_ref(), session, method, params, relay).await,
                 Err(_) if method == "ping" => Ok(serde_json::json!({}).into()),
                 Err(err) => Err(RouteError::Rpc(err.clone())),
             },
-            Target::Instance(instance) => deps.instance_router.handle(instance, session, method, params, relay).await,
+            Target::Instance(instance) => {
+                routing.instance_router.handle(instance, session, method, params, relay).await
+            }
         }
     }
 
     /// `tools/list` as JSON text when this endpoint's answer is the same for every caller (the hierarchical
     /// router's meta-tools); `None` for an instance, whose listing is its catalog's, and for a refused toolset.
-    pub fn fixed_listing(&self, deps: &McpDeps, session: Option<&str>) -> Option<Result<&'static str, RouteError>> {
+    pub fn fixed_listing(&self, routing: &Routing, session: Option<&str>) -> Option<Result<&'static str, RouteError>> {
         match self {
             Target::Hierarchical(caller, Ok(_)) | Target::LegacySse(caller, Ok(_)) => {
-                Some(deps.router.list_tools_json(caller, session))
+                Some(routing.router.list_tools_json(caller, session))
             }
             _ => None,
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::dispatch::Target;
-use super::McpDeps;
+use crate::instances::InstanceManager;
 use crate::model::Toolset;
 
 /// How long `initialize` on an instance endpoint waits for a dormant or starting server to connect.
@@ -70,14 +70,14 @@ impl Identity {
     }
 
     /// The identity of the endpoint a target names; for an instance, its server's (waking it if dormant).
-    pub async fn of(deps: &McpDeps, target: &Target) -> Self {
+    pub async fn of(manager: &InstanceManager, target: &Target) -> Self {
         let Target::Instance(instance) = target else {
             return Self::hierarchical_with(target.toolset().map(|t| t.as_ref()));
         };
         if instance.client().is_none() {
             // Boxed: waking a dormant instance is a ~6 KB future, and held inline it made every POST's future
             // (boxed per request) 8.7 KB for a branch only an `initialize` takes.
-            let _ = tokio::time::timeout(WAKE_WAIT, Box::pin(deps.manager.wake(instance))).await;
+            let _ = tokio::time::timeout(WAKE_WAIT, Box::pin(manager.wake(instance))).await;
         }
         match instance.client() {
             Some(client) => {

@@ -44,32 +44,54 @@ pub use error::McpError;
 /// Largest accepted request body (SB §3.2).
 pub const MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
 
-/// Everything the MCP endpoints (`/mcp`, `/i/{path}/mcp`, `/sse`, `/message`) need.
+/// Everything the MCP endpoints (`/mcp`, `/i/{path}/mcp`, `/sse`, `/message`) need, in the parts each step takes.
 #[derive(Clone)]
 pub struct McpDeps {
+    pub routing: Routing,
+    pub gate: Gate,
+    pub sessions: Sessions,
+    pub places: callers::Places,
+    pub background: Background,
+}
+
+/// Where an MCP request goes: the two routers, the toolsets a bearer caller selects from, and the instances behind
+/// them (woken, notified, followed by a session's stream).
+#[derive(Clone)]
+pub struct Routing {
     pub router: HierarchicalRouter,
     pub instance_router: InstanceRouter,
+    /// Which toolset a request selects (`?toolset=`) or defaults to.
+    pub toolsets: crate::toolsets::Toolsets,
     pub manager: InstanceManager,
+}
+
+/// Who is let in, and what a refusal says: the authenticator, the audit of refused credentials and the URLs a
+/// bearer challenge names.
+#[derive(Clone)]
+pub struct Gate {
     pub auth: Authenticator,
+    /// `security.auth.failed` for refused credentials, rate-limited per source.
+    pub audit: Arc<audit::AuthAudit>,
     pub urls: oauth::ResourceUrls,
-    pub sessions: Arc<session::SessionTable>,
-    pub instance_sessions: Arc<session::SessionTable>,
-    pub sse_sessions: Arc<sse::SseSessions>,
+}
+
+/// The session tables: of `/mcp`, of the instance endpoints, of the legacy SSE transport.
+#[derive(Clone)]
+pub struct Sessions {
+    pub mcp: Arc<session::SessionTable>,
+    pub instances: Arc<session::SessionTable>,
+    pub legacy: Arc<sse::SseSessions>,
+}
+
+/// What a request hands on that outlives it: the activity it counts, the events it reports, the work it starts.
+#[derive(Clone)]
+pub struct Background {
     /// Client activity (SB §17), reported by the `client-activity` job.
     pub activity: Arc<crate::activity::ActivityTracker>,
     /// Where connection events of the legacy SSE transport go.
     pub events: crate::events::Emitter,
     /// Background work a request starts (waking a dormant instance); awaited at shutdown.
     pub tasks: tokio_util::task::TaskTracker,
-    /// `security.auth.failed` for refused credentials, rate-limited per source.
-    pub audit: Arc<audit::AuthAudit>,
-    /// Which toolset a request selects (`?toolset=`) or defaults to.
-    pub toolsets: crate::toolsets::Toolsets,
-    /// Requests in flight per caller (`max_concurrent_requests_per_caller`).
-    pub callers: callers::CallerLimits,
-    /// Long-lived streams open per caller (`max_streams_per_caller`): session GET streams, legacy SSE streams and
-    /// `subscriptions/listen`, each holding its place for as long as it is open.
-    pub streams: callers::CallerLimits,
 }
 
 /// What the status routes read.
@@ -98,18 +120,18 @@ pub fn routes(
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
     let metrics = scrape::routes(scrape::ScrapeDeps {
         status: status.clone(),
-        sessions: mcp.sessions.clone(),
-        instance_sessions: mcp.instance_sessions.clone(),
-        sse_sessions: mcp.sse_sessions.clone(),
+        sessions: mcp.sessions.mcp.clone(),
+        instance_sessions: mcp.sessions.instances.clone(),
+        sse_sessions: mcp.sessions.legacy.clone(),
         token: status.metrics_token.clone(),
     })
     .boxed();
-    let oauth = oauth::routes(mcp.urls.clone(), mcp.auth.clone());
-    let legacy = sse::routes(mcp.clone(), mcp.sse_sessions.clone());
+    let oauth = oauth::routes(mcp.gate.urls.clone(), mcp.gate.auth.clone());
+    let legacy = sse::routes(mcp.clone());
     let toolsets = toolsets::routes(toolsets::ToolsetDeps {
-        auth: mcp.auth.clone(),
-        toolsets: mcp.toolsets.clone(),
-        manager: mcp.manager.clone(),
+        auth: mcp.gate.auth.clone(),
+        toolsets: mcp.routing.toolsets.clone(),
+        manager: mcp.routing.manager.clone(),
     });
     // Boxed: the full type of every route combined is too deep for the compiler. CORS opens the MCP and OAuth
     // routes to browser clients; the status routes (the debug route above all) are never readable by a page of

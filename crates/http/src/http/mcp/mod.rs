@@ -19,6 +19,7 @@ use warp::{Filter, Reply};
 
 use super::audit::finish;
 use super::body::Unread;
+use super::callers::CallerLimits;
 use super::credential::{revoked, Credential};
 use super::dispatch::{Selection, Target};
 use super::error::{rpc_status, McpError};
@@ -27,7 +28,7 @@ use super::identity::Identity;
 use super::oauth::ResourceUrls;
 use super::session::{self, Lookup, SessionTable, StreamError};
 use super::stack::PeerAddr;
-use super::{json_response, McpDeps};
+use super::{json_response, McpDeps, Routing};
 use crate::auth;
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, Frame, FrameError, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
@@ -38,6 +39,9 @@ use stream::{delete, open_stream};
 
 mod stateless;
 use stateless::stateless_post;
+
+mod initialize;
+use initialize::{initialize_result, initialize_session, Initialized};
 
 mod post;
 use post::post;
@@ -92,14 +96,14 @@ fn frame_calls_a_tool(frame: &Frame) -> bool {
 
 /// Count one request of a tracked client (SB §17); `tool_call`: the request calls `tools/call`.
 fn record_activity(
-    deps: &McpDeps,
+    activity: &crate::activity::ActivityTracker,
     headers: &HeaderMap,
     tool_call: bool,
     (user_id, team_id): (&str, &str),
     client_id: &str,
     auth_type: &str,
 ) {
-    deps.activity.record(&crate::activity::Seen {
+    activity.record(&crate::activity::Seen {
         user_id,
         team_id,
         client_id,
@@ -114,12 +118,31 @@ fn record_activity(
 }
 
 /// Count one request on `/mcp` of a caller who came through an OAuth client (SB §17).
-fn record_oauth_activity(deps: &McpDeps, headers: &HeaderMap, endpoint: &Endpoint, tool_call: bool) {
+fn record_oauth_activity(
+    activity: &crate::activity::ActivityTracker,
+    headers: &HeaderMap,
+    endpoint: &Endpoint,
+    tool_call: bool,
+) {
     if let Target::Hierarchical(principal, _) = &endpoint.target {
         if let Some(client) = &principal.client_id {
             let user_team = (principal.user.0.as_str(), principal.team.0.as_str());
-            record_activity(deps, headers, tool_call, user_team, client, "oauth");
+            record_activity(activity, headers, tool_call, user_team, client, "oauth");
         }
+    }
+}
+
+/// Count one request on an instance's endpoint of the client its member tracks (SB §17).
+fn record_instance_activity(
+    activity: &crate::activity::ActivityTracker,
+    headers: &HeaderMap,
+    endpoint: &Endpoint,
+    tool_call: bool,
+) {
+    if let Target::Instance(instance) = &endpoint.target {
+        let spec = instance.spec();
+        let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
+        record_activity(activity, headers, tool_call, user_team, instance.client_id(), "instance_token");
     }
 }
 
@@ -130,83 +153,87 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     // Read once the caller is known (`body`): a stranger's answer does not wait for its body.
     let body = super::body::unread();
     let peer = warp::ext::optional::<PeerAddr>();
+    let headers = warp::header::headers_cloned();
 
     // `?toolset=NAME` selects a toolset (docs/toolsets.md); any other query parameter is ignored.
     let hier = warp::path("mcp")
         .and(warp::path::end())
         .and(warp::query::raw().or(warp::any().map(String::new)).unify().map(|raw: String| toolset_param(&raw)));
-    let hier_post =
-        hier.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
-            |toolset: Option<String>, headers: HeaderMap, body: Unread, peer: Option<PeerAddr>, deps: Arc<McpDeps>| async move {
-                let answer = async {
-                    let endpoint = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await?;
-                    let place = take_place(&deps, &endpoint, &headers)?;
-                    let frame = protocol::decode_frame(&body.read().await?);
-                    refuse_spare_request(&deps, &place, &frame)?;
-                    record_oauth_activity(&deps, &headers, &endpoint, frame_calls_a_tool(&frame));
-                    Box::pin(post(&deps, endpoint, &headers, frame)).await
-                }
-                .await;
-                with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
-            },
-        );
+    let hier_post = hier.and(warp::post()).and(headers).and(body).and(peer).and(with.clone()).then(hierarchical_post);
     // GET opens the session's stream, DELETE ends the session: one route, two methods.
-    let hier_other =
-        hier.and(stream_or_end()).and(warp::header::headers_cloned()).and(peer).and(with.clone()).then(
-            |toolset: Option<String>,
-             method: Method,
-             headers: HeaderMap,
-             peer: Option<PeerAddr>,
-             deps: Arc<McpDeps>| async move {
-                let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
-                    record_oauth_activity(&deps, &headers, &e, false);
-                    stream_or_delete(&deps, method, e, &headers)
-                });
-                with_link(finish(&deps, "mcp", peer, &headers, None, answer).await, &deps.urls)
-            },
-        );
+    let hier_other = hier.and(stream_or_end()).and(headers).and(peer).and(with.clone()).then(hierarchical_other);
 
     let inst = warp::path!("i" / String / "mcp").and(warp::query::<HashMap<String, String>>());
-    let inst_post =
-        inst.and(warp::post()).and(warp::header::headers_cloned()).and(body).and(peer).and(with.clone()).then(
-            |path: String,
-             query: HashMap<String, String>,
-             headers: HeaderMap,
-             body: Unread,
-             peer: Option<PeerAddr>,
-             deps: Arc<McpDeps>| async move {
-                let answer = async {
-                    let endpoint = instance_endpoint(&deps, &path, &query, &headers)?;
-                    let place = take_place(&deps, &endpoint, &headers)?;
-                    let frame = protocol::decode_frame(&body.read().await?);
-                    refuse_spare_request(&deps, &place, &frame)?;
-                    if let Target::Instance(instance) = &endpoint.target {
-                        let spec = instance.spec();
-                        let user_team = (spec.user_id.0.as_str(), spec.team_id.0.as_str());
-                        let tool_call = frame_calls_a_tool(&frame);
-                        let client_id = instance.client_id();
-                        record_activity(&deps, &headers, tool_call, user_team, client_id, "instance_token");
-                    }
-                    Box::pin(post(&deps, endpoint, &headers, frame)).await
-                }
-                .await;
-                finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
-            },
-        );
-    let inst_other = inst.and(stream_or_end()).and(warp::header::headers_cloned()).and(peer).and(with).then(
-        |path: String,
-         query: HashMap<String, String>,
-         method: Method,
-         headers: HeaderMap,
-         peer: Option<PeerAddr>,
-         deps: Arc<McpDeps>| async move {
-            let answer = instance_endpoint(&deps, &path, &query, &headers)
-                .and_then(|e| stream_or_delete(&deps, method, e, &headers));
-            finish(&deps, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
-        },
-    );
+    let inst_post = inst.and(warp::post()).and(headers).and(body).and(peer).and(with.clone()).then(instance_post);
+    let inst_other = inst.and(stream_or_end()).and(headers).and(peer).and(with).then(instance_other);
     // The POSTs first, the calls among them: warp tries each route in turn, and each try costs a filter future.
     hier_post.or(inst_post).unify().or(hier_other).unify().or(inst_other).unify()
+}
+
+/// `POST /mcp`: a bearer caller's messages, through the toolset it selects.
+async fn hierarchical_post(
+    toolset: Option<String>,
+    headers: HeaderMap,
+    body: Unread,
+    peer: Option<PeerAddr>,
+    deps: Arc<McpDeps>,
+) -> Response {
+    let answer = async {
+        let endpoint = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await?;
+        let (_place, frame) = admitted_frame(&deps.places.requests, &endpoint, &headers, body).await?;
+        record_oauth_activity(&deps.background.activity, &headers, &endpoint, frame_calls_a_tool(&frame));
+        Box::pin(post(&deps, endpoint, &headers, frame)).await
+    }
+    .await;
+    with_link(finish(&deps.gate, "mcp", peer, &headers, None, answer).await, &deps.gate.urls)
+}
+
+/// `GET` or `DELETE /mcp`: a bearer caller's session stream, or the session's end.
+async fn hierarchical_other(
+    toolset: Option<String>,
+    method: Method,
+    headers: HeaderMap,
+    peer: Option<PeerAddr>,
+    deps: Arc<McpDeps>,
+) -> Response {
+    let answer = hierarchical_endpoint(&deps, &headers, toolset.as_deref()).await.and_then(|e| {
+        record_oauth_activity(&deps.background.activity, &headers, &e, false);
+        stream_or_delete(&deps, method, e, &headers)
+    });
+    with_link(finish(&deps.gate, "mcp", peer, &headers, None, answer).await, &deps.gate.urls)
+}
+
+/// `POST /i/{path}/mcp`: the messages of an instance token's holder, to that instance.
+async fn instance_post(
+    path: String,
+    query: HashMap<String, String>,
+    headers: HeaderMap,
+    body: Unread,
+    peer: Option<PeerAddr>,
+    deps: Arc<McpDeps>,
+) -> Response {
+    let answer = async {
+        let endpoint = instance_endpoint(&deps, &path, &query, &headers)?;
+        let (_place, frame) = admitted_frame(&deps.places.requests, &endpoint, &headers, body).await?;
+        record_instance_activity(&deps.background.activity, &headers, &endpoint, frame_calls_a_tool(&frame));
+        Box::pin(post(&deps, endpoint, &headers, frame)).await
+    }
+    .await;
+    finish(&deps.gate, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
+}
+
+/// `GET` or `DELETE /i/{path}/mcp`: an instance session's stream, or the session's end.
+async fn instance_other(
+    path: String,
+    query: HashMap<String, String>,
+    method: Method,
+    headers: HeaderMap,
+    peer: Option<PeerAddr>,
+    deps: Arc<McpDeps>,
+) -> Response {
+    let answer =
+        instance_endpoint(&deps, &path, &query, &headers).and_then(|e| stream_or_delete(&deps, method, e, &headers));
+    finish(&deps.gate, "instance", peer, &headers, query.get("token").map(String::as_str), answer).await
 }
 
 /// GET or DELETE, as the method it is; any other method is left to the other routes (and, failing them, 405).
@@ -216,7 +243,7 @@ fn stream_or_end() -> impl Filter<Extract = (Method,), Error = warp::Rejection> 
 
 /// A GET opens the endpoint's stream; a DELETE ends its session.
 fn stream_or_delete(
-    deps: &Arc<McpDeps>,
+    deps: &McpDeps,
     method: Method,
     endpoint: Endpoint,
     headers: &HeaderMap,
@@ -242,6 +269,14 @@ fn header<K: warp::http::header::AsHeaderName>(headers: &HeaderMap, name: K) -> 
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The answer, carrying the session it belongs to.
+fn with_session(mut response: Response, session_id: &str) -> Response {
+    if let Ok(value) = HeaderValue::from_str(session_id) {
+        response.headers_mut().insert("mcp-session-id", value);
+    }
+    response
+}
+
 fn with_link(mut response: Response, urls: &ResourceUrls) -> Response {
     response.headers_mut().insert("link", HeaderValue::from_static(urls.link_header()));
     response
@@ -253,25 +288,47 @@ async fn hierarchical_endpoint(
     toolset: Option<&str>,
 ) -> Result<Endpoint, McpError> {
     let principal =
-        deps.auth.authenticate_request(header(headers, names::AUTHORIZATION)).await.map_err(McpError::Auth)?;
-    let selection = select_toolset(deps, &principal, toolset);
-    Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.clone()))
+        deps.gate.auth.authenticate_request(header(headers, names::AUTHORIZATION)).await.map_err(McpError::Auth)?;
+    let selection = select_toolset(&deps.routing.toolsets, &principal, toolset);
+    Ok(Endpoint::new(Target::Hierarchical(principal, selection), deps.sessions.mcp.clone()))
 }
 
 /// One of the caller's places, held until the answer starts (`http::callers`); 429 when it holds all of them. At
 /// its limit, a small body still gets a spare place: what it holds must then be no request (a cancellation of one
 /// of its calls, an answer to a server's question), checked by [`refuse_spare_request`].
-fn take_place(deps: &McpDeps, endpoint: &Endpoint, headers: &HeaderMap) -> Result<super::callers::Admitted, McpError> {
+fn take_place(
+    requests: &CallerLimits,
+    endpoint: &Endpoint,
+    headers: &HeaderMap,
+) -> Result<super::callers::Admitted, McpError> {
     let length = header(headers, names::CONTENT_LENGTH);
-    deps.callers.admit(endpoint.target.caller(), length).ok_or(McpError::CallerBusy { limit: deps.callers.max() })
+    requests.admit(endpoint.target.caller(), length).ok_or(McpError::CallerBusy { limit: requests.max() })
 }
 
 /// A body read on a spare place that holds a request after all: 429, as at the limit.
-fn refuse_spare_request(deps: &McpDeps, place: &super::callers::Admitted, frame: &Frame) -> Result<(), McpError> {
+fn refuse_spare_request(
+    requests: &CallerLimits,
+    place: &super::callers::Admitted,
+    frame: &Frame,
+) -> Result<(), McpError> {
     match frame {
-        Ok((messages, _)) if !place.admits(messages) => Err(McpError::CallerBusy { limit: deps.callers.max() }),
+        Ok((messages, _)) if !place.admits(messages) => Err(McpError::CallerBusy { limit: requests.max() }),
         _ => Ok(()),
     }
+}
+
+/// One of the caller's places ([`take_place`]), and the body read on it, decoded (once, after the caller is
+/// authenticated: counted, then answered by `post`).
+async fn admitted_frame(
+    requests: &CallerLimits,
+    endpoint: &Endpoint,
+    headers: &HeaderMap,
+    body: Unread,
+) -> Result<(super::callers::Admitted, Frame), McpError> {
+    let place = take_place(requests, endpoint, headers)?;
+    let frame = protocol::decode_frame(&body.read().await?);
+    refuse_spare_request(requests, &place, &frame)?;
+    Ok((place, frame))
 }
 
 /// The `toolset` parameter of a query string, decoded.
@@ -280,8 +337,12 @@ pub(super) fn toolset_param(raw: &str) -> Option<String> {
 }
 
 /// The toolset a request of `caller` uses, or the JSON-RPC error that says why the one it selects cannot be.
-pub(super) fn select_toolset(deps: &McpDeps, caller: &crate::auth::Principal, requested: Option<&str>) -> Selection {
-    deps.toolsets.resolve(caller, requested).map_err(|err| {
+pub(super) fn select_toolset(
+    toolsets: &crate::toolsets::Toolsets,
+    caller: &crate::auth::Principal,
+    requested: Option<&str>,
+) -> Selection {
+    toolsets.resolve(caller, requested).map_err(|err| {
         let name = match &err {
             crate::toolsets::ToolsetError::Unknown { name, .. }
             | crate::toolsets::ToolsetError::DanglingDefault { name } => Some(name.clone()),
@@ -300,7 +361,7 @@ fn instance_endpoint(
     let token = query.get("token").map(String::as_str).or_else(|| auth::bearer(header(headers, names::AUTHORIZATION)));
     // An unknown path, an instance without a token configured and a wrong token answer alike (401 "Invalid
     // token"), so the answers reveal nothing about which instance paths exist.
-    let instance = deps.manager.by_instance_path(path);
+    let instance = deps.routing.manager.by_instance_path(path);
     let checked = match &instance {
         Some(instance) => auth::check_instance_token(instance.spec(), token),
         None => auth::check_instance_token_format(token).and(Err(auth::InstanceAuthError::Invalid)),
@@ -314,8 +375,8 @@ fn instance_endpoint(
     };
     if instance.is_dormant() {
         // Any instance-router request (initialize first) wakes a dormant process ahead of the calls (SB §9.8).
-        let (manager, dormant) = (deps.manager.clone(), instance.clone());
-        deps.tasks.spawn(
+        let (manager, dormant) = (deps.routing.manager.clone(), instance.clone());
+        deps.background.tasks.spawn(
             async move {
                 if let Err(err) = manager.wake(&dormant).await {
                     tracing::warn!(process_id = %dormant.spec().process_id, error = %err, "waking a dormant instance failed");
@@ -324,7 +385,7 @@ fn instance_endpoint(
             .in_current_span(),
         );
     }
-    let mut endpoint = Endpoint::new(Target::Instance(instance), deps.instance_sessions.clone());
+    let mut endpoint = Endpoint::new(Target::Instance(instance), deps.sessions.instances.clone());
     endpoint.instance_token = query.get("token").cloned();
     Ok(endpoint)
 }
@@ -360,43 +421,6 @@ fn accepts_all<const N: usize>(headers: &HeaderMap, mimes: [&str; N]) -> bool {
         }
     }
     taken.iter().all(|&t| t)
-}
-
-/// [`initialize_result`] of `/mcp` with no toolset, for the version asked: the same for every caller, so made once
-/// per version and kept as its text (issue 19: building and writing it out again was a seventh of an `initialize`).
-fn hierarchical_initialize_result(requested: Option<&str>) -> Option<(&'static str, &'static Payload)> {
-    static RESULTS: std::sync::LazyLock<Vec<(&'static str, Payload)>> = std::sync::LazyLock::new(|| {
-        let identity = Identity::hierarchical();
-        HANDSHAKE_VERSIONS
-            .iter()
-            .map(|version| {
-                let (_, result) = initialize_result(Some(version), &identity);
-                let text =
-                    serde_json::value::to_raw_value(&result).map(Payload::text).unwrap_or(Payload::Value(result));
-                (*version, text)
-            })
-            .collect()
-    });
-    let version = handshake_version(requested);
-    RESULTS.iter().find(|(known, _)| *known == version).map(|(version, result)| (*version, result))
-}
-
-/// The handshake version answered to one asked: the same when the satellite speaks it, else the newest.
-fn handshake_version(requested: Option<&str>) -> &'static str {
-    HANDSHAKE_VERSIONS.iter().copied().find(|v| requested == Some(*v)).unwrap_or(LEGACY_VERSIONS[2])
-}
-
-fn initialize_result(requested: Option<&str>, identity: &Identity) -> (String, Value) {
-    let version = handshake_version(requested).to_owned();
-    let mut result = protocol::object([
-        ("protocolVersion", Value::from(version.as_str())),
-        ("capabilities", identity.capabilities.clone()),
-        ("serverInfo", identity.server_info.clone()),
-    ]);
-    if let Some(instructions) = &identity.instructions {
-        result["instructions"] = Value::from(instructions.as_str());
-    }
-    (version, result)
 }
 
 #[cfg(test)]
@@ -436,18 +460,6 @@ mod tests {
         // Two lines are one list: before, only the first was read, and such a client got 406.
         headers.append("accept", HeaderValue::from_static("application/json"));
         assert!(accepts_all(&headers, both));
-    }
-
-    /// The `initialize` result `/mcp` answers from text made once per version is, for every version a client may
-    /// ask (and one it may not), what it would build anew.
-    #[test]
-    fn the_kept_initialize_results_are_those_built_anew() {
-        for requested in HANDSHAKE_VERSIONS.iter().copied().chain(["1999-01-01"]) {
-            let (version, kept) = hierarchical_initialize_result(Some(requested)).expect("a kept result");
-            let (built_version, built) = initialize_result(Some(requested), &Identity::hierarchical());
-            assert_eq!(version, built_version);
-            assert_eq!(kept.to_value().expect("a value"), built, "{requested}");
-        }
     }
 
     /// Every POST's future is boxed (the route's closure), so copied whole into the heap once per request. Waking a
@@ -497,14 +509,5 @@ mod tests {
         let unsupported = check_envelope(&old, "tools/list", Some(&meta("1900-01-01")), false).unwrap_err();
         assert_eq!(unsupported.code, codes::UNSUPPORTED_PROTOCOL_VERSION);
         assert_eq!(unsupported.data.unwrap()["requested"], "1900-01-01");
-    }
-
-    #[test]
-    fn initialize_echoes_supported_versions_only() {
-        let own = Identity::hierarchical();
-        assert_eq!(initialize_result(Some("2025-03-26"), &own).0, "2025-03-26");
-        assert_eq!(initialize_result(Some("2024-11-05"), &own).0, "2024-11-05");
-        assert_eq!(initialize_result(Some("1999-01-01"), &own).0, "2025-11-25");
-        assert_eq!(initialize_result(None, &own).0, "2025-11-25");
     }
 }

@@ -8,6 +8,16 @@ pub(super) async fn post(
     headers: &HeaderMap,
     frame: Frame,
 ) -> Result<Response, McpError> {
+    let (messages, batch) = framed(headers, frame)?;
+    if is_stateless(headers, &messages) {
+        return stateless_post(deps, &endpoint, headers, messages, batch).await;
+    }
+    handshake_post(&deps.routing, endpoint, headers, messages, batch).await
+}
+
+/// The body's messages, and whether they came as a batch: a JSON body, from a client that takes both answers
+/// (JSON and SSE), of at most [`MAX_BATCH_MESSAGES`].
+fn framed(headers: &HeaderMap, frame: Frame) -> Result<(Vec<Value>, bool), McpError> {
     let content_type = header(headers, names::CONTENT_TYPE).unwrap_or("");
     let json =
         content_type.trim_start().as_bytes().get(..16).is_some_and(|t| t.eq_ignore_ascii_case(b"application/json"));
@@ -17,102 +27,48 @@ pub(super) async fn post(
     if !accepts_all(headers, ["application/json", "text/event-stream"]) {
         return Err(McpError::NotAcceptable { stream_only: false });
     }
-    let (mut messages, batch) = frame.map_err(|err| match err {
+    let (messages, batch) = frame.map_err(|err| match err {
         FrameError::Json(err) => McpError::Parse(err),
         FrameError::EmptyBatch => McpError::EmptyBatch,
     })?;
     if messages.len() > MAX_BATCH_MESSAGES {
         return Err(McpError::BatchTooLarge { messages: messages.len(), max: MAX_BATCH_MESSAGES });
     }
-    let header_version = header(headers, names::MCP_PROTOCOL_VERSION).map(str::to_owned);
-    let stateless = header_version.as_deref() == Some(MODERN_VERSION)
+    Ok((messages, batch))
+}
+
+/// A 2026-07-28 POST: its version header says so, or a message other than `initialize` carries the envelope.
+fn is_stateless(headers: &HeaderMap, messages: &[Value]) -> bool {
+    header(headers, names::MCP_PROTOCOL_VERSION) == Some(MODERN_VERSION)
         || messages.iter().any(|m| {
             m.get("method").and_then(Value::as_str) != Some("initialize")
                 && protocol::has_stateless_envelope(m.get("params"))
-        });
-    if stateless {
-        return stateless_post(deps, &endpoint, headers, messages, batch).await;
-    }
+        })
+}
 
-    let is_initialize = |m: &Value| m.get("method").and_then(Value::as_str) == Some("initialize");
-    let has_init = messages.iter().any(is_initialize);
-    if has_init && messages.len() > 1 {
-        return Err(McpError::InitializeInBatch);
-    }
-    if let Some(version) = header_version.as_deref().filter(|_| !has_init) {
-        if !HANDSHAKE_VERSIONS.contains(&version) {
-            return Err(McpError::UnsupportedVersion(version.to_owned()));
+/// A handshake-era POST: an `initialize` makes a session, anything else needs one its caller holds.
+async fn handshake_post(
+    routing: &Routing,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    mut messages: Vec<Value>,
+    batch: bool,
+) -> Result<Response, McpError> {
+    let has_init = check_handshake(headers, &messages)?;
+    let supplied = header(headers, names::MCP_SESSION_ID);
+    // `new_session`: the answer to this request's `initialize`, built with its session.
+    let (session_id, new_session) = if has_init {
+        match initialize_session(routing, &endpoint, supplied, &messages[0], batch).await? {
+            Initialized::Answered(response) => return Ok(response),
+            Initialized::Session(id, result) => (id, Some(result)),
         }
-    }
-    let supplied = header(headers, names::MCP_SESSION_ID).map(str::to_owned);
-    if supplied.as_deref().is_some_and(|id| !session::well_formed(id)) {
-        return Err(McpError::MalformedSession);
-    }
-    // The answer to this request's `initialize`, built with its session.
-    let mut new_session: Option<Value> = None;
-    let session_id = if has_init {
-        if let Some(id) = &supplied {
-            if endpoint.sessions.touch(id, &endpoint.owner) == Lookup::Known {
-                return Err(McpError::AlreadyInitialized);
-            }
-        }
-        let capabilities = messages[0].pointer("/params/capabilities").cloned().unwrap_or_default();
-        // The declared capabilities are kept for the session's life: bounded like everything a client can make
-        // the satellite keep.
-        let oversized = (crate::mcp::payload::json_len(&capabilities) > session::MAX_CAPABILITIES_BYTES).then(|| {
-            RpcError::new(
-                codes::INVALID_PARAMS,
-                format!("capabilities larger than {} KiB", session::MAX_CAPABILITIES_BYTES / 1024),
-            )
-        });
-        // No session for a connection whose toolset cannot be used: the client shows why it failed.
-        if let Some(err) = oversized.as_ref().or(endpoint.target.refused_selection()) {
-            let id = messages[0].get("id").cloned().and_then(|id| serde_json::from_value(id).ok());
-            return Ok(json_response(StatusCode::OK, &protocol::error_response(id, err.clone())));
-        }
-        // An `initialize` that is no valid request (no id, or a null or fractional one) makes no session: a session
-        // id belongs only on the answer that carries an `InitializeResult`. Before, a session was made first and
-        // worked, though the client was told 202 or an error.
-        match Message::from_value(messages[0].clone()) {
-            Ok(Message::Request { .. }) => {}
-            invalid => {
-                let why = match invalid {
-                    Err(err) => err.to_string(),
-                    Ok(_) => "initialize is a request: it needs an id".to_owned(),
-                };
-                let err = RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {why}"));
-                return Ok(json_response(StatusCode::BAD_REQUEST, &protocol::error_response(None, err)));
-            }
-        }
-        let requested = messages[0].pointer("/params/protocolVersion").and_then(Value::as_str);
-        // The commonest: a lone `initialize` on `/mcp` with no toolset, answered with the text made once per version.
-        if !batch && matches!(endpoint.target, Target::Hierarchical(..)) && endpoint.target.toolset().is_none() {
-            let id = messages[0].get("id").filter(|id| !id.is_null()).cloned();
-            let id = id.and_then(|id| serde_json::from_value::<protocol::RequestId>(id).ok());
-            if let (Some(id), Some((version, result))) = (id, hierarchical_initialize_result(requested)) {
-                let quota = endpoint.target.session_quota();
-                let session = endpoint.sessions.create_in(&endpoint.owner, &quota, version, capabilities);
-                let response = json_response(StatusCode::OK, &protocol::ResultResponse::new(&id, result));
-                return Ok(with_session(response, &session));
-            }
-        }
-        let (version, result) = initialize_result(requested, &Identity::of(deps, &endpoint.target).await);
-        let id = endpoint.sessions.create_in(&endpoint.owner, &endpoint.target.session_quota(), &version, capabilities);
-        new_session = Some(result);
-        id
     } else {
-        let id = supplied.ok_or(McpError::NoSessionId)?;
-        if endpoint.sessions.touch(&id, &endpoint.owner) == Lookup::Unknown {
-            // Expired, terminated, from before a restart, or someone else's: the client initializes again.
-            return Err(McpError::SessionNotFound);
-        }
-        id
+        (known_session(&endpoint, supplied)?, None)
     };
-
     if !batch {
         if let Some(message) = messages.pop() {
-            let answer = match relayed(deps, &endpoint, &session_id, message).await {
-                Err(message) => fixed_listing(deps, &endpoint, &session_id, message),
+            let answer = match relayed(routing, &endpoint, &session_id, message).await {
+                Err(message) => fixed_listing(routing, &endpoint, &session_id, message),
                 relayed => relayed,
             };
             match answer {
@@ -121,43 +77,87 @@ pub(super) async fn post(
             }
         }
     }
-    let mut replies = Vec::new();
-    if batch {
-        // The messages of a batch are answered side by side (a few at a time), as a server reached directly answers
-        // them: one after another, three slow calls overran the request's timeout together and all three answers
-        // were lost. A
-        // message refused for want of a scope gets its own error and the others are still answered; when all are
-        // refused, the POST is, with the challenge that says which scope to ask for.
-        use futures::StreamExt;
-        // A batch of one may be an `initialize` (answered with the session it made).
-        let mut new_session = new_session.take();
-        let answers =
-            messages.into_iter().map(|message| answer(deps, &endpoint, &session_id, message, new_session.take()));
-        let answers: Vec<_> = futures::stream::iter(answers).buffered(BATCH_CONCURRENCY).collect().await;
-        if answers.iter().all(|(answer, _)| answer.is_err()) {
-            if let Some((Err(refused), _)) = answers.into_iter().next() {
-                return Err(refused);
-            }
-            return Err(McpError::Internal);
-        }
-        for (answer, id) in answers {
-            match answer {
-                Ok(reply) => replies.extend(reply),
-                Err(err) => replies.push(protocol::error_response(id, err.rpc())),
-            }
-        }
+    let replies = if batch {
+        answer_batch(routing, &endpoint, &session_id, messages, new_session).await?
     } else if let Some(message) = messages.pop() {
-        let (answer, _) = answer(deps, &endpoint, &session_id, message, new_session.take()).await;
-        replies.extend(answer?);
+        let (answer, _) = answer(routing, &endpoint, &session_id, message, new_session).await;
+        answer?.into_iter().collect()
+    } else {
+        Vec::new()
+    };
+    Ok(with_session(replies_response(replies, batch), &session_id))
+}
+
+/// A handshake-era POST's framing: an `initialize` alone, a version header the satellite speaks (but on an
+/// `initialize`, which negotiates one), a session id that can be one. Whether the POST initializes.
+fn check_handshake(headers: &HeaderMap, messages: &[Value]) -> Result<bool, McpError> {
+    let is_initialize = |m: &Value| m.get("method").and_then(Value::as_str) == Some("initialize");
+    let has_init = messages.iter().any(is_initialize);
+    if has_init && messages.len() > 1 {
+        return Err(McpError::InitializeInBatch);
     }
-    let response = if replies.is_empty() {
+    if let Some(version) = header(headers, names::MCP_PROTOCOL_VERSION).filter(|_| !has_init) {
+        if !HANDSHAKE_VERSIONS.contains(&version) {
+            return Err(McpError::UnsupportedVersion(version.to_owned()));
+        }
+    }
+    if header(headers, names::MCP_SESSION_ID).is_some_and(|id| !session::well_formed(id)) {
+        return Err(McpError::MalformedSession);
+    }
+    Ok(has_init)
+}
+
+/// The session a request names: one its caller holds.
+fn known_session(endpoint: &Endpoint, supplied: Option<&str>) -> Result<String, McpError> {
+    let id = supplied.ok_or(McpError::NoSessionId)?;
+    if endpoint.sessions.touch(id, &endpoint.owner) == Lookup::Unknown {
+        // Expired, terminated, from before a restart, or someone else's: the client initializes again.
+        return Err(McpError::SessionNotFound);
+    }
+    Ok(id.to_owned())
+}
+
+/// The messages of a batch are answered side by side (a few at a time), as a server reached directly answers
+/// them: one after another, three slow calls overran the request's timeout together and all three answers were
+/// lost. A message refused for want of a scope gets its own error and the others are still answered; when all are
+/// refused, the POST is, with the challenge that says which scope to ask for. A batch of one may be an
+/// `initialize` (answered with the session it made, `new_session`).
+async fn answer_batch(
+    routing: &Routing,
+    endpoint: &Endpoint,
+    session_id: &str,
+    messages: Vec<Value>,
+    mut new_session: Option<Value>,
+) -> Result<Vec<Value>, McpError> {
+    use futures::StreamExt;
+    let answers =
+        messages.into_iter().map(|message| answer(routing, endpoint, session_id, message, new_session.take()));
+    let answers: Vec<_> = futures::stream::iter(answers).buffered(BATCH_CONCURRENCY).collect().await;
+    if answers.iter().all(|(answer, _)| answer.is_err()) {
+        if let Some((Err(refused), _)) = answers.into_iter().next() {
+            return Err(refused);
+        }
+        return Err(McpError::Internal);
+    }
+    let mut replies = Vec::new();
+    for (answer, id) in answers {
+        match answer {
+            Ok(reply) => replies.extend(reply),
+            Err(err) => replies.push(protocol::error_response(id, err.rpc())),
+        }
+    }
+    Ok(replies)
+}
+
+/// 202 for no reply (notifications and responses only), else the reply, or the batch's replies as one array.
+fn replies_response(mut replies: Vec<Value>, batch: bool) -> Response {
+    if replies.is_empty() {
         warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response()
     } else if batch {
         json_response(StatusCode::OK, &Value::Array(replies))
     } else {
         json_response(StatusCode::OK, &replies.remove(0))
-    };
-    Ok(with_session(response, &session_id))
+    }
 }
 
 /// Most a batch may carry: each message is answered, and the answers kept until the last is, so a batch of a few
@@ -171,7 +171,7 @@ const BATCH_CONCURRENCY: usize = 8;
 /// the error object a batch gives a message whose answer is an HTTP error. `new_session`: the answer to this
 /// request's `initialize`, built with its session.
 async fn answer(
-    deps: &McpDeps,
+    routing: &Routing,
     endpoint: &Endpoint,
     session_id: &str,
     message: Value,
@@ -185,16 +185,16 @@ async fn answer(
         Ok(Message::Request { id, method, .. }) if method == "initialize" => {
             let result = match new_session {
                 Some(result) => result,
-                None => initialize_result(None, &Identity::of(deps, &endpoint.target).await).1,
+                None => initialize_result(None, &Identity::of(&routing.manager, &endpoint.target).await).1,
             };
             Some(protocol::response(id, result))
         }
         Ok(Message::Request { id, method, params }) => {
             let subscription = subscription_of(&method, params.as_ref());
-            match endpoint.target.dispatch(deps, Some(session_id), &method, params, None).await {
+            match endpoint.target.dispatch(routing, Some(session_id), &method, params, None).await {
                 Ok(result) => {
-                    if let Some((uri, subscribed)) = subscription {
-                        record_subscription(deps, &endpoint.target, &endpoint.sessions, session_id, &uri, subscribed);
+                    if let Some(subscription) = subscription {
+                        record_subscription(routing, &endpoint.target, &endpoint.sessions, session_id, &subscription);
                     }
                     match protocol::answer_value(protocol::payload_for_handshake(result)) {
                         Ok(result) => Some(protocol::response(id, result)),
@@ -206,7 +206,7 @@ async fn answer(
             }
         }
         Ok(Message::Notification { method, params }) => {
-            client_notification(deps, endpoint, session_id, &method, params).await;
+            client_notification(&routing.manager, endpoint, session_id, &method, params).await;
             None
         }
         Ok(Message::Response { id, outcome }) => {
@@ -219,18 +219,10 @@ async fn answer(
     (Ok(reply), None)
 }
 
-/// The answer, carrying the session it belongs to.
-fn with_session(mut response: Response, session_id: &str) -> Response {
-    if let Ok(value) = HeaderValue::from_str(session_id) {
-        response.headers_mut().insert("mcp-session-id", value);
-    }
-    response
-}
-
 /// A lone `tools/list` request whose answer is fixed (the meta-tools) is answered with the JSON text written
 /// once. Anything else is handed back, for the plain path.
 fn fixed_listing(
-    deps: &McpDeps,
+    routing: &Routing,
     endpoint: &Endpoint,
     session_id: &str,
     message: Value,
@@ -245,7 +237,7 @@ fn fixed_listing(
         _ => None,
     };
     let Some(id) = id else { return Err(message) };
-    Ok(match endpoint.target.fixed_listing(deps, Some(session_id)) {
+    Ok(match endpoint.target.fixed_listing(routing, Some(session_id)) {
         None => return Err(message),
         Some(Ok(text)) => Ok(raw_json_response(protocol::response_text(&id, text).into_bytes())),
         Some(Err(RouteError::Rpc(err))) => Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err))),
@@ -291,15 +283,12 @@ fn answered_locally(method: &str) -> bool {
 /// an SSE response. Anything that is not such a request (initialize, notifications, responses, what the
 /// satellite answers itself) is handed back, for the plain path.
 pub(super) async fn relayed(
-    deps: &McpDeps,
+    routing: &Routing,
     endpoint: &Endpoint,
     session_id: &str,
     message: Value,
 ) -> Result<Result<Response, McpError>, Value> {
-    let relayable =
-        message.get("method").and_then(Value::as_str).is_some_and(|m| m != "initialize" && !answered_locally(m))
-            && message.get("id").is_some_and(|id| !id.is_null());
-    if !relayable {
+    if !relayable(&message) {
         return Err(message);
     }
     let (id, method, params) = match as_request(message) {
@@ -308,8 +297,8 @@ pub(super) async fn relayed(
     };
     // A subscription the server accepts is this session's: its stream then carries that resource's updates.
     let subscription = subscription_of(&method, params.as_ref())
-        .map(|(uri, subscribed)| (uri, subscribed, endpoint.sessions.clone(), session_id.to_owned()));
-    let (target, deps_owned, reply_id) = (endpoint.target.clone(), deps.clone(), id.clone());
+        .map(|subscription| (subscription, endpoint.sessions.clone(), session_id.to_owned()));
+    let (target, routing, reply_id) = (endpoint.target.clone(), routing.clone(), id.clone());
     let session = session_id.to_owned();
     let answer = endpoint
         .sessions
@@ -319,16 +308,27 @@ pub(super) async fn relayed(
             id.clone(),
             Mode::Handshake { capabilities: endpoint.sessions.capabilities(session_id) },
             move |relay| async move {
-                let outcome = target.dispatch(&deps_owned, Some(&session), &method, params, Some(&relay)).await;
-                if let (Ok(_), Some((uri, subscribed, sessions, session))) = (&outcome, subscription) {
-                    record_subscription(&deps_owned, &target, &sessions, &session, &uri, subscribed);
+                let outcome = target.dispatch(&routing, Some(&session), &method, params, Some(&relay)).await;
+                if let (Ok(_), Some((subscription, sessions, session))) = (&outcome, subscription) {
+                    record_subscription(&routing, &target, &sessions, &session, &subscription);
                 }
                 outcome
             },
             move |outcome| response_message(reply_id, outcome.map(protocol::payload_for_handshake)),
         )
         .await;
-    Ok(match answer {
+    Ok(relayed_response(id, answer))
+}
+
+/// A request that reaches an upstream server: one with an id, of a method the satellite does not answer itself.
+fn relayable(message: &Value) -> bool {
+    message.get("method").and_then(Value::as_str).is_some_and(|m| m != "initialize" && !answered_locally(m))
+        && message.get("id").is_some_and(|id| !id.is_null())
+}
+
+/// The response to a relayed request: the stream it started, or its outcome as plain JSON.
+fn relayed_response(id: protocol::RequestId, answer: Answer) -> Result<Response, McpError> {
+    match answer {
         Answer::Streamed(response) => Ok(response),
         Answer::Done(Ok(result)) => {
             // The server's text goes out as it came, inside the client's own envelope.
@@ -339,35 +339,43 @@ pub(super) async fn relayed(
             Ok(json_response(StatusCode::OK, &protocol::error_response(Some(id), err)))
         }
         Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
-    })
+    }
 }
 
-/// The resource a `resources/subscribe` (true) or `resources/unsubscribe` (false) names.
-fn subscription_of(method: &str, params: Option<&Value>) -> Option<(String, bool)> {
+/// A change of the resources a session subscribes to.
+struct Subscription {
+    uri: String,
+    /// `resources/subscribe` (true) or `resources/unsubscribe` (false).
+    subscribed: bool,
+}
+
+/// The resource a `resources/subscribe` or `resources/unsubscribe` names.
+fn subscription_of(method: &str, params: Option<&Value>) -> Option<Subscription> {
     let subscribed = match method {
         "resources/subscribe" => true,
         "resources/unsubscribe" => false,
         _ => return None,
     };
-    params.and_then(|p| p.get("uri")).and_then(Value::as_str).map(|uri| (uri.to_owned(), subscribed))
+    let uri = params.and_then(|p| p.get("uri")).and_then(Value::as_str)?;
+    Some(Subscription { uri: uri.to_owned(), subscribed })
 }
 
 /// Record on the session a subscription change the server accepted, on every path a request takes (alone or in a
 /// batch). A session that ended while its subscribe ran lets go of it at once: its end could not.
 fn record_subscription(
-    deps: &McpDeps,
+    routing: &Routing,
     target: &Target,
     sessions: &SessionTable,
     session: &str,
-    uri: &str,
-    subscribed: bool,
+    change: &Subscription,
 ) {
-    if sessions.set_subscription(session, uri, subscribed) || !subscribed {
+    let Subscription { uri, subscribed } = change;
+    if sessions.set_subscription(session, uri, *subscribed) || !subscribed {
         return;
     }
     if let Target::Instance(instance) = target {
-        let timeout = deps.instance_router.call_timeout;
-        deps.manager.release_subscriptions(&instance.spec().process_id, session, vec![uri.to_owned()], timeout);
+        let timeout = routing.instance_router.call_timeout;
+        routing.manager.release_subscriptions(&instance.spec().process_id, session, vec![uri.clone()], timeout);
     }
 }
 
@@ -375,7 +383,7 @@ fn record_subscription(
 /// changes and the like) go to the server, which is the one they concern; on `/mcp` a roots change goes to every
 /// server of the caller's.
 pub(super) async fn client_notification(
-    deps: &McpDeps,
+    manager: &crate::instances::InstanceManager,
     endpoint: &Endpoint,
     scope: &str,
     method: &str,
@@ -384,9 +392,9 @@ pub(super) async fn client_notification(
     match (method, &endpoint.target) {
         ("notifications/cancelled", _) => endpoint.sessions.exchange.cancel(scope, params.as_ref()),
         ("notifications/initialized", _) => {}
-        (_, Target::Instance(instance)) => deps.manager.notify(instance, method, params).await,
+        (_, Target::Instance(instance)) => manager.notify(instance, method, params).await,
         ("notifications/roots/list_changed", Target::Hierarchical(caller, _)) => {
-            roots_changed(deps, caller, params).await
+            roots_changed(manager, caller, params).await
         }
         _ => {}
     }
@@ -395,14 +403,18 @@ pub(super) async fn client_notification(
 /// On `/mcp` and legacy `/sse` the caller's roots are those of every server of theirs: each running one hears of
 /// the change (and asks for the new roots on a stream of this caller's, `Seats`). A 2026-07-28 server has no such
 /// notification: it reads the roots of each request.
-pub(crate) async fn roots_changed(deps: &McpDeps, caller: &auth::Principal, params: Option<Value>) {
+pub(crate) async fn roots_changed(
+    manager: &crate::instances::InstanceManager,
+    caller: &auth::Principal,
+    params: Option<Value>,
+) {
     let handshake = |instance: &&Arc<crate::instances::Instance>| {
         instance.client().is_some_and(|c| matches!(c.era(), crate::mcp::client::Era::Handshake { .. }))
     };
-    let instances = deps.manager.instances_for(&caller.user, &caller.team);
+    let instances = manager.instances_for(&caller.user, &caller.team);
     let told = instances
         .iter()
         .filter(handshake)
-        .map(|instance| deps.manager.notify(instance, "notifications/roots/list_changed", params.clone()));
+        .map(|instance| manager.notify(instance, "notifications/roots/list_changed", params.clone()));
     futures::future::join_all(told).await;
 }

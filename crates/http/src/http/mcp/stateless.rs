@@ -19,7 +19,8 @@ pub(super) async fn stateless_post(
             }
         }
     }
-    let identity = Identity::of(deps, &endpoint.target).await;
+    let identity = Identity::of(&deps.routing.manager, &endpoint.target).await;
+    let post = StatelessPost { routing: &deps.routing, endpoint, headers, identity, batch };
     let mut replies = Vec::new();
     let mut status = StatusCode::OK;
     for message in messages {
@@ -34,49 +35,8 @@ pub(super) async fn stateless_post(
             Ok(Message::Request { id, method, params }) => (id, method, params),
             Ok(_) => continue,
         };
-        let outcome = match check_request(endpoint, headers, &method, params.as_ref(), batch) {
-            Err(err) => Err(RouteError::Rpc(err)),
-            Ok(()) if method == "server/discover" => match endpoint.target.refused_selection() {
-                Some(err) => Err(RouteError::Rpc(err.clone())),
-                None => {
-                    let mut identity = identity.clone();
-                    // A 2026-07-28 client hears of list changes only on `subscriptions/listen`, which `/mcp` does
-                    // not serve: it promises none (its handshake-era sessions hear them on their GET stream).
-                    // Before, it promised them and refused the listen.
-                    let hierarchical = !matches!(endpoint.target, Target::Instance(_));
-                    if hierarchical {
-                        identity.promise_no_list_changes();
-                    }
-                    let mut capabilities = identity.capabilities.clone();
-                    // Only to a client that declares it: the others never see the experimental methods.
-                    if hierarchical && crate::router::catalog::declared(params.as_ref()) {
-                        crate::router::catalog::advertise(&mut capabilities);
-                    }
-                    let mut discovered = protocol::object([
-                        ("supportedVersions", json!(SUPPORTED_VERSIONS)),
-                        ("capabilities", capabilities),
-                        ("serverInfo", identity.server_info.clone()),
-                    ]);
-                    if let Some(instructions) = &identity.instructions {
-                        discovered["instructions"] = Value::from(instructions.as_str());
-                    }
-                    Ok(discovered.into())
-                }
-            },
-            Ok(()) if REMOVED_IN_STATELESS.contains(&method.as_str()) => Err(RouteError::Rpc(RpcError::new(
-                codes::METHOD_NOT_FOUND,
-                format!("Method not found: {method} is not part of {MODERN_VERSION}"),
-            ))),
-            Ok(()) => endpoint.target.dispatch(deps, None, &method, params, None).await,
-        };
-        match outcome {
-            Ok(result) => match protocol::answer_value(result) {
-                Ok(mut result) => {
-                    protocol::stamp_stateless_result(&mut result, &method, identity.server_info.clone());
-                    replies.push(protocol::response(id, result));
-                }
-                Err(err) => replies.push(protocol::error_response(Some(id), err)),
-            },
+        match post.outcome(&method, params).await {
+            Ok(result) => replies.push(post.result_reply(id, &method, result)),
             Err(RouteError::Forbidden(err)) => return Err(McpError::Auth(err)),
             Err(RouteError::Rpc(err)) => {
                 if !batch {
@@ -91,6 +51,71 @@ pub(super) async fn stateless_post(
         (_, true) => json_response(StatusCode::OK, &Value::Array(replies)),
         (_, false) => json_response(status, &replies.remove(0)),
     })
+}
+
+/// A 2026-07-28 POST answered without a relay: what answering each of its requests reads.
+struct StatelessPost<'a> {
+    routing: &'a Routing,
+    endpoint: &'a Endpoint,
+    headers: &'a HeaderMap,
+    identity: Identity,
+    batch: bool,
+}
+
+impl StatelessPost<'_> {
+    /// The outcome of one request: refused by its envelope, `server/discover` and the removed methods answered
+    /// here, anything else by the endpoint's router.
+    async fn outcome(&self, method: &str, params: Option<Value>) -> Result<Payload, RouteError> {
+        match check_request(self.endpoint, self.headers, method, params.as_ref(), self.batch) {
+            Err(err) => Err(RouteError::Rpc(err)),
+            Ok(()) if method == "server/discover" => match self.endpoint.target.refused_selection() {
+                Some(err) => Err(RouteError::Rpc(err.clone())),
+                None => Ok(self.discovered(params.as_ref()).into()),
+            },
+            Ok(()) if REMOVED_IN_STATELESS.contains(&method) => Err(RouteError::Rpc(RpcError::new(
+                codes::METHOD_NOT_FOUND,
+                format!("Method not found: {method} is not part of {MODERN_VERSION}"),
+            ))),
+            Ok(()) => self.endpoint.target.dispatch(self.routing, None, method, params, None).await,
+        }
+    }
+
+    /// The `server/discover` result: the versions the satellite speaks and the endpoint's identity.
+    fn discovered(&self, params: Option<&Value>) -> Value {
+        let mut identity = self.identity.clone();
+        // A 2026-07-28 client hears of list changes only on `subscriptions/listen`, which `/mcp` does
+        // not serve: it promises none (its handshake-era sessions hear them on their GET stream).
+        // Before, it promised them and refused the listen.
+        let hierarchical = !matches!(self.endpoint.target, Target::Instance(_));
+        if hierarchical {
+            identity.promise_no_list_changes();
+        }
+        let mut capabilities = identity.capabilities.clone();
+        // Only to a client that declares it: the others never see the experimental methods.
+        if hierarchical && crate::router::catalog::declared(params) {
+            crate::router::catalog::advertise(&mut capabilities);
+        }
+        let mut discovered = protocol::object([
+            ("supportedVersions", json!(SUPPORTED_VERSIONS)),
+            ("capabilities", capabilities),
+            ("serverInfo", identity.server_info.clone()),
+        ]);
+        if let Some(instructions) = &identity.instructions {
+            discovered["instructions"] = Value::from(instructions.as_str());
+        }
+        discovered
+    }
+
+    /// The response to a request that succeeded, stamped as 2026-07-28 results are.
+    fn result_reply(&self, id: protocol::RequestId, method: &str, result: Payload) -> Value {
+        match protocol::answer_value(result) {
+            Ok(mut result) => {
+                protocol::stamp_stateless_result(&mut result, method, self.identity.server_info.clone());
+                protocol::response(id, result)
+            }
+            Err(err) => protocol::error_response(Some(id), err),
+        }
+    }
 }
 
 /// A single 2026-07-28 request that reaches an upstream server runs with a relay (which cannot carry server
@@ -115,88 +140,102 @@ pub(super) async fn stateless_relayed(
         Ok(parts) => parts,
         Err(error) => return Ok(Ok(invalid_request(error))),
     };
-    // Only these may end in `input_required` (MRTR): a server's request during any other is answered as a client
-    // without the capability would answer it, whatever the client declared. (A completion parked so made the SDK
-    // fail to read it as a `CompleteResult`, and left the call waiting upstream.)
-    let may_ask = matches!(method.as_str(), "tools/call" | "prompts/get" | "resources/read");
-    let capabilities = params
-        .as_ref()
-        .and_then(|p| p.get("_meta"))
-        .and_then(|m| m.get(protocol::meta_keys::CLIENT_CAPABILITIES))
-        .filter(|_| may_ask)
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let log_level = params
-        .as_ref()
-        .and_then(|p| p.get("_meta"))
-        .and_then(|m| m.get(protocol::meta_keys::LOG_LEVEL))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
     // A listen holds one of its caller's stream places for as long as it is open, as every long-lived stream does.
-    let place = match long_lived {
-        true => match deps.streams.take(endpoint.target.caller()) {
-            Some(place) => Some(place),
-            None => return Ok(Err(McpError::CallerStreams { limit: deps.streams.max() })),
+    let long_lived = match long_lived {
+        true => match hold_listen(deps, endpoint, headers) {
+            Ok(listen) => Some(listen),
+            Err(refused) => return Ok(Err(refused)),
         },
         false => None,
     };
-    // A listen lasts: it ends once the credential that opened it no longer admits the caller.
-    let long_lived = long_lived.then(|| {
-        let long_lived = LongLived::new();
-        let watch = revoked(Arc::new(deps.clone()), endpoint.credential(headers), "subscriptions/listen");
-        // Ends with the request, however it ends (`LongLived` cancels `ends` when its last copy goes); the place
-        // goes with it.
-        let ends = long_lived.ends();
-        // On the satellite's tracker, which shutdown waits for; the drain ends a listen first.
-        deps.tasks.spawn(async move {
-            let _place = place;
-            tokio::select! {
-                _ = watch => ends.cancel(),
-                _ = ends.cancelled() => {}
-            }
-        });
-        long_lived
-    });
-    let progress = ProgressTokens::of(params.as_ref());
-    let mode = Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived, log_level, progress };
-    let answered_method = method.clone();
-    let (target, deps_owned, reply_id, stamp_method) =
-        (endpoint.target.clone(), deps.clone(), id.clone(), method.clone());
-    let server_info = Identity::of(deps, &endpoint.target).await.server_info;
-    let stamp_info = server_info.clone();
+    let mode = stateless_mode(endpoint, &method, params.as_ref(), long_lived);
+    let server_info = Identity::of(&deps.routing.manager, &endpoint.target).await.server_info;
+    let finish = stamped(id.clone(), method.clone(), server_info.clone());
     let scope = format!("stateless:{}", uuid::Uuid::new_v4());
-    let finish = move |outcome: Result<Payload, RouteError>| {
-        let result = outcome.and_then(|result| {
-            let mut result = protocol::answer_value(result).map_err(RouteError::Rpc)?;
-            protocol::stamp_stateless_result(&mut result, &stamp_method, stamp_info);
-            protocol::retag_subscription(&mut result, &reply_id);
-            Ok(Payload::Value(result))
-        });
-        response_message(reply_id, result)
-    };
     let exchange = &endpoint.sessions.exchange;
     let state = params.as_ref().and_then(|p| p.get("requestState"));
+    let answered_method = method.clone();
     let answer = if is_parked_state(state) {
         // The retry of a call the satellite parked when its server asked the client something.
         let state = state.and_then(Value::as_str).unwrap_or_default().to_owned();
         let responses = params.as_ref().and_then(|p| p.get("inputResponses"));
         exchange.resume(scope, id.clone(), mode, &state, responses, finish).await
     } else {
-        exchange
-            .respond(
-                scope,
-                id.clone(),
-                mode,
-                move |relay| async move { target.dispatch(&deps_owned, None, &method, params, Some(&relay)).await },
-                finish,
-            )
-            .await
+        let (target, routing) = (endpoint.target.clone(), deps.routing.clone());
+        let run = move |relay| async move { target.dispatch(&routing, None, &method, params, Some(&relay)).await };
+        exchange.respond(scope, id.clone(), mode, run, finish).await
     };
-    Ok(match answer {
+    Ok(stateless_response(id, &answered_method, server_info, answer))
+}
+
+/// A `subscriptions/listen` lasts: it holds one of its caller's stream places, and ends once the credential that
+/// opened it no longer admits the caller.
+fn hold_listen(deps: &McpDeps, endpoint: &Endpoint, headers: &HeaderMap) -> Result<LongLived, McpError> {
+    let streams = &deps.places.streams;
+    let place = streams.take(endpoint.target.caller()).ok_or(McpError::CallerStreams { limit: streams.max() })?;
+    let long_lived = LongLived::new();
+    let (auth, manager) = (deps.gate.auth.clone(), deps.routing.manager.clone());
+    let watch = revoked(auth, manager, endpoint.credential(headers), "subscriptions/listen");
+    // Ends with the request, however it ends (`LongLived` cancels `ends` when its last copy goes); the place
+    // goes with it.
+    let ends = long_lived.ends();
+    // On the satellite's tracker, which shutdown waits for; the drain ends a listen first.
+    deps.background.tasks.spawn(async move {
+        let _place = place;
+        tokio::select! {
+            _ = watch => ends.cancel(),
+            _ = ends.cancelled() => {}
+        }
+    });
+    Ok(long_lived)
+}
+
+/// How the exchange treats a relayed 2026-07-28 request: what its envelope declares, and who may resume it.
+fn stateless_mode(endpoint: &Endpoint, method: &str, params: Option<&Value>, long_lived: Option<LongLived>) -> Mode {
+    let meta = params.and_then(|p| p.get("_meta"));
+    // Only these may end in `input_required` (MRTR): a server's request during any other is answered as a client
+    // without the capability would answer it, whatever the client declared. (A completion parked so made the SDK
+    // fail to read it as a `CompleteResult`, and left the call waiting upstream.)
+    let may_ask = matches!(method, "tools/call" | "prompts/get" | "resources/read");
+    let capabilities = meta
+        .and_then(|m| m.get(protocol::meta_keys::CLIENT_CAPABILITIES))
+        .filter(|_| may_ask)
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let log_level = meta.and_then(|m| m.get(protocol::meta_keys::LOG_LEVEL)).and_then(Value::as_str).map(str::to_owned);
+    let progress = ProgressTokens::of(params);
+    Mode::Stateless { capabilities, owner: endpoint.owner.clone(), long_lived, log_level, progress }
+}
+
+/// The last message of a relayed 2026-07-28 request's stream: its outcome, stamped as 2026-07-28 results are.
+fn stamped(
+    reply_id: protocol::RequestId,
+    method: String,
+    server_info: Value,
+) -> impl FnOnce(Result<Payload, RouteError>) -> Value + Send + Sync + 'static {
+    move |outcome: Result<Payload, RouteError>| {
+        let result = outcome.and_then(|result| {
+            let mut result = protocol::answer_value(result).map_err(RouteError::Rpc)?;
+            protocol::stamp_stateless_result(&mut result, &method, server_info);
+            protocol::retag_subscription(&mut result, &reply_id);
+            Ok(Payload::Value(result))
+        });
+        response_message(reply_id, result)
+    }
+}
+
+/// The response to a relayed 2026-07-28 request: the stream it started, or its outcome as plain JSON.
+fn stateless_response(
+    id: protocol::RequestId,
+    method: &str,
+    server_info: Value,
+    answer: Answer,
+) -> Result<Response, McpError> {
+    match answer {
         Answer::Streamed(response) => Ok(response),
         Answer::Done(Ok(result)) => match protocol::answer_value(result) {
             Ok(mut result) => {
-                protocol::stamp_stateless_result(&mut result, &answered_method, server_info);
+                protocol::stamp_stateless_result(&mut result, method, server_info);
                 Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
             }
             Err(err) => Ok(json_response(rpc_status(err.code), &protocol::error_response(Some(id), err))),
@@ -205,7 +244,7 @@ pub(super) async fn stateless_relayed(
             Ok(json_response(rpc_status(err.code), &protocol::error_response(Some(id), err)))
         }
         Answer::Done(Err(RouteError::Forbidden(err))) => Err(McpError::Auth(err)),
-    })
+    }
 }
 
 /// Methods of the handshake era that 2026-07-28 removed: a stateless request for one is answered 404/-32601

@@ -1,106 +1,32 @@
 //! The server-to-client GET stream of a handshake-era session, and ending a session with DELETE.
 
 use super::*;
+use crate::http::exchange::HearsWithdrawals;
 use crate::instances::seat_owner;
+use crate::instances::InstanceManager;
 use crate::mcp::protocol::RequestId;
+use crate::mcp::transport::relay::SeatGuard;
 use crate::mcp::transport::Relay;
 
-pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
-    if header(headers, names::MCP_PROTOCOL_VERSION) == Some(MODERN_VERSION) {
-        return Err(McpError::NoServerStream);
-    }
-    check_version(headers)?;
-    let id = header(headers, names::MCP_SESSION_ID).ok_or(McpError::InvalidSession)?;
-    if !session::well_formed(id) {
-        return Err(McpError::MalformedSession);
-    }
-    if !accepts_all(headers, ["text/event-stream"]) {
-        return Err(McpError::NotAcceptable { stream_only: true });
-    }
+pub(super) fn open_stream(deps: &McpDeps, endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
+    let id = stream_session(headers)?;
     // Held for as long as the stream is open: each holds a connection, and one caller's must not take them all.
-    let place =
-        deps.streams.take(endpoint.target.caller()).ok_or(McpError::CallerStreams { limit: deps.streams.max() })?;
+    let streams = &deps.places.streams;
+    let place = streams.take(endpoint.target.caller()).ok_or(McpError::CallerStreams { limit: streams.max() })?;
     let token = endpoint.sessions.open_stream(id, &endpoint.owner).map_err(|err| match err {
         StreamError::NoSession => McpError::SessionNotFound,
         StreamError::AlreadyOpen => McpError::StreamConflict,
     })?;
-    // On an instance endpoint the stream carries what the server announces outside any request: list changes,
-    // and updates of the resources this session subscribed to. On `/mcp` it carries the caller's own list
-    // changes (an instance of theirs came or went, its resources or prompts changed); the four meta-tools never
-    // change, and discover always searches the current catalogs.
-    let notes: std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>> = match &endpoint.target {
-        Target::Instance(instance) => {
-            // Marked changed: an edit applied since the endpoint named this instance is caught up with at once.
-            let mut applied = deps.manager.applied();
-            applied.mark_changed();
-            let following = Following {
-                manager: deps.manager.clone(),
-                applied,
-                announcements: BroadcastStream::new(instance.announcements()),
-                instance: instance.clone(),
-                sessions: endpoint.sessions.clone(),
-                session_id: id.to_owned(),
-            };
-            let notes = futures::stream::unfold(following, |mut following| async move {
-                let notes = following.next().await?;
-                Some((futures::stream::iter(notes), following))
-            })
-            .flatten();
-            Box::pin(notes)
-        }
-        Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
-            let (team, user) = (caller.team.clone(), caller.user.clone());
-            let notes = BroadcastStream::new(deps.manager.view_changes())
-                .filter_map(move |change| {
-                    let notes = match change {
-                        Ok(change) if change.team == team && change.user == user => change.notifications(),
-                        Ok(_) => Vec::new(),
-                        // Fell behind: some of the missed changes may have been this caller's.
-                        Err(_) => crate::instances::ViewChange {
-                            team: team.clone(),
-                            user: user.clone(),
-                            resources: true,
-                            prompts: true,
-                        }
-                        .notifications(),
-                    };
-                    async move { (!notes.is_empty()).then(|| futures::stream::iter(notes)) }
-                })
-                .flatten();
-            Box::pin(notes)
-        }
-    };
-    // What a server asks outside any call reaches this client on this stream, when it declared the capability
-    // (`Seats` prefers a stream on the instance's own endpoint, then the newest on `/mcp`). The client answers by
-    // POST, under the id the exchange gives the request, as it answers requests on a call's stream.
-    let (relay, asks) = Relay::for_client(endpoint.sessions.capabilities(id));
-    let (owner, instance) = match &endpoint.target {
-        Target::Instance(instance) => {
-            let spec = instance.spec();
-            (seat_owner(&spec.team_id, &spec.user_id), Some(spec.process_id.0.clone()))
-        }
-        Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
-            (seat_owner(&caller.team, &caller.user), None)
-        }
-    };
-    let seat = deps.manager.seats().take(owner, instance, relay);
-    let (sessions, scope) = (endpoint.sessions.clone(), id.to_owned());
-    // A request the server withdraws, or whose asker gives up, before the client answers: the client hears so.
-    let (withdrawn, withdrawals) = crate::http::exchange::Withdrawn::channel();
-    // This stream also carries word of requests withdrawn after the POST answer that carried them has ended.
-    let hears = endpoint.sessions.exchange.hear_withdrawals(id, withdrawn.clone());
-    let asks = tokio_stream::wrappers::ReceiverStream::new(asks).filter_map(move |inbound| {
-        let message = sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound, &withdrawn);
-        std::future::ready(message.map(|(message, _)| message))
-    });
-    let withdrawals = tokio_stream::wrappers::ReceiverStream::new(withdrawals);
-    let notes = futures::stream::select(notes, futures::stream::select(asks, withdrawals));
+    let manager = &deps.routing.manager;
+    let notes = announcements(manager, &endpoint, id);
+    let (asks, seat, hears) = server_asks(manager, &endpoint, id);
+    let notes = futures::stream::select(notes, asks);
     // The stream ends with the session (or the satellite); until then pings keep it open. A client that drops it
     // ends it too (the guard goes with the stream): the session is then no longer streaming, so it can expire
     // and open a stream again.
     // It ends too once the credential that opened it no longer admits its caller (`credential`).
     let gone = token.clone().drop_guard();
-    let revoked = revoked(deps.clone(), endpoint.credential(headers), "session");
+    let revoked = revoked(deps.gate.auth.clone(), manager.clone(), endpoint.credential(headers), "session");
     let events = notes
         .map(move |note| {
             let _gone = (&gone, &seat, &hears, &place);
@@ -119,6 +45,110 @@ pub(super) fn open_stream(deps: &Arc<McpDeps>, endpoint: Endpoint, headers: &Hea
         response.headers_mut().insert("mcp-session-id", value);
     }
     Ok(response)
+}
+
+/// The session a GET names, from a client of the handshake era that takes an event stream.
+fn stream_session(headers: &HeaderMap) -> Result<&str, McpError> {
+    if header(headers, names::MCP_PROTOCOL_VERSION) == Some(MODERN_VERSION) {
+        return Err(McpError::NoServerStream);
+    }
+    check_version(headers)?;
+    let id = header(headers, names::MCP_SESSION_ID).ok_or(McpError::InvalidSession)?;
+    if !session::well_formed(id) {
+        return Err(McpError::MalformedSession);
+    }
+    if !accepts_all(headers, ["text/event-stream"]) {
+        return Err(McpError::NotAcceptable { stream_only: true });
+    }
+    Ok(id)
+}
+
+/// What a session's stream carries.
+type Notes = std::pin::Pin<Box<dyn futures::Stream<Item = Value> + Send + Sync>>;
+
+/// What the endpoint announces outside any request. On an instance endpoint: what the server announces, list
+/// changes and updates of the resources this session subscribed to. On `/mcp`: the caller's own list changes (an
+/// instance of theirs came or went, its resources or prompts changed); the four meta-tools never change, and
+/// discover always searches the current catalogs.
+fn announcements(manager: &InstanceManager, endpoint: &Endpoint, id: &str) -> Notes {
+    match &endpoint.target {
+        Target::Instance(instance) => {
+            // Marked changed: an edit applied since the endpoint named this instance is caught up with at once.
+            let mut applied = manager.applied();
+            applied.mark_changed();
+            let following = Following {
+                manager: manager.clone(),
+                applied,
+                announcements: BroadcastStream::new(instance.announcements()),
+                instance: instance.clone(),
+                sessions: endpoint.sessions.clone(),
+                session_id: id.to_owned(),
+            };
+            let notes = futures::stream::unfold(following, |mut following| async move {
+                let notes = following.next().await?;
+                Some((futures::stream::iter(notes), following))
+            })
+            .flatten();
+            Box::pin(notes)
+        }
+        Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => view_changes(manager, caller),
+    }
+}
+
+/// The list changes of one caller's view: those of its own instances, or all of them after falling behind.
+fn view_changes(manager: &InstanceManager, caller: &auth::Principal) -> Notes {
+    let (team, user) = (caller.team.clone(), caller.user.clone());
+    let notes = BroadcastStream::new(manager.view_changes())
+        .filter_map(move |change| {
+            let notes = match change {
+                Ok(change) if change.team == team && change.user == user => change.notifications(),
+                Ok(_) => Vec::new(),
+                // Fell behind: some of the missed changes may have been this caller's.
+                Err(_) => crate::instances::ViewChange {
+                    team: team.clone(),
+                    user: user.clone(),
+                    resources: true,
+                    prompts: true,
+                }
+                .notifications(),
+            };
+            async move { (!notes.is_empty()).then(|| futures::stream::iter(notes)) }
+        })
+        .flatten();
+    Box::pin(notes)
+}
+
+/// What a server asks outside any call reaches this client on this stream, when it declared the capability
+/// (`Seats` prefers a stream on the instance's own endpoint, then the newest on `/mcp`). The client answers by
+/// POST, under the id the exchange gives the request, as it answers requests on a call's stream. With the requests
+/// goes word of those withdrawn; the seat and the withdrawals' registration last as long as the stream.
+fn server_asks(
+    manager: &InstanceManager,
+    endpoint: &Endpoint,
+    id: &str,
+) -> (impl futures::Stream<Item = Value> + Send + Sync, SeatGuard, HearsWithdrawals) {
+    let (relay, asks) = Relay::for_client(endpoint.sessions.capabilities(id));
+    let (owner, instance) = match &endpoint.target {
+        Target::Instance(instance) => {
+            let spec = instance.spec();
+            (seat_owner(&spec.team_id, &spec.user_id), Some(spec.process_id.0.clone()))
+        }
+        Target::Hierarchical(caller, _) | Target::LegacySse(caller, _) => {
+            (seat_owner(&caller.team, &caller.user), None)
+        }
+    };
+    let seat = manager.seats().take(owner, instance, relay);
+    let (sessions, scope) = (endpoint.sessions.clone(), id.to_owned());
+    // A request the server withdraws, or whose asker gives up, before the client answers: the client hears so.
+    let (withdrawn, withdrawals) = crate::http::exchange::Withdrawn::channel();
+    // This stream also carries word of requests withdrawn after the POST answer that carried them has ended.
+    let hears = endpoint.sessions.exchange.hear_withdrawals(id, withdrawn.clone());
+    let asks = tokio_stream::wrappers::ReceiverStream::new(asks).filter_map(move |inbound| {
+        let message = sessions.exchange.outbound(&scope, &RequestId::Number(0), inbound, &withdrawn);
+        std::future::ready(message.map(|(message, _)| message))
+    });
+    let withdrawals = tokio_stream::wrappers::ReceiverStream::new(withdrawals);
+    (futures::stream::select(asks, withdrawals), seat, hears)
 }
 
 /// What an instance endpoint's GET stream listens to: the announcements of the instance its path names now. An
