@@ -198,71 +198,74 @@ impl InstanceRouter {
         }
         let timeout = if method == "resources/read" { self.read_timeout } else { self.call_timeout };
         let params = params.unwrap_or_else(|| json!({}));
-        if let Some(change) = SubscriptionChange::of(method, &params, session) {
-            return self.change_subscription(instance, change, params, relay).await;
-        }
-        forward(&self.manager, instance, method, params, timeout, relay).await
-    }
-
-    /// A client's `resources/subscribe` or `resources/unsubscribe`. The server holds one set of subscriptions for
-    /// all the instance's clients: one client's unsubscribe must not end another's updates.
-    async fn change_subscription(
-        &self,
-        instance: &Arc<Instance>,
-        change: SubscriptionChange<'_>,
-        params: Value,
-        relay: Option<&Relay>,
-    ) -> Result<Payload, RouteError> {
-        let SubscriptionChange { subscribe, uri, holder } = change;
+        // The server holds one set of subscriptions for all the instance's clients: one client's unsubscribe must
+        // not end another's updates.
+        let subscription = SubscriptionChange::of(method, &params, session);
         // A hold is taken before the subscribe goes out, so an unsubscribe racing it cannot see the resource unheld
         // and end it; undone when the server refuses, as is a release the server refused. Decided and asked under
         // the instance's subscription lock, so a subscribe and another client's unsubscribe (or a background undo)
         // of the same resource cannot cross on their way to the server.
-        let _changing = instance.subscription_lock().await;
-        if subscribe && !instance.can_hold_subscription(&uri) {
-            return Err(invalid(format!(
-                "too many resource subscriptions on this server (at most {}): unsubscribe from one first",
-                crate::instances::MAX_SUBSCRIPTIONS
-            )));
-        }
+        let _changing = match &subscription {
+            Some(_) => Some(instance.subscription_lock().await),
+            None => None,
+        };
         let mut was_held = false;
-        if !subscribe {
-            match instance.release_subscription(&uri, holder) {
-                Release::OthersHold => return Ok(json!({}).into()),
-                released => was_held = released == Release::Last,
+        if let Some(change) = &subscription {
+            match change.before(method, instance)? {
+                Some(Release::OthersHold) => return Ok(json!({}).into()),
+                released => was_held = released == Some(Release::Last),
             }
         }
-        let method = if subscribe { "resources/subscribe" } else { "resources/unsubscribe" };
-        let result = forward(&self.manager, instance, method, params, self.call_timeout, relay).await;
-        match (subscribe, &result) {
-            (true, Ok(_)) => instance.hold_subscription(&uri, holder),
-            // The server refused to stop: the client still holds it.
-            (false, Err(_)) if was_held => instance.hold_subscription(&uri, holder),
-            _ => {}
+        let result = forward(&self.manager, instance, method, params, timeout, relay).await;
+        if let Some(change) = &subscription {
+            change.after(method, instance, &result, was_held);
         }
         result
     }
 }
 
-/// A resource subscription or its end, as one client asks it.
+/// A client's `resources/subscribe` or `resources/unsubscribe`: the resource, and the client's session, which
+/// holds the subscription.
 struct SubscriptionChange<'a> {
-    /// `resources/subscribe`, or else `resources/unsubscribe`.
-    subscribe: bool,
     uri: String,
-    /// The client's session: the holder of the subscription.
     holder: &'a str,
 }
 
 impl<'a> SubscriptionChange<'a> {
-    /// The change a request asks for, if it is a (well-formed) `resources/subscribe` or `resources/unsubscribe`.
+    /// The change a request asks for, when it is a subscribe or unsubscribe naming its resource.
     fn of(method: &str, params: &Value, session: Option<&'a str>) -> Option<Self> {
-        let subscribe = match method {
-            "resources/subscribe" => true,
-            "resources/unsubscribe" => false,
-            _ => return None,
-        };
-        let uri = params.get("uri").and_then(Value::as_str)?.to_owned();
-        Some(SubscriptionChange { subscribe, uri, holder: session.unwrap_or_default() })
+        match method {
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let uri = params.get("uri").and_then(Value::as_str)?;
+                Some(SubscriptionChange { uri: uri.to_owned(), holder: session.unwrap_or_default() })
+            }
+            _ => None,
+        }
+    }
+
+    /// Before the request goes out: a subscribe past the instance's bound is refused; an unsubscribe releases the
+    /// client's hold, and says what that left (`OthersHold`: nothing to ask of the server).
+    fn before(&self, method: &str, instance: &Instance) -> Result<Option<Release>, RouteError> {
+        if method == "resources/subscribe" {
+            if !instance.can_hold_subscription(&self.uri) {
+                return Err(invalid(format!(
+                    "too many resource subscriptions on this server (at most {}): unsubscribe from one first",
+                    crate::instances::MAX_SUBSCRIPTIONS
+                )));
+            }
+            return Ok(None);
+        }
+        Ok(Some(instance.release_subscription(&self.uri, self.holder)))
+    }
+
+    /// After the server answered: a subscribe it took is held for the client, as is one it refused to end.
+    fn after(&self, method: &str, instance: &Instance, result: &Result<Payload, RouteError>, was_held: bool) {
+        match (method, result) {
+            ("resources/subscribe", Ok(_)) => instance.hold_subscription(&self.uri, self.holder),
+            // The server refused to stop: the client still holds it.
+            ("resources/unsubscribe", Err(_)) if was_held => instance.hold_subscription(&self.uri, self.holder),
+            _ => {}
+        }
     }
 }
 

@@ -155,7 +155,15 @@ async fn forward(
         };
         let result = result.into_value().map_err(unreadable)?;
         rounds += 1;
-        let responses = ask_input_requests(relay, &result, timeout).await?;
+        let mut responses = serde_json::Map::new();
+        if let Some(requests) = result.get("inputRequests").and_then(Value::as_object) {
+            for (key, request) in requests {
+                let method = request.get("method").and_then(Value::as_str).unwrap_or_default();
+                let answer =
+                    relay.ask(method, request.get("params").cloned(), timeout).await.map_err(RouteError::Rpc)?;
+                responses.insert(key.clone(), answer);
+            }
+        }
         retry_with_answers(&mut params, responses, &result);
     }
 }
@@ -169,23 +177,6 @@ fn declare_client_capabilities(params: &mut Value, capabilities: &Value) {
             meta.entry(crate::mcp::protocol::meta_keys::CLIENT_CAPABILITIES).or_insert_with(|| capabilities.clone());
         }
     }
-}
-
-/// The client's answers to an `input_required` result's `inputRequests`, asked of it one by one, by their keys.
-async fn ask_input_requests(
-    relay: &Relay,
-    result: &Value,
-    timeout: Duration,
-) -> Result<serde_json::Map<String, Value>, RouteError> {
-    let mut responses = serde_json::Map::new();
-    if let Some(requests) = result.get("inputRequests").and_then(Value::as_object) {
-        for (key, request) in requests {
-            let method = request.get("method").and_then(Value::as_str).unwrap_or_default();
-            let answer = relay.ask(method, request.get("params").cloned(), timeout).await.map_err(RouteError::Rpc)?;
-            responses.insert(key.clone(), answer);
-        }
-    }
-    Ok(responses)
 }
 
 /// The request again, with the client's answers and the state the server asked to get back.
