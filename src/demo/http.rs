@@ -142,9 +142,9 @@ async fn handle_post(slug: String, session_id: Option<String>, body: bytes::Byte
     if method == "initialize" && shared.refuses_initialize() {
         return warp::reply::with_status("restarting", StatusCode::SERVICE_UNAVAILABLE).into_response();
     }
-    let session = match session_for(&shared, stateless, &method, session_id.as_deref(), id) {
+    let session = match session_for(&shared, stateless, &method, session_id.as_deref()) {
         Ok(session) => session,
-        Err(refused) => return refused,
+        Err((status, error)) => return json_error(status, id, error),
     };
     match server.handle(value, &session).await {
         Reply::Nothing => warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response(),
@@ -162,20 +162,18 @@ fn session_for(
     stateless: bool,
     method: &str,
     session_id: Option<&str>,
-    id: Option<protocol::RequestId>,
-) -> Result<Session, Response> {
+) -> Result<Session, (StatusCode, RpcError)> {
     if stateless || method == "initialize" || method == "server/discover" {
         return Ok(Session::default());
     }
     let Some(sid) = session_id else {
-        return Err(json_error(
+        return Err((
             StatusCode::BAD_REQUEST,
-            id,
             RpcError::new(codes::INVALID_REQUEST, "Bad Request: Mcp-Session-Id header is required"),
         ));
     };
     let session = shared.sessions.lock().get(sid).cloned();
-    session.ok_or_else(|| json_error(StatusCode::NOT_FOUND, id, RpcError::new(-32001, "Session not found")))
+    session.ok_or_else(|| (StatusCode::NOT_FOUND, RpcError::new(-32001, "Session not found")))
 }
 
 /// A successful `initialize`'s answer, with the new session it opens named in `Mcp-Session-Id`.
