@@ -41,11 +41,15 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     tokio::net::TcpListener::bind(addr).await
 }
 
+impl Shared {
+    /// Whether this `initialize` is refused, as the test hook asks of the next ones (counting it).
+    fn refuses_initialize(&self) -> bool {
+        let ordering = std::sync::atomic::Ordering::SeqCst;
+        self.refuse_initialize.fetch_update(ordering, ordering, |n| n.checked_sub(1)).is_ok()
+    }
+}
+
 fn routes(shared: Arc<Shared>) -> impl Filter<Extract = (Response,), Error = std::convert::Infallible> + Clone {
-    let with_shared = {
-        let shared = shared.clone();
-        warp::any().map(move || shared.clone())
-    };
     let demo_path = warp::path("mcp").and(warp::path::end()).map(String::new);
     let corpus_path = warp::path!("servers" / String / "mcp");
     let endpoint = demo_path.or(corpus_path).unify();
@@ -55,41 +59,23 @@ fn routes(shared: Arc<Shared>) -> impl Filter<Extract = (Response,), Error = std
         .and(warp::header::optional::<String>("mcp-session-id"))
         .and(warp::body::content_length_limit(MAX_BODY))
         .and(warp::body::bytes())
-        .and(with_shared.clone())
+        .and(with_shared(&shared))
         .then(handle_post);
     let delete = endpoint
         .and(warp::delete())
         .and(warp::header::optional::<String>("mcp-session-id"))
-        .and(with_shared.clone())
-        .map(|_slug: String, session: Option<String>, shared: Arc<Shared>| {
-            let removed = session.is_some_and(|id| shared.sessions.lock().remove(&id).is_some());
-            let status = if removed { StatusCode::OK } else { StatusCode::NOT_FOUND };
-            warp::reply::with_status(warp::reply(), status).into_response()
-        });
+        .and(with_shared(&shared))
+        .map(delete_session);
     let get = endpoint.and(warp::get()).map(|_slug: String| {
         warp::reply::with_status("server stream not offered", StatusCode::METHOD_NOT_ALLOWED).into_response()
     });
-    // Test hook: forget every session, as a restarted server would.
-    let forget = warp::path!("admin" / "forget-sessions").and(warp::post()).and(with_shared.clone()).map(
-        |shared: Arc<Shared>| {
-            let n = shared.sessions.lock().drain().count();
-            warp::reply::json(&serde_json::json!({"forgotten": n})).into_response()
-        },
-    );
-    // Test hook: refuse the next `n` initialize requests with 503.
-    let refuse = warp::path!("admin" / "refuse-initialize" / usize).and(warp::post()).and(with_shared).map(
-        |n: usize, shared: Arc<Shared>| {
-            shared.refuse_initialize.store(n, std::sync::atomic::Ordering::SeqCst);
-            warp::reply::json(&serde_json::json!({"refusing": n})).into_response()
-        },
-    );
     post.or(delete)
         .unify()
         .or(get)
         .unify()
-        .or(forget)
+        .or(forget_sessions(&shared))
         .unify()
-        .or(refuse)
+        .or(refuse_initialize(&shared))
         .unify()
         .recover(|rejection: warp::Rejection| async move {
             let status = if rejection.is_not_found() { StatusCode::NOT_FOUND } else { StatusCode::BAD_REQUEST };
@@ -98,6 +84,38 @@ fn routes(shared: Arc<Shared>) -> impl Filter<Extract = (Response,), Error = std
             )
         })
         .unify()
+}
+
+fn with_shared(
+    shared: &Arc<Shared>,
+) -> impl Filter<Extract = (Arc<Shared>,), Error = std::convert::Infallible> + Clone {
+    let shared = shared.clone();
+    warp::any().map(move || shared.clone())
+}
+
+/// Test hook: forget every session, as a restarted server would.
+fn forget_sessions(shared: &Arc<Shared>) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    warp::path!("admin" / "forget-sessions").and(warp::post()).and(with_shared(shared)).map(|shared: Arc<Shared>| {
+        let n = shared.sessions.lock().drain().count();
+        warp::reply::json(&serde_json::json!({"forgotten": n})).into_response()
+    })
+}
+
+/// Test hook: refuse the next `n` initialize requests with 503.
+fn refuse_initialize(shared: &Arc<Shared>) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    warp::path!("admin" / "refuse-initialize" / usize).and(warp::post()).and(with_shared(shared)).map(
+        |n: usize, shared: Arc<Shared>| {
+            shared.refuse_initialize.store(n, std::sync::atomic::Ordering::SeqCst);
+            warp::reply::json(&serde_json::json!({"refusing": n})).into_response()
+        },
+    )
+}
+
+/// `DELETE`: end the handshake-era session named, 404 when there is none.
+fn delete_session(_slug: String, session: Option<String>, shared: Arc<Shared>) -> Response {
+    let removed = session.is_some_and(|id| shared.sessions.lock().remove(&id).is_some());
+    let status = if removed { StatusCode::OK } else { StatusCode::NOT_FOUND };
+    warp::reply::with_status(warp::reply(), status).into_response()
 }
 
 async fn handle_post(slug: String, session_id: Option<String>, body: bytes::Bytes, shared: Arc<Shared>) -> Response {
@@ -121,59 +139,62 @@ async fn handle_post(slug: String, session_id: Option<String>, body: bytes::Byte
     let method = value.get("method").and_then(Value::as_str).unwrap_or("").to_owned();
     let id = value.get("id").cloned().and_then(|id| serde_json::from_value(id).ok());
     let stateless = is_stateless(&method, value.get("params"));
-
-    if method == "initialize" {
-        let refused = shared.refuse_initialize.fetch_update(
-            std::sync::atomic::Ordering::SeqCst,
-            std::sync::atomic::Ordering::SeqCst,
-            |n| n.checked_sub(1),
-        );
-        if refused.is_ok() {
-            return warp::reply::with_status("restarting", StatusCode::SERVICE_UNAVAILABLE).into_response();
-        }
+    if method == "initialize" && shared.refuses_initialize() {
+        return warp::reply::with_status("restarting", StatusCode::SERVICE_UNAVAILABLE).into_response();
     }
-    // The handshake era needs a live session for everything after initialize.
-    let session = if stateless || method == "initialize" || method == "server/discover" {
-        Session::default()
-    } else {
-        match session_id.as_ref() {
-            None => {
-                return json_error(
-                    StatusCode::BAD_REQUEST,
-                    id,
-                    RpcError::new(codes::INVALID_REQUEST, "Bad Request: Mcp-Session-Id header is required"),
-                )
-            }
-            Some(sid) => match shared.sessions.lock().get(sid).cloned() {
-                Some(session) => session,
-                None => return json_error(StatusCode::NOT_FOUND, id, RpcError::new(-32001, "Session not found")),
-            },
-        }
+    let session = match session_for(&shared, stateless, &method, session_id.as_deref()) {
+        Ok(session) => session,
+        Err((status, error)) => return json_error(status, id, error),
     };
     match server.handle(value, &session).await {
         Reply::Nothing => warp::reply::with_status(warp::reply(), StatusCode::ACCEPTED).into_response(),
-        Reply::Initialized { response, version } => {
-            let sid = uuid::Uuid::new_v4().to_string();
-            shared.sessions.lock().insert(sid.clone(), Session { initialized: true, version: Some(version) });
-            let mut reply = warp::reply::json(&response).into_response();
-            if let Ok(value) = HeaderValue::from_str(&sid) {
-                reply.headers_mut().insert("mcp-session-id", value);
-            }
-            reply
-        }
+        Reply::Initialized { response, version } => open_session(&shared, &response, version),
         Reply::Response(response) => {
-            // 2026-07-28 maps protocol errors to HTTP statuses.
-            let status = match response.pointer("/error/code").and_then(Value::as_i64) {
-                Some(codes::METHOD_NOT_FOUND) if stateless || method == "server/discover" => StatusCode::NOT_FOUND,
-                Some(codes::INVALID_PARAMS | codes::UNSUPPORTED_PROTOCOL_VERSION | codes::HEADER_MISMATCH)
-                    if stateless =>
-                {
-                    StatusCode::BAD_REQUEST
-                }
-                _ => StatusCode::OK,
-            };
+            let status = response_status(&response, stateless, &method);
             warp::reply::with_status(warp::reply::json(&response), status).into_response()
         }
+    }
+}
+
+/// The session a request runs in: the handshake era needs a live session for everything after initialize.
+fn session_for(
+    shared: &Shared,
+    stateless: bool,
+    method: &str,
+    session_id: Option<&str>,
+) -> Result<Session, (StatusCode, RpcError)> {
+    if stateless || method == "initialize" || method == "server/discover" {
+        return Ok(Session::default());
+    }
+    let Some(sid) = session_id else {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            RpcError::new(codes::INVALID_REQUEST, "Bad Request: Mcp-Session-Id header is required"),
+        ));
+    };
+    let session = shared.sessions.lock().get(sid).cloned();
+    session.ok_or_else(|| (StatusCode::NOT_FOUND, RpcError::new(-32001, "Session not found")))
+}
+
+/// A successful `initialize`'s answer, with the new session it opens named in `Mcp-Session-Id`.
+fn open_session(shared: &Shared, response: &Value, version: String) -> Response {
+    let sid = uuid::Uuid::new_v4().to_string();
+    shared.sessions.lock().insert(sid.clone(), Session { initialized: true, version: Some(version) });
+    let mut reply = warp::reply::json(response).into_response();
+    if let Ok(value) = HeaderValue::from_str(&sid) {
+        reply.headers_mut().insert("mcp-session-id", value);
+    }
+    reply
+}
+
+/// 2026-07-28 maps protocol errors to HTTP statuses.
+fn response_status(response: &Value, stateless: bool, method: &str) -> StatusCode {
+    match response.pointer("/error/code").and_then(Value::as_i64) {
+        Some(codes::METHOD_NOT_FOUND) if stateless || method == "server/discover" => StatusCode::NOT_FOUND,
+        Some(codes::INVALID_PARAMS | codes::UNSUPPORTED_PROTOCOL_VERSION | codes::HEADER_MISMATCH) if stateless => {
+            StatusCode::BAD_REQUEST
+        }
+        _ => StatusCode::OK,
     }
 }
 

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -16,6 +15,9 @@ use crate::mcp::protocol::{self, codes, meta_keys, Message, RpcError, LEGACY_VER
 pub mod corpus;
 pub mod http;
 pub mod stdio;
+mod tools;
+
+use tools::{demo_offer, too_deep_tool};
 
 /// Which protocol eras the server accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -184,37 +186,10 @@ impl DemoServer {
     }
 
     async fn route(&self, method: &str, params: Option<Value>, session: &Session) -> Result<Reply, RpcError> {
-        let not_found = || RpcError::new(codes::METHOD_NOT_FOUND, format!("Method not found: {method}"));
         if method == "initialize" {
-            if !self.support.legacy() {
-                return Err(not_found());
-            }
-            let requested =
-                params.as_ref().and_then(|p| p.get("protocolVersion")).and_then(Value::as_str).unwrap_or("");
-            let version = if LEGACY_VERSIONS.contains(&requested) { requested } else { LEGACY_VERSIONS[2] };
-            let response = json!({
-                "protocolVersion": version,
-                "capabilities": self.capabilities(),
-                "serverInfo": self.server_info(),
-                "instructions": "Demo server bundled with the satellite.",
-            });
-            return Ok(Reply::Initialized { response, version: version.to_owned() });
+            return self.initialize(params.as_ref());
         }
-        let stateless = self.support.modern() && is_stateless(method, params.as_ref());
-        if stateless {
-            protocol::check_stateless_envelope(None, params.as_ref(), &[MODERN_VERSION])?;
-        } else if method == "server/discover" || !self.support.legacy() {
-            // A handshake-era server does not know server/discover; a modern-only one needs the envelope.
-            if !self.support.modern() {
-                return Err(not_found());
-            }
-            return Err(RpcError::new(
-                codes::INVALID_PARAMS,
-                format!("params._meta is missing the required envelope key(s): {}", meta_keys::PROTOCOL_VERSION),
-            ));
-        } else if !session.initialized && method != "ping" {
-            return Err(RpcError::new(codes::INVALID_REQUEST, "server not initialized"));
-        }
+        let stateless = self.check_era(method, params.as_ref(), session)?;
         let mut result = match method {
             "server/discover" => json!({
                 "supportedVersions": [MODERN_VERSION],
@@ -228,12 +203,49 @@ impl DemoServer {
             "resources/templates/list" if self.offer.with_resources => json!({"resourceTemplates": demo_templates()}),
             "resources/read" if self.offer.with_resources => read_resource(params.as_ref(), stateless)?,
             "prompts/list" if self.offer.with_resources => json!({"prompts": []}),
-            _ => return Err(not_found()),
+            _ => return Err(method_not_found(method)),
         };
         if stateless {
             protocol::stamp_stateless_result(&mut result, method, self.server_info());
         }
         Ok(Reply::Response(result))
+    }
+
+    /// The handshake, when the server speaks the handshake era: the version asked for if it knows it, else its own.
+    fn initialize(&self, params: Option<&Value>) -> Result<Reply, RpcError> {
+        if !self.support.legacy() {
+            return Err(method_not_found("initialize"));
+        }
+        let requested = params.and_then(|p| p.get("protocolVersion")).and_then(Value::as_str).unwrap_or("");
+        let version = if LEGACY_VERSIONS.contains(&requested) { requested } else { LEGACY_VERSIONS[2] };
+        let response = json!({
+            "protocolVersion": version,
+            "capabilities": self.capabilities(),
+            "serverInfo": self.server_info(),
+            "instructions": "Demo server bundled with the satellite.",
+        });
+        Ok(Reply::Initialized { response, version: version.to_owned() })
+    }
+
+    /// Whether a request (other than `initialize`) is stateless, when the server takes it in its era: a valid
+    /// 2026-07-28 envelope, or a handshake-era request on an initialized session.
+    fn check_era(&self, method: &str, params: Option<&Value>, session: &Session) -> Result<bool, RpcError> {
+        let stateless = self.support.modern() && is_stateless(method, params);
+        if stateless {
+            protocol::check_stateless_envelope(None, params, &[MODERN_VERSION])?;
+        } else if method == "server/discover" || !self.support.legacy() {
+            // A handshake-era server does not know server/discover; a modern-only one needs the envelope.
+            if !self.support.modern() {
+                return Err(method_not_found(method));
+            }
+            return Err(RpcError::new(
+                codes::INVALID_PARAMS,
+                format!("params._meta is missing the required envelope key(s): {}", meta_keys::PROTOCOL_VERSION),
+            ));
+        } else if !session.initialized && method != "ping" {
+            return Err(RpcError::new(codes::INVALID_REQUEST, "server not initialized"));
+        }
+        Ok(stateless)
     }
 
     async fn quirky_list_tools(&self, params: Option<&Value>) -> Result<Value, RpcError> {
@@ -307,137 +319,12 @@ impl DemoServer {
         }
         Ok(result)
     }
-
-    async fn call_tool(&self, params: &Value) -> Result<Value, RpcError> {
-        let name = params
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, "missing tool name"))?;
-        let args = params.get("arguments").cloned().unwrap_or_else(|| json!({}));
-        if let Some(slug) = &self.offer.corpus_slug {
-            if !self.offer.tools.iter().any(|t| t["name"] == name) {
-                return Err(RpcError::new(codes::INVALID_PARAMS, format!("Unknown tool: {name}")));
-            }
-            return Ok(text_result(format!("{slug}:{name} called with {args}")));
-        }
-        match name {
-            "echo" => {
-                let text = arg_str(&args, "text")?;
-                Ok(text_result(text.to_owned()))
-            }
-            "add" => {
-                let (a, b) = (arg_f64(&args, "a")?, arg_f64(&args, "b")?);
-                let sum = a + b;
-                let mut result = text_result(format!("{sum}"));
-                result["structuredContent"] = json!({"sum": sum});
-                Ok(result)
-            }
-            "slow" => {
-                let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(100).min(60_000);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                Ok(text_result(format!("slept {ms} ms")))
-            }
-            "fail" => {
-                let message = args.get("message").and_then(Value::as_str).unwrap_or("this tool always fails");
-                let mut result = text_result(message.to_owned());
-                result["isError"] = json!(true);
-                Ok(result)
-            }
-            "exit_process" => {
-                let code = args.get("code").and_then(Value::as_i64).unwrap_or(3) as i32;
-                eprintln!("demo server exiting with code {code} as asked");
-                std::process::exit(code);
-            }
-            "with_meta" => {
-                let mut result = text_result("this result carries _meta".into());
-                result["_meta"] = json!({"demo/trace": {"id": "trace-1", "sampled": true}});
-                if let Some(label) = &self.offer.label {
-                    result["_meta"]["demo/instance"] = json!(label);
-                }
-                Ok(result)
-            }
-            "show_ui" => Ok(text_result("open ui://demo/app.html to see the demo app".into())),
-            "toggle_tool" if self.quirks.mutable => {
-                let tool = arg_str(&args, "name")?.to_owned();
-                let now = if let Some(description) = args.get("description").and_then(Value::as_str) {
-                    self.live.descriptions.lock().insert(tool.clone(), description.to_owned());
-                    "described anew"
-                } else {
-                    let mut hidden = self.live.hidden.lock();
-                    if !hidden.remove(&tool) {
-                        hidden.insert(tool.clone());
-                    }
-                    if hidden.contains(&tool) {
-                        "hidden"
-                    } else {
-                        "shown"
-                    }
-                };
-                let announce = args.get("announce").and_then(Value::as_u64).unwrap_or(1).min(100);
-                let notify = self.live.notify.lock().clone();
-                if let Some(notify) = notify {
-                    let note = protocol::notification_line("notifications/tools/list_changed", None);
-                    for _ in 0..announce {
-                        let _ = notify.send(note.clone()).await;
-                    }
-                }
-                Ok(text_result(format!("{tool} is now {now}")))
-            }
-            other => Err(RpcError::new(codes::INVALID_PARAMS, format!("Unknown tool: {other}"))),
-        }
-    }
-}
-
-fn text_result(text: String) -> Value {
-    json!({"content": [{"type": "text", "text": text}]})
-}
-
-fn arg_str<'a>(args: &'a Value, name: &str) -> Result<&'a str, RpcError> {
-    args.get(name)
-        .and_then(Value::as_str)
-        .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, format!("argument {name:?} must be a string")))
-}
-
-fn arg_f64(args: &Value, name: &str) -> Result<f64, RpcError> {
-    args.get(name)
-        .and_then(Value::as_f64)
-        .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, format!("argument {name:?} must be a number")))
 }
 
 pub const UI_RESOURCE_URI: &str = "ui://demo/app.html";
 
-fn demo_offer() -> Offer {
-    let tools = vec![
-        json!({"name": "echo", "description": "Echo the given text back.",
-               "inputSchema": {"type": "object", "properties": {"text": {"type": "string", "description": "Text to echo"}}, "required": ["text"]}}),
-        json!({"name": "add", "description": "Add two numbers and return the sum.",
-               "inputSchema": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
-               "outputSchema": {"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]}}),
-        // Titled like the schemas pydantic-based servers publish, with a default its description states.
-        json!({"name": "slow", "description": "Sleep for the given number of milliseconds, then answer.",
-               "inputSchema": {"type": "object", "title": "slowArguments", "properties": {"ms": {"type": "integer", "title": "Ms",
-                   "description": "Milliseconds to sleep (default 100)", "default": 100, "minimum": 0, "maximum": 60000}}}}),
-        json!({"name": "fail", "description": "Always return a tool error (isError: true).",
-               "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}}}),
-        json!({"name": "exit_process", "description": "Exit the server process at once with the given code (default 3).",
-               "inputSchema": {"type": "object", "properties": {"code": {"type": "integer"}}}}),
-        json!({"name": "with_meta", "description": "Return a result that carries _meta.",
-               "inputSchema": {"type": "object", "properties": {}},
-               "_meta": {"demo/category": "diagnostics"}}),
-        json!({"name": "show_ui", "description": "Show the demo app, an MCP App UI resource.",
-               "inputSchema": {"type": "object", "properties": {}},
-               "_meta": {"ui": {"resourceUri": UI_RESOURCE_URI}}}),
-    ];
-    Offer { name: "satellite-demo".into(), tools, with_resources: true, corpus_slug: None, label: None }
-}
-
-/// A tool whose input schema nests 200 objects deep: serde_json, like most parsers, stops at 128.
-fn too_deep_tool() -> Value {
-    let mut schema = json!({"type": "string"});
-    for _ in 0..200 {
-        schema = json!({"type": "object", "properties": {"inner": schema}});
-    }
-    json!({"name": "too_deep", "description": "Nested deeper than a parser follows", "inputSchema": schema})
+fn method_not_found(method: &str) -> RpcError {
+    RpcError::new(codes::METHOD_NOT_FOUND, format!("Method not found: {method}"))
 }
 
 fn demo_resources() -> Value {

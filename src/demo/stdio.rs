@@ -23,16 +23,7 @@ const OUTBOUND: usize = 1024;
 pub async fn serve(server: DemoServer) -> std::io::Result<()> {
     let (out_tx, out_rx) = mpsc::channel::<String>(OUTBOUND);
     let writer = std::thread::Builder::new().name("demo-stdout".into()).spawn(move || write_lines(out_rx))?;
-    let (in_tx, mut in_rx) = mpsc::channel::<std::io::Result<String>>(OUTBOUND);
-    // The reader blocks on stdin for as long as it is open; it ends with stdin (or when no one takes lines).
-    std::thread::Builder::new().name("demo-stdin".into()).spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let failed = line.is_err();
-            if in_tx.blocking_send(line).is_err() || failed {
-                break;
-            }
-        }
-    })?;
+    let mut in_rx = read_lines()?;
     *server.live.notify.lock() = Some(out_tx.clone());
     let session = Arc::new(Mutex::new(Session::default()));
     let mut outcome = Ok(());
@@ -47,35 +38,11 @@ pub async fn serve(server: DemoServer) -> std::io::Result<()> {
                 break;
             }
         };
-        if line.trim().is_empty() {
+        let Some(value) = parse_line(&line, &out_tx).await else {
             continue;
-        }
-        let value: Value = match serde_json::from_str(&line) {
-            Ok(value) => value,
-            Err(err) => {
-                let reply =
-                    protocol::error_response(None, RpcError::new(codes::PARSE_ERROR, format!("Parse error: {err}")));
-                let _ = out_tx.send(reply.to_string()).await;
-                continue;
-            }
         };
         let is_initialize = value.get("method").and_then(Value::as_str) == Some("initialize");
-        let server = server.clone();
-        let session = session.clone();
-        let out_tx = out_tx.clone();
-        let handle = async move {
-            let current = session.lock().clone();
-            match server.handle(value, &current).await {
-                Reply::Response(response) => {
-                    let _ = out_tx.send(response.to_string()).await;
-                }
-                Reply::Initialized { response, version } => {
-                    *session.lock() = Session { initialized: true, version: Some(version) };
-                    let _ = out_tx.send(response.to_string()).await;
-                }
-                Reply::Nothing => {}
-            }
-        };
+        let handle = answer(server.clone(), session.clone(), value, out_tx.clone());
         // The handshake is answered in order; everything else runs concurrently.
         if is_initialize {
             handle.await;
@@ -89,6 +56,52 @@ pub async fn serve(server: DemoServer) -> std::io::Result<()> {
     // The writer ends once every sender is gone: after the replies still being worked on are written.
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
     outcome
+}
+
+/// Stdin's lines, read on a thread of their own.
+fn read_lines() -> std::io::Result<mpsc::Receiver<std::io::Result<String>>> {
+    let (in_tx, in_rx) = mpsc::channel::<std::io::Result<String>>(OUTBOUND);
+    // The reader blocks on stdin for as long as it is open; it ends with stdin (or when no one takes lines).
+    std::thread::Builder::new().name("demo-stdin".into()).spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let failed = line.is_err();
+            if in_tx.blocking_send(line).is_err() || failed {
+                break;
+            }
+        }
+    })?;
+    Ok(in_rx)
+}
+
+/// The message on a line; none on a blank line, nor on one that is not JSON (answered with a parse error).
+async fn parse_line(line: &str, out: &mpsc::Sender<String>) -> Option<Value> {
+    if line.trim().is_empty() {
+        return None;
+    }
+    match serde_json::from_str(line) {
+        Ok(value) => Some(value),
+        Err(err) => {
+            let reply =
+                protocol::error_response(None, RpcError::new(codes::PARSE_ERROR, format!("Parse error: {err}")));
+            let _ = out.send(reply.to_string()).await;
+            None
+        }
+    }
+}
+
+/// Handle one message in the connection's session and send the reply; a handshake initializes the session.
+async fn answer(server: DemoServer, session: Arc<Mutex<Session>>, value: Value, out: mpsc::Sender<String>) {
+    let current = session.lock().clone();
+    match server.handle(value, &current).await {
+        Reply::Response(response) => {
+            let _ = out.send(response.to_string()).await;
+        }
+        Reply::Initialized { response, version } => {
+            *session.lock() = Session { initialized: true, version: Some(version) };
+            let _ = out.send(response.to_string()).await;
+        }
+        Reply::Nothing => {}
+    }
 }
 
 /// Write each line as it comes, and every other line already waiting with it, then flush once.

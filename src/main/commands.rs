@@ -1,57 +1,22 @@
 //! The one-shot subcommands: `check-config`, `token new`, `search`, `import` and `tokens`; each returns its exit code.
 
 use super::*;
+use satellite::app::search::Found;
+use satellite::app::tokens::{How, Target};
+use satellite::control::DesiredState;
+use satellite::instances::sandbox::SandboxPolicy;
 
 /// `satellite tokens`: exit 0 when every server was counted, 1 when one failed (the others are still shown),
 /// 64 for bad arguments or a bad config.
 pub(super) fn tokens(args: &TokensArgs) -> ExitCode {
-    use satellite::app::tokens::{How, Target};
     let env = env::from_process();
-    let mut sandbox = None;
-    let targets = if let Some(url) = &args.url {
-        let mut headers = std::collections::BTreeMap::new();
-        for header in &args.headers {
-            let Some((name, value)) = header.split_once(':') else {
-                eprintln!("error: --header {header:?} is not `Name: value`");
-                return exit(config::EXIT_CONFIG);
-            };
-            headers.insert(name.trim().to_owned(), value.trim().to_owned());
-        }
-        let name = url.host_str().unwrap_or("server").to_owned();
-        vec![Target { name, how: How::Http { url: url.clone(), headers, sse: args.sse } }]
-    } else if let Some(path) = &args.config {
-        let flags = Flags { config: Some(path.clone()), ..Flags::default() };
-        let config = match Config::load(&env, &flags) {
-            Ok(config) => config,
-            Err(err) => {
-                eprintln!("error: {err}");
-                return exit(config::EXIT_CONFIG);
-            }
-        };
-        match satellite::app::tokens::targets_of_config(&config, &env) {
-            Ok((targets, policy)) => {
-                sandbox = Some(policy);
-                targets
-            }
-            Err(err) => {
-                eprintln!("error: {err}");
-                return exit(config::EXIT_CONFIG);
-            }
-        }
-    } else if let [program, rest @ ..] = args.command.as_slice() {
-        let name = std::path::Path::new(program).file_name().map(|n| n.to_string_lossy().into_owned());
-        let how = How::Command { program: program.clone(), args: rest.to_vec() };
-        vec![Target { name: name.unwrap_or_else(|| program.clone()), how }]
-    } else {
-        eprintln!("error: say which server: --url URL, --config FILE, or -- COMMAND [ARGS...]");
-        return exit(config::EXIT_CONFIG);
+    let (targets, sandbox) = match token_targets(args, &env) {
+        Ok(targets) => targets,
+        Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let timeout = std::time::Duration::from_secs(args.timeout.max(1));
     let report = match runtime.block_on(satellite::app::tokens::measure(&targets, &env, sandbox.as_ref(), timeout)) {
@@ -61,16 +26,8 @@ pub(super) fn tokens(args: &TokensArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(text) => println!("{text}"),
-            Err(err) => {
-                eprintln!("error: {err}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", satellite::app::tokens::table(&report));
+    if let Err(code) = print_report(&report, args.json) {
+        return code;
     }
     for server in report.servers.iter().filter(|s| s.error.is_some()) {
         eprintln!("error: {}: {}", server.server, server.error.as_deref().unwrap_or_default());
@@ -81,6 +38,68 @@ pub(super) fn tokens(args: &TokensArgs) -> ExitCode {
         ExitCode::SUCCESS
     }
 }
+
+/// The servers `satellite tokens` counts, as its arguments name them, and the sandbox a config file's servers
+/// start in.
+fn token_targets(args: &TokensArgs, env: &env::Env) -> Result<(Vec<Target>, Option<SandboxPolicy>), ExitCode> {
+    if let Some(url) = &args.url {
+        Ok((vec![http_target(url, args)?], None))
+    } else if let Some(path) = &args.config {
+        let (targets, sandbox) = config_targets(path, env)?;
+        Ok((targets, Some(sandbox)))
+    } else if let [program, rest @ ..] = args.command.as_slice() {
+        let name = std::path::Path::new(program).file_name().map(|n| n.to_string_lossy().into_owned());
+        let how = How::Command { program: program.clone(), args: rest.to_vec() };
+        Ok((vec![Target { name: name.unwrap_or_else(|| program.clone()), how }], None))
+    } else {
+        eprintln!("error: say which server: --url URL, --config FILE, or -- COMMAND [ARGS...]");
+        Err(exit(config::EXIT_CONFIG))
+    }
+}
+
+/// A remote server (`--url`), with its `--header`s.
+fn http_target(url: &url::Url, args: &TokensArgs) -> Result<Target, ExitCode> {
+    let mut headers = std::collections::BTreeMap::new();
+    for header in &args.headers {
+        let Some((name, value)) = header.split_once(':') else {
+            eprintln!("error: --header {header:?} is not `Name: value`");
+            return Err(exit(config::EXIT_CONFIG));
+        };
+        headers.insert(name.trim().to_owned(), value.trim().to_owned());
+    }
+    let name = url.host_str().unwrap_or("server").to_owned();
+    Ok(Target { name, how: How::Http { url: url.clone(), headers, sse: args.sse } })
+}
+
+/// Every enabled installation of a config file (`--config`), and the sandbox they start in.
+fn config_targets(path: &std::path::Path, env: &env::Env) -> Result<(Vec<Target>, SandboxPolicy), ExitCode> {
+    let flags = Flags { config: Some(path.to_path_buf()), ..Flags::default() };
+    let config = Config::load(env, &flags).map_err(|err| {
+        eprintln!("error: {err}");
+        exit(config::EXIT_CONFIG)
+    })?;
+    satellite::app::tokens::targets_of_config(&config, env).map_err(|err| {
+        eprintln!("error: {err}");
+        exit(config::EXIT_CONFIG)
+    })
+}
+
+/// The counts as a table, or as JSON (`--json`).
+fn print_report(report: &satellite::app::tokens::TokenReport, json: bool) -> Result<(), ExitCode> {
+    if json {
+        match serde_json::to_string_pretty(report) {
+            Ok(text) => println!("{text}"),
+            Err(err) => {
+                eprintln!("error: {err}");
+                return Err(ExitCode::FAILURE);
+            }
+        }
+    } else {
+        print!("{}", satellite::app::tokens::table(report));
+    }
+    Ok(())
+}
+
 /// `satellite token new`: a token to hand out once, and the hash the config file keeps.
 pub(super) fn token_new(instance: bool, json: bool) -> ExitCode {
     let (kind, token, field) = if instance {
@@ -105,12 +124,9 @@ pub(super) fn token_new(instance: bool, json: bool) -> ExitCode {
 
 /// `satellite search`: 0 with results (or none found), 1 when the satellite or the store could not be asked.
 pub(super) fn search(args: &SearchArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let limit = args.limit.clamp(1, 50);
     if args.url.is_some() && args.token.is_none() {
@@ -120,23 +136,7 @@ pub(super) fn search(args: &SearchArgs) -> ExitCode {
     if let (Some(url), Some(token)) = (&args.url, &args.token) {
         return match runtime.block_on(satellite::app::search::remote(url, token, &args.query, limit)) {
             Ok(document) if args.json => print_json(&document),
-            Ok(document) => {
-                let found: Vec<satellite::app::search::Found> = document["tools"]
-                    .as_array()
-                    .map(|tools| {
-                        tools
-                            .iter()
-                            .map(|t| satellite::app::search::Found {
-                                tool_path: t["tool_path"].as_str().unwrap_or_default().to_owned(),
-                                score: t["relevance_score"].as_f64().unwrap_or_default(),
-                                description: t["description"].as_str().unwrap_or_default().to_owned(),
-                                user: None,
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                show_found(&found, &args.query)
-            }
+            Ok(document) => show_found(&found_in(&document), &args.query),
             Err(err) => {
                 eprintln!("error: {err}");
                 ExitCode::FAILURE
@@ -157,8 +157,26 @@ pub(super) fn search(args: &SearchArgs) -> ExitCode {
     }
 }
 
+/// The tools a running satellite's `discover_mcp_tools` answered, as the stored search finds them.
+fn found_in(document: &serde_json::Value) -> Vec<Found> {
+    document["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|t| Found {
+                    tool_path: t["tool_path"].as_str().unwrap_or_default().to_owned(),
+                    score: t["relevance_score"].as_f64().unwrap_or_default(),
+                    description: t["description"].as_str().unwrap_or_default().to_owned(),
+                    user: None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Found tools as a table on stdout; none found is said on stderr (and is not a failure).
-pub(super) fn show_found(found: &[satellite::app::search::Found], query: &str) -> ExitCode {
+pub(super) fn show_found(found: &[Found], query: &str) -> ExitCode {
     if found.is_empty() {
         eprintln!("no tool matched {query:?}");
     }
@@ -213,7 +231,7 @@ pub(super) fn check_config(args: &ServeArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let sandbox = match satellite::instances::sandbox::SandboxPolicy::for_config(&config, &env) {
+    let sandbox = match SandboxPolicy::for_config(&config, &env) {
         Ok(sandbox) => sandbox,
         Err(err) => {
             eprintln!("error: {err}");
@@ -227,33 +245,8 @@ pub(super) fn check_config(args: &ServeArgs) -> ExitCode {
             return exit(err.exit_code());
         }
     };
-    // What `serve` would refuse: entries that do not validate, and stdio commands or arguments the sandbox
-    // refuses. A runtime missing on this machine is only a warning: the config may be checked elsewhere.
-    let mut problems: Vec<String> = state.rejected.iter().map(|(key, reason)| format!("{key}: {reason}")).collect();
-    for spec in state.instances.values().filter(|spec| spec.enabled) {
-        use satellite::instances::sandbox::SandboxError;
-        let who =
-            format!("installation {} (server {}, user {})", spec.installation_id.0, spec.server_slug, spec.user_id.0);
-        match sandbox.check(spec) {
-            Ok(()) => {}
-            Err(err @ SandboxError::NotInstalled { .. }) => {
-                eprintln!("warning: {who}: {err}; `serve` on this machine would fail to start it")
-            }
-            Err(err) => problems.push(format!("{who}: {err}")),
-        }
-    }
-    if let Mode::Standalone(StandaloneSource::File { path, .. }) = &config.mode {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let start_only: Vec<String> = config::start_only_settings(&text).into_keys().collect();
-        if !start_only.is_empty() {
-            let verb = if start_only.len() == 1 { "is" } else { "are" };
-            eprintln!(
-                "note: {} {verb} read only when `serve` starts: an edit in a running satellite's file takes \
-                 effect at the next restart (teams, users, auth, servers and installations apply at once)",
-                start_only.join(", ")
-            );
-        }
-    }
+    let problems = refusals(&state, &sandbox);
+    note_start_only_settings(&config);
     if !problems.is_empty() {
         for problem in &problems {
             eprintln!("error: {problem}");
@@ -268,6 +261,52 @@ pub(super) fn check_config(args: &ServeArgs) -> ExitCode {
             return exit(config::EXIT_CONFIG);
         }
     };
+    print_json(&effective_config(&config, &state, &sandbox, database))
+}
+
+/// What `serve` would refuse: entries that do not validate, and stdio commands or arguments the sandbox
+/// refuses. A runtime missing on this machine is only a warning: the config may be checked elsewhere.
+fn refusals(state: &DesiredState, sandbox: &SandboxPolicy) -> Vec<String> {
+    let mut problems: Vec<String> = state.rejected.iter().map(|(key, reason)| format!("{key}: {reason}")).collect();
+    for spec in state.instances.values().filter(|spec| spec.enabled) {
+        use satellite::instances::sandbox::SandboxError;
+        let who =
+            format!("installation {} (server {}, user {})", spec.installation_id.0, spec.server_slug, spec.user_id.0);
+        match sandbox.check(spec) {
+            Ok(()) => {}
+            Err(err @ SandboxError::NotInstalled { .. }) => {
+                eprintln!("warning: {who}: {err}; `serve` on this machine would fail to start it")
+            }
+            Err(err) => problems.push(format!("{who}: {err}")),
+        }
+    }
+    problems
+}
+
+/// Settings of the config file that a running satellite does not reread, said once on stderr.
+fn note_start_only_settings(config: &Config) {
+    if let Mode::Standalone(StandaloneSource::File { path, .. }) = &config.mode {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let start_only: Vec<String> = config::start_only_settings(&text).into_keys().collect();
+        if !start_only.is_empty() {
+            let verb = if start_only.len() == 1 { "is" } else { "are" };
+            eprintln!(
+                "note: {} {verb} read only when `serve` starts: an edit in a running satellite's file takes \
+                 effect at the next restart (teams, users, auth, servers and installations apply at once)",
+                start_only.join(", ")
+            );
+        }
+    }
+}
+
+/// The configuration `check-config` prints: secrets redacted, with the database's version, the instances
+/// it would run and what it refused, and the sandbox.
+fn effective_config(
+    config: &Config,
+    state: &DesiredState,
+    sandbox: &SandboxPolicy,
+    database: Option<String>,
+) -> serde_json::Value {
     let instances: Vec<serde_json::Value> = state.instances.values().map(redacted_instance).collect();
     let mut effective = config.redacted();
     if let Some(version) = database {
@@ -275,7 +314,7 @@ pub(super) fn check_config(args: &ServeArgs) -> ExitCode {
     }
     effective["desired_state"] = serde_json::json!({"instances": instances, "rejected": state.rejected});
     effective["sandbox"]["summary"] = serde_json::Value::String(sandbox.describe());
-    print_json(&effective)
+    effective
 }
 
 /// Connect to the configured PostgreSQL database within 10 s; its server version, or `None` for SQLite.

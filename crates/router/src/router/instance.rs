@@ -18,6 +18,8 @@ use crate::mcp::protocol::{self, codes, RpcError};
 use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::catalog::Catalog;
 
+mod listen;
+
 /// The longest a `subscriptions/listen` stream is kept open upstream; the client re-subscribes after it ends.
 const LISTEN_LIMIT: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -198,12 +200,7 @@ impl InstanceRouter {
         let params = params.unwrap_or_else(|| json!({}));
         // The server holds one set of subscriptions for all the instance's clients: one client's unsubscribe must
         // not end another's updates.
-        let subscription = match method {
-            "resources/subscribe" | "resources/unsubscribe" => {
-                params.get("uri").and_then(Value::as_str).map(|uri| (uri.to_owned(), session.unwrap_or_default()))
-            }
-            _ => None,
-        };
+        let subscription = SubscriptionChange::of(method, &params, session);
         // A hold is taken before the subscribe goes out, so an unsubscribe racing it cannot see the resource unheld
         // and end it; undone when the server refuses, as is a release the server refused. Decided and asked under
         // the instance's subscription lock, so a subscribe and another client's unsubscribe (or a background undo)
@@ -212,175 +209,65 @@ impl InstanceRouter {
             Some(_) => Some(instance.subscription_lock().await),
             None => None,
         };
-        if let (Some((uri, _)), "resources/subscribe") = (&subscription, method) {
-            if !instance.can_hold_subscription(uri) {
-                return Err(invalid(format!(
-                    "too many resource subscriptions on this server (at most {}): unsubscribe from one first",
-                    crate::instances::MAX_SUBSCRIPTIONS
-                )));
-            }
-        }
         let mut was_held = false;
-        if let (Some((uri, holder)), "resources/unsubscribe") = (&subscription, method) {
-            match instance.release_subscription(uri, holder) {
-                Release::OthersHold => return Ok(json!({}).into()),
-                released => was_held = released == Release::Last,
+        if let Some(change) = &subscription {
+            match change.before(method, instance)? {
+                Some(Release::OthersHold) => return Ok(json!({}).into()),
+                released => was_held = released == Some(Release::Last),
             }
         }
         let result = forward(&self.manager, instance, method, params, timeout, relay).await;
-        match (&subscription, method, &result) {
-            (Some((uri, holder)), "resources/subscribe", Ok(_)) => instance.hold_subscription(uri, holder),
-            // The server refused to stop: the client still holds it.
-            (Some((uri, holder)), "resources/unsubscribe", Err(_)) if was_held => {
-                instance.hold_subscription(uri, holder)
-            }
-            _ => {}
+        if let Some(change) = &subscription {
+            change.after(method, instance, &result, was_held);
         }
         result
     }
 }
 
-impl InstanceRouter {
-    /// `subscriptions/listen` for a handshake-era server, served from what it announces outside any request
-    /// (`Instance::announcements`): acknowledged with the part of the filter the server can honour, then each
-    /// announcement the filter asks for, until the client closes the stream or `LISTEN_LIMIT` passes. Resource
-    /// subscriptions are asked of the server with `resources/subscribe` (kept, and asked again after a restart,
-    /// by the instance), when it declares `resources.subscribe`.
-    async fn listen_here(
-        &self,
-        instance: &Arc<Instance>,
-        params: &Value,
-        relay: &Relay,
-    ) -> Result<Payload, RouteError> {
-        let wanted = params.get("notifications").cloned().unwrap_or_else(|| json!({}));
-        let declared = instance.client().map(|client| client.capabilities().clone()).unwrap_or_default();
-        let asked = |flag: &str| wanted.get(flag).and_then(Value::as_bool).unwrap_or(false);
-        let has = |capability: &str| declared.get(capability).is_some();
-        let mut agreed = serde_json::Map::new();
-        // Tools are always listed by the satellite, which announces a changed catalog itself.
-        let tools = asked("toolsListChanged");
-        let prompts = asked("promptsListChanged") && has("prompts");
-        let resources = asked("resourcesListChanged") && has("resources");
-        for (flag, on) in
-            [("toolsListChanged", tools), ("promptsListChanged", prompts), ("resourcesListChanged", resources)]
-        {
-            if on {
-                agreed.insert(flag.into(), json!(true));
+/// A client's `resources/subscribe` or `resources/unsubscribe`: the resource, and the client's session, which
+/// holds the subscription.
+struct SubscriptionChange<'a> {
+    uri: String,
+    holder: &'a str,
+}
+
+impl<'a> SubscriptionChange<'a> {
+    /// The change a request asks for, when it is a subscribe or unsubscribe naming its resource.
+    fn of(method: &str, params: &Value, session: Option<&'a str>) -> Option<Self> {
+        match method {
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let uri = params.get("uri").and_then(Value::as_str)?;
+                Some(SubscriptionChange { uri: uri.to_owned(), holder: session.unwrap_or_default() })
             }
+            _ => None,
         }
-        let mut watched = std::collections::BTreeSet::new();
-        // What this listen asked of the server, undone when it ends however it ends (the client closing its
-        // stream aborts this future).
-        let mut undo = Unsubscribe {
-            manager: &self.manager,
-            instance,
-            holder: format!("listen {:016x}", rand::random::<u64>()),
-            uris: Vec::new(),
-            timeout: self.call_timeout,
-        };
-        if declared.pointer("/resources/subscribe").and_then(Value::as_bool) == Some(true) {
-            let uris = wanted.get("resourceSubscriptions").and_then(Value::as_array).cloned().unwrap_or_default();
-            for uri in uris.iter().filter_map(Value::as_str).take(MAX_LISTEN_RESOURCES) {
-                let subscribe = json!({"uri": uri});
-                let _changing = instance.subscription_lock().await;
-                // Past the instance's bound, not agreed (the acknowledgement leaves it out), as when refused.
-                if !instance.can_hold_subscription(uri) {
-                    continue;
-                }
-                match self.manager.call(instance, "resources/subscribe", Some(subscribe), self.call_timeout).await {
-                    Ok(_) => {
-                        watched.insert(uri.to_owned());
-                        instance.hold_subscription(uri, &undo.holder);
-                        undo.uris.push(uri.to_owned());
-                    }
-                    Err(err) => {
-                        tracing::debug!(process_id = %instance.spec().process_id, uri, error = %err, "a listen's resource subscription was refused")
-                    }
-                }
+    }
+
+    /// Before the request goes out: a subscribe past the instance's bound is refused; an unsubscribe releases the
+    /// client's hold, and says what that left (`OthersHold`: nothing to ask of the server).
+    fn before(&self, method: &str, instance: &Instance) -> Result<Option<Release>, RouteError> {
+        if method == "resources/subscribe" {
+            if !instance.can_hold_subscription(&self.uri) {
+                return Err(invalid(format!(
+                    "too many resource subscriptions on this server (at most {}): unsubscribe from one first",
+                    crate::instances::MAX_SUBSCRIPTIONS
+                )));
             }
-            agreed.insert("resourceSubscriptions".into(), json!(watched));
+            return Ok(None);
         }
-        // Listening before the acknowledgement: nothing announced after it is missed.
-        let mut announced = instance.announcements();
-        let tag = || json!({protocol::meta_keys::SUBSCRIPTION_ID: null});
-        relay
-            .notify("notifications/subscriptions/acknowledged", Some(json!({"_meta": tag(), "notifications": agreed})));
-        let deadline = tokio::time::sleep(LISTEN_LIMIT);
-        tokio::pin!(deadline);
-        loop {
-            let note = tokio::select! {
-                _ = relay.closed() => break,
-                _ = &mut deadline => break,
-                note = announced.recv() => note,
-            };
-            let note = match note {
-                Ok(note) if !crate::instances::missed_announcements(&note) => note,
-                // Missed announcements may have been list changes or updates: the lists this listen follows, and
-                // the resources it watches, may have changed.
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    for (method, on) in [
-                        ("notifications/tools/list_changed", tools),
-                        ("notifications/prompts/list_changed", prompts),
-                        ("notifications/resources/list_changed", resources),
-                    ] {
-                        if on {
-                            relay.notify(method, Some(json!({"_meta": tag()})));
-                        }
-                    }
-                    for uri in &watched {
-                        relay.notify("notifications/resources/updated", Some(json!({"uri": uri, "_meta": tag()})));
-                    }
-                    continue;
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-            };
-            let method = note.get("method").and_then(Value::as_str).unwrap_or_default();
-            let wanted = match method {
-                "notifications/tools/list_changed" => tools,
-                "notifications/prompts/list_changed" => prompts,
-                "notifications/resources/list_changed" => resources,
-                "notifications/resources/updated" => {
-                    note.pointer("/params/uri").and_then(Value::as_str).is_some_and(|uri| watched.contains(uri))
-                }
-                _ => false,
-            };
-            if !wanted {
-                continue;
-            }
-            let mut params = note.get("params").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
-            match params.get_mut("_meta").and_then(Value::as_object_mut) {
-                Some(meta) => {
-                    meta.insert(protocol::meta_keys::SUBSCRIPTION_ID.into(), Value::Null);
-                }
-                None => params["_meta"] = tag(),
-            }
-            relay.notify(method, Some(params));
+        Ok(Some(instance.release_subscription(&self.uri, self.holder)))
+    }
+
+    /// After the server answered: a subscribe it took is held for the client, as is one it refused to end.
+    fn after(&self, method: &str, instance: &Instance, result: &Result<Payload, RouteError>, was_held: bool) {
+        match (method, result) {
+            ("resources/subscribe", Ok(_)) => instance.hold_subscription(&self.uri, self.holder),
+            // The server refused to stop: the client still holds it.
+            ("resources/unsubscribe", Err(_)) if was_held => instance.hold_subscription(&self.uri, self.holder),
+            _ => {}
         }
-        Ok(json!({"resultType": "complete", "_meta": tag()}).into())
     }
 }
-
-/// The subscriptions a listen served by the satellite holds, released when it ends; those no other client holds
-/// are undone upstream (`unsubscribe_later`).
-struct Unsubscribe<'a> {
-    manager: &'a InstanceManager,
-    instance: &'a Arc<Instance>,
-    /// The listen's name among the subscriptions' holders.
-    holder: String,
-    uris: Vec<String>,
-    timeout: Duration,
-}
-
-impl Drop for Unsubscribe<'_> {
-    fn drop(&mut self) {
-        let mut uris = std::mem::take(&mut self.uris);
-        uris.retain(|uri| self.instance.release_subscription(uri, &self.holder) != Release::OthersHold);
-        self.manager.unsubscribe_later(self.instance.clone(), uris, self.timeout);
-    }
-}
-
-/// Resource URIs one `subscriptions/listen` served by the satellite asks the server to watch, at most.
-const MAX_LISTEN_RESOURCES: usize = 100;
 
 #[cfg(test)]
 mod tests {

@@ -135,16 +135,10 @@ async fn forward(
     relay: Option<&Relay>,
 ) -> Result<Payload, RouteError> {
     let mut params = params;
-    // A 2026-07-28 server asks only for what the client declared: declare a handshake-era client's own
-    // capabilities on its behalf (a 2026-07-28 client's envelope already carries its own).
     let stateless_server =
         instance.client().is_some_and(|c| matches!(c.era(), crate::mcp::client::Era::Stateless { .. }));
-    let declared = relay.and_then(Relay::client_capabilities).filter(|_| stateless_server);
-    if let (Some(capabilities), Some(object)) = (declared, params.as_object_mut()) {
-        let meta = object.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(meta) = meta.as_object_mut() {
-            meta.entry(crate::mcp::protocol::meta_keys::CLIENT_CAPABILITIES).or_insert_with(|| capabilities.clone());
-        }
+    if let Some(capabilities) = relay.and_then(Relay::client_capabilities).filter(|_| stateless_server) {
+        declare_client_capabilities(&mut params, capabilities);
     }
     // A 2026-07-28 server asks through `input_required`; a handshake-era client cannot read that, so the
     // satellite asks it the server's questions (as requests on its stream) and retries with the answers. Only
@@ -170,13 +164,29 @@ async fn forward(
                 responses.insert(key.clone(), answer);
             }
         }
-        if let Some(object) = params.as_object_mut() {
-            object.insert("inputResponses".into(), Value::Object(responses));
-            match result.get("requestState") {
-                Some(state) => object.insert("requestState".into(), state.clone()),
-                None => object.remove("requestState"),
-            };
+        retry_with_answers(&mut params, responses, &result);
+    }
+}
+
+/// A 2026-07-28 server asks only for what the client declared: declare a handshake-era client's own
+/// capabilities on its behalf (a 2026-07-28 client's envelope already carries its own).
+fn declare_client_capabilities(params: &mut Value, capabilities: &Value) {
+    if let Some(object) = params.as_object_mut() {
+        let meta = object.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.entry(crate::mcp::protocol::meta_keys::CLIENT_CAPABILITIES).or_insert_with(|| capabilities.clone());
         }
+    }
+}
+
+/// The request again, with the client's answers and the state the server asked to get back.
+fn retry_with_answers(params: &mut Value, responses: serde_json::Map<String, Value>, result: &Value) {
+    if let Some(object) = params.as_object_mut() {
+        object.insert("inputResponses".into(), Value::Object(responses));
+        match result.get("requestState") {
+            Some(state) => object.insert("requestState".into(), state.clone()),
+            None => object.remove("requestState"),
+        };
     }
 }
 

@@ -177,19 +177,7 @@ impl HierarchicalRouter {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 self.execute(caller, toolset, who, args, params, relay).await
             }
-            meta::LIST_RESOURCES => {
-                let resources = self.resource_entries(caller);
-                let templates = self.template_entries(caller);
-                Ok(Payload::from(text_document(
-                    &json!({
-                        "total_resources": resources.len(),
-                        "total_templates": templates.len(),
-                        "resources": resources,
-                        "resource_templates": templates,
-                    }),
-                    self.pretty,
-                )))
-            }
+            meta::LIST_RESOURCES => Ok(self.list_resources(caller)),
             meta::READ_RESOURCE => {
                 caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
                 let uri = string_param(args, "uri", "Invalid uri parameter - must be a non-empty string")?;
@@ -203,14 +191,23 @@ impl HierarchicalRouter {
                 let args = json!({"tool_path": path, "arguments": arguments});
                 self.execute(caller, toolset, who, &args, params, relay).await
             }
-            other => Err(invalid(format!(
-                "Unknown meta-tool: {other}. Available tools: {}, {}, {}, {}",
-                meta::DISCOVER,
-                meta::EXECUTE,
-                meta::LIST_RESOURCES,
-                meta::READ_RESOURCE
-            ))),
+            other => Err(unknown_meta_tool(other)),
         }
+    }
+
+    /// `list_mcp_resources`: the caller's resources and templates, as one text document.
+    fn list_resources(&self, caller: &Principal) -> Payload {
+        let resources = self.resource_entries(caller);
+        let templates = self.template_entries(caller);
+        Payload::from(text_document(
+            &json!({
+                "total_resources": resources.len(),
+                "total_templates": templates.len(),
+                "resources": resources,
+                "resource_templates": templates,
+            }),
+            self.pretty,
+        ))
     }
 
     /// The caller's instances whose tools are visible now.
@@ -249,50 +246,12 @@ impl HierarchicalRouter {
         outer: &Value,
         relay: Option<&Relay>,
     ) -> Result<Payload, RouteError> {
-        let path = string_param(
-            args,
-            "tool_path",
-            "Invalid tool_path parameter - must be a non-empty string in format \"serverName:toolName\"",
-        )?;
-        let (slug, tool_name) = parse_tool_path(path).ok_or_else(|| {
-            invalid(format!(
-                "Invalid tool_path format: {path}. Expected format: \"serverSlug:toolName\" (e.g., \"github:create_issue\")"
-            ))
-        })?;
-        if let Some(toolset) = toolset.filter(|t| !t.matches(slug, tool_name)) {
-            return Err(invalid(format!(
-                "Tool {path} is not in the toolset '{}' this session uses. Use discover_mcp_tools to find tools in it, or connect with ?toolset=all to reach every tool.",
-                toolset.name
-            )));
-        }
+        let (path, slug, tool_name) = tool_path(args, toolset)?;
         let instance = self.instance_for(caller, slug)?;
-        if instance.catalog().is_none() {
-            // Never started (or never listed its tools): say why, not "Tool not found".
-            return Ok(blocked_result(path, &instance).into());
+        if let Some(refused) = refusal(&instance, path, tool_name) {
+            return refused;
         }
-        let known = instance.catalog().is_some_and(|c| c.position(tool_name).is_some());
-        if !known {
-            return Err(invalid(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools.")));
-        }
-        if !callable(instance.state()) {
-            return Ok(blocked_result(path, &instance).into());
-        }
-        if instance.tool_disabled(tool_name) {
-            return Ok(disabled_result(path).into());
-        }
-        let arguments = match args.get("arguments") {
-            None | Some(Value::Null) => json!({}),
-            Some(value @ Value::Object(_)) => value.clone(),
-            Some(_) => {
-                return Err(RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, "arguments must be an object")))
-            }
-        };
-        let mut inner = protocol::object([("name", Value::from(tool_name)), ("arguments", arguments)]);
-        for key in ["_meta", "inputResponses", "requestState"] {
-            if let Some(value) = outer.get(key).filter(|v| !v.is_null()) {
-                inner[key] = value.clone();
-            }
-        }
+        let inner = inner_call(tool_name, args, outer)?;
         let started = Instant::now();
         let result = forward(&self.manager, &instance, "tools/call", inner, self.call_timeout, relay).await;
         self.analytics.call(
@@ -303,21 +262,88 @@ impl HierarchicalRouter {
             call_outcome(&result),
             started.elapsed(),
         );
-        // A failure whose arguments do not fit the tool's schema says so, with the schema.
-        let arguments = args.get("arguments");
-        match result.map(normalise_call_result) {
-            Err(RouteError::Rpc(err)) if err.code == codes::INVALID_PARAMS => {
-                match misfit(&instance, tool_name, arguments) {
-                    Some((tool, problems)) => Err(RouteError::Rpc(fit::explain_error(err, path, &tool, &problems))),
-                    None => Err(RouteError::Rpc(err)),
-                }
-            }
-            Ok(result) if result.shape().is_error => match misfit(&instance, tool_name, arguments) {
-                Some((tool, problems)) => Ok(fit::explain_result(result, path, &tool, &problems)),
-                None => Ok(result),
-            },
-            other => other,
+        explain_misfit(result.map(normalise_call_result), &instance, path, tool_name, args.get("arguments"))
+    }
+}
+
+/// `execute_mcp_tool`'s `tool_path`, and its server slug and tool name, when it is well formed and in the
+/// session's toolset.
+fn tool_path<'a>(args: &'a Value, toolset: Option<&Arc<Toolset>>) -> Result<(&'a str, &'a str, &'a str), RouteError> {
+    let path = string_param(
+        args,
+        "tool_path",
+        "Invalid tool_path parameter - must be a non-empty string in format \"serverName:toolName\"",
+    )?;
+    let (slug, tool_name) = parse_tool_path(path).ok_or_else(|| {
+        invalid(format!(
+            "Invalid tool_path format: {path}. Expected format: \"serverSlug:toolName\" (e.g., \"github:create_issue\")"
+        ))
+    })?;
+    if let Some(toolset) = toolset.filter(|t| !t.matches(slug, tool_name)) {
+        return Err(invalid(format!(
+            "Tool {path} is not in the toolset '{}' this session uses. Use discover_mcp_tools to find tools in it, or connect with ?toolset=all to reach every tool.",
+            toolset.name
+        )));
+    }
+    Ok((path, slug, tool_name))
+}
+
+/// Why the tool cannot run on `instance` now, when it cannot: the answer to give instead of calling it.
+fn refusal(instance: &Instance, path: &str, tool_name: &str) -> Option<Result<Payload, RouteError>> {
+    if instance.catalog().is_none() {
+        // Never started (or never listed its tools): say why, not "Tool not found".
+        return Some(Ok(blocked_result(path, instance).into()));
+    }
+    let known = instance.catalog().is_some_and(|c| c.position(tool_name).is_some());
+    if !known {
+        return Some(Err(invalid(format!("Tool not found: {path}. Use discover_mcp_tools to find available tools."))));
+    }
+    if !callable(instance.state()) {
+        return Some(Ok(blocked_result(path, instance).into()));
+    }
+    if instance.tool_disabled(tool_name) {
+        return Some(Ok(disabled_result(path).into()));
+    }
+    None
+}
+
+/// The `tools/call` request for the server: the tool's name and arguments, with what of the outer call is meant
+/// for the server.
+fn inner_call(tool_name: &str, args: &Value, outer: &Value) -> Result<Value, RouteError> {
+    let arguments = match args.get("arguments") {
+        None | Some(Value::Null) => json!({}),
+        Some(value @ Value::Object(_)) => value.clone(),
+        Some(_) => return Err(RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, "arguments must be an object"))),
+    };
+    let mut inner = protocol::object([("name", Value::from(tool_name)), ("arguments", arguments)]);
+    for key in ["_meta", "inputResponses", "requestState"] {
+        if let Some(value) = outer.get(key).filter(|v| !v.is_null()) {
+            inner[key] = value.clone();
         }
+    }
+    Ok(inner)
+}
+
+/// A failure whose arguments do not fit the tool's schema says so, with the schema.
+fn explain_misfit(
+    result: Result<Payload, RouteError>,
+    instance: &Instance,
+    path: &str,
+    tool_name: &str,
+    arguments: Option<&Value>,
+) -> Result<Payload, RouteError> {
+    match result {
+        Err(RouteError::Rpc(err)) if err.code == codes::INVALID_PARAMS => {
+            match misfit(instance, tool_name, arguments) {
+                Some((tool, problems)) => Err(RouteError::Rpc(fit::explain_error(err, path, &tool, &problems))),
+                None => Err(RouteError::Rpc(err)),
+            }
+        }
+        Ok(result) if result.shape().is_error => match misfit(instance, tool_name, arguments) {
+            Some((tool, problems)) => Ok(fit::explain_result(result, path, &tool, &problems)),
+            None => Ok(result),
+        },
+        other => other,
     }
 }
 
@@ -329,6 +355,17 @@ fn misfit(instance: &Instance, tool_name: &str, arguments: Option<&Value>) -> Op
     let none = Value::Object(Default::default());
     let problems = fit::problems(&tool, arguments.filter(|a| !a.is_null()).unwrap_or(&none))?;
     Some((tool, problems))
+}
+
+/// The error for a `tools/call` of a name that is none of the meta-tools.
+fn unknown_meta_tool(name: &str) -> RouteError {
+    invalid(format!(
+        "Unknown meta-tool: {name}. Available tools: {}, {}, {}, {}",
+        meta::DISCOVER,
+        meta::EXECUTE,
+        meta::LIST_RESOURCES,
+        meta::READ_RESOURCE
+    ))
 }
 
 fn string_param<'a>(params: &'a Value, name: &str, message: &str) -> Result<&'a str, RouteError> {
