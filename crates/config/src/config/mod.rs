@@ -31,7 +31,7 @@ pub use mode::{Mode, StandaloneSource};
 pub use storage::{mask_url_password, Database};
 pub use telemetry::LogFormat;
 pub use upstream::UpstreamSettings;
-use values::{number, seconds, switch};
+use values::{millis, number, seconds, switch};
 
 use env::Env;
 use file::RawFile;
@@ -101,6 +101,16 @@ pub fn url_for_message(raw: &str) -> String {
         _ if raw.contains(['@', '?', '=', ':']) => "the value given (not shown: it may hold a credential)".into(),
         _ => format!("{raw:?}"),
     }
+}
+
+/// `text` as a URL, when it is an http(s) one.
+pub(crate) fn parse_http_url(text: &str) -> Option<Url> {
+    Url::parse(text).ok().filter(|u| matches!(u.scheme(), "http" | "https"))
+}
+
+/// Why `raw` is refused where an http(s) URL belongs, showing it as [`url_for_message`] does.
+pub(crate) fn not_http_url(key: impl Into<String>, var: Option<&'static str>, raw: &str) -> ConfigError {
+    ConfigError::new(key, var, format!("{} is not an http(s) url", url_for_message(raw)))
 }
 
 /// The validated configuration of one satellite process.

@@ -11,7 +11,7 @@ use super::directory::{check_id, check_sha256, jwt_settings, teams, users, Crede
 pub use super::directory::{Directory, JwtAlgorithm, JwtSettings, Team, TokenGrant, User, DEFAULT_SCOPES};
 use super::snapshot::{set_query, DesiredState, EntrySettings, McpServerEntry, SecretMetadata};
 use crate::config::file::{Origin, RawFile, RawInstallation, RawServer, RawTeam, RawUser, RawUserInstance};
-use crate::config::{sha256_hex, ConfigError, EmbeddedDefault};
+use crate::config::{not_http_url, parse_http_url, sha256_hex, ConfigError, EmbeddedDefault};
 use crate::model::toolset::{Configured, ConfiguredToolsets};
 use crate::model::{InstallationId, ProcessId, TeamId, Toolset, ToolsetScope, ToolsetSource, UserId};
 
@@ -43,24 +43,7 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
     let servers = servers(&raw.servers)?;
     let admin_tokens = admin_tokens(&raw.auth.admin_token_sha256, &mut owners)?;
     let entries = entries(raw, &teams, &users, &servers, &mut owners)?;
-    let authorization_server = match &raw.auth.authorization_server {
-        Some(url) => Some(
-            Url::parse(url)
-                .ok()
-                .filter(|u| matches!(u.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "auth.authorization_server",
-                        None,
-                        format!("{} is not an http(s) url", crate::config::url_for_message(url)),
-                    )
-                })?
-                .to_string()
-                .trim_end_matches('/')
-                .to_owned(),
-        ),
-        None => None,
-    };
+    let authorization_server = raw.auth.authorization_server.as_deref().map(authorization_server).transpose()?;
     let toolsets = toolsets(raw, &teams, &users)?;
     Ok(StandaloneConfig {
         directory: Directory { teams, users, jwt, authorization_server, admin_tokens, token_index: Default::default() }
@@ -68,6 +51,12 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
         entries,
         toolsets,
     })
+}
+
+/// The authorization server advertised in the protected-resource metadata: an http(s) URL, without a trailing `/`.
+fn authorization_server(url: &str) -> Result<String, ConfigError> {
+    let parsed = parse_http_url(url).ok_or_else(|| not_http_url("auth.authorization_server", None, url))?;
+    Ok(parsed.to_string().trim_end_matches('/').to_owned())
 }
 
 /// The catalogue by slug, each server checked.
@@ -356,13 +345,8 @@ fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
         }
         "http" | "sse" => {
             let url = server.url.as_deref().unwrap_or("");
-            let parsed = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https"));
-            if parsed.is_none() {
-                return Err(ConfigError::new(
-                    format!("{key}.url"),
-                    None,
-                    format!("{} is not an http(s) url", crate::config::url_for_message(url)),
-                ));
+            if parse_http_url(url).is_none() {
+                return Err(not_http_url(format!("{key}.url"), None, url));
             }
         }
         other => {
