@@ -77,6 +77,34 @@ struct Inner {
     stdout_junk_lines: IntCounterVec,
 }
 
+impl Inner {
+    /// The counted families and the process's own, in the satellite's registry.
+    fn register(&self) -> Result<(), prometheus::Error> {
+        for collector in [
+            Box::new(self.http_requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(self.http_duration.clone()),
+            Box::new(self.discover_duration.clone()),
+            Box::new(self.tool_calls.clone()),
+            Box::new(self.tool_call_duration.clone()),
+            Box::new(self.stdout_junk_lines.clone()),
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+        ] {
+            self.registry.register(collector)?;
+        }
+        Ok(())
+    }
+}
+
+/// A counter family with these labels.
+fn counters(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+    IntCounterVec::new(Opts::new(name, help), labels)
+}
+
+/// A latency family in seconds over [`BUCKETS`], with these labels.
+fn latencies(name: &str, help: &str, labels: &[&str]) -> Result<HistogramVec, prometheus::Error> {
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()), labels)
+}
+
 /// Values read when `/metrics` is scraped, from the parts that already keep them.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -105,69 +133,40 @@ pub struct Snapshot {
 impl Metrics {
     /// The families, registered once; fails only if two had the same name (a programming error).
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
-        let http_requests = IntCounterVec::new(
-            Opts::new("satellite_http_requests_total", "HTTP requests answered, by route template, method and status"),
-            &["route", "method", "status"],
-        )?;
-        let http_duration = HistogramVec::new(
-            HistogramOpts::new(
+        let inner = Inner {
+            registry: Registry::new(),
+            http_requests: counters(
+                "satellite_http_requests_total",
+                "HTTP requests answered, by route template, method and status",
+                &["route", "method", "status"],
+            )?,
+            http_duration: latencies(
                 "satellite_http_request_duration_seconds",
                 "Time until the response started, by route template and method",
-            )
-            .buckets(BUCKETS.to_vec()),
-            &["route", "method"],
-        )?;
-        let discover_duration = HistogramVec::new(
-            HistogramOpts::new(
+                &["route", "method"],
+            )?,
+            discover_duration: latencies(
                 "satellite_discover_duration_seconds",
                 "discover_mcp_tools searches, by whether it found any tool",
-            )
-            .buckets(BUCKETS.to_vec()),
-            &["found"],
-        )?;
-        let tool_calls = IntCounterVec::new(
-            Opts::new(
+                &["found"],
+            )?,
+            tool_calls: counters(
                 "satellite_tool_calls_total",
                 "tools/call forwarded to an MCP server, by server slug and outcome",
-            ),
-            &["server", "outcome"],
-        )?;
-        let tool_call_duration = HistogramVec::new(
-            HistogramOpts::new(
+                &["server", "outcome"],
+            )?,
+            tool_call_duration: latencies(
                 "satellite_tool_call_duration_seconds",
                 "tools/call round trips to MCP servers, by server slug",
-            )
-            .buckets(BUCKETS.to_vec()),
-            &["server"],
-        )?;
-        let stdout_junk_lines = IntCounterVec::new(
-            Opts::new(
+                &["server"],
+            )?,
+            stdout_junk_lines: counters(
                 "satellite_stdio_junk_lines_total",
                 "Lines stdio MCP servers wrote on stdout that are not JSON-RPC (logged or not), by server slug",
-            ),
-            &["server"],
-        )?;
-        let inner = Inner {
-            registry,
-            http_requests,
-            http_duration,
-            discover_duration,
-            tool_calls,
-            tool_call_duration,
-            stdout_junk_lines,
+                &["server"],
+            )?,
         };
-        for collector in [
-            Box::new(inner.http_requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(inner.http_duration.clone()),
-            Box::new(inner.discover_duration.clone()),
-            Box::new(inner.tool_calls.clone()),
-            Box::new(inner.tool_call_duration.clone()),
-            Box::new(inner.stdout_junk_lines.clone()),
-            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
-        ] {
-            inner.registry.register(collector)?;
-        }
+        inner.register()?;
         Ok(Metrics { inner: Arc::new(inner) })
     }
 
@@ -243,74 +242,34 @@ fn status_label(status: u16) -> &'static str {
 /// The scrape-time values as families of their own registry (built per scrape: a few dozen series).
 fn snapshot_registry(snapshot: &Snapshot) -> Result<Registry, prometheus::Error> {
     let registry = Registry::new();
-    let instances = IntGaugeVec::new(Opts::new("satellite_instances", "MCP server instances by status"), &["status"])?;
-    for (status, count) in &snapshot.instances_by_status {
-        instances.with_label_values(&[status]).set(gauge(*count));
-    }
-    registry.register(Box::new(instances))?;
+    let instances = ("satellite_instances", "MCP server instances by status");
+    register_gauges(&registry, instances, "status", &snapshot.instances_by_status)?;
     let dormant = IntGauge::new("satellite_instances_dormant", "Stdio instances asleep; the next call wakes them")?;
     dormant.set(gauge(snapshot.dormant));
     registry.register(Box::new(dormant))?;
-    let connections = IntGaugeVec::new(
-        Opts::new("satellite_upstream_connections", "Live connections to MCP servers, by transport"),
-        &["transport"],
-    )?;
-    for (transport, count) in &snapshot.upstream_connections {
-        connections.with_label_values(&[transport]).set(gauge(*count));
-    }
-    registry.register(Box::new(connections))?;
-    let sessions =
-        IntGaugeVec::new(Opts::new("satellite_mcp_sessions", "Open MCP client sessions, by endpoint kind"), &["kind"])?;
-    for (kind, count) in &snapshot.sessions {
-        sessions.with_label_values(&[kind]).set(gauge(*count));
-    }
-    registry.register(Box::new(sessions))?;
+    let connections = ("satellite_upstream_connections", "Live connections to MCP servers, by transport");
+    register_gauges(&registry, connections, "transport", &snapshot.upstream_connections)?;
+    let sessions = ("satellite_mcp_sessions", "Open MCP client sessions, by endpoint kind");
+    register_gauges(&registry, sessions, "kind", &snapshot.sessions)?;
     if let Some((count, age)) = snapshot.outbox {
-        let depth =
-            IntGauge::new("satellite_outbox_events", "Managed mode: events waiting in the outbox for the backend")?;
-        depth.set(gauge(count));
-        registry.register(Box::new(depth))?;
-        let oldest = prometheus::Gauge::new(
-            "satellite_outbox_oldest_age_seconds",
-            "Managed mode: age of the oldest event waiting in the outbox (0 when empty)",
-        )?;
-        oldest.set(age.as_secs_f64());
-        registry.register(Box::new(oldest))?;
+        register_outbox(&registry, count, age)?;
     }
-    let backend = IntCounterVec::new(
-        Opts::new("satellite_backend_requests_total", "Managed mode: exchanges with the backend, by loop and outcome"),
-        &["operation", "outcome"],
-    )?;
-    for (operation, ok, failed) in &snapshot.backend {
-        backend.with_label_values(&[operation, "ok"]).inc_by(*ok);
-        backend.with_label_values(&[operation, "failed"]).inc_by(*failed);
-    }
-    registry.register(Box::new(backend))?;
+    register_backend(&registry, &snapshot.backend)?;
     if let Some((hits, misses, stale)) = snapshot.introspection {
-        let cache = IntCounterVec::new(
-            Opts::new(
-                "satellite_introspection_cache_total",
-                "Managed mode: bearer tokens answered from the introspection cache (hit), asked of the backend (miss), \
-                 or admitted on an expired entry while the backend could not be asked (stale)",
-            ),
-            &["result"],
-        )?;
-        cache.with_label_values(&["hit"]).inc_by(hits);
-        cache.with_label_values(&["miss"]).inc_by(misses);
-        cache.with_label_values(&["stale"]).inc_by(stale);
-        registry.register(Box::new(cache))?;
+        let cache = (
+            "satellite_introspection_cache_total",
+            "Managed mode: bearer tokens answered from the introspection cache (hit), asked of the backend (miss), \
+             or admitted on an expired entry while the backend could not be asked (stale)",
+        );
+        register_counts(&registry, cache, "result", &[("hit", hits), ("miss", misses), ("stale", stale)])?;
     }
-    let analytics = IntCounterVec::new(
-        Opts::new(
-            "satellite_analytics_dropped_total",
-            "Token-savings facts lost: queue (the recorder's queue was full) or store (the database refused them past \
-             what is kept for it)",
-        ),
-        &["stage"],
-    )?;
-    analytics.with_label_values(&["queue"]).inc_by(snapshot.analytics_dropped.0);
-    analytics.with_label_values(&["store"]).inc_by(snapshot.analytics_dropped.1);
-    registry.register(Box::new(analytics))?;
+    let analytics = (
+        "satellite_analytics_dropped_total",
+        "Token-savings facts lost: queue (the recorder's queue was full) or store (the database refused them past \
+         what is kept for it)",
+    );
+    let (queue, store) = snapshot.analytics_dropped;
+    register_counts(&registry, analytics, "stage", &[("queue", queue), ("store", store)])?;
     let ready = IntGauge::new("satellite_ready", "1 once the first configuration is applied (what /readyz says)")?;
     ready.set(i64::from(snapshot.ready));
     registry.register(Box::new(ready))?;
@@ -318,6 +277,63 @@ fn snapshot_registry(snapshot: &Snapshot) -> Result<Registry, prometheus::Error>
     info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
     registry.register(Box::new(info))?;
     Ok(registry)
+}
+
+/// A family's name and help.
+type Family = (&'static str, &'static str);
+
+/// A gauge family of one label, a series per value.
+fn register_gauges(
+    registry: &Registry,
+    (name, help): Family,
+    label: &str,
+    values: &[(&'static str, u64)],
+) -> Result<(), prometheus::Error> {
+    let gauges = IntGaugeVec::new(Opts::new(name, help), &[label])?;
+    for (value, count) in values {
+        gauges.with_label_values(&[value]).set(gauge(*count));
+    }
+    registry.register(Box::new(gauges))
+}
+
+/// A counter family of one label, a series per value.
+fn register_counts(
+    registry: &Registry,
+    (name, help): Family,
+    label: &str,
+    values: &[(&str, u64)],
+) -> Result<(), prometheus::Error> {
+    let counts = IntCounterVec::new(Opts::new(name, help), &[label])?;
+    for (value, count) in values {
+        counts.with_label_values(&[value]).inc_by(*count);
+    }
+    registry.register(Box::new(counts))
+}
+
+/// Managed mode: how many events wait in the outbox, and how old the oldest is.
+fn register_outbox(registry: &Registry, count: u64, age: Duration) -> Result<(), prometheus::Error> {
+    let depth = IntGauge::new("satellite_outbox_events", "Managed mode: events waiting in the outbox for the backend")?;
+    depth.set(gauge(count));
+    registry.register(Box::new(depth))?;
+    let oldest = prometheus::Gauge::new(
+        "satellite_outbox_oldest_age_seconds",
+        "Managed mode: age of the oldest event waiting in the outbox (0 when empty)",
+    )?;
+    oldest.set(age.as_secs_f64());
+    registry.register(Box::new(oldest))
+}
+
+/// Managed mode: each backend loop's attempts, as ok and failed.
+fn register_backend(registry: &Registry, loops: &[(&'static str, u64, u64)]) -> Result<(), prometheus::Error> {
+    let backend = IntCounterVec::new(
+        Opts::new("satellite_backend_requests_total", "Managed mode: exchanges with the backend, by loop and outcome"),
+        &["operation", "outcome"],
+    )?;
+    for (operation, ok, failed) in loops {
+        backend.with_label_values(&[operation, "ok"]).inc_by(*ok);
+        backend.with_label_values(&[operation, "failed"]).inc_by(*failed);
+    }
+    registry.register(Box::new(backend))
 }
 
 fn gauge(count: u64) -> i64 {

@@ -269,50 +269,54 @@ fn write_value(out: &mut String, value: &Value, depth: usize) {
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Number(n) => write_number(out, n),
         Value::String(s) => write_string(out, s),
-        Value::Array(items) => {
-            if items.is_empty() {
-                out.push_str("[]");
-                return;
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                out.push_str(if i == 0 { "\n" } else { ",\n" });
-                indent(out, depth + 1);
-                write_value(out, item, depth + 1);
-            }
-            out.push('\n');
-            indent(out, depth);
-            out.push(']');
+        Value::Array(items) => write_array(out, items, depth),
+        Value::Object(map) => write_object(out, map, depth),
+    }
+}
+
+fn write_array(out: &mut String, items: &[Value], depth: usize) {
+    if items.is_empty() {
+        out.push_str("[]");
+        return;
+    }
+    out.push('[');
+    for (i, item) in items.iter().enumerate() {
+        out.push_str(if i == 0 { "\n" } else { ",\n" });
+        indent(out, depth + 1);
+        write_value(out, item, depth + 1);
+    }
+    out.push('\n');
+    indent(out, depth);
+    out.push(']');
+}
+
+fn write_object(out: &mut String, map: &Map<String, Value>, depth: usize) {
+    if map.is_empty() {
+        out.push_str("{}");
+        return;
+    }
+    out.push('{');
+    let mut first = true;
+    let mut member = |out: &mut String, key: &str, value: &Value| {
+        out.push_str(if first { "\n" } else { ",\n" });
+        first = false;
+        indent(out, depth + 1);
+        write_string(out, key);
+        out.push_str(": ");
+        write_value(out, value, depth + 1);
+    };
+    if map.keys().any(|k| array_index(k).is_some()) {
+        for (key, value) in js_key_order(map) {
+            member(out, key, value);
         }
-        Value::Object(map) => {
-            if map.is_empty() {
-                out.push_str("{}");
-                return;
-            }
-            out.push('{');
-            let mut first = true;
-            let mut member = |out: &mut String, key: &str, value: &Value| {
-                out.push_str(if first { "\n" } else { ",\n" });
-                first = false;
-                indent(out, depth + 1);
-                write_string(out, key);
-                out.push_str(": ");
-                write_value(out, value, depth + 1);
-            };
-            if map.keys().any(|k| array_index(k).is_some()) {
-                for (key, value) in js_key_order(map) {
-                    member(out, key, value);
-                }
-            } else {
-                for (key, value) in map {
-                    member(out, key, value);
-                }
-            }
-            out.push('\n');
-            indent(out, depth);
-            out.push('}');
+    } else {
+        for (key, value) in map {
+            member(out, key, value);
         }
     }
+    out.push('\n');
+    indent(out, depth);
+    out.push('}');
 }
 
 /// JS property order: array indices ascending, then the other keys in insertion order.

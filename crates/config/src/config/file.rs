@@ -18,16 +18,17 @@ pub fn read_file(path: &std::path::Path) -> Result<RawFile, ConfigError> {
 /// An empty one is refused, as on a reload: caught half-written (truncated, not yet filled), it would start the
 /// satellite with no servers and delete every stored catalog as an orphan.
 pub fn read_text(path: &std::path::Path) -> Result<String, ConfigError> {
-    let bytes = read_bounded(path).map_err(|err| {
-        ConfigError::new("config file", Some(env::CONFIG), format!("cannot read {}: {err}", path.display()))
-    })?;
-    let text = String::from_utf8(bytes).map_err(|_| {
-        ConfigError::new("config file", Some(env::CONFIG), format!("{} is not UTF-8 text", path.display()))
-    })?;
+    let bytes = read_bounded(path).map_err(|err| file_error(format!("cannot read {}: {err}", path.display())))?;
+    let text = String::from_utf8(bytes).map_err(|_| file_error(format!("{} is not UTF-8 text", path.display())))?;
     if text.trim().is_empty() {
-        return Err(ConfigError::new("config file", Some(env::CONFIG), format!("{} {EMPTY}", path.display())));
+        return Err(file_error(format!("{} {EMPTY}", path.display())));
     }
     Ok(text)
+}
+
+/// What is wrong with the configuration file as a whole (it cannot be read, or is not TOML).
+fn file_error(message: String) -> ConfigError {
+    ConfigError::new("config file", Some(env::CONFIG), message)
 }
 
 /// The largest configuration file read (a file of thousands of users and installations is a few MiB).
@@ -53,14 +54,14 @@ pub const EMPTY: &str = "is empty (a file being written, or truncated); write th
 /// The sections of the standalone file read once at start (`[satellite]`, `[sandbox]`), flattened to
 /// `section.key` → value; the rest (teams, users, auth, servers, installations) is applied while running.
 /// A file that is not TOML has none.
-pub fn start_only_settings(text: &str) -> std::collections::BTreeMap<String, toml::Value> {
+pub fn start_only_settings(text: &str) -> BTreeMap<String, toml::Value> {
     start_only_settings_of(text).unwrap_or_default()
 }
 
 /// `start_only_settings`, or `None` when the text is not TOML (nothing can be said of its settings).
-pub fn start_only_settings_of(text: &str) -> Option<std::collections::BTreeMap<String, toml::Value>> {
+pub fn start_only_settings_of(text: &str) -> Option<BTreeMap<String, toml::Value>> {
     let table = text.parse::<toml::Table>().ok()?;
-    let mut settings = std::collections::BTreeMap::new();
+    let mut settings = BTreeMap::new();
     for section in START_ONLY_SECTIONS {
         if let Some(toml::Value::Table(values)) = table.get(section) {
             for (key, value) in values {
@@ -76,8 +77,8 @@ pub const START_ONLY_SECTIONS: [&str; 2] = ["satellite", "sandbox"];
 
 /// The start-only settings whose value differs between two files (added, removed or changed), sorted.
 pub fn changed_start_only_settings(
-    running: &std::collections::BTreeMap<String, toml::Value>,
-    edited: &std::collections::BTreeMap<String, toml::Value>,
+    running: &BTreeMap<String, toml::Value>,
+    edited: &BTreeMap<String, toml::Value>,
 ) -> Vec<String> {
     let keys: std::collections::BTreeSet<&String> = running.keys().chain(edited.keys()).collect();
     keys.into_iter().filter(|key| running.get(*key) != edited.get(*key)).cloned().collect()
@@ -100,7 +101,7 @@ pub fn parse_file(text: &str) -> Result<RawFile, ConfigError> {
             })
             .unwrap_or_default();
         let message = without_values(&err.message().replace('\n', " "));
-        ConfigError::new("config file", Some(env::CONFIG), format!("{message}{position}"))
+        file_error(format!("{message}{position}"))
     })?;
     raw.origin.line_starts = std::iter::once(0).chain(text.match_indices('\n').map(|(at, _)| at + 1)).collect();
     Ok(raw)

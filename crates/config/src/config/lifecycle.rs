@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::env::{self, Env};
-use super::values::number;
+use super::values::{millis, number};
 use super::{file, ConfigError};
 
 /// Restart policy, idle dormancy, limits and stderr capture of instances (SB §9.6-§9.8).
@@ -47,79 +47,39 @@ impl Default for LifecycleSettings {
     }
 }
 
+/// Read in a fixed order, so of several bad settings the same one is reported first.
 pub(super) fn lifecycle(env: &Env, s: &file::RawSatellite) -> Result<LifecycleSettings, ConfigError> {
     let d = LifecycleSettings::default();
     let idle = number(env, "satellite.idle_timeout_seconds", env::IDLE_TIMEOUT, s.idle_timeout_seconds, 180u64, true)?;
     let backoff = restart_backoff(env, s)?;
     let log_max_line_bytes = log_max_line_bytes(env, s)?;
+    let grace = number(env, "satellite.spawn_grace_seconds", env::SPAWN_GRACE, s.spawn_grace_seconds, 60, true)?;
+    let (key, var) = ("satellite.idle_check_interval_ms", env::IDLE_CHECK_INTERVAL_MS);
+    let idle_check_interval = millis(env, key, var, s.idle_check_interval_ms, 30_000)?;
+    let (key, var) = ("satellite.max_calls_per_instance", env::MAX_CALLS_PER_INSTANCE);
+    let max_calls_per_instance = number(env, key, var, s.max_calls_per_instance, d.max_calls_per_instance, false)?;
+    let (key, var) = ("satellite.call_queue_timeout_ms", env::CALL_QUEUE_TIMEOUT_MS);
+    let call_queue_timeout = millis(env, key, var, s.call_queue_timeout_ms, 10_000)?;
+    let (key, var) = ("satellite.max_processes_per_user", env::MAX_PROCESSES_PER_USER);
+    let max_processes_per_user = number(env, key, var, s.max_processes_per_user, d.max_processes_per_user, false)?;
+    let (key, var) = ("satellite.max_processes", env::MAX_PROCESSES);
+    let max_processes = number(env, key, var, s.max_processes, d.max_processes, false)?;
+    let (key, var) = ("satellite.log_rate_limit_per_second", env::LOG_RATE_LIMIT);
+    let log_rate_limit = number(env, key, var, s.log_rate_limit_per_second, 20, false)?;
+    let (key, var) = ("satellite.log_rate_limit_warning_interval_ms", env::LOG_RATE_WARNING_MS);
+    let log_rate_warning_interval = millis(env, key, var, s.log_rate_limit_warning_interval_ms, 60_000)?;
     Ok(LifecycleSettings {
         idle_timeout: (idle > 0).then(|| Duration::from_secs(idle)),
-        spawn_grace: Duration::from_secs(number(
-            env,
-            "satellite.spawn_grace_seconds",
-            env::SPAWN_GRACE,
-            s.spawn_grace_seconds,
-            60,
-            true,
-        )?),
-        idle_check_interval: Duration::from_millis(number(
-            env,
-            "satellite.idle_check_interval_ms",
-            env::IDLE_CHECK_INTERVAL_MS,
-            s.idle_check_interval_ms,
-            30_000,
-            false,
-        )?),
+        spawn_grace: Duration::from_secs(grace),
+        idle_check_interval,
         restart_backoff: backoff.into_iter().map(Duration::from_millis).collect(),
-        max_calls_per_instance: number(
-            env,
-            "satellite.max_calls_per_instance",
-            env::MAX_CALLS_PER_INSTANCE,
-            s.max_calls_per_instance,
-            d.max_calls_per_instance,
-            false,
-        )?,
-        call_queue_timeout: Duration::from_millis(number(
-            env,
-            "satellite.call_queue_timeout_ms",
-            env::CALL_QUEUE_TIMEOUT_MS,
-            s.call_queue_timeout_ms,
-            10_000,
-            false,
-        )?),
-        max_processes_per_user: number(
-            env,
-            "satellite.max_processes_per_user",
-            env::MAX_PROCESSES_PER_USER,
-            s.max_processes_per_user,
-            d.max_processes_per_user,
-            false,
-        )?,
-        max_processes: number(
-            env,
-            "satellite.max_processes",
-            env::MAX_PROCESSES,
-            s.max_processes,
-            d.max_processes,
-            false,
-        )?,
-        log_rate_limit: number(
-            env,
-            "satellite.log_rate_limit_per_second",
-            env::LOG_RATE_LIMIT,
-            s.log_rate_limit_per_second,
-            20,
-            false,
-        )?,
+        max_calls_per_instance,
+        call_queue_timeout,
+        max_processes_per_user,
+        max_processes,
+        log_rate_limit,
         log_max_line_bytes,
-        log_rate_warning_interval: Duration::from_millis(number(
-            env,
-            "satellite.log_rate_limit_warning_interval_ms",
-            env::LOG_RATE_WARNING_MS,
-            s.log_rate_limit_warning_interval_ms,
-            60_000,
-            false,
-        )?),
+        log_rate_warning_interval,
     })
 }
 

@@ -9,7 +9,7 @@ use url::Url;
 use super::env::{self, Env};
 use super::file::RawSatellite;
 use super::values::{count, seconds};
-use super::{url_for_message, ConfigError, Flags, DEFAULT_HOST, DEFAULT_PORT};
+use super::{not_http_url, parse_http_url, ConfigError, Flags, DEFAULT_HOST, DEFAULT_PORT};
 
 /// The address to bind: each part from the flag, else the environment, else the file, else the default.
 pub(super) fn address(env: &Env, flags: &Flags, s: &RawSatellite) -> Result<(IpAddr, u16), ConfigError> {
@@ -67,17 +67,9 @@ pub(super) fn access(env: &Env, s: &RawSatellite, host: IpAddr, port: u16) -> Re
 /// An http(s) URL without its trailing `/`; unset, `http://localhost:{port}`.
 fn public_url(env: &Env, s: &RawSatellite, port: u16) -> Result<String, ConfigError> {
     match env::get(env, env::PUBLIC_URL).map(str::to_owned).or_else(|| s.public_url.clone()) {
-        Some(url) => Url::parse(&url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https"))
+        Some(url) => parse_http_url(&url)
             .map(|_| url.trim_end_matches('/').to_owned())
-            .ok_or_else(|| {
-                ConfigError::new(
-                    "satellite.public_url",
-                    Some(env::PUBLIC_URL),
-                    format!("{} is not an http(s) url", url_for_message(&url)),
-                )
-            }),
+            .ok_or_else(|| not_http_url("satellite.public_url", Some(env::PUBLIC_URL), &url)),
         None => Ok(format!("http://localhost:{port}")),
     }
 }
@@ -101,7 +93,7 @@ pub(super) struct HttpLimits {
     pub write_timeout: Duration,
 }
 
-/// A caller's share defaults to an eighth of the whole, so no one caller can hold it all.
+/// A caller's share defaults to [`a_callers_share`] of the whole.
 pub(super) fn http_limits(env: &Env, s: &RawSatellite) -> Result<HttpLimits, ConfigError> {
     let max_concurrent_requests =
         count(env, "satellite.max_concurrent_requests", env::MAX_CONCURRENT_REQUESTS, s.max_concurrent_requests)?
@@ -112,12 +104,12 @@ pub(super) fn http_limits(env: &Env, s: &RawSatellite) -> Result<HttpLimits, Con
         env::MAX_CONCURRENT_REQUESTS_PER_CALLER,
         s.max_concurrent_requests_per_caller,
     )?
-    .unwrap_or((max_concurrent_requests / 8).max(1));
+    .unwrap_or_else(|| a_callers_share(max_concurrent_requests));
     let max_connections = count(env, "satellite.max_connections", env::MAX_CONNECTIONS, s.max_connections)?
         .unwrap_or_else(default_max_connections);
     let max_streams_per_caller =
         count(env, "satellite.max_streams_per_caller", env::MAX_STREAMS_PER_CALLER, s.max_streams_per_caller)?
-            .unwrap_or((max_connections / 8).max(1));
+            .unwrap_or_else(|| a_callers_share(max_connections));
     let http_timeout = seconds(env, "satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
     let write_timeout =
         seconds(env, "satellite.write_timeout_seconds", env::WRITE_TIMEOUT, s.write_timeout_seconds, 30)?;
@@ -129,6 +121,11 @@ pub(super) fn http_limits(env: &Env, s: &RawSatellite) -> Result<HttpLimits, Con
         http_timeout,
         write_timeout,
     })
+}
+
+/// An eighth of the whole (at least one), so no one caller can hold it all.
+fn a_callers_share(whole: usize) -> usize {
+    (whole / 8).max(1)
 }
 
 /// Half the process's open-file limit (the other half stays for server processes, the database and the config

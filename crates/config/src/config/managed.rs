@@ -60,14 +60,39 @@ impl ManagedSettings {
     }
 }
 
+/// Read in a fixed order, so of several bad settings the same one is reported first.
 pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigError> {
-    let backend_url = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https")).ok_or_else(|| {
-        ConfigError::new(
-            "backend.url",
-            Some(env::BACKEND_URL),
-            format!("{} is not an http(s) url", super::url_for_message(url)),
-        )
-    })?;
+    let backend_url = parse_http_url(url).ok_or_else(|| not_http_url("backend.url", Some(env::BACKEND_URL), url))?;
+    let name = satellite_name(env)?;
+    Ok(ManagedSettings {
+        backend_url,
+        satellite_name: name.to_owned(),
+        registration_token: env::get(env, env::REGISTRATION_TOKEN).map(|t| SecretString::from(t.to_owned())),
+        persistent_dir: env::get(env, env::PERSISTENT_DATA_DIR)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("./persistent_data")),
+        satellite_url: env::get(env, env::PUBLIC_URL).map(|u| u.trim_end_matches('/').to_owned()).unwrap_or_default(),
+        poll_idle: seconds(env, "backend.polling_interval", env::BACKEND_POLLING_INTERVAL, None, 60)?,
+        heartbeat_interval: millis(env, "backend.heartbeat_interval_ms", env::HEARTBEAT_INTERVAL_MS, None, 30_000)?,
+        event_interval: millis(env, "backend.event_batch_interval_ms", env::EVENT_BATCH_INTERVAL_MS, None, 3_000)?,
+        event_flush_timeout: millis(env, "backend.event_flush_timeout_ms", env::EVENT_FLUSH_TIMEOUT_MS, None, 5_000)?,
+        outbox_max: number(env, "backend.event_outbox_max", env::EVENT_OUTBOX_MAX, None, 100_000i64, false)?,
+        outbox_max_bytes: number(env, "backend.event_outbox_max_mib", env::EVENT_OUTBOX_MAX_MIB, None, 512u64, false)?
+            .saturating_mul(1024 * 1024),
+        event_lease: millis(env, "backend.event_lease_ms", env::EVENT_LEASE_MS, None, 60_000)?,
+        event_timeout: millis(env, "backend.event_timeout_ms", env::EVENT_TIMEOUT_MS, None, 10_000)?,
+        token_cache_ttl: seconds(env, "backend.token_cache_seconds", env::TOKEN_CACHE_SECONDS, None, 300)?,
+        token_stale_for: seconds(env, "backend.token_stale_seconds", env::TOKEN_STALE_SECONDS, None, 3_600)?,
+        extra_audiences: env::get(env, env::TOKEN_AUDIENCES)
+            .map(|list| list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect())
+            .unwrap_or_default(),
+        github_tarball_base: github_tarball_base(env)?,
+        deployments_dir: env::get(env, env::DEPLOYMENTS_DIR).map(PathBuf::from),
+    })
+}
+
+/// The satellite's name: required, 10-32 characters of a-z, 0-9, `_` and `-`.
+fn satellite_name(env: &Env) -> Result<&str, ConfigError> {
     let name = env::get(env, env::SATELLITE_NAME).ok_or_else(|| {
         ConfigError::new("backend.satellite_name", Some(env::SATELLITE_NAME), "required in managed mode")
     })?;
@@ -80,56 +105,14 @@ pub(super) fn managed(env: &Env, url: &str) -> Result<ManagedSettings, ConfigErr
             "must be 10-32 characters of a-z, 0-9, '_' and '-'",
         ));
     }
-    let millis = |key: &str, var: &'static str, default: u64| -> Result<Duration, ConfigError> {
-        Ok(Duration::from_millis(number(env, key, var, None, default, false)?))
-    };
-    let seconds = |key: &str, var: &'static str, default: u64| -> Result<Duration, ConfigError> {
-        Ok(Duration::from_secs(number(env, key, var, None, default, false)?))
-    };
-    Ok(ManagedSettings {
-        backend_url,
-        satellite_name: name.to_owned(),
-        registration_token: env::get(env, env::REGISTRATION_TOKEN).map(|t| SecretString::from(t.to_owned())),
-        persistent_dir: env::get(env, env::PERSISTENT_DATA_DIR)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("./persistent_data")),
-        satellite_url: env::get(env, env::PUBLIC_URL).map(|u| u.trim_end_matches('/').to_owned()).unwrap_or_default(),
-        poll_idle: Duration::from_secs(number(
-            env,
-            "backend.polling_interval",
-            env::BACKEND_POLLING_INTERVAL,
-            None,
-            60,
-            false,
-        )?),
-        heartbeat_interval: millis("backend.heartbeat_interval_ms", env::HEARTBEAT_INTERVAL_MS, 30_000)?,
-        event_interval: millis("backend.event_batch_interval_ms", env::EVENT_BATCH_INTERVAL_MS, 3_000)?,
-        event_flush_timeout: millis("backend.event_flush_timeout_ms", env::EVENT_FLUSH_TIMEOUT_MS, 5_000)?,
-        outbox_max: number(env, "backend.event_outbox_max", env::EVENT_OUTBOX_MAX, None, 100_000i64, false)?,
-        outbox_max_bytes: number(env, "backend.event_outbox_max_mib", env::EVENT_OUTBOX_MAX_MIB, None, 512u64, false)?
-            .saturating_mul(1024 * 1024),
-        event_lease: millis("backend.event_lease_ms", env::EVENT_LEASE_MS, 60_000)?,
-        event_timeout: millis("backend.event_timeout_ms", env::EVENT_TIMEOUT_MS, 10_000)?,
-        token_cache_ttl: seconds("backend.token_cache_seconds", env::TOKEN_CACHE_SECONDS, 300)?,
-        token_stale_for: seconds("backend.token_stale_seconds", env::TOKEN_STALE_SECONDS, 3_600)?,
-        extra_audiences: env::get(env, env::TOKEN_AUDIENCES)
-            .map(|list| list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_owned).collect())
-            .unwrap_or_default(),
-        github_tarball_base: match env::get(env, env::GITHUB_TARBALL_URL) {
-            Some(raw) => Url::parse(raw.trim_end_matches('/'))
-                .ok()
-                .filter(|u| matches!(u.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "backend.github_tarball_url",
-                        Some(env::GITHUB_TARBALL_URL),
-                        format!("{} is not an http(s) url", super::url_for_message(raw)),
-                    )
-                })?,
-            None => Url::parse(GITHUB_TARBALL_BASE).map_err(|err| {
-                ConfigError::new("backend.github_tarball_url", Some(env::GITHUB_TARBALL_URL), err.to_string())
-            })?,
-        },
-        deployments_dir: env::get(env, env::DEPLOYMENTS_DIR).map(PathBuf::from),
-    })
+    Ok(name)
+}
+
+/// Where GitHub tarballs come from: the variable without a trailing `/`, else [`GITHUB_TARBALL_BASE`].
+fn github_tarball_base(env: &Env) -> Result<Url, ConfigError> {
+    let (key, var) = ("backend.github_tarball_url", env::GITHUB_TARBALL_URL);
+    match env::get(env, var) {
+        Some(raw) => parse_http_url(raw.trim_end_matches('/')).ok_or_else(|| not_http_url(key, Some(var), raw)),
+        None => Url::parse(GITHUB_TARBALL_BASE).map_err(|err| ConfigError::new(key, Some(var), err.to_string())),
+    }
 }

@@ -31,7 +31,7 @@ pub use mode::{Mode, StandaloneSource};
 pub use storage::{mask_url_password, Database};
 pub use telemetry::LogFormat;
 pub use upstream::UpstreamSettings;
-use values::{number, seconds, switch};
+use values::{millis, number, seconds, switch};
 
 use env::Env;
 use file::RawFile;
@@ -101,6 +101,16 @@ pub fn url_for_message(raw: &str) -> String {
         _ if raw.contains(['@', '?', '=', ':']) => "the value given (not shown: it may hold a credential)".into(),
         _ => format!("{raw:?}"),
     }
+}
+
+/// `text` as a URL, when it is an http(s) one.
+pub(crate) fn parse_http_url(text: &str) -> Option<Url> {
+    Url::parse(text).ok().filter(|u| matches!(u.scheme(), "http" | "https"))
+}
+
+/// Why `raw` is refused where an http(s) URL belongs, showing it as [`url_for_message`] does.
+pub(crate) fn not_http_url(key: impl Into<String>, var: Option<&'static str>, raw: &str) -> ConfigError {
+    ConfigError::new(key, var, format!("{} is not an http(s) url", url_for_message(raw)))
 }
 
 /// The validated configuration of one satellite process.
@@ -227,27 +237,10 @@ impl Config {
 
     /// The effective configuration with every secret redacted, for `check-config` and the start-up log.
     pub fn redacted(&self) -> Value {
-        let mode = match &self.mode {
-            Mode::Standalone(StandaloneSource::File { path, watch_interval }) => json!({
-                "kind": "standalone", "config_file": path, "watch_interval_ms": watch_interval.as_millis() as u64,
-            }),
-            Mode::Standalone(StandaloneSource::Embedded(_)) => json!({
-                "kind": "standalone", "config_file": null, "embedded_default": true,
-                "demo_token": "[redacted]", "demo_instance_token": "[redacted]",
-            }),
-            Mode::Managed(m) => json!({
-                "kind": "managed", "backend_url": m.backend_url.as_str(), "satellite_name": m.satellite_name,
-                "registration_token": m.registration_token.as_ref().map(|_| "[redacted]"),
-            }),
-        };
         json!({
             "listen": self.listen.to_string(),
             "data_dir": self.data_dir,
-            "database": match &self.database.url {
-                Some(url) => json!({"engine": "postgres", "url": mask_url_password(url.expose_secret()),
-                                    "max_connections": self.database.max_connections}),
-                None => json!({"engine": "sqlite", "max_connections": self.database.max_connections}),
-            },
+            "database": self.redacted_database(),
             "log_level": self.log_level,
             "log_format": match self.log_format { LogFormat::Pretty => "pretty", LogFormat::Json => "json" },
             "debug_route": self.debug_route,
@@ -276,17 +269,47 @@ impl Config {
             "event_retention_max": self.event_retention_max,
             "event_retention_max_mib": self.event_retention_max_bytes / (1024 * 1024),
             "semantic_model": self.semantic_model.as_ref().map(|p| p.display().to_string()),
-            "mode": mode,
-            "sandbox": {
-                "isolation": self.sandbox.isolation.as_str(),
-                "allowed_commands": self.sandbox.allowed_commands,
-                "memory_limit_mb": self.sandbox.memory_limit_mb,
-                "cpu_time_limit_seconds": self.sandbox.cpu_time_limit_seconds,
-                "cpu_limit_percent": self.sandbox.cpu_limit_percent,
-                "max_processes": self.sandbox.max_processes,
-                "rlimit_nofile": self.sandbox.rlimit_nofile,
-                "rlimit_fsize_mb": self.sandbox.rlimit_fsize_mb,
-            },
+            "mode": self.redacted_mode(),
+            "sandbox": self.redacted_sandbox(),
+        })
+    }
+
+    /// The database engine and pool size; a PostgreSQL URL without its passwords.
+    fn redacted_database(&self) -> Value {
+        match &self.database.url {
+            Some(url) => json!({"engine": "postgres", "url": mask_url_password(url.expose_secret()),
+                                "max_connections": self.database.max_connections}),
+            None => json!({"engine": "sqlite", "max_connections": self.database.max_connections}),
+        }
+    }
+
+    /// Where the desired state comes from; the demo's tokens and the registration token only as `[redacted]`.
+    fn redacted_mode(&self) -> Value {
+        match &self.mode {
+            Mode::Standalone(StandaloneSource::File { path, watch_interval }) => json!({
+                "kind": "standalone", "config_file": path, "watch_interval_ms": watch_interval.as_millis() as u64,
+            }),
+            Mode::Standalone(StandaloneSource::Embedded(_)) => json!({
+                "kind": "standalone", "config_file": null, "embedded_default": true,
+                "demo_token": "[redacted]", "demo_instance_token": "[redacted]",
+            }),
+            Mode::Managed(m) => json!({
+                "kind": "managed", "backend_url": m.backend_url.as_str(), "satellite_name": m.satellite_name,
+                "registration_token": m.registration_token.as_ref().map(|_| "[redacted]"),
+            }),
+        }
+    }
+
+    fn redacted_sandbox(&self) -> Value {
+        json!({
+            "isolation": self.sandbox.isolation.as_str(),
+            "allowed_commands": self.sandbox.allowed_commands,
+            "memory_limit_mb": self.sandbox.memory_limit_mb,
+            "cpu_time_limit_seconds": self.sandbox.cpu_time_limit_seconds,
+            "cpu_limit_percent": self.sandbox.cpu_limit_percent,
+            "max_processes": self.sandbox.max_processes,
+            "rlimit_nofile": self.sandbox.rlimit_nofile,
+            "rlimit_fsize_mb": self.sandbox.rlimit_fsize_mb,
         })
     }
 }

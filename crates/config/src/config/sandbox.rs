@@ -82,58 +82,37 @@ impl Default for SandboxSettings {
     }
 }
 
-/// Environment wins over the file, the file over the defaults.
+/// Environment wins over the file, the file over the defaults. Read in a fixed order, so of several bad settings
+/// the same one is reported first.
 pub fn settings(env: &Env, raw: &RawSandbox) -> Result<SandboxSettings, ConfigError> {
     let isolation = isolation(env, raw)?;
     let tmpfs_size = tmpfs_size(env, raw)?;
     check_allowed_commands(&raw.allowed_commands)?;
+    let nsjail_path = binary(env, "sandbox.nsjail_path", env::NSJAIL_PATH, &raw.nsjail_path)?;
+    let bwrap_path = binary(env, "sandbox.bwrap_path", env::BWRAP_PATH, &raw.bwrap_path)?;
+    let (key, var) = ("sandbox.memory_limit_mb", env::NSJAIL_MEMORY_LIMIT_MB);
+    let memory_limit_mb = limit(env, key, var, raw.memory_limit_mb, DEFAULT_MEMORY_LIMIT_MB)?;
+    let (key, var) = ("sandbox.cpu_time_limit_seconds", env::NSJAIL_CPU_TIME_LIMIT_SECONDS);
+    let cpu_time_limit_seconds = limit(env, key, var, raw.cpu_time_limit_seconds, DEFAULT_CPU_TIME_LIMIT_SECONDS)?;
+    let (key, var) = ("sandbox.cpu_limit_percent", env::CPU_LIMIT_PERCENT);
+    let cpu_limit_percent = limit(env, key, var, raw.cpu_limit_percent, DEFAULT_CPU_LIMIT_PERCENT)?;
+    let (key, var) = ("sandbox.max_processes", env::NSJAIL_MAX_PROCESSES);
+    let max_processes = limit(env, key, var, raw.max_processes, DEFAULT_MAX_PROCESSES)?;
+    let (key, var) = ("sandbox.rlimit_nofile", env::NSJAIL_RLIMIT_NOFILE);
+    let rlimit_nofile = limit(env, key, var, raw.rlimit_nofile, DEFAULT_RLIMIT_NOFILE)?;
+    let (key, var) = ("sandbox.rlimit_fsize_mb", env::NSJAIL_RLIMIT_FSIZE);
+    let rlimit_fsize_mb = limit(env, key, var, raw.rlimit_fsize_mb, DEFAULT_RLIMIT_FSIZE_MB)?;
     Ok(SandboxSettings {
         isolation,
-        nsjail_path: binary(env, "sandbox.nsjail_path", env::NSJAIL_PATH, &raw.nsjail_path)?,
-        bwrap_path: binary(env, "sandbox.bwrap_path", env::BWRAP_PATH, &raw.bwrap_path)?,
+        nsjail_path,
+        bwrap_path,
         allowed_commands: raw.allowed_commands.iter().map(|c| c.trim().to_owned()).collect(),
-        memory_limit_mb: limit(
-            env,
-            "sandbox.memory_limit_mb",
-            env::NSJAIL_MEMORY_LIMIT_MB,
-            raw.memory_limit_mb,
-            DEFAULT_MEMORY_LIMIT_MB,
-        )?,
-        cpu_time_limit_seconds: limit(
-            env,
-            "sandbox.cpu_time_limit_seconds",
-            env::NSJAIL_CPU_TIME_LIMIT_SECONDS,
-            raw.cpu_time_limit_seconds,
-            DEFAULT_CPU_TIME_LIMIT_SECONDS,
-        )?,
-        cpu_limit_percent: limit(
-            env,
-            "sandbox.cpu_limit_percent",
-            env::CPU_LIMIT_PERCENT,
-            raw.cpu_limit_percent,
-            DEFAULT_CPU_LIMIT_PERCENT,
-        )?,
-        max_processes: limit(
-            env,
-            "sandbox.max_processes",
-            env::NSJAIL_MAX_PROCESSES,
-            raw.max_processes,
-            DEFAULT_MAX_PROCESSES,
-        )?,
-        rlimit_nofile: limit(
-            env,
-            "sandbox.rlimit_nofile",
-            env::NSJAIL_RLIMIT_NOFILE,
-            raw.rlimit_nofile,
-            DEFAULT_RLIMIT_NOFILE,
-        )?,
-        rlimit_fsize_mb: limit(
-            env,
-            "sandbox.rlimit_fsize_mb",
-            env::NSJAIL_RLIMIT_FSIZE,
-            raw.rlimit_fsize_mb,
-            DEFAULT_RLIMIT_FSIZE_MB,
-        )?,
+        memory_limit_mb,
+        cpu_time_limit_seconds,
+        cpu_limit_percent,
+        max_processes,
+        rlimit_nofile,
+        rlimit_fsize_mb,
         tmpfs_size,
     })
 }

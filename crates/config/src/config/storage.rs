@@ -97,12 +97,7 @@ fn pool_size(env: &Env) -> Result<Option<u32>, ConfigError> {
 
 /// Bytes kept in reserve on the data volume: `SATELLITE_DISK_RESERVE_MIB` (environment only), default 8 MiB.
 pub(super) fn disk_reserve(env: &Env) -> Result<u64, ConfigError> {
-    let mib = match env::get(env, env::DISK_RESERVE_MIB) {
-        Some(v) => v.parse::<u64>().map_err(|_| {
-            ConfigError::new("disk_reserve_mib", Some(env::DISK_RESERVE_MIB), format!("{v:?} is not a whole number"))
-        })?,
-        None => 8,
-    };
+    let mib = number(env, "disk_reserve_mib", env::DISK_RESERVE_MIB, None, 8u64, true)?;
     Ok(mib.saturating_mul(1024 * 1024))
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::env::{self, Env};
 use super::file::RawSatellite;
 use super::lifecycle::{lifecycle, LifecycleSettings};
-use super::values::{count, seconds, switch};
+use super::values::{count, number, seconds, switch};
 use super::ConfigError;
 
 /// Upstream timeouts and limits.
@@ -58,12 +58,8 @@ pub(super) fn upstream(env: &Env, s: &RawSatellite) -> Result<UpstreamSettings, 
 /// From 1 to 3650 days (default 30).
 fn drift_window(env: &Env, s: &RawSatellite) -> Result<Duration, ConfigError> {
     let (key, var) = ("satellite.drift_window_days", env::DRIFT_WINDOW_DAYS);
-    let days = match env::get(env, var) {
-        Some(v) => {
-            v.parse::<u64>().map_err(|_| ConfigError::new(key, Some(var), format!("{v:?} is not a whole number")))?
-        }
-        None => s.drift_window_days.unwrap_or(30),
-    };
+    // Zero is let through to the range check, which says what is allowed.
+    let days = number(env, key, var, s.drift_window_days, 30u64, true)?;
     if !(1..=3650).contains(&days) {
         return Err(ConfigError::new(key, Some(var), "must be from 1 to 3650 days"));
     }

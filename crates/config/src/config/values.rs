@@ -39,6 +39,17 @@ pub(super) fn seconds(
     number(env, key, var, file, default, false).map(Duration::from_secs)
 }
 
+/// Whole milliseconds greater than zero from the environment, else the file, else the default.
+pub(super) fn millis(
+    env: &Env,
+    key: &str,
+    var: &'static str,
+    file: Option<u64>,
+    default: u64,
+) -> Result<Duration, ConfigError> {
+    number(env, key, var, file, default, false).map(Duration::from_millis)
+}
+
 /// A count from the environment (refused unless a positive number), else the file's when positive.
 pub(super) fn count<T: FromStr + PartialOrd + Default>(
     env: &Env,

@@ -128,82 +128,101 @@ pub(super) fn users(
     let mut users = BTreeMap::new();
     for (i, user) in raw.iter().enumerate() {
         let key = format!("users[{i}]");
-        check_id(&user.id, &format!("{key}.id"))?;
-        for team in &user.teams {
-            if !teams.contains_key(&TeamId(team.clone())) {
-                return Err(ConfigError::new(format!("{key}.teams"), None, format!("unknown team {team:?}")));
-            }
-        }
-        let mut tokens = Vec::new();
-        for hash in &user.token_sha256 {
-            check_sha256(hash, &format!("{key}.token_sha256"))?;
-            let [team] = user.teams.as_slice() else {
-                return Err(ConfigError::new(
-                    format!("{key}.token_sha256"),
-                    None,
-                    "the user belongs to several teams: give each token its team in [[users.tokens]]",
-                ));
-            };
-            tokens.push(TokenGrant {
-                sha256: hash.to_ascii_lowercase(),
-                team: TeamId(team.clone()),
-                scopes: default_scopes(),
-            });
-        }
-        for (j, token) in user.tokens.iter().enumerate() {
-            let token_key = format!("{key}.tokens[{j}]");
-            check_sha256(&token.sha256, &format!("{token_key}.sha256"))?;
-            let team = match (&token.team, user.teams.as_slice()) {
-                (Some(team), _) if user.teams.contains(team) => team.clone(),
-                (Some(team), _) => {
-                    return Err(ConfigError::new(
-                        format!("{token_key}.team"),
-                        None,
-                        format!("user is not in team {team:?}"),
-                    ))
-                }
-                (None, [only]) => only.clone(),
-                (None, _) => {
-                    return Err(ConfigError::new(
-                        format!("{token_key}.team"),
-                        None,
-                        "required: the user has several teams",
-                    ))
-                }
-            };
-            let scopes = token.scopes.clone().unwrap_or_else(default_scopes);
-            tokens.push(TokenGrant { sha256: token.sha256.to_ascii_lowercase(), team: TeamId(team), scopes });
-        }
-        let admin = match user.role.as_deref() {
-            None | Some("member") => false,
-            Some("admin") => true,
-            Some(other) => {
-                return Err(ConfigError::new(
-                    format!("{key}.role"),
-                    None,
-                    format!("unknown role {other:?}: use \"member\" or \"admin\""),
-                ))
-            }
-        };
-        for (j, grant) in tokens.iter().enumerate() {
-            // Before, the first grant in user order won: one user's token signed in as another, maybe of another team.
-            owners.claim(&grant.sha256, || format!("a token of {key} (user {:?})", user.id)).map_err(|first| {
-                ConfigError::new(
-                    format!("{key}.tokens"),
-                    None,
-                    format!(
-                        "token {j} of user {:?} has the same hash as {first}: a token names one user and one team",
-                        user.id
-                    ),
-                )
-            })?;
-        }
-        let entry = User { teams: user.teams.iter().cloned().map(TeamId).collect(), tokens, admin };
+        let entry = user_entry(&key, user, teams, owners)?;
         if users.insert(UserId(user.id.clone()), entry).is_some() {
             return Err(ConfigError::new(format!("{key}.id"), None, format!("duplicate user id {:?}", user.id)));
         }
     }
     Ok(users)
+}
+
+/// One user (`key` names it in errors): its teams known, its tokens' grants, its role, its tokens claimed.
+fn user_entry(
+    key: &str,
+    user: &RawUser,
+    teams: &BTreeMap<TeamId, Team>,
+    owners: &mut CredentialOwners,
+) -> Result<User, ConfigError> {
+    check_id(&user.id, &format!("{key}.id"))?;
+    for team in &user.teams {
+        if !teams.contains_key(&TeamId(team.clone())) {
+            return Err(ConfigError::new(format!("{key}.teams"), None, format!("unknown team {team:?}")));
+        }
+    }
+    let mut tokens = shorthand_grants(key, user)?;
+    tokens.extend(token_grants(key, user)?);
+    let admin = match user.role.as_deref() {
+        None | Some("member") => false,
+        Some("admin") => true,
+        Some(other) => {
+            return Err(ConfigError::new(
+                format!("{key}.role"),
+                None,
+                format!("unknown role {other:?}: use \"member\" or \"admin\""),
+            ))
+        }
+    };
+    for (j, grant) in tokens.iter().enumerate() {
+        // Before, the first grant in user order won: one user's token signed in as another, maybe of another team.
+        owners.claim(&grant.sha256, || format!("a token of {key} (user {:?})", user.id)).map_err(|first| {
+            ConfigError::new(
+                format!("{key}.tokens"),
+                None,
+                format!(
+                    "token {j} of user {:?} has the same hash as {first}: a token names one user and one team",
+                    user.id
+                ),
+            )
+        })?;
+    }
+    Ok(User { teams: user.teams.iter().cloned().map(TeamId).collect(), tokens, admin })
+}
+
+/// The `token_sha256` shorthand's grants: each for the user's one team, with the default scopes.
+fn shorthand_grants(key: &str, user: &RawUser) -> Result<Vec<TokenGrant>, ConfigError> {
+    let mut tokens = Vec::new();
+    for hash in &user.token_sha256 {
+        check_sha256(hash, &format!("{key}.token_sha256"))?;
+        let [team] = user.teams.as_slice() else {
+            return Err(ConfigError::new(
+                format!("{key}.token_sha256"),
+                None,
+                "the user belongs to several teams: give each token its team in [[users.tokens]]",
+            ));
+        };
+        tokens.push(TokenGrant {
+            sha256: hash.to_ascii_lowercase(),
+            team: TeamId(team.clone()),
+            scopes: default_scopes(),
+        });
+    }
+    Ok(tokens)
+}
+
+/// The `[[users.tokens]]` grants: each for one of the user's teams (named, unless the user has one).
+fn token_grants(key: &str, user: &RawUser) -> Result<Vec<TokenGrant>, ConfigError> {
+    let mut tokens = Vec::new();
+    for (j, token) in user.tokens.iter().enumerate() {
+        let token_key = format!("{key}.tokens[{j}]");
+        check_sha256(&token.sha256, &format!("{token_key}.sha256"))?;
+        let team = match (&token.team, user.teams.as_slice()) {
+            (Some(team), _) if user.teams.contains(team) => team.clone(),
+            (Some(team), _) => {
+                return Err(ConfigError::new(
+                    format!("{token_key}.team"),
+                    None,
+                    format!("user is not in team {team:?}"),
+                ))
+            }
+            (None, [only]) => only.clone(),
+            (None, _) => {
+                return Err(ConfigError::new(format!("{token_key}.team"), None, "required: the user has several teams"))
+            }
+        };
+        let scopes = token.scopes.clone().unwrap_or_else(default_scopes);
+        tokens.push(TokenGrant { sha256: token.sha256.to_ascii_lowercase(), team: TeamId(team), scopes });
+    }
+    Ok(tokens)
 }
 
 pub(super) fn default_scopes() -> Vec<String> {

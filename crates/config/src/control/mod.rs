@@ -6,6 +6,7 @@
 //! against the previous one. One reconciler applies either source.
 
 pub mod directory;
+mod expand;
 pub mod snapshot;
 pub mod standalone;
 

