@@ -330,19 +330,19 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
 async fn a_batch_whose_second_statement_fails_leaves_no_row() -> TestResult {
     let (_dir, stores) = both_engines().await?;
     for (engine, store) in &stores {
-        sqlx::query("CREATE TABLE batch_probe (n BIGINT PRIMARY KEY)").execute(&store.pool).await?;
+        sqlx::query("CREATE TABLE batch_probe (n BIGINT PRIMARY KEY)").execute(store.pool()).await?;
         let head = "INSERT INTO batch_probe (n)";
-        let mut statements = sql::Sql::inserts(store.engine, head, &[1_i64, 2], |n| vec![sql::Bind::Int(*n)]);
-        statements.extend(sql::Sql::inserts(store.engine, head, &[3_i64, 1], |n| vec![sql::Bind::Int(*n)]));
+        let mut statements = sql::Sql::inserts(store.engine(), head, &[1_i64, 2], |n| vec![sql::Bind::Int(*n)]);
+        statements.extend(sql::Sql::inserts(store.engine(), head, &[3_i64, 1], |n| vec![sql::Bind::Int(*n)]));
         assert_eq!(statements.len(), 2, "{engine}: two statements");
-        let failed = sql::execute_all(&store.pool, &statements).await;
+        let failed = sql::execute_all(store.pool(), &statements).await;
         assert!(failed.is_err(), "{engine}: the second statement repeats a key and fails");
-        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(&store.pool).await?;
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(store.pool()).await?;
         assert_eq!(rows, 0, "{engine}: the first statement's rows are rolled back with it");
         // The same batch without the repeat lands whole.
-        let good = sql::Sql::inserts(store.engine, head, &[1_i64, 2, 3], |n| vec![sql::Bind::Int(*n)]);
-        sql::execute_all(&store.pool, &good).await?;
-        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(&store.pool).await?;
+        let good = sql::Sql::inserts(store.engine(), head, &[1_i64, 2, 3], |n| vec![sql::Bind::Int(*n)]);
+        sql::execute_all(store.pool(), &good).await?;
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(store.pool()).await?;
         assert_eq!(rows, 3, "{engine}");
         store.close().await;
     }
@@ -458,7 +458,7 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
     // Dropping the connection spawned its return; let that task run up to its ping before closing.
     tokio::task::yield_now().await;
     assert!(store.close().await, "every connection closed");
-    assert_eq!(store.pool.size(), 0);
+    assert_eq!(store.pool().size(), 0);
     for leftover in ["satellite.db-wal", "satellite.db-shm"] {
         assert!(!dir.path().join(leftover).exists(), "{leftover} is left: the last connection is not closed");
     }
@@ -486,7 +486,7 @@ async fn closing_the_store_gives_up_on_a_connection_that_is_never_returned() -> 
         .await
         .map_err(|_| "the close waited for connections that are never returned")?;
     assert!(!closed, "the close says what it left open");
-    assert_eq!(store.pool.size(), 4, "the held connections are the ones left");
+    assert_eq!(store.pool().size(), 4, "the held connections are the ones left");
     drop(held);
     Ok(())
 }
@@ -497,6 +497,7 @@ async fn closing_the_store_gives_up_on_a_connection_that_is_never_returned() -> 
 /// written after it was never committed (another connection saw none of it) and the write lock was held for good.
 #[tokio::test]
 async fn a_transaction_sqlite_ended_itself_leaves_the_connection_usable() -> TestResult {
+    use sqlx::ConnectOptions as _;
     let dir = tempfile::tempdir()?;
     // One connection, so every write below goes through the one that failed.
     let store = Store::connect(dir.path(), &Database { url: None, max_connections: Some(1) }).await?;
@@ -526,7 +527,8 @@ async fn a_transaction_sqlite_ended_itself_leaves_the_connection_usable() -> Tes
     assert!(sql::execute_all(store.pool(), &batch(["test.ok", "test.refused"])).await.is_err());
     // ...and the next one is committed: another connection sees it and can write.
     sql::execute_all(store.pool(), &batch(["test.kept", "test.kept"])).await?;
-    let mut outside = SqliteConnectOptions::new().filename(dir.path().join("satellite.db")).connect().await?;
+    let mut outside =
+        sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("satellite.db")).connect().await?;
     let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM event_outbox WHERE event_type = 'test.kept'")
         .fetch_one(&mut outside)
         .await?;

@@ -139,7 +139,7 @@ impl Store {
     /// it is free (`None` when another session holds it). `None` on SQLite, which has one process and no such
     /// locks.
     pub async fn advisory_lock(&self, key: i64, wait: bool) -> Result<Option<AdvisoryLock>, StoreError> {
-        let (Engine::Postgres, Some(url)) = (self.engine, &self.url) else { return Ok(None) };
+        let (Engine::Postgres, Some(url)) = (self.engine(), &self.url) else { return Ok(None) };
         let mut conn = tokio::time::timeout(LOCK_CONNECT_TIMEOUT, AnyConnection::connect(url.expose_secret()))
             .await
             .map_err(|_| {
