@@ -144,7 +144,8 @@ async fn a_burst_of_list_changes_is_one_rediscovery_and_search_follows_it() {
     settled(&sat, "live", InstanceStatus::Online).await;
     assert!(tool_names(&sat, "live").contains(&"add".to_owned()));
     let discoveries = || async {
-        let events = sat.satellite.store().events(Some("mcp.tools.discovered"), 0, 1000).await.expect("events");
+        let events =
+            sat.satellite.store().outbox().events(Some("mcp.tools.discovered"), 0, 1000).await.expect("events");
         events.len()
     };
     // Reported with its token counts, which may follow the instance's going online (`count_and_report`).
@@ -208,7 +209,7 @@ async fn a_called_tool_that_changes_its_description_raises_a_drift_alert() {
     let updates = wait_until(DEADLINE, "echo reported as drifted", || {
         let store = store.clone();
         async move {
-            let events = store.events(Some("mcp.tools.updated"), 0, 100).await.ok()?;
+            let events = store.outbox().events(Some("mcp.tools.updated"), 0, 100).await.ok()?;
             let drifted = events.iter().any(|e| e.data["drifted_tools"].to_string().contains("\"echo\""));
             let add_seen = events.iter().any(|e| e.data["updated_tools"].to_string().contains("\"add\""));
             (drifted && add_seen).then_some(events)

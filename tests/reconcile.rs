@@ -215,6 +215,7 @@ async fn catalogs_and_status_history_outlive_a_restart() {
     assert!(alice.tools.iter().all(|t| t.content_hash().len() == 64));
     assert_eq!(alice.resources.len(), 2);
     let history: Vec<String> = store
+        .statuses()
         .status_history(&ProcessId::from("demo-acme-alice-i-demo"))
         .await
         .unwrap()

@@ -102,7 +102,7 @@ impl ManagedParts {
             settings.token_cache_ttl,
         )
         .stale_for(settings.token_stale_for);
-        let monitor = Arc::new(BackendMonitor::new(client.clone(), store.clone()));
+        let monitor = Arc::new(BackendMonitor::new(client.clone(), store.outbox()));
         Ok(Some(ManagedParts { settings: settings.clone(), client, oauth, metrics, introspection, monitor }))
     }
 
@@ -115,6 +115,7 @@ impl ManagedParts {
             introspection: self.introspection.clone(),
             oauth: Some(self.oauth.clone()),
             store: store.clone(),
+            outbox: store.outbox(),
             events: events.clone(),
             monitor: self.monitor.clone(),
             satellite_url: settings.satellite_url.clone(),

@@ -83,7 +83,7 @@ impl Satellite {
                 clean = false;
             }
         }
-        match tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.store.event_count()).await {
+        match tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.store.outbox().event_count()).await {
             Ok(Ok(kept)) => info!(kept, "events are in the outbox"),
             Ok(Err(err)) => warn!(error = %err, "shutdown: reading the event outbox failed"),
             Err(_) => {

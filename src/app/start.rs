@@ -198,6 +198,7 @@ impl FrontDoor<'_> {
             metrics_token: config.metrics_token.clone().map(Arc::new),
             analytics: http::analytics::AnalyticsDeps {
                 store: self.store.clone(),
+                outbox: self.store.outbox(),
                 recorder: self.analytics.clone(),
                 auth: self.auth.clone(),
                 manager: self.manager.clone(),

@@ -20,7 +20,7 @@ use crate::auth::{AdminScope, AuthError, Authenticator};
 use crate::instances::InstanceManager;
 use crate::model::iso;
 use crate::store::analytics::{Grouping, RowFilter};
-use crate::store::Store;
+use crate::store::{Outbox, Store};
 
 const DEFAULT_LIMIT: u64 = 50;
 const MAX_LIMIT: u64 = 500;
@@ -29,6 +29,7 @@ const MAX_LIMIT: u64 = 500;
 #[derive(Clone)]
 pub struct AnalyticsDeps {
     pub store: Store,
+    pub outbox: Outbox,
     pub recorder: Recorder,
     pub auth: Authenticator,
     pub manager: InstanceManager,

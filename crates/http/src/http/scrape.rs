@@ -104,7 +104,7 @@ async fn snapshot(deps: &ScrapeDeps) -> Snapshot {
     };
     // The outbox is what waits for a backend: a standalone satellite has none (its events are local history).
     if let Some(monitor) = &deps.status.backend {
-        match deps.status.analytics.store.outbox_summary().await {
+        match deps.status.analytics.outbox.outbox_summary().await {
             Ok(summary) => {
                 let age = summary
                     .oldest_emitted_at

@@ -70,7 +70,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
     let released_again = store.release_hold("i1", "add").await?;
     let at = |minute: u32| Utc.with_ymd_and_hms(2026, 11, 20, 10, minute, 0).single().unwrap_or_default();
     for (minute, status) in [(1, InstanceStatus::Connecting), (2, InstanceStatus::Online), (3, InstanceStatus::Error)] {
-        store.record_status(&spec, status, Some("why"), at(minute), None).await?;
+        store.statuses().record_status(&spec, status, Some("why"), at(minute), None).await?;
     }
     let row = |kind: ListingRow| AnalyticsRow::Listing(kind);
     store
@@ -157,14 +157,14 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
             held: None,
         })
         .collect();
-    store.append_events(&events).await?;
-    store.hold_event(1, "test").await?;
-    let summary = store.outbox_summary().await?;
-    let last_seq = store.outbox_last_seq().await?;
-    let typed = store.events(Some("mcp.tool.executed"), 2, 10).await?.len();
-    let untyped = store.events(None, 0, 10).await?.len();
-    let pruned_before = store.prune_events_before("2026-11-02T00:00:00.000Z").await?;
-    let pruned = store.prune_events(2).await?;
+    store.outbox().append_events(&events).await?;
+    store.outbox().hold_event(1, "test").await?;
+    let summary = store.outbox().outbox_summary().await?;
+    let last_seq = store.outbox().outbox_last_seq().await?;
+    let typed = store.outbox().events(Some("mcp.tool.executed"), 2, 10).await?.len();
+    let untyped = store.outbox().events(None, 0, 10).await?.len();
+    let pruned_before = store.outbox().prune_events_before("2026-11-02T00:00:00.000Z").await?;
+    let pruned = store.outbox().prune_events(2).await?;
     let pruned_analytics = store.prune_analytics("2026-11-21T00:00:00.000Z").await?;
     store.delete_catalog(&spec.process_id).await?;
     Ok(json!({
@@ -178,7 +178,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
         "no_changes": store.tool_changes(Some("t2"), None, 10, 0).await?.len(),
         "held": store.held_tools().await?.iter().map(|h| (&h.installation_id, &h.tool_name)).collect::<Vec<_>>(),
         "released": [released, released_again],
-        "statuses": store.status_history(&spec.process_id).await?.iter().map(|s| (&s.status, &s.message, &s.at)).collect::<Vec<_>>(),
+        "statuses": store.statuses().status_history(&spec.process_id).await?.iter().map(|s| (&s.status, &s.message, &s.at)).collect::<Vec<_>>(),
         "total": [total[0].listings, total[0].shown_tokens, total[0].proxy_tokens, total[0].discovers,
                   total[0].discover_hits, total[0].calls, total[0].call_errors, total[0].sessions],
         "by_user": [users, by_user.len() as u64], "user_groups": by_user.iter().map(|g| &g.group).collect::<Vec<_>>(),
@@ -249,37 +249,37 @@ fn numbered(n: usize) -> Vec<NewEvent<'static>> {
 async fn claimed_events_go_to_one_replica_and_a_lapsed_claim_to_the_next() -> TestResult {
     let (_dir, stores) = both_engines().await?;
     for (engine, store) in &stores {
-        store.append_events(&numbered(10)).await?;
+        store.outbox().append_events(&numbered(10)).await?;
         let seqs = |events: &[StoredEvent]| events.iter().map(|e| e.seq).collect::<Vec<_>>();
-        let a = store.claim_events("a", 4, 60_000, Some(1_000)).await?;
-        let b = store.claim_events("b", 4, 60_000, Some(1_000)).await?;
+        let a = store.outbox().claim_events("a", 4, 60_000, Some(1_000)).await?;
+        let b = store.outbox().claim_events("b", 4, 60_000, Some(1_000)).await?;
         assert_eq!(seqs(&a), [1, 2, 3, 4], "{engine}: the oldest to the first claimer");
         assert_eq!(seqs(&b), [5, 6, 7, 8], "{engine}: the next claimer passes over a live claim");
         assert_eq!(
-            store.delete_claimed("b", &[1, 2, 3, 4, 5, 6, 7, 8]).await?,
+            store.outbox().delete_claimed("b", &[1, 2, 3, 4, 5, 6, 7, 8]).await?,
             4,
             "{engine}: b deletes only its own claim"
         );
         // a dies; its lease lapses at 61 s; c finds a's batch then, not before.
-        let early = store.claim_events("c", 4, 60_000, Some(30_000)).await?;
+        let early = store.outbox().claim_events("c", 4, 60_000, Some(30_000)).await?;
         assert_eq!(seqs(&early), [9, 10], "{engine}: a's claim is live at 30 s");
-        let late = store.claim_events("c", 10, 60_000, Some(62_000)).await?;
+        let late = store.outbox().claim_events("c", 10, 60_000, Some(62_000)).await?;
         assert_eq!(seqs(&late), [1, 2, 3, 4, 9, 10], "{engine}: a lapsed claim is taken over, c's own kept");
         assert_eq!(
-            store.delete_claimed("a", &[1, 2, 3, 4, 9, 10]).await?,
+            store.outbox().delete_claimed("a", &[1, 2, 3, 4, 9, 10]).await?,
             0,
             "{engine}: a late a deletes nothing c holds"
         );
-        assert_eq!(store.release_claims("c").await?, 6);
-        assert_eq!(seqs(&store.claim_events("d", 10, 60_000, Some(62_000)).await?), [1, 2, 3, 4, 9, 10]);
+        assert_eq!(store.outbox().release_claims("c").await?, 6);
+        assert_eq!(seqs(&store.outbox().claim_events("d", 10, 60_000, Some(62_000)).await?), [1, 2, 3, 4, 9, 10]);
         // On the database's own clock: a live lease of a minute is not taken, a lapsed one is.
-        store.release_claims("d").await?;
-        assert_eq!(store.claim_events("e", 10, 60_000, None).await?.len(), 6, "{engine}");
-        assert!(store.claim_events("f", 10, 60_000, None).await?.is_empty(), "{engine}: e's lease is live");
+        store.outbox().release_claims("d").await?;
+        assert_eq!(store.outbox().claim_events("e", 10, 60_000, None).await?.len(), 6, "{engine}");
+        assert!(store.outbox().claim_events("f", 10, 60_000, None).await?.is_empty(), "{engine}: e's lease is live");
         let far = chrono::Utc::now().timestamp_millis() + 120_000;
-        assert_eq!(store.claim_events("f", 10, 60_000, Some(far)).await?.len(), 6, "{engine}: lapsed by then");
+        assert_eq!(store.outbox().claim_events("f", 10, 60_000, Some(far)).await?.len(), 6, "{engine}: lapsed by then");
         // SQLite has one process: claims found at an uploader's start are a dead run's, released at once.
-        let released = store.release_stale_claims().await?;
+        let released = store.outbox().release_stale_claims().await?;
         assert_eq!(released, if *engine == "sqlite" { 6 } else { 0 }, "{engine}");
         store.close().await;
     }
@@ -293,7 +293,7 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
     let Some((_, store)) = stores.into_iter().find(|(engine, _)| *engine == "postgres") else {
         return Err("no postgres store".into());
     };
-    store.append_events(&numbered(2_000)).await?;
+    store.outbox().append_events(&numbered(2_000)).await?;
     let mut claimers = Vec::new();
     for n in 0..8 {
         let store = store.clone();
@@ -301,12 +301,12 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
             let owner = format!("replica-{n}");
             let mut mine = Vec::new();
             loop {
-                let batch = store.claim_events(&owner, 25, 60_000, None).await?;
+                let batch = store.outbox().claim_events(&owner, 25, 60_000, None).await?;
                 if batch.is_empty() {
                     break;
                 }
                 let seqs: Vec<i64> = batch.iter().map(|e| e.seq).collect();
-                store.delete_claimed(&owner, &seqs).await?;
+                store.outbox().delete_claimed(&owner, &seqs).await?;
                 mine.extend(seqs);
             }
             Ok::<_, StoreError>(mine)
@@ -319,8 +319,8 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
     let unique: HashSet<i64> = seen.iter().copied().collect();
     assert_eq!(seen.len(), 2_000, "every event claimed");
     assert_eq!(unique.len(), 2_000, "none claimed twice");
-    assert_eq!(store.event_count().await?, 0);
-    assert_eq!(store.event_seq_span().await?, 0, "an empty outbox spans nothing");
+    assert_eq!(store.outbox().event_count().await?, 0);
+    assert_eq!(store.outbox().event_seq_span().await?, 0, "an empty outbox spans nothing");
     Ok(())
 }
 
@@ -389,17 +389,21 @@ async fn the_outbox_is_held_to_its_bytes_on_both_engines() -> TestResult {
                     }
                 })
                 .collect();
-            store.append_events(&rows).await?;
+            store.outbox().append_events(&rows).await?;
         }
-        assert!(store.disk_usage().await?.used > 3 * MAX, "{engine}: 3 MB written");
-        let pruned = store.prune_events_to_bytes(MAX).await?.events;
-        let left = store.events(None, 0, 1000).await?;
+        assert!(store.outbox().disk_usage().await?.used > 3 * MAX, "{engine}: 3 MB written");
+        let pruned = store.outbox().prune_events_to_bytes(MAX).await?.events;
+        let left = store.outbox().events(None, 0, 1000).await?;
         assert_eq!(pruned as usize + left.len(), 300, "{engine}");
         assert!((1..=95).contains(&left.len()), "{engine}: {} events left", left.len());
         assert_eq!(left.last().map(|e| e.data["n"].clone()), Some(json!(299)), "{engine}: the newest stay");
         let kept: usize = left.iter().map(|e| e.data.to_string().len()).sum();
         assert!(kept as u64 <= MAX, "{engine}: {kept} bytes of payloads left");
-        assert!(store.outbox_bytes().await? <= MAX, "{engine}: {} bytes of outbox left", store.outbox_bytes().await?);
+        assert!(
+            store.outbox().outbox_bytes().await? <= MAX,
+            "{engine}: {} bytes of outbox left",
+            store.outbox().outbox_bytes().await?
+        );
         store.close().await;
     }
     Ok(())
@@ -446,6 +450,7 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
     let dir = tempfile::tempdir()?;
     let store = Store::open(dir.path()).await?;
     store
+        .outbox()
         .append_events(&[NewEvent {
             event_type: "mcp.server.status_changed",
             emitted_at: "2026-11-28T00:00:00Z".into(),
@@ -454,7 +459,7 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
             held: None,
         }])
         .await?;
-    assert_eq!(store.event_count().await?, 1);
+    assert_eq!(store.outbox().event_count().await?, 1);
     // Dropping the connection spawned its return; let that task run up to its ping before closing.
     tokio::task::yield_now().await;
     assert!(store.close().await, "every connection closed");
@@ -466,7 +471,7 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
     let copy = tempfile::tempdir()?;
     std::fs::copy(dir.path().join("satellite.db"), copy.path().join("satellite.db"))?;
     let reopened = Store::open(copy.path()).await?;
-    assert_eq!(reopened.event_count().await?, 1);
+    assert_eq!(reopened.outbox().event_count().await?, 1);
     reopened.close().await;
     Ok(())
 }

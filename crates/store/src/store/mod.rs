@@ -17,9 +17,9 @@ use crate::config::Database;
 
 pub mod analytics;
 mod catalog;
-mod events;
 mod migrations;
 mod open;
+mod outbox;
 mod replicas;
 pub mod reserve;
 mod sql;
@@ -28,9 +28,9 @@ pub mod toolsets;
 mod volume;
 
 pub use catalog::{CatalogOwner, HeldTool, ToolChangeRow};
-pub use events::{BytesPruned, DiskUsage, NewEvent, OutboxSummary, StoredEvent};
+pub use outbox::{BytesPruned, DiskUsage, NewEvent, Outbox, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
-pub use status::StatusRecord;
+pub use status::{StatusHistory, StatusRecord};
 pub use volume::Volume;
 
 /// How long `Store::close` waits for connections still in use, and how often it looks.
@@ -203,13 +203,14 @@ impl Store {
         &self.db.pool
     }
 
-    /// Deletes outbox rows behind the outbox's back: the gap a crashed writer or an operator leaves, for the
-    /// uploader's tests in the crates above (`test-support`).
-    #[cfg(any(test, feature = "test-support"))]
-    pub async fn delete_events_for_tests(&self, seqs: &[i64]) -> Result<(), StoreError> {
-        let list = seqs.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-        sqlx::query(&format!("DELETE FROM event_outbox WHERE seq IN ({list})")).execute(self.pool()).await?;
-        Ok(())
+    /// The event outbox.
+    pub fn outbox(&self) -> Outbox {
+        Outbox { db: self.db.clone() }
+    }
+
+    /// The instances' status history.
+    pub fn statuses(&self) -> StatusHistory {
+        StatusHistory { db: self.db.clone() }
     }
 }
 

@@ -25,7 +25,7 @@ use crate::backend::wire::Command;
 use crate::events::{ConfigErrorKind, ConfigRefresh, Emitter, Event};
 use crate::instances::InstanceManager;
 use crate::model::InstanceStatus;
-use crate::store::Store;
+use crate::store::{Outbox, Store};
 
 mod commands;
 mod heartbeat;
@@ -53,6 +53,8 @@ pub struct ManagedDeps {
     /// Users' OAuth tokens for remote servers (dropped with their introspection results).
     pub oauth: Option<Arc<super::oauth::BackendOAuth>>,
     pub store: Store,
+    /// The event outbox the uploader drains.
+    pub outbox: Outbox,
     pub events: Emitter,
     /// What the loops last did, for `GET /api/status/backend`.
     pub monitor: Arc<super::monitor::BackendMonitor>,

@@ -10,7 +10,7 @@
 //! its sequence number: kept, never sent, never dropped silently.
 //!
 //! Replicas sharing one PostgreSQL database all upload (docs/scale-out.md):
-//! each batch is claimed for a lease (`Store::claim_events`) before it is
+//! each batch is claimed for a lease (`Outbox::claim_events`) before it is
 //! sent, so two replicas never send the same events; a replica that dies
 //! mid-batch leaves a claim that lapses after `LEASE`, and another replica
 //! sends the batch then.
@@ -26,7 +26,7 @@ use tracing::{debug, error, info, warn};
 
 use super::wire::EventEnvelope;
 use crate::events::{Emitter, Event, EventKind, LimitExceeded, LimitedResource, Throttle};
-use crate::store::{Store, StoreError, StoredEvent};
+use crate::store::{Outbox, StoreError, StoredEvent};
 
 /// The backend refuses bigger batches (BP §8.1).
 pub const MAX_BATCH: usize = 100;
@@ -85,7 +85,7 @@ pub struct UploadStats {
 }
 
 pub struct Uploader {
-    store: Store,
+    outbox: Outbox,
     /// This replica's name on its claims: random per process.
     owner: String,
     lease: Duration,
@@ -97,7 +97,7 @@ pub struct Uploader {
     cap: usize,
     /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
     quota: i64,
-    /// The most the outbox may take on disk (`Store::prune_events_to_bytes`); unbounded unless `with_byte_quota`.
+    /// The most the outbox may take on disk (`Outbox::prune_events_to_bytes`); unbounded unless `with_byte_quota`.
     quota_bytes: u64,
     /// When the outbox's bytes were last measured.
     bytes_checked: Option<std::time::Instant>,
@@ -158,9 +158,11 @@ impl Tick {
 }
 
 impl Uploader {
-    pub fn new(store: Store, send: SendBatch, batch: usize, quota: i64) -> Self {
+    /// The uploader draining `outbox`, its own events (`resource.limit.exceeded`) going through `events` (the
+    /// satellite's emitter).
+    pub fn new(outbox: Outbox, events: Emitter, send: SendBatch, batch: usize, quota: i64) -> Self {
         Self {
-            store: store.clone(),
+            outbox,
             owner: format!("{:016x}", rand::random::<u64>()),
             lease: LEASE,
             started: false,
@@ -171,7 +173,7 @@ impl Uploader {
             quota_bytes: u64::MAX,
             bytes_checked: None,
             prunes: Arc::new(|| true),
-            emitter: Emitter::new(store),
+            emitter: events,
             backoff: None,
             timeout: TIMEOUT,
             base_timeout: TIMEOUT,
@@ -200,12 +202,6 @@ impl Uploader {
     /// How long the next batch's answer will be waited for.
     pub fn timeout(&self) -> Duration {
         self.timeout
-    }
-
-    /// Emit the uploader's own events (`resource.limit.exceeded`) through `emitter` (default: one of its own).
-    pub fn with_emitter(mut self, emitter: Emitter) -> Self {
-        self.emitter = emitter;
-        self
     }
 
     /// The most the outbox may take on disk, its oldest events dropped past it (default: no bound).
@@ -245,14 +241,14 @@ impl Uploader {
     pub async fn tick(&mut self) -> Result<Tick, StoreError> {
         self.enforce_quota().await?;
         if !self.started {
-            let released = self.store.release_stale_claims().await?;
+            let released = self.outbox.release_stale_claims().await?;
             if released > 0 {
                 info!(released, "event claims of a previous run released");
             }
             self.started = true;
         }
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
-        let batch = self.store.claim_events(&self.owner, self.cap as i64, lease_ms, None).await?;
+        let batch = self.outbox.claim_events(&self.owner, self.cap as i64, lease_ms, None).await?;
         let Some(first) = batch.first().map(|e| e.seq) else { return Ok(Tick::Idle) };
         let (envelopes, seqs, bytes) = self.envelopes(&batch).await?;
         if envelopes.is_empty() {
@@ -285,7 +281,7 @@ impl Uploader {
                 Err(reason) => {
                     error!(seq = event.seq, event_type = %event.event_type, reason = %reason,
                            "stored event makes no envelope; held in the outbox, not sent");
-                    self.store.hold_event(event.seq, &reason).await?;
+                    self.outbox.hold_event(event.seq, &reason).await?;
                     self.stats.held += 1;
                 }
             }
@@ -346,7 +342,7 @@ impl Uploader {
         for failure in failures {
             warn!(failure = %failure, "backend refused one event of an accepted batch");
         }
-        self.store.delete_claimed(&self.owner, seqs).await?;
+        self.outbox.delete_claimed(&self.owner, seqs).await?;
         self.stats.sent += n as u64;
         self.backoff = None;
         self.invalid_in_a_row = 0;
@@ -365,7 +361,7 @@ impl Uploader {
     async fn held_invalid(&mut self, seq: i64, reason: &str) -> Result<Tick, StoreError> {
         let held = format!("the backend rejects this event as invalid: {reason}");
         error!(seq, reason = %reason, "backend rejected one event as invalid; held in the outbox, not sent");
-        self.store.hold_event(seq, &held).await?;
+        self.outbox.hold_event(seq, &held).await?;
         self.stats.held_invalid += 1;
         self.invalid_in_a_row += 1;
         if !self.offered_again.contains(&seq) {
@@ -387,7 +383,7 @@ impl Uploader {
     async fn held_too_large(&mut self, seq: i64, bytes: usize, reason: &str) -> Result<Tick, StoreError> {
         let held = format!("the backend refuses this event as too large ({bytes} bytes): {reason}");
         error!(seq, bytes, reason = %reason, "backend refused one event as too large; held in the outbox, not sent");
-        self.store.hold_event(seq, &held).await?;
+        self.outbox.hold_event(seq, &held).await?;
         self.stats.held += 1;
         Ok(Tick::Held(1))
     }
@@ -423,7 +419,7 @@ impl Uploader {
         if streak.len() < 2 {
             return Ok(());
         }
-        let released = self.store.release_held(&streak).await?;
+        let released = self.outbox.release_held(&streak).await?;
         warn!(
             events = released,
             first_seq = streak[0],
@@ -454,11 +450,11 @@ impl Uploader {
             }
         }
         if !cut {
-            if let Err(err) = self.store.release_claims(&self.owner).await {
+            if let Err(err) = self.outbox.release_claims(&self.owner).await {
                 warn!(error = %err, "could not release this replica's event claims; they lapse after the lease");
             }
         }
-        let left = self.store.event_count().await?;
+        let left = self.outbox.event_count().await?;
         if left > 0 {
             warn!(left, "events still in the outbox at shutdown; they are sent after the next start");
         } else {
@@ -478,12 +474,12 @@ impl Uploader {
         };
         // Counting walks the outbox; the span of its sequence numbers, two index lookups, can only overstate the
         // count. A backlog drained batch by batch would otherwise be counted whole before each batch.
-        let count = match self.store.event_seq_span().await? {
+        let count = match self.outbox.event_seq_span().await? {
             span if span <= quota => span,
-            _ => self.store.event_count().await?,
+            _ => self.outbox.event_count().await?,
         };
         if count > quota {
-            let dropped = self.store.prune_events(quota).await?;
+            let dropped = self.outbox.prune_events(quota).await?;
             self.stats.dropped_over_quota += dropped;
             error!(dropped, quota, "event outbox over its quota: oldest events dropped");
             let message = format!("event outbox over its quota of {quota} events: {dropped} oldest dropped");
@@ -494,7 +490,7 @@ impl Uploader {
         let due = self.bytes_checked.is_none_or(|at| at.elapsed() >= BYTE_CHECK_PERIOD);
         if due && quota_bytes < u64::MAX {
             self.bytes_checked = Some(std::time::Instant::now());
-            let pruned = self.store.prune_events_to_bytes(quota_bytes).await?;
+            let pruned = self.outbox.prune_events_to_bytes(quota_bytes).await?;
             let dropped = pruned.events;
             if dropped > 0 {
                 self.stats.dropped_over_quota += dropped;
@@ -506,7 +502,7 @@ impl Uploader {
         }
         // The pages this replica's batches freed, the ones just before included: in managed mode the outbox
         // shrinks only while a backlog drains, and inserts take freed pages first whenever it grows.
-        if self.store.release_free_pages(u64::MAX).await? > 0 {
+        if self.outbox.release_free_pages(u64::MAX).await? > 0 {
             debug!("event outbox: free pages given back to the disk");
         }
         Ok(())
