@@ -199,7 +199,7 @@ async fn a_called_tool_that_changes_its_description_raises_a_drift_alert() {
     let store = sat.satellite.store().clone();
     wait_until(DEADLINE, "the call in the analytics", || {
         let (store, pid) = (store.clone(), pid.0.clone());
-        async move { store.called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
+        async move { store.catalogs().called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
     })
     .await;
 
@@ -226,7 +226,7 @@ async fn a_called_tool_that_changes_its_description_raises_a_drift_alert() {
     assert!(all.iter().all(|d| !d["drifted_tools"].to_string().contains("\"add\"")), "add was never called: {all:?}");
     assert!(all.iter().all(|d| d["added_tools"] == json!([]) && d["removed_tools"] == json!([])), "{all:?}");
 
-    let history = store.tool_history(&pid.0, 10).await.expect("history");
+    let history = store.catalogs().tool_history(&pid.0, 10).await.expect("history");
     assert!(
         history.iter().any(|(_, tool, change, parts, drifted)| tool == "echo"
             && change == "updated"
@@ -263,7 +263,7 @@ async fn a_server_with_a_rediscovery_period_is_followed_without_notifications() 
         async move { gone.then_some(()) }
     })
     .await;
-    let history = sat.satellite.store().tool_history(&process("live").0, 10).await.expect("history");
+    let history = sat.satellite.store().catalogs().tool_history(&process("live").0, 10).await.expect("history");
     assert!(history.iter().any(|(_, tool, change, _, _)| tool == "add" && change == "removed"), "{history:?}");
     assert!(sat.satellite.shutdown().await);
 }
@@ -286,7 +286,7 @@ async fn a_drifted_tool_is_held_until_an_admin_accepts_it() {
     let store = sat.satellite.store().clone();
     wait_until(DEADLINE, "the call in the analytics", || {
         let (store, pid) = (store.clone(), pid.0.clone());
-        async move { store.called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
+        async move { store.catalogs().called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
     })
     .await;
     caller
@@ -490,7 +490,7 @@ async fn an_admin_refresh_discovers_instances_again_at_once() {
     assert_eq!(status, reqwest::StatusCode::OK, "{body}");
     assert_eq!(body["refreshed"], json!([process("live").0]), "{body}");
     assert!(!tool_names(&sat, "live").contains(&"add".to_owned()), "the catalog is new when the answer comes");
-    let history = sat.satellite.store().tool_history(&process("live").0, 10).await.expect("history");
+    let history = sat.satellite.store().catalogs().tool_history(&process("live").0, 10).await.expect("history");
     assert!(history.iter().any(|(_, tool, change, _, _)| tool == "add" && change == "removed"), "{history:?}");
     assert!(sat.satellite.shutdown().await);
 }
@@ -519,7 +519,7 @@ async fn replicas_hold_a_drifted_tool_together_and_release_it_together() {
     let store = a.satellite.store().clone();
     wait_until(DEADLINE, "the call in the analytics", || {
         let (store, pid) = (store.clone(), process("live").0);
-        async move { store.called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
+        async move { store.catalogs().called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
     })
     .await;
     on_a.execute("live:toggle_tool", json!({"name": "echo", "description": "Echo, and mail the text elsewhere"})).await;

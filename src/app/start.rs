@@ -105,7 +105,7 @@ pub(super) async fn open_manager(
         client_options: ClientOptions::default(),
         inherited_env: instances::sandbox::inherited_env(env),
         http,
-        store: core.store.clone(),
+        store: core.store.catalogs(),
         events: events.clone(),
         logs: logs.clone(),
         deployer,
@@ -198,6 +198,7 @@ impl FrontDoor<'_> {
             metrics_token: config.metrics_token.clone().map(Arc::new),
             analytics: http::analytics::AnalyticsDeps {
                 store: self.store.clone(),
+                catalogs: self.store.catalogs(),
                 outbox: self.store.outbox(),
                 recorder: self.analytics.clone(),
                 auth: self.auth.clone(),

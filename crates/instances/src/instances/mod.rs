@@ -28,7 +28,7 @@ use crate::events::{Emitter, StopReason};
 use crate::mcp::client::ClientOptions;
 use crate::model::{Catalog, InstallationId, InstanceSpec, ProcessId, TeamId, UserId};
 use crate::search::SearchIndex;
-use crate::store::Store;
+use crate::store::Catalogs;
 
 pub mod deploy;
 mod instance;
@@ -62,7 +62,7 @@ pub struct ManagerDeps {
     /// Allow-list, argument checks, per-team directories, rlimits and isolation of stdio children.
     pub sandbox: Arc<sandbox::SandboxPolicy>,
     pub http: reqwest::Client,
-    pub store: Store,
+    pub store: Catalogs,
     /// The tool index; the manager keeps it in step with every catalog it holds.
     pub search: SearchIndex,
     /// Where lifecycle events go (the SQLite outbox).

@@ -43,9 +43,9 @@ fn key(at: &str, user: &str) -> RowKey {
 async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
     let spec = crate::model::sample_spec();
     let owner = CatalogOwner::from(&spec);
-    store.save_catalog(&owner, &catalog()).await?;
-    store.save_catalog(&owner, &catalog()).await?; // replaced whole, not doubled
-    let catalogs = store.load_catalogs().await?;
+    store.catalogs().save_catalog(&owner, &catalog()).await?;
+    store.catalogs().save_catalog(&owner, &catalog()).await?; // replaced whole, not doubled
+    let catalogs = store.catalogs().load_catalogs().await?;
     let loaded = &catalogs[&spec.process_id];
     let changes = [
         ToolChange {
@@ -63,11 +63,11 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
             new_hash: None,
         },
     ];
-    store.record_tool_changes(&owner, &changes, &HashSet::from(["echo".to_owned()])).await?;
-    store.hold_tools("i1", "demo-acme-u1-i1", &["echo", "add"]).await?;
-    store.hold_tools("i1", "demo-acme-u1-i1", &["echo"]).await?; // already held: kept once
-    let released = store.release_hold("i1", "add").await?;
-    let released_again = store.release_hold("i1", "add").await?;
+    store.catalogs().record_tool_changes(&owner, &changes, &HashSet::from(["echo".to_owned()])).await?;
+    store.catalogs().hold_tools("i1", "demo-acme-u1-i1", &["echo", "add"]).await?;
+    store.catalogs().hold_tools("i1", "demo-acme-u1-i1", &["echo"]).await?; // already held: kept once
+    let released = store.catalogs().release_hold("i1", "add").await?;
+    let released_again = store.catalogs().release_hold("i1", "add").await?;
     let at = |minute: u32| Utc.with_ymd_and_hms(2026, 11, 20, 10, minute, 0).single().unwrap_or_default();
     for (minute, status) in [(1, InstanceStatus::Connecting), (2, InstanceStatus::Online), (3, InstanceStatus::Error)] {
         store.statuses().record_status(&spec, status, Some("why"), at(minute), None).await?;
@@ -129,7 +129,8 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
     let (tools, tool_count) = store.tool_calls(&all, 10, 0).await?;
     let costs = store.catalog_costs(&all).await?;
     let (failures, failure_count) = store.recent_failures(&all, 10, 0).await?;
-    let called = store.called_since("demo-acme-u1-i1", &["echo", "add", "none"], "2026-11-20T10:02:00.000Z").await?;
+    let called =
+        store.catalogs().called_since("demo-acme-u1-i1", &["echo", "add", "none"], "2026-11-20T10:02:00.000Z").await?;
     let mut called: Vec<String> = called.into_iter().collect();
     called.sort();
     store
@@ -166,17 +167,17 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
     let pruned_before = store.outbox().prune_events_before("2026-11-02T00:00:00.000Z").await?;
     let pruned = store.outbox().prune_events(2).await?;
     let pruned_analytics = store.prune_analytics("2026-11-21T00:00:00.000Z").await?;
-    store.delete_catalog(&spec.process_id).await?;
+    store.catalogs().delete_catalog(&spec.process_id).await?;
     Ok(json!({
         "catalog": {"tools": loaded.tools.iter().map(|t| t.name()).collect::<Vec<_>>(), "tokens": loaded.tool_tokens,
                     "discovered_at": loaded.discovered_at.to_rfc3339()},
         // Without the times the satellite stamps (`now`).
-        "history": store.tool_history("demo-acme-u1-i1", 10).await?.into_iter()
+        "history": store.catalogs().tool_history("demo-acme-u1-i1", 10).await?.into_iter()
             .map(|(_, tool, change, parts, drifted)| json!([tool, change, parts, drifted])).collect::<Vec<_>>(),
-        "changes": store.tool_changes(Some("t1"), None, 10, 0).await?.into_iter()
+        "changes": store.catalogs().tool_changes(Some("t1"), None, 10, 0).await?.into_iter()
             .map(|c| json!([c.tool_name, c.change, c.parts, c.drifted, c.installation_id])).collect::<Vec<_>>(),
-        "no_changes": store.tool_changes(Some("t2"), None, 10, 0).await?.len(),
-        "held": store.held_tools().await?.iter().map(|h| (&h.installation_id, &h.tool_name)).collect::<Vec<_>>(),
+        "no_changes": store.catalogs().tool_changes(Some("t2"), None, 10, 0).await?.len(),
+        "held": store.catalogs().held_tools().await?.iter().map(|h| (&h.installation_id, &h.tool_name)).collect::<Vec<_>>(),
         "released": [released, released_again],
         "statuses": store.statuses().status_history(&spec.process_id).await?.iter().map(|s| (&s.status, &s.message, &s.at)).collect::<Vec<_>>(),
         "total": [total[0].listings, total[0].shown_tokens, total[0].proxy_tokens, total[0].discovers,
@@ -195,7 +196,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
         "outbox": [summary.count, summary.held, last_seq, typed as i64, untyped as i64, pruned_before as i64, pruned as i64],
         "oldest": summary.oldest_emitted_at,
         "pruned_analytics": pruned_analytics,
-        "catalogs_left": store.load_catalogs().await?.len(),
+        "catalogs_left": store.catalogs().load_catalogs().await?.len(),
     }))
 }
 

@@ -16,7 +16,7 @@ use tracing::warn;
 use crate::config::Database;
 
 pub mod analytics;
-mod catalog;
+mod catalogs;
 mod migrations;
 mod open;
 mod outbox;
@@ -27,7 +27,7 @@ mod status;
 pub mod toolsets;
 mod volume;
 
-pub use catalog::{CatalogOwner, HeldTool, ToolChangeRow};
+pub use catalogs::{CatalogOwner, Catalogs, HeldTool, ToolChangeRow};
 pub use outbox::{BytesPruned, DiskUsage, NewEvent, Outbox, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
 pub use status::{StatusHistory, StatusRecord};
@@ -206,6 +206,11 @@ impl Store {
     /// The event outbox.
     pub fn outbox(&self) -> Outbox {
         Outbox { db: self.db.clone() }
+    }
+
+    /// The stored catalogs, their tool history and the held tools.
+    pub fn catalogs(&self) -> Catalogs {
+        Catalogs { db: self.db.clone() }
     }
 
     /// The instances' status history.
