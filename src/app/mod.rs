@@ -122,7 +122,7 @@ impl Satellite {
         let started = Instant::now();
         let (first, first_text) = first_read(&config)?;
         let core = Core::open(&config, env).await?;
-        let toolsets = crate::toolsets::Toolsets::load(core.store.clone(), first.toolsets.clone()).await?;
+        let toolsets = crate::toolsets::Toolsets::load(core.store.toolsets(), first.toolsets.clone()).await?;
         let emitter = Emitter::new(core.store.outbox(), core.store.statuses());
         let logs = LogCapture::new(emitter.clone());
         let link = BackendLink::for_config(&config)?;

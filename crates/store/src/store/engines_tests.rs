@@ -134,6 +134,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
     let mut called: Vec<String> = called.into_iter().collect();
     called.sort();
     store
+        .toolsets()
         .put_toolset(&ToolsetRow {
             team_id: "t1".into(),
             owner: None,
@@ -144,11 +145,11 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
             updated_by: "admin".into(),
         })
         .await?;
-    store.set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:00:00.000Z").await?;
-    store.set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:05:00.000Z").await?;
-    let (toolsets, defaults) = store.load_toolsets().await?;
-    let deleted = store.delete_toolset("t1", None, "web").await?;
-    let (_, defaults_after) = store.load_toolsets().await?;
+    store.toolsets().set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:00:00.000Z").await?;
+    store.toolsets().set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:05:00.000Z").await?;
+    let (toolsets, defaults) = store.toolsets().load_toolsets().await?;
+    let deleted = store.toolsets().delete_toolset("t1", None, "web").await?;
+    let (_, defaults_after) = store.toolsets().load_toolsets().await?;
     let events: Vec<NewEvent<'_>> = (1..=5)
         .map(|day| NewEvent {
             event_type: "mcp.tool.executed",

@@ -31,6 +31,7 @@ pub use catalogs::{CatalogOwner, Catalogs, HeldTool, ToolChangeRow};
 pub use outbox::{BytesPruned, DiskUsage, NewEvent, Outbox, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
 pub use status::{StatusHistory, StatusRecord};
+pub use toolsets::ToolsetRows;
 pub use volume::Volume;
 
 /// How long `Store::close` waits for connections still in use, and how often it looks.
@@ -211,6 +212,11 @@ impl Store {
     /// The stored catalogs, their tool history and the held tools.
     pub fn catalogs(&self) -> Catalogs {
         Catalogs { db: self.db.clone() }
+    }
+
+    /// The toolsets stored through the API and members' defaults.
+    pub fn toolsets(&self) -> ToolsetRows {
+        ToolsetRows { db: self.db.clone() }
     }
 
     /// The instances' status history.
