@@ -14,7 +14,7 @@ use crate::http::session::{self, SessionTable, SESSION_IDLE};
 use crate::http::sse::{SseSessions, SSE_IDLE};
 use crate::instances::InstanceManager;
 use crate::jobs::{FirstRun, Jobs};
-use crate::store::{Outbox, Store, StoreError, Volume};
+use crate::store::{AnalyticsRows, Outbox, Store, StoreError, Volume};
 
 /// Idle sessions are forgotten on this period (OQ-18).
 const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
@@ -83,7 +83,13 @@ pub(super) fn schedule(m: Maintenance<'_>) {
         event_history_cap(jobs, &outbox, config.event_retention_max);
         event_history_size(jobs, &outbox, config.event_retention_max_bytes);
     }
-    event_retention(jobs, &outbox, store, standalone.then_some(config.event_retention), config.analytics_retention);
+    event_retention(
+        jobs,
+        &outbox,
+        &store.analytics_rows(),
+        standalone.then_some(config.event_retention),
+        config.analytics_retention,
+    );
 }
 
 /// Client activity events, from what `tracked` gathered since the last round.
@@ -239,13 +245,13 @@ fn event_history_size(jobs: &Jobs, outbox: &Outbox, events_max_bytes: u64) {
 fn event_retention(
     jobs: &Jobs,
     outbox: &Outbox,
-    store: &Store,
+    analytics: &AnalyticsRows,
     events_kept: Option<Duration>,
     analytics_kept: Duration,
 ) {
-    let (retention_outbox, retention_store) = (outbox.clone(), store.clone());
+    let (retention_outbox, retention_analytics) = (outbox.clone(), analytics.clone());
     jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
-        let (outbox, store) = (retention_outbox.clone(), retention_store.clone());
+        let (outbox, analytics) = (retention_outbox.clone(), retention_analytics.clone());
         async move {
             let free = outbox.disk_usage().await?.free;
             if let Some(events_kept) = events_kept {
@@ -262,7 +268,7 @@ fn event_retention(
                 }
             }
             let pruned = match before(analytics_kept) {
-                Some(cutoff) => store.prune_analytics(&cutoff).await?,
+                Some(cutoff) => analytics.prune_analytics(&cutoff).await?,
                 None => 0,
             };
             if pruned > 0 {

@@ -151,7 +151,7 @@ impl Satellite {
         start::sync_replicas(&core.store, &jobs, &toolsets, &manager);
         let (pollers, uploads) = (CancellationToken::new(), CancellationToken::new());
         // Written until the requests have drained (shutdown step 2), then flushed before the database closes.
-        analytics.spawn_writer(core.store.clone(), &tasks, pollers.clone());
+        analytics.spawn_writer(core.store.analytics_rows(), &tasks, pollers.clone());
         let upload_task = match managed {
             None => {
                 start::apply_standalone(first, &manager, &tasks);

@@ -197,9 +197,10 @@ impl FrontDoor<'_> {
             backend: self.monitor.clone(),
             metrics_token: config.metrics_token.clone().map(Arc::new),
             analytics: http::analytics::AnalyticsDeps {
-                store: self.store.clone(),
+                sums: self.store.analytics_sums(),
                 catalogs: self.store.catalogs(),
                 outbox: self.store.outbox(),
+                volume: self.store.volume(),
                 recorder: self.analytics.clone(),
                 auth: self.auth.clone(),
                 manager: self.manager.clone(),

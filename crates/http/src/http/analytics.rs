@@ -20,7 +20,7 @@ use crate::auth::{AdminScope, AuthError, Authenticator};
 use crate::instances::InstanceManager;
 use crate::model::iso;
 use crate::store::analytics::{Grouping, RowFilter};
-use crate::store::{Catalogs, Outbox, Store};
+use crate::store::{AnalyticsSums, Catalogs, Outbox, Volume};
 
 const DEFAULT_LIMIT: u64 = 50;
 const MAX_LIMIT: u64 = 500;
@@ -28,9 +28,10 @@ const MAX_LIMIT: u64 = 500;
 /// What the admin routes read.
 #[derive(Clone)]
 pub struct AnalyticsDeps {
-    pub store: Store,
+    pub sums: AnalyticsSums,
     pub catalogs: Catalogs,
     pub outbox: Outbox,
+    pub volume: Volume,
     pub recorder: Recorder,
     pub auth: Authenticator,
     pub manager: InstanceManager,
@@ -183,7 +184,7 @@ async fn route_answer(
     params: &HashMap<String, String>,
 ) -> Result<Response, ApiError> {
     let q = query(params, scope)?;
-    let store = &deps.store;
+    let store = &deps.sums;
     let (f, limit, offset) = (&q.filter, q.limit, q.offset);
     Ok(match route {
         "summary" => {

@@ -115,7 +115,7 @@ impl Ledger {
     }
 }
 
-pub(super) async fn writer(recorder: Arc<RecorderInner>, store: Store, shutdown: CancellationToken) {
+pub(super) async fn writer(recorder: Arc<RecorderInner>, store: AnalyticsRows, shutdown: CancellationToken) {
     let mut ledger = Ledger { sessions: HashMap::new() };
     let mut pending = Pending::default();
     let mut tick = tokio::time::interval(FLUSH_EVERY);
@@ -145,7 +145,7 @@ pub(super) struct Pending {
 impl Pending {
     /// Writes what is kept and then `rows`, [`BATCH`] at a time, stopping at the first refusal: what is left waits
     /// for the next turn. Past [`PENDING_MAX`] the oldest rows are dropped and counted.
-    pub(super) async fn write(&mut self, store: &Store, rows: Vec<AnalyticsRow>, recorder: &RecorderInner) {
+    pub(super) async fn write(&mut self, store: &AnalyticsRows, rows: Vec<AnalyticsRow>, recorder: &RecorderInner) {
         self.rows.extend(rows);
         while !self.rows.is_empty() {
             let take = self.rows.len().min(BATCH);
@@ -185,7 +185,7 @@ impl Pending {
 }
 
 /// Write every queued fact, [`BATCH`] at a time, after the rows kept from refused writes.
-pub(super) async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &Store, pending: &mut Pending) {
+pub(super) async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &AnalyticsRows, pending: &mut Pending) {
     let facts = {
         let mut queue = recorder.queue.lock();
         queue.open_calls.clear();

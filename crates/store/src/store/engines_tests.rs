@@ -74,6 +74,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
     }
     let row = |kind: ListingRow| AnalyticsRow::Listing(kind);
     store
+        .analytics_rows()
         .insert_analytics(&[
             row(ListingRow {
                 key: key("2026-11-20T10:00:00.000Z", "u1"),
@@ -121,14 +122,14 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
         ])
         .await?;
     let all = RowFilter::default();
-    let (total, _) = store.activity(&all, Grouping::Total, 10, 0).await?;
-    let (by_user, users) = store.activity(&all, Grouping::User, 10, 0).await?;
-    let (by_day, days) = store.activity(&all, Grouping::TimePrefix(10), 10, 0).await?;
+    let (total, _) = store.analytics_sums().activity(&all, Grouping::Total, 10, 0).await?;
+    let (by_user, users) = store.analytics_sums().activity(&all, Grouping::User, 10, 0).await?;
+    let (by_day, days) = store.analytics_sums().activity(&all, Grouping::TimePrefix(10), 10, 0).await?;
     let one_install = RowFilter { installation_id: Some("i1".into()), ..RowFilter::default() };
-    let (installed, _) = store.activity(&one_install, Grouping::Session, 10, 0).await?;
-    let (tools, tool_count) = store.tool_calls(&all, 10, 0).await?;
-    let costs = store.catalog_costs(&all).await?;
-    let (failures, failure_count) = store.recent_failures(&all, 10, 0).await?;
+    let (installed, _) = store.analytics_sums().activity(&one_install, Grouping::Session, 10, 0).await?;
+    let (tools, tool_count) = store.analytics_sums().tool_calls(&all, 10, 0).await?;
+    let costs = store.analytics_sums().catalog_costs(&all).await?;
+    let (failures, failure_count) = store.analytics_sums().recent_failures(&all, 10, 0).await?;
     let called =
         store.catalogs().called_since("demo-acme-u1-i1", &["echo", "add", "none"], "2026-11-20T10:02:00.000Z").await?;
     let mut called: Vec<String> = called.into_iter().collect();
@@ -167,7 +168,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
     let untyped = store.outbox().events(None, 0, 10).await?.len();
     let pruned_before = store.outbox().prune_events_before("2026-11-02T00:00:00.000Z").await?;
     let pruned = store.outbox().prune_events(2).await?;
-    let pruned_analytics = store.prune_analytics("2026-11-21T00:00:00.000Z").await?;
+    let pruned_analytics = store.analytics_rows().prune_analytics("2026-11-21T00:00:00.000Z").await?;
     store.catalogs().delete_catalog(&spec.process_id).await?;
     Ok(json!({
         "catalog": {"tools": loaded.tools.iter().map(|t| t.name()).collect::<Vec<_>>(), "tokens": loaded.tool_tokens,

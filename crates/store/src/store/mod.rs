@@ -27,6 +27,7 @@ mod status;
 pub mod toolsets;
 mod volume;
 
+pub use analytics::{AnalyticsRows, AnalyticsSums};
 pub use catalogs::{CatalogOwner, Catalogs, HeldTool, ToolChangeRow};
 pub use outbox::{BytesPruned, DiskUsage, NewEvent, Outbox, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
@@ -131,16 +132,6 @@ impl Store {
         self.volume.clone()
     }
 
-    /// The disk reserve of the SQLite data volume, when there is one.
-    pub fn reserve(&self) -> Option<&reserve::Reserve> {
-        self.volume.reserve()
-    }
-
-    /// Whether the data volume refused the database file and this store is in memory.
-    pub fn in_memory(&self) -> bool {
-        self.volume.in_memory()
-    }
-
     /// Connect to a PostgreSQL database once, without migrating it, and return its server version (for
     /// `check-config`); `None` for the embedded SQLite database, which needs no connection to check.
     pub async fn check(database: &Database) -> Result<Option<String>, StoreError> {
@@ -207,6 +198,16 @@ impl Store {
     /// The event outbox.
     pub fn outbox(&self) -> Outbox {
         Outbox { db: self.db.clone() }
+    }
+
+    /// The analytics rows, as they are written and pruned.
+    pub fn analytics_rows(&self) -> AnalyticsRows {
+        AnalyticsRows { db: self.db.clone() }
+    }
+
+    /// The analytics rows, summed for the admin API.
+    pub fn analytics_sums(&self) -> AnalyticsSums {
+        AnalyticsSums { db: self.db.clone() }
     }
 
     /// The stored catalogs, their tool history and the held tools.
