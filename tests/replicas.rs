@@ -230,7 +230,7 @@ async fn shared_credentials_survive_a_failed_check_and_a_new_registration_reache
     let failed = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await;
     assert!(failed.is_err(), "a backend that fails the check stops this start");
     let store = Store::connect(std::path::Path::new("/nonexistent"), &database(&url)).await.unwrap();
-    assert!(store.shared_identity("test-satellite-01").await.unwrap().is_some(), "the credentials are kept");
+    assert!(store.replicas().shared_identity("test-satellite-01").await.unwrap().is_some(), "the credentials are kept");
     let b = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
     assert_eq!(backend.calls(Endpoint::Register).len(), 1, "verified, not registered again");
 

@@ -15,7 +15,7 @@ use super::client::{BackendClient, BackendError, Refusal};
 use super::credentials::{CredentialStore, Credentials, CredentialsError};
 use super::metrics::ProcessMetrics;
 use super::wire::{HeartbeatRequest, RegisterRequest, SystemInfo, Transport};
-use crate::store::{SharedIdentity, Store};
+use crate::store::{Replicas, SharedIdentity};
 
 /// How long a replica waits for another one to finish registering (they take turns under a lock).
 const IDENTITY_LOCK_WAIT: Duration = Duration::from_secs(60);
@@ -53,15 +53,15 @@ pub fn lock_key(purpose: &str, name: &str) -> i64 {
 /// database, so every replica uses the one registration (a registration mints a new key and kills the old).
 enum Home<'a> {
     File(CredentialStore),
-    Shared { store: &'a Store, name: &'a str },
+    Shared { replicas: &'a Replicas, name: &'a str },
 }
 
 impl Home<'_> {
     async fn load(&self) -> Result<Option<Credentials>, IdentityError> {
         match self {
             Home::File(file) => Ok(file.load()),
-            Home::Shared { store, name } => {
-                let shared = store.shared_identity(name).await.map_err(|e| IdentityError::Shared(e.to_string()))?;
+            Home::Shared { replicas, name } => {
+                let shared = replicas.shared_identity(name).await.map_err(|e| IdentityError::Shared(e.to_string()))?;
                 let parse = |s: &str| chrono::DateTime::parse_from_rfc3339(s).map(|t| t.to_utc()).ok();
                 Ok(shared.map(|s| {
                     let registered_at = parse(&s.registered_at).unwrap_or_else(Utc::now);
@@ -80,14 +80,14 @@ impl Home<'_> {
     async fn save(&self, credentials: &Credentials) -> Result<(), String> {
         match self {
             Home::File(file) => file.save(credentials).map_err(|e| e.to_string()),
-            Home::Shared { store, name } => {
+            Home::Shared { replicas, name } => {
                 let identity = SharedIdentity {
                     satellite_id: credentials.satellite_id.clone(),
                     api_key: credentials.api_key.clone(),
                     registered_at: crate::model::iso(credentials.registered_at),
                     last_verified: crate::model::iso(credentials.last_verified),
                 };
-                store.save_shared_identity(name, &identity).await.map_err(|e| e.to_string())
+                replicas.save_shared_identity(name, &identity).await.map_err(|e| e.to_string())
             }
         }
     }
@@ -95,7 +95,7 @@ impl Home<'_> {
     async fn clear(&self) -> Result<(), String> {
         match self {
             Home::File(file) => file.clear().map_err(|e| e.to_string()),
-            Home::Shared { store, name } => store.clear_shared_identity(name).await.map_err(|e| e.to_string()),
+            Home::Shared { replicas, name } => replicas.clear_shared_identity(name).await.map_err(|e| e.to_string()),
         }
     }
 }
@@ -125,20 +125,20 @@ pub async fn identify(
     name: &str,
     token: Option<&SecretString>,
     persistent_dir: &Path,
-    shared: Option<&Store>,
+    shared: Option<&Replicas>,
     metrics: &mut ProcessMetrics,
 ) -> Result<Credentials, IdentityError> {
     check_token(token)?;
     let file = CredentialStore::open(persistent_dir)?;
     client.health().await.map_err(|e| IdentityError::Unreachable(Box::new(e)))?;
-    let Some(store) = shared else { return identify_in(client, name, token, &Home::File(file), metrics).await };
-    let lock = tokio::time::timeout(IDENTITY_LOCK_WAIT, store.advisory_lock(lock_key("identity", name), true))
+    let Some(replicas) = shared else { return identify_in(client, name, token, &Home::File(file), metrics).await };
+    let lock = tokio::time::timeout(IDENTITY_LOCK_WAIT, replicas.advisory_lock(lock_key("identity", name), true))
         .await
         .map_err(|_| {
             IdentityError::Shared(format!("another replica held the identity lock for {IDENTITY_LOCK_WAIT:?}"))
         })?
         .map_err(|e| IdentityError::Shared(e.to_string()))?;
-    let identified = identify_in(client, name, token, &Home::Shared { store, name }, metrics).await;
+    let identified = identify_in(client, name, token, &Home::Shared { replicas, name }, metrics).await;
     if let Some(lock) = lock {
         lock.release().await;
     }
@@ -235,8 +235,8 @@ fn refused(err: &BackendError) -> bool {
 
 /// Replicas: adopt the shared credentials when another replica registered again (its registration revoked the
 /// key this replica holds). Called periodically; a no-op while they are the same.
-pub async fn adopt_shared(client: &BackendClient, store: &Store, name: &str) -> Result<(), IdentityError> {
-    let home = Home::Shared { store, name };
+pub async fn adopt_shared(client: &BackendClient, replicas: &Replicas, name: &str) -> Result<(), IdentityError> {
+    let home = Home::Shared { replicas, name };
     if let Some(shared) = home.load().await? {
         if client.satellite_id().as_deref() != Some(shared.satellite_id.as_str()) || !client.uses_key(&shared.api_key) {
             client.set_credentials(&shared);

@@ -30,7 +30,7 @@ mod volume;
 pub use analytics::{AnalyticsRows, AnalyticsSums};
 pub use catalogs::{CatalogOwner, Catalogs, HeldTool, ToolChangeRow};
 pub use outbox::{BytesPruned, DiskUsage, NewEvent, Outbox, OutboxSummary, StoredEvent};
-pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
+pub use replicas::{AdvisoryLock, ReplicaSignal, Replicas, SharedIdentity};
 pub use status::{StatusHistory, StatusRecord};
 pub use toolsets::ToolsetRows;
 pub use volume::Volume;
@@ -177,8 +177,7 @@ impl Store {
         self.db.engine
     }
 
-    /// Whether other satellites (replicas) may share this database: PostgreSQL. The replica machinery (shared
-    /// identity, leader lock, recorded commands, the toolsets and holds re-read) runs only then.
+    /// Whether other satellites (replicas) may share this database: PostgreSQL (`Replicas::shared`).
     pub fn shared(&self) -> bool {
         self.db.engine == Engine::Postgres
     }
@@ -191,6 +190,8 @@ impl Store {
         }
     }
 
+    /// The pool, for tests that reach the database behind the repositories' backs.
+    #[cfg(test)]
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.db.pool
     }
@@ -218,6 +219,12 @@ impl Store {
     /// The toolsets stored through the API and members' defaults.
     pub fn toolsets(&self) -> ToolsetRows {
         ToolsetRows { db: self.db.clone() }
+    }
+
+    /// What replicas sharing the database coordinate through: the shared identity, the leader's recorded
+    /// commands, advisory locks.
+    pub fn replicas(&self) -> Replicas {
+        Replicas { db: self.db.clone(), url: self.url.clone() }
     }
 
     /// The instances' status history.

@@ -31,11 +31,11 @@ pub(super) async fn worker(
         let id = command.id.clone();
         let kind = command.kind.command_type().to_owned();
         // Replicas on one database: the others run it too (`replicas::follow`).
-        let replicate = (deps.store.shared() && replicated(&command)).then(|| command.clone());
+        let replicate = (deps.replicas.shared() && replicated(&command)).then(|| command.clone());
         let result = run_command(&deps, command).await;
         // Stepped down meanwhile (`replicas::leadership`): the backend delivers the command again to the new
         // leader, which records and answers it; this replica does neither.
-        if cancel.is_cancelled() && deps.store.shared() {
+        if cancel.is_cancelled() && deps.replicas.shared() {
             info!(command_id = %id, "no longer the leader; the command's result is left to the next one");
             return;
         }
@@ -79,7 +79,7 @@ async fn signal(deps: &ManagedDeps, command: &Command) {
     let now = chrono::Utc::now();
     let at = crate::model::iso(now);
     let keep_after = crate::model::iso(now - SIGNALS_KEPT);
-    if let Err(err) = deps.store.push_signal(&deps.replica_id, &json, &at, &keep_after).await {
+    if let Err(err) = deps.replicas.push_signal(&deps.replica_id, &json, &at, &keep_after).await {
         warn!(command_id = %command.id, error = %err, "could not record a command for the other replicas");
     }
 }
