@@ -3,6 +3,22 @@
 //! (the default) or a PostgreSQL server shared by several replicas (`DATABASE_URL`, docs/scale-out.md). The SQL
 //! is written once in the dialect both accept (`$n` parameters, `ON CONFLICT`, `CAST(SUM(…) AS BIGINT)`);
 //! where the engines differ (`Engine`), the repository picks the statement.
+//!
+//! [`Store`] opens the database (`open`: the engines, the migrations, the in-memory fallback), closes it, and
+//! hands out one repository per concern, each a small cloneable handle on the same pool, so a component holds
+//! only the tables it works on:
+//!
+//! - [`Outbox`] (`outbox`): events appended, claimed by the replica that sends them, held, counted, pruned to
+//!   their bounds; the emitter, the uploader and the history upkeep.
+//! - [`StatusHistory`] (`status`): each instance's statuses, written with the event that reports the change.
+//! - [`Catalogs`] (`catalogs`): the discovered catalogs, their tool history and the drifted tools held; the
+//!   instance manager.
+//! - [`ToolsetRows`] (`toolsets`): toolsets stored through the API and members' defaults; the toolsets registry.
+//! - [`AnalyticsRows`] and [`AnalyticsSums`] (`analytics`): the analytics rows as the recorder writes them and the
+//!   upkeep prunes them, and as the admin API sums them.
+//! - [`Replicas`] (`replicas`): the shared identity, the leader's recorded commands and advisory locks.
+//!
+//! Beside them, [`Volume`] says what the data volume did to the database (refused the file, filled up).
 
 use std::path::Path;
 use std::time::Duration;
@@ -68,7 +84,7 @@ pub(crate) struct Db {
     pub(crate) engine: Engine,
 }
 
-/// Handle to the satellite's database; cheap to clone.
+/// The opened database: hands out the repositories; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Store {
     db: Db,
