@@ -22,16 +22,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use super::wire::EventEnvelope;
-use crate::events::{Emitter, Event, EventKind, LimitExceeded, LimitedResource, Throttle};
+use crate::events::{Emitter, EventKind, Throttle};
 use crate::store::{Outbox, StoreError, StoredEvent};
 
 /// The backend refuses bigger batches (BP §8.1).
 pub const MAX_BATCH: usize = 100;
-/// How often the outbox's bytes on disk are checked against the byte quota.
-const BYTE_CHECK_PERIOD: Duration = Duration::from_secs(30);
 /// Most bytes of envelopes in one batch (BP §8.3 is silent on size; the reference backend's HTTP server refuses
 /// bodies over 1 MiB with 413). A batch stops before the event that would pass this; an event bigger than it by
 /// itself is still tried alone, and held if the backend refuses it as too large (docs/decisions.md).
@@ -462,67 +460,6 @@ impl Uploader {
         }
         Ok(left)
     }
-
-    /// Hold the outbox to its quotas, in events and on disk, the oldest events going first (with an error log and a
-    /// throttled `resource.limit.exceeded` event).
-    async fn enforce_quota(&mut self) -> Result<(), StoreError> {
-        // A replica the gate passes over holds the outbox within twice its quotas, in case no replica leads for
-        // long (the leader lock cannot be taken, or a vanished leader's session lingers on the server).
-        let (quota, quota_bytes) = match (self.prunes)() {
-            true => (self.quota, self.quota_bytes),
-            false => (self.quota.saturating_mul(2), self.quota_bytes.saturating_mul(2)),
-        };
-        // Counting walks the outbox; the span of its sequence numbers, two index lookups, can only overstate the
-        // count. A backlog drained batch by batch would otherwise be counted whole before each batch.
-        let count = match self.outbox.event_seq_span().await? {
-            span if span <= quota => span,
-            _ => self.outbox.event_count().await?,
-        };
-        if count > quota {
-            let dropped = self.outbox.prune_events(quota).await?;
-            self.stats.dropped_over_quota += dropped;
-            error!(dropped, quota, "event outbox over its quota: oldest events dropped");
-            let message = format!("event outbox over its quota of {quota} events: {dropped} oldest dropped");
-            self.report_over_quota(count as u64, quota.max(0) as u64, message).await;
-        }
-        // Measuring the outbox walks it once over the cheap check: at most every `BYTE_CHECK_PERIOD`, not for each
-        // batch of a backlog being drained.
-        let due = self.bytes_checked.is_none_or(|at| at.elapsed() >= BYTE_CHECK_PERIOD);
-        if due && quota_bytes < u64::MAX {
-            self.bytes_checked = Some(std::time::Instant::now());
-            let pruned = self.outbox.prune_events_to_bytes(quota_bytes).await?;
-            let dropped = pruned.events;
-            if dropped > 0 {
-                self.stats.dropped_over_quota += dropped;
-                let max_mib = quota_bytes / (1024 * 1024);
-                error!(dropped, max_mib, "event outbox over its size quota: oldest events dropped");
-                let message = format!("event outbox over its quota of {max_mib} MiB on disk: {dropped} oldest dropped");
-                self.report_over_quota(pruned.outbox, quota_bytes, message).await;
-            }
-        }
-        // The pages this replica's batches freed, the ones just before included: in managed mode the outbox
-        // shrinks only while a backlog drains, and inserts take freed pages first whenever it grows.
-        if self.outbox.release_free_pages(u64::MAX).await? > 0 {
-            debug!("event outbox: free pages given back to the disk");
-        }
-        Ok(())
-    }
-
-    async fn report_over_quota(&mut self, current_value: u64, limit_value: u64, message: String) {
-        if let Some(suppressed) = self.quota_events.allow("outbox", std::time::Instant::now()) {
-            let exceeded = LimitExceeded {
-                team_id: "*".into(),
-                resource_type: LimitedResource::EventOutbox,
-                current_value,
-                limit_value,
-                user_id: None,
-                installation_id: None,
-                message,
-                suppressed_count: suppressed,
-            };
-            self.emitter.emit(Event::limit_exceeded(&exceeded)).await;
-        }
-    }
 }
 
 /// The BP §8.1 envelope of a stored event, or why it makes none.
@@ -534,6 +471,8 @@ pub fn envelope(event: &StoredEvent) -> Result<EventEnvelope, String> {
     };
     Ok(EventEnvelope { kind, timestamp: event.emitted_at.clone(), data: data.clone() })
 }
+
+mod quota;
 
 #[cfg(test)]
 mod tests;
