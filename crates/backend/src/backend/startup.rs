@@ -145,73 +145,80 @@ pub async fn identify(
     identified
 }
 
+/// Steps 5-7 with the credentials in `home`: the stored ones when the backend accepts them, else a registration.
 async fn identify_in(
     client: &BackendClient,
     name: &str,
     token: Option<&SecretString>,
-    store: &Home<'_>,
+    home: &Home<'_>,
     metrics: &mut ProcessMetrics,
 ) -> Result<Credentials, IdentityError> {
-    if let Some(mut stored) = store.load().await? {
-        client.set_credentials(&stored);
-        let sample = metrics.sample();
-        let beat =
-            HeartbeatRequest::verification(env!("CARGO_PKG_VERSION"), sample.memory_usage_mb, sample.uptime_seconds);
-        match client.heartbeat(&beat).await {
-            Ok(_) => {
-                stored.last_verified = Utc::now();
-                if let Err(err) = store.save(&stored).await {
-                    warn!(error = %err, "could not record the verification time of the stored credentials");
-                }
-                info!(satellite_id = %stored.satellite_id, "stored backend credentials verified");
-                return Ok(stored);
-            }
-            // Replicas share these credentials: only a refusal of them justifies a registration, which would
-            // revoke the key every running replica uses. Anything else (a timeout, a 5xx) fails this start and
-            // leaves them in place; the orchestrator starts the replica again.
-            Err(err) if matches!(store, Home::Shared { .. }) && !refused(&err) => {
-                return Err(IdentityError::Unreachable(Box::new(err)));
-            }
-            // A passing failure (a timeout, a 5xx, a 429) says nothing of the key. Cleared, it was gone for good:
-            // the registration token is single-use, so this start and every later one failed until an operator
-            // made a new one. The file is kept; a registration with a token still valid replaces it, and with no
-            // token this start fails on the backend's error and the next one verifies the key again.
-            Err(err) if !refused(&err) => {
-                if token.is_none() {
-                    return Err(IdentityError::Unreachable(Box::new(err)));
-                }
-                warn!(error = %err, "the stored backend credentials could not be verified; registering again, keeping them unless that succeeds");
-            }
-            Err(err) => {
-                warn!(error = %err, "stored backend credentials were refused; registering again");
-                // Shared: the row is replaced when the registration succeeds, and kept if it fails.
-                if let (Home::File(_), Err(err)) = (store, store.clear().await) {
-                    warn!(error = %err, "could not clear the stored credentials");
-                }
-            }
+    if let Some(stored) = home.load().await? {
+        if let Some(verified) = verify(client, token, home, stored, metrics).await? {
+            return Ok(verified);
         }
     }
+    register(client, name, token, home).await
+}
 
-    let token = token.ok_or(IdentityError::NoToken)?;
-    let request = RegisterRequest {
-        name: name.to_owned(),
-        capabilities: Some(vec![Transport::Stdio, Transport::Http, Transport::Sse]),
-        system_info: Some(SystemInfo {
-            os: Some(format!("{} {}", std::env::consts::OS, std::env::consts::OS)),
-            arch: Some(std::env::consts::ARCH.to_owned()),
-            node_version: Some(concat!("rust-satellite/", env!("CARGO_PKG_VERSION")).to_owned()),
-            memory_mb: total_memory_mb(),
-        }),
-    };
-    let registered = client.register(token, &request).await.map_err(|err| {
-        let hint = match &err {
-            BackendError::Status { body: Some(body), .. } => {
-                body.instructions.as_ref().map(|i| format!(" ({i})")).unwrap_or_default()
+/// Step 5: the stored credentials, verified with a heartbeat. `Some` when the backend accepts them; `None` when the
+/// satellite is to register again; an error when this start fails and leaves them in place.
+async fn verify(
+    client: &BackendClient,
+    token: Option<&SecretString>,
+    home: &Home<'_>,
+    mut stored: Credentials,
+    metrics: &mut ProcessMetrics,
+) -> Result<Option<Credentials>, IdentityError> {
+    client.set_credentials(&stored);
+    let sample = metrics.sample();
+    let beat = HeartbeatRequest::verification(env!("CARGO_PKG_VERSION"), sample.memory_usage_mb, sample.uptime_seconds);
+    match client.heartbeat(&beat).await {
+        Ok(_) => {
+            stored.last_verified = Utc::now();
+            if let Err(err) = home.save(&stored).await {
+                warn!(error = %err, "could not record the verification time of the stored credentials");
             }
-            _ => String::new(),
-        };
-        IdentityError::Registration(Box::new(err), hint)
-    })?;
+            info!(satellite_id = %stored.satellite_id, "stored backend credentials verified");
+            Ok(Some(stored))
+        }
+        // Replicas share these credentials: only a refusal of them justifies a registration, which would
+        // revoke the key every running replica uses. Anything else (a timeout, a 5xx) fails this start and
+        // leaves them in place; the orchestrator starts the replica again.
+        Err(err) if matches!(home, Home::Shared { .. }) && !refused(&err) => {
+            Err(IdentityError::Unreachable(Box::new(err)))
+        }
+        // A passing failure (a timeout, a 5xx, a 429) says nothing of the key. Cleared, it was gone for good:
+        // the registration token is single-use, so this start and every later one failed until an operator
+        // made a new one. The file is kept; a registration with a token still valid replaces it, and with no
+        // token this start fails on the backend's error and the next one verifies the key again.
+        Err(err) if !refused(&err) => {
+            if token.is_none() {
+                return Err(IdentityError::Unreachable(Box::new(err)));
+            }
+            warn!(error = %err, "the stored backend credentials could not be verified; registering again, keeping them unless that succeeds");
+            Ok(None)
+        }
+        Err(err) => {
+            warn!(error = %err, "stored backend credentials were refused; registering again");
+            // Shared: the row is replaced when the registration succeeds, and kept if it fails.
+            if let (Home::File(_), Err(err)) = (home, home.clear().await) {
+                warn!(error = %err, "could not clear the stored credentials");
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Steps 6-7: register with `token`, set the new credentials on `client` and keep them in `home`.
+async fn register(
+    client: &BackendClient,
+    name: &str,
+    token: Option<&SecretString>,
+    home: &Home<'_>,
+) -> Result<Credentials, IdentityError> {
+    let token = token.ok_or(IdentityError::NoToken)?;
+    let registered = client.register(token, &register_request(name)).await.map_err(registration_failed)?;
     let now = Utc::now();
     let credentials = Credentials {
         api_key: SecretString::from(registered.satellite.api_key.expose().to_owned()),
@@ -221,11 +228,35 @@ async fn identify_in(
         last_verified: now,
     };
     client.set_credentials(&credentials);
-    if let Err(err) = store.save(&credentials).await {
+    if let Err(err) = home.save(&credentials).await {
         warn!(error = %err, "registered, but the credentials could not be stored; the next start registers again");
     }
     info!(satellite_id = %credentials.satellite_id, status = registered.satellite.status.as_deref().unwrap_or("unknown"), "registered with the backend");
     Ok(credentials)
+}
+
+fn register_request(name: &str) -> RegisterRequest {
+    RegisterRequest {
+        name: name.to_owned(),
+        capabilities: Some(vec![Transport::Stdio, Transport::Http, Transport::Sse]),
+        system_info: Some(SystemInfo {
+            os: Some(format!("{} {}", std::env::consts::OS, std::env::consts::OS)),
+            arch: Some(std::env::consts::ARCH.to_owned()),
+            node_version: Some(concat!("rust-satellite/", env!("CARGO_PKG_VERSION")).to_owned()),
+            memory_mb: total_memory_mb(),
+        }),
+    }
+}
+
+/// A registration the backend refused, with its instructions when it gave some.
+fn registration_failed(err: BackendError) -> IdentityError {
+    let hint = match &err {
+        BackendError::Status { body: Some(body), .. } => {
+            body.instructions.as_ref().map(|i| format!(" ({i})")).unwrap_or_default()
+        }
+        _ => String::new(),
+    };
+    IdentityError::Registration(Box::new(err), hint)
 }
 
 /// The backend refused the credentials themselves (not a network failure or a server error).
