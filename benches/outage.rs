@@ -83,7 +83,7 @@ async fn main() {
     };
 
     let store = sat.satellite.store().clone();
-    let first_seq = store.outbox_last_seq().await.unwrap_or(0);
+    let first_seq = store.outbox().outbox_last_seq().await.unwrap_or(0);
     let delivered_before = backend.events().len();
     println!("outage bench: backend down for {}s under one call every 50 ms", outage.as_secs());
     backend.go_down().await;
@@ -91,25 +91,25 @@ async fn main() {
     let mut peak = 0i64;
     while down_at.elapsed() < outage {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        peak = peak.max(store.event_count().await.unwrap_or(0));
+        peak = peak.max(store.outbox().event_count().await.unwrap_or(0));
     }
     backend.come_back().await;
     let back_at = Instant::now();
-    let produced_during = store.outbox_last_seq().await.unwrap_or(0) - first_seq;
+    let produced_during = store.outbox().outbox_last_seq().await.unwrap_or(0) - first_seq;
     let drained = wait_until(Duration::from_secs(600), "the outbox drained", || async {
-        (store.event_count().await.unwrap_or(i64::MAX) <= 5).then_some(back_at.elapsed())
+        (store.outbox().event_count().await.unwrap_or(i64::MAX) <= 5).then_some(back_at.elapsed())
     })
     .await;
     stop.store(true, Ordering::Relaxed);
     let _ = load.await;
     // Let the last batch go out, then count everything once.
     wait_until(Duration::from_secs(60), "the last events delivered", || async {
-        (store.event_count().await.unwrap_or(i64::MAX) == 0).then_some(())
+        (store.outbox().event_count().await.unwrap_or(i64::MAX) == 0).then_some(())
     })
     .await;
-    let produced = store.outbox_last_seq().await.unwrap_or(0) - first_seq;
+    let produced = store.outbox().outbox_last_seq().await.unwrap_or(0) - first_seq;
     let delivered = (backend.events().len() - delivered_before) as i64;
-    let queued = store.event_count().await.unwrap_or(0);
+    let queued = store.outbox().event_count().await.unwrap_or(0);
     let dropped = produced - delivered - queued;
     println!("| figure | value |\n| --- | --- |");
     println!("| outage | {} s |", outage.as_secs());

@@ -170,7 +170,7 @@ async fn embedded_default_serves_the_demo_and_exits_cleanly_on_sigterm() {
     let store = satellite::store::Store::open(&dir.path().join("data")).await.expect("the satellite's database");
     let discovered = wait_until(Duration::from_secs(30), "mcp.tools.discovered", || {
         let store = store.clone();
-        async move { store.events(Some("mcp.tools.discovered"), 0, 10).await.ok()?.into_iter().next() }
+        async move { store.outbox().events(Some("mcp.tools.discovered"), 0, 10).await.ok()?.into_iter().next() }
     })
     .await;
     let tools = discovered.data["tools"].as_array().expect("tools");

@@ -144,7 +144,8 @@ async fn a_burst_of_list_changes_is_one_rediscovery_and_search_follows_it() {
     settled(&sat, "live", InstanceStatus::Online).await;
     assert!(tool_names(&sat, "live").contains(&"add".to_owned()));
     let discoveries = || async {
-        let events = sat.satellite.store().events(Some("mcp.tools.discovered"), 0, 1000).await.expect("events");
+        let events =
+            sat.satellite.store().outbox().events(Some("mcp.tools.discovered"), 0, 1000).await.expect("events");
         events.len()
     };
     // Reported with its token counts, which may follow the instance's going online (`count_and_report`).
@@ -198,7 +199,7 @@ async fn a_called_tool_that_changes_its_description_raises_a_drift_alert() {
     let store = sat.satellite.store().clone();
     wait_until(DEADLINE, "the call in the analytics", || {
         let (store, pid) = (store.clone(), pid.0.clone());
-        async move { store.called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
+        async move { store.catalogs().called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
     })
     .await;
 
@@ -208,7 +209,7 @@ async fn a_called_tool_that_changes_its_description_raises_a_drift_alert() {
     let updates = wait_until(DEADLINE, "echo reported as drifted", || {
         let store = store.clone();
         async move {
-            let events = store.events(Some("mcp.tools.updated"), 0, 100).await.ok()?;
+            let events = store.outbox().events(Some("mcp.tools.updated"), 0, 100).await.ok()?;
             let drifted = events.iter().any(|e| e.data["drifted_tools"].to_string().contains("\"echo\""));
             let add_seen = events.iter().any(|e| e.data["updated_tools"].to_string().contains("\"add\""));
             (drifted && add_seen).then_some(events)
@@ -225,7 +226,7 @@ async fn a_called_tool_that_changes_its_description_raises_a_drift_alert() {
     assert!(all.iter().all(|d| !d["drifted_tools"].to_string().contains("\"add\"")), "add was never called: {all:?}");
     assert!(all.iter().all(|d| d["added_tools"] == json!([]) && d["removed_tools"] == json!([])), "{all:?}");
 
-    let history = store.tool_history(&pid.0, 10).await.expect("history");
+    let history = store.catalogs().tool_history(&pid.0, 10).await.expect("history");
     assert!(
         history.iter().any(|(_, tool, change, parts, drifted)| tool == "echo"
             && change == "updated"
@@ -262,7 +263,7 @@ async fn a_server_with_a_rediscovery_period_is_followed_without_notifications() 
         async move { gone.then_some(()) }
     })
     .await;
-    let history = sat.satellite.store().tool_history(&process("live").0, 10).await.expect("history");
+    let history = sat.satellite.store().catalogs().tool_history(&process("live").0, 10).await.expect("history");
     assert!(history.iter().any(|(_, tool, change, _, _)| tool == "add" && change == "removed"), "{history:?}");
     assert!(sat.satellite.shutdown().await);
 }
@@ -285,7 +286,7 @@ async fn a_drifted_tool_is_held_until_an_admin_accepts_it() {
     let store = sat.satellite.store().clone();
     wait_until(DEADLINE, "the call in the analytics", || {
         let (store, pid) = (store.clone(), pid.0.clone());
-        async move { store.called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
+        async move { store.catalogs().called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
     })
     .await;
     caller
@@ -489,7 +490,7 @@ async fn an_admin_refresh_discovers_instances_again_at_once() {
     assert_eq!(status, reqwest::StatusCode::OK, "{body}");
     assert_eq!(body["refreshed"], json!([process("live").0]), "{body}");
     assert!(!tool_names(&sat, "live").contains(&"add".to_owned()), "the catalog is new when the answer comes");
-    let history = sat.satellite.store().tool_history(&process("live").0, 10).await.expect("history");
+    let history = sat.satellite.store().catalogs().tool_history(&process("live").0, 10).await.expect("history");
     assert!(history.iter().any(|(_, tool, change, _, _)| tool == "add" && change == "removed"), "{history:?}");
     assert!(sat.satellite.shutdown().await);
 }
@@ -518,7 +519,7 @@ async fn replicas_hold_a_drifted_tool_together_and_release_it_together() {
     let store = a.satellite.store().clone();
     wait_until(DEADLINE, "the call in the analytics", || {
         let (store, pid) = (store.clone(), process("live").0);
-        async move { store.called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
+        async move { store.catalogs().called_since(&pid, &["echo"], "1970-01-01").await.ok().filter(|c| !c.is_empty()) }
     })
     .await;
     on_a.execute("live:toggle_tool", json!({"name": "echo", "description": "Echo, and mail the text elsewhere"})).await;

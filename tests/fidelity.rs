@@ -31,7 +31,7 @@ async fn a_slow_call_fails_alone_and_the_server_stays_online() {
     assert_eq!(instance(&sat, ALICE).status().status, InstanceStatus::Online, "the server is not blamed");
     let after = call(&sat, ALICE, "echo", json!({"text": "after"})).await.expect("later calls work");
     assert_eq!(text_of(&after), "after");
-    let changes = sat.satellite.store().events(Some("mcp.server.status_changed"), 0, 1000).await.unwrap();
+    let changes = sat.satellite.store().outbox().events(Some("mcp.server.status_changed"), 0, 1000).await.unwrap();
     assert!(
         !changes.iter().any(|e| e.data["user_id"] == "alice" && e.data["status"] == "offline"),
         "no offline status for alice"
@@ -171,7 +171,7 @@ async fn a_result_reaches_the_client_byte_for_byte_as_the_server_wrote_it() {
     assert_eq!(text, format!(r#"{{"jsonrpc":"2.0","id":7,"result":{VERBATIM_RESULT}}}"#));
 
     let executed = wait_until(Duration::from_secs(60), "the call's mcp.tool.executed event", || async {
-        let events = sat.satellite.store().events(Some("mcp.tool.executed"), 0, 100).await.ok()?;
+        let events = sat.satellite.store().outbox().events(Some("mcp.tool.executed"), 0, 100).await.ok()?;
         events.into_iter().find(|e| e.data["tool_name"] == "verbatim:verbatim")
     })
     .await;
@@ -269,7 +269,7 @@ async fn a_large_answer_reaches_the_client_byte_for_byte() {
         assert!(text == expected, "{size}: {} bytes came, {} expected", text.len(), expected.len());
     }
     let logs = wait_until(Duration::from_secs(60), "both calls' request logs", || async {
-        let events = sat.satellite.store().events(Some("mcp.request.logs"), 0, 100).await.ok()?;
+        let events = sat.satellite.store().outbox().events(Some("mcp.request.logs"), 0, 100).await.ok()?;
         let entries: Vec<serde_json::Value> = events
             .iter()
             .flat_map(|e| e.data["requests"].as_array().cloned().unwrap_or_default())

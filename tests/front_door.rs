@@ -808,7 +808,7 @@ async fn legacy_streams_opened_in_a_loop_do_not_flood_the_outbox() {
     }
     let store = sat.satellite.store();
     let count = |kind: &'static str| async move {
-        store.events(Some(kind), 0, 1_000).await.map(|events| events.len()).unwrap_or_default()
+        store.outbox().events(Some(kind), 0, 1_000).await.map(|events| events.len()).unwrap_or_default()
     };
     let (connected, disconnected) = wait_until(DEADLINE, "every reported connection's end", || async {
         let (connected, disconnected) = (count("mcp.client.connected").await, count("mcp.client.disconnected").await);
@@ -2755,7 +2755,7 @@ async fn a_legacy_client_that_leaves_mid_call_does_not_cancel_it() {
     assert!(first.contains("notifications/message"), "{first}");
     drop(body);
     let executed = wait_until(DEADLINE, "the call's mcp.tool.executed event", || async {
-        let events = sat.satellite.store().events(Some("mcp.tool.executed"), 0, 100).await.ok()?;
+        let events = sat.satellite.store().outbox().events(Some("mcp.tool.executed"), 0, 100).await.ok()?;
         events.into_iter().find(|e| e.data["tool_name"] == "paged:chatty")
     })
     .await;

@@ -16,7 +16,7 @@ use crate::common::*;
 const ALICE_TOKEN: &str = "lifecycle-alice-token-0123";
 
 async fn events(sat: &TestSatellite, event_type: &str) -> Vec<StoredEvent> {
-    sat.satellite.store().events(Some(event_type), 0, 100_000).await.expect("read events")
+    sat.satellite.store().outbox().events(Some(event_type), 0, 100_000).await.expect("read events")
 }
 
 async fn wait_events(sat: &TestSatellite, event_type: &str, at_least: usize) -> Vec<StoredEvent> {
@@ -859,8 +859,8 @@ async fn big_answers_leave_the_standalone_history_within_its_size() {
         DEADLINE,
         "the history within 1 MiB on disk, the freed pages given back, the last call kept",
         || async {
-            let (usage, outbox) = (store.disk_usage().await.ok()?, store.outbox_bytes().await.ok()?);
-            let events = store.events(Some("mcp.request.logs"), 0, 100_000).await.ok()?;
+            let (usage, outbox) = (store.outbox().disk_usage().await.ok()?, store.outbox().outbox_bytes().await.ok()?);
+            let events = store.outbox().events(Some("mcp.request.logs"), 0, 100_000).await.ok()?;
             let last_call = events.iter().any(|e| e.data.to_string().contains("call-39-"));
             (outbox <= MAX && usage.free.saturating_mul(3) < usage.used && last_call).then_some(())
         },
@@ -884,7 +884,7 @@ async fn a_burst_of_calls_leaves_the_standalone_history_at_its_bound() {
     let store = sat.satellite.store();
     // Held to 20, and the newest kept: the last call's request log (written with the last flush) is among them.
     wait_until(DEADLINE, "the history held to 20 events, the last call's request log among them", || async {
-        let events = store.events(None, 0, 100_000).await.ok()?;
+        let events = store.outbox().events(None, 0, 100_000).await.ok()?;
         let last_call = |e: &StoredEvent| e.event_type == "mcp.request.logs" && e.data.to_string().contains("call-149");
         (events.len() <= 20 && events.iter().any(last_call)).then_some(())
     })

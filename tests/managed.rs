@@ -145,7 +145,7 @@ async fn registers_applies_the_config_beats_and_delivers_events() {
     })
     .await;
     wait_until(DEADLINE, "the outbox drained", || async {
-        (sat.satellite.store().event_count().await.unwrap() == 0).then_some(())
+        (sat.satellite.store().outbox().event_count().await.unwrap() == 0).then_some(())
     })
     .await;
     // Every discovery is reported with token counts (SB §15), checked by the fake against its schema.
@@ -404,7 +404,7 @@ async fn events_emitted_while_the_backend_is_down_arrive_when_it_is_back() {
     let sat = start(&backend, tempfile::tempdir().unwrap(), FakeBackend::REGISTRATION_TOKEN).await;
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
     wait_until(DEADLINE, "the outbox drained", || async {
-        (sat.satellite.store().event_count().await.unwrap() == 0).then_some(())
+        (sat.satellite.store().outbox().event_count().await.unwrap() == 0).then_some(())
     })
     .await;
     backend.go_down().await;
@@ -413,11 +413,11 @@ async fn events_emitted_while_the_backend_is_down_arrive_when_it_is_back() {
         manager.restart(&satellite::model::ProcessId::from(ALICE)).await.unwrap();
         wait_status(&sat, ALICE, InstanceStatus::Online).await;
     }
-    let queued = sat.satellite.store().event_count().await.unwrap();
+    let queued = sat.satellite.store().outbox().event_count().await.unwrap();
     assert!(queued >= 5 * 4, "restarting, connecting, discovering, online per restart are kept ({queued})");
     backend.come_back().await;
     wait_until(DEADLINE, "every queued event delivered", || async {
-        (sat.satellite.store().event_count().await.unwrap() == 0).then_some(())
+        (sat.satellite.store().outbox().event_count().await.unwrap() == 0).then_some(())
     })
     .await;
     assert_eq!(delivered(&backend, "mcp.server.status_changed", Some("restarting"), "alice"), 5);
@@ -1069,9 +1069,9 @@ async fn an_event_too_large_for_the_backend_is_held_and_later_events_still_arriv
         process_id: Some(ALICE),
         held: None,
     };
-    sat.satellite.store().append_events(&[oversized]).await.expect("written to the outbox");
+    sat.satellite.store().outbox().append_events(&[oversized]).await.expect("written to the outbox");
     let held = wait_until(DEADLINE, "the oversized request log held in the outbox", || async {
-        let events = sat.satellite.store().events(None, 0, 1_000).await.unwrap();
+        let events = sat.satellite.store().outbox().events(None, 0, 1_000).await.unwrap();
         events.into_iter().find(|e| e.held.as_deref().is_some_and(|why| why.contains("too large")))
     })
     .await;
@@ -1116,7 +1116,7 @@ async fn a_backend_failing_for_a_moment_on_the_token_endpoints_does_not_ask_for_
     wait_status(&sat, "demo-acme-alice-oauth1", InstanceStatus::Online).await;
     // Every status it went through, as recorded (in the same transaction as the events that report them).
     let process = satellite::model::ProcessId::from("demo-acme-alice-oauth1");
-    let history = sat.satellite.store().status_history(&process).await.unwrap();
+    let history = sat.satellite.store().statuses().status_history(&process).await.unwrap();
     let statuses: Vec<&str> = history.iter().map(|r| r.status.as_str()).collect();
     assert!(statuses.contains(&"error"), "the failed connect was recorded: {statuses:?}");
     assert!(!statuses.contains(&"requires_reauth"), "{statuses:?}");
@@ -1223,7 +1223,7 @@ async fn a_2xx_answer_that_cannot_be_read_is_still_a_2xx() {
     assert_eq!(backend.calls(Endpoint::Register).len(), 1, "the stored credentials were kept");
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
     wait_until(DEADLINE, "the outbox drained after a cut events answer", || async {
-        let drained = sat.satellite.store().event_count().await.ok() == Some(0);
+        let drained = sat.satellite.store().outbox().event_count().await.ok() == Some(0);
         (drained && backend.events().len() > before).then_some(())
     })
     .await;

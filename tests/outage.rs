@@ -169,7 +169,7 @@ async fn a_backend_slower_than_the_events_timeout_stores_each_fact_once() {
     .await
     .expect("managed satellite starts");
     wait_status(&sat, ALICE, InstanceStatus::Online).await;
-    let drained = || async { (sat.satellite.store().event_count().await.ok() == Some(0)).then_some(()) };
+    let drained = || async { (sat.satellite.store().outbox().event_count().await.ok() == Some(0)).then_some(()) };
     wait_until(DEADLINE, "the outbox drained", drained).await;
     let before = backend.calls(Endpoint::Events).len();
     // Slow: every batch is stored at once and answered after 700 ms, past the 400 ms the satellite waits at first.

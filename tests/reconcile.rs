@@ -209,12 +209,13 @@ async fn catalogs_and_status_history_outlive_a_restart() {
     assert!(sat.satellite.shutdown().await);
 
     let store = open_store(&dir.path().join("data")).await;
-    let catalogs = store.load_catalogs().await.unwrap();
+    let catalogs = store.catalogs().load_catalogs().await.unwrap();
     let alice = &catalogs[&ProcessId::from("demo-acme-alice-i-demo")];
     assert_eq!(alice.tools.len(), 7);
     assert!(alice.tools.iter().all(|t| t.content_hash().len() == 64));
     assert_eq!(alice.resources.len(), 2);
     let history: Vec<String> = store
+        .statuses()
         .status_history(&ProcessId::from("demo-acme-alice-i-demo"))
         .await
         .unwrap()
@@ -230,13 +231,13 @@ async fn catalogs_and_status_history_outlive_a_restart() {
     let sat = TestSatellite::start_in(dir, &without_bob).await;
     sat.wait_ready().await;
     assert!(sat.satellite.manager().get(&ProcessId::from("demo-acme-bob-i-demo")).is_none());
-    let kept = sat.satellite.store().load_catalogs().await.unwrap();
+    let kept = sat.satellite.store().catalogs().load_catalogs().await.unwrap();
     assert!(kept.contains_key(&ProcessId::from("demo-acme-bob-i-demo")), "kept for the grace after a restart too");
     assert_eq!(sat.satellite.manager().purge_removed(Duration::ZERO).await, 1);
     let dir = sat.dir;
     assert!(sat.satellite.shutdown().await);
     let store = open_store(&dir.path().join("data")).await;
-    let catalogs = store.load_catalogs().await.unwrap();
+    let catalogs = store.catalogs().load_catalogs().await.unwrap();
     assert_eq!(catalogs.keys().map(|k| k.0.as_str()).collect::<Vec<_>>(), ["demo-acme-alice-i-demo"]);
     store.close().await;
 }
@@ -253,9 +254,9 @@ async fn a_configuration_cut_short_for_a_moment_costs_no_catalog_and_no_hold() {
     let alice = "demo-acme-alice-i-demo";
     wait_status(&sat, alice, InstanceStatus::Online).await;
     let store = sat.satellite.store().clone();
-    store.hold_tools("i-demo", alice, &["echo"]).await.expect("a hold");
-    let held = || async { store.held_tools().await.unwrap().iter().any(|h| h.installation_id == "i-demo") };
-    let stored = || async { store.load_catalogs().await.unwrap().contains_key(&ProcessId::from(alice)) };
+    store.catalogs().hold_tools("i-demo", alice, &["echo"]).await.expect("a hold");
+    let held = || async { store.catalogs().held_tools().await.unwrap().iter().any(|h| h.installation_id == "i-demo") };
+    let stored = || async { store.catalogs().load_catalogs().await.unwrap().contains_key(&ProcessId::from(alice)) };
     let gone = |present: bool| {
         let instance = sat.satellite.manager().get(&ProcessId::from(alice));
         async move { (instance.is_some() == present).then_some(()) }

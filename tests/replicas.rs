@@ -128,7 +128,7 @@ async fn events_of_both_replicas_arrive_exactly_once_though_one_dies_mid_upload(
     })
     .await;
     wait_until(DEADLINE, "the first events delivered", || async {
-        (store.event_count().await.unwrap() == 0 && !backend.events().is_empty()).then_some(())
+        (store.outbox().event_count().await.unwrap() == 0 && !backend.events().is_empty()).then_some(())
     })
     .await;
 
@@ -138,7 +138,7 @@ async fn events_of_both_replicas_arrive_exactly_once_though_one_dies_mid_upload(
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(c[0] as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     }
     wait_until(DEADLINE, "both crashes queued", || async {
-        let queued = store.events(Some("mcp.server.crashed"), 0, 10).await.unwrap();
+        let queued = store.outbox().events(Some("mcp.server.crashed"), 0, 10).await.unwrap();
         (queued.len() == 2).then_some(())
     })
     .await;
@@ -160,8 +160,8 @@ async fn events_of_both_replicas_arrive_exactly_once_though_one_dies_mid_upload(
 
     // The survivor sends the dead replica's batch once its lease lapses, and its own.
     let last_seq = wait_until(DEADLINE, "the outbox drained", || async {
-        (store.event_count().await.unwrap() == 0).then_some(())?;
-        Some(store.outbox_last_seq().await.unwrap())
+        (store.outbox().event_count().await.unwrap() == 0).then_some(())?;
+        Some(store.outbox().outbox_last_seq().await.unwrap())
     })
     .await;
     let delivered = backend.events();
@@ -204,7 +204,7 @@ fn database(url: &str) -> satellite::config::Database {
 
 /// The replica id holding a claim on an event, if one does.
 async fn claimed_by(store: &Store) -> Option<String> {
-    store.claims().await.unwrap().into_iter().next()
+    store.outbox().claims().await.unwrap().into_iter().next()
 }
 
 /// A backend with the test configuration, and a fresh PostgreSQL database for the replicas to share.
@@ -230,7 +230,7 @@ async fn shared_credentials_survive_a_failed_check_and_a_new_registration_reache
     let failed = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await;
     assert!(failed.is_err(), "a backend that fails the check stops this start");
     let store = Store::connect(std::path::Path::new("/nonexistent"), &database(&url)).await.unwrap();
-    assert!(store.shared_identity("test-satellite-01").await.unwrap().is_some(), "the credentials are kept");
+    assert!(store.replicas().shared_identity("test-satellite-01").await.unwrap().is_some(), "the credentials are kept");
     let b = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
     assert_eq!(backend.calls(Endpoint::Register).len(), 1, "verified, not registered again");
 

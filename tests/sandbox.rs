@@ -369,15 +369,15 @@ async fn secrets_a_server_prints_never_reach_a_sink() {
         .await;
     let store = sat.satellite.store();
     wait_until(DEADLINE, "the crash recorded, the server back, the logs flushed", || async {
-        let crashed = !store.events(Some("mcp.server.crashed"), 0, 100).await.ok()?.is_empty();
-        let logs = !store.events(Some("mcp.request.logs"), 0, 100).await.ok()?.is_empty();
+        let crashed = !store.outbox().events(Some("mcp.server.crashed"), 0, 100).await.ok()?.is_empty();
+        let logs = !store.outbox().events(Some("mcp.request.logs"), 0, 100).await.ok()?.is_empty();
         let online = sat.satellite.manager().get(&pid)?.status().status == InstanceStatus::Online;
         (crashed && logs && online).then_some(())
     })
     .await;
     let debug = reqwest::get(format!("{}/api/status/debug", sat.base_url())).await.unwrap().text().await.unwrap();
-    let events = store.events(None, 0, 100_000).await.unwrap();
-    let history = store.status_history(&pid).await.unwrap();
+    let events = store.outbox().events(None, 0, 100_000).await.unwrap();
+    let history = store.statuses().status_history(&pid).await.unwrap();
     let everything = format!(
         "{debug}\n{}\n{}",
         events.iter().map(|e| e.data.to_string()).collect::<Vec<_>>().join("\n"),

@@ -14,7 +14,7 @@ use crate::http::session::{self, SessionTable, SESSION_IDLE};
 use crate::http::sse::{SseSessions, SSE_IDLE};
 use crate::instances::InstanceManager;
 use crate::jobs::{FirstRun, Jobs};
-use crate::store::{Store, StoreError};
+use crate::store::{AnalyticsRows, Outbox, Store, StoreError, Volume};
 
 /// Idle sessions are forgotten on this period (OQ-18).
 const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
@@ -74,14 +74,22 @@ pub(super) fn schedule(m: Maintenance<'_>) {
     // In managed mode the outbox is the queue to the backend, bounded by the uploader's quota, never pruned here.
     let standalone = !matches!(config.mode, crate::config::Mode::Managed(_));
     // The disk reserve (SQLite): given back when the data volume fills, made again when it has room.
-    if store.reserve().is_some() {
-        disk_reserve(jobs, store);
+    let volume = store.volume();
+    if volume.reserve().is_some() {
+        disk_reserve(jobs, volume);
     }
+    let outbox = store.outbox();
     if standalone {
-        event_history_cap(jobs, store, config.event_retention_max);
-        event_history_size(jobs, store, config.event_retention_max_bytes);
+        event_history_cap(jobs, &outbox, config.event_retention_max);
+        event_history_size(jobs, &outbox, config.event_retention_max_bytes);
     }
-    event_retention(jobs, store, standalone.then_some(config.event_retention), config.analytics_retention);
+    event_retention(
+        jobs,
+        &outbox,
+        &store.analytics_rows(),
+        standalone.then_some(config.event_retention),
+        config.analytics_retention,
+    );
 }
 
 /// Client activity events, from what `tracked` gathered since the last round.
@@ -180,13 +188,12 @@ fn removed_cleanup(jobs: &Jobs, manager: &InstanceManager) {
 }
 
 /// The disk reserve checked against the data volume's free space.
-fn disk_reserve(jobs: &Jobs, store: &Store) {
-    let reserve_store = store.clone();
+fn disk_reserve(jobs: &Jobs, volume: Volume) {
     jobs.every("disk-reserve", DISK_CHECK_PERIOD, FirstRun::AfterOnePeriod, move || {
-        let store = reserve_store.clone();
+        let volume = volume.clone();
         async move {
             tokio::task::spawn_blocking(move || {
-                if let Some(reserve) = store.reserve() {
+                if let Some(reserve) = volume.reserve() {
                     reserve.check();
                 }
             })
@@ -196,17 +203,17 @@ fn disk_reserve(jobs: &Jobs, store: &Store) {
 }
 
 /// The standalone event history held to its count, `events_max`.
-fn event_history_cap(jobs: &Jobs, store: &Store, events_max: u64) {
-    let cap_store = store.clone();
+fn event_history_cap(jobs: &Jobs, outbox: &Outbox, events_max: u64) {
+    let cap_outbox = outbox.clone();
     jobs.every("event-history-cap", EVENT_CAP_PERIOD, FirstRun::Immediately, move || {
-        let store = cap_store.clone();
+        let outbox = cap_outbox.clone();
         async move {
-            let free = store.disk_usage().await?.free;
-            let pruned = store.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
+            let free = outbox.disk_usage().await?.free;
+            let pruned = outbox.prune_events(i64::try_from(events_max).unwrap_or(i64::MAX)).await?;
             if pruned > 0 {
                 debug!(pruned, kept_max = events_max, "the standalone history held to its count");
             }
-            release_free_pages(&store, free).await
+            release_free_pages(&outbox, free).await
         }
     });
 }
@@ -214,13 +221,13 @@ fn event_history_cap(jobs: &Jobs, store: &Store, events_max: u64) {
 /// The standalone event history held to its bytes on disk, `events_max_bytes`. A request log carries a call's
 /// arguments and answer: a few big answers outweigh thousands of small events, so the count alone bounds no disk.
 /// Measuring the outbox walks its pages: every 30 s, not 10.
-fn event_history_size(jobs: &Jobs, store: &Store, events_max_bytes: u64) {
-    let size_store = store.clone();
+fn event_history_size(jobs: &Jobs, outbox: &Outbox, events_max_bytes: u64) {
+    let size_outbox = outbox.clone();
     jobs.every("event-history-size", EVENT_SIZE_PERIOD, FirstRun::Immediately, move || {
-        let store = size_store.clone();
+        let outbox = size_outbox.clone();
         async move {
-            let free = store.disk_usage().await?.free;
-            let pruned = store.prune_events_to_bytes(events_max_bytes).await?.events;
+            let free = outbox.disk_usage().await?.free;
+            let pruned = outbox.prune_events_to_bytes(events_max_bytes).await?.events;
             if pruned > 0 {
                 info!(
                     pruned,
@@ -228,22 +235,28 @@ fn event_history_size(jobs: &Jobs, store: &Store, events_max_bytes: u64) {
                     "the standalone history held to its size: oldest events pruned"
                 );
             }
-            release_free_pages(&store, free).await
+            release_free_pages(&outbox, free).await
         }
     });
 }
 
 /// Event history older than `events_kept` (standalone only: `None` in managed mode) and analytics rows older
 /// than `analytics_kept` pruned.
-fn event_retention(jobs: &Jobs, store: &Store, events_kept: Option<Duration>, analytics_kept: Duration) {
-    let retention_store = store.clone();
+fn event_retention(
+    jobs: &Jobs,
+    outbox: &Outbox,
+    analytics: &AnalyticsRows,
+    events_kept: Option<Duration>,
+    analytics_kept: Duration,
+) {
+    let (retention_outbox, retention_analytics) = (outbox.clone(), analytics.clone());
     jobs.every("event-retention", EVENT_RETENTION_PERIOD, FirstRun::Immediately, move || {
-        let store = retention_store.clone();
+        let (outbox, analytics) = (retention_outbox.clone(), retention_analytics.clone());
         async move {
-            let free = store.disk_usage().await?.free;
+            let free = outbox.disk_usage().await?.free;
             if let Some(events_kept) = events_kept {
                 let pruned = match before(events_kept) {
-                    Some(cutoff) => store.prune_events_before(&cutoff).await?,
+                    Some(cutoff) => outbox.prune_events_before(&cutoff).await?,
                     None => 0,
                 };
                 if pruned > 0 {
@@ -255,22 +268,22 @@ fn event_retention(jobs: &Jobs, store: &Store, events_kept: Option<Duration>, an
                 }
             }
             let pruned = match before(analytics_kept) {
-                Some(cutoff) => store.prune_analytics(&cutoff).await?,
+                Some(cutoff) => analytics.prune_analytics(&cutoff).await?,
                 None => 0,
             };
             if pruned > 0 {
                 info!(pruned, kept_days = analytics_kept.as_secs() / 86_400, "old analytics rows pruned");
             }
-            release_free_pages(&store, free).await
+            release_free_pages(&outbox, free).await
         }
     });
 }
 
 /// Give back to the disk the SQLite file's pages that were free before this round pruned (`free`), so stayed
-/// free since an earlier one (`Store::release_free_pages`): what a round frees, the inserts of the next seconds
+/// free since an earlier one (`Outbox::release_free_pages`): what a round frees, the inserts of the next seconds
 /// take again on a busy satellite, and a later round gives back what they did not take.
-async fn release_free_pages(store: &Store, free: u64) -> Result<(), StoreError> {
-    let released = store.release_free_pages(free).await?;
+async fn release_free_pages(outbox: &Outbox, free: u64) -> Result<(), StoreError> {
+    let released = outbox.release_free_pages(free).await?;
     if released > 0 {
         debug!(released, "database: free pages given back to the disk");
     }

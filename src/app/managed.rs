@@ -26,7 +26,7 @@ use crate::instances::deploy::{DeploySettings, Deployer};
 use crate::instances::{self, InstanceManager};
 use crate::jobs::{FirstRun, Jobs};
 use crate::model::{TeamId, UserId};
-use crate::store::Store;
+use crate::store::{Replicas, Store};
 
 /// Expired introspection results are removed on this period (SB §19).
 const INTROSPECTION_SWEEP: Duration = Duration::from_secs(300);
@@ -92,7 +92,7 @@ impl ManagedParts {
             &settings.satellite_name,
             settings.registration_token.as_ref(),
             &settings.persistent_dir,
-            store.shared().then_some(store),
+            store.shared().then_some(&store.replicas()),
             &mut metrics,
         )
         .await?;
@@ -102,7 +102,7 @@ impl ManagedParts {
             settings.token_cache_ttl,
         )
         .stale_for(settings.token_stale_for);
-        let monitor = Arc::new(BackendMonitor::new(client.clone(), store.clone()));
+        let monitor = Arc::new(BackendMonitor::new(client.clone(), store.outbox()));
         Ok(Some(ManagedParts { settings: settings.clone(), client, oauth, metrics, introspection, monitor }))
     }
 
@@ -114,7 +114,8 @@ impl ManagedParts {
             manager: manager.clone(),
             introspection: self.introspection.clone(),
             oauth: Some(self.oauth.clone()),
-            store: store.clone(),
+            replicas: store.replicas(),
+            outbox: store.outbox(),
             events: events.clone(),
             monitor: self.monitor.clone(),
             satellite_url: settings.satellite_url.clone(),
@@ -141,8 +142,8 @@ pub(super) fn start(
     let ManagedParts { settings, metrics, introspection, .. } = parts;
     deps.monitor.set_replica_id(&deps.replica_id);
     let upload_task = spawn_uploader(&deps, &settings, uploads.clone());
-    if deps.store.shared() {
-        sync_shared_identity(jobs, &deps.client, &deps.store, &settings.satellite_name);
+    if deps.replicas.shared() {
+        sync_shared_identity(jobs, &deps.client, &deps.replicas, &settings.satellite_name);
     }
     let runtime = Managed::new(deps.clone(), metrics);
     tasks.spawn(run(runtime, deps, tasks.clone(), pollers.clone()).instrument(tracing::info_span!("control.backend")));
@@ -162,11 +163,11 @@ fn spawn_uploader(deps: &ManagedDeps, settings: &ManagedSettings, uploads: Cance
 }
 
 /// Another replica that had to register again revoked the key this one holds: adopt the new one.
-fn sync_shared_identity(jobs: &Jobs, client: &Arc<BackendClient>, store: &Store, name: &str) {
-    let (client, store, name) = (client.clone(), store.clone(), name.to_owned());
+fn sync_shared_identity(jobs: &Jobs, client: &Arc<BackendClient>, replicas: &Replicas, name: &str) {
+    let (client, replicas, name) = (client.clone(), replicas.clone(), name.to_owned());
     jobs.every("shared-identity-sync", IDENTITY_SYNC, FirstRun::AfterOnePeriod, move || {
-        let (client, store, name) = (client.clone(), store.clone(), name.clone());
-        async move { startup::adopt_shared(&client, &store, &name).await }
+        let (client, replicas, name) = (client.clone(), replicas.clone(), name.clone());
+        async move { startup::adopt_shared(&client, &replicas, &name).await }
     });
 }
 

@@ -122,8 +122,8 @@ impl Satellite {
         let started = Instant::now();
         let (first, first_text) = first_read(&config)?;
         let core = Core::open(&config, env).await?;
-        let toolsets = crate::toolsets::Toolsets::load(core.store.clone(), first.toolsets.clone()).await?;
-        let emitter = Emitter::new(core.store.clone());
+        let toolsets = crate::toolsets::Toolsets::load(core.store.toolsets(), first.toolsets.clone()).await?;
+        let emitter = Emitter::new(core.store.outbox(), core.store.statuses());
         let logs = LogCapture::new(emitter.clone());
         let link = BackendLink::for_config(&config)?;
         let manager = start::open_manager(&config, env, &core, link.as_ref(), &emitter, &logs).await?;
@@ -151,7 +151,7 @@ impl Satellite {
         start::sync_replicas(&core.store, &jobs, &toolsets, &manager);
         let (pollers, uploads) = (CancellationToken::new(), CancellationToken::new());
         // Written until the requests have drained (shutdown step 2), then flushed before the database closes.
-        analytics.spawn_writer(core.store.clone(), &tasks, pollers.clone());
+        analytics.spawn_writer(core.store.analytics_rows(), &tasks, pollers.clone());
         let upload_task = match managed {
             None => {
                 start::apply_standalone(first, &manager, &tasks);

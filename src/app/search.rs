@@ -130,7 +130,7 @@ pub async fn stored(
         Mode::Managed(_) => HashMap::new(),
     };
     let store = Store::connect(&config.data_dir, &config.database).await?;
-    let catalogs = store.load_catalogs().await?;
+    let catalogs = store.catalogs().load_catalogs().await?;
     let _ = store.close().await;
     let index = SearchIndex::new()?;
     let mut scope = Vec::new();

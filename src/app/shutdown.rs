@@ -47,7 +47,7 @@ impl Satellite {
         // satellite has nothing left to send.
         info!(deadline_s = EVENTS_FLUSH_DEADLINE.as_secs(), "shutdown 4/5: flushing logs and events");
         // On a volume filling up, the disk reserve is given back first, so what is held can be written.
-        if let Some(reserve) = self.store.reserve() {
+        if let Some(reserve) = self.store.volume().reserve() {
             reserve.check();
         }
         // The clients' activity since the last report, which the report job (stopped above) would have sent.
@@ -83,7 +83,7 @@ impl Satellite {
                 clean = false;
             }
         }
-        match tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.store.event_count()).await {
+        match tokio::time::timeout(EVENTS_FLUSH_DEADLINE, self.store.outbox().event_count()).await {
             Ok(Ok(kept)) => info!(kept, "events are in the outbox"),
             Ok(Err(err)) => warn!(error = %err, "shutdown: reading the event outbox failed"),
             Err(_) => {

@@ -22,7 +22,7 @@ use crate::auth::{Principal, Role};
 use crate::model::toolset::{ConfiguredToolsets, ToolsetDefError};
 use crate::model::{iso, TeamId, Toolset, ToolsetScope, ToolsetSource, UserId};
 use crate::store::toolsets::ToolsetRow;
-use crate::store::{Store, StoreError};
+use crate::store::{StoreError, ToolsetRows};
 
 /// The name that selects no toolset (every tool), even over a default.
 pub const ALL: &str = "all";
@@ -103,7 +103,7 @@ pub struct Toolsets {
 }
 
 struct Inner {
-    store: Store,
+    store: ToolsetRows,
     state: RwLock<State>,
     /// Held from a write to the database until its reload is in memory, so two writers never swap in their
     /// snapshots out of order (and the per-member limit is checked against the latest).
@@ -112,7 +112,7 @@ struct Inner {
 
 impl Toolsets {
     /// The registry with what the database holds and what the config file says.
-    pub async fn load(store: Store, configured: ConfiguredToolsets) -> Result<Toolsets, StoreError> {
+    pub async fn load(store: ToolsetRows, configured: ConfiguredToolsets) -> Result<Toolsets, StoreError> {
         let toolsets = Toolsets {
             inner: Arc::new(Inner {
                 store,

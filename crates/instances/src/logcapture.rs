@@ -386,7 +386,7 @@ mod tests {
     }
     use crate::model::Upstream;
     use crate::model::{InstallationId, ProcessId, SecretNames, TeamId, UserId};
-    use crate::store::Store;
+    use crate::store::{Outbox, Store};
 
     /// Events carry at most 20 entries and 256 KiB of them; an entry bigger than that goes alone, so the small
     /// entries logged beside it are not held back with it when the backend refuses it as too large (before, entries
@@ -434,11 +434,11 @@ mod tests {
         }
     }
 
-    async fn capture() -> (tempfile::TempDir, Store, LogCapture) {
+    async fn capture() -> (tempfile::TempDir, Outbox, LogCapture) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let capture = LogCapture::new(Emitter::new(store.clone()));
-        (dir, store, capture)
+        let capture = LogCapture::new(Emitter::new(store.outbox(), store.statuses()));
+        (dir, store.outbox(), capture)
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::client::BackendClient;
 use crate::model::iso;
-use crate::store::Store;
+use crate::store::Outbox;
 
 /// A live reachability check is reused this long.
 const HEALTH_CACHE: Duration = Duration::from_secs(5);
@@ -91,13 +91,14 @@ pub struct BackendMonitor {
     client: Arc<BackendClient>,
     /// This process among replicas (`ManagedDeps::replica_id`), set once the runtime starts.
     replica_id: Mutex<Option<String>>,
-    store: Store,
+    /// The event outbox, whose depth the report shows.
+    outbox: Outbox,
     state: Mutex<State>,
 }
 
 impl BackendMonitor {
-    pub fn new(client: Arc<BackendClient>, store: Store) -> Self {
-        Self { client, store, state: Mutex::new(State::default()), replica_id: Mutex::new(None) }
+    pub fn new(client: Arc<BackendClient>, outbox: Outbox) -> Self {
+        Self { client, outbox, state: Mutex::new(State::default()), replica_id: Mutex::new(None) }
     }
 
     /// Record one attempt; `Err` carries the error text (never a credential: `BackendError` has none).
@@ -138,7 +139,7 @@ impl BackendMonitor {
     /// The `GET /api/status/backend` body (SB §18.2 plus the runtime's own view).
     pub async fn report(&self) -> Value {
         let health = self.health().await;
-        let outbox = match self.store.outbox_summary().await {
+        let outbox = match self.outbox.outbox_summary().await {
             Ok(summary) => {
                 let oldest_age = summary
                     .oldest_emitted_at

@@ -15,7 +15,7 @@ use super::client::{BackendClient, BackendError, Refusal};
 use super::credentials::{CredentialStore, Credentials, CredentialsError};
 use super::metrics::ProcessMetrics;
 use super::wire::{HeartbeatRequest, RegisterRequest, SystemInfo, Transport};
-use crate::store::{SharedIdentity, Store};
+use crate::store::{Replicas, SharedIdentity};
 
 /// How long a replica waits for another one to finish registering (they take turns under a lock).
 const IDENTITY_LOCK_WAIT: Duration = Duration::from_secs(60);
@@ -53,15 +53,15 @@ pub fn lock_key(purpose: &str, name: &str) -> i64 {
 /// database, so every replica uses the one registration (a registration mints a new key and kills the old).
 enum Home<'a> {
     File(CredentialStore),
-    Shared { store: &'a Store, name: &'a str },
+    Shared { replicas: &'a Replicas, name: &'a str },
 }
 
 impl Home<'_> {
     async fn load(&self) -> Result<Option<Credentials>, IdentityError> {
         match self {
             Home::File(file) => Ok(file.load()),
-            Home::Shared { store, name } => {
-                let shared = store.shared_identity(name).await.map_err(|e| IdentityError::Shared(e.to_string()))?;
+            Home::Shared { replicas, name } => {
+                let shared = replicas.shared_identity(name).await.map_err(|e| IdentityError::Shared(e.to_string()))?;
                 let parse = |s: &str| chrono::DateTime::parse_from_rfc3339(s).map(|t| t.to_utc()).ok();
                 Ok(shared.map(|s| {
                     let registered_at = parse(&s.registered_at).unwrap_or_else(Utc::now);
@@ -80,14 +80,14 @@ impl Home<'_> {
     async fn save(&self, credentials: &Credentials) -> Result<(), String> {
         match self {
             Home::File(file) => file.save(credentials).map_err(|e| e.to_string()),
-            Home::Shared { store, name } => {
+            Home::Shared { replicas, name } => {
                 let identity = SharedIdentity {
                     satellite_id: credentials.satellite_id.clone(),
                     api_key: credentials.api_key.clone(),
                     registered_at: crate::model::iso(credentials.registered_at),
                     last_verified: crate::model::iso(credentials.last_verified),
                 };
-                store.save_shared_identity(name, &identity).await.map_err(|e| e.to_string())
+                replicas.save_shared_identity(name, &identity).await.map_err(|e| e.to_string())
             }
         }
     }
@@ -95,7 +95,7 @@ impl Home<'_> {
     async fn clear(&self) -> Result<(), String> {
         match self {
             Home::File(file) => file.clear().map_err(|e| e.to_string()),
-            Home::Shared { store, name } => store.clear_shared_identity(name).await.map_err(|e| e.to_string()),
+            Home::Shared { replicas, name } => replicas.clear_shared_identity(name).await.map_err(|e| e.to_string()),
         }
     }
 }
@@ -125,93 +125,100 @@ pub async fn identify(
     name: &str,
     token: Option<&SecretString>,
     persistent_dir: &Path,
-    shared: Option<&Store>,
+    shared: Option<&Replicas>,
     metrics: &mut ProcessMetrics,
 ) -> Result<Credentials, IdentityError> {
     check_token(token)?;
     let file = CredentialStore::open(persistent_dir)?;
     client.health().await.map_err(|e| IdentityError::Unreachable(Box::new(e)))?;
-    let Some(store) = shared else { return identify_in(client, name, token, &Home::File(file), metrics).await };
-    let lock = tokio::time::timeout(IDENTITY_LOCK_WAIT, store.advisory_lock(lock_key("identity", name), true))
+    let Some(replicas) = shared else { return identify_in(client, name, token, &Home::File(file), metrics).await };
+    let lock = tokio::time::timeout(IDENTITY_LOCK_WAIT, replicas.advisory_lock(lock_key("identity", name), true))
         .await
         .map_err(|_| {
             IdentityError::Shared(format!("another replica held the identity lock for {IDENTITY_LOCK_WAIT:?}"))
         })?
         .map_err(|e| IdentityError::Shared(e.to_string()))?;
-    let identified = identify_in(client, name, token, &Home::Shared { store, name }, metrics).await;
+    let identified = identify_in(client, name, token, &Home::Shared { replicas, name }, metrics).await;
     if let Some(lock) = lock {
         lock.release().await;
     }
     identified
 }
 
+/// Steps 5-7 with the credentials in `home`: the stored ones when the backend accepts them, else a registration.
 async fn identify_in(
     client: &BackendClient,
     name: &str,
     token: Option<&SecretString>,
-    store: &Home<'_>,
+    home: &Home<'_>,
     metrics: &mut ProcessMetrics,
 ) -> Result<Credentials, IdentityError> {
-    if let Some(mut stored) = store.load().await? {
-        client.set_credentials(&stored);
-        let sample = metrics.sample();
-        let beat =
-            HeartbeatRequest::verification(env!("CARGO_PKG_VERSION"), sample.memory_usage_mb, sample.uptime_seconds);
-        match client.heartbeat(&beat).await {
-            Ok(_) => {
-                stored.last_verified = Utc::now();
-                if let Err(err) = store.save(&stored).await {
-                    warn!(error = %err, "could not record the verification time of the stored credentials");
-                }
-                info!(satellite_id = %stored.satellite_id, "stored backend credentials verified");
-                return Ok(stored);
-            }
-            // Replicas share these credentials: only a refusal of them justifies a registration, which would
-            // revoke the key every running replica uses. Anything else (a timeout, a 5xx) fails this start and
-            // leaves them in place; the orchestrator starts the replica again.
-            Err(err) if matches!(store, Home::Shared { .. }) && !refused(&err) => {
-                return Err(IdentityError::Unreachable(Box::new(err)));
-            }
-            // A passing failure (a timeout, a 5xx, a 429) says nothing of the key. Cleared, it was gone for good:
-            // the registration token is single-use, so this start and every later one failed until an operator
-            // made a new one. The file is kept; a registration with a token still valid replaces it, and with no
-            // token this start fails on the backend's error and the next one verifies the key again.
-            Err(err) if !refused(&err) => {
-                if token.is_none() {
-                    return Err(IdentityError::Unreachable(Box::new(err)));
-                }
-                warn!(error = %err, "the stored backend credentials could not be verified; registering again, keeping them unless that succeeds");
-            }
-            Err(err) => {
-                warn!(error = %err, "stored backend credentials were refused; registering again");
-                // Shared: the row is replaced when the registration succeeds, and kept if it fails.
-                if let (Home::File(_), Err(err)) = (store, store.clear().await) {
-                    warn!(error = %err, "could not clear the stored credentials");
-                }
-            }
+    if let Some(stored) = home.load().await? {
+        if let Some(verified) = verify(client, token, home, stored, metrics).await? {
+            return Ok(verified);
         }
     }
+    register(client, name, token, home).await
+}
 
-    let token = token.ok_or(IdentityError::NoToken)?;
-    let request = RegisterRequest {
-        name: name.to_owned(),
-        capabilities: Some(vec![Transport::Stdio, Transport::Http, Transport::Sse]),
-        system_info: Some(SystemInfo {
-            os: Some(format!("{} {}", std::env::consts::OS, std::env::consts::OS)),
-            arch: Some(std::env::consts::ARCH.to_owned()),
-            node_version: Some(concat!("rust-satellite/", env!("CARGO_PKG_VERSION")).to_owned()),
-            memory_mb: total_memory_mb(),
-        }),
-    };
-    let registered = client.register(token, &request).await.map_err(|err| {
-        let hint = match &err {
-            BackendError::Status { body: Some(body), .. } => {
-                body.instructions.as_ref().map(|i| format!(" ({i})")).unwrap_or_default()
+/// Step 5: the stored credentials, verified with a heartbeat. `Some` when the backend accepts them; `None` when the
+/// satellite is to register again; an error when this start fails and leaves them in place.
+async fn verify(
+    client: &BackendClient,
+    token: Option<&SecretString>,
+    home: &Home<'_>,
+    mut stored: Credentials,
+    metrics: &mut ProcessMetrics,
+) -> Result<Option<Credentials>, IdentityError> {
+    client.set_credentials(&stored);
+    let sample = metrics.sample();
+    let beat = HeartbeatRequest::verification(env!("CARGO_PKG_VERSION"), sample.memory_usage_mb, sample.uptime_seconds);
+    match client.heartbeat(&beat).await {
+        Ok(_) => {
+            stored.last_verified = Utc::now();
+            if let Err(err) = home.save(&stored).await {
+                warn!(error = %err, "could not record the verification time of the stored credentials");
             }
-            _ => String::new(),
-        };
-        IdentityError::Registration(Box::new(err), hint)
-    })?;
+            info!(satellite_id = %stored.satellite_id, "stored backend credentials verified");
+            Ok(Some(stored))
+        }
+        // Replicas share these credentials: only a refusal of them justifies a registration, which would
+        // revoke the key every running replica uses. Anything else (a timeout, a 5xx) fails this start and
+        // leaves them in place; the orchestrator starts the replica again.
+        Err(err) if matches!(home, Home::Shared { .. }) && !refused(&err) => {
+            Err(IdentityError::Unreachable(Box::new(err)))
+        }
+        // A passing failure (a timeout, a 5xx, a 429) says nothing of the key. Cleared, it was gone for good:
+        // the registration token is single-use, so this start and every later one failed until an operator
+        // made a new one. The file is kept; a registration with a token still valid replaces it, and with no
+        // token this start fails on the backend's error and the next one verifies the key again.
+        Err(err) if !refused(&err) => {
+            if token.is_none() {
+                return Err(IdentityError::Unreachable(Box::new(err)));
+            }
+            warn!(error = %err, "the stored backend credentials could not be verified; registering again, keeping them unless that succeeds");
+            Ok(None)
+        }
+        Err(err) => {
+            warn!(error = %err, "stored backend credentials were refused; registering again");
+            // Shared: the row is replaced when the registration succeeds, and kept if it fails.
+            if let (Home::File(_), Err(err)) = (home, home.clear().await) {
+                warn!(error = %err, "could not clear the stored credentials");
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Steps 6-7: register with `token`, set the new credentials on `client` and keep them in `home`.
+async fn register(
+    client: &BackendClient,
+    name: &str,
+    token: Option<&SecretString>,
+    home: &Home<'_>,
+) -> Result<Credentials, IdentityError> {
+    let token = token.ok_or(IdentityError::NoToken)?;
+    let registered = client.register(token, &register_request(name)).await.map_err(registration_failed)?;
     let now = Utc::now();
     let credentials = Credentials {
         api_key: SecretString::from(registered.satellite.api_key.expose().to_owned()),
@@ -221,11 +228,35 @@ async fn identify_in(
         last_verified: now,
     };
     client.set_credentials(&credentials);
-    if let Err(err) = store.save(&credentials).await {
+    if let Err(err) = home.save(&credentials).await {
         warn!(error = %err, "registered, but the credentials could not be stored; the next start registers again");
     }
     info!(satellite_id = %credentials.satellite_id, status = registered.satellite.status.as_deref().unwrap_or("unknown"), "registered with the backend");
     Ok(credentials)
+}
+
+fn register_request(name: &str) -> RegisterRequest {
+    RegisterRequest {
+        name: name.to_owned(),
+        capabilities: Some(vec![Transport::Stdio, Transport::Http, Transport::Sse]),
+        system_info: Some(SystemInfo {
+            os: Some(format!("{} {}", std::env::consts::OS, std::env::consts::OS)),
+            arch: Some(std::env::consts::ARCH.to_owned()),
+            node_version: Some(concat!("rust-satellite/", env!("CARGO_PKG_VERSION")).to_owned()),
+            memory_mb: total_memory_mb(),
+        }),
+    }
+}
+
+/// A registration the backend refused, with its instructions when it gave some.
+fn registration_failed(err: BackendError) -> IdentityError {
+    let hint = match &err {
+        BackendError::Status { body: Some(body), .. } => {
+            body.instructions.as_ref().map(|i| format!(" ({i})")).unwrap_or_default()
+        }
+        _ => String::new(),
+    };
+    IdentityError::Registration(Box::new(err), hint)
 }
 
 /// The backend refused the credentials themselves (not a network failure or a server error).
@@ -235,8 +266,8 @@ fn refused(err: &BackendError) -> bool {
 
 /// Replicas: adopt the shared credentials when another replica registered again (its registration revoked the
 /// key this replica holds). Called periodically; a no-op while they are the same.
-pub async fn adopt_shared(client: &BackendClient, store: &Store, name: &str) -> Result<(), IdentityError> {
-    let home = Home::Shared { store, name };
+pub async fn adopt_shared(client: &BackendClient, replicas: &Replicas, name: &str) -> Result<(), IdentityError> {
+    let home = Home::Shared { replicas, name };
     if let Some(shared) = home.load().await? {
         if client.satellite_id().as_deref() != Some(shared.satellite_id.as_str()) || !client.uses_key(&shared.api_key) {
             client.set_credentials(&shared);

@@ -20,7 +20,7 @@ use crate::auth::{AdminScope, AuthError, Authenticator};
 use crate::instances::InstanceManager;
 use crate::model::iso;
 use crate::store::analytics::{Grouping, RowFilter};
-use crate::store::Store;
+use crate::store::{AnalyticsSums, Catalogs, Outbox, Volume};
 
 const DEFAULT_LIMIT: u64 = 50;
 const MAX_LIMIT: u64 = 500;
@@ -28,7 +28,10 @@ const MAX_LIMIT: u64 = 500;
 /// What the admin routes read.
 #[derive(Clone)]
 pub struct AnalyticsDeps {
-    pub store: Store,
+    pub sums: AnalyticsSums,
+    pub catalogs: Catalogs,
+    pub outbox: Outbox,
+    pub volume: Volume,
     pub recorder: Recorder,
     pub auth: Authenticator,
     pub manager: InstanceManager,
@@ -181,7 +184,7 @@ async fn route_answer(
     params: &HashMap<String, String>,
 ) -> Result<Response, ApiError> {
     let q = query(params, scope)?;
-    let store = &deps.store;
+    let store = &deps.sums;
     let (f, limit, offset) = (&q.filter, q.limit, q.offset);
     Ok(match route {
         "summary" => summary(deps, &q).await?,
@@ -386,12 +389,13 @@ async fn tool_history(
     let text = |name: &str| params.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
     let limit = text("limit").map(|v| parse_count("limit", v, MAX_LIMIT)).transpose()?.unwrap_or(DEFAULT_LIMIT).max(1);
     let offset = text("offset").map(|v| parse_count("offset", v, u64::from(u32::MAX))).transpose()?.unwrap_or(0);
-    let changes = deps.store.tool_changes(team, text("installation_id"), limit, offset).await.map_err(store_failed)?;
+    let changes =
+        deps.catalogs.tool_changes(team, text("installation_id"), limit, offset).await.map_err(store_failed)?;
     Ok(json!({"changes": changes, "limit": limit, "offset": offset}))
 }
 
 async fn held_tools(deps: &AnalyticsDeps, team: Option<&str>) -> Result<serde_json::Value, ApiError> {
-    let held = deps.store.held_tools().await.map_err(store_failed)?;
+    let held = deps.catalogs.held_tools().await.map_err(store_failed)?;
     let instances = deps.manager.instances();
     let team_of = |installation: &str| {
         instances.iter().find(|i| i.spec().installation_id.as_str() == installation).map(|i| i.spec().team_id.0.clone())

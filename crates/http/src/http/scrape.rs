@@ -19,7 +19,7 @@ use crate::backend::monitor::{BackendMonitor, Channel};
 use crate::instances::Instance;
 use crate::metrics::Snapshot;
 use crate::model::InstanceStatus;
-use crate::store::Store;
+use crate::store::Outbox;
 
 /// What `/metrics` reads besides the status deps.
 #[derive(Clone)]
@@ -88,7 +88,7 @@ async fn snapshot(deps: &ScrapeDeps) -> Snapshot {
     };
     // The outbox is what waits for a backend: a standalone satellite has none (its events are local history).
     if let Some(monitor) = &deps.status.backend {
-        snapshot.outbox = outbox(&deps.status.analytics.store).await;
+        snapshot.outbox = outbox(&deps.status.analytics.outbox).await;
         snapshot.backend = backend_attempts(monitor);
     }
     snapshot
@@ -125,8 +125,8 @@ fn instance_counts(instances: &[Arc<Instance>]) -> InstanceCounts {
 }
 
 /// The events waiting in the outbox, and how old the oldest is; `None` when it cannot be read.
-async fn outbox(store: &Store) -> Option<(u64, Duration)> {
-    match store.outbox_summary().await {
+async fn outbox(outbox: &Outbox) -> Option<(u64, Duration)> {
+    match outbox.outbox_summary().await {
         Ok(summary) => {
             let age = summary
                 .oldest_emitted_at

@@ -92,12 +92,12 @@ fn readyz(deps: Arc<StatusDeps>) -> Response {
         if deps.analytics.auth.introspection_outage().is_some() {
             degraded.insert("token_checks".into(), token_checks(&deps));
         }
-        if deps.analytics.store.in_memory() {
+        if deps.analytics.volume.in_memory() {
             degraded.insert(
                 "storage".into(),
                 json!({"state": "memory", "message": "the data volume refuses the database file (read-only or full): calls are served; what is recorded is kept in memory and lost at the next stop"}),
             );
-        } else if deps.analytics.store.reserve().is_some_and(|r| r.volume_full()) {
+        } else if deps.analytics.volume.reserve().is_some_and(|r| r.volume_full()) {
             degraded.insert(
                 "storage".into(),
                 json!({"state": "volume_full", "message": "the data volume is full: calls are served; what the satellite records is written as space allows (the disk reserve was given back)"}),

@@ -24,7 +24,7 @@ use crate::events::Emitter;
 use crate::mcp::client::ClientOptions;
 use crate::model::InstanceSpec;
 use crate::search::SearchIndex;
-use crate::store::Store;
+use crate::store::Catalogs;
 
 mod calling;
 mod commands;
@@ -65,7 +65,7 @@ pub struct ManagerDeps {
     /// Allow-list, argument checks, per-team directories, rlimits and isolation of stdio children.
     pub sandbox: Arc<sandbox::SandboxPolicy>,
     pub http: reqwest::Client,
-    pub store: Store,
+    pub store: Catalogs,
     /// The tool index; the manager keeps it in step with every catalog it holds.
     pub search: SearchIndex,
     /// Where lifecycle events go (the SQLite outbox).

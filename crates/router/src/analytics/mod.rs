@@ -17,7 +17,7 @@ use tracing::warn;
 
 use crate::model::{iso, InstanceSpec};
 use crate::store::analytics::{CallRow, DiscoverRow, ListingRow, RowKey};
-use crate::store::Store;
+use crate::store::AnalyticsRows;
 
 pub mod chart;
 pub mod report;
@@ -261,8 +261,9 @@ impl Recorder {
         self.inner.rows_dropped.load(Ordering::Relaxed)
     }
 
-    /// Start the one writer (a second call does nothing). It writes until `shutdown`, then drains the queue.
-    pub fn spawn_writer(&self, store: Store, tasks: &TaskTracker, shutdown: CancellationToken) {
+    /// Start the one writer (a second call does nothing), writing to `store`. It writes until `shutdown`, then
+    /// drains the queue.
+    pub fn spawn_writer(&self, store: AnalyticsRows, tasks: &TaskTracker, shutdown: CancellationToken) {
         if self.inner.writer_started.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -414,6 +415,7 @@ fn short_digest(prefix: &str, bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use crate::store::analytics::AnalyticsRow;
+    use crate::store::Store;
 
     /// A session's key is what earlier versions stored (the first 16 hex digits of the digest): rows written
     /// before and after an upgrade stay one session.
@@ -462,9 +464,10 @@ mod tests {
         recorder.listing(&a, listing(1));
         assert_eq!(recorder.inner.queue.lock().facts.len(), 4, "two rows of five, then a change and back");
         let mut ledger = Ledger { sessions: HashMap::new() };
-        drain(&recorder.inner, &mut ledger, &store, &mut Pending::default()).await;
+        drain(&recorder.inner, &mut ledger, &store.analytics_rows(), &mut Pending::default()).await;
         let filter = crate::store::analytics::RowFilter::default();
-        let (rows, _) = store.activity(&filter, crate::store::analytics::Grouping::Session, 10, 0).await?;
+        let (rows, _) =
+            store.analytics_sums().activity(&filter, crate::store::analytics::Grouping::Session, 10, 0).await?;
         let mut figures: Vec<(u64, u64, u64, u64)> =
             rows.iter().map(|r| (r.listings, r.shown_tokens, r.visible_tokens, r.proxy_tokens)).collect();
         figures.sort_unstable();
@@ -572,7 +575,7 @@ mod tests {
         }
         assert_eq!(recorder.inner.queue.lock().open_calls.len(), 50);
         let mut ledger = Ledger { sessions: HashMap::new() };
-        drain(&recorder.inner, &mut ledger, &store, &mut Pending::default()).await;
+        drain(&recorder.inner, &mut ledger, &store.analytics_rows(), &mut Pending::default()).await;
         assert!(recorder.inner.queue.lock().open_calls.is_empty(), "the index outlived the rows it pointed to");
         let first = Caller { team: "t", user: "u", session: Some(&sessions[0]) };
         recorder.call(&first, Router::Instance, &spec, "echo", Outcome::Ok, ms);
@@ -581,11 +584,12 @@ mod tests {
             let Some(Fact::Call(row)) = queue.facts.first() else { panic!("the call after the drain has no row") };
             assert_eq!((queue.facts.len(), row.calls), (1, 1));
         }
-        drain(&recorder.inner, &mut ledger, &store, &mut Pending::default()).await;
+        drain(&recorder.inner, &mut ledger, &store.analytics_rows(), &mut Pending::default()).await;
         let filter = crate::store::analytics::RowFilter::default();
-        let (total, _) = store.activity(&filter, crate::store::analytics::Grouping::Total, 1, 0).await?;
+        let (total, _) =
+            store.analytics_sums().activity(&filter, crate::store::analytics::Grouping::Total, 1, 0).await?;
         assert_eq!(total[0].calls, 101);
-        let (tools, _) = store.tool_calls(&filter, 10, 0).await?;
+        let (tools, _) = store.analytics_sums().tool_calls(&filter, 10, 0).await?;
         assert_eq!((tools[0].calls, tools[0].avg_duration_ms), (101, 2.0));
         Ok(())
     }

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::MetaCost;
 use crate::store::analytics::{ActivitySums, CatalogCost, Grouping, RowFilter};
-use crate::store::{Store, StoreError};
+use crate::store::{AnalyticsSums, StoreError};
 
 /// The context window the "tools that fit" figures are computed for.
 pub const CONTEXT_WINDOW: u64 = 200_000;
@@ -229,7 +229,7 @@ pub fn schema_only(costs: &[CatalogCost], meta: MetaCost, per_discovered_tool: O
 }
 
 /// Every figure for the filter.
-pub async fn summary(store: &Store, filter: &RowFilter, meta: MetaCost) -> Result<Summary, StoreError> {
+pub async fn summary(store: &AnalyticsSums, filter: &RowFilter, meta: MetaCost) -> Result<Summary, StoreError> {
     let (totals, _) = store.activity(filter, Grouping::Total, 1, 0).await?;
     let totals = totals.into_iter().next().unwrap_or_default();
     let costs = store.catalog_costs(filter).await?;
@@ -244,7 +244,7 @@ pub async fn summary(store: &Store, filter: &RowFilter, meta: MetaCost) -> Resul
 
 /// Per session, per user or per time bucket.
 pub async fn activity(
-    store: &Store,
+    store: &AnalyticsSums,
     filter: &RowFilter,
     grouping: Grouping,
     limit: u64,
@@ -256,7 +256,7 @@ pub async fn activity(
 
 /// Installations by what listing them costs one user, largest first.
 pub async fn servers(
-    store: &Store,
+    store: &AnalyticsSums,
     filter: &RowFilter,
     limit: u64,
     offset: u64,

@@ -52,70 +52,71 @@ impl Ledger {
         facts
             .into_iter()
             .map(|fact| match fact {
-                Fact::Listing(fact) => {
-                    let ListingFact { key, stateless, listing, listings, .. } = *fact;
-                    let state = self.session(&key.session);
-                    // A plain proxy sends the list once per session and again when it changed; a stateless
-                    // client asks every time, and a stateless proxy answers every time. Of like listings joined
-                    // in one row, only the first can be a change.
-                    let resent = if stateless {
-                        listings
-                    } else {
-                        u64::from(state.last_fingerprint != Some(listing.fingerprint))
-                    };
-                    state.last_fingerprint = Some(listing.fingerprint);
-                    let (process_id, installation_id) = listing.instance.unzip();
-                    // The token figures are the row's listings' totals; the tool counts, those of one.
-                    AnalyticsRow::Listing(ListingRow {
-                        key,
-                        router: listing.router.as_str(),
-                        process_id,
-                        installation_id,
-                        listings,
-                        tools_shown: listing.tools_shown,
-                        shown_tokens: listing.shown_tokens * listings,
-                        tools_visible: listing.tools_visible,
-                        visible_tokens: listing.visible_tokens * listings,
-                        proxy_tokens: listing.visible_tokens * resent,
-                    })
-                }
+                Fact::Listing(fact) => self.listing_row(*fact),
                 Fact::Discover { key, text: _, tool_paths } => {
-                    let discover_key = uuid::Uuid::new_v4().simple().to_string();
-                    let results = tool_paths.len() as u64;
-                    let state = self.session(&key.session);
-                    state.discovers.push_front((discover_key.clone(), tool_paths.into_iter().collect()));
-                    state.discovers.truncate(DISCOVERS_KEPT);
-                    AnalyticsRow::Discover(DiscoverRow {
-                        key,
-                        discover_key,
-                        results,
-                        result_tokens: tokens.next().copied().unwrap_or(0),
-                    })
+                    self.discover_row(key, tool_paths, tokens.next().copied().unwrap_or(0))
                 }
-                Fact::Call(call) => {
-                    let path = crate::model::tool_path(&call.server_slug, &call.tool_name);
-                    let state = self.session(&call.key.session);
-                    let discover_key =
-                        state.discovers.iter().find(|(_, paths)| paths.contains(&path)).map(|(k, _)| k.clone());
-                    AnalyticsRow::Call(CallRow {
-                        key: call.key,
-                        router: call.router.as_str(),
-                        process_id: call.process_id,
-                        installation_id: call.installation_id,
-                        server_slug: call.server_slug,
-                        tool_name: call.tool_name,
-                        outcome: call.outcome.as_str(),
-                        calls: call.calls,
-                        duration_ms: call.duration_ms,
-                        discover_key,
-                    })
-                }
+                Fact::Call(call) => self.call_row(*call),
             })
             .collect()
     }
+
+    fn listing_row(&mut self, fact: ListingFact) -> AnalyticsRow {
+        let ListingFact { key, stateless, listing, listings, .. } = fact;
+        let state = self.session(&key.session);
+        // A plain proxy sends the list once per session and again when it changed; a stateless
+        // client asks every time, and a stateless proxy answers every time. Of like listings joined
+        // in one row, only the first can be a change.
+        let resent = if stateless { listings } else { u64::from(state.last_fingerprint != Some(listing.fingerprint)) };
+        state.last_fingerprint = Some(listing.fingerprint);
+        let (process_id, installation_id) = listing.instance.unzip();
+        // The token figures are the row's listings' totals; the tool counts, those of one.
+        AnalyticsRow::Listing(ListingRow {
+            key,
+            router: listing.router.as_str(),
+            process_id,
+            installation_id,
+            listings,
+            tools_shown: listing.tools_shown,
+            shown_tokens: listing.shown_tokens * listings,
+            tools_visible: listing.tools_visible,
+            visible_tokens: listing.visible_tokens * listings,
+            proxy_tokens: listing.visible_tokens * resent,
+        })
+    }
+
+    /// A discover's row, under a new key the session remembers with the tools it found (`result_tokens`: the
+    /// tokens of its text).
+    fn discover_row(&mut self, key: RowKey, tool_paths: Vec<String>, result_tokens: u64) -> AnalyticsRow {
+        let discover_key = uuid::Uuid::new_v4().simple().to_string();
+        let results = tool_paths.len() as u64;
+        let state = self.session(&key.session);
+        state.discovers.push_front((discover_key.clone(), tool_paths.into_iter().collect()));
+        state.discovers.truncate(DISCOVERS_KEPT);
+        AnalyticsRow::Discover(DiscoverRow { key, discover_key, results, result_tokens })
+    }
+
+    /// A call's row, with the key of the session's latest discover that found its tool.
+    fn call_row(&mut self, call: CallFact) -> AnalyticsRow {
+        let path = crate::model::tool_path(&call.server_slug, &call.tool_name);
+        let state = self.session(&call.key.session);
+        let discover_key = state.discovers.iter().find(|(_, paths)| paths.contains(&path)).map(|(k, _)| k.clone());
+        AnalyticsRow::Call(CallRow {
+            key: call.key,
+            router: call.router.as_str(),
+            process_id: call.process_id,
+            installation_id: call.installation_id,
+            server_slug: call.server_slug,
+            tool_name: call.tool_name,
+            outcome: call.outcome.as_str(),
+            calls: call.calls,
+            duration_ms: call.duration_ms,
+            discover_key,
+        })
+    }
 }
 
-pub(super) async fn writer(recorder: Arc<RecorderInner>, store: Store, shutdown: CancellationToken) {
+pub(super) async fn writer(recorder: Arc<RecorderInner>, store: AnalyticsRows, shutdown: CancellationToken) {
     let mut ledger = Ledger { sessions: HashMap::new() };
     let mut pending = Pending::default();
     let mut tick = tokio::time::interval(FLUSH_EVERY);
@@ -145,7 +146,7 @@ pub(super) struct Pending {
 impl Pending {
     /// Writes what is kept and then `rows`, [`BATCH`] at a time, stopping at the first refusal: what is left waits
     /// for the next turn. Past [`PENDING_MAX`] the oldest rows are dropped and counted.
-    pub(super) async fn write(&mut self, store: &Store, rows: Vec<AnalyticsRow>, recorder: &RecorderInner) {
+    pub(super) async fn write(&mut self, store: &AnalyticsRows, rows: Vec<AnalyticsRow>, recorder: &RecorderInner) {
         self.rows.extend(rows);
         while !self.rows.is_empty() {
             let take = self.rows.len().min(BATCH);
@@ -185,7 +186,7 @@ impl Pending {
 }
 
 /// Write every queued fact, [`BATCH`] at a time, after the rows kept from refused writes.
-pub(super) async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &Store, pending: &mut Pending) {
+pub(super) async fn drain(recorder: &RecorderInner, ledger: &mut Ledger, store: &AnalyticsRows, pending: &mut Pending) {
     let facts = {
         let mut queue = recorder.queue.lock();
         queue.open_calls.clear();

@@ -2,7 +2,7 @@
 //! ([`EventKind`]), one typed constructor per event (`payload`), and the
 //! `Emitter` that records them.
 //!
-//! An event counts as emitted once it is in the SQLite outbox (`store`).
+//! An event counts as emitted once it is in the outbox (`store::Outbox`).
 //! Status changes are written in the same transaction as the status history
 //! row they report. In standalone mode the outbox is the event history that
 //! analytics read; a managed satellite's uploader drains it to the backend.
@@ -17,7 +17,7 @@ use serde::Serialize;
 use tracing::{error, warn};
 
 use crate::model::{iso, InstanceSpec, InstanceStatus};
-use crate::store::{NewEvent, Store, StoreError};
+use crate::store::{NewEvent, Outbox, StatusHistory, StoreError};
 
 mod payload;
 mod throttle;
@@ -167,7 +167,9 @@ fn json_type(text: &str) -> &'static str {
 /// Records events in the outbox; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Emitter {
-    store: Store,
+    outbox: Outbox,
+    /// Status changes are written with their event (`status_changed`).
+    statuses: StatusHistory,
     /// Events the outbox could not take (a full disk, a database locked past its timeout), written first with
     /// the next events and by `retry_unwritten`, so a passing failure loses none. Bounded by
     /// `MAX_UNWRITTEN_BYTES`: past it the oldest are dropped, each logged with its data.
@@ -216,8 +218,8 @@ impl Drop for InFlight<'_> {
 }
 
 impl Emitter {
-    pub fn new(store: Store) -> Self {
-        Self { store, unwritten: Arc::default() }
+    pub fn new(outbox: Outbox, statuses: StatusHistory) -> Self {
+        Self { outbox, statuses, unwritten: Arc::default() }
     }
 
     /// Write the event to the outbox. A payload that could not be serialised is recorded as held (kept, never
@@ -266,7 +268,7 @@ impl Emitter {
         }
         let mut batch = InFlight { emitter: self, events };
         let rows: Vec<NewEvent<'_>> = batch.events.iter().map(|(event, _)| event.row()).collect();
-        let written = self.store.append_events(&rows).await;
+        let written = self.outbox.append_events(&rows).await;
         drop(rows);
         let Err(err) = written else {
             batch.events.clear();
@@ -284,7 +286,7 @@ impl Emitter {
                 failed.push((event, attempts, false));
                 continue;
             }
-            match self.store.append_events(&[event.row()]).await {
+            match self.outbox.append_events(&[event.row()]).await {
                 Ok(()) => (refused_in_a_row, wrote_any) = (0, true),
                 Err(err) => {
                     refused_in_a_row += 1;
@@ -341,9 +343,9 @@ impl Emitter {
         if self.unwritten() > 0 {
             // Still refused: this event waits behind them, in order; the history row is recorded now if it can be.
             self.keep(std::iter::once((event, 0)));
-            return self.store.record_status(spec, status, message, at, None).await;
+            return self.statuses.record_status(spec, status, message, at, None).await;
         }
-        let recorded = self.store.record_status(spec, status, message, at, Some(&event.row())).await;
+        let recorded = self.statuses.record_status(spec, status, message, at, Some(&event.row())).await;
         if recorded.is_err() {
             // The history row goes with the refused transaction; the event, which the backend needs to show the
             // status, is kept and written later like every other event the outbox refuses.
@@ -351,15 +353,12 @@ impl Emitter {
         }
         recorded
     }
-
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[test]
     fn the_registry_is_closed_and_round_trips() {
@@ -385,17 +384,17 @@ mod tests {
     async fn an_unserialisable_payload_is_reported_and_kept() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let emitter = Emitter::new(store.clone());
+        let emitter = Emitter::new(store.outbox(), store.statuses());
         let event = Event::new(EventKind::ToolExecuted, None, Unserialisable);
         assert!(event.data.as_ref().unwrap_err().contains("a map key that is not a string"));
         emitter.emit(event).await;
         emitter.emit(Event::new(EventKind::ConfigRefreshed, None, 42)).await;
-        let kept = store.events(None, 0, 10).await.unwrap();
+        let kept = store.outbox().events(None, 0, 10).await.unwrap();
         assert_eq!(kept.len(), 2, "both events are kept");
         assert_eq!(kept[0].event_type, "mcp.tool.executed");
         assert!(kept[0].held.as_deref().unwrap().contains("could not be serialised"));
         assert!(kept[1].held.as_deref().unwrap().contains("not a JSON object"));
-        assert_eq!(store.sendable_events(10).await.unwrap(), vec![], "a held event is never sent");
+        assert_eq!(store.outbox().sendable_events(10).await.unwrap(), vec![], "a held event is never sent");
     }
 
     use serde_json::Value;
@@ -413,7 +412,7 @@ mod tests {
     async fn events_the_outbox_refused_are_written_once_it_takes_them_again() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let emitter = Emitter::new(store.clone());
+        let emitter = Emitter::new(store.outbox(), store.statuses());
         outbox_gone(&store, true).await;
         emitter.emit(Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": 1}))).await;
         emitter
@@ -429,7 +428,7 @@ mod tests {
         emitter.emit(Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": 6}))).await;
         assert_eq!(emitter.unwritten(), 0);
         let kept: Vec<Value> =
-            store.events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
+            store.outbox().events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
         assert_eq!(kept, (1..=6).map(Value::from).collect::<Vec<_>>(), "all of them, in order");
     }
 
@@ -440,7 +439,7 @@ mod tests {
     async fn a_status_change_the_store_refused_is_written_later() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let emitter = Emitter::new(store.clone());
+        let emitter = Emitter::new(store.outbox(), store.statuses());
         outbox_gone(&store, true).await;
         let spec = crate::model::sample_spec();
         let failed =
@@ -451,7 +450,7 @@ mod tests {
         // A newer change lands after it, not before.
         emitter.status_changed(&spec, InstanceStatus::Online, None, Utc::now()).await.expect("taken");
         assert_eq!(emitter.unwritten(), 0);
-        let kept = store.events(Some("mcp.server.status_changed"), 0, 10).await.unwrap();
+        let kept = store.outbox().events(Some("mcp.server.status_changed"), 0, 10).await.unwrap();
         let statuses: Vec<&Value> = kept.iter().map(|e| &e.data["status"]).collect();
         assert_eq!(statuses, [&Value::from("permanently_failed"), &Value::from("online")]);
     }
@@ -463,7 +462,7 @@ mod tests {
     async fn a_row_refused_for_good_is_given_up_and_the_others_are_written() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let emitter = Emitter::new(store.clone());
+        let emitter = Emitter::new(store.outbox(), store.statuses());
         sqlx::query(
             "CREATE TRIGGER refuse_poison BEFORE INSERT ON event_outbox WHEN NEW.data LIKE '%poison%'
              BEGIN SELECT RAISE(ABORT, 'refused'); END",
@@ -482,7 +481,7 @@ mod tests {
         }
         assert_eq!(rounds, MAX_WRITE_ATTEMPTS, "given up after its attempts, not before");
         let kept: Vec<Value> =
-            store.events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
+            store.outbox().events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
         assert_eq!(kept, (1..=MAX_WRITE_ATTEMPTS).map(Value::from).collect::<Vec<_>>());
     }
 
@@ -492,7 +491,7 @@ mod tests {
     async fn an_abandoned_write_keeps_its_events() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).await.unwrap();
-        let emitter = Emitter::new(store.clone());
+        let emitter = Emitter::new(store.outbox(), store.statuses());
         let mut holder = store.pool().acquire().await.unwrap();
         sqlx::query("BEGIN IMMEDIATE").execute(&mut *holder).await.unwrap();
         let events = (1..=3).map(|n| Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": n})));
@@ -504,7 +503,7 @@ mod tests {
         drop(holder);
         assert_eq!(emitter.retry_unwritten().await, 3);
         let kept: Vec<Value> =
-            store.events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
+            store.outbox().events(None, 0, 10).await.unwrap().into_iter().map(|e| e.data["n"].clone()).collect();
         assert_eq!(kept, (1..=3).map(Value::from).collect::<Vec<_>>());
     }
 
@@ -513,7 +512,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let store = runtime.block_on(Store::open(dir.path())).unwrap();
-        let emitter = Emitter::new(store);
+        let emitter = Emitter::new(store.outbox(), store.statuses());
         let big = "x".repeat(MAX_UNWRITTEN_BYTES / 4);
         let events =
             (0..6).map(|n| Event::new(EventKind::ConfigRefreshed, None, serde_json::json!({"n": n, "pad": big})));

@@ -43,9 +43,9 @@ fn key(at: &str, user: &str) -> RowKey {
 async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
     let spec = crate::model::sample_spec();
     let owner = CatalogOwner::from(&spec);
-    store.save_catalog(&owner, &catalog()).await?;
-    store.save_catalog(&owner, &catalog()).await?; // replaced whole, not doubled
-    let catalogs = store.load_catalogs().await?;
+    store.catalogs().save_catalog(&owner, &catalog()).await?;
+    store.catalogs().save_catalog(&owner, &catalog()).await?; // replaced whole, not doubled
+    let catalogs = store.catalogs().load_catalogs().await?;
     let loaded = &catalogs[&spec.process_id];
     let changes = [
         ToolChange {
@@ -63,17 +63,18 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
             new_hash: None,
         },
     ];
-    store.record_tool_changes(&owner, &changes, &HashSet::from(["echo".to_owned()])).await?;
-    store.hold_tools("i1", "demo-acme-u1-i1", &["echo", "add"]).await?;
-    store.hold_tools("i1", "demo-acme-u1-i1", &["echo"]).await?; // already held: kept once
-    let released = store.release_hold("i1", "add").await?;
-    let released_again = store.release_hold("i1", "add").await?;
+    store.catalogs().record_tool_changes(&owner, &changes, &HashSet::from(["echo".to_owned()])).await?;
+    store.catalogs().hold_tools("i1", "demo-acme-u1-i1", &["echo", "add"]).await?;
+    store.catalogs().hold_tools("i1", "demo-acme-u1-i1", &["echo"]).await?; // already held: kept once
+    let released = store.catalogs().release_hold("i1", "add").await?;
+    let released_again = store.catalogs().release_hold("i1", "add").await?;
     let at = |minute: u32| Utc.with_ymd_and_hms(2026, 11, 20, 10, minute, 0).single().unwrap_or_default();
     for (minute, status) in [(1, InstanceStatus::Connecting), (2, InstanceStatus::Online), (3, InstanceStatus::Error)] {
-        store.record_status(&spec, status, Some("why"), at(minute), None).await?;
+        store.statuses().record_status(&spec, status, Some("why"), at(minute), None).await?;
     }
     let row = |kind: ListingRow| AnalyticsRow::Listing(kind);
     store
+        .analytics_rows()
         .insert_analytics(&[
             row(ListingRow {
                 key: key("2026-11-20T10:00:00.000Z", "u1"),
@@ -121,18 +122,20 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
         ])
         .await?;
     let all = RowFilter::default();
-    let (total, _) = store.activity(&all, Grouping::Total, 10, 0).await?;
-    let (by_user, users) = store.activity(&all, Grouping::User, 10, 0).await?;
-    let (by_day, days) = store.activity(&all, Grouping::TimePrefix(10), 10, 0).await?;
+    let (total, _) = store.analytics_sums().activity(&all, Grouping::Total, 10, 0).await?;
+    let (by_user, users) = store.analytics_sums().activity(&all, Grouping::User, 10, 0).await?;
+    let (by_day, days) = store.analytics_sums().activity(&all, Grouping::TimePrefix(10), 10, 0).await?;
     let one_install = RowFilter { installation_id: Some("i1".into()), ..RowFilter::default() };
-    let (installed, _) = store.activity(&one_install, Grouping::Session, 10, 0).await?;
-    let (tools, tool_count) = store.tool_calls(&all, 10, 0).await?;
-    let costs = store.catalog_costs(&all).await?;
-    let (failures, failure_count) = store.recent_failures(&all, 10, 0).await?;
-    let called = store.called_since("demo-acme-u1-i1", &["echo", "add", "none"], "2026-11-20T10:02:00.000Z").await?;
+    let (installed, _) = store.analytics_sums().activity(&one_install, Grouping::Session, 10, 0).await?;
+    let (tools, tool_count) = store.analytics_sums().tool_calls(&all, 10, 0).await?;
+    let costs = store.analytics_sums().catalog_costs(&all).await?;
+    let (failures, failure_count) = store.analytics_sums().recent_failures(&all, 10, 0).await?;
+    let called =
+        store.catalogs().called_since("demo-acme-u1-i1", &["echo", "add", "none"], "2026-11-20T10:02:00.000Z").await?;
     let mut called: Vec<String> = called.into_iter().collect();
     called.sort();
     store
+        .toolsets()
         .put_toolset(&ToolsetRow {
             team_id: "t1".into(),
             owner: None,
@@ -143,11 +146,11 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
             updated_by: "admin".into(),
         })
         .await?;
-    store.set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:00:00.000Z").await?;
-    store.set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:05:00.000Z").await?;
-    let (toolsets, defaults) = store.load_toolsets().await?;
-    let deleted = store.delete_toolset("t1", None, "web").await?;
-    let (_, defaults_after) = store.load_toolsets().await?;
+    store.toolsets().set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:00:00.000Z").await?;
+    store.toolsets().set_default_toolset("t1", "u1", Some("web"), "2026-11-20T10:05:00.000Z").await?;
+    let (toolsets, defaults) = store.toolsets().load_toolsets().await?;
+    let deleted = store.toolsets().delete_toolset("t1", None, "web").await?;
+    let (_, defaults_after) = store.toolsets().load_toolsets().await?;
     let events: Vec<NewEvent<'_>> = (1..=5)
         .map(|day| NewEvent {
             event_type: "mcp.tool.executed",
@@ -157,28 +160,28 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
             held: None,
         })
         .collect();
-    store.append_events(&events).await?;
-    store.hold_event(1, "test").await?;
-    let summary = store.outbox_summary().await?;
-    let last_seq = store.outbox_last_seq().await?;
-    let typed = store.events(Some("mcp.tool.executed"), 2, 10).await?.len();
-    let untyped = store.events(None, 0, 10).await?.len();
-    let pruned_before = store.prune_events_before("2026-11-02T00:00:00.000Z").await?;
-    let pruned = store.prune_events(2).await?;
-    let pruned_analytics = store.prune_analytics("2026-11-21T00:00:00.000Z").await?;
-    store.delete_catalog(&spec.process_id).await?;
+    store.outbox().append_events(&events).await?;
+    store.outbox().hold_event(1, "test").await?;
+    let summary = store.outbox().outbox_summary().await?;
+    let last_seq = store.outbox().outbox_last_seq().await?;
+    let typed = store.outbox().events(Some("mcp.tool.executed"), 2, 10).await?.len();
+    let untyped = store.outbox().events(None, 0, 10).await?.len();
+    let pruned_before = store.outbox().prune_events_before("2026-11-02T00:00:00.000Z").await?;
+    let pruned = store.outbox().prune_events(2).await?;
+    let pruned_analytics = store.analytics_rows().prune_analytics("2026-11-21T00:00:00.000Z").await?;
+    store.catalogs().delete_catalog(&spec.process_id).await?;
     Ok(json!({
         "catalog": {"tools": loaded.tools.iter().map(|t| t.name()).collect::<Vec<_>>(), "tokens": loaded.tool_tokens,
                     "discovered_at": loaded.discovered_at.to_rfc3339()},
         // Without the times the satellite stamps (`now`).
-        "history": store.tool_history("demo-acme-u1-i1", 10).await?.into_iter()
+        "history": store.catalogs().tool_history("demo-acme-u1-i1", 10).await?.into_iter()
             .map(|(_, tool, change, parts, drifted)| json!([tool, change, parts, drifted])).collect::<Vec<_>>(),
-        "changes": store.tool_changes(Some("t1"), None, 10, 0).await?.into_iter()
+        "changes": store.catalogs().tool_changes(Some("t1"), None, 10, 0).await?.into_iter()
             .map(|c| json!([c.tool_name, c.change, c.parts, c.drifted, c.installation_id])).collect::<Vec<_>>(),
-        "no_changes": store.tool_changes(Some("t2"), None, 10, 0).await?.len(),
-        "held": store.held_tools().await?.iter().map(|h| (&h.installation_id, &h.tool_name)).collect::<Vec<_>>(),
+        "no_changes": store.catalogs().tool_changes(Some("t2"), None, 10, 0).await?.len(),
+        "held": store.catalogs().held_tools().await?.iter().map(|h| (&h.installation_id, &h.tool_name)).collect::<Vec<_>>(),
         "released": [released, released_again],
-        "statuses": store.status_history(&spec.process_id).await?.iter().map(|s| (&s.status, &s.message, &s.at)).collect::<Vec<_>>(),
+        "statuses": store.statuses().status_history(&spec.process_id).await?.iter().map(|s| (&s.status, &s.message, &s.at)).collect::<Vec<_>>(),
         "total": [total[0].listings, total[0].shown_tokens, total[0].proxy_tokens, total[0].discovers,
                   total[0].discover_hits, total[0].calls, total[0].call_errors, total[0].sessions],
         "by_user": [users, by_user.len() as u64], "user_groups": by_user.iter().map(|g| &g.group).collect::<Vec<_>>(),
@@ -195,7 +198,7 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
         "outbox": [summary.count, summary.held, last_seq, typed as i64, untyped as i64, pruned_before as i64, pruned as i64],
         "oldest": summary.oldest_emitted_at,
         "pruned_analytics": pruned_analytics,
-        "catalogs_left": store.load_catalogs().await?.len(),
+        "catalogs_left": store.catalogs().load_catalogs().await?.len(),
     }))
 }
 
@@ -249,37 +252,37 @@ fn numbered(n: usize) -> Vec<NewEvent<'static>> {
 async fn claimed_events_go_to_one_replica_and_a_lapsed_claim_to_the_next() -> TestResult {
     let (_dir, stores) = both_engines().await?;
     for (engine, store) in &stores {
-        store.append_events(&numbered(10)).await?;
+        store.outbox().append_events(&numbered(10)).await?;
         let seqs = |events: &[StoredEvent]| events.iter().map(|e| e.seq).collect::<Vec<_>>();
-        let a = store.claim_events("a", 4, 60_000, Some(1_000)).await?;
-        let b = store.claim_events("b", 4, 60_000, Some(1_000)).await?;
+        let a = store.outbox().claim_events("a", 4, 60_000, Some(1_000)).await?;
+        let b = store.outbox().claim_events("b", 4, 60_000, Some(1_000)).await?;
         assert_eq!(seqs(&a), [1, 2, 3, 4], "{engine}: the oldest to the first claimer");
         assert_eq!(seqs(&b), [5, 6, 7, 8], "{engine}: the next claimer passes over a live claim");
         assert_eq!(
-            store.delete_claimed("b", &[1, 2, 3, 4, 5, 6, 7, 8]).await?,
+            store.outbox().delete_claimed("b", &[1, 2, 3, 4, 5, 6, 7, 8]).await?,
             4,
             "{engine}: b deletes only its own claim"
         );
         // a dies; its lease lapses at 61 s; c finds a's batch then, not before.
-        let early = store.claim_events("c", 4, 60_000, Some(30_000)).await?;
+        let early = store.outbox().claim_events("c", 4, 60_000, Some(30_000)).await?;
         assert_eq!(seqs(&early), [9, 10], "{engine}: a's claim is live at 30 s");
-        let late = store.claim_events("c", 10, 60_000, Some(62_000)).await?;
+        let late = store.outbox().claim_events("c", 10, 60_000, Some(62_000)).await?;
         assert_eq!(seqs(&late), [1, 2, 3, 4, 9, 10], "{engine}: a lapsed claim is taken over, c's own kept");
         assert_eq!(
-            store.delete_claimed("a", &[1, 2, 3, 4, 9, 10]).await?,
+            store.outbox().delete_claimed("a", &[1, 2, 3, 4, 9, 10]).await?,
             0,
             "{engine}: a late a deletes nothing c holds"
         );
-        assert_eq!(store.release_claims("c").await?, 6);
-        assert_eq!(seqs(&store.claim_events("d", 10, 60_000, Some(62_000)).await?), [1, 2, 3, 4, 9, 10]);
+        assert_eq!(store.outbox().release_claims("c").await?, 6);
+        assert_eq!(seqs(&store.outbox().claim_events("d", 10, 60_000, Some(62_000)).await?), [1, 2, 3, 4, 9, 10]);
         // On the database's own clock: a live lease of a minute is not taken, a lapsed one is.
-        store.release_claims("d").await?;
-        assert_eq!(store.claim_events("e", 10, 60_000, None).await?.len(), 6, "{engine}");
-        assert!(store.claim_events("f", 10, 60_000, None).await?.is_empty(), "{engine}: e's lease is live");
+        store.outbox().release_claims("d").await?;
+        assert_eq!(store.outbox().claim_events("e", 10, 60_000, None).await?.len(), 6, "{engine}");
+        assert!(store.outbox().claim_events("f", 10, 60_000, None).await?.is_empty(), "{engine}: e's lease is live");
         let far = chrono::Utc::now().timestamp_millis() + 120_000;
-        assert_eq!(store.claim_events("f", 10, 60_000, Some(far)).await?.len(), 6, "{engine}: lapsed by then");
+        assert_eq!(store.outbox().claim_events("f", 10, 60_000, Some(far)).await?.len(), 6, "{engine}: lapsed by then");
         // SQLite has one process: claims found at an uploader's start are a dead run's, released at once.
-        let released = store.release_stale_claims().await?;
+        let released = store.outbox().release_stale_claims().await?;
         assert_eq!(released, if *engine == "sqlite" { 6 } else { 0 }, "{engine}");
         store.close().await;
     }
@@ -293,7 +296,7 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
     let Some((_, store)) = stores.into_iter().find(|(engine, _)| *engine == "postgres") else {
         return Err("no postgres store".into());
     };
-    store.append_events(&numbered(2_000)).await?;
+    store.outbox().append_events(&numbered(2_000)).await?;
     let mut claimers = Vec::new();
     for n in 0..8 {
         let store = store.clone();
@@ -301,12 +304,12 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
             let owner = format!("replica-{n}");
             let mut mine = Vec::new();
             loop {
-                let batch = store.claim_events(&owner, 25, 60_000, None).await?;
+                let batch = store.outbox().claim_events(&owner, 25, 60_000, None).await?;
                 if batch.is_empty() {
                     break;
                 }
                 let seqs: Vec<i64> = batch.iter().map(|e| e.seq).collect();
-                store.delete_claimed(&owner, &seqs).await?;
+                store.outbox().delete_claimed(&owner, &seqs).await?;
                 mine.extend(seqs);
             }
             Ok::<_, StoreError>(mine)
@@ -319,8 +322,8 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
     let unique: HashSet<i64> = seen.iter().copied().collect();
     assert_eq!(seen.len(), 2_000, "every event claimed");
     assert_eq!(unique.len(), 2_000, "none claimed twice");
-    assert_eq!(store.event_count().await?, 0);
-    assert_eq!(store.event_seq_span().await?, 0, "an empty outbox spans nothing");
+    assert_eq!(store.outbox().event_count().await?, 0);
+    assert_eq!(store.outbox().event_seq_span().await?, 0, "an empty outbox spans nothing");
     Ok(())
 }
 
@@ -330,19 +333,19 @@ async fn racing_claimers_on_postgres_never_share_an_event() -> TestResult {
 async fn a_batch_whose_second_statement_fails_leaves_no_row() -> TestResult {
     let (_dir, stores) = both_engines().await?;
     for (engine, store) in &stores {
-        sqlx::query("CREATE TABLE batch_probe (n BIGINT PRIMARY KEY)").execute(&store.pool).await?;
+        sqlx::query("CREATE TABLE batch_probe (n BIGINT PRIMARY KEY)").execute(store.pool()).await?;
         let head = "INSERT INTO batch_probe (n)";
-        let mut statements = sql::Sql::inserts(store.engine, head, &[1_i64, 2], |n| vec![sql::Bind::Int(*n)]);
-        statements.extend(sql::Sql::inserts(store.engine, head, &[3_i64, 1], |n| vec![sql::Bind::Int(*n)]));
+        let mut statements = sql::Sql::inserts(store.engine(), head, &[1_i64, 2], |n| vec![sql::Bind::Int(*n)]);
+        statements.extend(sql::Sql::inserts(store.engine(), head, &[3_i64, 1], |n| vec![sql::Bind::Int(*n)]));
         assert_eq!(statements.len(), 2, "{engine}: two statements");
-        let failed = sql::execute_all(&store.pool, &statements).await;
+        let failed = sql::execute_all(store.pool(), &statements).await;
         assert!(failed.is_err(), "{engine}: the second statement repeats a key and fails");
-        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(&store.pool).await?;
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(store.pool()).await?;
         assert_eq!(rows, 0, "{engine}: the first statement's rows are rolled back with it");
         // The same batch without the repeat lands whole.
-        let good = sql::Sql::inserts(store.engine, head, &[1_i64, 2, 3], |n| vec![sql::Bind::Int(*n)]);
-        sql::execute_all(&store.pool, &good).await?;
-        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(&store.pool).await?;
+        let good = sql::Sql::inserts(store.engine(), head, &[1_i64, 2, 3], |n| vec![sql::Bind::Int(*n)]);
+        sql::execute_all(store.pool(), &good).await?;
+        let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM batch_probe").fetch_one(store.pool()).await?;
         assert_eq!(rows, 3, "{engine}");
         store.close().await;
     }
@@ -389,17 +392,21 @@ async fn the_outbox_is_held_to_its_bytes_on_both_engines() -> TestResult {
                     }
                 })
                 .collect();
-            store.append_events(&rows).await?;
+            store.outbox().append_events(&rows).await?;
         }
-        assert!(store.disk_usage().await?.used > 3 * MAX, "{engine}: 3 MB written");
-        let pruned = store.prune_events_to_bytes(MAX).await?.events;
-        let left = store.events(None, 0, 1000).await?;
+        assert!(store.outbox().disk_usage().await?.used > 3 * MAX, "{engine}: 3 MB written");
+        let pruned = store.outbox().prune_events_to_bytes(MAX).await?.events;
+        let left = store.outbox().events(None, 0, 1000).await?;
         assert_eq!(pruned as usize + left.len(), 300, "{engine}");
         assert!((1..=95).contains(&left.len()), "{engine}: {} events left", left.len());
         assert_eq!(left.last().map(|e| e.data["n"].clone()), Some(json!(299)), "{engine}: the newest stay");
         let kept: usize = left.iter().map(|e| e.data.to_string().len()).sum();
         assert!(kept as u64 <= MAX, "{engine}: {kept} bytes of payloads left");
-        assert!(store.outbox_bytes().await? <= MAX, "{engine}: {} bytes of outbox left", store.outbox_bytes().await?);
+        assert!(
+            store.outbox().outbox_bytes().await? <= MAX,
+            "{engine}: {} bytes of outbox left",
+            store.outbox().outbox_bytes().await?
+        );
         store.close().await;
     }
     Ok(())
@@ -446,6 +453,7 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
     let dir = tempfile::tempdir()?;
     let store = Store::open(dir.path()).await?;
     store
+        .outbox()
         .append_events(&[NewEvent {
             event_type: "mcp.server.status_changed",
             emitted_at: "2026-11-28T00:00:00Z".into(),
@@ -454,11 +462,11 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
             held: None,
         }])
         .await?;
-    assert_eq!(store.event_count().await?, 1);
+    assert_eq!(store.outbox().event_count().await?, 1);
     // Dropping the connection spawned its return; let that task run up to its ping before closing.
     tokio::task::yield_now().await;
     assert!(store.close().await, "every connection closed");
-    assert_eq!(store.pool.size(), 0);
+    assert_eq!(store.pool().size(), 0);
     for leftover in ["satellite.db-wal", "satellite.db-shm"] {
         assert!(!dir.path().join(leftover).exists(), "{leftover} is left: the last connection is not closed");
     }
@@ -466,7 +474,7 @@ async fn closing_the_store_closes_a_connection_that_was_still_being_returned() -
     let copy = tempfile::tempdir()?;
     std::fs::copy(dir.path().join("satellite.db"), copy.path().join("satellite.db"))?;
     let reopened = Store::open(copy.path()).await?;
-    assert_eq!(reopened.event_count().await?, 1);
+    assert_eq!(reopened.outbox().event_count().await?, 1);
     reopened.close().await;
     Ok(())
 }
@@ -486,7 +494,7 @@ async fn closing_the_store_gives_up_on_a_connection_that_is_never_returned() -> 
         .await
         .map_err(|_| "the close waited for connections that are never returned")?;
     assert!(!closed, "the close says what it left open");
-    assert_eq!(store.pool.size(), 4, "the held connections are the ones left");
+    assert_eq!(store.pool().size(), 4, "the held connections are the ones left");
     drop(held);
     Ok(())
 }
@@ -497,6 +505,7 @@ async fn closing_the_store_gives_up_on_a_connection_that_is_never_returned() -> 
 /// written after it was never committed (another connection saw none of it) and the write lock was held for good.
 #[tokio::test]
 async fn a_transaction_sqlite_ended_itself_leaves_the_connection_usable() -> TestResult {
+    use sqlx::ConnectOptions as _;
     let dir = tempfile::tempdir()?;
     // One connection, so every write below goes through the one that failed.
     let store = Store::connect(dir.path(), &Database { url: None, max_connections: Some(1) }).await?;
@@ -526,7 +535,8 @@ async fn a_transaction_sqlite_ended_itself_leaves_the_connection_usable() -> Tes
     assert!(sql::execute_all(store.pool(), &batch(["test.ok", "test.refused"])).await.is_err());
     // ...and the next one is committed: another connection sees it and can write.
     sql::execute_all(store.pool(), &batch(["test.kept", "test.kept"])).await?;
-    let mut outside = SqliteConnectOptions::new().filename(dir.path().join("satellite.db")).connect().await?;
+    let mut outside =
+        sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("satellite.db")).connect().await?;
     let kept: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM event_outbox WHERE event_type = 'test.kept'")
         .fetch_one(&mut outside)
         .await?;

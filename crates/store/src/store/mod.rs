@@ -3,34 +3,53 @@
 //! (the default) or a PostgreSQL server shared by several replicas (`DATABASE_URL`, docs/scale-out.md). The SQL
 //! is written once in the dialect both accept (`$n` parameters, `ON CONFLICT`, `CAST(SUM(…) AS BIGINT)`);
 //! where the engines differ (`Engine`), the repository picks the statement.
+//!
+//! [`Store`] opens the database (`open`: the engines, the migrations, the in-memory fallback), closes it, and
+//! hands out one repository per concern, each a small cloneable handle on the same pool, so a component holds
+//! only the tables it works on:
+//!
+//! - [`Outbox`] (`outbox`): events appended, claimed by the replica that sends them, held, counted, pruned to
+//!   their bounds; the emitter, the uploader and the history upkeep.
+//! - [`StatusHistory`] (`status`): each instance's statuses, written with the event that reports the change.
+//! - [`Catalogs`] (`catalogs`): the discovered catalogs, their tool history and the drifted tools held; the
+//!   instance manager.
+//! - [`ToolsetRows`] (`toolsets`): toolsets stored through the API and members' defaults; the toolsets registry.
+//! - [`AnalyticsRows`] and [`AnalyticsSums`] (`analytics`): the analytics rows as the recorder writes them and the
+//!   upkeep prunes them, and as the admin API sums them.
+//! - [`Replicas`] (`replicas`): the shared identity, the leader's recorded commands and advisory locks.
+//!
+//! Beside them, [`Volume`] says what the data volume did to the database (refused the file, filled up).
 
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
-use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::sqlite::{SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode};
-use sqlx::{AnyPool, ConnectOptions, Connection, Executor};
+use sqlx::any::AnyRow;
+use sqlx::{AnyPool, Connection, Executor};
 
-use tracing::{info, warn};
+use tracing::warn;
 
-use crate::config::{mask_url_password, Database};
+use crate::config::Database;
 
 pub mod analytics;
-mod catalog;
-mod events;
+mod catalogs;
 mod migrations;
+mod open;
+mod outbox;
 mod replicas;
 pub mod reserve;
 mod sql;
 mod status;
 pub mod toolsets;
+mod volume;
 
-pub use catalog::{CatalogOwner, HeldTool, ToolChangeRow};
-pub use events::{BytesPruned, DiskUsage, NewEvent, OutboxSummary, StoredEvent};
-pub use replicas::{AdvisoryLock, ReplicaSignal, SharedIdentity};
-pub use status::StatusRecord;
+pub use analytics::{AnalyticsRows, AnalyticsSums};
+pub use catalogs::{CatalogOwner, Catalogs, HeldTool, ToolChangeRow};
+pub use outbox::{BytesPruned, DiskUsage, NewEvent, Outbox, OutboxSummary, StoredEvent};
+pub use replicas::{AdvisoryLock, ReplicaSignal, Replicas, SharedIdentity};
+pub use status::{StatusHistory, StatusRecord};
+pub use toolsets::ToolsetRows;
+pub use volume::Volume;
 
 /// How long `Store::close` waits for connections still in use, and how often it looks.
 pub const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
@@ -58,19 +77,23 @@ pub enum Engine {
     Postgres,
 }
 
-/// Handle to the satellite's database; cheap to clone.
+/// The pool and the engine behind it: what every repository works on. Cheap to clone (the pool is shared).
+#[derive(Debug, Clone)]
+pub(crate) struct Db {
+    pub(crate) pool: AnyPool,
+    pub(crate) engine: Engine,
+}
+
+/// The opened database: hands out the repositories; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Store {
-    pool: AnyPool,
-    engine: Engine,
+    db: Db,
     /// The database, for logs: the SQLite file, or the PostgreSQL URL with its password masked.
     described: String,
     /// PostgreSQL: the URL, for the connections advisory locks are held on (outside the pool).
     url: Option<std::sync::Arc<SecretString>>,
-    /// SQLite: the disk reserve on the data volume (`reserve`).
-    reserve: Option<std::sync::Arc<reserve::Reserve>>,
-    /// The data volume refused the database file: this store is in memory, and nothing survives a stop.
-    in_memory: bool,
+    /// What the data volume did to the database: its disk reserve, or whether it refused the file.
+    volume: Volume,
 }
 
 impl Store {
@@ -104,7 +127,7 @@ impl Store {
         };
         let mut store = match opened {
             Ok(store) => store,
-            Err(err) if volume_refused(&err) => {
+            Err(err) if open::volume_refused(&err) => {
                 tracing::error!(data_dir = %data_dir.display(), error = %err,
                     "the data volume refuses the database file (read-only or full): running on an in-memory database; \
                      calls are served, what is recorded is lost at the next stop; fix the volume and restart");
@@ -115,112 +138,14 @@ impl Store {
         if reserve_bytes > 0 {
             let kept = reserve.clone();
             let _ = tokio::task::spawn_blocking(move || kept.keep()).await;
-            store.reserve = Some(reserve);
+            store.volume.reserve = Some(reserve);
         }
         Ok(store)
     }
 
-    /// The disk reserve of the SQLite data volume, when there is one.
-    pub fn reserve(&self) -> Option<&reserve::Reserve> {
-        self.reserve.as_deref()
-    }
-
-    /// Whether the data volume refused the database file and this store is in memory.
-    pub fn in_memory(&self) -> bool {
-        self.in_memory
-    }
-
-    /// An in-memory SQLite database on one connection (one connection is one database, kept for the satellite's
-    /// life), migrated like the file.
-    async fn open_in_memory() -> Result<Store, StoreError> {
-        sqlx::any::install_default_drivers();
-        let pool = AnyPoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .after_connect(|conn, _| {
-                Box::pin(async move { conn.execute("PRAGMA foreign_keys = ON").await.map(|_| ()) })
-            })
-            .connect("sqlite::memory:")
-            .await?;
-        migrations::SQLITE.migrator().await?.run(&pool).await?;
-        Ok(Store {
-            pool,
-            engine: Engine::Sqlite,
-            described: "in memory (the data volume refused the database file)".into(),
-            url: None,
-            reserve: None,
-            in_memory: true,
-        })
-    }
-
-    async fn open_engine(data_dir: &Path, database: &Database) -> Result<Store, StoreError> {
-        sqlx::any::install_default_drivers();
-        match &database.url {
-            Some(url) => {
-                let url = url.expose_secret();
-                let pool = AnyPoolOptions::new()
-                    .max_connections(database.max_connections.unwrap_or(8))
-                    .acquire_timeout(Duration::from_secs(10))
-                    .connect(url)
-                    .await?;
-                migrations::POSTGRES.migrator().await?.run(&pool).await?;
-                Ok(Store {
-                    pool,
-                    engine: Engine::Postgres,
-                    described: mask_url_password(url),
-                    url: Some(std::sync::Arc::new(SecretString::from(url.to_owned()))),
-                    reserve: None,
-                    in_memory: false,
-                })
-            }
-            None => {
-                std::fs::create_dir_all(data_dir)
-                    .map_err(|source| StoreError::DataDir { path: data_dir.display().to_string(), source })?;
-                let file = data_dir.join("satellite.db");
-                // WAL and incremental auto-vacuum are properties of the file: set once on a connection of its
-                // own, they hold for every later one. Auto-vacuum must be chosen before the first table (sqlx sets
-                // it before the journal mode); a file made before it had none and is converted here.
-                let mut first = SqliteConnectOptions::from_str("sqlite://")?
-                    .filename(&file)
-                    .create_if_missing(true)
-                    .auto_vacuum(SqliteAutoVacuum::Incremental)
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .connect()
-                    .await?;
-                convert_to_incremental_vacuum(&mut first, &file).await?;
-                first.close().await?;
-                let url = sqlite_url(&file)?;
-                let pool = AnyPoolOptions::new()
-                    .max_connections(database.max_connections.unwrap_or(4))
-                    .after_connect(|conn, _| {
-                        Box::pin(async move {
-                            // A connection's page cache is private memory that only grows (2 MiB each by default):
-                            // with the 4,500-tool corpus the pool's caches held 7-12 MiB of pages the OS page
-                            // cache holds anyway (docs/performance-history.md, 2026-11-25). 256 KiB keeps the b-trees'
-                            // upper pages, which is what the per-call inserts and catalog reads touch.
-                            conn.execute(
-                                "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000; \
-                                 PRAGMA cache_size = -256",
-                            )
-                            .await
-                            .map(|_| ())
-                        })
-                    })
-                    .connect(&url)
-                    .await?;
-                migrations::SQLITE.migrator().await?.run(&pool).await?;
-                Ok(Store {
-                    pool,
-                    engine: Engine::Sqlite,
-                    described: file.display().to_string(),
-                    url: None,
-                    reserve: None,
-                    in_memory: false,
-                })
-            }
-        }
+    /// What the data volume did to the database: its disk reserve, or whether it refused the file.
+    pub fn volume(&self) -> Volume {
+        self.volume.clone()
     }
 
     /// Connect to a PostgreSQL database once, without migrating it, and return its server version (for
@@ -251,8 +176,8 @@ impl Store {
     async fn close_within(&self, deadline: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + deadline;
         loop {
-            let closed = tokio::time::timeout_at(deadline, self.pool.close()).await.is_ok();
-            let open = self.pool.size();
+            let closed = tokio::time::timeout_at(deadline, self.db.pool.close()).await.is_ok();
+            let open = self.db.pool.size();
             if open == 0 {
                 return true;
             }
@@ -265,94 +190,63 @@ impl Store {
     }
 
     pub fn engine(&self) -> Engine {
-        self.engine
+        self.db.engine
     }
 
-    /// Whether other satellites (replicas) may share this database: PostgreSQL. The replica machinery (shared
-    /// identity, leader lock, recorded commands, the toolsets and holds re-read) runs only then.
+    /// Whether other satellites (replicas) may share this database: PostgreSQL (`Replicas::shared`).
     pub fn shared(&self) -> bool {
-        self.engine == Engine::Postgres
+        self.db.engine == Engine::Postgres
     }
 
     /// `sqlite <file>` or `postgres <url without password>`, for the start-up log and `check-config`.
     pub fn describe(&self) -> String {
-        match self.engine {
+        match self.db.engine {
             Engine::Sqlite => format!("sqlite {}", self.described),
             Engine::Postgres => format!("postgres {}", self.described),
         }
     }
 
+    /// The pool, for tests that reach the database behind the repositories' backs.
+    #[cfg(test)]
     pub(crate) fn pool(&self) -> &AnyPool {
-        &self.pool
+        &self.db.pool
     }
 
-    /// Deletes outbox rows behind the outbox's back: the gap a crashed writer or an operator leaves, for the
-    /// uploader's tests in the crates above (`test-support`).
-    #[cfg(any(test, feature = "test-support"))]
-    pub async fn delete_events_for_tests(&self, seqs: &[i64]) -> Result<(), StoreError> {
-        let list = seqs.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-        sqlx::query(&format!("DELETE FROM event_outbox WHERE seq IN ({list})")).execute(&self.pool).await?;
-        Ok(())
+    /// The event outbox.
+    pub fn outbox(&self) -> Outbox {
+        Outbox { db: self.db.clone() }
     }
-}
 
-/// A SQLite file created before the satellite chose incremental auto-vacuum never gives pages back to the file
-/// system: pruned events leave free pages the file keeps. `VACUUM` converts it (rewriting the file, so it needs as
-/// much free disk again and time in proportion); done at start for files up to `CONVERT_MAX_BYTES`, left to the
-/// operator with a warning above that (docs/operations.md).
-async fn convert_to_incremental_vacuum(conn: &mut sqlx::SqliteConnection, file: &Path) -> Result<(), StoreError> {
-    /// `PRAGMA auto_vacuum`'s value for INCREMENTAL.
-    const INCREMENTAL: i64 = 2;
-    let mode: i64 = sqlx::Row::try_get(&conn.fetch_one("PRAGMA auto_vacuum").await?, 0)?;
-    if mode == INCREMENTAL {
-        return Ok(());
+    /// The analytics rows, as they are written and pruned.
+    pub fn analytics_rows(&self) -> AnalyticsRows {
+        AnalyticsRows { db: self.db.clone() }
     }
-    // With its WAL: a VACUUM checkpoints it into the file first.
-    let wal = file.with_extension("db-wal");
-    let size = [file, wal.as_path()].iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum::<u64>();
-    if size > CONVERT_MAX_BYTES {
-        warn!(
-            file = %file.display(),
-            size,
-            "database: this file gives no freed space back to the disk; stop the satellite and run \
-             `sqlite3 <file> 'PRAGMA auto_vacuum = INCREMENTAL; VACUUM;'` once"
-        );
-        return Ok(());
-    }
-    // Best effort: a disk too full for the rewrite, or a lock a backup holds, must not stop the satellite; the
-    // file then keeps its free pages until a later start converts it.
-    match conn.execute("PRAGMA auto_vacuum = INCREMENTAL; VACUUM").await {
-        Ok(_) => info!(file = %file.display(), size, "database: converted to incremental auto-vacuum"),
-        Err(err) => warn!(file = %file.display(), size, error = %err,
-            "database: converting to incremental auto-vacuum failed; freed space stays in the file until a later start converts it"),
-    }
-    Ok(())
-}
 
-/// The largest SQLite file converted to incremental auto-vacuum at start (see `convert_to_incremental_vacuum`).
-const CONVERT_MAX_BYTES: u64 = 64 * 1024 * 1024;
-
-/// A `sqlite://` URL for `file`, percent-encoding what a URL would misread (`?`, `#`, `%`, spaces). A path that
-/// is not UTF-8 cannot be written in a URL and is refused rather than changed.
-/// Whether opening the database failed because its volume refuses the file (read-only, full, an I/O error), not
-/// because of what is in it: then the satellite runs on an in-memory database rather than not at all.
-fn volume_refused(err: &StoreError) -> bool {
-    if let StoreError::DataDir { source, .. } = err {
-        return matches!(source.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem);
+    /// The analytics rows, summed for the admin API.
+    pub fn analytics_sums(&self) -> AnalyticsSums {
+        AnalyticsSums { db: self.db.clone() }
     }
-    let text = err.to_string().to_lowercase();
-    ["read-only", "readonly", "disk is full", "disk i/o error", "unable to open database"]
-        .iter()
-        .any(|s| text.contains(s))
-}
 
-fn sqlite_url(file: &Path) -> Result<String, StoreError> {
-    const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b' ').add(b'?').add(b'#').add(b'%');
-    let path = file.to_str().ok_or_else(|| StoreError::DataDir {
-        path: file.display().to_string(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path is not UTF-8"),
-    })?;
-    Ok(format!("sqlite://{}?mode=rwc", percent_encoding::utf8_percent_encode(path, ESCAPED)))
+    /// The stored catalogs, their tool history and the held tools.
+    pub fn catalogs(&self) -> Catalogs {
+        Catalogs { db: self.db.clone() }
+    }
+
+    /// The toolsets stored through the API and members' defaults.
+    pub fn toolsets(&self) -> ToolsetRows {
+        ToolsetRows { db: self.db.clone() }
+    }
+
+    /// What replicas sharing the database coordinate through: the shared identity, the leader's recorded
+    /// commands, advisory locks.
+    pub fn replicas(&self) -> Replicas {
+        Replicas { db: self.db.clone(), url: self.url.clone() }
+    }
+
+    /// The instances' status history.
+    pub fn statuses(&self) -> StatusHistory {
+        StatusHistory { db: self.db.clone() }
+    }
 }
 
 /// Read a column as an `i64`-backed flag (both engines store flags as integers).

@@ -1,6 +1,6 @@
-//! What replicas sharing one PostgreSQL database coordinate through it (docs/scale-out.md): the one backend
-//! identity, the commands the leader ran that every replica must run too, and advisory locks (who registers,
-//! who leads). Rows only: what a command means is `backend::managed`'s business.
+//! What replicas sharing one PostgreSQL database coordinate through it (`Replicas`, docs/scale-out.md): the one
+//! backend identity, the commands the leader ran that every replica must run too, and advisory locks (who
+//! registers, who leads). Rows only: what a command means is `backend::managed`'s business.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use secrecy::{ExposeSecret, SecretString};
 use sqlx::{AnyConnection, Connection, Executor, Row};
 
 use super::sql::TxConnection;
-use super::{Engine, Store, StoreError};
+use super::{Db, Engine, StoreError};
 
 /// How long opening a lock's own connection may take.
 const LOCK_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,13 +47,27 @@ impl AdvisoryLock {
     }
 }
 
-impl Store {
+/// What replicas sharing the database coordinate through; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Replicas {
+    pub(super) db: Db,
+    /// PostgreSQL: the URL, for the connections advisory locks are held on (outside the pool).
+    pub(super) url: Option<std::sync::Arc<SecretString>>,
+}
+
+impl Replicas {
+    /// Whether other satellites (replicas) may share this database: PostgreSQL. The replica machinery (shared
+    /// identity, leader lock, recorded commands, the toolsets and holds re-read) runs only then.
+    pub fn shared(&self) -> bool {
+        self.db.engine == Engine::Postgres
+    }
+
     pub async fn shared_identity(&self, name: &str) -> Result<Option<SharedIdentity>, StoreError> {
         let row = sqlx::query(
             "SELECT satellite_id, api_key, registered_at, last_verified FROM satellite_identity WHERE satellite_name = $1",
         )
         .bind(name)
-        .fetch_optional(self.pool())
+        .fetch_optional(&self.db.pool)
         .await?;
         row.map(|row| {
             Ok(SharedIdentity {
@@ -79,13 +93,16 @@ impl Store {
         .bind(identity.api_key.expose_secret())
         .bind(&identity.registered_at)
         .bind(&identity.last_verified)
-        .execute(self.pool())
+        .execute(&self.db.pool)
         .await?;
         Ok(())
     }
 
     pub async fn clear_shared_identity(&self, name: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM satellite_identity WHERE satellite_name = $1").bind(name).execute(self.pool()).await?;
+        sqlx::query("DELETE FROM satellite_identity WHERE satellite_name = $1")
+            .bind(name)
+            .execute(&self.db.pool)
+            .await?;
         Ok(())
     }
 
@@ -97,7 +114,7 @@ impl Store {
         at: &str,
         keep_after: &str,
     ) -> Result<(), StoreError> {
-        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut conn = TxConnection::acquire(&self.db.pool).await?;
         let mut tx = conn.begin().await?;
         sqlx::query("INSERT INTO replica_signals (origin, command, at) VALUES ($1, $2, $3)")
             .bind(origin)
@@ -115,7 +132,7 @@ impl Store {
     pub async fn signals_after(&self, after_id: i64) -> Result<Vec<ReplicaSignal>, StoreError> {
         let rows = sqlx::query("SELECT id, origin, command FROM replica_signals WHERE id > $1 ORDER BY id LIMIT 100")
             .bind(after_id)
-            .fetch_all(self.pool())
+            .fetch_all(&self.db.pool)
             .await?;
         rows.iter()
             .map(|row| {
@@ -131,7 +148,7 @@ impl Store {
 
     /// The newest signal's id (0 when none).
     pub async fn last_signal_id(&self) -> Result<i64, StoreError> {
-        let row = sqlx::query("SELECT MAX(id) AS id FROM replica_signals").fetch_one(self.pool()).await?;
+        let row = sqlx::query("SELECT MAX(id) AS id FROM replica_signals").fetch_one(&self.db.pool).await?;
         Ok(row.try_get::<Option<i64>, _>("id")?.unwrap_or(0))
     }
 
@@ -139,7 +156,7 @@ impl Store {
     /// it is free (`None` when another session holds it). `None` on SQLite, which has one process and no such
     /// locks.
     pub async fn advisory_lock(&self, key: i64, wait: bool) -> Result<Option<AdvisoryLock>, StoreError> {
-        let (Engine::Postgres, Some(url)) = (self.engine, &self.url) else { return Ok(None) };
+        let (Engine::Postgres, Some(url)) = (self.db.engine, &self.url) else { return Ok(None) };
         let mut conn = tokio::time::timeout(LOCK_CONNECT_TIMEOUT, AnyConnection::connect(url.expose_secret()))
             .await
             .map_err(|_| {

@@ -1,10 +1,11 @@
-//! Instance status history.
+//! Instance status history (`StatusHistory`): each instance's newest statuses, written with the event that
+//! reports the change.
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::sql::TxConnection;
-use super::{Store, StoreError, STATUS_HISTORY_KEPT};
+use super::{Db, StoreError, STATUS_HISTORY_KEPT};
 use crate::model::{InstanceSpec, InstanceStatus, ProcessId};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -14,7 +15,13 @@ pub struct StatusRecord {
     pub at: String,
 }
 
-impl Store {
+/// The instances' status history; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StatusHistory {
+    pub(super) db: Db,
+}
+
+impl StatusHistory {
     /// Append a status change (and the event that reports it, in the same transaction) and prune the instance's history to the newest rows.
     pub async fn record_status(
         &self,
@@ -24,10 +31,10 @@ impl Store {
         at: DateTime<Utc>,
         event: Option<&super::NewEvent<'_>>,
     ) -> Result<(), StoreError> {
-        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut conn = TxConnection::acquire(&self.db.pool).await?;
         let mut tx = conn.begin().await?;
         if let Some(event) = event {
-            super::events::insert_event(self.engine(), &mut tx, event).await?;
+            super::outbox::insert_event(self.db.engine, &mut tx, event).await?;
         }
         sqlx::query("INSERT INTO instance_status_history (process_id, team_id, user_id, status, message, at) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(spec.process_id.as_str())
@@ -56,7 +63,7 @@ impl Store {
         let rows =
             sqlx::query("SELECT status, message, at FROM instance_status_history WHERE process_id = $1 ORDER BY id")
                 .bind(process_id.as_str())
-                .fetch_all(self.pool())
+                .fetch_all(&self.db.pool)
                 .await?;
         rows.into_iter()
             .map(|row| {

@@ -1,10 +1,11 @@
-//! Toolsets defined through the API and each member's default toolset (migration 0006). Rows only: what a
-//! toolset means is `model::toolset`'s business, which one a caller gets is `toolsets`'.
+//! Toolsets defined through the API and each member's default toolset (migration 0006), as the `ToolsetRows`
+//! repository. Rows only: what a toolset means is `model::toolset`'s business, which one a caller gets is
+//! `toolsets`'.
 
 use sqlx::Row;
 
 use super::sql::TxConnection;
-use super::{Store, StoreError};
+use super::{Db, StoreError};
 
 /// One stored toolset; `owner` is the member's user id, or `None` for a team toolset.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,13 +27,19 @@ pub struct DefaultRow {
     pub name: String,
 }
 
-impl Store {
+/// The stored toolsets and members' defaults; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ToolsetRows {
+    pub(super) db: Db,
+}
+
+impl ToolsetRows {
     /// Every stored toolset (read once at start; the registry keeps them in memory).
     pub async fn load_toolsets(&self) -> Result<(Vec<ToolsetRow>, Vec<DefaultRow>), StoreError> {
         let rows = sqlx::query(
             "SELECT team_id, owner, name, description, patterns, updated_at, updated_by FROM toolsets ORDER BY team_id, owner, name",
         )
-        .fetch_all(self.pool())
+        .fetch_all(&self.db.pool)
         .await?;
         let mut toolsets = Vec::with_capacity(rows.len());
         for row in rows {
@@ -49,7 +56,7 @@ impl Store {
             });
         }
         let defaults = sqlx::query("SELECT team_id, user_id, name FROM toolset_defaults")
-            .fetch_all(self.pool())
+            .fetch_all(&self.db.pool)
             .await?
             .into_iter()
             .map(|row| {
@@ -78,7 +85,7 @@ impl Store {
         .bind(serde_json::to_string(&row.patterns)?)
         .bind(&row.updated_at)
         .bind(&row.updated_by)
-        .execute(self.pool())
+        .execute(&self.db.pool)
         .await?;
         Ok(())
     }
@@ -87,7 +94,7 @@ impl Store {
     /// transaction (a member's own toolset: their default; a team toolset: every member's default that no own
     /// toolset of the same name still answers). Returns whether it existed.
     pub async fn delete_toolset(&self, team_id: &str, owner: Option<&str>, name: &str) -> Result<bool, StoreError> {
-        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut conn = TxConnection::acquire(&self.db.pool).await?;
         let mut tx = conn.begin().await?;
         let deleted = sqlx::query("DELETE FROM toolsets WHERE team_id = $1 AND owner = $2 AND name = $3")
             .bind(team_id)
@@ -129,14 +136,14 @@ impl Store {
                 .bind(user_id)
                 .bind(name)
                 .bind(at)
-                .execute(self.pool())
+                .execute(&self.db.pool)
                 .await?;
             }
             None => {
                 sqlx::query("DELETE FROM toolset_defaults WHERE team_id = $1 AND user_id = $2")
                     .bind(team_id)
                     .bind(user_id)
-                    .execute(self.pool())
+                    .execute(&self.db.pool)
                     .await?;
             }
         }

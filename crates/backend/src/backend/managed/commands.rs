@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::backend::dedup::CommandLedger;
 use crate::backend::wire::{self, Command, CommandKind, CommandResult, ConfigureIntent};
-use crate::instances::policy;
+use crate::instances::{policy, Instance};
 use crate::model::{InstallationId, InstanceStatus, Upstream, UserId};
 
 use super::{Managed, ManagedDeps, ManagedStats};
@@ -31,11 +31,11 @@ pub(super) async fn worker(
         let id = command.id.clone();
         let kind = command.kind.command_type().to_owned();
         // Replicas on one database: the others run it too (`replicas::follow`).
-        let replicate = (deps.store.shared() && replicated(&command)).then(|| command.clone());
+        let replicate = (deps.replicas.shared() && replicated(&command)).then(|| command.clone());
         let result = run_command(&deps, command).await;
         // Stepped down meanwhile (`replicas::leadership`): the backend delivers the command again to the new
         // leader, which records and answers it; this replica does neither.
-        if cancel.is_cancelled() && deps.store.shared() {
+        if cancel.is_cancelled() && deps.replicas.shared() {
             info!(command_id = %id, "no longer the leader; the command's result is left to the next one");
             return;
         }
@@ -79,7 +79,7 @@ async fn signal(deps: &ManagedDeps, command: &Command) {
     let now = chrono::Utc::now();
     let at = crate::model::iso(now);
     let keep_after = crate::model::iso(now - SIGNALS_KEPT);
-    if let Err(err) = deps.store.push_signal(&deps.replica_id, &json, &at, &keep_after).await {
+    if let Err(err) = deps.replicas.push_signal(&deps.replica_id, &json, &at, &keep_after).await {
         warn!(command_id = %command.id, error = %err, "could not record a command for the other replicas");
     }
 }
@@ -321,40 +321,9 @@ async fn validate_credentials(deps: &ManagedDeps, installation: &str) -> Value {
     let mut errors = Vec::new();
     let mut needs_reauth = false;
     for instance in instances.iter().filter(|i| !matches!(i.spec().upstream, Upstream::Stdio { .. })) {
-        // BP §6.2: the configured timeout (the config's `timeout`, else the default the upstream was given).
-        let timeout = match &instance.spec().upstream {
-            Upstream::StreamableHttp { timeout, .. } | Upstream::Sse { timeout, .. } => *timeout,
-            Upstream::Stdio { .. } => Duration::from_secs(15),
-        };
-        if instance.state() == InstanceStatus::RequiresReauth {
-            // No connection is left to ask on: connect afresh with the credentials held now (the user may have
-            // re-authorised). Success brings the instance back `online` (OQ-8: the one case that announces it);
-            // a refusal leaves it waiting for re-authorisation.
-            let _ = deps.manager.reconnect_waiting_for_reauth(&instance.spec().process_id).await;
-            let now = instance.status();
-            let message = || now.message.clone().unwrap_or_else(|| format!("instance is {}", now.status.as_str()));
-            match now.status {
-                InstanceStatus::Online => {}
-                InstanceStatus::RequiresReauth => {
-                    needs_reauth = true;
-                    errors.push(message());
-                }
-                _ => errors.push(message()),
-            }
-            continue;
-        }
-        match deps.manager.call(instance, "tools/list", Some(json!({})), timeout).await {
-            Ok(_) => {}
-            Err(err) => {
-                let text = err.to_string();
-                if err.upstream().is_some_and(policy::refuses_credentials) {
-                    needs_reauth = true;
-                    if instance.state() != InstanceStatus::RequiresReauth {
-                        deps.manager.require_reauth(instance, text.clone()).await;
-                    }
-                }
-                errors.push(text);
-            }
+        if let Some((error, reauth)) = check_credentials(deps, instance).await {
+            needs_reauth |= reauth;
+            errors.push(error);
         }
     }
     let mut result = json!({"installation_id": installation, "valid": errors.is_empty(),
@@ -366,6 +335,40 @@ async fn validate_credentials(deps: &ManagedDeps, installation: &str) -> Value {
         result["needs_reauth"] = json!(true);
     }
     result
+}
+
+/// One remote instance's credentials, checked with `tools/list`: `None` when they work, else the error and whether
+/// the instance waits for re-authorisation (a refusal of the credentials puts it there).
+async fn check_credentials(deps: &ManagedDeps, instance: &Arc<Instance>) -> Option<(String, bool)> {
+    if instance.state() == InstanceStatus::RequiresReauth {
+        return reconnect_for_check(deps, instance).await;
+    }
+    // BP §6.2: the configured timeout (the config's `timeout`, else the default the upstream was given).
+    let timeout = match &instance.spec().upstream {
+        Upstream::StreamableHttp { timeout, .. } | Upstream::Sse { timeout, .. } => *timeout,
+        Upstream::Stdio { .. } => Duration::from_secs(15),
+    };
+    let err = deps.manager.call(instance, "tools/list", Some(json!({})), timeout).await.err()?;
+    let text = err.to_string();
+    let refused = err.upstream().is_some_and(policy::refuses_credentials);
+    if refused && instance.state() != InstanceStatus::RequiresReauth {
+        deps.manager.require_reauth(instance, text.clone()).await;
+    }
+    Some((text, refused))
+}
+
+/// An instance waiting for re-authorisation has no connection left to ask on: connect afresh with the credentials
+/// held now (the user may have re-authorised). Success brings the instance back `online` (OQ-8: the one case that
+/// announces it); a refusal leaves it waiting for re-authorisation. As [`check_credentials`] answers.
+async fn reconnect_for_check(deps: &ManagedDeps, instance: &Instance) -> Option<(String, bool)> {
+    let _ = deps.manager.reconnect_waiting_for_reauth(&instance.spec().process_id).await;
+    let now = instance.status();
+    let message = || now.message.clone().unwrap_or_else(|| format!("instance is {}", now.status.as_str()));
+    match now.status {
+        InstanceStatus::Online => None,
+        InstanceStatus::RequiresReauth => Some((message(), true)),
+        _ => Some((message(), false)),
+    }
 }
 
 async fn recover(deps: &ManagedDeps, id: String, installation: InstallationId) -> CommandResult {

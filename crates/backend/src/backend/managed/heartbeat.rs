@@ -1,6 +1,6 @@
 //! The heartbeat (BP §3): a fixed wall-clock tick, each beat with the `mcp_status` snapshot of §3.3.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use crate::backend::wire::{
     HealthStatus, HeartbeatRequest, McpInstanceStatus, McpStatus, McpStatusSummary, ProcessMetric, ProcessStatus,
     SatelliteStatus, ServerStatusCounts, SystemMetrics, ToolName, Transport,
 };
+use crate::instances::Instance;
 use crate::model::iso;
 use crate::model::{tool_path, InstanceStatus, Upstream};
 
@@ -103,43 +104,98 @@ fn slimmed(body: &mut HeartbeatRequest) {
 /// what a backend takes (1 MiB, Fastify's default) at a few dozen members of one large server.
 pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: bool) -> HeartbeatRequest {
     let sample = metrics.sample();
-    let instances = deps.manager.instances();
-    let mut by_team: BTreeMap<String, Vec<ProcessMetric>> = BTreeMap::new();
-    let mut running = Vec::new();
-    let mut counts = ServerStatusCounts::default();
-    let mut tool_names = Vec::new();
-    let mut named = std::collections::HashSet::new();
-    let mut dormant = 0;
-    for instance in &instances {
-        let spec = instance.spec();
+    let seen = InstancesSeen::of(&deps.manager.instances());
+    let summary = seen.summary();
+    HeartbeatRequest {
+        status: SatelliteStatus::Active,
+        system_metrics: SystemMetrics {
+            cpu_usage_percent: sample.cpu_usage_percent,
+            memory_usage_mb: sample.memory_usage_mb,
+            disk_usage_percent: Some(0.0),
+            uptime_seconds: Some(sample.uptime_seconds),
+            network_rx_bytes: None,
+            network_tx_bytes: None,
+        },
+        processes: Vec::new(),
+        processes_by_team: Some(seen.by_team),
+        mcp_status: Some(McpStatus {
+            summary,
+            instances: seen.running,
+            tool_names: seen.tool_names,
+            server_status_counts: seen.counts,
+        }),
+        normalized_data: None,
+        error_count: Some(0),
+        version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+        satellite_url: first.then(|| deps.satellite_url.clone()),
+    }
+}
+
+/// What a beat says of the instances, gathered in one pass over them.
+#[derive(Default)]
+struct InstancesSeen {
+    /// The running processes, by team (`processes_by_team`).
+    by_team: BTreeMap<String, Vec<ProcessMetric>>,
+    /// The running processes (`mcp_status.instances`).
+    running: Vec<McpInstanceStatus>,
+    counts: ServerStatusCounts,
+    tool_names: Vec<ToolName>,
+    /// The tools named so far, each once per transport.
+    named: HashSet<(String, Transport)>,
+    dormant: u64,
+}
+
+impl InstancesSeen {
+    fn of(instances: &[Arc<Instance>]) -> Self {
+        let mut seen = Self::default();
+        for instance in instances {
+            seen.add(instance);
+        }
+        seen
+    }
+
+    fn add(&mut self, instance: &Instance) {
         let status = instance.state();
         match status {
-            InstanceStatus::Online => counts.online += 1,
-            InstanceStatus::Offline => counts.offline += 1,
-            InstanceStatus::Error | InstanceStatus::PermanentlyFailed => counts.error += 1,
-            InstanceStatus::RequiresReauth => counts.requires_reauth += 1,
+            InstanceStatus::Online => self.counts.online += 1,
+            InstanceStatus::Offline => self.counts.offline += 1,
+            InstanceStatus::Error | InstanceStatus::PermanentlyFailed => self.counts.error += 1,
+            InstanceStatus::RequiresReauth => self.counts.requires_reauth += 1,
             _ => {}
         }
         if instance.is_dormant() {
-            dormant += 1;
+            self.dormant += 1;
         }
+        if status.tools_visible() {
+            self.name_tools(instance);
+        }
+        if let Some(pid) = instance.pid() {
+            self.add_running(instance, pid);
+        }
+    }
+
+    /// The instance's enabled tools not named yet.
+    fn name_tools(&mut self, instance: &Instance) {
+        let spec = instance.spec();
         let transport = match spec.upstream {
             Upstream::Stdio { .. } => Transport::Stdio,
             Upstream::StreamableHttp { .. } => Transport::Http,
             Upstream::Sse { .. } => Transport::Sse,
         };
-        if status.tools_visible() {
-            for tool in instance.catalog().iter().flat_map(|c| c.tools.iter()) {
-                let namespaced_name = tool_path(&spec.server_slug, tool.name());
-                if !instance.tool_disabled(tool.name()) && named.insert((namespaced_name.clone(), transport)) {
-                    tool_names.push(ToolName { namespaced_name, server_slug: spec.server_slug.clone(), transport });
-                }
+        for tool in instance.catalog().iter().flat_map(|c| c.tools.iter()) {
+            let namespaced_name = tool_path(&spec.server_slug, tool.name());
+            if !instance.tool_disabled(tool.name()) && self.named.insert((namespaced_name.clone(), transport)) {
+                self.tool_names.push(ToolName { namespaced_name, server_slug: spec.server_slug.clone(), transport });
             }
         }
-        let Some(pid) = instance.pid() else { continue };
+    }
+
+    /// A running process (`pid`), in both of the beat's lists of them.
+    fn add_running(&mut self, instance: &Instance, pid: u32) {
+        let spec = instance.spec();
         let uptime = instance.uptime().unwrap_or_default().as_secs();
         let (_, last_activity) = instance.idle();
-        by_team.entry(spec.team_id.0.clone()).or_default().push(ProcessMetric {
+        self.by_team.entry(spec.team_id.0.clone()).or_default().push(ProcessMetric {
             installation_id: spec.installation_id.0.clone(),
             installation_name: spec.process_id.0.clone(),
             status: ProcessStatus::Running,
@@ -150,7 +206,7 @@ pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: b
             health_status: HealthStatus::Unknown,
             last_activity: iso(last_activity),
         });
-        running.push(McpInstanceStatus {
+        self.running.push(McpInstanceStatus {
             installation_id: spec.installation_id.0.clone(),
             installation_name: spec.process_id.0.clone(),
             // BP §3.3: the backend's instance row id, "unknown" when it sent none.
@@ -166,32 +222,17 @@ pub fn heartbeat_body(deps: &ManagedDeps, metrics: &mut ProcessMetrics, first: b
             pid: Some(pid),
         });
     }
-    let summary = McpStatusSummary {
-        total_instances: running.len() as u64,
-        active_instances: running.len() as u64,
-        dormant_instances: dormant,
-        total_tools: tool_names.len() as u64,
-        online_servers: counts.online,
-        offline_servers: counts.offline,
-        error_servers: counts.error,
-    };
-    HeartbeatRequest {
-        status: SatelliteStatus::Active,
-        system_metrics: SystemMetrics {
-            cpu_usage_percent: sample.cpu_usage_percent,
-            memory_usage_mb: sample.memory_usage_mb,
-            disk_usage_percent: Some(0.0),
-            uptime_seconds: Some(sample.uptime_seconds),
-            network_rx_bytes: None,
-            network_tx_bytes: None,
-        },
-        processes: Vec::new(),
-        processes_by_team: Some(by_team),
-        mcp_status: Some(McpStatus { summary, instances: running, tool_names, server_status_counts: counts }),
-        normalized_data: None,
-        error_count: Some(0),
-        version: Some(env!("CARGO_PKG_VERSION").to_owned()),
-        satellite_url: first.then(|| deps.satellite_url.clone()),
+
+    fn summary(&self) -> McpStatusSummary {
+        McpStatusSummary {
+            total_instances: self.running.len() as u64,
+            active_instances: self.running.len() as u64,
+            dormant_instances: self.dormant,
+            total_tools: self.tool_names.len() as u64,
+            online_servers: self.counts.online,
+            offline_servers: self.counts.offline,
+            error_servers: self.counts.error,
+        }
     }
 }
 

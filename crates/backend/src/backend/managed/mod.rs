@@ -25,7 +25,7 @@ use crate::backend::wire::Command;
 use crate::events::{ConfigErrorKind, ConfigRefresh, Emitter, Event};
 use crate::instances::InstanceManager;
 use crate::model::InstanceStatus;
-use crate::store::Store;
+use crate::store::{Outbox, Replicas};
 
 mod commands;
 mod heartbeat;
@@ -52,7 +52,10 @@ pub struct ManagedDeps {
     pub introspection: TokenIntrospection,
     /// Users' OAuth tokens for remote servers (dropped with their introspection results).
     pub oauth: Option<Arc<super::oauth::BackendOAuth>>,
-    pub store: Store,
+    /// What replicas sharing the database coordinate through (the leader lock, the recorded commands).
+    pub replicas: Replicas,
+    /// The event outbox the uploader drains.
+    pub outbox: Outbox,
     pub events: Emitter,
     /// What the loops last did, for `GET /api/status/backend`.
     pub monitor: Arc<super::monitor::BackendMonitor>,
@@ -170,10 +173,10 @@ impl Managed {
     /// Replicas on PostgreSQL: note where the leader's recorded commands stand, before the first configuration
     /// fetch, so a command recorded meanwhile is not missed. Nothing to note on SQLite.
     pub async fn note_signals(&self) {
-        if !self.deps.store.shared() {
+        if !self.deps.replicas.shared() {
             return;
         }
-        match self.deps.store.last_signal_id().await {
+        match self.deps.replicas.last_signal_id().await {
             Ok(id) => self.signals_from.store(id, std::sync::atomic::Ordering::Relaxed),
             Err(err) => {
                 warn!(error = %err, "could not read where the leader's recorded commands stand; following from where they stand once readable")
@@ -246,7 +249,7 @@ impl Managed {
     /// following of the leader's commands, once [`Managed::configured`] says the first configuration is in
     /// (step 10). They stop when `cancel` is. Replicas on PostgreSQL run the loops only while they lead.
     pub fn spawn(&self, tracker: &tokio_util::task::TaskTracker, cancel: CancellationToken) {
-        if !self.deps.store.shared() {
+        if !self.deps.replicas.shared() {
             self.spawn_loops(tracker, cancel);
             return;
         }

@@ -37,38 +37,50 @@ pub(super) async fn poll_loop(
             }
         }
     };
-    let handle = |answer: CommandsResponse| {
-        let (deps, ledger, tx, stats) = (deps.clone(), ledger.clone(), tx.clone(), stats.clone());
-        async move {
-            stats.lock().polls += 1;
-            let mut immediate = false;
-            for command in answer.commands {
-                if command.id.is_empty() {
-                    warn!(command_type = command.kind.command_type(), "command without an id ignored");
-                    continue;
-                }
-                immediate |= command.priority == Some(wire::Priority::Immediate);
-                let seen = ledger.lock().arrive(&command.id);
-                match seen {
-                    Seen::New => {
-                        if tx.send(command).await.is_err() {
-                            return None;
-                        }
+    let arrivals = Arrivals { deps: deps.clone(), ledger, tx, stats: stats.clone() };
+    let handle = |answer: CommandsResponse| arrivals.clone().take(answer);
+    let failures = stats.clone();
+    poll_cadence(poll, handle, move || failures.lock().poll_failures += 1, deps.idle_poll, cancel).await;
+}
+
+/// Where polled commands go: a new one to the worker, one already finished has its result posted again (BP §4.3).
+#[derive(Clone)]
+struct Arrivals {
+    deps: ManagedDeps,
+    ledger: Arc<Mutex<CommandLedger>>,
+    tx: mpsc::Sender<Command>,
+    stats: Arc<Mutex<ManagedStats>>,
+}
+
+impl Arrivals {
+    /// The commands of one poll's answer: whether an immediate one came, or `None` when the worker is gone.
+    async fn take(self, answer: CommandsResponse) -> Option<bool> {
+        self.stats.lock().polls += 1;
+        let mut immediate = false;
+        for command in answer.commands {
+            if command.id.is_empty() {
+                warn!(command_type = command.kind.command_type(), "command without an id ignored");
+                continue;
+            }
+            immediate |= command.priority == Some(wire::Priority::Immediate);
+            let seen = self.ledger.lock().arrive(&command.id);
+            match seen {
+                Seen::New => {
+                    if self.tx.send(command).await.is_err() {
+                        return None;
                     }
-                    Seen::InFlight => {}
-                    Seen::Finished(result) => {
-                        stats.lock().results_reposted += 1;
-                        if let Ok(result) = serde_json::from_value::<CommandResult>(result) {
-                            post_result(&deps, &result).await;
-                        }
+                }
+                Seen::InFlight => {}
+                Seen::Finished(result) => {
+                    self.stats.lock().results_reposted += 1;
+                    if let Ok(result) = serde_json::from_value::<CommandResult>(result) {
+                        post_result(&self.deps, &result).await;
                     }
                 }
             }
-            Some(immediate)
         }
-    };
-    let failures = stats.clone();
-    poll_cadence(poll, handle, move || failures.lock().poll_failures += 1, deps.idle_poll, cancel).await;
+        Some(immediate)
+    }
 }
 
 /// The cadence of BP §4.4 around any poll: the first poll at once, then the backend's hint (2-300 s), 2 s after

@@ -26,13 +26,13 @@ const FOLLOW_EVERY: Duration = Duration::from_secs(2);
 /// Take the leader lock when it is free and run the leader's loops while it is held; step down when the
 /// lock's session breaks. Runs until `cancel`.
 pub(super) async fn leadership(managed: Managed, tracker: TaskTracker, cancel: CancellationToken) {
-    let store = managed.deps.store.clone();
+    let replicas = managed.deps.replicas.clone();
     let key = lock_key("leader", &managed.deps.client.satellite_id().unwrap_or_default());
     managed.deps.monitor.set_role(Role::Follower);
     loop {
         let attempt = tokio::select! {
             _ = cancel.cancelled() => return,
-            attempt = store.advisory_lock(key, false) => attempt,
+            attempt = replicas.advisory_lock(key, false) => attempt,
         };
         match attempt {
             Ok(Some(mut lock)) => {
@@ -70,7 +70,7 @@ pub(super) async fn leadership(managed: Managed, tracker: TaskTracker, cancel: C
 /// can first be read, never replaying what came before this replica started). Runs until `cancel`.
 pub(super) async fn follow(deps: ManagedDeps, mut from: i64, cancel: CancellationToken) {
     while from < 0 {
-        match deps.store.last_signal_id().await {
+        match deps.replicas.last_signal_id().await {
             Ok(id) => from = id,
             Err(err) => warn!(error = %err, "could not read the leader's recorded commands; trying again"),
         }
@@ -86,7 +86,7 @@ pub(super) async fn follow(deps: ManagedDeps, mut from: i64, cancel: Cancellatio
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(FOLLOW_EVERY) => {}
         }
-        let signals = match deps.store.signals_after(from).await {
+        let signals = match deps.replicas.signals_after(from).await {
             Ok(signals) => signals,
             Err(err) => {
                 warn!(error = %err, "could not read the leader's commands; trying again");

@@ -31,8 +31,7 @@ impl Managed {
             })
         });
         let role = deps.monitor.clone();
-        Uploader::new(deps.store.clone(), send, wire::MAX_EVENT_BATCH, quota)
-            .with_emitter(deps.events.clone())
+        Uploader::new(deps.outbox.clone(), deps.events.clone(), send, wire::MAX_EVENT_BATCH, quota)
             .with_prune_gate(Arc::new(move || role.role() != Role::Follower))
             .with_lease(lease)
             .with_owner(deps.replica_id.clone())

@@ -10,7 +10,7 @@
 //! its sequence number: kept, never sent, never dropped silently.
 //!
 //! Replicas sharing one PostgreSQL database all upload (docs/scale-out.md):
-//! each batch is claimed for a lease (`Store::claim_events`) before it is
+//! each batch is claimed for a lease (`Outbox::claim_events`) before it is
 //! sent, so two replicas never send the same events; a replica that dies
 //! mid-batch leaves a claim that lapses after `LEASE`, and another replica
 //! sends the batch then.
@@ -22,16 +22,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use super::wire::EventEnvelope;
-use crate::events::{Emitter, Event, EventKind, LimitExceeded, LimitedResource, Throttle};
-use crate::store::{Store, StoreError, StoredEvent};
+use crate::events::{Emitter, EventKind, Throttle};
+use crate::store::{Outbox, StoreError, StoredEvent};
 
 /// The backend refuses bigger batches (BP §8.1).
 pub const MAX_BATCH: usize = 100;
-/// How often the outbox's bytes on disk are checked against the byte quota.
-const BYTE_CHECK_PERIOD: Duration = Duration::from_secs(30);
 /// Most bytes of envelopes in one batch (BP §8.3 is silent on size; the reference backend's HTTP server refuses
 /// bodies over 1 MiB with 413). A batch stops before the event that would pass this; an event bigger than it by
 /// itself is still tried alone, and held if the backend refuses it as too large (docs/decisions.md).
@@ -85,7 +83,7 @@ pub struct UploadStats {
 }
 
 pub struct Uploader {
-    store: Store,
+    outbox: Outbox,
     /// This replica's name on its claims: random per process.
     owner: String,
     lease: Duration,
@@ -97,7 +95,7 @@ pub struct Uploader {
     cap: usize,
     /// Most events the outbox may hold; older ones beyond it are dropped with an error log.
     quota: i64,
-    /// The most the outbox may take on disk (`Store::prune_events_to_bytes`); unbounded unless `with_byte_quota`.
+    /// The most the outbox may take on disk (`Outbox::prune_events_to_bytes`); unbounded unless `with_byte_quota`.
     quota_bytes: u64,
     /// When the outbox's bytes were last measured.
     bytes_checked: Option<std::time::Instant>,
@@ -158,9 +156,11 @@ impl Tick {
 }
 
 impl Uploader {
-    pub fn new(store: Store, send: SendBatch, batch: usize, quota: i64) -> Self {
+    /// The uploader draining `outbox`, its own events (`resource.limit.exceeded`) going through `events` (the
+    /// satellite's emitter).
+    pub fn new(outbox: Outbox, events: Emitter, send: SendBatch, batch: usize, quota: i64) -> Self {
         Self {
-            store: store.clone(),
+            outbox,
             owner: format!("{:016x}", rand::random::<u64>()),
             lease: LEASE,
             started: false,
@@ -171,7 +171,7 @@ impl Uploader {
             quota_bytes: u64::MAX,
             bytes_checked: None,
             prunes: Arc::new(|| true),
-            emitter: Emitter::new(store),
+            emitter: events,
             backoff: None,
             timeout: TIMEOUT,
             base_timeout: TIMEOUT,
@@ -200,12 +200,6 @@ impl Uploader {
     /// How long the next batch's answer will be waited for.
     pub fn timeout(&self) -> Duration {
         self.timeout
-    }
-
-    /// Emit the uploader's own events (`resource.limit.exceeded`) through `emitter` (default: one of its own).
-    pub fn with_emitter(mut self, emitter: Emitter) -> Self {
-        self.emitter = emitter;
-        self
     }
 
     /// The most the outbox may take on disk, its oldest events dropped past it (default: no bound).
@@ -245,14 +239,14 @@ impl Uploader {
     pub async fn tick(&mut self) -> Result<Tick, StoreError> {
         self.enforce_quota().await?;
         if !self.started {
-            let released = self.store.release_stale_claims().await?;
+            let released = self.outbox.release_stale_claims().await?;
             if released > 0 {
                 info!(released, "event claims of a previous run released");
             }
             self.started = true;
         }
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
-        let batch = self.store.claim_events(&self.owner, self.cap as i64, lease_ms, None).await?;
+        let batch = self.outbox.claim_events(&self.owner, self.cap as i64, lease_ms, None).await?;
         let Some(first) = batch.first().map(|e| e.seq) else { return Ok(Tick::Idle) };
         let (envelopes, seqs, bytes) = self.envelopes(&batch).await?;
         if envelopes.is_empty() {
@@ -285,7 +279,7 @@ impl Uploader {
                 Err(reason) => {
                     error!(seq = event.seq, event_type = %event.event_type, reason = %reason,
                            "stored event makes no envelope; held in the outbox, not sent");
-                    self.store.hold_event(event.seq, &reason).await?;
+                    self.outbox.hold_event(event.seq, &reason).await?;
                     self.stats.held += 1;
                 }
             }
@@ -346,7 +340,7 @@ impl Uploader {
         for failure in failures {
             warn!(failure = %failure, "backend refused one event of an accepted batch");
         }
-        self.store.delete_claimed(&self.owner, seqs).await?;
+        self.outbox.delete_claimed(&self.owner, seqs).await?;
         self.stats.sent += n as u64;
         self.backoff = None;
         self.invalid_in_a_row = 0;
@@ -365,7 +359,7 @@ impl Uploader {
     async fn held_invalid(&mut self, seq: i64, reason: &str) -> Result<Tick, StoreError> {
         let held = format!("the backend rejects this event as invalid: {reason}");
         error!(seq, reason = %reason, "backend rejected one event as invalid; held in the outbox, not sent");
-        self.store.hold_event(seq, &held).await?;
+        self.outbox.hold_event(seq, &held).await?;
         self.stats.held_invalid += 1;
         self.invalid_in_a_row += 1;
         if !self.offered_again.contains(&seq) {
@@ -387,7 +381,7 @@ impl Uploader {
     async fn held_too_large(&mut self, seq: i64, bytes: usize, reason: &str) -> Result<Tick, StoreError> {
         let held = format!("the backend refuses this event as too large ({bytes} bytes): {reason}");
         error!(seq, bytes, reason = %reason, "backend refused one event as too large; held in the outbox, not sent");
-        self.store.hold_event(seq, &held).await?;
+        self.outbox.hold_event(seq, &held).await?;
         self.stats.held += 1;
         Ok(Tick::Held(1))
     }
@@ -423,7 +417,7 @@ impl Uploader {
         if streak.len() < 2 {
             return Ok(());
         }
-        let released = self.store.release_held(&streak).await?;
+        let released = self.outbox.release_held(&streak).await?;
         warn!(
             events = released,
             first_seq = streak[0],
@@ -454,78 +448,17 @@ impl Uploader {
             }
         }
         if !cut {
-            if let Err(err) = self.store.release_claims(&self.owner).await {
+            if let Err(err) = self.outbox.release_claims(&self.owner).await {
                 warn!(error = %err, "could not release this replica's event claims; they lapse after the lease");
             }
         }
-        let left = self.store.event_count().await?;
+        let left = self.outbox.event_count().await?;
         if left > 0 {
             warn!(left, "events still in the outbox at shutdown; they are sent after the next start");
         } else {
             info!("event outbox flushed");
         }
         Ok(left)
-    }
-
-    /// Hold the outbox to its quotas, in events and on disk, the oldest events going first (with an error log and a
-    /// throttled `resource.limit.exceeded` event).
-    async fn enforce_quota(&mut self) -> Result<(), StoreError> {
-        // A replica the gate passes over holds the outbox within twice its quotas, in case no replica leads for
-        // long (the leader lock cannot be taken, or a vanished leader's session lingers on the server).
-        let (quota, quota_bytes) = match (self.prunes)() {
-            true => (self.quota, self.quota_bytes),
-            false => (self.quota.saturating_mul(2), self.quota_bytes.saturating_mul(2)),
-        };
-        // Counting walks the outbox; the span of its sequence numbers, two index lookups, can only overstate the
-        // count. A backlog drained batch by batch would otherwise be counted whole before each batch.
-        let count = match self.store.event_seq_span().await? {
-            span if span <= quota => span,
-            _ => self.store.event_count().await?,
-        };
-        if count > quota {
-            let dropped = self.store.prune_events(quota).await?;
-            self.stats.dropped_over_quota += dropped;
-            error!(dropped, quota, "event outbox over its quota: oldest events dropped");
-            let message = format!("event outbox over its quota of {quota} events: {dropped} oldest dropped");
-            self.report_over_quota(count as u64, quota.max(0) as u64, message).await;
-        }
-        // Measuring the outbox walks it once over the cheap check: at most every `BYTE_CHECK_PERIOD`, not for each
-        // batch of a backlog being drained.
-        let due = self.bytes_checked.is_none_or(|at| at.elapsed() >= BYTE_CHECK_PERIOD);
-        if due && quota_bytes < u64::MAX {
-            self.bytes_checked = Some(std::time::Instant::now());
-            let pruned = self.store.prune_events_to_bytes(quota_bytes).await?;
-            let dropped = pruned.events;
-            if dropped > 0 {
-                self.stats.dropped_over_quota += dropped;
-                let max_mib = quota_bytes / (1024 * 1024);
-                error!(dropped, max_mib, "event outbox over its size quota: oldest events dropped");
-                let message = format!("event outbox over its quota of {max_mib} MiB on disk: {dropped} oldest dropped");
-                self.report_over_quota(pruned.outbox, quota_bytes, message).await;
-            }
-        }
-        // The pages this replica's batches freed, the ones just before included: in managed mode the outbox
-        // shrinks only while a backlog drains, and inserts take freed pages first whenever it grows.
-        if self.store.release_free_pages(u64::MAX).await? > 0 {
-            debug!("event outbox: free pages given back to the disk");
-        }
-        Ok(())
-    }
-
-    async fn report_over_quota(&mut self, current_value: u64, limit_value: u64, message: String) {
-        if let Some(suppressed) = self.quota_events.allow("outbox", std::time::Instant::now()) {
-            let exceeded = LimitExceeded {
-                team_id: "*".into(),
-                resource_type: LimitedResource::EventOutbox,
-                current_value,
-                limit_value,
-                user_id: None,
-                installation_id: None,
-                message,
-                suppressed_count: suppressed,
-            };
-            self.emitter.emit(Event::limit_exceeded(&exceeded)).await;
-        }
     }
 }
 
@@ -538,6 +471,8 @@ pub fn envelope(event: &StoredEvent) -> Result<EventEnvelope, String> {
     };
     Ok(EventEnvelope { kind, timestamp: event.emitted_at.clone(), data: data.clone() })
 }
+
+mod quota;
 
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::store::NewEvent;
+use crate::store::{NewEvent, Store};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -14,12 +14,17 @@ fn row(i: usize, process_id: &str) -> NewEvent<'_> {
     }
 }
 
+/// The uploader over `store`'s outbox, its own events emitted there too.
+fn uploader(store: &Store, send: SendBatch, batch: usize, quota: i64) -> Uploader {
+    Uploader::new(store.outbox(), Emitter::new(store.outbox(), store.statuses()), send, batch, quota)
+}
+
 async fn store_with(n: usize) -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).await.unwrap();
     let ids: Vec<String> = (0..n).map(|i| format!("p{}", i % 3)).collect();
     let events: Vec<NewEvent<'_>> = (0..n).map(|i| row(i, &ids[i])).collect();
-    store.append_events(&events).await.unwrap();
+    store.outbox().append_events(&events).await.unwrap();
     (dir, store)
 }
 
@@ -44,7 +49,7 @@ fn numbers(batches: &[Vec<Value>]) -> Vec<i64> {
 async fn batches_of_at_most_100_in_order_deleting_only_what_was_accepted() {
     let (_dir, store) = store_with(250).await;
     let (send, received) = scripted(vec![]);
-    let mut up = Uploader::new(store.clone(), send, 500, 10_000);
+    let mut up = uploader(&store, send, 500, 10_000);
     assert_eq!(up.tick().await.unwrap(), Tick::Sent(100), "a batch never exceeds 100");
     assert_eq!(up.tick().await.unwrap(), Tick::Sent(100));
     assert_eq!(up.tick().await.unwrap(), Tick::Sent(50));
@@ -54,7 +59,7 @@ async fn batches_of_at_most_100_in_order_deleting_only_what_was_accepted() {
     assert_eq!(numbers(&got), (0..250).collect::<Vec<_>>(), "oldest first, nothing twice");
     assert_eq!(got[0][0]["type"], "mcp.server.status_changed");
     assert!(got[0][0]["timestamp"].as_str().unwrap().ends_with('Z'));
-    assert_eq!(store.event_count().await.unwrap(), 0);
+    assert_eq!(store.outbox().event_count().await.unwrap(), 0);
 }
 
 #[tokio::test]
@@ -71,7 +76,7 @@ async fn failures_keep_the_batch_and_429_backs_off_doubling_to_48s() {
         BatchOutcome::RateLimited,
     ];
     let (send, received) = scripted(script);
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     assert_eq!(up.tick().await.unwrap(), Tick::Kept { events: 10, wait: None });
     assert_eq!(up.tick().await.unwrap(), Tick::Kept { events: 10, wait: None });
     let waits: Vec<u64> = {
@@ -84,7 +89,7 @@ async fn failures_keep_the_batch_and_429_backs_off_doubling_to_48s() {
         waits
     };
     assert_eq!(waits, [3, 6, 12, 24, 48, 48]);
-    assert_eq!(store.event_count().await.unwrap(), 10, "nothing lost while the backend refuses");
+    assert_eq!(store.outbox().event_count().await.unwrap(), 10, "nothing lost while the backend refuses");
     assert_eq!(up.tick().await.unwrap(), Tick::Sent(10));
     assert_eq!(up.backoff(), None, "success resets the backoff");
     // The same ten events went each time, in the same order.
@@ -95,7 +100,7 @@ async fn failures_keep_the_batch_and_429_backs_off_doubling_to_48s() {
 async fn a_backend_refusing_every_event_is_not_drained_at_full_speed() {
     let (_dir, store) = store_with(50).await;
     let send: SendBatch = Arc::new(|_, _| async { BatchOutcome::Invalid("400: validation failed".into()) }.boxed());
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     let mut held = 0;
     let waited = loop {
         match up.tick().await.unwrap() {
@@ -107,7 +112,7 @@ async fn a_backend_refusing_every_event_is_not_drained_at_full_speed() {
     };
     assert_eq!(held, INVALID_BEFORE_BACKOFF as usize, "a few held at once");
     assert_eq!(waited, Some(BACKOFF_FIRST), "then each waits a backoff");
-    assert_eq!(store.event_count().await.unwrap(), 50, "every event kept (held or waiting)");
+    assert_eq!(store.outbox().event_count().await.unwrap(), 50, "every event kept (held or waiting)");
 }
 
 /// A proxy before the backend answered 400 to everything for a while: the events it refused one at a time were
@@ -127,7 +132,7 @@ async fn events_refused_while_everything_was_refused_are_sent_once_the_backend_a
         };
         async move { outcome }.boxed()
     });
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     let mut backoffs = 0;
     while backoffs < 3 {
         if let Tick::Kept { wait: Some(_), .. } = up.tick().await.unwrap() {
@@ -145,7 +150,7 @@ async fn events_refused_while_everything_was_refused_are_sent_once_the_backend_a
     let mut sent = numbers(&received.lock());
     sent.sort_unstable();
     assert_eq!(sent, (0..50).collect::<Vec<_>>(), "every event sent once, the held ones included");
-    assert_eq!(store.event_count().await.unwrap(), 0, "nothing left held in the outbox");
+    assert_eq!(store.outbox().event_count().await.unwrap(), 0, "nothing left held in the outbox");
 }
 
 /// Two bad events next to each other look like a short streak of refusals: they are offered once more, held
@@ -170,7 +175,7 @@ async fn bad_events_offered_again_after_a_streak_are_held_for_good() {
         };
         async move { outcome }.boxed()
     });
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     let mut rested = false;
     for _ in 0..500 {
         if up.tick().await.unwrap() == Tick::Idle {
@@ -180,7 +185,7 @@ async fn bad_events_offered_again_after_a_streak_are_held_for_good() {
     }
     assert!(rested, "the uploader comes to rest");
     assert_eq!(*offers.lock(), [(37, 2), (38, 2)].into_iter().collect(), "each bad event alone twice, no more");
-    let kept = store.events(None, 0, 10).await.unwrap();
+    let kept = store.outbox().events(None, 0, 10).await.unwrap();
     assert_eq!(kept.iter().map(|e| e.data["n"].as_i64().unwrap()).collect::<Vec<_>>(), [37, 38]);
     assert!(kept.iter().all(|e| e.held.is_some()), "both held");
 }
@@ -204,7 +209,7 @@ async fn an_invalid_event_is_found_and_held_and_the_rest_are_sent() {
         };
         async move { outcome }.boxed()
     });
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     for _ in 0..200 {
         if up.tick().await.unwrap() == Tick::Idle {
             break;
@@ -214,7 +219,7 @@ async fn an_invalid_event_is_found_and_held_and_the_rest_are_sent() {
     sent.sort_unstable();
     assert_eq!(sent, (0..1000).filter(|n| *n != 37).collect::<Vec<_>>(), "every other event sent, once");
     assert_eq!(up.stats().held_invalid, 1);
-    let kept = store.events(None, 0, 10).await.unwrap();
+    let kept = store.outbox().events(None, 0, 10).await.unwrap();
     assert_eq!(kept.len(), 1, "the refused event stays in the outbox");
     assert!(kept[0].held.as_deref().unwrap().contains("validation failed"), "{:?}", kept[0].held);
     assert_eq!(kept[0].data["n"], 37);
@@ -229,13 +234,13 @@ async fn an_event_that_makes_no_envelope_is_held_not_dropped() {
     bad.event_type = "mcp.from.a.newer.version";
     let mut not_object = row(3, "p3");
     not_object.data = json!([1, 2]).to_string().into();
-    store.append_events(&[bad, not_object, row(4, "p4")]).await.unwrap();
+    store.outbox().append_events(&[bad, not_object, row(4, "p4")]).await.unwrap();
     let (send, received) = scripted(vec![]);
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     assert_eq!(up.tick().await.unwrap(), Tick::Sent(3));
     assert_eq!(numbers(&received.lock()), [0, 1, 4]);
     assert_eq!(up.stats().held, 2);
-    let kept = store.events(None, 0, 10).await.unwrap();
+    let kept = store.outbox().events(None, 0, 10).await.unwrap();
     assert_eq!(kept.len(), 2, "the held events stay in the outbox");
     assert!(kept[0].held.as_deref().unwrap().contains("unknown event type"));
     assert!(kept[1].held.as_deref().unwrap().contains("not a JSON object"));
@@ -246,7 +251,7 @@ async fn an_event_that_makes_no_envelope_is_held_not_dropped() {
 async fn over_the_quota_the_oldest_are_dropped_and_counted() {
     let (_dir, store) = store_with(30).await;
     let (send, received) = scripted(vec![BatchOutcome::Failed("down".into())]);
-    let mut up = Uploader::new(store.clone(), send, 100, 20);
+    let mut up = uploader(&store, send, 100, 20);
     up.tick().await.unwrap();
     assert_eq!(up.stats().dropped_over_quota, 10);
     let batch = received.lock()[0].clone();
@@ -265,14 +270,14 @@ async fn over_the_quota_the_oldest_are_dropped_and_counted() {
 #[tokio::test]
 async fn gaps_in_the_sequence_are_not_counted_as_events() {
     let (_dir, store) = store_with(30).await;
-    let middle: Vec<i64> = store.events(None, 0, 100).await.unwrap()[5..20].iter().map(|e| e.seq).collect();
-    store.delete_events_for_tests(&middle).await.unwrap();
-    assert_eq!((store.event_seq_span().await.unwrap(), store.event_count().await.unwrap()), (30, 15));
+    let middle: Vec<i64> = store.outbox().events(None, 0, 100).await.unwrap()[5..20].iter().map(|e| e.seq).collect();
+    store.outbox().delete_events_for_tests(&middle).await.unwrap();
+    assert_eq!((store.outbox().event_seq_span().await.unwrap(), store.outbox().event_count().await.unwrap()), (30, 15));
     let (send, _received) = scripted(vec![BatchOutcome::Failed("down".into())]);
-    let mut up = Uploader::new(store.clone(), send, 100, 20);
+    let mut up = uploader(&store, send, 100, 20);
     up.tick().await.unwrap();
     assert_eq!(up.stats().dropped_over_quota, 0, "15 events are within a quota of 20");
-    assert_eq!(store.event_count().await.unwrap(), 15);
+    assert_eq!(store.outbox().event_count().await.unwrap(), 15);
 }
 
 /// Of replicas sharing one outbox, only the one the gate names (the leader) holds it to its quotas; the
@@ -284,10 +289,14 @@ async fn only_the_replica_the_gate_names_prunes_the_outbox() {
     let leads = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let gate = leads.clone();
     let (send, _received) = scripted(vec![BatchOutcome::Failed("down".into()); 2]);
-    let mut up = Uploader::new(store.clone(), send, 100, 20)
+    let mut up = uploader(&store, send, 100, 20)
         .with_prune_gate(Arc::new(move || gate.load(std::sync::atomic::Ordering::SeqCst)));
     up.tick().await.unwrap();
-    assert_eq!((up.stats().dropped_over_quota, store.event_count().await.unwrap()), (10, 41), "a follower: 40");
+    assert_eq!(
+        (up.stats().dropped_over_quota, store.outbox().event_count().await.unwrap()),
+        (10, 41),
+        "a follower: 40"
+    );
     leads.store(true, std::sync::atomic::Ordering::SeqCst);
     up.tick().await.unwrap();
     assert_eq!(up.stats().dropped_over_quota, 31, "the leader: 20");
@@ -310,17 +319,17 @@ async fn over_the_byte_quota_the_oldest_are_dropped_and_reported() {
             held: None,
         })
         .collect();
-    store.append_events(&rows).await.unwrap();
+    store.outbox().append_events(&rows).await.unwrap();
     let (send, received) = scripted(vec![BatchOutcome::Failed("down".into())]);
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000).with_byte_quota(MAX);
+    let mut up = uploader(&store, send, 100, 10_000).with_byte_quota(MAX);
     up.tick().await.unwrap();
     let dropped = up.stats().dropped_over_quota;
     assert!((100..150).contains(&dropped), "{dropped} dropped of 150 events of 20 KB");
-    assert!(store.outbox_bytes().await.unwrap() <= MAX);
+    assert!(store.outbox().outbox_bytes().await.unwrap() <= MAX);
     let sent = numbers(&received.lock()[..1]);
     assert_eq!(sent.first().copied(), Some(dropped as i64), "the oldest kept is the first sent");
-    assert_eq!(store.event_count().await.unwrap() as u64, 150 - dropped + 1, "the rest and the report wait");
-    let limits = store.events(Some("resource.limit.exceeded"), 0, 10).await.unwrap();
+    assert_eq!(store.outbox().event_count().await.unwrap() as u64, 150 - dropped + 1, "the rest and the report wait");
+    let limits = store.outbox().events(Some("resource.limit.exceeded"), 0, 10).await.unwrap();
     assert_eq!(limits.len(), 1, "the overflow is reported");
     assert_eq!(limits[0].data["limit_value"], MAX);
     assert!(limits[0].data["current_value"].as_u64().unwrap() > 2 * MAX, "the outbox's own bytes before the prune");
@@ -330,13 +339,13 @@ async fn over_the_byte_quota_the_oldest_are_dropped_and_reported() {
 async fn flush_sends_everything_within_the_deadline() {
     let (_dir, store) = store_with(230).await;
     let (send, received) = scripted(vec![]);
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     assert_eq!(up.flush(Duration::from_secs(5)).await.unwrap(), 0);
     assert_eq!(received.lock().len(), 3);
     // A backend that keeps failing leaves the events for the next start.
     let (_dir2, store) = store_with(7).await;
     let (send, _) = scripted(vec![BatchOutcome::Failed("x".into()); 100]);
-    let mut up = Uploader::new(store, send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     assert_eq!(up.flush(Duration::from_secs(5)).await.unwrap(), 7);
 }
 
@@ -350,17 +359,17 @@ fn too_large() -> BatchOutcome {
 async fn a_batch_refused_as_too_large_is_sent_in_halves_and_an_event_too_large_alone_is_held() {
     let (_dir, store) = store_with(8).await;
     let (send, received) = scripted(vec![too_large()]);
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     assert_eq!(up.tick().await.unwrap(), Tick::Shrunk { from: 8, to: 4 });
     assert_eq!(up.tick().await.unwrap(), Tick::Sent(4));
     assert_eq!(up.tick().await.unwrap(), Tick::Sent(4), "an accepted batch lets the next one grow back");
     assert_eq!(up.tick().await.unwrap(), Tick::Idle);
     assert_eq!(numbers(&received.lock()), [(0..8).collect::<Vec<_>>(), (0..8).collect()].concat());
-    assert_eq!(store.event_count().await.unwrap(), 0);
+    assert_eq!(store.outbox().event_count().await.unwrap(), 0);
 
     let (_dir, store) = store_with(3).await;
     let (send, received) = scripted(vec![too_large(), too_large()]);
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     assert_eq!(up.tick().await.unwrap(), Tick::Shrunk { from: 3, to: 1 });
     assert_eq!(up.tick().await.unwrap(), Tick::Held(1), "one event refused alone is held");
     assert_eq!(up.tick().await.unwrap(), Tick::Sent(1));
@@ -368,7 +377,7 @@ async fn a_batch_refused_as_too_large_is_sent_in_halves_and_an_event_too_large_a
     assert_eq!(up.tick().await.unwrap(), Tick::Idle);
     assert_eq!(numbers(&received.lock()), [0, 1, 2, 0, 1, 2]);
     assert_eq!(up.stats().held, 1);
-    let kept = store.events(None, 0, 10).await.unwrap();
+    let kept = store.outbox().events(None, 0, 10).await.unwrap();
     assert_eq!(kept.len(), 1, "the held event is kept, not dropped");
     assert_eq!(kept[0].data["n"], 0);
     assert!(kept[0].held.as_deref().is_some_and(|why| why.contains("too large")), "{:?}", kept[0].held);
@@ -385,9 +394,9 @@ async fn a_batch_stops_before_the_event_that_would_pass_its_byte_budget() {
         sizes.iter().enumerate().map(|(i, size)| json!({"n": i, "pad": "x".repeat(*size)}).to_string()).collect();
     let rows: Vec<NewEvent<'_>> =
         texts.iter().map(|text| NewEvent { data: text.as_str().into(), ..row(0, "p0") }).collect();
-    store.append_events(&rows).await.unwrap();
+    store.outbox().append_events(&rows).await.unwrap();
     let (send, received) = scripted(vec![]);
-    let mut up = Uploader::new(store.clone(), send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     let mut ticks = Vec::new();
     loop {
         match up.tick().await.unwrap() {
@@ -402,7 +411,7 @@ async fn a_batch_stops_before_the_event_that_would_pass_its_byte_budget() {
         assert!(batch.len() == 1 || bytes <= MAX_BATCH_BYTES, "{} events in {bytes} bytes", batch.len());
     }
     assert_eq!(numbers(&batches), (0..6).collect::<Vec<_>>(), "in order, each once");
-    assert_eq!(store.event_count().await.unwrap(), 0);
+    assert_eq!(store.outbox().event_count().await.unwrap(), 0);
 }
 
 /// A backend that is slow but steady (it answers within the longer wait, past half of it) keeps the longer wait:
@@ -429,7 +438,7 @@ async fn a_slow_but_steady_backend_keeps_the_longer_wait() {
         }
         .boxed()
     });
-    let mut up = Uploader::new(store.clone(), send, 2, 10_000).with_timeout(Duration::from_millis(200));
+    let mut up = uploader(&store, send, 2, 10_000).with_timeout(Duration::from_millis(200));
     assert!(matches!(up.tick().await.unwrap(), Tick::Kept { .. }));
     assert_eq!(up.timeout(), Duration::from_millis(400));
     assert!(matches!(up.tick().await.unwrap(), Tick::Sent(_)));
@@ -458,7 +467,7 @@ async fn a_timed_out_batch_goes_again_smaller_later_and_with_more_time() {
         let outcome = script.lock().pop_front().unwrap_or(BatchOutcome::Accepted { failures: vec![] });
         async move { outcome }.boxed()
     });
-    let mut up = Uploader::new(store.clone(), send, 40, 10_000).with_timeout(Duration::from_secs(2));
+    let mut up = uploader(&store, send, 40, 10_000).with_timeout(Duration::from_secs(2));
     assert_eq!(up.tick().await.unwrap(), Tick::Kept { events: 40, wait: Some(BACKOFF_FIRST) });
     assert_eq!(up.timeout(), Duration::from_secs(4));
     assert_eq!(up.tick().await.unwrap(), Tick::Kept { events: 20, wait: Some(BACKOFF_FIRST * 2) });
@@ -470,11 +479,11 @@ async fn a_timed_out_batch_goes_again_smaller_later_and_with_more_time() {
     let batches = seen.lock().clone();
     assert_eq!(batches[1], batches[0][..20].to_vec(), "the same events again, oldest first");
     while up.tick().await.unwrap() != Tick::Idle {}
-    assert_eq!(store.event_count().await.unwrap(), 0, "nothing lost");
+    assert_eq!(store.outbox().event_count().await.unwrap(), 0, "nothing lost");
     // The timeout never passes half the lease, however many in a row.
     let (_dir, store) = store_with(5).await;
     let (send, _) = scripted((0..10).map(|_| BatchOutcome::TimedOut("no answer".into())).collect());
-    let mut up = Uploader::new(store, send, 100, 10_000);
+    let mut up = uploader(&store, send, 100, 10_000);
     for _ in 0..10 {
         up.tick().await.unwrap();
     }

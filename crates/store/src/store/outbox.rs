@@ -1,11 +1,13 @@
-//! The event outbox. Rows only: the event types and payloads are `events`' business.
+//! The event outbox (`Outbox`): events appended, claimed by the replica that sends them, held, counted, and
+//! pruned to their bounds (count, age, bytes on disk). Rows only: the event types and payloads are `events`'
+//! business.
 
 use serde_json::Value;
 use sqlx::any::AnyRow;
 use sqlx::{Any, Row, Transaction};
 
 use super::sql::{Bind, Sql};
-use super::{Engine, Store, StoreError};
+use super::{Db, Engine, StoreError};
 
 /// An event to append: its registry name, emission time (ISO-8601), payload and the instance it is about.
 /// `held` keeps it out of every batch with the reason.
@@ -31,7 +33,7 @@ pub struct StoredEvent {
     pub held: Option<String>,
 }
 
-/// What `Store::prune_events_to_bytes` did: the events it dropped, and the outbox's bytes it measured before
+/// What `Outbox::prune_events_to_bytes` did: the events it dropped, and the outbox's bytes it measured before
 /// (0 when the cheap check showed it under the bound).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BytesPruned {
@@ -39,7 +41,7 @@ pub struct BytesPruned {
     pub outbox: u64,
 }
 
-/// Bytes of the database on disk (`Store::disk_usage`).
+/// Bytes of the database on disk (`Outbox::disk_usage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskUsage {
     /// What the outbox may take, overstated (SQLite: every live page of the file).
@@ -85,12 +87,18 @@ pub(super) async fn insert_event(
     Ok(())
 }
 
-impl Store {
+/// The event outbox; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    pub(super) db: Db,
+}
+
+impl Outbox {
     /// Append events atomically, in order: a few multi-row statements (`Sql::inserts`), not one per event (each
     /// statement is a round trip to the connection's worker thread).
     pub async fn append_events(&self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
-        let statements = Sql::inserts(self.engine(), INSERT_EVENTS, events, event_values);
-        super::sql::execute_all(self.pool(), &statements).await?;
+        let statements = Sql::inserts(self.db.engine, INSERT_EVENTS, events, event_values);
+        super::sql::execute_all(&self.db.pool, &statements).await?;
         Ok(())
     }
 
@@ -108,7 +116,7 @@ impl Store {
         .bind(after_seq)
         .bind(event_type)
         .bind(limit)
-        .fetch_all(self.pool())
+        .fetch_all(&self.db.pool)
         .await?;
         rows.iter().map(stored).collect()
     }
@@ -120,7 +128,7 @@ impl Store {
              WHERE held IS NULL ORDER BY seq LIMIT $1",
         )
         .bind(limit)
-        .fetch_all(self.pool())
+        .fetch_all(&self.db.pool)
         .await?;
         rows.iter().map(stored).collect()
     }
@@ -137,7 +145,7 @@ impl Store {
         lease_ms: i64,
         at_ms: Option<i64>,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let sql = match self.engine() {
+        let sql = match self.db.engine {
             // Materialized, so the locked pick is made once however the planner joins it.
             Engine::Postgres => {
                 "WITH picked AS MATERIALIZED (
@@ -164,7 +172,7 @@ impl Store {
                  RETURNING seq, event_type, emitted_at, data, process_id, held"
             }
         };
-        let rows = sqlx::query(sql).bind(owner).bind(lease_ms).bind(at_ms).bind(limit).fetch_all(self.pool()).await?;
+        let rows = sqlx::query(sql).bind(owner).bind(lease_ms).bind(at_ms).bind(limit).fetch_all(&self.db.pool).await?;
         let mut events = rows.iter().map(stored).collect::<Result<Vec<_>, _>>()?;
         events.sort_by_key(|e| e.seq);
         Ok(events)
@@ -185,18 +193,18 @@ impl Store {
             sql.push_bind(Bind::Int(*seq));
         }
         sql.push(")");
-        Ok(sql.query().execute(self.pool()).await?.rows_affected())
+        Ok(sql.query().execute(&self.db.pool).await?.rows_affected())
     }
 
     /// A SQLite database has one satellite process: a claim found when its uploader starts is a dead process's,
     /// released at once instead of after its lease. (On PostgreSQL other replicas' claims are live.)
     pub async fn release_stale_claims(&self) -> Result<u64, StoreError> {
-        if self.engine() != Engine::Sqlite {
+        if self.db.engine != Engine::Sqlite {
             return Ok(0);
         }
         let done =
             sqlx::query("UPDATE event_outbox SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by IS NOT NULL")
-                .execute(self.pool())
+                .execute(&self.db.pool)
                 .await?;
         Ok(done.rows_affected())
     }
@@ -206,7 +214,7 @@ impl Store {
         let rows = sqlx::query(
             "SELECT claimed_by FROM event_outbox WHERE claimed_by IS NOT NULL GROUP BY claimed_by ORDER BY MIN(seq)",
         )
-        .fetch_all(self.pool())
+        .fetch_all(&self.db.pool)
         .await?;
         rows.iter().map(|row| Ok(row.try_get("claimed_by")?)).collect()
     }
@@ -215,7 +223,7 @@ impl Store {
     pub async fn release_claims(&self, owner: &str) -> Result<u64, StoreError> {
         let done = sqlx::query("UPDATE event_outbox SET claimed_by = NULL, claimed_until = NULL WHERE claimed_by = $1")
             .bind(owner)
-            .execute(self.pool())
+            .execute(&self.db.pool)
             .await?;
         Ok(done.rows_affected())
     }
@@ -225,7 +233,7 @@ impl Store {
         sqlx::query("UPDATE event_outbox SET held = $1 WHERE seq = $2")
             .bind(reason)
             .bind(seq)
-            .execute(self.pool())
+            .execute(&self.db.pool)
             .await?;
         Ok(())
     }
@@ -243,7 +251,7 @@ impl Store {
             sql.push_bind(Bind::Int(*seq));
         }
         sql.push(")");
-        Ok(sql.query().execute(self.pool()).await?.rows_affected())
+        Ok(sql.query().execute(&self.db.pool).await?.rows_affected())
     }
 
     /// Keep the newest `keep` events; returns how many were removed.
@@ -252,7 +260,7 @@ impl Store {
             "DELETE FROM event_outbox WHERE seq <= (SELECT seq FROM event_outbox ORDER BY seq DESC LIMIT 1 OFFSET $1)",
         )
         .bind(keep)
-        .execute(self.pool())
+        .execute(&self.db.pool)
         .await?;
         Ok(done.rows_affected())
     }
@@ -269,18 +277,18 @@ impl Store {
         if self.disk_usage().await?.used <= max_bytes {
             return none(0);
         }
-        let size = match self.engine() {
+        let size = match self.db.engine {
             Engine::Sqlite => "octet_length(data)",
             // A row's other columns and header too: a table of small events is more than its payloads.
             Engine::Postgres => "(pg_column_size(data) + pg_column_size(event_type) + pg_column_size(emitted_at) + 32)",
         };
         let payloads: i64 =
             sqlx::query(&format!("SELECT CAST(COALESCE(SUM({size}), 0) AS BIGINT) AS n FROM event_outbox"))
-                .fetch_one(self.pool())
+                .fetch_one(&self.db.pool)
                 .await?
                 .try_get("n")?;
         let payloads = u64::try_from(payloads).unwrap_or(0);
-        let outbox = match self.engine() {
+        let outbox = match self.db.engine {
             Engine::Sqlite => self.outbox_pages().await?,
             Engine::Postgres => payloads,
         };
@@ -296,7 +304,7 @@ impl Store {
                WHERE newer > $1 ORDER BY seq DESC LIMIT 1)"
         ))
         .bind(i64::try_from(keep).unwrap_or(i64::MAX))
-        .execute(self.pool())
+        .execute(&self.db.pool)
         .await?;
         Ok(BytesPruned { events: done.rows_affected(), outbox })
     }
@@ -304,13 +312,13 @@ impl Store {
     /// What the outbox takes on disk: SQLite, the pages of `event_outbox` (walked: not for every call);
     /// PostgreSQL, its stored payloads.
     pub async fn outbox_bytes(&self) -> Result<u64, StoreError> {
-        match self.engine() {
+        match self.db.engine {
             Engine::Sqlite => self.outbox_pages().await,
             Engine::Postgres => {
                 let n: i64 = sqlx::query(
                     "SELECT CAST(COALESCE(SUM(pg_column_size(data) + pg_column_size(event_type) + pg_column_size(emitted_at) + 32), 0) AS BIGINT) AS n FROM event_outbox",
                 )
-                        .fetch_one(self.pool())
+                        .fetch_one(&self.db.pool)
                         .await?
                         .try_get("n")?;
                 Ok(u64::try_from(n).unwrap_or(0))
@@ -323,7 +331,7 @@ impl Store {
         let n: i64 = sqlx::query(
             "SELECT CAST(COALESCE(SUM(pgsize), 0) AS BIGINT) AS n FROM dbstat WHERE name = 'event_outbox' AND aggregate = 1",
         )
-        .fetch_one(self.pool())
+        .fetch_one(&self.db.pool)
         .await?
         .try_get("n")?;
         Ok(u64::try_from(n).unwrap_or(0))
@@ -333,7 +341,7 @@ impl Store {
     /// free pages) and its free pages; PostgreSQL's `event_outbox` table with its TOAST, dead rows included (its
     /// own vacuum reuses them: no free pages counted).
     pub async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {
-        let sql = match self.engine() {
+        let sql = match self.db.engine {
             Engine::Sqlite => {
                 "SELECT (p.page_count - f.freelist_count) * s.page_size AS used, f.freelist_count * s.page_size AS free,
                         s.page_size AS page_size
@@ -341,7 +349,7 @@ impl Store {
             }
             Engine::Postgres => "SELECT pg_table_size('event_outbox') AS used, CAST(0 AS BIGINT) AS free, CAST(8192 AS BIGINT) AS page_size",
         };
-        let row = sqlx::query(sql).fetch_one(self.pool()).await?;
+        let row = sqlx::query(sql).fetch_one(&self.db.pool).await?;
         let bytes = |column: &str| -> Result<u64, StoreError> {
             Ok(u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0))
         };
@@ -358,7 +366,7 @@ impl Store {
     /// move pages to shrink the file and then grow it again, page by page: 24% of its thread's time under load
     /// (docs/performance-history.md, 2026-12-01 22:30).
     pub async fn release_free_pages(&self, at_most: u64) -> Result<u64, StoreError> {
-        if self.engine() != Engine::Sqlite {
+        if self.db.engine != Engine::Sqlite {
             return Ok(0);
         }
         let usage = self.disk_usage().await?;
@@ -373,21 +381,21 @@ impl Store {
         }
         // Every page the pragma frees is a row it steps through: sqlx's `execute` steps to the end. Its argument
         // is a number made here, not text from anywhere else.
-        sqlx::query(&format!("PRAGMA incremental_vacuum({pages})")).execute(self.pool()).await?;
+        sqlx::query(&format!("PRAGMA incremental_vacuum({pages})")).execute(&self.db.pool).await?;
         Ok(usage.free.saturating_sub(self.disk_usage().await?.free))
     }
 
     /// Drop events emitted before `cutoff` (an ISO timestamp, compared as text in the one format `iso` writes).
     pub async fn prune_events_before(&self, cutoff: &str) -> Result<u64, StoreError> {
         let done =
-            sqlx::query("DELETE FROM event_outbox WHERE emitted_at < $1").bind(cutoff).execute(self.pool()).await?;
+            sqlx::query("DELETE FROM event_outbox WHERE emitted_at < $1").bind(cutoff).execute(&self.db.pool).await?;
         Ok(done.rows_affected())
     }
 
     /// Depth, held events and the oldest emission time of the outbox.
     pub async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
         let row = sqlx::query("SELECT COUNT(*) AS n, COUNT(held) AS held, MIN(emitted_at) AS oldest FROM event_outbox")
-            .fetch_one(self.pool())
+            .fetch_one(&self.db.pool)
             .await?;
         Ok(OutboxSummary {
             count: row.try_get("n")?,
@@ -398,14 +406,14 @@ impl Store {
 
     /// The sequence number of the newest event ever appended (0 when none was): how many events were produced.
     pub async fn outbox_last_seq(&self) -> Result<i64, StoreError> {
-        let sql = match self.engine() {
+        let sql = match self.db.engine {
             Engine::Sqlite => "SELECT seq FROM sqlite_sequence WHERE name = 'event_outbox'",
             // NULL until the sequence was first used.
             Engine::Postgres => {
                 "SELECT pg_sequence_last_value(pg_get_serial_sequence('event_outbox', 'seq')::regclass) AS seq"
             }
         };
-        let row = sqlx::query(sql).fetch_optional(self.pool()).await?;
+        let row = sqlx::query(sql).fetch_optional(&self.db.pool).await?;
         Ok(match row {
             Some(row) => row.try_get::<Option<i64>, _>("seq")?.unwrap_or(0),
             None => 0,
@@ -414,7 +422,7 @@ impl Store {
 
     /// How many events the outbox holds.
     pub async fn event_count(&self) -> Result<i64, StoreError> {
-        Ok(sqlx::query("SELECT COUNT(*) AS n FROM event_outbox").fetch_one(self.pool()).await?.try_get("n")?)
+        Ok(sqlx::query("SELECT COUNT(*) AS n FROM event_outbox").fetch_one(&self.db.pool).await?.try_get("n")?)
     }
 
     /// The newest event's sequence number less the oldest's, plus one (0 when empty): never less than the count,
@@ -425,9 +433,18 @@ impl Store {
             "SELECT CAST(COALESCE((SELECT MAX(seq) FROM event_outbox) - (SELECT MIN(seq) FROM event_outbox) + 1, 0)
                     AS BIGINT) AS n",
         )
-        .fetch_one(self.pool())
+        .fetch_one(&self.db.pool)
         .await?;
         Ok(row.try_get("n")?)
+    }
+
+    /// Deletes outbox rows behind the outbox's back: the gap a crashed writer or an operator leaves, for the
+    /// uploader's tests in the crates above (`test-support`).
+    #[cfg(any(test, feature = "test-support"))]
+    pub async fn delete_events_for_tests(&self, seqs: &[i64]) -> Result<(), StoreError> {
+        let list = seqs.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        sqlx::query(&format!("DELETE FROM event_outbox WHERE seq IN ({list})")).execute(&self.db.pool).await?;
+        Ok(())
     }
 }
 
@@ -447,11 +464,12 @@ fn stored(row: &AnyRow) -> Result<StoredEvent, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[tokio::test]
     async fn the_history_is_pruned_by_age_and_by_count() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let store = Store::open(dir.path()).await?;
+        let store = Store::open(dir.path()).await?.outbox();
         let at = |day: u32| format!("2026-11-{day:02}T00:00:00.000Z");
         let rows: Vec<NewEvent<'_>> = (1..=9)
             .map(|day| NewEvent {
@@ -489,7 +507,7 @@ mod tests {
     async fn the_history_is_held_to_its_bytes_and_the_file_shrinks() -> Result<(), Box<dyn std::error::Error>> {
         const MAX: u64 = 1024 * 1024;
         let dir = tempfile::tempdir()?;
-        let store = Store::open(dir.path()).await?;
+        let store = Store::open(dir.path()).await?.outbox();
         for first in (0..300).step_by(50) {
             store.append_events(&request_logs(first..first + 50)).await?;
         }
@@ -516,7 +534,7 @@ mod tests {
         );
         let released = store.release_free_pages(store.disk_usage().await?.free).await?;
         assert!(released > 2 * MAX, "{released} bytes given back");
-        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(store.pool()).await?;
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&store.db.pool).await?;
         let shrunk = std::fs::metadata(&file)?.len();
         assert!(shrunk < 2 * MAX && shrunk < grown, "the file is {shrunk} bytes (with its WAL {grown} before)");
         Ok(())
@@ -529,10 +547,10 @@ mod tests {
     async fn other_tables_never_prune_the_events() -> Result<(), Box<dyn std::error::Error>> {
         const MAX: u64 = 1024 * 1024;
         let dir = tempfile::tempdir()?;
-        let store = Store::open(dir.path()).await?;
-        sqlx::query("CREATE TABLE filler (v TEXT)").execute(store.pool()).await?;
+        let store = Store::open(dir.path()).await?.outbox();
+        sqlx::query("CREATE TABLE filler (v TEXT)").execute(&store.db.pool).await?;
         for _ in 0..30 {
-            sqlx::query("INSERT INTO filler VALUES (hex(randomblob(50000)))").execute(store.pool()).await?;
+            sqlx::query("INSERT INTO filler VALUES (hex(randomblob(50000)))").execute(&store.db.pool).await?;
         }
         let rows = request_logs(0..20);
         store.append_events(&rows).await?;

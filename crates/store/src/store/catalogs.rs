@@ -1,14 +1,16 @@
-//! Discovered catalogs, one row per instance plus one per tool.
+//! Discovered catalogs (`Catalogs`): one row per instance plus one per tool, the changes each re-discovery
+//! found (the instances' tool history), and the drifted tools held until an admin accepts them.
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt as _;
 use serde_json::Value;
+use sqlx::any::AnyRow;
 use sqlx::Row;
 
 use super::sql::TxConnection;
-use super::{Store, StoreError};
+use super::{Db, StoreError};
 use crate::model::{
     Catalog, InstanceSpec, ListingBuilder, PreparedTool, ProcessId, ResourceDef, TemplateDef, ToolChange,
 };
@@ -35,12 +37,18 @@ impl From<&InstanceSpec> for CatalogOwner {
     }
 }
 
-impl Store {
+/// The stored catalogs, their tool history and the held tools; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Catalogs {
+    pub(super) db: Db,
+}
+
+impl Catalogs {
     /// Replace an instance's catalog in one transaction.
     pub async fn save_catalog(&self, owner: &CatalogOwner, catalog: &Catalog) -> Result<(), StoreError> {
         let resources = Value::Array(catalog.resources.iter().map(|r| r.definition.clone()).collect()).to_string();
         let templates = Value::Array(catalog.templates.iter().map(|t| t.definition.clone()).collect()).to_string();
-        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut conn = TxConnection::acquire(&self.db.pool).await?;
         let mut tx = conn.begin().await?;
         sqlx::query("DELETE FROM catalog_tools WHERE process_id = $1")
             .bind(&owner.process_id)
@@ -81,7 +89,7 @@ impl Store {
     }
 
     pub async fn delete_catalog(&self, process_id: &ProcessId) -> Result<(), StoreError> {
-        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut conn = TxConnection::acquire(&self.db.pool).await?;
         let mut tx = conn.begin().await?;
         sqlx::query("DELETE FROM catalog_tools WHERE process_id = $1")
             .bind(process_id.as_str())
@@ -98,52 +106,29 @@ impl Store {
 
     /// Every stored catalog, by process id.
     pub async fn load_catalogs(&self) -> Result<HashMap<ProcessId, Catalog>, StoreError> {
-        let mut catalogs: HashMap<ProcessId, Catalog> = HashMap::new();
         let rows = sqlx::query("SELECT process_id, discovered_at, resources, resource_templates FROM instance_catalog")
-            .fetch_all(self.pool())
+            .fetch_all(&self.db.pool)
             .await?;
-        for row in rows {
-            let process_id: String = row.try_get("process_id")?;
-            let discovered_at: String = row.try_get("discovered_at")?;
-            let discovered_at = DateTime::parse_from_rfc3339(&discovered_at)
-                .map(|t| t.with_timezone(&Utc))
-                .unwrap_or_else(|_| Utc::now());
-            let resources: Vec<Value> = serde_json::from_str(&row.try_get::<String, _>("resources")?)?;
-            let templates: Vec<Value> = serde_json::from_str(&row.try_get::<String, _>("resource_templates")?)?;
-            catalogs.insert(
-                ProcessId(process_id),
-                Catalog {
-                    fallbacks: Vec::new(),
-                    header_tools: Default::default(),
-                    names: Default::default(),
-                    tools: Vec::new(),
-                    resources: resources.iter().filter_map(ResourceDef::from_listing).collect(),
-                    templates: templates.iter().filter_map(TemplateDef::from_listing).collect(),
-                    discovered_at,
-                    tool_tokens: Vec::new(),
-                },
-            );
-        }
+        let mut catalogs = rows.iter().map(catalog_without_tools).collect::<Result<HashMap<_, _>, _>>()?;
+        self.load_tools(&mut catalogs).await?;
+        Ok(catalogs)
+    }
+
+    /// Every stored tool into its catalog in `catalogs`, with its token count.
+    async fn load_tools(&self, catalogs: &mut HashMap<ProcessId, Catalog>) -> Result<(), StoreError> {
         // Read row by row: every stored tool's row alive at once would be the whole store's definitions twice over.
         let mut tools =
             sqlx::query("SELECT process_id, definition, tokens FROM catalog_tools ORDER BY process_id, position")
-                .fetch(self.pool());
+                .fetch(&self.db.pool);
         let mut uncounted = std::collections::HashSet::new();
         // Each catalog's tools are made into one listing as soon as its rows (ordered by process id) are read.
         let mut reading: Option<(ProcessId, ListingBuilder)> = None;
-        let finish = |reading: Option<(ProcessId, ListingBuilder)>, catalogs: &mut HashMap<ProcessId, Catalog>| {
-            if let Some((process_id, listing)) = reading {
-                if let Some(catalog) = catalogs.get_mut(&process_id) {
-                    catalog.tools = listing.finish();
-                }
-            }
-        };
         while let Some(row) = tools.try_next().await? {
             let process_id = ProcessId(row.try_get("process_id")?);
             let definition: Value = serde_json::from_str(&row.try_get::<String, _>("definition")?)?;
             let tokens: Option<i64> = row.try_get("tokens")?;
             if reading.as_ref().is_some_and(|(id, _)| *id != process_id) {
-                finish(reading.take(), &mut catalogs);
+                finish_listing(reading.take(), catalogs);
             }
             if let (Some(catalog), Ok(tool)) = (catalogs.get_mut(&process_id), PreparedTool::new(definition)) {
                 reading.get_or_insert_with(|| (process_id.clone(), ListingBuilder::default())).1.push(tool);
@@ -155,14 +140,14 @@ impl Store {
                 }
             }
         }
-        finish(reading.take(), &mut catalogs);
+        finish_listing(reading.take(), catalogs);
         // Rows saved before token counts were stored: the whole catalog is counted again by its owner.
         for id in uncounted {
             if let Some(catalog) = catalogs.get_mut(&id) {
                 catalog.tool_tokens.clear();
             }
         }
-        Ok(catalogs)
+        Ok(())
     }
 
     /// Keep the changes one re-discovery found (the instance's tool history); `drifted` names the tools whose
@@ -174,7 +159,7 @@ impl Store {
         drifted: &std::collections::HashSet<String>,
     ) -> Result<(), StoreError> {
         let at = crate::model::iso(Utc::now());
-        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut conn = TxConnection::acquire(&self.db.pool).await?;
         let mut tx = conn.begin().await?;
         for change in changes {
             sqlx::query(
@@ -212,7 +197,7 @@ impl Store {
         )
         .bind(process_id)
         .bind(i64::from(limit))
-        .fetch_all(self.pool())
+        .fetch_all(&self.db.pool)
         .await?;
         let mut history = Vec::with_capacity(rows.len());
         for row in rows {
@@ -243,13 +228,43 @@ impl Store {
             .bind(process_id)
             .bind(*tool)
             .bind(since)
-            .fetch_optional(self.pool())
+            .fetch_optional(&self.db.pool)
             .await?;
             if row.is_some() {
                 called.insert((*tool).to_owned());
             }
         }
         Ok(called)
+    }
+}
+
+/// A stored catalog's row: its resources and templates, its tools still to be read (`Catalogs::load_tools`).
+fn catalog_without_tools(row: &AnyRow) -> Result<(ProcessId, Catalog), StoreError> {
+    let process_id: String = row.try_get("process_id")?;
+    let discovered_at: String = row.try_get("discovered_at")?;
+    let discovered_at =
+        DateTime::parse_from_rfc3339(&discovered_at).map(|t| t.with_timezone(&Utc)).unwrap_or_else(|_| Utc::now());
+    let resources: Vec<Value> = serde_json::from_str(&row.try_get::<String, _>("resources")?)?;
+    let templates: Vec<Value> = serde_json::from_str(&row.try_get::<String, _>("resource_templates")?)?;
+    let catalog = Catalog {
+        fallbacks: Vec::new(),
+        header_tools: Default::default(),
+        names: Default::default(),
+        tools: Vec::new(),
+        resources: resources.iter().filter_map(ResourceDef::from_listing).collect(),
+        templates: templates.iter().filter_map(TemplateDef::from_listing).collect(),
+        discovered_at,
+        tool_tokens: Vec::new(),
+    };
+    Ok((ProcessId(process_id), catalog))
+}
+
+/// The tools read for the catalog of `reading`, made into its listing.
+fn finish_listing(reading: Option<(ProcessId, ListingBuilder)>, catalogs: &mut HashMap<ProcessId, Catalog>) {
+    if let Some((process_id, listing)) = reading {
+        if let Some(catalog) = catalogs.get_mut(&process_id) {
+            catalog.tools = listing.finish();
+        }
     }
 }
 
@@ -276,11 +291,11 @@ pub struct HeldTool {
     pub held_at: String,
 }
 
-impl Store {
+impl Catalogs {
     /// Hold drifted tools of an installation (already held ones keep their first date).
     pub async fn hold_tools(&self, installation_id: &str, process_id: &str, tools: &[&str]) -> Result<(), StoreError> {
         let at = crate::model::iso(Utc::now());
-        let mut conn = TxConnection::acquire(self.pool()).await?;
+        let mut conn = TxConnection::acquire(&self.db.pool).await?;
         let mut tx = conn.begin().await?;
         for tool in tools {
             sqlx::query(
@@ -304,7 +319,7 @@ impl Store {
         let done = sqlx::query("DELETE FROM tool_holds WHERE installation_id = $1 AND tool_name = $2")
             .bind(installation_id)
             .bind(tool)
-            .execute(self.pool())
+            .execute(&self.db.pool)
             .await?;
         Ok(done.rows_affected() > 0)
     }
@@ -313,7 +328,7 @@ impl Store {
     pub async fn release_holds_of(&self, installation_id: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM tool_holds WHERE installation_id = $1")
             .bind(installation_id)
-            .execute(self.pool())
+            .execute(&self.db.pool)
             .await?;
         Ok(())
     }
@@ -323,7 +338,7 @@ impl Store {
         let rows = sqlx::query(
             "SELECT installation_id, tool_name, process_id, held_at FROM tool_holds ORDER BY held_at, tool_name",
         )
-        .fetch_all(self.pool())
+        .fetch_all(&self.db.pool)
         .await?;
         rows.into_iter()
             .map(|row| {
@@ -354,7 +369,7 @@ impl Store {
         .bind(installation_id)
         .bind(limit as i64)
         .bind(offset as i64)
-        .fetch_all(self.pool())
+        .fetch_all(&self.db.pool)
         .await?;
         rows.into_iter()
             .map(|row| {
