@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 
 use crate::auth::Authenticator;
 use crate::config::{self, ConfigError};
-use crate::control::standalone;
+use crate::control::standalone::{self, StandaloneConfig};
 use crate::events::{ConfigRefresh, Emitter, Event};
 use crate::instances::InstanceManager;
 
@@ -39,70 +39,92 @@ pub(super) struct FileWatch {
 
 impl FileWatch {
     pub(super) async fn check(self) -> Result<(), ConfigError> {
+        let Some(bytes) = self.read().await else { return Ok(()) };
+        let current = fingerprint(&bytes);
+        if !self.settled(current) {
+            return Ok(());
+        }
+        match self.parse(bytes) {
+            Ok(next) => self.apply(next, current).await,
+            Err(err) => {
+                self.refusals.fetch_add(1, Ordering::Relaxed);
+                error!(path = %self.path.display(), error = %err, "config file change refused, keeping the last good config; fix the file (`satellite check-config` shows the same error)");
+                // Logged once, here, with what to do: the job runner need not log it again.
+            }
+        }
+        Ok(())
+    }
+
+    /// The file's bytes, or `None` when it cannot be read now: out of descriptors, or the file replaced right
+    /// now, is not a change; look again next time.
+    async fn read(&self) -> Option<Vec<u8>> {
         // Off the runtime's threads: a file on a slow or stalled disk must not hold up requests.
         let path = self.path.clone();
         let read = tokio::task::spawn_blocking(move || config::file::read_bounded(&path))
             .await
             .unwrap_or_else(|err| Err(std::io::Error::other(err.to_string())));
-        let bytes = match read {
-            Ok(bytes) => bytes,
+        match read {
+            Ok(bytes) => {
+                if self.unreadable.swap(false, Ordering::Relaxed) {
+                    info!(path = %self.path.display(), "config file readable again");
+                }
+                Some(bytes)
+            }
             Err(err) => {
-                // Out of descriptors, or the file replaced right now: not a change, look again next time. Said once
-                // (a file deleted or a mount gone would otherwise warn every second for as long as it lasts).
+                // Said once (a file deleted or a mount gone would otherwise warn every second for as long as it
+                // lasts).
                 if !self.unreadable.swap(true, Ordering::Relaxed) {
                     warn!(path = %self.path.display(), error = %err, "config file unreadable, keeping the current config; check its permissions and the open-file limit");
                 }
-                return Ok(());
+                None
             }
-        };
-        if self.unreadable.swap(false, Ordering::Relaxed) {
-            info!(path = %self.path.display(), "config file readable again");
         }
-        let current = fingerprint(&bytes);
+    }
+
+    /// Whether a file with this fingerprint is a change that has held still for one interval (then it is taken
+    /// as the last seen); a half-written file changes again before it is read.
+    fn settled(&self, current: [u8; 32]) -> bool {
         if *self.last.lock() == Some(current) {
             *self.pending.lock() = None;
-            return Ok(());
+            return false;
         }
         if self.pending.lock().replace(current) != Some(current) {
             // Changed since the last look: wait until it holds still for one interval.
-            return Ok(());
+            return false;
         }
         *self.pending.lock() = None;
         *self.last.lock() = Some(current);
-        let parsed = match String::from_utf8(bytes) {
+        true
+    }
+
+    fn parse(&self, bytes: Vec<u8>) -> Result<StandaloneConfig, ConfigError> {
+        match String::from_utf8(bytes) {
             Err(_) => Err(ConfigError::new("config file", None, "is not UTF-8 text")),
             Ok(text) if text.trim().is_empty() => Err(ConfigError::new("config file", None, config::file::EMPTY)),
             Ok(text) => {
                 self.warn_start_only(&text);
                 config::parse_file_at(&text, &self.path).and_then(|raw| standalone::from_file(&raw))
             }
-        };
-        match parsed {
-            Ok(next) => {
-                self.auth.replace(next.directory.clone());
-                self.toolsets.set_configured(next.toolsets.clone());
-                let desired = next.desired_state();
-                let refresh = ConfigRefresh::new(
-                    "file",
-                    current,
-                    desired.instances.len(),
-                    desired.teams_count(),
-                    desired.rejected.len(),
-                    0,
-                );
-                let report = self.manager.apply(desired).await;
-                info!(%report, path = %self.path.display(), "config file change applied");
-                let refresh = ConfigRefresh { change_detected: report.changed(), ..refresh };
-                self.events.emit(Event::config_refreshed(&refresh)).await;
-                Ok(())
-            }
-            Err(err) => {
-                self.refusals.fetch_add(1, Ordering::Relaxed);
-                error!(path = %self.path.display(), error = %err, "config file change refused, keeping the last good config; fix the file (`satellite check-config` shows the same error)");
-                // Logged once, here, with what to do: the job runner need not log it again.
-                Ok(())
-            }
         }
+    }
+
+    /// The new directory, toolsets and desired state, applied; the change reported as `config.refreshed`.
+    async fn apply(&self, next: StandaloneConfig, current: [u8; 32]) {
+        self.auth.replace(next.directory.clone());
+        self.toolsets.set_configured(next.toolsets.clone());
+        let desired = next.desired_state();
+        let refresh = ConfigRefresh::new(
+            "file",
+            current,
+            desired.instances.len(),
+            desired.teams_count(),
+            desired.rejected.len(),
+            0,
+        );
+        let report = self.manager.apply(desired).await;
+        info!(%report, path = %self.path.display(), "config file change applied");
+        let refresh = ConfigRefresh { change_detected: report.changed(), ..refresh };
+        self.events.emit(Event::config_refreshed(&refresh)).await;
     }
 
     /// `[satellite]` and `[sandbox]` are read once at start: an edit of them is not applied, and says so once.

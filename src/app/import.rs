@@ -113,18 +113,7 @@ pub fn import(json: &str, options: &ImportOptions) -> Result<Imported, ImportErr
         .and_then(Value::as_object)
         .ok_or(ImportError::NoServers)?;
     let mut warnings = Vec::new();
-    let mut file = File {
-        sandbox: None,
-        teams: vec![Team { id: options.team.clone() }],
-        users: vec![User {
-            id: options.user.clone(),
-            teams: vec![options.team.clone()],
-            role: "admin",
-            token_sha256: vec![config::sha256_hex(&options.token)],
-        }],
-        servers: Vec::new(),
-        installations: Vec::new(),
-    };
+    let mut file = skeleton(options);
     let mut allowed: Vec<String> = Vec::new();
     for (name, entry) in servers {
         let Some(entry) = entry.as_object() else {
@@ -132,25 +121,15 @@ pub fn import(json: &str, options: &ImportOptions) -> Result<Imported, ImportErr
             continue;
         };
         let slug = unique_slug(&slug_of(name), &file.servers);
-        let server = match server_of(name, &slug, entry, &mut warnings) {
-            Some(server) => server,
-            None => continue,
-        };
+        let Some(server) = server_of(name, &slug, entry, &mut warnings) else { continue };
         if let Some(command) = &server.command {
-            if !crate::instances::sandbox::DEFAULT_ALLOWED_COMMANDS.contains(&command.as_str())
-                && !allowed.contains(command)
-            {
-                warnings.push(format!(
-                    "{name}: `{command}` is not on the sandbox's default allow-list; added to [sandbox] allowed_commands"
-                ));
-                allowed.push(command.clone());
-            }
+            allow(name, command, &mut allowed, &mut warnings);
         }
         let disabled = entry.get("disabled").and_then(Value::as_bool).unwrap_or(false);
         file.installations.push(Installation {
             id: slug.clone(),
             team: options.team.clone(),
-            server: slug.clone(),
+            server: slug,
             enabled: !disabled,
         });
         file.servers.push(server);
@@ -161,18 +140,50 @@ pub fn import(json: &str, options: &ImportOptions) -> Result<Imported, ImportErr
     if !allowed.is_empty() {
         file.sandbox = Some(Sandbox { allowed_commands: allowed });
     }
-    let body = toml::to_string(&file)?;
-    let toml = format!(
+    let toml = render(&file, options)?;
+    // What `serve` would refuse, refused here.
+    standalone::from_file(&config::parse_file(&toml)?)?;
+    Ok(Imported { toml, servers: file.servers.len(), warnings })
+}
+
+/// One team, its one admin (the token's SHA-256 only), and no servers yet.
+fn skeleton(options: &ImportOptions) -> File {
+    File {
+        sandbox: None,
+        teams: vec![Team { id: options.team.clone() }],
+        users: vec![User {
+            id: options.user.clone(),
+            teams: vec![options.team.clone()],
+            role: "admin",
+            token_sha256: vec![config::sha256_hex(&options.token)],
+        }],
+        servers: Vec::new(),
+        installations: Vec::new(),
+    }
+}
+
+/// A command off the sandbox's default allow-list is added to the file's own, once, with a warning saying so.
+fn allow(name: &str, command: &str, allowed: &mut Vec<String>, warnings: &mut Vec<String>) {
+    if crate::instances::sandbox::DEFAULT_ALLOWED_COMMANDS.contains(&command) || allowed.iter().any(|c| c == command) {
+        return;
+    }
+    warnings.push(format!(
+        "{name}: `{command}` is not on the sandbox's default allow-list; added to [sandbox] allowed_commands"
+    ));
+    allowed.push(command.to_owned());
+}
+
+/// The file's text: a header saying where it came from, then the settings.
+fn render(file: &File, options: &ImportOptions) -> Result<String, ImportError> {
+    let body = toml::to_string(file)?;
+    Ok(format!(
         "# Imported by `satellite import`: {} server(s) for team `{}`, user `{}`.\n\
          # The user's token is not in this file, only its SHA-256; `satellite token new` makes more.\n\
          # Check it with `satellite check-config --config FILE`.\n\n{body}",
         file.servers.len(),
         options.team,
         options.user
-    );
-    // What `serve` would refuse, refused here.
-    standalone::from_file(&config::parse_file(&toml)?)?;
-    Ok(Imported { toml, servers: file.servers.len(), warnings })
+    ))
 }
 
 fn server_of(

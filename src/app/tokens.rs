@@ -106,31 +106,14 @@ async fn connect(
 ) -> Result<McpClient, String> {
     let inherited = crate::instances::sandbox::inherited_env(env);
     let http = || reqwest::Client::builder().timeout(timeout).build().map_err(|e| e.to_string());
+    let name = target.name.clone();
     let transport = match &target.how {
-        How::Command { program, args } => Transport::Stdio(
-            StdioTransport::spawn(StdioLaunch {
-                label: target.name.clone(),
-                command: program.clone(),
-                args: args.clone(),
-                env: inherited,
-                cwd: None,
-                close_grace: Duration::from_secs(1),
-                stderr: Default::default(),
-                stderr_sink: None,
-                junk: Default::default(),
-                junk_lines: None,
-                limits: ResourceLimits::default(),
-                secrets: Vec::new(),
-                asker: None,
-            })
-            .map_err(|e| e.to_string())?,
-        ),
+        How::Command { program, args } => command_transport(name, program, args, inherited)?,
         How::Http { url, headers, sse: false } => Transport::StreamableHttp(
-            StreamableHttpTransport::new(target.name.clone(), http()?, url.clone(), headers)
-                .map_err(|e| e.to_string())?,
+            StreamableHttpTransport::new(name, http()?, url.clone(), headers).map_err(|e| e.to_string())?,
         ),
         How::Http { url, headers, sse: true } => Transport::Sse(
-            SseTransport::connect(target.name.clone(), http()?, url.clone(), headers, timeout, None)
+            SseTransport::connect(name, http()?, url.clone(), headers, timeout, None)
                 .await
                 .map_err(|e| e.to_string())?,
         ),
@@ -144,11 +127,10 @@ async fn connect(
                 Transport::Stdio(StdioTransport::spawn(launch).map_err(|e| e.to_string())?)
             }
             Upstream::StreamableHttp { url, headers, .. } => Transport::StreamableHttp(
-                StreamableHttpTransport::new(target.name.clone(), http()?, url.clone(), headers)
-                    .map_err(|e| e.to_string())?,
+                StreamableHttpTransport::new(name, http()?, url.clone(), headers).map_err(|e| e.to_string())?,
             ),
             Upstream::Sse { url, headers, timeout } => Transport::Sse(
-                SseTransport::connect(target.name.clone(), http()?, url.clone(), headers, *timeout, None)
+                SseTransport::connect(name, http()?, url.clone(), headers, *timeout, None)
                     .await
                     .map_err(|e| e.to_string())?,
             ),
@@ -156,6 +138,31 @@ async fn connect(
     };
     let options = ClientOptions { handshake_timeout: timeout, ..ClientOptions::default() };
     McpClient::connect(transport, &options).await.map_err(|e| e.to_string())
+}
+
+/// A command given on the command line, spawned as it is (outside the sandbox, as its user would run it).
+fn command_transport(
+    label: String,
+    program: &str,
+    args: &[String],
+    env: BTreeMap<String, String>,
+) -> Result<Transport, String> {
+    let launch = StdioLaunch {
+        label,
+        command: program.to_owned(),
+        args: args.to_vec(),
+        env,
+        cwd: None,
+        close_grace: Duration::from_secs(1),
+        stderr: Default::default(),
+        stderr_sink: None,
+        junk: Default::default(),
+        junk_lines: None,
+        limits: ResourceLimits::default(),
+        secrets: Vec::new(),
+        asker: None,
+    };
+    Ok(Transport::Stdio(StdioTransport::spawn(launch).map_err(|e| e.to_string())?))
 }
 
 /// Connect to each target in turn, list and count its tools. A server that fails is reported with its error;
