@@ -20,6 +20,7 @@ mod managed;
 mod metrics;
 mod mirrored_headers;
 mod outage;
+mod progress_tokens;
 mod reconcile;
 mod replicas;
 mod sandbox;

@@ -31,7 +31,6 @@ pub enum Target {
 }
 
 impl Target {
-    /// Route one request method.
     /// Route one request method; `relay` carries what the upstream server says meanwhile back to the client.
     /// `session` is the client's MCP session id, when it has one.
     pub async fn dispatch(
@@ -42,6 +41,8 @@ impl Target {
         params: Option<Value>,
         relay: Option<&Relay>,
     ) -> Result<Payload, RouteError> {
+        // Checked here, once for both routers: a token of another type would reach no server as it was sent.
+        crate::mcp::progress::check_token(params.as_ref()).map_err(RouteError::Rpc)?;
         match self {
             Target::Hierarchical(caller, selection) | Target::LegacySse(caller, selection) => match selection {
                 Ok(toolset) => routing.router.handle(caller, toolset.as_ref(), session, method, params, relay).await,

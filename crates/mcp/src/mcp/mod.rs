@@ -4,5 +4,6 @@
 pub mod client;
 pub mod headers;
 pub mod payload;
+pub mod progress;
 pub mod protocol;
 pub mod transport;

@@ -286,9 +286,9 @@ pub(super) fn check_envelope(
     }
 }
 
-/// [`check_envelope`], and on an instance's endpoint the `Mcp-Param-*` headers of a `tools/call` against its
-/// arguments, by the `x-mcp-header` annotations of the tool the catalog lists (a tool it does not list has none
-/// the satellite knows of). The meta-tools of `/mcp` have none.
+/// [`check_envelope`], a progress token of a type the specification allows, and on an instance's endpoint the
+/// `Mcp-Param-*` headers of a `tools/call` against its arguments, by the `x-mcp-header` annotations of the tool
+/// the catalog lists (a tool it does not list has none the satellite knows of). The meta-tools of `/mcp` have none.
 fn check_request(
     endpoint: &Endpoint,
     headers: &HeaderMap,
@@ -297,6 +297,8 @@ fn check_request(
     batch: bool,
 ) -> Result<(), RpcError> {
     check_envelope(headers, method, params, batch)?;
+    // Before a relay is made: the retry of a parked call, which no router sees, carries a token of its own.
+    crate::mcp::progress::check_token(params)?;
     let Target::Instance(instance) = &endpoint.target else { return Ok(()) };
     if method != "tools/call" {
         return Ok(());

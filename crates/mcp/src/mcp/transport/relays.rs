@@ -5,8 +5,9 @@
 //! at a time, the one that caused it).
 
 use parking_lot::Mutex;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
+use crate::mcp::progress;
 use crate::mcp::transport::Relay;
 
 #[derive(Debug, Default)]
@@ -60,16 +61,7 @@ impl Relays {
     /// calls and the announcements, a client would get it twice, where MCP sends each on one stream.
     pub(crate) fn deliver(&self, method: &str, params: Option<Value>) -> Result<(), Option<Value>> {
         match method {
-            "notifications/progress" => {
-                let token = params.as_ref().and_then(|p| p.get("progressToken")).cloned().unwrap_or(Value::Null);
-                match self.for_progress(&token) {
-                    Some((relay, theirs)) => {
-                        relay.notify(method, with_token(params, theirs));
-                        Ok(())
-                    }
-                    None => Err(params),
-                }
-            }
+            "notifications/progress" => self.deliver_progress(method, params),
             "notifications/message" => {
                 let relays = self.all();
                 if relays.is_empty() {
@@ -83,13 +75,27 @@ impl Relays {
             _ => Err(params),
         }
     }
+
+    /// A server's progress under one of our tokens, to the call that holds it with the client's own token put
+    /// back; under one no call holds any more, to nobody (our token would mean nothing to a client). Anything
+    /// else is returned as it came.
+    pub(crate) fn deliver_progress(&self, method: &str, params: Option<Value>) -> Result<(), Option<Value>> {
+        let token = params.as_ref().and_then(|p| p.get("progressToken"));
+        let Some(token) = token.filter(|token| method == "notifications/progress" && progress::is_ours(token)) else {
+            return Err(params);
+        };
+        if let Some((relay, theirs)) = self.for_progress(token) {
+            relay.notify(method, with_token(params, theirs));
+        }
+        Ok(())
+    }
 }
 
 /// Replace the client's `_meta.progressToken` by one unique to request `id`; returns (ours, theirs).
 pub(crate) fn take_progress_token(params: &mut Option<Value>, id: i64) -> Option<(Value, Value)> {
     let meta = params.as_mut()?.as_object_mut()?.get_mut("_meta")?.as_object_mut()?;
     let theirs = meta.get("progressToken")?.clone();
-    let ours = json!(format!("satellite-{id}"));
+    let ours = progress::ours(id);
     meta.insert("progressToken".into(), ours.clone());
     Some((ours, theirs))
 }
@@ -105,7 +111,10 @@ pub(crate) fn with_token(params: Option<Value>, theirs: Value) -> Option<Value> 
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+    use crate::mcp::transport::Inbound;
 
     #[test]
     fn tokens_are_replaced_and_put_back() {
@@ -122,5 +131,27 @@ mod tests {
         assert_eq!(with_token(Some(json!({"progressToken": ours, "progress": 1})), back).unwrap()["progressToken"], 7);
         relays.remove(42);
         assert!(relays.newest().is_none());
+    }
+
+    /// Progress under a token of ours that no call holds any more (the server spoke of a request after it ended)
+    /// reaches nobody: announced, it would show a client our token instead of its own. Progress under any other
+    /// token is the server's own business, announced as before.
+    #[test]
+    fn progress_under_a_token_of_ours_that_ended_goes_to_nobody() {
+        let relays = Relays::default();
+        let (relay, mut rx) = Relay::channel(true);
+        let mut params = Some(json!({"_meta": {"progressToken": 1.5}}));
+        let (ours, theirs) = take_progress_token(&mut params, 3).unwrap();
+        relays.add(3, relay, Some((ours.clone(), theirs)));
+        let progress = |token: &Value| Some(json!({"progressToken": token, "progress": 1}));
+        assert_eq!(relays.deliver_progress("notifications/progress", progress(&ours)), Ok(()));
+        let Ok(Inbound::Notification { params, .. }) = rx.try_recv() else { panic!("the call's progress") };
+        assert_eq!(params.unwrap()["progressToken"], json!(1.5));
+        relays.remove(3);
+        assert_eq!(relays.deliver("notifications/progress", progress(&ours)), Ok(()));
+        assert!(rx.try_recv().is_err());
+        let foreign = progress(&json!("theirs"));
+        assert_eq!(relays.deliver("notifications/progress", foreign.clone()), Err(foreign.clone()));
+        assert_eq!(relays.deliver_progress("notifications/message", progress(&ours)), Err(progress(&ours)));
     }
 }

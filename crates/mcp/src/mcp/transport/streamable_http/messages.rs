@@ -43,8 +43,9 @@ impl StreamableHttpTransport {
                         asks.withdrawn(params.as_ref());
                     }
                 }
+                // Progress under a token of ours goes back under the client's own.
                 Ok(Message::Notification { method, params }) => {
-                    if let Some(relay) = relay {
+                    if let (Err(params), Some(relay)) = (self.relays.deliver_progress(&method, params), relay) {
                         relay.notify(&method, params);
                     }
                 }

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -26,6 +27,7 @@ use url::Url;
 use super::bounded::{self, ERROR_BODY_BYTES};
 use super::http_wire::{classify_reqwest, header_map};
 use super::relay::Asker;
+use super::relays::Relays;
 use super::{error_body, Relay, RequestHeaders, UpstreamError};
 use crate::mcp::headers as mirrored;
 use crate::mcp::payload::Payload;
@@ -75,6 +77,10 @@ pub struct StreamableHttpTransport {
     renewal_failed: AtomicBool,
     /// Where the server's requests made outside any request of ours go: its owner's clients.
     asker: Option<Asker>,
+    /// Our requests that asked for progress, by the token of ours that stands for their client's own: the server
+    /// sees only ours, a plain string (a client's own may be a float or an integer past 2^53, which a server may
+    /// refuse or round), and its progress reaches the client under the token it sent, on either stream.
+    relays: Arc<Relays>,
 }
 
 impl Drop for StreamableHttpTransport {
@@ -105,6 +111,7 @@ impl StreamableHttpTransport {
             renewing: Box::default(),
             renewal_failed: AtomicBool::new(false),
             asker: None,
+            relays: Arc::default(),
         })
     }
 

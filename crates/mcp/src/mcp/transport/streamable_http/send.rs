@@ -14,7 +14,7 @@ use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, Message, RequestId, RpcError};
 use crate::mcp::transport::bounded::{self, ERROR_BODY_BYTES};
 use crate::mcp::transport::in_flight::{InFlight, Withdraw};
-use crate::mcp::transport::{error_body, mask_sent, sent_values, Relay, RequestHeaders, UpstreamError};
+use crate::mcp::transport::{error_body, mask_sent, relays, sent_values, Relay, RequestHeaders, UpstreamError};
 
 impl StreamableHttpTransport {
     /// Send request `method` once and read its reply to the response; `SessionGone` when the server no longer
@@ -29,11 +29,18 @@ impl StreamableHttpTransport {
     ) -> Result<Payload, SendError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let had_session = headers.modern.is_none() && self.session.lock().is_some();
-        let body = protocol::request(RequestId::Number(id), method, params.clone());
         // A handshake-era request that ends unanswered is cancelled upstream, as a direct client would; on
         // 2026-07-28 closing the request's stream is the cancellation. `initialize` is never cancelled.
         let session = SessionRequest { transport: self, protocol_version: headers.protocol_version.clone() };
         let mut in_flight = InFlight::new(session, id, method);
+        let mut params = params;
+        if let Some(relay) = relay {
+            // Forgotten with `in_flight`, however the request ends.
+            if let Some(token) = relays::take_progress_token(&mut params, id) {
+                self.relays.add(id, relay.clone(), Some(token));
+            }
+        }
+        let body = protocol::request(RequestId::Number(id), method, params.clone());
         // A 2026-07-28 request is cancelled by closing its stream, not by a notice.
         in_flight.answered = headers.modern.is_some();
         let outcome: Result<Payload, SendError> = async {

@@ -17,6 +17,7 @@ use super::{StreamableHttpTransport, CANCEL_TIMEOUT};
 use crate::mcp::protocol::{self, Message, RequestId};
 use crate::mcp::transport::bounded::{Events, MAX_MESSAGE_BYTES};
 use crate::mcp::transport::relay::{answer_outside, too_many_asks, Asker, MAX_OUTSIDE_ASKS};
+use crate::mcp::transport::relays::Relays;
 use crate::mcp::transport::{Announcement, RequestHeaders};
 
 /// Wait before reopening a session's GET stream the server ended, doubled after each failed reopening up to
@@ -46,6 +47,7 @@ impl StreamableHttpTransport {
             base,
             answer_headers,
             notifications: self.notifications.clone(),
+            relays: self.relays.clone(),
             stop: self.stop.clone(),
             label: self.label.clone(),
             asker: self.asker.clone(),
@@ -64,6 +66,8 @@ struct ServerStream {
     /// The headers of the answers to the server's requests.
     answer_headers: HeaderMap,
     notifications: broadcast::Sender<Announcement>,
+    /// The transport's requests that asked for progress.
+    relays: std::sync::Arc<Relays>,
     stop: CancellationToken,
     label: String,
     asker: Option<Asker>,
@@ -121,9 +125,12 @@ impl ServerStream {
             let Some(Ok(event)) = event else { return ControlFlow::Continue(()) };
             let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
             match Message::from_value(value) {
+                // Progress about one of our requests goes to its call, whichever stream the server sent it on.
                 Ok(Message::Notification { method, params }) => {
-                    let note = protocol::notification(&method, params);
-                    let _ = self.notifications.send(std::sync::Arc::new(note));
+                    if let Err(params) = self.relays.deliver_progress(&method, params) {
+                        let note = protocol::notification(&method, params);
+                        let _ = self.notifications.send(std::sync::Arc::new(note));
+                    }
                 }
                 Ok(Message::Request { id, method, params }) => self.ask(id, method, params).await,
                 _ => {}
