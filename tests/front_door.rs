@@ -2540,6 +2540,82 @@ async fn a_members_open_streams_are_capped_and_others_still_get_theirs() {
     assert!(sat.satellite.shutdown().await);
 }
 
+/// `subscriptions/listen` holds a stream open, so it counts against `max_streams_per_caller` like any other stream,
+/// on an instance of either era (a handshake-era server's listen the satellite serves itself; a 2026-07-28
+/// server's it holds open upstream): at the cap one more listen is refused with 429 and the reason, and a listen
+/// the client closes gives its place back, to a listen on either instance.
+#[tokio::test]
+async fn listens_count_against_the_stream_cap_and_give_their_place_back() {
+    let python = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python3");
+    assert!(python.exists(), "{} (made by scripts/test.sh)", python.display());
+    let python = python.to_string_lossy().into_owned();
+    let (paged, modern) = (fixture("misbehaving_server.py"), fixture("modern_server.py"));
+    let extra = format!(
+        "\n[[servers]]\nslug = \"paged\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{}, \"paged\"]\n\
+         [[servers]]\nslug = \"modern\"\ntransport = \"stdio\"\ncommand = {}\nargs = [{}]\n\
+         [[installations]]\nid = \"i-paged\"\nteam = \"acme\"\nserver = \"paged\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-paged\"\ninstance_token_sha256 = \"{}\"\n\
+         [[installations]]\nid = \"i-modern\"\nteam = \"acme\"\nserver = \"modern\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-modern\"\ninstance_token_sha256 = \"{}\"\n",
+        toml_str(&paged.to_string_lossy()),
+        toml_str(&python),
+        toml_str(&modern.to_string_lossy()),
+        sha256_hex(&instance_token("alice-paged")),
+        sha256_hex(&instance_token("alice-modern")),
+    );
+    let sat = TestSatellite::start_with(tempfile::tempdir().unwrap(), &(config() + &extra), |config| {
+        config.sandbox.allowed_commands.push(python.clone());
+        config.max_streams_per_caller = 2;
+    })
+    .await;
+    sat.wait_ready().await;
+    wait_online(&sat, "paged-acme-alice-i-paged").await;
+    wait_online(&sat, "modern-acme-alice-i-modern").await;
+    let listen = |instance: &'static str| {
+        let url = format!("{}/i/{instance}/mcp?token={}", sat.base_url(), instance_token(instance));
+        let body = json!({"jsonrpc":"2.0","id":"sub-1","method":"subscriptions/listen","params":{
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}},
+            "notifications": {"toolsListChanged": true}}});
+        let request = Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "subscriptions/listen")
+            .body(body.to_string());
+        async move { request.send().await.expect("a listen") }
+    };
+    // A listen that is not refused is a stream that stays open: its body is not read.
+    let refused = |instance: &'static str| async move {
+        let response = listen(instance).await;
+        if response.status() != StatusCode::TOO_MANY_REQUESTS {
+            return false;
+        }
+        let body: Value = response.json().await.unwrap_or_default();
+        body["error"]["message"].as_str().is_some_and(|m| m.contains("2 streams of this caller are open already"))
+    };
+    let first = listen("alice-paged").await;
+    let second = listen("alice-modern").await;
+    assert_eq!((first.status(), second.status()), (StatusCode::OK, StatusCode::OK));
+    assert!(refused("alice-paged").await, "a listen past the cap, on the satellite's own listen");
+    assert!(refused("alice-modern").await, "a listen past the cap, held upstream");
+    drop(first);
+    let third = wait_until(DEADLINE, "the place of the closed listen", || async {
+        Some(listen("alice-modern").await).filter(|r| r.status() == StatusCode::OK)
+    })
+    .await;
+    assert!(refused("alice-paged").await, "the new listen holds the place");
+    drop(second);
+    let fourth = wait_until(DEADLINE, "the place of the listen held upstream", || async {
+        Some(listen("alice-paged").await).filter(|r| r.status() == StatusCode::OK)
+    })
+    .await;
+    assert!(refused("alice-modern").await, "both places held again");
+    drop((third, fourth));
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A log level that is not one of the eight is refused with -32602 wherever the satellite answers for it, and
 /// nothing is kept: a `logging/setLevel` on `/mcp` (it goes to every server of the caller's that declares logging)
 /// and a 2026-07-28 request's `_meta` level. Before, `/mcp` told the client `{}` whatever its servers said, and

@@ -1,14 +1,15 @@
 //! The requests of ours a server is working on that have a client to relay to, on the transports whose server
 //! messages carry no request id of ours (a stdio child's pipe, a legacy SSE stream). A message is matched this
-//! way: progress by its token (ours replaces the client's, so two clients using the same token never mix), log
-//! messages to every client with a call running, and a request to the client to the newest call (with one call
-//! at a time, the one that caused it).
+//! way: what a 2026-07-28 server sends on a listen by the listen's id it is tagged with, progress by its token
+//! (ours replaces the client's, so two clients using the same token never mix), log messages to every client with
+//! a call running, and a request to the client to the newest call (with one call at a time, the one that caused
+//! it).
 
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 
-use crate::mcp::progress;
 use crate::mcp::transport::Relay;
+use crate::mcp::{progress, protocol};
 
 #[derive(Debug, Default)]
 pub(crate) struct Relays {
@@ -41,6 +42,17 @@ impl Relays {
         })
     }
 
+    /// The relay of the `subscriptions/listen` of ours a 2026-07-28 server's notification names: it tags what it
+    /// sends on a listen with the listen's id (`_meta` subscription id), the one thing that ties a message on a
+    /// pipe to one request. Without this, a client's listen on a stdio server heard nothing, not even its
+    /// acknowledgement, and was answered 504 when the request timed out.
+    fn for_subscription(&self, params: Option<&Value>) -> Option<Relay> {
+        let meta = params?.get("_meta")?;
+        let id = meta.get(protocol::meta_keys::SUBSCRIPTION_ID)?.as_i64()?;
+        let active = self.active.lock();
+        active.iter().find(|a| a.id == id && !a.relay.is_closed()).map(|a| a.relay.clone())
+    }
+
     /// The relay of the newest request still running, and whether it is the only one: only then is a server's
     /// request surely about that request (with several, it may be about another one).
     pub(crate) fn newest(&self) -> Option<(Relay, bool)> {
@@ -60,6 +72,10 @@ impl Relays {
     /// takes it, for the server's announcements. A log line cannot say which call it is about; sent to both the
     /// calls and the announcements, a client would get it twice, where MCP sends each on one stream.
     pub(crate) fn deliver(&self, method: &str, params: Option<Value>) -> Result<(), Option<Value>> {
+        if let Some(relay) = self.for_subscription(params.as_ref()) {
+            relay.notify(method, params);
+            return Ok(());
+        }
         match method {
             "notifications/progress" => self.deliver_progress(method, params),
             "notifications/message" => {
@@ -153,5 +169,21 @@ mod tests {
         let foreign = progress(&json!("theirs"));
         assert_eq!(relays.deliver("notifications/progress", foreign.clone()), Err(foreign.clone()));
         assert_eq!(relays.deliver_progress("notifications/message", progress(&ours)), Err(progress(&ours)));
+    }
+
+    /// What a 2026-07-28 server sends on one of our listens goes to that listen's client, whatever the method;
+    /// tagged with an id none of our requests has, it is the server's announcement.
+    #[test]
+    fn what_comes_on_a_listen_goes_to_its_client() {
+        let relays = Relays::default();
+        let (relay, mut rx) = Relay::channel(true);
+        relays.add(5, relay, None);
+        let tagged = |id: i64| Some(json!({"_meta": {protocol::meta_keys::SUBSCRIPTION_ID: id}, "uri": "x://y"}));
+        assert_eq!(relays.deliver("notifications/resources/updated", tagged(5)), Ok(()));
+        let Ok(Inbound::Notification { method, .. }) = rx.try_recv() else { panic!("the listen's notification") };
+        assert_eq!(method, "notifications/resources/updated");
+        assert_eq!(relays.deliver("notifications/resources/updated", tagged(6)), Err(tagged(6)));
+        relays.remove(5);
+        assert_eq!(relays.deliver("notifications/tools/list_changed", tagged(5)), Err(tagged(5)));
     }
 }
