@@ -211,7 +211,7 @@ async fn route_answer(
 
 /// `summary`: the totals of the rows in scope, with the filter that chose them.
 async fn summary(deps: &AnalyticsDeps, q: &Query) -> Result<Response, ApiError> {
-    let summary = report::summary(&deps.store, &q.filter, deps.recorder.meta()).await.map_err(store_failed)?;
+    let summary = report::summary(&deps.sums, &q.filter, deps.recorder.meta()).await.map_err(store_failed)?;
     Ok(json_reply(&json!({
         "generated_at": iso(Utc::now()),
         "filter": filter_json(q),
@@ -223,7 +223,7 @@ async fn summary(deps: &AnalyticsDeps, q: &Query) -> Result<Response, ApiError> 
 }
 
 /// `charts/savings.svg`: the tokens sent per bucket (the last 60), through a plain proxy and through the router.
-async fn savings_chart(store: &Store, q: &Query) -> Result<Response, ApiError> {
+async fn savings_chart(store: &AnalyticsSums, q: &Query) -> Result<Response, ApiError> {
     let page = report::activity(store, &q.filter, q.bucket, 60, 0).await.map_err(store_failed)?;
     let mut rows = page.items;
     rows.reverse();
@@ -248,7 +248,7 @@ async fn savings_chart(store: &Store, q: &Query) -> Result<Response, ApiError> {
 }
 
 /// `charts/servers.svg`: the tokens it takes to list each server's tools (the 15 costliest).
-async fn servers_chart(store: &Store, f: &RowFilter) -> Result<Response, ApiError> {
+async fn servers_chart(store: &AnalyticsSums, f: &RowFilter) -> Result<Response, ApiError> {
     let page = report::servers(store, f, 15, 0).await.map_err(store_failed)?;
     // Two installations of one server (two teams, say) are told apart by their installation id.
     let shared = |slug: &str| page.items.iter().filter(|s| s.server_slug == slug).count() > 1;

@@ -9,14 +9,14 @@ use parking_lot::RwLock;
 use tracing::{info, warn};
 
 use crate::model::{InstallationId, InstanceSpec};
-use crate::store::{Store, StoreError};
+use crate::store::{Catalogs, StoreError};
 
 use super::{Instance, InstanceManager, ToolOverrides};
 
 /// The run-time switches and the drift holds among them.
 pub(in crate::instances) struct DriftHolds {
     /// Where holds are kept across restarts and shared by replicas (`tool_holds`).
-    store: Store,
+    store: Catalogs,
     /// Per installation, tool name → disabled; shared with every instance.
     overrides: ToolOverrides,
     /// The drift holds among `overrides` (as stored in `tool_holds`): what `sync_holds` compares with the
@@ -26,7 +26,7 @@ pub(in crate::instances) struct DriftHolds {
 
 impl DriftHolds {
     /// The holds stored by a previous run: drifted tools an admin has not accepted yet stay held across restarts.
-    pub(in crate::instances) async fn load(store: Store) -> Result<Self, StoreError> {
+    pub(in crate::instances) async fn load(store: Catalogs) -> Result<Self, StoreError> {
         let overrides = ToolOverrides::default();
         let mut holds = HashSet::new();
         for held in store.held_tools().await? {

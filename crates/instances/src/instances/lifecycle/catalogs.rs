@@ -12,14 +12,14 @@ use crate::events::{Emitter, Event};
 use crate::instances::instance::Instance;
 use crate::model::{Catalog, InstanceSpec, ProcessId, ToolChange, ToolDef};
 use crate::search::{SearchIndex, ToolDoc};
-use crate::store::{CatalogOwner, Store};
+use crate::store::{CatalogOwner, Catalogs};
 
 /// Where discovered catalogs go.
 pub(in crate::instances) struct CatalogPublisher {
     /// The tool index; kept in step with every catalog the manager holds.
     search: SearchIndex,
     /// The saved catalogs and the tool history.
-    store: Store,
+    store: Catalogs,
     /// Where the discovery events go (the SQLite outbox).
     events: Emitter,
     /// A tool whose description or schema changes within this time of a call has drifted.
@@ -29,7 +29,7 @@ pub(in crate::instances) struct CatalogPublisher {
 impl CatalogPublisher {
     pub(in crate::instances) fn new(
         search: SearchIndex,
-        store: Store,
+        store: Catalogs,
         events: Emitter,
         drift_window: Duration,
     ) -> Self {
@@ -147,7 +147,7 @@ impl CatalogPublisher {
 
 /// The catalogs stored by a previous run, counted.
 pub(in crate::instances) async fn load_stored(
-    store: &Store,
+    store: &Catalogs,
 ) -> Result<HashMap<ProcessId, Arc<Catalog>>, crate::store::StoreError> {
     let mut stored = store.load_catalogs().await?;
     for catalog in stored.values_mut() {
