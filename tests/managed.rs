@@ -1496,10 +1496,9 @@ async fn every_loop_waits_out_the_retry_after_of_a_busy_backend() {
     backend.set_config(&config());
     backend.set_poll_hint(Some((PollingMode::Normal, 2)));
     // Each loop's first request meets the busy backend; the Retry-After asked is well past its own backoff.
-    let in_ten_seconds = (chrono::Utc::now() + chrono::Duration::seconds(10)).format("%a, %d %b %Y %H:%M:%S GMT");
     backend.fault_next(Endpoint::Heartbeat, Fault::RetryAfter(429, "3".into()), 1);
     backend.fault_next(Endpoint::Config, Fault::RetryAfter(503, "6".into()), 1);
-    backend.fault_next(Endpoint::Commands, Fault::RetryAfter(503, in_ten_seconds.to_string()), 1);
+    backend.fault_next(Endpoint::Commands, Fault::RetryAt(503, Duration::from_secs(10)), 1);
     backend.fault_next(Endpoint::Events, Fault::RetryAfter(429, "8".into()), 1);
     let every_second = |config: &mut Config| {
         fast(config);
@@ -1519,7 +1518,7 @@ async fn every_loop_waits_out_the_retry_after_of_a_busy_backend() {
     assert!(heartbeat >= Duration::from_millis(2_900), "heartbeat again after {heartbeat:?}, asked 3 s");
     let config_fetch = first_gap(&backend, Endpoint::Config).await;
     assert!(config_fetch >= Duration::from_millis(5_900), "config fetched again after {config_fetch:?}, asked 6 s");
-    // An HTTP-date says whole seconds: 10 s ahead when written is at least 9 s ahead when read.
+    // An HTTP-date says whole seconds: 10 s after the answer is written as 9-10 s.
     let poll = first_gap(&backend, Endpoint::Commands).await;
     assert!(poll >= Duration::from_millis(8_900), "polled again after {poll:?}, asked until a date 9-10 s ahead");
     let events = first_gap(&backend, Endpoint::Events).await;

@@ -68,6 +68,8 @@ pub enum Fault {
     Status(u16),
     /// Answer this status (429, 503) with an error body and `Retry-After: <value>`; the request is not processed.
     RetryAfter(u16, String),
+    /// [`Fault::RetryAfter`] with an HTTP-date this long after the answer (whole seconds, so up to 1 s less).
+    RetryAt(u16, Duration),
     /// Answer 200 with a body that is not JSON; the request is not processed.
     Garbage,
     /// Process the request, then answer 200 with the first half of the real body.
@@ -661,6 +663,10 @@ async fn handle(
     let fault = shared.state.lock().faults.get_mut(&endpoint).and_then(VecDeque::pop_front);
     let retry_after = match &fault {
         Some(Fault::RetryAfter(_, value)) => Some(value.clone()),
+        Some(Fault::RetryAt(_, after)) => {
+            let at = chrono::Utc::now() + chrono::Duration::from_std(*after).unwrap_or_default();
+            Some(at.format("%a, %d %b %Y %H:%M:%S GMT").to_string())
+        }
         _ => None,
     };
     let answer = match fault {
@@ -670,7 +676,7 @@ async fn handle(
             json!({"statusCode": 413, "code": "FST_ERR_CTP_BODY_TOO_LARGE", "error": "Payload Too Large",
                    "message": "Request body is too large"}),
         ),
-        Some(Fault::Status(status) | Fault::RetryAfter(status, _)) => {
+        Some(Fault::Status(status) | Fault::RetryAfter(status, _) | Fault::RetryAt(status, _)) => {
             Answer::error(status, &format!("scripted failure {status}"))
         }
         Some(Fault::Garbage) => Answer { status: 200, body: Body::Raw("<html>502 Bad Gateway</html>".into()) },
