@@ -53,8 +53,8 @@ const ALLOWED: &[Allowed] = &[
     },
     Allowed {
         rule: Rule::Spawn,
-        file: "crates/http/src/http/exchange.rs",
-        line: "tokio::spawn(async move {",
+        file: "crates/http/src/http/exchange/asking.rs",
+        line: "tokio::spawn(watch.run(answered, reply));",
         why: "one server request's watcher: it ends when the client answers or the asker stops waiting, whose wait \
               the call's timeout bounds; `Exchange` holds no tracker",
     },

@@ -976,3 +976,84 @@ async fn junk_on_a_servers_stdout_is_summed_up_not_logged_line_by_line() {
         assert_eq!(suppressed + logged.len() as u64, JUNK, "{id}: every junk line logged or counted: {summaries:?}");
     }
 }
+
+/// `satellite serve --data-dir <data>` with the embedded default on `port`, stderr collected: the process and how
+/// it ended (code and stderr) when it exits within 60 s, or `None` with the process still running.
+async fn serve_exits(data: &str, port: u16) -> Option<(i32, String)> {
+    let child = Command::new(satellite_exe())
+        .args(["serve", "--data-dir", data])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("PORT", port.to_string())
+        .env("SATELLITE_DEMO_TOKEN", DEMO_TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // A satellite that does not exit serves on: dropped (killed) when the wait ends.
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await.ok()?.unwrap();
+    Some((output.status.code().unwrap_or(-1), String::from_utf8_lossy(&output.stderr).into_owned()))
+}
+
+/// Two satellites on one data directory: the second exits 64 with one line naming the directory and the first
+/// one's pid, and the first serves on. `check-config` and `search` on the stored catalogs only read: they run
+/// meanwhile. Once the first is gone, even killed without a chance to clean up, the directory is free again.
+/// Before, the second started too and both ran every server on one database.
+#[tokio::test]
+async fn a_second_satellite_on_a_data_directory_in_use_exits_64_naming_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    let port = free_port();
+    let env = [("PORT", port.to_string()), ("SATELLITE_DEMO_TOKEN", DEMO_TOKEN.into())];
+    let (first, _log) = serve_args_collecting_stderr(dir.path(), &["--data-dir", data], &env);
+    let base = ready_at(port).await;
+    demo_online(&base).await;
+    let pid = first.id().expect("the first satellite runs");
+
+    let (code, err) = serve_exits(data, free_port()).await.expect("the second satellite exits");
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(data) && err.contains(&format!("pid {pid}")), "names the directory and the holder: {err}");
+    assert!(reqwest::get(format!("{base}/readyz")).await.is_ok_and(|r| r.status() == 200), "the first serves on");
+
+    let (code, _, err) = run(&["check-config", "--data-dir", data], &[("SATELLITE_DEMO_TOKEN", DEMO_TOKEN)]).await;
+    assert_eq!(code, 0, "check-config only reads: {err}");
+    // The catalog is stored a moment after the instance is online.
+    wait_until(Duration::from_secs(30), "search to find the stored catalog", || async {
+        let (code, out, err) =
+            run(&["search", "echo", "--data-dir", data], &[("SATELLITE_DEMO_TOKEN", DEMO_TOKEN)]).await;
+        assert_eq!(code, 0, "search on the stored catalogs only reads: {err}");
+        out.contains("demo:echo").then_some(())
+    })
+    .await;
+
+    // Killed: the kernel drops its lock with the process; the pid it left in the lock file means nothing now.
+    let mut first = first;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let port = free_port();
+    let env = [("PORT", port.to_string()), ("SATELLITE_DEMO_TOKEN", DEMO_TOKEN.into())];
+    let (second, _log) = serve_args_collecting_stderr(dir.path(), &["--data-dir", data], &env);
+    ready_at(port).await;
+    stop(second).await;
+}
+
+/// A data volume that refuses the lock file (read-only here) does not stop `serve`: it says in one warning that it
+/// runs without the lock, and serves on its in-memory database as before the lock (tests/storage.rs).
+#[tokio::test]
+async fn a_read_only_data_volume_is_served_without_the_lock_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let _volume = crate::storage::SmallVolume::mount_at(&data, 16, "ro");
+    let port = free_port();
+    let env = [("PORT", port.to_string()), ("SATELLITE_DEMO_TOKEN", DEMO_TOKEN.into())];
+    let (child, log) = serve_args_collecting_stderr(dir.path(), &["--data-dir", data.to_str().unwrap()], &env);
+    ready_at(port).await;
+    stop(child).await;
+    let lines = log.await.unwrap();
+    let unlocked = lines.iter().filter(|l| l.contains("running without the data directory's lock")).count();
+    assert_eq!(unlocked, 1, "{lines:#?}");
+}

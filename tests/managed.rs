@@ -1472,3 +1472,58 @@ async fn a_credential_check_of_an_instance_waiting_for_reauthorisation_connects_
     backend.assert_no_violations();
     assert!(sat.satellite.shutdown().await);
 }
+
+/// The time between the first two requests the backend saw at `endpoint` (the first answered with a
+/// `Retry-After`), once both came.
+async fn first_gap(backend: &FakeBackend, endpoint: Endpoint) -> Duration {
+    let calls = wait_until(DEADLINE, "a second request after the one answered with Retry-After", || async {
+        let calls = backend.calls(endpoint);
+        (calls.len() >= 2).then_some(calls)
+    })
+    .await;
+    assert!(matches!(calls[0].status, 429 | 503), "{endpoint:?}: the first answer was {}", calls[0].status);
+    calls[1].at.duration_since(calls[0].at).unwrap_or_default()
+}
+
+/// A 429 or 503 with `Retry-After` (RFC 9110 §10.2.3, delta-seconds or an HTTP-date) is waited out by the loop that
+/// met it, however short its own backoff: the heartbeat (a beat every second), the configuration fetch (2 s after
+/// a failure), the command poll (4 s after a failure at a 2 s cadence) and the event upload (3.1 s after a 429).
+/// The backend saw the next request no sooner than it asked. Before, each loop kept its own cadence and called the
+/// busy backend again within its own backoff.
+#[tokio::test]
+async fn every_loop_waits_out_the_retry_after_of_a_busy_backend() {
+    let backend = FakeBackend::start().await;
+    backend.set_config(&config());
+    backend.set_poll_hint(Some((PollingMode::Normal, 2)));
+    // Each loop's first request meets the busy backend; the Retry-After asked is well past its own backoff.
+    backend.fault_next(Endpoint::Heartbeat, Fault::RetryAfter(429, "3".into()), 1);
+    backend.fault_next(Endpoint::Config, Fault::RetryAfter(503, "6".into()), 1);
+    backend.fault_next(Endpoint::Commands, Fault::RetryAt(503, Duration::from_secs(10)), 1);
+    backend.fault_next(Endpoint::Events, Fault::RetryAfter(429, "8".into()), 1);
+    let every_second = |config: &mut Config| {
+        fast(config);
+        if let satellite::config::Mode::Managed(m) = &mut config.mode {
+            m.heartbeat_interval = Duration::from_secs(1);
+        }
+    };
+    let sat = TestSatellite::managed(
+        &backend.url(),
+        FakeBackend::REGISTRATION_TOKEN,
+        tempfile::tempdir().unwrap(),
+        every_second,
+    )
+    .await
+    .expect("managed satellite starts");
+    let heartbeat = first_gap(&backend, Endpoint::Heartbeat).await;
+    assert!(heartbeat >= Duration::from_millis(2_900), "heartbeat again after {heartbeat:?}, asked 3 s");
+    let config_fetch = first_gap(&backend, Endpoint::Config).await;
+    assert!(config_fetch >= Duration::from_millis(5_900), "config fetched again after {config_fetch:?}, asked 6 s");
+    // An HTTP-date says whole seconds: 10 s after the answer is written as 9-10 s.
+    let poll = first_gap(&backend, Endpoint::Commands).await;
+    assert!(poll >= Duration::from_millis(8_900), "polled again after {poll:?}, asked until a date 9-10 s ahead");
+    let events = first_gap(&backend, Endpoint::Events).await;
+    assert!(events >= Duration::from_millis(7_900), "events sent again after {events:?}, asked 8 s");
+    wait_status(&sat, ALICE, InstanceStatus::Online).await;
+    backend.assert_no_violations();
+    assert!(sat.satellite.shutdown().await);
+}

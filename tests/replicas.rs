@@ -252,6 +252,32 @@ async fn shared_credentials_survive_a_failed_check_and_a_new_registration_reache
     assert!(b.satellite.shutdown().await);
 }
 
+/// The backend refuses the shared credentials (a revoked key) and the registration that follows fails too (a
+/// token the backend refuses for now): the shared credentials stay in the database, as the replicas' identity
+/// promises ("replaced when the registration succeeds, kept if it fails"). Before, the refusal deleted them ahead
+/// of the registration, so its failure left the replicas with no identity at all.
+#[tokio::test]
+async fn shared_credentials_refused_stay_when_the_registration_that_follows_fails() {
+    let (backend, url) = backend_and_database().await;
+    let token = FakeBackend::REGISTRATION_TOKEN;
+    let a = TestSatellite::managed(&backend.url(), token, tempfile::tempdir().unwrap(), on(&url)).await.unwrap();
+    let satellite_id = backend_status(&a.base_url()).await["satellite_id"].as_str().unwrap_or("").to_owned();
+    assert!(!satellite_id.is_empty());
+    assert!(a.satellite.shutdown().await);
+
+    backend.revoke_api_key(&satellite_id);
+    let second = "deploystack_satellite_global_second0registration0token";
+    backend.add_registration_token(second);
+    backend.fail_registration(503, "service_unavailable");
+    let failed = TestSatellite::managed(&backend.url(), second, tempfile::tempdir().unwrap(), on(&url)).await;
+    assert!(failed.is_err(), "refused credentials and a failed registration stop this start");
+    assert_eq!(backend.calls(Endpoint::Register).len(), 2, "the registration was tried");
+    let store = Store::connect(std::path::Path::new("/nonexistent"), &database(&url)).await.unwrap();
+    let kept = store.replicas().shared_identity("test-satellite-01").await.unwrap();
+    assert_eq!(kept.map(|k| k.satellite_id), Some(satellite_id), "the shared credentials are kept");
+    backend.take_violations();
+}
+
 /// The database ends the leader's lock session (an idle timeout, an administrator, a proxy restart): the leader
 /// notices, steps down, and the lead is taken again on a new session, never held by two replicas at once.
 #[tokio::test]

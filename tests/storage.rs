@@ -79,7 +79,7 @@ async fn analytics_rows_the_database_refused_are_written_once_it_takes_them() {
 }
 
 /// A tmpfs of `mib` MiB mounted on a fresh directory, unmounted when dropped.
-struct SmallVolume {
+pub(crate) struct SmallVolume {
     dir: Option<tempfile::TempDir>,
     path: std::path::PathBuf,
 }
@@ -93,7 +93,7 @@ impl SmallVolume {
     }
 
     /// A tmpfs mounted on `path` (an existing directory) with `mode` (`rw` or `ro`).
-    fn mount_at(path: &std::path::Path, mib: u32, mode: &str) -> SmallVolume {
+    pub(crate) fn mount_at(path: &std::path::Path, mib: u32, mode: &str) -> SmallVolume {
         let status = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={mib}m,{mode}"), "tmpfs"])
             .arg(path)

@@ -1,6 +1,7 @@
 //! `satellite serve`: start the satellite, serve until a signal, then stop in order (runtime, then telemetry).
 
 use super::*;
+use satellite::store::{DataDirLock, DirLockError};
 
 /// Raise the soft open-file limit to the hard one, as servers that hold many connections do: containers and
 /// some init systems start processes at a soft 1024 with a much higher hard limit, and the connection cap
@@ -30,9 +31,18 @@ pub(super) fn serve(args: &ServeArgs) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
+    // Held until this function returns, that is for the process's life.
+    let lock = match lock_data_dir(&config) {
+        Ok(lock) => lock,
+        Err(code) => return code,
+    };
     let telemetry = telemetry::init(&config.log_level, config.log_format, true);
     if let Some((before, after)) = raised {
         tracing::debug!(before, after, "open-file limit raised to the hard limit");
+    }
+    if let Err(err) = &lock {
+        tracing::warn!(error = %err, "running without the data directory's lock: a second satellite started on this \
+            directory would not be stopped (the volume refuses the lock file, or its filesystem has no locks)");
     }
     start_reaper();
     let runtime = match runtime() {
@@ -58,6 +68,20 @@ pub(super) fn serve(args: &ServeArgs) -> ExitCode {
     // The exporter blocks while it sends the last spans: after the runtime is gone.
     telemetry.shutdown();
     code
+}
+
+/// One satellite per data directory: the lock of `config`'s, before anything is started or logged. Another
+/// satellite holding it stops this one with one line and exit 64 (two would run every server twice on one
+/// database); a lock that cannot be had at all (a read-only or full volume, which the store then answers with its
+/// in-memory fallback; a filesystem without locks) does not stop it: the error is returned to be logged.
+fn lock_data_dir(config: &Config) -> Result<Result<DataDirLock, DirLockError>, ExitCode> {
+    match DataDirLock::acquire(&config.data_dir) {
+        Err(err @ DirLockError::Busy { .. }) => {
+            eprintln!("error: {err}");
+            Err(exit(config::EXIT_CONFIG))
+        }
+        other => Ok(other),
+    }
 }
 
 /// Before any server starts: whatever kills the satellite, its servers' process trees go with it.

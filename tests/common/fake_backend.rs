@@ -66,6 +66,10 @@ pub enum Endpoint {
 pub enum Fault {
     /// Answer this status with an error body; the request is not processed.
     Status(u16),
+    /// Answer this status (429, 503) with an error body and `Retry-After: <value>`; the request is not processed.
+    RetryAfter(u16, String),
+    /// [`Fault::RetryAfter`] with an HTTP-date this long after the answer (whole seconds, so up to 1 s less).
+    RetryAt(u16, Duration),
     /// Answer 200 with a body that is not JSON; the request is not processed.
     Garbage,
     /// Process the request, then answer 200 with the first half of the real body.
@@ -657,6 +661,14 @@ async fn handle(
         .map(str::to_owned);
 
     let fault = shared.state.lock().faults.get_mut(&endpoint).and_then(VecDeque::pop_front);
+    let retry_after = match &fault {
+        Some(Fault::RetryAfter(_, value)) => Some(value.clone()),
+        Some(Fault::RetryAt(_, after)) => {
+            let at = chrono::Utc::now() + chrono::Duration::from_std(*after).unwrap_or_default();
+            Some(at.format("%a, %d %b %Y %H:%M:%S GMT").to_string())
+        }
+        _ => None,
+    };
     let answer = match fault {
         // The real backend is a Fastify server with its default body limit: a bigger body is refused, unread.
         _ if body.len() > BODY_LIMIT => Answer::json(
@@ -664,7 +676,9 @@ async fn handle(
             json!({"statusCode": 413, "code": "FST_ERR_CTP_BODY_TOO_LARGE", "error": "Payload Too Large",
                    "message": "Request body is too large"}),
         ),
-        Some(Fault::Status(status)) => Answer::error(status, &format!("scripted failure {status}")),
+        Some(Fault::Status(status) | Fault::RetryAfter(status, _) | Fault::RetryAt(status, _)) => {
+            Answer::error(status, &format!("scripted failure {status}"))
+        }
         Some(Fault::Garbage) => Answer { status: 200, body: Body::Raw("<html>502 Bad Gateway</html>".into()) },
         Some(fault @ (Fault::Truncated | Fault::CutConnection)) => {
             let answer = dispatch(&shared, endpoint, sid.as_deref(), &path, &query, bearer.as_deref(), &parsed);
@@ -733,7 +747,7 @@ async fn handle(
         tokio::time::sleep(answer_delay).await;
     }
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    match answer.body {
+    let mut response = match answer.body {
         Body::Json(value) => warp::reply::with_status(warp::reply::json(&value), status).into_response(),
         Body::Raw(text) => {
             warp::reply::with_status(warp::reply::with_header(text, "content-type", "application/json"), status)
@@ -751,7 +765,11 @@ async fn handle(
             let reply = warp::reply::with_header(text, CUT_MARK, "1");
             warp::reply::with_status(reply, status).into_response()
         }
+    };
+    if let Some(value) = retry_after.and_then(|v| warp::http::HeaderValue::from_str(&v).ok()) {
+        response.headers_mut().insert("retry-after", value);
     }
+    response
 }
 
 /// Check `body` against a schema; on failure record the violation and return the 400 answer.

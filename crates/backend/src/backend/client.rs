@@ -5,7 +5,7 @@
 //! `BackendError` that names the endpoint; nothing here retries or logs
 //! secrets.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 use reqwest::{Method, StatusCode};
@@ -16,6 +16,7 @@ use tracing::warn;
 use url::Url;
 
 use super::credentials::Credentials;
+use super::retry_after;
 use super::wire::{
     self, path, Ack, CommandResult, CommandsResponse, ConfigResponse, Credential, EventsRequest, EventsResponse,
     HealthResponse, HeartbeatRequest, IntrospectRequest, IntrospectResponse, RegisterRequest, RegisterResponse,
@@ -36,7 +37,10 @@ pub enum BackendError {
         /// What the answer means, decided once from the status and the backend's error body.
         refusal: Refusal,
         message: String,
-        body: Option<wire::BackendError>,
+        /// Boxed: the error stays small enough to return everywhere (`clippy::result_large_err`).
+        body: Option<Box<wire::BackendError>>,
+        /// The wait a 429 or 503 asked for in `Retry-After` (unbounded: each loop bounds it, `retry_after`).
+        retry_after: Option<Duration>,
     },
     #[error("{endpoint}: backend answer is not valid: {reason}")]
     Decode { endpoint: &'static str, reason: String },
@@ -51,6 +55,15 @@ impl BackendError {
     pub fn status(&self) -> Option<u16> {
         match self {
             BackendError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// How long the backend asked to be left alone: the `Retry-After` of a 429 (or a refusal naming the rate
+    /// limit) or a 503. `None` for any other answer, or a value that is no delta-seconds or HTTP-date.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            BackendError::Status { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
@@ -287,6 +300,11 @@ impl BackendClient {
         }
         let mut response = request.send().await.map_err(|e| network_error(endpoint, &e))?;
         let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| retry_after::parse(value, SystemTime::now()));
         let mut bytes = Vec::new();
         let cut = loop {
             match response.chunk().await {
@@ -306,17 +324,26 @@ impl BackendClient {
             None => {}
         }
         if !status.is_success() {
-            let body: Option<wire::BackendError> = serde_json::from_slice(&bytes).ok();
-            let message = body
-                .as_ref()
-                .map(|b| b.message.clone().map_or_else(|| b.error.clone(), |m| format!("{}: {m}", b.error)))
-                .filter(|m| !m.is_empty())
-                .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
-            let refusal = Refusal::of(status.as_u16(), body.as_ref());
-            return Err(BackendError::Status { endpoint, status: status.as_u16(), refusal, message, body });
+            return Err(refused(endpoint, status, &bytes, retry_after));
         }
         Ok((status, Ok(bytes)))
     }
+}
+
+/// The error of a non-2xx answer: what it means, the backend's error body and message, and its `Retry-After` when
+/// the status is one that carries it (429, or an answer naming the rate limit, and 503).
+fn refused(endpoint: &'static str, status: StatusCode, bytes: &[u8], retry_after: Option<Duration>) -> BackendError {
+    let body: Option<wire::BackendError> = serde_json::from_slice(bytes).ok();
+    let message = body
+        .as_ref()
+        .map(|b| b.message.clone().map_or_else(|| b.error.clone(), |m| format!("{}: {m}", b.error)))
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
+    let refusal = Refusal::of(status.as_u16(), body.as_ref());
+    let waits = refusal == Refusal::RateLimited || status == StatusCode::SERVICE_UNAVAILABLE;
+    let retry_after = retry_after.filter(|_| waits);
+    let body = body.map(Box::new);
+    BackendError::Status { endpoint, status: status.as_u16(), refusal, message, body, retry_after }
 }
 
 /// One request to the backend: the endpoint's name (in errors and logs), method and path, the bearer token if any,

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod oauth;
 pub mod polling;
+pub mod retry_after;
 pub mod startup;
 pub mod uploader;
 pub mod wire;

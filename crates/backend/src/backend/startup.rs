@@ -91,13 +91,6 @@ impl Home<'_> {
             }
         }
     }
-
-    async fn clear(&self) -> Result<(), String> {
-        match self {
-            Home::File(file) => file.clear().map_err(|e| e.to_string()),
-            Home::Shared { replicas, name } => replicas.clear_shared_identity(name).await.map_err(|e| e.to_string()),
-        }
-    }
 }
 
 /// BP §1 step 2: a present token must look like one (OQ-1: an absent token is fine while stored credentials work).
@@ -201,9 +194,12 @@ async fn verify(
         }
         Err(err) => {
             warn!(error = %err, "stored backend credentials were refused; registering again");
-            // Shared: the row is replaced when the registration succeeds, and kept if it fails.
-            if let (Home::File(_), Err(err)) = (home, home.clear().await) {
-                warn!(error = %err, "could not clear the stored credentials");
+            // Shared: the row is replaced when the registration succeeds, and kept if it fails; only the file is
+            // cleared here. (A `Home::clear` matched after the call deleted the shared row too.)
+            if let Home::File(file) = home {
+                if let Err(err) = file.clear() {
+                    warn!(error = %err, "could not clear the stored credentials");
+                }
             }
             Ok(None)
         }

@@ -18,7 +18,8 @@
 //!   upkeep prunes them, and as the admin API sums them.
 //! - [`Replicas`] (`replicas`): the shared identity, the leader's recorded commands and advisory locks.
 //!
-//! Beside them, [`Volume`] says what the data volume did to the database (refused the file, filled up).
+//! Beside them, [`Volume`] says what the data volume did to the database (refused the file, filled up), and
+//! [`DataDirLock`] (`dir_lock`) keeps a second satellite off a data directory in use.
 
 use std::path::Path;
 use std::time::Duration;
@@ -33,6 +34,7 @@ use crate::config::Database;
 
 pub mod analytics;
 mod catalogs;
+pub mod dir_lock;
 mod migrations;
 mod open;
 mod outbox;
@@ -45,6 +47,7 @@ mod volume;
 
 pub use analytics::{AnalyticsRows, AnalyticsSums};
 pub use catalogs::{CatalogOwner, Catalogs, HeldTool, ToolChangeRow};
+pub use dir_lock::{DataDirLock, DirLockError};
 pub use outbox::{BytesPruned, DiskUsage, NewEvent, Outbox, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, Replicas, SharedIdentity};
 pub use status::{StatusHistory, StatusRecord};

@@ -1,6 +1,7 @@
 //! The heartbeat (BP §3): a fixed wall-clock tick, each beat with the `mcp_status` snapshot of §3.3.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use tracing::warn;
 use crate::backend::client::{BackendError, Refusal};
 use crate::backend::metrics::ProcessMetrics;
 use crate::backend::monitor::Channel;
+use crate::backend::retry_after::{self, Hold};
 use crate::backend::wire::{
     HealthStatus, HeartbeatRequest, McpInstanceStatus, McpStatus, McpStatusSummary, ProcessMetric, ProcessStatus,
     SatelliteStatus, ServerStatusCounts, SystemMetrics, ToolName, Transport,
@@ -25,51 +27,71 @@ pub(super) async fn heartbeat_loop(
     deps: ManagedDeps,
     metrics: Arc<Mutex<ProcessMetrics>>,
     stats: Arc<Mutex<ManagedStats>>,
-    url_sent: Arc<std::sync::atomic::AtomicBool>,
+    url_sent: Arc<AtomicBool>,
     cancel: CancellationToken,
 ) {
     let every = deps.heartbeat_every;
-    // Set once the backend refused a beat as too large (413): the beats after it leave out the lists that grow with
-    // the instances and tools (the summary and counts stay). Before, the same beat went every 30 s and was refused
-    // every time, and the backend saw the satellite as gone.
-    let slim = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let beat = move || {
-        let (deps, metrics, stats, url_sent) = (deps.clone(), metrics.clone(), stats.clone(), url_sent.clone());
-        let slim = slim.clone();
-        async move {
-            let first = !url_sent.load(std::sync::atomic::Ordering::Acquire);
-            let mut body = heartbeat_body(&deps, &mut metrics.lock(), first);
-            if slim.load(std::sync::atomic::Ordering::Relaxed) {
-                slimmed(&mut body);
-            }
-            match deps.client.heartbeat(&body).await {
-                Ok(_) => {
-                    url_sent.store(true, std::sync::atomic::Ordering::Release);
-                    stats.lock().heartbeats += 1;
-                    deps.monitor.record(Channel::Heartbeat, Ok(()));
-                }
-                Err(err) if matches!(&err, BackendError::Status { refusal: Refusal::TooLarge, .. }) => {
-                    stats.lock().heartbeat_failures += 1;
-                    deps.monitor.record(Channel::Heartbeat, Err(err.to_string()));
-                    if !slim.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        warn!(error = %err, "heartbeat refused as too large: later beats leave out the instance \
-                            and tool lists");
-                    }
-                }
-                Err(err) => {
-                    stats.lock().heartbeat_failures += 1;
-                    deps.monitor.record(Channel::Heartbeat, Err(err.to_string()));
-                    warn!(error = %err, "heartbeat failed");
-                }
-            }
-        }
+    let beater =
+        Arc::new(Beater { deps, metrics, stats, url_sent, slim: AtomicBool::new(false), hold: Hold::default() });
+    let beat = {
+        let beater = beater.clone();
+        move || beater.clone().beat()
     };
-    beat_cadence(every, cancel, beat).await;
+    beat_cadence(every, cancel, &beater.hold, beat).await;
+}
+
+/// What each beat needs, and what the beats tell the ones after them.
+struct Beater {
+    deps: ManagedDeps,
+    metrics: Arc<Mutex<ProcessMetrics>>,
+    stats: Arc<Mutex<ManagedStats>>,
+    url_sent: Arc<AtomicBool>,
+    /// Set once the backend refused a beat as too large (413): the beats after it leave out the lists that grow
+    /// with the instances and tools (the summary and counts stay). Before, the same beat went every 30 s and was
+    /// refused every time, and the backend saw the satellite as gone.
+    slim: AtomicBool,
+    /// The backend's `Retry-After` on a refused beat (429, 503): no beat goes before it has passed.
+    hold: Hold,
+}
+
+impl Beater {
+    async fn beat(self: Arc<Self>) {
+        let first = !self.url_sent.load(Ordering::Acquire);
+        let mut body = heartbeat_body(&self.deps, &mut self.metrics.lock(), first);
+        if self.slim.load(Ordering::Relaxed) {
+            slimmed(&mut body);
+        }
+        let err = match self.deps.client.heartbeat(&body).await {
+            Ok(_) => {
+                self.url_sent.store(true, Ordering::Release);
+                self.stats.lock().heartbeats += 1;
+                self.deps.monitor.record(Channel::Heartbeat, Ok(()));
+                return;
+            }
+            Err(err) => err,
+        };
+        self.stats.lock().heartbeat_failures += 1;
+        self.deps.monitor.record(Channel::Heartbeat, Err(err.to_string()));
+        if matches!(&err, BackendError::Status { refusal: Refusal::TooLarge, .. }) {
+            if !self.slim.swap(true, Ordering::Relaxed) {
+                warn!(error = %err, "heartbeat refused as too large: later beats leave out the instance and tool lists");
+            }
+            return;
+        }
+        let asked = err.retry_after();
+        self.hold.asked(asked);
+        match asked {
+            Some(asked) => warn!(error = %err, retry_after_s = asked.min(retry_after::CAP).as_secs(),
+                                 "heartbeat refused; no beat until the backend's Retry-After has passed"),
+            None => warn!(error = %err, "heartbeat failed"),
+        }
+    }
 }
 
 /// BP §3.1: the first beat at once, then a fixed wall-clock tick that never waits for the previous beat (each
-/// beat runs on its own task, bounded by the client's 10 s timeout); a failure changes nothing.
-pub async fn beat_cadence<B, F>(every: Duration, cancel: CancellationToken, mut beat: B)
+/// beat runs on its own task, bounded by the client's 10 s timeout); a failure changes nothing, except that the
+/// ticks while `hold` holds (the backend's `Retry-After`, RFC 9110 §10.2.3) send no beat.
+pub async fn beat_cadence<B, F>(every: Duration, cancel: CancellationToken, hold: &Hold, mut beat: B)
 where
     B: FnMut() -> F,
     F: std::future::Future<Output = ()> + Send + 'static,
@@ -84,7 +106,9 @@ where
             _ = ticker.tick() => {}
         }
         while beats.try_join_next().is_some() {}
-        beats.spawn(beat());
+        if !hold.holds() {
+            beats.spawn(beat());
+        }
     }
     beats.shutdown().await;
 }
@@ -260,7 +284,34 @@ mod tests {
                 }
             }
         };
-        beat_cadence(Duration::from_secs(30), cancel, beat).await;
+        beat_cadence(Duration::from_secs(30), cancel, &Hold::default(), beat).await;
         assert_eq!(*times.lock(), [0, 30, 60, 90]);
+    }
+
+    /// With paused time: a beat refused with `Retry-After: 3` (every 1 s) leaves the ticks before it passed without
+    /// a beat; the tick it passed at beats again, and the cadence goes on.
+    #[tokio::test(start_paused = true)]
+    async fn no_beat_goes_before_the_retry_after_of_a_refused_one_has_passed() {
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let hold = Arc::new(Hold::default());
+        let cancel = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        let (t, h, c) = (times.clone(), hold.clone(), cancel.clone());
+        let beat = move || {
+            let mut times = t.lock();
+            times.push((tokio::time::Instant::now() - start).as_secs());
+            if times.len() == 4 {
+                c.cancel();
+            }
+            let refused = times.len() == 1;
+            let hold = h.clone();
+            async move {
+                if refused {
+                    hold.asked(Some(Duration::from_secs(3)));
+                }
+            }
+        };
+        beat_cadence(Duration::from_secs(1), cancel, &hold, beat).await;
+        assert_eq!(*times.lock(), [0, 3, 4, 5]);
     }
 }

@@ -20,6 +20,7 @@ use super::client::{BackendClient, BackendError};
 use super::dedup::{CommandLedger, FINISHED_KEPT};
 use super::metrics::ProcessMetrics;
 use super::monitor::Channel;
+use super::retry_after::Hold;
 use crate::auth::introspection::TokenIntrospection;
 use crate::backend::wire::Command;
 use crate::events::{ConfigErrorKind, ConfigRefresh, Emitter, Event};
@@ -79,10 +80,14 @@ pub struct ManagedDeps {
 pub struct StaleConfig {
     stale: std::sync::atomic::AtomicBool,
     wake: tokio::sync::Notify,
+    /// The `Retry-After` of the last failed fetch (429, 503): the next one waits it out.
+    hold: Hold,
 }
 
 impl StaleConfig {
-    fn mark(&self) {
+    /// The fetch failed, the backend asking for `retry_after` before the next one, or not.
+    fn mark(&self, retry_after: Option<Duration>) {
+        self.hold.asked(retry_after);
         self.stale.store(true, std::sync::atomic::Ordering::Relaxed);
         self.wake.notify_one();
     }
@@ -104,28 +109,32 @@ impl StaleConfig {
 }
 
 /// Fetch the configuration again after a failed fetch (the first one, a `configure` command's, a follower's):
-/// 2 s, doubling to 60 s, until one is applied, by this loop or by a command meanwhile. BP §1.9 starts with no
-/// servers when the first fetch fails; this brings them.
+/// 2 s, doubling to 60 s, or as long as the last failure's `Retry-After` asked (to `retry_after::CAP`), until one
+/// is applied, by this loop or by a command meanwhile. BP §1.9 starts with no servers when the first fetch fails;
+/// this brings them.
 pub async fn resync_config(deps: ManagedDeps, cancel: CancellationToken) {
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = deps.config_stale.marked() => {}
         }
-        let mut wait = Duration::from_secs(2);
+        let mut own = Duration::from_secs(2);
         while deps.config_stale.is_stale() {
+            let wait = own.max(deps.config_stale.hold.left());
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
             }
-            if !deps.config_stale.is_stale() {
-                break;
+            // A failure meanwhile (a `configure` command's fetch) may have asked for a longer wait.
+            if !deps.config_stale.is_stale() || deps.config_stale.hold.holds() {
+                continue;
             }
             match Managed::refresh_config(&deps).await {
                 Ok(result) => info!(%result, "backend configuration applied after a failed fetch"),
                 Err(err) => {
-                    wait = (wait * 2).min(Duration::from_secs(60));
-                    warn!(error = %err, retry_in_s = wait.as_secs(), "config fetch failed again; serving the last configuration applied");
+                    own = (own * 2).min(Duration::from_secs(60));
+                    let retry_in_s = own.max(deps.config_stale.hold.left()).as_secs();
+                    warn!(error = %err, retry_in_s, "config fetch failed again; serving the last configuration applied");
                 }
             }
         }
@@ -206,7 +215,7 @@ impl Managed {
                     | BackendError::NotRegistered { .. } => (ConfigErrorKind::Network, None),
                 };
                 deps.events.emit(Event::config_error(kind, &err.to_string(), status_code, 60)).await;
-                deps.config_stale.mark();
+                deps.config_stale.mark(err.retry_after());
                 return Err(err);
             }
         };

@@ -13,6 +13,7 @@ use crate::backend::client::BackendError;
 use crate::backend::dedup::{CommandLedger, Seen};
 use crate::backend::monitor::Channel;
 use crate::backend::polling::{next_delay, PollOutcome, MIN_DELAY};
+use crate::backend::retry_after;
 use crate::backend::wire::{self, Command, CommandResult, CommandsResponse};
 use crate::model::iso;
 
@@ -101,6 +102,8 @@ pub async fn poll_cadence<P, PF, H, HF>(
     let mut delay = MIN_DELAY;
     loop {
         let started = tokio::time::Instant::now();
+        // The wait a 429 or 503 asked for (`Retry-After`), counted from its answer.
+        let mut asked = None;
         delay = match poll().await {
             Ok(answer) => {
                 let mode = answer.polling_mode.as_ref().map(|m| m.as_str().to_owned());
@@ -114,15 +117,16 @@ pub async fn poll_cadence<P, PF, H, HF>(
             }
             Err(err) => {
                 on_failure();
+                asked = err.retry_after();
                 if err.status() == Some(401) {
                     warn!(error = %err, "API key rejected while polling commands");
                 } else {
-                    warn!(error = %err, "polling commands failed");
+                    warn!(error = %err, retry_after_s = asked.map(|a| a.as_secs()), "polling commands failed");
                 }
                 next_delay(&PollOutcome::Failed, delay, idle)
             }
         };
-        let wait = delay.saturating_sub(started.elapsed());
+        let wait = retry_after::bounded(delay.saturating_sub(started.elapsed()), asked);
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
@@ -175,6 +179,44 @@ mod tests {
         let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
         // hint 2, hint 10, no hint + slow = idle 45, failures 90, 180, 300 (capped), hint 30, hint 60.
         assert_eq!(gaps, [2, 10, 45, 90, 180, 300, 30, 60]);
+    }
+
+    fn busy(status: u16, retry_after: Option<Duration>) -> Result<CommandsResponse, BackendError> {
+        let refusal = crate::backend::client::Refusal::of(status, None);
+        let message = "busy".to_owned();
+        Err(BackendError::Status { endpoint: "commands", status, refusal, message, body: None, retry_after })
+    }
+
+    /// With paused time: a 429 or 503 with `Retry-After` holds the next poll back as long as asked, never less than
+    /// the own backoff and never past the cap; the doubling goes on from the own backoff.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_holds_the_next_poll_back_within_the_own_backoff_and_the_cap() {
+        let script = VecDeque::from([
+            answer("normal", Some(2)),
+            busy(429, Some(Duration::from_secs(20))),
+            busy(503, Some(Duration::from_secs(1))),
+            busy(429, Some(Duration::MAX)),
+            busy(503, None),
+            answer("normal", Some(2)),
+        ]);
+        let script = Arc::new(Mutex::new(script));
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let cancel = CancellationToken::new();
+        let start = tokio::time::Instant::now();
+        let (s, t, c) = (script.clone(), times.clone(), cancel.clone());
+        let poll = move || {
+            t.lock().push((tokio::time::Instant::now() - start).as_secs());
+            let next = s.lock().pop_front();
+            if next.is_none() {
+                c.cancel();
+            }
+            async move { next.unwrap_or_else(|| answer("slow", Some(60))) }
+        };
+        poll_cadence(poll, |_| async { Some(false) }, || {}, Duration::from_secs(45), cancel).await;
+        let times = times.lock().clone();
+        let gaps: Vec<u64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        // hint 2; asked 20 (own 4); asked 1 (own 8); asked for ever (own 16): the cap; none (own 32); hint 2.
+        assert_eq!(gaps, [2, 20, 8, 300, 32, 2]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -56,7 +56,12 @@ fn batch_outcome(err: BackendError) -> BatchOutcome {
     match err {
         BackendError::Status { refusal: Refusal::Invalid, .. } => BatchOutcome::Invalid(err.to_string()),
         BackendError::Status { refusal: Refusal::Unauthorized, .. } => BatchOutcome::Unauthorized,
-        BackendError::Status { refusal: Refusal::RateLimited, .. } => BatchOutcome::RateLimited,
+        BackendError::Status { refusal: Refusal::RateLimited, retry_after, .. } => {
+            BatchOutcome::RateLimited(retry_after)
+        }
+        BackendError::Status { retry_after: Some(retry_after), .. } => {
+            BatchOutcome::Unavailable { reason: err.to_string(), retry_after }
+        }
         BackendError::Status { refusal: Refusal::TooLarge, .. } => BatchOutcome::TooLarge(err.to_string()),
         BackendError::Timeout { .. } => BatchOutcome::TimedOut(err.to_string()),
         BackendError::Status { .. }
@@ -66,7 +71,7 @@ fn batch_outcome(err: BackendError) -> BatchOutcome {
     }
 }
 
-/// Run the uploader every `tick` (plus any 429 backoff) until cancelled, then flush within `flush_deadline`.
+/// Run the uploader every `tick` (plus any 429 backoff or `Retry-After`) until cancelled, then flush within `flush_deadline`.
 pub async fn upload_loop(mut uploader: Uploader, tick: Duration, flush_deadline: Duration, cancel: CancellationToken) {
     loop {
         let wait = tick + uploader.backoff().unwrap_or_default();
@@ -103,7 +108,8 @@ mod tests {
             status,
             refusal: Refusal::of(status, Some(&body)),
             message: "whatever the satellite wrote".into(),
-            body: Some(body),
+            body: Some(Box::new(body)),
+            retry_after: None,
         }
     }
 
@@ -114,8 +120,8 @@ mod tests {
         assert!(matches!(batch_outcome(refused(500, "Validation failed: /events/0")), BatchOutcome::Invalid(_)));
         assert_eq!(batch_outcome(refused(401, "no")), BatchOutcome::Unauthorized);
         assert_eq!(batch_outcome(refused(503, "Unauthorized")), BatchOutcome::Unauthorized);
-        assert_eq!(batch_outcome(refused(429, "slow down")), BatchOutcome::RateLimited);
-        assert_eq!(batch_outcome(refused(500, "Rate limit exceeded")), BatchOutcome::RateLimited);
+        assert_eq!(batch_outcome(refused(429, "slow down")), BatchOutcome::RateLimited(None));
+        assert_eq!(batch_outcome(refused(500, "Rate limit exceeded")), BatchOutcome::RateLimited(None));
         assert!(matches!(batch_outcome(refused(413, "Payload Too Large")), BatchOutcome::TooLarge(_)));
         assert!(matches!(batch_outcome(refused(500, "database down")), BatchOutcome::Failed(_)));
         let network =

@@ -24,6 +24,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tracing::{error, info, warn};
 
+use super::retry_after;
 use super::wire::EventEnvelope;
 use crate::events::{Emitter, EventKind, Throttle};
 use crate::store::{Outbox, StoreError, StoredEvent};
@@ -56,10 +57,12 @@ pub enum BatchOutcome {
     Invalid(String),
     /// 401: credentials are being sorted out elsewhere; keep and retry.
     Unauthorized,
-    /// 429: keep, and wait longer before the next batch.
-    RateLimited,
+    /// 429: keep, and wait longer before the next batch, at least as long as its `Retry-After` asked.
+    RateLimited(Option<Duration>),
     /// 5xx, network: keep and retry next tick.
     Failed(String),
+    /// 503 with a `Retry-After`: keep, and send the next batch once it has passed.
+    Unavailable { reason: String, retry_after: Duration },
     /// No answer within the timeout: the backend may have stored the batch and be slow. Kept and sent again with the
     /// same event ids (the backend's dedupe key), fewer at a time, after a backoff, with more time to answer: a slow
     /// backend gets less, not more.
@@ -106,6 +109,8 @@ pub struct Uploader {
     /// Where the uploader's own events go (the satellite's emitter, whose queue keeps what the outbox refuses).
     emitter: Emitter,
     backoff: Option<Duration>,
+    /// The wait the backend's last refusal asked for (`Retry-After`, to `retry_after::CAP`), past `backoff`.
+    asked: Option<Duration>,
     /// How long the next batch's answer is waited for: `base_timeout`, doubled after each timeout (to
     /// [`MAX_TIMEOUT`]) and halved back after each batch accepted within half of it.
     timeout: Duration,
@@ -173,6 +178,7 @@ impl Uploader {
             prunes: Arc::new(|| true),
             emitter: events,
             backoff: None,
+            asked: None,
             timeout: TIMEOUT,
             base_timeout: TIMEOUT,
             answer_took: Duration::ZERO,
@@ -230,9 +236,9 @@ impl Uploader {
         self.stats
     }
 
-    /// Extra wait the rate limiter asked for before the next batch.
+    /// Extra wait before the next batch: the backoff, or the backend's `Retry-After` when it asked for longer.
     pub fn backoff(&self) -> Option<Duration> {
-        self.backoff
+        self.backoff.max(self.asked)
     }
 
     /// Send the oldest batch, if any, and act on the answer.
@@ -253,6 +259,7 @@ impl Uploader {
             return Ok(Tick::Held(batch.len()));
         }
         let started = tokio::time::Instant::now();
+        self.asked = None; // waited out: the loop waits `backoff()` before each tick
         let outcome = (self.send)(envelopes, self.timeout).await;
         self.answer_took = started.elapsed();
         self.answered(outcome, first, &seqs, bytes).await
@@ -318,7 +325,8 @@ impl Uploader {
                 Ok(Tick::Shrunk { from: n, to: self.cap })
             }
             BatchOutcome::TooLarge(reason) => self.held_too_large(seqs[0], bytes, &reason).await,
-            BatchOutcome::RateLimited => Ok(self.rate_limited(n)),
+            BatchOutcome::RateLimited(asked) => Ok(self.rate_limited(n, asked)),
+            BatchOutcome::Unavailable { reason, retry_after } => Ok(self.unavailable(n, &reason, retry_after)),
             BatchOutcome::Unauthorized => {
                 self.stats.failed_batches += 1;
                 warn!(events = n, "backend refused the satellite's credentials for events; keeping them");
@@ -386,12 +394,24 @@ impl Uploader {
         Ok(Tick::Held(1))
     }
 
-    /// The backend rate-limited a batch of `n` events: kept, and the next batch waits longer.
-    fn rate_limited(&mut self, n: usize) -> Tick {
-        let wait = self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX));
-        self.backoff = Some(wait);
+    /// The backend rate-limited a batch of `n` events: kept, and the next batch waits longer, and at least as long as
+    /// the backend `asked` (`backoff()`).
+    fn rate_limited(&mut self, n: usize, asked: Option<Duration>) -> Tick {
+        self.backoff = Some(self.backoff.map_or(BACKOFF_FIRST, |b| (b * 2).min(BACKOFF_MAX)));
+        self.asked = asked.map(|asked| asked.min(retry_after::CAP));
+        let wait = self.backoff().unwrap_or(BACKOFF_FIRST);
         self.stats.failed_batches += 1;
         warn!(events = n, wait_s = wait.as_secs(), "backend rate-limited events; backing off");
+        Tick::Kept { events: n, wait: Some(wait) }
+    }
+
+    /// The backend was unavailable for a batch of `n` events and said for how long: kept, and the next batch waits
+    /// that long, or the backoff of earlier refusals when longer (`backoff()`).
+    fn unavailable(&mut self, n: usize, reason: &str, retry_after: Duration) -> Tick {
+        self.asked = Some(retry_after.min(retry_after::CAP));
+        let wait = self.backoff().unwrap_or(retry_after);
+        self.stats.failed_batches += 1;
+        warn!(events = n, wait_s = wait.as_secs(), reason = %reason, "backend unavailable for events; keeping them until its Retry-After has passed");
         Tick::Kept { events: n, wait: Some(wait) }
     }
 

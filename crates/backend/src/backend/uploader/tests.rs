@@ -68,12 +68,12 @@ async fn failures_keep_the_batch_and_429_backs_off_doubling_to_48s() {
     let script = vec![
         BatchOutcome::Failed("500".into()),
         BatchOutcome::Unauthorized,
-        BatchOutcome::RateLimited,
-        BatchOutcome::RateLimited,
-        BatchOutcome::RateLimited,
-        BatchOutcome::RateLimited,
-        BatchOutcome::RateLimited,
-        BatchOutcome::RateLimited,
+        BatchOutcome::RateLimited(None),
+        BatchOutcome::RateLimited(None),
+        BatchOutcome::RateLimited(None),
+        BatchOutcome::RateLimited(None),
+        BatchOutcome::RateLimited(None),
+        BatchOutcome::RateLimited(None),
     ];
     let (send, received) = scripted(script);
     let mut up = uploader(&store, send, 100, 10_000);
@@ -94,6 +94,37 @@ async fn failures_keep_the_batch_and_429_backs_off_doubling_to_48s() {
     assert_eq!(up.backoff(), None, "success resets the backoff");
     // The same ten events went each time, in the same order.
     assert!(received.lock().iter().all(|b| numbers(std::slice::from_ref(b)) == (0..10).collect::<Vec<_>>()));
+}
+
+/// A 429 or 503 with `Retry-After`: the events are kept and the next batch waits as long as asked, never less than
+/// the own backoff, never past the cap; waited out, the wait asked is forgotten.
+#[tokio::test]
+async fn a_retry_after_is_waited_out_within_the_own_backoff_and_the_cap() {
+    let (_dir, store) = store_with(10).await;
+    let busy = |reason: &str, secs: u64| BatchOutcome::Unavailable {
+        reason: reason.into(),
+        retry_after: Duration::from_secs(secs),
+    };
+    let script = vec![
+        BatchOutcome::RateLimited(Some(Duration::from_secs(20))),
+        BatchOutcome::RateLimited(Some(Duration::from_secs(1))),
+        BatchOutcome::RateLimited(Some(Duration::MAX)),
+        busy("503", 7),
+        busy("503", u64::MAX),
+    ];
+    let (send, _) = scripted(script);
+    let mut up = uploader(&store, send, 100, 10_000);
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        let Tick::Kept { events: 10, wait: Some(wait) } = up.tick().await.unwrap() else { panic!("kept, with a wait") };
+        waits.push((wait.as_secs(), up.backoff().map(|b| b.as_secs())));
+    }
+    // asked 20 (own 3); asked 1 (own 6); asked for ever (own 12): the cap; a 503 asking 7 (the own 12 still stands);
+    // a 503 asking for ever.
+    assert_eq!(waits, [(20, Some(20)), (6, Some(6)), (300, Some(300)), (12, Some(12)), (300, Some(300))]);
+    assert_eq!(store.outbox().event_count().await.unwrap(), 10, "nothing lost while the backend is busy");
+    assert_eq!(up.tick().await.unwrap(), Tick::Sent(10));
+    assert_eq!(up.backoff(), None, "a batch accepted: no wait left");
 }
 
 #[tokio::test]

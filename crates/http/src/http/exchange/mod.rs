@@ -37,6 +37,14 @@ use asking::SessionStreams;
 use park::Parked;
 use stream::Relayed;
 
+/// A server request waiting for the client's answer.
+#[derive(Debug)]
+pub(super) struct Asked {
+    pub(super) method: String,
+    pub(super) params: Option<Value>,
+    pub(super) reply: Reply_,
+}
+
 type Reply_ = oneshot::Sender<Result<Value, RpcError>>;
 
 /// Pending server requests and cancellable calls of one session table, keyed by session (scope) and id.

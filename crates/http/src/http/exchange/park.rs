@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::mode::{origin_of, owner_of, Mode};
 use super::stream::{Answer, Relayed};
-use super::{Exchange, Reply_};
+use super::{Asked, Exchange};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{codes, RequestId, RpcError};
 use crate::mcp::transport::Inbound;
@@ -28,14 +28,6 @@ pub(super) struct Parked {
     /// The server's requests, by the key the client answers under.
     waiting: Vec<(String, Asked)>,
     since: Instant,
-}
-
-/// A server request waiting for the client's answer.
-#[derive(Debug)]
-pub(super) struct Asked {
-    pub(super) method: String,
-    pub(super) params: Option<Value>,
-    pub(super) reply: Reply_,
 }
 
 /// `requestState` of a call the satellite parked (the rest is a random handle, bound to the caller).

@@ -14,8 +14,7 @@ use warp::Reply;
 
 use super::asking::{notification_out, AskedOf, Withdrawn};
 use super::mode::{heard, long_lived_ends, origin_of, owner_of, retagged, Mode};
-use super::park::Asked;
-use super::Exchange;
+use super::{Asked, Exchange};
 use crate::mcp::payload::Payload;
 use crate::mcp::protocol::{self, codes, RequestId, RpcError};
 use crate::mcp::transport::relay::{capability_for, local_answer};

@@ -38,3 +38,12 @@ pub(super) use catalogs::{load_stored, CatalogPublisher};
 pub(super) use connect::Connector;
 pub use refresh::RefreshReport;
 pub(super) use room::Room;
+
+/// What a start that could not happen yet waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::instances) enum Retry {
+    /// A process slot given back.
+    Slot,
+    /// Time: the backend or GitHub may answer later ([`crate::instances::policy::probe_wait`]).
+    Deployment,
+}

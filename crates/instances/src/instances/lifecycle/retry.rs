@@ -12,15 +12,7 @@ use crate::model::InstanceStatus;
 
 use super::room::ROOM_CHECK;
 use super::start::Started;
-
-/// What a start that could not happen yet waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::instances) enum Retry {
-    /// A process slot given back.
-    Slot,
-    /// Time: the backend or GitHub may answer later ([`policy::probe_wait`]).
-    Deployment,
-}
+use super::Retry;
 
 impl Inner {
     /// A start that could not happen yet is tried again: one a process cap refused each time a process slot is

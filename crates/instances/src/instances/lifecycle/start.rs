@@ -18,7 +18,7 @@ use crate::mcp::transport::{Transport, UpstreamError};
 use crate::model::{InstanceSpec, InstanceStatus, Upstream};
 
 use super::connect::process_pid;
-use super::retry::Retry;
+use super::Retry;
 
 /// How a start ended.
 pub(in crate::instances) enum Started {

@@ -1,6 +1,8 @@
 //! How a listing's tools are held: one shared text per listing and a table of where each tool's parts are in it,
 //! built tool by tool as a listing is read, and read through cheap `ToolDef` handles.
 
+mod interner;
+
 use std::collections::HashMap;
 use std::hash::BuildHasher as _;
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::interner::intern;
+use interner::intern;
 
 /// One tool as the server described it, under its original name.
 ///
@@ -22,7 +24,7 @@ use super::interner::intern;
 /// of small definitions made while their listing was being read left pages a third to a half full (about 2 KiB
 /// of resident memory per tool on top of its 1.3 KB; docs/performance-history.md). A `ToolDef` is a handle to its
 /// listing and its place in it; cloning it is a reference count. Every instance of one server (one per team
-/// member) lists the same tools, and all of them hold one copy of an identical listing (see [`Interner`](super::interner::Interner)).
+/// member) lists the same tools, and all of them hold one copy of an identical listing (see [`Interner`](interner::Interner)).
 #[derive(Clone)]
 pub struct ToolDef {
     pub(super) listing: Arc<Listing>,

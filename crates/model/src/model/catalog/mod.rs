@@ -2,7 +2,6 @@
 //! and the two naming schemes that expose them through the hierarchical router.
 
 mod diff;
-mod interner;
 mod listing;
 mod naming;
 

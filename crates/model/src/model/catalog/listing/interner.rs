@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock, Weak};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
-use super::listing::Listing;
+use super::Listing;
 
 /// The live listing equal to `made` if there is one, else `made`, remembered for the next. The process-wide
 /// lock is held only to look up and to insert: comparing listings of thousands of tools happens outside it, so
