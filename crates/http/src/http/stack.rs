@@ -262,12 +262,15 @@ where
     let mut response = match two_authorizations(&request) {
         Some(refused) => refused,
         None => match places.try_acquire_owned() {
-            Ok(_place) => match tokio::time::timeout(request_timeout, tower::Service::call(&mut routes, request)).await
-            {
-                Ok(Ok(response)) => response,
-                Ok(Err(never)) => match never {},
-                Err(_) => refusal(McpError::GatewayTimeout),
-            },
+            Ok(_place) => {
+                // Routed noting what the routes of its path take, for the `Allow` of a 405.
+                let routed = super::allow::noting(&method, tower::Service::call(&mut routes, request));
+                match tokio::time::timeout(request_timeout, routed).await {
+                    Ok(Ok(response)) => response,
+                    Ok(Err(never)) => match never {},
+                    Err(_) => refusal(McpError::GatewayTimeout),
+                }
+            }
             Err(_) => refusal(McpError::Overloaded),
         },
     };

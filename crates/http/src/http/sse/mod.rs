@@ -37,7 +37,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let with = warp::any().map(move || deps.clone());
     let peer = warp::ext::optional::<PeerAddr>();
     let open = warp::path!("sse")
-        .and(warp::get())
+        .and(super::allow::cors_get())
         .and(warp::query::raw().or(warp::any().map(String::new)).unify())
         .and(warp::header::headers_cloned())
         .and(peer)
@@ -47,7 +47,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             finish(&deps.gate, "sse", peer, &headers, None, answer).await
         });
     let message = warp::path!("message")
-        .and(warp::post())
+        .and(super::allow::cors_post())
         .and(warp::query::<HashMap<String, String>>())
         .and(warp::header::headers_cloned())
         .and(super::body::unread())
