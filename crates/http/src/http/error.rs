@@ -85,6 +85,10 @@ pub enum McpError {
         limit: usize,
     },
     // What the tower stack refuses.
+    /// The request's body did not arrive whole within the body-read timeout (`seconds`).
+    RequestTimeout {
+        seconds: u64,
+    },
     Overloaded,
     GatewayTimeout,
     Internal,
@@ -173,6 +177,7 @@ impl McpError {
             McpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             McpError::LengthRequired => StatusCode::LENGTH_REQUIRED,
             McpError::CallerBusy { .. } | McpError::CallerStreams { .. } => StatusCode::TOO_MANY_REQUESTS,
+            McpError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             McpError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             McpError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             McpError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -225,6 +230,7 @@ impl McpError {
             | McpError::Forbidden(_)
             | McpError::CallerBusy { .. }
             | McpError::CallerStreams { .. }
+            | McpError::RequestTimeout { .. }
             | McpError::Overloaded
             | McpError::GatewayTimeout
             | McpError::Internal => codes::TRANSPORT_ERROR,
@@ -269,16 +275,31 @@ impl McpError {
             McpError::CorsForbidden => "CORS request forbidden".into(),
             McpError::Forbidden(reason) => format!("Forbidden: {reason}"),
             McpError::BadRequest(err) => format!("Bad Request: {err}"),
+            McpError::CallerBusy { .. }
+            | McpError::CallerStreams { .. }
+            | McpError::RequestTimeout { .. }
+            | McpError::Overloaded
+            | McpError::GatewayTimeout => self.limit_message(),
+            McpError::Internal => "Internal server error".into(),
+            McpError::Auth(_) | McpError::Rpc(_) => self.rpc().message,
+        }
+    }
+
+    /// What the JSON-RPC error of a limit reached says: which limit, and what to do.
+    fn limit_message(&self) -> String {
+        match self {
             McpError::CallerBusy { limit } => {
                 format!("Too Many Requests: {limit} requests of this caller are in flight already; retry when one ends")
             }
             McpError::CallerStreams { limit } => {
                 format!("Too Many Requests: {limit} streams of this caller are open already; close one to open another")
             }
+            McpError::RequestTimeout { seconds } => {
+                format!("Request Timeout: the request body did not arrive whole within {seconds} s")
+            }
             McpError::Overloaded => "Service Unavailable: too many concurrent requests, retry shortly".into(),
             McpError::GatewayTimeout => "Gateway Timeout: the request took too long".into(),
-            McpError::Internal => "Internal server error".into(),
-            McpError::Auth(_) | McpError::Rpc(_) => self.rpc().message,
+            _ => self.status().to_string(),
         }
     }
 }
@@ -349,6 +370,7 @@ mod tests {
             McpError::BadRequest("x".into()),
             McpError::CallerBusy { limit: 1 },
             McpError::CallerStreams { limit: 1 },
+            McpError::RequestTimeout { seconds: 30 },
             McpError::Overloaded,
             McpError::GatewayTimeout,
             McpError::Internal,

@@ -22,6 +22,7 @@ pub mod allow;
 pub mod analytics;
 mod audit;
 mod body;
+mod body_deadline;
 pub mod callers;
 mod credential;
 mod dispatch;
