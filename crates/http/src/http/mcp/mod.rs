@@ -45,7 +45,7 @@ use initialize::{initialize_result, initialize_session, Initialized};
 
 mod post;
 use post::post;
-pub(super) use post::roots_changed;
+pub(super) use post::{roots_changed, BATCH_CONCURRENCY, MAX_BATCH_MESSAGES};
 
 /// Comment written on idle server streams.
 const PING_INTERVAL: Duration = Duration::from_secs(30);
