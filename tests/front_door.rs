@@ -1018,7 +1018,9 @@ async fn a_caller_holds_at_most_its_own_share_of_the_places() {
     use tokio::io::AsyncWriteExt;
     let config = config().replacen(
         "[[teams]]",
-        "[satellite]\nmax_concurrent_requests = 3\nmax_concurrent_requests_per_caller = 2\n\n[[teams]]",
+        // Her trickled bodies hold their places past the body-read timeout's default (408 after 30 s) however slow
+        // the machine running this test.
+        "[satellite]\nmax_concurrent_requests = 3\nmax_concurrent_requests_per_caller = 2\nbody_read_timeout_seconds = 600\n\n[[teams]]",
         1,
     );
     let sat = started_with(&config).await;

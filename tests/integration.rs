@@ -12,6 +12,7 @@ mod discovery;
 mod fake_backend_selftest;
 mod fidelity;
 mod front_door;
+mod front_door_corners;
 mod fuzz_regressions;
 mod github;
 mod hangups;

@@ -311,6 +311,7 @@ fn http_limits(config: &Config) -> http::stack::HttpLimits {
         max_connections: config.max_connections,
         header_read_timeout: http::stack::HEADER_READ_TIMEOUT,
         write_timeout: config.write_timeout,
+        body_read_timeout: config.body_read_timeout,
     }
 }
 

@@ -31,6 +31,8 @@ pub const MAX_STREAMS_PER_CALLER: &str = "SATELLITE_MAX_STREAMS_PER_CALLER";
 pub const HTTP_TIMEOUT: &str = "SATELLITE_HTTP_TIMEOUT_SECONDS";
 /// Seconds one write to a client may wait for it to read before the connection is cut (default 30).
 pub const WRITE_TIMEOUT: &str = "SATELLITE_WRITE_TIMEOUT_SECONDS";
+/// Seconds a request body may take to arrive once the satellite waits for it; then 408 (default 30).
+pub const BODY_READ_TIMEOUT: &str = "SATELLITE_BODY_READ_TIMEOUT_SECONDS";
 pub const DRAIN: &str = "SATELLITE_DRAIN_SECONDS";
 pub const ANALYTICS_RETENTION_DAYS: &str = "SATELLITE_ANALYTICS_RETENTION_DAYS";
 pub const EVENT_RETENTION_DAYS: &str = "SATELLITE_EVENT_RETENTION_DAYS";

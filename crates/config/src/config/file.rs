@@ -236,6 +236,9 @@ pub struct RawSatellite {
     /// How long one write of an answer may wait for a client that stopped reading before its connection is cut
     /// (default 30).
     pub write_timeout_seconds: Option<u64>,
+    /// How long a request body may take to arrive once the satellite waits for it before the request is answered
+    /// 408 (default 30).
+    pub body_read_timeout_seconds: Option<u64>,
     /// How long a stop waits for requests in flight (calls to slow tools) before stopping the servers.
     pub drain_seconds: Option<u64>,
     /// Days analytics rows are kept (default 90).

@@ -91,6 +91,7 @@ pub(super) struct HttpLimits {
     pub max_streams_per_caller: usize,
     pub http_timeout: Duration,
     pub write_timeout: Duration,
+    pub body_read_timeout: Duration,
 }
 
 /// A caller's share defaults to [`a_callers_share`] of the whole.
@@ -113,6 +114,9 @@ pub(super) fn http_limits(env: &Env, s: &RawSatellite) -> Result<HttpLimits, Con
     let http_timeout = seconds(env, "satellite.http_timeout_seconds", env::HTTP_TIMEOUT, s.http_timeout_seconds, 120)?;
     let write_timeout =
         seconds(env, "satellite.write_timeout_seconds", env::WRITE_TIMEOUT, s.write_timeout_seconds, 30)?;
+    // Three head timeouts: a 4 MB body (the most taken) still arrives whole at about 1 Mbit/s.
+    let body_read_timeout =
+        seconds(env, "satellite.body_read_timeout_seconds", env::BODY_READ_TIMEOUT, s.body_read_timeout_seconds, 30)?;
     Ok(HttpLimits {
         max_concurrent_requests,
         max_concurrent_requests_per_caller,
@@ -120,6 +124,7 @@ pub(super) fn http_limits(env: &Env, s: &RawSatellite) -> Result<HttpLimits, Con
         max_streams_per_caller,
         http_timeout,
         write_timeout,
+        body_read_timeout,
     })
 }
 

@@ -143,6 +143,9 @@ pub struct Config {
     pub http_timeout: Duration,
     /// How long one write of an answer may wait for a client that stopped reading; then its connection is cut.
     pub write_timeout: Duration,
+    /// How long a request body may take to arrive once the satellite waits for it; then 408 and the connection
+    /// closed.
+    pub body_read_timeout: Duration,
     /// Bytes kept in reserve on the SQLite data volume for when it fills (`SATELLITE_DISK_RESERVE_MIB`, default 8;
     /// 0 off).
     pub disk_reserve: u64,
@@ -219,6 +222,7 @@ impl Config {
             max_streams_per_caller: limits.max_streams_per_caller,
             http_timeout: limits.http_timeout,
             write_timeout: limits.write_timeout,
+            body_read_timeout: limits.body_read_timeout,
             disk_reserve,
             drain,
             analytics_retention: retention.analytics,
@@ -263,6 +267,7 @@ impl Config {
             "max_streams_per_caller": self.max_streams_per_caller,
             "http_timeout_seconds": self.http_timeout.as_secs(),
             "write_timeout_seconds": self.write_timeout.as_secs(),
+            "body_read_timeout_seconds": self.body_read_timeout.as_secs(),
             "drain_seconds": self.drain.as_secs(),
             "analytics_retention_days": self.analytics_retention.as_secs() / 86_400,
             "event_retention_days": self.event_retention.as_secs() / 86_400,

@@ -13,10 +13,13 @@ const PAGE_CSS: &str = include_str!("../../../../assets/admin/app.css");
 pub(super) fn routes() -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let page = warp::path("admin")
         .and(warp::path::end())
-        .and(warp::get())
+        .and(super::allow::get())
         .map(|| asset(PAGE_HTML, "text/html; charset=utf-8"));
-    let js = warp::path!("admin" / "app.js").and(warp::get()).map(|| asset(PAGE_JS, "text/javascript; charset=utf-8"));
-    let css = warp::path!("admin" / "app.css").and(warp::get()).map(|| asset(PAGE_CSS, "text/css; charset=utf-8"));
+    let js = warp::path!("admin" / "app.js")
+        .and(super::allow::get())
+        .map(|| asset(PAGE_JS, "text/javascript; charset=utf-8"));
+    let css =
+        warp::path!("admin" / "app.css").and(super::allow::get()).map(|| asset(PAGE_CSS, "text/css; charset=utf-8"));
     page.or(js).unify().or(css).unify()
 }
 

@@ -322,7 +322,7 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
     let api = warp::path("api")
         .and(warp::path("analytics"))
         .and(warp::path::tail())
-        .and(warp::get())
+        .and(super::allow::get())
         .and(with)
         .and(warp::header::optional::<String>("authorization"))
         .and(warp::query::<HashMap<String, String>>())
@@ -330,14 +330,14 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
             answer(deps, tail.as_str().trim_end_matches('/').to_owned(), authorization, params)
         });
     let accept = warp::path!("api" / "tools" / "accept")
-        .and(warp::post())
+        .and(super::allow::post())
         .and(warp::any().map(move || accept_deps.clone()))
         .and(warp::header::optional::<String>("authorization"))
         .and(warp::body::content_length_limit(16 * 1024))
         .and(warp::body::json::<AcceptTool>())
         .then(accept_tool);
     let refresh = warp::path!("api" / "tools" / "refresh")
-        .and(warp::post())
+        .and(super::allow::post())
         .and(warp::any().map(move || refresh_deps.clone()))
         .and(warp::header::optional::<String>("authorization"))
         .and(warp::body::content_length_limit(16 * 1024))
@@ -345,7 +345,7 @@ pub fn routes(deps: AnalyticsDeps) -> impl Filter<Extract = (Response,), Error =
         .then(refresh_tools);
     let tools_deps = deps_for_tools;
     let tools = warp::path!("api" / "tools" / String)
-        .and(warp::get())
+        .and(super::allow::get())
         .and(warp::any().map(move || tools_deps.clone()))
         .and(warp::header::optional::<String>("authorization"))
         .and(warp::query::<HashMap<String, String>>())

@@ -5,6 +5,7 @@
 use warp::http::{HeaderValue, StatusCode};
 use warp::reply::Response;
 
+use super::allow::Methods;
 use super::json_response;
 use super::oauth::{challenge, ResourceUrls};
 use crate::auth::{AuthError, InstanceAuthError};
@@ -62,7 +63,10 @@ pub enum McpError {
     Rpc(RpcError),
     // What warp rejects before a handler runs.
     NotFound,
-    MethodNotAllowed,
+    /// A method no route of the path takes; `allow`: what they take (RFC 9110 §15.5.6: named in `Allow`).
+    MethodNotAllowed {
+        allow: Methods,
+    },
     PayloadTooLarge {
         limit: u64,
     },
@@ -81,6 +85,10 @@ pub enum McpError {
         limit: usize,
     },
     // What the tower stack refuses.
+    /// The request's body did not arrive whole within the body-read timeout (`seconds`).
+    RequestTimeout {
+        seconds: u64,
+    },
     Overloaded,
     GatewayTimeout,
     Internal,
@@ -110,6 +118,9 @@ impl McpError {
         if let Some(value) = www_authenticate.and_then(|v| HeaderValue::from_str(&v).ok()) {
             response.headers_mut().insert("www-authenticate", value);
         }
+        if let Some(allow) = self.allow() {
+            response.headers_mut().insert(warp::http::header::ALLOW, allow.header());
+        }
         if matches!(self, McpError::CallerBusy { .. }) {
             response.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
         }
@@ -117,6 +128,16 @@ impl McpError {
             response.headers_mut().insert("retry-after", HeaderValue::from(super::oauth::RETRY_AFTER_SECONDS));
         }
         response
+    }
+
+    /// What a 405 names in `Allow`: what the route takes, or for a GET of a 2026-07-28 client (which has no server
+    /// stream) what that era takes: POST, and the CORS preflight.
+    fn allow(&self) -> Option<Methods> {
+        match self {
+            McpError::MethodNotAllowed { allow } => Some(*allow),
+            McpError::NoServerStream => Some(Methods::POST.and(Methods::OPTIONS)),
+            _ => None,
+        }
     }
 
     /// The HTTP status of this error.
@@ -138,7 +159,7 @@ impl McpError {
             | McpError::TwoAuthorizations
             | McpError::BadRequest(_) => StatusCode::BAD_REQUEST,
             McpError::StreamConflict => StatusCode::CONFLICT,
-            McpError::NoServerStream | McpError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            McpError::NoServerStream | McpError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             McpError::Auth(AuthError::Missing | AuthError::Invalid(_)) => StatusCode::UNAUTHORIZED,
             McpError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin | AuthError::NotMember) => {
                 StatusCode::FORBIDDEN
@@ -156,6 +177,7 @@ impl McpError {
             McpError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             McpError::LengthRequired => StatusCode::LENGTH_REQUIRED,
             McpError::CallerBusy { .. } | McpError::CallerStreams { .. } => StatusCode::TOO_MANY_REQUESTS,
+            McpError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             McpError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             McpError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             McpError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -203,11 +225,12 @@ impl McpError {
             | McpError::StreamConflict
             | McpError::NoServerStream
             | McpError::NotFound
-            | McpError::MethodNotAllowed
+            | McpError::MethodNotAllowed { .. }
             | McpError::CorsForbidden
             | McpError::Forbidden(_)
             | McpError::CallerBusy { .. }
             | McpError::CallerStreams { .. }
+            | McpError::RequestTimeout { .. }
             | McpError::Overloaded
             | McpError::GatewayTimeout
             | McpError::Internal => codes::TRANSPORT_ERROR,
@@ -245,23 +268,38 @@ impl McpError {
             McpError::SseSessionOfAnother => "Session belongs to another identity".into(),
             McpError::SseStreamClosed => "Session stream closed".into(),
             McpError::NotFound => "Not Found".into(),
-            McpError::MethodNotAllowed => "Method Not Allowed".into(),
+            McpError::MethodNotAllowed { .. } => "Method Not Allowed".into(),
             McpError::PayloadTooLarge { limit } => format!("Request body larger than {limit} bytes"),
             McpError::LengthRequired => "Content-Length required".into(),
             McpError::InvalidQuery(err) => format!("Invalid query: {err}"),
             McpError::CorsForbidden => "CORS request forbidden".into(),
             McpError::Forbidden(reason) => format!("Forbidden: {reason}"),
             McpError::BadRequest(err) => format!("Bad Request: {err}"),
+            McpError::CallerBusy { .. }
+            | McpError::CallerStreams { .. }
+            | McpError::RequestTimeout { .. }
+            | McpError::Overloaded
+            | McpError::GatewayTimeout => self.limit_message(),
+            McpError::Internal => "Internal server error".into(),
+            McpError::Auth(_) | McpError::Rpc(_) => self.rpc().message,
+        }
+    }
+
+    /// What the JSON-RPC error of a limit reached says: which limit, and what to do.
+    fn limit_message(&self) -> String {
+        match self {
             McpError::CallerBusy { limit } => {
                 format!("Too Many Requests: {limit} requests of this caller are in flight already; retry when one ends")
             }
             McpError::CallerStreams { limit } => {
                 format!("Too Many Requests: {limit} streams of this caller are open already; close one to open another")
             }
+            McpError::RequestTimeout { seconds } => {
+                format!("Request Timeout: the request body did not arrive whole within {seconds} s")
+            }
             McpError::Overloaded => "Service Unavailable: too many concurrent requests, retry shortly".into(),
             McpError::GatewayTimeout => "Gateway Timeout: the request took too long".into(),
-            McpError::Internal => "Internal server error".into(),
-            McpError::Auth(_) | McpError::Rpc(_) => self.rpc().message,
+            _ => self.status().to_string(),
         }
     }
 }
@@ -323,7 +361,7 @@ mod tests {
             McpError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, "no")),
             McpError::Rpc(RpcError::new(codes::INVALID_PARAMS, "no")),
             McpError::NotFound,
-            McpError::MethodNotAllowed,
+            McpError::MethodNotAllowed { allow: Methods::GET },
             McpError::PayloadTooLarge { limit: 1 },
             McpError::LengthRequired,
             McpError::InvalidQuery("x".into()),
@@ -332,6 +370,7 @@ mod tests {
             McpError::BadRequest("x".into()),
             McpError::CallerBusy { limit: 1 },
             McpError::CallerStreams { limit: 1 },
+            McpError::RequestTimeout { seconds: 30 },
             McpError::Overloaded,
             McpError::GatewayTimeout,
             McpError::Internal,
@@ -353,5 +392,16 @@ mod tests {
         assert_eq!(rpc_status(-32601), StatusCode::NOT_FOUND);
         assert_eq!(rpc_status(-32602), StatusCode::BAD_REQUEST);
         assert_eq!(rpc_status(-31999), StatusCode::OK, "a server's own code");
+    }
+
+    /// A 405 names what may be asked instead (RFC 9110 §15.5.6); no other error carries `Allow`.
+    #[test]
+    fn a_405_carries_allow() {
+        let urls = ResourceUrls { public_url: String::new() };
+        let allow = |err: McpError| err.into_response(&urls).headers().get("allow").cloned();
+        assert_eq!(allow(McpError::NoServerStream), Some(HeaderValue::from_static("POST, OPTIONS")));
+        let refused = McpError::MethodNotAllowed { allow: Methods::GET.and(Methods::POST) };
+        assert_eq!(allow(refused), Some(HeaderValue::from_static("GET, POST")));
+        assert_eq!(allow(McpError::NotFound), None);
     }
 }

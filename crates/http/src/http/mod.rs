@@ -18,9 +18,11 @@ use crate::router::{HierarchicalRouter, InstanceRouter};
 
 mod activity;
 mod admin_page;
+pub mod allow;
 pub mod analytics;
 mod audit;
 mod body;
+mod body_deadline;
 pub mod callers;
 mod credential;
 mod dispatch;
@@ -256,7 +258,14 @@ async fn recover(rejection: warp::Rejection) -> Result<Response, Infallible> {
     } else if rejection.find::<warp::reject::LengthRequired>().is_some() {
         McpError::LengthRequired
     } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
-        McpError::MethodNotAllowed
+        let allow = allow::noted();
+        // OPTIONS, where the routes name it among what they take, is answered with what they take.
+        if allow::asks_options() && allow.contains(allow::Methods::OPTIONS) {
+            let mut answer = warp::reply::with_status(warp::reply(), StatusCode::NO_CONTENT).into_response();
+            answer.headers_mut().insert(warp::http::header::ALLOW, allow.header());
+            return Ok(answer);
+        }
+        McpError::MethodNotAllowed { allow }
     } else if let Some(err) = rejection.find::<warp::reject::InvalidQuery>() {
         McpError::InvalidQuery(err.to_string())
     } else if rejection.find::<warp::cors::CorsForbidden>().is_some() {

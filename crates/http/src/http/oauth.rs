@@ -122,7 +122,7 @@ pub fn routes(
     let (urls, auth) = (std::sync::Arc::new(urls), std::sync::Arc::new(auth));
     let resource = {
         let auth = auth.clone();
-        warp::path!(".well-known" / "oauth-protected-resource" / ..).and(warp::get()).map(move || {
+        warp::path!(".well-known" / "oauth-protected-resource" / ..).and(super::allow::cors_get()).map(move || {
             let servers: Vec<String> = auth.directory().authorization_server.clone().into_iter().collect();
             json_response(
                 StatusCode::OK,
@@ -159,7 +159,8 @@ pub fn routes(
             ),
         }
     };
-    let oauth_as = warp::path!(".well-known" / "oauth-authorization-server" / ..).and(warp::get()).map(metadata());
-    let openid = warp::path!(".well-known" / "openid-configuration" / ..).and(warp::get()).map(metadata());
+    let oauth_as =
+        warp::path!(".well-known" / "oauth-authorization-server" / ..).and(super::allow::cors_get()).map(metadata());
+    let openid = warp::path!(".well-known" / "openid-configuration" / ..).and(super::allow::cors_get()).map(metadata());
     resource.or(oauth_as).unify().or(openid).unify()
 }

@@ -37,7 +37,7 @@ pub fn routes(deps: ScrapeDeps) -> impl Filter<Extract = (Response,), Error = wa
     let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
     warp::path!("metrics")
-        .and(warp::get())
+        .and(super::allow::get())
         .and(warp::header::optional::<String>("authorization"))
         .and(with)
         .then(|authorization: Option<String>, deps: Arc<ScrapeDeps>| async move { scrape(&deps, authorization).await })

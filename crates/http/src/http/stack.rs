@@ -30,6 +30,7 @@ use warp::reply::Response;
 use warp::Filter;
 
 use super::activity::{Activity, Busy, Tracked};
+use super::body_deadline::{self, Timed};
 use super::McpError;
 
 /// The TCP peer of the connection a request came on (a request extension).
@@ -50,6 +51,8 @@ pub struct HttpLimits {
     /// One write to a client may wait this long for it to read; then the connection is cut. A client that stops
     /// reading an 8 MB answer held the answer and its connection for ever.
     pub write_timeout: Duration,
+    /// A request body must arrive whole within this once the satellite waits for it; then 408 (`body_deadline`).
+    pub body_read_timeout: Duration,
 }
 
 /// Default for `HttpLimits::header_read_timeout`: a slow client still sends a request head in well under this.
@@ -195,14 +198,15 @@ where
     // Shared by every connection: one limit for the whole satellite.
     let places = Arc::new(Semaphore::new(limits.max_concurrent_requests));
     let routes = warp::service(routes);
-    let request_timeout = limits.request_timeout;
+    let (request_timeout, body_read_timeout) = (limits.request_timeout, limits.body_read_timeout);
     tower::service_fn(move |request: Request<Incoming>| {
         let (routes, places, metrics) = (routes.clone(), places.clone(), metrics.clone());
         let request_id = request_id(&request);
         // The path, never the query: `?token=` does not reach the log.
         let span = info_span!("http", method = %request.method(), path = %request.uri().path(),
             request_id = %request_id.to_str().unwrap_or("-"));
-        answer(routes, Admission { places, request_timeout, metrics }, request, request_id).instrument(span)
+        let admission = Admission { places, request_timeout, body_read_timeout, metrics };
+        answer(routes, admission, request, request_id).instrument(span)
     })
 }
 
@@ -241,11 +245,12 @@ where
 struct Admission {
     places: Arc<Semaphore>,
     request_timeout: Duration,
+    body_read_timeout: Duration,
     metrics: crate::metrics::Metrics,
 }
 
 /// One request's answer: refused at once with 503 when there is no place under the global limit (load shedding,
-/// never a queue), the place held until its answer's head; 504 past its deadline; counted; its id on the answer.
+/// never a queue), the place held until its answer's head; routed (`routed`); counted; its id on the answer.
 async fn answer<S>(
     mut routes: S,
     admission: Admission,
@@ -253,21 +258,16 @@ async fn answer<S>(
     request_id: HeaderValue,
 ) -> Result<Response, Infallible>
 where
-    S: tower::Service<Request<Incoming>, Response = Response, Error = Infallible>,
+    S: tower::Service<Request<Timed<Incoming>>, Response = Response, Error = Infallible>,
 {
-    let Admission { places, request_timeout, metrics } = admission;
+    let Admission { places, request_timeout, body_read_timeout, metrics } = admission;
     // Counted here, outside the limit, so requests shed with 503 are counted too.
     let (route, method, began) = (route_label(request.uri().path()), request.method().clone(), Instant::now());
     debug!(target: ACCESS_LOG, "started processing request");
     let mut response = match two_authorizations(&request) {
         Some(refused) => refused,
         None => match places.try_acquire_owned() {
-            Ok(_place) => match tokio::time::timeout(request_timeout, tower::Service::call(&mut routes, request)).await
-            {
-                Ok(Ok(response)) => response,
-                Ok(Err(never)) => match never {},
-                Err(_) => refusal(McpError::GatewayTimeout),
-            },
+            Ok(_place) => routed(&mut routes, request, request_timeout, body_read_timeout).await,
             Err(_) => refusal(McpError::Overloaded),
         },
     };
@@ -283,6 +283,29 @@ where
         response.extensions_mut().insert(tracing::Span::current());
     }
     Ok(response)
+}
+
+/// The routes' answer to an admitted request: routed noting what the routes of its path take (for the `Allow` of a
+/// 405), its body read under the body-read timeout (408 when it did not come whole in time, whatever the route
+/// made of the failed read); 504 past the request's deadline.
+async fn routed<S>(
+    routes: &mut S,
+    request: Request<Incoming>,
+    request_timeout: Duration,
+    body_read_timeout: Duration,
+) -> Response
+where
+    S: tower::Service<Request<Timed<Incoming>>, Response = Response, Error = Infallible>,
+{
+    let (method, version) = (request.method().clone(), request.version());
+    let request = request.map(|body| Timed::new(body, body_read_timeout));
+    let routing = super::allow::noting(&method, tower::Service::call(routes, request));
+    match tokio::time::timeout(request_timeout, body_deadline::watching(routing)).await {
+        Ok((_, true)) => body_deadline::timed_out(version, body_read_timeout),
+        Ok((Ok(response), false)) => response,
+        Ok((Err(never), _)) => match never {},
+        Err(_) => refusal(McpError::GatewayTimeout),
+    }
 }
 
 /// At most one warning per `CAP_WARNING_INTERVAL` while connections are refused for lack of room or descriptors.

@@ -18,9 +18,9 @@ pub fn routes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = wa
     // One pointer: warp clones a route's filters (and so what they capture) for every request it tries it on.
     let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
-    let root = warp::path::end().and(warp::get()).and(with.clone()).map(root);
-    let debug = warp::path!("api" / "status" / "debug").and(warp::get()).and(with.clone()).map(debug);
-    let backend = warp::path!("api" / "status" / "backend").and(warp::get()).and(with).then(backend);
+    let root = warp::path::end().and(super::allow::get()).and(with.clone()).map(root);
+    let debug = warp::path!("api" / "status" / "debug").and(super::allow::get()).and(with.clone()).map(debug);
+    let backend = warp::path!("api" / "status" / "backend").and(super::allow::get()).and(with).then(backend);
     root.or(debug).unify().or(backend).unify()
 }
 
@@ -29,9 +29,10 @@ pub fn routes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = wa
 pub fn probes(deps: StatusDeps) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let deps = Arc::new(deps);
     let with = warp::any().map(move || deps.clone());
-    let healthz =
-        warp::path!("healthz").and(warp::get()).map(|| warp::reply::json(&json!({"status": "ok"})).into_response());
-    let readyz = warp::path!("readyz").and(warp::get()).and(with).map(readyz);
+    let healthz = warp::path!("healthz")
+        .and(super::allow::get())
+        .map(|| warp::reply::json(&json!({"status": "ok"})).into_response());
+    let readyz = warp::path!("readyz").and(super::allow::get()).and(with).map(readyz);
     healthz.or(readyz).unify()
 }
 

@@ -116,19 +116,19 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
     let with = warp::any().map(move || deps.clone());
     let auth = warp::header::optional::<String>("authorization");
     let base = warp::path("api").and(warp::path("toolsets"));
-    let list = base.and(warp::path::end()).and(warp::get()).and(with.clone()).and(auth).then(get_list);
+    let list = base.and(warp::path::end()).and(super::allow::get()).and(with.clone()).and(auth).then(get_list);
     let put_default = base
         .and(warp::path!("default"))
-        .and(warp::put())
+        .and(super::allow::put())
         .and(with.clone())
         .and(auth)
         .and(warp::body::content_length_limit(MAX_BODY))
         .and(warp::body::bytes())
         .then(put_default);
-    let get_one = base.and(warp::path!(String)).and(warp::get()).and(with.clone()).and(auth).then(get_one);
+    let get_one = base.and(warp::path!(String)).and(super::allow::get()).and(with.clone()).and(auth).then(get_one);
     let put_one = base
         .and(warp::path!(String))
-        .and(warp::put())
+        .and(super::allow::put())
         .and(with.clone())
         .and(auth)
         .and(warp::body::content_length_limit(MAX_BODY))
@@ -136,7 +136,7 @@ pub fn routes(deps: ToolsetDeps) -> impl Filter<Extract = (Response,), Error = w
         .then(put_one);
     let delete_one = base
         .and(warp::path!(String))
-        .and(warp::delete())
+        .and(super::allow::delete())
         .and(with)
         .and(auth)
         .and(warp::query::<HashMap<String, String>>())

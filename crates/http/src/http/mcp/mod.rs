@@ -45,7 +45,7 @@ use initialize::{initialize_result, initialize_session, Initialized};
 
 mod post;
 use post::post;
-pub(super) use post::roots_changed;
+pub(super) use post::{roots_changed, BATCH_CONCURRENCY, MAX_BATCH_MESSAGES};
 
 /// Comment written on idle server streams.
 const PING_INTERVAL: Duration = Duration::from_secs(30);
@@ -159,12 +159,14 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let hier = warp::path("mcp")
         .and(warp::path::end())
         .and(warp::query::raw().or(warp::any().map(String::new)).unify().map(|raw: String| toolset_param(&raw)));
-    let hier_post = hier.and(warp::post()).and(headers).and(body).and(peer).and(with.clone()).then(hierarchical_post);
+    let hier_post =
+        hier.and(super::allow::cors_post()).and(headers).and(body).and(peer).and(with.clone()).then(hierarchical_post);
     // GET opens the session's stream, DELETE ends the session: one route, two methods.
     let hier_other = hier.and(stream_or_end()).and(headers).and(peer).and(with.clone()).then(hierarchical_other);
 
     let inst = warp::path!("i" / String / "mcp").and(warp::query::<HashMap<String, String>>());
-    let inst_post = inst.and(warp::post()).and(headers).and(body).and(peer).and(with.clone()).then(instance_post);
+    let inst_post =
+        inst.and(super::allow::cors_post()).and(headers).and(body).and(peer).and(with.clone()).then(instance_post);
     let inst_other = inst.and(stream_or_end()).and(headers).and(peer).and(with).then(instance_other);
     // The POSTs first, the calls among them: warp tries each route in turn, and each try costs a filter future.
     hier_post.or(inst_post).unify().or(hier_other).unify().or(inst_other).unify()
@@ -238,7 +240,7 @@ async fn instance_other(
 
 /// GET or DELETE, as the method it is; any other method is left to the other routes (and, failing them, 405).
 fn stream_or_end() -> impl Filter<Extract = (Method,), Error = warp::Rejection> + Clone {
-    warp::get().map(|| Method::GET).or(warp::delete().map(|| Method::DELETE)).unify()
+    super::allow::cors_get().map(|| Method::GET).or(super::allow::cors_delete().map(|| Method::DELETE)).unify()
 }
 
 /// A GET opens the endpoint's stream; a DELETE ends its session.

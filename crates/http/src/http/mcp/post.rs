@@ -162,10 +162,10 @@ fn replies_response(mut replies: Vec<Value>, batch: bool) -> Response {
 
 /// Most a batch may carry: each message is answered, and the answers kept until the last is, so a batch of a few
 /// thousand cheap requests made one POST cost the satellite hundreds of megabytes.
-const MAX_BATCH_MESSAGES: usize = 100;
+pub(in crate::http) const MAX_BATCH_MESSAGES: usize = 100;
 /// The messages of one batch answered at once, at most: a batch must not take the instance's call slots from its
 /// member's other clients, nor multiply the satellite's own request limit a hundredfold.
-const BATCH_CONCURRENCY: usize = 8;
+pub(in crate::http) const BATCH_CONCURRENCY: usize = 8;
 
 /// The answer to one message of a handshake-era POST (none for a notification or a response), and its id, for
 /// the error object a batch gives a message whose answer is an HTTP error. `new_session`: the answer to this

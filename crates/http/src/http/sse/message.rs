@@ -11,14 +11,13 @@ use super::super::body::Unread;
 use super::super::callers::{member_key, Admitted, CallerLimits};
 use super::super::error::McpError;
 use super::super::identity::Identity;
-use super::super::mcp::{roots_changed, select_toolset};
+use super::super::mcp::select_toolset;
 use super::super::{json_response, McpDeps};
-use super::relayed::RelayedCall;
 use super::seat::take_seat;
 use super::sessions::Touched;
-use super::{new_message_id, SseSessions};
+use super::{accepted, invalid, new_message_id, notified, relayed_call, SseSessions};
 use crate::auth::{Principal, SCOPE_READ};
-use crate::mcp::protocol::{self, codes, Message, RequestId, RpcError, LEGACY_VERSIONS};
+use crate::mcp::protocol::{self, Message, RequestId, LEGACY_VERSIONS};
 
 pub(super) async fn message(
     deps: &McpDeps,
@@ -44,8 +43,8 @@ pub(super) async fn message(
     answer(deps, id, caller, stream, value).await
 }
 
-/// One message of the stream's client: a notification or a response is taken; a request is answered on the
-/// stream, `initialize` at once and any other by its router, with a relay.
+/// One message of the stream's client (or a batch of them, `batch`): a notification or a response is taken; a
+/// request is answered on the stream, `initialize` at once and any other by its router, with a relay.
 async fn answer(
     deps: &McpDeps,
     id: &str,
@@ -54,16 +53,14 @@ async fn answer(
     value: Value,
 ) -> Result<Response, McpError> {
     let sessions = &deps.sessions.legacy;
+    let value = match value {
+        Value::Array(messages) => return super::batch::answer_batch(deps, id, caller, stream, messages).await,
+        value => value,
+    };
     let reply = match Message::from_value(value) {
-        Err(err) => {
-            protocol::error_response(None, RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")))
-        }
+        Err(err) => invalid(&err),
         Ok(Message::Notification { method, params }) => {
-            match method.as_str() {
-                "notifications/cancelled" => sessions.exchange.cancel(id, params.as_ref()),
-                "notifications/roots/list_changed" => roots_changed(&deps.routing.manager, &caller, params).await,
-                _ => {}
-            }
+            notified(deps, id, &caller, &method, params).await;
             return Ok(accepted());
         }
         Ok(Message::Response { id: answered, outcome }) => {
@@ -77,15 +74,7 @@ async fn answer(
         }
         Ok(Message::Request { id: request_id, method, params }) => {
             let selection = select_toolset(&deps.routing.toolsets, &caller, stream.toolset.as_deref());
-            let Touched { events, capabilities, .. } = stream;
-            let call = RelayedCall {
-                routing: deps.routing.clone(),
-                sessions: sessions.clone(),
-                scope: id.to_owned(),
-                events,
-                capabilities,
-            };
-            return call.run(caller, selection, request_id, method, params).await;
+            return relayed_call(deps, id, stream).run(caller, selection, request_id, method, params).await;
         }
     };
     send_reply(sessions, id, &stream, &reply)
@@ -169,11 +158,6 @@ fn initialized(
             )
         }
     }
-}
-
-/// A notification or a response, taken.
-fn accepted() -> Response {
-    json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null}))
 }
 
 /// Put the reply on the stream, and say so.

@@ -7,18 +7,24 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use warp::http::HeaderMap;
+use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::Filter;
 
 use super::audit::finish;
 use super::body::Unread;
 use super::exchange::Withdrawn;
+use super::mcp::roots_changed;
 use super::stack::PeerAddr;
-use super::McpDeps;
+use super::{json_response, McpDeps};
+use crate::auth::Principal;
+use crate::mcp::protocol::{self, codes, RpcError};
+use relayed::RelayedCall;
+use sessions::Touched;
 
+mod batch;
 mod message;
 mod open;
 mod relayed;
@@ -37,7 +43,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
     let with = warp::any().map(move || deps.clone());
     let peer = warp::ext::optional::<PeerAddr>();
     let open = warp::path!("sse")
-        .and(warp::get())
+        .and(super::allow::cors_get())
         .and(warp::query::raw().or(warp::any().map(String::new)).unify())
         .and(warp::header::headers_cloned())
         .and(peer)
@@ -47,7 +53,7 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             finish(&deps.gate, "sse", peer, &headers, None, answer).await
         });
     let message = warp::path!("message")
-        .and(warp::post())
+        .and(super::allow::cors_post())
         .and(warp::query::<HashMap<String, String>>())
         .and(warp::header::headers_cloned())
         .and(super::body::unread())
@@ -64,6 +70,37 @@ pub fn routes(deps: McpDeps) -> impl Filter<Extract = (Response,), Error = warp:
             },
         );
     open.or(message).unify()
+}
+
+/// The error answering a message that is not a JSON-RPC message.
+fn invalid(err: &impl std::fmt::Display) -> Value {
+    protocol::error_response(None, RpcError::new(codes::INVALID_REQUEST, format!("Invalid Request: {err}")))
+}
+
+/// What a notification of the stream's client does: a cancellation stops the call it names, a change of its roots
+/// reaches its servers; any other is taken and nothing more.
+async fn notified(deps: &McpDeps, id: &str, caller: &Principal, method: &str, params: Option<Value>) {
+    match method {
+        "notifications/cancelled" => deps.sessions.legacy.exchange.cancel(id, params.as_ref()),
+        "notifications/roots/list_changed" => roots_changed(&deps.routing.manager, caller, params).await,
+        _ => {}
+    }
+}
+
+/// A request of the stream's client, to run with a relay on its stream.
+fn relayed_call(deps: &McpDeps, id: &str, stream: Touched) -> RelayedCall {
+    RelayedCall {
+        routing: deps.routing.clone(),
+        sessions: deps.sessions.legacy.clone(),
+        scope: id.to_owned(),
+        events: stream.events,
+        capabilities: stream.capabilities,
+    }
+}
+
+/// A notification or a response, taken.
+fn accepted() -> Response {
+    json_response(StatusCode::ACCEPTED, &json!({"status": "accepted", "messageId": null}))
 }
 
 /// A message event of a legacy stream, carrying `message`.

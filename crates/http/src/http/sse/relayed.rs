@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::Instrument as _;
 use warp::http::StatusCode;
 use warp::reply::Response;
@@ -24,6 +24,7 @@ use crate::router::RouteError;
 /// stream as they come, then the response. The POST is answered when the response is on the stream (SB §4),
 /// or as soon as the server asks the client something: a client that POSTs one message at a time could not
 /// otherwise send its answer.
+#[derive(Clone)]
 pub(super) struct RelayedCall {
     pub(super) routing: Routing,
     pub(super) sessions: Arc<SseSessions>,
@@ -34,7 +35,7 @@ pub(super) struct RelayedCall {
 }
 
 /// How a relayed call on a legacy stream ended.
-enum Ended {
+pub(super) enum Ended {
     Sent,
     Refused(crate::auth::AuthError),
     StreamClosed,
@@ -44,7 +45,7 @@ enum Ended {
 struct Said {
     inbound: mpsc::Receiver<Inbound>,
     /// Told once the server asks the client something: the POST is answered then.
-    asked: Option<oneshot::Sender<()>>,
+    asked: Option<mpsc::Sender<()>>,
     withdrawn: Withdrawn,
     withdrawals: mpsc::Receiver<Value>,
     /// The server's requests this call's stream carried: those still unanswered when it ends are withdrawn.
@@ -58,7 +59,7 @@ struct Said {
 
 impl RelayedCall {
     /// The client's stream is gone or full: its session ends (and the stream with it).
-    fn stream_closed(&self) -> Ended {
+    pub(super) fn stream_closed(&self) -> Ended {
         self.end_session();
         Ended::StreamClosed
     }
@@ -76,7 +77,7 @@ impl RelayedCall {
         params: Option<Value>,
     ) -> Result<Response, McpError> {
         let message_id = new_message_id();
-        let (asked_tx, asked) = oneshot::channel::<()>();
+        let (asked_tx, mut asked) = mpsc::channel::<()>(1);
         let (scope, exchange) = (self.scope.clone(), self.sessions.exchange.clone());
         let tracked = request_id.clone();
         let target = Target::LegacySse(principal, selection);
@@ -87,7 +88,7 @@ impl RelayedCall {
         let ended = tokio::select! {
             biased;
             ended = &mut task => ended.unwrap_or(Ended::Sent),
-            _ = asked => Ended::Sent,
+            _ = asked.recv() => Ended::Sent,
         };
         match ended {
             Ended::Sent => Ok(json_response(StatusCode::OK, &json!({"status": "sent", "messageId": message_id}))),
@@ -101,10 +102,49 @@ impl RelayedCall {
     async fn relay(
         self,
         target: Target,
-        (request_id, method, params): (RequestId, String, Option<Value>),
-        asked: oneshot::Sender<()>,
+        request: (RequestId, String, Option<Value>),
+        asked: mpsc::Sender<()>,
         final_id: String,
     ) -> Ended {
+        let reply = match self.reply(target, request, asked).await {
+            Ok(reply) => reply,
+            Err(ended) => return ended,
+        };
+        let event = warp::sse::Event::default().id(final_id).event("message").data(reply.to_string());
+        if !send_or_give_up(&self.events, event).await {
+            return self.stream_closed();
+        }
+        Ended::Sent
+    }
+
+    /// One request of a batch, run as [`RelayedCall::run`] runs one alone (tracked for cancellation, what the server
+    /// says meanwhile put on the stream, `asked` told when it asks the client something) once `gate` lets it, its
+    /// response handed back for the batch's array rather than put on the stream.
+    pub(super) fn spawn_in_batch(
+        self,
+        target: Target,
+        request: (RequestId, String, Option<Value>),
+        asked: mpsc::Sender<()>,
+        gate: Arc<tokio::sync::Semaphore>,
+    ) -> tokio::task::JoinHandle<Result<Value, Ended>> {
+        let (scope, exchange, tracked) = (self.scope.clone(), self.sessions.exchange.clone(), request.0.clone());
+        let work = async move {
+            let _turn = gate.acquire_owned().await;
+            self.reply(target, request, asked).await
+        };
+        let task = tokio::spawn(work.in_current_span());
+        exchange.track(&scope, &tracked, task.abort_handle());
+        task
+    }
+
+    /// The call, with what the server says meanwhile put on the stream, then word of what is moot now: its
+    /// response, or how it ended without one.
+    async fn reply(
+        &self,
+        target: Target,
+        (request_id, method, params): (RequestId, String, Option<Value>),
+        asked: mpsc::Sender<()>,
+    ) -> Result<Value, Ended> {
         let (relay, inbound) = match self.capabilities.clone() {
             Some(capabilities) => Relay::for_client(capabilities),
             None => Relay::channel(true),
@@ -115,22 +155,17 @@ impl RelayedCall {
             Said { inbound, asked: Some(asked), withdrawn, withdrawals, carried: Vec::new(), forwarding: true };
         let outcome = self.forward_until_answered(call, &request_id, &mut said).await;
         if !said.forwarding {
-            return Ended::StreamClosed;
+            return Err(Ended::StreamClosed);
         }
         for message in self.moot(&request_id, &mut said) {
             if !send_or_give_up(&self.events, message_event(&message)).await {
-                return self.stream_closed();
+                return Err(self.stream_closed());
             }
         }
         if let (Err(RouteError::Forbidden(err)), Some(_)) = (&outcome, &said.asked) {
-            return Ended::Refused(err.clone());
+            return Err(Ended::Refused(err.clone()));
         }
-        let reply = response_message(request_id, outcome.map(protocol::payload_for_handshake));
-        let event = warp::sse::Event::default().id(final_id).event("message").data(reply.to_string());
-        if !send_or_give_up(&self.events, event).await {
-            return self.stream_closed();
-        }
-        Ended::Sent
+        Ok(response_message(request_id, outcome.map(protocol::payload_for_handshake)))
     }
 
     /// Run the call, putting on the stream what the server says meanwhile and word of its requests withdrawn.
@@ -161,7 +196,7 @@ impl RelayedCall {
                     };
                     if message.get("id").is_some() {
                         if let Some(tx) = said.asked.take() {
-                            let _ = tx.send(());
+                            let _ = tx.try_send(());
                         }
                     }
                     if let Some(asked) = asked {
