@@ -39,11 +39,15 @@ wait_http() { # url: wait until something answers there
 }
 sha() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
 
-UPSTREAM=$(free_port); HANDSHAKE=$(free_port); SAT=$(free_port); FRONT=$(free_port)
+UPSTREAM=$(free_port); HANDSHAKE=$(free_port); TWIN=$(free_port); SAT=$(free_port); FRONT=$(free_port)
 (cd tests/conformance/upstream && PORT=$UPSTREAM exec node_modules/.bin/tsx everything-server.ts) >"$WORK/upstream.log" 2>&1 &
 PIDS+=($!)
 LISTEN=$HANDSHAKE TARGET=http://127.0.0.1:$UPSTREAM HANDSHAKE_ONLY=1 \
   node tests/conformance/auth-proxy.mjs >"$WORK/handshake.log" 2>&1 &
+PIDS+=($!)
+# The fourth pairing's upstream: the reference server's handshake-era fixtures asked the 2026-07-28 way
+# (era-twin.mjs says why the reference server's own 2026-07-28 path cannot serve them).
+LISTEN=$TWIN TARGET=http://127.0.0.1:$UPSTREAM node tests/conformance/era-twin.mjs >"$WORK/twin.log" 2>&1 &
 PIDS+=($!)
 wait_http "http://127.0.0.1:$UPSTREAM/mcp"
 
@@ -52,6 +56,7 @@ wait_http "http://127.0.0.1:$UPSTREAM/mcp"
 USER_TOKEN=$(openssl rand -hex 24)
 TOKEN_NEW="ds_inst_$(openssl rand -hex 32)"
 TOKEN_OLD="ds_inst_$(openssl rand -hex 32)"
+TOKEN_TWIN="ds_inst_$(openssl rand -hex 32)"
 cat >"$WORK/satellite.toml" <<EOF
 [satellite]
 debug_route = true
@@ -81,6 +86,19 @@ slug = "conf25"
 transport = "http"
 url = "http://127.0.0.1:$HANDSHAKE/mcp"
 
+[[servers]]
+slug = "conftwin"
+transport = "http"
+url = "http://127.0.0.1:$TWIN/mcp"
+
+[[installations]]
+id = "conftwin-acme"
+team = "acme"
+server = "conftwin"
+[installations.users.alice]
+instance_path = "alice-conftwin"
+instance_token_sha256 = "$(sha "$TOKEN_TWIN")"
+
 [[installations]]
 id = "conf-acme"
 team = "acme"
@@ -106,16 +124,16 @@ env -u DEPLOYSTACK_BACKEND_URL SATELLITE_DATA_DIR="$WORK/data" \
   "$BIN" serve --config "$WORK/satellite.toml" --port "$SAT" >"$WORK/satellite.log" 2>&1 &
 PIDS+=($!)
 LISTEN=$FRONT TARGET=http://127.0.0.1:$SAT USER_TOKEN=$USER_TOKEN \
-  INSTANCE_TOKENS="{\"alice-conf\":\"$TOKEN_NEW\",\"alice-conf25\":\"$TOKEN_OLD\"}" \
+  INSTANCE_TOKENS="{\"alice-conf\":\"$TOKEN_NEW\",\"alice-conf25\":\"$TOKEN_OLD\",\"alice-conftwin\":\"$TOKEN_TWIN\"}" \
   node tests/conformance/auth-proxy.mjs >"$WORK/front.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 300); do
   online=$(curl -s "http://127.0.0.1:$SAT/api/status/debug" | "$PYTHON" -c \
     'import json,sys; print(json.load(sys.stdin)["server_status"]["stats"]["online"])' 2>/dev/null || echo 0)
-  [ "$online" = 3 ] && break
+  [ "$online" = 4 ] && break
   sleep 0.1
 done
-[ "$online" = 3 ] || { echo "error: instances did not come online"; tail -30 "$WORK/satellite.log"; exit 1; }
+[ "$online" = 4 ] || { echo "error: instances did not come online"; tail -30 "$WORK/satellite.log"; exit 1; }
 
 suite() { # name url requirements
   echo "==> conformance $3: $1"
@@ -127,6 +145,8 @@ suite direct-2025 "http://localhost:$UPSTREAM/mcp" 2025-11-25
 suite through-2025 "http://localhost:$FRONT/i/alice-conf25/mcp" 2025-11-25
 suite direct-2026 "http://localhost:$UPSTREAM/mcp" 2026-07-28
 suite through-2026 "http://localhost:$FRONT/i/alice-conf/mcp" 2026-07-28
+suite through-2025-to-2026 "http://localhost:$FRONT/i/alice-conftwin/mcp" 2025-11-25
+suite through-2026-to-2025 "http://localhost:$FRONT/i/alice-conf25/mcp" 2026-07-28
 suite mcp-2025 "http://localhost:$FRONT/mcp" 2025-11-25
 suite mcp-2026 "http://localhost:$FRONT/mcp" 2026-07-28
 
@@ -140,6 +160,25 @@ echo "==> instance router, 2025-11-25 (handshake-era upstream)"
   server-sse-polling:server-sse-retry-field server-sse-polling:server-sse-disconnect-resume || status=1
 echo "==> instance router, 2026-07-28"
 "$PYTHON" tests/conformance/compare.py through "$WORK/direct-2026" "$WORK/through-2026" || status=1
+echo "==> instance router, a 2025-11-25 client to a 2026-07-28 upstream (the reference server behind era-twin.mjs)"
+# The upstream asks through input_required; the satellite must ask the client on its session and retry.
+"$PYTHON" tests/conformance/compare.py through "$WORK/direct-2025" "$WORK/through-2025-to-2026" \
+  server-sse-multiple-streams:server-sse-streams-functional server-sse-polling:server-sse-priming-event \
+  server-sse-polling:server-sse-retry-field server-sse-polling:server-sse-disconnect-resume || status=1
+echo "==> instance router, a 2026-07-28 client to a handshake-era upstream"
+# Exempt: scenarios whose fixtures the reference server serves only on its 2026-07-28 path (the
+# test_input_required_result_* tools and prompt, test_missing_capability, test_trigger_tool_change and
+# test_trigger_prompt_change), which a handshake-era upstream does not have. Everything else must pass as it does
+# directly (the reverse translation, a handshake-era server request reaching a 2026-07-28 client as input_required,
+# has no fixture in the 2026-07-28 set: tests/python/test_relay.py covers it).
+"$PYTHON" tests/conformance/compare.py through "$WORK/direct-2026" "$WORK/through-2026-to-2025" \
+  input-required-result-basic-elicitation input-required-result-basic-list-roots input-required-result-basic-sampling \
+  input-required-result-capability-check input-required-result-missing-input-response input-required-result-multi-round \
+  input-required-result-multiple-input-requests input-required-result-non-tool-request input-required-result-request-state \
+  input-required-result-result-type input-required-result-tampered-state input-required-result-validate-input \
+  server-stateless:sep-2575-server-rejects-undeclared-capability server-stateless:sep-2575-missing-capability-http-400 \
+  server-stateless:sep-2575-server-sends-prompts-list-changed-on-subscription \
+  server-stateless:sep-2575-server-sends-tools-list-changed-on-subscription || status=1
 # /mcp serves tools through meta-tools and namespaces prompts, so scenarios that call a fixture by name do not
 # apply there; these do.
 echo "==> /mcp, 2025-11-25"

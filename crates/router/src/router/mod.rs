@@ -3,19 +3,16 @@
 //! real tools, `/i/{path}/mcp`). Every lookup goes through the caller's
 //! (user, team); another member's instance is never used.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::auth::AuthError;
-use crate::instances::{Instance, InstanceError, InstanceManager};
+use crate::instances::Instance;
 use crate::mcp::payload::{Payload, ResultType};
 use crate::mcp::protocol::{codes, RpcError};
-use crate::mcp::transport::{Relay, UpstreamError};
 use crate::model::InstanceStatus;
 
 mod fit;
+mod forward;
 mod hierarchical;
 mod instance;
 pub mod meta;
@@ -29,6 +26,8 @@ pub use instance::InstanceRouter;
 pub use results::TrimmedSchemas;
 pub use summaries::Summaries;
 pub use views::CallerViews;
+
+use forward::forward;
 
 /// A request the router refused: a JSON-RPC error, or a missing scope (HTTP 403).
 #[derive(Debug, Clone, PartialEq)]
@@ -122,94 +121,6 @@ fn disabled_result(tool_path: &str) -> Value {
          Disabled tool: {tool_path}"
     );
     json!({"content": [{"type": "text", "text": text}], "isError": true})
-}
-
-/// Send a request to an instance, mapping failures to JSON-RPC errors: the server's own errors keep their
-/// code and data, transport failures become -32603 with the reason.
-async fn forward(
-    manager: &InstanceManager,
-    instance: &Arc<Instance>,
-    method: &str,
-    params: Value,
-    timeout: Duration,
-    relay: Option<&Relay>,
-) -> Result<Payload, RouteError> {
-    let mut params = params;
-    let stateless_server =
-        instance.client().is_some_and(|c| matches!(c.era(), crate::mcp::client::Era::Stateless { .. }));
-    if let Some(capabilities) = relay.and_then(Relay::client_capabilities).filter(|_| stateless_server) {
-        declare_client_capabilities(&mut params, capabilities);
-    }
-    // A 2026-07-28 server asks through `input_required`; a handshake-era client cannot read that, so the
-    // satellite asks it the server's questions (as requests on its stream) and retries with the answers. Only
-    // then is the request needed again: every other call sends it on without a copy.
-    let answers_for = relay.filter(|r| stateless_server && r.takes_requests());
-    let mut rounds = 0;
-    loop {
-        let retry_left = answers_for.is_some() && rounds < MAX_INPUT_ROUNDS;
-        let sent = if retry_left { params.clone() } else { std::mem::take(&mut params) };
-        let result = forward_once(manager, instance, method, sent, timeout, relay).await?;
-        let asks = result.shape().result_type == Some(ResultType::InputRequired);
-        let Some(relay) = answers_for.filter(|_| asks && retry_left) else {
-            return Ok(result);
-        };
-        let result = result.into_value().map_err(unreadable)?;
-        rounds += 1;
-        let mut responses = serde_json::Map::new();
-        if let Some(requests) = result.get("inputRequests").and_then(Value::as_object) {
-            for (key, request) in requests {
-                let method = request.get("method").and_then(Value::as_str).unwrap_or_default();
-                let answer =
-                    relay.ask(method, request.get("params").cloned(), timeout).await.map_err(RouteError::Rpc)?;
-                responses.insert(key.clone(), answer);
-            }
-        }
-        retry_with_answers(&mut params, responses, &result);
-    }
-}
-
-/// A 2026-07-28 server asks only for what the client declared: declare a handshake-era client's own
-/// capabilities on its behalf (a 2026-07-28 client's envelope already carries its own).
-fn declare_client_capabilities(params: &mut Value, capabilities: &Value) {
-    if let Some(object) = params.as_object_mut() {
-        let meta = object.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(meta) = meta.as_object_mut() {
-            meta.entry(crate::mcp::protocol::meta_keys::CLIENT_CAPABILITIES).or_insert_with(|| capabilities.clone());
-        }
-    }
-}
-
-/// The request again, with the client's answers and the state the server asked to get back.
-fn retry_with_answers(params: &mut Value, responses: serde_json::Map<String, Value>, result: &Value) {
-    if let Some(object) = params.as_object_mut() {
-        object.insert("inputResponses".into(), Value::Object(responses));
-        match result.get("requestState") {
-            Some(state) => object.insert("requestState".into(), state.clone()),
-            None => object.remove("requestState"),
-        };
-    }
-}
-
-/// Rounds of `input_required` the satellite answers for a handshake-era client before passing the result on.
-const MAX_INPUT_ROUNDS: usize = 10;
-
-async fn forward_once(
-    manager: &InstanceManager,
-    instance: &Arc<Instance>,
-    method: &str,
-    params: Value,
-    timeout: Duration,
-    relay: Option<&Relay>,
-) -> Result<Payload, RouteError> {
-    match manager.call_relayed(instance, method, Some(params), timeout, relay).await {
-        Ok(result) => Ok(result),
-        Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
-        Err(InstanceError::NotConnected(_)) => Err(internal(not_running(instance))),
-        Err(err @ (InstanceError::Busy { .. } | InstanceError::Respawn { .. })) => Err(internal(err.to_string())),
-        Err(InstanceError::Upstream(err)) => {
-            Err(internal(format!("MCP server error ({}): {err}", instance.spec().server_slug)))
-        }
-    }
 }
 
 /// A `CallToolResult` forwarded unchanged; wrapped only when it has no `content` (SB §16.3). A 2026-07-28
