@@ -10,6 +10,7 @@ import pytest
 from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 pytestmark = pytest.mark.anyio
 
@@ -380,3 +381,41 @@ async def test_roots_asked_outside_a_call_reach_the_client(satellite, transport)
                 with anyio.move_on_after(0.5):
                     await asked.wait()
         assert root in text(await execute(client, "get-roots-list", {}))
+
+
+@pytest.mark.parametrize("router", ["instance", "mcp"])
+async def test_a_2026_servers_rounds_of_questions_share_the_requests_budget(satellite, router):
+    """The reference server asks twice (two rounds of input_required, the state carried between them). A
+    handshake-era client answers each question through the satellite and gets the server's final answer. The rounds
+    share the request's one budget (call_timeout_seconds = 8): a client that takes 5 s per answer makes the call
+    fail after 8 s, where before each round got the whole budget again and the call ran on for 10 s and more."""
+    asked = []
+
+    async def answer(delay, ctx, params: types.ElicitRequestParams):
+        asked.append(params.message)
+        await anyio.sleep(delay)
+        field = "name" if params.message.startswith("Step 1") else "color"
+        return types.ElicitResult(action="accept", content={field: "Ada" if field == "name" else "green"})
+
+    def connect(delay):
+        callback = lambda ctx, params: answer(delay, ctx, params)  # noqa: E731
+        if router == "instance":
+            url = f"{satellite.base}/i/erin-reference/mcp?token={satellite.instance_tokens['erin-reference']}"
+            return Client(url, mode="legacy", elicitation_callback=callback)
+        return client_for(satellite, "erin", "legacy", elicitation_callback=callback)
+
+    async def call(client):
+        if router == "instance":
+            return await client.call_tool("test_input_required_result_multi_round", {})
+        return await execute(client, "test_input_required_result_multi_round", {}, server="reference")
+
+    async with connect(0) as client:
+        result = await call(client)
+    assert "Multi-round complete for Ada who likes green" in text(result), text(result)
+    assert [m.split(":")[0] for m in asked] == ["Step 1", "Step 2"], asked
+
+    asked.clear()
+    async with connect(5) as client:
+        with pytest.raises(MCPError, match=r"within \d+s"):
+            await call(client)
+    assert [m.split(":")[0] for m in asked] == ["Step 1", "Step 2"], asked
