@@ -4,6 +4,7 @@ mod common;
 
 mod analytics;
 mod budget;
+mod cache_hints;
 mod cli;
 mod compat;
 mod contracts;

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use serde_json::{json, Value};
 
+use crate::mcp::cache::CacheHints;
 use crate::mcp::protocol::{self, codes, meta_keys, Message, RpcError, LEGACY_VERSIONS, MODERN_VERSION};
 
 pub mod corpus;
@@ -206,7 +207,9 @@ impl DemoServer {
             _ => return Err(method_not_found(method)),
         };
         if stateless {
-            protocol::stamp_stateless_result(&mut result, method, self.server_info());
+            // Its lists change only when it says so (`--mutable-tools` announces them), its resources never: an hour.
+            let cache = CacheHints::private_for(60 * 60 * 1000);
+            protocol::stamp_stateless_result(&mut result, method, self.server_info(), cache);
         }
         Ok(Reply::Response(result))
     }

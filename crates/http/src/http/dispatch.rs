@@ -55,6 +55,14 @@ impl Target {
         }
     }
 
+    /// The cache hints of this endpoint's answer to `method` for a 2026-07-28 client (`router::cache_hints`).
+    pub fn cache_hints(&self, method: &str) -> crate::mcp::cache::CacheHints {
+        match self {
+            Target::Instance(instance) => crate::router::cache_hints::for_instance(instance, method),
+            Target::Hierarchical(..) | Target::LegacySse(..) => crate::router::cache_hints::for_hierarchical(method),
+        }
+    }
+
     /// `tools/list` as JSON text when this endpoint's answer is the same for every caller (the hierarchical
     /// router's meta-tools); `None` for an instance, whose listing is its catalog's, and for a refused toolset.
     pub fn fixed_listing(&self, routing: &Routing, session: Option<&str>) -> Option<Result<&'static str, RouteError>> {

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use crate::mcp::cache::CacheHints;
 use crate::mcp::payload::{Payload, ResultType};
 
 /// Handshake-era protocol versions, oldest first.
@@ -358,14 +359,14 @@ pub fn stamp_meta(params: Option<Value>, extra: Map<String, Value>) -> Value {
     Value::Object(params)
 }
 
-/// Results of the stateless revision carry `resultType`, cache hints on listings and reads, and the server's info.
-pub fn stamp_stateless_result(result: &mut Value, method: &str, server_info: Value) {
+/// Results of the stateless revision carry `resultType`, cache hints on listings and reads (`cache`: what the
+/// satellite can vouch for), and the server's info.
+pub fn stamp_stateless_result(result: &mut Value, method: &str, server_info: Value, cache: CacheHints) {
     let Value::Object(obj) = result else { return };
     // What the upstream said stays (an `input_required` result above all); only what it left out is added.
     obj.entry("resultType").or_insert_with(|| json!("complete"));
-    if method.ends_with("/list") || method == "resources/read" || method == "server/discover" {
-        obj.entry("ttlMs").or_insert_with(|| json!(0));
-        obj.entry("cacheScope").or_insert_with(|| json!("private"));
+    if crate::mcp::cache::cacheable(method) && obj.get("resultType").and_then(Value::as_str) == Some("complete") {
+        cache.stamp(obj);
     }
     let meta = obj.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
     if let Value::Object(meta) = meta {

@@ -11,6 +11,7 @@ use crate::mcp::payload::{Payload, ResultType};
 use crate::mcp::protocol::{codes, RpcError};
 use crate::model::InstanceStatus;
 
+pub mod cache_hints;
 mod fit;
 mod forward;
 mod hierarchical;

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::mcp::headers as mirrored;
+use crate::mcp::cache::CacheHints;
 
 /// 2026-07-28: every request stands alone; no session is created or read.
 pub(super) async fn stateless_post(
@@ -110,7 +111,8 @@ impl StatelessPost<'_> {
     fn result_reply(&self, id: protocol::RequestId, method: &str, result: Payload) -> Value {
         match protocol::answer_value(result) {
             Ok(mut result) => {
-                protocol::stamp_stateless_result(&mut result, method, self.identity.server_info.clone());
+                let cache = self.endpoint.target.cache_hints(method);
+                protocol::stamp_stateless_result(&mut result, method, self.identity.server_info.clone(), cache);
                 protocol::response(id, result)
             }
             Err(err) => protocol::error_response(Some(id), err),
@@ -150,7 +152,8 @@ pub(super) async fn stateless_relayed(
     };
     let mode = stateless_mode(endpoint, &method, params.as_ref(), long_lived);
     let server_info = Identity::of(&deps.routing.manager, &endpoint.target).await.server_info;
-    let finish = stamped(id.clone(), method.clone(), server_info.clone());
+    let cache = endpoint.target.cache_hints(&method);
+    let finish = stamped(id.clone(), method.clone(), server_info.clone(), cache);
     let scope = format!("stateless:{}", uuid::Uuid::new_v4());
     let exchange = &endpoint.sessions.exchange;
     let state = params.as_ref().and_then(|p| p.get("requestState"));
@@ -165,7 +168,7 @@ pub(super) async fn stateless_relayed(
         let run = move |relay| async move { target.dispatch(&routing, None, &method, params, Some(&relay)).await };
         exchange.respond(scope, id.clone(), mode, run, finish).await
     };
-    Ok(stateless_response(id, &answered_method, server_info, answer))
+    Ok(stateless_response(id, &answered_method, server_info, cache, answer))
 }
 
 /// A `subscriptions/listen` lasts: it holds one of its caller's stream places, and ends once the credential that
@@ -212,11 +215,12 @@ fn stamped(
     reply_id: protocol::RequestId,
     method: String,
     server_info: Value,
+    cache: CacheHints,
 ) -> impl FnOnce(Result<Payload, RouteError>) -> Value + Send + Sync + 'static {
     move |outcome: Result<Payload, RouteError>| {
         let result = outcome.and_then(|result| {
             let mut result = protocol::answer_value(result).map_err(RouteError::Rpc)?;
-            protocol::stamp_stateless_result(&mut result, &method, server_info);
+            protocol::stamp_stateless_result(&mut result, &method, server_info, cache);
             protocol::retag_subscription(&mut result, &reply_id);
             Ok(Payload::Value(result))
         });
@@ -229,13 +233,14 @@ fn stateless_response(
     id: protocol::RequestId,
     method: &str,
     server_info: Value,
+    cache: CacheHints,
     answer: Answer,
 ) -> Result<Response, McpError> {
     match answer {
         Answer::Streamed(response) => Ok(response),
         Answer::Done(Ok(result)) => match protocol::answer_value(result) {
             Ok(mut result) => {
-                protocol::stamp_stateless_result(&mut result, method, server_info);
+                protocol::stamp_stateless_result(&mut result, method, server_info, cache);
                 Ok(json_response(StatusCode::OK, &protocol::response(id, result)))
             }
             Err(err) => Ok(json_response(rpc_status(err.code), &protocol::error_response(Some(id), err))),
