@@ -39,7 +39,8 @@ wait_http() { # url: wait until something answers there
 }
 sha() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
 
-UPSTREAM=$(free_port); HANDSHAKE=$(free_port); TWIN=$(free_port); SAT=$(free_port); FRONT=$(free_port)
+UPSTREAM=$(free_port); HANDSHAKE=$(free_port); TWIN=$(free_port); TASKS=$(free_port); SAT=$(free_port)
+FRONT=$(free_port)
 (cd tests/conformance/upstream && PORT=$UPSTREAM exec node_modules/.bin/tsx everything-server.ts) >"$WORK/upstream.log" 2>&1 &
 PIDS+=($!)
 LISTEN=$HANDSHAKE TARGET=http://127.0.0.1:$UPSTREAM HANDSHAKE_ONLY=1 \
@@ -49,6 +50,9 @@ PIDS+=($!)
 # (era-twin.mjs says why the reference server's own 2026-07-28 path cannot serve them).
 LISTEN=$TWIN TARGET=http://127.0.0.1:$UPSTREAM node tests/conformance/era-twin.mjs >"$WORK/twin.log" 2>&1 &
 PIDS+=($!)
+# The Tasks extension's fixtures (greet, slow_compute, failing_job, ...), which the reference server lacks.
+PORT=$TASKS "$NODE22" tests/conformance/tasks-server.mjs >"$WORK/tasks.log" 2>&1 &
+PIDS+=($!)
 wait_http "http://127.0.0.1:$UPSTREAM/mcp"
 
 # /mcp is tried as bob (another team), who has one instance of the reference server (alice's two would make its resource URIs
@@ -57,6 +61,7 @@ USER_TOKEN=$(openssl rand -hex 24)
 TOKEN_NEW="ds_inst_$(openssl rand -hex 32)"
 TOKEN_OLD="ds_inst_$(openssl rand -hex 32)"
 TOKEN_TWIN="ds_inst_$(openssl rand -hex 32)"
+TOKEN_TASKS="ds_inst_$(openssl rand -hex 32)"
 cat >"$WORK/satellite.toml" <<EOF
 [satellite]
 debug_route = true
@@ -91,6 +96,19 @@ slug = "conftwin"
 transport = "http"
 url = "http://127.0.0.1:$TWIN/mcp"
 
+[[servers]]
+slug = "tasks"
+transport = "http"
+url = "http://127.0.0.1:$TASKS/mcp"
+
+[[installations]]
+id = "tasks-acme"
+team = "acme"
+server = "tasks"
+[installations.users.alice]
+instance_path = "alice-tasks"
+instance_token_sha256 = "$(sha "$TOKEN_TASKS")"
+
 [[installations]]
 id = "conftwin-acme"
 team = "acme"
@@ -124,16 +142,16 @@ env -u DEPLOYSTACK_BACKEND_URL SATELLITE_DATA_DIR="$WORK/data" \
   "$BIN" serve --config "$WORK/satellite.toml" --port "$SAT" >"$WORK/satellite.log" 2>&1 &
 PIDS+=($!)
 LISTEN=$FRONT TARGET=http://127.0.0.1:$SAT USER_TOKEN=$USER_TOKEN \
-  INSTANCE_TOKENS="{\"alice-conf\":\"$TOKEN_NEW\",\"alice-conf25\":\"$TOKEN_OLD\",\"alice-conftwin\":\"$TOKEN_TWIN\"}" \
+  INSTANCE_TOKENS="{\"alice-conf\":\"$TOKEN_NEW\",\"alice-conf25\":\"$TOKEN_OLD\",\"alice-conftwin\":\"$TOKEN_TWIN\",\"alice-tasks\":\"$TOKEN_TASKS\"}" \
   node tests/conformance/auth-proxy.mjs >"$WORK/front.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 1 300); do
   online=$(curl -s "http://127.0.0.1:$SAT/api/status/debug" | "$PYTHON" -c \
     'import json,sys; print(json.load(sys.stdin)["server_status"]["stats"]["online"])' 2>/dev/null || echo 0)
-  [ "$online" = 4 ] && break
+  [ "$online" = 5 ] && break
   sleep 0.1
 done
-[ "$online" = 4 ] || { echo "error: instances did not come online"; tail -30 "$WORK/satellite.log"; exit 1; }
+[ "$online" = 5 ] || { echo "error: instances did not come online"; tail -30 "$WORK/satellite.log"; exit 1; }
 
 suite() { # name url requirements
   echo "==> conformance $3: $1"
@@ -147,6 +165,20 @@ suite direct-2026 "http://localhost:$UPSTREAM/mcp" 2026-07-28
 suite through-2026 "http://localhost:$FRONT/i/alice-conf/mcp" 2026-07-28
 suite through-2025-to-2026 "http://localhost:$FRONT/i/alice-conftwin/mcp" 2025-11-25
 suite through-2026-to-2025 "http://localhost:$FRONT/i/alice-conf25/mcp" 2026-07-28
+# The Tasks extension's scenarios, against tasks-server.mjs directly and through the instance router.
+TASK_SCENARIOS="tasks-capability-negotiation tasks-dispatch-and-envelope tasks-lifecycle tasks-mrtr-composition
+  tasks-mrtr-input tasks-request-headers tasks-request-state-removal tasks-required-task-error tasks-wire-fields"
+scenarios() { # name url scenario...
+  local name=$1 url=$2; shift 2
+  echo "==> conformance: $name ($# scenarios)"
+  for scenario in "$@"; do
+    "$NODE22" "$CONFORMANCE" server --url "$url" --scenario "$scenario" -o "$WORK/$name" >>"$WORK/$name.txt" 2>&1 || true
+  done
+}
+# shellcheck disable=SC2086
+scenarios direct-tasks "http://localhost:$TASKS/mcp" $TASK_SCENARIOS
+# shellcheck disable=SC2086
+scenarios through-tasks "http://localhost:$FRONT/i/alice-tasks/mcp" $TASK_SCENARIOS
 suite mcp-2025 "http://localhost:$FRONT/mcp" 2025-11-25
 suite mcp-2026 "http://localhost:$FRONT/mcp" 2026-07-28
 
@@ -165,6 +197,8 @@ echo "==> instance router, a 2025-11-25 client to a 2026-07-28 upstream (the ref
 "$PYTHON" tests/conformance/compare.py through "$WORK/direct-2025" "$WORK/through-2025-to-2026" \
   server-sse-multiple-streams:server-sse-streams-functional server-sse-polling:server-sse-priming-event \
   server-sse-polling:server-sse-retry-field server-sse-polling:server-sse-disconnect-resume || status=1
+echo "==> instance router, the Tasks extension (tasks-server.mjs)"
+"$PYTHON" tests/conformance/compare.py through "$WORK/direct-tasks" "$WORK/through-tasks" || status=1
 echo "==> instance router, a 2026-07-28 client to a handshake-era upstream"
 # Exempt: scenarios whose fixtures the reference server serves only on its 2026-07-28 path (the
 # test_input_required_result_* tools and prompt, test_missing_capability, test_trigger_tool_change and

@@ -62,8 +62,11 @@ async fn cache_hints_say_what_the_satellite_can_vouch_for() {
     for slug in ["watched", "polled", "plain"] {
         let id = satellite::model::ProcessId::from(format!("{slug}-acme-alice-i-{slug}").as_str());
         wait_until(DEADLINE, slug, || {
-            let online =
-                sat.satellite.manager().get(&id).is_some_and(|i| i.status().status == satellite::model::InstanceStatus::Online);
+            let online = sat
+                .satellite
+                .manager()
+                .get(&id)
+                .is_some_and(|i| i.status().status == satellite::model::InstanceStatus::Online);
             async move { online.then_some(()) }
         })
         .await;
@@ -71,7 +74,10 @@ async fn cache_hints_say_what_the_satellite_can_vouch_for() {
     let private = json!("private");
     // The server announces tool changes (and says an hour itself): kept an hour, for this caller only, although
     // the server's answer would be the same for anyone with its credentials.
-    assert_eq!(hints(&sat, &instance("watched"), None, "tools/list", json!({})).await, (json!(HOUR_MS), private.clone()));
+    assert_eq!(
+        hints(&sat, &instance("watched"), None, "tools/list", json!({})).await,
+        (json!(HOUR_MS), private.clone())
+    );
     // Its resources: the server says an hour, but declares no resource list changes and, being 2026-07-28, is
     // not re-discovered for the client's listen: not kept.
     assert_eq!(hints(&sat, &instance("watched"), None, "resources/list", json!({})).await, (json!(0), private.clone()));

@@ -28,6 +28,7 @@ mod replicas;
 mod sandbox;
 mod secret_sweep;
 mod storage;
+mod tasks;
 mod tenancy;
 mod tokens;
 mod toolsets;

@@ -201,6 +201,26 @@ impl HttpServer {
         HttpServer { child, addr }
     }
 
+    /// A Node.js fixture (a script taking its port from `PORT`, e.g. `tests/conformance/tasks-server.mjs`) on a free
+    /// port, once it accepts connections.
+    pub async fn node_script(script: &str) -> HttpServer {
+        let port = free_port();
+        let child = Command::new("node")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(script))
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the node fixture");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        wait_until(Duration::from_secs(30), script, || async move {
+            tokio::net::TcpStream::connect(addr).await.ok().map(|_| ())
+        })
+        .await;
+        HttpServer { child, addr }
+    }
+
     pub fn url(&self, path: &str) -> url::Url {
         url::Url::parse(&format!("http://{}{path}", self.addr)).expect("url")
     }

@@ -299,11 +299,9 @@ impl McpClient {
                 (params, RequestHeaders { protocol_version: Some(version.clone()), modern: None })
             }
             Era::Stateless { version } => {
-                let name = params
-                    .as_ref()
-                    .and_then(|p| p.get("name").or_else(|| p.get("uri")))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned);
+                // `Mcp-Name` mirrors what the method names (a tool, prompt, resource or task), nothing else.
+                let key = crate::mcp::headers::name_key(method);
+                let name = key.and_then(|key| params.as_ref()?.get(key)?.as_str()).map(str::to_owned);
                 let params = protocol::stamp_meta(params, protocol::modern_request_meta(version, &self.client_info));
                 let headers = RequestHeaders {
                     protocol_version: Some(version.clone()),

@@ -7,4 +7,5 @@ pub mod headers;
 pub mod payload;
 pub mod progress;
 pub mod protocol;
+pub mod task_ids;
 pub mod transport;

@@ -33,6 +33,8 @@ pub enum Payload {
 pub enum ResultType {
     Complete,
     InputRequired,
+    /// A `CreateTaskResult` (the Tasks extension): the request became a task, fetched with `tasks/get`.
+    Task,
     Other,
 }
 
@@ -41,6 +43,7 @@ impl ResultType {
         match text {
             "complete" => ResultType::Complete,
             "input_required" => ResultType::InputRequired,
+            "task" => ResultType::Task,
             _ => ResultType::Other,
         }
     }
@@ -286,6 +289,7 @@ impl<'de> Deserialize<'de> for Shape {
                             shape.result_type = match value.get() {
                                 "\"complete\"" => Some(ResultType::Complete),
                                 "\"input_required\"" => Some(ResultType::InputRequired),
+                                "\"task\"" => Some(ResultType::Task),
                                 text if text.starts_with('"') => {
                                     // Escapes (`\u0063omplete`) spell the same names.
                                     serde_json::from_str::<String>(text).ok().map(|s| ResultType::of(&s))

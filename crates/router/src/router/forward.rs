@@ -28,11 +28,25 @@ pub(super) async fn forward(
     relay: Option<&Relay>,
 ) -> Result<Payload, RouteError> {
     let uri = (method == "resources/read").then(|| params.get("uri").cloned()).flatten();
+    // The task status notifications of a server that offers tasks reach the client with their ids sealed.
+    let sealing;
+    let relay = match relay {
+        Some(relay) if offers_tasks(instance) => {
+            sealing = relay.sealing_tasks_of(instance.spec().process_id.as_str());
+            Some(&sealing)
+        }
+        other => other,
+    };
     let result = answering(manager, instance, method, params, timeout, relay).await;
     match (result, uri) {
         (Err(RouteError::Rpc(err)), Some(uri)) => Err(RouteError::Rpc(name_missing_resource(err, uri))),
         (result, _) => result,
     }
+}
+
+/// Whether the instance's server offers tasks (`mcp::task_ids::offered`), as far as its connection says.
+pub(super) fn offers_tasks(instance: &Instance) -> bool {
+    instance.client().is_some_and(|client| crate::mcp::task_ids::offered(client.capabilities()))
 }
 
 /// [`forward`], asking a handshake-era client the questions of a 2026-07-28 server's `input_required` result (as

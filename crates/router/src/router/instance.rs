@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{
-    blocked_result, call_outcome, callable, disabled_result, forward, invalid, normalise_call_result, visible,
+    blocked_result, call_outcome, callable, disabled_result, forward, invalid, normalise_call_result, tasks, visible,
     RouteError,
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
@@ -61,9 +61,20 @@ impl InstanceRouter {
                     catalog.iter().flat_map(|c| c.templates.iter().map(|t| t.definition.clone())).collect();
                 Ok(protocol::object([("resourceTemplates", Value::Array(templates))]).into())
             }
-            "tools/call" => self.call_tool(instance, &who, params, relay).await,
+            "tools/call" => {
+                let result = self.call_tool(instance, &who, params, relay).await;
+                result.map(|result| tasks::seal_result(method, spec.process_id.as_str(), result))
+            }
             "subscriptions/listen" => self.listen(instance, method, params, relay).await,
-            other => self.pass_on(instance, session, other, params, relay).await,
+            task if tasks::names_task(task, params.as_ref()) => {
+                let params = own_task(instance, params)?;
+                let result = self.pass_on(instance, session, task, Some(params), relay).await;
+                result.map(|result| tasks::seal_result(task, spec.process_id.as_str(), result))
+            }
+            other => {
+                let result = self.pass_on(instance, session, other, params, relay).await;
+                result.map(|result| tasks::seal_result(other, spec.process_id.as_str(), result))
+            }
         }
     }
 
@@ -169,6 +180,11 @@ impl InstanceRouter {
         }
         // Boxed: a listen's future is several kilobytes, and held inline it would make every call's future as large
         // (a future is as large as its largest branch), copied whole each time the call's task moves it.
+        // Task status is heard of this instance's own tasks only, with their ids sealed as the client knows them.
+        let (mut params, pid) = (params, instance.spec().process_id.as_str());
+        tasks::unseal_listen(&mut params, pid);
+        let sealing = relay.sealing_tasks_of(pid);
+        let relay = if super::forward::offers_tasks(instance) { &sealing } else { relay };
         match Box::pin(self.manager.listen(instance, method, Some(params), LISTEN_LIMIT, relay)).await {
             Ok(result) => Ok(result),
             Err(InstanceError::Upstream(UpstreamError::Rpc(err))) => Err(RouteError::Rpc(err)),
@@ -221,6 +237,24 @@ impl InstanceRouter {
             change.after(method, instance, &result, was_held);
         }
         result
+    }
+}
+
+/// A task request's params with the server's own task id, when the client's id names a task of this instance;
+/// refused as an unknown task otherwise (another instance's id is as unknown here as a made-up one).
+fn own_task(instance: &Instance, params: Option<Value>) -> Result<Value, RouteError> {
+    let mut params = params.unwrap_or_else(|| json!({}));
+    // A server known to offer no tasks has none to keep from anyone: it answers as it does.
+    if instance.client().is_some_and(|client| !crate::mcp::task_ids::offered(client.capabilities())) {
+        return Ok(params);
+    }
+    if let Some(refused) = tasks::undeclared(&params) {
+        return Err(refused);
+    }
+    let id = params.get("taskId").cloned().unwrap_or_default();
+    match tasks::unseal_request(&mut params)? {
+        owner if owner == instance.spec().process_id.as_str() => Ok(params),
+        _ => Err(tasks::unknown(id.as_str().unwrap_or_default())),
     }
 }
 

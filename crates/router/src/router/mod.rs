@@ -20,6 +20,7 @@ pub mod meta;
 mod prompts;
 mod results;
 mod summaries;
+pub mod tasks;
 mod views;
 
 pub use hierarchical::{catalog, HierarchicalRouter};
@@ -125,11 +126,13 @@ fn disabled_result(tool_path: &str) -> Value {
 }
 
 /// A `CallToolResult` forwarded unchanged; wrapped only when it has no `content` (SB §16.3). A 2026-07-28
-/// `input_required` result and a `CreateTaskResult` (the answer to a task-augmented call, whose outcome the client
-/// fetches with `tasks/result`) have no content by design and pass through intact.
+/// `input_required` result and a `CreateTaskResult` (2025-11-25's nested `task`, or the Tasks extension's flat
+/// `resultType: "task"`: the call became a task, whose outcome the client fetches) have no content by design and
+/// pass through intact.
 fn normalise_call_result(result: Payload) -> Payload {
     let shape = result.shape();
-    if shape.result_type == Some(ResultType::InputRequired) || shape.content_is_array || shape.is_task {
+    let passes = matches!(shape.result_type, Some(ResultType::InputRequired | ResultType::Task));
+    if passes || shape.content_is_array || shape.is_task {
         result
     } else {
         // The text as the satellite writes JSON (compact), whatever spacing the server used.

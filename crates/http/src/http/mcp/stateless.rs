@@ -1,8 +1,8 @@
 //! 2026-07-28 requests: each stands alone, carrying its version in `_meta` and `MCP-Protocol-Version`; no session is created or read.
 
 use super::*;
-use crate::mcp::headers as mirrored;
 use crate::mcp::cache::CacheHints;
+use crate::mcp::headers as mirrored;
 
 /// 2026-07-28: every request stands alone; no session is created or read.
 pub(super) async fn stateless_post(
@@ -95,6 +95,9 @@ impl StatelessPost<'_> {
         // Only to a client that declares it: the others never see the experimental methods.
         if hierarchical && crate::router::catalog::declared(params) {
             crate::router::catalog::advertise(&mut capabilities);
+        }
+        if hierarchical && crate::router::tasks::declared(params) {
+            crate::router::tasks::advertise(&mut capabilities);
         }
         let mut discovered = protocol::object([
             ("supportedVersions", json!(SUPPORTED_VERSIONS)),

@@ -64,6 +64,9 @@ pub struct Relay {
     handshake: bool,
     /// What a handshake-era client declared at `initialize`, declared on its behalf to a 2026-07-28 server.
     capabilities: Option<std::sync::Arc<Value>>,
+    /// The instance whose task status notifications this relay carries, their task ids sealed to it
+    /// (`mcp::task_ids`); `None` for a server that offers no tasks.
+    tasks_of: Option<Arc<str>>,
 }
 
 impl Relay {
@@ -71,14 +74,14 @@ impl Relay {
     /// the client at all.
     pub fn channel(answers: bool) -> (Relay, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(CAPACITY);
-        (Relay { tx, backlog: Arc::default(), answers, handshake: answers, capabilities: None }, rx)
+        (Relay { tx, backlog: Arc::default(), answers, handshake: answers, capabilities: None, tasks_of: None }, rx)
     }
 
     /// A relay for a handshake-era client that declared `capabilities` at `initialize`.
     pub fn for_client(capabilities: std::sync::Arc<Value>) -> (Relay, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(CAPACITY);
         let capabilities = Some(capabilities).filter(|c| c.is_object());
-        (Relay { tx, backlog: Arc::default(), answers: true, handshake: true, capabilities }, rx)
+        (Relay { tx, backlog: Arc::default(), answers: true, handshake: true, capabilities, tasks_of: None }, rx)
     }
 
     /// The capabilities of a handshake-era client, when known.
@@ -90,13 +93,19 @@ impl Relay {
     /// `input_required` results.
     pub fn stateless_channel() -> (Relay, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(CAPACITY);
-        (Relay { tx, backlog: Arc::default(), answers: true, handshake: false, capabilities: None }, rx)
+        (Relay { tx, backlog: Arc::default(), answers: true, handshake: false, capabilities: None, tasks_of: None }, rx)
     }
 
     /// Whether the client takes server requests as requests (handshake era), so the satellite answers an
     /// upstream's `input_required` result by asking it and retrying on its behalf.
     pub fn takes_requests(&self) -> bool {
         self.handshake
+    }
+
+    /// This relay for what `instance` (a process id) says: the task ids of its task status notifications reach the
+    /// client sealed to it, as the ids of its answers do.
+    pub fn sealing_tasks_of(&self, instance: &str) -> Relay {
+        Relay { tasks_of: Some(Arc::from(instance)), ..self.clone() }
     }
 
     /// Pass a notification on; dropped when the client is gone, or has fallen [`BACKLOG_BYTES`] behind (a client
@@ -106,6 +115,10 @@ impl Relay {
         // satellite gave them): passed on, the client would take it for one of its own requests.
         if method == "notifications/cancelled" {
             return;
+        }
+        let mut params = params;
+        if let (Some(instance), "notifications/tasks/status", Some(params)) = (&self.tasks_of, method, &mut params) {
+            crate::mcp::task_ids::seal_in(params, instance);
         }
         let bytes = method.len() + params.as_ref().map_or(0, crate::mcp::payload::json_len);
         // One notification larger than the bound still goes to a client that has taken everything before it.

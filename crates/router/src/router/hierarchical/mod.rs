@@ -31,6 +31,7 @@ mod candidates;
 pub mod catalog;
 mod discover;
 mod resources;
+mod task_requests;
 use resources::join_contents;
 
 /// `_meta` key naming the server a resource listed on `/mcp` comes from.
@@ -88,6 +89,10 @@ impl HierarchicalRouter {
                 return self.read(caller, uri, &params, relay).await;
             }
             "tools/call" => return self.call_meta_tool(caller, toolset, &who, &params, relay).await,
+            task if crate::router::tasks::names_task(task, Some(&params)) => {
+                caller.require(SCOPE_EXECUTE).map_err(RouteError::Forbidden)?;
+                return self.task_request(caller, task, params, relay).await;
+            }
             "tools/catalog" if catalog::declared(Some(&params)) => self.tool_catalog(caller, toolset, &params).await,
             "tools/describe" if catalog::declared(Some(&params)) => self.describe_tools(caller, toolset, &params),
             other => self.answer(caller, &who, other, params).await,
@@ -262,7 +267,9 @@ impl HierarchicalRouter {
             call_outcome(&result),
             started.elapsed(),
         );
-        explain_misfit(result.map(normalise_call_result), &instance, path, tool_name, args.get("arguments"))
+        let pid = instance.spec().process_id.as_str();
+        let result = result.map(|r| crate::router::tasks::seal_result("tools/call", pid, normalise_call_result(r)));
+        explain_misfit(result, &instance, path, tool_name, args.get("arguments"))
     }
 }
 
