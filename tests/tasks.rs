@@ -130,3 +130,52 @@ async fn a_task_is_reached_only_through_the_instance_that_made_it() {
     assert_eq!(after["result"]["status"], "cancelled", "{after}");
     assert!(sat.satellite.shutdown().await);
 }
+
+/// Status notifications of a task reach a `subscriptions/listen` that asked for them by the id the client was
+/// given, and carry that id; an id of another user's task in the same filter is dropped, so nothing of it is heard.
+#[tokio::test]
+async fn task_status_is_heard_by_the_id_the_client_was_given() {
+    use futures::StreamExt;
+    let server = HttpServer::node_script("tests/conformance/tasks-server.mjs").await;
+    let sat = TestSatellite::start(&config(&server.url("/mcp"))).await;
+    sat.wait_ready().await;
+    let path = |user: &str| format!("/i/{user}-tasks/mcp?token={}", instance_token(user));
+    let (alice, bob) = (Caller::new(&sat, &path("alice"), None), Caller::new(&sat, &path("bob"), None));
+    let start = |caller: &Caller, label: &str| {
+        let call = json!({"name": "slow_compute", "arguments": {"seconds": 2, "label": label}});
+        let caller = Caller::for_url(caller.url.clone(), None);
+        async move {
+            let (_, created) = wait_until(DEADLINE, "a task", || {
+                let (caller, call) = (&caller, call.clone());
+                async move { Some(post(caller, "tools/call", call, true).await).filter(|(s, _)| s.is_success()) }
+            })
+            .await;
+            created["result"]["taskId"].as_str().expect("a task id").to_owned()
+        }
+    };
+    let (mine, theirs) = (start(&alice, "alice's").await, start(&bob, "bob's").await);
+    let listen = json!({"jsonrpc": "2.0", "id": "sub-1", "method": "subscriptions/listen", "params": {
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXTENSION: {}}}},
+        "notifications": {"tasksStatus": [mine, theirs]}}});
+    let mut stream = alice.send_modern(&listen).await.bytes_stream();
+    let mut heard = String::new();
+    let done = |heard: &str| heard.contains("\"completed\"");
+    tokio::time::timeout(DEADLINE, async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            heard.push_str(&String::from_utf8_lossy(&chunk));
+            if done(&heard) {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no completion of alice's task on the listen: {heard}"));
+    assert!(heard.contains("notifications/tasks/status") && heard.contains(&mine), "{heard}");
+    let (_, server_id) = satellite::mcp::task_ids::open(&mine).expect("sealed");
+    assert!(!heard.contains(&format!("\"{server_id}\"")), "the server's own id leaked: {heard}");
+    let (_, bobs_id) = satellite::mcp::task_ids::open(&theirs).expect("sealed");
+    assert!(!heard.contains(&theirs) && !heard.contains(&bobs_id), "bob's task was heard: {heard}");
+    drop(stream);
+    assert!(sat.satellite.shutdown().await);
+}

@@ -76,6 +76,25 @@ pub fn seal_in(value: &mut Value, instance: &str) {
     }
 }
 
+/// Seal the ids of what a server says of tasks on a relay (`instance` its process id): the task of a
+/// `notifications/tasks/status`, and the ids a listen's acknowledgement echoes (`notifications.tasksStatus`).
+pub fn seal_notification(method: &str, params: &mut Value, instance: &str) {
+    match method {
+        "notifications/tasks/status" => seal_in(params, instance),
+        "notifications/subscriptions/acknowledged" => {
+            let Some(ids) = params.pointer_mut("/notifications/tasksStatus").and_then(Value::as_array_mut) else {
+                return;
+            };
+            for id in ids.iter_mut() {
+                if let Some(task) = id.as_str() {
+                    *id = Value::String(seal(instance, task));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +128,23 @@ mod tests {
         let mut none = json!({"content": []});
         seal_in(&mut none, "i");
         assert_eq!(none, json!({"content": []}));
+    }
+
+    #[test]
+    fn what_a_server_says_of_tasks_names_them_as_the_client_knows_them() {
+        let mut status = json!({"taskId": "a", "status": "completed"});
+        seal_notification("notifications/tasks/status", &mut status, "i");
+        assert_eq!(open(status["taskId"].as_str().unwrap_or_default()), Some(("i".into(), "a".into())));
+        let mut ack = json!({"notifications": {"tasksStatus": ["a", 7], "toolsListChanged": true}});
+        seal_notification("notifications/subscriptions/acknowledged", &mut ack, "i");
+        assert_eq!(
+            open(ack["notifications"]["tasksStatus"][0].as_str().unwrap_or_default()),
+            Some(("i".into(), "a".into()))
+        );
+        assert_eq!(ack["notifications"]["tasksStatus"][1], 7, "not an id: left as it is");
+        let mut other = json!({"taskId": "a"});
+        seal_notification("notifications/message", &mut other, "i");
+        assert_eq!(other, json!({"taskId": "a"}));
     }
 
     #[test]

@@ -117,8 +117,8 @@ impl Relay {
             return;
         }
         let mut params = params;
-        if let (Some(instance), "notifications/tasks/status", Some(params)) = (&self.tasks_of, method, &mut params) {
-            crate::mcp::task_ids::seal_in(params, instance);
+        if let (Some(instance), Some(params)) = (&self.tasks_of, &mut params) {
+            crate::mcp::task_ids::seal_notification(method, params, instance);
         }
         let bytes = method.len() + params.as_ref().map_or(0, crate::mcp::payload::json_len);
         // One notification larger than the bound still goes to a client that has taken everything before it.
