@@ -1211,13 +1211,16 @@ async fn a_task_created_by_a_call_reaches_the_client_as_a_task() {
     let (status, answer) =
         direct.call("tools/call", json!({"name": "task", "arguments": {}, "task": {"ttl": 60000}})).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    assert_eq!(answer["result"]["task"]["taskId"], "task-1", "{answer}");
+    // The server's own id, sealed to alice's instance (docs/decisions.md, "Tasks pass through").
+    let id = answer["result"]["task"]["taskId"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(satellite::mcp::task_ids::open(&id), Some(("paged-acme-alice-i-paged".into(), "task-1".into())));
     assert!(answer["result"].get("content").is_none(), "not wrapped: {answer}");
-    // The server then says the task is done, outside any call: on the GET stream, as a direct client hears it.
+    // The server then says the task is done, outside any call: on the GET stream, as a direct client hears it,
+    // under the id the client was given.
     let mut heard = String::new();
     let told = hear(&mut stream, &mut heard, |heard| heard.contains("notifications/tasks/status")).await;
     assert!(told, "the task's status reaches the GET stream: {heard}");
-    assert!(heard.contains("\"completed\""), "{heard}");
+    assert!(heard.contains("\"completed\"") && heard.contains(&id), "{heard}");
     assert!(sat.satellite.shutdown().await);
 }
 

@@ -76,6 +76,21 @@ async fn a_405_names_the_methods_its_route_accepts() {
         .expect("answer");
     assert_eq!(answer.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(allowed(answer.headers()), Some(set(&["POST", "OPTIONS"])), "{:?}", answer.headers());
+    // Nor a session to DELETE, whatever session id it names.
+    for session in [None, Some("0123456789abcdef")] {
+        let mut delete = http
+            .delete(format!("{}/mcp", sat.base_url()))
+            .bearer_auth(ALICE)
+            .header("mcp-protocol-version", "2026-07-28");
+        if let Some(session) = session {
+            delete = delete.header("mcp-session-id", session);
+        }
+        let answer = delete.send().await.expect("answer");
+        assert_eq!(answer.status(), StatusCode::METHOD_NOT_ALLOWED, "DELETE naming {session:?}");
+        assert_eq!(allowed(answer.headers()), Some(set(&["POST", "OPTIONS"])), "{:?}", answer.headers());
+        let body: Value = answer.json().await.expect("a JSON error body");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("no sessions")), "{body}");
+    }
     // OPTIONS, named in the MCP routes' `Allow`, is answered there (with what they accept), not refused.
     let answer =
         http.request(reqwest::Method::OPTIONS, format!("{}/mcp", sat.base_url())).send().await.expect("answer");

@@ -46,6 +46,8 @@ pub enum McpError {
     StreamConflict,
     /// GET on a 2026-07-28 endpoint: the revision has no server stream.
     NoServerStream,
+    /// DELETE from a 2026-07-28 client: the revision has no sessions to end.
+    NoSessions,
     /// Bearer authentication failed (401/403 with `WWW-Authenticate`).
     Auth(AuthError),
     /// More than one `Authorization` header: two credentials, and no telling whose request it is (RFC 9110 §5.3).
@@ -135,7 +137,7 @@ impl McpError {
     fn allow(&self) -> Option<Methods> {
         match self {
             McpError::MethodNotAllowed { allow } => Some(*allow),
-            McpError::NoServerStream => Some(Methods::POST.and(Methods::OPTIONS)),
+            McpError::NoServerStream | McpError::NoSessions => Some(Methods::POST.and(Methods::OPTIONS)),
             _ => None,
         }
     }
@@ -159,7 +161,9 @@ impl McpError {
             | McpError::TwoAuthorizations
             | McpError::BadRequest(_) => StatusCode::BAD_REQUEST,
             McpError::StreamConflict => StatusCode::CONFLICT,
-            McpError::NoServerStream | McpError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            McpError::NoServerStream | McpError::NoSessions | McpError::MethodNotAllowed { .. } => {
+                StatusCode::METHOD_NOT_ALLOWED
+            }
             McpError::Auth(AuthError::Missing | AuthError::Invalid(_)) => StatusCode::UNAUTHORIZED,
             McpError::Auth(AuthError::InsufficientScope(_) | AuthError::NotAdmin | AuthError::NotMember) => {
                 StatusCode::FORBIDDEN
@@ -224,6 +228,7 @@ impl McpError {
             | McpError::MalformedSession
             | McpError::StreamConflict
             | McpError::NoServerStream
+            | McpError::NoSessions
             | McpError::NotFound
             | McpError::MethodNotAllowed { .. }
             | McpError::CorsForbidden
@@ -262,6 +267,7 @@ impl McpError {
             McpError::SessionNotFound | McpError::SseSessionNotFound => "Session not found".into(),
             McpError::StreamConflict => "Conflict: Only one SSE stream is allowed per session".into(),
             McpError::NoServerStream => "2026-07-28 has no server stream".into(),
+            McpError::NoSessions => "2026-07-28 has no sessions to end".into(),
             McpError::TwoAuthorizations => format!("Bad Request: {TWO_AUTHORIZATIONS}"),
             McpError::InstanceAuth(err) => err.to_string(),
             McpError::MissingSseSession => "Missing session parameter".into(),
@@ -345,6 +351,7 @@ mod tests {
             McpError::SessionNotFound,
             McpError::StreamConflict,
             McpError::NoServerStream,
+            McpError::NoSessions,
             McpError::Auth(AuthError::Missing),
             McpError::Auth(AuthError::Invalid("expired".into())),
             McpError::Auth(AuthError::InsufficientScope("mcp:read".into())),

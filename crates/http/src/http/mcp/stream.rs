@@ -246,6 +246,9 @@ fn check_version(headers: &HeaderMap) -> Result<(), McpError> {
 }
 
 pub(super) fn delete(endpoint: Endpoint, headers: &HeaderMap) -> Result<Response, McpError> {
+    if header(headers, names::MCP_PROTOCOL_VERSION) == Some(MODERN_VERSION) {
+        return Err(McpError::NoSessions);
+    }
     check_version(headers)?;
     match header(headers, names::MCP_SESSION_ID) {
         None => Err(McpError::InvalidSession),

@@ -27,6 +27,19 @@ const ANNOUNCED: [&str; 4] = [
     "notifications/tasks/status",
 ];
 
+/// A task's status announced with its id as the instance's clients know it (`mcp::task_ids`: sealed to the
+/// instance); any other announcement as it came.
+fn seal_task_ids(instance: &Instance, method: &str, note: Announcement) -> Announcement {
+    if method != "notifications/tasks/status" {
+        return note;
+    }
+    let mut sealed = (*note).clone();
+    if let Some(params) = sealed.get_mut("params") {
+        crate::mcp::task_ids::seal_notification(method, params, instance.spec().process_id.as_str());
+    }
+    Announcement::new(sealed)
+}
+
 /// Notifications that change what the catalog holds, so the satellite discovers the instance again.
 const CHANGES_CATALOG: [&str; 2] = ["notifications/tools/list_changed", "notifications/resources/list_changed"];
 
@@ -234,7 +247,7 @@ impl Inner {
             self.reporter.view_changed(instance.spec(), false, true);
         }
         if ANNOUNCED.contains(&method.as_str()) {
-            instance.announce(note);
+            instance.announce(seal_task_ids(instance, &method, note));
         }
         CHANGES_CATALOG.contains(&method.as_str())
     }
