@@ -2054,6 +2054,48 @@ async fn hear_message(
     find(heard).unwrap_or_else(|| panic!("no {what} on the stream: {heard}"))
 }
 
+/// A 2026-07-28 server (`asks-2026`, stdio) asks a handshake-era client to open a URL (an elicitation in URL mode,
+/// through `input_required`): the satellite asks the client on the call's stream, with the URL and elicitation id
+/// as the server wrote them, and retries with the answer. The server asks only because the satellite declared the client's own capabilities: a client offering form mode
+/// alone is not asked at all.
+#[tokio::test]
+async fn a_2026_servers_url_elicitation_reaches_a_handshake_era_client() {
+    let script = toml_str(&fixture("misbehaving_server.py").to_string_lossy());
+    let extra = format!(
+        "\n[[servers]]\nslug = \"asks26\"\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [{script}, \"asks-2026\"]\n\
+         [[installations]]\nid = \"i-asks26\"\nteam = \"acme\"\nserver = \"asks26\"\n\
+         [installations.users.alice]\ninstance_path = \"alice-asks26\"\ninstance_token_sha256 = \"{}\"\n",
+        sha256_hex(&instance_token("alice-asks26"))
+    );
+    let sat = TestSatellite::start(&(config() + &extra)).await;
+    sat.wait_ready().await;
+    wait_online(&sat, "asks26-acme-alice-i-asks26").await;
+    let path = format!("/i/alice-asks26/mcp?token={}", instance_token("alice-asks26"));
+    let direct = Caller::connect_with(&sat, &path, None, json!({"elicitation": {"form": {}, "url": {}}})).await;
+    let visit = json!({"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"visit","arguments":{}}});
+    let is_request = |m: &Value| m["method"] == "elicitation/create" && m.get("id").is_some();
+
+    // On the call's own stream.
+    let response = direct.send(visit.to_string(), &[]).await;
+    let mut stream = Box::pin(response.bytes_stream());
+    let mut heard = String::new();
+    let request = hear_message(&mut stream, &mut heard, "the URL elicitation", is_request).await;
+    assert_eq!(request["params"]["mode"], "url", "{request}");
+    assert_eq!(request["params"]["url"], "https://auth.example.com/sign-in", "{request}");
+    assert_eq!(request["params"]["elicitationId"], "sign-in-1", "{request}");
+    let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"action":"accept"}});
+    assert_eq!(direct.post_text(&answer).await.0, StatusCode::ACCEPTED);
+    let last = hear_message(&mut stream, &mut heard, "the call's answer", |m| m["id"] == 11).await;
+    assert!(last["result"]["content"][0]["text"].as_str().is_some_and(|t| t.contains("accept")), "{last}");
+    assert!(last["result"].get("resultType").is_none(), "a handshake-era result: {last}");
+
+    // A client offering form mode only: the server sees that, and asks nothing.
+    let form_only = Caller::connect_with(&sat, &path, None, json!({"elicitation": {"form": {}}})).await;
+    let said = form_only.tool("visit", json!({})).await;
+    assert!(said.to_string().contains("no URL mode"), "{said}");
+    assert!(sat.satellite.shutdown().await);
+}
+
 /// A server that withdraws its request to the client (`notifications/cancelled`) while its call runs: the
 /// client hears on the call's stream, under the id it knows and while the call is still held, that it
 /// need not answer; an answer it sends anyway does not reach the server. The same for a request made outside any

@@ -419,3 +419,41 @@ async def test_a_2026_servers_rounds_of_questions_share_the_requests_budget(sate
         with pytest.raises(MCPError, match=r"within \d+s"):
             await call(client)
     assert [m.split(":")[0] for m in asked] == ["Step 1", "Step 2"], asked
+
+
+@pytest.mark.parametrize("router", ["instance", "mcp", "sse"])
+async def test_every_kind_of_question_of_a_2026_server_reaches_a_handshake_era_client(satellite, router):
+    """The reference server (2026-07-28) asks three things in one input_required round: an elicitation, a sampling
+    and the roots. A handshake-era client gets each as the request it knows, on its session (on legacy SSE, on its
+    one stream, its POST to /message answered already), and the server gets the three answers in one retry."""
+    asked = []
+
+    async def elicitation(ctx, params: types.ElicitRequestParams):
+        asked.append("elicitation")
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    async def sampling(ctx, params: types.CreateMessageRequestParams):
+        asked.append("sampling")
+        return types.CreateMessageResult(role="assistant", model="client-model", stop_reason="endTurn",
+                                         content=types.TextContent(type="text", text="Good day"))
+
+    async def roots(ctx):
+        asked.append("roots")
+        return types.ListRootsResult(roots=[types.Root(uri="file:///erin/project", name="project")])
+
+    callbacks = dict(elicitation_callback=elicitation, sampling_callback=sampling, list_roots_callback=roots)
+    if router == "instance":
+        url = f"{satellite.base}/i/erin-reference/mcp?token={satellite.instance_tokens['erin-reference']}"
+        client = Client(url, mode="legacy", **callbacks)
+    elif router == "sse":
+        legacy = sse_client(satellite.base + "/sse", headers={"Authorization": f"Bearer {satellite.tokens['erin']}"})
+        client = Client(legacy, mode="legacy", **callbacks)
+    else:
+        client = client_for(satellite, "erin", "legacy", **callbacks)
+    async with client:
+        if router == "instance":
+            result = await client.call_tool("test_input_required_result_multiple_inputs", {})
+        else:
+            result = await execute(client, "test_input_required_result_multiple_inputs", {}, server="reference")
+    assert "Name: Ada; Greeting: Good day; Roots: 1" in text(result), text(result)
+    assert sorted(asked) == ["elicitation", "roots", "sampling"], asked
