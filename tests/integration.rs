@@ -2,6 +2,7 @@
 
 mod common;
 
+mod access;
 mod analytics;
 mod budget;
 mod cache_hints;
@@ -18,6 +19,7 @@ mod fuzz_regressions;
 mod github;
 mod hangups;
 mod lifecycle;
+mod limits;
 mod managed;
 mod metrics;
 mod mirrored_headers;

@@ -27,6 +27,7 @@ pub(super) struct FileWatch {
     pub(super) manager: InstanceManager,
     pub(super) auth: Authenticator,
     pub(super) toolsets: crate::toolsets::Toolsets,
+    pub(super) limits: crate::router::limits::Limits,
     pub(super) refusals: Arc<AtomicU64>,
     pub(super) events: Emitter,
     /// `[satellite]` and `[sandbox]` as the running satellite read them at start.
@@ -112,6 +113,7 @@ impl FileWatch {
     async fn apply(&self, next: StandaloneConfig, current: [u8; 32]) {
         self.auth.replace(next.directory.clone());
         self.toolsets.set_configured(next.toolsets.clone());
+        self.limits.replace(next.limits.clone());
         let desired = next.desired_state();
         let refresh = ConfigRefresh::new(
             "file",

@@ -14,7 +14,7 @@ use crate::http::session::{self, SessionTable, SESSION_IDLE};
 use crate::http::sse::{SseSessions, SSE_IDLE};
 use crate::instances::InstanceManager;
 use crate::jobs::{FirstRun, Jobs};
-use crate::store::{AnalyticsRows, Outbox, Store, StoreError, Volume};
+use crate::store::{AnalyticsRows, LimitUsage, Outbox, Store, StoreError, Volume};
 
 /// Idle sessions are forgotten on this period (OQ-18).
 const SESSION_SWEEP_PERIOD: Duration = Duration::from_secs(60);
@@ -90,6 +90,24 @@ pub(super) fn schedule(m: Maintenance<'_>) {
         standalone.then_some(config.event_retention),
         config.analytics_retention,
     );
+    quota_retention(jobs, store.limit_usage());
+}
+
+/// Quota counters of periods that are over (`[[limits]]`: days and months before the current ones) forgotten,
+/// hourly; on PostgreSQL each replica's round finds what another's left.
+fn quota_retention(jobs: &Jobs, usage: LimitUsage) {
+    jobs.every("quota-retention", Duration::from_secs(3600), FirstRun::AfterOnePeriod, move || {
+        let usage = usage.clone();
+        async move {
+            let now = chrono::Utc::now();
+            let forgotten = usage.forget_before(&now.format("%Y-%m-%d").to_string()).await?
+                + usage.forget_before(&now.format("%Y-%m").to_string()).await?;
+            if forgotten > 0 {
+                debug!(forgotten, "quota counters of past periods forgotten");
+            }
+            Ok::<(), StoreError>(())
+        }
+    });
 }
 
 /// Client activity events, from what `tracked` gathered since the last round.

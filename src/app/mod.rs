@@ -123,6 +123,11 @@ impl Satellite {
         let (first, first_text) = first_read(&config)?;
         let core = Core::open(&config, env).await?;
         let toolsets = crate::toolsets::Toolsets::load(core.store.toolsets(), first.toolsets.clone()).await?;
+        let limits = crate::router::limits::Limits::new(
+            first.limits.clone(),
+            core.store.limit_usage(),
+            Some(core.metrics.clone()),
+        );
         let emitter = Emitter::new(core.store.outbox(), core.store.statuses());
         let logs = LogCapture::new(emitter.clone());
         let link = BackendLink::for_config(&config)?;
@@ -142,12 +147,14 @@ impl Satellite {
             analytics: &analytics,
             events: &emitter,
             toolsets: &toolsets,
+            limits: &limits,
             monitor: managed.as_ref().map(|parts| parts.monitor.clone()),
         }
         .serve(listener, &jobs, &tasks, &cancel);
         served.schedule_upkeep(&jobs, &config, &manager, &core.store, &emitter);
         info!(%addr, "satellite listening");
-        let config_refusals = start::watch_config_file(&config, first_text, &jobs, &manager, auth, &toolsets, &emitter);
+        let rules = start::FileRules { toolsets: toolsets.clone(), limits };
+        let config_refusals = start::watch_config_file(&config, first_text, &jobs, &manager, auth, rules, &emitter);
         start::sync_replicas(&core.store, &jobs, &toolsets, &manager);
         let (pollers, uploads) = (CancellationToken::new(), CancellationToken::new());
         // Written until the requests have drained (shutdown step 2), then flushed before the database closes.

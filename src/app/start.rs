@@ -34,6 +34,7 @@ use crate::jobs::{FirstRun, Jobs};
 use crate::logcapture::LogCapture;
 use crate::mcp::client::ClientOptions;
 use crate::metrics::Metrics;
+use crate::router::limits::Limits;
 use crate::router::{HierarchicalRouter, InstanceRouter};
 use crate::search::{SearchError, SearchIndex};
 use crate::store::Store;
@@ -142,6 +143,7 @@ pub(super) struct FrontDoor<'a> {
     pub analytics: &'a Recorder,
     pub events: &'a Emitter,
     pub toolsets: &'a Toolsets,
+    pub limits: &'a Limits,
     /// Managed mode: what the backend loops last did.
     pub monitor: Option<Arc<BackendMonitor>>,
 }
@@ -223,12 +225,14 @@ impl FrontDoor<'_> {
                     schemas: Default::default(),
                     summaries: Default::default(),
                     pretty: config.pretty_results,
+                    limits: self.limits.clone(),
                 },
                 instance_router: InstanceRouter {
                     manager: manager.clone(),
                     call_timeout: config.upstream.call_timeout,
                     read_timeout: READ_TIMEOUT,
                     analytics: analytics.clone(),
+                    limits: self.limits.clone(),
                 },
                 toolsets: self.toolsets.clone(),
                 manager: manager.clone(),
@@ -316,13 +320,19 @@ fn http_limits(config: &Config) -> http::stack::HttpLimits {
 }
 
 /// Standalone from a file: the `config-file-watch` job applies its edits. Returns the count of edits refused.
+/// What a standalone file says of tools beyond its instances, applied anew when the file changes.
+pub(super) struct FileRules {
+    pub toolsets: Toolsets,
+    pub limits: Limits,
+}
+
 pub(super) fn watch_config_file(
     config: &Config,
     first_text: Option<String>,
     jobs: &Jobs,
     manager: &InstanceManager,
     auth: Authenticator,
-    toolsets: &Toolsets,
+    rules: FileRules,
     events: &Emitter,
 ) -> Arc<AtomicU64> {
     let refusals = Arc::new(AtomicU64::new(0));
@@ -335,7 +345,8 @@ pub(super) fn watch_config_file(
         path: path.clone(),
         manager: manager.clone(),
         auth,
-        toolsets: toolsets.clone(),
+        toolsets: rules.toolsets,
+        limits: rules.limits,
         refusals: refusals.clone(),
         events: events.clone(),
         start_only: Arc::new(start_only),

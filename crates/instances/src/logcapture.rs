@@ -428,6 +428,7 @@ mod tests {
             request_logging_enabled: logging,
             secrets: SecretNames::default(),
             disabled_tools: Default::default(),
+            access: crate::model::ToolAccess::open(),
             deployment: None,
             declared_tools: None,
             rediscover_every: None,

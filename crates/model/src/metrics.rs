@@ -75,6 +75,7 @@ struct Inner {
     tool_calls: IntCounterVec,
     tool_call_duration: HistogramVec,
     stdout_junk_lines: IntCounterVec,
+    limit_refusals: IntCounterVec,
 }
 
 impl Inner {
@@ -87,6 +88,7 @@ impl Inner {
             Box::new(self.tool_calls.clone()),
             Box::new(self.tool_call_duration.clone()),
             Box::new(self.stdout_junk_lines.clone()),
+            Box::new(self.limit_refusals.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ] {
             self.registry.register(collector)?;
@@ -165,6 +167,11 @@ impl Metrics {
                 "Lines stdio MCP servers wrote on stdout that are not JSON-RPC (logged or not), by server slug",
                 &["server"],
             )?,
+            limit_refusals: counters(
+                "satellite_limit_refusals_total",
+                "Tool calls a rate limit or quota refused ([[limits]]), by rule",
+                &["rule"],
+            )?,
         };
         inner.register()?;
         Ok(Metrics { inner: Arc::new(inner) })
@@ -189,6 +196,11 @@ impl Metrics {
         if outcome != CallOutcome::Busy {
             self.inner.tool_call_duration.with_label_values(&[server]).observe(took.as_secs_f64());
         }
+    }
+
+    /// A tool call a rate limit or quota refused, under the rule's name.
+    pub fn limit_refusal(&self, rule: &str) {
+        self.inner.limit_refusals.with_label_values(&[rule]).inc();
     }
 
     /// The count of a stdio server's stdout lines that are not JSON-RPC, for its transport to hold.

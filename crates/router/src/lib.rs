@@ -12,7 +12,7 @@ extern crate satellite_model;
 use satellite_auth::auth;
 use satellite_instances::{discovery, instances};
 use satellite_mcp::mcp;
-use satellite_model::model;
+use satellite_model::{metrics, model};
 use satellite_search::{search, tokens};
 use satellite_store::store;
 

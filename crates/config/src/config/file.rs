@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
+
+pub use super::file_rules::{RawAccessRule, RawLimit, RawQuota, RawRate};
 use serde::Deserialize;
 
 use super::{env, ConfigError};
@@ -185,6 +187,12 @@ pub struct RawFile {
     /// Named subsets of tools a session can select (`/mcp?toolset=NAME`) or a user can make their default.
     #[serde(default)]
     pub toolsets: Vec<RawToolset>,
+    /// Which tools members may see and run, by team, role or user (docs/governance.md).
+    #[serde(default)]
+    pub access: Vec<RawAccessRule>,
+    /// Rate limits and quotas on tool calls (docs/governance.md).
+    #[serde(default)]
+    pub limits: Vec<RawLimit>,
     /// Where the text came from, to name the file and line of a value validation refuses.
     #[serde(skip)]
     pub origin: Origin,

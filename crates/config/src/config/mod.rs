@@ -17,6 +17,7 @@ use url::Url;
 
 pub mod env;
 pub mod file;
+mod file_rules;
 mod lifecycle;
 mod listen;
 mod mode;

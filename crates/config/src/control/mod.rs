@@ -5,8 +5,10 @@
 //! (BP §7.3); `snapshot` validates it into `InstanceSpec`s and diffs it
 //! against the previous one. One reconciler applies either source.
 
+mod access;
 pub mod directory;
 mod expand;
+mod limits;
 pub mod snapshot;
 pub mod standalone;
 

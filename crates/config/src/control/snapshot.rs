@@ -9,7 +9,8 @@ use tracing::warn;
 use url::Url;
 
 use crate::model::{
-    lenient, Deployment, InstallationId, InstanceSpec, ProcessId, Runtime, SecretNames, TeamId, Upstream, UserId,
+    lenient, Deployment, InstallationId, InstanceSpec, ProcessId, Runtime, SecretNames, TeamId, ToolAccess, Upstream,
+    UserId,
 };
 
 /// Default request timeout for HTTP/SSE instances without one.
@@ -97,6 +98,20 @@ pub struct McpServerEntry {
     /// How often to discover the instance again (the standalone file's `servers[].rediscover_seconds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rediscover_seconds: Option<u64>,
+    /// The access rules that apply to the entry's user: the standalone file's `[[access]]` (issue 76), never sent
+    /// by the backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<EntryAccess>,
+}
+
+/// The access rules of an entry's user: one allow list per applying rule that has one, and every applying rule's
+/// denials together (`model::ToolAccess`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryAccess {
+    #[serde(default)]
+    pub allow: Vec<Vec<String>>,
+    #[serde(default)]
+    pub deny: Vec<String>,
 }
 
 /// A field whose `null` means what its absence means: empty (BP §0; serde reads `null` as a value otherwise).
@@ -202,6 +217,11 @@ pub fn validate(key: &str, entry: &McpServerEntry) -> Result<InstanceSpec, Strin
         request_logging_enabled: entry.settings.as_ref().and_then(|s| s.request_logging_enabled).unwrap_or(true),
         secrets: SecretNames { env: secrets.env, headers: secrets.headers, query_params: secrets.query_params },
         disabled_tools: entry.disabled_tools.iter().flatten().cloned().collect(),
+        access: match &entry.access {
+            Some(rules) => ToolAccess::new(rules.allow.clone(), rules.deny.clone())
+                .map_err(|err| format!("{key}: access rules: {err}"))?,
+            None => ToolAccess::open(),
+        },
         deployment,
         rediscover_every: entry.rediscover_seconds.filter(|s| *s > 0).map(Duration::from_secs),
         declared_tools: entry

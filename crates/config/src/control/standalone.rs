@@ -23,6 +23,8 @@ pub struct StandaloneConfig {
     pub entries: BTreeMap<String, McpServerEntry>,
     /// `[[toolsets]]` and the users' `default_toolset`.
     pub toolsets: ConfiguredToolsets,
+    /// `[[limits]]`: rate limits and quotas on tool calls.
+    pub limits: Vec<crate::model::LimitRule>,
 }
 
 impl StandaloneConfig {
@@ -42,6 +44,8 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
     };
     let servers = servers(&raw.servers)?;
     let admin_tokens = admin_tokens(&raw.auth.admin_token_sha256, &mut owners)?;
+    super::access::check(&raw.access, &teams, &users)?;
+    let limits = super::limits::rules(&raw.limits, &teams, &users, &raw.installations)?;
     let entries = entries(raw, &teams, &users, &servers, &mut owners)?;
     let authorization_server = raw.auth.authorization_server.as_deref().map(authorization_server).transpose()?;
     let toolsets = toolsets(raw, &teams, &users)?;
@@ -50,6 +54,7 @@ pub fn from_file(raw: &RawFile) -> Result<StandaloneConfig, ConfigError> {
             .index_tokens(),
         entries,
         toolsets,
+        limits,
     })
 }
 
@@ -114,10 +119,11 @@ fn entries(
             ));
         }
         let (team_id, team, server) = installation_refs(installation, &key, teams, users, servers)?;
-        for (user_id, _) in users.iter().filter(|(_, u)| u.teams.contains(&team_id)) {
+        for (user_id, user) in users.iter().filter(|(_, u)| u.teams.contains(&team_id)) {
             let user_tier = installation.users.get(user_id.as_str());
             let member = Member { server, installation, team_id: &team_id, team, user_id, tier: user_tier, key: &key };
-            let (process_id, entry) = member.expand()?;
+            let (process_id, mut entry) = member.expand()?;
+            entry.access = super::access::for_member(&raw.access, &team_id, user_id, user.admin);
             if let Some(path) = &entry.instance_path {
                 if !paths.insert(path.clone()) {
                     return Err(ConfigError::new(

@@ -105,6 +105,13 @@ impl InstanceManager {
         });
     }
 
+    /// A rate limit or quota (`[[limits]]`) refused a call on `spec`'s instance: `resource.limit.exceeded`
+    /// (`tool_calls`), at most one a minute per team and instance, with the refusals in between counted.
+    pub async fn report_limit(&self, spec: &crate::model::InstanceSpec, current: u64, limit: u64, message: String) {
+        let resource = crate::events::LimitedResource::ToolCalls;
+        self.inner.reporter.limit_exceeded(spec, resource, current, limit, message).await;
+    }
+
     /// A client of `process_id`'s endpoint ended (its session expired, was deleted or evicted) still subscribed to
     /// `uris`: its holds go, and what no other client holds is undone upstream (`unsubscribe_later`).
     pub fn release_subscriptions(

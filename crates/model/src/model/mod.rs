@@ -9,15 +9,19 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 use url::Url;
 
+pub mod access;
 pub mod catalog;
+pub mod limits;
 pub mod names;
 pub mod toolset;
 
+pub use access::ToolAccess;
 pub use catalog::{
     catalog_diff, namespace_ui_meta, namespaced_uri, parse_namespaced_uri, parse_shared_uri, parse_tool_path,
     shared_uri, tool_path, Catalog, ChangeKind, ListingBuilder, PreparedTool, ResourceDef, TemplateDef, ToolChange,
     ToolDef,
 };
+pub use limits::{LimitRule, LimitScope, Period, Quota, Rate};
 pub use toolset::{Toolset, ToolsetScope, ToolsetSource};
 
 /// ISO-8601 with milliseconds and `Z`, as the backend writes timestamps.
@@ -163,6 +167,8 @@ pub struct InstanceSpec {
     pub secrets: SecretNames,
     /// Tools the team administrator disabled: never listed, searched or run.
     pub disabled_tools: std::collections::BTreeSet<String>,
+    /// The access rules that apply to this instance's user: tools they deny are never listed, searched or run.
+    pub access: ToolAccess,
     /// A stdio server built from a GitHub repository instead of the entry's own command (SB §9.9).
     pub deployment: Option<Deployment>,
     /// Tools the config declares for a server that cannot list its own (standalone `servers[].tools`): the
@@ -339,6 +345,7 @@ pub fn sample_spec() -> InstanceSpec {
         request_logging_enabled: true,
         secrets: Default::default(),
         disabled_tools: Default::default(),
+        access: ToolAccess::open(),
         deployment: None,
         declared_tools: None,
         rediscover_every: None,

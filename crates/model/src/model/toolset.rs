@@ -186,7 +186,7 @@ pub fn check_name(name: &str) -> Result<(), ToolsetDefError> {
 }
 
 /// One pattern as a glob over `server:tool`; a pattern without `:` names a whole server (`server:*`).
-fn compile(pattern: &str) -> Result<globset::Glob, ToolsetDefError> {
+pub(crate) fn compile(pattern: &str) -> Result<globset::Glob, ToolsetDefError> {
     let bad = |reason: &str| ToolsetDefError::BadPattern { pattern: pattern.to_owned(), reason: reason.to_owned() };
     if pattern.is_empty() {
         return Err(bad("it is empty"));

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{
-    blocked_result, call_outcome, callable, disabled_result, forward, invalid, normalise_call_result, tasks, visible,
-    RouteError,
+    blocked_result, call_outcome, callable, denied, disabled_result, forward, invalid, normalise_call_result, tasks,
+    visible, RouteError,
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::instances::{Instance, InstanceError, InstanceManager, Release};
@@ -30,6 +30,8 @@ pub struct InstanceRouter {
     pub read_timeout: Duration,
     /// Listings and calls, for the token-savings figures.
     pub analytics: Recorder,
+    /// Rate limits and quotas on calls (`[[limits]]`).
+    pub limits: super::limits::Limits,
 }
 
 impl InstanceRouter {
@@ -140,12 +142,16 @@ impl InstanceRouter {
             .ok_or_else(|| {
                 RouteError::Rpc(RpcError::new(codes::INVALID_PARAMS, "Invalid params: name must be a non-empty string"))
             })?;
+        if instance.tool_denied(&name) {
+            return Err(denied(&name));
+        }
         if !callable(instance.state()) {
             return Ok(blocked_result(&name, instance).into());
         }
         if instance.tool_disabled(&name) {
             return Ok(disabled_result(&name).into());
         }
+        self.limits.admit(&self.manager, instance.spec(), &name).await?;
         // A tool missing from the catalog goes on too: the server may have added it since it was listed, or serve
         // tools it does not list; it answers for its own tools, as it would without us. The whole request goes on:
         // arguments, `_meta` (progress token), and what a 2026-07-28 retry adds.

@@ -16,6 +16,7 @@ mod fit;
 mod forward;
 mod hierarchical;
 mod instance;
+pub mod limits;
 pub mod meta;
 mod prompts;
 mod results;
@@ -56,6 +57,12 @@ fn invalid(message: impl Into<String>) -> RouteError {
 
 fn method_not_found(method: &str) -> RouteError {
     RouteError::Rpc(RpcError::new(codes::METHOD_NOT_FOUND, format!("Method not found: {method}")))
+}
+
+/// A call of a tool the access rules that apply to the caller deny: refused before anything else is said of the
+/// tool (its status, its arguments), as for a tool that is not there, with the reason (docs/governance.md).
+fn denied(tool_path: &str) -> RouteError {
+    invalid(format!("Tool '{tool_path}' is not available to you: the team's access rules do not allow it."))
 }
 
 /// Tools of an instance are visible only while it is online (SB §10.2).

@@ -30,6 +30,7 @@ pub(super) const SQLITE: Embedded = Embedded(&[
         "0012_analytics_listing_counts.sql",
         include_str!("../../../../migrations/sqlite/0012_analytics_listing_counts.sql"),
     ),
+    ("0013_limit_usage.sql", include_str!("../../../../migrations/sqlite/0013_limit_usage.sql")),
 ]);
 
 /// PostgreSQL's migrations, in order.
@@ -52,6 +53,7 @@ pub(super) const POSTGRES: Embedded = Embedded(&[
         "0012_analytics_listing_counts.sql",
         include_str!("../../../../migrations/postgres/0012_analytics_listing_counts.sql"),
     ),
+    ("0013_limit_usage.sql", include_str!("../../../../migrations/postgres/0013_limit_usage.sql")),
 ]);
 
 /// Migration files as (file name, text).

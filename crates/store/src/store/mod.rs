@@ -35,6 +35,7 @@ use crate::config::Database;
 pub mod analytics;
 mod catalogs;
 pub mod dir_lock;
+mod limit_usage;
 mod migrations;
 mod open;
 mod outbox;
@@ -48,6 +49,7 @@ mod volume;
 pub use analytics::{AnalyticsRows, AnalyticsSums};
 pub use catalogs::{CatalogOwner, Catalogs, HeldTool, ToolChangeRow};
 pub use dir_lock::{DataDirLock, DirLockError};
+pub use limit_usage::LimitUsage;
 pub use outbox::{BytesPruned, DiskUsage, NewEvent, Outbox, OutboxSummary, StoredEvent};
 pub use replicas::{AdvisoryLock, ReplicaSignal, Replicas, SharedIdentity};
 pub use status::{StatusHistory, StatusRecord};
@@ -244,6 +246,11 @@ impl Store {
     /// commands, advisory locks.
     pub fn replicas(&self) -> Replicas {
         Replicas { db: self.db.clone(), url: self.url.clone() }
+    }
+
+    /// The quotas' counters on tool calls.
+    pub fn limit_usage(&self) -> LimitUsage {
+        LimitUsage { db: self.db.clone() }
     }
 
     /// The instances' status history.

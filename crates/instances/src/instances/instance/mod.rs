@@ -227,10 +227,20 @@ impl Instance {
     /// Whether the team administrator disabled this tool: a run-time switch of the installation
     /// (`update_tool_status`) wins over the configured `disabled_tools`.
     pub fn tool_disabled(&self, name: &str) -> bool {
+        // The access rules first: no administrator's switch turns on a tool the user may not use.
+        if self.tool_denied(name) {
+            return true;
+        }
         match self.overrides.read().get(&self.spec.installation_id).and_then(|m| m.get(name)) {
             Some(disabled) => *disabled,
             None => self.spec.disabled_tools.contains(name),
         }
+    }
+
+    /// Whether the access rules that apply to this instance's user deny the tool `name` (`model::ToolAccess`):
+    /// part of [`Instance::tool_disabled`], which every listing and call consults; asked alone to tell a call why.
+    pub fn tool_denied(&self, name: &str) -> bool {
+        !self.spec.access.allows(&self.spec.server_slug, name)
     }
 
     pub fn status(&self) -> StatusEntry {

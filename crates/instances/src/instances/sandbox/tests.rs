@@ -47,6 +47,7 @@ fn spec(team: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> Insta
         request_logging_enabled: true,
         secrets: SecretNames::default(),
         disabled_tools: Default::default(),
+        access: crate::model::ToolAccess::open(),
         deployment: None,
         declared_tools: None,
         rediscover_every: None,

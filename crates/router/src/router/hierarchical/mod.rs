@@ -11,8 +11,8 @@ use tracing::warn;
 
 use super::results::{text_document, TrimmedSchemas};
 use super::{
-    blocked_result, call_outcome, callable, disabled_result, fit, forward, internal, invalid, meta, method_not_found,
-    normalise_call_result, unreadable, RouteError,
+    blocked_result, call_outcome, callable, denied, disabled_result, fit, forward, internal, invalid, meta,
+    method_not_found, normalise_call_result, unreadable, RouteError,
 };
 use crate::analytics::{self, Caller, Listing, Recorder, Router};
 use crate::auth::{Principal, SCOPE_EXECUTE, SCOPE_READ};
@@ -53,6 +53,8 @@ pub struct HierarchicalRouter {
     pub summaries: super::Summaries,
     /// Meta-tool answers as 2-space indented JSON (the reference's form) instead of compact JSON.
     pub pretty: bool,
+    /// Rate limits and quotas on calls (`[[limits]]`), counted on the resolved server and tool.
+    pub limits: super::limits::Limits,
 }
 
 impl HierarchicalRouter {
@@ -257,6 +259,7 @@ impl HierarchicalRouter {
             return refused;
         }
         let inner = inner_call(tool_name, args, outer)?;
+        self.limits.admit(&self.manager, instance.spec(), tool_name).await?;
         let started = Instant::now();
         let result = forward(&self.manager, &instance, "tools/call", inner, self.call_timeout, relay).await;
         self.analytics.call(
@@ -297,6 +300,9 @@ fn tool_path<'a>(args: &'a Value, toolset: Option<&Arc<Toolset>>) -> Result<(&'a
 
 /// Why the tool cannot run on `instance` now, when it cannot: the answer to give instead of calling it.
 fn refusal(instance: &Instance, path: &str, tool_name: &str) -> Option<Result<Payload, RouteError>> {
+    if instance.tool_denied(tool_name) {
+        return Some(Err(denied(path)));
+    }
     if instance.catalog().is_none() {
         // Never started (or never listed its tools): say why, not "Tool not found".
         return Some(Ok(blocked_result(path, instance).into()));

@@ -109,6 +109,8 @@ pub enum LimitedResource {
     CallSlots,
     /// The event outbox quota.
     EventOutbox,
+    /// A rate limit or quota on tool calls (`[[limits]]`).
+    ToolCalls,
 }
 
 impl LimitedResource {
@@ -118,6 +120,7 @@ impl LimitedResource {
             LimitedResource::Processes => "processes",
             LimitedResource::CallSlots => "call_slots",
             LimitedResource::EventOutbox => "event_outbox",
+            LimitedResource::ToolCalls => "tool_calls",
         }
     }
 }
