@@ -109,6 +109,26 @@ async fn a_burst_against_a_rate_gets_through_only_what_the_rate_allows() {
     assert!((10..=bound).contains(&passed), "{passed} got through in {took:.2}s, the rule allows 10 to {bound}");
     assert!(refusal(replies.iter().find(|r| refusal(r).is_some()).expect("a refusal"))
         .is_some_and(|d| d["rule"] == "echo-rate"));
+    // Operators see it: the refusals counted under the rule's name, and one resource.limit.exceeded (at most one a
+    // minute per instance) that says whose calls and which cap.
+    let metrics =
+        reqwest::get(format!("{}/metrics", sat.base_url())).await.expect("scrape").text().await.expect("text");
+    let counted = format!("satellite_limit_refusals_total{{rule=\"echo-rate\"}} {refused}");
+    assert!(metrics.contains(&counted), "{counted} in /metrics");
+    let store = sat.satellite.store();
+    let events = wait_until(DEADLINE, "a resource.limit.exceeded", || async {
+        let events = store.outbox().events(Some("resource.limit.exceeded"), 0, 100).await.ok()?;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    assert_eq!(events.len(), 1, "one a minute: {events:?}");
+    let data = &events[0].data;
+    assert_eq!(
+        (data["resource_type"].as_str(), data["user_id"].as_str()),
+        (Some("tool_calls"), Some("alice")),
+        "{data}"
+    );
+    assert!(data["message"].as_str().is_some_and(|m| m.contains("echo-rate")), "{data}");
     // Another tool, and another user's echo, are not counted under it.
     let add = direct.call("tools/call", json!({"name": "add", "arguments": {"a": 1, "b": 2}})).await.1;
     assert!(add["result"].is_object(), "{add}");
