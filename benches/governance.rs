@@ -70,7 +70,7 @@ impl Session {
 
     async fn echo(&self, i: usize) {
         let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"execute_mcp_tool","arguments":{"tool_path":"demo:echo","arguments":{"text":format!("c{i}")}}}});
-        let reply: Value = self
+        let response = self
             .client
             .post(&self.url)
             .bearer_auth(&self.token)
@@ -79,11 +79,13 @@ impl Session {
             .json(&body)
             .send()
             .await
-            .expect("call")
-            .json()
-            .await
-            .unwrap_or(Value::Null);
-        assert!(reply["result"]["content"].is_array(), "{reply}");
+            .expect("call");
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        // JSON, or an SSE stream whose last message is the answer.
+        let answer = text.lines().filter_map(|l| l.strip_prefix("data:")).last().unwrap_or(&text);
+        let reply: Value = serde_json::from_str(answer.trim()).unwrap_or(Value::Null);
+        assert!(reply["result"]["content"].is_array(), "{status}: {text}");
     }
 }
 
