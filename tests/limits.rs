@@ -212,3 +212,31 @@ async fn a_rule_that_cannot_be_counted_is_refused_at_load() {
         assert!(!out.status.success() && said.contains("limits[0]") && said.contains(says), "{rule}: {said}");
     }
 }
+
+/// A quota large enough to be taken from the database three calls at a time (a hundredth of it): 301 calls, ten at
+/// a time, half on each router, get exactly 300 through, never more.
+#[tokio::test]
+async fn a_quota_taken_ahead_is_never_exceeded_under_concurrent_calls() {
+    let limits = "[[limits]]\nname = \"meta-daily\"\nuser = \"alice\"\ntools = [\"demo:with_meta\"]\n\
+                  quota = { calls = 300, per = \"day\" }\n";
+    let sat = started(tempfile::tempdir().expect("dir"), &config(limits)).await;
+    let (direct, mcp) = (instance(&sat, "alice").await, Caller::connect(&sat, "/mcp", Some(&token("alice"))).await);
+    let replies: Vec<Value> = futures::stream::iter(0..301)
+        .map(|i| {
+            let (direct, mcp) = (&direct, &mcp);
+            async move {
+                if i % 2 == 0 {
+                    direct.call("tools/call", json!({"name": "with_meta", "arguments": {}})).await.1
+                } else {
+                    mcp.execute("demo:with_meta", json!({})).await
+                }
+            }
+        })
+        .buffer_unordered(10)
+        .collect()
+        .await;
+    let refused = replies.iter().filter(|r| refusal(r).is_some()).count();
+    let passed = replies.iter().filter(|r| r["result"].is_object()).count();
+    assert_eq!((passed, refused), (300, 1), "exactly the quota");
+    assert!(sat.satellite.shutdown().await);
+}

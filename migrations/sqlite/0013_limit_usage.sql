@@ -5,5 +5,6 @@ CREATE TABLE limit_usage (
     counter   TEXT NOT NULL,   -- 'team/user', or 'team' for a rule of the whole team
     period    TEXT NOT NULL,
     calls     BIGINT NOT NULL,
+    granted   BIGINT NOT NULL,  -- what the last take granted (read back by that take)
     PRIMARY KEY (rule, counter, period)
 );

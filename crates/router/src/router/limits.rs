@@ -32,6 +32,11 @@ struct Inner {
     rules: RwLock<Arc<Vec<LimitRule>>>,
     /// Each rate's bucket, by rule name and counter.
     buckets: Mutex<HashMap<(String, String), Bucket>>,
+    /// Calls of each quota's counter taken from the database ahead and not yet used, by rule name and counter.
+    leases: Mutex<HashMap<(String, String), Lease>>,
+    /// One trip to the database at a time per counter: a call that finds the lease empty waits for another's trip
+    /// and takes from what it brought, rather than being refused beside calls left in the lease.
+    trips: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
     usage: LimitUsage,
     metrics: Option<Metrics>,
 }
@@ -58,6 +63,21 @@ impl Bucket {
     }
 }
 
+/// Calls of a quota taken from the database ahead, for `period`: a call takes one here when there is one, and goes
+/// to the database (for up to [`lease_size`] more) only when there is none.
+#[derive(Debug, Clone)]
+struct Lease {
+    period: String,
+    left: u64,
+}
+
+/// How many calls one trip to the database takes ahead: a hundredth of the quota, from 1 to 100. Calls taken ahead
+/// count as used: a replica that stops (or a period that ends) with some left loses them, so a quota can fall short
+/// by that much per replica and restart, never run over.
+fn lease_size(quota: u64) -> u64 {
+    (quota / 100).clamp(1, 100)
+}
+
 /// Why a call was refused: the rule, what it allows, and when to retry.
 struct Refusal<'a> {
     rule: &'a LimitRule,
@@ -69,7 +89,14 @@ struct Refusal<'a> {
 
 impl Limits {
     pub fn new(rules: Vec<LimitRule>, usage: LimitUsage, metrics: Option<Metrics>) -> Limits {
-        let inner = Inner { rules: RwLock::new(Arc::new(rules)), buckets: Mutex::default(), usage, metrics };
+        let inner = Inner {
+            rules: RwLock::new(Arc::new(rules)),
+            buckets: Mutex::default(),
+            leases: Mutex::default(),
+            trips: Mutex::default(),
+            usage,
+            metrics,
+        };
         Limits { inner: Arc::new(inner) }
     }
 
@@ -77,6 +104,8 @@ impl Limits {
     pub fn replace(&self, rules: Vec<LimitRule>) {
         let names: Vec<String> = rules.iter().map(|r| r.name.clone()).collect();
         self.inner.buckets.lock().retain(|(rule, _), _| names.contains(rule));
+        self.inner.leases.lock().retain(|(rule, _), _| names.contains(rule));
+        self.inner.trips.lock().retain(|(rule, _), _| names.contains(rule));
         *self.inner.rules.write() = Arc::new(rules);
     }
 
@@ -144,46 +173,87 @@ impl Limits {
         }
     }
 
-    /// Take a call from every quota's counter in the database; when one is spent, give back what the others took.
+    /// Take a call from every quota's counter (from its lease, else from the database); when one is spent, give
+    /// back what the others took.
     async fn take_quotas<'a>(
         &self,
         counting: &[&'a LimitRule],
         spec: &InstanceSpec,
     ) -> Result<Option<Refusal<'a>>, RouteError> {
         let now = Utc::now();
-        let mut taken: Vec<(&LimitRule, String, String)> = Vec::new();
-        let mut refusal = None;
-        let mut failed = None;
+        let mut taken: Vec<(String, String)> = Vec::new();
+        let mut outcome = Ok(None);
         for rule in counting {
             let Some(quota) = &rule.quota else { continue };
-            let (counter, period) = (rule.counter(spec), period_of(quota.per, now));
-            match self.inner.usage.take(&rule.name, &counter, &period, quota.calls).await {
-                Ok(Some(_)) => taken.push((rule, counter, period)),
-                Ok(None) => {
+            let key = (rule.name.clone(), rule.counter(spec));
+            let period = period_of(quota.per, now);
+            if self.take_leased(&key, &period) {
+                taken.push(key);
+                continue;
+            }
+            let trip = self.inner.trips.lock().entry(key.clone()).or_default().clone();
+            let _one_trip = trip.lock().await;
+            // Another call's trip may have brought calls while this one waited.
+            if self.take_leased(&key, &period) {
+                taken.push(key);
+                continue;
+            }
+            match self.inner.usage.take(&rule.name, &key.1, &period, lease_size(quota.calls), quota.calls).await {
+                Ok(0) => {
                     let allows = format!("{} calls per {}", quota.calls, period_name(quota));
                     let retry_after = seconds_to_next(quota.per, now);
-                    refusal = Some(Refusal { rule, allows, retry_after, current: quota.calls, limit: quota.calls });
-                    break;
+                    let (current, limit) = (quota.calls, quota.calls);
+                    outcome = Ok(Some(Refusal { rule, allows, retry_after, current, limit }));
+                }
+                Ok(granted) => {
+                    self.lease(&key, period, granted - 1);
+                    taken.push(key);
+                    continue;
                 }
                 Err(err) => {
-                    failed = Some(internal(format!(
+                    outcome = Err(internal(format!(
                         "the quota of rule '{}' could not be counted, so the call was not made: {err}",
                         rule.name
                     )));
-                    break;
                 }
             }
+            break;
         }
-        if refusal.is_some() || failed.is_some() {
-            for (rule, counter, period) in taken {
-                if let Err(err) = self.inner.usage.give_back(&rule.name, &counter, &period).await {
-                    tracing::warn!(rule = %rule.name, error = %err, "giving back a quota's call failed");
-                }
+        if !matches!(outcome, Ok(None)) {
+            for key in &taken {
+                self.lease_back(key);
             }
         }
-        match failed {
-            Some(err) => Err(err),
-            None => Ok(refusal),
+        outcome
+    }
+
+    /// One call from the counter's lease for `period`, when it holds one.
+    fn take_leased(&self, key: &(String, String), period: &str) -> bool {
+        let mut leases = self.inner.leases.lock();
+        match leases.get_mut(key) {
+            Some(lease) if lease.period == period && lease.left > 0 => {
+                lease.left -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `left` more calls for the counter's lease (a lease of an earlier period is replaced).
+    fn lease(&self, key: &(String, String), period: String, left: u64) {
+        let mut leases = self.inner.leases.lock();
+        match leases.get_mut(key) {
+            Some(lease) if lease.period == period => lease.left += left,
+            _ => {
+                leases.insert(key.clone(), Lease { period, left });
+            }
+        }
+    }
+
+    /// A call taken for a call another rule then refused, back to its counter's lease.
+    fn lease_back(&self, key: &(String, String)) {
+        if let Some(lease) = self.inner.leases.lock().get_mut(key) {
+            lease.left += 1;
         }
     }
 
@@ -250,6 +320,11 @@ mod tests {
         assert_eq!(empty.wait(&rate), 1, "a tenth of a second, said as one whole second");
         let slow = Rate { calls: 1, per: Duration::from_secs(60), burst: 1 };
         assert_eq!(Bucket { tokens: 0.5, at: start }.wait(&slow), 30);
+    }
+
+    #[test]
+    fn a_lease_is_a_hundredth_of_the_quota_from_1_to_100() {
+        assert_eq!((lease_size(3), lease_size(2_000), lease_size(1_000_000_000)), (1, 20, 100));
     }
 
     #[test]

@@ -172,16 +172,16 @@ async fn exercise(store: &Store) -> Result<serde_json::Value, Box<dyn std::error
     store.catalogs().delete_catalog(&spec.process_id).await?;
     let usage = store.limit_usage();
     let mut quota = Vec::new();
-    for _ in 0..3 {
-        quota.push(usage.take("r", "t1/u1", "2026-12-06", 2).await?);
+    for want in [1, 3, 4, 1] {
+        quota.push(usage.take("r", "t1/u1", "2026-12-06", want, 5).await?);
     }
     usage.give_back("r", "t1/u1", "2026-12-06").await?;
-    quota.push(usage.take("r", "t1/u1", "2026-12-06", 2).await?);
-    usage.take("r", "t1/u1", "2026-12-05", 2).await?;
+    quota.push(usage.take("r", "t1/u1", "2026-12-06", 2, 5).await?);
+    usage.take("r", "t1/u1", "2026-12-05", 1, 5).await?;
     let forgotten = usage.forget_before("2026-12-06").await?;
     let quota_left = usage.taken("r", "t1/u1", "2026-12-06").await?;
     Ok(json!({
-        "quota": [quota, vec![Some(forgotten), Some(quota_left)]],
+        "quota": [quota, vec![forgotten, quota_left]],
         "catalog": {"tools": loaded.tools.iter().map(|t| t.name()).collect::<Vec<_>>(), "tokens": loaded.tool_tokens,
                     "discovered_at": loaded.discovered_at.to_rfc3339()},
         // Without the times the satellite stamps (`now`).
@@ -239,7 +239,7 @@ async fn every_repository_call_answers_the_same_on_sqlite_and_postgres() -> Test
     assert_eq!(sqlite["defaults_after"], json!(0), "the default naming the deleted toolset is cleared");
     assert_eq!(sqlite["pruned_analytics"], json!(3));
     assert_eq!(sqlite["catalogs_left"], json!(0));
-    assert_eq!(sqlite["quota"], json!([[1, 2, null, 2], [1, 2]]), "two of two taken, one refused, one given back");
+    assert_eq!(sqlite["quota"], json!([[1, 3, 1, 0, 1], [1, 5]]), "1, 3, the last 1 of 5, none, one given back");
     // ... and PostgreSQL answers exactly the same.
     for (engine, answer) in &answers[1..] {
         assert_eq!(answer, sqlite, "{engine} differs from sqlite");

@@ -12,29 +12,34 @@ pub struct LimitUsage {
 }
 
 impl LimitUsage {
-    /// Take one call from `counter` of `rule` in `period` when it has taken fewer than `most`: the count after
-    /// taking it, or `None` when the quota is spent (nothing taken). One statement, so replicas sharing the
-    /// database never take the last call twice.
-    pub async fn take(&self, rule: &str, counter: &str, period: &str, most: u64) -> Result<Option<u64>, StoreError> {
-        let most = i64::try_from(most).unwrap_or(i64::MAX);
-        if most <= 0 {
-            return Ok(None);
+    /// Take up to `want` calls from `counter` of `rule` in `period`, never past `most` in all: how many were
+    /// granted (0 when the quota is spent). One statement, so replicas sharing the database never take the same
+    /// calls twice; `granted` is written by the same statement as `calls`, both from the row as it was.
+    pub async fn take(&self, rule: &str, counter: &str, period: &str, want: u64, most: u64) -> Result<u64, StoreError> {
+        let (want, most) = (i64::try_from(want).unwrap_or(i64::MAX), i64::try_from(most).unwrap_or(i64::MAX));
+        if most <= 0 || want <= 0 {
+            return Ok(0);
         }
+        let first = want.min(most);
         let row = sqlx::query(
-            "INSERT INTO limit_usage (rule, counter, period, calls) VALUES ($1, $2, $3, 1)
-             ON CONFLICT (rule, counter, period) DO UPDATE SET calls = limit_usage.calls + 1
-             WHERE limit_usage.calls < $4
-             RETURNING calls",
+            "INSERT INTO limit_usage (rule, counter, period, calls, granted) VALUES ($1, $2, $3, $4, $4)
+             ON CONFLICT (rule, counter, period) DO UPDATE SET
+               granted = CASE WHEN limit_usage.calls + $5 > $6 THEN $6 - limit_usage.calls ELSE $5 END,
+               calls = CASE WHEN limit_usage.calls + $5 > $6 THEN $6 ELSE limit_usage.calls + $5 END
+             WHERE limit_usage.calls < $6
+             RETURNING granted",
         )
         .bind(rule)
         .bind(counter)
         .bind(period)
+        .bind(first)
+        .bind(want)
         .bind(most)
         .fetch_optional(&self.db.pool)
         .await?;
         match row {
-            Some(row) => Ok(Some(u64::try_from(row.try_get::<i64, _>("calls")?).unwrap_or_default())),
-            None => Ok(None),
+            Some(row) => Ok(u64::try_from(row.try_get::<i64, _>("granted")?).unwrap_or_default()),
+            None => Ok(0),
         }
     }
 
