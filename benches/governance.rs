@@ -83,7 +83,7 @@ impl Session {
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         // JSON, or an SSE stream whose last message is the answer.
-        let answer = text.lines().filter_map(|l| l.strip_prefix("data:")).last().unwrap_or(&text);
+        let answer = text.lines().filter_map(|l| l.strip_prefix("data:")).next_back().unwrap_or(&text);
         let reply: Value = serde_json::from_str(answer.trim()).unwrap_or(Value::Null);
         assert!(reply["result"]["content"].is_array(), "{status}: {text}");
     }

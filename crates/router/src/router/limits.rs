@@ -22,6 +22,11 @@ use crate::store::LimitUsage;
 /// The JSON-RPC code of a call a limit refused (implementation-defined server error range; 429's digits).
 pub const RATE_LIMITED: i64 = -32029;
 
+/// A counter: the rule's name, and whose calls (`LimitRule::counter`).
+type CounterKey = (String, String);
+/// One trip to the database at a time for a counter.
+type Trip = Arc<tokio::sync::Mutex<()>>;
+
 /// The rules and their counters; cheap to clone.
 #[derive(Clone)]
 pub struct Limits {
@@ -31,12 +36,12 @@ pub struct Limits {
 struct Inner {
     rules: RwLock<Arc<Vec<LimitRule>>>,
     /// Each rate's bucket, by rule name and counter.
-    buckets: Mutex<HashMap<(String, String), Bucket>>,
+    buckets: Mutex<HashMap<CounterKey, Bucket>>,
     /// Calls of each quota's counter taken from the database ahead and not yet used, by rule name and counter.
-    leases: Mutex<HashMap<(String, String), Lease>>,
+    leases: Mutex<HashMap<CounterKey, Lease>>,
     /// One trip to the database at a time per counter: a call that finds the lease empty waits for another's trip
     /// and takes from what it brought, rather than being refused beside calls left in the lease.
-    trips: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    trips: Mutex<HashMap<CounterKey, Trip>>,
     usage: LimitUsage,
     metrics: Option<Metrics>,
 }
