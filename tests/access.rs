@@ -4,14 +4,12 @@
 //! that set is what the rules say (an oracle written here, apart from the satellite's globs).
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use satellite::config::sha256_hex;
 use serde_json::{json, Value};
 
 use crate::common::*;
 
-const DEADLINE: Duration = Duration::from_secs(60);
 /// The demo's tools a test may call whatever the rules (`exit_process` and `slow` are listed, never called).
 const CALLABLE: [&str; 5] = ["echo", "add", "fail", "with_meta", "show_ui"];
 const TOOLS: [&str; 7] = ["echo", "add", "slow", "fail", "exit_process", "with_meta", "show_ui"];
@@ -170,16 +168,7 @@ async fn what_is_listed_is_exactly_what_is_callable_on_both_routers() {
         let sat = TestSatellite::start(&config(&rules)).await;
         sat.wait_ready().await;
         for (user, admin) in USERS {
-            let id = satellite::model::ProcessId::from(format!("demo-acme-{user}-d").as_str());
-            wait_until(DEADLINE, user, || {
-                let online = sat
-                    .satellite
-                    .manager()
-                    .get(&id)
-                    .is_some_and(|i| i.status().status == satellite::model::InstanceStatus::Online);
-                async move { online.then_some(()) }
-            })
-            .await;
+            wait_instance_online(&sat, format!("demo-acme-{user}-d").as_str()).await;
             let want = expected(&rules, user, admin);
             sizes.insert(want.len());
             let direct =
@@ -220,15 +209,7 @@ async fn a_rule_naming_nobody_known_or_a_bad_pattern_is_refused_at_load() {
         ("[[access]]\ndeny = [\":echo\"]\n", "not valid"),
         ("[[access]]\nteam = \"acme\"\n", "allows and denies nothing"),
     ] {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("satellite.toml");
-        std::fs::write(&path, format!("{base}{rule}")).expect("write");
-        let out = std::process::Command::new(satellite_exe())
-            .args(["check-config", "--config"])
-            .arg(&path)
-            .output()
-            .expect("check-config");
-        let said = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-        assert!(!out.status.success() && said.contains("access[0]") && said.contains(says), "{rule}: {said}");
+        let (passed, said) = check_config(&format!("{base}{rule}"));
+        assert!(!passed && said.contains("access[0]") && said.contains(says), "{rule}: {said}");
     }
 }

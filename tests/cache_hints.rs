@@ -2,14 +2,11 @@
 //! vouch for: private wherever the answer is the caller's own, kept long only where the client would hear of a
 //! change, as long as a re-discovery period where that is how the satellite finds changes, and not at all otherwise.
 
-use std::time::Duration;
-
 use satellite::config::sha256_hex;
 use serde_json::{json, Value};
 
 use crate::common::*;
 
-const DEADLINE: Duration = Duration::from_secs(60);
 const ALICE: &str = "cache-hints-alice-token-0123456789";
 const HOUR_MS: u64 = 60 * 60 * 1000;
 
@@ -60,16 +57,7 @@ async fn cache_hints_say_what_the_satellite_can_vouch_for() {
     let sat = TestSatellite::start(&config()).await;
     sat.wait_ready().await;
     for slug in ["watched", "polled", "plain"] {
-        let id = satellite::model::ProcessId::from(format!("{slug}-acme-alice-i-{slug}").as_str());
-        wait_until(DEADLINE, slug, || {
-            let online = sat
-                .satellite
-                .manager()
-                .get(&id)
-                .is_some_and(|i| i.status().status == satellite::model::InstanceStatus::Online);
-            async move { online.then_some(()) }
-        })
-        .await;
+        wait_instance_online(&sat, format!("{slug}-acme-alice-i-{slug}").as_str()).await;
     }
     let private = json!("private");
     // The server announces tool changes (and says an hour itself): kept an hour, for this caller only, although

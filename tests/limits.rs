@@ -48,16 +48,7 @@ async fn started(dir: tempfile::TempDir, config: &str) -> TestSatellite {
     let sat = TestSatellite::start_in(dir, config).await;
     sat.wait_ready().await;
     for user in ["alice", "bob"] {
-        let id = satellite::model::ProcessId::from(format!("demo-acme-{user}-d").as_str());
-        wait_until(DEADLINE, user, || {
-            let online = sat
-                .satellite
-                .manager()
-                .get(&id)
-                .is_some_and(|i| i.status().status == satellite::model::InstanceStatus::Online);
-            async move { online.then_some(()) }
-        })
-        .await;
+        wait_instance_online(&sat, format!("demo-acme-{user}-d").as_str()).await;
     }
     sat
 }
@@ -200,16 +191,8 @@ async fn a_rule_that_cannot_be_counted_is_refused_at_load() {
         ("[[limits]]\nscope = \"org\"\nrate = { calls = 1, per_seconds = 1 }\n", "not a scope"),
         ("[[limits]]\ntools = [\":x\"]\nrate = { calls = 1, per_seconds = 1 }\n", "not valid"),
     ] {
-        let dir = tempfile::tempdir().expect("dir");
-        let path = dir.path().join("satellite.toml");
-        std::fs::write(&path, format!("{base}{rule}")).expect("write");
-        let out = std::process::Command::new(satellite_exe())
-            .args(["check-config", "--config"])
-            .arg(&path)
-            .output()
-            .expect("check-config");
-        let said = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-        assert!(!out.status.success() && said.contains("limits[0]") && said.contains(says), "{rule}: {said}");
+        let (passed, said) = check_config(&format!("{base}{rule}"));
+        assert!(!passed && said.contains("limits[0]") && said.contains(says), "{rule}: {said}");
     }
 }
 

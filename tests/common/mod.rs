@@ -238,6 +238,33 @@ impl HttpServer {
     }
 }
 
+/// Waits (within 60 s) until the instance `id` is online.
+pub async fn wait_instance_online(sat: &TestSatellite, id: &str) {
+    let pid = satellite::model::ProcessId::from(id);
+    wait_until(Duration::from_secs(60), id, || {
+        let online = sat
+            .satellite
+            .manager()
+            .get(&pid)
+            .is_some_and(|i| i.status().status == satellite::model::InstanceStatus::Online);
+        async move { online.then_some(()) }
+    })
+    .await;
+}
+
+/// `satellite check-config` of the file `text`: whether it passed, and what it said.
+pub fn check_config(text: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("satellite.toml");
+    std::fs::write(&path, text).expect("write");
+    let out = std::process::Command::new(satellite_exe())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .expect("check-config");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout))
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port()
 }
